@@ -62,18 +62,21 @@ def test_a_criterion_that_refuses_smoothing_zero_is_checked_at_its_smoothing(tmp
 
 
 def test_a_linear_decay_is_compared_with_a_line_and_another_decay_is_not_checked(tmp_path):
-    """Hugging Face's linear schedule (a factory) and a function of the settings that returns the
-    schedule pass; an exponential decay is NOT CHECKED, never FAIL; a linear decay over the wrong
-    length FAILs at its line."""
+    """Hugging Face's linear schedule (a factory), a function of the settings that returns the
+    schedule and a class whose __call__ takes the step (the TensorFlow tutorial's) pass; an exponential
+    decay is NOT CHECKED, never FAIL; a linear decay over the wrong length FAILs at its line, the class
+    taking max for min FAILs."""
     result = check_file(str(FIXTURES / "schedules_correct.py"))
     assert [(c.name, c.status) for c in result.components] == [
-        ("linear_with_warmup", "pass"), ("warmup_then_linear", "pass"), ("exp_decay_lr", "not_checked")], (
-        format_report(result))
+        ("NoamRate", "pass"), ("linear_with_warmup", "pass"), ("warmup_then_linear", "pass"),
+        ("exp_decay_lr", "not_checked")], format_report(result)
     assert exit_code(result) == 3
     wrong = _planted(tmp_path, "schedules_correct.py", "/ max(1, num_training_steps - num_warmup_steps))",
                      "/ max(1, num_training_steps))")
-    comp = check_file(str(wrong)).components[0]
+    comp = check_file(str(wrong), only=["schedule"]).components[1]
     assert comp.status == "fail" and [f.line for f in comp.findings] == [11], format_report(comp)
+    wrong = _planted(tmp_path, "schedules_correct.py", "* min(step ** -0.5", "* max(step ** -0.5")
+    assert check_file(str(wrong), only=["schedule"]).components[0].status == "fail"
 
 
 def test_a_d2l_loss_of_valid_lengths_is_read_per_row_and_padding_counted_fails(tmp_path):

@@ -254,11 +254,15 @@ def as_called(obj: Any) -> Any:
 def _processors(own: dict[str, Any], taken: set[str], only: list[str] | None) -> list[Component]:
     """The learner's logits processors in Hugging Face's style (processors.py), each as the filter its
     constructor's setting names, called through a function of the logits."""
-    from handformer.check.core.processors import as_filter, processor_setting
+    from handformer.check.core.processors import as_filter, as_schedule, processor_setting
+    from handformer.check.core.signatures import schedule_signature
 
     settings = {name: processor_setting(obj) for name, obj in own.items() if name not in taken}
+    schedules = {name: as_schedule(obj) for name, obj in own.items() if name not in taken}
     return [Component(kind, name, as_filter(own[name], argument), "call")
-            for name, (kind, argument) in settings.items() if kind in (only or KINDS)]
+            for name, (kind, argument) in settings.items() if kind in (only or KINDS)] + [
+        Component("schedule", name, fn, "schedule_class") for name, fn in schedules.items()
+        if fn is not None and "schedule" in (only or KINDS) and schedule_signature(fn)]
 
 
 def trains_itself(obj: Any) -> bool:
@@ -393,7 +397,7 @@ def reads_kv_heads(cls: Any) -> bool:
 # greedy_decode(model, idx, max_new_tokens) is a generation loop, a sample_top_p that returns
 # filtered logits is a filter
 SAME_FAMILY = (("greedy_decode", "beam_search", "generate"),
-               ("top_k", "top_p", "sample", "temperature", "greedy"))
+               ("top_k", "top_p", "min_p", "sample", "temperature", "greedy"))
 FAMILY_OF = {kind: family for family in SAME_FAMILY for kind in family}  # the families are apart
 
 CAUSAL_WORDS = re.compile(r"\btril\b|\btriu\b|is_causal\s*=\s*True|causal")

@@ -221,6 +221,10 @@ FOUND_BY = {
                   "（一个 id 序列）认作{}，不是按名字"),
     "methods": ("found as a {} by its methods (train, encode and decode), not by its name",
                 "按它的方法（train、encode 和 decode）认作{}，不是按名字"),
+    "schedule_class": ("found as a {} by what it is: a class built with the schedule's settings whose "
+                       "__call__ takes the step (the TensorFlow tutorial's CustomSchedule)",
+                       "按它的写法认作{}：用调度的设置构造、__call__ 接受步数的类（TensorFlow 教程的 "
+                       "CustomSchedule）"),
     "call": ("found as a {} by what it is: a logits processor (its __call__ takes the ids and the scores, "
              "its constructor the setting), built with each setting and called on the logits",
              "按它的写法认作{}：一个 logits 处理器（__call__ 接受 ids 和 scores，构造函数接受设置），"

@@ -20,6 +20,7 @@ from handformer.check.core.argument_names import (
     K_NAMES,
     MIN_P_NAMES,
     P_NAMES,
+    SCHEDULE_STEP_NAMES,
     TEMPERATURE_NAMES,
     call_parameters,
     named,
@@ -60,6 +61,28 @@ def processor_setting(cls: Any) -> tuple[str, str]:
 
 
 NONE = ("", "")  # no processor
+
+
+def as_schedule(cls: Any) -> type | None:
+    """A learning-rate schedule written as a class (the TensorFlow tutorial's `CustomSchedule(d_model,
+    warmup_steps)` whose `__call__(step)` returns the rate) as a function of the step and the
+    constructor's settings, placed and named as the class (as `as_filter`); None when its own
+    `__call__` takes more or other than a step."""
+    steps = [p.name for p in call_parameters(_own_call(cls), ("self",))]
+    if len(steps) != 1 or steps[0].lower() not in SCHEDULE_STEP_NAMES:
+        return None
+
+    def new(_: type, **arguments: Any) -> Any:
+        step = arguments.pop(steps[0])
+        return cls(**arguments)(step)
+
+    try:  # a constructor of C, or one with positional-only settings: no schedule of this form
+        signature = inspect.Signature([inspect.Parameter(steps[0], inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                                       *call_parameters(cls.__init__, ("self",))])
+    except ValueError:
+        return None
+    names = {k: getattr(cls, k) for k in ("__module__", "__qualname__", "__doc__")}
+    return type(cls.__name__, (), {**names, "__new__": new, "__signature__": signature})
 
 
 def _own_call(cls: Any) -> Any:

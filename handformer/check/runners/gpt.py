@@ -43,7 +43,7 @@ from handformer.check.core.context import (
     names_of,
     reads_sequence_first,
 )
-from handformer.check.core.discovery import Component
+from handformer.check.core.discovery import Component, DiscoveryError, own_objects
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import (
     Gainless,
@@ -187,11 +187,11 @@ def _embed_norm(module: nn.Module, blocks: list[LayerMap]) -> Leaf | None:
     """nanochat's x = norm(self.transformer.wte(idx)): the token embeddings normed by a function
     without gains before the first block; a gainless norm like the blocks' stands for it."""
     found = EMBED_NORM.search(source_text(type(module).forward))
-    if found is None or not blocks or not isinstance(blocks[0].norms[0].leaf, Gainless):
+    norm = blocks[0].norms[0].leaf  # (map_gpt has raised for a model without blocks)
+    # the blocks' norm function, not another
+    if found is None or not isinstance(norm, Gainless) or found.group(1) not in norm.name:
         return None
-    if found.group(1) not in blocks[0].norms[0].leaf.name:  # the blocks' norm function, not another
-        return None
-    return gainless_norm(f"{found.group(1)}(embeddings) (no gain)", norm_kind(blocks[0].norms[0].leaf), D)
+    return gainless_norm(f"{found.group(1)}(embeddings) (no gain)", norm_kind(norm), D)
 
 
 class NormedEmbedding(nn.Module):
@@ -516,9 +516,35 @@ def _setup_caches(comp: Component, module: nn.Module, ctx: Context) -> None:
                               "它的注意力、FFN 和归一化各自单独检查") from None
 
 
+def _embeds_tokens(comp: Component, module: nn.Module) -> None:
+    """A model with no table of the vocabulary (an nn.Embedding, or a (V, D) parameter it indexes)
+    maps vectors to vectors (lucidrains' `Transformer(dim, depth, heads, dim_head)`, a stack of blocks
+    and a norm): it takes no token ids, so it is no GPT to drive."""
+    if not any(VOCAB in p.shape for p in module.parameters()):
+        raise DiscoveryError(
+            f"{comp.name} has no table of the vocabulary (no nn.Embedding): it maps vectors to vectors (a "
+            "stack of blocks), not token ids to logits, so it is not driven as a decoder-only model; its "
+            "attention and FFN are checked on their own",
+            zh=f"{comp.name} 没有词表（没有 nn.Embedding）：它把向量映射成向量（一叠 Block），"
+               "不是把 token id 映射成 logits，所以不按 decoder-only 模型调用；它的注意力和前馈网络单独检查")
+
+
+def _backbone(comp: Component, ctx: Context, out: Tensor | None) -> None:
+    """A model returning hidden states (B, T, D), not logits, that another class of the file builds
+    (OPT's OPTDecoder, inside OPTModel inside OPTForCausalLM): a backbone, checked through its holder."""
+    others = "".join(source_text(o) for name, o in own_objects(ctx.module).items() if name != comp.name)
+    if out is not None and out.size(-1) == D and re.search(rf"\b{re.escape(comp.name)}\(", others):
+        raise DiscoveryError(
+            f"{comp.name} returns hidden states (B, T, d_model), not logits, and another class of the file "
+            "builds it: a backbone, checked through the model that adds the head",
+            zh=f"{comp.name} 返回隐藏状态 (B, T, d_model)，不是 logits，而且文件里另一个类构造了它："
+               "这是主干网络，通过加上输出头的模型来检查")
+
+
 def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     module = ctx.build(comp, gpt_sizes(ctx))
+    _embeds_tokens(comp, module)
     _setup_caches(comp, module, ctx)
     call = Caller(module, ctx)
     res.notes += [SEQUENCE_FIRST] * call.first
@@ -528,6 +554,7 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     check_determinism(res, ctx, comp, lambda: call(idx, targets)[0], "causal_attention", "block", "ffn")
     with fp.dropout_off():
         out, loss = call(idx, targets)
+        _backbone(comp, ctx, out)
         last_only = out is not None and out.size(1) == 1
         if not logits_shape(res, out, (2, 1 if last_only else 8, VOCAB), "vocab_size"):
             return finish(res)

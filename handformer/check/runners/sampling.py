@@ -50,6 +50,7 @@ from handformer.check.core.localize_kinds import (
 )
 from handformer.check.core.processors import PROCESSOR_NAMES, NoProcessors
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.core.signatures import takes_one_row
 from handformer.check.core.sizes import is_number
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.generation.sampling import apply_temperature, top_k_filter, top_p_filter
@@ -83,6 +84,9 @@ class Caller:
         self.required = {key: name for key, names in OPTIONS.items()
                          for name in [self.find(names)] if name in empty}
         self.fraction = top_k_fraction(comp.obj, self.params)
+        self.one_row = takes_one_row(comp.obj)  # llama.cpp's filters of one 1-D vector: called row by row
+        if self.one_row:
+            ctx.partial.notes.append(ONE_ROW)
         # a list of logits processors it applies (sample_next_token(logits, processors)): an empty one
         self.processors = [n for n in self.names if n.lower() in PROCESSOR_NAMES]
 
@@ -105,7 +109,23 @@ class Caller:
         kwargs.update({name: NoProcessors() for name in self.processors})
         given = torch.softmax(logits, -1) if self.probs else logits.clone()
         given = given[..., None, :] if self.positions else given  # (B, 1, V)
+        if self.one_row:
+            return self.by_row(given, kwargs)
         return self.ctx.learner.call("forward", self.comp.obj, given, **kwargs)
+
+    def by_row(self, given: Tensor, kwargs: dict[str, Any]) -> Any:
+        """The function called on each row alone, (V,), its outputs (tensors, or token ids returned as
+        ints) stacked."""
+        def rows() -> Tensor:
+            return torch.stack([torch.as_tensor(self.comp.obj(row, **kwargs)) for row in given])
+        return self.ctx.learner.call("forward", rows)
+
+
+ONE_ROW = text("it takes one 1-D row of logits (V,) (a batch of rows raises, or mixes them: a row's result "
+               "depends on the others): called one row at a time; for a batch, reduce over the last axis "
+               "(dim=-1, keepdim=True)",
+               "它接受一行一维的 logits (V,)（给一批行会报错，或者把行混在一起：一行的结果依赖其他行）："
+               "逐行调用；要处理一批行，请沿最后一维归约（dim=-1, keepdim=True）")
 
 
 # the filters a sampling function may take, by the names learners give them
