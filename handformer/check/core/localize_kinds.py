@@ -234,12 +234,14 @@ def norm_forms(norm: Callable[[Tensor], Tensor], label: str, own: str, views: li
 
 def layer_norm_forms(w: V.LayerWeights, views: list[View]) -> list[Form]:
     """Each of the layer's norms (one a sublayer) applied to each of its sub-steps but its own input:
-    pre-norm's the residual stream before the sublayer, post-norm's the residual sum after it."""
+    pre-norm's the residual stream before the sublayer, post-norm's the residual sum after it, a
+    reordered one's (OLMo 2's) the sublayer's output."""
     forms, stream = [], "the input x"
     for name, n in zip(w.sublayers, w.norms):
         total = f"x + {LABELS[name]} (the residual sum)"
         own, after = {"pre": (stream, total), "parallel": (stream, stream),
-                      "post": (total, f"the norm after the {LABELS[name]}")}[w.placement]
+                      "post": (total, f"the norm after the {LABELS[name]}"),
+                      "reordered": (f"the {LABELS[name]}'s output", total)}[w.placement]
         label = f"the norm {SIDES.get(w.placement, 'before')} the {LABELS[name]}"
         forms += norm_forms(lambda t, n=n: V.norm(n, t), label, own, views)
         stream = after
