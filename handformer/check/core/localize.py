@@ -1011,15 +1011,22 @@ def place_findings(res: ComponentResult, localize: Callable[[], Any], lines: lis
     (the sin line and the cos line of a table) and that is one of them, or only a diagnosis' guess
     found it (a pattern after its first: `norm`, `embed|emb`) on a line that cannot be the mistake
     (see `misplaced`, `deeper`): the line they wrote wrong, not one that looks alike."""
-    unsure = [f for f in res.named() if f.line is None or len(lines_matching(f.name, lines)) > 1
+    unsure = [f for f in res.named() if f.line is None or _one_of_several(f, lines)
               or not first_pattern_matches(f.name, f.code or "")]
     found = quietly(localize) if unsure else None  # the run only where a line is unsure
     if found is None:
         return
     for finding in unsure:
-        matched = found.line in lines_matching(finding.name, lines)  # one of several the patterns match
+        matched = _one_of_several(finding, lines) and found.line in lines_matching(finding.name, lines)
         if finding.line is None or matched or misplaced(finding, found) or deeper(finding, found):
             finding.line, finding.code = found.line, found.code
+
+
+def _one_of_several(finding: Finding, lines: list[tuple[int, str]]) -> bool:
+    """The finding's line is one of several the diagnosis' patterns match in `lines` (the sin line and
+    the cos line of a table); a line found outside them (a helper function of the file) is kept."""
+    matching = lines_matching(finding.name, lines)
+    return finding.line in matching and len(matching) > 1
 
 
 def deeper(finding: Finding, found: Departure) -> bool:
