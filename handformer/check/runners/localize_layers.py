@@ -24,7 +24,7 @@ def note_layer_departure(comp: Any, ctx: Any, res: ComponentResult) -> None:
         layer = Layer(comp, ctx, KINDS[comp.kind])
         causal_without_its_mask_(layer)  # driven as its runner drove it
         # OLMo 2's reordered norms are searched, not localized: its near miss hides the tutorials' departure
-        settings = [setting for setting in layer_settings(layer) if setting[2] != "reordered"]
+        settings = filter(lambda setting: setting[2] != "reordered", layer_settings(layer))
         return localize_layer(layer, [layer.weights(*setting) for setting in settings])
 
     with dropout_off():
