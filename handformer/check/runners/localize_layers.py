@@ -23,9 +23,7 @@ def note_layer_departure(comp: Any, ctx: Any, res: ComponentResult) -> None:
     def localize() -> Departure | None:
         layer = Layer(comp, ctx, KINDS[comp.kind])
         causal_without_its_mask_(layer)  # driven as its runner drove it
-        # OLMo 2's reordered norms are searched, not localized: its near miss hides the tutorials' departure
-        settings = filter(lambda setting: setting[2] != "reordered", layer_settings(layer))
-        return localize_layer(layer, [layer.weights(*setting) for setting in settings])
+        return localize_layer(layer, [layer.weights(*setting) for setting in layer_settings(layer)])
 
     with dropout_off():
         note_departure(res, localize)
