@@ -28,7 +28,8 @@ def test_the_correct_file_passes_in_english_and_chinese():
     trainer, tokenizer = result.components
     assert trainer.convention["en"] == ("ties broken by the lexicographically greater pair (the reference's rule); "
                                         "special token first (id 0); the 256 bytes in byte order from id 1")
-    assert any("timing corpus: yours" in n["en"] for n in trainer.notes)
+    # timed on the timing corpus: within the limit, or (on a loaded machine) stopped and told it was slow
+    assert any(n["en"].startswith(("timing corpus: yours", "slow: ")) for n in trainer.notes), trainer.notes
     assert all(ch.ok for ch in tokenizer.checks) and len(tokenizer.checks) == 2 * len(TEXTS) + 1
     zh = format_report(result, "zh")
     assert "train_bpe（BPE 训练）：通过" in zh and "出现并列时按字节的字典序，取更大的一对" in zh
