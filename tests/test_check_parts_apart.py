@@ -86,20 +86,21 @@ TABLE_OF_SIN_AND_COS = '''import torch
 def rotary_table(seq_len, dim, base=10000.0):
     inv = base ** (-torch.arange(0, dim, 2).float() / dim)
     ang = torch.arange(seq_len).float()[:, None] * inv[None, :]  # (T, dim/2)
-    return torch.stack([ang.sin(), ang.cos()], dim=-1).flatten(-2)  # (T, dim): sin0 cos0 sin1 cos1 ...
+    return torch.cat([ang.cos(), ang.sin()], dim=-1)  # (T, dim): the cosines, then the sines
 
 
 def apply_rotary(x, pos_emb):
-    cos = pos_emb[..., 1::2].repeat_interleave(2, dim=-1)
-    sin = pos_emb[..., ::2].repeat_interleave(2, dim=-1)
+    half = pos_emb.shape[-1] // 2
+    cos = pos_emb[..., :half].repeat_interleave(2, dim=-1)
+    sin = pos_emb[..., half:].repeat_interleave(2, dim=-1)
     turned = torch.stack([-x[..., 1::2], x[..., ::2]], dim=-1).reshape(x.shape)
     return x * cos + turned * sin
 '''
 
 
 def test_a_table_argument_check_only_guessed_is_not_checked_never_failed(tmp_path):
-    """An apply function whose table (its name says angles to check) holds sin and cos interleaved:
-    check's guess of the angles matches no rotation, so the function is NOT CHECKED with the
+    """An apply function whose table (its name says angles to check) holds the cosines then the sines,
+    a layout check does not try: no guess matches a rotation, so the function is NOT CHECKED with the
     adapter to write, never FAILed (correct code)."""
     path = tmp_path / "sin_cos_table.py"
     path.write_text(TABLE_OF_SIN_AND_COS)

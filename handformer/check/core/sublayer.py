@@ -64,7 +64,7 @@ def norm_departure(norm: nn.Module, x: Tensor) -> str | None:
         pure = (norm(x.to(gains[0].dtype)).double() - bias) / weight
         near = {name: any(torch.allclose(f(x.double(), eps), pure, atol=1e-4, rtol=1e-4) for eps in EPS)
                 for name, f in {**NORMS, **NORM_MISTAKES}.items()}
-    return None if near["layer"] or near["rms"] else next(filter(near.get, NORM_MISTAKES), DEPARTS)
+    return None if any(map(near.get, NORMS)) else next(filter(near.get, NORM_MISTAKES), DEPARTS)
 
 
 @dataclass
