@@ -109,9 +109,9 @@ def weights_of(value: Any, skip_first: bool = True) -> Tensor | None:
     -inf), such as T5's position bias handed on to the next layer."""
     if isinstance(value, (tuple, list)):
         items = list(value)[1:] if skip_first else list(value)
-        for item in items:
-            moderate = isinstance(item, Tensor) and bool(((item < 0) & (item > -1e6)).any())
-            if isinstance(item, Tensor) and item.dim() == 4 and not moderate and bool((item > 0).any()):
+        for item in items:  # a 4-D tensor with no moderate negative entry and some above 0
+            if isinstance(item, Tensor) and item.dim() == 4 and not bool(((item < 0) & (item > -1e6)).any()) \
+                    and bool((item > 0).any()):
                 return item
     return None
 
