@@ -91,3 +91,42 @@ def test_a_sequence_first_torch_model_and_its_greedy_loop_pass(tmp_path):
     assert any("your module's END is the one it must stop at" in n["en"] for n in greedy.notes)
     padded = edited_copy(tmp_path, HERE / "seq_first_translator.py", [("if token == END:", "if token == PAD:")])
     _failed_at(check_file(padded, only=["transformer", "greedy_decode"]), "greedy_no_stop_at_eos", "")
+
+
+def test_encoder_sublayers_and_rotary_tables_pass():
+    """Heads whose layer applies W_O, T5's pre-norm sublayer and BERT's post-norm wrapper, rotary from
+    a table of sin and cos interleaved and from position ids and a base; a model with segment
+    embeddings is no GPT."""
+    result = check_file(str(HERE / "encoder_sublayers.py"), only=["mha", "rope", "gpt"])
+    assert _statuses(result) == {"HeadsAttention": "pass", "PreNormAttention": "pass", "ScaleFreeAttention": "differs",
+                                 "WrappedAttention": "pass", "apply_rotary": "pass", "apply_rotary_pos_emb": "pass"
+                                 }, format_report(result)
+    heads = next(c for c in result.components if c.name == "HeadsAttention")
+    assert any("EncoderUnit hands its output to self.merge" in n["en"] for n in heads.notes), format_report(result)
+
+
+@pytest.mark.parametrize(("old", "new", "kind", "name"), [
+    ("x = x + self.drop(y)", "x = self.norm(x) + self.drop(y)", "mha", "residual_from_normed"),
+    ("ms = x.pow(2).mean(-1, keepdim=True)", "ms = x.pow(2).sum(-1, keepdim=True)", "mha", "rmsnorm_sum_squares"),
+    ("return self.norm(x + self.proj(y))", "return self.norm(self.proj(y))", "mha", "no_residual"),
+    ("turned = torch.stack([-tensor[..., 1::2], tensor[..., 0::2]]",
+     "turned = torch.stack([tensor[..., 1::2], -tensor[..., 0::2]]", "rope", "rope_rotation_sign"),
+    ("rot = torch.stack([-tensor[..., 1::2], tensor[..., 0::2]]",
+     "rot = torch.stack([tensor[..., 1::2], -tensor[..., 0::2]]", "rope", "rope_rotation_sign"),
+])
+def test_each_encoder_sublayer_plant_fails(tmp_path, old, new, kind, name):
+    result = check_file(edited_copy(tmp_path, HERE / "encoder_sublayers.py", [(old, new)]), only=[kind])
+    _failed_at(result, name, new.strip())
+    found = [f for c in result.components for f in c.findings if f.name == name]
+    assert any(new.strip() in (f.code or "") for f in found), format_report(result)
+
+
+def test_masks_named_keep_are_read_true_may_attend(tmp_path):
+    """A mask argument named keep (True = may attend) is handed as a mask, never read as torch.nn's
+    True = masked; a negation dropped or added FAILs as mask_inverted."""
+    result = check_file(str(HERE / "keep_masks.py"), only=["mha"])
+    assert _statuses(result) == {"MultiHeadAttention": "pass", "Attention": "pass"}, format_report(result)
+    for old, new in [("torch.where(keep, s,", "torch.where(~keep, s,"),
+                     ("s.masked_fill(~keep_mask,", "s.masked_fill(keep_mask,")]:
+        planted = check_file(edited_copy(tmp_path, HERE / "keep_masks.py", [(old, new)]), only=["mha"])
+        _failed_at(planted, "mask_inverted", new)

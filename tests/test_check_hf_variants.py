@@ -43,6 +43,9 @@ def test_windowed_partial_rotary_and_table_blocks_pass():
      "mha", "LocalAttention (multi-head attention): FAIL"),
     ("cos[:, None], sin[:, None]), turn(k,", "cos[:, None], -sin[:, None]), turn(k,", "block",
      "TableBlock (decoder-only block): FAIL"),
+    # the config's partial_rotary_factor ignored: the whole head turns, quoted where the width is set
+    ("self.rot = int(self.dh * cfg.partial_rotary_factor)", "self.rot = self.dh", "mha",
+     "line 45: self.rot = self.dh"),
 ])
 def test_each_windowed_plant_fails(tmp_path, old, new, kind, words):
     result = check_file(_planted(tmp_path, "windowed.py", old, new), only=[kind])
@@ -111,3 +114,15 @@ def test_a_qk_norm_across_all_heads_is_compared_so(tmp_path):
     planted = _planted(tmp_path, "windowed.py", "self.k_layernorm(self.wk(x))", "self.q_layernorm(self.wk(x))")
     (attention,) = check_file(planted, **only).components
     assert attention.status == "fail"
+
+
+def test_reordered_norms_block_passes_and_its_plants_fail(tmp_path):
+    """OLMo 2's block, x = x + norm(f(x)) with q/k norms over the whole width, PASSes with a note; the
+    FFN's residual dropped FAILs as no_residual."""
+    (block,) = check_file(str(HERE / "reordered_norms.py"), only=["block"]).components
+    assert block.status == "pass", block
+    assert any("OLMo 2's reordered norms" in n["en"] for n in block.notes)
+    planted = _planted(tmp_path, "reordered_norms.py", "x = x + self.post_feedforward_layernorm(self.mlp(x))",
+                       "x = self.post_feedforward_layernorm(self.mlp(x))")
+    (block,) = check_file(planted, only=["block"]).components
+    assert block.status == "fail" and any(f.name == "no_residual" for f in block.findings), block

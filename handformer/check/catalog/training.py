@@ -11,7 +11,9 @@ DIAGNOSES: list[Diagnosis] = [
       "real = targets != pad_idx with (loss * real).sum() / real.sum()",
       "损失和除数里都不要算填充：F.cross_entropy(..., ignore_index=pad_idx)，或者用掩码 "
       "real = targets != pad_idx，再算 (loss * real).sum() / real.sum()",
-      r"numel\(\)", r"\.mean\(\)", r"cross_entropy\((?!.*ignore_index)", r"return"),
+      r"numel\(\)", r"\.mean\(\)", r"cross_entropy\((?!.*ignore_index)",
+      r"^(?!.*\*\s*\w*(weight|mask)).*\.mean\(\s*(dim\s*=\s*)?1\s*\)",  # d2l's per-row mean, unweighted
+      r"return"),
     d("loss_mean_over_batch", "the loss is divided by the batch size, not by the number of tokens",
       "损失除以的是 batch 大小，而不是 token 数",
       "divide the summed loss by the number of real tokens, so long and short batches weigh each token "

@@ -353,9 +353,20 @@ def is_cache_argument(p: inspect.Parameter) -> bool:
     return p.default is None and bool(re.search("past|cache", p.name.lower()))
 
 
+# a mask's parameter named for what it lets through (True = may attend), without the word mask
+KEEP_NAMES = ("keep", "visible", "allowed", "can_attend", "may_attend", "attend")
+
+
 def is_mask_name(name: str) -> bool:
-    """A parameter that takes the mask: its name says mask, or valid lengths (d2l's valid_lens)."""
-    return "mask" in name.lower() or is_lengths_name(name)
+    """A parameter that takes the mask: its name says mask or what it keeps, or valid lengths (d2l's
+    valid_lens)."""
+    return "mask" in name.lower() or name.lower() in KEEP_NAMES or is_lengths_name(name)
+
+
+def says_keep(name: str | None) -> bool:
+    """A mask's name that says True = may attend (keep_mask, visible): never read as torch.nn's
+    True = masked."""
+    return bool(name) and any(word in name.lower() for word in KEEP_NAMES)
 
 
 SIZE_MISMATCH = ("must match the size", "size of tensor", "expanded size", "shape mismatch",

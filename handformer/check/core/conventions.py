@@ -139,6 +139,12 @@ def describe_convention(convention: str) -> Text:
     return text(words["en"] + RANKS[rank]["en"], words["zh"] + RANKS[rank]["zh"])
 
 
+# what may follow a mask's name before it is used: indexing, a view of it, a cast (fairseq's
+# key_padding_mask.unsqueeze(1).unsqueeze(2).to(torch.bool))
+RESHAPED = (r"(?:\[[^\]]*\]|\.(?:bool|unsqueeze|view|reshape|expand|expand_as|to|type|transpose|permute"
+            r"|contiguous|squeeze)\((?:[^()]|\([^()]*\))*\))")
+
+
 def masks_where_true(source: str, name: str | None) -> bool:
     """Whether code fills where its mask is True (`scores.masked_fill(mask[:n, :n], -inf)`, Raschka's
     causal mask of ones above the diagonal): torch.nn's True = masked, read from the source, tried
@@ -146,7 +152,7 @@ def masks_where_true(source: str, name: str | None) -> bool:
     if not name:
         return False
     m = re.escape(name)
-    direct = re.search(rf"masked_fill_?\(\s*{m}(\.bool\(\))?(\[[^\]]*\])?(\.bool\(\))?\s*,", source)
+    direct = re.search(rf"masked_fill_?\(\s*{m}({RESHAPED})*\s*,", source)
     inverted = re.search(rf"{m}\s*==\s*0|~\s*{m}|logical_not\(\s*{m}", source)
     return bool(direct or scaled_by_large_negative(source, m)) and not inverted
 

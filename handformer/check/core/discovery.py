@@ -218,7 +218,7 @@ def _by_name(module: types.ModuleType, overrides: dict[str, str] | None, only: l
             actual = kind if kind in overrides else refine(kind, own[name])
             if name not in taken and (not only or actual in only):
                 taken.add(name)
-                found.append(Component(actual, name, own[name]))
+                found.append(Component(actual, name, as_called(own[name])))
     found += _by_structure(own, taken | named | set(TABLED), only)
     return found + _by_signature(own, taken | named, only, set(overrides))
 
@@ -239,7 +239,30 @@ def _by_structure(own: dict[str, Any], taken: set[str], only: list[str] | None) 
             and _decoder_model(obj)] + [
         Component("bpe_tokenizer", name, obj, "methods") for name, obj in own.items()  # minbpe's classes
         if "bpe_tokenizer" in (only or ["bpe_tokenizer"]) and name not in taken and "." not in name
-        and trains_itself(obj)]
+        and trains_itself(obj)] + _processors(own, taken, only)
+
+
+def as_called(obj: Any) -> Any:
+    """A class or function as a runner calls it: a logits processor (processors.py), named with
+    --component top_k=TopKWarper, as the filter its setting names; anything else as it is."""
+    from handformer.check.core.processors import as_filter, processor_setting
+
+    kind, setting = processor_setting(obj)
+    return as_filter(obj, setting) if kind else obj
+
+
+def _processors(own: dict[str, Any], taken: set[str], only: list[str] | None) -> list[Component]:
+    """The learner's logits processors in Hugging Face's style (processors.py), each as the filter its
+    constructor's setting names, called through a function of the logits."""
+    from handformer.check.core.processors import as_filter, as_schedule, processor_setting
+    from handformer.check.core.signatures import schedule_signature
+
+    settings = {name: processor_setting(obj) for name, obj in own.items() if name not in taken}
+    schedules = {name: as_schedule(obj) for name, obj in own.items() if name not in taken}
+    return [Component(kind, name, as_filter(own[name], argument), "call")
+            for name, (kind, argument) in settings.items() if kind in (only or KINDS)] + [
+        Component("schedule", name, fn, "schedule_class") for name, fn in schedules.items()
+        if fn is not None and "schedule" in (only or KINDS) and schedule_signature(fn)]
 
 
 def trains_itself(obj: Any) -> bool:
@@ -310,7 +333,19 @@ def computes_attention(cls: Any) -> bool:
     return bool(ATTENTION_CODE.search("".join(sources)))
 
 
-SUFFIX_TESTS: dict[str, Callable[[Any], bool]] = {"mha": computes_attention}
+# what an encoder-only model (BERT's) takes or embeds and a decoder-only one never does: token types
+SEGMENTS = re.compile(r"token_?type|segment|type_vocab", re.I)
+
+
+def encoder_only(cls: Any) -> bool:
+    """A model of BERT's family by its forward's parameters or its __init__: token types (segments)
+    embedded beside the tokens; a decoder-only model (GPT) has none."""
+    built = source_text(vars(cls).get("__init__", ""))
+    return bool(SEGMENTS.search(" ".join(_forward_parameters(cls)) + built))
+
+
+SUFFIX_TESTS: dict[str, Callable[[Any], bool]] = {"mha": computes_attention,
+                                                  "gpt": lambda c: not encoder_only(c)}
 # a class named ...Layer is a block when its __init__ builds an attention and an FFN (GPT-NeoX's GPTNeoXLayer)
 LAYER_PARTS = re.compile(r"(?=[\s\S]*(attn|attention))(?=[\s\S]*(mlp|ffn|feed_?forward))", re.I)
 
@@ -327,7 +362,8 @@ def _suffixed(name: str, obj: Any, suffixes: tuple[str, ...]) -> bool:
 def _decoder_model(cls: Any) -> bool:
     """A decoder-only model by its embedding and list of blocks and its forward of one id sequence
     (DecoderLM: the word Decoder in its name is no seq2seq decoder)."""
-    return bool(MODEL_PARTS.search(source_text(vars(cls).get("__init__", "")))) and decoder_only(cls)
+    built = source_text(vars(cls).get("__init__", ""))
+    return bool(MODEL_PARTS.search(built)) and decoder_only(cls) and not encoder_only(cls)
 
 
 def refine(kind: str, obj: Any) -> str:
@@ -361,7 +397,7 @@ def reads_kv_heads(cls: Any) -> bool:
 # greedy_decode(model, idx, max_new_tokens) is a generation loop, a sample_top_p that returns
 # filtered logits is a filter
 SAME_FAMILY = (("greedy_decode", "beam_search", "generate"),
-               ("top_k", "top_p", "sample", "temperature", "greedy"))
+               ("top_k", "top_p", "min_p", "sample", "temperature", "greedy"))
 FAMILY_OF = {kind: family for family in SAME_FAMILY for kind in family}  # the families are apart
 
 CAUSAL_WORDS = re.compile(r"\btril\b|\btriu\b|is_causal\s*=\s*True|causal")

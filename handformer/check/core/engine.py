@@ -220,7 +220,15 @@ FOUND_BY = {
                   "按它构造的部件（词嵌入和一列块）和 forward 接受的参数"
                   "（一个 id 序列）认作{}，不是按名字"),
     "methods": ("found as a {} by its methods (train, encode and decode), not by its name",
-                "按它的方法（train、encode 和 decode）认作{}，不是按名字")}
+                "按它的方法（train、encode 和 decode）认作{}，不是按名字"),
+    "schedule_class": ("found as a {} by what it is: a class built with the schedule's settings whose "
+                       "__call__ takes the step (the TensorFlow tutorial's CustomSchedule)",
+                       "按它的写法认作{}：用调度的设置构造、__call__ 接受步数的类（TensorFlow 教程的 "
+                       "CustomSchedule）"),
+    "call": ("found as a {} by what it is: a logits processor (its __call__ takes the ids and the scores, "
+             "its constructor the setting), built with each setting and called on the logits",
+             "按它的写法认作{}：一个 logits 处理器（__call__ 接受 ids 和 scores，构造函数接受设置），"
+             "用每个设置构造后在 logits 上调用")}
 
 
 def _add_notes(comp: Component, ctx: Context, result: ComponentResult) -> None:

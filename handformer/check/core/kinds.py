@@ -122,7 +122,7 @@ KINDS_TABLE: tuple[Kind, ...] = (
                   "lm_loss", "seq2seq_loss", "label_smoothed_nll_loss", "label_smoothing_loss",
                   "smoothed_cross_entropy", "LabelSmoothing", "LabelSmoothingLoss",
                   "LabelSmoothingCrossEntropy", "MaskedCrossEntropy", "CrossEntropyLoss",
-                  "SmoothedCrossEntropy", "masked_nll_loss"),
+                  "SmoothedCrossEntropy", "masked_nll_loss", "MaskedSoftmaxCELoss"),
          "loss", "损失函数", "loss:check_loss"),
     Kind("greedy_decode", ("greedy_decode", "greedy_search", "greedy_decoding", "decode_greedy",
                            "greedy_translate", "translate_greedy"),

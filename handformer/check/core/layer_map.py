@@ -43,8 +43,8 @@ class LayerMap:
 
 
 def prefixed(found: list[Leaf], prefix: str) -> list[Leaf]:
-    return [Leaf(f"{prefix}.{leaf.name}" if leaf.name != "(self)" else prefix, leaf.kind, leaf.module,
-                 leaf.weight, leaf.bias) for leaf in found]
+    return [Leaf(f"{prefix}.{leaf.name}".removesuffix(".(self)"), leaf.kind, leaf.module, leaf.weight,
+                 leaf.bias) for leaf in found]
 
 
 def list_items(module: nn.Module, keep: Callable[[list[tuple[int, ...]]], bool],
@@ -56,7 +56,7 @@ def list_items(module: nn.Module, keep: Callable[[list[tuple[int, ...]]], bool],
         if not isinstance(sub, (nn.ModuleList, nn.Sequential)):
             continue
         for child_name, child in sub.named_children():
-            path = f"{name}.{child_name}" if name else child_name
+            path = f"{name}.{child_name}".removeprefix(".")  # (a list that is the module itself: no name)
             if any(path.startswith(p + ".") for p, _ in out):
                 continue
             if keep([tuple(leaf.weight.shape) for leaf in of_kind(leaves(child), "linear")]):
@@ -77,7 +77,7 @@ def output_head(outer: list[Leaf], vocab: int, embed: Leaf, more: list[Leaf], wh
     vocab) (None when the forward multiplies by the embedding), whether it is tied to `embed`,
     whether it has a bias. MappingError for any other nn.Linear outside the layers, or `more` (the
     leaves the model has one too many of); `what` words the error (en, zh)."""
-    head = next((leaf for leaf in with_shape(outer, (vocab, D)) if leaf.kind == "linear"), None)
+    head = next(iter(with_shape(of_kind(outer, "linear"), (vocab, D))), None)
     extra = [leaf for leaf in of_kind(outer, "linear") if leaf is not head] + more
     if extra:
         raise MappingError(f"{what[0]}: {shapes_text(extra)}", zh=f"{what[1]}：{shapes_text(extra)}")
@@ -93,19 +93,20 @@ def layer_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
 def projection_width(shapes: list[tuple[int, ...]]) -> int:
     """The number of (D, D) projections among the linear layers' weight shapes, a fused (3D, D) one
     (or a multi-query one, (D + 2 kv, D): Falcon's, SantaCoder's) counting three."""
-    return sum(1 if s == (D, D) else 3 if s[1] == D and (s[0] == 3 * D or kv_width(s[0], D, D // H)) else 0
+    return sum(1 if s == (D, D) else 3 if s[1] == D and kv_width(s[0], D, D // H) else 0  # (3D: kv = D)
                for s in shapes)
 
 
 SUBLAYERS = {False: ["self-attention", "FFN"], True: ["self-attention", "cross-attention", "FFN"]}  # decoder?
 
 
-def map_layer(path: str, child: nn.Module, F_width: int) -> LayerMap:
+def map_layer(path: str, child: nn.Module, F_width: int, kv: int | None = None) -> LayerMap:
+    """The layer's slots; `kv`: the width of its key and value projections (grouped-query attention)."""
     found = prefixed(leaves(child), path)
     linears = of_kind(found, "linear")
     decoder = projection_width([tuple(x.weight.shape) for x in linears]) >= 7
     names = SUBLAYERS[decoder]
-    attn = attention_slots(linears, D, len(names) - 1, path)  # one attention a sublayer but the FFN
+    attn = attention_slots(linears, D, len(names) - 1, path, kv)  # one attention a sublayer but the FFN
     ffn = ffn_reading(child, ffn_readings(child, linears, F_width, path, label=path))
     norms, qk = block_norms(of_kind(found, "norm"))
     attn[0] += qk or gainless_qk(child)
@@ -126,11 +127,16 @@ def ffn_reading(child: nn.Module, readings: list[list[Slot]]) -> list[Slot]:
     return readings[int(readings[0][0].rows is not None and second is not None)]
 
 
+# OLMo 2's q/k norms over the whole width, inside the block's attention (self_attn.q_norm)
+QK_WIDE = re.compile(r"(?i).+\.(q|k|query|key)_?(norm|layernorm|ln)")
+
+
 def block_norms(norms: list[Leaf]) -> tuple[list[Leaf], list[Slot]]:
     """A layer's norms apart from its attention's q/k norms (QK-norm, Qwen3's and minimind's: two
     norms of width head_dim named like q_norm and k_norm), which are the attention's slots: a layer
     has one norm a sublayer besides them."""
-    qk = qk_norm_slots([n for n in norms if tuple(n.weight.shape) == (D // H,)], D // H)
+    qk = qk_norm_slots([n for n in norms if tuple(n.weight.shape) == (D // H,) or QK_WIDE.fullmatch(n.name)],
+                       D // H, D)
     taken = {id(slot.leaf) for slot in qk}
     return [n for n in norms if id(n) not in taken], qk
 

@@ -26,6 +26,7 @@ import math
 import operator
 import re
 import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
@@ -34,10 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from handformer.check.core.fingerprint import quietly
+from handformer.check.core.fingerprint import first_tensor, quietly
 from handformer.check.core.kinds import KINDS_TABLE
 from handformer.check.core.result import DEPARTS, ComponentResult, Finding, Text, text
-from handformer.check.core.source import first_pattern_matches, lines_matching
+from handformer.check.core.source import first_pattern_matches, lines_matching, source_lines
 from handformer.check.reference import variants as V
 
 
@@ -130,8 +131,8 @@ class _Tracer:
     def returned(self, frame: Any, value: Any) -> None:
         """What a frame returns: a tensor, or each tensor of a tuple (`return q, k`), as steps."""
         value = _number(value) if self.scalars and type(value) in (int, float) else value
-        items = [("return", value)] if isinstance(value, Tensor) else [
-            (f"return[{i}]", v) for i, v in enumerate(value)] if isinstance(value, tuple) else []
+        items = [(f"return[{i}]", v) for i, v in enumerate(value)] if isinstance(value, tuple) else [
+            ("return", value)]  # a value not a tensor is no step (below)
         numbers = dict(self.numbers.get(id(frame), {}))
         for name, v in items:
             if isinstance(v, Tensor) and (self.every or _traced(v)):
@@ -223,12 +224,14 @@ def _attributes(frame: Any) -> dict[str, tuple[int, float]]:
 @functools.lru_cache(maxsize=8)
 def _assigned(filename: str) -> dict[str, int]:
     """Each attribute `self.name = ...` assigned on exactly one line of the file -> that line."""
-    tree = ast.parse("".join(linecache.getlines(filename)))
-    found = [(t.attr, n.lineno) for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign))
-             for t in getattr(n, "targets", [getattr(n, "target", None)]) if isinstance(t, ast.Attribute)
-             and isinstance(t.value, ast.Name) and t.value.id == "self"]
-    names = [name for name, _ in found]
-    return {name: line for name, line in found if names.count(name) == 1}
+    found = [(m[1], n) for n, line in enumerate(linecache.getlines(filename), 1)
+             for m in SELF_ASSIGN.finditer(line)]
+    counts = Counter(name for name, _ in found)
+    return {name: line for name, line in found if counts[name] == 1}
+
+
+# `self.name = ...`, `self.name: float = ...`: an attribute assigned
+SELF_ASSIGN = re.compile(r"^\s*self\.(\w+)\s*(?::[^=]+)?=(?!=)")
 
 
 def _number(value: float) -> Tensor:
@@ -244,12 +247,6 @@ def _arguments(frame: Any, value: Tensor) -> tuple[str, ...]:
 def _traced(value: Tensor) -> bool:
     """A tensor that depends on the input (made from it, or the input itself), not a weight."""
     return value.requires_grad and not isinstance(value, nn.Parameter)
-
-
-def first_tensor(out: Any) -> Tensor | None:
-    if isinstance(out, Tensor):
-        return out
-    return next((o for o in out if isinstance(o, Tensor)), None) if isinstance(out, (tuple, list)) else None
 
 
 def _copy(value: Tensor) -> Tensor:
@@ -516,20 +513,17 @@ def form_of(t: Tensor, views: list[View], sizes: dict[str, float], pre: Tensor |
     then a term (against the latest view first: the sub-step nearest to it)."""
     views = [(what, r) for what, r in views if r.shape == t.shape]
     near = sorted(views, key=lambda v: int((~torch.isclose(t, v[1], atol=1e-5)).sum()))  # the closest first
-    stated = next((form for form, r in forms if same(t, r)), None)
-    found = stated or _simple(t, near) or _softmax_axis(t, pre)
-    if found:
-        return found
-    for what, r in views:
-        found = (_mask_edge(t, r, what) or _scaled(t, r, what, sizes) or _offset(t, r, what)
-                 or _shift(t, r, 2 if r.dim() == 4 else 1, what))
-        if found:
-            return found
-    for what, r in reversed(views):
-        found = _term(t, r, what, list(terms), sizes)
-        if found:
-            return found
-    return None
+    tests = [lambda: next((form for form, r in forms if same(t, r)), None), lambda: _simple(t, near),
+             lambda: _softmax_axis(t, pre)]
+    tests += [functools.partial(_against, t, r, what, sizes) for what, r in views]
+    tests += [functools.partial(_term, t, r, what, list(terms), sizes) for what, r in reversed(views)]
+    return next(filter(None, (test() for test in tests)), None)  # each test run only until one holds
+
+
+def _against(t: Tensor, r: Tensor, what: str, sizes: dict[str, float]) -> Text | None:
+    """A mask's edge, a factor (or a transpose), an offset or a shift of one view."""
+    return (_mask_edge(t, r, what) or _scaled(t, r, what, sizes) or _offset(t, r, what)
+            or _shift(t, r, 2 if r.dim() == 4 else 1, what))
 
 
 def _one_slice(t: Tensor, r: Tensor) -> dict[str, int] | None:
@@ -601,6 +595,7 @@ class Departure:
     part: tuple[nn.Module, tuple[Any, ...], dict[str, Any]] | None = None  # as its step's: see Step
     ran: frozenset[tuple[int, int]] = frozenset()  # the spans of the classes and functions its run entered
     misread: bool = False  # the size `source` names holds another size: its line is the one quoted
+    shared: bool = False  # a helper right in another call: the line calling it (`called_from`) is quoted
 
     def describe(self) -> Text:
         at = f"line {self.line}: {self.code}"
@@ -622,7 +617,8 @@ class Departure:
     def finding(self) -> Finding:
         """The report's finding: this line (one of the learner's; the helper's caller is in the text), or
         the line that read a size wrong (`d_k = q.size(-2)`), the line using it being right as written."""
-        line, code = (self.source[0], self.source[2]) if self.misread else (self.line, self.code)
+        line, code = ((self.source[0], self.source[2]) if self.misread else
+                      self.called_from if self.shared else (self.line, self.code))
         return Finding(DEPARTS, self.describe(), line, code)
 
 
@@ -636,15 +632,22 @@ def first_departure(steps: list[Step], views: list[View], filename: str, sizes: 
     if found is None:
         return None
     step = _origin(steps, found) if ends else steps[found]
-    return traced(_departure(step, views, filename, sizes, pre, terms, forms), steps, filename)
+    return traced(_departure(step, views, filename, sizes, pre, terms, forms), steps, filename, views)
 
 
-def traced(found: Departure, steps: list[Step], filename: str) -> Departure:
+def traced(found: Departure, steps: list[Step], filename: str, views: list[View] = ()) -> Departure:
     """The departure with the spans of the top-level classes and functions of `filename` that its
     run went through (see `Steps`): a named finding quoted outside all of them is misplaced."""
     entered = getattr(steps, "entered", frozenset())
-    return replace(found, ran=frozenset(span for span in _top_level(filename)
-                                        if any(span[0] <= n <= span[1] for n in entered)))
+    return replace(_shared(found, steps, filename, views), ran=frozenset(
+        span for span in _top_level(filename) if any(span[0] <= n <= span[1] for n in entered)))
+
+
+def _shared(found: Departure, steps: list[Step], filename: str, views: list[View]) -> Departure:
+    """A departure in a helper whose line gave the reference's value in another call (one norm class
+    for q and for k): the helper is right, the line that calls it is quoted (`k = self.q_norm(k)`)."""
+    right = {steps[i].line for i in _right_calls(steps, layouts(views, {s.value.shape for s in steps}))}
+    return replace(found, shared=bool(found.called_from) and found.line in right)
 
 
 @functools.lru_cache(maxsize=8)
@@ -658,9 +661,24 @@ def _top_level(filename: str) -> tuple[tuple[int, int], ...]:
 def _departure_at(steps: list[Step], views: list[View], ends: list[View] = ()) -> int | None:
     views = layouts(views, {s.value.shape for s in steps})
     shapes = {r.shape for _, r in views}
-    return next((i for i, step in enumerate(steps) if not _input(step) and (
+    right = _right_calls(steps, views)
+    return next((i for i, step in enumerate(steps) if not _input(step) and i not in right and (
         step.value.shape in shapes and not any(same(step.value, r) for _, r in _judged_by(step, views, ends))
         or step.value.shape not in shapes and _reduced(step.value, views))), None)
+
+
+def _right_calls(steps: list[Step], views: list[View]) -> set[int]:
+    """The steps of each call of a helper of theirs (the steps under one calling line up to the value
+    it returns) that returns one of the views: its own sub-steps (an RMSNorm's x·rsqrt before the
+    gain) are not judged."""
+    done = [0, *itertools.accumulate(s.name == "return" for s in steps)]  # the returns before each step
+    runs = [list(run) for _, run in itertools.groupby(range(len(steps)),
+                                                      lambda i: (steps[i].caller, done[i]))]
+    return {i for run in runs if _returns_a_view(steps[run[-1]], views) for i in run}
+
+
+def _returns_a_view(step: Step, views: list[View]) -> bool:
+    return step.caller is not None and step.name == "return" and any(same(step.value, r) for _, r in views)
 
 
 REDUCTIONS = (("the mean", "均值", torch.mean), ("the sum", "和", torch.sum))
@@ -848,7 +866,7 @@ def latest_departure(steps: list[Step], readings: list[list[View]], filename: st
                                                                                      readings[j])))
     step = _origin(steps, at[i]) if last[i] else steps[at[i]]
     found = _departure(step, readings[i], filename, sizes, None, list(terms) + readings[i], forms)
-    return traced(found, steps, filename)
+    return traced(found, steps, filename, readings[i])
 
 
 def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[list[View], Tensor]:
@@ -965,7 +983,7 @@ def localize_attention(runs: list[Run], w: V.MHAWeights, filename: str, causal_i
         return None  # one reading explains every step
     at, steps, views, scores = max(read, key=lambda r: r[0])
     found = _departure(steps[at], views, filename, sizes, scores, [("the input x", x.detach())])
-    return traced(found, steps, filename)
+    return traced(found, steps, filename, views)
 
 
 def note_raised_attention(res: ComponentResult, comp: Any, runs: list[Run], w: V.MHAWeights,
@@ -992,7 +1010,7 @@ def place_findings(res: ComponentResult, localize: Callable[[], Any], lines: lis
     parts from the correct reference: its patterns match no line, or several of the learner's lines
     (the sin line and the cos line of a table) and that is one of them, or only a diagnosis' guess
     found it (a pattern after its first: `norm`, `embed|emb`) on a line that cannot be the mistake
-    (see `misplaced`): the line they wrote wrong, not one that looks alike."""
+    (see `misplaced`, `deeper`): the line they wrote wrong, not one that looks alike."""
     unsure = [f for f in res.named() if f.line is None or len(lines_matching(f.name, lines)) > 1
               or not first_pattern_matches(f.name, f.code or "")]
     found = quietly(localize) if unsure else None  # the run only where a line is unsure
@@ -1000,8 +1018,14 @@ def place_findings(res: ComponentResult, localize: Callable[[], Any], lines: lis
         return
     for finding in unsure:
         matched = found.line in lines_matching(finding.name, lines)  # one of several the patterns match
-        if finding.line is None or matched or misplaced(finding, found):
+        if finding.line is None or matched or misplaced(finding, found) or deeper(finding, found):
             finding.line, finding.code = found.line, found.code
+
+
+def deeper(finding: Finding, found: Departure) -> bool:
+    """A finding found by a guess alone (a pattern after its first: a loop's `model(`) where the run
+    parts inside a helper (the model's forward): the helper's line is the one to quote."""
+    return bool(found.called_from) and not first_pattern_matches(finding.name, finding.code or "")
 
 
 def misplaced(finding: Finding, found: Departure) -> bool:
@@ -1035,8 +1059,8 @@ def note_attention_departure(res: ComponentResult, comp: Any, runs: list[Run], w
     filename = inspect.getsourcefile(comp.obj)
     def localize() -> Departure | None:
         return filename and localize_attention(runs, w, filename, causal_inside)
-    if explained(res):  # named: placed at the departing line when their patterns found none
-        return place_findings(res, localize)
+    if explained(res):  # named: placed at the departing line when their patterns found none or several
+        return place_findings(res, localize, source_lines([comp.obj]))
     found = localize()
     if found:
         add_departure(res, found)

@@ -44,7 +44,7 @@ from handformer.check.core.localize import (
     view_zh,
 )
 from handformer.check.core.result import ComponentResult, text
-from handformer.check.core.source import functions_called
+from handformer.check.core.source import functions_called, source_text
 from handformer.check.reference import variants as V
 
 Localize = Callable[[], Departure | None]
@@ -474,6 +474,21 @@ def top_p_views(logits: Tensor, p: float) -> list[View]:
             ("the filtered logits", unsorted), ("the filtered probabilities", unsorted.softmax(-1))]
 
 
+def _ascending_top_p(logits: Tensor, p: float) -> list[View]:
+    """Top-p's sub-steps sorted least likely first (Hugging Face's TopPLogitsWarper): the sorted
+    logits, the cumulative probabilities from the low end, the tail whose mass is at most 1 - p, and it
+    with the most likely token kept."""
+    ranked = torch.sort(logits, dim=-1, stable=True)[0]  # (rows, V) ascending
+    cum = torch.softmax(ranked, -1).cumsum(-1)
+    tail = cum <= 1 - p
+    kept_top = tail.clone()
+    kept_top[..., -1] = False
+    return [("the logits sorted, least likely first", ranked),
+            ("the cumulative probabilities from the least likely", cum),
+            ("cumulative <= 1 - p from the least likely (before the guard)", tail.double()),
+            ("the tokens removed, least likely first (1 = removed)", kept_top.double())]
+
+
 def localize_count(call: Callable[[int], Any], fn: Any, counts: list[tuple[int, int]]) -> Departure | None:
     """Run the learner's top-k (`call(k)`) traced with the numbers it binds, for the first k of
     `counts` ((k asked, tokens kept)) that kept another number of tokens: the first line that binds
@@ -495,8 +510,29 @@ def localize_top_p(call: Callable[[Tensor], Any], fn: Any, logits: Tensor, p: fl
     filename = inspect.getsourcefile(fn)
     x = logits.float().requires_grad_()
     steps = trace_steps(lambda: call(x), filename, constants=(torch.bool,))
-    return first_departure(steps, top_p_views(logits.double(), p), filename, {"V": logits.size(-1)},
-                           forms=top_p_axes(logits.double()))
+    # a code that sorts least likely first (torch.sort's default: Hugging Face's TopPLogitsWarper)
+    ascending = "descending=True" not in source_text(fn).replace(" ", "")
+    views = top_p_views(logits.double(), p) + (_ascending_top_p(logits.double(), p) if ascending else [])
+    return first_departure(steps, views, filename, {"V": logits.size(-1)}, forms=top_p_axes(logits.double()))
+
+
+def localize_min_p(call: Callable[[Tensor], Any], fn: Any, logits: Tensor, min_p: float) -> Departure | None:
+    """Run the learner's min-p filter (`call(logits)`) traced, the masks it builds recorded; the first
+    step that is none of min-p's sub-steps: the probabilities, the largest of each row, the threshold
+    min_p times it, the tokens removed or kept, the filtered logits."""
+    filename = inspect.getsourcefile(fn)
+    x = logits.float().requires_grad_()
+    probs = torch.softmax(logits.double(), -1)  # (rows, V)
+    top = probs.amax(-1, keepdim=True)  # (rows, 1)
+    removed = probs < min_p * top
+    views = [("the probabilities", probs), ("the largest probability of each row", top),
+             ("the threshold min_p × the largest probability", min_p * top),
+             ("the tokens removed (1 = removed)", removed.double()), ("the tokens kept", (~removed).double()),
+             ("the filtered logits", logits.double().masked_fill(removed, -math.inf))]
+    forms = over_axes("the largest probability", "最大概率", lambda d: probs.amax(d, keepdim=True),
+                      logits.dim())
+    steps = trace_steps(lambda: call(x), filename, constants=(torch.bool,))
+    return first_departure(steps, views, filename, {"V": logits.size(-1)}, forms=forms)
 
 
 def top_p_axes(logits: Tensor) -> list[Form]:

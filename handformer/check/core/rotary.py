@@ -52,6 +52,20 @@ def turned_width(rope: str, head_dim: int) -> int:
     return min(int(part), head_dim) if part else head_dim
 
 
+# a config's share of each head that rotary turns (GPT-NeoX's rotary_pct, Phi's partial_rotary_factor), with
+# its default: `rotary_pct: float = 0.25` in a dataclass, `rotary_pct=0.25` in a signature
+FRACTIONS = re.compile(
+    r"\b(rotary_pct|partial_rotary_factor|rotary_fraction|rope_pct)\s*(?::\s*\w+\s*)?=\s*([0-9.]+)")
+
+
+def fraction_unread(source: str) -> str | None:
+    """The rotary share below one that a file's config declares and no line of it reads (only
+    assigns), as `rotary_pct = 0.25`; None where there is none."""
+    unread = [f"{name} = {value}" for name, value in FRACTIONS.findall(source) if float(value) < 1
+              and not re.search(rf"\.{name}\b(?!\s*=[^=])|['\"]{name}['\"]", source)]
+    return (unread + [None])[0]
+
+
 def partial_layouts(head_dim: int) -> tuple[str, ...]:
     """Partial rotary (GPT-NeoX's rotary_pct, Phi's partial_rotary_factor) at check's head width: the
     first 2, 4, ... dims of each head turned, half-split pairs within them."""

@@ -120,8 +120,8 @@ def _read(path: Path) -> str:
 def _progress(path: Path) -> tuple[str, str] | None:
     """(step, kind) the child last started: its first line is the step ("ready", "import" or a
     component's name), its second the kind that component is checked as."""
-    lines = _read(path).splitlines()
-    return (lines[0], lines[1] if len(lines) > 1 else "") if lines and lines[0] else None
+    step, kind, *_ = [*_read(path).splitlines(), "", ""]
+    return (step, kind) if step else None
 
 
 # what a component that ran past the time limit most likely does, by its kind (en, zh)

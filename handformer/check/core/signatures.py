@@ -77,7 +77,7 @@ def kind_of(fn: Any) -> str | None:
     if lm_step(fn):
         return "lm_train_step"
     configs = _config_fields(fn, required - set(names[:1]) - set().union(*SCHEDULE_ARGS.values()))
-    if _schedule(names + sum(configs.values(), []), required - set(configs)):
+    if _schedule(names + sum(configs.values(), []), required - set(configs)) or schedule_maker(fn):
         return "schedule"
     return _loop_kind(names, required) or _logits_kind(fn, params, names, required)
 
@@ -102,6 +102,29 @@ def _schedule(names: list[str], required: set[str]) -> bool:
     has = lambda key: _takes_each(names[1:], [settings[key]])  # noqa: E731
     return (bool(names) and names[0] in SCHEDULE_FIRST and required - {names[0]} <= known
             and has("warmup") and (has("d_model") or has("total") or has("min_lr")))
+
+
+def schedule_signature(fn: Any) -> bool:
+    """Whether a function takes a step and a schedule's settings alone (a warmup among them)."""
+    _, names, required = _signature(fn)
+    return _schedule(names, required)
+
+
+def schedule_maker(fn: Any) -> bool:
+    """A function of a schedule's settings alone that returns the schedule as a function of the step
+    (`linear_warmup_decay(num_warmup_steps, num_training_steps)` returning its `lr_lambda`, for a
+    LambdaLR)."""
+    _, names, required = _signature(fn)
+    return bool(names) and names[0] not in SCHEDULE_FIRST and _schedule(["step", *names], required) and (
+        returns_function(fn))
+
+
+def returns_function(fn: Any) -> bool:
+    """Whether a function returns a lambda or a function it defines inside."""
+    code = source_text(fn)
+    inner = re.findall(r"^\s+def (\w+)\(", code, re.M)
+    return bool(re.search(r"\breturn\s+lambda\b", code)) or any(
+        re.search(rf"\breturn\s+{name}\s*(#|$)", code, re.M) for name in inner)
 
 
 SHIFT = re.compile(r"\[\s*:\s*,\s*(:-1|1:)\s*\]")  # tgt[:, :-1], tgt[:, 1:]
@@ -170,11 +193,9 @@ def _loop_kind(names: list[str], required: set[str]) -> str | None:
 def _logits_kind(fn: Any, params: list[inspect.Parameter], names: list[str], required: set[str],
                  ) -> str | None:
     """A function of logits or probabilities first (by that name, or of any name when it takes k, p
-    or a temperature by theirs: lucidrains' `gumbel_sample(t, temperature=1.0)`): what a call says."""
-    options = {"top_k": K_NAMES, "top_p": P_NAMES,
-               "temperature": TEMPERATURE_NAMES}
-    takes = {key: name for key, aliases in options.items()  # the options it takes, by their names
-             if (name := named([p.name for p in params[1:]], aliases))}
+    or a temperature by theirs: lucidrains' `gumbel_sample(t, temperature=1.0)`): what a call says
+    (a function written for one 1-D row is called one row at a time)."""
+    takes = _options(params)
     if not names or names[0] not in LOGITS_NAMES + PROBS_NAMES and not takes:
         return None
     fillable = {n.lower() for n in takes.values()} | set(GENERATOR_NAMES) | {names[0]}
@@ -182,7 +203,9 @@ def _logits_kind(fn: Any, params: list[inspect.Parameter], names: list[str], req
         return None
     probs = names[0] in PROBS_NAMES
     rows = ROWS.softmax(-1) if probs else ROWS
-    outs = [_call(fn, rows, {n: OPTION_VALUES[k] for k, n in takes.items()}) for _ in range(2)]
+    options = {n: OPTION_VALUES[k] for k, n in takes.items()}
+    call = _by_row if written_for_one_row(fn, probs, options) else _call
+    outs = [call(fn, rows, options) for _ in range(2)]
     if any(out is None for out in outs):
         return None
     out = outs[0]
@@ -195,15 +218,77 @@ def _logits_kind(fn: Any, params: list[inspect.Parameter], names: list[str], req
     if out.shape != rows.shape:
         return None
     if _filtered(rows, out, probs):
-        return next((k for k in ("top_p", "top_k") if k in takes), None)
+        return _filter_kind(fn, rows, out, takes)
     if set(takes) == {"temperature"} and _scaled(rows, out):
         return "temperature"
     return None
 
 
+def _options(params: list[inspect.Parameter]) -> dict[str, str]:
+    """The filters a function of logits takes after them, by their names: {"top_k": "k", ...}."""
+    options = {"top_k": K_NAMES, "top_p": P_NAMES, "temperature": TEMPERATURE_NAMES}
+    return {key: name for key, aliases in options.items()
+            if (name := named([p.name for p in params[1:]], aliases))}
+
+
+MIN_P_WORDS = re.compile(r"min_?p", re.I)
+
+
+def _filter_kind(fn: Any, rows: Tensor, out: Tensor, takes: dict[str, str]) -> str | None:
+    """A filter's kind: top-p or top-k by the setting it takes; a p that keeps what min-p keeps at
+    p = 0.8 (the tokens at least 0.8 x the most likely one's probability), or a function named for
+    min-p, is min-p (llama.cpp's `sample_min_p(logits, p, min_keep)`)."""
+    probs = rows.softmax(-1)
+    min_p = probs >= OPTION_VALUES["top_p"] * probs.amax(-1, keepdim=True)
+    kept = torch.isfinite(out) & (out > -1e8)
+    if "top_p" in takes and (MIN_P_WORDS.search(fn.__name__) or torch.equal(kept, min_p)):
+        return "min_p"
+    return next((k for k in ("top_p", "top_k") if k in takes), None)
+
+
+def takes_one_row(fn: Any) -> bool:
+    """Whether a function of logits (or probabilities) is written for one 1-D row (written_for_one_row),
+    probed with the settings it takes by name."""
+    params, names, _ = _signature(fn)
+    probs = bool(set(names[:1]) & set(PROBS_NAMES))
+    return written_for_one_row(fn, probs, {n: OPTION_VALUES[k] for k, n in _options(params).items()})
+
+
+# sharp rows and flat ones: a function reducing over the whole batch (probs.max()) mixes them
+MIXED_ROWS = torch.cat([ROWS, ROWS * 0.25])
+
+
+def written_for_one_row(fn: Any, probs: bool, options: dict[str, Any]) -> bool:
+    """Whether fn takes one 1-D row of logits (llama.cpp's sampler chain ported to a vector): rows given
+    one at a time work where a batch raises, or where a batch mixes its rows (`probs.max()` or a
+    softmax over dim=0 reads all of them). A batched filter reducing over the wrong axis reads the
+    same: the one code cannot tell, so a row is graded alone and the report says the batch mixes."""
+    rows = MIXED_ROWS.softmax(-1) if probs else MIXED_ROWS
+    one, batch = _by_row(fn, rows, options), _call(fn, rows, options)
+    return one is not None and (batch is None or _mixes(batch, one))
+
+
+def _mixes(batch: Tensor, one: Tensor) -> bool:
+    """Whether a batch's filtered rows differ from the rows filtered one at a time (token ids, drawn at
+    random, are not compared)."""
+    if not batch.is_floating_point():
+        return False
+    return batch.shape != one.shape or not bool(((batch == one) | (batch - one).abs().le(1e-9)).all())
+
+
+def _by_row(fn: Any, rows: Tensor, options: dict[str, Any]) -> Tensor | None:
+    """fn called on each 1-D row, its outputs (tensors, or token ids) stacked; None when a call raises
+    or returns something else."""
+    try:
+        return torch.stack([_call(fn, row, options) for row in rows])
+    except (TypeError, RuntimeError):  # a call gave None, or outputs of different shapes
+        return None
+
+
 def _call(fn: Any, rows: Tensor, options: dict[str, Any]) -> Tensor | None:
-    """fn(rows, **options) as a tensor, or None when it raises (sys.exit too) or returns something
-    else; its prints are not shown. A function that can end the process (os._exit) is not called."""
+    """fn(rows, **options) as a tensor (a token id returned as an int: a 0-d one), or None when it
+    raises (sys.exit too) or returns something else; its prints are not shown. A function that can end
+    the process (os._exit) is not called."""
     if "_exit" in source_text(fn):
         return None
     try:
@@ -213,6 +298,7 @@ def _call(fn: Any, rows: Tensor, options: dict[str, Any]) -> Tensor | None:
         return None
     if isinstance(out, tuple) and out and isinstance(out[0], Tensor):  # (filtered, indices)
         out = out[0]
+    out = torch.as_tensor(out) if type(out) is int else out
     return out.detach() if isinstance(out, Tensor) else None
 
 

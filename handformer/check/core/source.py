@@ -221,8 +221,7 @@ def learner_error(err: BaseException, path: str, where: str) -> LearnerError:
     if isinstance(err, SystemExit):
         message = (f"SystemExit: your code called sys.exit({err.code!r}) (or raised SystemExit); a component "
                    "returns its result, it does not end the program")
-    return LearnerError(kind, message.splitlines()[0][:400] if message else type(err).__name__, where,
-                        frames)
+    return LearnerError(kind, message.splitlines()[0][:400], where, frames)  # (never empty: its type's name)
 
 
 def raised_by_learner(stack: traceback.StackSummary, path: str) -> bool:
@@ -285,11 +284,8 @@ def _is_memory(err: BaseException) -> bool:
 
 def global_reads(obj: Any) -> set[str]:
     """The global names a function, or any method of a class, reads (from their code objects)."""
-    codes = []
-    if inspect.isclass(obj):
-        codes = [f.__code__ for f in vars(obj).values() if inspect.isfunction(f)]
-    elif inspect.isfunction(obj):
-        codes = [obj.__code__]
+    members = vars(obj).values() if inspect.isclass(obj) else [obj]
+    codes = [f.__code__ for f in members if inspect.isfunction(f)]
     names: set[str] = set()
     while codes:
         code = codes.pop()

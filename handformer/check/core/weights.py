@@ -93,10 +93,8 @@ BIAS_NAME = re.compile(r"b.*|shift|offset")  # bias, beta, b_2, ...
 def _norm_parameters(params: dict[str, nn.Parameter]) -> tuple[nn.Parameter, nn.Parameter | None]:
     """A norm's gain and its additive parameter (bias, beta, shift, b_2, ...; else the second one); a
     norm of one parameter: its gain alone."""
-    if len(params) == 1:
-        return next(iter(params.values())), None
-    bias = next((name for name in params if BIAS_NAME.fullmatch(name.lower())), list(params)[1])
-    return next(p for name, p in params.items() if name != bias), params[bias]
+    gain, *bias = sorted(params, key=lambda name: bool(BIAS_NAME.fullmatch(name.lower())))  # bias last
+    return params[gain], params[bias[0]] if bias else None
 
 
 # a projection's name (q_proj, W_query, key, ...) less proj and w_ -> its role
@@ -142,11 +140,10 @@ def single_heads(label: str, sub: nn.Module) -> list[Leaf] | None:
            for p, h in zip(per, heads)):
         return None
     by_role = {_role(n): n for n, _ in per[0]}  # three names of three roles (the roles never overlap)
-    order = [by_role.get(r) for r in "qkv"]
-    if None in order:
+    if by_role.keys() != set("qkv"):
         return None
     out = []
-    for role in order:
+    for role in (by_role[r] for r in "qkv"):
         mods = [dict(p)[role] for p in per]
         weight = torch.cat([m.weight for m in mods]).detach()  # (H * Dh, D)
         bias = torch.cat([m.bias for m in mods]).detach() if mods[0].bias is not None else None
@@ -409,12 +406,18 @@ def _grouped_slots(linears: list[Leaf], D: int, kv: int, count: int, prefixes: l
 
 def mha_weights(slots: list[Slot], n_heads: int, n_kv_heads: int | None = None, rope: str | None = None,
                 ) -> V.MHAWeights:
-    by = {s.role[-3:]: s.linear() for s in slots if s.leaf.kind == "linear"}
-    norms = {s.role: qk_norm_weights(s) for s in slots if s.role in QK_NORM_ROLES}
-    qk = (norms["q_norm"], norms["k_norm"]) if norms else None
+    by = by_role(slots)
+    qk = (qk_norm_weights(by["q_norm"]), qk_norm_weights(by["k_norm"])) if "q_norm" in by else None
     n_kv_heads = n_kv_heads or kv_heads_of(slots, n_heads)
-    table = next((s.weight() for s in slots if s.role == RELATIVE_ROLE), None)
-    return V.MHAWeights(by["W_Q"], by["W_K"], by["W_V"], by.get("W_O"), n_heads, n_kv_heads, rope, qk, table)
+    table = by["bias"].weight() if "bias" in by else None  # RELATIVE_ROLE's last word
+    return V.MHAWeights(by["W_Q"].linear(), by["W_K"].linear(), by["W_V"].linear(),
+                        by["W_O"].linear() if "W_O" in by else None, n_heads, n_kv_heads, rope, qk, table)
+
+
+def by_role(slots: list[Slot]) -> dict[str, Slot]:
+    """An attention's slots by the last word of their roles ("self-attention W_Q" -> "W_Q", "q_norm",
+    RELATIVE_ROLE -> "bias")."""
+    return {s.role.split(" ")[-1]: s for s in slots}
 
 
 RELATIVE_ROLE = "relative position bias"  # T5's nn.Embedding(buckets, H): a learned score bias per head
@@ -430,8 +433,8 @@ def relative_bias_slots(extra: list[Leaf], n_heads: int) -> list[Slot]:
 def kv_heads_of(slots: list[Slot], n_heads: int) -> int | None:
     """The key/value heads W_K's rows hold beside W_Q's (a fused multi-query projection: 1); None
     when there are as many as query heads."""
-    rows = {s.role[-3:]: s.weight().size(0) for s in slots}  # (a q_norm's "orm": not read)
-    narrow = rows["W_K"] * n_heads // rows["W_Q"]
+    by = by_role(slots)
+    narrow = by["W_K"].weight().size(0) * n_heads // by["W_Q"].weight().size(0)
     return narrow if narrow < n_heads else None
 
 
@@ -624,7 +627,7 @@ def attention_parameters(target: nn.Module) -> dict[str, nn.Module]:
 def copy_attention(target: nn.Module, slots: list[Slot]) -> None:
     """W_Q, W_K, W_V, W_O into handformer's MultiHeadAttention; no W_O: the identity, so handformer
     computes what a module without an output projection does."""
-    by = {s.role.split(" ")[-1]: s for s in slots}  # "self-attention W_Q" -> "W_Q"
+    by = by_role(slots)
     for role, proj in attention_parameters(target).items():
         if role in by:
             copy_weights(proj, by[role])

@@ -408,6 +408,8 @@ def sublayer(w: LayerWeights, x: Tensor, f: Callable[[Tensor], Tensor], name: st
     n = w.norms[{"first": 0, "last": -1}.get(shared or "", w.sublayers.index(name))]
     pre = (w.placement == "pre") != (has(flags, "pre_norm") == name)
     residual = has(flags, "no_residual") not in (name, "all")  # "all": a residual wrapper shared by all
+    if w.placement == "reordered":  # OLMo 2's: the sublayer's output normed inside the residual
+        return x + norm(n, f(x)) if residual else norm(n, f(x))
     if pre:
         h = norm(n, x)
         start = h if has(flags, "residual_from_normed") in (name, "all") else x

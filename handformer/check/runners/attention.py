@@ -59,10 +59,11 @@ from handformer.check.core.context import (
     outputs_by_convention,
     positions,
     reads_sequence_first,
+    says_keep,
     shape_of,
 )
 from handformer.check.core.conventions import SEQUENCE_FIRST_CONVENTIONS
-from handformer.check.core.discovery import Component, reads_kv_heads
+from handformer.check.core.discovery import Component, computes_attention, reads_kv_heads
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import Gainless, gainless_qk
 from handformer.check.core.localize import (
@@ -76,8 +77,16 @@ from handformer.check.core.projection_elsewhere import projection_elsewhere
 from handformer.check.core.reference_attention import handformer_attention
 from handformer.check.core.result import DEPARTS, DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.rope_tables import alibi_argument, position_kwargs, renamed_table, with_positions
-from handformer.check.core.rotary import ALIBI_WORDS, ROPE_WORDS, partial_layouts, rope_note, rope_tables
-from handformer.check.core.source import locate, source_lines, source_text
+from handformer.check.core.rotary import (
+    ALIBI_WORDS,
+    ROPE_WORDS,
+    fraction_unread,
+    partial_layouts,
+    rope_note,
+    rope_tables,
+)
+from handformer.check.core.source import first_line, locate, source_lines, source_text
+from handformer.check.core.sublayer import grade_sublayer, sublayer_parts
 from handformer.check.core.weights import (
     QK_NORM_ROLES,
     RELATIVE_ROLE,
@@ -387,10 +396,12 @@ class Layout:
 
     flat: bool
     single: bool = False
+    order: tuple[int, ...] = (0, 1, 2, 3)  # (0, 2, 1, 3): Flax's (B, T, H, Dh), einsum("bqhd,bkhd->bhqk")
 
     def raw(self, ctx: Context, c: Caller, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None,
             conv: str) -> Any:
         B, heads = q.shape[:2]
+        q, k, v = (t.permute(self.order) for t in (q, k, v))
         if self.single:
             return self._one_by_one(ctx, c, q, k, v, keep, conv)
         if self.flat:
@@ -414,6 +425,7 @@ class Layout:
 
     def output(self, raw: Any, shape: torch.Size) -> Tensor | None:
         out = fp.first_tensor(raw, 3 if self.flat else 4)
+        out = out if out is None or self.flat else out.permute(self.order)  # (B, H, T, Dh)
         if self.flat and out is not None and out.numel() == math.prod(shape):
             return out.reshape(shape)  # (B, H, T, Dh)
         return out
@@ -424,17 +436,32 @@ class Layout:
 
 
 def _layout(ctx: Context, c: Caller, convs: tuple[str, ...], keeps: dict[str, Tensor | None]) -> Layout:
-    """(B, H, T, Dh) if the learner's function runs on it and returns a 4-D tensor, else d2l's
-    (B * H, T, Dh), else one head of one sequence at a time."""
+    """The first layout the learner's function computes attention in: (B, H, T, Dh), d2l's
+    (B * H, T, Dh), one head of one sequence at a time, or Flax's (B, T, H, Dh); else the first it runs
+    on and returns a tensor from (its mistake then shows in the comparison)."""
     q = fp.randn(2, H, 6, 8, seed=0)
-    for layout in (Layout(False), Layout(True), Layout(False, single=True)):
+    runs = []
+    for layout in LAYOUTS:
         for conv in convs:
             try:
-                if layout.run(ctx, c, q, q, q, keeps[conv], conv) is not None:
-                    return layout
+                out = layout.run(ctx, c, q, q, q, keeps[conv], conv)
             except fp.LearnerFailure:
                 continue
-    return Layout(False)
+            if _attends(out, q, keeps[conv]):
+                return layout
+            if out is not None:
+                runs.append(layout)
+    return (runs + [Layout(False)])[0]
+
+
+LAYOUTS = (Layout(False), Layout(True), Layout(False, single=True), Layout(False, order=(0, 2, 1, 3)))
+
+
+def _attends(out: Tensor | None, q: Tensor, keep: Tensor | None) -> bool:
+    """Whether `out` is self-attention of q (B, H, T, Dh) under `keep`, on the rows that see a key."""
+    ref = scaled_dot_product_attention(q, q, q, keep)[0]
+    rows = fp.visible_rows(keep, q.size(0), q.size(2))
+    return isinstance(out, Tensor) and out.shape == q.shape and fp.max_error(out, ref, rows) < 1e-6
 
 
 SOFTMAX_SIZES = (3, 5, 6)  # B, T, S of the scores
@@ -613,6 +640,8 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     causal input longer than it was built for."""
     x = fp.randn(2, 6, D, seed=1)
     module = ctx.build(comp, sizes, warmup=lambda m: caller(m).call(x.float(), x.float(), x.float(), None))
+    if (parts := sublayer_parts(module, computes_attention, D)) is not None:  # T5's layer, BERT's wrapper
+        return grade_sublayer(res, comp, module, parts)
     linears, qk_norms = _projections(comp, module, heads)
     if heads != 1 and single_head(comp, linears, n_kv_heads):  # checked again with one head
         return check_mha(comp, ctx, sizes["causal"], n_kv_heads, heads=1)
@@ -677,9 +706,23 @@ def _mha_rope(res: ComponentResult, ctx: Context, comp: Component, subject: Subj
     rope = found.weights[0]
     if rope:
         res.notes.append(rope_note(rope))
+    if rope in ("half", "interleaved"):
+        _whole_head_rotary(res, ctx, comp)
     if rope in V.UNSCALED:  # T5's scores, without 1/sqrt(d_k) by design
         res.status = DIFFERS
     subject.facts["setup"] = dataclasses.replace(subject.facts["setup"], conv=found.key, rope=rope)
+
+
+def _whole_head_rotary(res: ComponentResult, ctx: Context, comp: Component) -> None:
+    """A finding where the attention turns the whole head while its file's config declares a share
+    below one that no line reads (GPT-NeoX's rotary_pct ignored)."""
+    unread = fraction_unread(source_text(ctx.module))
+    if unread:
+        number, code = first_line([r"self\.\w*rot\w*\s*=", r"rotary|rope"], source_lines([comp.obj]))
+        res.findings.append(Finding(DEPARTS, text(
+            f"the whole head is rotated, while the config declares {unread} and no line reads it: only "
+            "that share of each head's dims should turn", f"整个头都做了旋转，而配置里写了 {unread}，"
+            "却没有一行读取它：每个头只应旋转这一部分维度"), number, code))
 
 
 def _mha_localized(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found,
@@ -803,7 +846,8 @@ def _conventions(ctx: Context, module: Any, c: Caller) -> tuple[str, ...]:
     attention's own, or a class of the learner's inside it) masks where the mask is True, unless the
     file's own causal mask writes True = may see (then that attention reads its file's masks inverted)."""
     convs = SEQUENCE_FIRST_CONVENTIONS * bool(c.state.get("first")) + ctx.conventions(c.mask_name)
-    if ctx.convention is None and masks_where_true_inside(module, c.mask_name) and not file_masks_keep(ctx):
+    if ctx.convention is None and masks_where_true_inside(module, c.mask_name) and not file_masks_keep(ctx) \
+            and not says_keep(c.mask_name):
         convs = ("torch", "torch3", "torch2") + convs
     return convs
 
@@ -966,7 +1010,9 @@ def _compare_mha(res: ComponentResult, ctx: Context, comp: Component, s: Setup) 
             rows = fp.visible_rows(mask, B, T)
             errors += case_errors(raw, out, ref, ref_w, rows)
             masked_rows(res, out, rows, comp, ctx)
-            if out.shape == ref.shape and i == len(cases) - 1:
+            # gradients on the first case, where every query sees a key (a row of -inf gives NaN
+            # gradients in torch.nn's convention, which spread to the weights' gradients)
+            if out.shape == ref.shape and i == 0:
                 grad_errors.append(_grads(out, ref, xq, rows, s, hf))
     res.max_abs_error = max(errors)
     res.checks.append(Check(text(f"matches handformer's MultiHeadAttention on {len(errors)} outputs",

@@ -183,9 +183,8 @@ def _cache_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Cac
                                                                              Tensor | None]:
     """(the cache handed back, Meta's start_pos, position_ids) from a call's extra arguments."""
     cache = next((v for v in list(args) + list(kwargs.values()) if isinstance(v, CacheToken)), None)
-    start = next((v for k, v in kwargs.items() if k in POSITION_NAMES and isinstance(v, int)), None)
-    if start is None:
-        start = next((v for v in args if is_number(v, int)), None)
+    given = [v for k, v in kwargs.items() if k in POSITION_NAMES] + list(args)  # by name first
+    start = next((v for v in given if is_number(v, int)), None)
     positions = kwargs.get("position_ids")
     return cache, start, positions if isinstance(positions, Tensor) else None
 

@@ -179,13 +179,14 @@ class OwnDriver:
 
     def driven(self) -> Text:
         limited = self.limit < NO_LIMIT
-        crop = (f"it raises on more than {BLOCK} tokens, so the context must be cropped" if limited
-                else f"it runs on contexts longer than {BLOCK} tokens, so no crop is needed (a crop is not "
-                "charged)")
-        crop_zh = (f"超过 {BLOCK} 个 token 它会报错，所以上下文必须裁剪" if limited
-                   else f"它能处理超过 {BLOCK} 个 token 的上下文，所以不必裁剪（裁剪了也不算错）")
-        held = f" in your {self.holder.__name__} (with a stand-in tokenizer)" if self.holder else ""
-        held_zh = f"（放在你的 {self.holder.__name__} 里，分词器是替身）" if self.holder else ""
+        crop, crop_zh = (
+            (f"it raises on more than {BLOCK} tokens, so the context must be cropped",
+             f"超过 {BLOCK} 个 token 它会报错，所以上下文必须裁剪") if limited
+            else (f"it runs on contexts longer than {BLOCK} tokens, so no crop is needed (a crop is not "
+                  "charged)", f"它能处理超过 {BLOCK} 个 token 的上下文，所以不必裁剪（裁剪了也不算错）"))
+        held, held_zh = ((f" in your {self.holder.__name__} (with a stand-in tokenizer)",
+                          f"（放在你的 {self.holder.__name__} 里，分词器是替身）")
+                         if self.holder else ("", ""))
         return text(f"your own {self.name}{held}, built with vocab_size {VOCAB} and block size "
                     f"{self.max_len}, its logits scaled so that the likeliest token is certain; {crop}",
                     f"你自己的 {self.name}{held_zh}，按 vocab_size {VOCAB}、block size {self.max_len} 构建，"

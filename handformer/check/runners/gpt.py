@@ -43,24 +43,20 @@ from handformer.check.core.context import (
     names_of,
     reads_sequence_first,
 )
-from handformer.check.core.discovery import Component
+from handformer.check.core.discovery import Component, DiscoveryError, own_objects
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import (
     Gainless,
     LayerMap,
-    block_norms,
     gainless_norm,
-    gainless_norms,
-    gainless_qk,
     layer_modules,
     list_items,
     map_layer,
     output_head,
     outside,
-    prefixed,
 )
 from handformer.check.core.localize_kinds import localize_model, module_views, note_departure
-from handformer.check.core.moe import ffn_readings, moe_config, moe_note
+from handformer.check.core.moe import moe_config, moe_note
 from handformer.check.core.result import (
     DEPARTS,
     NOT_CHECKED,
@@ -77,15 +73,12 @@ from handformer.check.core.weights import (
     Leaf,
     MappingError,
     Slot,
-    attention_slots,
     copy_attention,
     copy_ffn,
     copy_weights,
     is_gated,
     kv_heads_of,
-    leaves,
     norm_kind,
-    norm_slots,
     of_kind,
     shapes_text,
 )
@@ -158,11 +151,10 @@ NO_BLOCKS = {
 
 
 def map_gpt(module: nn.Module) -> GPTMap:
-    layers, n_kv = layer_modules(module), None
-    if not layers:
-        layers, n_kv = _grouped_blocks(module), KV_HEADS
-    blocks = [map_layer(path, child, SIZES["d_ff"]) if n_kv is None else _map_grouped(path, child)
-              for path, child in layers]
+    layers, n_kv, kv = layer_modules(module), None, None
+    if not layers:  # grouped-query attention: KV_HEADS key/value heads, each D // H wide
+        layers, n_kv, kv = _grouped_blocks(module), KV_HEADS, KV_HEADS * (D // H)
+    blocks = [map_layer(path, child, SIZES["d_ff"], kv) for path, child in layers]
     if not blocks or any(b.decoder for b in blocks):
         en, zh = NO_BLOCKS[any("decoder" in type(m).__name__.lower() for m in module.modules())]
         raise MappingError(en, zh=zh)
@@ -195,11 +187,11 @@ def _embed_norm(module: nn.Module, blocks: list[LayerMap]) -> Leaf | None:
     """nanochat's x = norm(self.transformer.wte(idx)): the token embeddings normed by a function
     without gains before the first block; a gainless norm like the blocks' stands for it."""
     found = EMBED_NORM.search(source_text(type(module).forward))
-    if found is None or not blocks or not isinstance(blocks[0].norms[0].leaf, Gainless):
+    norm = blocks[0].norms[0].leaf  # (map_gpt has raised for a model without blocks)
+    # the blocks' norm function, not another
+    if found is None or not isinstance(norm, Gainless) or found.group(1) not in norm.name:
         return None
-    if found.group(1) not in blocks[0].norms[0].leaf.name:  # the blocks' norm function, not another
-        return None
-    return gainless_norm(f"{found.group(1)}(embeddings) (no gain)", norm_kind(blocks[0].norms[0].leaf), D)
+    return gainless_norm(f"{found.group(1)}(embeddings) (no gain)", norm_kind(norm), D)
 
 
 class NormedEmbedding(nn.Module):
@@ -223,18 +215,6 @@ def _grouped_blocks(module: nn.Module) -> list[tuple[str, nn.Module]]:
     kv = (KV_HEADS * (D // H), D)
     return list_items(module, lambda shapes: shapes.count((D, D)) >= 2 and shapes.count(kv) >= 2
                       and any(s[1] == D and s[0] > D for s in shapes))
-
-
-def _map_grouped(path: str, child: nn.Module) -> LayerMap:
-    found = prefixed(leaves(child), path)
-    linears = of_kind(found, "linear")
-    attn = attention_slots(linears, D, 1, path, KV_HEADS * (D // H))
-    ffn = ffn_readings(child, linears, SIZES["d_ff"], path, label=path)[0]
-    norms, qk = block_norms(of_kind(found, "norm"))
-    attn[0] += qk or gainless_qk(child)
-    norms = norms or gainless_norms(child, 2)
-    norms = norms * 2 if len(norms) == 1 else norms
-    return LayerMap(path, False, attn, ffn, norm_slots(norms, 2, ["self-attention", "FFN"], path))
 
 
 def _rotary(module: nn.Module) -> tuple[tuple[str | None, ...], float, float | None]:
@@ -492,13 +472,11 @@ class Caller:
             raw = (self.ctx.learner.call("forward", self.module, idx, **kwargs), raw)
         if not isinstance(raw, (Tensor, tuple, list)) and isinstance(getattr(raw, "logits", None), Tensor):
             raw = (raw.logits, getattr(raw, "loss", None))  # Hugging Face's output object (minimind's)
-        logits = fp.first_tensor(raw, 3)
-        first = raw[0] if isinstance(raw, (tuple, list)) and raw else raw
-        if logits is None and isinstance(first, Tensor) and first.dim() == 2 and first.size(0) == idx.numel():
+        items = list(raw) if isinstance(raw, (tuple, list)) else [raw]  # (logits, loss, ...), or logits
+        logits, first = fp.first_tensor(items, 3), fp.first_tensor(items[:1], 2)
+        if logits is None and first is not None and first.size(0) == idx.numel():
             logits = first.view(*idx.shape, -1)  # Karpathy's: (B * T, V) when given targets
-        pair = isinstance(raw, (tuple, list)) and len(raw) > 1
-        loss = raw[1] if pair and isinstance(raw[1], Tensor) else None
-        return logits, loss
+        return logits, fp.first_tensor(items[1:2])  # the loss: a tensor second
 
 
 def _rows(B: int, T: int, flags: frozenset[str]) -> Tensor:
@@ -538,9 +516,35 @@ def _setup_caches(comp: Component, module: nn.Module, ctx: Context) -> None:
                               "它的注意力、FFN 和归一化各自单独检查") from None
 
 
+def _embeds_tokens(comp: Component, module: nn.Module) -> None:
+    """A model with no table of the vocabulary (an nn.Embedding, or a (V, D) parameter it indexes)
+    maps vectors to vectors (lucidrains' `Transformer(dim, depth, heads, dim_head)`, a stack of blocks
+    and a norm): it takes no token ids, so it is no GPT to drive."""
+    if not any(VOCAB in p.shape for p in module.parameters()):
+        raise DiscoveryError(
+            f"{comp.name} has no table of the vocabulary (no nn.Embedding): it maps vectors to vectors (a "
+            "stack of blocks), not token ids to logits, so it is not driven as a decoder-only model; its "
+            "attention and FFN are checked on their own",
+            zh=f"{comp.name} 没有词表（没有 nn.Embedding）：它把向量映射成向量（一叠 Block），"
+               "不是把 token id 映射成 logits，所以不按 decoder-only 模型调用；它的注意力和前馈网络单独检查")
+
+
+def _backbone(comp: Component, ctx: Context, out: Tensor | None) -> None:
+    """A model returning hidden states (B, T, D), not logits, that another class of the file builds
+    (OPT's OPTDecoder, inside OPTModel inside OPTForCausalLM): a backbone, checked through its holder."""
+    others = "".join(source_text(o) for name, o in own_objects(ctx.module).items() if name != comp.name)
+    if out is not None and out.size(-1) == D and re.search(rf"\b{re.escape(comp.name)}\(", others):
+        raise DiscoveryError(
+            f"{comp.name} returns hidden states (B, T, d_model), not logits, and another class of the file "
+            "builds it: a backbone, checked through the model that adds the head",
+            zh=f"{comp.name} 返回隐藏状态 (B, T, d_model)，不是 logits，而且文件里另一个类构造了它："
+               "这是主干网络，通过加上输出头的模型来检查")
+
+
 def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     module = ctx.build(comp, gpt_sizes(ctx))
+    _embeds_tokens(comp, module)
     _setup_caches(comp, module, ctx)
     call = Caller(module, ctx)
     res.notes += [SEQUENCE_FIRST] * call.first
@@ -550,6 +554,7 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     check_determinism(res, ctx, comp, lambda: call(idx, targets)[0], "causal_attention", "block", "ffn")
     with fp.dropout_off():
         out, loss = call(idx, targets)
+        _backbone(comp, ctx, out)
         last_only = out is not None and out.size(1) == 1
         if not logits_shape(res, out, (2, 1 if last_only else 8, VOCAB), "vocab_size"):
             return finish(res)

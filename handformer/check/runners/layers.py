@@ -105,6 +105,7 @@ from handformer.check.runners.attention import KEY_PADDING_FORMS, PAD_KEYS, resp
 from handformer.check.runners.generate_loop import CACHE_NAMES
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, OFFSET_NOTE, ffn_name_findings
 from handformer.config import BlockConfig
+from handformer.families.olmo import ReorderedNormBlock
 from handformer.nn.blocks import DecoderLayer, DecoderOnlyBlock, EncoderLayer
 
 # the rotary layouts a layer handed these tables may use: nanochat's halves rotated either way, llama2.c's
@@ -817,9 +818,14 @@ PLACEMENT_NOTES = {  # a placement found that the kind does not expect, said so
                  "pre-norm: a difference by design, not an error; compared with handformer's post-norm block",
                  "每个子层都是 Post-Norm，x = norm(x + f(x))，而现代 decoder-only Block 是 Pre-Norm："
                  "这是设计上的差异，不是错误；已与 handformer 的 Post-Norm Block 比较"),
-    "parallel": PARALLEL_NOTE}
+    "parallel": PARALLEL_NOTE,
+    "reordered": text("each sublayer's output is normed inside the residual, x = x + norm(f(x)) (OLMo 2's "
+                      "reordered norms): a convention, compared with handformer's block computed so",
+                      "每个子层的输出在残差分支里归一化，x = x + norm(f(x))（OLMo 2 的 reordered norm）："
+                      "这是约定，按 handformer 的 Block 这样计算后比较")}
 PLACEMENT_WORDS = {"parallel": ("computed in parallel", "并行计算")}  # (en, zh); else "pre-norm", ...
-HF_PLACEMENT = {"parallel": "pre"}  # handformer's block a placement is built from (then run in parallel)
+# handformer's block a placement is built from (then run in parallel, or its norms moved after each sublayer)
+HF_PLACEMENT = {"parallel": "pre", "reordered": "pre"}
 
 
 def _placement_note(placement: str, expected: str) -> dict[str, str]:
@@ -934,6 +940,7 @@ def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str, rope: s
                       norm_placement=HF_PLACEMENT.get(placement, placement), norm_eps=first.eps, bias=True)
     hf = layer.kind.reference(cfg).double().eval()
     as_parallel_([hf] * (placement == "parallel"), [layer.shared])  # GPT-J's, Falcon's, Phi's: both read x
+    hf = ReorderedNormBlock(hf) if placement == "reordered" else hf  # OLMo 2's: x + norm(f(x))
     hf.self_attn = handformer_attention(layer.attn[0], layer.n_kv_heads, rope)
     if layer.decoder:
         hf.cross_attn = handformer_attention(layer.attn[1], layer.n_kv_heads)
@@ -1029,7 +1036,8 @@ KINDS = {
                                _decoder_variant,  # handformer's in the tutorial's order: src_mask, tgt_mask
                                lambda hf, x, memory, src_keep, tgt_keep, rope: hf(x, memory, src_keep,
                                                                                    tgt_keep)[0]),
-    "block": LayerKind(DecoderOnlyBlock, ("pre", "post", "parallel"), False, True, ENCODER_SUBLAYERS,
+    "block": LayerKind(DecoderOnlyBlock, ("pre", "post", "parallel", "reordered"), False, True,
+                       ENCODER_SUBLAYERS,
                        ENCODER_TUTORIAL, _block_variant, lambda hf, x, memory, src_keep, tgt_keep, rope: hf(
                            x, tgt_keep,
                            rope=rope_tables(x.shape[1], rope=rope) if V.is_rotary(rope) else None)[0]),

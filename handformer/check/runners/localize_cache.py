@@ -9,6 +9,7 @@ Shape legend: T the whole sequence's length; a call covers positions a..b-1."""
 from __future__ import annotations
 
 import ast
+import copy
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -16,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.nn.modules.module import register_module_forward_pre_hook
 
 from handformer.check.core.localize import Departure, Step, statement, trace_steps
 from handformer.check.core.result import text
@@ -36,15 +38,77 @@ def cache_departure(whole: Callable[[], Any], calls: list[tuple[Callable[[], Any
     it covers) that differs from that line's on the whole sequence (`whole`)."""
     reference = _by_occurrence(trace_steps(whole, filename, every=True))
     for run, a, b in calls:
-        steps = list(_by_occurrence(trace_steps(run, filename, every=True)).items())
-        for i, (key, step) in enumerate(steps):
-            want = _aligned(reference.get(key, step).value, step.value, T, a, b)
-            if not torch.allclose(step.value, want, atol=1e-6, equal_nan=True):
-                form = text(f"on the cached call over positions {a}..{b - 1}; the whole sequence's value "
-                            "there differs",
-                            f"出现在用缓存的调用里（位置 {a}..{b - 1}）；整句计算时那里的值不同")
-                return _from_cache(steps[:i], reference, step, filename, form)
+        found = _call_departure(reference, trace_steps(run, filename, every=True), T, a, b, filename)
+        if found is not None:
+            return found
     return None
+
+
+def _call_departure(reference: dict[Any, Step], traced: list[Step], T: int, a: int, b: int, filename: str,
+                    ) -> Departure | None:
+    """The first step of one cached call over positions a..b-1 that differs from the whole sequence's."""
+    steps = list(_by_occurrence(traced).items())
+    ran = {s.line for _, s in steps}  # a name made on a line of the other branch (`if use_cache: pos = ...`)
+    named = {s.name: s for s in reversed(reference.values()) if s.line not in ran}  # its first
+    for i, (key, step) in enumerate(steps):
+        want = _aligned(reference.get(key, named.get(step.name, step)).value, step.value, T, a, b)
+        if not torch.allclose(step.value, want, atol=1e-6, equal_nan=True):
+            form = text(f"on the cached call over positions {a}..{b - 1}; the whole sequence's value "
+                        "there differs",
+                        f"出现在用缓存的调用里（位置 {a}..{b - 1}）；整句计算时那里的值不同")
+            return _from_cache(steps[:i], reference, step, filename, form)
+    return None
+
+
+class _Calls:
+    """The calls of the file's modules that are handed token ids (B, n) first, during a run (a loop's
+    calls of the model): the tokens, the index of the run's first step in it, and the module and its
+    arguments as they were before the call (a cache still empty before the first)."""
+
+    def __init__(self, filename: str, steps: list[Step]) -> None:
+        self.filename, self.steps = filename, steps
+        self.made: list[tuple[Tensor, int, tuple[nn.Module, tuple[Any, ...]]]] = []
+
+    def before(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        forward = getattr(type(module), "forward", None)
+        ours = getattr(getattr(forward, "__code__", None), "co_filename", None) == self.filename
+        tokens = next(iter(args), None)
+        if ours and isinstance(tokens, Tensor) and tokens.dim() == 2 and not tokens.is_floating_point():
+            self.made.append((tokens.clone(), len(self.steps), copy.deepcopy((module, args))))
+
+
+def cached_call_departure(run: Callable[[], Any], filename: str) -> Departure | None:
+    """A loop that calls the learner's model through its cache (the prompt, then each new token), run
+    traced in every function of the file: the first line of a later call whose tensors differ from
+    the model's own on the whole sequence so far, run afresh (the model and its arguments as they were
+    before the first call, the tokens of every call so far)."""
+    steps: list[Step] = []
+    calls = _Calls(filename, steps)
+    handle = register_module_forward_pre_hook(lambda m, a: calls.before(m, a))
+    try:
+        trace_steps(run, filename, every=True, into=steps)
+    except Exception:  # noqa: BLE001 - it raises further on: the calls up to there are judged
+        pass
+    finally:
+        handle.remove()
+    starts = [start for _, start, _ in calls.made] + [len(steps)]
+    for k in range(1, len(calls.made)):
+        tokens = torch.cat([ids for ids, _, _ in calls.made[:k + 1]], 1)  # (B, b)
+        a, b = tokens.size(1) - calls.made[k][0].size(1), tokens.size(1)
+        found = _call_departure(_whole(calls.made[0][2], tokens, filename), steps[starts[k]:starts[k + 1]],
+                                b, a, b, filename)  # the loop's own steps there: lines the whole run has not
+        if found is not None:
+            return found
+    return None
+
+
+def _whole(first: tuple[nn.Module, tuple[Any, ...]], tokens: Tensor, filename: str,
+           ) -> dict[tuple[int, str, int], Step]:
+    """The model's steps on the whole sequence `tokens`, from its state before the loop's first call."""
+    module, args = copy.deepcopy(first)
+    forward = type(module).forward  # its own, not a wrapper the loop's driver set on the instance
+    steps = trace_steps(lambda: forward(module, tokens, *args[1:]), filename, every=True)
+    return _by_occurrence(steps)
 
 
 def _from_cache(before: list[tuple[tuple[int, str, int], Step]], reference: dict[Any, Step], step: Step,

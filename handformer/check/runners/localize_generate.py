@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from handformer.check.core.fingerprint import quietly
 from handformer.check.core.localize import Departure, Form, Step, View, first_departure, trace_steps
 from handformer.check.core.result import text
+from handformer.check.runners.localize_cache import cached_call_departure
 
 TEMPERATURE_NAMES = ("temperature", "temp", "tau")
 
@@ -79,7 +82,8 @@ def _crop_forms(tokens: Tensor, limit: int) -> list[Form]:
 def localize_generate(run: Callable[[], Any], fn: Any, views: list[View], forms: list[Form],
                       ) -> Departure | None:
     """Run the learner's loop once more (`run`), traced in its own code: the first tensor it makes
-    that is none of the reference's sub-steps of its shape."""
+    that is none of the reference's sub-steps of its shape; where its model's calls through a cache
+    part from the model's own run on the whole sequence, the line inside the model where they part."""
     code = inspect.unwrap(getattr(fn, "__func__", fn))
     filename = inspect.getsourcefile(code)
     steps: list[Step] = []
@@ -87,4 +91,6 @@ def localize_generate(run: Callable[[], Any], fn: Any, views: list[View], forms:
         trace_steps(run, filename, code.__code__, every=True, into=steps)
     except Exception:  # noqa: BLE001 - it raises further on: the steps up to there are judged
         pass
-    return first_departure(steps, views, filename, {}, forms=forms)
+    found = first_departure(steps, views, filename, {}, forms=forms)
+    inner = found and quietly(lambda: cached_call_departure(run, filename))
+    return replace(inner, called_from=(found.line, found.code)) if inner else found

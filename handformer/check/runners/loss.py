@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
+from handformer.check.core.argument_names import CRITERION_NAMES
 from handformer.check.core.context import (
     Context,
     call_parameters,
@@ -39,6 +40,7 @@ from handformer.check.core.context import (
     named,
     names_of,
 )
+from handformer.check.core.conventions import is_lengths_name
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize import Departure, View, latest_departure, over_axes, trace_steps
 from handformer.check.core.localize_kinds import note_departure
@@ -146,6 +148,24 @@ def reference(logp: Tensor, targets: Tensor, eps: float, form: str, split: str, 
     return float(total / n)
 
 
+class StandInGenerator(nn.Module):
+    """The generator (hidden states -> log-probabilities) a loss is handed with log-probabilities for
+    its states: log_softmax, which leaves them as they are."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.log_softmax(x, dim=-1)
+
+
+class StandInCriterion(nn.Module):
+    """The criterion a loss is handed: the summed cross-entropy of the real tokens (the pad ignored)."""
+
+    def forward(self, scores: Tensor, target: Tensor) -> Tensor:
+        return F.cross_entropy(scores.reshape(-1, V), target.reshape(-1), ignore_index=PAD, reduction="sum")
+
+
+PARTS = ((("generator",), StandInGenerator), (CRITERION_NAMES, StandInCriterion))
+
+
 class Loss:
     """The learner's loss, called as its signature says: a function of (input, target, [pad],
     [smoothing]), or a criterion built with (size, pad, smoothing) and called on (input, target)."""
@@ -154,7 +174,7 @@ class Loss:
         self.comp, self.ctx = comp, ctx
         self.is_class = isinstance(comp.obj, type)
         cls = comp.obj  # a criterion class: built, then called; else a function
-        init, params = ((call_parameters(cls.__init__, ("self",)), call_parameters(cls.forward, ("self",)))
+        init, params = ((_own_init(cls), call_parameters(cls.forward, ("self",)))
                         if self.is_class else ([], forward_parameters(comp.obj)))
         self.init_names, self.init_required = names_of(init)
         self.names, self.required = names_of(params)
@@ -165,7 +185,10 @@ class Loss:
         rest = [n for n in self.names if n != self.input]
         self.target = named(rest, TARGET_NAMES) or next(iter(rest), None)
         size = named(self.init_names, SIZE_NAMES)
-        known = {self.input, self.target, self.pad, self.smoothing, size}
+        self.lengths = next(filter(is_lengths_name, self.names), None)  # d2l's valid_len: real tokens a row
+        # OpenNMT's compute_loss(output, target, generator, criterion): stand-ins of the parts it is handed
+        self.parts = {n: part for n in self.names for names, part in PARTS if n.lower() in names}
+        known = {self.input, self.target, self.pad, self.smoothing, size, self.lengths, *self.parts}
         unknown = [n for n in self.required + self.init_required if n not in known]
         if unknown or self.input is None or self.target is None:
             first = (unknown or ['target'])[0]
@@ -178,7 +201,7 @@ class Loss:
                    "targets)，还可以有 pad id（pad_idx、ignore_index 等）和平滑系数（smoothing、"
                    "label_smoothing 等）；criterion 类在构造函数里接受 (size, padding_idx, smoothing)")
         self.size = size
-        self.flat = False
+        self.flat = self.per_row = False
 
     def options(self, eps: float, pad: int = PAD, size: int = V) -> tuple[dict[str, Any], dict[str, Any]]:
         """The pad id, the smoothing and the vocabulary size it takes (this runner's, or a caller's),
@@ -191,6 +214,8 @@ class Loss:
         def call(x: Tensor, y: Tensor) -> Any:
             init, options = self.options(eps)
             kwargs: dict[str, Any] = {self.input: x.clone(), self.target: y.clone(), **options}
+            kwargs.update({self.lengths: torch.tensor(LENGTHS)} if self.lengths else {})
+            kwargs.update({name: part() for name, part in self.parts.items()})
             if self.is_class:
                 module = self.ctx.learner.call("__init__", lambda: self.comp.obj(**init))
                 if isinstance(module, nn.Module):
@@ -198,7 +223,7 @@ class Loss:
                 fn = module
             else:
                 fn = self.comp.obj
-            return self.ctx.learner.call("forward", fn, **kwargs)
+            return self.rows(self.ctx.learner.call("forward", fn, **kwargs))
 
         if not self.flat:
             try:
@@ -206,6 +231,34 @@ class Loss:
             except fp.LearnerFailure:
                 self.flat = True
         return call(logp.reshape(-1, V), targets.reshape(-1))
+
+    def rows(self, out: Any) -> Any:
+        """A loss given valid lengths that returns a loss per row (B,), each its real tokens' losses
+        over the length T (d2l's MaskedSoftmaxCELoss: `(loss * weights).mean(dim=1)`), read as their sum
+        (the rows' sum times T); any other output as it is."""
+        if self.lengths and isinstance(out, Tensor) and tuple(out.shape) == (B,):
+            self.per_row = True
+            return out.sum() * T
+        return out
+
+    def refuses(self, eps: float) -> bool:
+        """Whether its constructor raises when built with this smoothing (OpenNMT's LabelSmoothingLoss:
+        `assert 0.0 < label_smoothing <= 1.0`)."""
+        if self.smoothing not in self.init_names:  # a function's, or a call's: built with none
+            return False
+        try:
+            self.ctx.learner.call("__init__", lambda: self.comp.obj(**self.options(eps)[0]))
+        except fp.LearnerFailure:
+            return True
+        return False
+
+
+def _own_init(cls: type) -> list[Any]:
+    """The constructor's parameters of a criterion class of the learner's file; none for one it
+    inherits from torch (d2l's MaskedSoftmaxCELoss(nn.CrossEntropyLoss) keeps torch's defaults: no
+    ignore_index, no smoothing given)."""
+    init = cls.__init__
+    return call_parameters(init, ("self",)) if getattr(init, "__module__", None) == cls.__module__ else []
 
 
 def _value(ctx: Context, comp: Component, out: Any) -> float:
@@ -251,8 +304,20 @@ def _build(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
         return torch.tensor([_value(ctx, comp, loss(logp, targets, eps)) for eps in smoothings],
                             dtype=torch.float64)
 
-    return Subject(run, convs, loss, {"smoothings": (0.0, 0.1) if loss.smoothing else (0.0,),
-                                      "padded": knows_pad(comp.obj)})
+    padded = knows_pad(comp.obj) or loss.lengths is not None  # lengths say where each row's padding is
+    return Subject(run, convs, loss, {"smoothings": _smoothings(loss, res), "padded": padded})
+
+
+def _smoothings(loss: Loss, res: ComponentResult) -> tuple[float, ...]:
+    """The smoothings the loss is read at: 0 and 0.1, 0.1 alone when its constructor refuses 0 (said
+    in a note), 0 alone when it takes none."""
+    if not loss.smoothing:
+        return (0.0,)
+    if not loss.refuses(0.0):
+        return (0.0, 0.1)
+    res.notes.append(text(f"its constructor refuses {loss.smoothing}=0: checked at smoothing 0.1 only",
+                          f"它的构造函数不接受 {loss.smoothing}=0：只在平滑系数 0.1 下检查"))
+    return (0.1,)
 
 
 def _reference(conv: Conv, x: Inputs, flags: frozenset[str]) -> Tensor:
@@ -264,7 +329,23 @@ def _reference(conv: Conv, x: Inputs, flags: frozenset[str]) -> Tensor:
                         dtype=torch.float64)
 
 
+STAND_INS = text("its {} handed stand-ins: a generator that is log_softmax (it is given log-probabilities), "
+                 "a criterion that sums the real tokens' cross-entropy; what your function adds (the "
+                 "normalisation, the targets' layout) is checked",
+                 "它的 {} 传入替身：生成器就是 log_softmax（输入已经是对数概率），criterion 对真实 token "
+                 "的交叉熵求和；检查的是你的函数自己做的事（归一化、目标的排布）")
+
+
 def _flat_note(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found) -> None:
+    if subject.module.parts:
+        names = ", ".join(subject.module.parts)
+        res.notes.append(text(STAND_INS["en"].format(names), STAND_INS["zh"].format(names)))
+    if subject.module.per_row:
+        res.notes.append(text(f"{comp.name} is handed valid lengths {list(LENGTHS)} and returns a loss per "
+                              f"row, read as the rows' sum times T = {T} (d2l's: each row's real tokens' "
+                              "losses over the length)",
+                              f"{comp.name} 拿到有效长度 {list(LENGTHS)}，返回每行一个损失，按各行之和乘以 "
+                              f"T = {T} 来读（d2l 的写法：每行真实 token 的损失除以长度）"))
     if subject.module.flat:
         res.notes.append(text(f"{comp.name} takes flattened (B * T, V) inputs and (B * T,) targets",
                               f"{comp.name} 接受展平的 (B * T, V) 输入和 (B * T,) 目标"))

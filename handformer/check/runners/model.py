@@ -233,13 +233,14 @@ def reference_model(m: ModelMap, ch: Choices) -> Seq2SeqTransformer:
 def _reference_model(m: ModelMap, ch: Choices) -> Seq2SeqTransformer:
     first = norm_weights(m.encoder[0].norms[0])
     gated = is_gated(m.encoder[0].ffn)
+    position, max_positions = (("learned", m.positions.weight.size(0)) if m.positions is not None
+                               else ("sinusoidal", MAX_LEN))
     cfg = Seq2SeqConfig(
         src_vocab_size=SRC_V, tgt_vocab_size=TGT_V, d_model=D, n_heads=H,
         d_ff=m.encoder[0].ffn[0].weight().size(0), n_encoder_layers=len(m.encoder),
         n_decoder_layers=len(m.decoder), dropout=0.0, activation=HF_NAME[(gated, ch.activation)],
-        norm="rmsnorm" if first.kind == "rmsnorm" else "layernorm", norm_placement=ch.placement,
-        norm_eps=first.eps, position="learned" if m.positions is not None else "sinusoidal",
-        max_positions=m.positions.weight.size(0) if m.positions is not None else MAX_LEN,
+        norm=first.kind, norm_placement=ch.placement,  # LayerNorm or RMSNorm, as theirs
+        norm_eps=first.eps, position=position, max_positions=max_positions,
         scale_embeddings=ch.scale, tie_output=ch.tied(m), pad_id=PAD, bias=True)
     hf = Seq2SeqTransformer(cfg)
     if ch.bias(m):
@@ -416,15 +417,16 @@ class Caller:
         return out
 
     def __call__(self, src: Tensor, tgt: Tensor) -> Tensor | None:
-        for form in self.forms if self.rank is None else ():
-            try:
-                out = self._call(src, tgt, form)
-                if out is not None and tuple(out.shape[:2]) == tuple(tgt.shape):
-                    self.rank = TAKEN_FORM[self.module] = form
-                    return out
-            except fp.LearnerFailure:
-                pass
-        self.rank = self.fallback if self.rank is None else self.rank
+        if self.rank is None:  # the first call: each form in turn, the first that gives (B, T, ...) kept
+            for form in self.forms:
+                try:
+                    out = self._call(src, tgt, form)
+                    if out is not None and tuple(out.shape[:2]) == tuple(tgt.shape):
+                        self.rank = TAKEN_FORM[self.module] = form
+                        return out
+                except fp.LearnerFailure:
+                    pass
+            self.rank = self.fallback
         return self._call(src, tgt, self.rank)
 
     def _call(self, src: Tensor, tgt: Tensor, rank: int | str) -> Tensor | None:
@@ -572,12 +574,9 @@ OBSERVED = {"pe_missing": (SIDES, ("no positional encoding on {}", "{}没有加�
 
 def _embedding_sources(module: nn.Module, m: ModelMap) -> list[Any]:
     """The learner's classes that hold the embeddings, then the model's class."""
-    owners = []
-    for sub in module.modules():
-        if any(child in (m.src_embed.module, m.tgt_embed.module) for child in sub.children()):
-            if type(sub) not in owners:
-                owners.append(type(sub))
-    return owners + ([type(module)] if type(module) not in owners else [])
+    owners = [type(sub) for sub in module.modules()
+              if any(child in (m.src_embed.module, m.tgt_embed.module) for child in sub.children())]
+    return list(dict.fromkeys([*owners, type(module)]))  # each class once, in that order
 
 
 SQRT = re.compile(r"sqrt\(")

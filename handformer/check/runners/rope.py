@@ -301,7 +301,7 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
     res.checks.append(Check(text(f"rotates queries and keys as handformer's apply_rotary ({rot} pairs)",
                                  f"与 handformer 的 apply_rotary（{rot} 配对）旋转结果一致"), err < TOL,
                             error_text(err)))
-    if offsets or shape == "by_id":
+    if offsets or shape in POSITION_IDS:
         _offset_check(res, ctx, comp,
                       lambda offset: _run_apply(ctx, fn, names, tensors, q, k, layout, meta, shape, offset),
                       lambda offset, fl: _rotated(q, k, len(tensors), rot, offset, fl))
@@ -315,7 +315,7 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
 def _apply_attempts(names: list[str], complex_table: bool, offsets: bool) -> list[tuple[str, bool, str]]:
     """The (layout, Meta's inputs, table shape) an apply function is tried with, in order."""
     from0 = ("from0",) if offsets else ()  # apply_rope(x, cos, sin, offset)
-    shapes = ("4d", "btd", *from0, "td") + (("by_id",) if "position_ids" in names else ())
+    shapes = ("4d", "btd", *from0, "td") + tuple(POSITION_IDS) * ("position_ids" in names)
     attempts = [(layout, meta, shape) for layout in (COMPLEX if complex_table else ("half", "interleaved"))
                 for meta in (False, True) for shape in (("4d", "real") if layout in COMPLEX else shapes)]
     if not complex_table:  # nanochat's cos, sin (1, T, 1, Dh/2) on halves, rotated either way
@@ -354,6 +354,8 @@ def _rotated(q: Tensor, k: Tensor, n: int, layout: str, offset: int = 0, flags: 
     return torch.stack([V.rotary(t, layout, offset, flags) for t in (q, k)[:n]])
 
 
+# the positions handed as position_ids: (B, T), Hugging Face's; (T,), a function that builds its own table
+POSITION_IDS = {"by_id": lambda ids: ids[None].expand(B, T), "by_id_t": lambda ids: ids}
 # a complex table -> the pairs it rotates: Meta's view_as_complex(x.reshape(..., -1, 2)) pairs 2j with
 # 2j + 1; Gemma's view_as_complex(torch.stack(torch.chunk(x, 2, -1), -1)) pairs j with j + Dh/2
 COMPLEX = {"pairs": "interleaved", "pairs_half": "half"}
@@ -378,7 +380,19 @@ GUESSED_ANGLES = (
     "检查程序按参数名猜它是角度表，把角度本身传了进去，但结果和哪种旋转都对不上；如果它要的是别的表"
     "（sin、cos 交替排列，或者 cos、sin 分开），请写一个适配函数把你的表传进去"
     "（见 docs/zh/check.md 的“未检查与适配函数”）")
-ANGLE_VIEWS = {"angles": lambda t: t, "angles_4d": lambda t: t.reshape(1, 1, T, DH)}  # (T, Dh) of angles
+# what an argument named for the angles may hold, from the (T, Dh) angles of the rotation's layout: the
+# angles, or a table of one sin and one cos per pair (RoFormer's: sin and cos interleaved, Su Jianlin's
+# snippet; Hugging Face's RoFormer: the sines then the cosines)
+ANGLE_VIEWS = {"angles": lambda t: t, "angles_4d": lambda t: t.reshape(1, 1, T, DH),
+               "sin_cos_pairs": lambda t: torch.stack(_sin_cos(t), -1).flatten(1),
+               "sin_cos_halves": lambda t: torch.cat(_sin_cos(t), -1)}
+
+
+def _sin_cos(angles: Tensor) -> tuple[Tensor, Tensor]:
+    """The sin and cos (T, Dh/2) of each pair's angle, whichever dimensions a (T, Dh) table of angles
+    pairs."""
+    pair = angles[:, ::2] if torch.equal(angles[:, ::2], angles[:, 1::2]) else angles[:, : DH // 2]
+    return pair.sin(), pair.cos()
 
 
 def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: list[str], q: Tensor,
@@ -396,16 +410,16 @@ def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: 
         kwargs[next(n for n in names if n in COMPLEX_TABLE_NAMES)] = (
             torch.view_as_real(table) if shape == "real" else table)
     else:
-        whole = shape in ("by_id", "from0")  # the table from position 0, indexed by their code
+        whole = shape in ("from0", *POSITION_IDS)  # the table from position 0, indexed by their code
         cos, sin = reference_tables(P, layout) if whole else reference_tables(T, layout, offset)
         view = TABLE_VIEWS.get(shape, lambda t, meta: t)
         kwargs["cos"], kwargs["sin"] = view(cos, meta), view(sin, meta)
         kwargs["freqs_cos"], kwargs["freqs_sin"] = kwargs["cos"], kwargs["sin"]  # llama2.c's names
         if shape in ANGLE_VIEWS:  # the angles whose cos and sin these are (wrapped to (-pi, pi])
             kwargs |= dict.fromkeys(ANGLE_NAMES, ANGLE_VIEWS[shape](torch.atan2(sin, cos)))
-    if shape == "by_id":
-        kwargs["position_ids"] = (torch.arange(T) + offset)[None].expand(B, T)
-    kwargs |= dict.fromkeys(OFFSET_NAMES, offset)  # only those it takes are handed in
+    if shape in POSITION_IDS:
+        kwargs["position_ids"] = POSITION_IDS[shape](torch.arange(T) + offset)
+    kwargs |= dict.fromkeys(OFFSET_NAMES, offset) | dict.fromkeys(THETA_NAMES, THETA)  # those it takes
     raw = _call_offset(ctx, fn, {n: v for n, v in kwargs.items() if n in names})
     return _stacked(raw, len(tensors), q.shape, meta)
 

@@ -44,10 +44,13 @@ from handformer.check.core.discovery import Component
 from handformer.check.core.localize_kinds import (
     localize_count,
     localize_filter,
+    localize_min_p,
     localize_top_p,
     note_departure,
 )
+from handformer.check.core.processors import PROCESSOR_NAMES, NoProcessors
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.core.signatures import takes_one_row
 from handformer.check.core.sizes import is_number
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.generation.sampling import apply_temperature, top_k_filter, top_p_filter
@@ -81,6 +84,11 @@ class Caller:
         self.required = {key: name for key, names in OPTIONS.items()
                          for name in [self.find(names)] if name in empty}
         self.fraction = top_k_fraction(comp.obj, self.params)
+        self.one_row = takes_one_row(comp.obj)  # llama.cpp's filters of one 1-D vector: called row by row
+        if self.one_row:
+            ctx.partial.notes.append(ONE_ROW)
+        # a list of logits processors it applies (sample_next_token(logits, processors)): an empty one
+        self.processors = [n for n in self.names if n.lower() in PROCESSOR_NAMES]
 
     def find(self, names: tuple[str, ...]) -> str | None:
         return next((n for n in self.names[1:] if n.lower() in names), None)
@@ -98,9 +106,26 @@ class Caller:
         off = {"top_k": logits.size(-1), "top_p": 1.0, "temperature": 1.0, "min_p": 0.0}
         for key, name in self.required.items():
             kwargs.setdefault(name, off[key])
+        kwargs.update({name: NoProcessors() for name in self.processors})
         given = torch.softmax(logits, -1) if self.probs else logits.clone()
         given = given[..., None, :] if self.positions else given  # (B, 1, V)
+        if self.one_row:
+            return self.by_row(given, kwargs)
         return self.ctx.learner.call("forward", self.comp.obj, given, **kwargs)
+
+    def by_row(self, given: Tensor, kwargs: dict[str, Any]) -> Any:
+        """The function called on each row alone, (V,), its outputs (tensors, or token ids returned as
+        ints) stacked."""
+        def rows() -> Tensor:
+            return torch.stack([torch.as_tensor(self.comp.obj(row, **kwargs)) for row in given])
+        return self.ctx.learner.call("forward", rows)
+
+
+ONE_ROW = text("it takes one 1-D row of logits (V,) (a batch of rows raises, or mixes them: a row's result "
+               "depends on the others): called one row at a time; for a batch, reduce over the last axis "
+               "(dim=-1, keepdim=True)",
+               "它接受一行一维的 logits (V,)（给一批行会报错，或者把行混在一起：一行的结果依赖其他行）："
+               "逐行调用；要处理一批行，请沿最后一维归约（dim=-1, keepdim=True）")
 
 
 # the filters a sampling function may take, by the names learners give them
@@ -513,13 +538,16 @@ def _p_one(res: ComponentResult, ctx: Context, comp: Component, call: Caller) ->
 
 def min_p_keep(logits: Tensor, min_p: float, flags: frozenset[str] = frozenset()) -> Tensor:
     """The tokens min-p keeps (bool, like logits): probability >= min_p x the most likely token's
-    (Hugging Face's MinPLogitsWarper); min_p_not_scaled: >= min_p x the row's sum (= min_p)."""
+    (Hugging Face's MinPLogitsWarper); min_p_not_scaled: >= min_p x the row's sum (= min_p); top_kept:
+    the most likely token kept whatever the rule (Hugging Face's min_tokens_to_keep = 1)."""
     probs = torch.softmax(logits.double(), -1)
     scale = probs.sum(-1, keepdim=True) if "min_p_not_scaled" in flags else probs.amax(-1, keepdim=True)
-    return probs >= min_p * scale
+    top = probs == probs.amax(-1, keepdim=True)
+    return (probs >= min_p * scale) | (top & ("top_kept" in flags))
 
 
-UNSCALED = frozenset({"min_p_not_scaled"})
+# the mistake, with and without a guard that keeps the most likely token
+UNSCALED = (frozenset({"min_p_not_scaled"}), frozenset({"min_p_not_scaled", "top_kept"}))
 
 
 def check_min_p(comp: Component, ctx: Context) -> ComponentResult:
@@ -533,15 +561,14 @@ def check_min_p(comp: Component, ctx: Context) -> ComponentResult:
 
     wrong = int((kept != compute(frozenset())).sum())
     counts = ", ".join(str(int(n)) for n in kept[4:8].sum(-1))  # the rows of min_p = 0.2
-    if wrong and torch.equal(kept, compute(UNSCALED)):
+    if wrong and any(torch.equal(kept, compute(flags)) for flags in UNSCALED):
         res.findings.append(_finding(ctx, comp, "min_p_not_scaled", text(
             f"with min_p = 0.2 your filter keeps {counts} tokens of 4 rows: those above 0.2 itself, "
             "not above 0.2 x the most likely token's probability",
             f"min_p = 0.2 时你的过滤在 4 行中分别保留了 {counts} 个 token：保留的是概率高于 0.2 本身的，"
             "而不是高于 0.2 × 最可能 token 的概率的")))
     elif wrong:
-        logits, keep = cases[1][0], min_p_keep(cases[1][0], 0.2)
-        note_departure(res, lambda: localize_filter(lambda x: call(x, min_p=0.2), comp.obj, logits, keep))
+        note_departure(res, lambda: localize_min_p(lambda x: call(x, min_p=0.2), comp.obj, cases[1][0], 0.2))
     res.checks.append(Check(text("keeps the tokens whose probability is at least min_p x the most likely "
                                  "token's (min_p = 0.05, 0.2, 0.5)",
                                  "保留概率不低于 min_p × 最可能 token 概率的 token"
@@ -664,6 +691,11 @@ def _masked(row: Tensor, keep: Tensor) -> Tensor:
 def check_sample(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     call = Caller(comp, ctx)
+    if call.processors:
+        names = ", ".join(call.processors)
+        res.notes.append(text(f"its `{names}` is handed an empty list of processors: drawn from "
+                              "softmax(logits)",
+                              f"它的 `{names}` 传入空的处理器列表：从 softmax(logits) 采样"))
     if call.find(K_NAMES):  # deterministic first: top_k = 1 is the argmax of every row
         res.checks.append(_top_k_one(call))
     for i, (label, options, right, mistakes) in enumerate(_settings(call)):

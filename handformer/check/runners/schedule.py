@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import inspect
 import math
+import re
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -35,7 +36,15 @@ from handformer.check.core.discovery import Component, DiscoveryError, defaulted
 from handformer.check.core.localize import Departure
 from handformer.check.core.probe import Found, Probe, Subject, localize_step, run_probe
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, Text, text
-from handformer.check.core.source import config_reads, global_reads, locate, source_lines
+from handformer.check.core.signatures import schedule_maker
+from handformer.check.core.source import (
+    config_reads,
+    functions_called,
+    global_reads,
+    locate,
+    source_lines,
+    source_text,
+)
 from handformer.check.reference import variants as V
 from handformer.check.runners.localize_schedule import localize_schedule
 
@@ -52,6 +61,10 @@ FAMILIES = {
               "warmup^-1.5)", "论文的调度 factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)"),
     "cosine": (COSINE, COSINE_STEPS, {"min_lr": 0.0, "warmup": 0}, "cosine schedule with linear warmup",
                "带线性预热的余弦调度"),
+    # a decay to an end or a floor whose code computes no cosine: a straight line (Hugging Face's
+    # get_linear_schedule_with_warmup), read at cosine's sizes and steps
+    "linear": (COSINE, COSINE_STEPS, {"min_lr": 0.0, "warmup": 0}, "linear schedule with linear warmup",
+               "带线性预热的线性衰减调度"),
 }
 COSINE_CONVENTIONS: dict[str, tuple[int, int, Text]] = {  # (shift of t, of T_w in the warmup's ratio)
     "cs336": (0, 0, text("warmup t / T_w, from 0 at step 0 (CS336)", "预热为 t / T_w，步 0 是 0（CS336）")),
@@ -75,6 +88,7 @@ PAPER_FLAGS = (
     "schedule_exponent_sign:d_model",
     "schedule_no_d_model",
 )
+LINEAR_FLAGS = ("schedule_warmup_off_by_one:early", "schedule_warmup_off_by_one:late")
 COSINE_FLAGS = (
     "schedule_warmup_off_by_one:early",
     "schedule_warmup_off_by_one:late",
@@ -107,9 +121,11 @@ def cosine(
     total: float,
     convention: str,
     flags: frozenset[str] = frozenset(),
+    linear: bool = False,
 ) -> float:
-    """Linear warmup to max_lr, then half a cosine down to min_lr at step `total`, min_lr after it,
-    counted as `convention` counts (see COSINE_CONVENTIONS), with the named mistakes."""
+    """Linear warmup to max_lr, then half a cosine (`linear`: a straight line) down to min_lr at step
+    `total`, min_lr after it, counted as `convention` counts (see COSINE_CONVENTIONS), with the named
+    mistakes."""
     a, b, _ = COSINE_CONVENTIONS[convention]
     w = warmup + WARMUP_SHIFT.get(V.has(flags, "schedule_warmup_off_by_one"), 0)
     floor = 0.0 if "cosine_min_lr_ignored" in flags else min_lr
@@ -121,7 +137,8 @@ def cosine(
     progress = (n - start) / (total - start)
     if progress > 1 and "cosine_no_floor" not in flags:
         return min_lr
-    return floor + 0.5 * (max_lr - floor) * (1.0 + math.cos(math.pi * progress))
+    left = 1.0 - progress if linear else 0.5 * (1.0 + math.cos(math.pi * progress))  # 1 down to 0
+    return floor + (max_lr - floor) * left
 
 
 class Schedule:
@@ -132,20 +149,21 @@ class Schedule:
 
     def __init__(self, comp: Component, ctx: Context) -> None:
         self.comp, self.ctx = comp, ctx
-        self.traced: tuple[Any, Any] = (None, None)  # what is localized: the function, its call
         params = forward_parameters(comp.obj)
         self.names, self.required = names_of(params)
         lowered = [n.lower() for n in self.names]
         self.factory = bool(lowered) and lowered[0] in OPTIMIZER_NAMES
+        # a function of the settings that returns the schedule as a function of the step
+        self.maker = schedule_maker(comp.obj)  # the function of the step is what it returns (`at`)
         first = next(iter(self.names), None)
-        self.step_name = None if self.factory else named(self.names, STEP_NAMES) or first
+        self.step_name = None if self.factory or self.maker else named(self.names, STEP_NAMES) or first
         settings = [n for n in self.names if n != self.step_name]
         self.args = {key: named(settings, aliases) for key, aliases in ARGS.items()}
         self.globals = _global_settings(comp.obj, self.names)  # key -> the module global it reads
         # a configuration argument (nanoGPT's get_lr(it, cfg) reads cfg.warmup_iters): key -> its field
         self.config, self.fields = _config_settings(comp.obj, settings)  # an argument read as numbers: none
         self.family = _family({k: self.setting(k) for k in ARGS},
-                              lowered[int(self.factory):] + list(self.fields.values()))
+                              lowered[int(self.factory):] + list(self.fields.values()), comp.obj)
         unknown = [n for n in self.required if n != self.step_name and n not in self.args.values()
                    and n.lower() not in OPTIMIZER_NAMES and n != self.config]
         if self.family is None or unknown:
@@ -154,9 +172,14 @@ class Schedule:
         self.sizes = sizes | {key: value for key, value in untaken.items() if not self.reads(key)}
         # a cosine that names no floor decays to 0 at its end and is defined up to it (Hugging Face's
         # get_cosine_schedule_with_warmup climbs back past num_training_steps): past it, read, not graded
-        beyond = self.family == "cosine" and not self.reads("min_lr")
+        beyond = self.family != "paper" and not self.reads("min_lr")
         self.past = tuple(s for s in steps if beyond and s > self.sizes["total"])
         self.steps = tuple(s for s in steps if s not in self.past)
+        # what is localized (the function, its call), and the learning rate at a step: a maker's are the
+        # function it returns (a factory's, its LambdaLR's lambda: `_stepped`)
+        self.traced: tuple[Any, Any] = (comp.obj, self.value)
+        self.at = self.make() if self.maker else (
+            lambda step: comp.obj(**{self.step_name: step}, **self.kwargs()))
 
     def setting(self, key: str) -> str | None:
         """The argument, or else the module global, that gives the setting `key`; None: neither."""
@@ -192,9 +215,16 @@ class Schedule:
         return out
 
     def value(self, step: int) -> float:
-        """The learning rate at one step (a function of the step); their exception is theirs."""
-        out = self.ctx.learner.call("forward", self.comp.obj, **{self.step_name: step}, **self.kwargs())
-        return _as_float(self.ctx, self.comp, out, step)
+        """The learning rate at one step (a function of the step, or the one it made); their exception
+        is theirs."""
+        return _as_float(self.ctx, self.comp, self.ctx.learner.call("forward", self.at, step), step)
+
+    def make(self) -> Callable[[int], Any]:
+        """The function of the step a maker returns (signatures.py's returns_function: a lambda or a
+        function it defines), built with check's settings; what is localized."""
+        made = self.ctx.learner.call("__init__", self.comp.obj, **self.kwargs())
+        self.traced = (made, made)
+        return made
 
     def values(self) -> dict[int, float | BaseException]:
         """The learning rate at each step; an exception at a step is kept as that step's value (a
@@ -283,12 +313,20 @@ def _global_settings(fn: Any, arguments: list[str]) -> dict[str, str]:
     return {key: name for key, aliases in ARGS.items() for name in sorted(reads) if name.lower() in aliases}
 
 
-def _family(settings: dict[str, str | None], rest: list[str]) -> str | None:
+COSINE_CODE = re.compile(r"(?i)\bcos")  # math.cos, torch.cos, CosineAnnealingLR
+
+
+def _reached_source(fn: Any) -> str:
+    """The source of a schedule and of the file's functions it calls (a lambda's helper)."""
+    return source_text(fn) + "".join(map(source_text, functions_called(fn)))
+
+
+def _family(settings: dict[str, str | None], rest: list[str], fn: Any) -> str | None:
     """The paper's schedule (it takes d_model), cosine (an end or a floor), or None."""
     if settings["d_model"]:
         return "paper"
-    if settings["total"] or settings["min_lr"]:
-        return "cosine"
+    if settings["total"] or settings["min_lr"]:  # a decay: a cosine where its code computes one
+        return "cosine" if COSINE_CODE.search(_reached_source(fn)) else "linear"
     if any(n in ARGS["warmup"] for n in rest) and not settings["max_lr"]:
         return "paper"  # rate(step, warmup): the d_model factor forgotten, or folded in
     return None
@@ -354,6 +392,8 @@ def _build(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     value, NaN in the values); its readings the family's counting conventions."""
     sched = Schedule(comp, ctx)
     got = sched.values()
+    if sched.family == "linear" and not _straight(got, sched.sizes):
+        raise _unknown_decay(comp)
     conventions, labels, flags = _conventions(sched)
 
     def run(steps: tuple[int, ...]) -> Tensor:
@@ -361,6 +401,25 @@ def _build(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
                             dtype=torch.float64)
 
     return Subject(run, list(conventions.items()), sched, {"got": got, "labels": labels, "flags": flags})
+
+
+def _straight(got: dict[int, Any], sizes: dict[str, float]) -> bool:
+    """Whether the values past the warmup's end and before the last step (numbers: only step 0 may
+    have raised) lie on one line; a NaN is on none."""
+    steps = torch.tensor(sorted(got), dtype=torch.float64)
+    steps = steps[(steps > sizes["warmup"]) & (steps < sizes["total"])]  # (S,)
+    values = torch.tensor([got[int(s)] for s in steps], dtype=torch.float64)  # (S,)
+    slopes = torch.diff(values) / torch.diff(steps)
+    return bool(torch.allclose(slopes, slopes[:1].expand_as(slopes), rtol=1e-6, atol=1e-12))
+
+
+def _unknown_decay(comp: Component) -> DiscoveryError:
+    return DiscoveryError(
+        f"{comp.name}: its decay is neither half a cosine (its code computes no cos) nor a straight line "
+        "(a stable stage, an exponential or an inverse square root decay): handformer has no reference "
+        "for it",
+        zh=f"{comp.name}：它的衰减既不是半个余弦（代码里没有 cos），也不是直线（有平稳阶段、指数衰减"
+           "或平方根倒数衰减）：handformer 没有它的参考实现")
 
 
 def _reference(right: Convention, steps: tuple[int, ...], flags: frozenset[str]) -> Tensor:
@@ -427,7 +486,8 @@ def _past_end(res: ComponentResult, ctx: Context, comp: Component, subject: Subj
         return
     right = _right(subject, found)[1]
     shown = {s: got.get(s, math.nan) for s in sched.past}
-    hf = all(_close(v, right(s, frozenset({"cosine_no_floor"}))) for s, v in shown.items())
+    hf = sched.family == "cosine" and all(_close(v, right(s, frozenset({"cosine_no_floor"})))
+                                          for s, v in shown.items())
     res.status = DIFFERS if hf else res.status
     en = "; ".join(f"step {s}: {v:.4g}" for s, v in shown.items())
     zh = "；".join(f"步 {s}：{v:.4g}" for s, v in shown.items())
@@ -454,7 +514,7 @@ def _localize(subject: Subject, found: Found) -> Departure | None:
     steps = torch.tensor(sorted(got), dtype=torch.float64)  # (S,)
     values = torch.tensor([got[int(s)] for s in steps], dtype=torch.float64)  # (S,)
     conv, right = max(subject.readings, key=lambda r: _agreeing(values, _rates(r[1], steps)))
-    traced = sched.traced if sched.factory else (sched.comp.obj, sched.value)
+    traced = sched.traced
     with sched.settings():
         return None if traced[0] is None else localize_schedule(
             traced[1], traced[0], _sub_steps(sched, conv, right), values, _rates(right, steps), steps,
@@ -539,15 +599,17 @@ def _conventions(sched: Schedule) -> tuple[dict[str, Convention], dict[str, Text
             ),
         }
         return conventions, labels, PAPER_FLAGS
+    linear = sched.family == "linear"
     conventions = {
         c: (
             lambda s, f, c=c: cosine(
-                s, sizes["max_lr"], sizes["min_lr"], sizes["warmup"], sizes["total"], c, f
+                s, sizes["max_lr"], sizes["min_lr"], sizes["warmup"], sizes["total"], c, f, linear
             )
         )
         for c in COSINE_CONVENTIONS
     }
-    return conventions, {c: v[2] for c, v in COSINE_CONVENTIONS.items()}, COSINE_FLAGS
+    labels = {c: v[2] for c, v in COSINE_CONVENTIONS.items()}
+    return conventions, labels, LINEAR_FLAGS if linear else COSINE_FLAGS
 
 
 def _compare_values(
@@ -685,7 +747,7 @@ def _step_zero(
         return
     want = right(0, frozenset())
     if zero is None or _close(zero, want):
-        if sched.family == "cosine" and zero == 0.0:
+        if sched.family != "paper" and zero == 0.0:
             res.notes.append(_zero_at_start_note())
         return
     if sched.family == "paper" and (zero == 0.0 or not math.isfinite(zero)):

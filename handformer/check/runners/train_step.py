@@ -52,6 +52,7 @@ from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.runners.localize_train import localize_train_step
+from handformer.check.runners.step_parts import calls_with_norm, own_batch, own_loss_compute
 from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
 
@@ -267,6 +268,10 @@ class Step:
             loop = re.search(rf"for\s+(\w+)\s+in\s+(?:enumerate\()?\s*{loader}\b", self.source)
             self.batch = loop.group(1) if loop else None
         self.make_criterion, self.criterion_name = learner_criterion(ctx)
+        self.loss_compute = calls_with_norm(self.source, str(self.criterion))  # None: no call of that name
+        if self.loss_compute and self.criterion_name is None:
+            # a loss-compute wrapper divides by the norm it is handed: its criterion sums
+            self.make_criterion = lambda: nn.CrossEntropyLoss(ignore_index=PAD, reduction="sum")
         self.outputs = unpacked(self.source, self.model)
         self.scale = 1.0  # the logits' factor in both steps (unclipped_scale: clipping out of reach)
         self.per_token = False  # handformer's step divides a summed loss by the real tokens (per_token_step)
@@ -277,6 +282,11 @@ class Step:
         name = re.escape(self.batch)
         fields = re.findall(rf"\b{name}\.(\w+)", self.source)
         keys = re.findall(rf"\b{name}\[[\"'](\w+)[\"']\]", self.source)
+        # a field neither the source, the target nor a mask (tgt_y, ntokens): the file's own batch class
+        extra = {f.lower() for f in fields if "mask" not in f.lower()} - set(SRC_NAMES + TGT_NAMES)
+        own = own_batch(self.ctx, self.comp.obj, fields, src, tgt, PAD) if extra else None
+        if own is not None:
+            return own
         if fields or keys:
             values = {}
             for name in fields or keys:
@@ -302,6 +312,8 @@ class Step:
         given = {self.criterion: self.make_criterion, self.accum: lambda: ACCUM,
                  self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler}
         kwargs.update({name: make() for name, make in given.items() if name})
+        if self.loss_compute:  # loss_compute(out, y, norm): the file's wrapper around the criterion
+            kwargs[self.criterion] = own_loss_compute(self.ctx, self.comp.obj, kwargs[self.criterion])
         return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
 
     def uses_own_criterion(self) -> bool:

@@ -1,0 +1,117 @@
+"""Logits processors in Hugging Face's style (`transformers/generation/logits_process.py`), whatever
+their names: a class whose `__call__(input_ids, scores)` returns the new scores and whose constructor
+takes one filter's setting by its name (`TopKLogitsWarper(top_k, filter_value, min_tokens_to_keep)`).
+Each is checked as that filter, through a function of the logits that builds the class with the
+setting and calls it; and a sampling step that takes a list of processors
+(`sample_next_token(logits, processors)`) is handed an empty one.
+
+Shape legend: B rows, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from handformer.check.core.argument_names import (
+    K_NAMES,
+    MIN_P_NAMES,
+    P_NAMES,
+    SCHEDULE_STEP_NAMES,
+    TEMPERATURE_NAMES,
+    call_parameters,
+    named,
+)
+
+# a processor's setting by its name -> the filter it is checked as
+SETTINGS = {"temperature": TEMPERATURE_NAMES, "top_k": K_NAMES, "top_p": P_NAMES, "min_p": MIN_P_NAMES}
+# what a processor's second argument is called (not a plain x: a layer's `__call__(self, ctx, x)`)
+SCORES_NAMES = ("scores", "logits", "logit", "next_token_scores", "next_token_logits")
+# a sampling step's list of processors (Hugging Face's logits_processor / logits_warper)
+PROCESSOR_NAMES = ("processors", "processor", "logits_processor", "logits_processors", "logits_warper",
+                   "logits_warpers", "warpers", "warper", "processor_list")
+
+
+class NoProcessors(list):
+    """An empty list of processors that, as Hugging Face's LogitsProcessorList, can be called too:
+    `processors(input_ids, scores)` returns the scores as they are."""
+
+    def __call__(self, input_ids: Any, scores: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        return scores
+
+
+def processor_setting(cls: Any) -> tuple[str, str]:
+    """(the filter, its argument's name) of a processor class: its own `__call__` (or one of a base of
+    its file) takes the ids and then the scores, and its constructor takes exactly one filter's
+    setting and requires nothing else; ("", "") for any other class."""
+    names = [p.name.lower() for p in call_parameters(_own_call(cls), ("self",))]
+    if len(names) < 2 or names[1] not in SCORES_NAMES:
+        return NONE
+    try:
+        params = call_parameters(cls.__init__, ("self",))
+    except ValueError:  # a constructor of C with no signature to read: no processor of the learner's
+        return NONE
+    found = [(kind, name) for kind, aliases in SETTINGS.items() if (name := named([p.name for p in params],
+                                                                                 aliases))]
+    required = {p.name for p in params if p.default is p.empty}
+    return found[0] if len(found) == 1 and required <= {found[0][1]} else NONE
+
+
+NONE = ("", "")  # no processor
+
+
+def as_schedule(cls: Any) -> type | None:
+    """A learning-rate schedule written as a class (the TensorFlow tutorial's `CustomSchedule(d_model,
+    warmup_steps)` whose `__call__(step)` returns the rate) as a function of the step and the
+    constructor's settings, placed and named as the class (as `as_filter`); None when its own
+    `__call__` takes more or other than a step."""
+    steps = [p.name for p in call_parameters(_own_call(cls), ("self",))]
+    if len(steps) != 1 or steps[0].lower() not in SCHEDULE_STEP_NAMES:
+        return None
+
+    def new(_: type, **arguments: Any) -> Any:
+        step = arguments.pop(steps[0])
+        return cls(**arguments)(step)
+
+    try:  # a constructor of C, or one with positional-only settings: no schedule of this form
+        signature = inspect.Signature([inspect.Parameter(steps[0], inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                                       *call_parameters(cls.__init__, ("self",))])
+    except ValueError:
+        return None
+    names = {k: getattr(cls, k) for k in ("__module__", "__qualname__", "__doc__")}
+    return type(cls.__name__, (), {**names, "__new__": new, "__signature__": signature})
+
+
+def _own_call(cls: Any) -> Any:
+    """The `__call__` a class of the learner's file defines, or inherits from a class of that file
+    (else a function of no arguments)."""
+    call = inspect.getattr_static(cls, "__call__", _nothing)  # a class's own or inherited: a plain function
+    return call if inspect.isfunction(call) and call.__module__ == cls.__module__ else _nothing
+
+
+def _nothing() -> None:
+    """What a class with no `__call__` of the learner's has in its place: no parameters."""
+
+
+def as_filter(cls: Any, setting: str) -> type:
+    """A callable `(scores, <setting>)` that builds the processor with that setting and calls it on
+    ids (B, 1) of zeros and the scores: the processor as a filter's runner calls one. It is a class
+    named and placed as the learner's (its source, its file: what a report quotes and a traced run
+    follows) whose `__new__` returns the filtered scores; its own code stays handformer's, so a traced
+    run (localize.py) starts in the learner's `__call__`."""
+
+    def new(_: type, scores: Tensor, **settings: Any) -> Tensor:
+        return cls(**settings)(_zero_ids(scores), scores)
+
+    names = {k: getattr(cls, k) for k in ("__module__", "__qualname__", "__doc__")}
+    given = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    signature = inspect.Signature([inspect.Parameter("scores", given), inspect.Parameter(setting, given)])
+    return type(cls.__name__, (), {**names, "__new__": new, "__signature__": signature})
+
+
+def _zero_ids(scores: Tensor) -> Tensor:
+    """The ids a processor is handed with the scores: (B, 1) zeros (a filter does not read them)."""
+    return torch.zeros(*scores.shape[:-1], 1, dtype=torch.long)
