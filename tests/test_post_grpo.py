@@ -93,6 +93,20 @@ def test_the_loss_equals_trl_grpo_trainer_on_the_same_completions(tmp_path, loss
     assert ("kl" in metrics) == bool(beta)
 
 
+def test_no_two_steps_sample_with_the_same_random_stream(tmp_path):
+    """Every row of every step draws its own random numbers: two steps of the same prompts share no
+    completion. (Seeds s + i handed row i of step s + 1 the numbers of row i + 1 of step s: a run
+    explored with a few hundred streams, and its GRPO learned 22 points less than TRL's.)"""
+    base = make_chat_base(tmp_path / "base", CHATML, seed=4)
+    cfg = GRPOConfig(reward="post_helpers:length_reward", group_size=4, max_new_tokens=8, temperature=3.0)
+    sampler = grpo.Sampler(post_run(base), cfg, load_reward(cfg.reward), None, 96)
+    sampler.model = load_lm(base).model
+    prompts = [Prompt([{"role": "user", "content": "what is 2 plus 3?"}], {"answer": "5"})] * 2
+    first, second = ({tuple(c) for c in sampler.sample(prompts, seed=s).completions} for s in (11, 12))
+    assert len(first) == len(second) == 8  # a random model at temperature 3: each row its own reply
+    assert not first & second
+
+
 def test_advantages_are_normalised_within_each_group():
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
     adv, std = grpo.group_advantages(rewards, 4, "group")
