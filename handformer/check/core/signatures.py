@@ -225,17 +225,14 @@ def _options(params: list[inspect.Parameter]) -> dict[str, str]:
             if (name := named([p.name for p in params[1:]], aliases))}
 
 
-MIN_P_WORDS = re.compile(r"min_?p", re.I)
-
-
 def _filter_kind(fn: Any, rows: Tensor, out: Tensor, takes: dict[str, str]) -> str | None:
     """A filter's kind: top-p or top-k by the setting it takes; a p that keeps what min-p keeps at
-    p = 0.8 (the tokens at least 0.8 x the most likely one's probability), or a function named for
-    min-p, is min-p (llama.cpp's `sample_min_p(logits, p, min_keep)`)."""
+    p = 0.8 (the tokens at least 0.8 x the most likely one's probability) is min-p (llama.cpp's
+    `sample_min_p(logits, p, min_keep)`)."""
     probs = rows.softmax(-1)
     min_p = probs >= OPTION_VALUES["top_p"] * probs.amax(-1, keepdim=True)
     kept = torch.isfinite(out) & (out > -1e8)
-    if "top_p" in takes and (MIN_P_WORDS.search(fn.__name__) or torch.equal(kept, min_p)):
+    if "top_p" in takes and torch.equal(kept, min_p):
         return "min_p"
     return next((k for k in ("top_p", "top_k") if k in takes), None)
 
