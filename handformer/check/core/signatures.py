@@ -231,17 +231,14 @@ def _options(params: list[inspect.Parameter]) -> dict[str, str]:
             if (name := named([p.name for p in params[1:]], aliases))}
 
 
-MIN_P_WORDS = re.compile(r"min_?p", re.I)
-
-
 def _filter_kind(fn: Any, rows: Tensor, out: Tensor, takes: dict[str, str]) -> str | None:
     """A filter's kind: top-p or top-k by the setting it takes; a p that keeps what min-p keeps at
-    p = 0.8 (the tokens at least 0.8 x the most likely one's probability), or a function named for
-    min-p, is min-p (llama.cpp's `sample_min_p(logits, p, min_keep)`)."""
+    p = 0.8 (the tokens at least 0.8 x the most likely one's probability) is min-p (llama.cpp's
+    `sample_min_p(logits, p, min_keep)`)."""
     probs = rows.softmax(-1)
     min_p = probs >= OPTION_VALUES["top_p"] * probs.amax(-1, keepdim=True)
     kept = torch.isfinite(out) & (out > -1e8)
-    if "top_p" in takes and (MIN_P_WORDS.search(fn.__name__) or torch.equal(kept, min_p)):
+    if "top_p" in takes and torch.equal(kept, min_p):
         return "min_p"
     return next((k for k in ("top_p", "top_k") if k in takes), None)
 
@@ -260,20 +257,10 @@ MIXED_ROWS = torch.cat([ROWS, ROWS * 0.25])
 
 def written_for_one_row(fn: Any, probs: bool, options: dict[str, Any]) -> bool:
     """Whether fn takes one 1-D row of logits (llama.cpp's sampler chain ported to a vector): rows given
-    one at a time work where a batch raises, or where a batch mixes its rows (`probs.max()` or a
-    softmax over dim=0 reads all of them). A batched filter reducing over the wrong axis reads the
-    same: the one code cannot tell, so a row is graded alone and the report says the batch mixes."""
+    one at a time work where a batch raises. A batch that runs is graded as a batch: one that mixes its
+    rows (`probs.max()` over all of them, a softmax over dim=0) is a batched filter's mistake."""
     rows = MIXED_ROWS.softmax(-1) if probs else MIXED_ROWS
-    one, batch = _by_row(fn, rows, options), _call(fn, rows, options)
-    return one is not None and (batch is None or _mixes(batch, one))
-
-
-def _mixes(batch: Tensor, one: Tensor) -> bool:
-    """Whether a batch's filtered rows differ from the rows filtered one at a time (token ids, drawn at
-    random, are not compared)."""
-    if not batch.is_floating_point():
-        return False
-    return batch.shape != one.shape or not bool(((batch == one) | (batch - one).abs().le(1e-9)).all())
+    return _call(fn, rows, options) is None and _by_row(fn, rows, options) is not None
 
 
 def _by_row(fn: Any, rows: Tensor, options: dict[str, Any]) -> Tensor | None:

@@ -401,7 +401,7 @@ class Layout:
     def raw(self, ctx: Context, c: Caller, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None,
             conv: str) -> Any:
         B, heads = q.shape[:2]
-        q, k, v = (t.permute(self.order) for t in (q, k, v))
+        q, k, v = q.permute(self.order), k.permute(self.order), v.permute(self.order)
         if self.single:
             return self._one_by_one(ctx, c, q, k, v, keep, conv)
         if self.flat:

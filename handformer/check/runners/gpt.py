@@ -520,7 +520,8 @@ def _embeds_tokens(comp: Component, module: nn.Module) -> None:
     """A model with no table of the vocabulary (an nn.Embedding, or a (V, D) parameter it indexes)
     maps vectors to vectors (lucidrains' `Transformer(dim, depth, heads, dim_head)`, a stack of blocks
     and a norm): it takes no token ids, so it is no GPT to drive."""
-    if not any(VOCAB in p.shape for p in module.parameters()):
+    embeds = any(isinstance(m, nn.Embedding) for m in module.modules())  # a padded vocabulary too
+    if not embeds and not any(VOCAB in p.shape for p in module.parameters()):
         raise DiscoveryError(
             f"{comp.name} has no table of the vocabulary (no nn.Embedding): it maps vectors to vectors (a "
             "stack of blocks), not token ids to logits, so it is not driven as a decoder-only model; its "

@@ -121,11 +121,8 @@ class Caller:
         return self.ctx.learner.call("forward", rows)
 
 
-ONE_ROW = text("it takes one 1-D row of logits (V,) (a batch of rows raises, or mixes them: a row's result "
-               "depends on the others): called one row at a time; for a batch, reduce over the last axis "
-               "(dim=-1, keepdim=True)",
-               "它接受一行一维的 logits (V,)（给一批行会报错，或者把行混在一起：一行的结果依赖其他行）："
-               "逐行调用；要处理一批行，请沿最后一维归约（dim=-1, keepdim=True）")
+ONE_ROW = text("it takes one 1-D row of logits (V,) (a batch of rows raises): called one row at a time",
+               "它接受一行一维的 logits (V,)（给一批行会报错）：逐行调用")
 
 
 # the filters a sampling function may take, by the names learners give them

@@ -267,14 +267,19 @@ class Step:
             loader = re.escape(self.loader or "")
             loop = re.search(rf"for\s+(\w+)\s+in\s+(?:enumerate\()?\s*{loader}\b", self.source)
             self.batch = loop.group(1) if loop else None
-        self.make_criterion, self.criterion_name = learner_criterion(ctx)
-        self.loss_compute = calls_with_norm(self.source, str(self.criterion))  # None: no call of that name
-        if self.loss_compute and self.criterion_name is None:
-            # a loss-compute wrapper divides by the norm it is handed: its criterion sums
-            self.make_criterion = lambda: nn.CrossEntropyLoss(ignore_index=PAD, reduction="sum")
+        self._criterion(ctx)
         self.outputs = unpacked(self.source, self.model)
         self.scale = 1.0  # the logits' factor in both steps (unclipped_scale: clipping out of reach)
         self.per_token = False  # handformer's step divides a summed loss by the real tokens (per_token_step)
+
+    def _criterion(self, ctx: Context) -> None:
+        """The criterion the step is handed: the file's loss (learner_criterion); a step calling it with
+        a norm (`loss_compute(out, y, ntokens)`) gets it inside the file's wrapper, and without a loss
+        of the file's own a summed cross-entropy, since the wrapper divides by the norm."""
+        self.make_criterion, self.criterion_name = learner_criterion(ctx)
+        self.loss_compute = calls_with_norm(self.source, str(self.criterion))  # None: no call of that name
+        if self.loss_compute and self.criterion_name is None:
+            self.make_criterion = lambda: nn.CrossEntropyLoss(ignore_index=PAD, reduction="sum")
 
     def _batch(self, src: Tensor, tgt: Tensor) -> Any:
         if not self.batch:  # an epoch whose loop variable was not found
