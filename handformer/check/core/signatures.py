@@ -238,7 +238,7 @@ def _filter_kind(fn: Any, rows: Tensor, out: Tensor, takes: dict[str, str]) -> s
     probs = rows.softmax(-1)
     min_p = probs >= OPTION_VALUES["top_p"] * probs.amax(-1, keepdim=True)
     kept = torch.isfinite(out) & (out > -1e8)
-    if "top_p" in takes and torch.equal(kept, min_p):
+    if takes.get("top_p") == "p" and torch.equal(kept, min_p):  # a plain p, never one named top_p
         return "min_p"
     return next((k for k in ("top_p", "top_k") if k in takes), None)
 
@@ -260,7 +260,9 @@ def written_for_one_row(fn: Any, probs: bool, options: dict[str, Any]) -> bool:
     one at a time work where a batch raises. A batch that runs is graded as a batch: one that mixes its
     rows (`probs.max()` over all of them, a softmax over dim=0) is a batched filter's mistake."""
     rows = MIXED_ROWS.softmax(-1) if probs else MIXED_ROWS
-    return _call(fn, rows, options) is None and _by_row(fn, rows, options) is not None
+    out, error = _attempt(fn, rows, options)
+    numbers = "probability tensor" in str(error)  # a batch's own NaN or negative probabilities: a batch step
+    return out is None and not numbers and _by_row(fn, rows, options) is not None
 
 
 def _by_row(fn: Any, rows: Tensor, options: dict[str, Any]) -> Tensor | None:
@@ -276,17 +278,22 @@ def _call(fn: Any, rows: Tensor, options: dict[str, Any]) -> Tensor | None:
     """fn(rows, **options) as a tensor (a token id returned as an int: a 0-d one), or None when it
     raises (sys.exit too) or returns something else; its prints are not shown. A function that can end
     the process (os._exit) is not called."""
+    return _attempt(fn, rows, options)[0]
+
+
+def _attempt(fn: Any, rows: Tensor, options: dict[str, Any]) -> tuple[Tensor | None, BaseException | None]:
+    """_call's output, with the exception the call raised (None when it ran, or was not called)."""
     if "_exit" in source_text(fn):
-        return None
+        return None, None
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]), contextlib.redirect_stdout(io.StringIO()):
             out = fn(rows.clone(), **options)
-    except (Exception, SystemExit):  # noqa: BLE001  (not a function of this kind; its own check says why)
-        return None
+    except (Exception, SystemExit) as error:  # noqa: BLE001  (not a function of this kind; its own check says why)
+        return None, error
     if isinstance(out, tuple) and out and isinstance(out[0], Tensor):  # (filtered, indices)
         out = out[0]
     out = torch.as_tensor(out) if type(out) is int else out
-    return out.detach() if isinstance(out, Tensor) else None
+    return (out.detach() if isinstance(out, Tensor) else None), None
 
 
 def _filtered(rows: Tensor, out: Tensor, probs: bool) -> bool:
