@@ -539,7 +539,7 @@ def _backbone(comp: Component, ctx: Context, out: Tensor | None) -> None:
             f"{comp.name} returns hidden states (B, T, d_model), not logits, and another class of the file "
             "builds it: a backbone, checked through the model that adds the head",
             zh=f"{comp.name} 返回隐藏状态 (B, T, d_model)，不是 logits，而且文件里另一个类构造了它："
-               "这是主干网络，通过加上输出头的模型来检查")
+               "这是主干网络，通过加上输出层的模型来检查")
 
 
 def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
