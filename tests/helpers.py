@@ -195,3 +195,17 @@ def trial_telling_where_it_ran(variant: str, seed: int, settings: NoSettings):
     return Trial(variant, seed, {"pid": float(os.getpid()), "threads": float(torch.get_num_threads())},
                  {"train": [(1, 1.0), (2, 0.5)]})
 
+
+
+def statuses(result) -> dict[str, str]:
+    """A check result's components, name -> status."""
+    return {c.name: c.status for c in result.components}
+
+
+def assert_failed_at(result, name: str, line: str) -> None:
+    """A FAIL that names `name` (when given; else quotes the planted `line`)."""
+    from handformer.check.core.report import format_report
+
+    found = [f for c in result.components if c.status == "fail" for f in c.findings]
+    named = name in {f.name for f in found} if name else any(line in (f.code or "") for f in found)
+    assert found and named, format_report(result)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from check_plants import edited_copy
+from helpers import assert_failed_at, statuses
 
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
@@ -19,20 +20,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 HERE = Path(__file__).parent / "fixtures" / "learners_conventions"
 
 
-def _statuses(result) -> dict[str, str]:
-    return {c.name: c.status for c in result.components}
-
-
-def _failed_at(result, name: str, line: str) -> None:
-    """A FAIL that names `name` (when given; else quotes the planted `line`)."""
-    report = format_report(result)
-    found = [f for c in result.components if c.status == "fail" for f in c.findings]
-    assert found and (name in {f.name for f in found} if name else any(line in (f.code or "") for f in found)), report
-
-
 def test_masks_of_ones_added_times_a_large_negative_pass():
     result = check_file(str(HERE / "masked_ones.py"))
-    assert _statuses(result) == {"look_ahead_mask": "pass", "padding_mask": "pass", "attention": "pass",
+    assert statuses(result) == {"look_ahead_mask": "pass", "padding_mask": "pass", "attention": "pass",
                                  "MultiHeadedAttention": "pass"}, format_report(result)
 
 
@@ -42,7 +32,7 @@ def test_masks_of_ones_added_times_a_large_negative_pass():
 ])
 def test_each_masked_ones_plant_fails(tmp_path, old, new, kind, name):
     result = check_file(edited_copy(tmp_path, HERE / "masked_ones.py", [(old, new)]), only=[kind])
-    _failed_at(result, name, new.strip())
+    assert_failed_at(result, name, new.strip())
 
 
 def test_an_attention_whose_projection_a_sibling_holds_passes(tmp_path):
@@ -50,13 +40,13 @@ def test_an_attention_whose_projection_a_sibling_holds_passes(tmp_path):
     heads = next(c for c in result.components if c.name == "ViTSelfAttention")
     assert heads.status == "pass", format_report(result)
     assert any("ViTAttention hands its output to ViTSelfOutput" in n["en"] for n in heads.notes)
-    assert "fail" not in _statuses(result).values(), format_report(result)
+    assert "fail" not in statuses(result).values(), format_report(result)
     unused = edited_copy(tmp_path, HERE / "vit_split.py", [(
         "return self.output(self_outputs[0], hidden_states)", "return self_outputs[0]")])
-    _failed_at(check_file(unused, only=["mha"]), "no_output_projection", "class ViTSelfAttention")
+    assert_failed_at(check_file(unused, only=["mha"]), "no_output_projection", "class ViTSelfAttention")
     wrong_dim = edited_copy(tmp_path, HERE / "vit_split.py", [("math.sqrt(self.attention_head_size), dim=-1)",
                                                                "math.sqrt(self.attention_head_size), dim=-2)")])
-    _failed_at(check_file(wrong_dim, only=["mha"]), "softmax_wrong_dim", "dim=-2")
+    assert_failed_at(check_file(wrong_dim, only=["mha"]), "softmax_wrong_dim", "dim=-2")
 
 
 def test_torch_masks_from_sequence_first_ids_pass(tmp_path):
@@ -65,19 +55,19 @@ def test_torch_masks_from_sequence_first_ids_pass(tmp_path):
     assert helper.status == "pass", format_report(result)
     assert any("sequence-first" in n["en"] for n in helper.notes)
     swapped = edited_copy(tmp_path, HERE / "seq_first_masks.py", [("(src == PAD_ID).T, (tgt", "(tgt == PAD_ID).T, (tgt")])
-    _failed_at(check_file(swapped, only=["mask_helper"]), "mask_pad_wrong_sequence", "(tgt == PAD_ID).T, (tgt")
+    assert_failed_at(check_file(swapped, only=["mask_helper"]), "mask_pad_wrong_sequence", "(tgt == PAD_ID).T, (tgt")
 
 
 def test_beam_search_over_model_of_src_and_tgt_passes(tmp_path):
     result = check_file(str(HERE / "beam_two_inputs.py"), only=["beam_search"])
-    assert _statuses(result) == {"beam_search": "pass"}, format_report(result)
+    assert statuses(result) == {"beam_search": "pass"}, format_report(result)
     gnmt = edited_copy(tmp_path, HERE / "beam_two_inputs.py", [("(len(h[1]) - 1) ** alpha",
                                                                  "((5 + len(h[1]) - 1) / 6) ** alpha")])
     (beam,) = check_file(gnmt, only=["beam_search"]).components
     assert beam.status == "pass" and "GNMT" in beam.convention["en"], beam
     first = edited_copy(tmp_path, HERE / "beam_two_inputs.py", [(
         "return max(done, key=lambda h: h[0] / (len(h[1]) - 1) ** alpha)[1]", "return done[0][1]")])
-    _failed_at(check_file(first, only=["beam_search"]), "beam_shortest_returned", "")
+    assert_failed_at(check_file(first, only=["beam_search"]), "beam_shortest_returned", "")
 
 
 def test_a_sequence_first_torch_model_and_its_greedy_loop_pass(tmp_path):
@@ -85,12 +75,12 @@ def test_a_sequence_first_torch_model_and_its_greedy_loop_pass(tmp_path):
     handed (S, 1) ids and stopping at the module's END, set to check's EOS; a loop that never stops
     there fails."""
     result = check_file(str(HERE / "seq_first_translator.py"), only=["transformer", "greedy_decode"])
-    assert _statuses(result) == {"Seq2Seq": "pass", "greedy_decode": "pass"}, format_report(result)
+    assert statuses(result) == {"Seq2Seq": "pass", "greedy_decode": "pass"}, format_report(result)
     model, greedy = result.components
     assert any("sequence-first" in n["en"] for n in model.notes)
     assert any("your module's END is the one it must stop at" in n["en"] for n in greedy.notes)
     padded = edited_copy(tmp_path, HERE / "seq_first_translator.py", [("if token == END:", "if token == PAD:")])
-    _failed_at(check_file(padded, only=["transformer", "greedy_decode"]), "greedy_no_stop_at_eos", "")
+    assert_failed_at(check_file(padded, only=["transformer", "greedy_decode"]), "greedy_no_stop_at_eos", "")
 
 
 def test_encoder_sublayers_and_rotary_tables_pass():
@@ -98,7 +88,7 @@ def test_encoder_sublayers_and_rotary_tables_pass():
     a table of sin and cos interleaved and from position ids and a base; a model with segment
     embeddings is no GPT."""
     result = check_file(str(HERE / "encoder_sublayers.py"), only=["mha", "rope", "gpt"])
-    assert _statuses(result) == {"HeadsAttention": "pass", "PreNormAttention": "pass", "ScaleFreeAttention": "differs",
+    assert statuses(result) == {"HeadsAttention": "pass", "PreNormAttention": "pass", "ScaleFreeAttention": "differs",
                                  "WrappedAttention": "pass", "apply_rotary": "pass", "apply_rotary_pos_emb": "pass"
                                  }, format_report(result)
     heads = next(c for c in result.components if c.name == "HeadsAttention")
@@ -116,7 +106,7 @@ def test_encoder_sublayers_and_rotary_tables_pass():
 ])
 def test_each_encoder_sublayer_plant_fails(tmp_path, old, new, kind, name):
     result = check_file(edited_copy(tmp_path, HERE / "encoder_sublayers.py", [(old, new)]), only=[kind])
-    _failed_at(result, name, new.strip())
+    assert_failed_at(result, name, new.strip())
     found = [f for c in result.components for f in c.findings if f.name == name]
     assert any(new.strip() in (f.code or "") for f in found), format_report(result)
 
@@ -125,8 +115,8 @@ def test_masks_named_keep_are_read_true_may_attend(tmp_path):
     """A mask argument named keep (True = may attend) is handed as a mask, never read as torch.nn's
     True = masked; a negation dropped or added FAILs as mask_inverted."""
     result = check_file(str(HERE / "keep_masks.py"), only=["mha"])
-    assert _statuses(result) == {"MultiHeadAttention": "pass", "Attention": "pass"}, format_report(result)
+    assert statuses(result) == {"MultiHeadAttention": "pass", "Attention": "pass"}, format_report(result)
     for old, new in [("torch.where(keep, s,", "torch.where(~keep, s,"),
                      ("s.masked_fill(~keep_mask,", "s.masked_fill(keep_mask,")]:
         planted = check_file(edited_copy(tmp_path, HERE / "keep_masks.py", [(old, new)]), only=["mha"])
-        _failed_at(planted, "mask_inverted", new)
+        assert_failed_at(planted, "mask_inverted", new)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from check_plants import edited_copy
+from helpers import assert_failed_at, statuses
 
 from handformer.check.core.conventions import masks_where_true
 from handformer.check.core.engine import check_file
@@ -19,24 +20,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 HERE = Path(__file__).parent / "fixtures" / "learners_native"
 
 
-def _statuses(result) -> dict[str, str]:
-    return {c.name: c.status for c in result.components}
-
-
-def _failed_at(result, name: str, line: str) -> None:
-    """A FAIL that names `name` (when given; else quotes the planted `line`)."""
-    report = format_report(result)
-    found = [f for c in result.components if c.status == "fail" for f in c.findings]
-    assert found and (name in {f.name for f in found} if name else any(line in (f.code or "") for f in found)), report
-
-
 def test_filters_of_one_row_are_called_row_by_row_and_min_p_is_told_from_top_p(tmp_path):
     result = check_file(str(HERE / "one_row_filters.py"))
-    assert _statuses(result) == {"keep_top_k": "pass", "nucleus_cut": "pass", "min_p_cut": "pass"}, \
+    assert statuses(result) == {"keep_top_k": "pass", "nucleus_cut": "pass", "min_p_cut": "pass"}, \
         format_report(result)
     assert {c.kind for c in result.components} == {"top_k", "top_p", "min_p"}
     off = edited_copy(tmp_path, HERE / "one_row_filters.py", [("scores < cutoff", "scores <= cutoff")])
-    _failed_at(check_file(off, only=["top_k"]), "top_k_off_by_one", "scores <= cutoff")
+    assert_failed_at(check_file(off, only=["top_k"]), "top_k_off_by_one", "scores <= cutoff")
 
 
 def test_a_key_padding_mask_reshaped_before_masked_fill_is_read_as_torch_nn_reads_it(tmp_path):
@@ -44,25 +34,25 @@ def test_a_key_padding_mask_reshaped_before_masked_fill_is_read_as_torch_nn_read
                             "key_padding_mask")
     assert not masks_where_true("s.masked_fill(~key_padding_mask.unsqueeze(1), -inf)", "key_padding_mask")
     result = check_file(str(HERE / "time_first_attention.py"), only=["mha"])
-    assert _statuses(result) == {"SelfAttention": "pass"}, format_report(result)
+    assert statuses(result) == {"SelfAttention": "pass"}, format_report(result)
     scale = edited_copy(tmp_path, HERE / "time_first_attention.py", [("self.dh ** -0.5", "self.dh ** -1")])
-    _failed_at(check_file(scale, only=["mha"]), "scale_by_dk", "")
+    assert_failed_at(check_file(scale, only=["mha"]), "scale_by_dk", "")
 
 
 def test_attention_in_flax_layout_is_driven_so(tmp_path):
     result = check_file(str(HERE / "heads_last_attention.py"), overrides={"sdpa": "attend"})
-    assert _statuses(result) == {"attend": "pass"}, format_report(result)
+    assert statuses(result) == {"attend": "pass"}, format_report(result)
     wrong = edited_copy(tmp_path, HERE / "heads_last_attention.py", [("softmax(logits, dim=-1)",
                                                                       "softmax(logits, dim=-2)")])
-    _failed_at(check_file(wrong, overrides={"sdpa": "attend"}), "softmax_wrong_dim", "dim=-2")
+    assert_failed_at(check_file(wrong, overrides={"sdpa": "attend"}), "softmax_wrong_dim", "dim=-2")
 
 
 def test_a_step_with_its_own_batch_class_and_loss_compute_passes(tmp_path):
     result = check_file(str(HERE / "annotated_step.py"))
-    assert _statuses(result) == {"training_step": "pass"}, format_report(result)
+    assert statuses(result) == {"training_step": "pass"}, format_report(result)
     pads = edited_copy(tmp_path, HERE / "annotated_step.py", [("(self.trg_y != pad_idx).sum()",
                                                                "self.trg_y.numel()")])
-    assert _statuses(check_file(pads)) == {"training_step": "fail"}
+    assert statuses(check_file(pads)) == {"training_step": "fail"}
 
 
 def test_a_stack_mapping_vectors_to_vectors_is_no_gpt_to_drive():
