@@ -81,8 +81,7 @@ def as_schedule(cls: Any) -> type | None:
                                        *call_parameters(cls.__init__, ("self",))])
     except ValueError:
         return None
-    names = {k: getattr(cls, k) for k in ("__module__", "__qualname__", "__doc__")}
-    return type(cls.__name__, (), {**names, "__new__": new, "__signature__": signature})
+    return _posing_as(cls, new, signature)
 
 
 def _own_call(cls: Any) -> Any:
@@ -106,9 +105,15 @@ def as_filter(cls: Any, setting: str) -> type:
     def new(_: type, scores: Tensor, **settings: Any) -> Tensor:
         return cls(**settings)(_zero_ids(scores), scores)
 
-    names = {k: getattr(cls, k) for k in ("__module__", "__qualname__", "__doc__")}
     given = inspect.Parameter.POSITIONAL_OR_KEYWORD
     signature = inspect.Signature([inspect.Parameter("scores", given), inspect.Parameter(setting, given)])
+    return _posing_as(cls, new, signature)
+
+
+def _posing_as(cls: Any, new: Any, signature: inspect.Signature) -> type:
+    """A class named and placed as `cls` (its module, qualified name and docstring: what a report
+    quotes and a traced run follows) whose `__new__` is `new` and whose signature is `signature`."""
+    names = {k: getattr(cls, k) for k in ("__module__", "__qualname__", "__doc__")}
     return type(cls.__name__, (), {**names, "__new__": new, "__signature__": signature})
 
 

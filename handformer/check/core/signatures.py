@@ -218,7 +218,7 @@ def _logits_kind(fn: Any, params: list[inspect.Parameter], names: list[str], req
     if out.shape != rows.shape:
         return None
     if _filtered(rows, out, probs):
-        return _filter_kind(fn, rows, out, takes)
+        return _filter_kind(rows, out, takes)
     if set(takes) == {"temperature"} and _scaled(rows, out):
         return "temperature"
     return None
@@ -231,7 +231,7 @@ def _options(params: list[inspect.Parameter]) -> dict[str, str]:
             if (name := named([p.name for p in params[1:]], aliases))}
 
 
-def _filter_kind(fn: Any, rows: Tensor, out: Tensor, takes: dict[str, str]) -> str | None:
+def _filter_kind(rows: Tensor, out: Tensor, takes: dict[str, str]) -> str | None:
     """A filter's kind: top-p or top-k by the setting it takes; a p that keeps what min-p keeps at
     p = 0.8 (the tokens at least 0.8 x the most likely one's probability) is min-p (llama.cpp's
     `sample_min_p(logits, p, min_keep)`)."""
