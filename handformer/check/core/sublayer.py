@@ -22,6 +22,7 @@ from handformer.check.core.context import finish
 from handformer.check.core.fingerprint import first_tensor
 from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, text
 from handformer.check.core.source import first_line, locate, source_lines
+from handformer.check.reference import variants as V
 
 Map = Callable[[Tensor], Tensor]
 Form = Callable[[Tensor, Map, Map], Tensor]  # the output from x, the map g the residual adds, the norm
@@ -40,19 +41,18 @@ MISTAKES: dict[tuple[str, str], Form] = {
 EPS = (1e-5, 1e-6, 1e-8, 1e-12)  # the usual eps of nn.LayerNorm, Llama's and T5's RMSNorm, BERT's
 
 
-def _rms(x: Tensor, eps: float) -> Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+# what a sublayer's norm may compute, each as (the reference's norm, the catalogued mistake it makes or
+# ""), with a gain of one: LayerNorm or RMSNorm, then the catalogued ways an RMSNorm goes wrong
+NORM_FORMS = {"layernorm": ("layernorm", ""), "rmsnorm": ("rmsnorm", ""),
+              "rmsnorm_sum_squares": ("rmsnorm", "rmsnorm_sum_squares"),
+              "rmsnorm_no_sqrt": ("rmsnorm", "rmsnorm_no_sqrt")}
+PLAIN_NORMS, NORM_MISTAKES = list(NORM_FORMS)[:2], list(NORM_FORMS)[2:]
 
 
-# the norms a sublayer's norm may be (of x, its eps), then the catalogued ways an RMSNorm goes wrong
-NORMS: dict[str, Callable[[Tensor, float], Tensor]] = {
-    "layer": lambda x, eps: torch.nn.functional.layer_norm(x, x.shape[-1:], eps=eps),
-    "rms": _rms,
-}
-NORM_MISTAKES: dict[str, Callable[[Tensor, float], Tensor]] = {
-    "rmsnorm_sum_squares": lambda x, eps: x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps),
-    "rmsnorm_no_sqrt": lambda x, eps: x / (x.pow(2).mean(-1, keepdim=True) + eps),
-}
+def _normed(x: Tensor, kind: str, mistake: str, eps: float) -> Tensor:
+    """variants.norm of x with a gain of one and no bias, making `mistake` (when one is named)."""
+    weights = V.NormWeights(torch.ones((), dtype=x.dtype), None, eps, kind)
+    return V.norm(weights, x, frozenset({mistake} - {""}))
 
 
 def norm_departure(norm: nn.Module, x: Tensor) -> str | None:
@@ -62,9 +62,9 @@ def norm_departure(norm: nn.Module, x: Tensor) -> str | None:
         gains = [p.double() for p in norm.parameters(recurse=False)]
         weight, bias = (gains + [1.0, 0.0][len(gains):])[:2]
         pure = (norm(x.to(gains[0].dtype)).double() - bias) / weight
-        near = {name: any(torch.allclose(f(x.double(), eps), pure, atol=1e-4, rtol=1e-4) for eps in EPS)
-                for name, f in {**NORMS, **NORM_MISTAKES}.items()}
-    return None if any(map(near.get, NORMS)) else next(filter(near.get, NORM_MISTAKES), DEPARTS)
+        near = {name: any(torch.allclose(_normed(x.double(), *form, eps), pure, atol=1e-4, rtol=1e-4)
+                          for eps in EPS) for name, form in NORM_FORMS.items()}
+    return None if any(map(near.get, PLAIN_NORMS)) else next(filter(near.get, NORM_MISTAKES), DEPARTS)
 
 
 @dataclass
