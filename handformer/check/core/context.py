@@ -24,7 +24,7 @@ from handformer.check.core.argument_names import call_parameters, named, names_o
 from handformer.check.core.conventions import conventions_for, is_lengths_name, masks_where_true
 from handformer.check.core.discovery import SIZE_OF, Component, build, own_objects, with_head_size
 from handformer.check.core.result import PASS, Check, ComponentResult, Finding, Text, text
-from handformer.check.core.sizes import DROPOUT, F_WIDTH, MAX_LEN, SIZES, D, H, is_number  # noqa: F401  (the runners import them here)
+from handformer.check.core.sizes import DROPOUT, F_WIDTH, MAX_LEN, SDPA_SIZES, SIZES, D, H, is_number  # noqa: F401  (the runners import them here)
 from handformer.check.core.source import (
     functions_called,
     global_reads,
@@ -233,6 +233,7 @@ KIND_SIZES: dict[str, dict[str, Any]] = {
     "gpt": {**SIZES, "src_vocab": 29, "n_layers": 2, "max_len": 16},
     "generate": {"max_len": 8, "src_vocab": 24},
     "block": {**SIZES, "src_vocab": 29, "n_layers": 2},
+    "sdpa": {"n_heads": SDPA_SIZES[1], "d_head": SDPA_SIZES[4]},  # no d_model: d_head is its inputs' width
 }
 GLOBAL_SIZES = ("d_model", "n_heads", "n_kv_heads", "d_ff", "dropout", "max_len", "src_vocab", "n_layers",
                 "d_head")

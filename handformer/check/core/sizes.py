@@ -7,6 +7,9 @@ from __future__ import annotations
 
 D, H, F_WIDTH, DROPOUT, MAX_LEN = 16, 4, 40, 0.1, 64
 SIZES = {"d_model": D, "n_heads": H, "d_ff": F_WIDTH, "dropout": DROPOUT, "max_len": MAX_LEN}
+# the (B, H, T, S, Dh) an attention function is searched with: its head width not d_model / H, so a
+# function that reads d_k from a module-level name is handed that name at the width of its inputs
+SDPA_SIZES = (2, H, 6, 6, 8)
 
 
 
@@ -15,4 +18,4 @@ def is_number(value: object, kinds: type | tuple[type, ...] = (int, float)) -> b
     return isinstance(value, kinds) and not isinstance(value, bool)
 
 
-__all__ = ["D", "DROPOUT", "F_WIDTH", "H", "MAX_LEN", "SIZES", "is_number"]
+__all__ = ["D", "DROPOUT", "F_WIDTH", "H", "MAX_LEN", "SDPA_SIZES", "SIZES", "is_number"]

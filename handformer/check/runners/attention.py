@@ -33,6 +33,7 @@ from handformer.check.core.context import (
     ATTENTION_FLAGS,
     MAX_LEN,
     ROPE_FLAGS,
+    SDPA_SIZES,
     SEQUENCE_FIRST,
     TUTORIAL,
     Context,
@@ -289,7 +290,6 @@ def _sdpa_callable(comp: Component, ctx: Context) -> Any:
     return fn.double().eval() if isinstance(fn, nn.Module) else fn
 
 
-SDPA_SIZES = (2, 6, 6, 8)  # B, T, S, Dh of the search's input
 
 
 def _build_sdpa(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
@@ -298,7 +298,7 @@ def _build_sdpa(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     fn = _sdpa_callable(comp, ctx)
     c = caller(fn)
     convs = _conventions(ctx, fn, c)
-    B, T, S, Dh = SDPA_SIZES
+    B, _, T, S, Dh = SDPA_SIZES
     q, k, v = fp.randn(B, H, T, Dh, seed=1), fp.randn(B, H, S, Dh, seed=2), fp.randn(B, H, S, Dh, seed=3)
     keeps = keeps_for(causal(T) & positions(B, S, [0, 2]), positions(B, S, [0, 2]), convs)
     layout = _layout(ctx, c, convs, keeps)
@@ -325,7 +325,7 @@ SDPA = Probe(
     universe=lambda s: ATTENTION_FLAGS,
     steps=(lambda res, ctx, comp, s, found: convention_found(res, ctx, comp, s, found, "mha"),
            lambda res, ctx, comp, s, found: _compare_sdpa(res, ctx, comp, s.module, s.facts["layout"],
-                                                          found.key, SDPA_SIZES[3]),
+                                                          found.key, SDPA_SIZES[4]),
            lambda res, ctx, comp, s, found: _sdpa_departure(res, ctx, comp, s, found.key)),
     search=by_convention,
 )

@@ -38,6 +38,7 @@ from handformer.check.core.context import (
     error_text,
     finish,
     forward_parameters,
+    is_mask_name,
     logits_shape,
     named,
     names_of,
@@ -99,6 +100,11 @@ VOCAB, BLOCK, KV_HEADS = 29, 16, 2
 GPT_SIZES = {**SIZES, "src_vocab": VOCAB, "n_layers": 2, "max_len": BLOCK}
 THETA_NAMES = ("rope_theta", "theta", "rope_base", "base", "rotary_base")
 TARGET_NAMES = ("targets", "target", "labels", "y", "tgt")
+# the forms of a causal mask (T, T) a model's forward may be handed by its caller (PyTorch's language-model
+# tutorial: forward(src, src_mask) with generate_square_subsequent_mask, -inf above the diagonal): 0 / -inf
+# added, torch.nn's bool (True = masked), bool True = may attend, 0/1 int (0 = masked)
+CAUSAL_FORMS = (lambda keep, dtype: torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, -math.inf),
+                lambda keep, dtype: ~keep, lambda keep, dtype: keep, lambda keep, dtype: keep.long())
 FLAGS = ("causal_mask_missing", "causal_off_by_one:no_self", "causal_off_by_one:sees_next", "pe_missing",
          "final_norm_missing")
 
@@ -429,6 +435,26 @@ class Caller:
         self.stepwise = False  # Umar Jamil's forward asserts one token at a time: driven so, once known
         # PyTorch's nn.Transformer tutorial: (T, B) ids in, (T, B, V) logits out
         self.first = reads_sequence_first(ctx, lambda ids: self.module(ids), torch.randint(0, 9, (2, 7)))
+        self.mask_name, self.mask_form = next(filter(is_mask_name, names), None), None
+        self.mask_form = self.mask_name and self._causal_form()
+
+    def _causal_form(self) -> Any:
+        """The form of a causal mask its forward's mask argument takes: the first of CAUSAL_FORMS under
+        which changing token 3 leaves the logits before it alone and moves its own; None when it is
+        causal without one, or under none (then it is driven without one, and graded so)."""
+        idx = torch.randint(0, 9, (1, 5), generator=torch.Generator().manual_seed(3))
+        bumped = idx.clone()
+        bumped[:, 3] += 1
+        for form in (None, *CAUSAL_FORMS):
+            self.mask_form = form
+            try:
+                a, b = self(idx)[0], self(bumped)[0]
+            except fp.LearnerFailure:
+                continue
+            if a is not None and b is not None and a.shape == b.shape and a.size(1) == 5 \
+                    and torch.equal(a[:, :3], b[:, :3]) and not torch.equal(a[:, 3:], b[:, 3:]):
+                return form
+        return None
 
     def __call__(self, idx: Tensor, targets: Tensor | None = None, start: int = 0,
                  ) -> tuple[Tensor | None, Tensor | None]:
@@ -464,6 +490,9 @@ class Caller:
         kwargs: dict[str, Any] = {self.target: targets} if self.target and targets is not None else {}
         if self.start:
             kwargs[self.start] = start
+        if self.mask_form:  # the causal mask its caller builds, in the form it takes
+            dtype = next(self.module.parameters()).dtype
+            kwargs[self.mask_name] = self.mask_form(torch.ones(idx.size(1), idx.size(1)).tril().bool(), dtype)
         if self.first:
             return batch_first(self.ctx.learner.call("forward", self.module, idx.T, **kwargs)), None
         raw = self.ctx.learner.call("forward", self.module, idx, **kwargs)

@@ -1,0 +1,36 @@
+"""`handformer check` on model components written to conventions its reference learned to search: an
+attention function that reads its head width from a module-level name (handed the width of its
+inputs), and a language model whose caller builds the causal mask (PyTorch's language-model tutorial:
+forward(src, src_mask)), handed that mask in the form that makes it causal. Each correct file passes;
+a planted mistake fails at its line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from check_plants import edited_copy
+from helpers import assert_failed_at
+
+from handformer.check.core.engine import check_file
+from handformer.check.core.report import format_report
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+HERE = Path(__file__).parent / "fixtures" / "learners_components"
+
+
+def test_attention_with_a_module_level_head_width_passes_and_its_plant_fails(tmp_path):
+    result = check_file(str(HERE / "global_width_attention.py"), only=["sdpa"])
+    (sdpa,) = result.components
+    assert sdpa.status == "pass", format_report(result)
+    planted = edited_copy(tmp_path, HERE / "global_width_attention.py", [("/ math.sqrt(HEAD_DIM)", "/ HEAD_DIM")])
+    assert_failed_at(check_file(planted, only=["sdpa"]), "scale_by_dk", "/ HEAD_DIM")
+
+
+def test_model_handed_its_causal_mask_by_its_caller_passes_and_its_plant_fails(tmp_path):
+    result = check_file(str(HERE / "caller_mask_lm.py"), only=["gpt"])
+    (model,) = result.components
+    assert model.status == "pass", format_report(result)
+    planted = edited_copy(tmp_path, HERE / "caller_mask_lm.py", [("return self.out(self.ln_out(h))",
+                                                                   "return self.out(h)")])
+    assert_failed_at(check_file(planted, only=["gpt"]), "final_norm_missing", "return self.out(h)")
