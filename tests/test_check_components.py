@@ -1,8 +1,9 @@
 """`handformer check` on model components written to conventions its reference learned to search: an
 attention function that reads its head width from a module-level name (handed the width of its
 inputs), and a language model whose caller builds the causal mask (PyTorch's language-model tutorial:
-forward(src, src_mask)), handed that mask in the form that makes it causal. Each correct file passes;
-a planted mistake fails at its line."""
+forward(src, src_mask)), handed that mask in the form that makes it causal, and an attention its block
+hands the ALiBi term (MPT's forward(x, attn_bias)), handed ALiBi's. Each correct file passes; a planted
+mistake fails at its line."""
 
 from __future__ import annotations
 
@@ -34,3 +35,13 @@ def test_model_handed_its_causal_mask_by_its_caller_passes_and_its_plant_fails(t
     planted = edited_copy(tmp_path, HERE / "caller_mask_lm.py", [("return self.out(self.ln_out(h))",
                                                                    "return self.out(h)")])
     assert_failed_at(check_file(planted, only=["gpt"]), "final_norm_missing", "return self.out(h)")
+
+
+def test_attention_handed_its_alibi_term_passes_and_its_plant_fails(tmp_path):
+    result = check_file(str(HERE / "handed_alibi.py"), only=["causal_attention"])
+    (attention,) = result.components
+    assert attention.status == "pass", format_report(result)
+    assert any("ALiBi inside" in n["en"] for n in attention.notes)
+    planted = edited_copy(tmp_path, HERE / "handed_alibi.py", [("math.sqrt(self.head_dim) + pos_bias",
+                                                                 "math.sqrt(self.head_dim) - pos_bias")])
+    assert_failed_at(check_file(planted, only=["causal_attention"]), "", "- pos_bias")

@@ -907,7 +907,8 @@ def _biased(w: V.MHAWeights, scores: Tensor, views: list[View]) -> tuple[Tensor,
     if bias is None:
         return scores, views
     named = f"the {w.rope} positional term on the scores"  # ALiBi's one row a head, as BLOOM's (B * H, 1, S)
-    return scores + bias, views + [(named, bias), (f"{named}, each sequence's", bias.expand(B, -1, -1, -1)),
+    return scores + bias, views + [("the scores q·kᵀ/sqrt(d_k), before their positional term", scores),
+                                   (named, bias), (f"{named}, each sequence's", bias.expand(B, -1, -1, -1)),
                                    (f"{named}, one sequence's", bias[0]),  # (H, T|1, S)
                                    (f"{named}, (T, S, H) as a table lookup gives it",
                                     bias[0].permute(1, 2, 0)),

@@ -183,9 +183,16 @@ def renamed_table(fn: Any, params: list[inspect.Parameter]) -> tuple[Any, list[i
     """fn and its parameters, a rotary table named as in TABLE_ALIASES (Umar Jamil's freqs_complex,
     minimind's pos_cis) called freqs_cis as check names it; fn and params as they are otherwise."""
     alias = next(iter({p.name for p in params}.intersection(TABLE_ALIASES)), None)
+    return renamed(fn, params, alias, "freqs_cis")
+
+
+def renamed(fn: Any, params: list[inspect.Parameter], alias: str | None, name: str,
+            ) -> tuple[Any, list[inspect.Parameter]]:
+    """fn and its parameters, its argument `alias` called `name` as check names it (as they are where
+    alias is None)."""
     if alias is None:
         return fn, params
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **{(alias if n == "freqs_cis" else n): v for n, v in kwargs.items()})
-    return call, [p.replace(name="freqs_cis") if p.name == alias else p for p in params]
+        return fn(*args, **{(alias if n == name else n): v for n, v in kwargs.items()})
+    return call, [p.replace(name=name) if p.name == alias else p for p in params]

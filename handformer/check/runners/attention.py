@@ -77,7 +77,13 @@ from handformer.check.core.probe import Found, Probe, Subject, drive, run_probe
 from handformer.check.core.projection_elsewhere import projection_elsewhere
 from handformer.check.core.reference_attention import handformer_attention
 from handformer.check.core.result import DEPARTS, DIFFERS, Check, ComponentResult, Finding, text
-from handformer.check.core.rope_tables import alibi_argument, position_kwargs, renamed_table, with_positions
+from handformer.check.core.rope_tables import (
+    alibi_argument,
+    position_kwargs,
+    renamed,
+    renamed_table,
+    with_positions,
+)
 from handformer.check.core.rotary import (
     ALIBI_WORDS,
     ROPE_WORDS,
@@ -150,6 +156,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     there is no mask: d2l's `valid_lens` has no default), and the rotary table or positions a
     Llama-style forward(x, freqs_cis, mask) or forward(x, start_pos, ...) asks for."""
     fn, params = renamed_table(fn, forward_parameters(fn))  # Umar Jamil's freqs_complex: freqs_cis
+    fn, params = renamed(fn, params, _alibi_handed(fn, params), "alibi")  # MPT's attn_bias: alibi
     extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos", "position_embeddings", "cos",
              "sin", "cos_sin", "freqs_cos", "freqs_sin", "alibi"}
     optional = optional_inputs(fn, params, extra)  # nanochat's value embedding `ve`: None
@@ -182,6 +189,14 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
         return with_positions(fn, args, kwargs, layout, B)
 
     return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named, state)
+
+
+def _alibi_handed(fn: Any, params: list[inspect.Parameter]) -> str | None:
+    """The score bias its caller must hand (no default: MPT's forward(x, attn_bias)) where its source
+    speaks of ALiBi: handed ALiBi's term as an `alibi` argument is; None otherwise."""
+    source = source_text(type(fn) if isinstance(fn, nn.Module) else fn).lower()
+    names = [p.name for p in params if p.name in BIAS_ARGUMENTS and p.default is p.empty]
+    return (names + [None])[0] if ALIBI_WORDS.search(source) else None
 
 
 def _input_roles(names: list[str]) -> list[str]:
@@ -583,14 +598,15 @@ def score_biases(comp: Component, slots: list[Slot]) -> tuple[str | None, ...]:
     """The positional terms the learner's scores may take, by what the attention holds and is handed:
     T5's learned relative-position bias where it holds the table (a bidirectional encoder's, or a
     decoder's), ALiBi's where its source speaks of ALiBi or its forward takes `alibi`, and unscaled
-    scores (T5's, the bias left to its caller) or scaled ones where its forward takes a bias; none
+    scores (T5's, the bias left to its caller) or scaled ones where its forward takes a bias it is not
+    handed as ALiBi's; none
     otherwise. A table or ALiBi is searched in place of no positions (an attention that builds ALiBi
     and adds none is not read as a plain one)."""
     source = source_text(comp.obj).lower()
     table = ("t5", "t5_causal") * any(s.role == RELATIVE_ROLE for s in slots)
     alibi = ("alibi",) * bool(ALIBI_WORDS.search(source))
     takes = inspect.signature(getattr(comp.obj, "forward", comp.obj)).parameters  # (a class: its forward's)
-    given = set(takes) & set(BIAS_ARGUMENTS)
+    given = set(takes) & set(BIAS_ARGUMENTS) - {_alibi_handed(comp.obj, list(takes.values()))}
     return table + alibi + ("unscaled", None) * (bool(given) > bool(table))
 
 
