@@ -2,8 +2,9 @@
 attention function that reads its head width from a module-level name (handed the width of its
 inputs), and a language model whose caller builds the causal mask (PyTorch's language-model tutorial:
 forward(src, src_mask)), handed that mask in the form that makes it causal, and an attention its block
-hands the ALiBi term (MPT's forward(x, attn_bias)), handed ALiBi's. Each correct file passes; a planted
-mistake fails at its line."""
+hands the ALiBi term (MPT's forward(x, attn_bias)), handed ALiBi's, and an attention whose scores are
+soft-capped (Gemma 2's cap * tanh(scores / cap)), the cap read from the module. Each correct file
+passes; a planted mistake fails at its line."""
 
 from __future__ import annotations
 
@@ -45,3 +46,13 @@ def test_attention_handed_its_alibi_term_passes_and_its_plant_fails(tmp_path):
     planted = edited_copy(tmp_path, HERE / "handed_alibi.py", [("math.sqrt(self.head_dim) + pos_bias",
                                                                  "math.sqrt(self.head_dim) - pos_bias")])
     assert_failed_at(check_file(planted, only=["causal_attention"]), "", "- pos_bias")
+
+
+def test_soft_capped_attention_passes_and_its_plant_fails(tmp_path):
+    result = check_file(str(HERE / "capped_attention.py"), only=["causal_attention"])
+    (attention,) = result.components
+    assert attention.status == "pass", format_report(result)
+    assert any("soft-capped, 30 * tanh" in n["en"] for n in attention.notes)
+    planted = edited_copy(tmp_path, HERE / "capped_attention.py", [(
+        "torch.tanh(logits / self.logit_cap) * self.logit_cap", "torch.tanh(logits) * self.logit_cap")])
+    assert_failed_at(check_file(planted, only=["causal_attention"]), "", "torch.tanh(logits) * self.logit_cap")

@@ -36,7 +36,8 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
                 "size", "model_dim", "emb_dim", "d_embed", "embedding_dim", "normalized_shape", "dmodel",
                 "num_hiddens", "norm_shape", "ffn_num_input", "ffn_num_outputs", "key_size", "query_size",
                 "value_size", "ndim", "n_embed", "embed_size", "d_in", "d_out", "emb_size"),
-    "d_head": ("head_size", "head_dim", "d_k", "d_head", "dim_head", "headsize", "rotary_dim", "d_kv"),
+    "d_head": ("head_size", "head_dim", "d_k", "d_head", "dim_head", "headsize", "rotary_dim", "d_kv",
+               "query_pre_attn_scalar"),  # Gemma 2's scores scaled by 1/sqrt of it: the head width
     "n_heads": ("num_heads", "n_heads", "h", "heads", "n_head", "nhead", "num_head", "head_num",
                 "nheads", "num_attention_heads",
                 # BART's and Marian's config fields (Hugging Face), a layer's arguments named so

@@ -885,6 +885,9 @@ def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[li
     raw = qh @ kh.transpose(-2, -1)  # (B, H, T, T)
     scores = raw / math.sqrt(qh.size(-1)) if w.rope not in V.UNSCALED else raw
     scores, views = _biased(w, scores, views)
+    if w.softcap is not None:  # Gemma 2's: the scores soft-capped before the mask
+        views.append(("the scores before their soft cap", scores))
+        scores = w.softcap * torch.tanh(scores / w.softcap)
     if keep is not None:  # the scaled scores before the mask is added (Meta's `scores + mask`) are a step too
         views.append(("the scores q·kᵀ/sqrt(d_k), before the mask", scores))
         scores = scores.masked_fill(~keep, float("-inf"))

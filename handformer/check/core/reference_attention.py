@@ -17,6 +17,7 @@ from handformer.check.core.weights import (
     norm_kind,
 )
 from handformer.check.reference import variants as V
+from handformer.families.gemma import GemmaAttention
 from handformer.nn.attention import MultiHeadAttention, repeat_kv
 from handformer.nn.masks import AttentionMask, as_attention_mask
 from handformer.nn.norms import make_norm
@@ -61,10 +62,11 @@ class BiasedAttention(MultiHeadAttention):
 
 
 def handformer_attention(slots: list[Slot], n_kv_heads: int | None = None, rope: str | None = None,
-                         heads: int = H) -> MultiHeadAttention:
+                         heads: int = H, softcap: float | None = None) -> MultiHeadAttention:
     """handformer's attention with the learner's weights. Interleaved rotary pairs (Meta's) become
     handformer's half-split ones by permuting each head's rows of W_Q and W_K: q.k is unchanged.
-    Positions as a term on the scores (ALiBi's, T5's): `BiasedAttention`, T5's table copied in."""
+    Positions as a term on the scores (ALiBi's, T5's): `BiasedAttention`, T5's table copied in.
+    Scores soft-capped (Gemma 2's): handformer's `GemmaAttention` at the usual scale."""
     qk = next((s.leaf for s in slots if s.role in QK_NORM_ROLES), None)
     kind = norm_kind(qk) if qk else "none"
     eps = norm_eps(qk.module, kind) if qk else 1e-6
@@ -86,4 +88,4 @@ def handformer_attention(slots: list[Slot], n_kv_heads: int | None = None, rope:
                 hf.o_proj.bias.zero_()
     if rope in ("interleaved", "swapped"):
         interleaved_to_half_(hf, heads, swapped=rope == "swapped")
-    return hf
+    return GemmaAttention(hf, D // heads, softcap) if softcap else hf

@@ -66,16 +66,20 @@ def applied_keep(keep: Tensor | None, flags: Flags, n_heads: int = 1) -> Tensor 
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, flags: Flags = frozenset(),
-              bias: Tensor | None = None, scaled: bool = True) -> tuple[Tensor, Tensor]:
+              bias: Tensor | None = None, scaled: bool = True, softcap: float | None = None,
+              ) -> tuple[Tensor, Tensor]:
     """softmax(q k^T / sqrt(Dh) + bias) v for (B, H, T, Dh) queries; returns (out (B, H, T, Dh),
     weights). bias: a positional term added to the scores after the scale (ALiBi's, T5's), broadcasting
-    to (B, H, T, S); scaled=False: no 1/sqrt(Dh) by design (T5's)."""
+    to (B, H, T, S); scaled=False: no 1/sqrt(Dh) by design (T5's); softcap c: the scores soft-capped,
+    c * tanh(scores / c), before the mask (Gemma 2's)."""
     scores = q @ k.transpose(-2, -1)  # (B, H, T, S)
     if scaled and has(flags, "no_scaling") is None:
         dk = q.size(-1)
         scores = scores / (dk if has(flags, "scale_by_dk") is not None else math.sqrt(dk))
     if bias is not None:
         scores = scores + bias
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     weights = masked_softmax(scores, keep, flags)  # (B, H, T, S)
     return weights @ v, weights  # (B, H, T, Dh)
 
@@ -107,6 +111,7 @@ class MHAWeights:
     rope: str | None = None  # positions inside: rotary "half", "interleaved", or a score bias (SCORE_BIASES)
     qk_norm: tuple[NormWeights, NormWeights] | None = None  # QK-norm: each query and key head normed
     table: Tensor | None = None  # T5's learned relative-position bias, (buckets, H)
+    softcap: float | None = None  # the scores soft-capped, c * tanh(scores / c) (Gemma 2's)
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
@@ -193,7 +198,7 @@ def multi_head_attention(w: MHAWeights, xq: Tensor, xk: Tensor, xv: Tensor, keep
     if n_kv != w.n_heads:
         k, v = repeat_kv(k, w.n_heads // n_kv, flags), repeat_kv(v, w.n_heads // n_kv, flags)  # (B, H, S, Dh)
     bias = score_bias(w, T, xk.size(1))
-    out, weights = attention(q, k, v, keep, flags, bias, w.rope not in UNSCALED)  # (B, H, T, Dh)
+    out, weights = attention(q, k, v, keep, flags, bias, w.rope not in UNSCALED, w.softcap)  # (B, H, T, Dh)
     width = out.size(1) * out.size(-1)
     if has(flags, "concat_no_transpose") is not None:
         out = out.contiguous().view(B, T, width)  # (B, T, H * Dh) from the raw (B, H, T, Dh) memory

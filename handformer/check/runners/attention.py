@@ -51,6 +51,7 @@ from handformer.check.core.context import (
     guarded,
     is_cache_argument,
     is_mask_name,
+    is_number,
     masked_rows,
     masks_where_true_inside,
     moved_by,
@@ -76,7 +77,7 @@ from handformer.check.core.localize_kinds import localize_masked_softmax, locali
 from handformer.check.core.probe import Found, Probe, Subject, drive, run_probe
 from handformer.check.core.projection_elsewhere import projection_elsewhere
 from handformer.check.core.reference_attention import handformer_attention
-from handformer.check.core.result import DEPARTS, DIFFERS, Check, ComponentResult, Finding, text
+from handformer.check.core.result import DEPARTS, DIFFERS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.rope_tables import (
     alibi_argument,
     position_kwargs,
@@ -195,8 +196,9 @@ def _alibi_handed(fn: Any, params: list[inspect.Parameter]) -> str | None:
     """The score bias its caller must hand (no default: MPT's forward(x, attn_bias)) where its source
     speaks of ALiBi: handed ALiBi's term as an `alibi` argument is; None otherwise."""
     source = source_text(type(fn) if isinstance(fn, nn.Module) else fn).lower()
-    names = [p.name for p in params if p.name in BIAS_ARGUMENTS and p.default is p.empty]
-    return (names + [None])[0] if ALIBI_WORDS.search(source) else None
+    names = [p.name for p in params if p.name in BIAS_ARGUMENTS and p.default is p.empty
+             and ALIBI_WORDS.search(source)]
+    return (names + [None])[0]
 
 
 def _input_roles(names: list[str]) -> list[str]:
@@ -617,6 +619,18 @@ def positions_inside(comp: Component, c: Caller, slots: list[Slot]) -> tuple[str
     return (biases or (None,)) + tuple(r for r in rope_settings(comp, c) if r is not None)
 
 
+def softcaps(module: nn.Module) -> tuple[float, ...]:
+    """The soft caps its scores may take (Gemma 2's c * tanh(scores / c)): where its forward calls
+    tanh, each number of 1 or more that it reads by name from itself or a config it holds
+    (`self.cfg.attn_logit_softcapping`)."""
+    words = set(re.findall(r"\w+", source_text(type(module).forward)))
+    held = dict(vars(module))
+    for value in vars(module).values():  # a config dataclass, namespace or dict: its fields too
+        held.update(getattr(value, "__dict__", value if isinstance(value, dict) else {}))
+    return tuple(sorted({float(v) for name, v in held.items()
+                         if "tanh" in words and name in words and is_number(v) and v >= 1}))
+
+
 def behaves_causal(ctx: Context, c: Caller, width: int) -> bool:
     """Whether the learner's self-attention, given no mask, is causal: what it does, not its name or
     its parameters (minimind's takes an attention_mask and applies is_causal=True without one)."""
@@ -683,7 +697,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
         raise
     facts = {"probe": probe, "rows": probe.rows, "takes_mask": c.takes_mask, "slots": slots,
              "universe": _universe(c, has_o, n_kv_heads, causal_inside), "n_kv_heads": n_kv_heads,
-             "ropes": positions_inside(comp, c, slots),
+             "ropes": positions_inside(comp, c, slots), "caps": softcaps(module),
              "setup": Setup(module, slots, c, "", causal_inside, n_kv_heads, None, heads)}
     return Subject(probe.run, [], module, facts)
 
@@ -702,15 +716,29 @@ def _mha_search(mha: Probe, subject: Subject, out: Tensor | None, working: str) 
         conv, found, fail = detect(p.run, compute, universe, p.rows, p.convs)
         first_conv, failure = first_conv or conv, failure or fail
         if found is not None and (best is None or len(found[0]) < len(best[2][0])):
-            best = (rope, conv, found, compute)
+            best = (rope, conv, found, compute, None)
         if found is not None and not found[0]:
             break
+    best = _capped(subject) or best  # a soft cap it holds, where it explains the output alone
     subject.facts["failure"] = failure
     held = next((r for r in subject.facts["ropes"][:1] if r in V.SCORE_BIASES), None)  # compared with it
-    rope, conv, (flags, err), compute = best or (held, first_conv, (frozenset(), None),
-                                                 p.computer(slots, n_kv_heads, held))
-    return Found(conv, (rope, compute), flags, err, p.run(conv) if best else None, working,
+    rope, conv, (flags, err), compute, cap = best or (held, first_conv, (frozenset(), None),
+                                                      p.computer(slots, n_kv_heads, held), None)
+    return Found(conv, (rope, compute, cap), flags, err, p.run(conv) if best else None, working,
                  lambda fl: compute(fl, conv))
+
+
+def _capped(subject: Subject) -> tuple[Any, ...] | None:
+    """The reading of a soft-capped attention (Gemma 2's) that reproduces the output with no mistake:
+    (rotary layout, convention, (flags, error), reference, cap), each cap `softcaps` offers tried
+    with each layout; None when none does."""
+    p, slots, n_kv_heads = subject.facts["probe"], subject.facts["slots"], subject.facts["n_kv_heads"]
+    for rope, cap in itertools.product(subject.facts["ropes"], subject.facts["caps"]):
+        compute = p.computer(slots, n_kv_heads, rope, cap)
+        conv, found, _ = detect(p.run, compute, (), p.rows, p.convs)
+        if found is not None:
+            return rope, conv, found, compute, cap
+    return None
 
 
 def _mha_rope(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found) -> None:
@@ -726,7 +754,17 @@ def _mha_rope(res: ComponentResult, ctx: Context, comp: Component, subject: Subj
         _whole_head_rotary(res, ctx, comp)
     if rope in V.UNSCALED:  # T5's scores, without 1/sqrt(d_k) by design
         res.status = DIFFERS
-    subject.facts["setup"] = dataclasses.replace(subject.facts["setup"], conv=found.key, rope=rope)
+    cap = found.weights[2]
+    res.notes += [_softcap_note(cap)] if cap else []
+    subject.facts["setup"] = dataclasses.replace(subject.facts["setup"], conv=found.key, rope=rope,
+                                                 softcap=cap)
+
+
+def _softcap_note(cap: float) -> Text:
+    return text(f"the scores are soft-capped, {cap:g} * tanh(scores / {cap:g}), before the mask (Gemma 2's "
+                "attn_logit_softcapping; the cap read from your module): a convention, compared so",
+                f"分数先软截断为 {cap:g} * tanh(scores / {cap:g})，再加掩码（Gemma 2 的 "
+                "attn_logit_softcapping；上限从你的模块读出）：这是约定，按它比较")
 
 
 def _whole_head_rotary(res: ComponentResult, ctx: Context, comp: Component) -> None:
@@ -745,7 +783,7 @@ def _mha_localized(res: ComponentResult, ctx: Context, comp: Component, subject:
                    ) -> None:
     """The step that notes where the learner's attention first parts from the reference."""
     s, p = subject.facts["setup"], subject.facts["probe"]
-    w = mha_weights(s.slots, s.heads, s.n_kv_heads, s.rope)
+    w = dataclasses.replace(mha_weights(s.slots, s.heads, s.n_kv_heads, s.rope), softcap=s.softcap)
     guarded(res, lambda: note_attention_departure(res, comp, _localizer_runs(comp, s.c, s.conv, s.rope, p),
                                                   w, s.causal_inside))
 
@@ -917,8 +955,9 @@ class MHAProbe:
     def rows(self, flags: frozenset[str], conv: str) -> Tensor | None:
         return fp.visible_rows(self.applied(flags, conv), self.B, self.T)
 
-    def computer(self, slots: list[Slot], n_kv_heads: int | None, rope: str | None) -> Compute:
-        w = mha_weights(slots, self.heads, n_kv_heads, rope)
+    def computer(self, slots: list[Slot], n_kv_heads: int | None, rope: str | None,
+                 softcap: float | None = None) -> Compute:
+        w = dataclasses.replace(mha_weights(slots, self.heads, n_kv_heads, rope), softcap=softcap)
         x = self.x
         return lambda flags, conv: V.multi_head_attention(w, x, x, x, self.applied(flags, conv),
                                                           flags - V.MASK_TRANSFORMS)[0]
@@ -979,6 +1018,7 @@ class Setup:
     n_kv_heads: int | None
     rope: str | None
     heads: int  # H, or 1 for a single-head attention
+    softcap: float | None = None  # its scores soft-capped at this value (Gemma 2's)
 
 
 def _cases(s: Setup) -> list[tuple[str, int, int, int, Tensor | None, Tensor | None]]:
@@ -1007,7 +1047,7 @@ def _cases(s: Setup) -> list[tuple[str, int, int, int, Tensor | None, Tensor | N
 
 
 def _compare_mha(res: ComponentResult, ctx: Context, comp: Component, s: Setup) -> None:
-    hf = handformer_attention(s.slots, s.n_kv_heads, s.rope, heads=s.heads)
+    hf = handformer_attention(s.slots, s.n_kv_heads, s.rope, heads=s.heads, softcap=s.softcap)
     errors, grad_errors = [], []
     cases = _cases(s)
     for i, (label, B, T, S, given, mask) in enumerate(cases):
@@ -1150,7 +1190,8 @@ def _at_distinct_sizes(res: ComponentResult, ctx: Context, comp: Component, s: S
         slots = attention_slots(linears, D, 1, comp.name, head_dim=dh)[0] + qk_norms
     except (fp.LearnerFailure, MappingError):
         return
-    hf = handformer_attention(slots, kv_heads_of(slots, DISTINCT_HEADS), heads=DISTINCT_HEADS)
+    hf = handformer_attention(slots, kv_heads_of(slots, DISTINCT_HEADS), heads=DISTINCT_HEADS,
+                              softcap=s.softcap)
     mask = causal(DISTINCT_T)[None, None] if s.causal_inside else None
     # an attention that turned no dims at check's 4 a head may turn a part of each head at 8 (Phi's
     # partial rotary, 0.4 of it rounded to even): each even width is tried, none first
