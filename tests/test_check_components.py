@@ -3,8 +3,10 @@ attention function that reads its head width from a module-level name (handed th
 inputs), and a language model whose caller builds the causal mask (PyTorch's language-model tutorial:
 forward(src, src_mask)), handed that mask in the form that makes it causal, and an attention its block
 hands the ALiBi term (MPT's forward(x, attn_bias)), handed ALiBi's, and an attention whose scores are
-soft-capped (Gemma 2's cap * tanh(scores / cap)), the cap read from the module. Each correct file
-passes; a planted mistake fails at its line."""
+soft-capped (Gemma 2's cap * tanh(scores / cap)), the cap read from the module, and an encoder-decoder
+whose sizes (vocabularies included) are module-level names and whose attention adds its own residual
+and norm and requires its mask (not checked alone, never failed). Each correct file passes; a planted
+mistake fails at its line."""
 
 from __future__ import annotations
 
@@ -56,3 +58,14 @@ def test_soft_capped_attention_passes_and_its_plant_fails(tmp_path):
     planted = edited_copy(tmp_path, HERE / "capped_attention.py", [(
         "torch.tanh(logits / self.logit_cap) * self.logit_cap", "torch.tanh(logits) * self.logit_cap")])
     assert_failed_at(check_file(planted, only=["causal_attention"]), "", "torch.tanh(logits) * self.logit_cap")
+
+
+def test_seq2seq_with_module_level_sizes_passes_and_its_plant_fails(tmp_path):
+    result = check_file(str(HERE / "module_sized_seq2seq.py"), only=["transformer", "mha"])
+    status = {c.name: c.status for c in result.components}
+    # its attention adds a residual and a norm and requires its mask: not checked alone, never failed
+    assert status == {"Seq2Seq": "pass", "MultiHeadAttention": "not_checked"}, format_report(result)
+    planted = edited_copy(tmp_path, HERE / "module_sized_seq2seq.py", [(
+        "self_hidden = pad_hidden(tgt, tgt) | future_hidden(tgt)", "self_hidden = pad_hidden(tgt, tgt)")])
+    # (quoted where the decoder layers are handed that mask)
+    assert_failed_at(check_file(planted, only=["transformer"]), "", "y = layer(y, x, self_hidden")

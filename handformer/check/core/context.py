@@ -24,7 +24,18 @@ from handformer.check.core.argument_names import call_parameters, named, names_o
 from handformer.check.core.conventions import conventions_for, is_lengths_name, masks_where_true
 from handformer.check.core.discovery import SIZE_OF, Component, build, own_objects, with_head_size
 from handformer.check.core.result import PASS, Check, ComponentResult, Finding, Text, text
-from handformer.check.core.sizes import DROPOUT, F_WIDTH, MAX_LEN, SDPA_SIZES, SIZES, D, H, is_number  # noqa: F401  (the runners import them here)
+from handformer.check.core.sizes import (  # noqa: F401  (the runners import them here)
+    DROPOUT,
+    F_WIDTH,
+    MAX_LEN,
+    SDPA_SIZES,
+    SIZES,
+    SRC_VOCAB,
+    TGT_VOCAB,
+    D,
+    H,
+    is_number,
+)
 from handformer.check.core.source import (
     functions_called,
     global_reads,
@@ -234,9 +245,10 @@ KIND_SIZES: dict[str, dict[str, Any]] = {
     "generate": {"max_len": 8, "src_vocab": 24},
     "block": {**SIZES, "src_vocab": 29, "n_layers": 2},
     "sdpa": {"n_heads": SDPA_SIZES[1], "d_head": SDPA_SIZES[4]},  # no d_model: d_head is its inputs' width
+    "transformer": {**SIZES, "src_vocab": SRC_VOCAB, "tgt_vocab": TGT_VOCAB, "n_layers": 2},
 }
-GLOBAL_SIZES = ("d_model", "n_heads", "n_kv_heads", "d_ff", "dropout", "max_len", "src_vocab", "n_layers",
-                "d_head")
+GLOBAL_SIZES = ("d_model", "n_heads", "n_kv_heads", "d_ff", "dropout", "max_len", "src_vocab", "tgt_vocab",
+                "n_layers", "d_head")
 
 
 def module_sizes(module: types.ModuleType, comp: Component, sizes: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.adapters import adapter_hint, cannot_check
@@ -275,7 +276,10 @@ def raises_alone(comp: Component, ctx: Context) -> LearnerError | None:
     except Exception:  # noqa: BLE001  (cannot be built: nothing to say about it)
         return None
     x = torch.randn(2, 5, D)
-    call = caller(module).call if comp.kind in ("mha", "gqa", "causal_attention") else None
+    c = caller(module)
+    if c.mask_name in _required(module):  # a mask it requires, in a form check does not know: no plain input
+        return None
+    call = c.call if comp.kind in ("mha", "gqa", "causal_attention") else None
     try:
         with torch.no_grad():
             call(x, x, x, None) if call else module(x)
@@ -283,6 +287,11 @@ def raises_alone(comp: Component, ctx: Context) -> LearnerError | None:
         error = learner_error(err, ctx.path, "forward")
         return error if error.kind == "exception" and error.traceback else None
     return None
+
+
+def _required(module: nn.Module) -> set[str]:
+    """The names of the arguments its forward requires (no default)."""
+    return {p.name for p in inspect.signature(module.forward).parameters.values() if p.default is p.empty}
 
 
 def method_on_stand_in(comp: Component, result: ComponentResult) -> bool:

@@ -10,6 +10,7 @@ SIZES = {"d_model": D, "n_heads": H, "d_ff": F_WIDTH, "dropout": DROPOUT, "max_l
 # the (B, H, T, S, Dh) an attention function is searched with: its head width not d_model / H, so a
 # function that reads d_k from a module-level name is handed that name at the width of its inputs
 SDPA_SIZES = (2, H, 6, 6, 8)
+SRC_VOCAB, TGT_VOCAB = 23, 29  # an encoder-decoder model's vocabularies: two sizes, so a swap shows
 
 
 
@@ -18,4 +19,5 @@ def is_number(value: object, kinds: type | tuple[type, ...] = (int, float)) -> b
     return isinstance(value, kinds) and not isinstance(value, bool)
 
 
-__all__ = ["D", "DROPOUT", "F_WIDTH", "H", "MAX_LEN", "SDPA_SIZES", "SIZES", "is_number"]
+__all__ = ["D", "DROPOUT", "F_WIDTH", "H", "MAX_LEN", "SDPA_SIZES", "SIZES", "SRC_VOCAB", "TGT_VOCAB",
+           "is_number"]

@@ -40,6 +40,8 @@ from handformer.check.core.context import (
     MAX_LEN,
     SEQUENCE_FIRST,
     SIZES,
+    SRC_VOCAB,
+    TGT_VOCAB,
     Context,
     D,
     H,
@@ -81,7 +83,7 @@ from handformer.models.seq2seq import Seq2SeqTransformer
 from handformer.nn.masks import as_attention_mask
 from handformer.nn.positions import sinusoidal_table
 
-SRC_V, TGT_V, PAD = 23, 29, 0
+SRC_V, TGT_V, PAD = SRC_VOCAB, TGT_VOCAB, 0
 MODEL_SIZES = {**SIZES, "src_vocab": SRC_V, "tgt_vocab": TGT_V, "n_layers": 2, "pad_id": PAD}
 SIDES = {"src": ("the source", "源端"), "tgt": ("the target", "目标端"), "both": ("both sides", "两端")}
 STACKS = {"encoder": ("the encoder", "编码器"), "decoder": ("the decoder", "解码器"),
