@@ -5,8 +5,9 @@ forward(src, src_mask)), handed that mask in the form that makes it causal, and 
 hands the ALiBi term (MPT's forward(x, attn_bias)), handed ALiBi's, and an attention whose scores are
 soft-capped (Gemma 2's cap * tanh(scores / cap)), the cap read from the module, and an encoder-decoder
 whose sizes (vocabularies included) are module-level names and whose attention adds its own residual
-and norm and requires its mask (not checked alone, never failed). Each correct file passes; a planted
-mistake fails at its line."""
+and norm and requires its mask (not checked alone, never failed), and OPT's learned positions (a
+table of max_len + 2 rows, position p at row p + 2). Each correct file passes; a planted mistake fails,
+at its line where the localizer finds it."""
 
 from __future__ import annotations
 
@@ -69,3 +70,14 @@ def test_seq2seq_with_module_level_sizes_passes_and_its_plant_fails(tmp_path):
         "self_hidden = pad_hidden(tgt, tgt) | future_hidden(tgt)", "self_hidden = pad_hidden(tgt, tgt)")])
     # (quoted where the decoder layers are handed that mask)
     assert_failed_at(check_file(planted, only=["transformer"]), "", "y = layer(y, x, self_hidden")
+
+
+def test_learned_positions_from_row_two_pass_and_row_zero_fails(tmp_path):
+    result = check_file(str(HERE / "offset_positions_lm.py"), only=["gpt"])
+    (model,) = result.components
+    assert model.status == "pass", format_report(result)
+    assert any("row p + 2" in n["en"] for n in model.notes)
+    planted = edited_copy(tmp_path, HERE / "offset_positions_lm.py", [(
+        "rows = torch.arange(ids.size(1), device=ids.device) + FIRST_ROW",
+        "rows = torch.arange(ids.size(1), device=ids.device)")])
+    assert check_file(planted, only=["gpt"]).components[0].status == "fail"

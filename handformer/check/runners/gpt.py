@@ -96,7 +96,7 @@ from handformer.models.causal_lm import CausalLM
 from handformer.nn.masks import as_attention_mask
 from handformer.nn.positions import RotaryEmbedding, sinusoidal_table
 
-VOCAB, BLOCK, KV_HEADS = 29, 16, 2
+VOCAB, BLOCK, KV_HEADS, OPT_OFFSET = 29, 16, 2, 2
 GPT_SIZES = {**SIZES, "src_vocab": VOCAB, "n_layers": 2, "max_len": BLOCK}
 THETA_NAMES = ("rope_theta", "theta", "rope_base", "base", "rotary_base")
 TARGET_NAMES = ("targets", "target", "labels", "y", "tgt")
@@ -128,6 +128,7 @@ class GPTMap:
     added: str | None = None  # the positions added to them: "learned" (wpe), "sinusoidal" (the paper's sines)
     held: list[Leaf] = field(default_factory=list)  # parts no reference has, held at zero or as built
     softcap: float | None = None  # logits -> c * tanh(logits / c) (Gemma 2's, nanochat's)
+    offset: int = 0  # the first row of the learned positions (OPT's 2: its table keeps two rows before them)
 
     def describe(self) -> list[str]:
         rows = [f"{self.wte.name} -> token embedding"]
@@ -181,6 +182,8 @@ def map_gpt(module: nn.Module) -> GPTMap:
     m = GPTMap(wte, wpe, blocks, Slot("final norm", norms[0]) if norms else None, head, tied, bias, n_kv)
     m.held = [e for e in embeds if e not in (wte, wpe)] + of_kind(outer, "scalar")  # nanochat's value_embeds
     m.embed_norm = _embed_norm(module, blocks)
+    # OPT's (fairseq's) learned positions: a table of max_len + 2 rows, position p at row p + 2
+    m.offset = OPT_OFFSET if wpe is not None and wpe.weight.size(0) == BLOCK + OPT_OFFSET else 0
     if wpe is None:
         m.ropes, m.theta, m.table_theta = _rotary(module)
     return m
@@ -305,6 +308,11 @@ BLOCK_WORDS = {"parallel": ("parallel blocks, x + attn(norm(x)) + ffn(norm(x))",
                             "并行 Block，x + attn(norm(x)) + ffn(norm(x))")}
 
 
+POSITION_OFFSET_NOTE = text(
+    f"its learned position table has {OPT_OFFSET} rows more than the positions: position p is compared at "
+    f"row p + {OPT_OFFSET}, OPT's convention (fairseq's rows kept before the first position)",
+    f"它的可学习位置表比位置数多 {OPT_OFFSET} 行：位置 p 按第 p + {OPT_OFFSET} 行比较，这是 OPT 的约定"
+    "（fairseq 在第一个位置前留了几行）")
 # the output head as the convention says it (en, zh): tied or not, with a bias or not
 ADDED_WORDS = {"learned": ("learned positions", "可学习的位置编码"),
                "sinusoidal": ("sinusoidal positions", "正弦位置编码")}
@@ -351,7 +359,7 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
         norm=first.kind, norm_eps=first.eps,  # LayerNorm or RMSNorm, as theirs
         position=m.added or ("rope" if ch.rope else "none"), rope_theta=m.theta,
         rope_fraction=turned_width(ch.rope or "", D // H) / (D // H),  # partial rotary: "half:2"
-        max_positions=m.wpe.weight.size(0) if m.wpe is not None else BLOCK, tie_embeddings=m.tied,
+        max_positions=m.wpe.weight.size(0) - m.offset if m.wpe is not None else BLOCK, tie_embeddings=m.tied,
         n_kv_heads=m.n_kv_heads, qk_norm=_qk_norm(m), scale_embeddings=m.scaled,
         moe=moe_config(m.blocks[0].ffn), logit_softcap=m.softcap)  # MoE: handformer's MixtureOfExperts
     hf = build_causal_lm(cfg)  # (a GPT-2 style config: the plain CausalLM)
@@ -363,7 +371,7 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     with torch.no_grad():
         hf.embed.weight.copy_(m.wte.weight)
         if m.wpe is not None:
-            hf.positions.weight.copy_(m.wpe.weight)
+            hf.positions.weight.copy_(m.wpe.weight[m.offset:])
         if m.head is not None:
             copy_weights(hf.lm_head, Slot("head", m.head))
     _copy_blocks_(hf, m, ch)
@@ -602,7 +610,7 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
                                      message_zh=f"没有与 handformer 的 CausalLM 比较：{err.zh or err}")
             return finish(res)
         res.mapping = m.describe()
-        res.notes += moe_note(m.blocks[0].ffn) + _held_note(m)
+        res.notes += moe_note(m.blocks[0].ffn) + _held_note(m) + [POSITION_OFFSET_NOTE] * bool(m.offset)
         out, loss = call(idx, targets)  # again: the extra tables are held at zero
         m.scaled, m.added = _embedding_reading(call, m, idx)
         m.ropes = m.ropes if m.added is None else (None,)
