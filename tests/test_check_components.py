@@ -6,8 +6,9 @@ hands the ALiBi term (MPT's forward(x, attn_bias)), handed ALiBi's, and an atten
 soft-capped (Gemma 2's cap * tanh(scores / cap)), the cap read from the module, and an encoder-decoder
 whose sizes (vocabularies included) are module-level names and whose attention adds its own residual
 and norm and requires its mask (not checked alone, never failed), and OPT's learned positions (a
-table of max_len + 2 rows, position p at row p + 2). Each correct file passes; a planted mistake fails,
-at its line where the localizer finds it."""
+table of max_len + 2 rows, position p at row p + 2), and a model that returns hidden states and holds
+no output layer (a backbone: not checked, never failed). Each correct file passes; a planted mistake
+fails, at its line where the localizer finds it."""
 
 from __future__ import annotations
 
@@ -81,3 +82,10 @@ def test_learned_positions_from_row_two_pass_and_row_zero_fails(tmp_path):
         "rows = torch.arange(ids.size(1), device=ids.device) + FIRST_ROW",
         "rows = torch.arange(ids.size(1), device=ids.device)")])
     assert check_file(planted, only=["gpt"]).components[0].status == "fail"
+
+
+def test_model_returning_hidden_states_without_a_head_is_not_failed(tmp_path):
+    headless = edited_copy(tmp_path, HERE / "offset_positions_lm.py", [(
+        "return self.norm(h) @ self.embed_tokens.weight.T  # tied head", "return self.norm(h)")])
+    (model,) = check_file(headless, only=["gpt"]).components
+    assert model.status == "not_checked" and "holds no output layer" in model.error.message

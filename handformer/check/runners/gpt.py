@@ -79,9 +79,11 @@ from handformer.check.core.weights import (
     copy_weights,
     is_gated,
     kv_heads_of,
+    leaves,
     norm_kind,
     of_kind,
     shapes_text,
+    with_shape,
 )
 from handformer.check.core.weights import norm_weights as learner_norm
 from handformer.check.reference import variants as V
@@ -567,16 +569,19 @@ def _embeds_tokens(comp: Component, module: nn.Module) -> None:
                "不是把 token id 映射成 logits，所以不按 decoder-only 模型调用；它的注意力和前馈网络单独检查")
 
 
-def _backbone(comp: Component, ctx: Context, out: Tensor | None) -> None:
+def _backbone(comp: Component, ctx: Context, module: nn.Module, out: Tensor | None) -> None:
     """A model returning hidden states (B, T, D), not logits, that another class of the file builds
-    (OPT's OPTDecoder, inside OPTModel inside OPTForCausalLM): a backbone, checked through its holder."""
+    (OPT's OPTDecoder, inside OPTModel inside OPTForCausalLM) or that holds no output layer (Hugging
+    Face's GemmaModel: a forgotten tied head looks the same): a backbone, checked through a holder."""
     others = "".join(source_text(o) for name, o in own_objects(ctx.module).items() if name != comp.name)
-    if out is not None and out.size(-1) == D and re.search(rf"\b{re.escape(comp.name)}\(", others):
+    heads = with_shape(of_kind(leaves(module), "linear"), (VOCAB, D))
+    held = re.search(rf"\b{re.escape(comp.name)}\(", others) or not heads
+    if out is not None and out.size(-1) == D and held:
         raise DiscoveryError(
             f"{comp.name} returns hidden states (B, T, d_model), not logits, and another class of the file "
-            "builds it: a backbone, checked through the model that adds the head",
-            zh=f"{comp.name} 返回隐藏状态 (B, T, d_model)，不是 logits，而且文件里另一个类构造了它："
-               "这是主干网络，通过加上输出层的模型来检查")
+            "builds it or it holds no output layer: a backbone, checked through a model that adds the head",
+            zh=f"{comp.name} 返回隐藏状态 (B, T, d_model)，不是 logits，而且文件里另一个类构造了它，"
+               "或者它没有输出层：这是主干网络，通过加上输出层的模型来检查")
 
 
 def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
@@ -592,7 +597,7 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     check_determinism(res, ctx, comp, lambda: call(idx, targets)[0], "causal_attention", "block", "ffn")
     with fp.dropout_off():
         out, loss = call(idx, targets)
-        _backbone(comp, ctx, out)
+        _backbone(comp, ctx, module, out)
         last_only = out is not None and out.size(1) == 1
         if not logits_shape(res, out, (2, 1 if last_only else 8, VOCAB), "vocab_size"):
             return finish(res)
