@@ -277,18 +277,18 @@ SCRAMBLED = {"norm": lambda noise, w: 1.0 + 0.2 * noise, "embedding": lambda noi
              "linear": lambda noise, w: noise / math.sqrt(w.size(1))}  # a leaf's random weight, by its kind
 
 
+@torch.no_grad()
 def scramble_(module: nn.Module, seed: int = 0) -> None:
     """Random weights everywhere: linear weights ~ N(0, 1/in), norm weights 1 + N(0, 0.2^2),
     biases N(0, 0.2^2)."""
     g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for leaf in leaves(module, stack_heads=False):
-            w = leaf.weight
-            noise = torch.randn(w.shape, generator=g, dtype=torch.float64).to(w.dtype)
-            w.copy_(SCRAMBLED[leaf.kind](noise, w))
-            if leaf.bias is not None:
-                leaf.bias.copy_(0.2 * torch.randn(leaf.bias.shape, generator=g,
-                                                  dtype=torch.float64).to(leaf.bias.dtype))
+    for leaf in leaves(module, stack_heads=False):
+        w = leaf.weight
+        noise = torch.randn(w.shape, generator=g, dtype=torch.float64).to(w.dtype)
+        w.copy_(SCRAMBLED[leaf.kind](noise, w))
+        if leaf.bias is not None:
+            leaf.bias.copy_(0.2 * torch.randn(leaf.bias.shape, generator=g,
+                                              dtype=torch.float64).to(leaf.bias.dtype))
 
 
 def shapes_text(found: list[Leaf]) -> str:
@@ -605,14 +605,14 @@ def norm_slots(norms: list[Leaf], count: int, names: list[str], what: str) -> li
 FFN_NORM_WORDS = re.compile("ffn|mlp|feed_forward|feedforward|post_attention")
 
 
+@torch.no_grad()
 def copy_weights(target: nn.Module, slot: Slot) -> None:
     """The slot's weight (and bias, zeros when the learner has none) into a handformer linear layer or
     norm."""
-    with torch.no_grad():
-        target.weight.copy_(slot.weight())
-        if getattr(target, "bias", None) is not None:
-            b = slot.bias()
-            target.bias.copy_(b if b is not None else torch.zeros_like(target.bias))
+    target.weight.copy_(slot.weight())
+    if getattr(target, "bias", None) is not None:
+        b = slot.bias()
+        target.bias.copy_(b if b is not None else torch.zeros_like(target.bias))
 
 
 def attention_parameters(target: nn.Module) -> dict[str, nn.Module]:
