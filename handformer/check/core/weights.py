@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from handformer.check.core import sizes
+from handformer.check.core.fingerprint import quietly
 from handformer.check.core.qkv_layouts import FOUND, grouped, kv_width
 from handformer.check.core.sizes import H, is_number
 from handformer.check.reference import variants as V
@@ -571,10 +572,7 @@ def norm_weights(slot: Slot) -> V.NormWeights:
     if type(slot.leaf.module).__module__.startswith("torch."):  # nn.LayerNorm, nn.RMSNorm
         return w
     x = norm_probe(w.weight.numel(), w.eps, w.weight.dtype)
-    try:
-        out = slot.leaf.module(x)
-    except Exception:  # their code; the norm's own runner reports it
-        return w
+    out = quietly(lambda: slot.leaf.module(x))  # None where their code raises: the norm's own runner says so
     if not isinstance(out, Tensor) or out.shape != x.shape:
         return w
     # the gain as written, or kept as an offset from one (Gemma's x̂ · (1 + weight))
