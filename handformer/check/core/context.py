@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.argument_names import call_parameters, named, names_of  # noqa: F401  (the runners import them here)
+from handformer.check.core.argument_names import call_parameters, named, names_of, readable_parameters  # noqa: F401  (the runners import them here)
 from handformer.check.core.conventions import conventions_for, is_lengths_name, masks_where_true
 from handformer.check.core.discovery import SIZE_OF, Component, build, own_objects, with_head_size
 from handformer.check.core.result import PASS, Check, ComponentResult, Finding, Text, text
@@ -566,12 +566,8 @@ def masks_where_true_inside(module: Any, mask_name: str | None = None) -> bool:
 
 def _fills_where_true(code: Any, fn: Any) -> bool:
     """Whether `code`'s source fills where a mask argument of `fn` is True."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
     source = source_text(code)
-    return any(is_mask_name(n) and masks_where_true(source, n) for n in params)
+    return any(is_mask_name(p.name) and masks_where_true(source, p.name) for p in readable_parameters(fn))
 
 
 def file_masks_keep(ctx: Context) -> bool:

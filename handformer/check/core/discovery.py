@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from handformer.check.core.argument_names import input_roles
+from handformer.check.core.argument_names import input_roles, readable_parameters
 from handformer.check.core.kinds import KINDS_TABLE
 from handformer.check.core.size_roles import with_roles
 from handformer.check.core.source import config_reads, module_reads, source_text
@@ -430,10 +430,7 @@ CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
 
 def _forward_parameters(cls: Any) -> dict[str, inspect.Parameter]:
     """The parameters of a class's forward, `self` first; none when it has no signature to read."""
-    try:
-        return dict(inspect.signature(cls.forward).parameters)
-    except (AttributeError, TypeError, ValueError):
-        return {}
+    return {p.name: p for p in readable_parameters(getattr(cls, "forward", None))}
 
 
 def _module_of(obj: Any) -> types.ModuleType | None:
@@ -482,11 +479,8 @@ def takes_keys_apart(cls: Any) -> bool:
 def causal_inside(cls: Any) -> bool:
     """An attention that builds its own causal mask: its forward takes no mask, and its source (or
     that of a class of the same file it builds, Karpathy's `Head`) makes a triangle."""
-    try:
-        params = inspect.signature(cls.forward).parameters
-    except (AttributeError, TypeError, ValueError):
-        return False
-    if any("mask" in p.lower() or "valid_len" in p.lower() for p in params):
+    params = _forward_parameters(cls)
+    if not params or any("mask" in p.lower() or "valid_len" in p.lower() for p in params):
         return False
     own = source_text(cls)
     module = _module_of(cls)

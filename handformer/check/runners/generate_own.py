@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.argument_names import MODEL_NAMES
+from handformer.check.core.argument_names import MODEL_NAMES, readable_parameters
 from handformer.check.core.context import Context, finish, forward_names, forward_parameters, module_sizes
 from handformer.check.core.discovery import Component, own_objects
 from handformer.check.core.result import DIFFERS, NOT_CHECKED, PASS, ComponentResult, Text, text
@@ -221,10 +221,7 @@ def _model_component(ctx: Context, comp: Component) -> Component | None:
 def held_model(cls: type, module: Any) -> type | None:
     """The nn.Module class an engine class's constructor takes (its annotation, read in the file's
     namespace when it is a string)."""
-    try:
-        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
-    except (TypeError, ValueError):
-        return None
+    params = readable_parameters(cls.__init__)[1:]
     return next((hint for p in params if (hint := _module_hint(p, module)) is not None), None)
 
 
