@@ -254,15 +254,15 @@ def as_called(obj: Any) -> Any:
 def _processors(own: dict[str, Any], taken: set[str], only: list[str] | None) -> list[Component]:
     """The learner's logits processors in Hugging Face's style (processors.py), each as the filter its
     constructor's setting names, called through a function of the logits."""
-    from handformer.check.core.processors import as_filter, as_schedule, processor_setting
-    from handformer.check.core.signatures import schedule_signature
+    from handformer.check.core.processors import as_filter, processor_setting
+    from handformer.check.core.signatures import schedule_class
 
     settings = {name: processor_setting(obj) for name, obj in own.items() if name not in taken}
-    schedules = {name: as_schedule(obj) for name, obj in own.items() if name not in taken}
+    schedules = {name: schedule_class(obj) for name, obj in own.items() if name not in taken}
     return [Component(kind, name, as_filter(own[name], argument), "call")
             for name, (kind, argument) in settings.items() if kind in (only or KINDS)] + [
         Component("schedule", name, fn, "schedule_class") for name, fn in schedules.items()
-        if fn is not None and "schedule" in (only or KINDS) and schedule_signature(fn)]
+        if fn is not None and "schedule" in (only or KINDS)]
 
 
 def trains_itself(obj: Any) -> bool:

@@ -52,6 +52,7 @@ from handformer.check.core.argument_names import (
     call_parameters,
     named,
 )
+from handformer.check.core.processors import own_call, posing_as
 from handformer.check.core.source import config_reads, source_text
 from handformer.check.core.special_ids import DEVICE_NAMES
 
@@ -108,6 +109,28 @@ def schedule_signature(fn: Any) -> bool:
     """Whether a function takes a step and a schedule's settings alone (a warmup among them)."""
     _, names, required = _signature(fn)
     return _schedule(names, required)
+
+
+def schedule_class(cls: Any) -> type | None:
+    """A learning-rate schedule written as a class (the TensorFlow tutorial's `CustomSchedule(d_model,
+    warmup_steps)` whose `__call__(step)` returns the rate) as a function of the step and the
+    constructor's settings, placed and named as the class (as processors.as_filter); None when its own
+    `__call__` takes more or other than a step, or the settings are not a schedule's."""
+    steps = [p.name for p in call_parameters(own_call(cls), ("self",))]
+    if len(steps) != 1 or steps[0].lower() not in SCHEDULE_STEP_NAMES:
+        return None
+
+    def new(_: type, **arguments: Any) -> Any:
+        step = arguments.pop(steps[0])
+        return cls(**arguments)(step)
+
+    try:  # a constructor of C, or one with positional-only settings: no schedule of this form
+        signature = inspect.Signature([inspect.Parameter(steps[0], inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                                       *call_parameters(cls.__init__, ("self",))])
+    except ValueError:
+        return None
+    fn = posing_as(cls, new, signature)
+    return fn if schedule_signature(fn) else None
 
 
 def schedule_maker(fn: Any) -> bool:
