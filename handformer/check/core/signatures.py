@@ -15,6 +15,7 @@ Shape legend: B rows, V vocabulary.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import io
 import re
@@ -227,7 +228,7 @@ def _logits_kind(fn: Any, params: list[inspect.Parameter], names: list[str], req
     probs = names[0] in PROBS_NAMES
     rows = ROWS.softmax(-1) if probs else ROWS
     options = {n: OPTION_VALUES[k] for k, n in takes.items()}
-    call = _by_row if written_for_one_row(fn, probs, options) else _call
+    call = _by_row if takes_one_row(fn) else _call
     outs = [call(fn, rows, options) for _ in range(2)]
     if any(out is None for out in outs):
         return None
@@ -266,9 +267,10 @@ def _filter_kind(rows: Tensor, out: Tensor, takes: dict[str, str]) -> str | None
     return next((k for k in ("top_p", "top_k") if k in takes), None)
 
 
+@functools.lru_cache(maxsize=32)
 def takes_one_row(fn: Any) -> bool:
     """Whether a function of logits (or probabilities) is written for one 1-D row (written_for_one_row),
-    probed with the settings it takes by name."""
+    probed with the settings it takes by name; probed once a function (kind_of, then its runner)."""
     params, names, _ = _signature(fn)
     probs = bool(set(names[:1]) & set(PROBS_NAMES))
     return written_for_one_row(fn, probs, {n: OPTION_VALUES[k] for k, n in _options(params).items()})
