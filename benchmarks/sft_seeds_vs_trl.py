@@ -8,9 +8,15 @@ step and seed by seed, from the same base, data file and settings (OUT/handforme
     seeds     SFT runs at other training seeds (data order; the data file unchanged) on one side
               (handformer, trl, or `stream`: handformer's loop on TRL's batches at TRL's rates),
               each scored greedy on --long-n held-out long sums of the preset's search split
+    chain     from each seed's SFT models (seed 0: OUT's; others: the `seeds` runs of both sides),
+              trl_recipe's DPO then GRPO on each side at that training seed, into
+              OUT/chain/sSEED/{handformer,trl} (a stage whose model is there already is kept), and
+              every stage scored as `seeds` scores; both DPO stages learn the pairs rejected by
+              handformer's SFT model of the seed; OUT/chain/sSEED/results.json holds the figures
 
     python benchmarks/sft_seeds_vs_trl.py lockstep runs/trl-recipe-mid --steps 120
     python benchmarks/sft_seeds_vs_trl.py seeds runs/trl-recipe-mid --side handformer --seeds 1 2
+    python benchmarks/sft_seeds_vs_trl.py chain runs/trl-recipe-mid --seeds 1 2
 
 Needs `trl` (a dev dependency). Nothing is downloaded.
 """
@@ -18,9 +24,12 @@ Needs `trl` (a dev dependency). Nothing is downloaded.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import os
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import trl_recipe  # noqa: E402
 
 from handformer.generation.chat_template import TEMPLATE_FILE  # noqa: E402
+from handformer.io import atomic_write_text  # noqa: E402
 from handformer.tasks.lm.imports import import_hf  # noqa: E402
 from handformer.tasks.post.job import PostJob  # noqa: E402
 from handformer.tasks.post.packing import SFTBatch, SFTExample, pack_windows, packed_batch  # noqa: E402
@@ -170,9 +180,92 @@ def train_seed(out: Path, side: str, seed: int, run_dir: Path) -> float:
     return time.perf_counter() - start
 
 
+CHAIN = ("handformer/dpo", "trl/dpo", "handformer/grpo", "trl/grpo")
+
+
+def chain_folder(out: Path, seed: int) -> Path:
+    """OUT/chain/sSEED laid out as a trl_recipe comparison: the shared base, each side's SFT model of
+    the seed (linked), and the stages chained from them."""
+    folder, seeds = out / "chain" / f"s{seed}", out / "sft-seeds"
+    sources = {"handformer/base": out / "handformer" / "base",
+               "handformer/sft": out / "handformer" / "sft" if seed == 0 else seeds / f"handformer-s{seed}",
+               "trl/sft_hf": out / "trl" / "sft_hf" if seed == 0 else seeds / f"trl-s{seed}-hf"}
+    for name, source in sources.items():
+        if not (source / "config.json").is_file():
+            raise FileNotFoundError(f"{source} has no model: run `seeds --side "
+                                    f"{name.split('/')[0]} --seeds {seed}` first")
+        link = folder / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.exists():
+            link.symlink_to(source.resolve())
+    return folder
+
+
+def chain_step(step: str, cfg, folder: Path, seed: int) -> float:
+    """One stage of CHAIN in `folder`, trained at training seed `seed` (TRL's reads it from
+    handformer's config.json of the stage); the data as trl_recipe writes it; its seconds."""
+    side, _, stage = step.partition("/")
+    if side == "trl":
+        return trl_recipe.trl_step(stage, cfg, folder, print)
+    mine = folder / "handformer"
+    previous = mine / ("sft" if stage == "dpo" else "dpo")
+    problems = ReasoningSet(cfg.seed, pipeline.difficulty(cfg))
+    records, _ = pipeline.stage_records(stage, cfg, problems, previous)
+    path = pipeline.write_jsonl(mine / "data" / f"{stage}.jsonl", records)
+    shutil.rmtree(mine / stage, ignore_errors=True)
+    start = time.perf_counter()
+    pipeline.train_post_stage(stage, dataclasses.replace(cfg, seed=seed), previous, mine, path, print)
+    return time.perf_counter() - start
+
+
+def chain(out: Path, seed: int, cfg, held: list) -> None:
+    """CHAIN from seed `seed`'s SFT models, each stage scored on `held` (the SFT models are scored by
+    `seeds`); the figures in results.json."""
+    folder = chain_folder(out, seed)
+    path = folder / "results.json"
+    results = json.loads(path.read_text()) if path.is_file() else {}
+    for step in CHAIN:
+        if step in results:
+            continue
+        trained = (folder / step / "model.safetensors").is_file()
+        seconds = None if trained else round(chain_step(step, cfg, folder, seed), 1)
+        greedy = evaluate_reasoning(folder / step, held, 0, 1.0, cfg.grpo_max_new_tokens, cfg.seed)["greedy"]
+        results[step] = {"train_s": seconds, "greedy": greedy}
+        atomic_write_text(path, json.dumps(results, indent=2) + "\n")
+        took = "kept" if seconds is None else f"trained in {seconds:.0f} s"
+        print(f"seed {seed} {step}: {100 * greedy['value']:.1f}% of {greedy['n']} long sums ({took})")
+
+
+def welch(ours: list[float], theirs: list[float]) -> float:
+    """The difference of the means in standard errors of the difference, the spread between seeds
+    counted (Welch): each side's sample variance over its number of runs."""
+    spread = math.sqrt(statistics.variance(ours) / len(ours) + statistics.variance(theirs) / len(theirs))
+    return (statistics.mean(ours) - statistics.mean(theirs)) / spread
+
+
+def chain_table(out: Path) -> str:
+    """Every chained seed's figures in OUT/chain, a stage a line: each side's runs, mean and the gap."""
+    runs = {int(p.parent.name[1:]): json.loads(p.read_text())
+            for p in sorted((out / "chain").glob("s*/results.json"))}
+    lines = []
+    for stage in ("dpo", "grpo"):
+        cells, means = [], []
+        for side in ("handformer", "trl"):
+            figures = {seed: 100 * r[f"{side}/{stage}"]["greedy"]["value"]
+                       for seed, r in sorted(runs.items()) if f"{side}/{stage}" in r}
+            means.append(list(figures.values()))
+            mean = f", mean {statistics.mean(figures.values()):.1f}%" if figures else ""
+            each = " ".join(f"s{seed} {v:.1f}%" for seed, v in figures.items()) or "-"
+            cells.append(f"{side} {each}{mean}")
+        if min(map(len, means)) > 1:
+            cells.append(f"{welch(*means):+.2f} standard errors of the difference (Welch)")
+        lines.append(f"{stage}: " + "; ".join(cells))
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("mode", choices=["lockstep", "seeds"])
+    p.add_argument("mode", choices=["lockstep", "seeds", "chain"])
     p.add_argument("out", type=Path, help="a trl_recipe.py --out folder whose handformer SFT is done")
     p.add_argument("--preset", default="mid-reasoning",
                    help="the preset the comparison ran (its held-out sums)")
@@ -189,6 +282,10 @@ def main() -> None:
     cfg = pipeline.config_for(args.preset, {"threads": 1})
     held = ReasoningSet(cfg.seed, pipeline.difficulty(cfg)).sample(args.long_n, cfg.eval_split, "eval",
                                                                    kinds=(LONG_KIND,))
+    if args.mode == "chain":
+        for seed in args.seeds:
+            chain(args.out, seed, cfg, held)
+        return print(chain_table(args.out))
     for seed in args.seeds:
         run_dir = work / f"{args.side}-s{seed}"
         seconds = train_seed(args.out, args.side, seed, run_dir)
