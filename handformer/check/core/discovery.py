@@ -105,7 +105,9 @@ CONFIG_NAMES = ("config", "cfg", "args", "params", "hparams", "model_args", "con
 # UvA's MultiheadAttention(input_dim, embed_dim, num_heads) and EncoderBlock(input_dim, ...): the
 # width of the input (bentrevett's Encoder(input_dim, ...) embeds it: a vocabulary, size_roles.py)
 for _key, _names in {"d_model": ("hid_dim", "d_hid", "d_word_vec", "n_state", "emb", "in_features",
-                                 "input_dim"),
+                                 "input_dim",
+                                 # MLX's nn.RMSNorm(dims), nn.RoPE(dims, ...), ports that keep its names
+                                 "dims"),
                      "d_head": ("d_v",), "d_ff": ("pf_dim", "hidden_features"),
                      # a Chinese course's MultiHeadedAttention(head, embedding_dim, ...); openai/whisper's
                      # MultiHeadAttention(n_state, n_head), ResidualAttentionBlock(n_state, n_head)
