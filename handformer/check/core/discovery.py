@@ -140,6 +140,16 @@ class DiscoveryError(ValueError):
         self.zh = zh
 
 
+def cannot_fill(name: str, unknown: list[str], found: Any, roles: str, takes: tuple[str, str]) -> None:
+    """Raise the DiscoveryError of a component `name` whose arguments its runner cannot fill: the first
+    of `unknown` (required, and named as none of the runner's arguments), else `roles` where not
+    `found` (an argument the runner needs that none plays); `takes` (en, zh) says what it takes."""
+    if unknown or not found:
+        first = (unknown or [roles])[0]
+        raise DiscoveryError(f"{name}: cannot fill the argument {first!r}; {takes[0]}",
+                             zh=f"{name}：填不了参数 {first!r}；{takes[1]}")
+
+
 @dataclass
 class Component:
     kind: str  # one of KINDS
