@@ -651,7 +651,7 @@ def paired_hidden(values: dict[str, Any], names: set[str], sizes: dict[str, Any]
     widths = {n for n in names if n.lower() in ARGUMENTS["d_model"]} - paired
     if not paired or not widths or (names - paired) & set(ARGUMENTS["d_ff"]) or not sizes.get("d_ff"):
         return values
-    return {**values, **{n: sizes["d_ff"] for n in paired}}
+    return {**values, **dict.fromkeys(paired, sizes["d_ff"])}
 
 
 def _class_fields(own: type) -> set[str]:
