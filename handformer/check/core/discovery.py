@@ -140,10 +140,13 @@ class DiscoveryError(ValueError):
         self.zh = zh
 
 
-def cannot_fill(name: str, unknown: list[str], found: Any, roles: str, takes: tuple[str, str]) -> None:
+def cannot_fill(name: str, required: list[str], known: Any, found: Any, roles: str, takes: tuple[str, str],
+                ) -> None:
     """Raise the DiscoveryError of a component `name` whose arguments its runner cannot fill: the first
-    of `unknown` (required, and named as none of the runner's arguments), else `roles` where not
-    `found` (an argument the runner needs that none plays); `takes` (en, zh) says what it takes."""
+    of `required` (its arguments without a default) that is not `known` (one its runner fills), else
+    `roles` where not `found` (an argument the runner needs that none plays); `takes` (en, zh) says
+    what it takes."""
+    unknown = [n for n in required if n not in known]
     if unknown or not found:
         first = (unknown or [roles])[0]
         raise DiscoveryError(f"{name}: cannot fill the argument {first!r}; {takes[0]}",

@@ -197,8 +197,8 @@ def _call(comp: Component, ctx: Context) -> Call:
     params = forward_parameters(comp.obj)
     names, required = names_of(params)
     arg = {key: named(names, aliases) for key, aliases in NAMES.items()}
-    unknown = [n for n in required if n not in arg.values()]
-    cannot_fill(comp.name, unknown, arg["model"] and arg["src"] and arg["beam"], "model / src / beam_size", (
+    found = arg["model"] and arg["src"] and arg["beam"]
+    cannot_fill(comp.name, required, arg.values(), found, "model / src / beam_size", (
         "beam search takes (model, src, src_mask, max_len, start_symbol, end_symbol, beam_size, alpha), the "
         "beam size as beam_size (beam_width, k, num_beams) and the length penalty as alpha (length_penalty)",
         "束搜索接受 (model, src, src_mask, max_len, start_symbol, end_symbol, beam_size, alpha)，束宽叫 "

@@ -166,8 +166,7 @@ LOST = ("your model keeps its cache inside itself (none is handed back), so chec
 def lm_call(comp: Component, ctx: Context, steps: int) -> LMCall:
     names, required = names_of(forward_parameters(comp.obj))
     arg = {key: named(names, aliases) for key, aliases in ARGS.items()}
-    unknown = [n for n in required if n not in arg.values()]
-    cannot_fill(comp.name, unknown, arg["beam"], "beam_size", (
+    cannot_fill(comp.name, required, arg.values(), arg["beam"], "beam_size", (
         "a language model's beam search takes (model, prompt, beam_size, max_new_tokens, eos_id, "
         "length_penalty)",
         "语言模型的束搜索接受 (model, prompt, beam_size, max_new_tokens, eos_id, length_penalty)"))

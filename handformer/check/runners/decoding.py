@@ -32,7 +32,7 @@ from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import DECODING_NAMES as NAMES  # noqa: F401
-from handformer.check.core.context import Context, finish, forward_parameters, named
+from handformer.check.core.context import Context, finish, forward_parameters, named, names_of
 from handformer.check.core.discovery import Component, cannot_fill
 from handformer.check.core.result import DIFFERS, FAIL, PASS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
@@ -164,11 +164,10 @@ def own_reference(call: Any, src: Tensor, stop: bool) -> list[int]:
 def check_greedy_decode(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     params = forward_parameters(comp.obj)
-    names = [p.name for p in params]
+    names, required = names_of(params)
     arg = {key: named(names, aliases) for key, aliases in NAMES.items()}
     extras = loop_extras(params, SpecialIds(BOS, EOS, PAD, UNK))
-    unknown = [p.name for p in params if p.default is p.empty and p.name not in (*arg.values(), *extras)]
-    cannot_fill(comp.name, unknown, arg["model"] and arg["src"], "model / src", (
+    cannot_fill(comp.name, required, {*arg.values(), *extras}, arg["model"] and arg["src"], "model / src", (
         "greedy decoding takes (model, src, src_mask, max_len, start_symbol), and optionally an end symbol "
         "(end_symbol, eos_idx, ...)",
         "贪心解码接受 (model, src, src_mask, max_len, start_symbol)，"

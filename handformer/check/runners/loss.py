@@ -189,8 +189,8 @@ class Loss:
         # OpenNMT's compute_loss(output, target, generator, criterion): stand-ins of the parts it is handed
         self.parts = {n: part for n in self.names for names, part in PARTS if n.lower() in names}
         known = {self.input, self.target, self.pad, self.smoothing, size, self.lengths, *self.parts}
-        unknown = [n for n in self.required + self.init_required if n not in known]
-        cannot_fill(comp.name, unknown, self.input is not None and self.target is not None, "target", (
+        found = self.input is not None and self.target is not None
+        cannot_fill(comp.name, self.required + self.init_required, known, found, "target", (
             "a loss takes (logits, targets) and optionally a pad id (pad_idx, ignore_index, ...) and a "
             "smoothing (smoothing, label_smoothing, ...); a criterion class takes (size, padding_idx, "
             "smoothing) in its constructor",

@@ -129,8 +129,7 @@ class Helper:
         else:
             self.makes, self.src = "src", self.src or first
         known = {self.src, self.tgt, self.pad, self.queries}
-        unknown = [n for n in required if n not in known]
-        cannot_fill(comp.name, unknown, names, "src", (  # no names: no ids to hand it
+        cannot_fill(comp.name, required, known, names, "src", (  # no names: no ids to hand it
             "a mask helper takes the token ids (src, tgt) and the pad id (pad_idx, pad_id, ...)",
             "掩码辅助函数接受 token id（src、tgt）和 pad id（pad_idx、pad_id 等）"))
 

@@ -245,10 +245,10 @@ class Step:
                                                        for key in ("loader", "batch", "src", "tgt"))
         known = {self.model, self.opt, self.criterion, self.batch, self.src, self.tgt, self.accum,
                  self.loader, self.sched, self.scaler}
-        unknown = [n for n in required if n not in known]
         data = self.loader or self.batch or (self.src and self.tgt)  # an epoch's loader, a step's batch
         what, en, zh = TAKES[epoch]
-        cannot_fill(comp.name, unknown, self.model and self.opt and data, "model / optimizer / batch", (
+        found = self.model and self.opt and data
+        cannot_fill(comp.name, required, known, found, "model / optimizer / batch", (
             f"a training {en} takes {what}, and optionally the number of micro-batches to accumulate "
             "(accum_steps, ...), a scheduler and a loss scaler (scaler)",
             f"{zh}接受 {what}，还可以有要累积的 micro-batch 个数（accum_steps 等）、"
