@@ -32,8 +32,8 @@ from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import DECODING_NAMES as NAMES  # noqa: F401
-from handformer.check.core.context import Context, finish, forward_parameters, named
-from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.context import Context, finish, forward_parameters, named, names_of
+from handformer.check.core.discovery import Component, cannot_fill
 from handformer.check.core.result import DIFFERS, FAIL, PASS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.special_ids import SpecialIds, loop_extras, reads_end
@@ -164,17 +164,14 @@ def own_reference(call: Any, src: Tensor, stop: bool) -> list[int]:
 def check_greedy_decode(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     params = forward_parameters(comp.obj)
-    names = [p.name for p in params]
+    names, required = names_of(params)
     arg = {key: named(names, aliases) for key, aliases in NAMES.items()}
     extras = loop_extras(params, SpecialIds(BOS, EOS, PAD, UNK))
-    unknown = [p.name for p in params if p.default is p.empty and p.name not in (*arg.values(), *extras)]
-    if unknown or not arg["model"] or not arg["src"]:
-        first = (unknown or ["model / src"])[0]
-        raise DiscoveryError(f"{comp.name}: cannot fill the argument {first!r}; greedy decoding takes "
-                             "(model, src, src_mask, max_len, start_symbol), and optionally an end symbol "
-                             "(end_symbol, eos_idx, ...)",
-                             zh=f"{comp.name}：填不了参数 {first!r}；贪心解码接受 (model, src, src_mask, "
-                                "max_len, start_symbol)，还可以有结束符（end_symbol、eos_idx 等）")
+    cannot_fill(comp.name, required, {*arg.values(), *extras}, arg["model"] and arg["src"], "model / src", (
+        "greedy decoding takes (model, src, src_mask, max_len, start_symbol), and optionally an end symbol "
+        "(end_symbol, eos_idx, ...)",
+        "贪心解码接受 (model, src, src_mask, max_len, start_symbol)，"
+        "还可以有结束符（end_symbol、eos_idx 等）"))
     eos_name = None if arg["end"] else global_eos(comp.obj)
     stop = arg["end"] is not None or eos_name is not None or reads_end(comp.obj, extras)
     values = getattr(inspect.unwrap(comp.obj), "__globals__", {})  # its module's, under @torch.no_grad() too
