@@ -20,7 +20,6 @@ from handformer.check.core.argument_names import (
     K_NAMES,
     MIN_P_NAMES,
     P_NAMES,
-    SCHEDULE_STEP_NAMES,
     TEMPERATURE_NAMES,
     call_parameters,
     named,
@@ -47,7 +46,7 @@ def processor_setting(cls: Any) -> tuple[str, str]:
     """(the filter, its argument's name) of a processor class: its own `__call__` (or one of a base of
     its file) takes the ids and then the scores, and its constructor takes exactly one filter's
     setting and requires nothing else; ("", "") for any other class."""
-    names = [p.name.lower() for p in call_parameters(_own_call(cls), ("self",))]
+    names = [p.name.lower() for p in call_parameters(own_call(cls), ("self",))]
     if len(names) < 2 or names[1] not in SCORES_NAMES:
         return NONE
     try:
@@ -63,28 +62,7 @@ def processor_setting(cls: Any) -> tuple[str, str]:
 NONE = ("", "")  # no processor
 
 
-def as_schedule(cls: Any) -> type | None:
-    """A learning-rate schedule written as a class (the TensorFlow tutorial's `CustomSchedule(d_model,
-    warmup_steps)` whose `__call__(step)` returns the rate) as a function of the step and the
-    constructor's settings, placed and named as the class (as `as_filter`); None when its own
-    `__call__` takes more or other than a step."""
-    steps = [p.name for p in call_parameters(_own_call(cls), ("self",))]
-    if len(steps) != 1 or steps[0].lower() not in SCHEDULE_STEP_NAMES:
-        return None
-
-    def new(_: type, **arguments: Any) -> Any:
-        step = arguments.pop(steps[0])
-        return cls(**arguments)(step)
-
-    try:  # a constructor of C, or one with positional-only settings: no schedule of this form
-        signature = inspect.Signature([inspect.Parameter(steps[0], inspect.Parameter.POSITIONAL_OR_KEYWORD),
-                                       *call_parameters(cls.__init__, ("self",))])
-    except ValueError:
-        return None
-    return _posing_as(cls, new, signature)
-
-
-def _own_call(cls: Any) -> Any:
+def own_call(cls: Any) -> Any:
     """The `__call__` a class of the learner's file defines, or inherits from a class of that file
     (else a function of no arguments)."""
     call = inspect.getattr_static(cls, "__call__", _nothing)  # a class's own or inherited: a plain function
@@ -107,10 +85,10 @@ def as_filter(cls: Any, setting: str) -> type:
 
     given = inspect.Parameter.POSITIONAL_OR_KEYWORD
     signature = inspect.Signature([inspect.Parameter("scores", given), inspect.Parameter(setting, given)])
-    return _posing_as(cls, new, signature)
+    return posing_as(cls, new, signature)
 
 
-def _posing_as(cls: Any, new: Any, signature: inspect.Signature) -> type:
+def posing_as(cls: Any, new: Any, signature: inspect.Signature) -> type:
     """A class named and placed as `cls` (its module, qualified name and docstring: what a report
     quotes and a traced run follows) whose `__new__` is `new` and whose signature is `signature`."""
     names = {k: getattr(cls, k) for k in ("__module__", "__qualname__", "__doc__")}

@@ -15,6 +15,7 @@ Shape legend: B rows, V vocabulary.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import io
 import re
@@ -52,6 +53,7 @@ from handformer.check.core.argument_names import (
     call_parameters,
     named,
 )
+from handformer.check.core.processors import own_call, posing_as
 from handformer.check.core.source import config_reads, source_text
 from handformer.check.core.special_ids import DEVICE_NAMES
 
@@ -108,6 +110,28 @@ def schedule_signature(fn: Any) -> bool:
     """Whether a function takes a step and a schedule's settings alone (a warmup among them)."""
     _, names, required = _signature(fn)
     return _schedule(names, required)
+
+
+def schedule_class(cls: Any) -> type | None:
+    """A learning-rate schedule written as a class (the TensorFlow tutorial's `CustomSchedule(d_model,
+    warmup_steps)` whose `__call__(step)` returns the rate) as a function of the step and the
+    constructor's settings, placed and named as the class (as processors.as_filter); None when its own
+    `__call__` takes more or other than a step, or the settings are not a schedule's."""
+    steps = [p.name for p in call_parameters(own_call(cls), ("self",))]
+    if len(steps) != 1 or steps[0].lower() not in SCHEDULE_STEP_NAMES:
+        return None
+
+    def new(_: type, **arguments: Any) -> Any:
+        step = arguments.pop(steps[0])
+        return cls(**arguments)(step)
+
+    try:  # a constructor of C, or one with positional-only settings: no schedule of this form
+        signature = inspect.Signature([inspect.Parameter(steps[0], inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                                       *call_parameters(cls.__init__, ("self",))])
+    except ValueError:
+        return None
+    fn = posing_as(cls, new, signature)
+    return fn if schedule_signature(fn) else None
 
 
 def schedule_maker(fn: Any) -> bool:
@@ -204,7 +228,7 @@ def _logits_kind(fn: Any, params: list[inspect.Parameter], names: list[str], req
     probs = names[0] in PROBS_NAMES
     rows = ROWS.softmax(-1) if probs else ROWS
     options = {n: OPTION_VALUES[k] for k, n in takes.items()}
-    call = _by_row if written_for_one_row(fn, probs, options) else _call
+    call = _by_row if takes_one_row(fn) else _call
     outs = [call(fn, rows, options) for _ in range(2)]
     if any(out is None for out in outs):
         return None
@@ -243,9 +267,10 @@ def _filter_kind(rows: Tensor, out: Tensor, takes: dict[str, str]) -> str | None
     return next((k for k in ("top_p", "top_k") if k in takes), None)
 
 
+@functools.lru_cache(maxsize=32)
 def takes_one_row(fn: Any) -> bool:
     """Whether a function of logits (or probabilities) is written for one 1-D row (written_for_one_row),
-    probed with the settings it takes by name."""
+    probed with the settings it takes by name; probed once a function (kind_of, then its runner)."""
     params, names, _ = _signature(fn)
     probs = bool(set(names[:1]) & set(PROBS_NAMES))
     return written_for_one_row(fn, probs, {n: OPTION_VALUES[k] for k, n in _options(params).items()})

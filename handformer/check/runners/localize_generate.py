@@ -108,10 +108,8 @@ def _loop_steps(run: Callable[[], Any], fn: Any, parts: list[tuple[str, nn.Modul
     code = inspect.unwrap(getattr(fn, "__func__", fn))
     filename = inspect.getsourcefile(code)
     steps: list[Step] = []
-    try:
-        trace_steps(run, filename, code.__code__, parts, every=True, into=steps)
-    except Exception:  # noqa: BLE001 - it raises further on: the steps up to there are judged
-        pass
+    # where it raises further on, the steps up to there are judged
+    quietly(lambda: trace_steps(run, filename, code.__code__, parts, every=True, into=steps))
     return steps, filename
 
 
