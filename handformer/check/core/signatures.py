@@ -14,6 +14,7 @@ Shape legend: B rows, V vocabulary.
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import functools
 import inspect
@@ -267,10 +268,21 @@ def _filter_kind(rows: Tensor, out: Tensor, takes: dict[str, str]) -> str | None
     return next((k for k in ("top_p", "top_k") if k in takes), None)
 
 
-@functools.lru_cache(maxsize=32)
 def takes_one_row(fn: Any) -> bool:
     """Whether a function of logits (or probabilities) is written for one 1-D row (written_for_one_row),
-    probed with the settings it takes by name; probed once a function (kind_of, then its runner)."""
+    probed with the settings it takes by name; probed once a function (kind_of, then its runner), and
+    every time for a callable object Python cannot hash (a dataclass with __call__)."""
+    if isinstance(fn, collections.abc.Hashable):
+        return _takes_one_row_once(fn)
+    return _probe_one_row(fn)
+
+
+@functools.lru_cache(maxsize=32)
+def _takes_one_row_once(fn: Any) -> bool:
+    return _probe_one_row(fn)
+
+
+def _probe_one_row(fn: Any) -> bool:
     params, names, _ = _signature(fn)
     probs = bool(set(names[:1]) & set(PROBS_NAMES))
     return written_for_one_row(fn, probs, {n: OPTION_VALUES[k] for k, n in _options(params).items()})
