@@ -204,7 +204,9 @@ def _logits_kind(fn: Any, params: list[inspect.Parameter], names: list[str], req
     probs = names[0] in PROBS_NAMES
     rows = ROWS.softmax(-1) if probs else ROWS
     options = {n: OPTION_VALUES[k] for k, n in takes.items()}
-    call = _by_row if written_for_one_row(fn, probs, options) else _call
+    # one 1-D row's code may run on a batch, mixing its rows (llama.cpp's min-p, a softmax over dim 0):
+    # what it does is read row by row
+    call = _by_row if rows_apart(fn) else _call
     outs = [call(fn, rows, options) for _ in range(2)]
     if any(out is None for out in outs):
         return None
@@ -244,25 +246,36 @@ def _filter_kind(rows: Tensor, out: Tensor, takes: dict[str, str]) -> str | None
 
 
 def takes_one_row(fn: Any) -> bool:
-    """Whether a function of logits (or probabilities) is written for one 1-D row (written_for_one_row),
-    probed with the settings it takes by name."""
-    params, names, _ = _signature(fn)
-    probs = bool(set(names[:1]) & set(PROBS_NAMES))
-    return written_for_one_row(fn, probs, {n: OPTION_VALUES[k] for k, n in _options(params).items()})
+    """Whether a function of logits (or probabilities) takes one 1-D row (llama.cpp's sampler chain
+    ported to a vector), probed with the settings it takes by name: rows given one at a time work where
+    a batch raises. A batch that runs is graded as a batch unless the file's other filters take one row
+    (rows_apart): one that mixes its rows beside batched filters is a batched filter's mistake."""
+    rows, options = _row_probe(fn)
+    out, error = _attempt(fn, rows, options)
+    numbers = "probability tensor" in str(error)  # a batch's own NaN or negative probabilities: a batch step
+    return out is None and not numbers and _by_row(fn, rows, options) is not None
+
+
+def rows_apart(fn: Any) -> bool:
+    """Whether a function of logits runs on each 1-D row alone and a batch of them raises or gives a row
+    something else than the row alone gets (`probs.max()` over the whole input, a softmax over dim=0):
+    one 1-D row's code, or (where it runs) a batched filter's mistake, as the file's other filters say."""
+    rows, options = _row_probe(fn)
+    batch, alone = _call(fn, rows, options), _by_row(fn, rows, options)
+    return alone is not None and (batch is None or batch.shape != alone.shape or not torch.equal(
+        batch, alone))
 
 
 # sharp rows and flat ones: a function reducing over the whole batch (probs.max()) mixes them
 MIXED_ROWS = torch.cat([ROWS, ROWS * 0.25])
 
 
-def written_for_one_row(fn: Any, probs: bool, options: dict[str, Any]) -> bool:
-    """Whether fn takes one 1-D row of logits (llama.cpp's sampler chain ported to a vector): rows given
-    one at a time work where a batch raises. A batch that runs is graded as a batch: one that mixes its
-    rows (`probs.max()` over all of them, a softmax over dim=0) is a batched filter's mistake."""
-    rows = MIXED_ROWS.softmax(-1) if probs else MIXED_ROWS
-    out, error = _attempt(fn, rows, options)
-    numbers = "probability tensor" in str(error)  # a batch's own NaN or negative probabilities: a batch step
-    return out is None and not numbers and _by_row(fn, rows, options) is not None
+def _row_probe(fn: Any) -> tuple[Tensor, dict[str, Any]]:
+    """The rows the row probes give fn (probabilities where its first argument's name says so), and
+    the settings it takes by name with the values the probes give them."""
+    params, names, _ = _signature(fn)
+    rows = MIXED_ROWS.softmax(-1) if set(names[:1]) & set(PROBS_NAMES) else MIXED_ROWS
+    return rows, {n: OPTION_VALUES[k] for k, n in _options(params).items()}
 
 
 def _by_row(fn: Any, rows: Tensor, options: dict[str, Any]) -> Tensor | None:
