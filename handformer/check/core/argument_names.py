@@ -116,6 +116,12 @@ SCHEDULE_ARGS: dict[str, tuple[str, ...]] = {
         "max_learning_rate",
     ),
     "min_lr": ("min_learning_rate", "min_lr", "lr_min", "final_lr", "alpha_min", "end_lr"),
+    # a warmup-stable-decay schedule's stage at the peak (MiniCPM's, Hugging Face's get_wsd_schedule)
+    "stable": ("stable_steps", "num_stable_steps", "stable_iters", "stable_iterations", "stable",
+               "constant_steps", "hold_steps", "plateau_steps"),
+    # its decay's length (the run's end is `total`; decay_steps is both where a cosine takes it as its end)
+    "decay": ("decay_steps", "num_decay_steps", "decay_iters", "decay_iterations", "cooldown_steps",
+              "num_cooldown_steps", "decay_len"),
     "total": (
         "cosine_cycle_iters",
         "total_steps",

@@ -96,12 +96,12 @@ def _schedule(names: list[str], required: set[str]) -> bool:
     """A learning-rate schedule (`warmup_cosine(step, warmup, max_steps, max_lr, min_lr)`), or a factory
     of a torch scheduler (`cosine_with_warmup(optimizer, num_warmup_steps, num_training_steps)`, Hugging
     Face's): the step or the optimizer first, then settings only, a warmup among them and d_model, an
-    end or a floor."""
+    end, a floor or a stable stage (a warmup-stable-decay schedule)."""
     settings = SCHEDULE_ARGS
     known = set().union(*settings.values())
     has = lambda key: _takes_each(names[1:], [settings[key]])  # noqa: E731
     return (bool(names) and names[0] in SCHEDULE_FIRST and required - {names[0]} <= known
-            and has("warmup") and (has("d_model") or has("total") or has("min_lr")))
+            and has("warmup") and (has("d_model") or has("total") or has("min_lr") or has("stable")))
 
 
 def schedule_signature(fn: Any) -> bool:

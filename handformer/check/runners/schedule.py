@@ -46,6 +46,7 @@ from handformer.check.core.source import (
     source_text,
 )
 from handformer.check.reference import variants as V
+from handformer.check.runners import schedule_wsd as W
 from handformer.check.runners.localize_schedule import localize_schedule
 
 OPTIMIZER_NAMES = ("optimizer", "opt", "optim")
@@ -65,7 +66,11 @@ FAMILIES = {
     # get_linear_schedule_with_warmup), read at cosine's sizes and steps
     "linear": (COSINE, COSINE_STEPS, {"min_lr": 0.0, "warmup": 0}, "linear schedule with linear warmup",
                "带线性预热的线性衰减调度"),
+    # its total the decay's length or the run's, by the setting's name (schedule_wsd.total); a floor it
+    # does not take (a ratio it defaults) read at its last step
+    "wsd": (W.SIZES, W.STEPS, {}, "warmup-stable-decay schedule (WSD)", "预热-平稳-衰减调度（WSD）"),
 }
+PAST_TOTAL = ("cosine", "linear")  # the families defined up to their total (without a floor: no further)
 COSINE_CONVENTIONS: dict[str, tuple[int, int, Text]] = {  # (shift of t, of T_w in the warmup's ratio)
     "cs336": (0, 0, text("warmup t / T_w, from 0 at step 0 (CS336)", "预热为 t / T_w，步 0 是 0（CS336）")),
     "handformer": (
@@ -170,9 +175,10 @@ class Schedule:
             raise _unreadable(comp, unknown)
         sizes, steps, untaken, *_ = FAMILIES[self.family]
         self.sizes = sizes | {key: value for key, value in untaken.items() if not self.reads(key)}
+        self.sizes.setdefault("total", W.total(self.setting("total")))
         # a cosine that names no floor decays to 0 at its end and is defined up to it (Hugging Face's
         # get_cosine_schedule_with_warmup climbs back past num_training_steps): past it, read, not graded
-        beyond = self.family != "paper" and not self.reads("min_lr")
+        beyond = self.family in PAST_TOTAL and not self.reads("min_lr")
         self.past = tuple(s for s in steps if beyond and s > self.sizes["total"])
         self.steps = tuple(s for s in steps if s not in self.past)
         # what is localized (the function, its call), and the learning rate at a step: a maker's are the
@@ -322,7 +328,10 @@ def _reached_source(fn: Any) -> str:
 
 
 def _family(settings: dict[str, str | None], rest: list[str], fn: Any) -> str | None:
-    """The paper's schedule (it takes d_model), cosine (an end or a floor), or None."""
+    """The paper's schedule (it takes d_model), WSD (a stable stage), cosine (an end or a floor), or
+    None."""
+    if settings["stable"]:
+        return "wsd"
     if settings["d_model"]:
         return "paper"
     if settings["total"] or settings["min_lr"]:  # a decay: a cosine where its code computes one
@@ -394,7 +403,7 @@ def _build(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     got = sched.values()
     if sched.family == "linear" and not _straight(got, sched.sizes):
         raise _unknown_decay(comp)
-    conventions, labels, flags = _conventions(sched)
+    conventions, labels, flags = _conventions(sched, got)
 
     def run(steps: tuple[int, ...]) -> Tensor:
         return torch.tensor([v if isinstance(v, float) else math.nan for v in map(got.get, steps)],
@@ -540,6 +549,8 @@ def _named_sizes(sched: Schedule) -> dict[str, float]:
 def _sub_steps(sched: Schedule, conv: str, right: Convention) -> Callable[[Tensor], list[tuple[str, Tensor]]]:
     """The reference's sub-steps at the steps (S,), by name, under the convention `conv`, in order."""
     z, (a, b, _) = sched.sizes, COSINE_CONVENTIONS.get(conv, (0, 0, None))
+    if sched.family == "wsd":
+        return lambda s: W.sub_steps(s, _rates(right, s))
     if sched.family == "paper":
         return lambda s: _paper_steps(s, s + (conv == "from_0"), z, sched.args["factor"], right)
     w, total, hi, lo = z["warmup"], z["total"], z["max_lr"], z["min_lr"]
@@ -578,10 +589,15 @@ def _factory_note(comp: Component) -> Text:
     )
 
 
-def _conventions(sched: Schedule) -> tuple[dict[str, Convention], dict[str, Text], tuple[str, ...]]:
+def _conventions(sched: Schedule, got: dict[int, Any],
+                 ) -> tuple[dict[str, Convention], dict[str, Text], tuple[str, ...]]:
     """The family's counting conventions (as references taking the step and a set of mistakes),
-    their labels, and the mistakes that can be named."""
+    their labels, and the mistakes that can be named (WSD's floor, where it takes none, its value at
+    the last step)."""
     sizes = sched.sizes
+    if sched.family == "wsd":
+        floor = sizes["min_lr"] if sched.reads("min_lr") else got[max(sched.steps)]
+        return (*W.conventions(floor), W.FLAGS)
     factor = sizes["factor"] if sched.args["factor"] else 1.0
     if sched.family == "paper":
         conventions: dict[str, Convention] = {
