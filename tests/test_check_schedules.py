@@ -32,3 +32,26 @@ def test_a_wsd_whose_decay_starts_early_fails_at_that_line(tmp_path):
     result = check_file(late)
     assert statuses(result) == {"wsd_multiplier": "fail"}, format_report(result)
     assert_failed_at(result, "", "done = current_step - num_stable_steps")
+
+
+def test_a_scheduler_class_with_a_switch_of_timms_countings_passes_and_without_it_fails(tmp_path):
+    result = check_file(str(HERE / "warmup_cosine_class.py"))
+    assert statuses(result) == {"WarmupCosineLR": "pass"}, format_report(result)
+    assert "warmup_prefix=False" in result.components[0].convention["en"]
+    # no switch to the other counting: a cosine counted from step 0 is the mistake again
+    fixed = edited_copy(tmp_path, HERE / "warmup_cosine_class.py", [
+        ("min_lr=0.0, decay_after_warmup=False", "min_lr=0.0"),
+        ("self.decay_after_warmup = decay_after_warmup", "self.decay_after_warmup = False")])
+    assert_failed_at(check_file(fixed), "cosine_from_step_zero", "")
+
+
+def test_plants_in_a_timm_counting_fail_the_named_one_at_its_line(tmp_path):
+    no_floor = edited_copy(tmp_path, HERE / "warmup_cosine_class.py", [
+        ("self.min_lr + (peak - self.min_lr) * (1 + math", "peak * (1 + math")])
+    result = check_file(no_floor)
+    assert_failed_at(result, "cosine_min_lr_ignored", "")
+    assert [f.code for c in result.components for f in c.findings] == [
+        "return peak * (1 + math.cos(math.pi * step / self.total_steps)) / 2"], format_report(result)
+    slow = edited_copy(tmp_path, HERE / "warmup_cosine_class.py", [("return peak * step / self.warmup_steps",
+                                                                   "return peak * step / self.total_steps")])
+    assert statuses(check_file(slow)) == {"WarmupCosineLR": "fail"}

@@ -103,6 +103,7 @@ SCHEDULE_ARGS: dict[str, tuple[str, ...]] = {
         "warm_up",
         "warmup_updates",
         "w",
+        "warmup_t",  # timm's, with t_initial
     ),
     "max_lr": (
         "max_learning_rate",
@@ -137,6 +138,7 @@ SCHEDULE_ARGS: dict[str, tuple[str, ...]] = {
         "training_steps",
         "decay_iters",
         "total",
+        "t_initial",
     ),
 }
 

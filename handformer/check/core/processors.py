@@ -19,6 +19,7 @@ from torch import Tensor
 from handformer.check.core.argument_names import (
     K_NAMES,
     MIN_P_NAMES,
+    OPTIMIZER_NAMES,
     P_NAMES,
     SCHEDULE_STEP_NAMES,
     TEMPERATURE_NAMES,
@@ -70,7 +71,7 @@ def as_schedule(cls: Any) -> type | None:
     `__call__` takes more or other than a step."""
     steps = [p.name for p in call_parameters(_own_call(cls), ("self",))]
     if len(steps) != 1 or steps[0].lower() not in SCHEDULE_STEP_NAMES:
-        return None
+        return as_stepped_scheduler(cls)
 
     def new(_: type, **arguments: Any) -> Any:
         step = arguments.pop(steps[0])
@@ -84,11 +85,41 @@ def as_schedule(cls: Any) -> type | None:
     return _posing_as(cls, new, signature)
 
 
+def as_stepped_scheduler(cls: Any) -> type | None:
+    """A scheduler class built on the optimizer whose own `step(epoch)` takes the step and writes the
+    rate into the optimizer (timm's `CosineLRScheduler(optimizer, t_initial, ...)`) as a function of the
+    step and the constructor's other settings: built on an SGD of lr 1, stepped to the step, the rate
+    its group holds (placed and named as the class, as `as_filter`); None for any other class."""
+    steps = [p.name for p in call_parameters(_own_method(cls, "step"), ("self",))]
+    try:
+        settings = call_parameters(cls.__init__, ("self",))
+    except ValueError:  # a constructor of C: no scheduler of the learner's
+        return None
+    if len(steps) != 1 or steps[0].lower() not in SCHEDULE_STEP_NAMES or not settings or (
+            settings[0].name.lower() not in OPTIMIZER_NAMES):
+        return None
+
+    def new(_: type, **arguments: Any) -> float:
+        step = arguments.pop(steps[0])
+        optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+        cls(optimizer, **arguments).step(step)
+        return optimizer.param_groups[0]["lr"]
+
+    given = inspect.Parameter(steps[0], inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return _posing_as(cls, new, inspect.Signature([given, *settings[1:]]))
+
+
 def _own_call(cls: Any) -> Any:
     """The `__call__` a class of the learner's file defines, or inherits from a class of that file
     (else a function of no arguments)."""
-    call = inspect.getattr_static(cls, "__call__", _nothing)  # a class's own or inherited: a plain function
-    return call if inspect.isfunction(call) and call.__module__ == cls.__module__ else _nothing
+    return _own_method(cls, "__call__")
+
+
+def _own_method(cls: Any, name: str) -> Any:
+    """The method `name` a class of the learner's file defines, or inherits from a class of that file
+    (else a function of no arguments)."""
+    method = inspect.getattr_static(cls, name, _nothing)  # a class's own or inherited: a plain function
+    return method if inspect.isfunction(method) and method.__module__ == cls.__module__ else _nothing
 
 
 def _nothing() -> None:

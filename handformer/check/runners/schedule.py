@@ -46,6 +46,7 @@ from handformer.check.core.source import (
     source_text,
 )
 from handformer.check.reference import variants as V
+from handformer.check.runners import schedule_timm as timm
 from handformer.check.runners import schedule_wsd as W
 from handformer.check.runners.localize_schedule import localize_schedule
 
@@ -184,6 +185,7 @@ class Schedule:
         # what is localized (the function, its call), and the learning rate at a step: a maker's are the
         # function it returns (a factory's, its LambdaLR's lambda: `_stepped`)
         self.traced: tuple[Any, Any] = (comp.obj, self.value)
+        self.switched: dict[str, Any] = {}  # a switch of its own set otherwise (`switches`)
         self.at = self.make() if self.maker else (
             lambda step: comp.obj(**{self.step_name: step}, **self.kwargs()))
 
@@ -215,6 +217,7 @@ class Schedule:
 
     def kwargs(self) -> dict[str, Any]:
         out = {name: self.sizes[key] for key, name in self.args.items() if name and key in self.sizes}
+        out.update(self.switched)
         if self.config is not None:
             values = {self.fields[key]: self.sizes[key] for key in self.fields.keys() & self.sizes.keys()}
             out[self.config] = _config_object(self.comp.obj, self.config, values)
@@ -224,6 +227,16 @@ class Schedule:
         """The learning rate at one step (a function of the step, or the one it made); their exception
         is theirs."""
         return _as_float(self.ctx, self.comp, self.ctx.learner.call("forward", self.at, step), step)
+
+    def switches(self) -> Iterator[tuple[str, dict[int, Any]]]:
+        """Each switch it takes (a setting whose default is a bool), and its values with the switch
+        flipped (a run that raises: none)."""
+        for p in forward_parameters(self.comp.obj):
+            if isinstance(p.default, bool):
+                self.switched = {p.name: not p.default}
+                with contextlib.suppress(fp.LearnerFailure):
+                    yield p.name, self.values()
+                self.switched = {}
 
     def make(self) -> Callable[[int], Any]:
         """The function of the step a maker returns (signatures.py's returns_function: a lambda or a
@@ -615,8 +628,15 @@ def _conventions(sched: Schedule, got: dict[int, Any],
             ),
         }
         return conventions, labels, PAPER_FLAGS
-    linear = sched.family == "linear"
-    conventions = {
+    return _decay_conventions(sched, got)
+
+
+def _decay_conventions(sched: Schedule, got: dict[int, Any],
+                       ) -> tuple[dict[str, Convention], dict[str, Text], tuple[str, ...]]:
+    """_conventions of a cosine or linear decay: COSINE_CONVENTIONS, and timm's two countings where
+    a switch of the schedule turns one into the other."""
+    sizes, linear = sched.sizes, sched.family == "linear"
+    conventions: dict[str, Convention] = {
         c: (
             lambda s, f, c=c: cosine(
                 s, sizes["max_lr"], sizes["min_lr"], sizes["warmup"], sizes["total"], c, f, linear
@@ -625,7 +645,19 @@ def _conventions(sched: Schedule, got: dict[int, Any],
         for c in COSINE_CONVENTIONS
     }
     labels = {c: v[2] for c, v in COSINE_CONVENTIONS.items()}
+    if not linear and _timm_switch(sched, got):
+        conventions |= {f"timm:{p}": lambda s, f, p=p: timm.timm_cosine(s, sizes, p, f)
+                        for p in (False, True)}
+        labels |= {f"timm:{p}": timm.LABELS[p] for p in (False, True)}
     return conventions, labels, LINEAR_FLAGS if linear else COSINE_FLAGS
+
+
+def _timm_switch(sched: Schedule, got: dict[int, Any]) -> bool:
+    """Whether a switch of the schedule turns one of timm's countings into the other (warmup_prefix),
+    with the same mistake or none: then both are its documented options."""
+    ours = timm.countings(got, sched.sizes, COSINE_FLAGS)
+    return bool(ours) and any((not prefix, flags) in timm.countings(flipped, sched.sizes, COSINE_FLAGS)
+                              for _, flipped in sched.switches() for prefix, flags in ours)
 
 
 def _compare_values(
