@@ -159,6 +159,15 @@ def call_parameters(fn: Any, skip: tuple[str, ...] = ()) -> list[inspect.Paramet
             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in skip]
 
 
+def readable_parameters(fn: Any) -> list[inspect.Parameter]:
+    """All of fn's parameters (a class's: its constructor's, `self` left out); none when Python cannot
+    read its signature (a class or function of C, or no callable at all)."""
+    try:
+        return list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return []
+
+
 def input_roles(names: list[str]) -> list[str]:
     """The attention inputs the leading names stand for (INPUT_ROLES), up to the first that is none."""
     roles = [INPUT_ROLES.get(n.lower(), "") for n in names]

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.argument_names import call_parameters, named, names_of  # noqa: F401  (the runners import them here)
+from handformer.check.core.argument_names import call_parameters, named, names_of, readable_parameters  # noqa: F401  (the runners import them here)
 from handformer.check.core.conventions import conventions_for, is_lengths_name, masks_where_true
 from handformer.check.core.discovery import SIZE_OF, Component, build, own_objects, with_head_size
 from handformer.check.core.result import PASS, Check, ComponentResult, Finding, Text, text
@@ -77,25 +77,10 @@ class Context:
             wanted = {k: v for k, v in wanted.items() if k in vars(self.module)}
         else:
             self.hyperparameter_note = None
-        old = {name: vars(self.module).get(name, _UNSET) for name in wanted}
-        vars(self.module).update(wanted)
-        if wanted and not nested:
-            were, were_zh = (", ".join(f"{n}={old[n]!r}" if old[n] is not _UNSET else f"{n}{undefined}"
-                                       for n in wanted) for undefined in (" (not defined)", "（没有定义）"))
-            now = ", ".join(f"{n}={v}" for n, v in wanted.items())
-            self.hyperparameter_note = text(
-                f"your module-level hyperparameters were set to {now} for this check (they were "
-                f"{were}): the sizes at which check builds and compares this kind",
-                f"检查这个组件时，你在模块顶层定义的超参数被设成了 {now}（原来是 {were_zh}）："
-                "这是检查这类组件用的尺寸")
-        try:
+        with globals_set(self.module, wanted) as old:
+            if wanted and not nested:
+                self.hyperparameter_note = _set_note(wanted, old)
             yield
-        finally:
-            for name, value in old.items():
-                if value is _UNSET:
-                    vars(self.module).pop(name, None)
-                else:
-                    vars(self.module)[name] = value
 
     def result(self, comp: Component) -> ComponentResult:
         """A new result for `comp`, kept as the one in progress: when the learner's code raises later,
@@ -228,6 +213,35 @@ def attributes_double_(module: nn.Module) -> nn.Module:
 
 
 _UNSET = object()
+
+
+def _set_note(wanted: dict[str, Any], old: dict[str, Any]) -> Text:
+    """What the report says of the learner's hyperparameters set to `wanted` (they were `old`)."""
+    were, were_zh = (", ".join(f"{n}={old[n]!r}" if old[n] is not _UNSET else f"{n}{undefined}"
+                               for n in wanted) for undefined in (" (not defined)", "（没有定义）"))
+    now = ", ".join(f"{n}={v}" for n, v in wanted.items())
+    return text(f"your module-level hyperparameters were set to {now} for this check (they were "
+                f"{were}): the sizes at which check builds and compares this kind",
+                f"检查这个组件时，你在模块顶层定义的超参数被设成了 {now}（原来是 {were_zh}）："
+                "这是检查这类组件用的尺寸")
+
+
+@contextlib.contextmanager
+def globals_set(module: types.ModuleType, values: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The module's globals `values` set for the block, then put back (removed where the learner's
+    file did not define them); it yields their values before (_UNSET: not defined)."""
+    old = {name: vars(module).get(name, _UNSET) for name in values}
+    vars(module).update(values)
+    try:
+        yield old
+    finally:
+        for name, value in old.items():
+            if value is _UNSET:
+                vars(module).pop(name, None)
+            else:
+                vars(module)[name] = value
+
+
 # the sizes each kind's runner builds with, for the learner's module-level hyperparameters
 KIND_SIZES: dict[str, dict[str, Any]] = {
     "gpt": {**SIZES, "src_vocab": 29, "n_layers": 2, "max_len": 16},
@@ -566,12 +580,8 @@ def masks_where_true_inside(module: Any, mask_name: str | None = None) -> bool:
 
 def _fills_where_true(code: Any, fn: Any) -> bool:
     """Whether `code`'s source fills where a mask argument of `fn` is True."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
     source = source_text(code)
-    return any(is_mask_name(n) and masks_where_true(source, n) for n in params)
+    return any(is_mask_name(p.name) and masks_where_true(source, p.name) for p in readable_parameters(fn))
 
 
 def file_masks_keep(ctx: Context) -> bool:

@@ -86,14 +86,17 @@ def encodable(keep: Tensor | None, convention: str) -> bool:
     per-query rows; lengths only say prefixes."""
     if keep is None:
         return True
-    _, rank = split(convention)
-    if rank == "2":
-        return keep.size(-2) == 1
-    if rank == "lens":
-        return is_prefix(keep)
-    if rank == "lens_keys":
-        return keep.size(-2) == 1 and is_prefix(keep)
-    return True
+    return ENCODABLE.get(split(convention)[1], lambda keep: True)(keep)
+
+
+def _keys_only(keep: Tensor) -> bool:
+    """One row for every query (..., 1, S): what a key padding mask says."""
+    return keep.size(-2) == 1
+
+
+# a convention's rank -> the masks it can say (any other rank: every mask)
+ENCODABLE: dict[str, Callable[[Tensor], bool]] = {
+    "2": _keys_only, "lens": is_prefix, "lens_keys": lambda keep: _keys_only(keep) and is_prefix(keep)}
 
 
 def encode_mask(keep: Tensor | None, convention: str, batch: int | None = None) -> Tensor | None:

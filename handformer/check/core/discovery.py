@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from handformer.check.core.argument_names import input_roles
+from handformer.check.core.argument_names import input_roles, readable_parameters
 from handformer.check.core.kinds import KINDS_TABLE
 from handformer.check.core.size_roles import with_roles
 from handformer.check.core.source import config_reads, module_reads, source_text
@@ -254,15 +254,15 @@ def as_called(obj: Any) -> Any:
 def _processors(own: dict[str, Any], taken: set[str], only: list[str] | None) -> list[Component]:
     """The learner's logits processors in Hugging Face's style (processors.py), each as the filter its
     constructor's setting names, called through a function of the logits."""
-    from handformer.check.core.processors import as_filter, as_schedule, processor_setting
-    from handformer.check.core.signatures import schedule_signature
+    from handformer.check.core.processors import as_filter, processor_setting
+    from handformer.check.core.signatures import schedule_class
 
     settings = {name: processor_setting(obj) for name, obj in own.items() if name not in taken}
-    schedules = {name: as_schedule(obj) for name, obj in own.items() if name not in taken}
+    schedules = {name: schedule_class(obj) for name, obj in own.items() if name not in taken}
     return [Component(kind, name, as_filter(own[name], argument), "call")
             for name, (kind, argument) in settings.items() if kind in (only or KINDS)] + [
         Component("schedule", name, fn, "schedule_class") for name, fn in schedules.items()
-        if fn is not None and "schedule" in (only or KINDS) and schedule_signature(fn)]
+        if fn is not None and "schedule" in (only or KINDS)]
 
 
 def trains_itself(obj: Any) -> bool:
@@ -430,10 +430,7 @@ CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
 
 def _forward_parameters(cls: Any) -> dict[str, inspect.Parameter]:
     """The parameters of a class's forward, `self` first; none when it has no signature to read."""
-    try:
-        return dict(inspect.signature(cls.forward).parameters)
-    except (AttributeError, TypeError, ValueError):
-        return {}
+    return {p.name: p for p in readable_parameters(getattr(cls, "forward", None))}
 
 
 def _module_of(obj: Any) -> types.ModuleType | None:
@@ -482,11 +479,8 @@ def takes_keys_apart(cls: Any) -> bool:
 def causal_inside(cls: Any) -> bool:
     """An attention that builds its own causal mask: its forward takes no mask, and its source (or
     that of a class of the same file it builds, Karpathy's `Head`) makes a triangle."""
-    try:
-        params = inspect.signature(cls.forward).parameters
-    except (AttributeError, TypeError, ValueError):
-        return False
-    if any("mask" in p.lower() or "valid_len" in p.lower() for p in params):
+    params = _forward_parameters(cls)
+    if not params or any("mask" in p.lower() or "valid_len" in p.lower() for p in params):
         return False
     own = source_text(cls)
     module = _module_of(cls)

@@ -218,6 +218,17 @@ def relative_error(a: Tensor | None, b: Tensor | None) -> float:
 
 
 @contextlib.contextmanager
+def hooked(handles: list[Any]) -> Iterator[None]:
+    """The block runs with the hooks `handles` (torch's RemovableHandle) in place; they are removed
+    after it, whether it raised or not."""
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
 def dropout_off() -> Iterator[None]:
     """F.dropout (which nn.Dropout calls) and torch.dropout as the identity: lets the other checks
     run on a component whose dropout stays on in eval mode."""

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from handformer.check.core.fingerprint import first_tensor, quietly
+from handformer.check.core.fingerprint import first_tensor, hooked, quietly
 from handformer.check.core.kinds import KINDS_TABLE
 from handformer.check.core.result import DEPARTS, ComponentResult, Finding, Text, text
 from handformer.check.core.source import first_pattern_matches, lines_matching, source_lines
@@ -196,12 +196,10 @@ def trace_steps(run: Callable[[], Any], filename: str, code: Any = None,
     old = sys.gettrace()
     sys.settrace(t.tracer)
     try:
-        with torch.enable_grad():
+        with hooked(handles), torch.enable_grad():
             run()
     finally:
         sys.settrace(old)
-        for h in handles:
-            h.remove()
     kept = Steps(s for i, s in enumerate(t.steps) if i not in t.dropped)
     kept.entered = frozenset(t.entered)
     return kept

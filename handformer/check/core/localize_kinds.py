@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from handformer.check.core.fingerprint import quietly
+from handformer.check.core.fingerprint import hooked, quietly
 from handformer.check.core.localize import (
     NUMBERS,
     Departure,
@@ -419,12 +419,8 @@ def module_views(run: Callable[[], Any], module: nn.Module, words: dict[str, str
     parts = [(name, m) for name, m in module.named_modules() if name]
     handles = [m.register_forward_hook(hook(name)) for name, m in parts]
     handles += [m.register_forward_pre_hook(hook(name)) for name, m in parts] * inputs
-    try:
-        with torch.no_grad():
-            run()
-    finally:
-        for h in handles:
-            h.remove()
+    with hooked(handles), torch.no_grad():
+        run()
     return out
 
 

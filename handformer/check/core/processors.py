@@ -19,9 +19,7 @@ from torch import Tensor
 from handformer.check.core.argument_names import (
     K_NAMES,
     MIN_P_NAMES,
-    OPTIMIZER_NAMES,
     P_NAMES,
-    SCHEDULE_STEP_NAMES,
     TEMPERATURE_NAMES,
     call_parameters,
     named,
@@ -48,7 +46,7 @@ def processor_setting(cls: Any) -> tuple[str, str]:
     """(the filter, its argument's name) of a processor class: its own `__call__` (or one of a base of
     its file) takes the ids and then the scores, and its constructor takes exactly one filter's
     setting and requires nothing else; ("", "") for any other class."""
-    names = [p.name.lower() for p in call_parameters(_own_call(cls), ("self",))]
+    names = [p.name.lower() for p in call_parameters(own_call(cls), ("self",))]
     if len(names) < 2 or names[1] not in SCORES_NAMES:
         return NONE
     try:
@@ -64,58 +62,13 @@ def processor_setting(cls: Any) -> tuple[str, str]:
 NONE = ("", "")  # no processor
 
 
-def as_schedule(cls: Any) -> type | None:
-    """A learning-rate schedule written as a class (the TensorFlow tutorial's `CustomSchedule(d_model,
-    warmup_steps)` whose `__call__(step)` returns the rate) as a function of the step and the
-    constructor's settings, placed and named as the class (as `as_filter`); None when its own
-    `__call__` takes more or other than a step."""
-    steps = [p.name for p in call_parameters(_own_call(cls), ("self",))]
-    if len(steps) != 1 or steps[0].lower() not in SCHEDULE_STEP_NAMES:
-        return as_stepped_scheduler(cls)
-
-    def new(_: type, **arguments: Any) -> Any:
-        step = arguments.pop(steps[0])
-        return cls(**arguments)(step)
-
-    try:  # a constructor of C, or one with positional-only settings: no schedule of this form
-        signature = inspect.Signature([inspect.Parameter(steps[0], inspect.Parameter.POSITIONAL_OR_KEYWORD),
-                                       *call_parameters(cls.__init__, ("self",))])
-    except ValueError:
-        return None
-    return _posing_as(cls, new, signature)
-
-
-def as_stepped_scheduler(cls: Any) -> type | None:
-    """A scheduler class built on the optimizer whose own `step(epoch)` takes the step and writes the
-    rate into the optimizer (timm's `CosineLRScheduler(optimizer, t_initial, ...)`) as a function of the
-    step and the constructor's other settings: built on an SGD of lr 1, stepped to the step, the rate
-    its group holds (placed and named as the class, as `as_filter`); None for any other class."""
-    steps = [p.name for p in call_parameters(_own_method(cls, "step"), ("self",))]
-    try:
-        settings = call_parameters(cls.__init__, ("self",))
-    except ValueError:  # a constructor of C: no scheduler of the learner's
-        return None
-    if len(steps) != 1 or steps[0].lower() not in SCHEDULE_STEP_NAMES or not settings or (
-            settings[0].name.lower() not in OPTIMIZER_NAMES):
-        return None
-
-    def new(_: type, **arguments: Any) -> float:
-        step = arguments.pop(steps[0])
-        optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
-        cls(optimizer, **arguments).step(step)
-        return optimizer.param_groups[0]["lr"]
-
-    given = inspect.Parameter(steps[0], inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return _posing_as(cls, new, inspect.Signature([given, *settings[1:]]))
-
-
-def _own_call(cls: Any) -> Any:
+def own_call(cls: Any) -> Any:
     """The `__call__` a class of the learner's file defines, or inherits from a class of that file
     (else a function of no arguments)."""
-    return _own_method(cls, "__call__")
+    return own_method(cls, "__call__")
 
 
-def _own_method(cls: Any, name: str) -> Any:
+def own_method(cls: Any, name: str) -> Any:
     """The method `name` a class of the learner's file defines, or inherits from a class of that file
     (else a function of no arguments)."""
     method = inspect.getattr_static(cls, name, _nothing)  # a class's own or inherited: a plain function
@@ -138,10 +91,10 @@ def as_filter(cls: Any, setting: str) -> type:
 
     given = inspect.Parameter.POSITIONAL_OR_KEYWORD
     signature = inspect.Signature([inspect.Parameter("scores", given), inspect.Parameter(setting, given)])
-    return _posing_as(cls, new, signature)
+    return posing_as(cls, new, signature)
 
 
-def _posing_as(cls: Any, new: Any, signature: inspect.Signature) -> type:
+def posing_as(cls: Any, new: Any, signature: inspect.Signature) -> type:
     """A class named and placed as `cls` (its module, qualified name and docstring: what a report
     quotes and a traced run follows) whose `__new__` is `new` and whose signature is `signature`."""
     names = {k: getattr(cls, k) for k in ("__module__", "__qualname__", "__doc__")}

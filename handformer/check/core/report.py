@@ -90,12 +90,14 @@ def exit_code(result: FileResult) -> int:
     (or check recognised no component: nothing was checked, nothing failed)."""
     if result.ok:
         return 0
-    if result.error is not None and result.error.kind in ("discovery", "nothing_found"):
-        return 2 if result.error.kind == "discovery" else 3
-    if result.error is None and result.components and all(
-            c.status in (PASS, DIFFERS, NOT_CHECKED) for c in result.components):
+    if result.error is not None:
+        return ERROR_EXITS.get(result.error.kind, 1)
+    if result.components and all(c.status in (PASS, DIFFERS, NOT_CHECKED) for c in result.components):
         return 3
     return 1
+
+
+ERROR_EXITS = {"discovery": 2, "nothing_found": 3}  # a file's error by its kind -> the exit code (else 1)
 
 
 def to_json(result: FileResult) -> str:

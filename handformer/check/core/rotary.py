@@ -26,6 +26,7 @@ def cos_sin(T: int, head_dim: int) -> tuple[Tensor, Tensor]:
     return angles.cos(), angles.sin()
 
 
+@torch.no_grad()
 def interleaved_to_half_(hf: nn.Module, heads: int = H, swapped: bool = False) -> None:
     """Meta's interleaved rotary pairs (2j, 2j+1) as handformer's half-split (j, j + Dh/2): each head's
     rows of W_Q and W_K permuted, evens then odds (q.k is unchanged). swapped: nanochat's rotation
@@ -34,16 +35,15 @@ def interleaved_to_half_(hf: nn.Module, heads: int = H, swapped: bool = False) -
     order = torch.cat([torch.arange(0, Dh, 2), torch.arange(1, Dh, 2)])  # (Dh,): evens, then odds
     if swapped:
         order = torch.cat([torch.arange(Dh // 2, Dh), torch.arange(0, Dh // 2)])  # (Dh,): second half first
-    with torch.no_grad():
-        for proj in (hf.q_proj, hf.k_proj):
-            heads = proj.weight.size(0) // Dh
-            rows = (torch.arange(heads)[:, None] * Dh + order).reshape(-1)  # (heads * Dh,)
-            proj.weight.copy_(proj.weight[rows])
-            if proj.bias is not None:
-                proj.bias.copy_(proj.bias[rows])
-        for norm in (hf.q_norm, hf.k_norm):  # QK-norm: each head's gains in the same order
-            if getattr(norm, "weight", None) is not None:
-                norm.weight.copy_(norm.weight[order])
+    for proj in (hf.q_proj, hf.k_proj):
+        heads = proj.weight.size(0) // Dh
+        rows = (torch.arange(heads)[:, None] * Dh + order).reshape(-1)  # (heads * Dh,)
+        proj.weight.copy_(proj.weight[rows])
+        if proj.bias is not None:
+            proj.bias.copy_(proj.bias[rows])
+    for norm in (hf.q_norm, hf.k_norm):  # QK-norm: each head's gains in the same order
+        if getattr(norm, "weight", None) is not None:
+            norm.weight.copy_(norm.weight[order])
 
 
 def turned_width(rope: str, head_dim: int) -> int:

@@ -15,6 +15,7 @@ Shape legend: B rows, V vocabulary.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import io
 import re
@@ -52,6 +53,7 @@ from handformer.check.core.argument_names import (
     call_parameters,
     named,
 )
+from handformer.check.core.processors import own_call, own_method, posing_as
 from handformer.check.core.source import config_reads, source_text
 from handformer.check.core.special_ids import DEVICE_NAMES
 
@@ -108,6 +110,53 @@ def schedule_signature(fn: Any) -> bool:
     """Whether a function takes a step and a schedule's settings alone (a warmup among them)."""
     _, names, required = _signature(fn)
     return _schedule(names, required)
+
+
+def schedule_class(cls: Any) -> type | None:
+    """A learning-rate schedule written as a class (the TensorFlow tutorial's `CustomSchedule(d_model,
+    warmup_steps)` whose `__call__(step)` returns the rate) as a function of the step and the
+    constructor's settings, placed and named as the class (as processors.as_filter); None when its own
+    `__call__` takes more or other than a step, or the settings are not a schedule's."""
+    steps = [p.name for p in call_parameters(own_call(cls), ("self",))]
+    if len(steps) != 1 or steps[0].lower() not in SCHEDULE_STEP_NAMES:
+        return stepped_scheduler(cls)
+
+    def new(_: type, **arguments: Any) -> Any:
+        step = arguments.pop(steps[0])
+        return cls(**arguments)(step)
+
+    try:  # a constructor of C, or one with positional-only settings: no schedule of this form
+        signature = inspect.Signature([inspect.Parameter(steps[0], inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                                       *call_parameters(cls.__init__, ("self",))])
+    except ValueError:
+        return None
+    fn = posing_as(cls, new, signature)
+    return fn if schedule_signature(fn) else None
+
+
+def stepped_scheduler(cls: Any) -> type | None:
+    """A scheduler class built on the optimizer whose own `step(epoch)` takes the step and writes the
+    rate into the optimizer (timm's `CosineLRScheduler(optimizer, t_initial, ...)`) as a function of the
+    step and the constructor's other settings: built on an SGD of lr 1, stepped to the step, the rate
+    its group holds (placed and named as the class); None for any other class."""
+    steps = [p.name for p in call_parameters(own_method(cls, "step"), ("self",))]
+    try:
+        settings = call_parameters(cls.__init__, ("self",))
+    except ValueError:  # a constructor of C: no scheduler of the learner's
+        return None
+    if len(steps) != 1 or steps[0].lower() not in SCHEDULE_STEP_NAMES or not settings or (
+            settings[0].name.lower() not in OPTIMIZER_NAMES):
+        return None
+
+    def new(_: type, **arguments: Any) -> float:
+        step = arguments.pop(steps[0])
+        optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+        cls(optimizer, **arguments).step(step)
+        return optimizer.param_groups[0]["lr"]
+
+    given = inspect.Parameter(steps[0], inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    fn = posing_as(cls, new, inspect.Signature([given, *settings[1:]]))
+    return fn if schedule_signature(fn) else None
 
 
 def schedule_maker(fn: Any) -> bool:
@@ -245,37 +294,41 @@ def _filter_kind(rows: Tensor, out: Tensor, takes: dict[str, str]) -> str | None
     return next((k for k in ("top_p", "top_k") if k in takes), None)
 
 
+@functools.lru_cache(maxsize=32)
 def takes_one_row(fn: Any) -> bool:
-    """Whether a function of logits (or probabilities) takes one 1-D row (llama.cpp's sampler chain
-    ported to a vector), probed with the settings it takes by name: rows given one at a time work where
-    a batch raises. A batch that runs is graded as a batch unless the file's other filters take one row
-    (rows_apart): one that mixes its rows beside batched filters is a batched filter's mistake."""
-    rows, options = _row_probe(fn)
-    out, error = _attempt(fn, rows, options)
-    numbers = "probability tensor" in str(error)  # a batch's own NaN or negative probabilities: a batch step
-    return out is None and not numbers and _by_row(fn, rows, options) is not None
-
-
-def rows_apart(fn: Any) -> bool:
-    """Whether a function of logits runs on each 1-D row alone and a batch of them raises or gives a row
-    something else than the row alone gets (`probs.max()` over the whole input, a softmax over dim=0):
-    one 1-D row's code, or (where it runs) a batched filter's mistake, as the file's other filters say."""
-    rows, options = _row_probe(fn)
-    batch, alone = _call(fn, rows, options), _by_row(fn, rows, options)
-    return alone is not None and (batch is None or batch.shape != alone.shape or not torch.equal(
-        batch, alone))
+    """Whether a function of logits (or probabilities) is written for one 1-D row (written_for_one_row),
+    probed with the settings it takes by name; probed once a function (kind_of, then its runner)."""
+    params, names, _ = _signature(fn)
+    probs = bool(set(names[:1]) & set(PROBS_NAMES))
+    return written_for_one_row(fn, probs, {n: OPTION_VALUES[k] for k, n in _options(params).items()})
 
 
 # sharp rows and flat ones: a function reducing over the whole batch (probs.max()) mixes them
 MIXED_ROWS = torch.cat([ROWS, ROWS * 0.25])
 
 
-def _row_probe(fn: Any) -> tuple[Tensor, dict[str, Any]]:
-    """The rows the row probes give fn (probabilities where its first argument's name says so), and
-    the settings it takes by name with the values the probes give them."""
+@functools.lru_cache(maxsize=32)
+def rows_apart(fn: Any) -> bool:
+    """Whether a function of logits runs on each 1-D row alone and a batch of them raises or gives a row
+    something else than the row alone gets (`probs.max()` over the whole input, a softmax over dim=0):
+    one 1-D row's code, or (where it runs) a batched filter's mistake, as the file's other filters say."""
     params, names, _ = _signature(fn)
     rows = MIXED_ROWS.softmax(-1) if set(names[:1]) & set(PROBS_NAMES) else MIXED_ROWS
-    return rows, {n: OPTION_VALUES[k] for k, n in _options(params).items()}
+    options = {n: OPTION_VALUES[k] for k, n in _options(params).items()}
+    batch, alone = _call(fn, rows, options), _by_row(fn, rows, options)
+    return alone is not None and (batch is None or batch.shape != alone.shape or not torch.equal(
+        batch, alone))
+
+
+def written_for_one_row(fn: Any, probs: bool, options: dict[str, Any]) -> bool:
+    """Whether fn takes one 1-D row of logits (llama.cpp's sampler chain ported to a vector): rows given
+    one at a time work where a batch raises. A batch that runs is graded as a batch unless the file's
+    other filters take one row (rows_apart): one that mixes its rows beside batched filters is a batched
+    filter's mistake."""
+    rows = MIXED_ROWS.softmax(-1) if probs else MIXED_ROWS
+    out, error = _attempt(fn, rows, options)
+    numbers = "probability tensor" in str(error)  # a batch's own NaN or negative probabilities: a batch step
+    return out is None and not numbers and _by_row(fn, rows, options) is not None
 
 
 def _by_row(fn: Any, rows: Tensor, options: dict[str, Any]) -> Tensor | None:

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from handformer.check.core import sizes
+from handformer.check.core.fingerprint import quietly
 from handformer.check.core.qkv_layouts import FOUND, grouped, kv_width
 from handformer.check.core.sizes import H, is_number
 from handformer.check.reference import variants as V
@@ -277,18 +278,18 @@ SCRAMBLED = {"norm": lambda noise, w: 1.0 + 0.2 * noise, "embedding": lambda noi
              "linear": lambda noise, w: noise / math.sqrt(w.size(1))}  # a leaf's random weight, by its kind
 
 
+@torch.no_grad()
 def scramble_(module: nn.Module, seed: int = 0) -> None:
     """Random weights everywhere: linear weights ~ N(0, 1/in), norm weights 1 + N(0, 0.2^2),
     biases N(0, 0.2^2)."""
     g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for leaf in leaves(module, stack_heads=False):
-            w = leaf.weight
-            noise = torch.randn(w.shape, generator=g, dtype=torch.float64).to(w.dtype)
-            w.copy_(SCRAMBLED[leaf.kind](noise, w))
-            if leaf.bias is not None:
-                leaf.bias.copy_(0.2 * torch.randn(leaf.bias.shape, generator=g,
-                                                  dtype=torch.float64).to(leaf.bias.dtype))
+    for leaf in leaves(module, stack_heads=False):
+        w = leaf.weight
+        noise = torch.randn(w.shape, generator=g, dtype=torch.float64).to(w.dtype)
+        w.copy_(SCRAMBLED[leaf.kind](noise, w))
+        if leaf.bias is not None:
+            leaf.bias.copy_(0.2 * torch.randn(leaf.bias.shape, generator=g,
+                                              dtype=torch.float64).to(leaf.bias.dtype))
 
 
 def shapes_text(found: list[Leaf]) -> str:
@@ -571,10 +572,7 @@ def norm_weights(slot: Slot) -> V.NormWeights:
     if type(slot.leaf.module).__module__.startswith("torch."):  # nn.LayerNorm, nn.RMSNorm
         return w
     x = norm_probe(w.weight.numel(), w.eps, w.weight.dtype)
-    try:
-        out = slot.leaf.module(x)
-    except Exception:  # their code; the norm's own runner reports it
-        return w
+    out = quietly(lambda: slot.leaf.module(x))  # None where their code raises: the norm's own runner says so
     if not isinstance(out, Tensor) or out.shape != x.shape:
         return w
     # the gain as written, or kept as an offset from one (Gemma's x̂ · (1 + weight))
@@ -605,14 +603,14 @@ def norm_slots(norms: list[Leaf], count: int, names: list[str], what: str) -> li
 FFN_NORM_WORDS = re.compile("ffn|mlp|feed_forward|feedforward|post_attention")
 
 
+@torch.no_grad()
 def copy_weights(target: nn.Module, slot: Slot) -> None:
     """The slot's weight (and bias, zeros when the learner has none) into a handformer linear layer or
     norm."""
-    with torch.no_grad():
-        target.weight.copy_(slot.weight())
-        if getattr(target, "bias", None) is not None:
-            b = slot.bias()
-            target.bias.copy_(b if b is not None else torch.zeros_like(target.bias))
+    target.weight.copy_(slot.weight())
+    if getattr(target, "bias", None) is not None:
+        b = slot.bias()
+        target.bias.copy_(b if b is not None else torch.zeros_like(target.bias))
 
 
 def attention_parameters(target: nn.Module) -> dict[str, nn.Module]:

@@ -343,7 +343,7 @@ def norm(w: NormWeights, x: Tensor, flags: Flags | None = None) -> Tensor:
     not applied, the statistics over the wrong axis."""
     flags = w.flags if flags is None else flags
     wrong = has(flags, "norm_wrong_dim")
-    dims = (-2,) if wrong == "-2" else tuple(range(x.dim())) if wrong == "all" else (-1,)
+    dims = {"-2": (-2,), "all": tuple(range(x.dim()))}.get(wrong, (-1,))  # the axes its statistics take
     eps_out = has(flags, "norm_eps_outside_sqrt") is not None
     if w.kind == "rmsnorm":
         square = x.pow(2)

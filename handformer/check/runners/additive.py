@@ -89,15 +89,10 @@ def check_additive(comp: Component, ctx: Context) -> ComponentResult:
     return finish(res)
 
 
-def _gradients(res: ComponentResult, module: Any, run: Any, weights: tuple[Tensor, ...],
-               masked: list[str]) -> None:
+@torch.enable_grad()
+def _gradients(res: ComponentResult, module: Any, run: Any, weights: tuple[Tensor, ...], masked: list[str],
+               ) -> None:
     """The input's and the weights' gradients of the learner's output equal the reference's."""
-    with torch.enable_grad():
-        _backward(res, module, run, weights, masked)
-
-
-def _backward(res: ComponentResult, module: Any, run: Any, weights: tuple[Tensor, ...], masked: list[str],
-              ) -> None:
     q = fp.randn(B, T, weights[0].size(1), seed=4).requires_grad_(True)
     out = run(LENGTHS if masked else None, q)
     if out is None:

@@ -13,8 +13,7 @@ Shape legend: N hypotheses, L prefix length, S source length, D d_model, V vocab
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -67,25 +66,18 @@ class OwnSteered(Steered):
             return seen
         handle = self.layer.register_forward_pre_hook(
             lambda _m, a, k: seen.extend(_memories(a, k)), with_kwargs=True)
-        try:
+        with fp.hooked([handle]):
             self.call(src, torch.tensor([[BOS]]))
-        finally:
-            handle.remove()
         return seen
 
-    @contextlib.contextmanager
-    def steering(self) -> Iterator[None]:
+    def steering(self) -> AbstractContextManager[None]:
         handles = [e.register_forward_pre_hook(self._record) for e in self.embeds]
         states = [m for m in self.own[0].modules() if m not in self.outs]
         handles += [m.register_forward_hook(self._states) for m in states]
         handles += [o.register_forward_hook(self._steer_out) for o in self.outs]
         if self.known and self.layer is not None:
             handles.append(self.layer.register_forward_pre_hook(self._rows, with_kwargs=True))
-        try:
-            yield
-        finally:
-            for h in handles:
-                h.remove()
+        return fp.hooked(handles)
 
     def _record(self, _m: nn.Module, inp: tuple[Any, ...]) -> None:
         self.ys = inp[0].long().reshape(-1, inp[0].size(-1))  # (N, L)

@@ -457,32 +457,28 @@ def _tie_rule(res: ComponentResult, rule: str | None, n: int, first: int, yours:
             )
 
 
+def _inside_special(pair: R.Pair) -> bool:
+    """A merge of two or more bytes of the special token's text: trained on it."""
+    return len(pair[0] + pair[1]) > 1 and pair[0] + pair[1] in SPECIAL.encode()
+
+
+def _across_pretokens(pair: R.Pair) -> bool:
+    """A merge that no pre-token holds whole: trained across their edges."""
+    return not R.PRETOKEN.fullmatch((pair[0] + pair[1]).decode("utf-8", "replace"))
+
+
+# a cut diagnosis -> (what it trains on, in English and Chinese; a merge only that mistake makes)
+CUT_WORDS: dict[str, tuple[str, str, Callable[[R.Pair], bool]]] = {
+    "bpe_special_tokens_merged": ("the special token's text is trained on", "特殊 token 的文本也参与了训练",
+                                  _inside_special),
+    "bpe_merges_across_pretokens": ("the text is not cut into pre-tokens", "文本没有切成预分词",
+                                    _across_pretokens),
+}
+
+
 def _explained(name: str, merges: list[R.Pair], words: Any, first: int) -> Text:
-    bad = next(
-        (
-            m
-            for m in merges
-            if name == "bpe_special_tokens_merged"
-            and any(t in SPECIAL.encode() for t in (m[0] + m[1],) if len(t) > 1)
-        ),
-        None,
-    )
-    across = next(
-        (
-            m
-            for m in merges
-            if name == "bpe_merges_across_pretokens"
-            and not R.PRETOKEN.fullmatch((m[0] + m[1]).decode("utf-8", "replace"))
-        ),
-        None,
-    )
-    example = bad or across or merges[first]
-    what_en = (
-        "the special token's text is trained on"
-        if name == "bpe_special_tokens_merged"
-        else "the text is not cut into pre-tokens"
-    )
-    what_zh = "特殊 token 的文本也参与了训练" if name == "bpe_special_tokens_merged" else "文本没有切成预分词"
+    what_en, what_zh, telling = CUT_WORDS[name]
+    example = next(filter(telling, merges), merges[first])
     return text(
         f"your {len(merges)} merges are the ones trained when {what_en} (from merge {first} on they "
         f"differ from the reference's; e.g. {show(example)})",

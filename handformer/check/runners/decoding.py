@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 from unittest import mock
@@ -205,14 +205,8 @@ def global_eos(fn: Any) -> str | None:
 Scenario = tuple[Any, Callable[[], AbstractContextManager[Any]], list[int]]  # model, its steering, tokens
 
 
-@contextlib.contextmanager
-def _eos_steered(model: nn.Module, bias: tuple[float, float]) -> Iterator[None]:
-    handles = steer(model, EOS, *bias)
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+def _eos_steered(model: nn.Module, bias: tuple[float, float]) -> AbstractContextManager[None]:
+    return fp.hooked(steer(model, EOS, *bias))
 
 
 def _scenarios(res: ComponentResult, ctx: Context, stop: bool) -> list[Scenario]:

@@ -26,8 +26,15 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.argument_names import MODEL_NAMES
-from handformer.check.core.context import Context, finish, forward_names, forward_parameters, module_sizes
+from handformer.check.core.argument_names import MODEL_NAMES, readable_parameters
+from handformer.check.core.context import (
+    Context,
+    finish,
+    forward_names,
+    forward_parameters,
+    globals_set,
+    module_sizes,
+)
 from handformer.check.core.discovery import Component, own_objects
 from handformer.check.core.result import DIFFERS, NOT_CHECKED, PASS, ComponentResult, Text, text
 from handformer.check.runners.generate_loop import (
@@ -221,10 +228,7 @@ def _model_component(ctx: Context, comp: Component) -> Component | None:
 def held_model(cls: type, module: Any) -> type | None:
     """The nn.Module class an engine class's constructor takes (its annotation, read in the file's
     namespace when it is a string)."""
-    try:
-        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
-    except (TypeError, ValueError):
-        return None
+    params = readable_parameters(cls.__init__)[1:]
     return next((hint for p in params if (hint := _module_hint(p, module)) is not None), None)
 
 
@@ -289,23 +293,13 @@ def own_driver(ctx: Context, comp: Component) -> Iterator[OwnDriver | None]:
     # loop must crop to: built long enough for every check's tokens
     cached = inspect.isclass(model_comp.obj) and bool(_cache_parameters(model_comp.obj.forward))
     sizes = {**gpt_sizes(ctx), "src_vocab": VOCAB, "max_len": CACHED_LEN if cached else BLOCK}
-    wanted = module_sizes(ctx.module, model_comp, sizes)
-    saved = {name: vars(ctx.module).get(name, _UNSET) for name in wanted}
-    vars(ctx.module).update(wanted)
     dtype = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)  # their model is float64 here: a cache it allocates must be too
-    try:
-        yield _build(ctx, model_comp, sizes, _engine_class(ctx, comp))
-    finally:
-        torch.set_default_dtype(dtype)
-        for name, value in saved.items():
-            if value is _UNSET:
-                vars(ctx.module).pop(name, None)
-            else:
-                vars(ctx.module)[name] = value
-
-
-_UNSET = object()
+    with globals_set(ctx.module, module_sizes(ctx.module, model_comp, sizes)):
+        torch.set_default_dtype(torch.float64)  # their model float64 here: a cache it allocates must be too
+        try:
+            yield _build(ctx, model_comp, sizes, _engine_class(ctx, comp))
+        finally:
+            torch.set_default_dtype(dtype)
 
 
 def _cache_parameters(forward: Any) -> set[str]:

@@ -654,10 +654,8 @@ def _handed(call: Caller, m: GPTMap, idx: Tensor) -> Tensor:
     handed: list[Tensor] = []
     block = call.module.get_submodule(m.blocks[0].name)
     handle = block.register_forward_pre_hook(lambda _, args: handed.append(fp.first_tensor(args, 3)))
-    try:
+    with fp.hooked([handle]):
         call(idx)
-    finally:
-        handle.remove()
     got = fp.first_tensor([*handed, torch.full((*idx.shape, D), math.nan).to(m.wte.weight)], 3)
     return got.transpose(0, 1) if call.first else got  # (T, B, D) -> (B, T, D)
 

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.module import register_module_forward_pre_hook
 
+from handformer.check.core.fingerprint import hooked, quietly
 from handformer.check.core.localize import Departure, Step, statement, trace_steps
 from handformer.check.core.result import text
 
@@ -85,12 +86,8 @@ def cached_call_departure(run: Callable[[], Any], filename: str) -> Departure | 
     steps: list[Step] = []
     calls = _Calls(filename, steps)
     handle = register_module_forward_pre_hook(lambda m, a: calls.before(m, a))
-    try:
-        trace_steps(run, filename, every=True, into=steps)
-    except Exception:  # noqa: BLE001 - it raises further on: the calls up to there are judged
-        pass
-    finally:
-        handle.remove()
+    with hooked([handle]):  # where it raises further on, the calls up to there are judged
+        quietly(lambda: trace_steps(run, filename, every=True, into=steps))
     starts = [start for _, start, _ in calls.made] + [len(steps)]
     for k in range(1, len(calls.made)):
         tokens = torch.cat([ids for ids, _, _ in calls.made[:k + 1]], 1)  # (B, b)

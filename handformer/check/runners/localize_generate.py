@@ -87,10 +87,8 @@ def localize_generate(run: Callable[[], Any], fn: Any, views: list[View], forms:
     code = inspect.unwrap(getattr(fn, "__func__", fn))
     filename = inspect.getsourcefile(code)
     steps: list[Step] = []
-    try:
-        trace_steps(run, filename, code.__code__, every=True, into=steps)
-    except Exception:  # noqa: BLE001 - it raises further on: the steps up to there are judged
-        pass
+    # where it raises further on, the steps up to there are judged
+    quietly(lambda: trace_steps(run, filename, code.__code__, every=True, into=steps))
     found = first_departure(steps, views, filename, {}, forms=forms)
     inner = found and quietly(lambda: cached_call_departure(run, filename))
     return replace(inner, called_from=(found.line, found.code)) if inner else found

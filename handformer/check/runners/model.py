@@ -255,16 +255,16 @@ def _reference_model(m: ModelMap, ch: Choices) -> Seq2SeqTransformer:
     return hf
 
 
+@torch.no_grad()
 def _copy_embeddings(hf: Seq2SeqTransformer, m: ModelMap, ch: Choices) -> None:
-    with torch.no_grad():
-        hf.src_embed.weight.copy_(m.src_embed.weight)
-        hf.tgt_embed.weight.copy_(m.tgt_embed.weight)
-        if m.positions is not None:
-            hf.positions.weight.copy_(m.positions.weight)
-        elif m.table is not None:
-            hf.positions.table.copy_(m.table)
-        if m.out is not None and not ch.tied_by_use:
-            copy_weights(hf.generator, Slot("output", m.out))
+    hf.src_embed.weight.copy_(m.src_embed.weight)
+    hf.tgt_embed.weight.copy_(m.tgt_embed.weight)
+    if m.positions is not None:
+        hf.positions.weight.copy_(m.positions.weight)
+    elif m.table is not None:
+        hf.positions.table.copy_(m.table)
+    if m.out is not None and not ch.tied_by_use:
+        copy_weights(hf.generator, Slot("output", m.out))
 
 
 def _copy_layers(hf: Seq2SeqTransformer, m: ModelMap) -> list[tuple[nn.Module, str, Slot]]:
@@ -787,12 +787,12 @@ def _readings(m: ModelMap, ch: Choices, src: Tensor, tgt: Tensor) -> list[list[V
             for hf in models]
 
 
+@torch.no_grad()
 def _embedded(hf: Seq2SeqTransformer, src: Tensor, tgt: Tensor) -> list[View]:
     """Each side's embedding (scaled as chosen) plus its positions (B, S or T, D)."""
-    with torch.no_grad():
-        return [(f"the {side} embedding plus positions",
-                 (embed(ids) + hf.positions(torch.arange(ids.size(1))[None])).double())
-                for side, embed, ids in (("source", hf.src_embed, src), ("target", hf.tgt_embed, tgt))]
+    return [(f"the {side} embedding plus positions",
+             (embed(ids) + hf.positions(torch.arange(ids.size(1))[None])).double())
+            for side, embed, ids in (("source", hf.src_embed, src), ("target", hf.tgt_embed, tgt))]
 
 
 def _against_handformer(res: ComponentResult, call: Caller, m: ModelMap, ch: Choices) -> None:

@@ -684,10 +684,7 @@ def _table_of_ids(res: ComponentResult, module: torch.nn.Module, B: int, T: int)
     except Exception:  # noqa: BLE001  (their forward refuses x: perhaps it takes the ids)
         pass
     ids = torch.ones(B, T, dtype=torch.long)
-    try:
-        out = module(ids)
-    except Exception:  # noqa: BLE001  (neither: the check reports the refusal of x)
-        return None
+    out = fp.quietly(lambda: module(ids))  # None where it refuses ids too: the check reports the refusal of x
     if not isinstance(out, Tensor) or tuple(out.shape) != (T, D):
         return None
     res.notes.append(text("forward(ids) returns the table PE[:T], which the embedding adds "

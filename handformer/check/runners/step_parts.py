@@ -17,7 +17,7 @@ from typing import Any
 import torch.nn as nn
 from torch import Tensor
 
-from handformer.check.core.argument_names import CRITERION_NAMES, PAD_NAMES
+from handformer.check.core.argument_names import CRITERION_NAMES, PAD_NAMES, readable_parameters
 from handformer.check.core.context import Context
 from handformer.check.core.discovery import own_objects
 
@@ -27,19 +27,11 @@ def _classes(fn: Any) -> list[Any]:
     return list(filter(inspect.isclass, own_objects(sys.modules[fn.__module__]).values()))
 
 
-def _init_params(cls: Any) -> list[inspect.Parameter]:
-    """A class's constructor arguments ([] when Python cannot read them)."""
-    try:
-        return list(inspect.signature(cls).parameters.values())
-    except (TypeError, ValueError):
-        return []
-
-
 def own_batch(ctx: Context, step: Any, fields: list[str], src: Tensor, tgt: Tensor, pad: int) -> Any:
     """The file's batch built from (src, tgt) with the pad id `pad`: a class of the file that takes
     them and sets every field the step reads; None when there is none."""
     for cls in _classes(step):
-        pads = {p.name: pad for p in _init_params(cls)[2:] if p.name.lower() in PAD_NAMES}
+        pads = {p.name: pad for p in readable_parameters(cls)[2:] if p.name.lower() in PAD_NAMES}
         try:
             batch = ctx.learner.call("forward", cls, src.clone(), tgt.clone(), **pads)
         except Exception:  # noqa: BLE001  (not a batch of this step: the next class, or the fields as before)
@@ -68,7 +60,7 @@ def own_loss_compute(ctx: Context, step: Any, criterion: Any) -> Any:
     and a criterion and nothing else; `criterion` itself when the file has none."""
     given = {"generator": nn.Identity(), "criterion": criterion}
     for cls in _classes(step):
-        roles = {p.name: ROLES.get(p.name.lower()) for p in _init_params(cls) if p.default is p.empty}
+        roles = {p.name: ROLES.get(p.name.lower()) for p in readable_parameters(cls) if p.default is p.empty}
         if sorted(map(str, roles.values())) == ["criterion", "generator"]:
             return ctx.learner.call("__init__", cls, **{n: given[r] for n, r in roles.items()})
     return criterion
