@@ -20,6 +20,7 @@ import functools
 import inspect
 import io
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -295,21 +296,21 @@ def _filter_kind(rows: Tensor, out: Tensor, takes: dict[str, str]) -> str | None
     return next((k for k in ("top_p", "top_k") if k in takes), None)
 
 
+def once_per_function(probe: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """probe(fn) run once a function (kind_of asks, then its runner), and every time for a callable
+    object Python cannot hash (a dataclass with __call__ has no __hash__)."""
+    cached = functools.lru_cache(maxsize=32)(probe)
+
+    @functools.wraps(probe)
+    def probe_once(fn: Any) -> bool:
+        return cached(fn) if isinstance(fn, collections.abc.Hashable) else probe(fn)
+    return probe_once
+
+
+@once_per_function
 def takes_one_row(fn: Any) -> bool:
     """Whether a function of logits (or probabilities) is written for one 1-D row (written_for_one_row),
-    probed with the settings it takes by name; probed once a function (kind_of, then its runner), and
-    every time for a callable object Python cannot hash (a dataclass with __call__)."""
-    if isinstance(fn, collections.abc.Hashable):
-        return _takes_one_row_once(fn)
-    return _probe_one_row(fn)
-
-
-@functools.lru_cache(maxsize=32)
-def _takes_one_row_once(fn: Any) -> bool:
-    return _probe_one_row(fn)
-
-
-def _probe_one_row(fn: Any) -> bool:
+    probed with the settings it takes by name."""
     params, names, _ = _signature(fn)
     probs = bool(set(names[:1]) & set(PROBS_NAMES))
     return written_for_one_row(fn, probs, {n: OPTION_VALUES[k] for k, n in _options(params).items()})
@@ -319,7 +320,7 @@ def _probe_one_row(fn: Any) -> bool:
 MIXED_ROWS = torch.cat([ROWS, ROWS * 0.25])
 
 
-@functools.lru_cache(maxsize=32)
+@once_per_function
 def rows_apart(fn: Any) -> bool:
     """Whether a function of logits runs on each 1-D row alone and a batch of them raises or gives a row
     something else than the row alone gets (`probs.max()` over the whole input, a softmax over dim=0):
