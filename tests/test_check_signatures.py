@@ -125,7 +125,7 @@ def test_a_filter_object_python_cannot_hash_is_probed_not_refused():
     """A callable dataclass (eq=True, so no __hash__) as a filter: probed each time, never a TypeError."""
     import dataclasses
 
-    from handformer.check.core.signatures import takes_one_row
+    from handformer.check.core.signatures import rows_apart, takes_one_row
 
     @dataclasses.dataclass
     class TopK:
@@ -136,3 +136,4 @@ def test_a_filter_object_python_cannot_hash_is_probed_not_refused():
             return logits.masked_fill(logits < cut, float("-inf"))
 
     assert takes_one_row(TopK()) is False
+    assert rows_apart(TopK()) is False
