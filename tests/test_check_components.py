@@ -89,3 +89,15 @@ def test_model_returning_hidden_states_without_a_head_is_not_failed(tmp_path):
         "return self.norm(h) @ self.embed_tokens.weight.T  # tied head", "return self.norm(h)")])
     (model,) = check_file(headless, only=["gpt"]).components
     assert model.status == "not_checked" and "holds no output layer" in model.error.message
+
+
+def test_a_mask_filled_with_torch_full_of_the_dtypes_minimum_passes(tmp_path):
+    """torch.full((T, T), torch.finfo(x.dtype).min) with no dtype (float32 by default) is what a
+    learner writes for float32 runs: check's float64 comparison keeps it float64 instead of failing
+    the learner on float32 overflow."""
+    written = edited_copy(tmp_path, HERE / "caller_mask_lm.py", [(
+        "logits = logits.masked_fill(~keep, torch.finfo(logits.dtype).min)",
+        "logits = logits + torch.full(keep.shape, torch.finfo(logits.dtype).min).masked_fill(keep, 0.0)")])
+    result = check_file(written, only=["gpt"])
+    (model,) = result.components
+    assert model.status == "pass", format_report(result)

@@ -3,7 +3,8 @@ one that fails: a block whose own causal mask is a sliding window (the window me
 the one its settings name), partial rotary from a config's partial_rotary_factor, a softmax asked in
 float32 of masked scores filled with finfo.min (no NaN while check runs in float64), an attention that
 replaces its causal mask with the one it is given, cos and sin handed as (B, T, Dh) tables, a free
-attention that requires its additive mask,
+attention that requires its additive mask, partial rotary handed (cos, sin) only as wide as the part
+of each head that turns,
 encoder and decoder layers with Hugging Face's argument names (the encoder's output by name), and a
 character-level SentencePiece BPE whose merges are replayed on the fixture's lines."""
 
@@ -51,6 +52,28 @@ def test_each_windowed_plant_fails(tmp_path, old, new, kind, words):
     result = check_file(_planted(tmp_path, "windowed.py", old, new), only=[kind])
     report = format_report(result)
     assert "fail" in {c.status for c in result.components} and words in report, report
+
+
+def test_partial_rotary_handed_narrow_tables_passes():
+    """GPT-NeoX's rotary_pct: the attention and the block take (cos, sin) as wide as the part of each
+    head that turns, the rotary module returns a table that narrow."""
+    result = check_file(str(HERE / "neox_partial.py"), only=["causal_attention", "block", "rope"])
+    status = {c.name: c.status for c in result.components}
+    assert status == {"NeoXSelfAttention": "pass", "NeoXRotaryEmbedding": "pass", "NeoXLayer": "pass"
+                      }, format_report(result)
+
+
+@pytest.mark.parametrize(("old", "new", "kind", "words"), [
+    # the frequencies' exponent over the head's width, not the turned part's
+    ("self.rotary_ndims, 2).float() / self.rotary_ndims", "self.rotary_ndims, 2).float() / head_size", "rope",
+     "rope_wrong_base"),
+    ("return torch.cat([-x2, x1], dim=-1)", "return torch.cat([x2, -x1], dim=-1)", "causal_attention",
+     "rope_rotation_sign"),
+])
+def test_each_partial_rotary_plant_fails(tmp_path, old, new, kind, words):
+    result = check_file(_planted(tmp_path, "neox_partial.py", old, new), only=[kind])
+    report = format_report(result)
+    assert [c.status for c in result.components] == ["fail"] and words in report, report
 
 
 def test_hf_seq2seq_layers_and_required_mask_function_pass():

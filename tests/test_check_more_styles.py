@@ -123,3 +123,18 @@ def test_a_size_read_wrong_is_quoted_where_it_is_read(tmp_path, plant):
     (sdpa,) = result.components
     assert sdpa.status == "fail" and [(f.name, f.line) for f in sdpa.findings] == [("departs", line)], (
         format_report(result))
+
+
+@pytest.mark.parametrize(("old", "new", "failing"), [
+    (None, None, None),
+    ("x.pow(2).mean(-1, keepdim=True) + self.eps", "x.pow(2).mean(-1, keepdim=True)", "RMSNorm"),
+    ("x1 * sin + x2 * cos]", "x2 * cos - x1 * sin]", "RoPE"),
+])
+def test_pieces_built_from_mlx_dims_are_checked(tmp_path, old, new, failing):
+    """MLX's constructor argument `dims` (nn.RMSNorm(dims), nn.RoPE(dims, traditional, base)) is the
+    width: both are built and graded, and a planted line fails its piece."""
+    path = edited_copy(tmp_path, HERE / "mlx_pieces.py", [(old, new)] if old else [])
+    result = check_file(path)
+    status = {c.name: c.status for c in result.components}
+    assert status == {"RMSNorm": "pass", "RoPE": "pass"} | ({failing: "fail"} if failing else {}), \
+        format_report(result)

@@ -1,6 +1,6 @@
 """`handformer check` on code written in another library's own layout, each a correct file that
 passes and a planted one-line mistake that fails: filters of one 1-D row of logits (llama.cpp's
-sampler chain), fairseq's sequence-first attention with torch.nn's key_padding_mask, Flax's
+sampler chain, and one that runs on a batch but mixes its rows beside them), fairseq's sequence-first attention with torch.nn's key_padding_mask, Flax's
 (B, T, H, Dh) attention, and the Annotated Transformer's training step with its own batch class and
 loss-compute wrapper."""
 
@@ -27,6 +27,20 @@ def test_filters_of_one_row_are_called_row_by_row_and_min_p_is_told_from_top_p(t
     assert {c.kind for c in result.components} == {"top_k", "top_p", "min_p"}
     off = edited_copy(tmp_path, HERE / "one_row_filters.py", [("scores < cutoff", "scores <= cutoff")])
     assert_failed_at(check_file(off, only=["top_k"]), "top_k_off_by_one", "scores <= cutoff")
+
+
+def test_a_filter_of_one_row_that_runs_on_a_batch_is_called_row_by_row_beside_filters_of_one_row(tmp_path):
+    result = check_file(str(HERE / "position_filters.py"))
+    assert statuses(result) == {"truncate_top_k": "pass", "truncate_min_p": "pass"}, format_report(result)
+    assert {c.kind for c in result.components} == {"top_k", "min_p"}
+    plain = edited_copy(tmp_path, HERE / "position_filters.py", [("floor = p * prob.max()", "floor = p")])
+    planted = check_file(plain, only=["min_p"])
+    assert_failed_at(planted, "min_p_not_scaled", "")
+    assert [f.code for c in planted.components for f in c.findings] == ["floor = p"], format_report(planted)
+    # beside a top-k that takes a batch, a min-p mixing the rows of a batch is a batched filter's mistake
+    batched = edited_copy(tmp_path, HERE / "position_filters.py", [
+        ("torch.topk(x, top_k).values[top_k - 1]", "torch.topk(x, top_k).values[..., -1:]")])
+    assert statuses(check_file(batched)) == {"truncate_top_k": "pass", "truncate_min_p": "fail"}
 
 
 def test_a_key_padding_mask_reshaped_before_masked_fill_is_read_as_torch_nn_reads_it(tmp_path):

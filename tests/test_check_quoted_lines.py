@@ -58,3 +58,43 @@ def test_a_named_mistake_matching_several_lines_is_quoted_where_the_heads_depart
                                      "return x.view(batch_size, self.n_heads, -1, self.d_k)", "mha",
                                      (("    def forward(self, q, k, v, mask=None):", helper), *calls))
     assert lines == {planted} and "split_no_transpose" in report, report
+
+
+QUOTED = FIXTURES / "learners_quoted" / "correct.py"
+TORCH_LAYERS = FIXTURES / "learners_torch_layers" / "correct.py"
+SCORES = "logits = q @ k.transpose(-2, -1) * (w // self.n_heads) ** -0.5"
+
+
+def test_a_scale_bound_on_its_own_line_is_quoted_there_not_where_it_is_used(tmp_path):
+    """`scale = 1.0 / d` two lines above `q @ k.T * scale`: the factor the scores are off by is that
+    number, so the line that bound it is the mistake (named by the catalogue: scale_by_dk)."""
+    lines, planted, report = _quoted(tmp_path, QUOTED, "scale = (w // self.n_heads) ** -0.5",
+                                     "scale = 1.0 / (w // self.n_heads)", "causal_attention",
+                                     ((SCORES, "scale = (w // self.n_heads) ** -0.5\n"
+                                               "        logits = q @ k.transpose(-2, -1) * scale"),))
+    assert lines == {planted} and "scale_by_dk" in report, report
+
+
+def test_queries_and_keys_unpacked_in_the_wrong_order_are_quoted_at_the_unpacking(tmp_path):
+    """`k, q, v = ...split(...)`: the scores come out transposed further on; the line quoted is the one
+    whose `k` holds the queries."""
+    lines, planted, report = _quoted(tmp_path, QUOTED, "q, k, v = self.qkv(h).split(w, dim=-1)",
+                                     "k, q, v = self.qkv(h).split(w, dim=-1)", "causal_attention")
+    assert lines == {planted} and "roles of q, k and v swapped" in report, report
+
+
+def test_a_greedy_decode_reading_the_first_position_is_quoted_where_it_reads_it(tmp_path):
+    lines, planted, report = _quoted(tmp_path, TORCH_LAYERS, "model.generator(out[:, -1])",
+                                     "model.generator(out[:, 0])", "greedy_decode")
+    assert lines == {planted} and "at position 0 of 2" in report, report
+
+
+def test_an_embedding_scaled_by_d_model_is_quoted_where_it_is_scaled(tmp_path):
+    """The factor d_model is read against the model's width (not the length of the positions it
+    builds), so the line that multiplies is quoted, not the one that stored self.d_model."""
+    lines, planted, report = _quoted(tmp_path, FIXTURES / "learners_karpathy" / "correct.py",
+                                     "tok_emb = self.token_embedding_table(idx)  # (B, T, C)",
+                                     "tok_emb = self.token_embedding_table(idx) * self.d_model", "gpt",
+                                     (("self.lm_head = nn.Linear(n_embd, vocab_size)",
+                                       "self.lm_head = nn.Linear(n_embd, vocab_size)\n        self.d_model = n_embd"),))
+    assert lines == {planted} and "= d_model" in report, report

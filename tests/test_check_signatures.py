@@ -119,3 +119,21 @@ def test_a_filter_found_by_what_it_does_is_graded_and_its_mistake_named(tmp_path
     result = check_file(str(wrong))
     assert result.components[0].status == "fail"
     assert "top_p_drops_crossing" in [f.name for f in result.components[0].findings], format_report(result)
+
+
+def test_a_filter_object_python_cannot_hash_is_probed_not_refused():
+    """A callable dataclass (eq=True, so no __hash__) as a filter: probed each time, never a TypeError."""
+    import dataclasses
+
+    from handformer.check.core.signatures import rows_apart, takes_one_row
+
+    @dataclasses.dataclass
+    class TopK:
+        k: int = 2
+
+        def __call__(self, logits):
+            cut = logits.topk(self.k, dim=-1).values[..., -1:]
+            return logits.masked_fill(logits < cut, float("-inf"))
+
+    assert takes_one_row(TopK()) is False
+    assert rows_apart(TopK()) is False

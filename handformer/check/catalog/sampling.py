@@ -47,7 +47,8 @@ DIAGNOSES: list[Diagnosis] = [
       "probs < min_p * probs.max(dim=-1, keepdim=True).values",
       "阈值要乘上最大的概率：probs < min_p * probs.max(dim=-1, keepdim=True).values",
       r"min_p\s*\*(?!.*\b(max|amax)\b)",
-      r"^(?!\s*self\.min_p\s*=).*[=<>]\s*\(?\s*(self\.)?min_p\s*\)?\s*(#|$)",  # not __init__ storing it
+      # not __init__ storing it; llama.cpp's sample_min_p(logits, p) names it p
+      r"^(?!\s*self\.min_p\s*=).*[=<>]\s*\(?\s*(self\.)?(min_p|p)\s*\)?\s*(#|$)",
       r"^(?!\s*def ).*\bmin_p\b"),
     d("temperature_twice",
       "the temperature is applied twice, so the distribution is sharpened (or flattened) by t squared",

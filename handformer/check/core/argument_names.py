@@ -103,6 +103,7 @@ SCHEDULE_ARGS: dict[str, tuple[str, ...]] = {
         "warm_up",
         "warmup_updates",
         "w",
+        "warmup_t",  # timm's, with t_initial
     ),
     "max_lr": (
         "max_learning_rate",
@@ -116,6 +117,12 @@ SCHEDULE_ARGS: dict[str, tuple[str, ...]] = {
         "max_learning_rate",
     ),
     "min_lr": ("min_learning_rate", "min_lr", "lr_min", "final_lr", "alpha_min", "end_lr"),
+    # a warmup-stable-decay schedule's stage at the peak (MiniCPM's, Hugging Face's get_wsd_schedule)
+    "stable": ("stable_steps", "num_stable_steps", "stable_iters", "stable_iterations", "stable",
+               "constant_steps", "hold_steps", "plateau_steps"),
+    # its decay's length (the run's end is `total`; decay_steps is both where a cosine takes it as its end)
+    "decay": ("decay_steps", "num_decay_steps", "decay_iters", "decay_iterations", "cooldown_steps",
+              "num_cooldown_steps", "decay_len"),
     "total": (
         "cosine_cycle_iters",
         "total_steps",
@@ -131,6 +138,7 @@ SCHEDULE_ARGS: dict[str, tuple[str, ...]] = {
         "training_steps",
         "decay_iters",
         "total",
+        "t_initial",
     ),
 }
 

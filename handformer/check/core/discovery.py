@@ -105,7 +105,9 @@ CONFIG_NAMES = ("config", "cfg", "args", "params", "hparams", "model_args", "con
 # UvA's MultiheadAttention(input_dim, embed_dim, num_heads) and EncoderBlock(input_dim, ...): the
 # width of the input (bentrevett's Encoder(input_dim, ...) embeds it: a vocabulary, size_roles.py)
 for _key, _names in {"d_model": ("hid_dim", "d_hid", "d_word_vec", "n_state", "emb", "in_features",
-                                 "input_dim"),
+                                 "input_dim",
+                                 # MLX's nn.RMSNorm(dims), nn.RoPE(dims, ...), ports that keep its names
+                                 "dims"),
                      "d_head": ("d_v",), "d_ff": ("pf_dim", "hidden_features"),
                      # a Chinese course's MultiHeadedAttention(head, embedding_dim, ...); openai/whisper's
                      # MultiHeadAttention(n_state, n_head), ResidualAttentionBlock(n_state, n_head)
@@ -139,6 +141,19 @@ class DiscoveryError(ValueError):
     def __init__(self, message: str, zh: str = "") -> None:
         super().__init__(message)
         self.zh = zh
+
+
+def cannot_fill(name: str, required: list[str], known: Any, found: Any, roles: str, takes: tuple[str, str],
+                ) -> None:
+    """Raise the DiscoveryError of a component `name` whose arguments its runner cannot fill: the first
+    of `required` (its arguments without a default) that is not `known` (one its runner fills), else
+    `roles` where not `found` (an argument the runner needs that none plays); `takes` (en, zh) says
+    what it takes."""
+    unknown = [n for n in required if n not in known]
+    if unknown or not found:
+        first = (unknown or [roles])[0]
+        raise DiscoveryError(f"{name}: cannot fill the argument {first!r}; {takes[0]}",
+                             zh=f"{name}：填不了参数 {first!r}；{takes[1]}")
 
 
 @dataclass
@@ -642,7 +657,7 @@ def paired_hidden(values: dict[str, Any], names: set[str], sizes: dict[str, Any]
     widths = {n for n in names if n.lower() in ARGUMENTS["d_model"]} - paired
     if not paired or not widths or (names - paired) & set(ARGUMENTS["d_ff"]) or not sizes.get("d_ff"):
         return values
-    return {**values, **{n: sizes["d_ff"] for n in paired}}
+    return {**values, **dict.fromkeys(paired, sizes["d_ff"])}
 
 
 def _class_fields(own: type) -> set[str]:

@@ -168,8 +168,8 @@ class _Tracer:
         return record
 
     def part(self, name: str, value: Any, part: tuple[nn.Module, Any] | None = None) -> None:
-        t = first_tensor(value)
-        if getattr(t, "grad_fn", None) is not None:  # a tensor made from the input
+        t = first_tensor(value)  # a tensor made from the input; with `every`, any a part makes (a loop's)
+        if getattr(t, "grad_fn", None) is not None or self.every and isinstance(t, Tensor):
             self.steps.append(Step(self.now, name, _copy(t), part=part))
 
 
@@ -290,12 +290,10 @@ def factor_name(c: float, sizes: dict[str, float]) -> str:
 
 
 def _power_name(c: float, sizes: dict[str, float], powers: tuple[float, ...]) -> str | None:
-    for p in powers:
-        for name, n in sizes.items():
-            for sign, form in ((1, "{}"), (-1, "1/{}")):
-                if n > 0 and n != 1 and math.isclose(c, n ** (sign * p), rel_tol=1e-4):
-                    return form.format({0.5: f"sqrt({name})", 1.0: name}.get(p, f"{name}**{p:g}"))
-    return None
+    tried = itertools.product(powers, sizes.items(), ((1, "{}"), (-1, "1/{}")))
+    return next((form.format({0.5: f"sqrt({name})", 1.0: name}.get(p, f"{name}**{p:g}"))
+                 for p, (name, n), (sign, form) in tried
+                 if n > 0 and n != 1 and math.isclose(c, n ** (sign * p), rel_tol=1e-4)), None)
 
 
 def _whole_name(c: float) -> str | None:
@@ -612,12 +610,16 @@ class Departure:
         return text(f"the first step that parts from the reference is `{self.name}` at {at}; the difference: "
                     f"{form['en']}", f"第一个与参考不同的中间结果是{at_zh}；差别：{form['zh']}")
 
+    def quoted(self) -> tuple[int, str]:
+        """The learner's line to quote: this one (the helper's caller is in the text), or the line that
+        bound a number wrong (`d_k = q.size(-2)`, `scale = 1.0 / d`), the line using it being right as
+        written, or the line calling a helper that is right in another call."""
+        return ((self.source[0], self.source[2]) if self.misread else
+                self.called_from if self.shared else (self.line, self.code))
+
     def finding(self) -> Finding:
-        """The report's finding: this line (one of the learner's; the helper's caller is in the text), or
-        the line that read a size wrong (`d_k = q.size(-2)`), the line using it being right as written."""
-        line, code = ((self.source[0], self.source[2]) if self.misread else
-                      self.called_from if self.shared else (self.line, self.code))
-        return Finding(DEPARTS, self.describe(), line, code)
+        """The report's finding, at the line `quoted` names."""
+        return Finding(DEPARTS, self.describe(), *self.quoted())
 
 
 def first_departure(steps: list[Step], views: list[View], filename: str, sizes: dict[str, float],
@@ -724,7 +726,7 @@ def _departure(step: Step, views: list[View], filename: str, sizes: dict[str, fl
     source = _size_source(written, statement(filename, line), form, sizes, filename)
     return Departure(line, written.name, statement(filename, line, not called), form,
                      None if source else called or None, source, part=written.part,
-                     misread=_misread(written, source, sizes))
+                     misread=bool(source) and _misread(written.numbers[source[1]][1], source[1], sizes, form))
 
 
 # the names a size is read under (a head's width: d_k, head_dim, ...), as the localizer's sizes name it
@@ -732,25 +734,41 @@ SIZE_NAMES = {**dict.fromkeys(("d_k", "head_dim", "d_head", "head_size", "dim_he
               "d_model": "d_model", "n_heads": "n_heads", "num_heads": "n_heads"}
 
 
-def _misread(step: Step, source: tuple[int, str, str] | None, sizes: dict[str, float]) -> bool:
-    """Whether the size a departing line uses was read on its line under the name of another size
-    (`d_k = q.size(-2)`: d_k holding the length T): then that line is the mistake."""
-    name = SIZE_NAMES.get(source[1].removeprefix("self.") if source else "", "")
-    return name in sizes and (step.numbers or {})[source[1]][1] != sizes[name]
+def _misread(value: float, name: str, sizes: dict[str, float], form: Text | None) -> bool:
+    """Whether a number (`name`, its value) a departing line uses was bound wrong on its own line: read
+    under the name of another size (`d_k = q.size(-2)`: d_k holding the length T), or it is the whole
+    difference (see `_holds_factor`): then that line is the mistake."""
+    size = SIZE_NAMES.get(name.removeprefix("self."), "")
+    return size in sizes and value != sizes[size] or _holds_factor(value, form, sizes)
+
+
+# the factor a form names: "... times a constant factor 0.25 = 1/d_k" (in its English text)
+FACTOR_SAID = re.compile(r"times a constant factor (-?\d+(?:\.\d+)?(?:e-?\d+)?)")
+
+
+def _holds_factor(value: float, form: Text | None, sizes: dict[str, float]) -> bool:
+    """A fraction, not a whole number (a count of heads, a size), that is the constant factor c the form
+    names, times 1 or the reference's own scale on the view it names (1/sqrt(d_k) on the scores), as a
+    scale is (`scale = 1.0 / d` used as `q = q * scale`, the scale wanting 1/sqrt(d)): the difference
+    is that number, so the line that bound it is the one written wrong."""
+    c = abs(float(next(iter(FACTOR_SAID.findall(str(form))), "nan")))
+    return value != round(value) and _power_name(abs(value) / c, sizes, (0.0, 0.5)) is not None  # n**0: 1
 
 
 def _size_source(step: Step, code: str, form: Text | None, sizes: dict[str, float], filename: str,
                  ) -> tuple[int, str, str] | None:
     """A number the departing line uses whose value is a size the form names, bound on another line
-    (`d_k = query.size(-2)`: 5 = T where the scale wants d_k): (that line, the name, its code)."""
+    (`d_k = query.size(-2)`: 5 = T where the scale wants d_k): (that line, the name, its code); the
+    number that is the whole difference (`_holds_factor`) first."""
     said = (form or {"en": ""})["en"]
     named = {sizes[k] for k in sizes.keys() & set(re.findall(r"[A-Za-z_]\w*", said))}
     written = {float(n) for n in re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e-?\d+)?", said)}  # `writes 1`
     used = set(re.findall(r"self\.\w+|[A-Za-z_]\w*", code))
-    return next(((line, name, statement(filename, line, False)) for name, (line, value) in
-                 (step.numbers or {}).items() if name in used and line != step.line and (
-                     value in named or name.startswith("self.") and any(
-                         math.isclose(value, n, rel_tol=1e-3) for n in written))), None)
+    bound = sorted((not _holds_factor(value, form, sizes), line, name) for name, (line, value) in
+                   (step.numbers or {}).items() if name in used and line != step.line and (
+                       value in named or _holds_factor(value, form, sizes) or name.startswith("self.")
+                       and any(math.isclose(value, n, rel_tol=1e-3) for n in written)))
+    return next(((line, name, statement(filename, line, False)) for _, line, name in bound), None)
 
 
 def _inside(step: Step, filename: str) -> int | None:
@@ -984,8 +1002,33 @@ def localize_attention(runs: list[Run], w: V.MHAWeights, filename: str, causal_i
     if not read or any(at is None for at, *_ in read):
         return None  # one reading explains every step
     at, steps, views, scores = max(read, key=lambda r: r[0])
-    found = _departure(steps[at], views, filename, sizes, scores, [("the input x", x.detach())])
+    found = _mislabeled(steps[:at], views, filename) or _departure(steps[at], views, filename, sizes, scores,
+                                                                  [("the input x", x.detach())])
     return traced(found, steps, filename, views)
+
+
+# the names learners give queries, keys and values (q, xq, query, queries, query_states, q_heads), by role
+ROLE_NAMES = re.compile(r"(?P<q>x?q|quer(y|ies)(_\w+)?|q_\w+)|(?P<k>x?k|keys?(_\w+)?|k_\w+)|"
+                        r"(?P<v>x?v|values?(_\w+)?|v_\w+)")
+# a view of q, k or v ("q", "the heads of k (B, T, H, Dh)") and its role; any other view, no role (None)
+ROLE_VIEW = re.compile(r"(?:the heads of )?([qkv])(?:, .*| \(.*)?|.*")
+
+
+def _mislabeled(steps: list[Step], views: list[View], filename: str) -> Departure | None:
+    """The first step named as queries, keys or values (`query`, `k`) that holds another of them (an
+    unpacking in the wrong order: `key, query, value = qkv.split(...)`): the line where the roles were
+    swapped, before the scores that show it (transposed); a value handed to a helper is not one its
+    code made. None when every such step holds its own."""
+    roles = [(ROLE_VIEW.fullmatch(what), r) for what, r in layouts(views, {s.value.shape for s in steps})]
+    for step in steps:
+        named = ROLE_NAMES.fullmatch(step.name)
+        held = {m[1] for m, r in roles if same(step.value, r)} - {None}
+        if named and not step.given and held and named.lastgroup not in held:
+            said, other = named.lastgroup, min(held)
+            return Departure(step.line, step.name, statement(filename, step.line), text(
+                f"it holds {other}, where its name says {said}: the roles of q, k and v swapped",
+                f"它存的是 {other}，名字却说是 {said}：q、k、v 的角色弄反了"))
+    return None
 
 
 def note_raised_attention(res: ComponentResult, comp: Any, runs: list[Run], w: V.MHAWeights,
@@ -1021,7 +1064,7 @@ def place_findings(res: ComponentResult, localize: Callable[[], Any], lines: lis
     for finding in unsure:
         matched = _one_of_several(finding, lines) and found.line in lines_matching(finding.name, lines)
         if finding.line is None or matched or misplaced(finding, found) or deeper(finding, found):
-            finding.line, finding.code = found.line, found.code
+            finding.line, finding.code = found.quoted()
 
 
 def _one_of_several(finding: Finding, lines: list[tuple[int, str]]) -> bool:

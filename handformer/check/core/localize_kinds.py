@@ -116,7 +116,7 @@ def localize_ffn(module: nn.Module, readings: list[V.FFNWeights], x: Tensor) -> 
 
 
 def _all_parts(module: nn.Module) -> list[tuple[str, nn.Module]]:
-    return [(f"self.{n}", m) for n, m in module.named_modules() if n and not isinstance(m, nn.Dropout)]
+    return [(f"self.{n}", m) for n, m in list(module.named_modules())[1:] if not isinstance(m, nn.Dropout)]
 
 
 # --- LayerNorm and RMSNorm ------------------------------------------------------------------------
@@ -416,7 +416,7 @@ def module_views(run: Callable[[], Any], module: nn.Module, words: dict[str, str
             out.extend([(what, t.detach().double())] * (t is not None))
         return record
 
-    parts = [(name, m) for name, m in module.named_modules() if name]
+    parts = list(module.named_modules())[1:]  # the module itself ("") first
     handles = [m.register_forward_hook(hook(name)) for name, m in parts]
     handles += [m.register_forward_pre_hook(hook(name)) for name, m in parts] * inputs
     with hooked(handles), torch.no_grad():
@@ -439,7 +439,7 @@ def localize_model(run: Callable[[], Any], module: nn.Module, readings: list[lis
     filename = filename or inspect.getsourcefile(cls)
     code = {f.__code__ for f in vars(cls).values() if inspect.isfunction(f)}
     steps = trace_steps(run, filename, code, _children(module), constants)
-    D = next(t for _, t in readings[0]).size(-1)
+    D = next(t for _, t in readings[0] if t.dim() >= 3).size(-1)  # (B, T, D): not the positions (T,)
     found = latest_departure(steps, readings, filename, {"d_model": D})
     first = next((s.line for s in steps if not s.given), None)  # the first line of theirs that made a value
     if graded_part and getattr(found, "line", None) == first:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import sys
 from collections.abc import Callable, Iterator
 from operator import attrgetter
@@ -33,7 +34,7 @@ def float64_kept() -> Iterator[None]:
     """`Tensor.float` and `.to(torch.float32)` called from a float64 module of the learner's give
     float64, and their float32 softmaxes of float64 scores stay float64, while the block runs; put
     back after it."""
-    kept = {(Tensor, "float"): _float_kept, (Tensor, "to"): _to_kept,
+    kept = {(Tensor, "float"): _float_kept, (Tensor, "to"): _to_kept, (torch, "full"): _full_kept,
             **dict.fromkeys(itertools.product((F, torch, Tensor), ("softmax", "log_softmax")), _upcast_kept)}
     held = [(owner, name, getattr(owner, name)) for owner, name in kept]
     _put([(owner, name, kept[owner, name](original)) for owner, name, original in held])
@@ -82,6 +83,23 @@ def _to_kept(to: Callable[..., Tensor]) -> Callable[..., Tensor]:
         if _wide(sys._getframe(1)):
             args, kwargs = _swapped(args, kwargs, torch.float64)
         return to(self, *args, **kwargs)
+
+    return kept
+
+
+FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+def _full_kept(full: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """torch.full that, called from the learner's file without a dtype and with a number float32
+    cannot hold (`torch.full((T, T), torch.finfo(x.dtype).min)` of check's float64 x), gives float64
+    where it would raise; every other call as written."""
+
+    def kept(size: Any, fill_value: Any, *args: Any, **kwargs: Any) -> Tensor:
+        wide = isinstance(fill_value, float) and FLOAT32_MAX < abs(fill_value) < math.inf
+        if wide and not args and "dtype" not in kwargs and _caller(sys._getframe(1)) == LEARNER:
+            kwargs["dtype"] = torch.float64
+        return full(size, fill_value, *args, **kwargs)
 
     return kept
 

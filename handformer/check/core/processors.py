@@ -65,8 +65,14 @@ NONE = ("", "")  # no processor
 def own_call(cls: Any) -> Any:
     """The `__call__` a class of the learner's file defines, or inherits from a class of that file
     (else a function of no arguments)."""
-    call = inspect.getattr_static(cls, "__call__", _nothing)  # a class's own or inherited: a plain function
-    return call if inspect.isfunction(call) and call.__module__ == cls.__module__ else _nothing
+    return own_method(cls, "__call__")
+
+
+def own_method(cls: Any, name: str) -> Any:
+    """The method `name` a class of the learner's file defines, or inherits from a class of that file
+    (else a function of no arguments)."""
+    method = inspect.getattr_static(cls, name, _nothing)  # a class's own or inherited: a plain function
+    return method if inspect.isfunction(method) and method.__module__ == cls.__module__ else _nothing
 
 
 def _nothing() -> None:

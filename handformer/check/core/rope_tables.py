@@ -107,11 +107,61 @@ TABLE_FORMS = {"freqs_cis": either_table, "cos_sin": either_cos_sin,
                "alibi": either_alibi}
 
 
-def with_tables(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool], B: int) -> Any:
+def with_tables(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, Any], B: int) -> Any:
     """fn(*args, **kwargs), its rotary table (kwargs' freqs_cis, cos_sin or position_embeddings) in
-    the form it takes (TABLE_FORMS)."""
+    the form it takes (TABLE_FORMS); (cos, sin) tables at a narrower width where it turns only part of
+    each head (either_width)."""
     form = next((TABLE_FORMS[name] for name in TABLE_FORMS if name in kwargs), None)
+    if form in NARROWED:
+        return either_width(form, fn, list(args), kwargs, layout, B)
     return form(fn, list(args), kwargs, layout, B) if form else fn(*args, **kwargs)
+
+
+def _narrow(t: Tensor, width: int, sine: bool) -> Tensor:
+    """A cos (or sin) table (..., T, Dh) rebuilt for a rotary width below the head's, (..., T, width)."""
+    return cos_sin(t.size(-2), width)[sine].to(t.dtype).expand(*t.shape[:-1], width)
+
+
+# the (cos, sin) tables of a form, rebuilt for the part of each head that turns (partial rotary: Phi's
+# partial_rotary_factor, GPT-NeoX's rotary_pct): the kwargs handed, and that width
+NARROWED: dict[Callable[..., Any], Callable[[dict[str, Any], int], dict[str, Any]]] = {
+    either_cos_sin_layout: lambda k, w: {**k, "position_embeddings": (
+        _narrow(k["position_embeddings"][0], w, False), _narrow(k["position_embeddings"][1], w, True))},
+    either_cos_sin_tables: lambda k, w: {**k, **{n: _narrow(k[n], w, n == "sin")
+                                                 for n in {"cos", "sin"} & k.keys()}},
+}
+
+
+def either_width(form: Callable[..., Any], fn: Any, args: list[Any], kwargs: dict[str, Any],
+                 layout: dict[str, Any], B: int) -> Any:
+    """form(fn, ...) with (cos, sin) tables as wide as a head, else as wide as the part of it that
+    turns (2, 4, ... below the head's width: partial rotary); the share of the head that runs is kept
+    (layout["share"], 1 for the whole head) for later calls at other widths. When none runs, the full
+    width's error is raised."""
+    head = kwargs.get("cos", kwargs.get("position_embeddings", [None])[0]).size(-1)  # a head's width
+    if layout.get("share") is not None:
+        return form(fn, args, NARROWED[form](kwargs, round(layout["share"] * head)), layout, B)
+    try:
+        out = form(fn, args, kwargs, layout, B)
+    except Exception as first:  # noqa: BLE001 - theirs, unless a narrower table runs
+        out = _narrower(form, fn, args, kwargs, layout, B, first)
+    layout.setdefault("share", 1)
+    return out
+
+
+def _narrower(form: Callable[..., Any], fn: Any, args: list[Any], kwargs: dict[str, Any],
+              layout: dict[str, Any], B: int, first: Exception) -> Any:
+    """form(fn, ...) with the tables at the first narrower width that runs, its share of the head kept;
+    else `first` raised."""
+    head = kwargs.get("cos", kwargs.get("position_embeddings", [None])[0]).size(-1)
+    for width in range(2, head, 2):
+        try:
+            out = form(fn, args, NARROWED[form](kwargs, width), layout, B)
+        except Exception:  # noqa: BLE001 - not this width
+            continue
+        layout["share"] = width / head
+        return out
+    raise first
 
 
 def with_positions(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool], B: int) -> Any:

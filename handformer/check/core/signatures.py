@@ -14,11 +14,13 @@ Shape legend: B rows, V vocabulary.
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import functools
 import inspect
 import io
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -53,7 +55,7 @@ from handformer.check.core.argument_names import (
     call_parameters,
     named,
 )
-from handformer.check.core.processors import own_call, posing_as
+from handformer.check.core.processors import own_call, own_method, posing_as
 from handformer.check.core.source import config_reads, source_text
 from handformer.check.core.special_ids import DEVICE_NAMES
 
@@ -98,12 +100,12 @@ def _schedule(names: list[str], required: set[str]) -> bool:
     """A learning-rate schedule (`warmup_cosine(step, warmup, max_steps, max_lr, min_lr)`), or a factory
     of a torch scheduler (`cosine_with_warmup(optimizer, num_warmup_steps, num_training_steps)`, Hugging
     Face's): the step or the optimizer first, then settings only, a warmup among them and d_model, an
-    end or a floor."""
+    end, a floor or a stable stage (a warmup-stable-decay schedule)."""
     settings = SCHEDULE_ARGS
     known = set().union(*settings.values())
     has = lambda key: _takes_each(names[1:], [settings[key]])  # noqa: E731
     return (bool(names) and names[0] in SCHEDULE_FIRST and required - {names[0]} <= known
-            and has("warmup") and (has("d_model") or has("total") or has("min_lr")))
+            and has("warmup") and (has("d_model") or has("total") or has("min_lr") or has("stable")))
 
 
 def schedule_signature(fn: Any) -> bool:
@@ -119,7 +121,7 @@ def schedule_class(cls: Any) -> type | None:
     `__call__` takes more or other than a step, or the settings are not a schedule's."""
     steps = [p.name for p in call_parameters(own_call(cls), ("self",))]
     if len(steps) != 1 or steps[0].lower() not in SCHEDULE_STEP_NAMES:
-        return None
+        return stepped_scheduler(cls)
 
     def new(_: type, **arguments: Any) -> Any:
         step = arguments.pop(steps[0])
@@ -131,6 +133,31 @@ def schedule_class(cls: Any) -> type | None:
     except ValueError:
         return None
     fn = posing_as(cls, new, signature)
+    return fn if schedule_signature(fn) else None
+
+
+def stepped_scheduler(cls: Any) -> type | None:
+    """A scheduler class built on the optimizer whose own `step(epoch)` takes the step and writes the
+    rate into the optimizer (timm's `CosineLRScheduler(optimizer, t_initial, ...)`) as a function of the
+    step and the constructor's other settings: built on an SGD of lr 1, stepped to the step, the rate
+    its group holds (placed and named as the class); None for any other class."""
+    steps = [p.name for p in call_parameters(own_method(cls, "step"), ("self",))]
+    try:
+        settings = call_parameters(cls.__init__, ("self",))
+    except ValueError:  # a constructor of C: no scheduler of the learner's
+        return None
+    if len(steps) != 1 or steps[0].lower() not in SCHEDULE_STEP_NAMES or not settings or (
+            settings[0].name.lower() not in OPTIMIZER_NAMES):
+        return None
+
+    def new(_: type, **arguments: Any) -> float:
+        step = arguments.pop(steps[0])
+        optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+        cls(optimizer, **arguments).step(step)
+        return optimizer.param_groups[0]["lr"]
+
+    given = inspect.Parameter(steps[0], inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    fn = posing_as(cls, new, inspect.Signature([given, *settings[1:]]))
     return fn if schedule_signature(fn) else None
 
 
@@ -228,7 +255,9 @@ def _logits_kind(fn: Any, params: list[inspect.Parameter], names: list[str], req
     probs = names[0] in PROBS_NAMES
     rows = ROWS.softmax(-1) if probs else ROWS
     options = {n: OPTION_VALUES[k] for k, n in takes.items()}
-    call = _by_row if takes_one_row(fn) else _call
+    # one 1-D row's code may run on a batch, mixing its rows (llama.cpp's min-p, a softmax over dim 0):
+    # what it does is read row by row
+    call = _by_row if rows_apart(fn) else _call
     outs = [call(fn, rows, options) for _ in range(2)]
     if any(out is None for out in outs):
         return None
@@ -267,10 +296,21 @@ def _filter_kind(rows: Tensor, out: Tensor, takes: dict[str, str]) -> str | None
     return next((k for k in ("top_p", "top_k") if k in takes), None)
 
 
-@functools.lru_cache(maxsize=32)
+def once_per_function(probe: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """probe(fn) run once a function (kind_of asks, then its runner), and every time for a callable
+    object Python cannot hash (a dataclass with __call__ has no __hash__)."""
+    cached = functools.lru_cache(maxsize=32)(probe)
+
+    @functools.wraps(probe)
+    def probe_once(fn: Any) -> bool:
+        return cached(fn) if isinstance(fn, collections.abc.Hashable) else probe(fn)
+    return probe_once
+
+
+@once_per_function
 def takes_one_row(fn: Any) -> bool:
     """Whether a function of logits (or probabilities) is written for one 1-D row (written_for_one_row),
-    probed with the settings it takes by name; probed once a function (kind_of, then its runner)."""
+    probed with the settings it takes by name."""
     params, names, _ = _signature(fn)
     probs = bool(set(names[:1]) & set(PROBS_NAMES))
     return written_for_one_row(fn, probs, {n: OPTION_VALUES[k] for k, n in _options(params).items()})
@@ -280,10 +320,24 @@ def takes_one_row(fn: Any) -> bool:
 MIXED_ROWS = torch.cat([ROWS, ROWS * 0.25])
 
 
+@once_per_function
+def rows_apart(fn: Any) -> bool:
+    """Whether a function of logits runs on each 1-D row alone and a batch of them raises or gives a row
+    something else than the row alone gets (`probs.max()` over the whole input, a softmax over dim=0):
+    one 1-D row's code, or (where it runs) a batched filter's mistake, as the file's other filters say."""
+    params, names, _ = _signature(fn)
+    rows = MIXED_ROWS.softmax(-1) if set(names[:1]) & set(PROBS_NAMES) else MIXED_ROWS
+    options = {n: OPTION_VALUES[k] for k, n in _options(params).items()}
+    batch, alone = _call(fn, rows, options), _by_row(fn, rows, options)
+    return alone is not None and (batch is None or batch.shape != alone.shape or not torch.equal(
+        batch, alone))
+
+
 def written_for_one_row(fn: Any, probs: bool, options: dict[str, Any]) -> bool:
     """Whether fn takes one 1-D row of logits (llama.cpp's sampler chain ported to a vector): rows given
-    one at a time work where a batch raises. A batch that runs is graded as a batch: one that mixes its
-    rows (`probs.max()` over all of them, a softmax over dim=0) is a batched filter's mistake."""
+    one at a time work where a batch raises. A batch that runs is graded as a batch unless the file's
+    other filters take one row (rows_apart): one that mixes its rows beside batched filters is a batched
+    filter's mistake."""
     rows = MIXED_ROWS.softmax(-1) if probs else MIXED_ROWS
     out, error = _attempt(fn, rows, options)
     numbers = "probability tensor" in str(error)  # a batch's own NaN or negative probabilities: a batch step

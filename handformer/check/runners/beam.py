@@ -46,7 +46,7 @@ from torch import Tensor
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import BEAM_NAMES as NAMES  # noqa: F401
 from handformer.check.core.context import Context, finish, forward_parameters, guarded, named, names_of
-from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.discovery import Component, cannot_fill
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.runners.beam_models import (  # noqa: F401
@@ -197,16 +197,12 @@ def _call(comp: Component, ctx: Context) -> Call:
     params = forward_parameters(comp.obj)
     names, required = names_of(params)
     arg = {key: named(names, aliases) for key, aliases in NAMES.items()}
-    unknown = [n for n in required if n not in arg.values()]
-    if unknown or not arg["model"] or not arg["src"] or not arg["beam"]:
-        first = (unknown or ["model / src / beam_size"])[0]
-        raise DiscoveryError(f"{comp.name}: cannot fill the argument {first!r}; beam search takes (model, "
-                             "src, src_mask, max_len, start_symbol, end_symbol, beam_size, alpha), the beam "
-                             "size as beam_size (beam_width, k, num_beams) and the length penalty as alpha "
-                             "(length_penalty)",
-                             zh=f"{comp.name}：填不了参数 {first!r}；束搜索接受 (model, src, src_mask, "
-                                "max_len, start_symbol, end_symbol, beam_size, alpha)，束宽叫 "
-                                "beam_size（beam_width、k、num_beams），长度惩罚叫 alpha（length_penalty）")
+    found = arg["model"] and arg["src"] and arg["beam"]
+    cannot_fill(comp.name, required, arg.values(), found, "model / src / beam_size", (
+        "beam search takes (model, src, src_mask, max_len, start_symbol, end_symbol, beam_size, alpha), the "
+        "beam size as beam_size (beam_width, k, num_beams) and the length penalty as alpha (length_penalty)",
+        "束搜索接受 (model, src, src_mask, max_len, start_symbol, end_symbol, beam_size, alpha)，束宽叫 "
+        "beam_size（beam_width、k、num_beams），长度惩罚叫 alpha（length_penalty）"))
     steps_from_max = 0 if arg["max_len"] == "max_new_tokens" else 1
     return Call(comp, ctx, arg, steps_from_max)
 

@@ -34,7 +34,7 @@ from handformer.check.core.argument_names import (
     names_of,
 )
 from handformer.check.core.context import Context, forward_parameters
-from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.discovery import Component, DiscoveryError, cannot_fill
 from handformer.check.core.result import DIFFERS, PASS, ComponentResult, text
 from handformer.check.runners.beam_models import BOS, Steered, Table, hypothesis_tokens
 
@@ -166,14 +166,10 @@ LOST = ("your model keeps its cache inside itself (none is handed back), so chec
 def lm_call(comp: Component, ctx: Context, steps: int) -> LMCall:
     names, required = names_of(forward_parameters(comp.obj))
     arg = {key: named(names, aliases) for key, aliases in ARGS.items()}
-    unknown = [n for n in required if n not in arg.values()]
-    if unknown or not arg["beam"]:
-        first = (unknown or ["beam_size"])[0]
-        raise DiscoveryError(f"{comp.name}: cannot fill the argument {first!r}; a language model's beam "
-                             "search takes (model, prompt, beam_size, max_new_tokens, eos_id, "
-                             "length_penalty)",
-                             zh=f"{comp.name}：填不了参数 {first!r}；语言模型的束搜索接受 (model, "
-                                "prompt, beam_size, max_new_tokens, eos_id, length_penalty)")
+    cannot_fill(comp.name, required, arg.values(), arg["beam"], "beam_size", (
+        "a language model's beam search takes (model, prompt, beam_size, max_new_tokens, eos_id, "
+        "length_penalty)",
+        "语言模型的束搜索接受 (model, prompt, beam_size, max_new_tokens, eos_id, length_penalty)"))
     return LMCall(comp, ctx, arg, steps)
 
 

@@ -32,12 +32,14 @@ from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import DECODING_NAMES as NAMES  # noqa: F401
-from handformer.check.core.context import Context, finish, forward_parameters, named
-from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.context import Context, finish, forward_parameters, named, names_of
+from handformer.check.core.discovery import Component, cannot_fill
+from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import DIFFERS, FAIL, PASS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.special_ids import SpecialIds, loop_extras, reads_end
 from handformer.check.runners.beam_own import OwnSteered, first_decoder_layer, own_seq2seq
+from handformer.check.runners.localize_generate import position_departure
 from handformer.check.runners.model import source_ids, source_mask
 from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
@@ -164,17 +166,14 @@ def own_reference(call: Any, src: Tensor, stop: bool) -> list[int]:
 def check_greedy_decode(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     params = forward_parameters(comp.obj)
-    names = [p.name for p in params]
+    names, required = names_of(params)
     arg = {key: named(names, aliases) for key, aliases in NAMES.items()}
     extras = loop_extras(params, SpecialIds(BOS, EOS, PAD, UNK))
-    unknown = [p.name for p in params if p.default is p.empty and p.name not in (*arg.values(), *extras)]
-    if unknown or not arg["model"] or not arg["src"]:
-        first = (unknown or ["model / src"])[0]
-        raise DiscoveryError(f"{comp.name}: cannot fill the argument {first!r}; greedy decoding takes "
-                             "(model, src, src_mask, max_len, start_symbol), and optionally an end symbol "
-                             "(end_symbol, eos_idx, ...)",
-                             zh=f"{comp.name}：填不了参数 {first!r}；贪心解码接受 (model, src, src_mask, "
-                                "max_len, start_symbol)，还可以有结束符（end_symbol、eos_idx 等）")
+    cannot_fill(comp.name, required, {*arg.values(), *extras}, arg["model"] and arg["src"], "model / src", (
+        "greedy decoding takes (model, src, src_mask, max_len, start_symbol), and optionally an end symbol "
+        "(end_symbol, eos_idx, ...)",
+        "贪心解码接受 (model, src, src_mask, max_len, start_symbol)，"
+        "还可以有结束符（end_symbol、eos_idx 等）"))
     eos_name = None if arg["end"] else global_eos(comp.obj)
     stop = arg["end"] is not None or eos_name is not None or reads_end(comp.obj, extras)
     values = getattr(inspect.unwrap(comp.obj), "__globals__", {})  # its module's, under @torch.no_grad() too
@@ -291,7 +290,9 @@ def _compare_tokens(res: ComponentResult, ctx: Context, comp: Component,
     values = {"model": model, "src": source_ids(model, source()), "src_mask": source_mask(model, source()),
               "max_len": MAX_LEN, "start": BOS, "end": EOS}
     kwargs = {name: values[key] for key, name in given[0].items() if name} | given[1]
-    got = _tokens(ctx, comp, ctx.learner.call("forward", comp.obj, **kwargs))
+    def run() -> Any:
+        return ctx.learner.call("forward", comp.obj, **kwargs)
+    got = _tokens(ctx, comp, run())
     notes = []
     if got[:1] != [BOS]:  # some loops return the new tokens only
         right = right[1:]
@@ -303,24 +304,30 @@ def _compare_tokens(res: ComponentResult, ctx: Context, comp: Component,
                           f"{comp.name} 没有结束符参数，所以不能在 EOS 处停下"
                           "（Annotated Transformer 的写法）：按 max_len 个 token 比较"))
     res.notes += [note for note in notes if note not in res.notes]  # once, over every scenario
-    trimmed = got
-    if stop and EOS in got:  # padding after EOS (a batch-style loop) is fine
-        end = got.index(EOS) + 1
-        if all(t in (PAD, EOS) for t in got[end:]):
-            trimmed = got[:end]
-    ok = trimmed == right
+    end = got.index(EOS) + 1 if stop and EOS in got else len(got)
+    ok = got[:end] == right and set(got[end:]) <= {PAD, EOS}  # padding after EOS (a batch-style loop) is fine
     shown = " ".join(map(str, got))
     want = " ".join(map(str, right))
     res.checks.append(Check(text(f"the tokens equal handformer's greedy choice on the same model ({want})",
                                  f"生成的 token 与 handformer 在同一模型上的贪心选择一致（{want}）"),
                             ok, text(f"yours: {shown}", f"你的：{shown}")))
-    if stop and not ok and not res.findings:
-        upto = right  # ends with EOS
-        if got[:len(upto)] == upto and len(got) > len(upto):
-            res.findings.append(_finding(ctx, comp, "greedy_no_stop_at_eos", text(
-                f"your tokens go on after EOS ({EOS}) at position {len(upto) - 1}: {shown}",
-                f"你的输出在位置 {len(upto) - 1} 的 EOS（{EOS}）之后还在继续：{shown}")))
-        elif got == upto[:-1]:
-            res.findings.append(_finding(ctx, comp, "greedy_eos_not_emitted", text(
-                f"your tokens stop where EOS ({EOS}) comes but leave it out: {shown}",
-                f"你的输出在该出现 EOS（{EOS}）的位置停下了，但没有输出它：{shown}")))
+    if not ok and not res.findings:
+        _explain(res, ctx, comp, (got, right, stop), run, model)
+
+
+def _explain(res: ComponentResult, ctx: Context, comp: Component, tokens: tuple[list[int], list[int], bool],
+             run: Callable[[], Any], model: nn.Module) -> None:
+    """A FAIL named where the tokens show it (the loop does not stop at EOS, or leaves it out), else
+    placed at the line where the loop reads its next token from another position than the last."""
+    got, upto, stop = tokens  # upto: the right tokens, ending with EOS when it stops
+    shown = " ".join(map(str, got))
+    if stop and got[:len(upto)] == upto != got:  # the right tokens, then more
+        res.findings.append(_finding(ctx, comp, "greedy_no_stop_at_eos", text(
+            f"your tokens go on after EOS ({EOS}) at position {len(upto) - 1}: {shown}",
+            f"你的输出在位置 {len(upto) - 1} 的 EOS（{EOS}）之后还在继续：{shown}")))
+    elif stop and got == upto[:-1]:
+        res.findings.append(_finding(ctx, comp, "greedy_eos_not_emitted", text(
+            f"your tokens stop where EOS ({EOS}) comes but leave it out: {shown}",
+            f"你的输出在该出现 EOS（{EOS}）的位置停下了，但没有输出它：{shown}")))
+    else:
+        note_departure(res, lambda: position_departure(run, comp.obj, model))

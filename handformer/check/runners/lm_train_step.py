@@ -41,7 +41,7 @@ from handformer.check.core.argument_names import (
     Y_NAMES,
 )
 from handformer.check.core.context import Context, error_text, finish, forward_parameters, named
-from handformer.check.core.discovery import Component, DiscoveryError, defaulted_config
+from handformer.check.core.discovery import Component, cannot_fill, defaulted_config
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.signatures import drawn_loader, kind_of
@@ -163,16 +163,12 @@ class Step:
         self.micro = self.accum or self.fields.get("accum")  # what sets the micro-steps: argument or field
         self.rows = BATCH * ACCUM if self.micro else BATCH  # windows a batch: BATCH a micro-batch
         self.seen: list[float] = []  # the rate the learner's step left in the optimizer, each call
-        unknown = sorted(set(rest) - {self.count, self.config})
-        if unknown or not (self.model and self.opt and (self.x and self.y or self.loader)):
-            first = (unknown or ['model / optimizer / x / y'])[0]
-            raise DiscoveryError(
-                f"{comp.name}: cannot fill the argument {first!r}; "
-                "a language model's training step takes (model, x, y, optimizer, lr): the inputs, the "
-                "targets (the inputs moved on by one token) and the schedule's learning rate",
-                zh=f"{comp.name}：填不了参数 {first!r}；"
-                   "语言模型的训练一步接受 (model, x, y, optimizer, lr)：输入、目标（输入往后移一个 token）"
-                   "和调度给出的学习率")
+        found = self.model and self.opt and (self.x and self.y or self.loader)
+        cannot_fill(comp.name, sorted(rest), {self.count, self.config}, found, "model / optimizer / x / y", (
+            "a language model's training step takes (model, x, y, optimizer, lr): the inputs, the targets "
+            "(the inputs moved on by one token) and the schedule's learning rate",
+            "语言模型的训练一步接受 (model, x, y, optimizer, lr)："
+            "输入、目标（输入往后移一个 token）和调度给出的学习率"))
         defaults = {p.name: p.default for p in params}  # clip_grad_norm_(..., max_norm): its default
         own = source_text(comp.obj)
         self.clip = self._config_clip() if "clip" in self.fields else clip_norm(own, defaults)

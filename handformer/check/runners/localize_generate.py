@@ -13,16 +13,26 @@ Shape legend: B batch, t the context's length, V vocabulary.
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from handformer.check.core.fingerprint import quietly
-from handformer.check.core.localize import Departure, Form, Step, View, first_departure, trace_steps
-from handformer.check.core.result import text
+from handformer.check.core.fingerprint import first_tensor, quietly
+from handformer.check.core.localize import (
+    Departure,
+    Form,
+    Step,
+    View,
+    first_departure,
+    same,
+    statement,
+    trace_steps,
+)
+from handformer.check.core.result import Text, text
 from handformer.check.runners.localize_cache import cached_call_departure
 
 TEMPERATURE_NAMES = ("temperature", "temp", "tau")
@@ -84,11 +94,51 @@ def localize_generate(run: Callable[[], Any], fn: Any, views: list[View], forms:
     """Run the learner's loop once more (`run`), traced in its own code: the first tensor it makes
     that is none of the reference's sub-steps of its shape; where its model's calls through a cache
     part from the model's own run on the whole sequence, the line inside the model where they part."""
+    steps, filename = _loop_steps(run, fn)
+    found = first_departure(steps, views, filename, {}, forms=forms)
+    inner = found and quietly(lambda: cached_call_departure(run, filename))
+    return replace(inner, called_from=(found.line, found.code)) if inner else found
+
+
+def _loop_steps(run: Callable[[], Any], fn: Any, parts: list[tuple[str, nn.Module]] = (),
+                ) -> tuple[list[Step], str]:
+    """The steps of the loop `fn` run once more (`run`), traced in its own code (every tensor it
+    assigns, at every step of the loop; the outputs of `parts` too), and its file; where it raises
+    further on, the steps up to there."""
     code = inspect.unwrap(getattr(fn, "__func__", fn))
     filename = inspect.getsourcefile(code)
     steps: list[Step] = []
     # where it raises further on, the steps up to there are judged
-    quietly(lambda: trace_steps(run, filename, code.__code__, every=True, into=steps))
-    found = first_departure(steps, views, filename, {}, forms=forms)
-    inner = found and quietly(lambda: cached_call_departure(run, filename))
-    return replace(inner, called_from=(found.line, found.code)) if inner else found
+    quietly(lambda: trace_steps(run, filename, code.__code__, parts, every=True, into=steps))
+    return steps, filename
+
+
+def position_departure(run: Callable[[], Any], fn: Any, model: nn.Module) -> Departure | None:
+    """Run the learner's decoding loop once more (`run`), traced in its own code with the outputs of
+    `model`'s parts recorded with what they were given: the first part handed a row (B, D) that is
+    position p of a tensor (B, t, D) or (t, B, D) its own code made before, p not the last, t > 1 (a
+    decoder output read at position 0): the next token is read from the last position."""
+    steps, filename = _loop_steps(run, fn, list(model.named_modules())[1:])
+    for i, step in enumerate(steps):
+        row = first_tensor(step.part[1], 2) if step.part else None  # what a part was handed
+        form = row is not None and _position_read(row, steps[:i])
+        if form:
+            return Departure(step.line, step.name, statement(filename, step.line), form)
+    return None
+
+
+def _position_read(row: Tensor, earlier: list[Step]) -> Text | None:
+    """The form of a row (B, D) that is position p of the latest earlier step (B, t, D) or (t, B, D)
+    holding it, p not the last; None when it is the last (or no such step holds it)."""
+    for step, axis in itertools.product(reversed(earlier), (1, 0)):
+        value = step.value
+        t = value.size(axis) if value.dim() == 3 else 0
+        at = [same(row, value.select(axis, p)) for p in range(t)]
+        if True in at:
+            p = at.index(True)
+            return None if at[-1] else text(
+                f"the row of `{step.name}` at position {p} of {t} along dim={axis}; the next token is "
+                "read from the last position, -1",
+                f"取的是 `{step.name}` 在 dim={axis} 上 {t} 个位置中位置 {p} 的那一行；下一个 token 要从"
+                "最后一个位置 -1 读")
+    return None

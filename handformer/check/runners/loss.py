@@ -41,7 +41,7 @@ from handformer.check.core.context import (
     names_of,
 )
 from handformer.check.core.conventions import is_lengths_name
-from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.discovery import Component, cannot_fill
 from handformer.check.core.localize import Departure, View, latest_departure, over_axes, trace_steps
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.probe import Found, Probe, Subject, run_probe
@@ -189,17 +189,14 @@ class Loss:
         # OpenNMT's compute_loss(output, target, generator, criterion): stand-ins of the parts it is handed
         self.parts = {n: part for n in self.names for names, part in PARTS if n.lower() in names}
         known = {self.input, self.target, self.pad, self.smoothing, size, self.lengths, *self.parts}
-        unknown = [n for n in self.required + self.init_required if n not in known]
-        if unknown or self.input is None or self.target is None:
-            first = (unknown or ['target'])[0]
-            raise DiscoveryError(
-                f"{comp.name}: cannot fill the argument {first!r}; a loss takes "
-                "(logits, targets) and optionally a pad id (pad_idx, ignore_index, ...) and a smoothing "
-                "(smoothing, label_smoothing, ...); a criterion class takes (size, padding_idx, smoothing) "
-                "in its constructor",
-                zh=f"{comp.name}：填不了参数 {first!r}；损失函数接受 (logits, "
-                   "targets)，还可以有 pad id（pad_idx、ignore_index 等）和平滑系数（smoothing、"
-                   "label_smoothing 等）；criterion 类在构造函数里接受 (size, padding_idx, smoothing)")
+        found = self.input is not None and self.target is not None
+        cannot_fill(comp.name, self.required + self.init_required, known, found, "target", (
+            "a loss takes (logits, targets) and optionally a pad id (pad_idx, ignore_index, ...) and a "
+            "smoothing (smoothing, label_smoothing, ...); a criterion class takes (size, padding_idx, "
+            "smoothing) in its constructor",
+            "损失函数接受 (logits, targets)，还可以有 pad id（pad_idx、ignore_index 等）"
+            "和平滑系数（smoothing、label_smoothing 等）；"
+            "criterion 类在构造函数里接受 (size, padding_idx, smoothing)"))
         self.size = size
         self.flat = self.per_row = False
 

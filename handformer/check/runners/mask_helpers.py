@@ -26,7 +26,7 @@ from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, finish, forward_parameters, named, names_of
-from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.discovery import Component, cannot_fill
 from handformer.check.core.probe import Found, Probe, Subject, drive
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
@@ -129,14 +129,9 @@ class Helper:
         else:
             self.makes, self.src = "src", self.src or first
         known = {self.src, self.tgt, self.pad, self.queries}
-        unknown = [n for n in required if n not in known]
-        if unknown or not names:  # no names: no ids to hand it
-            first = (unknown or ['src'])[0]
-            raise DiscoveryError(
-                f"{comp.name}: cannot fill the argument {first!r}; a mask helper takes the "
-                "token ids (src, tgt) and the pad id (pad_idx, pad_id, ...)",
-                zh=f"{comp.name}：填不了参数 {first!r}；掩码辅助函数接受 token id（src、"
-                   "tgt）和 pad id（pad_idx、pad_id 等）")
+        cannot_fill(comp.name, required, known, names, "src", (  # no names: no ids to hand it
+            "a mask helper takes the token ids (src, tgt) and the pad id (pad_idx, pad_id, ...)",
+            "掩码辅助函数接受 token id（src、tgt）和 pad id（pad_idx、pad_id 等）"))
 
     @property
     def pad_id(self) -> int:

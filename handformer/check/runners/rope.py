@@ -152,12 +152,22 @@ def read_table(out: Any, rows: int, dh: int = DH) -> Table | None:
         if cos.shape != sin.shape or cos.dim() == 0 or cos.size(-1) not in (dh, dh // 2):
             return None
         cos, sin = cos.reshape(-1, cos.size(-1))[:rows], sin.reshape(-1, sin.size(-1))[:rows]
+        if cos.size(-1) == dh // 2 and _halves_equal(cos, sin):  # partial rotary: a half table of Dh/2
+            return Table(cos[:, : dh // 4], sin[:, : dh // 4], "half")
         if cos.size(-1) == dh // 2:
             return Table(cos, sin, "unknown")
         if torch.allclose(cos[:, : dh // 2], cos[:, dh // 2:], atol=TOL):
             return Table(cos[:, : dh // 2], sin[:, : dh // 2], "half")
         return Table(cos[:, 0::2], sin[:, 0::2], "interleaved")
     return None
+
+
+def _halves_equal(cos: Tensor, sin: Tensor) -> bool:
+    """Whether a table's two halves hold the same angles past position 0 (Phi's partial rotary: a half
+    table of the dims it turns, Dh/2 of them at a share of 0.5); a table of Dh/2 pairs has as many
+    frequencies, so its halves differ."""
+    both, w = torch.stack([cos, sin])[:, 1:], cos.size(-1) // 2  # (2, P - 1, Dh/2)
+    return torch.allclose(both[..., :w], both[..., w:], atol=TOL)
 
 
 def _angles(out: Any, dh: int) -> bool:
@@ -168,7 +178,9 @@ def _angles(out: Any, dh: int) -> bool:
 
 
 def _table_error(table: Table, offset: int = 0, theta: float = THETA, flags: V.Flags = frozenset()) -> float:
-    angles = V.rope_angles(table.cos.size(0), DH, theta, offset, flags)  # (P, Dh/2)
+    """The table against pos * theta^(-2j/d), d twice its pairs (the width it turns: Dh, or less)."""
+    d = 2 * table.cos.size(-1)
+    angles = V.rope_angles(table.cos.size(0), d, theta, offset, flags)  # (P, d/2)
     return max(fp.max_error(table.cos, angles.cos()), fp.max_error(table.sin, angles.sin()))
 
 
@@ -180,15 +192,15 @@ def _frequencies(table: Table) -> Tensor:
 def _base_finding(res: ComponentResult, ctx: Context, comp: Component, table: Table, theta: float) -> None:
     """rope_wrong_base when the angles are pos * f_j with f_j another frequency than theta^(-2j/d):
     the effective base b (from f_1 = b^(-2/d)), or the exponent j/d (pairs not doubled)."""
-    got = _frequencies(table)
-    j = torch.arange(DH // 2, dtype=torch.float64)
-    expected = theta ** (-2 * j / DH)
+    got, d = _frequencies(table), 2 * table.cos.size(-1)  # d: the width the table turns
+    j = torch.arange(d // 2, dtype=torch.float64)
+    expected = theta ** (-2 * j / d)
     if fp.max_error(got, expected) < TOL:
         return
-    base = float(got[1]) ** (-DH / 2) if got[1] > 0 else math.nan
-    if fp.max_error(got, theta ** (-j / DH)) < 1e-4:  # before the base: theta^(-j/d) = sqrt(theta)^(-2j/d)
+    base = float(got[1]) ** (-d / 2) if got[1] > 0 else math.nan
+    if fp.max_error(got, theta ** (-j / d)) < 1e-4:  # before the base: theta^(-j/d) = sqrt(theta)^(-2j/d)
         form, en, zh = "exponent", "the exponent is j/d, not 2j/d", "指数用了 j/d，而不是 2j/d"
-    elif math.isfinite(base) and fp.max_error(got, base ** (-2 * j / DH)) < 1e-4:
+    elif math.isfinite(base) and fp.max_error(got, base ** (-2 * j / d)) < 1e-4:
         form, en, zh = "base", f"the base is {base:.6g}, not {theta:g}", f"底数是 {base:.6g}，不是 {theta:g}"
     else:
         return

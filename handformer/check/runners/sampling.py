@@ -50,7 +50,7 @@ from handformer.check.core.localize_kinds import (
 )
 from handformer.check.core.processors import PROCESSOR_NAMES, NoProcessors
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
-from handformer.check.core.signatures import takes_one_row
+from handformer.check.core.signatures import rows_apart, takes_one_row
 from handformer.check.core.sizes import is_number
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.generation.sampling import apply_temperature, top_k_filter, top_p_filter
@@ -84,7 +84,7 @@ class Caller:
         self.required = {key: name for key, names in OPTIONS.items()
                          for name in [self.find(names)] if name in empty}
         self.fraction = top_k_fraction(comp.obj, self.params)
-        self.one_row = takes_one_row(comp.obj)  # llama.cpp's filters of one 1-D vector: called row by row
+        self.one_row = called_by_row(comp, ctx)  # llama.cpp's filters of one 1-D vector
         if self.one_row:
             ctx.partial.notes.append(ONE_ROW)
         # a list of logits processors it applies (sample_next_token(logits, processors)): an empty one
@@ -121,8 +121,19 @@ class Caller:
         return self.ctx.learner.call("forward", rows)
 
 
-ONE_ROW = text("it takes one 1-D row of logits (V,) (a batch of rows raises): called one row at a time",
-               "它接受一行一维的 logits (V,)（给一批行会报错）：逐行调用")
+ONE_ROW = text("it takes one 1-D row of logits (V,) (a batch of rows raises, or mixes its rows where the "
+               "file's other filters take one row): called one row at a time",
+               "它接受一行一维的 logits (V,)（给一批行会报错；或者各行互相影响，"
+               "而文件里其他过滤函数只接受一行）：逐行调用")
+SAMPLING_KINDS = ("temperature", "top_k", "top_p", "min_p", "sample", "greedy")
+
+
+def called_by_row(comp: Component, ctx: Context) -> bool:
+    """Whether the function is called one row at a time: each row alone runs where a batch raises or
+    mixes its rows (rows_apart), and it, or another sampling component of the file, takes one row (a
+    batch raises)."""
+    filters = {comp.obj, *(ctx.components.get(kind, comp).obj for kind in SAMPLING_KINDS)}
+    return rows_apart(comp.obj) and any(map(takes_one_row, filters))
 
 
 # the filters a sampling function may take, by the names learners give them

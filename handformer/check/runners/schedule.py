@@ -46,6 +46,8 @@ from handformer.check.core.source import (
     source_text,
 )
 from handformer.check.reference import variants as V
+from handformer.check.runners import schedule_timm as timm
+from handformer.check.runners import schedule_wsd as W
 from handformer.check.runners.localize_schedule import localize_schedule
 
 OPTIMIZER_NAMES = ("optimizer", "opt", "optim")
@@ -65,7 +67,11 @@ FAMILIES = {
     # get_linear_schedule_with_warmup), read at cosine's sizes and steps
     "linear": (COSINE, COSINE_STEPS, {"min_lr": 0.0, "warmup": 0}, "linear schedule with linear warmup",
                "带线性预热的线性衰减调度"),
+    # its total the decay's length or the run's, by the setting's name (schedule_wsd.total); a floor it
+    # does not take (a ratio it defaults) read at its last step
+    "wsd": (W.SIZES, W.STEPS, {}, "warmup-stable-decay schedule (WSD)", "预热-平稳-衰减调度（WSD）"),
 }
+PAST_TOTAL = ("cosine", "linear")  # the families defined up to their total (without a floor: no further)
 COSINE_CONVENTIONS: dict[str, tuple[int, int, Text]] = {  # (shift of t, of T_w in the warmup's ratio)
     "cs336": (0, 0, text("warmup t / T_w, from 0 at step 0 (CS336)", "预热为 t / T_w，步 0 是 0（CS336）")),
     "handformer": (
@@ -170,14 +176,16 @@ class Schedule:
             raise _unreadable(comp, unknown)
         sizes, steps, untaken, *_ = FAMILIES[self.family]
         self.sizes = sizes | {key: value for key, value in untaken.items() if not self.reads(key)}
+        self.sizes.setdefault("total", W.total(self.setting("total")))
         # a cosine that names no floor decays to 0 at its end and is defined up to it (Hugging Face's
         # get_cosine_schedule_with_warmup climbs back past num_training_steps): past it, read, not graded
-        beyond = self.family != "paper" and not self.reads("min_lr")
+        beyond = self.family in PAST_TOTAL and not self.reads("min_lr")
         self.past = tuple(s for s in steps if beyond and s > self.sizes["total"])
         self.steps = tuple(s for s in steps if s not in self.past)
         # what is localized (the function, its call), and the learning rate at a step: a maker's are the
         # function it returns (a factory's, its LambdaLR's lambda: `_stepped`)
         self.traced: tuple[Any, Any] = (comp.obj, self.value)
+        self.switched: dict[str, Any] = {}  # a switch of its own set otherwise (`switches`)
         self.at = self.make() if self.maker else (
             lambda step: comp.obj(**{self.step_name: step}, **self.kwargs()))
 
@@ -209,6 +217,7 @@ class Schedule:
 
     def kwargs(self) -> dict[str, Any]:
         out = {name: self.sizes[key] for key, name in self.args.items() if name and key in self.sizes}
+        out.update(self.switched)
         if self.config is not None:
             values = {self.fields[key]: self.sizes[key] for key in self.fields.keys() & self.sizes.keys()}
             out[self.config] = _config_object(self.comp.obj, self.config, values)
@@ -218,6 +227,16 @@ class Schedule:
         """The learning rate at one step (a function of the step, or the one it made); their exception
         is theirs."""
         return _as_float(self.ctx, self.comp, self.ctx.learner.call("forward", self.at, step), step)
+
+    def switches(self) -> Iterator[tuple[str, dict[int, Any]]]:
+        """Each switch it takes (a setting whose default is a bool), and its values with the switch
+        flipped (a run that raises: none)."""
+        for p in forward_parameters(self.comp.obj):
+            if isinstance(p.default, bool):
+                self.switched = {p.name: not p.default}
+                with contextlib.suppress(fp.LearnerFailure):
+                    yield p.name, self.values()
+                self.switched = {}
 
     def make(self) -> Callable[[int], Any]:
         """The function of the step a maker returns (signatures.py's returns_function: a lambda or a
@@ -322,7 +341,10 @@ def _reached_source(fn: Any) -> str:
 
 
 def _family(settings: dict[str, str | None], rest: list[str], fn: Any) -> str | None:
-    """The paper's schedule (it takes d_model), cosine (an end or a floor), or None."""
+    """The paper's schedule (it takes d_model), WSD (a stable stage), cosine (an end or a floor), or
+    None."""
+    if settings["stable"]:
+        return "wsd"
     if settings["d_model"]:
         return "paper"
     if settings["total"] or settings["min_lr"]:  # a decay: a cosine where its code computes one
@@ -394,7 +416,7 @@ def _build(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     got = sched.values()
     if sched.family == "linear" and not _straight(got, sched.sizes):
         raise _unknown_decay(comp)
-    conventions, labels, flags = _conventions(sched)
+    conventions, labels, flags = _conventions(sched, got)
 
     def run(steps: tuple[int, ...]) -> Tensor:
         return torch.tensor([v if isinstance(v, float) else math.nan for v in map(got.get, steps)],
@@ -540,6 +562,8 @@ def _named_sizes(sched: Schedule) -> dict[str, float]:
 def _sub_steps(sched: Schedule, conv: str, right: Convention) -> Callable[[Tensor], list[tuple[str, Tensor]]]:
     """The reference's sub-steps at the steps (S,), by name, under the convention `conv`, in order."""
     z, (a, b, _) = sched.sizes, COSINE_CONVENTIONS.get(conv, (0, 0, None))
+    if sched.family == "wsd":
+        return lambda s: W.sub_steps(s, _rates(right, s))
     if sched.family == "paper":
         return lambda s: _paper_steps(s, s + (conv == "from_0"), z, sched.args["factor"], right)
     w, total, hi, lo = z["warmup"], z["total"], z["max_lr"], z["min_lr"]
@@ -578,10 +602,15 @@ def _factory_note(comp: Component) -> Text:
     )
 
 
-def _conventions(sched: Schedule) -> tuple[dict[str, Convention], dict[str, Text], tuple[str, ...]]:
+def _conventions(sched: Schedule, got: dict[int, Any],
+                 ) -> tuple[dict[str, Convention], dict[str, Text], tuple[str, ...]]:
     """The family's counting conventions (as references taking the step and a set of mistakes),
-    their labels, and the mistakes that can be named."""
+    their labels, and the mistakes that can be named (WSD's floor, where it takes none, its value at
+    the last step)."""
     sizes = sched.sizes
+    if sched.family == "wsd":
+        floor = sizes["min_lr"] if sched.reads("min_lr") else got[max(sched.steps)]
+        return (*W.conventions(floor), W.FLAGS)
     factor = sizes["factor"] if sched.args["factor"] else 1.0
     if sched.family == "paper":
         conventions: dict[str, Convention] = {
@@ -599,8 +628,15 @@ def _conventions(sched: Schedule) -> tuple[dict[str, Convention], dict[str, Text
             ),
         }
         return conventions, labels, PAPER_FLAGS
-    linear = sched.family == "linear"
-    conventions = {
+    return _decay_conventions(sched, got)
+
+
+def _decay_conventions(sched: Schedule, got: dict[int, Any],
+                       ) -> tuple[dict[str, Convention], dict[str, Text], tuple[str, ...]]:
+    """_conventions of a cosine or linear decay: COSINE_CONVENTIONS, and timm's two countings where
+    a switch of the schedule turns one into the other."""
+    sizes, linear = sched.sizes, sched.family == "linear"
+    conventions: dict[str, Convention] = {
         c: (
             lambda s, f, c=c: cosine(
                 s, sizes["max_lr"], sizes["min_lr"], sizes["warmup"], sizes["total"], c, f, linear
@@ -609,7 +645,19 @@ def _conventions(sched: Schedule) -> tuple[dict[str, Convention], dict[str, Text
         for c in COSINE_CONVENTIONS
     }
     labels = {c: v[2] for c, v in COSINE_CONVENTIONS.items()}
+    if not linear and _timm_switch(sched, got):
+        conventions |= {f"timm:{p}": lambda s, f, p=p: timm.timm_cosine(s, sizes, p, f)
+                        for p in (False, True)}
+        labels |= {f"timm:{p}": timm.LABELS[p] for p in (False, True)}
     return conventions, labels, LINEAR_FLAGS if linear else COSINE_FLAGS
+
+
+def _timm_switch(sched: Schedule, got: dict[int, Any]) -> bool:
+    """Whether a switch of the schedule turns one of timm's countings into the other (warmup_prefix),
+    with the same mistake or none: then both are its documented options."""
+    ours = timm.countings(got, sched.sizes, COSINE_FLAGS)
+    return bool(ours) and any((not prefix, flags) in timm.countings(flipped, sched.sizes, COSINE_FLAGS)
+                              for _, flipped in sched.switches() for prefix, flags in ours)
 
 
 def _compare_values(

@@ -47,7 +47,7 @@ from handformer.check.core.argument_names import (
 )
 from handformer.check.core.argument_names import STEP_MODEL_NAMES as MODEL_NAMES  # noqa: F401
 from handformer.check.core.context import Context, error_text, finish, forward_parameters, named, names_of
-from handformer.check.core.discovery import Component, DiscoveryError, own_objects
+from handformer.check.core.discovery import Component, DiscoveryError, cannot_fill, own_objects
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
@@ -245,17 +245,14 @@ class Step:
                                                        for key in ("loader", "batch", "src", "tgt"))
         known = {self.model, self.opt, self.criterion, self.batch, self.src, self.tgt, self.accum,
                  self.loader, self.sched, self.scaler}
-        unknown = [n for n in required if n not in known]
         data = self.loader or self.batch or (self.src and self.tgt)  # an epoch's loader, a step's batch
-        if unknown or not self.model or not self.opt or not data:
-            first = (unknown or ["model / optimizer / batch"])[0]
-            what, en, zh = TAKES[epoch]
-            raise DiscoveryError(
-                f"{comp.name}: cannot fill the argument {first!r}; a training {en} takes {what}, and "
-                "optionally the number of micro-batches to accumulate (accum_steps, ...), a scheduler and "
-                "a loss scaler (scaler)",
-                zh=f"{comp.name}：填不了参数 {first!r}；{zh}接受 {what}，还可以有要累积的 micro-batch "
-                   "个数（accum_steps 等）、调度器（scheduler）和损失缩放器（scaler）")
+        what, en, zh = TAKES[epoch]
+        found = self.model and self.opt and data
+        cannot_fill(comp.name, required, known, found, "model / optimizer / batch", (
+            f"a training {en} takes {what}, and optionally the number of micro-batches to accumulate "
+            "(accum_steps, ...), a scheduler and a loss scaler (scaler)",
+            f"{zh}接受 {what}，还可以有要累积的 micro-batch 个数（accum_steps 等）、"
+            "调度器（scheduler）和损失缩放器（scaler）"))
         try:
             self.source = inspect.getsource(comp.obj)
         except (OSError, TypeError):
