@@ -264,7 +264,7 @@ def chain_table(out: Path) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("mode", choices=["lockstep", "seeds", "chain"])
     p.add_argument("out", type=Path, help="a trl_recipe.py --out folder whose handformer SFT is done")
     p.add_argument("--preset", default="mid-reasoning",
