@@ -119,21 +119,19 @@ def schedule_class(cls: Any) -> type | None:
     warmup_steps)` whose `__call__(step)` returns the rate) as a function of the step and the
     constructor's settings, placed and named as the class (as processors.as_filter); None when its own
     `__call__` takes more or other than a step, or the settings are not a schedule's."""
-    steps = [p.name for p in call_parameters(own_call(cls), ("self",))]
-    if len(steps) != 1 or steps[0].lower() not in SCHEDULE_STEP_NAMES:
+    step = _one_step(own_call(cls))
+    if step is None:
         return stepped_scheduler(cls)
 
     def new(_: type, **arguments: Any) -> Any:
-        step = arguments.pop(steps[0])
-        return cls(**arguments)(step)
+        at = arguments.pop(step)
+        return cls(**arguments)(at)
 
-    try:  # a constructor of C, or one with positional-only settings: no schedule of this form
-        signature = inspect.Signature([inspect.Parameter(steps[0], inspect.Parameter.POSITIONAL_OR_KEYWORD),
-                                       *call_parameters(cls.__init__, ("self",))])
+    try:  # a constructor of C: no schedule of this form
+        settings = call_parameters(cls.__init__, ("self",))
     except ValueError:
         return None
-    fn = posing_as(cls, new, signature)
-    return fn if schedule_signature(fn) else None
+    return _posed(cls, new, step, settings)
 
 
 def stepped_scheduler(cls: Any) -> type | None:
@@ -141,23 +139,38 @@ def stepped_scheduler(cls: Any) -> type | None:
     rate into the optimizer (timm's `CosineLRScheduler(optimizer, t_initial, ...)`) as a function of the
     step and the constructor's other settings: built on an SGD of lr 1, stepped to the step, the rate
     its group holds (placed and named as the class); None for any other class."""
-    steps = [p.name for p in call_parameters(own_method(cls, "step"), ("self",))]
+    step = _one_step(own_method(cls, "step"))
     try:
         settings = call_parameters(cls.__init__, ("self",))
     except ValueError:  # a constructor of C: no scheduler of the learner's
         return None
-    if len(steps) != 1 or steps[0].lower() not in SCHEDULE_STEP_NAMES or not settings or (
-            settings[0].name.lower() not in OPTIMIZER_NAMES):
+    if step is None or not settings or settings[0].name.lower() not in OPTIMIZER_NAMES:
         return None
 
     def new(_: type, **arguments: Any) -> float:
-        step = arguments.pop(steps[0])
+        at = arguments.pop(step)
         optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
-        cls(optimizer, **arguments).step(step)
+        cls(optimizer, **arguments).step(at)
         return optimizer.param_groups[0]["lr"]
 
-    given = inspect.Parameter(steps[0], inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    fn = posing_as(cls, new, inspect.Signature([given, *settings[1:]]))
+    return _posed(cls, new, step, settings[1:])
+
+
+def _one_step(method: Any) -> str | None:
+    """The name of a method's one argument where it is a step (`step`, `epoch`, ...); None otherwise."""
+    names = [p.name for p in call_parameters(method, ("self",))]
+    return names[0] if len(names) == 1 and names[0].lower() in SCHEDULE_STEP_NAMES else None
+
+
+def _posed(cls: Any, new: Any, step: str, settings: list[inspect.Parameter]) -> type | None:
+    """`new` placed and named as the class, taking the step then the settings, where that is a
+    schedule's signature; None otherwise (positional-only settings cannot follow the step)."""
+    try:
+        signature = inspect.Signature([inspect.Parameter(step, inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                                       *settings])
+    except ValueError:
+        return None
+    fn = posing_as(cls, new, signature)
     return fn if schedule_signature(fn) else None
 
 
