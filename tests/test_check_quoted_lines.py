@@ -149,3 +149,13 @@ def test_a_mask_s_patterns_pass_over_the_lines_that_only_name_it(name, source, w
     """`if mask is not None:` and `def forward(..., mask)` name the mask; the line that uses it wrong is quoted."""
     lines = list(enumerate(source.splitlines(), 1))
     assert first_line(CATALOG[name].patterns, lines)[0] == wrong
+
+
+def test_a_number_is_not_spread_over_a_row_of_the_loss(tmp_path):
+    """A (V,) table of one smoothing value made before the log-probabilities: no view of the loss's
+    numbers spread over a row stands for it; the softmax in place of the log-softmax is quoted."""
+    logp = "logp = torch.log_softmax(logits, dim=-1)"
+    lines, planted, report = _quoted(tmp_path, FIXTURES / "learners_localize" / "correct.py", logp,
+                                     "logp = torch.softmax(logits, dim=-1)", "loss",
+                                     ((logp, f"spread = torch.full((logits.size(-1),), smoothing)\n    {logp}"),))
+    assert lines == {planted}, report

@@ -834,8 +834,8 @@ def layouts(views: list[View], shapes: set[torch.Size]) -> list[View]:
                     for shape in shapes if _merges(r.shape, shape)] + [
         (f"{what}, sequence-first (T, B, D)", r.transpose(0, 1)) for what, r in views
         if r.dim() == 3 and r.size(0) != r.size(1) and r.transpose(0, 1).shape in shapes] + [
-        (f"{what}, for each sequence", r.expand(shape)) for what, r in views for shape in shapes
-        if r.shape in (shape[1:], (1, *shape[1:]))]
+        (f"{what}, for each sequence", r.squeeze(0).expand(shape)) for what, r in views for shape in shapes
+        if r.squeeze(0).shape == shape[1:] != ()]  # (1, T, D) too; not a number (a loss) spread over a row
 
 
 def _merges(big: torch.Size, small: torch.Size) -> bool:
