@@ -46,6 +46,7 @@ from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.sizes import is_number
 from handformer.check.core.source import locate, source_lines, source_text
+from handformer.check.runners.generate_temperature import check_temperature
 from handformer.check.runners.localize_generate import default_temperature, generate_views, localize_generate
 from handformer.config import CausalLMConfig
 from handformer.families import build_causal_lm
@@ -457,8 +458,6 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
             tried.append(_long(res, ctx, comp, driver, B, short.as_list))
         else:
             res.notes.append(NO_BLOCK_NOTE)
-    from handformer.check.runners.generate_temperature import check_temperature
-
     check_temperature(res, ctx, comp, driver, short)
     _ending(res, ctx, comp, driver, tried)
 
