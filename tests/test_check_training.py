@@ -537,3 +537,21 @@ def test_a_step_handed_its_windows_as_one_batch_pair_is_driven_and_a_skipped_cli
     (step,) = check_file(str(path), only=["lm_train_step"]).components
     assert step.status == "fail" and [(f.name, f.line) for f in step.findings] == [
         ("train_step_not_clipped", 19)], [(f.name, f.line) for f in step.findings]
+
+
+CRITERION_FIRST = '''def seq2seq_loss(criterion, scores, next_ids):
+    """scores (B, T, V), next_ids (B, T): the criterion applied to every position."""
+    return criterion(scores.reshape(-1, scores.size(-1)), next_ids.reshape(-1))
+'''
+
+
+def test_a_loss_that_takes_its_criterion_first_is_handed_the_stand_in_criterion(tmp_path):
+    """seq2seq_loss(criterion, scores, next_ids): the criterion is a part it is handed (the summed
+    cross-entropy of the real tokens), never its input; the data are the remaining arguments."""
+    path = tmp_path / "criterion_first.py"
+    path.write_text(CRITERION_FIRST)
+    (loss,) = check_file(str(path), only=["loss"]).components
+    assert loss.status == "pass", format_report(check_file(str(path), only=["loss"]))
+    path.write_text(CRITERION_FIRST.replace("next_ids.reshape(-1))", "next_ids.reshape(-1)) / next_ids.size(0)"))
+    (loss,) = check_file(str(path), only=["loss"]).components
+    assert loss.status == "fail" and loss.findings[0].line == 3, [(f.name, f.line) for f in loss.findings]
