@@ -253,11 +253,13 @@ def raised_by_stand_in(stack: traceback.StackSummary, path: str) -> bool:
 def refused_by_stand_in(err: BaseException) -> bool:
     """A call the stand-in's signature refuses before any of its code runs (a decoder-only training
     step calling the encoder-decoder stand-in with one sequence: `Recorded.forward() missing 1
-    required positional argument: 'tgt'`): the message names a class of handformer's grader."""
+    required positional argument: 'tgt'`; a search calling `model.decode(ys, h)`, its own model's
+    interface, on the Annotated Transformer's `decode(memory, src_mask, ys, tgt_mask)`): the message
+    names a class of handformer's grader."""
     import re
     import sys
 
-    match = re.match(r"(\w+)\.(forward|__call__|generate)\(\) (missing|takes|got)", str(err))
+    match = re.match(r"(\w+)\.\w+\(\) (missing|takes|got)", str(err))
     if isinstance(err, AttributeError):  # an attribute the stand-in has not: Raschka's model.cfg
         match = re.match(r"'(\w+)' object has no attribute", str(err))
     elif not isinstance(err, TypeError):
