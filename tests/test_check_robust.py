@@ -107,3 +107,47 @@ def test_torch_refusing_a_dtype_inside_checks_softmax_is_the_learners_exception(
     err = learner_error(raised.value, str(path), "forward")
     assert err.kind == "exception", err
     assert err.traceback == ["line 5, in loss: return F.log_softmax(targets, dim=-1)"], err
+
+
+GRU_SEARCH = '''import torch
+import torch.nn as nn
+
+
+class Translator(nn.Module):
+    def __init__(self, vocab_size, hidden=16):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, hidden)
+        self.enc = nn.GRU(hidden, hidden, batch_first=True)
+        self.dec = nn.GRU(hidden, hidden, batch_first=True)
+        self.out = nn.Linear(hidden, vocab_size)
+
+    def encode(self, src):
+        return self.enc(self.embed(src))[1]
+
+    def decode(self, ys, state):
+        return self.out(self.dec(self.embed(ys), state)[0][:, -1])
+
+
+@torch.no_grad()
+def greedy_decode(model, src, max_len, bos_id, eos_id):
+    state = model.encode(src)
+    ys = torch.full((src.size(0), 1), bos_id, dtype=torch.long)
+    for _ in range(max_len):
+        ys = torch.cat([ys, model.decode(ys, state).argmax(-1, keepdim=True)], dim=1)
+        if (ys[:, -1] == eos_id).all():
+            break
+    return ys
+'''
+
+
+def test_a_search_written_for_its_own_models_interface_is_not_checked_never_an_error(tmp_path):
+    """A greedy decoder calling `model.decode(ys, state)` (a GRU seq2seq of its own) on the Annotated
+    Transformer's stand-in, whose decode takes (memory, src_mask, ys, tgt_mask): the stand-in's
+    TypeError is never the learner's; and a torch module with encode and decode is no tokenizer (its
+    train() is the mode switch)."""
+    path = tmp_path / "gru_search.py"
+    path.write_text(GRU_SEARCH)
+    result = check_file(str(path))
+    assert [(c.name, c.kind, c.status) for c in result.components] == [
+        ("greedy_decode", "greedy_decode", NOT_CHECKED)], format_report(result)
+    assert "stand-in" in result.components[0].error.message or result.components[0].error.kind == "stand_in"

@@ -227,3 +227,18 @@ def test_a_top_k_of_a_fraction_is_graded_by_the_fraction_its_default_says(tmp_pa
     comp = next(c for c in result.components if c.name == name)
     assert comp.status == "fail" and exit_code(result) == 1, format_report(result)
     assert [f.line for f in comp.findings] == [line], format_report(result)
+
+
+def test_a_loops_temperature_is_read_from_the_probabilities_it_samples_from(tmp_path):
+    """nanoGPT's generate driven once more at temperature 0.5 on its model's own logits: torch.multinomial
+    records the probabilities it is handed (softmax(logits / 0.5)); the logits multiplied by the
+    temperature instead are named at their line (a deterministic greedy run cannot tell them apart)."""
+    source = (FIXTURES.parent / "learners_nanogpt" / "correct.py").read_text()
+    planted = tmp_path / "nanogpt_temperature.py"
+    planted.write_text(source.replace("logits[:, -1, :] / temperature", "logits[:, -1, :] * temperature"))
+    (gen,) = check_file(str(planted), only=["generate"]).components
+    assert gen.status == "fail" and [(f.name, f.line) for f in gen.findings] == [
+        ("temperature_multiplied", 108)], format_report(check_file(str(planted), only=["generate"]))
+    planted.write_text(source)
+    (gen,) = check_file(str(planted), only=["generate"]).components
+    assert gen.status == "pass" and any("temperature=0.5" in c.name["en"] and c.ok for c in gen.checks)

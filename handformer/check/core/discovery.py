@@ -294,8 +294,12 @@ def _processors(own: dict[str, Any], taken: set[str], only: list[str] | None) ->
 
 
 def trains_itself(obj: Any) -> bool:
-    """A class with train, encode and decode methods: a tokenizer that trains itself (minbpe's)."""
-    return inspect.isclass(obj) and all(callable(getattr(obj, m, None)) for m in TOKENIZER_METHODS)
+    """A class with train, encode and decode methods: a tokenizer that trains itself (minbpe's); no
+    torch module (its train() is the mode switch: a seq2seq model's encode and decode)."""
+    from torch import nn
+
+    return inspect.isclass(obj) and not issubclass(obj, nn.Module) and all(
+        callable(getattr(obj, m, None)) for m in TOKENIZER_METHODS)
 
 
 def _by_signature(own: dict[str, Any], taken: set[str], only: list[str] | None, pointed: set[str],

@@ -201,6 +201,7 @@ def lm_step(fn: Any) -> bool:
     target itself (an encoder-decoder's step feeds tgt[:, :-1])."""
     _, names, required = _signature(fn)
     windows = (LOADER_NAMES,) if drawn_loader(fn) else (X_NAMES, Y_NAMES)
+    windows = (BATCH_NAMES,) if paired_batch(fn) else windows
     groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, *windows)
     if not _takes_each(names, groups):
         return False
@@ -216,6 +217,13 @@ def drawn_loader(fn: Any) -> str | None:
     names = [p.name for p in _signature(fn)[0] if p.name.lower() in LOADER_NAMES]
     code = source_text(fn)
     return next((n for n in names if re.search(rf"\b{n}\.next_batch\(|\bnext\(\s*{n}\b", code)), None)
+
+
+def paired_batch(fn: Any) -> str | None:
+    """The batch a step unpacks into its two windows (`X, Y = batch`, nanoGPT's get_batch pair)."""
+    names = [p.name for p in _signature(fn)[0] if p.name.lower() in BATCH_NAMES]
+    code = source_text(fn)
+    return next((n for n in names if re.search(rf"^\s*\w+\s*,\s*\w+\s*=\s*{n}\s*$", code, re.M)), None)
 
 
 GENERATE_MODEL = tuple(n for n in MODEL_NAMES if n != "self")

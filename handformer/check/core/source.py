@@ -253,11 +253,13 @@ def raised_by_stand_in(stack: traceback.StackSummary, path: str) -> bool:
 def refused_by_stand_in(err: BaseException) -> bool:
     """A call the stand-in's signature refuses before any of its code runs (a decoder-only training
     step calling the encoder-decoder stand-in with one sequence: `Recorded.forward() missing 1
-    required positional argument: 'tgt'`): the message names a class of handformer's grader."""
+    required positional argument: 'tgt'`; a search calling `model.decode(ys, h)`, its own model's
+    interface, on the Annotated Transformer's `decode(memory, src_mask, ys, tgt_mask)`): the message
+    names a class of handformer's grader."""
     import re
     import sys
 
-    match = re.match(r"(\w+)\.(forward|__call__|generate)\(\) (missing|takes|got)", str(err))
+    match = re.match(r"(\w+)\.\w+\(\) (missing|takes|got)", str(err))
     if isinstance(err, AttributeError):  # an attribute the stand-in has not: Raschka's model.cfg
         match = re.match(r"'(\w+)' object has no attribute", str(err))
     elif not isinstance(err, TypeError):
@@ -285,13 +287,15 @@ def _is_memory(err: BaseException) -> bool:
 def global_reads(obj: Any) -> set[str]:
     """The global names a function, or any method of a class, reads (from their code objects)."""
     members = vars(obj).values() if inspect.isclass(obj) else [obj]
-    codes = [f.__code__ for f in members if inspect.isfunction(f)]
-    names: set[str] = set()
-    while codes:
-        code = codes.pop()
-        names |= {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
-        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
-    return names
+    return set().union(*(_code_reads(f.__code__) for f in members if inspect.isfunction(f)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _code_reads(code: types.CodeType) -> frozenset[str]:
+    """The global names one code object and the code nested in it (its lambdas, comprehensions,
+    inner functions) read; remembered: every check asks again of the same functions."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    return frozenset(names).union(*(_code_reads(c) for c in code.co_consts if isinstance(c, types.CodeType)))
 
 
 def module_reads(fn: Any) -> list[Any]:

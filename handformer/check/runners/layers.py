@@ -101,7 +101,13 @@ from handformer.check.core.weights import (
 )
 from handformer.check.reference import variants as V
 from handformer.check.reference.parallel import as_parallel_
-from handformer.check.runners.attention import KEY_PADDING_FORMS, PAD_KEYS, responsive
+from handformer.check.runners.attention import (
+    PAD_KEYS,
+    causal_outputs,
+    key_padding_check,
+    left_padding,
+    responsive,
+)
 from handformer.check.runners.generate_loop import CACHE_NAMES
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, OFFSET_NOTE, ffn_name_findings
 from handformer.config import BlockConfig
@@ -542,24 +548,17 @@ def _key_padding(res: ComponentResult, layer: Layer, ctx: Context) -> None:
     names = [n for n in layer.masks if "key_padding_mask" in n and n not in _handed_masks(layer)]
     for name in names:
         stream = _padded_stream(layer, name)
-        moved = min(_padding_moved(layer, ctx, name, stream, form) for form in KEY_PADDING_FORMS)
-        res.checks.append(Check(text(
-            f"{name} alone ((B, S): True = padding as torch.nn takes it, 0 / -inf, or True = keep): "
-            f"changing the padded {stream} positions changes no real output",
-            f"只给 {name}（(B, S)：torch.nn 的 True = 填充、0 / -inf，或 True = 可以看）："
-            f"改变 {stream} 中被填充的位置，不影响真实位置的输出"), moved < 1e-9,
-            text(f"outputs moved by {moved:.3g}: the padding it marks is not applied",
-                 f"输出变化了 {moved:.3g}：它标出的填充没有被用上")))
+        res.checks.append(key_padding_check(
+            name, (f"{stream} positions", f" {stream} 中被填充的位置"),
+            lambda form, name=name, stream=stream: _padding_moved(layer, ctx, name, stream, form)))
 
 
 def _padding_moved(layer: Layer, ctx: Context, name: str, stream: str, form: Callable[[Tensor], Tensor],
                    ) -> float:
     """How far real queries' outputs move when the padded positions of `stream` change, the padding
     given as `name` alone in `form`; inf when the layer does not take that form."""
-    B, T = 2, 7
-    pads = torch.zeros(B, T, dtype=torch.bool)
-    pads[1, :PAD_KEYS] = True
-    given = {"x": fp.randn(B, T, D, seed=44), "memory": fp.randn(B, T, D, seed=45)}
+    pads = left_padding()
+    given = {"x": fp.randn(*pads.shape, D, seed=44), "memory": fp.randn(*pads.shape, D, seed=45)}
     bumped = {**given, stream: given[stream].clone()}
     bumped[stream][1, :PAD_KEYS] += 5.0
     real = {"x": ~pads, "memory": torch.ones_like(pads)}[stream]  # the queries compared: the real ones
@@ -592,8 +591,7 @@ def _runs_causal(layer: Layer) -> bool:
             a, b = (fp.first_tensor(layer.call(v, v, None, None), 3) for v in (x, y))
     except Exception:  # noqa: BLE001 - their error: the checks run it with a mask and report it
         return False
-    return (a is not None and b is not None and a.shape == x.shape and torch.allclose(a[:, :3], b[:, :3])
-            and not torch.allclose(a[:, 3:], b[:, 3:]))
+    return a is not None and a.shape == x.shape and causal_outputs(a, b)
 
 
 def _mask_inside(res: ComponentResult, layer: Layer) -> None:
