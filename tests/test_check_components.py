@@ -25,41 +25,31 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 HERE = Path(__file__).parent / "fixtures" / "learners_components"
 
 
-def test_attention_with_a_module_level_head_width_passes_and_its_plant_fails(tmp_path):
-    result = check_file(str(HERE / "global_width_attention.py"), only=["sdpa"])
-    (sdpa,) = result.components
-    assert sdpa.status == "pass", format_report(result)
-    planted = edited_copy(tmp_path, HERE / "global_width_attention.py", [("/ math.sqrt(HEAD_DIM)", "/ HEAD_DIM")])
-    assert_failed_at(check_file(planted, only=["sdpa"]), "scale_by_dk", "/ HEAD_DIM")
+# (file, the kind checked, the note its pass gives or "", the planted edit, the diagnosis named or "" where
+# the FAIL quotes the planted line)
+PLANTED = {
+    "module_level_head_width": ("global_width_attention.py", "sdpa", "",
+                                ("/ math.sqrt(HEAD_DIM)", "/ HEAD_DIM"), "scale_by_dk"),
+    "causal_mask_from_its_caller": ("caller_mask_lm.py", "gpt", "",
+                                    ("return self.out(self.ln_out(h))", "return self.out(h)"),
+                                    "final_norm_missing"),
+    "handed_alibi": ("handed_alibi.py", "causal_attention", "ALiBi inside",
+                     ("math.sqrt(self.head_dim) + pos_bias", "math.sqrt(self.head_dim) - pos_bias"), ""),
+    "soft_capped": ("capped_attention.py", "causal_attention", "soft-capped, 30 * tanh",
+                    ("torch.tanh(logits / self.logit_cap) * self.logit_cap", "torch.tanh(logits) * self.logit_cap"),
+                    ""),
+}
 
 
-def test_model_handed_its_causal_mask_by_its_caller_passes_and_its_plant_fails(tmp_path):
-    result = check_file(str(HERE / "caller_mask_lm.py"), only=["gpt"])
-    (model,) = result.components
-    assert model.status == "pass", format_report(result)
-    planted = edited_copy(tmp_path, HERE / "caller_mask_lm.py", [("return self.out(self.ln_out(h))",
-                                                                   "return self.out(h)")])
-    assert_failed_at(check_file(planted, only=["gpt"]), "final_norm_missing", "return self.out(h)")
-
-
-def test_attention_handed_its_alibi_term_passes_and_its_plant_fails(tmp_path):
-    result = check_file(str(HERE / "handed_alibi.py"), only=["causal_attention"])
-    (attention,) = result.components
-    assert attention.status == "pass", format_report(result)
-    assert any("ALiBi inside" in n["en"] for n in attention.notes)
-    planted = edited_copy(tmp_path, HERE / "handed_alibi.py", [("math.sqrt(self.head_dim) + pos_bias",
-                                                                 "math.sqrt(self.head_dim) - pos_bias")])
-    assert_failed_at(check_file(planted, only=["causal_attention"]), "", "- pos_bias")
-
-
-def test_soft_capped_attention_passes_and_its_plant_fails(tmp_path):
-    result = check_file(str(HERE / "capped_attention.py"), only=["causal_attention"])
-    (attention,) = result.components
-    assert attention.status == "pass", format_report(result)
-    assert any("soft-capped, 30 * tanh" in n["en"] for n in attention.notes)
-    planted = edited_copy(tmp_path, HERE / "capped_attention.py", [(
-        "torch.tanh(logits / self.logit_cap) * self.logit_cap", "torch.tanh(logits) * self.logit_cap")])
-    assert_failed_at(check_file(planted, only=["causal_attention"]), "", "torch.tanh(logits) * self.logit_cap")
+@pytest.mark.parametrize("case", list(PLANTED))
+def test_a_correct_component_passes_and_its_plant_fails(tmp_path, case):
+    name, kind, note, (old, new), diagnosis = PLANTED[case]
+    result = check_file(str(HERE / name), only=[kind])
+    (component,) = result.components
+    assert component.status == "pass", format_report(result)
+    assert note in " ".join(n["en"] for n in component.notes)
+    planted = edited_copy(tmp_path, HERE / name, [(old, new)])
+    assert_failed_at(check_file(planted, only=[kind]), diagnosis, new)
 
 
 def test_seq2seq_with_module_level_sizes_passes_and_its_plant_fails(tmp_path):

@@ -180,18 +180,17 @@ def search_settings(settings: Sequence[Setting],
     """The setting (a reading of the learner's weights, the choices it made) whose output the
     fewest mistakes explain: at most one mistake in every setting first, pairs only once no setting
     matched so; `search_one(setting, least, most)` searches one. The first setting that matches wins,
-    or with `fewest` the first with the fewest mistakes (a correct one, or a pair among pairs, at once)."""
-    for least, most in ((0, 1), (2, 2)):
-        best = None
+    or with `fewest` the first with the fewest mistakes: no mistake in any setting first, then one,
+    then a pair (a setting is not searched for a mistake while another one matches with none)."""
+    for least, most in FEWEST_FIRST if fewest else ((0, 1), (2, 2)):
         for setting in settings:
             hit = search_one(setting, least, most)
-            if hit is not None and (best is None or len(hit[0]) < len(best[1])):
-                best = (setting, *hit)
-            if best and (not fewest or len(best[1]) == least):  # none can have fewer
-                return best
-        if best:
-            return best
+            if hit is not None:
+                return setting, *hit
     return None
+
+
+FEWEST_FIRST = ((0, 0), (1, 1), (2, 2))  # the rounds of a search for the fewest mistakes
 
 
 def combo_error(target: Tensor, compute: Callable[[frozenset[str]], Tensor], combo: frozenset[str],

@@ -287,13 +287,15 @@ def _is_memory(err: BaseException) -> bool:
 def global_reads(obj: Any) -> set[str]:
     """The global names a function, or any method of a class, reads (from their code objects)."""
     members = vars(obj).values() if inspect.isclass(obj) else [obj]
-    codes = [f.__code__ for f in members if inspect.isfunction(f)]
-    names: set[str] = set()
-    while codes:
-        code = codes.pop()
-        names |= {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
-        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
-    return names
+    return set().union(*(_code_reads(f.__code__) for f in members if inspect.isfunction(f)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _code_reads(code: types.CodeType) -> frozenset[str]:
+    """The global names one code object and the code nested in it (its lambdas, comprehensions,
+    inner functions) read; remembered: every check asks again of the same functions."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    return frozenset(names).union(*(_code_reads(c) for c in code.co_consts if isinstance(c, types.CodeType)))
 
 
 def module_reads(fn: Any) -> list[Any]:

@@ -60,7 +60,7 @@ from handformer.check.core.context import (
     optional_inputs,
     outputs_by_convention,
     positions,
-    reads_sequence_first,
+    reads_sequence_first_masked,
     says_keep,
     shape_of,
 )
@@ -126,7 +126,7 @@ class Caller:
     mask_name: str | None  # the name of its mask (or valid_lens) parameter, None if it takes none
     rope_table: bool  # it is handed Meta's freqs_cis (complex rotary table) by its caller
     state: dict[str, Any]  # "visible": the convention of an all-visible mask handed where none is given
-
+    required: bool = False  # its mask has no default
     @property
     def takes_mask(self) -> bool:
         return self.mask_name is not None
@@ -176,7 +176,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
 
     def call(xq: Tensor, xk: Tensor, xv: Tensor, mask: Tensor | None) -> Any:
         args = [{"q": xq, "k": xk, "v": xv}[r] for r in roles]
-        if mask is None and required and "visible" in state:  # Raschka's forward(x, mask, cos, sin)
+        if mask is None and required and state.get("visible"):  # Raschka's forward(x, mask, cos, sin)
             everything = torch.ones(xq.size(0), 1, xq.size(-2), xk.size(-2), dtype=torch.bool)  # T, S
             mask = run_mask(everything, state["visible"], xq.size(0))
         kwargs: dict[str, Any] = {**dict.fromkeys(optional), **({masks[0].name: mask} if masks else {})}
@@ -189,7 +189,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
             return batch_first(with_positions(fn, [a.transpose(0, 1) for a in args], kwargs, layout, B))
         return with_positions(fn, args, kwargs, layout, B)
 
-    return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named, state)
+    return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named, state, required)
 
 
 def _alibi_handed(fn: Any, params: list[inspect.Parameter]) -> str | None:
@@ -213,7 +213,10 @@ def _sequence_first(res: ComponentResult, ctx: Context, c: Caller) -> None:
     batch_first=False), from what it does (`reads_sequence_first`); then it is driven so
     (c.state["first"]), its masks also as nn.MultiheadAttention's attn_mask (B * H, T, S) first, and
     the report says so."""
-    c.state["first"] = reads_sequence_first(ctx, lambda x: c.call(x, x, x, None), fp.randn(2, 7, D, seed=8))
+    convs = ("torch", "torch3", "torch2") + SEQUENCE_FIRST_CONVENTIONS + ctx.conventions(c.mask_name)
+    c.state["first"] = reads_sequence_first_masked(ctx, lambda x: c.call(x, x, x, None),
+                                                   lambda conv: c.state.update(visible=conv),
+                                                   (None, *convs * c.required))
     res.notes += [SEQUENCE_FIRST] * c.state["first"]
 
 
@@ -638,13 +641,17 @@ def behaves_causal(ctx: Context, c: Caller, width: int) -> bool:
     bumped = x.clone()
     bumped[:, 3] += 1.0
     try:
-        a = fp.first_tensor(ctx.learner.call("forward", c.call, x, x, x, None), 3)
-        b = fp.first_tensor(ctx.learner.call("forward", c.call, bumped, bumped, bumped, None), 3)
+        a, b = (fp.first_tensor(ctx.learner.call("forward", c.call, v, v, v, None), 3) for v in (x, bumped))
     except fp.LearnerFailure:
         return False
-    if a is None or b is None or a.shape != b.shape:
-        return False
-    return bool(torch.allclose(a[:, :3], b[:, :3], atol=1e-9)) and not torch.allclose(a[:, 3:], b[:, 3:])
+    return causal_outputs(a, b)
+
+
+def causal_outputs(a: Tensor | None, b: Tensor | None) -> bool:
+    """Whether two (B, T, D) outputs of inputs that differ at token 3 alone are a causal one's: the
+    same at tokens 0..2, moved after."""
+    return (a is not None and b is not None and a.shape == b.shape
+            and torch.allclose(a[:, :3], b[:, :3], atol=1e-9) and not torch.allclose(a[:, 3:], b[:, 3:]))
 
 
 def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_heads: int | None = None,
@@ -719,7 +726,8 @@ def _mha_search(mha: Probe, subject: Subject, out: Tensor | None, working: str) 
             best = (rope, conv, found, compute, None)
         if found is not None and not found[0]:
             break
-    best = _capped(subject) or best  # a soft cap it holds, where it explains the output alone
+    # a soft cap it holds, where it explains the output alone (a reading with no mistake needs none)
+    best = best if best is not None and not best[2][0] else _capped(subject) or best
     subject.facts["failure"] = failure
     held = next((r for r in subject.facts["ropes"][:1] if r in V.SCORE_BIASES), None)  # compared with it
     rope, conv, (flags, err), compute, cap = best or (held, first_conv, (frozenset(), None),
@@ -1247,24 +1255,38 @@ def _key_padding_alone(res: ComponentResult, ctx: Context, s: Setup) -> None:
     the keys and values it marks as padding must change no real query's output."""
     names = [p.name for p in forward_parameters(s.module)
              if "key_padding_mask" in p.name and p.name != s.c.mask_name]
-    for name in names:
-        moved = min(_padding_alone_moved(ctx, s, name, form) for form in KEY_PADDING_FORMS)
-        res.checks.append(Check(text(
-            f"{name} alone ((B, S): True = padding as torch.nn takes it, 0 / -inf, or True = keep): "
-            "changing the padded keys and values changes no real output",
-            f"只给 {name}（(B, S)：torch.nn 的 True = 填充、0 / -inf，或 True = 可以看）："
-            "改变被填充的键和值，不影响真实位置的输出"), moved < 1e-9,
-            text(f"outputs moved by {moved:.3g}: the padding it marks is not applied",
-                 f"输出变化了 {moved:.3g}：它标出的填充没有被用上")))
+    res.checks += [key_padding_check(name, ("keys and values", "被填充的键和值"),
+                                     lambda form, name=name: _padding_alone_moved(ctx, s, name, form))
+                   for name in names]
+
+
+def key_padding_check(name: str, padded: tuple[str, str],
+                      moved_in: Callable[[Callable[[Tensor], Tensor]], float]) -> Check:
+    """The check of a key_padding_mask `name` given alone, in each of KEY_PADDING_FORMS: changing what it
+    marks as padding (`padded`, en and zh) moves no real output (`moved_in(form)`) in the form that
+    hides it best."""
+    moved = min(moved_in(form) for form in KEY_PADDING_FORMS)
+    return Check(text(
+        f"{name} alone ((B, S): True = padding as torch.nn takes it, 0 / -inf, or True = keep): "
+        f"changing the padded {padded[0]} changes no real output",
+        f"只给 {name}（(B, S)：torch.nn 的 True = 填充、0 / -inf，或 True = 可以看）："
+        f"改变{padded[1]}，不影响真实位置的输出"), moved < 1e-9,
+        text(f"outputs moved by {moved:.3g}: the padding it marks is not applied",
+             f"输出变化了 {moved:.3g}：它标出的填充没有被用上"))
+
+
+def left_padding(B: int = 2, T: int = 7) -> Tensor:
+    """(B, T) bool, True = padding: row 1's first PAD_KEYS positions."""
+    pads = torch.zeros(B, T, dtype=torch.bool)
+    pads[1, :PAD_KEYS] = True
+    return pads
 
 
 def _padding_alone_moved(ctx: Context, s: Setup, name: str, form: Callable[[Tensor], Tensor]) -> float:
     """How far real queries' outputs move in self-attention when the padded positions change, the
     padding given as `name` alone in `form`; inf when the attention does not take that form."""
-    B, T = 2, 7
-    pads = torch.zeros(B, T, dtype=torch.bool)
-    pads[1, :PAD_KEYS] = True
-    x = fp.randn(B, T, D, seed=44)
+    pads = left_padding()
+    x = fp.randn(*pads.shape, D, seed=44)
     bumped = x.clone()
     bumped[1, :PAD_KEYS] += 5.0
     s.c.state["more"] = {name: form(pads)}

@@ -47,6 +47,7 @@ class OwnSteered(Steered):
         mods = list(module.modules())
         self.outs = [m for m in mods if isinstance(m, nn.Linear) and m.out_features == TGT_V]
         self.embeds = [m for m in mods if isinstance(m, nn.Embedding) and m.num_embeddings == TGT_V]
+        self.states = [m for m in mods if m not in self.outs]  # the modules whose outputs `_states` reads
         self.layer = layer  # its first decoder layer (first_decoder_layer), found once by the maker
         self.known: list[tuple[Tensor, Table]] = []  # (a sentence's memory (S, D), its table)
         for ids, tab in (by_source or {}).items():
@@ -72,8 +73,7 @@ class OwnSteered(Steered):
 
     def steering(self) -> AbstractContextManager[None]:
         handles = [e.register_forward_pre_hook(self._record) for e in self.embeds]
-        states = [m for m in self.own[0].modules() if m not in self.outs]
-        handles += [m.register_forward_hook(self._states) for m in states]
+        handles += [m.register_forward_hook(self._states) for m in self.states]
         handles += [o.register_forward_hook(self._steer_out) for o in self.outs]
         if self.known and self.layer is not None:
             handles.append(self.layer.register_forward_pre_hook(self._rows, with_kwargs=True))
