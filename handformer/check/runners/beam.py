@@ -222,7 +222,7 @@ def check_beam_search(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     lm = beam_lm.decoder_only(comp, ctx)
     call = beam_lm.lm_call(comp, ctx, MAX_LEN - 1) if lm else _call(comp, ctx)
-    make = beam_lm.lm_maker(res, ctx) if lm else _maker(res, ctx)
+    make = beam_lm.lm_maker(res, ctx, comp) if lm else _maker(res, ctx)
     src = torch.tensor([[5, 7, 9, 11, 3, 6]])  # (1, S)
     steps = MAX_LEN - 1
     alphas = [1.0] if call.arg["alpha"] else [0.0, 0.6, 0.7, 1.0]
