@@ -334,7 +334,17 @@ def takes_one_row(fn: Any) -> bool:
     probed with the settings it takes by name."""
     params, names, _ = _signature(fn)
     probs = bool(set(names[:1]) & set(PROBS_NAMES))
-    return written_for_one_row(fn, probs, {n: OPTION_VALUES[k] for k, n in _options(params).items()})
+    return written_for_one_row(fn, probs, _probe_options(fn, params))
+
+
+def _probe_options(fn: Any, params: list[inspect.Parameter]) -> dict[str, Any]:
+    """The settings a function of logits is probed with: those it takes by name, and a settings
+    dataclass it takes (llama.cpp's sample_token(logits, params)) at its defaults."""
+    from handformer.check.core.discovery import defaulted_config
+
+    configs = {p.name: defaulted_config(fn, p.name) for p in params[1:]}
+    return {**{n: OPTION_VALUES[k] for k, n in _options(params).items()},
+            **{n: config() for n, config in configs.items() if config}}
 
 
 # sharp rows and flat ones: a function reducing over the whole batch (probs.max()) mixes them
@@ -348,7 +358,7 @@ def rows_apart(fn: Any) -> bool:
     one 1-D row's code, or (where it runs) a batched filter's mistake, as the file's other filters say."""
     params, names, _ = _signature(fn)
     rows = MIXED_ROWS.softmax(-1) if set(names[:1]) & set(PROBS_NAMES) else MIXED_ROWS
-    options = {n: OPTION_VALUES[k] for k, n in _options(params).items()}
+    options = _probe_options(fn, params)
     batch, alone = _call(fn, rows, options), _by_row(fn, rows, options)
     return alone is not None and (batch is None or batch.shape != alone.shape or not torch.equal(
         batch, alone))

@@ -225,7 +225,7 @@ def greedy(model: CausalLM, ids: Tensor, n: int) -> Tensor:
 
 # --- calling the learner's generate ---------------------------------------------------------------
 
-def _style(fn: Any) -> tuple[str, ...]:
+def styles_read(fn: Any) -> tuple[str, ...]:
     """What the learner's loop unpacks: a (logits, loss) tuple, `.logits`, or a tensor; the one their
     source shows first, then the others."""
     source = source_text(fn)
@@ -410,7 +410,7 @@ class StandIn:
         return None
 
     def styles(self, fn: Any) -> tuple[str, ...]:
-        return _style(fn)
+        return styles_read(fn)
 
     def driven(self) -> Text:
         return text("a stand-in: handformer's one-block GPT on known weights, its most likely token "
