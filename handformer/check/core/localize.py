@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from handformer.check.core.fingerprint import first_tensor, hooked, quietly
 from handformer.check.core.kinds import KINDS_TABLE
 from handformer.check.core.result import DEPARTS, ComponentResult, Finding, Text, text
-from handformer.check.core.source import as_telling, first_pattern_matches, lines_matching, source_lines
+from handformer.check.core.source import first_pattern_matches, lines_matching, pattern_rank, source_lines
 from handformer.check.reference import variants as V
 
 
@@ -1089,7 +1089,8 @@ def place_findings(res: ComponentResult, localize: Callable[[], Any], lines: lis
         return
     line, code = found.quoted()
     for finding in unsure:  # the departing line, where a pattern as telling as the finding's finds it
-        told = as_telling(finding.name, code.split(" / line ")[0], str(finding.code))
+        told = pattern_rank(finding.name, code.split(" / line ")[0]) <= pattern_rank(finding.name, str(
+            finding.code)) < math.inf  # a pattern as telling as the one that found its line finds it too
         if finding.line is None or told or misplaced(finding, found) or deeper(finding, found):
             finding.line, finding.code = line, code
 

@@ -146,12 +146,11 @@ def first_pattern_matches(name: str, code: str) -> bool:
     return bool(re.search(CATALOG[name].patterns[0], code.split("#")[0]))
 
 
-def as_telling(name: str, code: str, than: str) -> bool:
-    """Whether one of the diagnosis' patterns finds the line `code`, one at least as telling (as early in
-    its list) as the first that finds the line `than`."""
-    patterns = list(enumerate(CATALOG[name].patterns))
-    ranks = [next((i for i, p in patterns if re.search(p, c.split("#")[0])), math.inf) for c in (code, than)]
-    return ranks[0] <= ranks[1] < math.inf
+def pattern_rank(name: str, code: str) -> float:
+    """The place in the diagnosis' list of the first of its patterns that finds the line (0: its most
+    telling); math.inf where none does."""
+    code = code.split("#")[0]
+    return next((i for i, p in enumerate(CATALOG[name].patterns) if re.search(p, code)), math.inf)
 
 
 def lines_matching(name: str, lines: list[tuple[int, str]]) -> list[int]:
