@@ -445,6 +445,10 @@ CACHE_PLANTS: dict[str, Plant] = {
         ("    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n", ""),
         ("    optimizer.step()\n", "    optimizer.step()\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n")],
         "cache"),
+    "lm_train_step_not_clipped": Plant("train_step_not_clipped", "lm_train_step", [
+        ("    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n",
+         "    max_norm = 0.0\n    if max_norm > 1.0:\n        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n")],
+        "cache"),
 }
 
 # minimind's newer style (tests/fixtures/learners_minimind_qk/): QK-norm inside the attention, a
@@ -515,7 +519,7 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("bpe_ties_not_by_bytes", "bpe_decode_per_token"), ("bpe_counts_not_updated", "bpe_decode_strict"),
     ("bpe_counts_not_updated", "bpe_overlapping_specials"), ("bpe_vocab_size_ignores_specials", "bpe_encode_across_pretokens"),
     ("kv_rope_no_offset", "kv_keys_rotated_twice"), ("kv_cache_not_advanced", "kv_keys_rotated_twice"),
-    ("lm_train_step_lr_not_set", "lm_train_step_clip_after_step"),
+    ("lm_train_step_lr_not_set", "lm_train_step_clip_after_step"), ("kv_rope_no_offset", "lm_train_step_not_clipped"),
     ("qk_norm_after_rope", "qk_generate_no_stop_at_eos"),
 ]
 

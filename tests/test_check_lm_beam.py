@@ -35,3 +35,47 @@ def test_a_planted_search_is_named_at_its_line(plant: str, only: list[str], name
     search = result.components[-1]
     assert [c.status for c in result.components] == ["pass"] * (len(only) - 1) + ["fail"], format_report(result)
     assert [(f.name, f.line) for f in search.findings] == [(name, line)]
+
+
+HF_SEARCH = '''import torch
+import torch.nn.functional as F
+
+
+def beam_search(model, input_ids, num_beams=2, max_new_tokens=8, eos_token_id=None, length_penalty=1.0):
+    """Any Hugging Face causal LM (model(ids).logits); input_ids (1, T) -> (1, T + L)."""
+    alive, done = [(0.0, [])], []
+    for _ in range(max_new_tokens):
+        new = torch.tensor([t for _, t in alive], dtype=torch.long).view(len(alive), -1)
+        logp = F.log_softmax(model(torch.cat([input_ids.repeat(len(alive), 1), new], 1)).logits[:, -1], -1)
+        totals = torch.tensor([s for s, _ in alive])[:, None] + logp
+        best, flat = totals.view(-1).topk(2 * num_beams)
+        keep = []
+        for rank, (score, i) in enumerate(zip(best.tolist(), flat.tolist())):
+            row, token = divmod(i, logp.size(-1))
+            tokens = alive[row][1] + [token]
+            if token == eos_token_id:
+                if rank < num_beams:
+                    done.append((score / len(tokens) ** length_penalty, tokens))
+            elif len(keep) < num_beams:
+                keep.append((score, tokens))
+        if len(done) >= num_beams:
+            break
+        alive = keep
+    else:
+        done += [(s / len(t) ** length_penalty, t) for s, t in alive]
+    return torch.cat([input_ids, torch.tensor([max(done)[1]])], dim=1)
+'''
+
+
+def test_a_search_over_a_model_its_file_does_not_define_is_driven_by_a_stand_in(tmp_path):
+    """A decoder-only search written for any Hugging Face causal LM (the file defines no model) is
+    handed a stand-in whose `.logits` are each scenario's table; reading the first position is named."""
+    path = tmp_path / "hf_search.py"
+    path.write_text(HF_SEARCH)
+    (search,) = check_file(str(path)).components
+    assert search.status == "pass" and "stand-in decoder-only" in search.driven["en"], format_report(
+        check_file(str(path)))
+    path.write_text(HF_SEARCH.replace(".logits[:, -1]", ".logits[:, 0]"))
+    (search,) = check_file(str(path)).components
+    assert [(f.name, f.line) for f in search.findings] == [("beam_one_not_greedy", 10)], format_report(
+        check_file(str(path)))

@@ -107,3 +107,101 @@ def test_torch_refusing_a_dtype_inside_checks_softmax_is_the_learners_exception(
     err = learner_error(raised.value, str(path), "forward")
     assert err.kind == "exception", err
     assert err.traceback == ["line 5, in loss: return F.log_softmax(targets, dim=-1)"], err
+
+
+GRU_SEARCH = '''import torch
+import torch.nn as nn
+
+
+class Translator(nn.Module):
+    def __init__(self, vocab_size, hidden=16):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, hidden)
+        self.enc = nn.GRU(hidden, hidden, batch_first=True)
+        self.dec = nn.GRU(hidden, hidden, batch_first=True)
+        self.out = nn.Linear(hidden, vocab_size)
+
+    def encode(self, src):
+        return self.enc(self.embed(src))[1]
+
+    def decode(self, ys, state):
+        return self.out(self.dec(self.embed(ys), state)[0][:, -1])
+
+
+@torch.no_grad()
+def greedy_decode(model, src, max_len, bos_id, eos_id):
+    state = model.encode(src)
+    ys = torch.full((src.size(0), 1), bos_id, dtype=torch.long)
+    for _ in range(max_len):
+        ys = torch.cat([ys, model.decode(ys, state).argmax(-1, keepdim=True)], dim=1)
+        if (ys[:, -1] == eos_id).all():
+            break
+    return ys.tolist()  # a batch of one: [[ids]]
+'''
+
+
+def test_a_search_written_for_a_model_the_file_does_not_define_is_not_checked_never_an_error(tmp_path):
+    """A greedy decoder calling `model.decode(ys, state)` on a model its file does not define is driven
+    by the Annotated Transformer's stand-in, whose decode takes (memory, src_mask, ys, tgt_mask): the
+    stand-in's TypeError is never the learner's."""
+    path = tmp_path / "gru_search.py"
+    path.write_text(GRU_SEARCH[:GRU_SEARCH.index("class Translator")] + GRU_SEARCH[GRU_SEARCH.index("@torch"):])
+    result = check_file(str(path))
+    assert [(c.name, c.status) for c in result.components] == [("greedy_decode", NOT_CHECKED)], format_report(
+        result)
+    assert result.components[0].error.kind == "stand_in"
+
+
+def test_a_search_is_driven_through_its_files_own_seq2seq_that_is_no_transformer(tmp_path):
+    """The file's GRU seq2seq (its own encode and decode) is built and drives the search, its output
+    layer steered by hooks (it is no tokenizer either: a torch module's train() is the mode switch); a
+    loop that never stops at EOS is named at its line."""
+    path = tmp_path / "gru_search.py"
+    path.write_text(GRU_SEARCH)
+    result = check_file(str(path))
+    assert [(c.name, c.status) for c in result.components] == [("greedy_decode", "pass")], format_report(result)
+    assert "your own Translator" in result.components[0].driven["en"]
+    path.write_text(GRU_SEARCH.replace("if (ys[:, -1] == eos_id).all():", "if False:"))
+    (comp,) = check_file(str(path)).components
+    assert [(f.name, f.line) for f in comp.findings] == [("greedy_no_stop_at_eos", 25)], format_report(
+        check_file(str(path)))
+
+
+GRU_BEAM = GRU_SEARCH + '''
+
+@torch.no_grad()
+def beam_search(model, src, max_len, bos_id, eos_id, beam_size=2):
+    state = model.encode(src)
+    alive, done = [(0.0, [bos_id])], []
+    for _ in range(max_len):
+        ys = torch.tensor([t for _, t in alive])
+        logp = torch.log_softmax(model.decode(ys, state.repeat(1, len(alive), 1)), -1)
+        cands = sorted(((s + float(logp[i, v]), t + [v]) for i, (s, t) in enumerate(alive)
+                        for v in range(logp.size(-1))), key=lambda c: -c[0])[:2 * beam_size]
+        alive = []
+        for rank, (s, t) in enumerate(cands):
+            if t[-1] == eos_id:
+                if rank < beam_size:
+                    done.append((s / (len(t) - 1), t))
+            elif len(alive) < beam_size:
+                alive.append((s, t))
+        if len(done) >= beam_size:
+            break
+    else:
+        done += [(s / (len(t) - 1), t) for s, t in alive]
+    return [max(done)[::-1]]  # [(tokens, score)]
+'''
+
+
+def test_a_beam_search_over_its_files_own_gru_reads_the_steered_table_alone(tmp_path):
+    """The GRU seq2seq's output layer steered by each scenario's table (its own logits left out, and
+    the reference reads the table: it has no forward(src, tgt)); the search returns [(tokens, score)], a
+    batch of one; returning the first finished hypothesis is named."""
+    path = tmp_path / "gru_beam.py"
+    path.write_text(GRU_BEAM)
+    result = check_file(str(path), only=["beam_search"])
+    assert [(c.name, c.status) for c in result.components] == [("beam_search", "pass")], format_report(result)
+    path.write_text(GRU_BEAM.replace("return [max(done)[::-1]]", "return [done[0][::-1]]"))
+    (comp,) = check_file(str(path), only=["beam_search"]).components
+    assert [f.name for f in comp.findings] == ["beam_shortest_returned"], format_report(
+        check_file(str(path), only=["beam_search"]))

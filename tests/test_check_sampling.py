@@ -227,3 +227,52 @@ def test_a_top_k_of_a_fraction_is_graded_by_the_fraction_its_default_says(tmp_pa
     comp = next(c for c in result.components if c.name == name)
     assert comp.status == "fail" and exit_code(result) == 1, format_report(result)
     assert [f.line for f in comp.findings] == [line], format_report(result)
+
+
+def test_a_loops_temperature_is_read_from_the_probabilities_it_samples_from(tmp_path):
+    """nanoGPT's generate driven once more at temperature 0.5 on its model's own logits: torch.multinomial
+    records the probabilities it is handed (softmax(logits / 0.5)); the logits multiplied by the
+    temperature instead are named at their line (a deterministic greedy run cannot tell them apart)."""
+    source = (FIXTURES.parent / "learners_nanogpt" / "correct.py").read_text()
+    planted = tmp_path / "nanogpt_temperature.py"
+    planted.write_text(source.replace("logits[:, -1, :] / temperature", "logits[:, -1, :] * temperature"))
+    (gen,) = check_file(str(planted), only=["generate"]).components
+    assert gen.status == "fail" and [(f.name, f.line) for f in gen.findings] == [
+        ("temperature_multiplied", 108)], format_report(check_file(str(planted), only=["generate"]))
+    planted.write_text(source)
+    (gen,) = check_file(str(planted), only=["generate"]).components
+    assert gen.status == "pass" and any("temperature=0.5" in c.name["en"] and c.ok for c in gen.checks)
+
+
+SETTINGS_SAMPLER = '''from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DrawConfig:
+    temperature: float = 0.7
+    top_k: int = 20
+
+
+def sample_next_token(logits, cfg: DrawConfig):
+    """Logits (B, V) -> token ids (B,), llama.cpp's chain: top-k, then temperature."""
+    if cfg.top_k > 0:
+        kth = torch.topk(logits, min(cfg.top_k, logits.size(-1)), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    logits = logits / cfg.temperature
+    return torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
+'''
+
+
+def test_a_sampler_that_takes_a_settings_dataclass_is_handed_one_with_its_options(tmp_path):
+    """sample_next_token(logits, cfg: DrawConfig): the settings object is built with the option a draw
+    sets and every other filter off; the temperature multiplied is named at its line."""
+    path = tmp_path / "settings_sampler.py"
+    path.write_text(SETTINGS_SAMPLER)
+    (comp,) = check_file(str(path)).components
+    assert comp.status == "pass", format_report(check_file(str(path)))
+    path.write_text(SETTINGS_SAMPLER.replace("logits / cfg.temperature", "logits * cfg.temperature"))
+    (comp,) = check_file(str(path)).components
+    assert comp.status == "fail" and [(f.name, f.line) for f in comp.findings] == [
+        ("temperature_multiplied", 17)], format_report(check_file(str(path)))

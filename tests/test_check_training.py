@@ -498,3 +498,60 @@ def test_a_language_model_step_that_draws_its_micro_batches_from_a_loader_is_dri
     result = check_file(str(undivided))
     assert [f.name for c in result.components for f in c.findings] == ["train_step_loss_not_divided"]
     assert exit_code(result) == 1
+
+
+PAIRED_STEP = '''import torch
+import torch.nn.functional as F
+
+base_lr, warmup = 6e-6, 4
+
+
+def lr_at(step_num):
+    return base_lr * min(1.0, (step_num + 1) / warmup)
+
+
+def train_step(net, batch, opt, step_num, clip=5.0):
+    for group in opt.param_groups:
+        group["lr"] = lr_at(step_num)
+    xb, yb = batch
+    logits = net(xb)
+    loss = F.cross_entropy(logits.view(-1, logits.size(-1)), yb.view(-1))
+    opt.zero_grad()
+    loss.backward()
+    if clip > 0:
+        torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
+    opt.step()
+    return loss.item()
+'''
+
+
+def test_a_step_handed_its_windows_as_one_batch_pair_is_driven_and_a_skipped_clip_is_named(tmp_path):
+    """train_step(net, batch, opt, step_num) unpacking `xb, yb = batch` (nanoGPT's get_batch pair) is a
+    language model's step; its clipping, which AdamW's scale-free update hides, is seen with SGD over
+    the clipping norm: a guard that never clips is named at its line."""
+    path = tmp_path / "paired_step.py"
+    path.write_text(PAIRED_STEP)
+    (step,) = check_file(str(path), only=["lm_train_step"]).components
+    assert step.status == "pass", format_report(check_file(str(path), only=["lm_train_step"]))
+    path.write_text(PAIRED_STEP.replace("if clip > 0:", "if clip < 0:"))
+    (step,) = check_file(str(path), only=["lm_train_step"]).components
+    assert step.status == "fail" and [(f.name, f.line) for f in step.findings] == [
+        ("train_step_not_clipped", 19)], [(f.name, f.line) for f in step.findings]
+
+
+CRITERION_FIRST = '''def seq2seq_loss(criterion, scores, next_ids):
+    """scores (B, T, V), next_ids (B, T): the criterion applied to every position."""
+    return criterion(scores.reshape(-1, scores.size(-1)), next_ids.reshape(-1))
+'''
+
+
+def test_a_loss_that_takes_its_criterion_first_is_handed_the_stand_in_criterion(tmp_path):
+    """seq2seq_loss(criterion, scores, next_ids): the criterion is a part it is handed (the summed
+    cross-entropy of the real tokens), never its input; the data are the remaining arguments."""
+    path = tmp_path / "criterion_first.py"
+    path.write_text(CRITERION_FIRST)
+    (loss,) = check_file(str(path), only=["loss"]).components
+    assert loss.status == "pass", format_report(check_file(str(path), only=["loss"]))
+    path.write_text(CRITERION_FIRST.replace("next_ids.reshape(-1))", "next_ids.reshape(-1)) / next_ids.size(0)"))
+    (loss,) = check_file(str(path), only=["loss"]).components
+    assert loss.status == "fail" and loss.findings[0].line == 3, [(f.name, f.line) for f in loss.findings]

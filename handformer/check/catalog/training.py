@@ -80,6 +80,14 @@ DIAGNOSES: list[Diagnosis] = [
       "在 loss.backward() 和 optimizer.step() 之间裁剪："
       "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)",
       r"clip_grad", r"step\("),
+    d("train_step_not_clipped", "the gradient is never clipped (the clipping is skipped), so a large "
+      "gradient moves the parameters by its whole size",
+      "梯度从没被裁剪（裁剪被跳过了），大梯度按原样更新参数",
+      "clip between loss.backward() and optimizer.step() whenever a clipping norm is set: "
+      "if max_norm > 0: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)",
+      "设了裁剪范数时，在 loss.backward() 和 optimizer.step() 之间裁剪："
+      "if max_norm > 0: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)",
+      r"^\s*if\b.*clip", r"clip_grad"),
     d("train_step_lr_not_set", "the schedule's learning rate is never given to the optimizer, so every step "
       "updates at the rate the optimizer was built with", "调度给出的学习率从没交给优化器，每一步都按优化器"
       "创建时的学习率更新",

@@ -632,6 +632,22 @@ def reads_sequence_first(ctx: Context, run: Callable[[Tensor], Any], x: Tensor) 
         return False
 
 
+def reads_sequence_first_masked(ctx: Context, run: Callable[[Tensor], Any],
+                                hand: Callable[[str | None], None], convs: tuple[str | None, ...]) -> bool:
+    """`reads_sequence_first` on a square input (7, 7, D), a mask it is handed fitting either reading:
+    `hand` hands it every key visible in each of `convs` in turn (None: no mask), as a forward that
+    requires its mask (fairseq's forward(x, key_padding_mask)) needs."""
+    x = fp.randn(7, 7, D, seed=8)
+
+    def reads(conv: str | None) -> bool:
+        hand(conv)
+        return reads_sequence_first(ctx, run, x)
+
+    first = any(reads(conv) for conv in convs)
+    hand(None)
+    return first
+
+
 def batch_first(raw: Any) -> Any:
     """A sequence-first output (T, B, ...), or the first of a tuple (out, weights), as (B, T, ...)."""
     if isinstance(raw, tuple):

@@ -133,6 +133,18 @@ FIXED.update(dict.fromkeys(ARGUMENTS["eps"], 1e-5))
 REQUIRED_FIXED = {**FIXED, "theta": 10000.0, "rope_theta": 10000.0}
 # an argument's name (lower case) -> the size it stands for: the first key of ARGUMENTS that lists it
 SIZE_OF = {alias: key for key, aliases in reversed(ARGUMENTS.items()) for alias in aliases}
+# the words of a name no table lists that say a size (fairseq's attention_heads, ffn_embed_dim): a
+# count of heads, or an FFN's width (a word of the FFN and a word of a width)
+FFN_WORDS = {"ffn", "ff", "mlp", "feedforward", "intermediate"}
+WIDTH_WORDS = {"dim", "size", "hidden", "width"}
+
+
+def size_of(name: str) -> str | None:
+    """The size an argument's name stands for: its table's (SIZE_OF), else what its words say."""
+    words = set(name.lower().split("_"))
+    by_words = "n_heads" if "heads" in words else "d_ff" if words & FFN_WORDS and words & WIDTH_WORDS \
+        else None
+    return SIZE_OF.get(name.lower(), by_words)
 
 
 class DiscoveryError(ValueError):
@@ -282,8 +294,12 @@ def _processors(own: dict[str, Any], taken: set[str], only: list[str] | None) ->
 
 
 def trains_itself(obj: Any) -> bool:
-    """A class with train, encode and decode methods: a tokenizer that trains itself (minbpe's)."""
-    return inspect.isclass(obj) and all(callable(getattr(obj, m, None)) for m in TOKENIZER_METHODS)
+    """A class with train, encode and decode methods: a tokenizer that trains itself (minbpe's); no
+    torch module (its train() is the mode switch: a seq2seq model's encode and decode)."""
+    from torch import nn
+
+    return inspect.isclass(obj) and not issubclass(obj, nn.Module) and all(
+        callable(getattr(obj, m, None)) for m in TOKENIZER_METHODS)
 
 
 def _by_signature(own: dict[str, Any], taken: set[str], only: list[str] | None, pointed: set[str],
@@ -676,7 +692,7 @@ def init_parameters(cls: Any) -> list[inspect.Parameter]:
 def argument_keys(cls: Any) -> dict[str, str | None]:
     """Each constructor argument of `cls` (or parameter of a function) -> the size it stands for (a
     key of ARGUMENTS), or None."""
-    keys = with_roles(cls, {p.name: None if _is_axis(p) else SIZE_OF.get(p.name.lower())
+    keys = with_roles(cls, {p.name: None if _is_axis(p) else size_of(p.name)
                             for p in init_parameters(cls)}, SIZE_OF)
     if inspect.isclass(cls) and next(iter(keys), None) == "k" and "d_model" not in keys.values():
         keys["k"] = "d_model"  # Peter Bloem's SelfAttention(k, heads): the width first, named k

@@ -201,6 +201,7 @@ def lm_step(fn: Any) -> bool:
     target itself (an encoder-decoder's step feeds tgt[:, :-1])."""
     _, names, required = _signature(fn)
     windows = (LOADER_NAMES,) if drawn_loader(fn) else (X_NAMES, Y_NAMES)
+    windows = (BATCH_NAMES,) if paired_batch(fn) else windows
     groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, *windows)
     if not _takes_each(names, groups):
         return False
@@ -216,6 +217,13 @@ def drawn_loader(fn: Any) -> str | None:
     names = [p.name for p in _signature(fn)[0] if p.name.lower() in LOADER_NAMES]
     code = source_text(fn)
     return next((n for n in names if re.search(rf"\b{n}\.next_batch\(|\bnext\(\s*{n}\b", code)), None)
+
+
+def paired_batch(fn: Any) -> str | None:
+    """The batch a step unpacks into its two windows (`X, Y = batch`, nanoGPT's get_batch pair)."""
+    names = [p.name for p in _signature(fn)[0] if p.name.lower() in BATCH_NAMES]
+    code = source_text(fn)
+    return next((n for n in names if re.search(rf"^\s*\w+\s*,\s*\w+\s*=\s*{n}\s*$", code, re.M)), None)
 
 
 GENERATE_MODEL = tuple(n for n in MODEL_NAMES if n != "self")
@@ -326,7 +334,17 @@ def takes_one_row(fn: Any) -> bool:
     probed with the settings it takes by name."""
     params, names, _ = _signature(fn)
     probs = bool(set(names[:1]) & set(PROBS_NAMES))
-    return written_for_one_row(fn, probs, {n: OPTION_VALUES[k] for k, n in _options(params).items()})
+    return written_for_one_row(fn, probs, _probe_options(fn, params))
+
+
+def _probe_options(fn: Any, params: list[inspect.Parameter]) -> dict[str, Any]:
+    """The settings a function of logits is probed with: those it takes by name, and a settings
+    dataclass it takes (llama.cpp's sample_token(logits, params)) at its defaults."""
+    from handformer.check.core.discovery import defaulted_config
+
+    configs = {p.name: defaulted_config(fn, p.name) for p in params[1:]}
+    return {**{n: OPTION_VALUES[k] for k, n in _options(params).items()},
+            **{n: config() for n, config in configs.items() if config}}
 
 
 # sharp rows and flat ones: a function reducing over the whole batch (probs.max()) mixes them
@@ -340,7 +358,7 @@ def rows_apart(fn: Any) -> bool:
     one 1-D row's code, or (where it runs) a batched filter's mistake, as the file's other filters say."""
     params, names, _ = _signature(fn)
     rows = MIXED_ROWS.softmax(-1) if set(names[:1]) & set(PROBS_NAMES) else MIXED_ROWS
-    options = {n: OPTION_VALUES[k] for k, n in _options(params).items()}
+    options = _probe_options(fn, params)
     batch, alone = _call(fn, rows, options), _by_row(fn, rows, options)
     return alone is not None and (batch is None or batch.shape != alone.shape or not torch.equal(
         batch, alone))

@@ -7,6 +7,7 @@ import ast
 import dis
 import functools
 import inspect
+import math
 import re
 import sys
 import textwrap
@@ -145,6 +146,14 @@ def first_pattern_matches(name: str, code: str) -> bool:
     return bool(re.search(CATALOG[name].patterns[0], code.split("#")[0]))
 
 
+def as_telling(name: str, code: str, than: str) -> bool:
+    """Whether one of the diagnosis' patterns finds the line `code`, one at least as telling (as early in
+    its list) as the first that finds the line `than`."""
+    patterns = list(enumerate(CATALOG[name].patterns))
+    ranks = [next((i for i, p in patterns if re.search(p, c.split("#")[0])), math.inf) for c in (code, than)]
+    return ranks[0] <= ranks[1] < math.inf
+
+
 def lines_matching(name: str, lines: list[tuple[int, str]]) -> list[int]:
     """The numbers of the code lines any of the diagnosis' patterns matches."""
     regexes = [re.compile(p) for p in CATALOG[name].patterns]
@@ -253,11 +262,13 @@ def raised_by_stand_in(stack: traceback.StackSummary, path: str) -> bool:
 def refused_by_stand_in(err: BaseException) -> bool:
     """A call the stand-in's signature refuses before any of its code runs (a decoder-only training
     step calling the encoder-decoder stand-in with one sequence: `Recorded.forward() missing 1
-    required positional argument: 'tgt'`): the message names a class of handformer's grader."""
+    required positional argument: 'tgt'`; a search calling `model.decode(ys, h)`, its own model's
+    interface, on the Annotated Transformer's `decode(memory, src_mask, ys, tgt_mask)`): the message
+    names a class of handformer's grader."""
     import re
     import sys
 
-    match = re.match(r"(\w+)\.(forward|__call__|generate)\(\) (missing|takes|got)", str(err))
+    match = re.match(r"(\w+)\.\w+\(\) (missing|takes|got)", str(err))
     if isinstance(err, AttributeError):  # an attribute the stand-in has not: Raschka's model.cfg
         match = re.match(r"'(\w+)' object has no attribute", str(err))
     elif not isinstance(err, TypeError):

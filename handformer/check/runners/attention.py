@@ -60,7 +60,7 @@ from handformer.check.core.context import (
     optional_inputs,
     outputs_by_convention,
     positions,
-    reads_sequence_first,
+    reads_sequence_first_masked,
     says_keep,
     shape_of,
 )
@@ -126,7 +126,7 @@ class Caller:
     mask_name: str | None  # the name of its mask (or valid_lens) parameter, None if it takes none
     rope_table: bool  # it is handed Meta's freqs_cis (complex rotary table) by its caller
     state: dict[str, Any]  # "visible": the convention of an all-visible mask handed where none is given
-
+    required: bool = False  # its mask has no default
     @property
     def takes_mask(self) -> bool:
         return self.mask_name is not None
@@ -176,7 +176,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
 
     def call(xq: Tensor, xk: Tensor, xv: Tensor, mask: Tensor | None) -> Any:
         args = [{"q": xq, "k": xk, "v": xv}[r] for r in roles]
-        if mask is None and required and "visible" in state:  # Raschka's forward(x, mask, cos, sin)
+        if mask is None and required and state.get("visible"):  # Raschka's forward(x, mask, cos, sin)
             everything = torch.ones(xq.size(0), 1, xq.size(-2), xk.size(-2), dtype=torch.bool)  # T, S
             mask = run_mask(everything, state["visible"], xq.size(0))
         kwargs: dict[str, Any] = {**dict.fromkeys(optional), **({masks[0].name: mask} if masks else {})}
@@ -189,7 +189,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
             return batch_first(with_positions(fn, [a.transpose(0, 1) for a in args], kwargs, layout, B))
         return with_positions(fn, args, kwargs, layout, B)
 
-    return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named, state)
+    return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named, state, required)
 
 
 def _alibi_handed(fn: Any, params: list[inspect.Parameter]) -> str | None:
@@ -213,7 +213,10 @@ def _sequence_first(res: ComponentResult, ctx: Context, c: Caller) -> None:
     batch_first=False), from what it does (`reads_sequence_first`); then it is driven so
     (c.state["first"]), its masks also as nn.MultiheadAttention's attn_mask (B * H, T, S) first, and
     the report says so."""
-    c.state["first"] = reads_sequence_first(ctx, lambda x: c.call(x, x, x, None), fp.randn(2, 7, D, seed=8))
+    convs = ("torch", "torch3", "torch2") + SEQUENCE_FIRST_CONVENTIONS + ctx.conventions(c.mask_name)
+    c.state["first"] = reads_sequence_first_masked(ctx, lambda x: c.call(x, x, x, None),
+                                                   lambda conv: c.state.update(visible=conv),
+                                                   (None, *convs * c.required))
     res.notes += [SEQUENCE_FIRST] * c.state["first"]
 
 

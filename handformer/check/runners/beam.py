@@ -222,7 +222,7 @@ def check_beam_search(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     lm = beam_lm.decoder_only(comp, ctx)
     call = beam_lm.lm_call(comp, ctx, MAX_LEN - 1) if lm else _call(comp, ctx)
-    make = beam_lm.lm_maker(res, ctx) if lm else _maker(res, ctx)
+    make = beam_lm.lm_maker(res, ctx, comp) if lm else _maker(res, ctx)
     src = torch.tensor([[5, 7, 9, 11, 3, 6]])  # (1, S)
     steps = MAX_LEN - 1
     alphas = [1.0] if call.arg["alpha"] else [0.0, 0.6, 0.7, 1.0]
@@ -293,7 +293,9 @@ def _lines_reading(fn: Any, name: str) -> list[Text]:
     return [text(f"{name} is applied at {en}", f"{name} 用在{zh}")] * bool(read)
 
 
-OWN_DRIVEN = {True: ("it passed its check", "它通过了检查"),
+OWN_DRIVEN = {None: ("no transformer, so it has no check of its own: its output layer is steered alone",
+                     "它不是 Transformer，没有自己的检查：只引导它的输出层"),
+              True: ("it passed its check", "它通过了检查"),
               False: ("it failed its check, but runs: the steering replaces its logits, so its mistakes do "
                       "not reach this check", "它没有通过检查，但能运行：引导替换了它的 logits，"
                       "所以它的错误不影响这项检查")}
@@ -303,12 +305,12 @@ Maker = Callable[..., Steered]  # (table, by_source=None) -> the steered model a
 def _maker(res: ComponentResult, ctx: Context) -> Maker:
     """The learner's own model, steered by hooks, when it passes its check; else handformer's tiny
     model with the Annotated Transformer's interface; which one is said."""
-    from handformer.check.runners.beam_own import own_steered
+    from handformer.check.runners.beam_own import own_name, own_steered
 
     own = own_steered(ctx)
     if own is not None:
         make, passed = own
-        name = ctx.components["transformer"].name
+        name = own_name(ctx, make({}).handed)
         en, zh = OWN_DRIVEN[passed]
         res.driven = text(f"your own {name} ({en}), through its own methods; its output layer steered by "
                           "each scenario's table of next-token probabilities",

@@ -16,6 +16,7 @@ Shape legend: N hypotheses, T new tokens of a call, P tokens in the cache, V voc
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -47,10 +48,27 @@ ARGS = {"model": MODEL_NAMES, "prompt": PROMPT_NAMES, "beam": BEAM_NAMES["beam"]
 
 
 def decoder_only(comp: Component, ctx: Context) -> bool:
-    """A beam search that takes a prompt and no start symbol, in a file whose model is decoder-only."""
+    """A beam search that takes a prompt and no start symbol, in a file with no encoder-decoder (its
+    model decoder-only, or none: Hugging Face's causal LMs)."""
     names = [p.name for p in forward_parameters(comp.obj)]
     return (named(names, PROMPT_NAMES) is not None and named(names, BEAM_NAMES["start"]) is None
-            and "gpt" in ctx.components and "transformer" not in ctx.components)
+            and "transformer" not in ctx.components)
+
+
+LMOutput = collections.namedtuple("LMOutput", "logits")  # `.logits` (Hugging Face's), and `out[0]`
+
+
+class StandInLM(nn.Module):
+    """The decoder-only model a search is handed when its file defines none: its logits (N, T, V) are
+    all the steering's, in the form the search reads (a tensor, a (logits, cache) tuple, `.logits`)."""
+
+    def __init__(self, style: str) -> None:
+        super().__init__()
+        self.style = style
+
+    def forward(self, idx: Tensor, *args: Any, **kwargs: Any) -> Any:
+        logits = torch.zeros(*torch.as_tensor(idx).shape, VOCAB)
+        return {"tensor": logits, "tuple": (logits, None), "object": LMOutput(logits)}[self.style]
 
 
 def _carrying(t: Tensor, ids: Tensor, dim: int) -> Tensor:
@@ -173,10 +191,13 @@ def lm_call(comp: Component, ctx: Context, steps: int) -> LMCall:
     return LMCall(comp, ctx, arg, steps)
 
 
-def lm_maker(res: ComponentResult, ctx: Context) -> Callable[..., SteeredLM]:
+def lm_maker(res: ComponentResult, ctx: Context, comp: Component) -> Callable[..., SteeredLM]:
     """The learner's own decoder-only model, steered; NOT CHECKED when it failed its check (one not
-    checked in this run, `--component beam_search`, is built and used)."""
-    gpt = ctx.components["gpt"]
+    checked in this run, `--component beam_search`, is built and used); a stand-in when the file
+    defines none."""
+    gpt = ctx.components.get("gpt")
+    if gpt is None:
+        return _stand_in(res, ctx, comp)
     if getattr(ctx.results.get(gpt.name), "status", PASS) not in (PASS, DIFFERS):  # not run: built here
         raise DiscoveryError("your decoder-only model did not pass its check, so it cannot drive your beam "
                              "search; fix it first",
@@ -192,3 +213,12 @@ def lm_maker(res: ComponentResult, ctx: Context) -> Callable[..., SteeredLM]:
     return lambda table, by_source=None: SteeredLM(module, axis, table, ctx, by_source)
 
 
+def _stand_in(res: ComponentResult, ctx: Context, comp: Component) -> Callable[..., SteeredLM]:
+    from handformer.check.runners.generate_loop import styles_read
+
+    module = StandInLM(styles_read(comp.obj)[0])
+    res.driven = text("a stand-in decoder-only model (your file defines none) whose logits are each "
+                      "scenario's table, read as your search reads a model's output",
+                      "替身 decoder-only 模型（你的文件里没有定义模型），logits 就是每个场景的概率表，"
+                      "按你的搜索读取模型输出的方式返回")
+    return lambda table, by_source=None: SteeredLM(module, None, table, ctx, by_source)

@@ -153,8 +153,8 @@ def hypotheses(out: Any) -> Any:
 
 def hypothesis_tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
     out = hypotheses(out)
-    if isinstance(out, list) and len(out) == 1 and isinstance(out[0], (list, Tensor)):
-        out = out[0]
+    if isinstance(out, list) and len(out) == 1 and isinstance(out[0], (list, tuple, Tensor)):
+        out = hypotheses(out[0])  # a batch of one: [tokens], or [(tokens, score)]
     tokens = fp.one_sequence(out)
     if tokens is not None:
         return tokens

@@ -47,7 +47,9 @@ class OwnSteered(Steered):
         mods = list(module.modules())
         self.outs = [m for m in mods if isinstance(m, nn.Linear) and m.out_features == TGT_V]
         self.embeds = [m for m in mods if isinstance(m, nn.Embedding) and m.num_embeddings == TGT_V]
-        self.states = [m for m in mods if m not in self.outs]  # the modules whose outputs `_states` reads
+        # the modules whose outputs `_states` reads (which position a row is); none for a model with no
+        # call of its own (a GRU's decode reads its last position itself): read at the last one
+        self.states = [m for m in mods if m not in self.outs] * (call is not None)
         self.layer = layer  # its first decoder layer (first_decoder_layer), found once by the maker
         self.known: list[tuple[Tensor, Table]] = []  # (a sentence's memory (S, D), its table)
         for ids, tab in (by_source or {}).items():
@@ -114,13 +116,15 @@ class OwnSteered(Steered):
         else:  # (N, V): the position of the decoder's output that its input row is
             bias = torch.stack([self.steer(self._prefix_of(n, inp[0][n]), V, self._row_table(n))
                                 for n in range(rows)])
-        return TIE * out + bias.to(out.dtype).expand_as(out)
+        return TIE * (self.call is not None) * out + bias.to(out.dtype).expand_as(out)
 
     def encode(self, src: Tensor, src_mask: Any = None) -> Tensor:
         return src  # the reference decodes through forward(src, tgt)
 
     def logprobs(self, memory: Tensor, prefix: list[int]) -> list[float]:
         key = tuple(prefix)
+        if self.call is None:  # a model with no forward of its own: its logits are the table's alone
+            return self.steer(prefix, TGT_V).tolist()
         if key not in self.cache:
             with self.steering():
                 out = self.call(memory, torch.tensor([[BOS] + prefix]))  # (1, L, V)
@@ -135,7 +139,7 @@ def own_seq2seq(ctx: Context, accepted: tuple[str, ...] = (PASS, DIFFERS)) -> tu
 
     comp = ctx.components.get("transformer")
     if comp is None:
-        return None
+        return hooked_seq2seq(ctx) if FAIL in accepted else None
     result = ctx.results.get(comp.name)
     if result is None:  # checked here (once a file) when --component asked for the decoder only
         partial = ctx.partial
@@ -158,6 +162,29 @@ def own_seq2seq(ctx: Context, accepted: tuple[str, ...] = (PASS, DIFFERS)) -> tu
     return module, call
 
 
+def hooked_seq2seq(ctx: Context) -> tuple[nn.Module, None] | None:
+    """The file's one encoder-decoder that is no transformer (a GRU seq2seq with its own encode and
+    decode), built with the target's vocabulary on both sides: driven by hooks alone, with no call of
+    its own (no forward(src, tgt)); None when there is none, or it cannot be built."""
+    from handformer.check.core.discovery import Component, own_objects
+    from handformer.check.runners.model import MODEL_SIZES
+
+    found = [c for c in own_objects(ctx.module).values() if isinstance(c, type) and issubclass(c, nn.Module)
+             and all(callable(getattr(c, m, None)) for m in ("encode", "decode"))]
+    if len(found) != 1:
+        return None
+    try:
+        return ctx.build(Component("transformer", found[0].__name__, found[0]),
+                         {**MODEL_SIZES, "src_vocab": TGT_V}, checked=False), None
+    except Exception:  # noqa: BLE001  (it cannot be built at check's sizes: the stand-in drives the search)
+        return None
+
+
+def own_name(ctx: Context, module: nn.Module) -> str:
+    comp = ctx.components.get("transformer")
+    return comp.name if comp is not None else type(module).__name__
+
+
 def first_decoder_layer(module: nn.Module) -> nn.Module | None:
     """The learner's model's first decoder layer, as its map names it; None when it cannot be mapped."""
     try:
@@ -166,11 +193,11 @@ def first_decoder_layer(module: nn.Module) -> nn.Module | None:
         return None
 
 
-def own_steered(ctx: Context) -> tuple[Any, bool] | None:
+def own_steered(ctx: Context) -> tuple[Any, bool | None] | None:
     """A maker of OwnSteered(table, by_source) on the learner's own model, and whether it passed its
     check, when its output layer and target embedding can be hooked; None otherwise (a stand-in drives
     the search). A model that failed its check but runs will do: the steering replaces its logits, so
-    its mistakes do not reach the search."""
+    its mistakes do not reach the search; so will one that is no transformer (hooked_seq2seq: None)."""
     for accepted in ((PASS, DIFFERS), (FAIL,)):
         own = own_seq2seq(ctx, accepted)
         if own is None:
@@ -183,5 +210,5 @@ def own_steered(ctx: Context) -> tuple[Any, bool] | None:
             return OwnSteered(module, call, table, ctx, by_source, layer)
 
         if make({}).usable():
-            return make, accepted[0] != FAIL
+            return make, (accepted[0] != FAIL) if call is not None else None
     return None

@@ -38,7 +38,7 @@ from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import DIFFERS, FAIL, PASS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.special_ids import SpecialIds, loop_extras, reads_end
-from handformer.check.runners.beam_own import OwnSteered, first_decoder_layer, own_seq2seq
+from handformer.check.runners.beam_own import OwnSteered, first_decoder_layer, own_name, own_seq2seq
 from handformer.check.runners.localize_generate import position_departure
 from handformer.check.runners.model import source_ids, source_mask
 from handformer.config import Seq2SeqConfig
@@ -245,17 +245,23 @@ def _stand_in(res: ComponentResult, stop: bool) -> list[Scenario]:
 PATHS = {True: [5, 7, EOS, 9, 4, 6, 8], False: [5, 7, 9, 4, 6, 8, 3]}
 
 
+WHY_PATH = {True: ("it failed its own check", "它没有通过自己的检查"),
+            False: ("it is no transformer, with no check of its own",
+                    "它不是 Transformer，没有自己的检查")}
+
+
 def _failed_own(res: ComponentResult, ctx: Context, stop: bool) -> list[Scenario]:
     """The learner's own model that failed its check but runs, steered along a fixed path (_path):
     their model's mistakes do not reach the loop; no scenario when there is none, or it cannot be
     hooked."""
     scenarios = _path(ctx, stop, (FAIL,))
     if scenarios:
-        name = ctx.components["transformer"].name
-        res.driven = text(f"your own {name}: it failed its own check, so its output layer was steered by "
-                          "hooks along a fixed path of tokens and greedy decoding is judged as a loop only "
-                          "(where it stops, what it returns)",
-                          f"你自己的 {name}：它没有通过自己的检查，所以用钩子把输出层引导到一条固定的 token "
+        name = own_name(ctx, scenarios[0][0])
+        en, zh = WHY_PATH["transformer" in ctx.components]
+        res.driven = text(f"your own {name}: {en}, so its output layer was steered by hooks along a fixed "
+                          "path of tokens and greedy decoding is judged as a loop only (where it stops, what "
+                          "it returns)",
+                          f"你自己的 {name}：{zh}，所以用钩子把输出层引导到一条固定的 token "
                           "路径上，贪心解码只按循环本身检查（在哪里停、返回什么）")
     return scenarios
 
@@ -269,7 +275,8 @@ def _path(ctx: Context, stop: bool, accepted: tuple[str, ...]) -> list[Scenario]
     table = {tuple(path[:i]): {t: 0.9} for i, t in enumerate(path)}  # prefix -> next token
     steered = OwnSteered(*own, table, ctx, None, first_decoder_layer(own[0])) if own else None
     right = [BOS] + (path[:path.index(EOS) + 1] if stop else path)[:MAX_LEN - 1]
-    if steered is None or not steered.usable() or _steered_reference(steered, stop) != right:
+    followed = steered is not None and (steered.call is None or _steered_reference(steered, stop) == right)
+    if not followed or not steered.usable():
         return []  # no hooks to steer it by, or its own forward does not follow the path when steered
     return [(steered.handed, steered.steering, right)]
 

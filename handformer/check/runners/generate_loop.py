@@ -46,6 +46,7 @@ from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.sizes import is_number
 from handformer.check.core.source import locate, source_lines, source_text
+from handformer.check.runners.generate_temperature import check_temperature
 from handformer.check.runners.localize_generate import default_temperature, generate_views, localize_generate
 from handformer.config import CausalLMConfig
 from handformer.families import build_causal_lm
@@ -54,6 +55,7 @@ from handformer.models.causal_lm import CausalLM
 
 VOCAB, BLOCK, SEED = 24, 8, 82
 PEAK = 1e4  # logits scale: the most likely token gets all of the probability
+SOFT = [False]  # True while generate_temperature.py probes a loop: the logits handed as the model gives them
 SHORT, LONG = 4, 7  # new tokens after a prompt of 3: within the block size, and past it
 
 CACHE_NAMES = ("past_key_values", "past", "cache", "kv_cache", "layer_past", "past_kv", "kv")
@@ -160,7 +162,7 @@ class LanguageModel(nn.Module):
         with torch.no_grad():
             out = self.model(full_ids, attention_mask=pads, position_ids=full_pos)
             logits = out.logits[:, -T:]  # (B, T, V)
-        logits = (logits - logits.amax(-1, keepdim=True)) * PEAK
+        logits = (logits - logits.amax(-1, keepdim=True)) * (1.0 if SOFT[0] else PEAK)
         new_cache = CacheToken(full_ids, full_pos) if cache is not None or kwargs.get("use_cache") else None
         return RETURNS[self.style](logits, new_cache)
 
@@ -223,7 +225,7 @@ def greedy(model: CausalLM, ids: Tensor, n: int) -> Tensor:
 
 # --- calling the learner's generate ---------------------------------------------------------------
 
-def _style(fn: Any) -> tuple[str, ...]:
+def styles_read(fn: Any) -> tuple[str, ...]:
     """What the learner's loop unpacks: a (logits, loss) tuple, `.logits`, or a tensor; the one their
     source shows first, then the others."""
     source = source_text(fn)
@@ -408,7 +410,7 @@ class StandIn:
         return None
 
     def styles(self, fn: Any) -> tuple[str, ...]:
-        return _style(fn)
+        return styles_read(fn)
 
     def driven(self) -> Text:
         return text("a stand-in: handformer's one-block GPT on known weights, its most likely token "
@@ -456,6 +458,7 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
             tried.append(_long(res, ctx, comp, driver, B, short.as_list))
         else:
             res.notes.append(NO_BLOCK_NOTE)
+    check_temperature(res, ctx, comp, driver, short)
     _ending(res, ctx, comp, driver, tried)
 
 

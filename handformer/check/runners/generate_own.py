@@ -42,6 +42,7 @@ from handformer.check.runners.generate_loop import (
     CACHE_NAMES,
     NEVER,
     POSITION_NAMES,
+    SOFT,
     VOCAB,
     Call,
     ContextTooLong,
@@ -136,7 +137,7 @@ POSITION_READERS: dict[type, Any] = {int: int, Tensor: lambda v: int(v.reshape(-
 
 
 def _certain(logits: Tensor) -> Tensor:
-    return (logits - logits.amax(-1, keepdim=True)) * PEAK
+    return (logits - logits.amax(-1, keepdim=True)) * (1.0 if SOFT[0] else PEAK)
 
 
 def steered(out: Any) -> Any:

@@ -43,6 +43,7 @@ from handformer.check.core.context import (
     named,
     names_of,
     reads_sequence_first,
+    shape_of,
 )
 from handformer.check.core.discovery import Component, DiscoveryError, own_objects
 from handformer.check.core.fused_qkv import find_layouts_
@@ -442,6 +443,7 @@ class Caller:
         self.start = self.position if self.position in required else None
         self.cache_arg = named(names, CACHE_ARGS)
 
+        self.returned: Any = None  # what forward gave back last, for a message
         self.stepwise = False  # Umar Jamil's forward asserts one token at a time: driven so, once known
         # PyTorch's nn.Transformer tutorial: (T, B) ids in, (T, B, V) logits out
         self.first = reads_sequence_first(ctx, lambda ids: self.module(ids), torch.randint(0, 9, (2, 7)))
@@ -511,6 +513,9 @@ class Caller:
             raw = (self.ctx.learner.call("forward", self.module, idx, **kwargs), raw)
         if not isinstance(raw, (Tensor, tuple, list)) and isinstance(getattr(raw, "logits", None), Tensor):
             raw = (raw.logits, getattr(raw, "loss", None))  # Hugging Face's output object (minimind's)
+        if isinstance(raw, dict):  # fairseq's encoder: {"encoder_out": ..., ...}, read as its values
+            raw = tuple(raw.values())
+        self.returned = raw
         items = list(raw) if isinstance(raw, (tuple, list)) else [raw]  # (logits, loss, ...), or logits
         logits, first = fp.first_tensor(items, 3), fp.first_tensor(items[:1], 2)
         if logits is None and first is not None and first.size(0) == idx.numel():
@@ -569,10 +574,18 @@ def _embeds_tokens(comp: Component, module: nn.Module) -> None:
                "不是把 token id 映射成 logits，所以不按 decoder-only 模型调用；它的注意力和前馈网络单独检查")
 
 
-def _backbone(comp: Component, ctx: Context, module: nn.Module, out: Tensor | None) -> None:
+def _backbone(comp: Component, ctx: Context, module: nn.Module, out: Tensor | None, returned: Any) -> None:
     """A model returning hidden states (B, T, D), not logits, that another class of the file builds
     (OPT's OPTDecoder, inside OPTModel inside OPTForCausalLM) or that holds no output layer (Hugging
-    Face's GemmaModel: a forgotten tied head looks the same): a backbone, checked through a holder."""
+    Face's GemmaModel: a forgotten tied head looks the same): a backbone, checked through a holder.
+    One returning a tuple or a dict with no (B, T, ...) tensor in it is no language model either (a
+    forgotten `return`, None, is a failure)."""
+    if out is None and isinstance(returned, tuple):
+        raise DiscoveryError(
+            f"{comp.name}'s forward returns {shape_of(returned)}: no logits (B, T, vocab_size) in it, so it "
+            "is not driven as a decoder-only model; its layers are checked on their own",
+            zh=f"{comp.name} 的 forward 返回 {shape_of(returned)}：里面没有 logits (B, T, vocab_size)，"
+               "所以不按 decoder-only 模型调用；它的各层单独检查")
     others = "".join(source_text(o) for name, o in own_objects(ctx.module).items() if name != comp.name)
     heads = with_shape(of_kind(leaves(module), "linear"), (VOCAB, D))
     held = re.search(rf"\b{re.escape(comp.name)}\(", others) or not heads
@@ -597,7 +610,7 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     check_determinism(res, ctx, comp, lambda: call(idx, targets)[0], "causal_attention", "block", "ffn")
     with fp.dropout_off():
         out, loss = call(idx, targets)
-        _backbone(comp, ctx, module, out)
+        _backbone(comp, ctx, module, out, call.returned)
         last_only = out is not None and out.size(1) == 1
         if not logits_shape(res, out, (2, 1 if last_only else 8, VOCAB), "vocab_size"):
             return finish(res)

@@ -64,7 +64,7 @@ from handformer.check.core.context import (
     optional_inputs,
     outputs_by_convention,
     positions,
-    reads_sequence_first,
+    reads_sequence_first_masked,
     shape_of,
 )
 from handformer.check.core.conventions import SEQUENCE_FIRST_CONVENTIONS
@@ -516,6 +516,17 @@ def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
     return finish(res)
 
 
+def _needs_its_mask(layer: Layer, ctx: Context) -> bool:
+    """Whether a layer whose mask may be left out raises handed none (DistilBERT's attn_mask=None,
+    read unguarded): then the tutorial's case hands it every key visible."""
+    x = fp.randn(2, 3, D, seed=5)
+    try:
+        ctx.learner.call("forward", layer.call, x, x, None, None)
+    except fp.LearnerFailure:
+        return layer.takes_mask
+    return False
+
+
 def _handed_masks(layer: Layer) -> set[str]:
     """The mask arguments `Layer.call` fills: an encoder's first, a decoder's source and target masks."""
     if not layer.decoder:
@@ -675,12 +686,14 @@ def _layer_conventions(layer: Layer, ctx: Context, inp: Inputs, res: ComponentRe
     """The mask conventions to try, those that can encode the search's masks first; a layer that reads
     its stream sequence-first (T, B, D) found first (driven so from then on, noted), its masks also as
     nn.MultiheadAttention's attn_mask (B * H, T, S)."""
-    layer.first = reads_sequence_first(ctx, lambda x: layer.call(x, x, None, None), fp.randn(2, 7, D, seed=8))
-    res.notes += [SEQUENCE_FIRST] * layer.first
     convs = ("lens",) if layer.stateful else ctx.conventions(layer.masks[0] if layer.masks else None)
-    convs = SEQUENCE_FIRST_CONVENTIONS * layer.first + convs
-    if ctx.convention is None and layer.masks and masks_where_true_inside(layer.module):
-        convs = TORCH_CONVENTIONS[holds_torch_attention(layer.module)] + convs
+    torch_first = ctx.convention is None and layer.masks and masks_where_true_inside(layer.module)
+    torch_convs = TORCH_CONVENTIONS[holds_torch_attention(layer.module)] if torch_first else ()
+    layer.first = reads_sequence_first_masked(  # a mask it requires: handed every key visible
+        ctx, lambda x: layer.call(x, x, None, None), lambda conv: setattr(layer, "visible", conv),
+        (None, *(torch_convs + SEQUENCE_FIRST_CONVENTIONS + convs) * layer.required_mask))
+    res.notes += [SEQUENCE_FIRST] * layer.first
+    convs = torch_convs + SEQUENCE_FIRST_CONVENTIONS * layer.first + convs
     passed = [k for k in _encode_keeps(layer, inp.src_keep, inp.tgt_keep) if k is not None]
     return tuple(c for c in convs if all(fp.encodable(k, c) for k in passed)) or convs[:1]
 
@@ -757,8 +770,9 @@ def _first_act(layer: Layer) -> str:
 
 def _encode_keeps(layer: Layer, src_keep: Tensor | None, tgt_keep: Tensor | None,
                   ) -> tuple[Tensor | None, Tensor | None]:
-    """The masks the learner's layer is handed: no target mask for a block that builds its own."""
-    wants_tgt = (layer.takes_mask or not layer.causal_block) and not layer.stateful
+    """The masks the learner's layer is handed: a target mask to a decoder layer and to a block that
+    takes one, none to an encoder layer (its padding mask alone, which (B, S) can say: fairseq's)."""
+    wants_tgt = (layer.decoder or layer.causal_block and layer.takes_mask) and not layer.stateful
     return src_keep, tgt_keep if wants_tgt else None
 
 
@@ -1114,7 +1128,7 @@ def _tutorial_shapes(res: ComponentResult, layer: Layer, ctx: Context) -> None:
     tgt = fp.encode_mask(causal(T)[None, None], conv, 2) if wants else None  # in the convention found
     # a mask the forward requires is given (every source key visible): None is no input it accepts
     every = torch.ones(2, 1, 1, 10, dtype=torch.bool)
-    visible = fp.encode_mask(every, conv, 2) if layer.required_mask else None
+    visible = fp.encode_mask(every, conv, 2) if layer.required_mask or _needs_its_mask(layer, ctx) else None
     src = torch.full((2,), 10) if layer.stateful or str(layer.visible).startswith("lens") else visible
     masks = (src, tgt if layer.causal_block or layer.required_mask else None)
 

@@ -44,7 +44,7 @@ from handformer.check.core.context import Context, error_text, finish, forward_p
 from handformer.check.core.discovery import Component, cannot_fill, defaulted_config
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
-from handformer.check.core.signatures import drawn_loader, kind_of
+from handformer.check.core.signatures import drawn_loader, kind_of, paired_batch
 from handformer.check.core.source import config_reads, functions_called, locate, source_lines, source_text
 from handformer.check.runners.localize_train import localize_lm_step
 from handformer.check.runners.train_step import (
@@ -59,6 +59,8 @@ from handformer.check.runners.train_step import (
     UNDER_CLIP,
     clip_norm,
     clip_note,
+    clipped_check,
+    clips_after_step,
     constant_scheduler,
     factor_note,
     grad_scaler,
@@ -80,6 +82,7 @@ MISTAKES: dict[str, dict[str, bool]] = {  # diagnosis -> the flags of handformer
     "train_step_clip_after_step": {"clip_after": True},
     "train_step_lr_not_set": {"set_lr": False},
     "train_step_loss_not_divided": {"divide": False},
+    "train_step_not_clipped": {"clipped": False},
 }
 
 
@@ -130,7 +133,7 @@ def sgd(model: nn.Module) -> torch.optim.Optimizer:
 
 def reference_step(model: nn.Module, opt: torch.optim.Optimizer, x: Tensor, y: Tensor, lr: float | None,
                    clip: float | None, *, zero_grad: bool = True, clip_after: bool = False,
-                   set_lr: bool = True, accum: int = 1, divide: bool = True) -> None:
+                   set_lr: bool = True, accum: int = 1, divide: bool = True, clipped: bool = True) -> None:
     """handformer's step, with the named mistakes on request: with accum > 1 the batch is split in
     that many micro-batches along the batch, each loss divided by accum (unless `divide` is off)."""
     if zero_grad:
@@ -139,7 +142,7 @@ def reference_step(model: nn.Module, opt: torch.optim.Optimizer, x: Tensor, y: T
         logits = model(x_part)  # (B / accum, T, V)
         loss = F.cross_entropy(logits.reshape(-1, VOCAB), y_part.reshape(-1))
         (loss / accum if divide else loss).backward()
-    update(model, opt, clip, clip_after, lr if set_lr else None)
+    update(model, opt, clip if clipped else None, clip_after, lr if set_lr else None)
 
 
 class Step:
@@ -154,8 +157,9 @@ class Step:
         self.sched, self.scaler = named(names, SCHEDULER_NAMES), named(names, SCALER_NAMES)
         self.accum = named(names, ACCUM_NAMES)  # driven with ACCUM micro-batches
         self.loader = drawn_loader(comp.obj)  # x and y drawn from it: Windows
+        self.pair = paired_batch(comp.obj)  # x and y given as one (x, y) batch
         known = {self.model, self.opt, self.x, self.y, self.lr, self.sched, self.scaler, self.accum,
-                 self.loader}
+                 self.loader, self.pair}
         rest = [p.name for p in params if p.default is p.empty and p.name not in known]
         self.count = named(rest, SCHEDULE_STEP_NAMES)  # the iteration (nanoGPT's iter_num): 0, then 1
         # a configuration (nanoGPT's cfg): its micro-steps, clipping norm, and whether it sets the rate
@@ -163,7 +167,7 @@ class Step:
         self.micro = self.accum or self.fields.get("accum")  # what sets the micro-steps: argument or field
         self.rows = BATCH * ACCUM if self.micro else BATCH  # windows a batch: BATCH a micro-batch
         self.seen: list[float] = []  # the rate the learner's step left in the optimizer, each call
-        found = self.model and self.opt and (self.x and self.y or self.loader)
+        found = self.model and self.opt and (self.x and self.y or self.loader or self.pair)
         cannot_fill(comp.name, sorted(rest), {self.count, self.config}, found, "model / optimizer / x / y", (
             "a language model's training step takes (model, x, y, optimizer, lr): the inputs, the targets "
             "(the inputs moved on by one token) and the schedule's learning rate",
@@ -197,6 +201,7 @@ class Step:
         kwargs: dict[str, Any] = {self.model: model, self.opt: opt}
         parts = self.rows // BATCH  # ACCUM micro-batches, or the one batch
         given = {self.x: x.clone, self.y: y.clone, self.loader: lambda: Windows(x, y, parts),
+                 self.pair: lambda: (x.clone(), y.clone()),
                  self.lr: lambda: lr, self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler,
                  self.accum: lambda: ACCUM, self.count: lambda: len(self.seen) % 2, self.config: self._config}
         kwargs.update({name: make() for name, make in given.items() if name})
@@ -266,8 +271,9 @@ def check_lm_train_step(comp: Component, ctx: Context) -> ComponentResult:
         _rate_written(res, comp, step)
         if max(errs) >= TOL:
             _search(res, ctx, comp, step, base, got, right, errs)
-        if step.clip is not None and not res.findings:  # a loss scale clipping hid
-            _unclipped(res, ctx, comp, step, base, search=max(errs) < TOL)
+        if step.clip is not None and not res.findings:  # a loss scale clipping hid, a clipping AdamW hid
+            _rescaled(res, ctx, comp, step, base, max(errs) < TOL, over=False)
+            _rescaled(res, ctx, comp, step, base, max(errs) < TOL and not res.findings, over=True)
         if max(errs) >= TOL:
             _localize(res, step, base)
     return finish(res)
@@ -294,23 +300,28 @@ def _drive(step: Step, base: nn.Module, make_opt: Any = optimizer,
     return got, right, [largest_difference(g, r) for g, r in zip(got, right)]
 
 
-def _unclipped(res: ComponentResult, ctx: Context, comp: Component, step: Step, base: nn.Module,
-               search: bool) -> None:
-    """Both steps again with the clipping out of reach (the logits scaled down so that handformer's
-    gradient norm stays under 1/UNDER_CLIP of the norm the step clips to) and plain SGD: a loss k times
-    too large (k <= UNDER_CLIP) is never clipped there, and SGD's update is k times handformer's; the
-    mistakes that explain it are searched there when `search` (the full-size steps were equal)."""
+def _rescaled(res: ComponentResult, ctx: Context, comp: Component, step: Step, base: nn.Module,
+              search: bool, over: bool) -> None:
+    """Both steps again with plain SGD and the logits scaled so that handformer's gradient norm is
+    UNDER_CLIP times under the norm the step clips to (`over` False) or over it (True). Under it, a loss
+    k times too large (k <= UNDER_CLIP) is never clipped, and SGD's update is k times handformer's; over
+    it, a step that does not clip moves by the whole gradient (AdamW's update barely changes with the
+    gradient's scale: the full-size steps hide it). The mistakes that explain a difference are searched
+    there when `search` (the full-size steps were equal)."""
     scaled = copy.deepcopy(base)
     scaled.scale = PROBE_SCALE
     x, y = batches(step.rows)[0]
     loss = F.cross_entropy(scaled(x).reshape(-1, VOCAB), y.reshape(-1))
     grads = torch.autograd.grad(loss, list(scaled.parameters()), allow_unused=True)
     norm = float(torch.stack([g.norm() for g in grads if g is not None]).norm())
-    scaled.scale = PROBE_SCALE * min(1.0, float(step.clip or 1.0) / (UNDER_CLIP * max(norm, 1e-12)))
+    factor = UNDER_CLIP if over else 1 / UNDER_CLIP
+    scaled.scale = PROBE_SCALE * float(step.clip or 1.0) * factor / max(norm, 1e-12)
+    scaled.scale = scaled.scale if over else min(PROBE_SCALE, scaled.scale)
     got, right, errs = _drive(step, scaled, sgd)
-    res.checks.append(unclipped_check(float(step.clip or 1.0), scaled.scale, max(errs), TOL))
+    res.checks.append((clipped_check if over else unclipped_check)(float(step.clip or 1.0), scaled.scale,
+                                                                    max(errs), TOL))
     if max(errs) >= TOL:
-        res.notes.append(factor_note(scaled, got[0], right[0]))
+        res.notes += [factor_note(scaled, got[0], right[0])] * (not over)
         if search:
             _search(res, ctx, comp, step, scaled, got, right, errs, sgd)
 
@@ -362,8 +373,10 @@ def _search(res: ComponentResult, ctx: Context, comp: Component, step: Step, bas
             got: list[list[Tensor]], right: list[list[Tensor]], errs: list[float], make_opt: Any = optimizer,
             ) -> None:
     """The first set of MISTAKES (one, then two) whose steps reproduce the learner's parameters."""
-    possible = {"train_step_clip_after_step": step.clip is not None, "train_step_lr_not_set": bool(step.lr),
-                "train_step_loss_not_divided": bool(step.micro)}
+    after = clips_after_step(source_text(comp.obj))  # which of the two a step that clips nothing is
+    possible = {"train_step_clip_after_step": step.clip is not None and after,
+                "train_step_lr_not_set": bool(step.lr), "train_step_loss_not_divided": bool(step.micro),
+                "train_step_not_clipped": step.clip is not None and not after}
     names = [n for n in MISTAKES if possible.get(n, True)]
     for combo in (c for n in (1, 2) for c in itertools.combinations(names, n)):
         theirs = _run(step, base, make_opt, **{k: v for name in combo for k, v in MISTAKES[name].items()})

@@ -181,13 +181,14 @@ class Loss:
         everything = self.names + self.init_names
         self.smoothing = named(everything, SMOOTHING_NAMES)
         self.pad = named(everything, PAD_NAMES)
-        self.input = named(self.names, INPUT_NAMES) or next(iter(self.names), None)
-        rest = [n for n in self.names if n != self.input]
+        # OpenNMT's compute_loss(output, target, generator, criterion): stand-ins of the parts it is handed
+        self.parts = {n: part for n in self.names for names, part in PARTS if n.lower() in names}
+        data = [n for n in self.names if n not in self.parts]  # compute_loss(criterion, logits, tgt_out)
+        self.input = named(data, INPUT_NAMES) or next(iter(data), None)
+        rest = [n for n in data if n != self.input]
         self.target = named(rest, TARGET_NAMES) or next(iter(rest), None)
         size = named(self.init_names, SIZE_NAMES)
         self.lengths = next(filter(is_lengths_name, self.names), None)  # d2l's valid_len: real tokens a row
-        # OpenNMT's compute_loss(output, target, generator, criterion): stand-ins of the parts it is handed
-        self.parts = {n: part for n in self.names for names, part in PARTS if n.lower() in names}
         known = {self.input, self.target, self.pad, self.smoothing, size, self.lengths, *self.parts}
         found = self.input is not None and self.target is not None
         cannot_fill(comp.name, self.required + self.init_required, known, found, "target", (

@@ -12,6 +12,7 @@ Shape legend: B rows, V vocabulary.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import re
@@ -40,7 +41,7 @@ from handformer.check.core.context import (
     forward_parameters,
     shape_of,
 )
-from handformer.check.core.discovery import Component
+from handformer.check.core.discovery import Component, defaulted_config
 from handformer.check.core.localize_kinds import (
     localize_count,
     localize_filter,
@@ -73,6 +74,10 @@ class Caller:
         self.comp, self.ctx = comp, ctx
         self.params = forward_parameters(comp.obj)
         self.names = forward_names(comp.obj)
+        # llama.cpp's sample_token(logits, params): a settings dataclass whose fields are the options
+        self.settings = next((n for n in self.names[1:] if defaulted_config(comp.obj, n)), None)
+        fields = dataclasses.fields(defaulted_config(comp.obj, self.settings)) if self.settings else ()
+        self.fields = [f.name for f in fields]
         self.probs = bool(self.names) and self.names[0].lower() in PROBS_NAMES  # given softmax(logits)
         # gpt-fast's sample(logits, ...) reads logits[:, -1]: given (B, 1, V), one position per row
         self.positions = bool(self.names) and bool(re.search(
@@ -91,7 +96,15 @@ class Caller:
         self.processors = [n for n in self.names if n.lower() in PROCESSOR_NAMES]
 
     def find(self, names: tuple[str, ...]) -> str | None:
-        return next((n for n in self.names[1:] if n.lower() in names), None)
+        return next((n for n in self.names[1:] + self.fields if n.lower() in names), None)
+
+    def _settings_object(self, kwargs: dict[str, Any], vocab: int) -> None:
+        """The settings dataclass built from the options that are its fields, every other filter off."""
+        off = {"top_k": vocab, "top_p": 1.0, "temperature": 1.0, "min_p": 0.0}
+        given = {name: off[key] for key, names in OPTIONS.items() for name in self.fields
+                 if name.lower() in names}
+        given.update({name: kwargs.pop(name) for name in self.fields if name in kwargs})
+        kwargs[self.settings] = defaulted_config(self.comp.obj, self.settings)(**given)
 
     def __call__(self, logits: Tensor, **options: Any) -> Any:
         kwargs = {}
@@ -107,6 +120,8 @@ class Caller:
         for key, name in self.required.items():
             kwargs.setdefault(name, off[key])
         kwargs.update({name: NoProcessors() for name in self.processors})
+        if self.settings:
+            self._settings_object(kwargs, logits.size(-1))
         given = torch.softmax(logits, -1) if self.probs else logits.clone()
         given = given[..., None, :] if self.positions else given  # (B, 1, V)
         if self.one_row:

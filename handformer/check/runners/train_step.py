@@ -101,6 +101,12 @@ def clip_norm(source: str, defaults: dict[str, Any]) -> float | None:
     return float(norm) if re.fullmatch(r"[0-9.eE+-]+", norm) else 1.0
 
 
+def clips_after_step(source: str) -> bool:
+    """Whether a step's source clips the gradients after the optimizer's step (in the order written)."""
+    clip, step = re.search(r"clip\w*grad|grad\w*clip", source), re.search(r"\bopt\w*\.step\(", source)
+    return bool(clip and step and clip.start() > step.start())
+
+
 class Recorded(nn.Module):
     """The model handed to the learner: `model(src, tgt, ...)` returns (B, T, V) log-probabilities
     (masks and other arguments are ignored: the model builds its own); every call is recorded.
@@ -509,6 +515,15 @@ def unclipped_check(clip: float, scale: float, err: float, tol: float) -> Check:
         "the parameters still equal handformer's: the loss is not scaled",
         f"梯度小于裁剪范数 {clip:g} 时（logits 乘以 {scale:.1e}），参数仍与 handformer 的一致："
         "损失没有被放大或缩小"), err < tol, error_text(err))
+
+
+def clipped_check(clip: float, scale: float, err: float, tol: float) -> Check:
+    """The check of a step run again with SGD and its gradients over the clipping norm."""
+    return Check(text(
+        f"with SGD and the gradients over the clipping norm {clip:g} (the logits scaled by {scale:.1e}), "
+        "the parameters still equal handformer's: the gradient is clipped",
+        f"用 SGD、梯度大于裁剪范数 {clip:g} 时（logits 乘以 {scale:.1e}），参数仍与 handformer 的一致："
+        "梯度确实被裁剪了"), err < tol, error_text(err))
 
 
 def factor_note(base: nn.Module, got: list[Tensor], right: list[Tensor]) -> Text:

@@ -1,0 +1,85 @@
+"""The temperature of a sampling loop (`generate(model, idx, max_new_tokens, temperature=1.0)`):
+driven once more for one new token at temperature TEMPERATURE, its model's logits handed as the model
+gives them (not made certain), and `torch.multinomial` answering the likeliest token while it records
+the probabilities it was handed. Those must be softmax(logits / TEMPERATURE) on the tokens the loop
+keeps (its filters may drop some: compared after renormalising on the kept ones, in the order of
+their size, so that a loop that samples from them sorted compares too). A loop that samples
+otherwise (Gumbel noise, argmax at its default) is not probed.
+
+Shape legend: B prompts, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+from unittest import mock
+
+import torch
+from torch import Tensor
+
+from handformer.check.core.argument_names import TEMPERATURE_NAMES
+from handformer.check.core.context import Context, forward_parameters
+from handformer.check.core.result import Check, ComponentResult, Finding, text
+from handformer.check.core.source import locate, source_lines
+
+TEMPERATURE = 0.5
+
+
+@contextlib.contextmanager
+def recorded_draws(seen: list[Tensor], soft: list[bool]) -> Iterator[None]:
+    """torch.multinomial (and Tensor.multinomial) recording their probabilities and answering the
+    likeliest token; the model's logits left soft meanwhile."""
+    def draw(probs: Tensor, num_samples: int = 1, *args: Any, **kwargs: Any) -> Tensor:
+        seen.append(probs.detach().double().clone())
+        return probs.argmax(-1, keepdim=True).expand(*probs.shape[:-1], num_samples)
+
+    soft[0] = True
+    try:
+        with mock.patch.object(torch, "multinomial", draw), \
+                mock.patch.object(torch.Tensor, "multinomial", draw):
+            yield
+    finally:
+        soft[0] = False
+
+
+def _gap(probs: Tensor, logits: Tensor) -> float:
+    """The largest difference of the two as log-probabilities of the tokens the loop kept (its m
+    largest probabilities; Meta's sample_top_p samples from them sorted), each renormalised there."""
+    m = int((probs > 0).sum(-1).min())
+    mine = probs.sort(-1, descending=True).values[:, :m].log().log_softmax(-1)
+    theirs = logits.sort(-1, descending=True).values[:, :m].log_softmax(-1)
+    return float((mine - theirs).abs().max())
+
+
+def check_temperature(res: ComponentResult, ctx: Context, comp: Any, driver: Any, short: Any) -> None:
+    """The probe of the module docstring, when the loop takes a temperature and samples with
+    torch.multinomial; a difference is named in the form the probabilities take."""
+    from handformer.check.runners.generate_loop import SOFT, run_generate
+
+    name = next((p.name for p in forward_parameters(comp.obj) if p.name.lower() in TEMPERATURE_NAMES), None)
+    if name is None or short.out is None:
+        return
+    seen: list[Tensor] = []
+    B, as_list = short.prompt.size(0), short.as_list
+    with recorded_draws(seen, SOFT):
+        run = run_generate(ctx, comp, driver, 1, B, as_list, {name: TEMPERATURE})
+        logits = driver.logits(run.prompt)[:, -1].double()  # (B, V)
+    if run.out is None or not seen or seen[0].shape[-1] != logits.size(-1):
+        return
+    probs = seen[0].reshape(-1, logits.size(-1))[: logits.size(0)]
+    gap = _gap(probs, logits / TEMPERATURE)
+    res.checks.append(Check(text(f"{name}={TEMPERATURE}: the probabilities it samples from are "
+                                 f"softmax(logits / {TEMPERATURE}) on the tokens it keeps",
+                                 f"{name}={TEMPERATURE}：它采样用的概率是保留的 token 上的 softmax(logits / "
+                                 f"{TEMPERATURE})"), gap < 1e-4,
+                            text(f"largest difference of the log-probabilities {gap:.3g}",
+                                 f"对数概率最大相差 {gap:.3g}")))
+    if gap >= 1e-4 and _gap(probs, logits * TEMPERATURE) < 1e-4:
+        lines = source_lines(ctx.objects(comp, "sample", "temperature"))
+        number, code = locate("temperature_multiplied", lines)
+        res.findings.append(Finding("temperature_multiplied", text(
+            f"at {name}={TEMPERATURE} your loop samples from softmax(logits * {TEMPERATURE})",
+            f"{name}={TEMPERATURE} 时你的循环从 softmax(logits * {TEMPERATURE}) 采样"), number, code))
+
