@@ -711,26 +711,27 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
 
 def _mha_search(mha: Probe, subject: Subject, out: Tensor | None, working: str) -> Found:
     """The rotary layout and mask convention that explain the learner's output with the fewest
-    mistakes (`detect` for each layout; the first that needs none ends it). The key is the
-    convention, the weights (rotary layout, reference); the key None when no convention gives an
-    output (the first failure kept as facts["failure"])."""
+    mistakes: no mistake in any (layout, convention) first, then one, then a pair, layouts in order
+    (the learner run once a convention). The key is the convention, the weights (rotary layout,
+    reference, soft cap); the key None when no convention gives an output (the first failure kept as
+    facts["failure"])."""
     p, slots, n_kv_heads = subject.facts["probe"], subject.facts["slots"], subject.facts["n_kv_heads"]
-    best, first_conv, failure = None, None, None
+    outputs, subject.facts["failure"] = outputs_by_convention(p.run, p.convs)
     qk = ("qk_norm_after_rope",) if any(s.role in QK_NORM_ROLES for s in slots) else ()
-    for rope in subject.facts["ropes"]:
-        compute = p.computer(slots, n_kv_heads, rope)
-        universe = subject.facts["universe"] + ((*ROPE_FLAGS, *qk) if V.is_rotary(rope) else ())
-        conv, found, fail = detect(p.run, compute, universe, p.rows, p.convs)
-        first_conv, failure = first_conv or conv, failure or fail
-        if found is not None and (best is None or len(found[0]) < len(best[2][0])):
-            best = (rope, conv, found, compute, None)
-        if found is not None and not found[0]:
-            break
+    readings = {rope: (p.computer(slots, n_kv_heads, rope), responsive(outputs, subject.facts["universe"] + (
+        (*ROPE_FLAGS, *qk) if V.is_rotary(rope) else ()))) for rope in subject.facts["ropes"]}
+
+    def search_one(setting: tuple[str | None, str], least: int, most: int,
+                   ) -> tuple[frozenset[str], float] | None:
+        (compute, universe), conv = readings[setting[0]], setting[1]
+        return fp.search(outputs[conv], lambda fl: compute(fl, conv), universe, lambda fl: p.rows(fl, conv),
+                         most, least)
+    found = fp.search_settings(list(itertools.product(readings, outputs)), search_one, fewest=True)
+    best = found and (found[0][0], found[0][1], found[1:], readings[found[0][0]][0], None)
     # a soft cap it holds, where it explains the output alone (a reading with no mistake needs none)
-    best = best if best is not None and not best[2][0] else _capped(subject) or best
-    subject.facts["failure"] = failure
+    best = best if best and not best[2][0] else _capped(subject) or best
     held = next((r for r in subject.facts["ropes"][:1] if r in V.SCORE_BIASES), None)  # compared with it
-    rope, conv, (flags, err), compute, cap = best or (held, first_conv, (frozenset(), None),
+    rope, conv, (flags, err), compute, cap = best or (held, next(iter(outputs), None), (frozenset(), None),
                                                       p.computer(slots, n_kv_heads, held), None)
     return Found(conv, (rope, compute, cap), flags, err, p.run(conv) if best else None, working,
                  lambda fl: compute(fl, conv))
