@@ -25,6 +25,7 @@ from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines
 
 TEMPERATURE = 0.5
+SOFT = [False]  # True while a loop is probed: its model's logits handed as the model gives them
 
 
 @contextlib.contextmanager
@@ -53,11 +54,11 @@ def _gap(probs: Tensor, logits: Tensor) -> float:
     return float((mine - theirs).abs().max())
 
 
-def check_temperature(res: ComponentResult, ctx: Context, comp: Any, driver: Any, short: Any) -> None:
+def check_temperature(res: ComponentResult, ctx: Context, comp: Any, driver: Any, short: Any,
+                      run_generate: Any) -> None:
     """The probe of the module docstring, when the loop takes a temperature and samples with
-    torch.multinomial; a difference is named in the form the probabilities take."""
-    from handformer.check.runners.generate_loop import SOFT, run_generate
-
+    torch.multinomial (generate_loop's run_generate runs it); a difference is named in the form the
+    probabilities take."""
     name = next((p.name for p in forward_parameters(comp.obj) if p.name.lower() in TEMPERATURE_NAMES), None)
     if name is None or short.out is None:
         return
