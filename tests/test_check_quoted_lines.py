@@ -13,6 +13,8 @@ from check_plants import edited_copy
 
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
+from handformer.check.core.source import first_line
+from handformer.check.reference.diagnoses import CATALOG
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -98,3 +100,62 @@ def test_an_embedding_scaled_by_d_model_is_quoted_where_it_is_scaled(tmp_path):
                                      (("self.lm_head = nn.Linear(n_embd, vocab_size)",
                                        "self.lm_head = nn.Linear(n_embd, vocab_size)\n        self.d_model = n_embd"),))
     assert lines == {planted} and "= d_model" in report, report
+
+
+def test_a_part_handed_the_wrong_input_is_quoted_where_it_is_handed(tmp_path):
+    """`self.expand(h)` where the block normalizes first: the part, a class of the file no check grades
+    by its name, gives the reference's FFN output when handed the norm, so the line handing it `h` is
+    quoted, not the line inside the part that returns."""
+    lines, planted, report = _quoted(tmp_path, QUOTED, "h = h + self.expand(self.pre_expand(h))",
+                                     "h = h + self.expand(h)", "block",
+                                     (("class FeedForward(", "class Grow("), ("FeedForward(d_model)", "Grow(d_model)")))
+    assert lines == {planted}, report
+
+
+def test_queries_scaled_before_their_product_are_the_reference_s_step(tmp_path):
+    """`q = q * d_k ** -0.5` before `q @ kᵀ` (DistilBERT's, OPT's) is a step of the reference, not where
+    the computation parts: the weights applied to k are."""
+    lines, planted, report = _quoted(tmp_path, QUOTED, "mixed = logits.softmax(dim=-1) @ v",
+                                     "mixed = logits.softmax(dim=-1) @ k", "causal_attention",
+                                     ((SCORES, "q = q * (w // self.n_heads) ** -0.5\n"
+                                               "        logits = q @ k.transpose(-2, -1)"),))
+    assert lines == {planted}, report
+
+
+def test_a_missing_residual_is_quoted_at_the_norm_line_that_departs(tmp_path):
+    """Two `norm(` lines the same pattern of no_residual finds: the one that departs is quoted."""
+    ffn = "self.dropout(self.linear2(F.relu(self.linear1(x))))"
+    lines, planted, report = _quoted(tmp_path, FIXTURES / "learners_hidden" / "correct.py",
+                                     "return self.norm2(x + y)", "return self.norm2(y)", "encoder_layer",
+                                     ((f"return self.norm2(x + {ffn})", f"y = {ffn}\n        return self.norm2(x + y)"),))
+    assert lines == {planted} and "no_residual" in report, report
+
+
+def test_positions_counted_per_row_are_the_reference_s_positions(tmp_path):
+    """A mask of ones made for every row and positions counted from it, (B, T) (OPT's, HF's): no
+    departure; the line that adds the embeddings wrong is quoted."""
+    lines, planted, report = _quoted(tmp_path, FIXTURES / "learners_karpathy" / "correct.py",
+                                     "x = tok_emb + pos_emb", "x = tok_emb - pos_emb", "gpt",
+                                     (("pos_emb = self.position_embedding_table(torch.arange(T, device=idx.device))",
+                                       "keep = torch.ones_like(idx)  # (B, T)\n"
+                                       "        pos_emb = self.position_embedding_table(keep.cumsum(-1) - 1)"),))
+    assert lines == {planted}, report
+
+
+@pytest.mark.parametrize(("name", "source", "wrong"), [
+    ("mask_inverted", "if mask is not None:\n    s = torch.where(mask, -1e9, s)\n", 2),
+    ("mask_hides_queries", "def forward(self, q, mask):\n    shape = (bs, 1, k_length, 1)\n", 2)])
+def test_a_mask_s_patterns_pass_over_the_lines_that_only_name_it(name, source, wrong):
+    """`if mask is not None:` and `def forward(..., mask)` name the mask; the line that uses it wrong is quoted."""
+    lines = list(enumerate(source.splitlines(), 1))
+    assert first_line(CATALOG[name].patterns, lines)[0] == wrong
+
+
+def test_a_number_is_not_spread_over_a_row_of_the_loss(tmp_path):
+    """A (V,) table of one smoothing value made before the log-probabilities: no view of the loss's
+    numbers spread over a row stands for it; the softmax in place of the log-softmax is quoted."""
+    logp = "logp = torch.log_softmax(logits, dim=-1)"
+    lines, planted, report = _quoted(tmp_path, FIXTURES / "learners_localize" / "correct.py", logp,
+                                     "logp = torch.softmax(logits, dim=-1)", "loss",
+                                     ((logp, f"spread = torch.full((logits.size(-1),), smoothing)\n    {logp}"),))
+    assert lines == {planted}, report

@@ -116,8 +116,8 @@ DIAGNOSES: list[Diagnosis] = [
       "same padded keys",
       "把键的维度放在最后：mask[:, None, None, :]，形状 (B, 1, 1, S)，这样每个查询都屏蔽同样的填充键",
       r"\[:,\s*None,\s*:,\s*None\]", r"mask\w*\.unsqueeze\(-1\)", r"mask\w*\.transpose\(-[12],\s*-[12]\)",
-      r"unsqueeze|None\]",
-      r"mask"),
+      r"\(\s*\w+,\s*1,\s*\w+,\s*1\s*\)",  # DistilBERT's shape tuple (bs, 1, k_length, 1)
+      r"unsqueeze|None\]", r"^(?!\s*def ).*mask"),
     d("causal_mask_not_cropped", "the causal mask is built once for the maximum length and not cropped to T",
       "因果掩码按最大长度建好，却没有裁剪到当前长度 T",
       "crop it to the input: self.mask[:T, :T] (nanoGPT: self.bias[:, :, :T, :T])",

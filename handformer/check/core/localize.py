@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from handformer.check.core.fingerprint import first_tensor, hooked, quietly
 from handformer.check.core.kinds import KINDS_TABLE
 from handformer.check.core.result import DEPARTS, ComponentResult, Finding, Text, text
-from handformer.check.core.source import first_pattern_matches, lines_matching, source_lines
+from handformer.check.core.source import as_telling, first_pattern_matches, lines_matching, source_lines
 from handformer.check.reference import variants as V
 
 
@@ -715,14 +715,17 @@ def _origin(steps: list[Step], i: int) -> Step:
 
 
 def _departure(step: Step, views: list[View], filename: str, sizes: dict[str, float],
-               pre: Tensor | None, terms: list[View], forms: list[Form] = ()) -> Departure:
+               pre: Tensor | None, terms: list[View], forms: list[Form] = (), wider: list[View] = (),
+               ) -> Departure:
+    """The departure at `step`; whether a part was handed a wrong input, by `wider` views too (every
+    reading's)."""
     whole = layouts(views, {step.value.shape})
     written, views = next(iter(_wrong_writes(step, whole)), (step, views))
     views = layouts(views, {written.value.shape})
     called = written.caller and (written.caller, linecache.getline(filename, written.caller).strip())
     form = (written is not step and (_slice_form(step.value, whole) or _written(written.value, views))
             or form_of(written.value, views, sizes, pre, terms, forms) or _reduced(written.value, views))
-    line = _inside(written, filename) or written.line
+    line = _inside(written, filename, views, [*views, *wider]) or written.line
     source = _size_source(written, statement(filename, line), form, sizes, filename)
     return Departure(line, written.name, statement(filename, line, not called), form,
                      None if source else called or None, source, part=written.part,
@@ -771,17 +774,33 @@ def _size_source(step: Step, code: str, form: Text | None, sizes: dict[str, floa
     return next(((line, name, statement(filename, line, False)) for _, line, name in bound), None)
 
 
-def _inside(step: Step, filename: str) -> int | None:
+def _inside(step: Step, filename: str, views: list[View], wider: list[View]) -> int | None:
     """For a part's output (a module of their own file, its forward not traced: a GELU of theirs in
-    an nn.Sequential), the line of its forward that returns it; None for any other step, and for a
-    part check grades on its own (a LayerNorm of theirs applied where it should not be)."""
+    an nn.Sequential), the line of its forward that returns it; None for any other step, for a part
+    check grades on its own (a LayerNorm of theirs applied where it should not be), and for a part
+    handed the wrong input (see `fed_wrong`)."""
     module, args, kwargs = step.part or (None, (), {})
     forward = getattr(type(module), "forward", None)
     code = getattr(forward, "__code__", None)
-    if graded(module) or code is None or inspect.getsourcefile(forward) != filename:
+    if graded(module) or code is None or inspect.getsourcefile(forward) != filename or fed_wrong(
+            step.part, views, wider):
         return None
     steps = trace_steps(lambda: module(*args, **kwargs), filename, code)
     return next((s.line for s in reversed(steps) if s.name == "return"), None)
+
+
+def fed_wrong(part: tuple[nn.Module, tuple[Any, ...], dict[str, Any]], views: list[View], wider: list[View],
+              ) -> bool:
+    """A part that gives one of the reference's values (`wider`) when handed one of them (`views`) in
+    place of its first input (`self.mlp(residual)` where the reference's MLP reads the norm): the part
+    is right, what the line calling it hands it is not, so that line is the one to quote."""
+    module, args, kwargs = part
+    given = first_tensor(args[:1])  # their first input (None: not a tensor, and nothing is tried)
+    outs = [quietly(lambda r=r: first_tensor(module(r.to(given.dtype), *args[1:], **kwargs)).double())
+            for _, r in views if r.shape == getattr(given, "shape", None)]  # None where it raises
+    return any(quietly(lambda out=out: bool(_same_each(out, torch.stack([r for _, r in wider
+                                                                         if r.shape == out.shape])).any()))
+               for out in outs)
 
 
 def graded(module: nn.Module) -> bool:
@@ -808,12 +827,15 @@ def _spans(filename: str) -> dict[int, int]:
 def layouts(views: list[View], shapes: set[torch.Size]) -> list[View]:
     """The views, and each in the shapes given that merge its adjacent axes (d2l's heads (B·H, T,
     Dh), a mask's rows (B·T, S)): the same values in a flattened layout; a (B, T, D) view also
-    sequence-first, (T, B, D), where a step has that shape (PyTorch's nn.Transformer tutorial)."""
+    sequence-first, (T, B, D), where a step has that shape (PyTorch's nn.Transformer tutorial); a view
+    of one sequence, (T, D) or (1, T, D), for each of a step's (B, T, D) (positions looked up per row)."""
     views = [(what, r.double()) for what, r in views]  # as the steps are kept
     return views + [(f"{what}, reshaped to {tuple(shape)}", r.reshape(shape)) for what, r in views
                     for shape in shapes if _merges(r.shape, shape)] + [
         (f"{what}, sequence-first (T, B, D)", r.transpose(0, 1)) for what, r in views
-        if r.dim() == 3 and r.size(0) != r.size(1) and r.transpose(0, 1).shape in shapes]
+        if r.dim() == 3 and r.size(0) != r.size(1) and r.transpose(0, 1).shape in shapes] + [
+        (f"{what}, for each sequence", r.squeeze(0).expand(shape)) for what, r in views for shape in shapes
+        if r.squeeze(0).shape == shape[1:] != ()]  # (1, T, D) too; not a number (a loss) spread over a row
 
 
 def _merges(big: torch.Size, small: torch.Size) -> bool:
@@ -881,7 +903,8 @@ def latest_departure(steps: list[Step], readings: list[list[View]], filename: st
     i = min((j for j in range(len(at)) if at[j] == max(at)), key=lambda j: len(_wrong_writes(steps[at[j]],
                                                                                      readings[j])))
     step = _origin(steps, at[i]) if last[i] else steps[at[i]]
-    found = _departure(step, readings[i], filename, sizes, None, list(terms) + readings[i], forms)
+    found = _departure(step, readings[i], filename, sizes, None, list(terms) + readings[i], forms,
+                       sum(readings, []))
     return traced(found, steps, filename, readings[i])
 
 
@@ -899,7 +922,9 @@ def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[li
     qh, kh, views = _positioned(w, qh, kh, views)
     kh, vh, views = _repeated(w, kh, vh, views)
     raw = qh @ kh.transpose(-2, -1)  # (B, H, T, T)
-    scores = raw / math.sqrt(qh.size(-1)) if w.rope not in V.UNSCALED else raw
+    scale = 1 / math.sqrt(qh.size(-1)) if w.rope not in V.UNSCALED else 1.0
+    scores = raw * scale
+    views += [("q, scaled by 1/sqrt(d_k)", q * scale), ("the heads of q, scaled by 1/sqrt(d_k)", qh * scale)]
     scores, views = _biased(w, scores, views)
     if w.softcap is not None:  # Gemma 2's: the scores soft-capped before the mask
         views.append(("the scores before their soft cap", scores))
@@ -1053,18 +1078,20 @@ def place_findings(res: ComponentResult, localize: Callable[[], Any], lines: lis
                    ) -> None:
     """A catalogued finding whose line is unsure is placed where the learner's computation first
     parts from the correct reference: its patterns match no line, or several of the learner's lines
-    (the sin line and the cos line of a table) and that is one of them, or only a diagnosis' guess
-    found it (a pattern after its first: `norm`, `embed|emb`) on a line that cannot be the mistake
-    (see `misplaced`, `deeper`): the line they wrote wrong, not one that looks alike."""
+    (the sin line and the cos line of a table), or only a diagnosis' guess found it (a pattern after
+    its first: `norm`, `embed|emb`), and the departing line is one a pattern as telling finds (of two
+    `norm(` lines, the one that departs), or the finding's line cannot be the mistake (see
+    `misplaced`, `deeper`): the line they wrote wrong, not one that looks alike."""
     unsure = [f for f in res.named() if f.line is None or _one_of_several(f, lines)
               or not first_pattern_matches(f.name, f.code or "")]
     found = quietly(localize) if unsure else None  # the run only where a line is unsure
     if found is None:
         return
-    for finding in unsure:
-        matched = _one_of_several(finding, lines) and found.line in lines_matching(finding.name, lines)
-        if finding.line is None or matched or misplaced(finding, found) or deeper(finding, found):
-            finding.line, finding.code = found.quoted()
+    line, code = found.quoted()
+    for finding in unsure:  # the departing line, where a pattern as telling as the finding's finds it
+        told = as_telling(finding.name, code.split(" / line ")[0], str(finding.code))
+        if finding.line is None or told or misplaced(finding, found) or deeper(finding, found):
+            finding.line, finding.code = line, code
 
 
 def _one_of_several(finding: Finding, lines: list[tuple[int, str]]) -> bool:

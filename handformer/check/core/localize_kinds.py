@@ -439,6 +439,7 @@ def localize_model(run: Callable[[], Any], module: nn.Module, readings: list[lis
     filename = filename or inspect.getsourcefile(cls)
     code = {f.__code__ for f in vars(cls).values() if inspect.isfunction(f)}
     steps = trace_steps(run, filename, code, _children(module), constants)
+    steps[:] = [s for s in steps if s.value.flatten().diff().ne(0).any()]  # not one value (a mask of ones)
     D = next(t for _, t in readings[0] if t.dim() >= 3).size(-1)  # (B, T, D): not the positions (T,)
     found = latest_departure(steps, readings, filename, {"d_model": D})
     first = next((s.line for s in steps if not s.given), None)  # the first line of theirs that made a value

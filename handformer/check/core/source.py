@@ -7,6 +7,7 @@ import ast
 import dis
 import functools
 import inspect
+import math
 import re
 import sys
 import textwrap
@@ -143,6 +144,14 @@ def first_pattern_matches(name: str, code: str) -> bool:
     """Whether the diagnosis' first (its most telling) pattern finds the line; the later ones are
     guesses (`norm`, `embed|emb`)."""
     return bool(re.search(CATALOG[name].patterns[0], code.split("#")[0]))
+
+
+def as_telling(name: str, code: str, than: str) -> bool:
+    """Whether one of the diagnosis' patterns finds the line `code`, one at least as telling (as early in
+    its list) as the first that finds the line `than`."""
+    patterns = list(enumerate(CATALOG[name].patterns))
+    ranks = [next((i for i, p in patterns if re.search(p, c.split("#")[0])), math.inf) for c in (code, than)]
+    return ranks[0] <= ranks[1] < math.inf
 
 
 def lines_matching(name: str, lines: list[tuple[int, str]]) -> list[int]:
