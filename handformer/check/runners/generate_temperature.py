@@ -60,14 +60,14 @@ def check_temperature(res: ComponentResult, ctx: Context, comp: Any, driver: Any
     torch.multinomial (generate_loop's run_generate runs it); a difference is named in the form the
     probabilities take."""
     name = next((p.name for p in forward_parameters(comp.obj) if p.name.lower() in TEMPERATURE_NAMES), None)
-    if name is None or short.out is None:
+    if name is None:
         return
     seen: list[Tensor] = []
     B, as_list = short.prompt.size(0), short.as_list
     with recorded_draws(seen, SOFT):
         run = run_generate(ctx, comp, driver, 1, B, as_list, {name: TEMPERATURE})
         logits = driver.logits(run.prompt)[:, -1].double()  # (B, V)
-    if run.out is None or not seen or seen[0].shape[-1] != logits.size(-1):
+    if not seen or seen[0].shape[-1] != logits.size(-1):  # it never sampled, or sampled a subset
         return
     probs = seen[0].reshape(-1, logits.size(-1))[: logits.size(0)]
     gap = _gap(probs, logits / TEMPERATURE)
