@@ -79,14 +79,12 @@ def _has_nan(value: Any) -> bool:
 
 
 def one_sequence(out: Any) -> list[int] | None:
-    """The token ids of one sequence: a (T,) or (1, T) tensor (or (T, 1), sequence-first), a list (or
-    tuple) of ints, or a list holding one of them; None for anything else."""
+    """The token ids of one sequence: a (T,) or (1, T) tensor (or (T, 1), sequence-first), or a list (or
+    tuple) of ints; None for anything else."""
     if isinstance(out, Tensor) and out.dim() in (1, 2) and max(out.shape, default=0) == out.numel():
         return [int(t) for t in out.reshape(-1).tolist()]
     if isinstance(out, (list, tuple)) and all(isinstance(t, int) for t in out):
         return list(out)
-    if isinstance(out, list) and len(out) == 1 and isinstance(out[0], (list, Tensor)):
-        return one_sequence(out[0])  # a batch of one sequence: [[ids]]
     return None
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections.abc
 import contextlib
+import dataclasses
 import functools
 import inspect
 import io
@@ -340,11 +341,18 @@ def takes_one_row(fn: Any) -> bool:
 def _probe_options(fn: Any, params: list[inspect.Parameter]) -> dict[str, Any]:
     """The settings a function of logits is probed with: those it takes by name, and a settings
     dataclass it takes (llama.cpp's sample_token(logits, params)) at its defaults."""
-    from handformer.check.core.discovery import defaulted_config
-
-    configs = {p.name: defaulted_config(fn, p.name) for p in params[1:]}
+    named_in_file = getattr(fn, "__globals__", {})  # a string annotation names a class of the file
+    configs = {p.name: named_in_file.get(p.annotation, p.annotation) for p in params[1:]}
     return {**{n: OPTION_VALUES[k] for k, n in _options(params).items()},
-            **{n: config() for n, config in configs.items() if config}}
+            **{n: _quietly_built(c) for n, c in configs.items() if dataclasses.is_dataclass(c)}}
+
+
+def _quietly_built(cls: Any) -> Any:
+    """The dataclass at its defaults; None when a field has none (the probe's call then fails)."""
+    try:
+        return cls()
+    except TypeError:
+        return None
 
 
 # sharp rows and flat ones: a function reducing over the whole batch (probs.max()) mixes them

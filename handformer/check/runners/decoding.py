@@ -122,8 +122,8 @@ def _finding(ctx: Context, comp: Component, name: str, observed: Text) -> Findin
 
 
 def _tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
-    if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
-        out = out[0]
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], (Tensor, list)):
+        out = out[0]  # the first of a batch: [tensor], [[ids]]
     tokens = fp.one_sequence(out)
     if tokens is not None:
         return tokens

@@ -46,7 +46,7 @@ from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.sizes import is_number
 from handformer.check.core.source import locate, source_lines, source_text
-from handformer.check.runners.generate_temperature import check_temperature
+from handformer.check.runners.generate_temperature import SOFT, check_temperature
 from handformer.check.runners.localize_generate import default_temperature, generate_views, localize_generate
 from handformer.config import CausalLMConfig
 from handformer.families import build_causal_lm
@@ -55,7 +55,6 @@ from handformer.models.causal_lm import CausalLM
 
 VOCAB, BLOCK, SEED = 24, 8, 82
 PEAK = 1e4  # logits scale: the most likely token gets all of the probability
-SOFT = [False]  # True while generate_temperature.py probes a loop: the logits handed as the model gives them
 SHORT, LONG = 4, 7  # new tokens after a prompt of 3: within the block size, and past it
 
 CACHE_NAMES = ("past_key_values", "past", "cache", "kv_cache", "layer_past", "past_kv", "kv")
@@ -458,7 +457,7 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
             tried.append(_long(res, ctx, comp, driver, B, short.as_list))
         else:
             res.notes.append(NO_BLOCK_NOTE)
-    check_temperature(res, ctx, comp, driver, short)
+    check_temperature(res, ctx, comp, driver, short, run_generate)
     _ending(res, ctx, comp, driver, tried)
 
 

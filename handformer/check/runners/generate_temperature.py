@@ -25,6 +25,7 @@ from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines
 
 TEMPERATURE = 0.5
+SOFT = [False]  # True while a loop is probed: its model's logits handed as the model gives them
 
 
 @contextlib.contextmanager
@@ -53,20 +54,20 @@ def _gap(probs: Tensor, logits: Tensor) -> float:
     return float((mine - theirs).abs().max())
 
 
-def check_temperature(res: ComponentResult, ctx: Context, comp: Any, driver: Any, short: Any) -> None:
+def check_temperature(res: ComponentResult, ctx: Context, comp: Any, driver: Any, short: Any,
+                      run_generate: Any) -> None:
     """The probe of the module docstring, when the loop takes a temperature and samples with
-    torch.multinomial; a difference is named in the form the probabilities take."""
-    from handformer.check.runners.generate_loop import SOFT, run_generate
-
+    torch.multinomial (generate_loop's run_generate runs it); a difference is named in the form the
+    probabilities take."""
     name = next((p.name for p in forward_parameters(comp.obj) if p.name.lower() in TEMPERATURE_NAMES), None)
-    if name is None or short.out is None:
+    if name is None:
         return
     seen: list[Tensor] = []
     B, as_list = short.prompt.size(0), short.as_list
     with recorded_draws(seen, SOFT):
         run = run_generate(ctx, comp, driver, 1, B, as_list, {name: TEMPERATURE})
         logits = driver.logits(run.prompt)[:, -1].double()  # (B, V)
-    if run.out is None or not seen or seen[0].shape[-1] != logits.size(-1):
+    if not seen or seen[0].shape[-1] != logits.size(-1):  # it never sampled, or sampled a subset
         return
     probs = seen[0].reshape(-1, logits.size(-1))[: logits.size(0)]
     gap = _gap(probs, logits / TEMPERATURE)

@@ -272,8 +272,8 @@ def check_lm_train_step(comp: Component, ctx: Context) -> ComponentResult:
         if max(errs) >= TOL:
             _search(res, ctx, comp, step, base, got, right, errs)
         if step.clip is not None and not res.findings:  # a loss scale clipping hid, a clipping AdamW hid
-            _rescaled(res, ctx, comp, step, base, max(errs) < TOL, over=False)
-            _rescaled(res, ctx, comp, step, base, max(errs) < TOL and not res.findings, over=True)
+            _rescaled(res, ctx, comp, step, base, max(errs) < TOL, "under")
+            _rescaled(res, ctx, comp, step, base, max(errs) < TOL and not res.findings, "over")
         if max(errs) >= TOL:
             _localize(res, step, base)
     return finish(res)
@@ -300,10 +300,15 @@ def _drive(step: Step, base: nn.Module, make_opt: Any = optimizer,
     return got, right, [largest_difference(g, r) for g, r in zip(got, right)]
 
 
+# the gradient norm's factor on the clipping norm, the logits' largest scale, the check: under, over it
+SIDES = {"under": (1 / UNDER_CLIP, PROBE_SCALE, unclipped_check),
+         "over": (UNDER_CLIP, float("inf"), clipped_check)}
+
+
 def _rescaled(res: ComponentResult, ctx: Context, comp: Component, step: Step, base: nn.Module,
-              search: bool, over: bool) -> None:
+              search: bool, side: str) -> None:
     """Both steps again with plain SGD and the logits scaled so that handformer's gradient norm is
-    UNDER_CLIP times under the norm the step clips to (`over` False) or over it (True). Under it, a loss
+    UNDER_CLIP times under the norm the step clips to, or over it (SIDES). Under it, a loss
     k times too large (k <= UNDER_CLIP) is never clipped, and SGD's update is k times handformer's; over
     it, a step that does not clip moves by the whole gradient (AdamW's update barely changes with the
     gradient's scale: the full-size steps hide it). The mistakes that explain a difference are searched
@@ -314,14 +319,12 @@ def _rescaled(res: ComponentResult, ctx: Context, comp: Component, step: Step, b
     loss = F.cross_entropy(scaled(x).reshape(-1, VOCAB), y.reshape(-1))
     grads = torch.autograd.grad(loss, list(scaled.parameters()), allow_unused=True)
     norm = float(torch.stack([g.norm() for g in grads if g is not None]).norm())
-    factor = UNDER_CLIP if over else 1 / UNDER_CLIP
-    scaled.scale = PROBE_SCALE * float(step.clip or 1.0) * factor / max(norm, 1e-12)
-    scaled.scale = scaled.scale if over else min(PROBE_SCALE, scaled.scale)
+    factor, cap, check = SIDES[side]
+    scaled.scale = min(cap, PROBE_SCALE * float(step.clip or 1.0) * factor / max(norm, 1e-12))
     got, right, errs = _drive(step, scaled, sgd)
-    res.checks.append((clipped_check if over else unclipped_check)(float(step.clip or 1.0), scaled.scale,
-                                                                    max(errs), TOL))
+    res.checks.append(check(float(step.clip or 1.0), scaled.scale, max(errs), TOL))
     if max(errs) >= TOL:
-        res.notes += [factor_note(scaled, got[0], right[0])] * (not over)
+        res.notes += [factor_note(scaled, got[0], right[0])] * (side == "under")
         if search:
             _search(res, ctx, comp, step, scaled, got, right, errs, sgd)
 
