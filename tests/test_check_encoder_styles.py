@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from handformer.check.core.discovery import size_of
 from handformer.check.core.engine import check_file
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -177,3 +178,11 @@ def test_a_distilbert_block_reading_its_optional_mask_unguarded_passes_and_a_pla
     (block,) = _components(tmp_path, "distilbert_planted", planted, ["encoder_layer"]).values()
     assert block.status == "fail"
     assert "line 50: sa_output = self.sa_layer_norm(sa_output)" in _quoted(block), _quoted(block)
+
+
+@pytest.mark.parametrize("name, size", [
+    ("attention_heads", "n_heads"), ("decoder_attention_heads", "n_heads"), ("key_value_heads", "n_kv_heads"),
+    ("kv_heads", "n_kv_heads"), ("ffn_embed_dim", "d_ff"), ("mlp_hidden_size", "d_ff"), ("heads_dim", None),
+    ("head_dim", "d_head"), ("n_layers", "n_layers"), ("layer_norm_eps", "eps"), ("activation", None)])
+def test_a_size_name_no_table_lists_is_read_by_its_words(name, size):
+    assert size_of(name) == size

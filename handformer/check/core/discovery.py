@@ -142,8 +142,11 @@ WIDTH_WORDS = {"dim", "size", "hidden", "width"}
 def size_of(name: str) -> str | None:
     """The size an argument's name stands for: its table's (SIZE_OF), else what its words say."""
     words = set(name.lower().split("_"))
-    by_words = "n_heads" if "heads" in words else "d_ff" if words & FFN_WORDS and words & WIDTH_WORDS \
-        else None
+    by_words = None
+    if "heads" in words and not words & WIDTH_WORDS:  # heads_dim is a width, not a count
+        by_words = "n_kv_heads" if words & {"kv", "key", "value"} else "n_heads"
+    elif words & FFN_WORDS and words & WIDTH_WORDS:
+        by_words = "d_ff"
     return SIZE_OF.get(name.lower(), by_words)
 
 
