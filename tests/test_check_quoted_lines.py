@@ -159,3 +159,17 @@ def test_a_number_is_not_spread_over_a_row_of_the_loss(tmp_path):
                                      "logp = torch.softmax(logits, dim=-1)", "loss",
                                      ((logp, f"spread = torch.full((logits.size(-1),), smoothing)\n    {logp}"),))
     assert lines == {planted}, report
+
+
+def test_a_stack_of_q_k_and_v_is_not_judged_against_one_of_them_spread(tmp_path):
+    """q, k and v kept stacked as one (3, B, H, T, Dh) tensor, the output projection's weight used
+    untransposed: the stack is no copy of q's heads spread over three rows; the line that departs is the
+    output's."""
+    stacked = ("        proj = qkv.permute(2, 0, 3, 1, 4)  # (3, b, H, n, Dh)\n"
+               "        q, k, v = proj[0], proj[1], proj[2]")
+    lines, planted, report = _quoted(tmp_path, FIXTURES / "learners_more_styles" / "patch_block.py",
+                                     "return self.to_out(mixed)",
+                                     "return mixed @ self.to_out.weight + self.to_out.bias", "mha",
+                                     (("        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (b, H, n, Dh)",
+                                       stacked),))
+    assert lines == {planted}, report

@@ -835,7 +835,8 @@ def layouts(views: list[View], shapes: set[torch.Size]) -> list[View]:
         (f"{what}, sequence-first (T, B, D)", r.transpose(0, 1)) for what, r in views
         if r.dim() == 3 and r.size(0) != r.size(1) and r.transpose(0, 1).shape in shapes] + [
         (f"{what}, for each sequence", r.squeeze(0).expand(shape)) for what, r in views for shape in shapes
-        if r.squeeze(0).shape == shape[1:] != ()]  # (1, T, D) too; not a number (a loss) spread over a row
+        if len(shape) <= 3 and r.squeeze(0).shape == shape[1:] != ()]  # (1, T, D) too; never a number (a
+    # loss) spread over a row, nor a (B, H, T, Dh) view spread over a stack of q, k, v (3, B, H, T, Dh)
 
 
 def _merges(big: torch.Size, small: torch.Size) -> bool:
