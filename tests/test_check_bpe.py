@@ -218,3 +218,38 @@ def test_a_trainer_of_tiktoken_ranks_is_graded_under_its_own_pre_tokenizer(monke
     assert any("your own pre-tokenizer (split_words)" in n["en"] for n in trainer.notes)
     planted = check_file(str(RANKS / "counts_words_once.py"), only=["bpe"])
     assert planted.components[0].status == "fail", format_report(planted)
+
+
+GPT2_TEXT = '''
+
+def bytes_to_unicode():
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    shown, n = printable[:], 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            shown.append(256 + n)
+            n += 1
+    return dict(zip(printable, map(chr, shown)))
+
+
+def as_text(token):
+    return "".join(bytes_to_unicode()[b] for b in token)
+
+
+def train_gpt2_style(input_path, vocab_size, special_tokens):
+    vocab, merges = train_bpe(input_path, vocab_size, special_tokens)
+    return {as_text(t): i for i, t in vocab.items()}, [(as_text(a), as_text(b)) for a, b in merges]
+'''
+
+
+def test_a_trainer_returning_gpt2s_text_encoder_and_merges_is_read_back_in_bytes(tmp_path, monkeypatch):
+    """GPT-2's encoder.py keeps its vocabulary as {"Ġt": id} and its merges as ("Ġ", "t"): the
+    printable characters of bytes_to_unicode; read back in bytes, the merges are graded as any."""
+    monkeypatch.setattr(bpe, "CEILING", 0.3)  # its speed is not what this test is about
+    path = tmp_path / "gpt2_text.py"
+    path.write_text(correct_file("bpe").read_text() + GPT2_TEXT)
+    result = check_file(str(path), overrides={"bpe": "train_gpt2_style"}, only=["bpe"])
+    (trainer,) = result.components
+    assert trainer.status == "pass" and trainer.checks[0].ok, format_report(result)
+    assert bpe.gpt2_bytes("Ġt") == b" t" and bpe.gpt2_bytes("中") == "中".encode()

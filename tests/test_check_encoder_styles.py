@@ -182,7 +182,7 @@ def test_a_distilbert_block_reading_its_optional_mask_unguarded_passes_and_a_pla
 
 @pytest.mark.parametrize("name, size", [
     ("attention_heads", "n_heads"), ("decoder_attention_heads", "n_heads"), ("key_value_heads", "n_kv_heads"),
-    ("kv_heads", "n_kv_heads"), ("ffn_embed_dim", "d_ff"), ("mlp_hidden_size", "d_ff"), ("heads_dim", None),
+    ("kv_heads", "n_kv_heads"), ("ffn_embed_dim", "d_ff"), ("mlp_hidden_size", "d_ff"), ("filter_size", "d_ff"), ("filter_value", None), ("heads_dim", None),
     ("head_dim", "d_head"), ("n_layers", "n_layers"), ("layer_norm_eps", "eps"), ("activation", None)])
 def test_a_size_name_no_table_lists_is_read_by_its_words(name, size):
     assert size_of(name) == size

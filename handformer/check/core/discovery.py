@@ -135,7 +135,7 @@ REQUIRED_FIXED = {**FIXED, "theta": 10000.0, "rope_theta": 10000.0}
 SIZE_OF = {alias: key for key, aliases in reversed(ARGUMENTS.items()) for alias in aliases}
 # the words of a name no table lists that say a size (fairseq's attention_heads, ffn_embed_dim): a
 # count of heads, or an FFN's width (a word of the FFN and a word of a width)
-FFN_WORDS = {"ffn", "ff", "mlp", "feedforward", "intermediate"}
+FFN_WORDS = {"ffn", "ff", "mlp", "feedforward", "intermediate", "filter"}  # filter: tensor2tensor's
 WIDTH_WORDS = {"dim", "size", "hidden", "width"}
 
 

@@ -31,6 +31,17 @@ import regex
 # GPT-2's pre-tokenizer: contractions, letters, numbers, other symbols, each with one leading
 # space; runs of spaces stay apart from the word after them
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+def gpt2_byte_table() -> dict[str, int]:
+    """GPT-2's printable character of each byte (its bytes_to_unicode), inverted: character -> byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    others = sorted(set(range(256)) - set(printable))  # shown as chr(256), chr(257), ... in byte order
+    return dict(zip(map(chr, printable + list(range(256, 256 + len(others)))), printable + others))
+
+
+BYTE_OF = gpt2_byte_table()
 PRETOKEN = regex.compile(GPT2_PATTERN)
 # GPT-4's (tiktoken's cl100k_base, minbpe's RegexTokenizer): contractions in any case, a letter run
 # with one leading non-letter, numbers of up to three digits, newlines kept together

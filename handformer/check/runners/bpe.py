@@ -201,6 +201,7 @@ class Trainer:
                 "dict[int, bytes]，merges 是 (bytes, bytes) 对的列表",
             )
         vocab = {v: k for k, v in vocab.items()} if typed(vocab, bytes, int) else vocab  # bytes -> id: turned
+        vocab = {v: gpt2_bytes(k) for k, v in vocab.items()} if typed(vocab, str, int) else vocab  # GPT-2's
         if vocab and not typed(vocab, int, bytes):
             raise self.ctx.learner.fail(
                 "train",
@@ -214,6 +215,8 @@ class Trainer:
     def _pair(self, merge: Any, vocab: dict[int, bytes] | None) -> R.Pair:
         if _is_pair(merge) and all(isinstance(t, bytes) for t in merge):
             return bytes(merge[0]), bytes(merge[1])
+        if _is_pair(merge) and all(isinstance(t, str) for t in merge):  # GPT-2's encoder.py: ("Ġ", "t")
+            return gpt2_bytes(merge[0]), gpt2_bytes(merge[1])
         if _is_pair(merge) and all(isinstance(t, int) for t in merge) and vocab is not None:
             return vocab[merge[0]], vocab[merge[1]]  # GPT-2 style: pairs of ids
         raise self.ctx.learner.fail(
@@ -253,6 +256,14 @@ def argument_role(name: str, first: bool) -> str:
 
 
 ITEMS = {dict: dict.items, list: enumerate}  # what a value holds, as (key, value) pairs
+
+
+def gpt2_bytes(token: str) -> bytes:
+    """A token written in GPT-2's printable characters (its bytes_to_unicode: "Ġt") as its bytes; a
+    token with a character outside that table is plain text, as UTF-8."""
+    if set(token) <= R.BYTE_OF.keys():
+        return bytes(map(R.BYTE_OF.__getitem__, token))
+    return token.encode()
 
 
 def typed(value: Any, key: type, held: type) -> bool:

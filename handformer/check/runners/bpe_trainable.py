@@ -98,26 +98,15 @@ def _learnt(tok: Any) -> tuple[dict[int, bytes], list[R.Pair]]:
     vocab = next(filter(lambda v: bpe.typed(v, int, bytes), held), {})
     ranked = [sorted(v, key=v.__getitem__) for v in filter(lambda v: bpe.typed(v, tuple, int), held)]
     pairs = next(iter(ranked + list(filter(lambda v: bpe.typed(v, int, tuple), held))), [])
-    if bpe_pieces.character_merges(pairs) and set("".join(map("".join, pairs))) <= BYTE_OF.keys():
+    if bpe_pieces.character_merges(pairs) and set("".join(map("".join, pairs))) <= R.BYTE_OF.keys():
         return _byte_level(held, pairs)
     return vocab, [(vocab.get(a, a), vocab.get(b, b)) for a, b in pairs]  # ids -> bytes
-
-
-def _gpt2_byte_table() -> dict[str, int]:
-    """GPT-2's printable character of each byte (its bytes_to_unicode), inverted: character -> byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
-    others = sorted(set(range(256)) - set(printable))  # shown as chr(256), chr(257), ... in byte order
-    return dict(zip(map(chr, printable + list(range(256, 256 + len(others)))), printable + others))
-
-
-BYTE_OF = _gpt2_byte_table()
 
 
 def _byte_level(held: list[Any], pairs: list[R.Pair]) -> tuple[dict[int, bytes], list[R.Pair]]:
     """A byte-level BPE written over GPT-2's printable characters (its encoder.py: merges of strings
     such as ("Ġ", "t"), an encoder {string: id}): merges and vocabulary back in bytes."""
-    as_bytes = lambda s: bytes(map(BYTE_OF.__getitem__, s))  # noqa: E731  (specials check trains: ASCII)
+    as_bytes = lambda s: bytes(map(R.BYTE_OF.__getitem__, s))  # noqa: E731  (specials check trains: ASCII)
     encoder = max(filter(lambda v: bpe.typed(v, str, int), held), key=len, default={})  # not its specials
     return dict(zip(encoder.values(), map(as_bytes, encoder))), [tuple(map(as_bytes, p)) for p in pairs]
 
