@@ -205,3 +205,33 @@ def test_a_beam_search_over_its_files_own_gru_reads_the_steered_table_alone(tmp_
     (comp,) = check_file(str(path), only=["beam_search"]).components
     assert [f.name for f in comp.findings] == ["beam_shortest_returned"], format_report(
         check_file(str(path), only=["beam_search"]))
+
+
+TOY_SEQ2SEQ = '''import torch
+from torch import nn
+
+
+class ToyModel(nn.Module):
+    """A stand-in for an encoder-decoder, to try a training loop on: no attention."""
+
+    def __init__(self, vocab, d_model):
+        super().__init__()
+        self.src_embed = nn.Embedding(vocab, d_model)
+        self.tgt_embed = nn.Embedding(vocab, d_model)
+        self.mix = nn.Linear(2 * d_model, d_model)
+
+    def forward(self, src, tgt, src_mask, tgt_mask):
+        memory = self.src_embed(src).mean(dim=1, keepdim=True)
+        h = self.tgt_embed(tgt)
+        return torch.tanh(self.mix(torch.cat([h, memory.expand_as(h)], dim=-1)))
+'''
+
+
+def test_a_toy_model_with_no_attention_is_not_checked_never_failed(tmp_path):
+    """forward(src, tgt, src_mask, tgt_mask) with no attention anywhere (one vocabulary for both
+    sides): run on an encoder-decoder's inputs it raised on the target's tokens; it is no Transformer."""
+    path = tmp_path / "toy.py"
+    path.write_text(TOY_SEQ2SEQ)
+    (model,) = check_file(str(path)).components
+    assert (model.kind, model.status) == ("transformer", NOT_CHECKED), model
+    assert "holds no attention" in model.error.message

@@ -61,7 +61,15 @@ from handformer.check.core.discovery import SIZE_OF, Component, DiscoveryError, 
 from handformer.check.core.layer_map import LayerMap, layer_modules, map_layer, output_head, outside
 from handformer.check.core.localize import View
 from handformer.check.core.localize_kinds import localize_model, module_views, note_departure
-from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.core.result import (
+    NOT_CHECKED,
+    Check,
+    ComponentResult,
+    Finding,
+    LearnerError,
+    Text,
+    text,
+)
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.core.weights import (
     Leaf,
@@ -695,6 +703,8 @@ def check_model(comp: Component, ctx: Context) -> ComponentResult:
         name = model_factory(comp, ctx).__name__
         res.notes.append(text(f"{comp.name} takes modules: built with your {name}(...)",
                               f"{comp.name} 的参数是模块：用你的 {name}(...) 构造"))
+    if not any(p.dim() == 2 and p.size(0) in (p.size(1), 3 * p.size(1)) for p in module.parameters()):
+        return _no_attention(res)  # no square projection (nor a fused (3n, n) one) at any width
     call = Caller(module, ctx)
     builds_masks = not call.masks
     res.notes += [LENGTHS_NOTE] * (call.rank == "lens")
@@ -722,6 +732,20 @@ def check_model(comp: Component, ctx: Context) -> ComponentResult:
         guarded(res, lambda: _properties(res, call))
     seen: list[Any] = []  # a learner's code that raises on S != T fails "runs on every shape" once
     res.checks = [c for c in res.checks if not (c in seen or seen.append(c))]
+    return finish(res)
+
+
+def _no_attention(res: ComponentResult) -> ComponentResult:
+    """A model with a forward(src, tgt, ...) and no attention's projection anywhere (a toy model
+    a training loop is tried on): no Transformer to compare, NOT CHECKED, never run on inputs meant for
+    one (its vocabulary and its layers are not a Transformer's)."""
+    res.status = NOT_CHECKED
+    res.error = LearnerError("mapping", "not compared with handformer's Seq2SeqTransformer: it holds no "
+                             "attention (no square projection, nor a fused (3n, n) one): a stand-in "
+                             "model, not a Transformer", "__init__",
+                             message_zh="没有与 handformer 的 Seq2SeqTransformer 比较：它没有注意力"
+                                        "（没有方阵投影，也没有 (3n, n) 的合并投影）："
+                                        "是替身模型，不是 Transformer")
     return finish(res)
 
 
