@@ -703,7 +703,8 @@ def check_model(comp: Component, ctx: Context) -> ComponentResult:
         name = model_factory(comp, ctx).__name__
         res.notes.append(text(f"{comp.name} takes modules: built with your {name}(...)",
                               f"{comp.name} 的参数是模块：用你的 {name}(...) 构造"))
-    if not any(p.dim() == 2 and p.size(0) in (p.size(1), 3 * p.size(1)) for p in module.parameters()):
+    tables = [p.shape for p in module.parameters() if p.dim() == 2]  # none: a starter not written yet
+    if tables and not any(rows in (cols, 3 * cols) for rows, cols in tables):
         return _no_attention(res)  # no square projection (nor a fused (3n, n) one) at any width
     call = Caller(module, ctx)
     builds_masks = not call.masks
