@@ -144,16 +144,15 @@ def either_width(form: Callable[..., Any], fn: Any, args: list[Any], kwargs: dic
     try:
         out = form(fn, args, kwargs, layout, B)
     except Exception as first:  # noqa: BLE001 - theirs, unless a narrower table runs
-        out = _narrower(form, fn, args, kwargs, layout, B, first)
+        out = _narrower(form, fn, args, kwargs, layout, B, first, head)
     layout.setdefault("share", 1)
     return out
 
 
 def _narrower(form: Callable[..., Any], fn: Any, args: list[Any], kwargs: dict[str, Any],
-              layout: dict[str, Any], B: int, first: Exception) -> Any:
-    """form(fn, ...) with the tables at the first narrower width that runs, its share of the head kept;
-    else `first` raised."""
-    head = kwargs.get("cos", kwargs.get("position_embeddings", [None])[0]).size(-1)
+              layout: dict[str, Any], B: int, first: Exception, head: int) -> Any:
+    """form(fn, ...) with the tables at the first narrower width than the head's (`head`) that runs,
+    its share of the head kept; else `first` raised."""
     for width in range(2, head, 2):
         try:
             out = form(fn, args, NARROWED[form](kwargs, width), layout, B)
