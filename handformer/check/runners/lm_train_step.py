@@ -59,14 +59,13 @@ from handformer.check.runners.train_step import (
     UNDER_CLIP,
     clip_norm,
     clip_note,
-    clipped_check,
     clips_after_step,
     constant_scheduler,
     factor_note,
     grad_scaler,
     largest_difference,
     parameters_of,
-    unclipped_check,
+    rescaled_check,
     update,
 )
 from handformer.config import CausalLMConfig
@@ -300,9 +299,8 @@ def _drive(step: Step, base: nn.Module, make_opt: Any = optimizer,
     return got, right, [largest_difference(g, r) for g, r in zip(got, right)]
 
 
-# the gradient norm's factor on the clipping norm, the logits' largest scale, the check: under, over it
-SIDES = {"under": (1 / UNDER_CLIP, PROBE_SCALE, unclipped_check),
-         "over": (UNDER_CLIP, float("inf"), clipped_check)}
+# the gradient norm's factor on the clipping norm and the logits' largest scale: under it, over it
+SIDES = {"under": (1 / UNDER_CLIP, PROBE_SCALE), "over": (UNDER_CLIP, float("inf"))}
 
 
 def _rescaled(res: ComponentResult, ctx: Context, comp: Component, step: Step, base: nn.Module,
@@ -319,10 +317,10 @@ def _rescaled(res: ComponentResult, ctx: Context, comp: Component, step: Step, b
     loss = F.cross_entropy(scaled(x).reshape(-1, VOCAB), y.reshape(-1))
     grads = torch.autograd.grad(loss, list(scaled.parameters()), allow_unused=True)
     norm = float(torch.stack([g.norm() for g in grads if g is not None]).norm())
-    factor, cap, check = SIDES[side]
+    factor, cap = SIDES[side]
     scaled.scale = min(cap, PROBE_SCALE * float(step.clip or 1.0) * factor / max(norm, 1e-12))
     got, right, errs = _drive(step, scaled, sgd)
-    res.checks.append(check(float(step.clip or 1.0), scaled.scale, max(errs), TOL))
+    res.checks.append(rescaled_check(side, float(step.clip or 1.0), scaled.scale, max(errs), TOL))
     if max(errs) >= TOL:
         res.notes += [factor_note(scaled, got[0], right[0])] * (side == "under")
         if search:

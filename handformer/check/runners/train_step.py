@@ -502,28 +502,32 @@ def _unclipped(res: ComponentResult, ctx: Context, comp: Component, step: Step, 
     step.scale = unclipped_scale(step, base)
     model, got, right, errs = _drive(step, base)
     ok = max(errs) < step.tol
-    res.checks.append(unclipped_check(float(step.clip or 1.0), step.scale, max(errs), step.tol))
+    res.checks.append(rescaled_check("under", float(step.clip or 1.0), step.scale, max(errs), step.tol))
     if not ok:
         res.notes.append(factor_note(base, got[0], right[0]))
         _search(res, ctx, comp, step, base, got, right, errs, {n for _, n in model.calls})
 
 
-def unclipped_check(clip: float, scale: float, err: float, tol: float) -> Check:
-    """The check of a step run again with its clipping out of reach (the logits scaled by `scale`)."""
-    return Check(text(
-        f"with the gradients under the clipping norm {clip:g} (the logits scaled by {scale:.1e}), "
-        "the parameters still equal handformer's: the loss is not scaled",
-        f"梯度小于裁剪范数 {clip:g} 时（logits 乘以 {scale:.1e}），参数仍与 handformer 的一致："
-        "损失没有被放大或缩小"), err < tol, error_text(err))
+# a step run again with its gradients under the clipping norm (a loss scale shows) or, with SGD, over it
+# (a clipping shows): what its parameters equalling handformer's says, en and zh
+RESCALED = {
+    "under": ("with the gradients under the clipping norm {clip:g} (the logits scaled by {scale:.1e}), "
+              "the parameters still equal handformer's: the loss is not scaled",
+              "梯度小于裁剪范数 {clip:g} 时（logits 乘以 {scale:.1e}），参数仍与 handformer 的一致："
+              "损失没有被放大或缩小"),
+    "over": ("with SGD and the gradients over the clipping norm {clip:g} (the logits scaled by {scale:.1e}), "
+             "the parameters still equal handformer's: the gradient is clipped",
+             "用 SGD、梯度大于裁剪范数 {clip:g} 时（logits 乘以 {scale:.1e}），参数仍与 handformer 的一致："
+             "梯度确实被裁剪了"),
+}
 
 
-def clipped_check(clip: float, scale: float, err: float, tol: float) -> Check:
-    """The check of a step run again with SGD and its gradients over the clipping norm."""
-    return Check(text(
-        f"with SGD and the gradients over the clipping norm {clip:g} (the logits scaled by {scale:.1e}), "
-        "the parameters still equal handformer's: the gradient is clipped",
-        f"用 SGD、梯度大于裁剪范数 {clip:g} 时（logits 乘以 {scale:.1e}），参数仍与 handformer 的一致："
-        "梯度确实被裁剪了"), err < tol, error_text(err))
+def rescaled_check(side: str, clip: float, scale: float, err: float, tol: float) -> Check:
+    """The check of a step run again with its gradients on one `side` of the clipping norm (RESCALED),
+    the logits scaled by `scale`."""
+    en, zh = RESCALED[side]
+    return Check(text(en.format(clip=clip, scale=scale), zh.format(clip=clip, scale=scale)), err < tol,
+                 error_text(err))
 
 
 def factor_note(base: nn.Module, got: list[Tensor], right: list[Tensor]) -> Text:
