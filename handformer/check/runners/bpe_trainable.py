@@ -106,9 +106,9 @@ def _learnt(tok: Any) -> tuple[dict[int, bytes], list[R.Pair]]:
 def _byte_level(held: list[Any], pairs: list[R.Pair]) -> tuple[dict[int, bytes], list[R.Pair]]:
     """A byte-level BPE written over GPT-2's printable characters (its encoder.py: merges of strings
     such as ("Ġ", "t"), an encoder {string: id}): merges and vocabulary back in bytes."""
-    as_bytes = lambda s: bytes(map(R.BYTE_OF.__getitem__, s))  # noqa: E731  (specials check trains: ASCII)
     encoder = max(filter(lambda v: bpe.typed(v, str, int), held), key=len, default={})  # not its specials
-    return dict(zip(encoder.values(), map(as_bytes, encoder))), [tuple(map(as_bytes, p)) for p in pairs]
+    merges = [(bpe.gpt2_bytes(a), bpe.gpt2_bytes(b)) for a, b in pairs]
+    return dict(zip(encoder.values(), map(bpe.gpt2_bytes, encoder))), merges
 
 
 def _pattern(tok: Any) -> str:
