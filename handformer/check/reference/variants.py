@@ -40,6 +40,14 @@ def has(flags: Flags, name: str) -> str | None:
     return None
 
 
+WARMUP_SHIFT = {"early": -1, "late": 1}  # schedule_warmup_off_by_one's forms: the warmup's shift
+
+
+def warmup_with(warmup: float, flags: Flags) -> float:
+    """The warmup a schedule uses: its own, or one step shorter or longer (schedule_warmup_off_by_one)."""
+    return warmup + WARMUP_SHIFT.get(has(flags, "schedule_warmup_off_by_one"), 0)
+
+
 def linear(x: Tensor, w: Linear) -> Tensor:
     return F.linear(x, w[0], w[1])
 

@@ -102,7 +102,6 @@ COSINE_FLAGS = (
     "cosine_no_floor",
     "cosine_min_lr_ignored",
 )
-WARMUP_SHIFT = {"early": -1, "late": 1}  # schedule_warmup_off_by_one's forms: the warmup's shift
 TOL = 1e-9  # relative: the schedules are floats of python or float32 tensors (relative error ~1e-7)
 
 
@@ -110,9 +109,8 @@ def paper(
     n: float, d_model: float, factor: float, warmup: float, flags: frozenset[str] = frozenset()
 ) -> float:
     """factor * d_model^-0.5 * min(n^-0.5, n * warmup^-1.5), n >= 1, with the named mistakes."""
-    shift = WARMUP_SHIFT.get(V.has(flags, "schedule_warmup_off_by_one"), 0)
     sign = V.has(flags, "schedule_exponent_sign")
-    w = warmup + shift
+    w = V.warmup_with(warmup, flags)
     step_term = n ** (0.5 if sign == "step" else -0.5)
     warm_term = n * w ** (1.5 if sign == "warmup" else -1.5)
     scale = 1.0 if "schedule_no_d_model" in flags else d_model ** (0.5 if sign == "d_model" else -0.5)
@@ -133,7 +131,7 @@ def cosine(
     `total`, min_lr after it, counted as `convention` counts (see COSINE_CONVENTIONS), with the named
     mistakes."""
     a, b, _ = COSINE_CONVENTIONS[convention]
-    w = warmup + WARMUP_SHIFT.get(V.has(flags, "schedule_warmup_off_by_one"), 0)
+    w = V.warmup_with(warmup, flags)
     floor = 0.0 if "cosine_min_lr_ignored" in flags else min_lr
     throughout = convention == "handformer"  # steps counted from 1 in the decay too; the others from 0
     n = t + a if throughout else t

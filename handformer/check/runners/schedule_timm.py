@@ -15,7 +15,6 @@ from typing import Any
 from handformer.check.core.result import text
 from handformer.check.reference import variants as V
 
-WARMUP_SHIFT = {"early": -1, "late": 1}
 LABELS = {
     False: text("timm's counting (warmup_prefix=False): the cosine counts from step 0 over t_initial, "
                 "the warmup t / T_w overriding its first steps",
@@ -30,7 +29,7 @@ def timm_cosine(t: int, sizes: dict[str, Any], prefix: bool, flags: frozenset[st
     """The rate at step t counted as timm counts (`prefix`: warmup_prefix), with the cosine's mistakes
     (the warmup off by one, no floor past the end, min_lr left out of the cosine's formula)."""
     hi, warmup, total = sizes["max_lr"], sizes["warmup"], sizes["total"]
-    w = warmup + WARMUP_SHIFT.get(V.has(flags, "schedule_warmup_off_by_one"), 0)
+    w = V.warmup_with(warmup, flags)
     floor = 0.0 if "cosine_min_lr_ignored" in flags else sizes["min_lr"]
     if t < w:
         return hi * t / w

@@ -21,7 +21,6 @@ from handformer.check.reference import variants as V
 SIZES = {"max_lr": 1.0, "min_lr": 0.1, "warmup": 10, "stable": 30, "decay": 20}
 STEPS = (0, 1, 2, 5, 8, 9, 10, 11, 20, 39, 40, 41, 45, 50, 55, 59, 60, 61, 80)
 FLAGS = ("schedule_warmup_off_by_one:early", "schedule_warmup_off_by_one:late")
-WARMUP_SHIFT = {"early": -1, "late": 1}
 
 # progress p through the decay (0 to 1), the peak and the floor -> the learning rate
 SHAPES: dict[str, Callable[[float, float, float], float]] = {
@@ -41,7 +40,7 @@ def wsd(t: int, floor: float, start: float, shape: str, flags: frozenset[str] = 
     the stable stage, down to `floor` along `shape` over the decay, `floor` after it; with the warmup
     off by one when flagged."""
     hi, warmup = SIZES["max_lr"], SIZES["warmup"]
-    w = warmup + WARMUP_SHIFT.get(V.has(flags, "schedule_warmup_off_by_one"), 0)
+    w = V.warmup_with(warmup, flags)
     stable_end = warmup + SIZES["stable"]
     if t < w:
         return start + (hi - start) * t / w
