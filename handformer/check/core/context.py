@@ -22,7 +22,14 @@ from torch import Tensor, nn
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import call_parameters, named, names_of, readable_parameters  # noqa: F401  (the runners import them here)
 from handformer.check.core.conventions import conventions_for, is_lengths_name, masks_where_true
-from handformer.check.core.discovery import SIZE_OF, Component, build, own_objects, with_head_size
+from handformer.check.core.discovery import (
+    SIZE_OF,
+    Component,
+    build,
+    defined_here,
+    own_objects,
+    with_head_size,
+)
 from handformer.check.core.result import PASS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.sizes import (  # noqa: F401  (the runners import them here)
     DROPOUT,
@@ -270,7 +277,7 @@ def module_sizes(module: types.ModuleType, comp: Component, sizes: dict[str, Any
     as globals and that stand for a size (n_embd, n_head, block_size, vocab_size, head_size, ...),
     each with the value `sizes` gives it; names their code never reads are left alone."""
     sizes = with_head_size(sizes)
-    own = {n: o for n, o in own_objects(module).items() if "." not in n}
+    own = defined_here(module)
     reads, todo = set(), [comp.obj]
     while todo:  # each of their objects is followed the first time a name reads it
         names = global_reads(todo.pop()) - reads

@@ -10,9 +10,9 @@ import inspect
 import re
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -26,9 +26,9 @@ from handformer.check.core.discovery import (
     NAMES,
     Component,
     DiscoveryError,
+    defined_here,
     defined_names,
     find_components,
-    own_objects,
 )
 from handformer.check.core.kinds import KINDS_BY_NAME
 from handformer.check.core.precision import float64_kept
@@ -77,13 +77,17 @@ def import_learner(path: str) -> types.ModuleType:
     if spec is None or spec.loader is None:
         raise FileNotFoundError(f"{path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
-    folder = str(Path(path).resolve().parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)  # their file may import its neighbours, as under pytest
+    importable(Path(path).resolve().parent)  # their file may import its neighbours, as under pytest
     in_package(module, path)
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def importable(folder: Path) -> None:
+    """The folder on sys.path (first), where it is not yet."""
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
 
 
 def in_package(module: types.ModuleType, path: str) -> None:
@@ -99,8 +103,7 @@ def in_package(module: types.ModuleType, path: str) -> None:
         folder = folder.parent
     if parts:
         module.__package__ = ".".join(parts)
-        if str(folder) not in sys.path:
-            sys.path.insert(0, str(folder))
+        importable(folder)
 
 
 # the top-level statements that are the script's work, not definitions, by their node type: loops,
@@ -124,9 +127,7 @@ def import_definitions(path: str) -> tuple[types.ModuleType, list[str]]:
     module.__file__ = path
     in_package(module, path)
     sys.modules[module.__name__] = module
-    folder = str(Path(path).resolve().parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
+    importable(Path(path).resolve().parent)
     lines, skipped = source.splitlines(), []
     for node in tree.body:
         first = f"line {node.lineno}: {lines[node.lineno - 1].strip()[:80]}"
@@ -360,7 +361,7 @@ def inherited(comp: Component, ctx: Context) -> list[Finding]:
     """The mistakes of the learner's other components that this one uses (its source calls them,
     directly or through their other functions), for a component that fails with none of its own: a
     block whose FFN has no down projection, a generate loop whose sampling step is wrong."""
-    own = {n: o for n, o in own_objects(ctx.module).items() if "." not in n}
+    own = defined_here(ctx.module)
     sources = {name: source_text(obj) for name, obj in own.items()}
     reached, todo = set(), [comp.name.split(".")[0]]
     while todo:
@@ -393,10 +394,13 @@ def internal_error(err: Exception, path: str) -> LearnerError:
                         "不是你的代码的问题；请连同你的文件一起报告）")
 
 
+def _ignored(*told: Any) -> None:
+    """A callback that does nothing with what it is told."""
+
+
 def check_file(path: str, overrides: dict[str, str] | None = None, only: list[str] | None = None,
-               convention: str | None = None,
-               emit: Callable[[ComponentResult], None] | None = None,
-               started: Callable[[str, str], None] | None = None, skip: list[str] | None = None,
+               convention: str | None = None, emit: Callable[[ComponentResult], None] = _ignored,
+               started: Callable[[str, str], None] = _ignored, skip: Sequence[str] = (),
                adapters: str | None = None, definitions_only: bool = False) -> FileResult:
     """Import the learner's file and check each component it defines. `started(step, kind)` is told
     each step before it runs: "import", then each component's name and the kind it is checked as."""
@@ -405,14 +409,13 @@ def check_file(path: str, overrides: dict[str, str] | None = None, only: list[st
     result = FileResult(path)
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path}: no such file")
-    if started:
-        started("import", "")
+    started("import", "")
     module = _import(path, result, definitions_only)
     found = module and _discover(module, result, adapters, path, overrides, only)
     if not found:
         return result
     components, everything = found
-    todo = [c for c in components if c.name not in (skip or [])]
+    todo = [c for c in components if c.name not in skip]
     ctx = Context(path, module, {c.kind: c for c in reversed(everything)}, convention)
     ctx.skipped = result.skipped
     threads = torch.get_num_threads()
@@ -420,12 +423,10 @@ def check_file(path: str, overrides: dict[str, str] | None = None, only: list[st
     try:
         with float64_kept():  # their float32 casts keep check's float64
             for comp in todo:
-                if started:
-                    started(comp.name, comp.kind)
+                started(comp.name, comp.kind)
                 res = check_component(comp, ctx)
                 result.components.append(res)
-                if emit:
-                    emit(res)
+                emit(res)
     finally:
         torch.set_num_threads(threads)
     return result
@@ -439,9 +440,9 @@ def _import(path: str, result: FileResult, definitions_only: bool) -> types.Modu
             module, result.skipped = import_definitions(path)
         else:
             module = import_learner(path)
+    except KeyboardInterrupt:
+        raise
     except BaseException as err:  # their module body: anything it raises is reported
-        if isinstance(err, KeyboardInterrupt):
-            raise
         error = learner_error(err, path, "import")
         if definitions_only or isinstance(err, (SyntaxError, SystemExit)) or error.kind != "exception":
             result.error = error
