@@ -79,7 +79,7 @@ def adapter_hint(comp: Any) -> str:
         keys = argument_keys(obj)
         wanted = [k for k in dict.fromkeys(keys.values()) if k]
         params = ", ".join(SIZE_NAMES.get(k, k) for k in wanted) or "d_model, n_heads"
-        args = ", ".join(f"{n}={SIZE_NAMES[k]}" if k in SIZE_NAMES else f"{n}=..." for n, k in keys.items())
+        args = ", ".join(f"{n}={SIZE_NAMES.get(k, '...')}" for n, k in keys.items())
         return f"def make_{comp.kind}({params}):\n    return {obj.__name__}({args})"
     call = CALLS.get(comp.kind, "...")
     name = getattr(obj, "__name__", comp.name)

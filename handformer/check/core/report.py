@@ -9,6 +9,7 @@ naming what the file does not define included.
 
 from __future__ import annotations
 
+import collections
 import json
 import locale
 import os
@@ -269,11 +270,10 @@ def format_report(result: FileResult, lang: str = "en", time_limit: float | None
         return "\n".join(out) + "\n"
     for c in result.components:
         out += format_component(c, lang) + [""]
-    counts = {s: sum(c.status == s for c in result.components) for s in (PASS, DIFFERS, FAIL, ERROR)}
+    counts = collections.Counter(c.status for c in result.components)
     summary = w["summary"].format(p=counts[PASS], d=counts[DIFFERS], f=counts[FAIL], e=counts[ERROR],
                                   n=len(result.components))
-    todo = sum(c.status == TODO for c in result.components)
-    unchecked = sum(c.status == NOT_CHECKED for c in result.components)
+    todo, unchecked = counts[TODO], counts[NOT_CHECKED]
     out.append(summary + (w["todo"].format(t=todo) if todo else "")
                + (w["not_checked"].format(c=unchecked) if unchecked else ""))
     return "\n".join(out) + "\n"

@@ -45,7 +45,7 @@ def check_in_child(path: str, overrides: dict[str, str] | None = None, only: lis
     result, skip, definitions_only = FileResult(path), [], False
     while True:
         lines, phase, stack, reason = _run_child(
-            {"path": path, "overrides": overrides or {}, "only": only or [], "convention": convention,
+            {"path": path, "overrides": overrides, "only": only, "convention": convention,
              "memory_limit": memory_limit, "time_limit": time_limit, "skip": skip,
              "adapters": str(Path(adapters).resolve()) if adapters else None,
              "definitions_only": definitions_only}, time_limit)
@@ -149,7 +149,7 @@ def _stopped(reason: str, phase: str | None, stack: str, path: str, time_limit: 
         return LearnerError("memory", f"killed in {where}, most likely for using more than the "
                             f"{memory_limit} MiB memory limit", where, frames,
                             f"在 {where} 被终止，很可能是用了超过 {memory_limit} MiB 的内存上限")
-    last = stack.strip().splitlines()[-1] if stack.strip() else ""
+    last = ["", *stack.strip().splitlines()][-1]  # "" for no stack
     last_zh = last
     if reason.startswith("exit ") and not last:
         last = ("your code ended the process (os._exit, or a library it called that exits); a component "
@@ -197,7 +197,7 @@ def _child(request: dict[str, Any]) -> None:
         results.flush()
 
     Path(request["progress"]).write_text("ready")
-    result = check_file(request["path"], request["overrides"], request["only"] or None,
+    result = check_file(request["path"], request["overrides"], request["only"],
                         request["convention"], emit=emit, started=started, skip=request["skip"],
                         adapters=request.get("adapters"),
                         definitions_only=request.get("definitions_only", False))
