@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -410,13 +410,25 @@ class LayerWeights:
     sublayers: list[str] = field(default_factory=lambda: ["attn", "ffn"])
 
 
+class Unkept(list):
+    """A trace no one reads, the layers' default: what is added to it is dropped."""
+
+    def append(self, item: Tensor) -> None:
+        """Drop the item."""
+
+    def __iadd__(self, items: Iterable[Tensor]) -> Unkept:
+        return self
+
+
+UNKEPT = Unkept()
+
+
 def sublayer(w: LayerWeights, x: Tensor, f: Callable[[Tensor], Tensor], name: str, flags: Flags,
-             trace: list[Tensor] | None = None) -> Tensor:
+             trace: list[Tensor] = UNKEPT) -> Tensor:
     """post: norm(x + f(x)); pre: x + f(norm(x)). Mistakes: no_residual drops the `x +`;
     residual_from_normed adds f to norm(x) instead of x (pre-norm: h = norm(x); x = h + f(h));
     shared_norm uses the first (or last) norm for every sublayer."""
-    if trace is not None:
-        trace.append(x)  # the residual stream entering the sublayer
+    trace.append(x)  # the residual stream entering the sublayer
     shared = has(flags, "shared_norm")
     n = w.norms[{"first": 0, "last": -1}.get(shared or "", w.sublayers.index(name))]
     pre = (w.placement == "pre") != (has(flags, "pre_norm") == name)
@@ -428,13 +440,12 @@ def sublayer(w: LayerWeights, x: Tensor, f: Callable[[Tensor], Tensor], name: st
         start = h if has(flags, "residual_from_normed") in (name, "all") else x
         return start + f(h) if residual else f(h)
     h = f(x)
-    if trace is not None:
-        trace.append(x + h)  # the sum before the norm
+    trace.append(x + h)  # the sum before the norm
     return norm(n, x + h if residual else h)
 
 
 def encoder_layer(w: LayerWeights, x: Tensor, keep: Tensor | None, flags: Flags = frozenset(),
-                  trace: list[Tensor] | None = None) -> Tensor:
+                  trace: list[Tensor] = UNKEPT) -> Tensor:
     """The encoder layer and the decoder-only block: self-attention, then FFN; (B, T, D). `trace`
     collects the residual stream between the sublayers (where dropout must not be)."""
     if w.placement == "parallel":
@@ -442,24 +453,22 @@ def encoder_layer(w: LayerWeights, x: Tensor, keep: Tensor | None, flags: Flags 
     x = sublayer(w, x, lambda h: multi_head_attention(w.self_attn, h, h, h, keep, flags)[0], "attn",
                  flags, trace)
     x = sublayer(w, x, lambda h: feed_forward(w.ffn, h, flags), "ffn", flags, trace)
-    if trace is not None:
-        trace.append(x)
+    trace.append(x)
     return x
 
 
 def parallel_block(w: LayerWeights, x: Tensor, keep: Tensor | None, flags: Flags = frozenset(),
-                   trace: list[Tensor] | None = None) -> Tensor:
+                   trace: list[Tensor] = UNKEPT) -> Tensor:
     """GPT-J's, GPT-NeoX's, Falcon's and Phi's block: x + attn(norm_1(x)) + ffn(norm_2(x)), both
     sublayers reading the block's input (norm_2 is norm_1 where the block has one norm); (B, T, D)."""
     attn = multi_head_attention(w.self_attn, *[norm(w.norms[0], x)] * 3, keep, flags)[0]
     out = x + attn + feed_forward(w.ffn, norm(w.norms[-1], x), flags)
-    if trace is not None:
-        trace += [x, out]
+    trace += [x, out]
     return out
 
 
 def decoder_layer(w: LayerWeights, x: Tensor, memory: Tensor, src_keep: Tensor | None,
-                  tgt_keep: Tensor | None, flags: Flags = frozenset(), trace: list[Tensor] | None = None,
+                  tgt_keep: Tensor | None, flags: Flags = frozenset(), trace: list[Tensor] = UNKEPT,
                   ) -> Tensor:
     """Masked self-attention, cross-attention over `memory` (B, S, D), FFN; (B, T, D)."""
     assert w.cross_attn is not None
@@ -470,8 +479,7 @@ def decoder_layer(w: LayerWeights, x: Tensor, memory: Tensor, src_keep: Tensor |
     x = sublayer(w, x, lambda h: multi_head_attention(w.cross_attn, h, memory, memory, src_keep,
                                                       flags)[0], "cross", flags, trace)
     x = sublayer(w, x, lambda h: feed_forward(w.ffn, h, flags), "ffn", flags, trace)
-    if trace is not None:
-        trace.append(x)
+    trace.append(x)
     return x
 
 
