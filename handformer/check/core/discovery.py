@@ -567,7 +567,7 @@ def _config_values(sizes: dict[str, Any]) -> dict[str, Any]:
     sizes.setdefault("tgt_vocab", sizes.get("src_vocab"))
     fields = {alias: sizes[key] for key, aliases in ARGUMENTS.items() if sizes.get(key) is not None
               for alias in aliases}
-    fields.update({k: v for k, v in FIXED.items() if k not in fields})
+    fields = {**FIXED, **fields}  # a size given over a fixed value of the same name
     fields["bias"] = True
     fields["norm_eps"] = fields["eps"] = fields["rms_norm_eps"] = 1e-5
     return fields
