@@ -84,21 +84,22 @@ class Context:
         self.learner = fp.Learner(self.path)
 
     @contextlib.contextmanager
-    def hyperparameters(self, comp: Component, sizes: dict[str, Any] | None = None) -> Iterator[None]:
+    def hyperparameters(self, comp: Component) -> Iterator[None]:
         """The learner's module-level hyperparameters that `comp` reads (Karpathy's n_embd, n_head,
-        block_size, vocab_size), set to the sizes its runner builds with (or `sizes`: the tutorial's,
-        for the shape check) for the length of its check, then put back; the report says so
-        (`hyperparameter_note`)."""
-        nested = sizes is not None
-        wanted = module_sizes(self.module, comp, sizes or KIND_SIZES.get(comp.kind, SIZES))
-        if nested:
-            wanted = {k: v for k, v in wanted.items() if k in vars(self.module)}
-        else:
-            self.hyperparameter_note = None
+        block_size, vocab_size), set to the sizes its runner builds with for the length of its check,
+        then put back; the report says so (`hyperparameter_note`)."""
+        wanted = module_sizes(self.module, comp, KIND_SIZES.get(comp.kind, SIZES))
+        self.hyperparameter_note = None
         with globals_set(self.module, wanted) as old:
-            if wanted and not nested:
+            if wanted:
                 self.hyperparameter_note = _set_note(wanted, old)
             yield
+
+    def sizes_set(self, comp: Component, sizes: dict[str, Any]) -> contextlib.AbstractContextManager:
+        """Inside a check, the module-level hyperparameters `comp` reads that the learner's file
+        defines, set to `sizes` (the tutorial's, for the shape check) for the block, then put back."""
+        wanted = module_sizes(self.module, comp, sizes)
+        return globals_set(self.module, {k: v for k, v in wanted.items() if k in vars(self.module)})
 
     def result(self, comp: Component) -> ComponentResult:
         """A new result for `comp`, kept as the one in progress: when the learner's code raises later,

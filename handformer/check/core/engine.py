@@ -166,9 +166,8 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
         finish(result)
     # their code raised, at their line, on an input it accepts: it fails (driven by a stand-in, the
     # stand-in's outputs may be what it refuses: still an ERROR)
-    stand_in = result.driven is not None and result.driven["en"].startswith("a stand-in")
     if result.status == ERROR and result.error is not None and result.error.kind == "exception" and (
-            result.error.traceback and not stand_in):
+            result.error.traceback and not driven_by_stand_in(result)):
         result.status = FAIL
     if result.error is not None and result.findings:  # a finding's line and where it raised: two at most
         result.error.traceback = result.error.traceback[-1:]
@@ -301,13 +300,16 @@ def _required(module: nn.Module) -> set[str]:
 def method_on_stand_in(comp: Component, result: ComponentResult) -> bool:
     """A class's own method (minimind's `MiniMindForCausalLM.generate`) driven with a stand-in
     as its model raised: it may read attributes only its own class has."""
-    error, driven = result.error, result.driven
-    if "." not in comp.name or error is None or error.kind != "exception" or driven is None:
+    error = result.error
+    if "." not in comp.name or error is None or error.kind != "exception" or not driven_by_stand_in(result):
         return False
-    if not driven["en"].startswith("a stand-in"):
-        return False
-    result.error.kind = "stand_in"
+    error.kind = "stand_in"
     return True
+
+
+def driven_by_stand_in(result: ComponentResult) -> bool:
+    """Whether the component was driven with a stand-in of check's (a loop handed a model of check's)."""
+    return result.driven is not None and result.driven["en"].startswith("a stand-in")
 
 
 def needs_skipped(error: LearnerError | None, skipped: list[str]) -> bool:

@@ -509,7 +509,7 @@ def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
         _key_padding(res, layer, ctx)
 
     def shapes() -> None:
-        with ctx.hyperparameters(comp, TUTORIAL):  # their module-level sizes too, at the tutorial's
+        with ctx.sizes_set(comp, TUTORIAL):  # their module-level sizes too, at the tutorial's
             _tutorial_shapes(res, layer, ctx)
 
     guarded(res, shapes)
