@@ -21,7 +21,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from handformer.check.core.argument_names import call_parameters
+from handformer.check.core.argument_names import call_parameters, names_of
 from handformer.check.core.result import LearnerError
 
 ADAPTERS_FILE = "handformer_adapters.py"
@@ -84,8 +84,7 @@ def adapter_hint(comp: Any) -> str:
     call = CALLS.get(comp.kind, "...")
     name = getattr(obj, "__name__", comp.name)
     try:
-        theirs = ", ".join(_as_called(q.name, call) for q in call_parameters(obj, ("self",))
-                           if q.default is q.empty)
+        theirs = ", ".join(_as_called(n, call) for n in names_of(call_parameters(obj, ("self",)))[1])
     except (TypeError, ValueError):
         theirs = "..."
     if "." in comp.name:  # a method (GPT.generate): called on the model check gives

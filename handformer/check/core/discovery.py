@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from handformer.check.core.argument_names import input_roles, readable_parameters
+from handformer.check.core.argument_names import call_parameters, input_roles, readable_parameters
 from handformer.check.core.kinds import KINDS_TABLE
 from handformer.check.core.size_roles import with_roles
 from handformer.check.core.source import config_reads, module_reads, source_text
@@ -700,8 +700,7 @@ def _class_fields(own: type) -> set[str]:
 def init_parameters(cls: Any) -> list[inspect.Parameter]:
     """The arguments of a class's constructor (or of a function), `self`, *args and **kwargs left out."""
     init = cls.__init__ if inspect.isclass(cls) else cls
-    return [p for p in list(inspect.signature(init).parameters.values())[int(inspect.isclass(cls)):]
-            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return call_parameters(init)[int(inspect.isclass(cls)):]
 
 
 def argument_keys(cls: Any) -> dict[str, str | None]:

@@ -21,6 +21,7 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.adapters import adapter_hint, cannot_check
 from handformer.check.core.adapters import functions as adapter_functions
 from handformer.check.core.adapters import load as load_adapters
+from handformer.check.core.argument_names import names_of
 from handformer.check.core.conventions import nan_only_on_masked_rows
 from handformer.check.core.discovery import (
     NAMES,
@@ -294,7 +295,7 @@ def raises_alone(comp: Component, ctx: Context) -> LearnerError | None:
 
 def _required(module: nn.Module) -> set[str]:
     """The names of the arguments its forward requires (no default)."""
-    return {p.name for p in inspect.signature(module.forward).parameters.values() if p.default is p.empty}
+    return set(names_of(list(inspect.signature(module.forward).parameters.values()))[1])
 
 
 def method_on_stand_in(comp: Component, result: ComponentResult) -> bool:

@@ -55,6 +55,7 @@ from handformer.check.core.argument_names import (
     Y_NAMES,
     call_parameters,
     named,
+    names_of,
 )
 from handformer.check.core.processors import own_call, own_method, posing_as
 from handformer.check.core.source import config_reads, source_text
@@ -72,7 +73,8 @@ def _signature(fn: Any) -> tuple[list[inspect.Parameter], list[str], set[str]]:
         params = call_parameters(fn)
     except (TypeError, ValueError):
         params = []
-    return params, [p.name.lower() for p in params], {p.name.lower() for p in params if p.default is p.empty}
+    names, required = names_of(params)
+    return params, [n.lower() for n in names], {n.lower() for n in required}
 
 
 def kind_of(fn: Any) -> str | None:
