@@ -138,6 +138,7 @@ class Context:
         scramble_(module, seed)
         return attributes_double_(module.double()).eval()
 
+    @torch.no_grad()
     def materialize(self, comp: Component, module: nn.Module, warmup: Callable[[nn.Module], Any] | None,
                     ) -> None:
         """A module with lazy layers (d2l's nn.LazyLinear) run once by `warmup` at check's sizes, which
@@ -149,21 +150,20 @@ class Context:
                                     "handformer cannot give shapes to here; use nn.Linear(in, out)",
                                     f"{comp.name} 有惰性层（nn.LazyLinear），handformer "
                                     "在这里给不了它们形状；请用 nn.Linear(in, out)")
-        with torch.no_grad():
-            self.learner.call("forward", warmup, module.eval())
+        self.learner.call("forward", warmup, module.eval())
         self._shape_unused_lazy(comp, module)
 
     def _shape_unused_lazy(self, comp: Component, module: nn.Module) -> None:
         """A lazy layer that the first forward never called has no shape: a LazyLinear(n) gets
         (n, n) (d2l's W_o is num_hiddens to num_hiddens), so that a projection the forward forgot is
-        mapped, and named, as a written-out nn.Linear would be; any other lazy layer is an error."""
+        mapped, and named, as a written-out nn.Linear would be; any other lazy layer is an error
+        (called by `materialize`, without gradients)."""
         for name, sub in module.named_modules():
             own = sub.parameters(recurse=False)
             if not any(isinstance(p, nn.parameter.UninitializedParameter) for p in own):
                 continue
             if isinstance(sub, nn.LazyLinear):
-                with torch.no_grad():
-                    sub.initialize_parameters(torch.zeros(1, sub.out_features))
+                sub.initialize_parameters(torch.zeros(1, sub.out_features))
                 continue
             raise self.learner.fail("forward", f"{comp.name}.{name} ({type(sub).__name__}) is never called "
                                     "by forward, so it has no shape; remove it, or call it",

@@ -264,6 +264,7 @@ def _add_notes(comp: Component, ctx: Context, result: ComponentResult) -> None:
 SMOKED = ("mha", "gqa", "causal_attention", "ffn", "layernorm", "rmsnorm", "block", "encoder_layer")
 
 
+@torch.no_grad()
 def raises_alone(comp: Component, ctx: Context) -> LearnerError | None:
     """For a component whose weights could not be mapped: its exception when, built at check's sizes,
     its own forward raises on a plain (2, 5, d_model) input (q = k = v, no mask): then the learner's
@@ -285,8 +286,7 @@ def raises_alone(comp: Component, ctx: Context) -> LearnerError | None:
         return None
     call = c.call if comp.kind in ("mha", "gqa", "causal_attention") else None
     try:
-        with torch.no_grad():
-            call(x, x, x, None) if call else module(x)
+        call(x, x, x, None) if call else module(x)
     except Exception as err:  # noqa: BLE001
         error = learner_error(err, ctx.path, "forward")
         return error if error.kind == "exception" and error.traceback else None

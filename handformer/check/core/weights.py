@@ -176,6 +176,7 @@ class Transposed(nn.Module):
         return weight.t()
 
 
+@torch.no_grad()
 def _stored_transposed(sub: nn.Module) -> str | None:
     """The name of the weight of a linear layer of the learner's own that computes x @ weight + bias
     (the weight (in, out), Conv1D's), found by what it does on a random input; None for any other (a
@@ -186,8 +187,8 @@ def _stored_transposed(sub: nn.Module) -> str | None:
         return None
     w, b = _matrix_and_vector(params)
     x = torch.randn(2, w.size(0), generator=torch.Generator().manual_seed(0), dtype=w.dtype)
-    with torch.no_grad():  # (2, out) against x @ w + b; None where their forward takes another layout
-        same = quietly(lambda: torch.allclose(sub(x), F.linear(x, w.t(), b), atol=1e-5))
+    # (2, out) against x @ w + b; None where their forward takes another layout
+    same = quietly(lambda: torch.allclose(sub(x), F.linear(x, w.t(), b), atol=1e-5))
     return max(params, key=lambda n: params[n].dim()) if same and not torch.equal(w, w.t()) else None
 
 
@@ -619,6 +620,7 @@ def attention_parameters(target: nn.Module) -> dict[str, nn.Module]:
                                 if getattr(getattr(target, role, None), "weight", None) is not None}
 
 
+@torch.no_grad()
 def copy_attention(target: nn.Module, slots: list[Slot]) -> None:
     """W_Q, W_K, W_V, W_O into handformer's MultiHeadAttention; no W_O: the identity, so handformer
     computes what a module without an output projection does."""
@@ -627,9 +629,8 @@ def copy_attention(target: nn.Module, slots: list[Slot]) -> None:
         if role in by:
             copy_weights(proj, by[role])
         else:
-            with torch.no_grad():
-                proj.weight.copy_(torch.eye(proj.weight.size(0), dtype=proj.weight.dtype))
-                proj.bias.zero_()
+            proj.weight.copy_(torch.eye(proj.weight.size(0), dtype=proj.weight.dtype))
+            proj.bias.zero_()
 
 
 def ffn_parameters(target: nn.Module) -> dict[str, nn.Linear]:

@@ -27,7 +27,7 @@ from functools import cache
 from typing import Any
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.context import Context, finish
+from handformer.check.core.context import Context, call_parameters, finish
 from handformer.check.core.discovery import Component, DiscoveryError, own_objects
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, LearnerError, Text, text
 from handformer.check.core.source import global_reads, locate, source_lines
@@ -124,11 +124,7 @@ class Trainer:
 
     def __init__(self, comp: Component, ctx: Context) -> None:
         self.comp, self.ctx = comp, ctx
-        params = [
-            p
-            for p in inspect.signature(comp.obj).parameters.values()
-            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-        ]
+        params = call_parameters(comp.obj)
         if not params:
             raise DiscoveryError(
                 f"{comp.name}{inspect.signature(comp.obj)} takes no corpus; write "
