@@ -107,13 +107,14 @@ def weights_of(value: Any, skip_first: bool = True) -> Tensor | None:
     """The attention weights (B, H, T, S) in a returned tuple, if any: not a tensor with moderate
     negative entries, or none above 0, which no softmax gives (a mask filled after it gives -1e9 or
     -inf), such as T5's position bias handed on to the next layer."""
-    if isinstance(value, (tuple, list)):
-        items = list(value)[1:] if skip_first else list(value)
-        for item in items:  # a 4-D tensor with no moderate negative entry and some above 0
-            if isinstance(item, Tensor) and item.dim() == 4 and not bool(((item < 0) & (item > -1e6)).any()) \
-                    and bool((item > 0).any()):
-                return item
-    return None
+    items = list(value)[int(skip_first):] if isinstance(value, (tuple, list)) else []
+    return next(filter(_softmax_like, items), None)
+
+
+def _softmax_like(item: Any) -> bool:
+    """A 4-D tensor with no moderate negative entry and some above 0."""
+    return isinstance(item, Tensor) and item.dim() == 4 and not bool(((item < 0) & (item > -1e6)).any()) \
+        and bool((item > 0).any())
 
 
 def max_error(a: Tensor | None, b: Tensor | None, rows: Tensor | None = None) -> float:

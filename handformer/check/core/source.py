@@ -23,13 +23,11 @@ from handformer.check.reference.diagnoses import CATALOG
 
 def source_lines(objs: Iterable[Any]) -> list[tuple[int, str]]:
     """(line number, text) of each object's source, objects in order, duplicates once."""
-    lines, seen = [], set()
+    lines: dict[int, str] = {}
     for obj in objs:
         for number, line in _lines_of(obj):
-            if number not in seen:
-                seen.add(number)
-                lines.append((number, line))
-    return lines
+            lines.setdefault(number, line)
+    return list(lines.items())
 
 
 def _lines_of(obj: Any) -> tuple[tuple[int, str], ...]:

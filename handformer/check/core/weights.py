@@ -527,10 +527,12 @@ def ffn_weights(slots: list[Slot], activation: str) -> V.FFNWeights | V.MoEWeigh
         r = slots[-1]
         return V.MoEWeights(r.linear(), [ffn_weights(e, activation) for e in expert_slots(slots)], r.top_k,
                             r.normalize)
-    by = {s.role: s.linear() for s in slots}
-    if "FFN W_gate" in by:
-        return V.FFNWeights(by["FFN W_up"], by.get("FFN W_down"), by["FFN W_gate"], activation)
-    return V.FFNWeights(by["FFN W_1"], by.get("FFN W_2"), None, activation)
+    by = {FFN_PARTS[s.role]: s.linear() for s in slots}
+    return V.FFNWeights(by["up"], by.get("down"), by.get("gate"), activation)
+
+
+# an FFN slot's role -> the matrix of handformer's FFN it fills (W_1 and W_2 of an FFN without a gate)
+FFN_PARTS = {"FFN W_1": "up", "FFN W_up": "up", "FFN W_2": "down", "FFN W_down": "down", "FFN W_gate": "gate"}
 
 
 def norm_eps(module: nn.Module, kind: str) -> float:
