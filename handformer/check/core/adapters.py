@@ -51,15 +51,13 @@ SIZE_NAMES = {"d_model": "d_model", "n_heads": "n_heads", "n_kv_heads": "n_kv_he
 CANNOT = ("mapping", "internal", "stand_in", "discovery", "cannot_build", "cannot_call")
 
 
-def cannot_check(error: LearnerError | None) -> bool:
+def cannot_check(error: LearnerError) -> bool:
     """Whether an error says nothing about the learner's code: check could not build the component
     (its constructor's arguments, or the constructor raising on the arguments check guessed), could
     not map its weights or call it, a stand-in would not take the learner's call, or handformer's own
     grader failed; or their own `assert` refused the input check gave (Umar Jamil's Llama: "Only one
     token at a time can be processed"): an input their code does not accept. The learner's exceptions
     on inputs their code accepts are not among them."""
-    if error is None:
-        return False
     return error.kind in CANNOT or (error.kind == "exception" and error.where == "__init__") or refused(error)
 
 

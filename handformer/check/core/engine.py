@@ -147,18 +147,8 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
     ctx.partial = None
     ctx.learner.calls = ctx.learner.nan_calls = 0
     result = _run_checked(comp, ctx)
-    if result.status == ERROR and not result.findings and not_implemented(comp, result.error):
-        result.status = TODO
-    if result.status == ERROR and not result.findings and (cannot_check(result.error) or needs_skipped(
-            result.error, ctx.skipped) or method_on_stand_in(comp, result)):
-        theirs = None
-        if result.error and result.error.kind == "mapping":
-            with ctx.hyperparameters(comp):
-                theirs = raises_alone(comp, ctx)
-        if theirs is not None:  # their forward raises on a plain input it accepts: their exception
-            result.error = theirs
-        else:
-            result.status, result.adapter = NOT_CHECKED, adapter_hint(comp)
+    if result.status == ERROR and not result.findings:
+        _nothing_found(comp, ctx, result, result.error)
     settled = nan_only_on_masked_rows(_module_source(ctx), result.findings, result.notes)
     if settled and result.status == FAIL:
         from handformer.check.core.context import finish
@@ -175,6 +165,23 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
     _add_notes(comp, ctx, result)
     ctx.results[comp.name] = result
     return result
+
+
+def _nothing_found(comp: Component, ctx: Context, result: ComponentResult, error: LearnerError) -> None:
+    """An ERROR with nothing found (its `error` never None: _run_checked gives every ERROR one): a
+    starter's TODO; NOT CHECKED where the error says nothing of the learner's code, unless their forward
+    raises on a plain input it accepts (`raises_alone`): then their exception."""
+    if not_implemented(comp, error):
+        result.status = TODO
+    elif cannot_check(error) or needs_skipped(error, ctx.skipped) or method_on_stand_in(comp, result):
+        theirs = None
+        if error.kind == "mapping":
+            with ctx.hyperparameters(comp):
+                theirs = raises_alone(comp, ctx)
+        if theirs is not None:  # their forward raises on a plain input it accepts: their exception
+            result.error = theirs
+        else:
+            result.status, result.adapter = NOT_CHECKED, adapter_hint(comp)
 
 
 def _module_source(ctx: Context) -> str:
@@ -300,9 +307,9 @@ def _required(module: nn.Module) -> set[str]:
 
 def method_on_stand_in(comp: Component, result: ComponentResult) -> bool:
     """A class's own method (minimind's `MiniMindForCausalLM.generate`) driven with a stand-in
-    as its model raised: it may read attributes only its own class has."""
+    as its model raised: it may read attributes only its own class has (an ERROR: its error is set)."""
     error = result.error
-    if "." not in comp.name or error is None or error.kind != "exception" or not driven_by_stand_in(result):
+    if "." not in comp.name or error.kind != "exception" or not driven_by_stand_in(result):
         return False
     error.kind = "stand_in"
     return True
@@ -313,10 +320,10 @@ def driven_by_stand_in(result: ComponentResult) -> bool:
     return result.driven is not None and result.driven["en"].startswith("a stand-in")
 
 
-def needs_skipped(error: LearnerError | None, skipped: list[str]) -> bool:
+def needs_skipped(error: LearnerError, skipped: list[str]) -> bool:
     """An exception that a top-level statement that was not run explains: a NameError of a name it
     defines (Karpathy's stoi, built from the data file)."""
-    if error is None or not skipped or not error.message.startswith("NameError"):
+    if not skipped or not error.message.startswith("NameError"):
         return False
     error.kind = "cannot_call"
     error.message_zh = f"{error.message}（这个名字由一条没有运行的顶层语句定义：见没有运行的顶层语句）"
@@ -324,11 +331,9 @@ def needs_skipped(error: LearnerError | None, skipped: list[str]) -> bool:
     return True
 
 
-def not_implemented(comp: Component, error: LearnerError | None) -> bool:
+def not_implemented(comp: Component, error: LearnerError) -> bool:
     """A component that is still a starter's TODO: it raised NotImplementedError, or its own code
     raises one and it failed before getting there (a class whose `__init__` builds no layers yet)."""
-    if error is None:
-        return False
     if error.kind == "not_implemented":
         return True
     try:
