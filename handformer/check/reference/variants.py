@@ -148,7 +148,7 @@ def score_bias(w: MHAWeights, T: int, S: int) -> Tensor | None:
     ALiBi's slope times the key's position (the same for every query: softmax ignores a row's shift),
     T5's learned value of each relative position's bucket (bidirectional, or "t5_causal": a decoder's);
     None for any other scheme."""
-    term = BIAS_TERMS.get(w.rope or "")
+    term = BIAS_TERMS.get(w.rope)
     return term(w, T, S) if term else None
 
 
@@ -430,7 +430,7 @@ def sublayer(w: LayerWeights, x: Tensor, f: Callable[[Tensor], Tensor], name: st
     shared_norm uses the first (or last) norm for every sublayer."""
     trace.append(x)  # the residual stream entering the sublayer
     shared = has(flags, "shared_norm")
-    n = w.norms[{"first": 0, "last": -1}.get(shared or "", w.sublayers.index(name))]
+    n = w.norms[{"first": 0, "last": -1}.get(shared, w.sublayers.index(name))]
     pre = (w.placement == "pre") != (has(flags, "pre_norm") == name)
     residual = has(flags, "no_residual") not in (name, "all")  # "all": a residual wrapper shared by all
     if w.placement == "reordered":  # OLMo 2's: the sublayer's output normed inside the residual
@@ -491,7 +491,7 @@ def add_norm(w: NormWeights, x: Tensor, y: Tensor, flags: Flags = frozenset()) -
 def causal_keep(T: int, flags: Flags = frozenset(), device: torch.device | None = None) -> Tensor:
     """(T, T) bool, True where query t may see key s: s <= t; off by one on request."""
     form = has(flags, "causal_off_by_one")
-    diagonal = {"no_self": -1, "sees_next": 1}.get(form or "", 0)
+    diagonal = {"no_self": -1, "sees_next": 1}.get(form, 0)
     return torch.ones(T, T, dtype=torch.bool, device=device).tril(diagonal)
 
 
@@ -507,7 +507,7 @@ def sinusoidal(T: int, D: int, flags: Flags = frozenset(), dtype: torch.dtype = 
         angle = pos / 10000 ** (torch.arange(D, dtype=dtype) / D)  # (T, D)
         even, odd = angle[:, 0::2], angle[:, 1::2]
     else:
-        exponent = {"pair_index": pair / 2 / D, "positive": -pair / D}.get(form or "", pair / D)
+        exponent = {"pair_index": pair / 2 / D, "positive": -pair / D}.get(form, pair / D)
         even = odd = pos / 10000 ** exponent  # (T, D/2)
     sin, cos = (torch.cos, torch.sin) if has(flags, "pe_sin_cos_swapped") is not None else (
         torch.sin, torch.cos)
