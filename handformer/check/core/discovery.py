@@ -16,7 +16,7 @@ import itertools
 import re
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -726,7 +726,10 @@ def _is_axis(p: inspect.Parameter) -> bool:
 ADAPTERS: dict[Any, Any] = {}  # the learner's class -> the make_<kind> adapter that builds it
 
 
-def build(cls: type, sizes: dict[str, Any], parts: dict[str, Any] | None = None) -> Any:
+NO_PARTS: Mapping[str, Any] = types.MappingProxyType({})  # a constructor built with no part of the learner's
+
+
+def build(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any] = NO_PARTS) -> Any:
     """cls(**arguments matched by name). `parts` builds learner modules passed as arguments
     (the Annotated Transformer's EncoderLayer(size, self_attn, feed_forward, dropout)). A class with
     an adapter (make_<kind> in the adapters file) is built by it, its arguments matched the same way."""
@@ -748,7 +751,7 @@ def build(cls: type, sizes: dict[str, Any], parts: dict[str, Any] | None = None)
             continue
         elif (choice := plain_choice(p, target)) is not None:
             kwargs[p.name] = choice
-        elif parts and (part := _part_for(p.name, parts)) is not None:
+        elif (part := _part_for(p.name, parts)) is not None:
             kwargs[p.name] = part()
         else:
             known = "; ".join(f"{k}: {', '.join(v[:4])}" for k, v in ARGUMENTS.items())
@@ -765,6 +768,6 @@ def build(cls: type, sizes: dict[str, Any], parts: dict[str, Any] | None = None)
 PART_WORDS = (("mha", ("cross", "attn", "attention")), ("ffn", ("ff", "feed", "mlp")))
 
 
-def _part_for(name: str, parts: dict[str, Any]) -> Any:
+def _part_for(name: str, parts: Mapping[str, Any]) -> Any:
     lowered = name.lower()
     return next((parts.get(key) for key, words in PART_WORDS if any(w in lowered for w in words)), None)
