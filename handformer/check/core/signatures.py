@@ -57,6 +57,7 @@ from handformer.check.core.argument_names import (
     named,
     names_of,
 )
+from handformer.check.core.fingerprint import leading_tensor
 from handformer.check.core.processors import own_call, own_method, posing_as
 from handformer.check.core.source import config_reads, source_text
 from handformer.check.core.special_ids import DEVICE_NAMES
@@ -419,8 +420,7 @@ def _attempt(fn: Any, rows: Tensor, options: dict[str, Any]) -> tuple[Tensor | N
             out = fn(rows.clone(), **options)
     except (Exception, SystemExit) as error:  # noqa: BLE001  (not a function of this kind; its own check says why)
         return None, error
-    if isinstance(out, tuple) and out and isinstance(out[0], Tensor):  # (filtered, indices)
-        out = out[0]
+    out = leading_tensor(out)  # (filtered, indices): the filtered
     out = torch.as_tensor(out) if type(out) is int else out
     return (out.detach() if isinstance(out, Tensor) else None), None
 

@@ -606,7 +606,7 @@ def check_min_p(comp: Component, ctx: Context) -> ComponentResult:
 def as_tokens(out: Any, rows: int) -> Tensor | None:
     """Token ids as a (rows,) long tensor from a tensor (rows,), (rows, 1), a list, or an int; of a
     tuple, its first (gpt-fast's sample returns (idx_next, probs))."""
-    out = out[0] if isinstance(out, tuple) and out and isinstance(out[0], Tensor) else out
+    out = fp.leading_tensor(out)
     if isinstance(out, int) and rows == 1:
         return torch.tensor([out])
     if isinstance(out, (list, tuple)) and all(isinstance(v, int) for v in out):
