@@ -97,12 +97,6 @@ def quietly(run: Callable[[], Any]) -> Any:
         return None
 
 
-def leading_tensor(value: Any) -> Any:
-    """A tuple led by a tensor (a filter's (filtered, indices), gpt-fast's sample's (idx_next, probs))
-    as that tensor; any other value as it is."""
-    return value[0] if isinstance(value, tuple) and value and isinstance(value[0], Tensor) else value
-
-
 def first_tensor(value: Any, ndim: int | None = None) -> Tensor | None:
     """The output tensor of a learner call that returns a tensor or a tuple (output, weights)."""
     items = [value] if isinstance(value, Tensor) else value if isinstance(value, (tuple, list)) else ()

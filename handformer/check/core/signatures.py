@@ -57,7 +57,6 @@ from handformer.check.core.argument_names import (
     named,
     names_of,
 )
-from handformer.check.core.fingerprint import leading_tensor
 from handformer.check.core.processors import own_call, own_method, posing_as
 from handformer.check.core.source import config_reads, source_text
 from handformer.check.core.special_ids import DEVICE_NAMES
@@ -423,6 +422,12 @@ def _attempt(fn: Any, rows: Tensor, options: dict[str, Any]) -> tuple[Tensor | N
     out = leading_tensor(out)  # (filtered, indices): the filtered
     out = torch.as_tensor(out) if type(out) is int else out
     return (out.detach() if isinstance(out, Tensor) else None), None
+
+
+def leading_tensor(value: Any) -> Any:
+    """A tuple led by a tensor (a filter's (filtered, indices), gpt-fast's sample's (idx_next, probs))
+    as that tensor; any other value as it is."""
+    return value[0] if isinstance(value, tuple) and value and isinstance(value[0], Tensor) else value
 
 
 def _filtered(rows: Tensor, out: Tensor, probs: bool) -> bool:
