@@ -148,8 +148,7 @@ def score_bias(w: MHAWeights, T: int, S: int) -> Tensor | None:
     ALiBi's slope times the key's position (the same for every query: softmax ignores a row's shift),
     T5's learned value of each relative position's bucket (bidirectional, or "t5_causal": a decoder's);
     None for any other scheme."""
-    term = BIAS_TERMS.get(w.rope)
-    return term(w, T, S) if term else None
+    return BIAS_TERMS.get(w.rope, _no_term)(w, T, S)
 
 
 def _alibi(w: MHAWeights, T: int, S: int) -> Tensor:
@@ -162,6 +161,10 @@ def _t5(w: MHAWeights, T: int, S: int) -> Tensor:
     relative = torch.arange(S)[None, :] - torch.arange(T)[:, None]  # (T, S): key - query
     buckets = t5_buckets(relative, w.rope == "t5", w.table.size(0))
     return w.table[buckets].permute(2, 0, 1)[None]  # (1, H, T, S)
+
+
+def _no_term(w: MHAWeights, T: int, S: int) -> None:
+    """The term of a scheme that adds none to the scores (a rotation, or no positions inside)."""
 
 
 BIAS_TERMS: dict[str, Callable[[MHAWeights, int, int], Tensor]] = {"alibi": _alibi, "t5": _t5,
