@@ -250,15 +250,22 @@ def _by_name(own: dict[str, Any], overrides: dict[str, str], wanted: set[str]) -
     found, taken = [], set()
     named = set(overrides.values())  # a name given with --component is checked as that kind only
     for kind, names in NAMES.items():
-        pointed = [overrides[kind]] if kind in overrides else [
-            n for n in _matching(names, own, kind) if n not in named]
-        for name in pointed:
-            actual = kind if kind in overrides else refine(kind, own[name])
+        for name, actual in _named(kind, names, own, overrides, named):
             if name not in taken and actual in wanted:
                 taken.add(name)
                 found.append(Component(actual, name, as_called(own[name])))
     found += _by_structure(own, taken | named | set(TABLED), wanted)
     return found + _by_signature(own, taken | named, wanted, set(overrides))
+
+
+def _named(kind: str, names: tuple[str, ...], own: dict[str, Any], overrides: dict[str, str], named: set[str],
+           ) -> list[tuple[str, str]]:
+    """(name, the kind it is checked as) of each of the learner's objects a kind's `names` find: the one
+    --component gives it, as that kind; else those its table finds (not given to another kind), each
+    as what it does says (`refine`)."""
+    if kind in overrides:
+        return [(overrides[kind], kind)]
+    return [(n, refine(kind, own[n])) for n in _matching(names, own, kind) if n not in named]
 
 
 # what a decoder-only model's __init__ builds, whatever its name (AI2's OLMo): token embeddings and a
