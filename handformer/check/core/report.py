@@ -68,12 +68,14 @@ WORDS = {
 }
 
 
+LOCALE_VARIABLES = ("LC_ALL", "LC_MESSAGES", "LANG", "LANGUAGE")  # the first one set names the locale
+
+
 def default_language() -> str:
     """zh when the locale is Chinese, else en."""
-    for var in ("LC_ALL", "LC_MESSAGES", "LANG", "LANGUAGE"):
-        value = os.environ.get(var, "")
-        if value:
-            return _language(value)
+    value = next(filter(None, map(os.environ.get, LOCALE_VARIABLES)), "")
+    if value:
+        return _language(value)
     try:
         code = locale.getlocale()[0] or ""
     except ValueError:

@@ -57,7 +57,7 @@ def check_in_child(path: str, overrides: dict[str, str] | None = None, only: lis
                 result.error = LearnerError(**line["file_error"])
             elif "skipped" in line:
                 result.skipped = line["skipped"]
-        if any("done" in line for line in lines):
+        if _done(lines):
             return result
         step, kind = phase if phase else (None, "")
         error = _stopped(reason, step, stack, path, time_limit, memory_limit, kind)
@@ -101,13 +101,18 @@ def _run_child(request: dict[str, Any], time_limit: float,
         lines = [json.loads(line) for line in _read(files["results"]).splitlines() if line.strip()]
         if reason != "timeout":
             code = proc.returncode
-            finished = code == 0 and any("done" in line for line in lines)
+            finished = code == 0 and _done(lines)
             reason = "done" if finished else f"signal {-code}" if code < 0 else f"exit {code}"
             if stack.strip():
                 reason = "timeout"
         if reason not in ("done", "timeout") and not stack:
             stack = stderr[-2000:]
         return lines, phase, stack, reason
+
+
+def _done(lines: list[dict[str, Any]]) -> bool:
+    """Whether the child's result lines end its check (a "done" line: every component was run)."""
+    return any("done" in line for line in lines)
 
 
 def _read(path: Path) -> str:
