@@ -48,6 +48,7 @@ from handformer.check.core.source import (
     global_reads,
     locate,
     locate_form,
+    reachable,
     source_lines,
     source_text,
 )
@@ -278,12 +279,8 @@ def module_sizes(module: types.ModuleType, comp: Component, sizes: dict[str, Any
     as globals and that stand for a size (n_embd, n_head, block_size, vocab_size, head_size, ...),
     each with the value `sizes` gives it; names their code never reads are left alone."""
     sizes = with_head_size(sizes)
-    own = defined_here(module)
-    reads, todo = set(), [comp.obj]
-    while todo:  # each of their objects is followed the first time a name reads it
-        names = global_reads(todo.pop()) - reads
-        reads |= names
-        todo += [own[n] for n in names if n in own]
+    own = defined_here(module)  # each of their objects followed to the names it reads
+    reads = reachable(global_reads(comp.obj), lambda name: global_reads(own[name]) if name in own else set())
     out = {}
     for name in sorted(reads):
         key = SIZE_OF.get(name.lower())

@@ -47,7 +47,7 @@ from handformer.check.core.result import (
     LearnerError,
     text,
 )
-from handformer.check.core.source import learner_error, source_lines, source_text
+from handformer.check.core.source import learner_error, reachable, source_lines, source_text
 from handformer.check.core.weights import MappingError
 from handformer.check.runners.localize_layers import note_layer_departure
 
@@ -371,14 +371,11 @@ def inherited(comp: Component, ctx: Context) -> list[Finding]:
     block whose FFN has no down projection, a generate loop whose sampling step is wrong."""
     own = defined_here(ctx.module)
     sources = {name: source_text(obj) for name, obj in own.items()}
-    reached, todo = set(), [comp.name.split(".")[0]]
-    while todo:
-        name = todo.pop()
-        for other in own:
-            calls = re.search(rf"\b{re.escape(other)}\s*\(", sources.get(name, ""))
-            if other not in reached and other != name and calls:
-                reached.add(other)
-                todo.append(other)
+
+    def called(name: str) -> set[str]:  # the file's other objects its source calls
+        return {o for o in own if o != name and re.search(rf"\b{re.escape(o)}\s*\(", sources.get(name, ""))}
+
+    reached = reachable(called(comp.name.split(".")[0]), called)
     out = []
     for name in sorted(reached):
         for f in ctx.results.get(name, ComponentResult("", "")).findings:

@@ -13,8 +13,8 @@ import sys
 import textwrap
 import traceback
 import types
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from handformer.check.catalog.components import LINE_FORMS
 from handformer.check.core.result import LearnerError
@@ -302,6 +302,21 @@ def _code_reads(code: types.CodeType) -> frozenset[str]:
     inner functions) read; remembered: every check asks again of the same functions."""
     names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
     return frozenset(names).union(*(_code_reads(c) for c in code.co_consts if isinstance(c, types.CodeType)))
+
+
+Node = TypeVar("Node")
+
+
+def reachable(first: Iterable[Node], neighbours: Callable[[Node], set[Node]]) -> set[Node]:
+    """`first` and all that `neighbours` leads to from it, in any number of steps (the learner's
+    objects a component reads or calls, and theirs in turn); each one's neighbours asked once."""
+    reached = set(first)
+    todo = list(reached)
+    while todo:
+        new = neighbours(todo.pop()) - reached
+        reached |= new
+        todo += new
+    return reached
 
 
 def module_reads(fn: Any) -> list[Any]:
