@@ -25,7 +25,7 @@ from handformer.check.core.context import (
 )
 from handformer.check.core.discovery import Component
 from handformer.check.core.result import Check, ComponentResult, text
-from handformer.check.core.weights import MappingError, leaves, with_shape
+from handformer.check.core.weights import MappingError, leaves, of_kind, with_shape
 
 B, T, S, DV = 2, 3, 5, 6
 LENGTHS = torch.tensor([2, 5])  # (B,): row 0 sees its first 2 keys
@@ -34,7 +34,7 @@ LENGTHS = torch.tensor([2, 5])  # (B,): row 0 sees its first 2 keys
 def _slots(module: Any, D: int) -> tuple[Tensor, Tensor, Tensor]:
     """(W_q, W_k, w_v): two (D, D) projections, by their names (the one that says k second) or in
     definition order, and the (1, D) one that scores."""
-    linears = [leaf for leaf in leaves(module) if leaf.kind == "linear"]
+    linears = of_kind(leaves(module), "linear")
     square, score = with_shape(linears, (D, D)), with_shape(linears, (1, D))
     if len(square) != 2 or len(score) != 1:
         shapes = ", ".join(f"{leaf.name} {tuple(leaf.weight.shape)}" for leaf in linears)
