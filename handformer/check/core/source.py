@@ -329,7 +329,7 @@ def module_reads(fn: Any) -> list[Any]:
 def functions_called(fn: Any) -> list[types.FunctionType]:
     """The plain functions of its own file a function reads by name (the TensorFlow tutorial's
     MultiHeadAttention calls its free scaled_dot_product_attention, GPT-2's MLP its gelu_new)."""
-    return [f for f in module_reads(fn) if inspect.isfunction(f)]
+    return list(filter(inspect.isfunction, module_reads(fn)))
 
 
 def config_reads(cls: Any, name: str) -> tuple[set[str], set[str]]:
