@@ -144,11 +144,11 @@ def single_heads(label: str, sub: nn.Module) -> list[Leaf] | None:
     if by_role.keys() != set("qkv"):
         return None
     out = []
-    for role in (by_role[r] for r in "qkv"):
-        mods = [dict(p)[role] for p in per]
+    for r in "qkv":
+        mods = [dict(p)[by_role[r]] for p in per]
         weight = torch.cat([m.weight for m in mods]).detach()  # (H * Dh, D)
         bias = torch.cat([m.bias for m in mods]).detach() if mods[0].bias is not None else None
-        out.append(Leaf(f"{label}[*].{role}", "linear", sub, weight, bias, [m.weight for m in mods]))
+        out.append(Leaf(f"{label}[*].{by_role[r]}", "linear", sub, weight, bias, [m.weight for m in mods]))
     return out
 
 
