@@ -173,3 +173,12 @@ def test_a_stack_of_q_k_and_v_is_not_judged_against_one_of_them_spread(tmp_path)
                                      (("        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (b, H, n, Dh)",
                                        stacked),))
     assert lines == {planted}, report
+
+
+def test_a_target_distribution_filled_with_the_wrong_share_is_quoted_at_the_fill(tmp_path):
+    """The smoothing spread over size - 1 columns while the pad column is zeroed too: under the reading
+    that zeroes the pad column the fill is the one wrong line, under the one that keeps smoothing on it
+    the zeroing is; the line that writes a whole row's share (the fill) is quoted, not the pad column's."""
+    lines, planted, report = _quoted(tmp_path, TORCH_LAYERS, "self.smoothing / (self.size - 2)",
+                                     "self.smoothing / (self.size - 1)", "loss")
+    assert lines == {planted}, report

@@ -901,12 +901,21 @@ def latest_departure(steps: list[Step], readings: list[list[View]], filename: st
     at = [_departure_at(steps, views, end) for views, end in zip(readings, last)]
     if not steps or not readings or None in at:
         return None
-    i = min((j for j in range(len(at)) if at[j] == max(at)), key=lambda j: len(_wrong_writes(steps[at[j]],
-                                                                                     readings[j])))
+    i = min((j for j in range(len(at)) if at[j] == max(at)),
+            key=lambda j: _fewest_wrong(steps[at[j]], readings[j]))
     step = _origin(steps, at[i]) if last[i] else steps[at[i]]
     found = _departure(step, readings[i], filename, sizes, None, list(terms) + readings[i], forms,
                        sum(readings, []))
     return traced(found, steps, filename, readings[i])
+
+
+def _fewest_wrong(step: Step, views: list[View]) -> tuple[int, int]:
+    """How a reading ranks on a tensor built in place: the fewer lines it leaves wrong the better; of
+    two that leave one line each wrong, the one whose wrong line writes more entries (a fill of the
+    wrong value), since a line that writes a slice just as a convention has it (the pad column zeroed)
+    was written for that convention."""
+    wrong = _wrong_writes(step, views)
+    return len(wrong), -sum(int(s.value.numel()) for s, _ in wrong)
 
 
 def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[list[View], Tensor]:
