@@ -182,3 +182,13 @@ def test_a_target_distribution_filled_with_the_wrong_share_is_quoted_at_the_fill
     lines, planted, report = _quoted(tmp_path, TORCH_LAYERS, "self.smoothing / (self.size - 2)",
                                      "self.smoothing / (self.size - 1)", "loss")
     assert lines == {planted}, report
+
+
+def test_a_named_mistake_beside_a_commented_out_statement_is_quoted_there(tmp_path):
+    """`# loss = loss / accum_steps` above `loss.backward()`: the one statement of the function the
+    learner commented out binds the loss the finding's line reads; it is the line quoted."""
+    lines, planted, report = _quoted(tmp_path, FIXTURES / "learners_loop" / "correct.py",
+                                     "        (loss / accum_steps).backward()\n",
+                                     "        # loss = loss / accum_steps\n        loss.backward()\n",
+                                     "train_step")
+    assert lines == {planted - 1} and "train_step_loss_not_divided" in report, report

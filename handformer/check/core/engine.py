@@ -31,6 +31,7 @@ from handformer.check.core.discovery import (
     own_objects,
 )
 from handformer.check.core.kinds import KINDS_BY_NAME
+from handformer.check.core.localize import commented_out
 from handformer.check.core.precision import float64_kept
 from handformer.check.core.result import (
     DEPARTS,
@@ -145,6 +146,7 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
     ctx.partial = None
     ctx.learner.calls = ctx.learner.nan_calls = 0
     result = _run_checked(comp, ctx)
+    commented_out(result, ctx.path)  # a named mistake beside the one line they commented out
     if result.status == ERROR and not result.findings and not_implemented(comp, result.error):
         result.status = TODO
     if result.status == ERROR and not result.findings and (cannot_check(result.error) or needs_skipped(

@@ -1105,6 +1105,36 @@ def place_findings(res: ComponentResult, localize: Callable[[], Any], lines: lis
             finding.line, finding.code = line, code
 
 
+def commented_out(res: ComponentResult, filename: str) -> None:
+    """A named finding a few lines below a statement the learner commented out (`# loss = loss /
+    grad_accum_steps` above `loss.backward()`), one that binds a name the finding's line or the line
+    above it reads: that line is quoted, the step they turned off."""
+    for finding in res.named():
+        found = finding.line and _turned_off(filename, finding.line)
+        if found:
+            finding.line, finding.code = found
+
+
+TURNED_OFF_WITHIN = 15  # lines above a finding's: a buffer's fill in __init__ above the forward that uses it
+
+
+def _turned_off(filename: str, line: int) -> tuple[int, str] | None:
+    """The last commented-out statement in the lines above `line`, when it binds a name that line or
+    the one above reads: (its line, its text)."""
+    start = max(line - TURNED_OFF_WITHIN, 1)
+    text = "".join(linecache.getlines(filename)[start - 1:line])
+    n, name = max([(start + text.count("\n", 0, m.start()), m[1]) for m in COMMENTED.finditer(text)],
+                  default=(0, ""))
+    read = set(re.findall(r"\w+", linecache.getline(filename, line - 1) + linecache.getline(filename, line)))
+    return (n, linecache.getline(filename, n).strip()) if name in read else None
+
+
+# a comment line that is an assignment: `# loss = loss / n`, `# self.table[0] = 0` (the name bound: loss,
+# table), not a comment of words
+COMMENTED = re.compile(r"^[ \t]*#\s*(?:self\.)?(\w+)(?:\[[^\]\n]*\])?\s*(?:[-+*/]|//)?=(?!=)"
+                       r"[^\n]*?[\w)\]]\s*$", re.MULTILINE)
+
+
 def _one_of_several(finding: Finding, lines: list[tuple[int, str]]) -> bool:
     """The finding's line is one of several the diagnosis' patterns match in `lines` (the sin line and
     the cos line of a table); a line found outside them (a helper function of the file) is kept."""
