@@ -192,3 +192,14 @@ def test_a_named_mistake_beside_a_commented_out_statement_is_quoted_there(tmp_pa
                                      "        # loss = loss / accum_steps\n        loss.backward()\n",
                                      "train_step")
     assert lines == {planted - 1} and "train_step_loss_not_divided" in report, report
+
+
+def test_a_maximum_over_the_batch_axis_is_quoted_where_it_is_taken(tmp_path):
+    """min-p's top probability taken over dim=0: a (1, V) tensor, no view's shape; it is the maximum of
+    the probabilities over the wrong axis, the line that takes it departs."""
+    threshold = "threshold = min_p * probs.max(dim=-1, keepdim=True).values"
+    lines, planted, report = _quoted(tmp_path, FIXTURES / "learners_sampling" / "correct.py",
+                                     "probs.amax(dim=-1, keepdim=True)", "probs.amax(dim=0, keepdim=True)", "min_p",
+                                     ((threshold, "top = probs.amax(dim=-1, keepdim=True)\n"
+                                                  "    threshold = min_p * top"),))
+    assert lines == {planted}, report

@@ -681,13 +681,14 @@ def _returns_a_view(step: Step, views: list[View]) -> bool:
     return step.caller is not None and step.name == "return" and any(same(step.value, r) for _, r in views)
 
 
-REDUCTIONS = (("the mean", "均值", torch.mean), ("the sum", "和", torch.sum))
+REDUCTIONS = (("the mean", "均值", torch.mean), ("the sum", "和", torch.sum),
+              ("the maximum", "最大值", torch.amax))
 
 
 def _reduced(t: Tensor, views: list[View]) -> Text | None:
-    """t is a mean or a sum of a view over an axis other than the last, or over all its entries (the
-    reference reduces over d_model or the keys, dim=-1): a reduction over the wrong axis, its shape
-    none of the views'."""
+    """t is a mean, a sum or a maximum of a view over an axis other than the last, or over all its
+    entries (the reference reduces over d_model or the keys, dim=-1): a reduction over the wrong axis,
+    its shape none of the views'."""
     for (what, r), (how, how_zh, op), keep in itertools.product(views, REDUCTIONS, (True, False)):
         axes = [(d, f"dim={d}", f" dim={d} 上") for d in range(r.dim() - 1)]
         for dim, where, where_zh in axes + [(tuple(range(r.dim())), "all entries at once", "所有元素上")]:
