@@ -12,7 +12,9 @@ import pytest
 from check_plants import edited_copy
 
 from handformer.check.core.engine import check_file
+from handformer.check.core.localize import commented_out
 from handformer.check.core.report import format_report
+from handformer.check.core.result import ComponentResult, Finding, text
 from handformer.check.core.source import first_line
 from handformer.check.reference.diagnoses import CATALOG
 
@@ -192,6 +194,17 @@ def test_a_named_mistake_beside_a_commented_out_statement_is_quoted_there(tmp_pa
                                      "        # loss = loss / accum_steps\n        loss.backward()\n",
                                      "train_step")
     assert lines == {planted - 1} and "train_step_loss_not_divided" in report, report
+
+
+def test_a_formula_in_a_comment_is_no_statement_turned_off(tmp_path):
+    """`# S = QK^T / sqrt(d_k), shape [...]` above `S = q @ kᵀ` reads names no code of the file uses: a
+    formula, not a statement commented out; the finding stays at its line."""
+    path = tmp_path / "learner.py"
+    path.write_text("def attention(q, k):\n    # S = QK^T / sqrt(d_k), shape [bs, heads, T, T]\n"
+                    "    S = q @ k.transpose(-1, -2)\n    return S.softmax(-1)\n")
+    res = ComponentResult("sdpa", "attention", findings=[Finding("no_scaling", text("", ""), 3, "S = q @ k")])
+    commented_out(res, str(path))
+    assert res.findings[0].line == 3
 
 
 def test_a_maximum_over_the_batch_axis_is_quoted_where_it_is_taken(tmp_path):

@@ -1121,19 +1121,23 @@ TURNED_OFF_WITHIN = 15  # lines above a finding's: a buffer's fill in __init__ a
 
 def _turned_off(filename: str, line: int) -> tuple[int, str] | None:
     """The last commented-out statement in the lines above `line`, when it binds a name that line or
-    the one above reads: (its line, its text)."""
+    the one above reads, and every name it reads is one the file's code uses (`# S = QK^T / sqrt(d_k)`
+    is a formula, not code): (its line, its text)."""
     start = max(line - TURNED_OFF_WITHIN, 1)
     text = "".join(linecache.getlines(filename)[start - 1:line])
-    n, name = max([(start + text.count("\n", 0, m.start()), m[1]) for m in COMMENTED.finditer(text)],
-                  default=(0, ""))
+    n, name, right = max([(start + text.count("\n", 0, m.start()), m[1], m[2])
+                          for m in COMMENTED.finditer(text)], default=(0, "", ""))
     read = set(re.findall(r"\w+", linecache.getline(filename, line - 1) + linecache.getline(filename, line)))
-    return (n, linecache.getline(filename, n).strip()) if name in read else None
+    used = set(re.findall(r"\w+", "".join(code.split("#")[0] for code in linecache.getlines(filename))))
+    return (n, linecache.getline(filename, n).strip()) if name in read and set(NAME.findall(right)) <= used \
+        else None
 
 
 # a comment line that is an assignment: `# loss = loss / n`, `# self.table[0] = 0` (the name bound: loss,
-# table), not a comment of words
+# table; then what it assigns, up to a comment of its own), not a comment of words
 COMMENTED = re.compile(r"^[ \t]*#\s*(?:self\.)?(\w+)(?:\[[^\]\n]*\])?\s*(?:[-+*/]|//)?=(?!=)"
-                       r"[^\n]*?[\w)\]]\s*$", re.MULTILINE)
+                       r"([^\n#]*?[\w)\]])\s*(?:#[^\n]*)?$", re.MULTILINE)
+NAME = re.compile(r"[A-Za-z_]\w*")
 
 
 def _one_of_several(finding: Finding, lines: list[tuple[int, str]]) -> bool:
