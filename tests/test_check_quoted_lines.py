@@ -12,7 +12,9 @@ import pytest
 from check_plants import edited_copy
 
 from handformer.check.core.engine import check_file
+from handformer.check.core.localize import commented_out
 from handformer.check.core.report import format_report
+from handformer.check.core.result import ComponentResult, Finding, text
 from handformer.check.core.source import first_line
 from handformer.check.reference.diagnoses import CATALOG
 
@@ -172,4 +174,45 @@ def test_a_stack_of_q_k_and_v_is_not_judged_against_one_of_them_spread(tmp_path)
                                      "return mixed @ self.to_out.weight + self.to_out.bias", "mha",
                                      (("        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (b, H, n, Dh)",
                                        stacked),))
+    assert lines == {planted}, report
+
+
+def test_a_target_distribution_filled_with_the_wrong_share_is_quoted_at_the_fill(tmp_path):
+    """The smoothing spread over size - 1 columns while the pad column is zeroed too: under the reading
+    that zeroes the pad column the fill is the one wrong line, under the one that keeps smoothing on it
+    the zeroing is; the line that writes a whole row's share (the fill) is quoted, not the pad column's."""
+    lines, planted, report = _quoted(tmp_path, TORCH_LAYERS, "self.smoothing / (self.size - 2)",
+                                     "self.smoothing / (self.size - 1)", "loss")
+    assert lines == {planted}, report
+
+
+def test_a_named_mistake_beside_a_commented_out_statement_is_quoted_there(tmp_path):
+    """`# loss = loss / accum_steps` above `loss.backward()`: the one statement of the function the
+    learner commented out binds the loss the finding's line reads; it is the line quoted."""
+    lines, planted, report = _quoted(tmp_path, FIXTURES / "learners_loop" / "correct.py",
+                                     "        (loss / accum_steps).backward()\n",
+                                     "        # loss = loss / accum_steps\n        loss.backward()\n",
+                                     "train_step")
+    assert lines == {planted - 1} and "train_step_loss_not_divided" in report, report
+
+
+def test_a_formula_in_a_comment_is_no_statement_turned_off(tmp_path):
+    """`# S = QK^T / sqrt(d_k), shape [...]` above `S = q @ kᵀ` reads names no code of the file uses: a
+    formula, not a statement commented out; the finding stays at its line."""
+    path = tmp_path / "learner.py"
+    path.write_text("def attention(q, k):\n    # S = QK^T / sqrt(d_k), shape [bs, heads, T, T]\n"
+                    "    S = q @ k.transpose(-1, -2)\n    return S.softmax(-1)\n")
+    res = ComponentResult("sdpa", "attention", findings=[Finding("no_scaling", text("", ""), 3, "S = q @ k")])
+    commented_out(res, str(path))
+    assert res.findings[0].line == 3
+
+
+def test_a_maximum_over_the_batch_axis_is_quoted_where_it_is_taken(tmp_path):
+    """min-p's top probability taken over dim=0: a (1, V) tensor, no view's shape; it is the maximum of
+    the probabilities over the wrong axis, the line that takes it departs."""
+    threshold = "threshold = min_p * probs.max(dim=-1, keepdim=True).values"
+    lines, planted, report = _quoted(tmp_path, FIXTURES / "learners_sampling" / "correct.py",
+                                     "probs.amax(dim=-1, keepdim=True)", "probs.amax(dim=0, keepdim=True)", "min_p",
+                                     ((threshold, "top = probs.amax(dim=-1, keepdim=True)\n"
+                                                  "    threshold = min_p * top"),))
     assert lines == {planted}, report

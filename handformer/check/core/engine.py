@@ -32,6 +32,7 @@ from handformer.check.core.discovery import (
     find_components,
 )
 from handformer.check.core.kinds import KINDS_BY_NAME
+from handformer.check.core.localize import commented_out
 from handformer.check.core.precision import float64_kept
 from handformer.check.core.result import (
     DEPARTS,
@@ -147,6 +148,7 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
     ctx.partial = None
     ctx.learner.calls = ctx.learner.nan_calls = 0
     result = _run_checked(comp, ctx)
+    commented_out(result, ctx.path)  # a named mistake beside the one line they commented out
     if result.status == ERROR and not result.findings:
         _nothing_found(comp, ctx, result, result.error)
     settled = nan_only_on_masked_rows(_module_source(ctx), result.findings, result.notes)

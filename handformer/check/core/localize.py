@@ -681,13 +681,14 @@ def _returns_a_view(step: Step, views: list[View]) -> bool:
     return step.caller is not None and step.name == "return" and any(same(step.value, r) for _, r in views)
 
 
-REDUCTIONS = (("the mean", "均值", torch.mean), ("the sum", "和", torch.sum))
+REDUCTIONS = (("the mean", "均值", torch.mean), ("the sum", "和", torch.sum),
+              ("the maximum", "最大值", torch.amax))
 
 
 def _reduced(t: Tensor, views: list[View]) -> Text | None:
-    """t is a mean or a sum of a view over an axis other than the last, or over all its entries (the
-    reference reduces over d_model or the keys, dim=-1): a reduction over the wrong axis, its shape
-    none of the views'."""
+    """t is a mean, a sum or a maximum of a view over an axis other than the last, or over all its
+    entries (the reference reduces over d_model or the keys, dim=-1): a reduction over the wrong axis,
+    its shape none of the views'."""
     for (what, r), (how, how_zh, op), keep in itertools.product(views, REDUCTIONS, (True, False)):
         axes = [(d, f"dim={d}", f" dim={d} 上") for d in range(r.dim() - 1)]
         for dim, where, where_zh in axes + [(tuple(range(r.dim())), "all entries at once", "所有元素上")]:
@@ -901,12 +902,21 @@ def latest_departure(steps: list[Step], readings: list[list[View]], filename: st
     at = [_departure_at(steps, views, end) for views, end in zip(readings, last)]
     if not steps or not readings or None in at:
         return None
-    i = min((j for j in range(len(at)) if at[j] == max(at)), key=lambda j: len(_wrong_writes(steps[at[j]],
-                                                                                     readings[j])))
+    i = min((j for j in range(len(at)) if at[j] == max(at)),
+            key=lambda j: _fewest_wrong(steps[at[j]], readings[j]))
     step = _origin(steps, at[i]) if last[i] else steps[at[i]]
     found = _departure(step, readings[i], filename, sizes, None, list(terms) + readings[i], forms,
                        sum(readings, []))
     return traced(found, steps, filename, readings[i])
+
+
+def _fewest_wrong(step: Step, views: list[View]) -> tuple[int, int]:
+    """How a reading ranks on a tensor built in place: the fewer lines it leaves wrong the better; of
+    two that leave one line each wrong, the one whose wrong line writes more entries (a fill of the
+    wrong value), since a line that writes a slice just as a convention has it (the pad column zeroed)
+    was written for that convention."""
+    wrong = _wrong_writes(step, views)
+    return len(wrong), -sum(int(s.value.numel()) for s, _ in wrong)
 
 
 def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[list[View], Tensor]:
@@ -1101,6 +1111,40 @@ def place_findings(res: ComponentResult, localize: Callable[[], Any], lines: lis
             finding.code)) < math.inf  # a pattern as telling as the one that found its line finds it too
         if finding.line is None or told or misplaced(finding, found) or deeper(finding, found):
             finding.line, finding.code = line, code
+
+
+def commented_out(res: ComponentResult, filename: str) -> None:
+    """A named finding a few lines below a statement the learner commented out (`# loss = loss /
+    grad_accum_steps` above `loss.backward()`), one that binds a name the finding's line or the line
+    above it reads: that line is quoted, the step they turned off."""
+    for finding in res.named():
+        found = finding.line and _turned_off(filename, finding.line)
+        if found:
+            finding.line, finding.code = found
+
+
+TURNED_OFF_WITHIN = 15  # lines above a finding's: a buffer's fill in __init__ above the forward that uses it
+
+
+def _turned_off(filename: str, line: int) -> tuple[int, str] | None:
+    """The last commented-out statement in the lines above `line`, when it binds a name that line or
+    the one above reads, and every name it reads is one the file's code uses (`# S = QK^T / sqrt(d_k)`
+    is a formula, not code): (its line, its text)."""
+    start = max(line - TURNED_OFF_WITHIN, 1)
+    text = "".join(linecache.getlines(filename)[start - 1:line])
+    n, name, right = max([(start + text.count("\n", 0, m.start()), m[1], m[2])
+                          for m in COMMENTED.finditer(text)], default=(0, "", ""))
+    read = set(re.findall(r"\w+", linecache.getline(filename, line - 1) + linecache.getline(filename, line)))
+    used = set(re.findall(r"\w+", "".join(code.split("#")[0] for code in linecache.getlines(filename))))
+    return (n, linecache.getline(filename, n).strip()) if name in read and set(NAME.findall(right)) <= used \
+        else None
+
+
+# a comment line that is an assignment: `# loss = loss / n`, `# self.table[0] = 0` (the name bound: loss,
+# table; then what it assigns, up to a comment of its own), not a comment of words
+COMMENTED = re.compile(r"^[ \t]*#\s*(?:self\.)?(\w+)(?:\[[^\]\n]*\])?\s*(?:[-+*/]|//)?=(?!=)"
+                       r"([^\n#]*?[\w)\]])\s*(?:#[^\n]*)?$", re.MULTILINE)
+NAME = re.compile(r"[A-Za-z_]\w*")
 
 
 def _one_of_several(finding: Finding, lines: list[tuple[int, str]]) -> bool:
