@@ -175,9 +175,10 @@ def layer_views(w: V.LayerWeights, x: Tensor, memory: Tensor | None, keep: Tenso
         if w.placement == "pre":
             h = V.norm(n, x)
             y = f(h)
-            x = x + y
+            x = x + y * w.residual  # Granite's residual_multiplier (1: none)
+            scaled = [(f"the {label}'s output times {w.residual:g}", y * w.residual)] * (w.residual != 1)
             views += [(f"the norm before the {label}", h), *inner(w, h), (f"the {label}'s output", y),
-                      (f"x + {label} (the residual sum)", x)]
+                      *scaled, (f"x + {label} (the residual sum)", x)]
         else:
             y = f(x)
             views += [*inner(w, x), (f"the {label}'s output", y), (f"x + {label} (the residual sum)", x + y)]
