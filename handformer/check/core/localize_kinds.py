@@ -218,6 +218,7 @@ def localize_layer(layer: Any, readings: list[V.LayerWeights]) -> Departure | No
     memory = randn(2, 6, x.size(-1), seed=44) if layer.decoder else None
     keep = V.causal_keep(T)[None, None] if layer.causal_block and not layer.takes_mask else None
     filename, code = _source(layer.module)
+    layer.call(x, memory, None, None)  # the forms its tables take found first, outside the trace
     steps = trace_steps(lambda: layer.call(x, memory, None, None), filename, code, _children(layer.module))
     views = [layer_views(w, x.detach(), memory, keep) for w in readings]
     sizes = {"d_model": x.size(-1)}

@@ -1,7 +1,8 @@
 """The numbers a layer or model takes from its settings where handformer's reference has none.
 
-Some families scale q·kᵀ by a value their config names: Granite's `attention_multiplier`, Gemma 2's
-and 3's `query_pre_attn_scalar ** -0.5`, a `softmax_scale` argument. Such a scale is a convention to
+Some families scale q·kᵀ by a value their config names: Granite's `attention_multiplier`, a
+`softmax_scale` argument (Gemma 2's `query_pre_attn_scalar` is a size check sets: the head's width).
+Such a scale is a convention to
 read, not a mistake: the attention is compared at it. A factor nobody configured (`/ head_dim`,
 `/ math.sqrt(d_model)`, a forgotten `/ sqrt(d_k)`) is not one: only a number the module holds (or a
 field of a config it holds), that its forward reads by name, and that its constructor sets from a
@@ -45,8 +46,8 @@ def configured_scales(module: nn.Module) -> tuple[float, ...]:
 
 def configured_settings(module: nn.Module) -> dict[str, float]:
     """name -> value of each positive number its forward reads by name that the module holds, set in
-    its constructor from a setting (`self.scaling = config.attention_multiplier`,
-    `cfg.query_pre_attn_scalar ** -0.5`), or that a config it holds has (Granite's
+    its constructor from a setting (`self.scaling = config.attention_multiplier`, `cfg.x ** -0.5`), or
+    that a config it holds has (Granite's
     `logits / self.config.logits_scaling`); none that says a size or another kind of setting."""
     cls = type(module)
     words = set(re.findall(r"\w+", source_text(getattr(cls, "forward", cls))))
@@ -114,7 +115,6 @@ def smallest_holder(module: nn.Module, linears: set[int]) -> nn.Module | None:
 def scale_note(scale: float) -> Text:
     """The report's note on an attention compared at its configured scale."""
     return text(f"the scores are scaled by {scale:g}, a value your constructor takes from its settings "
-                "(Granite's attention_multiplier, Gemma 2's query_pre_attn_scalar ** -0.5), not by "
-                "1/sqrt(d_k): a convention, compared so",
-                f"分数乘以 {scale:g}，这是你的构造函数从配置里读出的值（Granite 的 attention_multiplier、"
-                "Gemma 2 的 query_pre_attn_scalar ** -0.5），不是 1/sqrt(d_k)：这是约定，按它比较")
+                "(Granite's attention_multiplier), not by 1/sqrt(d_k): a convention, compared so",
+                f"分数乘以 {scale:g}，这是你的构造函数从配置里读出的值（Granite 的 attention_multiplier），"
+                "不是 1/sqrt(d_k)：这是约定，按它比较")

@@ -886,7 +886,7 @@ def _scale_unused(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap
 def _localize(res: ComponentResult, m: GPTMap, call: Caller, idx: Tensor, settings: list[Choices]) -> None:
     """Where the logits no search explains part from handformer's, part by part, in each setting."""
     models = [reference_model(m, c) for c in settings]
-    looked_up = [("the token embeddings, before sqrt(d_model)", F.embedding(idx, m.wte.weight))] * m.scaled
+    looked_up = [("the token embeddings, before any scale", F.embedding(idx, m.wte.weight))]
     looked_up += [(f"{t.name}, held at zero", F.embedding(idx, t.weight))  # (B, T, its width)
                   for t in of_kind(m.held, "embedding")]
     positions = torch.arange(idx.size(1), dtype=torch.float64)  # (T,): the positions their code builds
