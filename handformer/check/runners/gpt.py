@@ -187,7 +187,8 @@ def map_gpt(module: nn.Module) -> GPTMap:
         "parameters outside the blocks that a GPT does not have", "Block 之外有 GPT 没有的参数"))
     n_kv = n_kv or kv_heads_of(blocks[0].attn[0], H)  # a fused multi-query projection: its shape says
     m = GPTMap(wte, wpe, blocks, Slot("final norm", norms[0]) if norms else None, head, tied, bias, n_kv)
-    m.held = [e for e in embeds if e not in (wte, wpe)] + of_kind(outer, "scalar")  # nanochat's value_embeds
+    # nanochat's value_embeds and scalars; a block's parameters no reference has (gpt-oss's attention sinks)
+    m.held = [e for e in embeds if e not in (wte, wpe)] + of_kind(leaves(module), "scalar")
     m.embed_norm = _embed_norm(module, blocks)
     # OPT's (fairseq's) learned positions: a table of max_len + 2 rows, position p at row p + 2
     m.offset = OPT_OFFSET if wpe is not None and wpe.weight.size(0) == BLOCK + OPT_OFFSET else 0

@@ -76,7 +76,16 @@ from handformer.check.core.moe import ffn_readings, moe_config, moe_note
 from handformer.check.core.probe import Found as Explained
 from handformer.check.core.probe import Probe, Subject, name_findings, run_probe
 from handformer.check.core.residual_wrapper import residual_wrapper, wrapped_note
-from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, Text, text
+from handformer.check.core.result import (
+    DIFFERS,
+    NOT_CHECKED,
+    Check,
+    ComponentResult,
+    Finding,
+    LearnerError,
+    Text,
+    text,
+)
 from handformer.check.core.rope_tables import position_kwargs, renamed_table, with_positions, with_tables
 from handformer.check.core.rotary import rope_layouts, rope_tables
 from handformer.check.core.score_scale import PLAIN, Form, layer_forms, scale_note, smallest_holder
@@ -98,6 +107,7 @@ from handformer.check.core.weights import (
     norm_weights,
     of_kind,
     relative_bias_slots,
+    shapes_text,
     split_attention_ffn,
 )
 from handformer.check.reference import variants as V
@@ -525,6 +535,22 @@ def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
     return finish(res)
 
 
+def _held_apart(res: ComponentResult, layer: Layer) -> None:
+    """A layer holding parameters no reference has (gpt-oss's attention sinks, one logit a head) whose
+    output no mistake explains: NOT CHECKED with those parts named, never FAIL (they may be the reason)."""
+    held = of_kind(leaves(layer.module), "scalar")
+    if not held or res.named() or all(c.ok for c in res.checks):
+        return
+    extra = shapes_text(held)
+    res.checks, res.findings = [c for c in res.checks if c.ok], []
+    res.status, res.max_abs_error = NOT_CHECKED, None
+    res.error = LearnerError(
+        "mapping", f"not compared with handformer's layer: it holds {extra}, which handformer's layer has "
+        "not, and its output is not handformer's", "__init__",
+        message_zh=f"没有与 handformer 的层比较：它有 {extra}，handformer 的层没有这些参数，"
+                   "它的输出与 handformer 的不同")
+
+
 def _needs_its_mask(layer: Layer, ctx: Context) -> bool:
     """Whether a layer whose mask may be left out raises handed none (DistilBERT's attn_mask=None,
     read unguarded): then the tutorial's case hands it every key visible."""
@@ -758,6 +784,7 @@ def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callabl
             res.status = DIFFERS
     guarded(res, lambda: _compare(res, layer, ctx, conv, slots, act, placement, rope, form))
     guarded(res, lambda: _properties(res, layer, ctx, conv))
+    _held_apart(res, layer)
 
 
 def _layer_mapping(res: ComponentResult, layer: Layer, slots: list[Slot], conv: str) -> None:
