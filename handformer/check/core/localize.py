@@ -933,7 +933,7 @@ def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[li
     qh, kh, views = _positioned(w, qh, kh, views)
     kh, vh, views = _repeated(w, kh, vh, views)
     raw = qh @ kh.transpose(-2, -1)  # (B, H, T, T)
-    scale = 1 / math.sqrt(qh.size(-1)) if w.rope not in V.UNSCALED else 1.0
+    scale = (w.scale or 1 / math.sqrt(qh.size(-1))) if w.rope not in V.UNSCALED else 1.0
     scores = raw * scale
     views += [("q, scaled by 1/sqrt(d_k)", q * scale), ("the heads of q, scaled by 1/sqrt(d_k)", qh * scale)]
     scores, views = _biased(w, scores, views)

@@ -175,9 +175,10 @@ def layer_views(w: V.LayerWeights, x: Tensor, memory: Tensor | None, keep: Tenso
         if w.placement == "pre":
             h = V.norm(n, x)
             y = f(h)
-            x = x + y
+            x = x + y * w.residual  # Granite's residual_multiplier (1: none)
+            scaled = [(f"the {label}'s output times {w.residual:g}", y * w.residual)] * (w.residual != 1)
             views += [(f"the norm before the {label}", h), *inner(w, h), (f"the {label}'s output", y),
-                      (f"x + {label} (the residual sum)", x)]
+                      *scaled, (f"x + {label} (the residual sum)", x)]
         else:
             y = f(x)
             views += [*inner(w, x), (f"the {label}'s output", y), (f"x + {label} (the residual sum)", x + y)]
@@ -217,6 +218,7 @@ def localize_layer(layer: Any, readings: list[V.LayerWeights]) -> Departure | No
     memory = randn(2, 6, x.size(-1), seed=44) if layer.decoder else None
     keep = V.causal_keep(T)[None, None] if layer.causal_block and not layer.takes_mask else None
     filename, code = _source(layer.module)
+    layer.call(x, memory, None, None)  # the forms its tables take found first, outside the trace
     steps = trace_steps(lambda: layer.call(x, memory, None, None), filename, code, _children(layer.module))
     views = [layer_views(w, x.detach(), memory, keep) for w in readings]
     sizes = {"d_model": x.size(-1)}

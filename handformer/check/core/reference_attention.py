@@ -61,11 +61,13 @@ class BiasedAttention(MultiHeadAttention):
 
 
 def handformer_attention(slots: list[Slot], n_kv_heads: int | None = None, rope: str | None = None,
-                         heads: int = H, softcap: float | None = None) -> MultiHeadAttention:
+                         heads: int = H, softcap: float | None = None, scale: float | None = None,
+                         ) -> MultiHeadAttention:
     """handformer's attention with the learner's weights. Interleaved rotary pairs (Meta's) become
     handformer's half-split ones by permuting each head's rows of W_Q and W_K: q.k is unchanged.
     Positions as a term on the scores (ALiBi's, T5's): `BiasedAttention`, T5's table copied in.
-    Scores soft-capped (Gemma 2's): handformer's `GemmaAttention` at the usual scale."""
+    Scores soft-capped (Gemma 2's) or at a configured scale (Granite's attention_multiplier):
+    handformer's `GemmaAttention`, at the usual scale where none is configured."""
     qk = next((s.leaf for s in slots if s.role in QK_NORM_ROLES), None)
     kind = norm_kind(qk) if qk else "none"
     eps = norm_eps(qk.module, kind) if qk else 1e-6
@@ -82,4 +84,6 @@ def handformer_attention(slots: list[Slot], n_kv_heads: int | None = None, rope:
     copy_attention(hf, slots)  # no W_O (one head, or none at all): the identity
     if rope in ("interleaved", "swapped"):
         interleaved_to_half_(hf, heads, swapped=rope == "swapped")
-    return GemmaAttention(hf, D // heads, softcap) if softcap else hf
+    if softcap is None and scale is None:
+        return hf
+    return GemmaAttention(hf, scale ** -2 if scale else D // heads, softcap)  # Gemma's q.k / sqrt(scale_dim)

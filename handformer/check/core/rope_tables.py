@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from handformer.check.core import fingerprint as fp
 from handformer.check.core.rotary import cos_sin
 from handformer.check.reference import variants as V
 
@@ -58,6 +59,45 @@ def either_cos_sin(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dic
                        lambda k: {**k, "cos_sin": tuple(torch.cat([t, t], dim=-1) for t in k["cos_sin"])})
 
 
+SHIFT = 3  # positions every token is moved by in the test of a rotary table's pairing
+# a table's angles (T, Dh/2) over a head: repeated over the two halves (rotate_half's, handformer's), or
+# each repeated in place for pairs (2j, 2j+1) (Cohere's and GPT-J's repeat_interleave)
+PAIRINGS = {False: lambda angles: torch.cat([angles, angles], -1), True: lambda a: a.repeat_interleave(2, -1)}
+TRIG = {"cos": torch.cos, "sin": torch.sin}
+
+
+def paired_tables(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, Any],
+                  names: tuple[str, ...]) -> dict[str, Any]:
+    """kwargs with the (cos, sin) tables under `names` in the pairing the forward rotates by (PAIRINGS),
+    read once (layout["pairs"]) from what RoPE keeps: q·k depends on positions only through their
+    difference, so moving every position by SHIFT leaves the output as it was in the pairing the code
+    rotates by, and moves it in the other. The halves' unless only pairs keep it."""
+    if "pairs" not in layout:
+        layout["pairs"] = _moved(fn, args, kwargs, names, False) and not _moved(fn, args, kwargs, names, True)
+    return _retabled(kwargs, names, 0, layout["pairs"])
+
+
+def _moved(fn: Any, args: list[Any], kwargs: dict[str, Any], names: tuple[str, ...], pairs: bool) -> bool:
+    try:
+        a, b = (fp.first_tensor(fn(*args, **_retabled(kwargs, names, shift, pairs))) for shift in (0, SHIFT))
+    except Exception:  # noqa: BLE001 - a form it refuses: its own tries report it
+        return True
+    return fp.max_error(a, b) > 1e-9
+
+
+def _retabled(kwargs: dict[str, Any], names: tuple[str, ...], shift: int, pairs: bool) -> dict[str, Any]:
+    """kwargs with each table under `names` rebuilt for positions shift .. shift + T - 1."""
+    return {**kwargs, **{name: _table(kwargs[name], name, shift, pairs) for name in names}}
+
+
+def _table(t: Any, name: str, shift: int, pairs: bool) -> Any:
+    """A cos or sin table (..., T, Dh), or Hugging Face's (cos, sin) pair, rebuilt so."""
+    if name == "position_embeddings":
+        return _table(t[0], "cos", shift, pairs), _table(t[1], "sin", shift, pairs)
+    angles = PAIRINGS[pairs](V.rope_angles(t.size(-2), t.size(-1), offset=shift))  # (T, Dh)
+    return TRIG[name](angles).to(t.dtype).expand(t.shape)
+
+
 def either_cos_sin_layout(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool],
                           B: int) -> Any:
     """A forward handed (cos, sin) as position_embeddings: minimind's (T, Dh) tables, else Hugging
@@ -72,6 +112,7 @@ def either_cos_sin_layout(fn: Any, args: list[Any], kwargs: dict[str, Any], layo
         cos, sin = k["position_embeddings"]  # (T, Dh) each, the angles repeated over the two halves
         halves = (t[None, :, :t.size(-1) // 2].expand(B, -1, -1) for t in (sin, cos))  # (B, T, Dh/2) each
         return {**k, "position_embeddings": tuple(halves)}
+    kwargs = paired_tables(fn, args, kwargs, layout, ("position_embeddings",))
     return either_form(hugging_face, args, kwargs, layout, "sin_first", gptj, keep_first=True)
 
 
@@ -80,6 +121,7 @@ def either_cos_sin_tables(fn: Any, args: list[Any], kwargs: dict[str, Any], layo
     """A forward handed cos and sin as two arguments: Raschka's (T, Dh) tables, else Hugging Face's
     (B, T, Dh) (Gemma's forward(x, cos, sin, mask), which unsqueezes the heads' axis); the layout
     that runs is kept (layout["batched"]). When neither runs, their error with the first is raised."""
+    kwargs = paired_tables(fn, args, kwargs, layout, tuple(n for n in ("cos", "sin") if n in kwargs))
     return either_form(fn, args, kwargs, layout, "batched", lambda k: {
         **k, **{n: k[n][None].expand(B, -1, -1) for n in {"cos", "sin"} & k.keys()}},  # (B, T, Dh) each
         keep_first=True)

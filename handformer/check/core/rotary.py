@@ -134,13 +134,14 @@ def rope_note(rope: str) -> dict[str, str]:
 def rope_layouts(module: nn.Module, given_table: bool, given_cos_sin: bool = False,
                    ) -> tuple[str | None, ...]:
     """Positions inside the attention: interleaved when the block is handed Meta's freqs_cis,
-    half-split when it is handed Hugging Face's (cos, sin) (on a whole head or its first dims), else
+    half-split when it is handed Hugging Face's (cos, sin) (on a whole head or its first dims; interleaved
+    where the tables it takes pair 2j with 2j+1: rope_tables.paired_tables), else
     a term on the scores its classes hold or speak of (ALiBi's, T5's: in place of none), then either
     rotary layout when the source of one of its classes speaks of them."""
     if given_table:
         return ("interleaved",)
-    if given_cos_sin:  # on all of each head, or its first dims (partial rotary, the tables narrowed)
-        return ("half", *partial_layouts(D // H))
+    if given_cos_sin:  # on all of each head, or its first dims (partial rotary, the tables narrowed), or
+        return ("half", *partial_layouts(D // H), "interleaved")  # pairs (2j, 2j+1) (Cohere's tables)
     sources = [source_text(type(sub)).lower() for sub in module.modules()  # the learner's classes only
                if type(sub).__module__.startswith("learner_")]
     rotary = ("half", "interleaved", *partial_layouts(D // H)) * any(map(ROPE_WORDS.search, sources))

@@ -75,15 +75,17 @@ def applied_keep(keep: Tensor | None, flags: Flags, n_heads: int = 1) -> Tensor 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, flags: Flags = frozenset(),
               bias: Tensor | None = None, scaled: bool = True, softcap: float | None = None,
-              ) -> tuple[Tensor, Tensor]:
+              scale: float | None = None) -> tuple[Tensor, Tensor]:
     """softmax(q k^T / sqrt(Dh) + bias) v for (B, H, T, Dh) queries; returns (out (B, H, T, Dh),
     weights). bias: a positional term added to the scores after the scale (ALiBi's, T5's), broadcasting
     to (B, H, T, S); scaled=False: no 1/sqrt(Dh) by design (T5's); softcap c: the scores soft-capped,
-    c * tanh(scores / c), before the mask (Gemma 2's)."""
+    c * tanh(scores / c), before the mask (Gemma 2's); scale: the scores times this configured value in
+    place of 1/sqrt(Dh) (Granite's attention_multiplier, Gemma 2's query_pre_attn_scalar ** -0.5)."""
     scores = q @ k.transpose(-2, -1)  # (B, H, T, S)
     if scaled and has(flags, "no_scaling") is None:
         dk = q.size(-1)
-        scores = scores / (dk if has(flags, "scale_by_dk") is not None else math.sqrt(dk))
+        default = 1 / (dk if has(flags, "scale_by_dk") is not None else math.sqrt(dk))
+        scores = scores * (scale or default)
     if bias is not None:
         scores = scores + bias
     if softcap is not None:
@@ -120,6 +122,7 @@ class MHAWeights:
     qk_norm: tuple[NormWeights, NormWeights] | None = None  # QK-norm: each query and key head normed
     table: Tensor | None = None  # T5's learned relative-position bias, (buckets, H)
     softcap: float | None = None  # the scores soft-capped, c * tanh(scores / c) (Gemma 2's)
+    scale: float | None = None  # the scores' configured scale in place of 1/sqrt(Dh) (Granite's)
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
@@ -209,7 +212,8 @@ def multi_head_attention(w: MHAWeights, xq: Tensor, xk: Tensor, xv: Tensor, keep
     if n_kv != w.n_heads:
         k, v = repeat_kv(k, w.n_heads // n_kv, flags), repeat_kv(v, w.n_heads // n_kv, flags)  # (B, H, S, Dh)
     bias = score_bias(w, T, xk.size(1))
-    out, weights = attention(q, k, v, keep, flags, bias, w.rope not in UNSCALED, w.softcap)  # (B, H, T, Dh)
+    out, weights = attention(q, k, v, keep, flags, bias, w.rope not in UNSCALED, w.softcap,
+                             w.scale)  # (B, H, T, Dh)
     width = out.size(1) * out.size(-1)
     if has(flags, "concat_no_transpose") is not None:
         out = out.contiguous().view(B, T, width)  # (B, T, H * Dh) from the raw (B, H, T, Dh) memory
@@ -411,6 +415,7 @@ class LayerWeights:
     cross_attn: MHAWeights | None = None
     placement: str = "post"  # the placement every sublayer uses unless a pre_norm flag flips one
     sublayers: list[str] = field(default_factory=lambda: ["attn", "ffn"])
+    residual: float = 1.0  # pre-norm: each sublayer's output times this before the add (Granite's)
 
 
 class Unkept(list):
@@ -441,7 +446,7 @@ def sublayer(w: LayerWeights, x: Tensor, f: Callable[[Tensor], Tensor], name: st
     if pre:
         h = norm(n, x)
         start = h if has(flags, "residual_from_normed") in (name, "all") else x
-        return start + f(h) if residual else f(h)
+        return start + f(h) * w.residual if residual else f(h) * w.residual
     h = f(x)
     trace.append(x + h)  # the sum before the norm
     return norm(n, x + h if residual else h)

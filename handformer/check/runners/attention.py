@@ -93,6 +93,7 @@ from handformer.check.core.rotary import (
     rope_note,
     rope_tables,
 )
+from handformer.check.core.score_scale import configured_scales, scale_note
 from handformer.check.core.source import first_line, locate, source_lines, source_text
 from handformer.check.core.sublayer import grade_sublayer, sublayer_parts
 from handformer.check.core.weights import (
@@ -229,18 +230,18 @@ RowsOf = Callable[[frozenset[str], str], Tensor | None]
 
 
 def detect(run: Callable[[str], Tensor | None], compute: Compute, universe: tuple[str, ...],
-           rows: RowsOf, conventions: tuple[str, ...],
+           rows: RowsOf, conventions: tuple[str, ...], most_flags: int = 2,
            ) -> tuple[str | None, tuple[frozenset[str], float] | None, fp.LearnerFailure | None]:
-    """The mask convention that explains the learner's output with the fewest mistakes, and those
-    mistakes. compute and rows take the convention too (a key padding mask cannot carry the causal
-    part, so such conventions are searched with a padding mask). Returns (convention, (flags, error)
-    or None, the first learner failure)."""
+    """The mask convention that explains the learner's output with the fewest mistakes (at most
+    `most_flags`), and those mistakes. compute and rows take the convention too (a key padding mask
+    cannot carry the causal part, so such conventions are searched with a padding mask). Returns
+    (convention, (flags, error) or None, the first learner failure)."""
     outputs, failure = outputs_by_convention(run, conventions)
     universe = responsive(outputs, universe)
 
     def search_one(conv: str, least: int, most: int) -> tuple[frozenset[str], float] | None:
         return fp.search(outputs[conv], lambda fl: compute(fl, conv), universe, lambda fl: rows(fl, conv),
-                         most, least)
+                         min(most, most_flags), least)
     found = fp.search_settings(list(outputs), search_one, fewest=True)
     if found:
         return found[0], found[1:], failure
@@ -705,6 +706,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     facts = {"probe": probe, "rows": probe.rows, "takes_mask": c.takes_mask, "slots": slots,
              "universe": _universe(c, has_o, n_kv_heads, causal_inside), "n_kv_heads": n_kv_heads,
              "ropes": positions_inside(comp, c, slots), "caps": softcaps(module),
+             "scales": configured_scales(module),
              "setup": Setup(module, slots, c, "", causal_inside, n_kv_heads, None, heads)}
     return Subject(probe.run, [], module, facts)
 
@@ -727,26 +729,29 @@ def _mha_search(mha: Probe, subject: Subject, out: Tensor | None, working: str) 
         return fp.search(outputs[conv], lambda fl: compute(fl, conv), universe, lambda fl: p.rows(fl, conv),
                          most, least)
     found = fp.search_settings(list(itertools.product(readings, outputs)), search_one, fewest=True)
-    best = found and (found[0][0], found[0][1], found[1:], readings[found[0][0]][0], None)
-    # a soft cap it holds, where it explains the output alone (a reading with no mistake needs none)
-    best = best if best and not best[2][0] else _capped(subject) or best
+    best = found and (found[0][0], found[0][1], found[1:], readings[found[0][0]][0], (None, None))
+    # a soft cap or a configured scale it holds, where it explains the output with fewer mistakes
+    best = min(filter(None, (best, _scored(subject, readings))), key=lambda b: len(b[2][0]), default=None)
     held = next((r for r in subject.facts["ropes"][:1] if r in V.SCORE_BIASES), None)  # compared with it
-    rope, conv, (flags, err), compute, cap = best or (held, next(iter(outputs), None), (frozenset(), None),
-                                                      p.computer(slots, n_kv_heads, held), None)
-    return Found(conv, (rope, compute, cap), flags, err, p.run(conv) if best else None, working,
+    rope, conv, (flags, err), compute, form = best or (held, next(iter(outputs), None), (frozenset(), None),
+                                                       p.computer(slots, n_kv_heads, held), (None, None))
+    return Found(conv, (rope, compute, *form), flags, err, p.run(conv) if best else None, working,
                  lambda fl: compute(fl, conv))
 
 
-def _capped(subject: Subject) -> tuple[Any, ...] | None:
-    """The reading of a soft-capped attention (Gemma 2's) that reproduces the output with no mistake:
-    (rotary layout, convention, (flags, error), reference, cap), each cap `softcaps` offers tried
-    with each layout; None when none does."""
+def _scored(subject: Subject, readings: dict[Any, tuple[Compute, tuple[str, ...]]]) -> tuple[Any, ...] | None:
+    """The reading of an attention whose scores take a form of its own that reproduces the output
+    with at most one mistake: a soft cap (Gemma 2's) or a configured scale (Granite's
+    attention_multiplier), each `softcaps` and `configured_scales` offer tried with each layout.
+    (rotary layout, convention, (flags, error), reference, (cap, scale)); None when none does."""
     p, slots, n_kv_heads = subject.facts["probe"], subject.facts["slots"], subject.facts["n_kv_heads"]
-    for rope, cap in itertools.product(subject.facts["ropes"], subject.facts["caps"]):
-        compute = p.computer(slots, n_kv_heads, rope, cap)
-        conv, found, _ = detect(p.run, compute, (), p.rows, p.convs)
+    caps, scales = subject.facts["caps"], subject.facts["scales"]
+    forms = list(itertools.product((None, *caps), (None, *scales)))[1:]  # (cap, scale), not the plain one
+    for (rope, (_, universe)), form in itertools.product(readings.items(), forms):
+        compute = p.computer(slots, n_kv_heads, rope, *form)
+        conv, found, _ = detect(p.run, compute, universe, p.rows, p.convs, most_flags=1)
         if found is not None:
-            return rope, conv, found, compute, cap
+            return rope, conv, found, compute, form
     return None
 
 
@@ -763,10 +768,10 @@ def _mha_rope(res: ComponentResult, ctx: Context, comp: Component, subject: Subj
         _whole_head_rotary(res, ctx, comp)
     if rope in V.UNSCALED:  # T5's scores, without 1/sqrt(d_k) by design
         res.status = DIFFERS
-    cap = found.weights[2]
-    res.notes += [_softcap_note(cap)] if cap else []
+    cap, scale = found.weights[2:4]
+    res.notes += [note(value) for note, value in ((_softcap_note, cap), (scale_note, scale)) if value]
     subject.facts["setup"] = dataclasses.replace(subject.facts["setup"], conv=found.key, rope=rope,
-                                                 softcap=cap)
+                                                 softcap=cap, scale=scale)
 
 
 def _softcap_note(cap: float) -> Text:
@@ -792,7 +797,8 @@ def _mha_localized(res: ComponentResult, ctx: Context, comp: Component, subject:
                    ) -> None:
     """The step that notes where the learner's attention first parts from the reference."""
     s, p = subject.facts["setup"], subject.facts["probe"]
-    w = dataclasses.replace(mha_weights(s.slots, s.heads, s.n_kv_heads, s.rope), softcap=s.softcap)
+    w = dataclasses.replace(mha_weights(s.slots, s.heads, s.n_kv_heads, s.rope), softcap=s.softcap,
+                            scale=s.scale)
     guarded(res, lambda: note_attention_departure(res, comp, _localizer_runs(comp, s.c, s.conv, s.rope, p),
                                                   w, s.causal_inside))
 
@@ -965,8 +971,9 @@ class MHAProbe:
         return fp.visible_rows(self.applied(flags, conv), self.B, self.T)
 
     def computer(self, slots: list[Slot], n_kv_heads: int | None, rope: str | None,
-                 softcap: float | None = None) -> Compute:
-        w = dataclasses.replace(mha_weights(slots, self.heads, n_kv_heads, rope), softcap=softcap)
+                 softcap: float | None = None, scale: float | None = None) -> Compute:
+        w = dataclasses.replace(mha_weights(slots, self.heads, n_kv_heads, rope), softcap=softcap,
+                                scale=scale)
         x = self.x
         return lambda flags, conv: V.multi_head_attention(w, x, x, x, self.applied(flags, conv),
                                                           flags - V.MASK_TRANSFORMS)[0]
@@ -1028,6 +1035,7 @@ class Setup:
     rope: str | None
     heads: int  # H, or 1 for a single-head attention
     softcap: float | None = None  # its scores soft-capped at this value (Gemma 2's)
+    scale: float | None = None  # its scores' configured scale in place of 1/sqrt(d_k) (Granite's)
 
 
 def _cases(s: Setup) -> list[tuple[str, int, int, int, Tensor | None, Tensor | None]]:
@@ -1056,7 +1064,8 @@ def _cases(s: Setup) -> list[tuple[str, int, int, int, Tensor | None, Tensor | N
 
 
 def _compare_mha(res: ComponentResult, ctx: Context, comp: Component, s: Setup) -> None:
-    hf = handformer_attention(s.slots, s.n_kv_heads, s.rope, heads=s.heads, softcap=s.softcap)
+    hf = handformer_attention(s.slots, s.n_kv_heads, s.rope, heads=s.heads, softcap=s.softcap,
+                              scale=s.scale)
     errors, grad_errors = [], []
     cases = _cases(s)
     for i, (label, B, T, S, given, mask) in enumerate(cases):

@@ -70,6 +70,7 @@ from handformer.check.core.result import (
     text,
 )
 from handformer.check.core.rotary import interleaved_to_half_, partial_layouts, turned_width
+from handformer.check.core.score_scale import PLAIN, Form, layer_forms, model_factors
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.core.weights import (
     Leaf,
@@ -93,7 +94,7 @@ from handformer.check.runners.kv_cache import CACHE_ARGS, CACHE_METHODS
 from handformer.check.runners.localize_cache import cache_departure
 from handformer.check.runners.model import as_written_, computes_sqrt, exact_norms_
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, OFFSET_NOTE
-from handformer.config import CausalLMConfig
+from handformer.config import CausalLMConfig, FamilyConfig
 from handformer.families import build_causal_lm
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.masks import as_attention_mask
@@ -132,6 +133,9 @@ class GPTMap:
     held: list[Leaf] = field(default_factory=list)  # parts no reference has, held at zero or as built
     softcap: float | None = None  # logits -> c * tanh(logits / c) (Gemma 2's, nanochat's)
     offset: int = 0  # the first row of the learned positions (OPT's 2: its table keeps two rows before them)
+    embed_factor: float | None = None  # token embeddings times a configured number (Granite's)
+    logit_factor: float | None = None  # logits times a configured number (Cohere's logit_scale, 1 / Granite's
+    # logits_scaling)
 
     def describe(self) -> list[str]:
         rows = [f"{self.wte.name} -> token embedding"]
@@ -183,7 +187,8 @@ def map_gpt(module: nn.Module) -> GPTMap:
         "parameters outside the blocks that a GPT does not have", "Block 之外有 GPT 没有的参数"))
     n_kv = n_kv or kv_heads_of(blocks[0].attn[0], H)  # a fused multi-query projection: its shape says
     m = GPTMap(wte, wpe, blocks, Slot("final norm", norms[0]) if norms else None, head, tied, bias, n_kv)
-    m.held = [e for e in embeds if e not in (wte, wpe)] + of_kind(outer, "scalar")  # nanochat's value_embeds
+    # nanochat's value_embeds and scalars; a block's parameters no reference has (gpt-oss's attention sinks)
+    m.held = [e for e in embeds if e not in (wte, wpe)] + of_kind(leaves(module), "scalar")
     m.embed_norm = _embed_norm(module, blocks)
     # OPT's (fairseq's) learned positions: a table of max_len + 2 rows, position p at row p + 2
     m.offset = OPT_OFFSET if wpe is not None and wpe.weight.size(0) == BLOCK + OPT_OFFSET else 0
@@ -204,6 +209,15 @@ def _embed_norm(module: nn.Module, blocks: list[LayerMap]) -> Leaf | None:
     if found is None or not isinstance(norm, Gainless) or found.group(1) not in norm.name:
         return None
     return gainless_norm(f"{found.group(1)}(embeddings) (no gain)", norm_kind(norm), D)
+
+
+def _normed_when_handed(call: Caller, m: GPTMap, idx: Tensor) -> Leaf | None:
+    """nanochat's norm of the token embeddings written on a line of its own (`x = wte(idx)`, then
+    `x = norm(x)`): read from what the first block is handed, the embeddings normed by a norm like
+    the blocks' own gainless one; None when it is handed anything else."""
+    leaf = gainless_norm("norm(embeddings) (no gain)", norm_kind(m.blocks[0].norms[0].leaf), D)
+    normed = leaf.module(F.embedding(idx, m.wte.weight))  # (B, T, D)
+    return leaf if fp.max_error(_handed(call, m, idx), normed) < fp.TOL else None
 
 
 class NormedEmbedding(nn.Module):
@@ -282,6 +296,7 @@ class Choices:
     placement: str
     activation: str
     rope: str | None = None  # the rotary layout: "half", "interleaved", or none
+    form: Form = PLAIN  # the numbers its blocks take from their settings (Granite's multipliers)
 
     def describe(self, m: GPTMap) -> Text:
         head_en, head_zh = (HEAD_WORDS[m.tied][i] + BIAS_WORDS[m.bias][i] for i in (0, 1))
@@ -295,8 +310,26 @@ class Choices:
             pos_zh += f"；分组查询注意力（{H} 个头，{m.n_kv_heads} 个键/值头）"
         blocks_en, blocks_zh = BLOCK_WORDS.get(self.placement, (f"{self.placement}-norm blocks",
                                                                 f"{self.placement.capitalize()}-Norm Block"))
-        return text(f"output head {head_en}; {blocks_en}; {self.activation} FFN; {pos_en}",
-                    f"输出层{head_zh}；{blocks_zh}；{self.activation} 前馈网络；{pos_zh}")
+        factors = (self.form.scale, self.form.residual, m.embed_factor, m.logit_factor)
+        said_en, said_zh = _factor_words(factors)
+        return text(f"output head {head_en}; {blocks_en}; {self.activation} FFN; {pos_en}{said_en}",
+                    f"输出层{head_zh}；{blocks_zh}；{self.activation} 前馈网络；{pos_zh}{said_zh}")
+
+
+def _factor_words(values: tuple[float | None, ...]) -> tuple[str, str]:
+    """The configured numbers a model is compared at (FACTOR_WORDS' order), in words (en, zh)."""
+    en = zh = ""
+    for (e, z), value in zip(FACTOR_WORDS, values):
+        if value not in (None, 1.0):
+            en += f"; {e.format(value)} (read from your settings)"
+            zh += f"；{z.format(value)}（从你的配置读出）"
+    return en, zh
+
+
+# the configured numbers a model is compared at, in words (en, zh)
+FACTOR_WORDS = (("scores times {:g}", "分数乘以 {:g}"),
+                ("each sublayer's output times {:g}", "每个子层的输出乘以 {:g}"),
+                ("token embeddings times {:g}", "词嵌入乘以 {:g}"), ("logits times {:g}", "logits 乘以 {:g}"))
 
 
 def _pairs(rope: str) -> tuple[str, str]:
@@ -354,17 +387,17 @@ def _copy_blocks_(hf: CausalLM, m: GPTMap, ch: Choices) -> None:
 
 def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     first = learner_norm(m.blocks[0].norms[0])
-    gated = is_gated(m.blocks[0].ffn)
     cfg = CausalLMConfig.gpt2_style(
         vocab_size=VOCAB, d_model=D, n_heads=H, d_ff=m.blocks[0].ffn[0].weight().size(0),
-        n_layers=len(m.blocks), dropout=0.0, activation=HF_NAME[(gated, ch.activation)],
+        n_layers=len(m.blocks), dropout=0.0, activation=HF_NAME[(is_gated(m.blocks[0].ffn), ch.activation)],
         norm_placement=HF_PLACEMENT.get(ch.placement, ch.placement),
         norm=first.kind, norm_eps=first.eps,  # LayerNorm or RMSNorm, as theirs
         position=m.added or ("rope" if ch.rope else "none"), rope_theta=m.theta,
         rope_fraction=turned_width(ch.rope or "", D // H) / (D // H),  # partial rotary: "half:2"
         max_positions=m.wpe.weight.size(0) - m.offset if m.wpe is not None else BLOCK, tie_embeddings=m.tied,
         n_kv_heads=m.n_kv_heads, qk_norm=_qk_norm(m), scale_embeddings=m.scaled,
-        moe=moe_config(m.blocks[0].ffn), logit_softcap=m.softcap)  # MoE: handformer's MixtureOfExperts
+        moe=moe_config(m.blocks[0].ffn),  # MoE: handformer's MixtureOfExperts
+        family=FamilyConfig(logit_softcap=m.softcap, **_multipliers(m, ch.form)))  # Granite's multipliers
     hf = build_causal_lm(cfg)  # (a GPT-2 style config: the plain CausalLM)
     if m.bias:
         hf.lm_head = nn.Linear(D, VOCAB, bias=True)
@@ -392,6 +425,39 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     as_parallel_(list(hf.layers) * (ch.placement == "parallel"),  # GPT-J's, GPT-NeoX's, Falcon's, Phi's
                  [len({id(s.leaf) for s in block.norms}) == 1 for block in m.blocks])  # one norm: shared
     return _with_embed_norm(hf, m)
+
+
+def _multipliers(m: GPTMap, form: Form) -> dict[str, float | None]:
+    """The configured numbers as handformer's Granite variants take them (None: not scaled)."""
+    return {"attention_multiplier": form.scale,
+            "residual_multiplier": form.residual if form.residual != 1 else None,
+            "embedding_multiplier": m.embed_factor,
+            "logits_scaling": 1 / m.logit_factor if m.logit_factor else None}
+
+
+def _configured_factors(call: Caller, m: GPTMap, idx: Tensor) -> tuple[float | None, float | None]:
+    """The factors on the token embeddings (what the first block is handed) and on the logits (what
+    the output head gives) that a setting of the model's code names: Granite's embedding_multiplier,
+    Cohere's logit_scale, each a factor; Granite's logits_scaling, which the logits are divided by
+    (DIVIDED_BY). None for each that is 1, no constant factor, or a factor nobody configured."""
+    factors = model_factors(call.module)
+    other = (idx + 1) % VOCAB
+    handed = _handed(call, m, idx) - _handed(call, m, other)  # (B, T, D): the positions cancel
+    embed = configured_ratio(handed, m.wte.weight[idx] - m.wte.weight[other], factors)
+    if m.head is None:  # a forward that multiplies by the embedding: no head to read the logits' factor at
+        return embed, None
+    heads = [torch.zeros(())]  # what the head gives, once it is called (a head never called: no factor)
+    handle = m.head.module.register_forward_hook(lambda _, args, out: heads.append(out))
+    with fp.hooked([handle]):
+        logits = call(idx)[0]
+    return embed, configured_ratio(logits, heads[-1], factors)
+
+
+def configured_ratio(x: Tensor, y: Tensor, factors: list[float]) -> float | None:
+    """c where x = c * y and c is one of `factors`; else None (a y of zeros, or NaN: none)."""
+    c = float((x * y).sum() / (y * y).sum())
+    fits = fp.max_error(x, c * y) < fp.TOL * max(1.0, abs(c))
+    return c if fits and any(math.isclose(c, v, rel_tol=1e-6) for v in factors) else None
 
 
 def _with_embed_norm(hf: CausalLM, m: GPTMap) -> CausalLM:
@@ -630,13 +696,22 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
         res.mapping = m.describe()
         res.notes += moe_note(m.blocks[0].ffn) + _held_note(m) + [POSITION_OFFSET_NOTE] * bool(m.offset)
         out, loss = call(idx, targets)  # again: the extra tables are held at zero
-        m.scaled, m.added = _embedding_reading(call, m, idx)
-        m.ropes = m.ropes if m.added is None else (None,)
-        m.softcap = _softcap(call, m, idx)
+        _read_conventions(call, m, idx)
         _tied_despite_config(res, ctx, comp, m)
         _compare(res, ctx, comp, m, call, out, loss, idx, targets, last_only)
         _not_compared(res, m)
     return finish(res)
+
+
+def _read_conventions(call: Caller, m: GPTMap, idx: Tensor) -> None:
+    """What the model computes around its blocks, read from what it hands them and what it returns:
+    a norm of the embeddings, their scale and the positions added, a soft cap and the factors its
+    settings name (on the embeddings, on the logits)."""
+    m.embed_norm = m.embed_norm or _normed_when_handed(call, m, idx)
+    m.scaled, m.added = _embedding_reading(call, m, idx)
+    m.ropes = m.ropes if m.added is None else (None,)
+    m.softcap = _softcap(call, m, idx)
+    m.embed_factor, m.logit_factor = _configured_factors(call, m, idx)
 
 
 def _held_note(m: GPTMap) -> list[Text]:
@@ -753,7 +828,9 @@ NO_READING = text("no known mistake (or pair of them) reproduces your logits; th
 def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, call: Caller, out: Tensor,
              loss: Tensor | None, idx: Tensor, targets: Tensor, last_only: bool) -> None:
     gated = is_gated(m.blocks[0].ffn)
-    settings = [Choices(p, a, r) for r in m.ropes for p in PLACEMENTS for a in FFN_ACTIVATIONS[gated]]
+    forms = layer_forms(call.module.get_submodule(m.blocks[0].name), m.blocks[0].attn[0])
+    settings = [Choices(p, a, r, f) for f in forms for r in m.ropes for p in PLACEMENTS
+                for a in FFN_ACTIVATIONS[gated]]
     found = _search(m, out, idx, settings, last_only)
     if found is None:
         res.notes.append(NO_READING)
@@ -810,7 +887,7 @@ def _scale_unused(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap
 def _localize(res: ComponentResult, m: GPTMap, call: Caller, idx: Tensor, settings: list[Choices]) -> None:
     """Where the logits no search explains part from handformer's, part by part, in each setting."""
     models = [reference_model(m, c) for c in settings]
-    looked_up = [("the token embeddings, before sqrt(d_model)", F.embedding(idx, m.wte.weight))] * m.scaled
+    looked_up = [("the token embeddings, before any scale", F.embedding(idx, m.wte.weight))]
     looked_up += [(f"{t.name}, held at zero", F.embedding(idx, t.weight))  # (B, T, its width)
                   for t in of_kind(m.held, "embedding")]
     positions = torch.arange(idx.size(1), dtype=torch.float64)  # (T,): the positions their code builds
@@ -966,7 +1043,7 @@ def _tied_despite_config(res: ComponentResult, ctx: Context, comp: Component, m:
         source = inspect.getsource(ctx.module)
     except (OSError, TypeError):
         return
-    field_name = TIE_FIELD.search(source)
+    field_name = TIE_FIELD.search(re.sub(r"#[^\n]*", "", source))  # a comment on tying sets nothing
     if field_name is None:
         return
     res.notes.append(text(f"built with config.{field_name.group(1)} = False",

@@ -76,9 +76,19 @@ from handformer.check.core.moe import ffn_readings, moe_config, moe_note
 from handformer.check.core.probe import Found as Explained
 from handformer.check.core.probe import Probe, Subject, name_findings, run_probe
 from handformer.check.core.residual_wrapper import residual_wrapper, wrapped_note
-from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
+from handformer.check.core.result import (
+    DIFFERS,
+    NOT_CHECKED,
+    Check,
+    ComponentResult,
+    Finding,
+    LearnerError,
+    Text,
+    text,
+)
 from handformer.check.core.rope_tables import position_kwargs, renamed_table, with_positions, with_tables
 from handformer.check.core.rotary import rope_layouts, rope_tables
+from handformer.check.core.score_scale import PLAIN, Form, layer_forms, scale_note, smallest_holder
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.weights import (
     Leaf,
@@ -97,6 +107,7 @@ from handformer.check.core.weights import (
     norm_weights,
     of_kind,
     relative_bias_slots,
+    shapes_text,
     split_attention_ffn,
 )
 from handformer.check.reference import variants as V
@@ -111,6 +122,7 @@ from handformer.check.runners.attention import (
 from handformer.check.runners.generate_loop import CACHE_NAMES
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, OFFSET_NOTE, ffn_name_findings
 from handformer.config import BlockConfig
+from handformer.families.granite import GraniteBlock
 from handformer.families.olmo import ReorderedNormBlock
 from handformer.nn.blocks import DecoderLayer, DecoderOnlyBlock, EncoderLayer
 
@@ -199,6 +211,11 @@ class Layer:
         one = fp.randn(2, 1, D, seed=3)  # (B, 1, D)
         find_layouts_(self.module, lambda: fp.first_tensor(self.call(one, one, None, None), 3), D, D // H)
         return _attentions(linears, count, self.comp.name)
+
+    @functools.cached_property
+    def forms(self) -> list[Form]:
+        """The readings of the numbers it takes from its settings (score_scale.layer_forms)."""
+        return layer_forms(self.module, self.attn[0])
 
     @property
     def bare(self) -> bool:
@@ -295,11 +312,13 @@ class Layer:
         return {**dict.fromkeys(self.optional), **position_kwargs(self.extra, *x.shape[:2], self.head_dim,
                                                                    x.dtype), **self.more}
 
-    def weights(self, slots: list[Slot], act: str, placement: str, rope: str | None = None) -> V.LayerWeights:
-        return V.LayerWeights(mha_weights(self.attn[0], H, self.n_kv_heads, rope), ffn_weights(slots, act),
-                              self.norm_ws,
+    def weights(self, slots: list[Slot], act: str, placement: str, rope: str | None = None,
+                form: Form = PLAIN) -> V.LayerWeights:
+        attn = mha_weights(self.attn[0], H, self.n_kv_heads, rope)
+        attn = dataclasses.replace(attn, scale=form.scale)
+        return V.LayerWeights(attn, ffn_weights(slots, act), self.norm_ws,
                               mha_weights(self.attn[1], H, self.n_kv_heads) if self.decoder else None,
-                              placement, self.sublayers)
+                              placement, self.sublayers, form.residual)
 
 
 def _call_module(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -516,6 +535,22 @@ def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
     return finish(res)
 
 
+def _held_apart(res: ComponentResult, layer: Layer) -> None:
+    """A layer holding parameters no reference has (gpt-oss's attention sinks, one logit a head) whose
+    output no mistake explains: NOT CHECKED with those parts named, never FAIL (they may be the reason)."""
+    held = of_kind(leaves(layer.module), "scalar")
+    if not held or res.named() or all(c.ok for c in res.checks):
+        return
+    extra = shapes_text(held)
+    res.checks, res.findings = [c for c in res.checks if c.ok], []
+    res.status, res.max_abs_error = NOT_CHECKED, None
+    res.error = LearnerError(
+        "mapping", f"not compared with handformer's layer: it holds {extra}, which handformer's layer has "
+        "not, and its output is not handformer's", "__init__",
+        message_zh=f"没有与 handformer 的层比较：它有 {extra}，handformer 的层没有这些参数，"
+                   "它的输出与 handformer 的不同")
+
+
 def _needs_its_mask(layer: Layer, ctx: Context) -> bool:
     """Whether a layer whose mask may be left out raises handed none (DistilBERT's attn_mask=None,
     read unguarded): then the tutorial's case hands it every key visible."""
@@ -719,12 +754,12 @@ def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callabl
     if found is None:
         res.notes.append(NO_MISTAKE_NOTE)
         conv, slots, act, placement = working, layer.ffn_candidates[0], _first_act(layer), expected
-        rope = None
+        rope, form = None, PLAIN
         flags: frozenset[str] = frozenset()
     else:
-        conv, slots, act, placement, rope, flags, matched = found
+        conv, slots, act, placement, rope, form, flags, matched = found
         right = {"parallel": placement}.get(placement, expected)  # a parallel block is right as parallel
-        correct = _compute(layer, layer.weights(slots, act, right, rope), inp, frozenset())
+        correct = _compute(layer, layer.weights(slots, act, right, rope, form), inp, frozenset())
         out = run(conv)
         if flags:
             res.findings += ctx.findings(flags, matched, fp.max_error(out, correct, search_rows(flags)),
@@ -734,20 +769,22 @@ def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callabl
     _structure_findings(res, layer, ctx, placement if found is not None else "")  # "": not known
     res.notes += moe_note(slots)
     if found is not None:
-        res.findings += ffn_name_findings(ctx, comp, _ffn_class(layer, slots), slots, act, found[6],
+        res.findings += ffn_name_findings(ctx, comp, _ffn_class(layer, slots), slots, act, found[7],
                                           activated="ffn_no_activation" not in flags)
     if found is not None and not any(f.startswith("no_residual") for f in flags):  # no residual, no path
-        w = layer.weights(slots, act, placement, rope)
+        w = layer.weights(slots, act, placement, rope, form)
         dropout_on_residual(res, ctx, comp, lambda: run(conv),
                             lambda trace: _compute(layer, w, inp, flags, trace))
     if rope:
         res.notes.append(_rope_layer_note(rope))
+    res.notes += form_notes(form)
     if placement != expected and found is not None:
         res.notes.append(_placement_note(placement, expected))
         if not res.findings and placement in ("pre", "post"):  # parallel: a convention of its own
             res.status = DIFFERS
-    guarded(res, lambda: _compare(res, layer, ctx, conv, slots, act, placement, rope))
+    guarded(res, lambda: _compare(res, layer, ctx, conv, slots, act, placement, rope, form))
     guarded(res, lambda: _properties(res, layer, ctx, conv))
+    _held_apart(res, layer)
 
 
 def _layer_mapping(res: ComponentResult, layer: Layer, slots: list[Slot], conv: str) -> None:
@@ -875,7 +912,7 @@ def _encoder_variant(layer: Layer, w: V.LayerWeights, inp: Inputs, flags: frozen
     return V.encoder_layer(w, inp.x, inp.src_keep, flags, trace)
 
 
-Found = tuple[str, list[Slot], str, str, str | None, frozenset[str], float]
+Found = tuple[str, list[Slot], str, str, str | None, Form, frozenset[str], float]
 
 
 def _search(layer: Layer, ctx: Context, run: Callable[[str], Tensor | None], inp: Inputs, rows: fp.Rows,
@@ -898,8 +935,8 @@ def _search(layer: Layer, ctx: Context, run: Callable[[str], Tensor | None], inp
     settings = list(itertools.product(outputs, ffn_ruled(layer, layer_settings(layer))))
 
     def search_one(setting: tuple[Any, ...], least: int, most: int) -> tuple[frozenset[str], float] | None:
-        conv, (slots, act, placement, rope) = setting
-        w = layer.weights(slots, act, placement, rope)
+        conv, (slots, act, placement, rope, form) = setting
+        w = layer.weights(slots, act, placement, rope, form)
         return fp.search(outputs[conv], lambda flags: _compute(layer, w, inp, flags),
                          responsive(outputs, _flags(layer, w)), rows, most, least)
     found = fp.search_settings(settings, search_one, fewest=True)
@@ -910,7 +947,7 @@ def ffn_ruled(layer: Layer, settings: list[Setting]) -> list[Setting]:
     """The settings whose FFN reading (mapping, activation) is what the layer's FFN computes alone, run
     on a probe where one submodule holds its linears and nothing else's; all of them where none does,
     or none matches (the FFN's own mistake is then searched in the layer)."""
-    holder = _ffn_holder(layer.module, {id(s.leaf.module) for s in layer.ffn_candidates[0]})
+    holder = smallest_holder(layer.module, {id(s.leaf.module) for s in layer.ffn_candidates[0]})
     if holder is None:
         return settings
     x = fp.randn(2, 3, D, seed=31)  # (B, T, D)
@@ -922,25 +959,29 @@ def ffn_ruled(layer: Layer, settings: list[Setting]) -> list[Setting]:
     return kept or settings
 
 
-def _ffn_holder(module: nn.Module, linears: set[int]) -> nn.Module | None:
-    """The smallest submodule whose linears are exactly the FFN's, or None."""
-    subs = sorted(module.modules(), key=lambda m: len(list(m.modules())))
-    return next((m for m in subs if {id(leaf.module) for leaf in of_kind(leaves(m), "linear")} == linears),
-                None)
-
-
-Setting = tuple[list[Slot], str, str, str | None]
+Setting = tuple[list[Slot], str, str, str | None, Form]
 
 
 def layer_settings(layer: Layer) -> list[Setting]:
     """Every reading of the layer's weights the search tries: FFN mapping, activation, placement
-    (the kind's first), rotary layout."""
+    (the kind's first), rotary layout, the numbers it takes from its settings (`Form`)."""
     gated = is_gated(layer.ffn_candidates[0])
     return list(itertools.product(layer.ffn_candidates, FFN_ACTIVATIONS[gated], layer.kind.placements,
-                                  layer.ropes))
+                                  layer.ropes, layer.forms))
 
 
-def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str, rope: str | None) -> nn.Module:
+def form_notes(form: Form) -> list[Text]:
+    """What the report says of the numbers a layer was compared at (none for the plain form)."""
+    notes = [scale_note(form.scale)] if form.scale else []
+    return notes + [text(
+        f"each sublayer's output times {form.residual:g} before the add, a value your layer takes from its "
+        "settings (Granite's residual_multiplier): a convention, compared so",
+        f"每个子层的输出先乘以 {form.residual:g} 再相加，这是你的层从配置里读出的值（Granite 的 "
+        "residual_multiplier）：这是约定，按它比较")] * (form.residual != 1.0)
+
+
+def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str, rope: str | None,
+              form: Form = PLAIN) -> nn.Module:
     from handformer.check.core.reference_attention import handformer_attention
 
     gated = is_gated(slots)
@@ -953,7 +994,7 @@ def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str, rope: s
     hf = layer.kind.reference(cfg).double().eval()
     as_parallel_([hf] * (placement == "parallel"), [layer.shared])  # GPT-J's, Falcon's, Phi's: both read x
     hf = ReorderedNormBlock(hf) if placement == "reordered" else hf  # OLMo 2's: x + norm(f(x))
-    hf.self_attn = handformer_attention(layer.attn[0], layer.n_kv_heads, rope)
+    hf.self_attn = handformer_attention(layer.attn[0], layer.n_kv_heads, rope, scale=form.scale)
     if layer.decoder:
         hf.cross_attn = handformer_attention(layer.attn[1], layer.n_kv_heads)
     copy_ffn(hf.ffn, slots)
@@ -962,13 +1003,13 @@ def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str, rope: s
         copy_weights(target, slot)
         with torch.no_grad():
             target.weight.copy_(w.weight)  # the gain as it computes (1 + weight, kept as an offset)
-    return hf
+    return GraniteBlock(hf, form.residual) if form.residual != 1.0 else hf
 
 
 def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots: list[Slot], act: str,
-             placement: str, rope: str | None) -> None:
+             placement: str, rope: str | None, form: Form) -> None:
     """Against handformer's EncoderLayer / DecoderLayer / DecoderOnlyBlock on several shapes."""
-    hf = _hf_layer(layer, slots, act, placement, rope)
+    hf = _hf_layer(layer, slots, act, placement, rope, form)
     cases = [(2, 5, 7, [0, 0], [0, 0]), (3, 4, 9, [0, 3, 9], [0, 1, 0]), (1, 1, 3, [0], [0])]
     errors, grad_err = [], 0.0
     for i, (B, T, S, src_pad, tgt_pad) in enumerate(cases):

@@ -1,0 +1,120 @@
+"""The numbers a layer or model takes from its settings where handformer's reference has none.
+
+Some families scale q·kᵀ by a value their config names: Granite's `attention_multiplier`, a
+`softmax_scale` argument (Gemma 2's `query_pre_attn_scalar` is a size check sets: the head's width).
+Such a scale is a convention to
+read, not a mistake: the attention is compared at it. A factor nobody configured (`/ head_dim`,
+`/ math.sqrt(d_model)`, a forgotten `/ sqrt(d_k)`) is not one: only a number the module holds (or a
+field of a config it holds), that its forward reads by name, and that its constructor sets from a
+setting of its config or arguments which is no size counts. The same reading gives a block's
+residual multiplier (Granite's `residual_multiplier`) and a model's factors on its embeddings and
+logits (`embedding_multiplier`, `logits_scaling`, Cohere's `logit_scale`): each is compared as
+configured, never a factor found alone.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections import ChainMap
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from handformer.check.core.discovery import WIDTH_WORDS, size_of
+from handformer.check.core.result import Text, text
+from handformer.check.core.sizes import is_number
+from handformer.check.core.source import source_text
+from handformer.check.core.weights import leaves, of_kind
+
+# the words of a name that says a size (a width, a count, a length) or a setting that is no factor (a
+# dropout, an epsilon, a rotary base, a window): never a scale's setting
+NOT_FACTORS = WIDTH_WORDS | {"head", "heads", "embd", "model", "vocab", "layers", "len", "length", "seq", "d",
+                             "k", "dropout", "drop", "eps", "epsilon", "p", "prob", "rate", "theta", "base",
+                             "window", "idx", "index", "id", "pdrop", "std", "range", "layer"}
+# the settings a documented family divides by, where every other configured factor multiplies
+# (handformer.families.granite's ScaledHead: the logits / logits_scaling)
+DIVIDED_BY = {"logits_scaling": -1}  # the power of the setting's value that multiplies
+ASSIGNED = re.compile(r"self\.(\w+)\s*=\s*([^\n#]+)")  # self.NAME = what it is set from
+
+
+def configured_scales(module: nn.Module) -> tuple[float, ...]:
+    """The factors a module may apply from its settings: the values of `configured_settings`."""
+    return tuple(sorted(set(configured_settings(module).values())))
+
+
+def configured_settings(module: nn.Module) -> dict[str, float]:
+    """name -> value of each positive number its forward reads by name that the module holds, set in
+    its constructor from a setting (`self.scaling = config.attention_multiplier`, `cfg.x ** -0.5`), or
+    that a config it holds has (Granite's
+    `logits / self.config.logits_scaling`); none that says a size or another kind of setting."""
+    cls = type(module)
+    words = set(re.findall(r"\w+", source_text(getattr(cls, "forward", cls))))
+    params = list(inspect.signature(cls.__init__).parameters)[1:]
+    held = [vars(v) for v in vars(module).values() if hasattr(v, "__dict__")]  # a config, a namespace
+    own = {name: getattr(module, name, None) for name, rhs in ASSIGNED.findall(source_text(cls.__init__))
+           if _from_a_setting(rhs, params)}
+    return {name: float(value) for name, value in ChainMap(own, *held).items() if _factor(name, value, words)}
+
+
+def _from_a_setting(expression: str, params: list[str]) -> bool:
+    """Whether an expression reads an argument of the constructor (`config.X`, or `X`) and no name
+    that says a size (`self.head_dim`, `config.hidden_size`)."""
+    names = set(re.findall(r"[A-Za-z_]\w*", expression))
+    return bool(names & set(params)) and not any(map(_says_a_size, names))
+
+
+def _says_a_size(name: str) -> bool:
+    return size_of(name) is not None or bool(set(name.lower().split("_")) & NOT_FACTORS - {"p", "id"})
+
+
+def _factor(name: str, value: Any, words: set[str]) -> bool:
+    """A positive number under a name among `words` (its forward's) that says neither a size nor a
+    setting of another kind."""
+    return name in words and is_number(value) and value > 0 and not set(name.lower().split("_")) & NOT_FACTORS
+
+
+def model_factors(module: nn.Module) -> list[float]:
+    """The factors a model's code may apply from its settings, in any of its own classes: each
+    setting's value, or its inverse for a setting a documented family divides by (DIVIDED_BY)."""
+    return [v ** DIVIDED_BY.get(name, 1) for sub in module.modules()
+            if type(sub).__module__.startswith("learner_") for name, v in configured_settings(sub).items()]
+
+
+@dataclass(frozen=True)
+class Form:
+    """The numbers a layer takes from its settings where the reference has none (Granite's
+    attention_multiplier in place of 1/sqrt(d_k), its residual_multiplier on each pre-norm sublayer's
+    output): conventions searched as readings, the plain layer first."""
+
+    scale: float | None = None  # the attention's scores times this (configured_scales of the attention)
+    residual: float = 1.0  # each sublayer's output times this before the add (the layer's configured_scales)
+
+
+PLAIN = Form()  # a layer that takes no number from its settings
+
+
+def layer_forms(module: nn.Module, attn: list[Any]) -> list[Form]:
+    """The plain form, then each configured scale of the attention (the smallest submodule holding
+    its projections `attn`, slots) with each configured number of the layer itself as the residual
+    multiplier."""
+    holder = smallest_holder(module, {id(s.leaf.module) for s in attn if s.leaf.kind == "linear"}) or module
+    scales = configured_scales(holder) * (holder is not module)
+    residuals = set(configured_scales(module)) - set(scales)
+    return [Form(scale, residual) for scale in (None, *scales) for residual in (1.0, *sorted(residuals))]
+
+
+def smallest_holder(module: nn.Module, linears: set[int]) -> nn.Module | None:
+    """The smallest submodule whose linear layers are exactly `linears` (their modules' ids), or None."""
+    subs = sorted(module.modules(), key=lambda m: len(list(m.modules())))
+    return next((m for m in subs if {id(leaf.module) for leaf in of_kind(leaves(m), "linear")} == linears),
+                None)
+
+
+def scale_note(scale: float) -> Text:
+    """The report's note on an attention compared at its configured scale."""
+    return text(f"the scores are scaled by {scale:g}, a value your constructor takes from its settings "
+                "(Granite's attention_multiplier), not by 1/sqrt(d_k): a convention, compared so",
+                f"分数乘以 {scale:g}，这是你的构造函数从配置里读出的值（Granite 的 attention_multiplier），"
+                "不是 1/sqrt(d_k)：这是约定，按它比较")
