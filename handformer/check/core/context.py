@@ -384,10 +384,18 @@ def is_cache_argument(p: inspect.Parameter) -> bool:
 KEEP_NAMES = ("keep", "visible", "allowed", "can_attend", "may_attend", "attend")
 
 
+# a mask handed as the additive bias on the scores (tensor2tensor's forward(x, bias), its
+# encoder_self_attention_bias: 0 or -1e9, built from the padding); T5's position_bias and MPT's
+# attn_bias (positions, not a mask) have no word before attention_bias and are read as positions
+ADDITIVE_MASK_NAME = re.compile(r"bias|\w+_(?:attention|attn)_bias")
+
+
 def is_mask_name(name: str) -> bool:
     """A parameter that takes the mask: its name says mask or what it keeps, or valid lengths (d2l's
-    valid_lens)."""
-    return "mask" in name.lower() or name.lower() in KEEP_NAMES or is_lengths_name(name)
+    valid_lens), or it is the scores' additive bias (tensor2tensor's)."""
+    lowered = name.lower()
+    return ("mask" in lowered or lowered in KEEP_NAMES or is_lengths_name(name)
+            or bool(ADDITIVE_MASK_NAME.fullmatch(lowered)))
 
 
 def says_keep(name: str | None) -> bool:

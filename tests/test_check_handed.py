@@ -1,0 +1,54 @@
+"""What the grader hands a learner's code and what it counts as a component (small files written in
+each style here, each correct one checked against torch when written): tensor2tensor's attention takes
+its mask as the additive `bias` on the scores."""
+
+from __future__ import annotations
+
+import pytest
+
+from handformer.check.core.engine import check_file
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+T2T = '''import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden_size, num_heads):
+        super().__init__()
+        self.num_heads, self.depth = num_heads, hidden_size // num_heads
+        self.q = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.k = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.v = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.output_transform = nn.Linear(hidden_size, hidden_size, bias=False)
+
+    def split_heads(self, x):  # [b, l, d] -> [b, h, l, d/h]
+        return x.view(x.size(0), x.size(1), self.num_heads, self.depth).transpose(1, 2)
+
+    def forward(self, x, bias=None):
+        q = self.split_heads(self.q(x)) * self.depth ** -0.5
+        k, v = self.split_heads(self.k(x)), self.split_heads(self.v(x))
+        logits = torch.matmul(q, k.transpose(-1, -2))
+        if bias is not None:
+            logits = logits + bias  # 0 or -1e9, broadcast to [b, h, l, l]
+        out = torch.matmul(F.softmax(logits, dim=-1), v)
+        return self.output_transform(out.transpose(1, 2).reshape(x.shape))
+'''
+
+
+def _components(tmp_path, name, source, kinds):
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    return {c.kind: c for c in check_file(str(path), only=kinds).components}
+
+
+def test_an_attention_taking_its_mask_as_an_additive_bias_passes_and_a_plant_fails(tmp_path):
+    (attention,) = _components(tmp_path, "t2t", T2T, ["mha"]).values()
+    assert attention.status == "pass", attention
+    assert "additive" in attention.convention["en"]
+    right = "self.depth ** -0.5"
+    planted = T2T.replace(right, "(self.num_heads * self.depth) ** -0.5")
+    (attention,) = _components(tmp_path, "t2t_planted", planted, ["mha"]).values()
+    assert attention.status == "fail" and attention.findings[0].line == 19, attention
