@@ -52,3 +52,52 @@ def test_an_attention_taking_its_mask_as_an_additive_bias_passes_and_a_plant_fai
     planted = T2T.replace(right, "(self.num_heads * self.depth) ** -0.5")
     (attention,) = _components(tmp_path, "t2t_planted", planted, ["mha"]).values()
     assert attention.status == "fail" and attention.findings[0].line == 19, attention
+
+
+TOY_LM = '''import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class TinyCausalLM(nn.Module):
+    """一个很小的单层因果语言模型，只是为了让 generate 能跑起来"""
+
+    def __init__(self, vocab_size=32, d_model=16):
+        super().__init__()
+        self.tok_emb = nn.Embedding(vocab_size, d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.lm_head = nn.Linear(d_model, vocab_size)
+
+    def forward(self, idx):
+        T = idx.size(1)
+        x = self.tok_emb(idx)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        att = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+        att = att.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        return self.lm_head(x + att @ v)
+
+
+@torch.no_grad()
+def generate(model, idx, max_new_tokens, temperature=1.0):
+    for _ in range(max_new_tokens):
+        logits = model(idx)[:, -1, :] / temperature
+        idx = torch.cat([idx, torch.multinomial(F.softmax(logits, dim=-1), 1)], dim=1)
+    return idx
+'''
+
+
+def test_a_toy_model_that_drives_a_loop_is_a_driver_and_one_that_sees_ahead_fails(tmp_path):
+    from handformer.check.core.report import exit_code
+
+    path = tmp_path / "toy_lm.py"
+    path.write_text(TOY_LM)
+    result = check_file(str(path), only=["gpt"])
+    (model,) = result.components
+    assert (model.kind, model.status) == ("gpt", "driver"), model
+    assert exit_code(result) == 0
+    leaky = TOY_LM.replace('att.masked_fill(~causal, float("-inf"))', "att")
+    (model,) = _components(tmp_path, "toy_lm_planted", leaky, ["gpt"]).values()
+    assert model.status == "fail" and not model.checks[-1].ok, model

@@ -564,7 +564,7 @@ def causal(length: int) -> Tensor:
 
 def finish(res: ComponentResult) -> ComponentResult:
     """The status from what was found: fail on any finding or failed check or a large error."""
-    from handformer.check.core.result import DIFFERS, ERROR, FAIL, NOT_CHECKED
+    from handformer.check.core.result import DIFFERS, DRIVER, ERROR, FAIL, NOT_CHECKED
 
     if res.status in (ERROR, FAIL) or (res.status == NOT_CHECKED and not res.findings):
         return res
@@ -572,7 +572,7 @@ def finish(res: ComponentResult) -> ComponentResult:
     big = res.max_abs_error is not None and not res.max_abs_error < 1e-5
     if res.findings or failed or big:
         res.status = FAIL
-    elif res.status != DIFFERS:
+    elif res.status not in (DIFFERS, DRIVER):
         res.status = "pass"
     return res
 
@@ -581,6 +581,25 @@ def holds_torch_attention(module: Any) -> bool:
     """Whether a model computes its attention with torch.nn's (nn.Transformer, nn.MultiheadAttention)."""
     return isinstance(module, nn.Module) and any(isinstance(m, nn.MultiheadAttention)
                                                  for m in module.modules())
+
+
+def drives_only(module: nn.Module) -> bool:
+    """A toy model that a file's training step or generation loop drives, not a Transformer to compare:
+    no module inside it is a block or an attention of the learner's own (a class outside torch holding a
+    square projection or a fused (3n, n) one) nor torch.nn's attention; what attention it has, if any, is
+    a few lines of its own forward (a single-head TinyLM written to make `generate` run)."""
+    own = [m for m in module.modules() if not type(m).__module__.startswith("torch")]  # the model first
+    projects = any(p.dim() == 2 and p.size(0) in (p.size(1), 3 * p.size(1))
+                   for m in own[1:] for p in m.parameters())
+    return not holds_torch_attention(module) and not projects
+
+
+DRIVER_NOTE = text("a toy model with no block or attention class of its own (a few torch.nn layers, written "
+                   "to drive a training step or a generation loop): no Transformer to compare with "
+                   "handformer's; its plain properties are checked, the components it drives are graded on "
+                   "their own",
+                   "一个没有自己的 Block 或注意力类的小模型（几层 torch.nn，用来驱动训练步或生成循环）："
+                   "没有可以和 handformer 比较的 Transformer；只检查它的基本性质，它驱动的组件单独评分")
 
 
 def masks_where_true_inside(module: Any, mask_name: str | None = None) -> bool:

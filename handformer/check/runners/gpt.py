@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import (
+    DRIVER_NOTE,
     SEQUENCE_FIRST,
     SIZES,
     Context,
@@ -35,6 +36,7 @@ from handformer.check.core.context import (
     H,
     batch_first,
     check_determinism,
+    drives_only,
     error_text,
     finish,
     forward_parameters,
@@ -61,6 +63,7 @@ from handformer.check.core.localize_kinds import localize_model, module_views, n
 from handformer.check.core.moe import moe_config, moe_note
 from handformer.check.core.result import (
     DEPARTS,
+    DRIVER,
     NOT_CHECKED,
     Check,
     ComponentResult,
@@ -622,11 +625,8 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
         try:
             find_layouts_(module, lambda: call(idx[:, :1])[0], D, D // H)
             m = map_gpt(module)
-        except MappingError as err:  # the checks above ran; the comparison could not: NOT CHECKED
-            res.status = NOT_CHECKED
-            res.error = LearnerError("mapping", f"not compared with handformer's CausalLM: {err}", "__init__",
-                                     message_zh=f"没有与 handformer 的 CausalLM 比较：{err.zh or err}")
-            return finish(res)
+        except MappingError as err:  # the checks above ran; the comparison could not
+            return _unmapped(res, module, call, idx, err)
         res.mapping = m.describe()
         res.notes += moe_note(m.blocks[0].ffn) + _held_note(m) + [POSITION_OFFSET_NOTE] * bool(m.offset)
         out, loss = call(idx, targets)  # again: the extra tables are held at zero
@@ -636,6 +636,22 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
         _tied_despite_config(res, ctx, comp, m)
         _compare(res, ctx, comp, m, call, out, loss, idx, targets, last_only)
         _not_compared(res, m)
+    return finish(res)
+
+
+def _unmapped(res: ComponentResult, module: nn.Module, call: Caller, idx: Tensor,
+              err: MappingError) -> ComponentResult:
+    """A model whose parts are not handformer's CausalLM's: NOT CHECKED with the reason; a toy that
+    drives a loop (see drives_only) is a DRIVER, its causality checked besides its determinism and
+    logits' shape (a FAIL where one fails)."""
+    if drives_only(module):
+        _causality(res, call, idx)
+        res.status = DRIVER
+        res.notes.append(DRIVER_NOTE)
+        return finish(res)
+    res.status = NOT_CHECKED
+    res.error = LearnerError("mapping", f"not compared with handformer's CausalLM: {err}", "__init__",
+                             message_zh=f"没有与 handformer 的 CausalLM 比较：{err.zh or err}")
     return finish(res)
 
 
