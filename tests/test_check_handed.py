@@ -101,3 +101,37 @@ def test_a_toy_model_that_drives_a_loop_is_a_driver_and_one_that_sees_ahead_fail
     leaky = TOY_LM.replace('att.masked_fill(~causal, float("-inf"))', "att")
     (model,) = _components(tmp_path, "toy_lm_planted", leaky, ["gpt"]).values()
     assert model.status == "fail" and not model.checks[-1].ok, model
+
+
+HF_CAUSAL_MASKS = {
+    "batch_length_dtype": '''import torch
+
+
+def make_causal_mask(bsz, tgt_len, dtype=torch.float32):
+    # 上三角（不含对角线）填最小值，其余为 0，形状 [bsz, 1, tgt_len, tgt_len]
+    mask = torch.triu(torch.full((tgt_len, tgt_len), torch.finfo(dtype).min), diagonal=1)
+    return mask[None, None, :, :].expand(bsz, 1, tgt_len, tgt_len).to(dtype)
+''',
+    "padding_mask_dtype": '''import torch
+
+
+def make_causal_mask(attention_mask, dtype):
+    """(bsz, seq) padding mask (1 = token, 0 = pad) -> (bsz, 1, seq, seq) additive float mask"""
+    bsz, seq_len = attention_mask.shape
+    min_value = torch.finfo(dtype).min
+    causal = torch.triu(torch.full((seq_len, seq_len), min_value, dtype=dtype), diagonal=1)
+    padding = (1.0 - attention_mask[:, None, None, :].to(dtype)) * min_value
+    return (causal[None, None, :, :] + padding).clamp(min=min_value)
+''',
+}
+
+
+@pytest.mark.parametrize("form", sorted(HF_CAUSAL_MASKS))
+def test_a_causal_mask_function_taking_a_batch_or_a_padding_mask_and_a_dtype_is_driven(tmp_path, form):
+    source = HF_CAUSAL_MASKS[form]
+    (mask,) = _components(tmp_path, form, source, ["causal_mask"]).values()
+    assert mask.status == "pass", mask
+    planted = source.replace("diagonal=1", "diagonal=2")
+    (mask,) = _components(tmp_path, f"{form}_planted", planted, ["causal_mask"]).values()
+    assert mask.status == "fail" and "causal_off_by_one" in [f.name for f in mask.findings], mask
+    assert "diagonal=2" in mask.findings[0].code

@@ -583,15 +583,19 @@ def holds_torch_attention(module: Any) -> bool:
                                                  for m in module.modules())
 
 
+# torch.nn's plain layers (nn.Linear, nn.Embedding, the norms, nn.Sequential): a toy model's parts
+TORCH_PLAIN = ("torch.nn.modules.linear", "torch.nn.modules.sparse", "torch.nn.modules.normalization",
+               "torch.nn.modules.container")
+
+
 def drives_only(module: nn.Module) -> bool:
     """A toy model that a file's training step or generation loop drives, not a Transformer to compare:
-    no module inside it is a block or an attention of the learner's own (a class outside torch holding a
-    square projection or a fused (3n, n) one) nor torch.nn's attention; what attention it has, if any, is
-    a few lines of its own forward (a single-head TinyLM written to make `generate` run)."""
-    own = [m for m in module.modules() if not type(m).__module__.startswith("torch")]  # the model first
-    projects = any(p.dim() == 2 and p.size(0) in (p.size(1), 3 * p.size(1))
-                   for m in own[1:] for p in m.parameters())
-    return not holds_torch_attention(module) and not projects
+    no module inside it but torch.nn's plain layers is a block or an attention (the learner's class, or
+    torch's nn.MultiheadAttention, holding a square projection or a fused (3n, n) one); what attention
+    it has, if any, is a few lines of its own forward (a single-head TinyLM made to run `generate`)."""
+    inside = [m for m in module.modules() if type(m).__module__ not in TORCH_PLAIN]  # the model first
+    return not any(p.dim() == 2 and p.size(0) in (p.size(1), 3 * p.size(1))
+                   for m in inside[1:] for p in m.parameters())
 
 
 DRIVER_NOTE = text("a toy model with no block or attention class of its own (a few torch.nn layers, written "

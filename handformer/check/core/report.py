@@ -46,9 +46,9 @@ WORDS = {
            "summary": "{p} passed, {d} differ by design, {f} failed, {e} raised, of {n} components",
            "sandbox": "(your code ran in a child process: {t:g} s and {m} MiB per step)",
            "memory": "ran out of memory", "nothing": "nothing to check",
-           "todo": ", {t} not implemented yet (fill in their TODOs)",
-           "not_checked": ", {c} not checked (check could not build or drive them: write the adapters shown)",
-           "driver": ", {k} toy model(s) that only drive a loop, not graded",
+           "todo": ", {n} not implemented yet (fill in their TODOs)",
+           "not_checked": ", {n} not checked (check could not build or drive them: write the adapters shown)",
+           "driver": ", {n} toy model(s) that only drive a loop, not graded",
            "why": "why not checked", "adapter": "the adapter that lets check build or drive it (in "
            "handformer_adapters.py beside your file, or --adapters FILE)", "driven": "driven through",
            "skipped": "top-level statements not run (your definitions were graded without them)",
@@ -60,9 +60,9 @@ WORDS = {
            "summary": "共 {n} 个组件：{p} 个通过，{d} 个属于设计差异（允许），{f} 个未通过，{e} 个出错",
            "sandbox": "（你的代码在子进程中运行：每一步限时 {t:g} 秒、内存 {m} MiB）",
            "memory": "内存不足", "nothing": "没有可检查的内容",
-           "todo": "，{t} 个尚未实现（把其中的 TODO 写完）",
-           "not_checked": "，{c} 个未检查（检查程序无法构建或调用它们：按提示写适配函数）",
-           "driver": "，{k} 个只用来驱动循环的小模型，不评分",
+           "todo": "，{n} 个尚未实现（把其中的 TODO 写完）",
+           "not_checked": "，{n} 个未检查（检查程序无法构建或调用它们：按提示写适配函数）",
+           "driver": "，{n} 个只用来驱动循环的小模型，不评分",
            "why": "未检查的原因", "adapter": "写上这个适配函数，检查程序就能构建或调用它（放在你的文件旁边的 "
            "handformer_adapters.py 里，或者用 --adapters 文件）", "driven": "调用方式",
            "skipped": "没有运行的顶层语句（只检查了你的定义）", "sep": "；", "paren": "（{}）",
@@ -275,10 +275,8 @@ def format_report(result: FileResult, lang: str = "en", time_limit: float | None
     counts = {s: sum(c.status == s for c in result.components) for s in (PASS, DIFFERS, FAIL, ERROR)}
     summary = w["summary"].format(p=counts[PASS], d=counts[DIFFERS], f=counts[FAIL], e=counts[ERROR],
                                   n=len(result.components))
-    todo = sum(c.status == TODO for c in result.components)
-    unchecked = sum(c.status == NOT_CHECKED for c in result.components)
-    drivers = sum(c.status == DRIVER for c in result.components)
-    out.append(summary + (w["todo"].format(t=todo) if todo else "")
-               + (w["not_checked"].format(c=unchecked) if unchecked else "")
-               + (w["driver"].format(k=drivers) if drivers else ""))
+    # the statuses the summary adds where any component has them: the words that say so, their count
+    counted = {word: sum(c.status == status for c in result.components)
+               for word, status in (("todo", TODO), ("not_checked", NOT_CHECKED), ("driver", DRIVER))}
+    out.append(summary + "".join(w[word].format(n=n) for word, n in counted.items() if n))
     return "\n".join(out) + "\n"
