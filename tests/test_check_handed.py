@@ -135,3 +135,60 @@ def test_a_causal_mask_function_taking_a_batch_or_a_padding_mask_and_a_dtype_is_
     (mask,) = _components(tmp_path, f"{form}_planted", planted, ["causal_mask"]).values()
     assert mask.status == "fail" and "causal_off_by_one" in [f.name for f in mask.findings], mask
     assert "diagonal=2" in mask.findings[0].code
+
+
+PRE_NORM_KEY_PADDING = '''import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, d_model, nhead):
+        super().__init__()
+        self.nhead, self.head_dim = nhead, d_model // nhead
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x, attn_mask=None, key_padding_mask=None):
+        B, S, E = x.shape
+        q, k, v = (p(x).view(B, S, self.nhead, self.head_dim).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
+        if attn_mask is not None:
+            scores = scores + attn_mask  # additive float mask
+        if key_padding_mask is not None:  # (B, S), True = padding
+            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+        out = F.softmax(scores, dim=-1) @ v
+        return self.out_proj(out.transpose(1, 2).reshape(B, S, E))
+
+
+class PreNormEncoderLayer(nn.Module):
+    def __init__(self, d_model, nhead, dim_feedforward):
+        super().__init__()
+        self.self_attn = SelfAttention(d_model, nhead)
+        self.linear1 = nn.Linear(d_model, dim_feedforward)
+        self.linear2 = nn.Linear(dim_feedforward, d_model)
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+
+    def forward(self, src, src_mask=None, src_key_padding_mask=None):
+        x = src + self.self_attn(self.norm1(src), src_mask, src_key_padding_mask)
+        return x + self.linear2(F.relu(self.linear1(self.norm2(x))))
+
+'''
+
+
+def test_a_key_padding_mask_that_hides_queries_fails_in_the_attention_and_its_pre_norm_layer(tmp_path):
+    """Given alone as (B, S) True = padding, a key_padding_mask applied as (B, 1, S, 1) hides the padded
+    queries, not the keys: the attention fails (read as True = keep, every real query is NaN: that form
+    is not taken) and so does its pre-norm layer (the padded positions changed by a vector of many values,
+    which LayerNorm keeps, not 5.0 on every feature, which it takes away)."""
+    found = _components(tmp_path, "pre_norm", PRE_NORM_KEY_PADDING, ["mha", "encoder_layer"])
+    assert [c.status for c in found.values()] == ["pass", "differs"], found
+    planted = PRE_NORM_KEY_PADDING.replace("key_padding_mask[:, None, None, :]", "key_padding_mask[:, None, :, None]")
+    found = _components(tmp_path, "pre_norm_planted", planted, ["mha", "encoder_layer"])
+    failed = {kind: [ch.name["en"].split()[0] for ch in c.checks if not ch.ok] for kind, c in found.items()}
+    assert failed == {"mha": ["key_padding_mask"], "encoder_layer": ["src_key_padding_mask"]}, found
