@@ -192,3 +192,47 @@ def test_a_key_padding_mask_that_hides_queries_fails_in_the_attention_and_its_pr
     found = _components(tmp_path, "pre_norm_planted", planted, ["mha", "encoder_layer"])
     failed = {kind: [ch.name["en"].split()[0] for ch in c.checks if not ch.ok] for kind, c in found.items()}
     assert failed == {"mha": ["key_padding_mask"], "encoder_layer": ["src_key_padding_mask"]}, found
+
+
+T2T_ENCODER = T2T + '''
+
+class EncoderLayer(nn.Module):
+    def __init__(self, hidden_size, num_heads, filter_size):
+        super().__init__()
+        self.self_attention = Attention(hidden_size, num_heads)
+        self.conv1 = nn.Linear(hidden_size, filter_size)  # t2t: dense_relu_dense
+        self.conv2 = nn.Linear(filter_size, hidden_size)
+        self.norm1 = nn.LayerNorm(hidden_size, eps=1e-6)
+        self.norm2 = nn.LayerNorm(hidden_size, eps=1e-6)
+
+    def forward(self, x, bias=None):
+        x = self.norm1(x + self.self_attention(x, bias))
+        return self.norm2(x + self.conv2(F.relu(self.conv1(x))))
+
+
+class TransformerEncoder(nn.Module):
+    def __init__(self, vocab_size, hidden_size=64, num_heads=4, filter_size=256, num_layers=2):
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.embedding = nn.Embedding(vocab_size, hidden_size)
+        self.layers = nn.ModuleList(
+            [EncoderLayer(hidden_size, num_heads, filter_size) for _ in range(num_layers)])
+
+    def forward(self, inputs, pad_mask=None):
+        x = self.embedding(inputs) * self.hidden_size ** 0.5
+        bias = None if pad_mask is None else (pad_mask.float() * -1e9)[:, None, None, :]
+        h = x
+        for layer in self.layers:
+            h = layer(h, bias)
+        return h
+'''
+
+
+def test_a_model_returning_hidden_states_is_checked_as_the_stack_of_its_layers(tmp_path):
+    """An encoder with no output layer (tensor2tensor's) returns hidden states: each layer must be handed
+    what the one before returned; one that hands every layer the embeddings FAILs at its call."""
+    (model,) = _components(tmp_path, "t2t_encoder", T2T_ENCODER, ["gpt"]).values()
+    assert model.status == "pass" and len(model.checks) == 3, model
+    planted = T2T_ENCODER.replace("h = layer(h, bias)", "h = layer(x, bias)")
+    (model,) = _components(tmp_path, "t2t_encoder_planted", planted, ["gpt"]).values()
+    assert model.status == "fail" and model.findings[0].code == "h = layer(x, bias)", model

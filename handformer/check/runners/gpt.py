@@ -96,6 +96,7 @@ from handformer.check.runners.kv_cache import CACHE_ARGS, CACHE_METHODS
 from handformer.check.runners.localize_cache import cache_departure
 from handformer.check.runners.model import as_written_, computes_sqrt, exact_norms_
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, OFFSET_NOTE
+from handformer.check.runners.stack import check_stack
 from handformer.config import CausalLMConfig
 from handformer.families import build_causal_lm
 from handformer.models.causal_lm import CausalLM
@@ -577,11 +578,11 @@ def _embeds_tokens(comp: Component, module: nn.Module) -> None:
                "不是把 token id 映射成 logits，所以不按 decoder-only 模型调用；它的注意力和前馈网络单独检查")
 
 
-def _backbone(comp: Component, ctx: Context, module: nn.Module, out: Tensor | None, returned: Any) -> None:
-    """A model returning hidden states (B, T, D), not logits, that another class of the file builds
-    (OPT's OPTDecoder, inside OPTModel inside OPTForCausalLM) or that holds no output layer (Hugging
-    Face's GemmaModel: a forgotten tied head looks the same): a backbone, checked through a holder.
-    One returning a tuple or a dict with no (B, T, ...) tensor in it is no language model either (a
+def _backbone(comp: Component, ctx: Context, module: nn.Module, out: Tensor | None, returned: Any) -> bool:
+    """Whether the model returns hidden states (B, T, D), not logits, and another class of the file
+    builds it (OPT's OPTDecoder, inside OPTModel inside OPTForCausalLM) or it holds no output layer
+    (Hugging Face's GemmaModel: a forgotten tied head looks the same): a backbone, checked as a stack.
+    One returning a tuple or a dict with no (B, T, ...) tensor in it is no language model (a
     forgotten `return`, None, is a failure)."""
     if out is None and isinstance(returned, tuple):
         raise DiscoveryError(
@@ -592,12 +593,7 @@ def _backbone(comp: Component, ctx: Context, module: nn.Module, out: Tensor | No
     others = "".join(source_text(o) for name, o in own_objects(ctx.module).items() if name != comp.name)
     heads = with_shape(of_kind(leaves(module), "linear"), (VOCAB, D))
     held = re.search(rf"\b{re.escape(comp.name)}\(", others) or not heads
-    if out is not None and out.size(-1) == D and held:
-        raise DiscoveryError(
-            f"{comp.name} returns hidden states (B, T, d_model), not logits, and another class of the file "
-            "builds it or it holds no output layer: a backbone, checked through a model that adds the head",
-            zh=f"{comp.name} 返回隐藏状态 (B, T, d_model)，不是 logits，而且文件里另一个类构造了它，"
-               "或者它没有输出层：这是主干网络，通过加上输出层的模型来检查")
+    return out is not None and out.size(-1) == D and bool(held)
 
 
 def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
@@ -613,7 +609,8 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     check_determinism(res, ctx, comp, lambda: call(idx, targets)[0], "causal_attention", "block", "ffn")
     with fp.dropout_off():
         out, loss = call(idx, targets)
-        _backbone(comp, ctx, module, out, call.returned)
+        if _backbone(comp, ctx, module, out, call.returned):
+            return check_stack(comp, res, module, lambda: call(idx, targets)[0])
         last_only = out is not None and out.size(1) == 1
         if not logits_shape(res, out, (2, 1 if last_only else 8, VOCAB), "vocab_size"):
             return finish(res)
