@@ -236,3 +236,58 @@ def test_a_model_returning_hidden_states_is_checked_as_the_stack_of_its_layers(t
     planted = T2T_ENCODER.replace("h = layer(h, bias)", "h = layer(x, bias)")
     (model,) = _components(tmp_path, "t2t_encoder_planted", planted, ["gpt"]).values()
     assert model.status == "fail" and model.findings[0].code == "h = layer(x, bias)", model
+
+
+LUCID_STACK = '''import torch
+from torch import nn
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim, hidden_dim):
+        super().__init__()
+        self.net = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, hidden_dim), nn.GELU(), nn.Linear(hidden_dim, dim))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, heads=8, dim_head=64):
+        super().__init__()
+        inner = dim_head * heads
+        self.heads, self.scale = heads, dim_head ** -0.5
+        self.norm = nn.LayerNorm(dim)
+        self.to_qkv = nn.Linear(dim, inner * 3, bias=False)
+        self.to_out = nn.Linear(inner, dim, bias=False)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (t.view(b, n, self.heads, -1).transpose(1, 2) for t in self.to_qkv(self.norm(x)).chunk(3, dim=-1))
+        attn = (q @ k.transpose(-1, -2) * self.scale).softmax(dim=-1)
+        return self.to_out((attn @ v).transpose(1, 2).reshape(b, n, -1))
+
+
+class Transformer(nn.Module):
+    def __init__(self, dim, depth, heads, dim_head, mlp_dim):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.layers = nn.ModuleList([nn.ModuleList([Attention(dim, heads, dim_head), FeedForward(dim, mlp_dim)])
+                                     for _ in range(depth)])
+
+    def forward(self, x):
+        for attn, ff in self.layers:
+            h = attn(x) + x
+            x = ff(h) + h
+        return self.norm(x)
+'''
+
+
+def test_a_stack_of_vectors_with_its_residuals_outside_its_sublayers_passes_and_a_miswired_one_fails(tmp_path):
+    """lucidrains' Transformer(dim, depth, ...) takes vectors, no token ids, and keeps each layer as a
+    ModuleList([attn, ff]) whose residuals its own loop adds (`x = attn(x) + x`): checked as a stack of
+    those sublayers; a loop that adds the layer's input to the FFN's output, not the attention's, FAILs."""
+    (model,) = _components(tmp_path, "lucid_stack", LUCID_STACK, ["gpt"]).values()
+    assert model.status == "pass", model
+    planted = LUCID_STACK.replace("x = ff(h) + h", "x = ff(h) + x")
+    (model,) = _components(tmp_path, "lucid_stack_planted", planted, ["gpt"]).values()
+    assert model.status == "fail" and model.findings[0].code == "x = ff(h) + x", model

@@ -564,18 +564,34 @@ def _setup_caches(comp: Component, module: nn.Module, ctx: Context) -> None:
                               "它的注意力、FFN 和归一化各自单独检查") from None
 
 
-def _embeds_tokens(comp: Component, module: nn.Module) -> None:
+def _vectors_in(comp: Component, ctx: Context, res: ComponentResult, module: nn.Module,
+                ) -> ComponentResult | None:
     """A model with no table of the vocabulary (an nn.Embedding, or a (V, D) parameter it indexes)
     maps vectors to vectors (lucidrains' `Transformer(dim, depth, heads, dim_head)`, a stack of blocks
-    and a norm): it takes no token ids, so it is no GPT to drive."""
+    and a norm): it takes no token ids, so it is no GPT to drive; it is checked as a stack, handed
+    (B, T, D) vectors alone where its other arguments have defaults. None for a model of token ids."""
     embeds = any(isinstance(m, nn.Embedding) for m in module.modules())  # a padded vocabulary too
-    if not embeds and not any(VOCAB in p.shape for p in module.parameters()):
-        raise DiscoveryError(
-            f"{comp.name} has no table of the vocabulary (no nn.Embedding): it maps vectors to vectors (a "
-            "stack of blocks), not token ids to logits, so it is not driven as a decoder-only model; its "
-            "attention and FFN are checked on their own",
-            zh=f"{comp.name} 没有词表（没有 nn.Embedding）：它把向量映射成向量（一叠 Block），"
-               "不是把 token id 映射成 logits，所以不按 decoder-only 模型调用；它的注意力和前馈网络单独检查")
+    if embeds or any(VOCAB in p.shape for p in module.parameters()):
+        return None
+    unstacked = DiscoveryError(
+        f"{comp.name} has no table of the vocabulary (no nn.Embedding): it maps vectors to vectors (a "
+        "stack of blocks), not token ids to logits, so it is not driven as a decoder-only model; its "
+        "attention and FFN are checked on their own",
+        zh=f"{comp.name} 没有词表（没有 nn.Embedding）：它把向量映射成向量（一叠 Block），"
+           "不是把 token id 映射成 logits，所以不按 decoder-only 模型调用；它的注意力和前馈网络单独检查")
+    if any(p.default is p.empty for p in forward_parameters(module)[1:]):
+        raise unstacked
+    x = fp.randn(2, 8, D, seed=3)  # (B, T, D)
+    return check_stack(comp, res, module, lambda: ctx.learner.call("forward", module, x), unstacked)
+
+
+def _held_backbone(comp: Component) -> DiscoveryError:
+    """Why a backbone that calls fewer than two layers is not checked as a stack."""
+    return DiscoveryError(
+        f"{comp.name} returns hidden states (B, T, d_model), not logits, and another class of the file "
+        "builds it or it holds no output layer: a backbone, checked through a model that adds the head",
+        zh=f"{comp.name} 返回隐藏状态 (B, T, d_model)，不是 logits，而且文件里另一个类构造了它，"
+           "或者它没有输出层：这是主干网络，通过加上输出层的模型来检查")
 
 
 def _backbone(comp: Component, ctx: Context, module: nn.Module, out: Tensor | None, returned: Any) -> bool:
@@ -599,7 +615,9 @@ def _backbone(comp: Component, ctx: Context, module: nn.Module, out: Tensor | No
 def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     module = ctx.build(comp, gpt_sizes(ctx))
-    _embeds_tokens(comp, module)
+    stacked = _vectors_in(comp, ctx, res, module)
+    if stacked is not None:
+        return stacked
     _setup_caches(comp, module, ctx)
     call = Caller(module, ctx)
     res.notes += [SEQUENCE_FIRST] * call.first
@@ -610,7 +628,7 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     with fp.dropout_off():
         out, loss = call(idx, targets)
         if _backbone(comp, ctx, module, out, call.returned):
-            return check_stack(comp, res, module, lambda: call(idx, targets)[0])
+            return check_stack(comp, res, module, lambda: call(idx, targets)[0], _held_backbone(comp))
         last_only = out is not None and out.size(1) == 1
         if not logits_shape(res, out, (2, 1 if last_only else 8, VOCAB), "vocab_size"):
             return finish(res)
