@@ -347,6 +347,9 @@ MODEL_PLANTS: dict[str, Plant] = {
     "beam_length_penalty_per_step": Plant("beam_length_penalty_per_step", "beam_search", [
         ("candidates.append((score + log_prob, tokens + [token]))",
          "candidates.append(((score + log_prob) / len(tokens) ** alpha, tokens + [token]))")], "model"),
+    "beam_scores_not_accumulated": Plant("beam_scores_not_accumulated", "beam_search", [
+        ("candidates.append((score + log_prob, tokens + [token]))", "candidates.append((log_prob, tokens + [token]))")],
+        "model"),
     "beam_batched_differs": Plant("beam_batched_differs", "beam_search", [
         ("return [beam_search(model, src[i:i + 1],", "return [beam_search(model, src[:1],")], "model"),
     "beam_one_not_greedy": Plant("beam_one_not_greedy", "beam_search", [
@@ -512,7 +515,7 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("pe_missing", "final_norm_missing"), ("pe_after_dropout", "embedding_scale_unused"),
     ("beam_no_stop_at_eos", "beam_length_penalty_per_step"), ("beam_eos_not_emitted", "beam_shortest_returned"),
     ("beam_finished_extended", "beam_eos_not_emitted"), ("beam_one_not_greedy", "pe_missing"),
-    ("beam_batched_differs", "embedding_scale_unused"),
+    ("beam_batched_differs", "embedding_scale_unused"), ("beam_scores_not_accumulated", "final_norm_missing"),
     ("gpt_causal_mask_missing", "gpt_final_norm_missing"), ("gpt_causal_sees_next", "gpt_pe_missing"),
     ("train_step_loss_not_divided", "epoch_no_zero_grad"), ("head_tied_despite_config", "gpt_pe_missing"),
     ("bpe_merges_across_pretokens", "bpe_special_token_split"), ("bpe_special_tokens_merged", "bpe_encode_merge_order"),

@@ -79,3 +79,51 @@ def test_a_search_over_a_model_its_file_does_not_define_is_driven_by_a_stand_in(
     (search,) = check_file(str(path)).components
     assert [(f.name, f.line) for f in search.findings] == [("beam_one_not_greedy", 10)], format_report(
         check_file(str(path)))
+
+
+HF_LAYOUT = '''import torch
+import torch.nn.functional as F
+
+
+@torch.no_grad()
+def beam_search(model, input_ids, num_beams=2, max_length=12, eos_token_id=None, length_penalty=1.0):
+    """Hugging Face's layout: num_beams copies of the prompt, kept apart by -1e9 until they differ."""
+    prompt = input_ids.shape[1]
+    beams = input_ids.repeat(num_beams, 1)  # (K, T)
+    beam_scores = torch.zeros(num_beams)
+    beam_scores[1:] = -1e9
+    finished = []  # (score / length ** length_penalty, new tokens)
+    while beams.shape[1] < max_length:
+        log_probs = F.log_softmax(model(beams).logits[:, -1, :], dim=-1)  # (K, V)
+        next_scores = log_probs + beam_scores[:, None]
+        top_scores, top_ids = next_scores.view(-1).topk(2 * num_beams)
+        kept = []
+        for rank, (score, i) in enumerate(zip(top_scores.tolist(), top_ids.tolist())):
+            row, token = divmod(i, log_probs.shape[-1])
+            if token == eos_token_id and rank < num_beams:
+                new = beams[row, prompt:].tolist() + [token]
+                finished.append((score / len(new) ** length_penalty, new))
+            elif token != eos_token_id and len(kept) < num_beams:
+                kept.append((score, row, token))
+        beams = torch.stack([torch.cat([beams[row], torch.tensor([token])]) for _, row, token in kept])
+        beam_scores = torch.tensor([score for score, _, _ in kept])
+        worst = sorted(finished, reverse=True)[num_beams - 1][0] if len(finished) >= num_beams else None
+        if worst is not None and worst >= beam_scores.max().item() / (beams.shape[1] - prompt) ** length_penalty:
+            break
+    finished += [(s / (beams.shape[1] - prompt) ** length_penalty, beams[r, prompt:].tolist())
+                 for r, s in enumerate(beam_scores.tolist())] * (not finished)
+    return torch.cat([input_ids[0], torch.tensor(max(finished)[1])]).unsqueeze(0)
+'''
+
+
+def test_hugging_faces_layout_with_the_scores_not_summed_is_named(tmp_path):
+    """Hugging Face's layout (K copies of the prompt, beam_scores[1:] = -1e9) passes; dropping the sum
+    (next_scores = log_probs) leaves every copy live and stops at the length reached: named at its line."""
+    path = tmp_path / "hf_layout.py"
+    path.write_text(HF_LAYOUT)
+    (search,) = check_file(str(path)).components
+    assert search.status == "pass", format_report(check_file(str(path)))
+    path.write_text(HF_LAYOUT.replace("next_scores = log_probs + beam_scores[:, None]", "next_scores = log_probs"))
+    (search,) = check_file(str(path)).components
+    assert [(f.name, f.line) for f in search.findings] == [("beam_scores_not_accumulated", 15)], format_report(
+        check_file(str(path)))

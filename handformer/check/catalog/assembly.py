@@ -70,6 +70,15 @@ DIAGNOSES: list[Diagnosis] = [
       "keep the running score a plain sum of log-probabilities; divide by length ** alpha once, when a "
       "hypothesis finishes", "累计得分就是对数概率之和；只在假设结束时除以一次 length ** alpha",
       r"\*\*\s*\(?alpha|\*\*\s*\(?length_penalty", r"alpha"),
+    d("beam_scores_not_accumulated", "the beam search ranks candidates by the new token's log-probability "
+      "alone, not the hypothesis' summed score",
+      "束搜索只按新 token 的对数概率给候选排序，没有加上假设的累计得分",
+      "a candidate's score is its hypothesis' score plus the new token's log-probability: "
+      "candidates.append((score + log_prob, tokens + [token])) (batched: log_probs + beam_scores[:, None])",
+      "候选的得分是它所在假设的得分加上新 token 的对数概率：candidates.append((score + log_prob, tokens + "
+      "[token]))（批量写法：log_probs + beam_scores[:, None]）",
+      r"^\s*\w*scores?\w*\s*=\s*\w*log_?probs?\w*(\[[^]]*\])?\s*$", r"\.append\(\(\s*\w*log_?probs?\w*\s*,",
+      r"log_?prob"),
     d("beam_one_not_greedy", "with beam size 1 and no length penalty the beam search is not greedy decoding",
       "束宽为 1（beam_size=1）、没有长度惩罚时，束搜索与贪心解码不一致",
       "each step scores the next token from the last position (out[:, -1]), adds log-probabilities and keeps "

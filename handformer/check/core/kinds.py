@@ -64,7 +64,13 @@ KINDS_TABLE: tuple[Kind, ...] = (
          "LayerNorm", "层归一化 LayerNorm", "pieces:check_norm"),
     Kind("rmsnorm", ("RMSNorm", "RmsNorm", "RMSNormalization"), "RMSNorm", "RMSNorm", "pieces:check_norm"),
     Kind("positional_encoding", ("PositionalEncoding", "SinusoidalPositionalEncoding", "PositionEncoding",
-                                 "SinusoidalPositionEncoding", "PositionalEmbedding", "位置编码"),
+                                 "SinusoidalPositionEncoding", "PositionalEmbedding", "位置编码",
+                                 "SinusoidalPositionalEmbedding",  # fairseq's, Marian's
+                                 # functions that make the table: the TensorFlow tutorial's, Whisper's,
+                                 # tensor2tensor's, and common spellings
+                                 "positional_encoding", "sinusoids", "get_timing_signal_1d",
+                                 "get_sinusoid_encoding_table", "sinusoidal_positional_encoding",
+                                 "get_positional_encoding", "position_encoding", "sinusoidal_encoding"),
          "sinusoidal positional encoding", "正弦位置编码", "pieces:check_positional_encoding"),
     Kind("add_norm", ("AddNorm", "AddAndNorm", "AddNormalization"), "Add & Norm (d2l's AddNorm)",
          "Add & Norm（d2l 的 AddNorm）", "layers:check_add_norm"),

@@ -374,7 +374,8 @@ def localize_causal_mask(fn: Any, args: list[Any], T: int) -> Departure | None:
 def table_views(L: int, D: int) -> list[View]:
     """The sinusoidal table's sub-steps for positions 0 .. L-1: the positions (a column and a row),
     the even indices, the frequencies and their inverse, the angles, their sines and cosines, the
-    table (L, D) and with a batch or a middle axis of 1."""
+    table (L, D) and with a batch or a middle axis of 1; then those of the other layouts of
+    PE_LAYOUTS (tensor2tensor's halves), so that a table right in its own layout departs nowhere."""
     pos = torch.arange(L, dtype=torch.float64)
     even = torch.arange(0, D, 2, dtype=torch.float64)  # (D/2,)
     freq = torch.exp(even * (-math.log(10000.0) / D))  # (D/2,)
@@ -385,14 +386,27 @@ def table_views(L: int, D: int) -> list[View]:
             ("the frequencies 1/10000^(2i/d_model)", freq), ("10000^(2i/d_model)", 1 / freq),
             ("the angles pos·freq", angles), ("sin(angles)", angles.sin()), ("cos(angles)", angles.cos()),
             ("the table PE", table), ("the table PE (1, L, D)", table[None]),
-            ("the table PE (L, 1, D)", table[:, None])]
+            ("the table PE (L, 1, D)", table[:, None])] + sum((_layout_views(L, D, layout)
+                                                               for layout in ("halves", "t2t")), [])
 
 
-def localize_table(build: Callable[[], Any], module: nn.Module, D: int) -> Departure | None:
-    """Build the learner's positional encoding once more, traced with the constants it makes
-    (positions in whole numbers too): the first that is none of the table's sub-steps, at the length
-    it builds (its longest axis)."""
-    filename = inspect.getsourcefile(type(module))
+def _layout_views(L: int, D: int, layout: str) -> list[View]:
+    """A [sin | cos] layout's frequencies, angles and table."""
+    steps = V.PE_LAYOUTS[layout][1](D)
+    freq = torch.exp(torch.arange(D // 2, dtype=torch.float64) * (-math.log(10000.0) / steps))  # (D/2,)
+    angles = torch.arange(L, dtype=torch.float64)[:, None] * freq  # (L, D/2)
+    table = V.sinusoidal(L, D, layout=layout)  # (L, D)
+    return [(f"the frequencies ({layout})", freq), (f"the exponents ({layout})", freq.log()),
+            (f"the angles ({layout})", angles), (f"sin(angles) ({layout})", angles.sin()),
+            (f"cos(angles) ({layout})", angles.cos()), (f"the table PE ({layout})", table),
+            (f"the table PE ({layout}, 1, L, D)", table[None])]
+
+
+def localize_table(build: Callable[[], Any], owner: Any, D: int) -> Departure | None:
+    """Build the learner's positional encoding once more (`owner`: its class, or the function that
+    makes the table), traced with the constants it makes (positions in whole numbers too): the first
+    that is none of the table's sub-steps, at the length it builds (its longest axis)."""
+    filename = inspect.getsourcefile(owner)
     steps = trace_steps(build, filename, constants=NUMBERS)
     if not steps:
         return None

@@ -55,6 +55,8 @@ EXCLUSIVE: dict[frozenset[str], str] = {
     frozenset({"beam_no_stop_at_eos", "beam_finished_extended"}): "both rewrite the branch that keeps an "
         "ended hypothesis out of the beam",
     frozenset({"bpe_decode_per_token", "bpe_decode_strict"}): "both rewrite the line that decodes the bytes",
+    frozenset({"beam_length_penalty_per_step", "beam_scores_not_accumulated"}): "both rewrite the line that "
+        "scores a candidate",
 }
 MASKING: dict[frozenset[str], str] = {
     frozenset({"kv_cache_not_advanced", "rope_no_offset"}): "a cache that never moves on starts every call "
@@ -97,6 +99,9 @@ MASKING: dict[frozenset[str], str] = {
         "same whether or not finished ones are extended",
     frozenset({"beam_shortest_returned", "beam_length_penalty_per_step"}): "returning the first finished "
         "hypothesis, the search never compares scores, so how they are divided cannot be seen",
+    frozenset({"beam_scores_not_accumulated", "beam_shortest_returned"}): "with the scores not summed, "
+        "returning the first finished hypothesis answers as Hugging Face's layout does with the scores not "
+        "summed (its copies of the start all live): only the scores are named",
     frozenset({"beam_finished_extended", "beam_length_penalty_per_step"}): "with the penalty compounded "
         "the extended hypotheses give the same answers as a search where EOS never ends one",
     **{frozenset({"beam_batched_differs", other}): "with this mistake both sentences of the batch get the "
@@ -106,5 +111,6 @@ MASKING: dict[frozenset[str], str] = {
     **{frozenset({"beam_one_not_greedy", other}): "scoring the first position instead of the last, the "
        "search follows none of the scenarios' paths, so nothing else in it can be seen"
        for other in ("beam_no_stop_at_eos", "beam_eos_not_emitted", "beam_finished_extended",
-                     "beam_shortest_returned", "beam_length_penalty_per_step")},
+                     "beam_shortest_returned", "beam_length_penalty_per_step",
+                     "beam_scores_not_accumulated")},
 }

@@ -487,22 +487,37 @@ def causal_keep(T: int, flags: Flags = frozenset(), device: torch.device | None 
     return torch.ones(T, T, dtype=torch.bool, device=device).tril(diagonal)
 
 
+def _interleaved(sines: Tensor, cosines: Tensor) -> Tensor:
+    return torch.stack([sines, cosines], dim=-1).flatten(1)  # (T, D/2) twice -> (T, D): sin, cos, sin, ...
+
+
+def _halves(sines: Tensor, cosines: Tensor) -> Tensor:
+    return torch.cat([sines, cosines], dim=1)  # (T, D/2) twice -> (T, D): [sin | cos]
+
+
+# the sinusoidal table's layouts: (how the sines and cosines make the table, the number of steps the
+# D/2 exponents i / steps spread over): the paper's; halves with the paper's frequencies (Marian's,
+# torch.cat tutorials'); tensor2tensor's timing signal (fairseq's, Whisper's), its D/2 timescales
+# spread from 1 to 10000 over D/2 - 1 steps
+PE_LAYOUTS: dict[str, tuple[Callable[[Tensor, Tensor], Tensor], Callable[[int], float]]] = {
+    "paper": (_interleaved, lambda D: D / 2), "halves": (_halves, lambda D: D / 2),
+    "t2t": (_halves, lambda D: D / 2 - 1)}
+
+
 def sinusoidal(T: int, D: int, flags: Flags = frozenset(), dtype: torch.dtype = torch.float64,
-               ) -> Tensor:
-    """PE[pos, 2i] = sin(pos / 10000^(2i/D)), PE[pos, 2i+1] = cos(...); (T, D). Flags give the
-    classic wrong versions."""
+               layout: str = "paper") -> Tensor:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/D)), PE[pos, 2i+1] = cos(...); (T, D); in another layout of
+    PE_LAYOUTS on request. Flags give the classic wrong versions."""
+    join, steps = PE_LAYOUTS[layout]
     pos = torch.arange(T, dtype=dtype)[:, None]  # (T, 1)
-    pair = torch.arange(0, D, 2, dtype=dtype)  # (D/2,): 2i
+    i = torch.arange(D // 2, dtype=dtype)  # (D/2,): the pair's index
     form = has(flags, "pe_wrong_frequency")
-    table = torch.zeros(T, D, dtype=dtype)
     if form == "dim_index":  # column j uses 10000^(j/D), not the pair's 2i
         angle = pos / 10000 ** (torch.arange(D, dtype=dtype) / D)  # (T, D)
         even, odd = angle[:, 0::2], angle[:, 1::2]
     else:
-        exponent = {"pair_index": pair / 2 / D, "positive": -pair / D}.get(form or "", pair / D)
+        exponent = {"pair_index": i / 2 / steps(D), "positive": -i / steps(D)}.get(form or "", i / steps(D))
         even = odd = pos / 10000 ** exponent  # (T, D/2)
     sin, cos = (torch.cos, torch.sin) if has(flags, "pe_sin_cos_swapped") is not None else (
         torch.sin, torch.cos)
-    table[:, 0::2] = sin(even)
-    table[:, 1::2] = cos(odd)
-    return table
+    return join(sin(even), cos(odd))  # (T, D)

@@ -15,7 +15,10 @@ answers:
 - "compounded": the short one is best, and dividing the running score by the length penalty
   at every step would make the long one win;
 - "count_eos" and "count_bos": which of a short and a long hypothesis wins depends on whether the
-  length counts EOS, and BOS.
+  length counts EOS, and BOS;
+- "first_finished": the first hypothesis to finish is not the best;
+- "accumulated": ranking the candidates by the new token's log-probability alone, not the summed
+  score, returns the other of two hypotheses of one length.
 
 The learner's output is compared with handformer's beam search (`reference`, the same rules as
 handformer.generation.decoding.beam_search: of the 2K best candidates an EOS among the K best
@@ -24,7 +27,8 @@ have finished and no live one can beat the worst; the best normalised score wins
 length conventions tutorials use (the length counting EOS, not counting it, or counting BOS too,
 reported as a convention). Named: EOS never ends a hypothesis, EOS left out of the output,
 finished hypotheses extended, the shortest finished hypothesis returned instead of the best
-normalised one, the length penalty compounded at every step; beam size 1 without a length penalty
+normalised one, the length penalty compounded at every step, candidates ranked by their last
+token's log-probability alone; beam size 1 without a length penalty
 must be greedy decoding; a search that takes a batch must give each sentence what it gives that
 sentence alone (the two sentences steered by different tables).
 
@@ -83,6 +87,11 @@ SCENARIOS: dict[str, Table] = {
     # included): the first finished one is not the best
     "first_finished": {(): {TOK_A: 0.5, TOK_B: 0.45}, (TOK_A,): {EOS: 0.55}, (TOK_B,): {TOK_C: 0.95},
                        (TOK_B, TOK_C): {EOS: 0.95}},
+    # A C EOS and B C EOS, of one length: B C EOS has the better sum, A C EOS the better last two
+    # tokens, so only a search that ranks by the new token alone returns A C EOS
+    "accumulated": {(): {TOK_A: 0.6, TOK_B: 0.35}, (TOK_A,): {TOK_C: 0.4, TOK_D: 0.35},
+                    (TOK_B,): {TOK_C: 0.95}, (TOK_A, TOK_C): {EOS: 0.95}, (TOK_A, TOK_D): {EOS: 0.9},
+                    (TOK_B, TOK_C): {EOS: 0.9}},
 }
 LENGTHS = {"eos": ("the length counts the new tokens and EOS", "长度按新生成的 token 加 EOS 计"),
            "no_eos": ("the length counts the new tokens without EOS", "长度按新生成的 token 计，不含 EOS"),
@@ -94,8 +103,12 @@ PENALTIES = {"": ("score / length^alpha", "得分 / 长度^alpha"),
                        "得分 / ((5 + 长度) / 6)^alpha（GNMT 的写法）")}
 CONVENTIONS = {f"{n}{p}": (f"{pen}; {en}", f"{pen_zh}；{zh}") for p, (pen, pen_zh) in PENALTIES.items()
                for n, (en, zh) in LENGTHS.items()}
+NOT_SUMMED = "beam_scores_not_accumulated"
+# the scores not summed in Hugging Face's layout (":hf"): the K copies of the start, kept apart only by
+# the -1e9 the sum would have carried, all live; the search stops by the best live score at the length
+# reached (BeamHypotheses.is_done), not at the longest length (the rule of this reference)
 FLAGS = ("beam_no_stop_at_eos", "beam_eos_not_emitted", "beam_finished_extended", "beam_shortest_returned",
-         "beam_length_penalty_per_step")
+         "beam_length_penalty_per_step", NOT_SUMMED, f"{NOT_SUMMED}:hf")
 
 
 # --- handformer's beam search, with the named mistakes on request -------------------------------
@@ -127,17 +140,11 @@ def reference(model: Steered, memory: Tensor, K: int, steps: int, alpha: float, 
     def norm(score: float, tokens: list[int]) -> float:
         return score / penalty(length(tokens, conv), conv, alpha)
 
-    live: list[tuple[float, list[int]]] = [(0.0, [BOS])]
+    hf = f"{NOT_SUMMED}:hf" in flags
+    live: list[tuple[float, list[int]]] = [(0.0, [BOS])] * (K if hf else 1)
     finished: list[tuple[float, list[int]]] = []
     for step in range(1, steps + 1):
-        candidates = []
-        for score, tokens in live:
-            for token, lp in enumerate(logp(tokens)):
-                s = score + lp
-                if "beam_length_penalty_per_step" in flags:
-                    s = s / step ** alpha
-                candidates.append((s, tokens + [token]))
-        candidates.sort(key=lambda c: -c[0])
+        candidates = _candidates(live, logp, step, alpha, flags)
         live = []
         for rank, (s, tokens) in enumerate(candidates[:2 * K]):
             ends = tokens[-1] == EOS and "beam_no_stop_at_eos" not in flags
@@ -146,7 +153,8 @@ def reference(model: Steered, memory: Tensor, K: int, steps: int, alpha: float, 
             if (not ends or "beam_finished_extended" in flags) and len(live) < K:
                 live.append((s, tokens))
         best = sorted((f[0] for f in finished), reverse=True)[:K]
-        if not live or (len(best) == K and best[-1] >= max(s for s, _ in live) / penalty(steps, conv, alpha)):
+        reach = step if hf else steps  # the length the best live one may reach
+        if not live or (len(best) == K and best[-1] >= max(s for s, _ in live) / penalty(reach, conv, alpha)):
             break
     if not finished:
         out = max(live, key=lambda c: norm(*c))[1]
@@ -157,6 +165,18 @@ def reference(model: Steered, memory: Tensor, K: int, steps: int, alpha: float, 
     if "beam_eos_not_emitted" in flags and out[-1] == EOS:
         out = out[:-1]
     return out
+
+
+def _candidates(live: list[tuple[float, list[int]]], logp: Callable[[list[int]], list[float]], step: int,
+                alpha: float, flags: frozenset[str]) -> list[tuple[float, list[int]]]:
+    """Every live hypothesis extended by every token, best first: scored by the sum of its
+    log-probabilities (by the new token's alone under beam_scores_not_accumulated; divided by
+    step ** alpha under beam_length_penalty_per_step)."""
+    unsummed = bool(flags & {NOT_SUMMED, f"{NOT_SUMMED}:hf"})
+    divisor = step ** alpha if "beam_length_penalty_per_step" in flags else 1.0
+    candidates = [((lp if unsummed else score + lp) / divisor, tokens + [token])
+                  for score, tokens in live for token, lp in enumerate(logp(tokens))]
+    return sorted(candidates, key=lambda c: -c[0])
 
 
 def greedy(model: Steered, memory: Tensor, steps: int) -> list[int]:
@@ -337,7 +357,7 @@ def _beam_findings(res: ComponentResult, ctx: Context, comp: Component, outcomes
         model, memory, got = next(o for o in outcomes.values()
                                   if not _same(o[2], reference(o[0], o[1], 2, steps, alpha, conv)))
         right = reference(model, memory, 2, steps, alpha, conv)
-        res.findings.append(_finding(ctx, comp, flag, text(
+        res.findings.append(_finding(ctx, comp, flag.partition(":")[0], text(
             f"your best hypothesis ({show(got)}) equals handformer's beam search with this mistake; the "
             f"right one is {show(right)}",
             f"你的最优假设（{show(got)}）与带这个错误的 handformer 束搜索一致；"
@@ -371,7 +391,9 @@ def _search(outcomes: dict[str, tuple[Steered, Tensor, list[int]]], steps: int, 
 
 
 def _combos(n: int) -> list[frozenset[str]]:
-    return [frozenset(c) for c in itertools.combinations(FLAGS, n)]
+    """The sets of n mistakes, two forms of one mistake never together."""
+    return [frozenset(c) for c in itertools.combinations(FLAGS, n)
+            if len({flag.partition(":")[0] for flag in c}) == n]
 
 
 def _batched(res: ComponentResult, ctx: Context, comp: Component, call: Call, make: Maker,

@@ -28,7 +28,7 @@ from handformer.check.core.context import (
     shape_of,
 )
 from handformer.check.core.conventions import file_masks_where_true
-from handformer.check.core.discovery import Component, own_objects
+from handformer.check.core.discovery import Component, argument_keys, own_objects
 from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import (
     localize_causal_mask,
@@ -38,6 +38,7 @@ from handformer.check.core.localize_kinds import (
 )
 from handformer.check.core.probe import Found, Probe, Subject, localize_step, name_findings, run_probe
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
+from handformer.check.core.sizes import SIZES
 from handformer.check.core.source import first_line, locate, source_lines, source_text
 from handformer.check.core.weights import (
     Gainless,
@@ -618,12 +619,26 @@ PE_FLAGS = ("pe_sin_cos_swapped", "pe_wrong_frequency:pair_index", "pe_wrong_fre
 
 
 PE_B, PE_T = 2, 12  # the batch and length the table is read at
+PE_SIZES = {**SIZES, "pad_id": 0}  # an encoding of token ids may ask for the padding index (fairseq's)
+PE_WORDS = {"paper": ("the paper's table", "论文的编码表"),
+            "halves": ("sines and cosines in halves, [sin | cos], at the paper's frequencies (Marian's, "
+                       "a torch.cat of the two)",
+                       "正弦和余弦各占一半 [sin | cos]，频率与论文相同（Marian 的写法，torch.cat 两者）"),
+            "t2t": ("tensor2tensor's timing signal (fairseq's, Whisper's): sines and cosines in halves, "
+                    "[sin | cos], the timescales from 1 to 10000 over d_model/2 - 1 steps",
+                    "tensor2tensor 的 timing signal（fairseq、Whisper 也这样写）：正弦和余弦各占一半 "
+                    "[sin | cos]，时间尺度从 1 到 10000，分 d_model/2 - 1 步")}
 
 
 def _build_pe(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
-    """The learner's positional encoding as x -> x + PE[:T] (a module that returns the table for
-    token ids, as hyunwoongko's does, is read that way, noted); no weights to read."""
-    module = ctx.build(comp)
+    """The learner's positional encoding as x -> x + PE[:T]: a module of x; a module that returns
+    the table for token ids (hyunwoongko's; fairseq's, its positions after the padding index), noted;
+    a function that makes the table, (length, d_model) in either order (the TensorFlow tutorial's
+    positional_encoding, Whisper's sinusoids). No weights: the readings are the table's layouts
+    (PE_LAYOUTS) and, for token ids after a padding index, the first position."""
+    if not isinstance(comp.obj, type):
+        return _pe_function(comp, ctx)
+    module = ctx.build(comp, PE_SIZES)
     ids = _table_of_ids(res, module, PE_B, PE_T)
     first = ids is None and _sequence_first(res, ctx, module)
 
@@ -635,7 +650,42 @@ def _build_pe(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
             return fp.first_tensor(ctx.learner.call("forward", module, x.transpose(0, 1))).transpose(0, 1)
         return fp.first_tensor(ctx.learner.call("forward", module, x))
 
-    return Subject(run, [(None, None)], module, {"build": lambda: ctx.build(comp)})
+    # an encoding of token ids built with a padding index counts its positions after it (fairseq's)
+    padded = ids is not None and "pad_id" in argument_keys(comp.obj).values()
+    offsets = (0, PE_SIZES["pad_id"] + 1) if padded else (0,)
+    readings = [((layout, k), (layout, k)) for layout in V.PE_LAYOUTS for k in offsets]
+    return Subject(run, readings, module, {"build": lambda: ctx.build(comp, PE_SIZES), "owner": type(module),
+                                           "padded": padded})
+
+
+def _pe_function(comp: Component, ctx: Context) -> Subject:
+    """A function that makes the table: called with (length, d_model) or (d_model, length), whichever
+    gives a (length, d_model) table (a batch axis of 1 allowed); else with (length, d_model), its
+    error or its output the learner's."""
+    fn = comp.obj
+    made = [_table_from(fp.quietly(lambda order=order: fn(*order))) for order in ((MAX_LEN, D), (D, MAX_LEN))]
+    table = next(filter(lambda t: t is not None, made), None)
+    if table is None:
+        out = ctx.learner.call("forward", fn, MAX_LEN, D)
+        raise ctx.learner.fail("forward", f"{comp.name}({MAX_LEN}, {D}) returned {shape_of(out)}; expected "
+                               f"the table ({MAX_LEN}, {D})", f"{comp.name}({MAX_LEN}, {D}) 返回了 "
+                               f"{shape_of(out)}；应当返回编码表 ({MAX_LEN}, {D})")
+    readings = [((layout, 0), (layout, 0)) for layout in V.PE_LAYOUTS]
+    return Subject(lambda x: x + table[: x.size(1)], readings, None,
+                   {"build": lambda: fn(MAX_LEN, D), "owner": fn})
+
+
+PE_TABLE_SHAPES = {(MAX_LEN, D), (1, MAX_LEN, D), (MAX_LEN, 1, D)}
+
+
+def _table_from(out: object) -> Tensor | None:
+    """A (length, d_model) table from what a function returned (a tensor or an array, (L, D),
+    (1, L, D) or (L, 1, D)); None for anything else."""
+    try:
+        table = torch.as_tensor(out, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):  # None, a tuple of tensors: no table
+        return None
+    return table.reshape(MAX_LEN, D) if tuple(table.shape) in PE_TABLE_SHAPES else None
 
 
 def _sequence_first(res: ComponentResult, ctx: Context, module: object) -> bool:
@@ -662,18 +712,34 @@ def _pe_shape(ctx: Context, comp: Component, subject: Subject, x: Tensor, table:
 
 def _pe_compared(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found,
                  ) -> None:
-    """The step that compares the table with handformer's and checks forward(x) = x + PE[:T]."""
+    """The step that compares the table with handformer's (or with its layout's, DIFFERS) and checks
+    forward(x) = x + PE[:T] (a module's; a function's table is added here)."""
     pe, T = found.out, PE_T
-    expected = sinusoidal_table(MAX_LEN, D).double()[:T]
+    expected, (en, zh) = _pe_expected(res, found)
     x = fp.randn(PE_B, T, D, seed=3)
     out = subject.run(x)
-    added = fp.max_error(out, x + pe)
-    res.max_abs_error = max(fp.max_error(pe, expected), added if out is not None else float("inf"))
-    res.checks.append(Check(text(f"the table equals handformer's sinusoidal_table for {T} positions",
-                                 f"前 {T} 个位置的编码表与 handformer 的 sinusoidal_table 一致"),
-                            fp.max_error(pe, expected) < 1e-5, error_text(fp.max_error(pe, expected))))
-    res.checks.append(Check(text("forward(x) returns x + PE[:T]", "forward(x) 返回 x + PE[:T]"),
-                            added < 1e-5, error_text(added)))
+    added = fp.max_error(out, x + pe) if out is not None else float("inf")
+    table_error = fp.max_error(pe, expected)
+    same = text(f"the table equals {en} for {T} positions", f"前 {T} 个位置的编码表与{zh}一致")
+    res.checks.append(Check(same, table_error < 1e-5, error_text(table_error)))
+    res.max_abs_error = max(table_error, added)
+    res.checks += [Check(text("forward(x) returns x + PE[:T]", "forward(x) 返回 x + PE[:T]"), added < 1e-5,
+                         error_text(added))] * (subject.module is not None)
+
+
+def _pe_expected(res: ComponentResult, found: Found) -> tuple[Tensor, tuple[str, str]]:
+    """The table of the layout and first position the search read (handformer's sinusoidal_table
+    for the paper's from position 0); another is a convention: DIFFERS, said in res."""
+    layout, offset = found.key if found.matched is not None else ("paper", 0)
+    if (layout, offset) == ("paper", 0):
+        return sinusoidal_table(MAX_LEN, D).double()[:PE_T], ("handformer's sinusoidal_table",
+                                                              " handformer 的 sinusoidal_table ")
+    res.status = DIFFERS
+    res.convention = text(*PE_WORDS[layout])
+    res.notes += [text(f"its positions start at {offset} (fairseq's: after the padding index)",
+                       f"它的位置从 {offset} 开始（fairseq 的写法：在填充下标之后）")] * (offset > 0)
+    return V.sinusoidal(PE_T + offset, D, layout=layout)[offset:], ("the table of this convention",
+                                                                     "这种写法的编码表")
 
 
 POSITIONAL_ENCODING = Probe(
@@ -681,10 +747,13 @@ POSITIONAL_ENCODING = Probe(
     inputs=lambda s: torch.zeros(PE_B, PE_T, D, dtype=torch.float64),
     shape=_pe_shape,
     observe=lambda table: table.reshape(-1, PE_T, D)[0],  # (T, D)
-    reference=lambda w, x, flags: V.sinusoidal(PE_T, D, flags),
+    reference=lambda w, x, flags: V.sinusoidal(PE_T + w[1], D, flags, layout=w[0])[w[1]:],
     universe=lambda s: PE_FLAGS,
     steps=(name_findings, _pe_compared,
-           localize_step(lambda s, found: localize_table(s.facts["build"], s.module, D))),
+           # a table of positions counted after a padding index is read in the forward, which the
+           # build's trace does not see: not localized
+           localize_step(lambda s, found: None if s.facts.get("padded") else localize_table(
+               s.facts["build"], s.facts["owner"], D))),
 )
 
 
@@ -694,19 +763,18 @@ def check_positional_encoding(comp: Component, ctx: Context) -> ComponentResult:
 
 
 def _table_of_ids(res: ComponentResult, module: torch.nn.Module, B: int, T: int) -> Tensor | None:
-    """Token ids (B, T) when the module refuses x (B, T, D) and returns the table (T, D) for ids (the
-    style of hyunwoongko's PositionalEncoding, whose embedding adds it; noted in res); else None."""
-    try:
-        module(torch.zeros(B, T, D))
-        return None
-    except Exception:  # noqa: BLE001  (their forward refuses x: perhaps it takes the ids)
-        pass
-    ids = torch.ones(B, T, dtype=torch.long)
+    """Token ids (B, T) when the module returns the table for ids, (T, D) (the style of hyunwoongko's
+    PositionalEncoding, whose embedding adds it) or (B, T, D) (fairseq's), and refuses x (B, T, D) or
+    gives it another shape; noted in res; else None."""
+    of_x = fp.quietly(lambda: module(torch.zeros(B, T, D)))  # None where their forward refuses x
+    ids = torch.full((B, T), 5, dtype=torch.long)  # no padding index (fairseq's counts positions past pads)
     out = fp.quietly(lambda: module(ids))  # None where it refuses ids too: the check reports the refusal of x
-    if not isinstance(out, Tensor) or tuple(out.shape) != (T, D):
+    if not isinstance(out, Tensor) or tuple(out.shape) not in ((T, D), (B, T, D)):
         return None
-    res.notes.append(text("forward(ids) returns the table PE[:T], which the embedding adds "
-                          "(hyunwoongko's): checked as x + forward(ids)",
-                          "forward(ids) 返回编码表 PE[:T]，由嵌入层相加（hyunwoongko 的写法）："
-                          "按 x + forward(ids) 检查"))
+    if isinstance(of_x, Tensor) and of_x.shape == out.shape:  # x read as x (a table returned unadded: FAIL)
+        return None
+    res.notes.append(text("forward(ids) returns the table of the ids' positions, which the embedding adds "
+                          "(hyunwoongko's, fairseq's): checked as x + forward(ids)",
+                          "forward(ids) 返回这些 id 所在位置的编码表，由嵌入层相加"
+                          "（hyunwoongko、fairseq 的写法）：按 x + forward(ids) 检查"))
     return ids
