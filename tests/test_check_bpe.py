@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from check_plants import correct_file, planted_file
+from check_plants import correct_file, edited_copy, planted_file
 
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import exit_code, format_report, to_json
@@ -253,3 +253,16 @@ def test_a_trainer_returning_gpt2s_text_encoder_and_merges_is_read_back_in_bytes
     (trainer,) = result.components
     assert trainer.status == "pass" and trainer.checks[0].ok, format_report(result)
     assert bpe.gpt2_bytes("Ġt") == b" t" and bpe.gpt2_bytes("中") == "中".encode()
+
+
+def test_a_tiktoken_style_encoder_of_mergeable_ranks_is_graded_without_special_tokens(tmp_path):
+    """Built from mergeable_ranks alone (bytes -> rank; no special tokens) and splitting text with its
+    own pattern: handed the ranks, graded under its pre-tokenizer and without special tokens; merging
+    the pair of highest rank first fails."""
+    result = check_file(str(RANKS / "encoder.py"))
+    (codec,) = result.components
+    assert codec.status == "pass", format_report(result)
+    assert any("takes no special tokens" in n["en"] for n in codec.notes)
+    assert any("own pre-tokenizer (pretokenize)" in n["en"] for n in codec.notes)
+    planted = edited_copy(tmp_path, RANKS / "encoder.py", [("_, i = min(ranked)", "_, i = max(ranked)")])
+    assert check_file(planted).components[0].status == "fail", format_report(check_file(planted))

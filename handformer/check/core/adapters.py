@@ -21,7 +21,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from handformer.check.core.argument_names import call_parameters
+from handformer.check.core.argument_names import call_parameters, names_of
 from handformer.check.core.result import LearnerError
 
 ADAPTERS_FILE = "handformer_adapters.py"
@@ -51,15 +51,13 @@ SIZE_NAMES = {"d_model": "d_model", "n_heads": "n_heads", "n_kv_heads": "n_kv_he
 CANNOT = ("mapping", "internal", "stand_in", "discovery", "cannot_build", "cannot_call")
 
 
-def cannot_check(error: LearnerError | None) -> bool:
+def cannot_check(error: LearnerError) -> bool:
     """Whether an error says nothing about the learner's code: check could not build the component
     (its constructor's arguments, or the constructor raising on the arguments check guessed), could
     not map its weights or call it, a stand-in would not take the learner's call, or handformer's own
     grader failed; or their own `assert` refused the input check gave (Umar Jamil's Llama: "Only one
     token at a time can be processed"): an input their code does not accept. The learner's exceptions
     on inputs their code accepts are not among them."""
-    if error is None:
-        return False
     return error.kind in CANNOT or (error.kind == "exception" and error.where == "__init__") or refused(error)
 
 
@@ -79,13 +77,12 @@ def adapter_hint(comp: Any) -> str:
         keys = argument_keys(obj)
         wanted = [k for k in dict.fromkeys(keys.values()) if k]
         params = ", ".join(SIZE_NAMES.get(k, k) for k in wanted) or "d_model, n_heads"
-        args = ", ".join(f"{n}={SIZE_NAMES[k]}" if k in SIZE_NAMES else f"{n}=..." for n, k in keys.items())
+        args = ", ".join(f"{n}={SIZE_NAMES.get(k, '...')}" for n, k in keys.items())
         return f"def make_{comp.kind}({params}):\n    return {obj.__name__}({args})"
     call = CALLS.get(comp.kind, "...")
     name = getattr(obj, "__name__", comp.name)
     try:
-        theirs = ", ".join(_as_called(q.name, call) for q in call_parameters(obj, ("self",))
-                           if q.default is q.empty)
+        theirs = ", ".join(_as_called(n, call) for n in names_of(call_parameters(obj, ("self",)))[1])
     except (TypeError, ValueError):
         theirs = "..."
     if "." in comp.name:  # a method (GPT.generate): called on the model check gives

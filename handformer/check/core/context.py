@@ -22,7 +22,14 @@ from torch import Tensor, nn
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import call_parameters, named, names_of, readable_parameters  # noqa: F401  (the runners import them here)
 from handformer.check.core.conventions import conventions_for, is_lengths_name, masks_where_true
-from handformer.check.core.discovery import SIZE_OF, Component, build, own_objects, with_head_size
+from handformer.check.core.discovery import (
+    SIZE_OF,
+    Component,
+    build,
+    defined_here,
+    own_objects,
+    with_head_size,
+)
 from handformer.check.core.result import PASS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.sizes import (  # noqa: F401  (the runners import them here)
     DROPOUT,
@@ -41,6 +48,7 @@ from handformer.check.core.source import (
     global_reads,
     locate,
     locate_form,
+    reachable,
     source_lines,
     source_text,
 )
@@ -77,21 +85,22 @@ class Context:
         self.learner = fp.Learner(self.path)
 
     @contextlib.contextmanager
-    def hyperparameters(self, comp: Component, sizes: dict[str, Any] | None = None) -> Iterator[None]:
+    def hyperparameters(self, comp: Component) -> Iterator[None]:
         """The learner's module-level hyperparameters that `comp` reads (Karpathy's n_embd, n_head,
-        block_size, vocab_size), set to the sizes its runner builds with (or `sizes`: the tutorial's,
-        for the shape check) for the length of its check, then put back; the report says so
-        (`hyperparameter_note`)."""
-        nested = sizes is not None
-        wanted = module_sizes(self.module, comp, sizes or KIND_SIZES.get(comp.kind, SIZES))
-        if nested:
-            wanted = {k: v for k, v in wanted.items() if k in vars(self.module)}
-        else:
-            self.hyperparameter_note = None
+        block_size, vocab_size), set to the sizes its runner builds with for the length of its check,
+        then put back; the report says so (`hyperparameter_note`)."""
+        wanted = module_sizes(self.module, comp, KIND_SIZES.get(comp.kind, SIZES))
+        self.hyperparameter_note = None
         with globals_set(self.module, wanted) as old:
-            if wanted and not nested:
+            if wanted:
                 self.hyperparameter_note = _set_note(wanted, old)
             yield
+
+    def sizes_set(self, comp: Component, sizes: dict[str, Any]) -> contextlib.AbstractContextManager:
+        """Inside a check, the module-level hyperparameters `comp` reads that the learner's file
+        defines, set to `sizes` (the tutorial's, for the shape check) for the block, then put back."""
+        wanted = module_sizes(self.module, comp, sizes)
+        return globals_set(self.module, {k: v for k, v in wanted.items() if k in vars(self.module)})
 
     def result(self, comp: Component) -> ComponentResult:
         """A new result for `comp`, kept as the one in progress: when the learner's code raises later,
@@ -130,6 +139,7 @@ class Context:
         scramble_(module, seed)
         return attributes_double_(module.double()).eval()
 
+    @torch.no_grad()
     def materialize(self, comp: Component, module: nn.Module, warmup: Callable[[nn.Module], Any] | None,
                     ) -> None:
         """A module with lazy layers (d2l's nn.LazyLinear) run once by `warmup` at check's sizes, which
@@ -141,21 +151,20 @@ class Context:
                                     "handformer cannot give shapes to here; use nn.Linear(in, out)",
                                     f"{comp.name} 有惰性层（nn.LazyLinear），handformer "
                                     "在这里给不了它们形状；请用 nn.Linear(in, out)")
-        with torch.no_grad():
-            self.learner.call("forward", warmup, module.eval())
+        self.learner.call("forward", warmup, module.eval())
         self._shape_unused_lazy(comp, module)
 
     def _shape_unused_lazy(self, comp: Component, module: nn.Module) -> None:
         """A lazy layer that the first forward never called has no shape: a LazyLinear(n) gets
         (n, n) (d2l's W_o is num_hiddens to num_hiddens), so that a projection the forward forgot is
-        mapped, and named, as a written-out nn.Linear would be; any other lazy layer is an error."""
+        mapped, and named, as a written-out nn.Linear would be; any other lazy layer is an error
+        (called by `materialize`, without gradients)."""
         for name, sub in module.named_modules():
             own = sub.parameters(recurse=False)
             if not any(isinstance(p, nn.parameter.UninitializedParameter) for p in own):
                 continue
             if isinstance(sub, nn.LazyLinear):
-                with torch.no_grad():
-                    sub.initialize_parameters(torch.zeros(1, sub.out_features))
+                sub.initialize_parameters(torch.zeros(1, sub.out_features))
                 continue
             raise self.learner.fail("forward", f"{comp.name}.{name} ({type(sub).__name__}) is never called "
                                     "by forward, so it has no shape; remove it, or call it",
@@ -270,12 +279,8 @@ def module_sizes(module: types.ModuleType, comp: Component, sizes: dict[str, Any
     as globals and that stand for a size (n_embd, n_head, block_size, vocab_size, head_size, ...),
     each with the value `sizes` gives it; names their code never reads are left alone."""
     sizes = with_head_size(sizes)
-    own = {n: o for n, o in own_objects(module).items() if "." not in n}
-    reads, todo = set(), [comp.obj]
-    while todo:  # each of their objects is followed the first time a name reads it
-        names = global_reads(todo.pop()) - reads
-        reads |= names
-        todo += [own[n] for n in names if n in own]
+    own = defined_here(module)  # each of their objects followed to the names it reads
+    reads = reachable(global_reads(comp.obj), lambda name: global_reads(own[name]) if name in own else set())
     out = {}
     for name in sorted(reads):
         key = SIZE_OF.get(name.lower())

@@ -107,9 +107,6 @@ def encode_mask(keep: Tensor | None, convention: str, batch: int | None = None) 
     if batch is not None and keep.size(0) != batch:
         keep = keep.expand(batch, *keep.shape[1:])
     name, rank = split(convention)
-    if name == "lens":
-        lengths = keep.sum(-1)[:, 0]  # (B, T|1)
-        return lengths[:, 0] if lengths.size(1) == 1 else lengths  # (B,) or (B, T)
     return RANK_FORMS[rank](CONVENTIONS[name][1](keep))
 
 
@@ -125,7 +122,14 @@ def _heads(mask: Tensor) -> Tensor:
     return mask.expand(B, H, T, S).reshape(B * H, T, S)  # (B * H, T, S)
 
 
-# each rank's form of a mask (B, 1, T|1, S) in its convention
+def _lengths(counts: Tensor) -> Tensor:
+    """Valid lengths from the keys each query sees (B, 1, T|1): (B,) when every query sees the same
+    keys, else (B, T)."""
+    lengths = counts[:, 0]  # (B, T|1)
+    return lengths[:, 0] if lengths.size(1) == 1 else lengths
+
+
+# each rank's form of a mask (B, 1, T|1, S) in its convention (valid lengths: of their counts (B, 1, T|1))
 RANK_FORMS: dict[str, Callable[[Tensor], Tensor]] = {
     "": lambda mask: mask,
     "3": lambda mask: mask[:, 0],  # (B, T|1, S)
@@ -133,6 +137,7 @@ RANK_FORMS: dict[str, Callable[[Tensor], Tensor]] = {
     "n": _key_padding_or_heads,
     "x": _heads,  # (B * H, T|1, S) whatever the mask
     "s": lambda mask: mask[:, 0].permute(1, 2, 0),  # sequence-first: (T|1, S, B)
+    "lens": _lengths, "lens_keys": _lengths,
 }
 
 

@@ -37,8 +37,9 @@ def cuda_as_cpu(path: str | None = None) -> None:
 
 
 def _cpu(value: Any) -> Any:
-    if isinstance(value, str) and value.startswith("cuda") or isinstance(value, torch.device) and \
-            value.type == "cuda":
+    """A device named "cuda" (a string, or a torch.device of type cuda) as the CPU; any other value as
+    it is."""
+    if isinstance(value, (str, torch.device)) and str(value).startswith("cuda"):
         return torch.device("cpu")
     return value
 

@@ -16,11 +16,11 @@ import itertools
 import re
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from handformer.check.core.argument_names import input_roles, readable_parameters
+from handformer.check.core.argument_names import call_parameters, input_roles, readable_parameters
 from handformer.check.core.kinds import KINDS_TABLE
 from handformer.check.core.size_roles import with_roles
 from handformer.check.core.source import config_reads, module_reads, source_text
@@ -183,12 +183,17 @@ class Component:
 def find_components(module: types.ModuleType, overrides: dict[str, str] | None = None,
                     only: list[str] | None = None, adapters: dict[str, Any] | None = None) -> list[Component]:
     """The learner's components in the order of KINDS (a kind may match several names, e.g. an FFN
-    and a SwiGLU); each name is checked once. `adapters` (handformer.check.core.adapters.functions): a
-    make_<kind> builds that kind's class; a function named after a kind is checked in place of it."""
-    found = _by_name(module, overrides, only)
+    and a SwiGLU); each name is checked once; `only`: these kinds alone. `adapters`
+    (handformer.check.core.adapters.functions): a make_<kind> builds that kind's class; a function
+    named after a kind is checked in place of it."""
+    overrides = overrides or {}
+    own = own_objects(module)
+    _refuse_unknown(overrides, only or [], own)
+    wanted = set(only or KINDS)  # every kind found is one of KINDS
+    found = _by_name(own, overrides, wanted)
     for name, fn in (adapters or {}).items():
         kind = name.removeprefix("make_")
-        if kind not in NAMES or (only and kind not in only):
+        if kind not in wanted:
             continue
         if name.startswith("make_"):
             ours = [c for c in found if c.kind == kind and inspect.isclass(c.obj)]
@@ -220,11 +225,9 @@ def _reached(fn: Any) -> list[Any]:
 SIZES_FOR_ADAPTERS = {"d_model": 16, "n_heads": 4, "d_ff": 40, "dropout": 0.1, "max_len": 64}
 
 
-def _by_name(module: types.ModuleType, overrides: dict[str, str] | None, only: list[str] | None,
-             ) -> list[Component]:
-    """The components found by their names (and --component KIND=NAME)."""
-    overrides = overrides or {}
-    own = own_objects(module)
+def _refuse_unknown(overrides: dict[str, str], only: list[str], own: dict[str, Any]) -> None:
+    """A DiscoveryError for --component KIND=NAME of a kind check has not or a name the file does not
+    define, and for --component KIND of a kind check has not."""
     for kind, name in overrides.items():
         if kind not in NAMES:
             raise DiscoveryError(f"--component {kind}={name}: unknown kind {kind!r}; kinds: "
@@ -236,22 +239,33 @@ def _by_name(module: types.ModuleType, overrides: dict[str, str] | None, only: l
                                  f"{', '.join(sorted(own)) or 'no class or function'}",
                                  zh=f"--component {kind}={name}：文件里没有定义 {name!r}；它定义了 "
                                     f"{', '.join(sorted(own)) or '（没有类或函数）'}")
-    for kind in only or []:
+    for kind in only:
         if kind not in NAMES:
             raise DiscoveryError(f"--component {kind}: unknown kind; kinds: {', '.join(KINDS)}",
                                  zh=f"--component {kind}：没有这类组件；可以检查的种类：{', '.join(KINDS)}")
+
+
+def _by_name(own: dict[str, Any], overrides: dict[str, str], wanted: set[str]) -> list[Component]:
+    """The components of the `wanted` kinds found by their names (and --component KIND=NAME)."""
     found, taken = [], set()
     named = set(overrides.values())  # a name given with --component is checked as that kind only
     for kind, names in NAMES.items():
-        wanted = [overrides[kind]] if kind in overrides else [
-            n for n in _matching(names, own, kind) if n not in named]
-        for name in wanted:
-            actual = kind if kind in overrides else refine(kind, own[name])
-            if name not in taken and (not only or actual in only):
+        for name, actual in _named(kind, names, own, overrides, named):
+            if name not in taken and actual in wanted:
                 taken.add(name)
                 found.append(Component(actual, name, as_called(own[name])))
-    found += _by_structure(own, taken | named | set(TABLED), only)
-    return found + _by_signature(own, taken | named, only, set(overrides))
+    found += _by_structure(own, taken | named | set(TABLED), wanted)
+    return found + _by_signature(own, taken | named, wanted, set(overrides))
+
+
+def _named(kind: str, names: tuple[str, ...], own: dict[str, Any], overrides: dict[str, str], named: set[str],
+           ) -> list[tuple[str, str]]:
+    """(name, the kind it is checked as) of each of the learner's objects a kind's `names` find: the one
+    --component gives it, as that kind; else those its table finds (not given to another kind), each
+    as what it does says (`refine`)."""
+    if kind in overrides:
+        return [(overrides[kind], kind)]
+    return [(n, refine(kind, own[n])) for n in _matching(names, own, kind) if n not in named]
 
 
 # what a decoder-only model's __init__ builds, whatever its name (AI2's OLMo): token embeddings and a
@@ -260,17 +274,17 @@ TOKENIZER_METHODS = ("train", "encode", "decode")  # a tokenizer that trains its
 MODEL_PARTS = re.compile(r"nn\.Embedding\(.*nn\.ModuleList\(", re.S)
 
 
-def _by_structure(own: dict[str, Any], taken: set[str], only: list[str] | None) -> list[Component]:
+def _by_structure(own: dict[str, Any], taken: set[str], wanted: set[str]) -> list[Component]:
     """The learner's classes that no name found but that are decoder-only models by what they build
     (an embedding, then a list of blocks) and what their forward takes (one sequence of ids)."""
     return [Component("gpt", name, obj, "structure") for name, obj in own.items()
-            if "gpt" in (only or ["gpt"]) and inspect.isclass(obj) and name not in taken and "." not in name
+            if "gpt" in wanted and inspect.isclass(obj) and name not in taken and "." not in name
             and not name.endswith(SUFFIXES["gpt"])  # found, or left as a backbone, by its name
             and not any("mask" in p.name and p.default is p.empty for p in _forward_parameters(obj).values())
             and _decoder_model(obj)] + [
         Component("bpe_tokenizer", name, obj, "methods") for name, obj in own.items()  # minbpe's classes
-        if "bpe_tokenizer" in (only or ["bpe_tokenizer"]) and name not in taken and "." not in name
-        and trains_itself(obj)] + _processors(own, taken, only)
+        if "bpe_tokenizer" in wanted and name not in taken and "." not in name
+        and trains_itself(obj)] + _processors(own, taken, wanted)
 
 
 def as_called(obj: Any) -> Any:
@@ -282,7 +296,7 @@ def as_called(obj: Any) -> Any:
     return as_filter(obj, setting) if kind else obj
 
 
-def _processors(own: dict[str, Any], taken: set[str], only: list[str] | None) -> list[Component]:
+def _processors(own: dict[str, Any], taken: set[str], wanted: set[str]) -> list[Component]:
     """The learner's logits processors in Hugging Face's style (processors.py), each as the filter its
     constructor's setting names, called through a function of the logits."""
     from handformer.check.core.processors import as_filter, processor_setting
@@ -291,9 +305,9 @@ def _processors(own: dict[str, Any], taken: set[str], only: list[str] | None) ->
     settings = {name: processor_setting(obj) for name, obj in own.items() if name not in taken}
     schedules = {name: schedule_class(obj) for name, obj in own.items() if name not in taken}
     return [Component(kind, name, as_filter(own[name], argument), "call")
-            for name, (kind, argument) in settings.items() if kind in (only or KINDS)] + [
+            for name, (kind, argument) in settings.items() if kind in wanted] + [
         Component("schedule", name, fn, "schedule_class") for name, fn in schedules.items()
-        if fn is not None and "schedule" in (only or KINDS)]
+        if fn is not None and "schedule" in wanted]
 
 
 def trains_itself(obj: Any) -> bool:
@@ -305,7 +319,7 @@ def trains_itself(obj: Any) -> bool:
         callable(getattr(obj, m, None)) for m in TOKENIZER_METHODS)
 
 
-def _by_signature(own: dict[str, Any], taken: set[str], only: list[str] | None, pointed: set[str],
+def _by_signature(own: dict[str, Any], taken: set[str], wanted: set[str], pointed: set[str],
                   ) -> list[Component]:
     """The learner's free functions whose name is in no kind's table, taken as the kind their
     signature and a call say they are (signatures.py): Raschka's generate_text_simple, a filter called
@@ -318,7 +332,7 @@ def _by_signature(own: dict[str, Any], taken: set[str], only: list[str] | None, 
         if skip or not inspect.isfunction(obj):
             continue
         kind = kind_of(obj)
-        if kind is not None and (not only or kind in only) and kind not in pointed:
+        if kind in wanted and kind not in pointed:
             found.append(Component(kind, name, obj, "signature"))
     return found
 
@@ -524,13 +538,18 @@ def causal_inside(cls: Any) -> bool:
     return any(CAUSAL_WORDS.search(source_text(o)) for o in [cls, *used])
 
 
+def defined_here(module: types.ModuleType) -> dict[str, Any]:
+    """The classes and functions the learner's file defines (not the ones it imports), by name."""
+    return {name: obj for name, obj in vars(module).items()
+            if (inspect.isclass(obj) or inspect.isfunction(obj))
+            and getattr(obj, "__module__", None) == module.__name__
+            and getattr(obj, "__name__", "") != "<lambda>"}  # encode = lambda s: [stoi[c] ...]: no component
+
+
 def own_objects(module: types.ModuleType) -> dict[str, Any]:
-    """The classes and functions the learner's file defines (not the ones it imports), by name; a
-    class's own `generate` method too, as "Class.generate" (nanoGPT's `GPT.generate`)."""
-    own = {name: obj for name, obj in vars(module).items()
-           if (inspect.isclass(obj) or inspect.isfunction(obj))
-           and getattr(obj, "__module__", None) == module.__name__
-           and getattr(obj, "__name__", "") != "<lambda>"}  # encode = lambda s: [stoi[c] ...]: no component
+    """`defined_here`, and a class's own `generate` method too, as "Class.generate" (nanoGPT's
+    `GPT.generate`)."""
+    own = defined_here(module)
     for name, obj in list(own.items()):
         method = vars(obj).get("generate") if inspect.isclass(obj) else None
         if inspect.isfunction(method):
@@ -555,7 +574,7 @@ def _config_values(sizes: dict[str, Any]) -> dict[str, Any]:
     sizes.setdefault("tgt_vocab", sizes.get("src_vocab"))
     fields = {alias: sizes[key] for key, aliases in ARGUMENTS.items() if sizes.get(key) is not None
               for alias in aliases}
-    fields.update({k: v for k, v in FIXED.items() if k not in fields})
+    fields = {**FIXED, **fields}  # a size given over a fixed value of the same name
     fields["bias"] = True
     fields["norm_eps"] = fields["eps"] = fields["rms_norm_eps"] = 1e-5
     return fields
@@ -688,8 +707,7 @@ def _class_fields(own: type) -> set[str]:
 def init_parameters(cls: Any) -> list[inspect.Parameter]:
     """The arguments of a class's constructor (or of a function), `self`, *args and **kwargs left out."""
     init = cls.__init__ if inspect.isclass(cls) else cls
-    return [p for p in list(inspect.signature(init).parameters.values())[int(inspect.isclass(cls)):]
-            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return call_parameters(init)[int(inspect.isclass(cls)):]
 
 
 def argument_keys(cls: Any) -> dict[str, str | None]:
@@ -715,7 +733,10 @@ def _is_axis(p: inspect.Parameter) -> bool:
 ADAPTERS: dict[Any, Any] = {}  # the learner's class -> the make_<kind> adapter that builds it
 
 
-def build(cls: type, sizes: dict[str, Any], parts: dict[str, Any] | None = None) -> Any:
+NO_PARTS: Mapping[str, Any] = types.MappingProxyType({})  # a constructor built with no part of the learner's
+
+
+def build(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any] = NO_PARTS) -> Any:
     """cls(**arguments matched by name). `parts` builds learner modules passed as arguments
     (the Annotated Transformer's EncoderLayer(size, self_attn, feed_forward, dropout)). A class with
     an adapter (make_<kind> in the adapters file) is built by it, its arguments matched the same way."""
@@ -737,7 +758,7 @@ def build(cls: type, sizes: dict[str, Any], parts: dict[str, Any] | None = None)
             continue
         elif (choice := plain_choice(p, target)) is not None:
             kwargs[p.name] = choice
-        elif parts and (part := _part_for(p.name, parts)) is not None:
+        elif (part := _part_for(p.name, parts)) is not None:
             kwargs[p.name] = part()
         else:
             known = "; ".join(f"{k}: {', '.join(v[:4])}" for k, v in ARGUMENTS.items())
@@ -754,6 +775,6 @@ def build(cls: type, sizes: dict[str, Any], parts: dict[str, Any] | None = None)
 PART_WORDS = (("mha", ("cross", "attn", "attention")), ("ffn", ("ff", "feed", "mlp")))
 
 
-def _part_for(name: str, parts: dict[str, Any]) -> Any:
+def _part_for(name: str, parts: Mapping[str, Any]) -> Any:
     lowered = name.lower()
     return next((parts.get(key) for key, words in PART_WORDS if any(w in lowered for w in words)), None)

@@ -10,9 +10,9 @@ import inspect
 import re
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -21,14 +21,15 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.adapters import adapter_hint, cannot_check
 from handformer.check.core.adapters import functions as adapter_functions
 from handformer.check.core.adapters import load as load_adapters
+from handformer.check.core.argument_names import names_of
 from handformer.check.core.conventions import nan_only_on_masked_rows
 from handformer.check.core.discovery import (
     NAMES,
     Component,
     DiscoveryError,
+    defined_here,
     defined_names,
     find_components,
-    own_objects,
 )
 from handformer.check.core.kinds import KINDS_BY_NAME
 from handformer.check.core.precision import float64_kept
@@ -46,7 +47,7 @@ from handformer.check.core.result import (
     LearnerError,
     text,
 )
-from handformer.check.core.source import learner_error, source_lines, source_text
+from handformer.check.core.source import learner_error, reachable, source_lines, source_text
 from handformer.check.core.weights import MappingError
 from handformer.check.runners.localize_layers import note_layer_departure
 
@@ -77,13 +78,17 @@ def import_learner(path: str) -> types.ModuleType:
     if spec is None or spec.loader is None:
         raise FileNotFoundError(f"{path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
-    folder = str(Path(path).resolve().parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)  # their file may import its neighbours, as under pytest
+    importable(Path(path).resolve().parent)  # their file may import its neighbours, as under pytest
     in_package(module, path)
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def importable(folder: Path) -> None:
+    """The folder on sys.path (first), where it is not yet."""
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
 
 
 def in_package(module: types.ModuleType, path: str) -> None:
@@ -99,8 +104,7 @@ def in_package(module: types.ModuleType, path: str) -> None:
         folder = folder.parent
     if parts:
         module.__package__ = ".".join(parts)
-        if str(folder) not in sys.path:
-            sys.path.insert(0, str(folder))
+        importable(folder)
 
 
 # the top-level statements that are the script's work, not definitions, by their node type: loops,
@@ -124,9 +128,7 @@ def import_definitions(path: str) -> tuple[types.ModuleType, list[str]]:
     module.__file__ = path
     in_package(module, path)
     sys.modules[module.__name__] = module
-    folder = str(Path(path).resolve().parent)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
+    importable(Path(path).resolve().parent)
     lines, skipped = source.splitlines(), []
     for node in tree.body:
         first = f"line {node.lineno}: {lines[node.lineno - 1].strip()[:80]}"
@@ -145,18 +147,8 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
     ctx.partial = None
     ctx.learner.calls = ctx.learner.nan_calls = 0
     result = _run_checked(comp, ctx)
-    if result.status == ERROR and not result.findings and not_implemented(comp, result.error):
-        result.status = TODO
-    if result.status == ERROR and not result.findings and (cannot_check(result.error) or needs_skipped(
-            result.error, ctx.skipped) or method_on_stand_in(comp, result)):
-        theirs = None
-        if result.error and result.error.kind == "mapping":
-            with ctx.hyperparameters(comp):
-                theirs = raises_alone(comp, ctx)
-        if theirs is not None:  # their forward raises on a plain input it accepts: their exception
-            result.error = theirs
-        else:
-            result.status, result.adapter = NOT_CHECKED, adapter_hint(comp)
+    if result.status == ERROR and not result.findings:
+        _nothing_found(comp, ctx, result, result.error)
     settled = nan_only_on_masked_rows(_module_source(ctx), result.findings, result.notes)
     if settled and result.status == FAIL:
         from handformer.check.core.context import finish
@@ -165,15 +157,31 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
         finish(result)
     # their code raised, at their line, on an input it accepts: it fails (driven by a stand-in, the
     # stand-in's outputs may be what it refuses: still an ERROR)
-    stand_in = result.driven is not None and result.driven["en"].startswith("a stand-in")
     if result.status == ERROR and result.error is not None and result.error.kind == "exception" and (
-            result.error.traceback and not stand_in):
+            result.error.traceback and not driven_by_stand_in(result)):
         result.status = FAIL
     if result.error is not None and result.findings:  # a finding's line and where it raised: two at most
         result.error.traceback = result.error.traceback[-1:]
     _add_notes(comp, ctx, result)
     ctx.results[comp.name] = result
     return result
+
+
+def _nothing_found(comp: Component, ctx: Context, result: ComponentResult, error: LearnerError) -> None:
+    """An ERROR with nothing found (its `error` never None: _run_checked gives every ERROR one): a
+    starter's TODO; NOT CHECKED where the error says nothing of the learner's code, unless their forward
+    raises on a plain input it accepts (`raises_alone`): then their exception."""
+    if not_implemented(comp, error):
+        result.status = TODO
+    elif cannot_check(error) or needs_skipped(error, ctx.skipped) or method_on_stand_in(comp, result):
+        theirs = None
+        if error.kind == "mapping":
+            with ctx.hyperparameters(comp):
+                theirs = raises_alone(comp, ctx)
+        if theirs is not None:  # their forward raises on a plain input it accepts: their exception
+            result.error = theirs
+        else:
+            result.status, result.adapter = NOT_CHECKED, adapter_hint(comp)
 
 
 def _module_source(ctx: Context) -> str:
@@ -263,6 +271,7 @@ def _add_notes(comp: Component, ctx: Context, result: ComponentResult) -> None:
 SMOKED = ("mha", "gqa", "causal_attention", "ffn", "layernorm", "rmsnorm", "block", "encoder_layer")
 
 
+@torch.no_grad()
 def raises_alone(comp: Component, ctx: Context) -> LearnerError | None:
     """For a component whose weights could not be mapped: its exception when, built at check's sizes,
     its own forward raises on a plain (2, 5, d_model) input (q = k = v, no mask): then the learner's
@@ -284,8 +293,7 @@ def raises_alone(comp: Component, ctx: Context) -> LearnerError | None:
         return None
     call = c.call if comp.kind in ("mha", "gqa", "causal_attention") else None
     try:
-        with torch.no_grad():
-            call(x, x, x, None) if call else module(x)
+        call(x, x, x, None) if call else module(x)
     except Exception as err:  # noqa: BLE001
         error = learner_error(err, ctx.path, "forward")
         return error if error.kind == "exception" and error.traceback else None
@@ -294,25 +302,28 @@ def raises_alone(comp: Component, ctx: Context) -> LearnerError | None:
 
 def _required(module: nn.Module) -> set[str]:
     """The names of the arguments its forward requires (no default)."""
-    return {p.name for p in inspect.signature(module.forward).parameters.values() if p.default is p.empty}
+    return set(names_of(list(inspect.signature(module.forward).parameters.values()))[1])
 
 
 def method_on_stand_in(comp: Component, result: ComponentResult) -> bool:
     """A class's own method (minimind's `MiniMindForCausalLM.generate`) driven with a stand-in
-    as its model raised: it may read attributes only its own class has."""
-    error, driven = result.error, result.driven
-    if "." not in comp.name or error is None or error.kind != "exception" or driven is None:
+    as its model raised: it may read attributes only its own class has (an ERROR: its error is set)."""
+    error = result.error
+    if "." not in comp.name or error.kind != "exception" or not driven_by_stand_in(result):
         return False
-    if not driven["en"].startswith("a stand-in"):
-        return False
-    result.error.kind = "stand_in"
+    error.kind = "stand_in"
     return True
 
 
-def needs_skipped(error: LearnerError | None, skipped: list[str]) -> bool:
+def driven_by_stand_in(result: ComponentResult) -> bool:
+    """Whether the component was driven with a stand-in of check's (a loop handed a model of check's)."""
+    return result.driven is not None and result.driven["en"].startswith("a stand-in")
+
+
+def needs_skipped(error: LearnerError, skipped: list[str]) -> bool:
     """An exception that a top-level statement that was not run explains: a NameError of a name it
     defines (Karpathy's stoi, built from the data file)."""
-    if error is None or not skipped or not error.message.startswith("NameError"):
+    if not skipped or not error.message.startswith("NameError"):
         return False
     error.kind = "cannot_call"
     error.message_zh = f"{error.message}（这个名字由一条没有运行的顶层语句定义：见没有运行的顶层语句）"
@@ -320,11 +331,9 @@ def needs_skipped(error: LearnerError | None, skipped: list[str]) -> bool:
     return True
 
 
-def not_implemented(comp: Component, error: LearnerError | None) -> bool:
+def not_implemented(comp: Component, error: LearnerError) -> bool:
     """A component that is still a starter's TODO: it raised NotImplementedError, or its own code
     raises one and it failed before getting there (a class whose `__init__` builds no layers yet)."""
-    if error is None:
-        return False
     if error.kind == "not_implemented":
         return True
     try:
@@ -360,16 +369,13 @@ def inherited(comp: Component, ctx: Context) -> list[Finding]:
     """The mistakes of the learner's other components that this one uses (its source calls them,
     directly or through their other functions), for a component that fails with none of its own: a
     block whose FFN has no down projection, a generate loop whose sampling step is wrong."""
-    own = {n: o for n, o in own_objects(ctx.module).items() if "." not in n}
+    own = defined_here(ctx.module)
     sources = {name: source_text(obj) for name, obj in own.items()}
-    reached, todo = set(), [comp.name.split(".")[0]]
-    while todo:
-        name = todo.pop()
-        for other in own:
-            calls = re.search(rf"\b{re.escape(other)}\s*\(", sources.get(name, ""))
-            if other not in reached and other != name and calls:
-                reached.add(other)
-                todo.append(other)
+
+    def called(name: str) -> set[str]:  # the file's other objects its source calls
+        return {o for o in own if o != name and re.search(rf"\b{re.escape(o)}\s*\(", sources.get(name, ""))}
+
+    reached = reachable(called(comp.name.split(".")[0]), called)
     out = []
     for name in sorted(reached):
         for f in ctx.results.get(name, ComponentResult("", "")).findings:
@@ -393,10 +399,13 @@ def internal_error(err: Exception, path: str) -> LearnerError:
                         "不是你的代码的问题；请连同你的文件一起报告）")
 
 
+def _ignored(*told: Any) -> None:
+    """A callback that does nothing with what it is told."""
+
+
 def check_file(path: str, overrides: dict[str, str] | None = None, only: list[str] | None = None,
-               convention: str | None = None,
-               emit: Callable[[ComponentResult], None] | None = None,
-               started: Callable[[str, str], None] | None = None, skip: list[str] | None = None,
+               convention: str | None = None, emit: Callable[[ComponentResult], None] = _ignored,
+               started: Callable[[str, str], None] = _ignored, skip: Sequence[str] = (),
                adapters: str | None = None, definitions_only: bool = False) -> FileResult:
     """Import the learner's file and check each component it defines. `started(step, kind)` is told
     each step before it runs: "import", then each component's name and the kind it is checked as."""
@@ -405,14 +414,13 @@ def check_file(path: str, overrides: dict[str, str] | None = None, only: list[st
     result = FileResult(path)
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path}: no such file")
-    if started:
-        started("import", "")
+    started("import", "")
     module = _import(path, result, definitions_only)
     found = module and _discover(module, result, adapters, path, overrides, only)
     if not found:
         return result
     components, everything = found
-    todo = [c for c in components if c.name not in (skip or [])]
+    todo = [c for c in components if c.name not in skip]
     ctx = Context(path, module, {c.kind: c for c in reversed(everything)}, convention)
     ctx.skipped = result.skipped
     threads = torch.get_num_threads()
@@ -420,12 +428,10 @@ def check_file(path: str, overrides: dict[str, str] | None = None, only: list[st
     try:
         with float64_kept():  # their float32 casts keep check's float64
             for comp in todo:
-                if started:
-                    started(comp.name, comp.kind)
+                started(comp.name, comp.kind)
                 res = check_component(comp, ctx)
                 result.components.append(res)
-                if emit:
-                    emit(res)
+                emit(res)
     finally:
         torch.set_num_threads(threads)
     return result
@@ -439,9 +445,9 @@ def _import(path: str, result: FileResult, definitions_only: bool) -> types.Modu
             module, result.skipped = import_definitions(path)
         else:
             module = import_learner(path)
+    except KeyboardInterrupt:
+        raise
     except BaseException as err:  # their module body: anything it raises is reported
-        if isinstance(err, KeyboardInterrupt):
-            raise
         error = learner_error(err, path, "import")
         if definitions_only or isinstance(err, (SyntaxError, SystemExit)) or error.kind != "exception":
             result.error = error

@@ -107,13 +107,14 @@ def weights_of(value: Any, skip_first: bool = True) -> Tensor | None:
     """The attention weights (B, H, T, S) in a returned tuple, if any: not a tensor with moderate
     negative entries, or none above 0, which no softmax gives (a mask filled after it gives -1e9 or
     -inf), such as T5's position bias handed on to the next layer."""
-    if isinstance(value, (tuple, list)):
-        items = list(value)[1:] if skip_first else list(value)
-        for item in items:  # a 4-D tensor with no moderate negative entry and some above 0
-            if isinstance(item, Tensor) and item.dim() == 4 and not bool(((item < 0) & (item > -1e6)).any()) \
-                    and bool((item > 0).any()):
-                return item
-    return None
+    items = list(value)[int(skip_first):] if isinstance(value, (tuple, list)) else []
+    return next(filter(_softmax_like, items), None)
+
+
+def _softmax_like(item: Any) -> bool:
+    """A 4-D tensor with no moderate negative entry and some above 0."""
+    return isinstance(item, Tensor) and item.dim() == 4 and not bool(((item < 0) & (item > -1e6)).any()) \
+        and bool((item > 0).any())
 
 
 def max_error(a: Tensor | None, b: Tensor | None, rows: Tensor | None = None) -> float:
@@ -228,36 +229,36 @@ def hooked(handles: list[Any]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def dropout_off() -> Iterator[None]:
-    """F.dropout (which nn.Dropout calls) and torch.dropout as the identity: lets the other checks
-    run on a component whose dropout stays on in eval mode."""
+def _dropout_as(replacement: Callable[..., Tensor], given: Any = None) -> Iterator[Any]:
+    """F.dropout (which nn.Dropout calls) and torch.dropout replaced inside the block; it is `given`."""
     saved = F.dropout, torch.dropout
-
-    def identity(x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-        return x
-
-    F.dropout, torch.dropout = identity, identity
+    F.dropout, torch.dropout = replacement, replacement
     try:
-        yield
+        yield given
     finally:
         F.dropout, torch.dropout = saved
 
 
-@contextlib.contextmanager
-def dropout_recorder() -> Iterator[list[Tensor]]:
-    """Like dropout_off, and every tensor handed to dropout is recorded (detached) in the list."""
-    saved = F.dropout, torch.dropout
+def _identity(x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    return x
+
+
+def dropout_off() -> contextlib.AbstractContextManager[None]:
+    """Dropout as the identity: lets the other checks run on a component whose dropout stays on in
+    eval mode."""
+    return _dropout_as(_identity)
+
+
+def dropout_recorder() -> contextlib.AbstractContextManager[list[Tensor]]:
+    """Like dropout_off, and every tensor handed to dropout is recorded (detached) in the list the
+    block is given."""
     seen: list[Tensor] = []
 
     def record(x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         seen.append(x.detach().clone())
         return x
 
-    F.dropout, torch.dropout = record, record
-    try:
-        yield seen
-    finally:
-        F.dropout, torch.dropout = saved
+    return _dropout_as(record, seen)
 
 
 def randn(*shape: int, seed: int) -> Tensor:

@@ -29,8 +29,10 @@ def find_layouts_(module: nn.Module, one_token: Callable[[], Tensor | None], D: 
     output unchanged as its query and key rows change; else (blocks alone does, or neither: a mistake
     elsewhere, or a module that does not run on one token) blocks, the common one."""
     fused = fused_among(of_kind(leaves(module), "linear"), D, head_dim, least=head_dim)
-    before = _quiet(one_token) if fused else None  # (no fused projection: nothing run)
-    kept = [name for name in LAYOUTS if fused and _unmoved(fused, name, D, head_dim, one_token, before)]
+    if not fused:  # nothing run
+        return
+    before = _quiet(one_token)
+    kept = [name for name in LAYOUTS if _unmoved(fused, name, D, head_dim, one_token, before)]
     found = "grouped" if kept == ["grouped"] else "blocks"
     FOUND.update(dict.fromkeys([leaf.module for leaf in fused], found))
 

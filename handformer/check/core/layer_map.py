@@ -153,8 +153,8 @@ def _norm_kind(function: str, owner: Any) -> str:
     if "layer" in function.lower():
         return "layernorm"
     module = sys.modules.get(getattr(owner, "__module__", ""), None)
-    own = getattr(module, function, None)  # None where no module
-    return "layernorm" if own is not None and "layer_norm" in source_text(own) else "rmsnorm"
+    own = getattr(module, function, None)  # None where no module: no source
+    return "layernorm" if "layer_norm" in source_text(own) else "rmsnorm"
 
 
 def gainless_norm(name: str, kind: str, width: int) -> Gainless:

@@ -969,11 +969,9 @@ def _positioned(w: V.MHAWeights, qh: Tensor, kh: Tensor, views: list[View],
     if w.qk_norm is not None:
         views = views + [("the heads of q, normed (QK-norm)", normed[0]),
                          ("the heads of k, normed (QK-norm)", normed[1])]
-    if w.rope == "half":
-        views = views + [(f"rotate_half({name})", rotate_half(t)) for name, t in zip("qk", normed)]
-    if w.rope == "interleaved":  # GPT-J's rotate_every_two: (-x1, x0, -x3, x2, ...)
-        pairs = [torch.stack((-t[..., 1::2], t[..., ::2]), -1).flatten(-2) for t in normed]  # (B, H, T, Dh)
-        views = views + [(f"rotate_every_two({name})", t) for name, t in zip("qk", pairs)]
+    if w.rope in ROTATION_HELPERS:
+        helper = ROTATION_HELPERS[w.rope]
+        views = views + [(f"{helper.__name__}({name})", helper(t)) for name, t in zip("qk", normed)]
     qr, kr = V.qk_positions(w, qh, kh, 0, frozenset())
     if V.is_rotary(w.rope):
         views = views + [(f"the heads of q, rotated ({w.rope} rotary)", qr),
@@ -985,6 +983,15 @@ def rotate_half(t: Tensor) -> Tensor:
     """(..., Dh) -> (-the second half, the first half): the half-split rotation's helper."""
     half = t.size(-1) // 2
     return torch.cat([-t[..., half:], t[..., :half]], dim=-1)
+
+
+def rotate_every_two(t: Tensor) -> Tensor:
+    """(..., Dh) -> (-x1, x0, -x3, x2, ...): the interleaved rotation's helper (GPT-J's)."""
+    return torch.stack((-t[..., 1::2], t[..., ::2]), -1).flatten(-2)  # (..., Dh)
+
+
+# a rotary layout -> the helper whose output the learner's code makes on the way (rotate_half(q))
+ROTATION_HELPERS = {"half": rotate_half, "interleaved": rotate_every_two}
 
 
 def _repeated(w: V.MHAWeights, kh: Tensor, vh: Tensor, views: list[View],

@@ -23,6 +23,7 @@ from handformer.check.core.argument_names import (
     TEMPERATURE_NAMES,
     call_parameters,
     named,
+    names_of,
 )
 
 # a processor's setting by its name -> the filter it is checked as
@@ -53,10 +54,9 @@ def processor_setting(cls: Any) -> tuple[str, str]:
         params = call_parameters(cls.__init__, ("self",))
     except ValueError:  # a constructor of C with no signature to read: no processor of the learner's
         return NONE
-    found = [(kind, name) for kind, aliases in SETTINGS.items() if (name := named([p.name for p in params],
-                                                                                 aliases))]
-    required = {p.name for p in params if p.default is p.empty}
-    return found[0] if len(found) == 1 and required <= {found[0][1]} else NONE
+    names, required = names_of(params)
+    found = [(kind, name) for kind, aliases in SETTINGS.items() if (name := named(names, aliases))]
+    return found[0] if len(found) == 1 and set(required) <= {found[0][1]} else NONE
 
 
 NONE = ("", "")  # no processor

@@ -38,5 +38,5 @@ def _own_linear(body: str, held: str, outputs: str) -> str | None:
     output (`self.o(out)`, `self.add_norm(x, self.attn(x), self.o, ...)`), or None."""
     linears = "|".join(LINEAR.findall(body) + [NEVER])
     given = re.compile(rf"self\.(?:{held})\(|\b(?:{outputs})\b(?!\s*=[^=])")  # not where it is assigned
-    lines = [line for line in body.splitlines() if given.search(line)]
+    lines = filter(given.search, body.splitlines())
     return next((m.group(1) for line in lines if (m := re.search(rf"self\.({linears})\b", line))), None)

@@ -3,7 +3,6 @@ the learner's module with, rotary pairs and QK-norm included."""
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from handformer.check.core.context import D, H
@@ -80,12 +79,7 @@ def handformer_attention(slots: list[Slot], n_kv_heads: int | None = None, rope:
     if qk is not None and qk.weight.numel() != D // heads:  # OLMo-2's: one norm over all the heads
         hf.q_norm, hf.k_norm = (AcrossHeads(make_norm(kind, s.weight().numel(), eps)).double()
                                 for s in slots if s.role in QK_NORM_ROLES)
-    copy_attention(hf, slots)
-    if heads == 1 and not any(s.role.endswith("W_O") for s in slots):  # one head, no output projection
-        with torch.no_grad():
-            hf.o_proj.weight.copy_(torch.eye(D))
-            if hf.o_proj.bias is not None:
-                hf.o_proj.bias.zero_()
+    copy_attention(hf, slots)  # no W_O (one head, or none at all): the identity
     if rope in ("interleaved", "swapped"):
         interleaved_to_half_(hf, heads, swapped=rope == "swapped")
     return GemmaAttention(hf, D // heads, softcap) if softcap else hf

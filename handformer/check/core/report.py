@@ -9,6 +9,7 @@ naming what the file does not define included.
 
 from __future__ import annotations
 
+import collections
 import json
 import locale
 import os
@@ -70,12 +71,14 @@ WORDS = {
 }
 
 
+LOCALE_VARIABLES = ("LC_ALL", "LC_MESSAGES", "LANG", "LANGUAGE")  # the first one set names the locale
+
+
 def default_language() -> str:
     """zh when the locale is Chinese, else en."""
-    for var in ("LC_ALL", "LC_MESSAGES", "LANG", "LANGUAGE"):
-        value = os.environ.get(var, "")
-        if value:
-            return _language(value)
+    value = next(filter(None, map(os.environ.get, LOCALE_VARIABLES)), "")
+    if value:
+        return _language(value)
     try:
         code = locale.getlocale()[0] or ""
     except ValueError:
@@ -272,11 +275,11 @@ def format_report(result: FileResult, lang: str = "en", time_limit: float | None
         return "\n".join(out) + "\n"
     for c in result.components:
         out += format_component(c, lang) + [""]
-    counts = {s: sum(c.status == s for c in result.components) for s in (PASS, DIFFERS, FAIL, ERROR)}
+    counts = collections.Counter(c.status for c in result.components)
     summary = w["summary"].format(p=counts[PASS], d=counts[DIFFERS], f=counts[FAIL], e=counts[ERROR],
                                   n=len(result.components))
     # the statuses the summary adds where any component has them: the words that say so, their count
-    counted = {word: sum(c.status == status for c in result.components)
-               for word, status in (("todo", TODO), ("not_checked", NOT_CHECKED), ("driver", DRIVER))}
-    out.append(summary + "".join(w[word].format(n=n) for word, n in counted.items() if n))
+    extra = (("todo", TODO), ("not_checked", NOT_CHECKED), ("driver", DRIVER))
+    shown = [w[word].format(n=counts[status]) for word, status in extra if counts[status]]
+    out.append(summary + "".join(shown))
     return "\n".join(out) + "\n"

@@ -102,32 +102,33 @@ SCORE_BIAS_NOTES = {
 }
 
 
+# the note on a rotation's layout (the half-split pairs: any other layout of a rotation)
+LAYOUT_NOTES = {
+    "swapped": text("rotary positions inside, halves rotated the other way, (a, b) -> (a cos + b sin, "
+                    "b cos - a sin), as nanochat: a convention, not an error (handformer's rotation on the "
+                    "halves swapped); compared with W_Q and W_K permuted accordingly",
+                    "内部使用旋转位置编码，两半按相反方向旋转，(a, b) -> (a cos + b sin, b cos - a sin)，"
+                    "与 nanochat 相同：这是约定不同，不是错误（等于 handformer 的旋转作用在交换后的两半上）；"
+                    "比较时已相应重排 W_Q 和 W_K 的行"),
+    "interleaved": text("rotary positions inside, interleaved pairs (2j, 2j+1) as Meta's complex "
+                        "freqs_cis: a convention, not an error; handformer pairs j with j + d/2 (as Hugging "
+                        "Face), so it was compared with W_Q and W_K permuted accordingly",
+                        "内部使用旋转位置编码，按 (2j, 2j+1) 交错配对（Meta 的复数 freqs_cis）："
+                        "这是约定不同，不是错误；handformer 把 j 与 j + d/2 配对（与 Hugging Face 一致），"
+                        "比较时已相应重排 W_Q 和 W_K 的行")}
+HALF_NOTE = text("rotary positions inside, pairs (j, j + d/2) as Hugging Face and handformer",
+                 "内部使用旋转位置编码，按 (j, j + d/2) 配对，与 Hugging Face 和 handformer 一致")
+
+
 def rope_note(rope: str) -> dict[str, str]:
     """The report's note on the positions found inside an attention (a rotation, or a score bias)."""
-    if rope in SCORE_BIAS_NOTES:
-        return SCORE_BIAS_NOTES[rope]
     if ":" in rope:
         w = rope.partition(":")[2]
         return text(f"rotary positions inside on the first {w} dims of each head, the rest passed through "
                     "(partial rotary, as GPT-NeoX's rotary_pct and Phi's): a convention, compared so",
                     f"内部使用旋转位置编码，只转每个头的前 {w} 维，其余维不变（部分旋转，和 GPT-NeoX 的 "
                     "rotary_pct、Phi 一样）：这是约定，按它比较")
-    if rope == "swapped":
-        return text("rotary positions inside, halves rotated the other way, (a, b) -> (a cos + b sin, "
-                    "b cos - a sin), as nanochat: a convention, not an error (handformer's rotation on the "
-                    "halves swapped); compared with W_Q and W_K permuted accordingly",
-                    "内部使用旋转位置编码，两半按相反方向旋转，(a, b) -> (a cos + b sin, b cos - a sin)，"
-                    "与 nanochat 相同：这是约定不同，不是错误（等于 handformer 的旋转作用在交换后的两半上）；"
-                    "比较时已相应重排 W_Q 和 W_K 的行")
-    if rope == "interleaved":
-        return text("rotary positions inside, interleaved pairs (2j, 2j+1) as Meta's complex freqs_cis: a "
-                    "convention, not an error; handformer pairs j with j + d/2 (as Hugging Face), so it was "
-                    "compared with W_Q and W_K permuted accordingly",
-                    "内部使用旋转位置编码，按 (2j, 2j+1) 交错配对（Meta 的复数 freqs_cis）："
-                    "这是约定不同，不是错误；handformer 把 j 与 j + d/2 配对（与 Hugging Face 一致），"
-                    "比较时已相应重排 W_Q 和 W_K 的行")
-    return text("rotary positions inside, pairs (j, j + d/2) as Hugging Face and handformer",
-                "内部使用旋转位置编码，按 (j, j + d/2) 配对，与 Hugging Face 和 handformer 一致")
+    return {**SCORE_BIAS_NOTES, **LAYOUT_NOTES}.get(rope, HALF_NOTE)
 
 
 def rope_layouts(module: nn.Module, given_table: bool, given_cos_sin: bool = False,

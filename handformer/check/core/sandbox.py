@@ -45,7 +45,7 @@ def check_in_child(path: str, overrides: dict[str, str] | None = None, only: lis
     result, skip, definitions_only = FileResult(path), [], False
     while True:
         lines, phase, stack, reason = _run_child(
-            {"path": path, "overrides": overrides or {}, "only": only or [], "convention": convention,
+            {"path": path, "overrides": overrides, "only": only, "convention": convention,
              "memory_limit": memory_limit, "time_limit": time_limit, "skip": skip,
              "adapters": str(Path(adapters).resolve()) if adapters else None,
              "definitions_only": definitions_only}, time_limit)
@@ -57,7 +57,7 @@ def check_in_child(path: str, overrides: dict[str, str] | None = None, only: lis
                 result.error = LearnerError(**line["file_error"])
             elif "skipped" in line:
                 result.skipped = line["skipped"]
-        if any("done" in line for line in lines):
+        if _done(lines):
             return result
         step, kind = phase if phase else (None, "")
         error = _stopped(reason, step, stack, path, time_limit, memory_limit, kind)
@@ -101,13 +101,18 @@ def _run_child(request: dict[str, Any], time_limit: float,
         lines = [json.loads(line) for line in _read(files["results"]).splitlines() if line.strip()]
         if reason != "timeout":
             code = proc.returncode
-            finished = code == 0 and any("done" in line for line in lines)
+            finished = code == 0 and _done(lines)
             reason = "done" if finished else f"signal {-code}" if code < 0 else f"exit {code}"
             if stack.strip():
                 reason = "timeout"
         if reason not in ("done", "timeout") and not stack:
             stack = stderr[-2000:]
         return lines, phase, stack, reason
+
+
+def _done(lines: list[dict[str, Any]]) -> bool:
+    """Whether the child's result lines end its check (a "done" line: every component was run)."""
+    return any("done" in line for line in lines)
 
 
 def _read(path: Path) -> str:
@@ -149,7 +154,7 @@ def _stopped(reason: str, phase: str | None, stack: str, path: str, time_limit: 
         return LearnerError("memory", f"killed in {where}, most likely for using more than the "
                             f"{memory_limit} MiB memory limit", where, frames,
                             f"在 {where} 被终止，很可能是用了超过 {memory_limit} MiB 的内存上限")
-    last = stack.strip().splitlines()[-1] if stack.strip() else ""
+    last = ["", *stack.strip().splitlines()][-1]  # "" for no stack
     last_zh = last
     if reason.startswith("exit ") and not last:
         last = ("your code ended the process (os._exit, or a library it called that exits); a component "
@@ -197,7 +202,7 @@ def _child(request: dict[str, Any]) -> None:
         results.flush()
 
     Path(request["progress"]).write_text("ready")
-    result = check_file(request["path"], request["overrides"], request["only"] or None,
+    result = check_file(request["path"], request["overrides"], request["only"],
                         request["convention"], emit=emit, started=started, skip=request["skip"],
                         adapters=request.get("adapters"),
                         definitions_only=request.get("definitions_only", False))

@@ -55,6 +55,7 @@ from handformer.check.core.argument_names import (
     Y_NAMES,
     call_parameters,
     named,
+    names_of,
 )
 from handformer.check.core.processors import own_call, own_method, posing_as
 from handformer.check.core.source import config_reads, source_text
@@ -72,7 +73,8 @@ def _signature(fn: Any) -> tuple[list[inspect.Parameter], list[str], set[str]]:
         params = call_parameters(fn)
     except (TypeError, ValueError):
         params = []
-    return params, [p.name.lower() for p in params], {p.name.lower() for p in params if p.default is p.empty}
+    names, required = names_of(params)
+    return params, [n.lower() for n in names], {n.lower() for n in required}
 
 
 def kind_of(fn: Any) -> str | None:
@@ -215,16 +217,20 @@ def lm_step(fn: Any) -> bool:
 def drawn_loader(fn: Any) -> str | None:
     """The loader a step draws its (x, y) windows from one at a time (build-nanogpt's
     `x, y = train_loader.next_batch()`, `next(data_iter)`), not one it iterates over (an epoch)."""
-    names = [p.name for p in _signature(fn)[0] if p.name.lower() in LOADER_NAMES]
-    code = source_text(fn)
-    return next((n for n in names if re.search(rf"\b{n}\.next_batch\(|\bnext\(\s*{n}\b", code)), None)
+    return _argument_used(fn, LOADER_NAMES, r"\b{0}\.next_batch\(|\bnext\(\s*{0}\b")
 
 
 def paired_batch(fn: Any) -> str | None:
     """The batch a step unpacks into its two windows (`X, Y = batch`, nanoGPT's get_batch pair)."""
-    names = [p.name for p in _signature(fn)[0] if p.name.lower() in BATCH_NAMES]
+    return _argument_used(fn, BATCH_NAMES, r"(?m)^\s*\w+\s*,\s*\w+\s*=\s*{0}\s*$")
+
+
+def _argument_used(fn: Any, aliases: tuple[str, ...], pattern: str) -> str | None:
+    """The first argument of fn named as one of `aliases` that its code uses as `pattern` says
+    (`{0}`: the argument's name); None where none is."""
     code = source_text(fn)
-    return next((n for n in names if re.search(rf"^\s*\w+\s*,\s*\w+\s*=\s*{n}\s*$", code, re.M)), None)
+    return next((p.name for p in _signature(fn)[0] if p.name.lower() in aliases
+                 and re.search(pattern.format(p.name), code)), None)
 
 
 GENERATE_MODEL = tuple(n for n in MODEL_NAMES if n != "self")
@@ -275,7 +281,7 @@ def _logits_kind(fn: Any, params: list[inspect.Parameter], names: list[str], req
     if not required <= fillable:
         return None
     probs = names[0] in PROBS_NAMES
-    rows = ROWS.softmax(-1) if probs else ROWS
+    rows = _as_given(ROWS, probs)
     options = {n: OPTION_VALUES[k] for k, n in takes.items()}
     # one 1-D row's code may run on a batch, mixing its rows (llama.cpp's min-p, a softmax over dim 0):
     # what it does is read row by row
@@ -355,6 +361,11 @@ def _quietly_built(cls: Any) -> Any:
         return None
 
 
+def _as_given(logits: Tensor, probs: bool) -> Tensor:
+    """The rows a function of logits is probed with, as probabilities for a function of them."""
+    return logits.softmax(-1) if probs else logits
+
+
 # sharp rows and flat ones: a function reducing over the whole batch (probs.max()) mixes them
 MIXED_ROWS = torch.cat([ROWS, ROWS * 0.25])
 
@@ -365,7 +376,7 @@ def rows_apart(fn: Any) -> bool:
     something else than the row alone gets (`probs.max()` over the whole input, a softmax over dim=0):
     one 1-D row's code, or (where it runs) a batched filter's mistake, as the file's other filters say."""
     params, names, _ = _signature(fn)
-    rows = MIXED_ROWS.softmax(-1) if set(names[:1]) & set(PROBS_NAMES) else MIXED_ROWS
+    rows = _as_given(MIXED_ROWS, bool(set(names[:1]) & set(PROBS_NAMES)))
     options = _probe_options(fn, params)
     batch, alone = _call(fn, rows, options), _by_row(fn, rows, options)
     return alone is not None and (batch is None or batch.shape != alone.shape or not torch.equal(
@@ -377,7 +388,7 @@ def written_for_one_row(fn: Any, probs: bool, options: dict[str, Any]) -> bool:
     one at a time work where a batch raises. A batch that runs is graded as a batch unless the file's
     other filters take one row (rows_apart): one that mixes its rows beside batched filters is a batched
     filter's mistake."""
-    rows = MIXED_ROWS.softmax(-1) if probs else MIXED_ROWS
+    rows = _as_given(MIXED_ROWS, probs)
     out, error = _attempt(fn, rows, options)
     numbers = "probability tensor" in str(error)  # a batch's own NaN or negative probabilities: a batch step
     return out is None and not numbers and _by_row(fn, rows, options) is not None
@@ -408,10 +419,15 @@ def _attempt(fn: Any, rows: Tensor, options: dict[str, Any]) -> tuple[Tensor | N
             out = fn(rows.clone(), **options)
     except (Exception, SystemExit) as error:  # noqa: BLE001  (not a function of this kind; its own check says why)
         return None, error
-    if isinstance(out, tuple) and out and isinstance(out[0], Tensor):  # (filtered, indices)
-        out = out[0]
+    out = leading_tensor(out)  # (filtered, indices): the filtered
     out = torch.as_tensor(out) if type(out) is int else out
     return (out.detach() if isinstance(out, Tensor) else None), None
+
+
+def leading_tensor(value: Any) -> Any:
+    """A tuple led by a tensor (a filter's (filtered, indices), gpt-fast's sample's (idx_next, probs))
+    as that tensor; any other value as it is."""
+    return value[0] if isinstance(value, tuple) and value and isinstance(value[0], Tensor) else value
 
 
 def _filtered(rows: Tensor, out: Tensor, probs: bool) -> bool:

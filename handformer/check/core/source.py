@@ -13,8 +13,8 @@ import sys
 import textwrap
 import traceback
 import types
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from handformer.check.catalog.components import LINE_FORMS
 from handformer.check.core.result import LearnerError
@@ -23,13 +23,11 @@ from handformer.check.reference.diagnoses import CATALOG
 
 def source_lines(objs: Iterable[Any]) -> list[tuple[int, str]]:
     """(line number, text) of each object's source, objects in order, duplicates once."""
-    lines, seen = [], set()
+    lines: dict[int, str] = {}
     for obj in objs:
         for number, line in _lines_of(obj):
-            if number not in seen:
-                seen.add(number)
-                lines.append((number, line))
-    return lines
+            lines.setdefault(number, line)
+    return list(lines.items())
 
 
 def _lines_of(obj: Any) -> tuple[tuple[int, str], ...]:
@@ -306,6 +304,21 @@ def _code_reads(code: types.CodeType) -> frozenset[str]:
     return frozenset(names).union(*(_code_reads(c) for c in code.co_consts if isinstance(c, types.CodeType)))
 
 
+Node = TypeVar("Node")
+
+
+def reachable(first: Iterable[Node], neighbours: Callable[[Node], set[Node]]) -> set[Node]:
+    """`first` and all that `neighbours` leads to from it, in any number of steps (the learner's
+    objects a component reads or calls, and theirs in turn); each one's neighbours asked once."""
+    reached = set(first)
+    todo = list(reached)
+    while todo:
+        new = neighbours(todo.pop()) - reached
+        reached |= new
+        todo += new
+    return reached
+
+
 def module_reads(fn: Any) -> list[Any]:
     """The objects of its own module that a function (or a class's methods) reads as globals, in the
     order of their names; an attribute (`self.attention`, `F.softmax`) is not a read of the module."""
@@ -316,7 +329,7 @@ def module_reads(fn: Any) -> list[Any]:
 def functions_called(fn: Any) -> list[types.FunctionType]:
     """The plain functions of its own file a function reads by name (the TensorFlow tutorial's
     MultiHeadAttention calls its free scaled_dot_product_attention, GPT-2's MLP its gelu_new)."""
-    return [f for f in module_reads(fn) if inspect.isfunction(f)]
+    return list(filter(inspect.isfunction, module_reads(fn)))
 
 
 def config_reads(cls: Any, name: str) -> tuple[set[str], set[str]]:

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from handformer.check.core.argument_names import names_of
 from handformer.check.core.source import source_text
 
 # a tokenizer or a vocabulary (tokenizer_tgt, src_vocab), not its size (vocab_size, tgt_vocab_len)
@@ -76,7 +77,7 @@ class SpecialIds:
 def loop_extras(params: list[inspect.Parameter], ids: SpecialIds) -> dict[str, Any]:
     """The loop's required arguments that are a tokenizer or vocabulary (given `ids`) or a device
     (given "cpu"), by name."""
-    required = [p.name for p in params if p.default is p.empty]
+    required = names_of(params)[1]
     return {**{n: "cpu" for n in required if n.lower() in DEVICE_NAMES},
             **{n: ids for n in required if TOKENIZER_ARGUMENT.search(n)}}
 

@@ -55,15 +55,15 @@ def _normed(x: Tensor, kind: str, mistake: str, eps: float) -> Tensor:
     return V.norm(weights, x, frozenset({mistake} - {""}))
 
 
+@torch.no_grad()
 def norm_departure(norm: nn.Module, x: Tensor) -> str | None:
     """None where the sublayer's norm is LayerNorm or RMSNorm (its own gain and bias, a usual eps); else
     the catalogued RMSNorm mistake it makes, or DEPARTS."""
-    with torch.no_grad():
-        gains = [p.double() for p in norm.parameters(recurse=False)]
-        weight, bias = (gains + [1.0, 0.0][len(gains):])[:2]
-        pure = (norm(x.to(gains[0].dtype)).double() - bias) / weight
-        near = {name: any(torch.allclose(_normed(x.double(), *form, eps), pure, atol=1e-4, rtol=1e-4)
-                          for eps in EPS) for name, form in NORM_FORMS.items()}
+    gains = [p.double() for p in norm.parameters(recurse=False)]
+    weight, bias = (gains + [1.0, 0.0][len(gains):])[:2]
+    pure = (norm(x.to(gains[0].dtype)).double() - bias) / weight
+    near = {name: any(torch.allclose(_normed(x.double(), *form, eps), pure, atol=1e-4, rtol=1e-4)
+                      for eps in EPS) for name, form in NORM_FORMS.items()}
     return None if any(map(near.get, PLAIN_NORMS)) else next(filter(near.get, NORM_MISTAKES), DEPARTS)
 
 
@@ -143,13 +143,13 @@ def _stood_in(module: nn.Module, holder: nn.Module, last: str, parts: Sublayer, 
     return out, lambda h: parts.projection(stand.f(h))
 
 
+@torch.no_grad()
 def sublayer_form(module: nn.Module, parts: Sublayer, x: Tensor) -> tuple[str, str, float]:
     """(the form the output matches, "" or the mistake's form, the largest difference from the
     nearest correct form): "pre-norm" or "post-norm", a catalogued mistake, or "departs"."""
-    with torch.no_grad():
-        out, g = run_stood_in(module, parts, x)
-        forms = [*FORMS.items(), *MISTAKES.items()]
-        diffs = {k: (f(x, g, parts.norm) - out).abs().max().item() for k, f in forms}
+    out, g = run_stood_in(module, parts, x)
+    forms = [*FORMS.items(), *MISTAKES.items()]
+    diffs = {k: (f(x, g, parts.norm) - out).abs().max().item() for k, f in forms}
     best = min(FORMS, key=diffs.__getitem__)
     scale = 1e-5 * max(1.0, out.abs().max().item())
     if diffs[best] <= scale:

@@ -144,11 +144,11 @@ def single_heads(label: str, sub: nn.Module) -> list[Leaf] | None:
     if by_role.keys() != set("qkv"):
         return None
     out = []
-    for role in (by_role[r] for r in "qkv"):
-        mods = [dict(p)[role] for p in per]
+    for r in "qkv":
+        mods = [dict(p)[by_role[r]] for p in per]
         weight = torch.cat([m.weight for m in mods]).detach()  # (H * Dh, D)
         bias = torch.cat([m.bias for m in mods]).detach() if mods[0].bias is not None else None
-        out.append(Leaf(f"{label}[*].{role}", "linear", sub, weight, bias, [m.weight for m in mods]))
+        out.append(Leaf(f"{label}[*].{by_role[r]}", "linear", sub, weight, bias, [m.weight for m in mods]))
     return out
 
 
@@ -176,6 +176,7 @@ class Transposed(nn.Module):
         return weight.t()
 
 
+@torch.no_grad()
 def _stored_transposed(sub: nn.Module) -> str | None:
     """The name of the weight of a linear layer of the learner's own that computes x @ weight + bias
     (the weight (in, out), Conv1D's), found by what it does on a random input; None for any other (a
@@ -186,8 +187,8 @@ def _stored_transposed(sub: nn.Module) -> str | None:
         return None
     w, b = _matrix_and_vector(params)
     x = torch.randn(2, w.size(0), generator=torch.Generator().manual_seed(0), dtype=w.dtype)
-    with torch.no_grad():  # (2, out) against x @ w + b; None where their forward takes another layout
-        same = quietly(lambda: torch.allclose(sub(x), F.linear(x, w.t(), b), atol=1e-5))
+    # (2, out) against x @ w + b; None where their forward takes another layout
+    same = quietly(lambda: torch.allclose(sub(x), F.linear(x, w.t(), b), atol=1e-5))
     return max(params, key=lambda n: params[n].dim()) if same and not torch.equal(w, w.t()) else None
 
 
@@ -526,10 +527,12 @@ def ffn_weights(slots: list[Slot], activation: str) -> V.FFNWeights | V.MoEWeigh
         r = slots[-1]
         return V.MoEWeights(r.linear(), [ffn_weights(e, activation) for e in expert_slots(slots)], r.top_k,
                             r.normalize)
-    by = {s.role: s.linear() for s in slots}
-    if "FFN W_gate" in by:
-        return V.FFNWeights(by["FFN W_up"], by.get("FFN W_down"), by["FFN W_gate"], activation)
-    return V.FFNWeights(by["FFN W_1"], by.get("FFN W_2"), None, activation)
+    by = {FFN_PARTS[s.role]: s.linear() for s in slots}
+    return V.FFNWeights(by["up"], by.get("down"), by.get("gate"), activation)
+
+
+# an FFN slot's role -> the matrix of handformer's FFN it fills (W_1 and W_2 of an FFN without a gate)
+FFN_PARTS = {"FFN W_1": "up", "FFN W_up": "up", "FFN W_2": "down", "FFN W_down": "down", "FFN W_gate": "gate"}
 
 
 def norm_eps(module: nn.Module, kind: str) -> float:
@@ -619,6 +622,7 @@ def attention_parameters(target: nn.Module) -> dict[str, nn.Module]:
                                 if getattr(getattr(target, role, None), "weight", None) is not None}
 
 
+@torch.no_grad()
 def copy_attention(target: nn.Module, slots: list[Slot]) -> None:
     """W_Q, W_K, W_V, W_O into handformer's MultiHeadAttention; no W_O: the identity, so handformer
     computes what a module without an output projection does."""
@@ -627,9 +631,8 @@ def copy_attention(target: nn.Module, slots: list[Slot]) -> None:
         if role in by:
             copy_weights(proj, by[role])
         else:
-            with torch.no_grad():
-                proj.weight.copy_(torch.eye(proj.weight.size(0), dtype=proj.weight.dtype))
-                proj.bias.zero_()
+            proj.weight.copy_(torch.eye(proj.weight.size(0), dtype=proj.weight.dtype))
+            proj.bias.zero_()
 
 
 def ffn_parameters(target: nn.Module) -> dict[str, nn.Linear]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -148,8 +148,7 @@ def score_bias(w: MHAWeights, T: int, S: int) -> Tensor | None:
     ALiBi's slope times the key's position (the same for every query: softmax ignores a row's shift),
     T5's learned value of each relative position's bucket (bidirectional, or "t5_causal": a decoder's);
     None for any other scheme."""
-    term = BIAS_TERMS.get(w.rope or "")
-    return term(w, T, S) if term else None
+    return BIAS_TERMS.get(w.rope, _no_term)(w, T, S)
 
 
 def _alibi(w: MHAWeights, T: int, S: int) -> Tensor:
@@ -162,6 +161,10 @@ def _t5(w: MHAWeights, T: int, S: int) -> Tensor:
     relative = torch.arange(S)[None, :] - torch.arange(T)[:, None]  # (T, S): key - query
     buckets = t5_buckets(relative, w.rope == "t5", w.table.size(0))
     return w.table[buckets].permute(2, 0, 1)[None]  # (1, H, T, S)
+
+
+def _no_term(w: MHAWeights, T: int, S: int) -> None:
+    """The term of a scheme that adds none to the scores (a rotation, or no positions inside)."""
 
 
 BIAS_TERMS: dict[str, Callable[[MHAWeights, int, int], Tensor]] = {"alibi": _alibi, "t5": _t5,
@@ -410,15 +413,27 @@ class LayerWeights:
     sublayers: list[str] = field(default_factory=lambda: ["attn", "ffn"])
 
 
+class Unkept(list):
+    """A trace no one reads, the layers' default: what is added to it is dropped."""
+
+    def append(self, item: Tensor) -> None:
+        """Drop the item."""
+
+    def __iadd__(self, items: Iterable[Tensor]) -> Unkept:
+        return self
+
+
+UNKEPT = Unkept()
+
+
 def sublayer(w: LayerWeights, x: Tensor, f: Callable[[Tensor], Tensor], name: str, flags: Flags,
-             trace: list[Tensor] | None = None) -> Tensor:
+             trace: list[Tensor] = UNKEPT) -> Tensor:
     """post: norm(x + f(x)); pre: x + f(norm(x)). Mistakes: no_residual drops the `x +`;
     residual_from_normed adds f to norm(x) instead of x (pre-norm: h = norm(x); x = h + f(h));
     shared_norm uses the first (or last) norm for every sublayer."""
-    if trace is not None:
-        trace.append(x)  # the residual stream entering the sublayer
+    trace.append(x)  # the residual stream entering the sublayer
     shared = has(flags, "shared_norm")
-    n = w.norms[{"first": 0, "last": -1}.get(shared or "", w.sublayers.index(name))]
+    n = w.norms[{"first": 0, "last": -1}.get(shared, w.sublayers.index(name))]
     pre = (w.placement == "pre") != (has(flags, "pre_norm") == name)
     residual = has(flags, "no_residual") not in (name, "all")  # "all": a residual wrapper shared by all
     if w.placement == "reordered":  # OLMo 2's: the sublayer's output normed inside the residual
@@ -428,13 +443,12 @@ def sublayer(w: LayerWeights, x: Tensor, f: Callable[[Tensor], Tensor], name: st
         start = h if has(flags, "residual_from_normed") in (name, "all") else x
         return start + f(h) if residual else f(h)
     h = f(x)
-    if trace is not None:
-        trace.append(x + h)  # the sum before the norm
+    trace.append(x + h)  # the sum before the norm
     return norm(n, x + h if residual else h)
 
 
 def encoder_layer(w: LayerWeights, x: Tensor, keep: Tensor | None, flags: Flags = frozenset(),
-                  trace: list[Tensor] | None = None) -> Tensor:
+                  trace: list[Tensor] = UNKEPT) -> Tensor:
     """The encoder layer and the decoder-only block: self-attention, then FFN; (B, T, D). `trace`
     collects the residual stream between the sublayers (where dropout must not be)."""
     if w.placement == "parallel":
@@ -442,24 +456,22 @@ def encoder_layer(w: LayerWeights, x: Tensor, keep: Tensor | None, flags: Flags 
     x = sublayer(w, x, lambda h: multi_head_attention(w.self_attn, h, h, h, keep, flags)[0], "attn",
                  flags, trace)
     x = sublayer(w, x, lambda h: feed_forward(w.ffn, h, flags), "ffn", flags, trace)
-    if trace is not None:
-        trace.append(x)
+    trace.append(x)
     return x
 
 
 def parallel_block(w: LayerWeights, x: Tensor, keep: Tensor | None, flags: Flags = frozenset(),
-                   trace: list[Tensor] | None = None) -> Tensor:
+                   trace: list[Tensor] = UNKEPT) -> Tensor:
     """GPT-J's, GPT-NeoX's, Falcon's and Phi's block: x + attn(norm_1(x)) + ffn(norm_2(x)), both
     sublayers reading the block's input (norm_2 is norm_1 where the block has one norm); (B, T, D)."""
     attn = multi_head_attention(w.self_attn, *[norm(w.norms[0], x)] * 3, keep, flags)[0]
     out = x + attn + feed_forward(w.ffn, norm(w.norms[-1], x), flags)
-    if trace is not None:
-        trace += [x, out]
+    trace += [x, out]
     return out
 
 
 def decoder_layer(w: LayerWeights, x: Tensor, memory: Tensor, src_keep: Tensor | None,
-                  tgt_keep: Tensor | None, flags: Flags = frozenset(), trace: list[Tensor] | None = None,
+                  tgt_keep: Tensor | None, flags: Flags = frozenset(), trace: list[Tensor] = UNKEPT,
                   ) -> Tensor:
     """Masked self-attention, cross-attention over `memory` (B, S, D), FFN; (B, T, D)."""
     assert w.cross_attn is not None
@@ -470,8 +482,7 @@ def decoder_layer(w: LayerWeights, x: Tensor, memory: Tensor, src_keep: Tensor |
     x = sublayer(w, x, lambda h: multi_head_attention(w.cross_attn, h, memory, memory, src_keep,
                                                       flags)[0], "cross", flags, trace)
     x = sublayer(w, x, lambda h: feed_forward(w.ffn, h, flags), "ffn", flags, trace)
-    if trace is not None:
-        trace.append(x)
+    trace.append(x)
     return x
 
 
@@ -483,7 +494,7 @@ def add_norm(w: NormWeights, x: Tensor, y: Tensor, flags: Flags = frozenset()) -
 def causal_keep(T: int, flags: Flags = frozenset(), device: torch.device | None = None) -> Tensor:
     """(T, T) bool, True where query t may see key s: s <= t; off by one on request."""
     form = has(flags, "causal_off_by_one")
-    diagonal = {"no_self": -1, "sees_next": 1}.get(form or "", 0)
+    diagonal = {"no_self": -1, "sees_next": 1}.get(form, 0)
     return torch.ones(T, T, dtype=torch.bool, device=device).tril(diagonal)
 
 
@@ -516,7 +527,7 @@ def sinusoidal(T: int, D: int, flags: Flags = frozenset(), dtype: torch.dtype = 
         angle = pos / 10000 ** (torch.arange(D, dtype=dtype) / D)  # (T, D)
         even, odd = angle[:, 0::2], angle[:, 1::2]
     else:
-        exponent = {"pair_index": i / 2 / steps(D), "positive": -i / steps(D)}.get(form or "", i / steps(D))
+        exponent = {"pair_index": i / 2 / steps(D), "positive": -i / steps(D)}.get(form, i / steps(D))
         even = odd = pos / 10000 ** exponent  # (T, D/2)
     sin, cos = (torch.cos, torch.sin) if has(flags, "pe_sin_cos_swapped") is not None else (
         torch.sin, torch.cos)

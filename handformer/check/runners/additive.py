@@ -25,7 +25,7 @@ from handformer.check.core.context import (
 )
 from handformer.check.core.discovery import Component
 from handformer.check.core.result import Check, ComponentResult, text
-from handformer.check.core.weights import MappingError, leaves, with_shape
+from handformer.check.core.weights import MappingError, leaves, of_kind, with_shape
 
 B, T, S, DV = 2, 3, 5, 6
 LENGTHS = torch.tensor([2, 5])  # (B,): row 0 sees its first 2 keys
@@ -34,7 +34,7 @@ LENGTHS = torch.tensor([2, 5])  # (B,): row 0 sees its first 2 keys
 def _slots(module: Any, D: int) -> tuple[Tensor, Tensor, Tensor]:
     """(W_q, W_k, w_v): two (D, D) projections, by their names (the one that says k second) or in
     definition order, and the (1, D) one that scores."""
-    linears = [leaf for leaf in leaves(module) if leaf.kind == "linear"]
+    linears = of_kind(leaves(module), "linear")
     square, score = with_shape(linears, (D, D)), with_shape(linears, (1, D))
     if len(square) != 2 or len(score) != 1:
         shapes = ", ".join(f"{leaf.name} {tuple(leaf.weight.shape)}" for leaf in linears)
@@ -70,31 +70,32 @@ def check_additive(comp: Component, ctx: Context) -> ComponentResult:
         return fp.first_tensor(ctx.learner.call("forward", module, q, k, v, **extra), 3)
 
     check_determinism(res, ctx, comp, lambda: run(LENGTHS))
-    lengths = LENGTHS if masked else None
+    lengths = LENGTHS if masked else None  # the valid lengths it is handed: none where it takes none
     out = run(lengths)  # names that say neither q nor k: the order that matches, as the FFN's gate and up
     w_q, w_k = min([(first, second), (second, first)], key=lambda p: fp.max_error(
         out, additive(q, k, v, lengths, *p, w_v)))
     res.mapping = ["W_q, W_k: nn.Linear(D, D); w_v: nn.Linear(D, 1)"]
     worst = 0.0
-    for lengths in ([LENGTHS, None] if masked else [None]):
-        want = additive(q, k, v, lengths, w_q, w_k, w_v)
-        worst = max(worst, fp.max_error(run(lengths), want))
+    for given in ([LENGTHS, None] if masked else [None]):
+        want = additive(q, k, v, given, w_q, w_k, w_v)
+        worst = max(worst, fp.max_error(run(given), want))
     res.max_abs_error = worst
     res.checks.append(Check(text("matches w_v · tanh(W_q q + W_k k), softmax over the visible keys, on the "
                                  "values (with valid lengths and without)" if masked else "matches w_v · "
                                  "tanh(W_q q + W_k k), softmax over the keys, on the values",
                                  "与 w_v · tanh(W_q q + W_k k)、对可见键做 softmax、再加权值的结果一致"),
                             worst < 1e-9, error_text(worst)))
-    _gradients(res, module, run, (w_q, w_k, w_v), masked)
+    _gradients(res, module, run, (w_q, w_k, w_v), lengths)
     return finish(res)
 
 
 @torch.enable_grad()
-def _gradients(res: ComponentResult, module: Any, run: Any, weights: tuple[Tensor, ...], masked: list[str],
-               ) -> None:
-    """The input's and the weights' gradients of the learner's output equal the reference's."""
+def _gradients(res: ComponentResult, module: Any, run: Any, weights: tuple[Tensor, ...],
+               lengths: Tensor | None) -> None:
+    """The input's and the weights' gradients of the learner's output equal the reference's, on the
+    valid `lengths` it is handed (None: none)."""
     q = fp.randn(B, T, weights[0].size(1), seed=4).requires_grad_(True)
-    out = run(LENGTHS if masked else None, q)
+    out = run(lengths, q)
     if out is None:
         return
     module.zero_grad()
@@ -102,8 +103,7 @@ def _gradients(res: ComponentResult, module: Any, run: Any, weights: tuple[Tenso
     theirs = [q.grad] + [w.grad for w in weights]
     q2 = q.detach().clone().requires_grad_(True)
     copies = [w.detach().clone().requires_grad_(True) for w in weights]
-    ref = additive(q2, fp.randn(B, S, q.size(-1), seed=2), fp.randn(B, S, DV, seed=3),
-                   LENGTHS if masked else None, *copies)
+    ref = additive(q2, fp.randn(B, S, q.size(-1), seed=2), fp.randn(B, S, DV, seed=3), lengths, *copies)
     ref.square().sum().backward()
     mine = [q2.grad] + [c.grad for c in copies]
     err = max(fp.max_error(a, b) if a is not None else 1e9 for a, b in zip(theirs, mine))

@@ -844,7 +844,7 @@ def _causal_inside(res: ComponentResult, ctx: Context, c: Caller, causal_inside:
 
 def _tutorial_shapes_at_their_sizes(res: ComponentResult, ctx: Context, comp: Component, c: Caller,
                                     sizes: dict[str, Any]) -> None:
-    with ctx.hyperparameters(comp, TUTORIAL):  # their module-level sizes too, at the tutorial's
+    with ctx.sizes_set(comp, TUTORIAL):  # their module-level sizes too, at the tutorial's
         _tutorial_shapes(res, ctx, comp, c, sizes)
 
 
@@ -1189,7 +1189,7 @@ def _at_distinct_sizes(res: ComponentResult, ctx: Context, comp: Component, s: S
     sizes, dh = {**ctx_sizes(), "n_heads": DISTINCT_HEADS, "causal": s.causal_inside}, D // DISTINCT_HEADS
     x = fp.randn(DISTINCT_B, DISTINCT_T, D, seed=7)
     try:
-        with ctx.hyperparameters(comp, sizes):
+        with ctx.sizes_set(comp, sizes):
             module = ctx.build(comp, sizes, warmup=lambda m: caller(m, dh).call(x, x, x, None))
             c = caller(module, dh)
             c.state.update(s.c.state)  # the convention of a mask it requires

@@ -27,7 +27,7 @@ from functools import cache
 from typing import Any
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.context import Context, finish
+from handformer.check.core.context import Context, call_parameters, finish
 from handformer.check.core.discovery import Component, DiscoveryError, own_objects
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, LearnerError, Text, text
 from handformer.check.core.source import global_reads, locate, source_lines
@@ -124,11 +124,7 @@ class Trainer:
 
     def __init__(self, comp: Component, ctx: Context) -> None:
         self.comp, self.ctx = comp, ctx
-        params = [
-            p
-            for p in inspect.signature(comp.obj).parameters.values()
-            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-        ]
+        params = call_parameters(comp.obj)
         if not params:
             raise DiscoveryError(
                 f"{comp.name}{inspect.signature(comp.obj)} takes no corpus; write "
@@ -554,7 +550,8 @@ def _vocab_layout(res: ComponentResult, vocab: dict[int, bytes], single: dict[by
     en, zh = (w.format(i=special_ids[0] if special_ids else "") for w in VOCAB_WHERE[where])
     layout = text(f"{en}; the 256 bytes {order} from id {start}",
                   f"{zh}；256 个字节{order_zh}，从 id {start} 开始")
-    ids = [next((k for k, v in vocab.items() if v == t), None) for t in made]
+    first_id = {v: k for k, v in reversed(vocab.items())}  # each token's first id
+    ids = [first_id.get(t) for t in made]
     if ids and ids != sorted(i for i in ids if i is not None):
         res.notes.append(text("the merges' ids are not in the order of the merges",
                               "合并得到的 token 的 id 没有按合并顺序排"))

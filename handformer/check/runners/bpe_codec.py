@@ -11,6 +11,7 @@ are explained by the reference's encoding with each named mistake, and each pair
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable
 from functools import cache
@@ -23,10 +24,10 @@ from handformer.check.core.result import Check, ComponentResult, Finding, Learne
 from handformer.check.core.source import locate, source_lines
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import SPECIAL
-from handformer.check.runners.bpe import TrainerTimeout, deadline, reference_fixture
+from handformer.check.runners.bpe import TrainerTimeout, deadline, own_splitter, reference_fixture
 
 # a codec argument's role by the words in its name, tried in order
-ROLE_WORDS = ((("special",), "special"), (("merge",), "merges"),
+ROLE_WORDS = ((("special",), "special"), (("rank",), "ranks"), (("merge",), "merges"),
               (("vocab", "id_to_token", "itos", "tokens"), "vocab"))
 DECODE_NAMES = ("decode", "bpe_decode", "decode_bpe", "detokenize", "decode_ids")
 CODEC_LIMIT = 10.0  # seconds for all of encode and decode on the six texts
@@ -80,8 +81,12 @@ class Codec:
 
     def __init__(self, comp: Component, ctx: Context) -> None:
         self.comp, self.ctx = comp, ctx
+        self.roles: set[str] = set()  # what the learner's code is handed (a codec without special tokens)
         vocab, merges, specials = tokenizer_inputs()
-        self.values = {"vocab": dict(vocab), "merges": list(merges), "special": list(specials)}
+        # tiktoken's mergeable_ranks: each token's bytes -> its rank, which is its id (no special token)
+        ranks = {token: i for i, token in vocab.items() if token.decode(errors="replace") not in specials}
+        self.values = {"vocab": dict(vocab), "merges": list(merges), "special": list(specials),
+                       "ranks": ranks}
         if inspect.isclass(comp.obj):
             obj = ctx.learner.call("__init__", comp.obj, **self._kwargs(comp.obj.__init__, skip=1))
             for method in ("encode", "decode"):
@@ -104,6 +109,7 @@ class Codec:
                     zh=f"找到了 {comp.name}，但没有解码函数（{', '.join(DECODE_NAMES)}）；请写 decode(ids, "
                        "vocab) -> str"
                 )
+            self._kwargs(comp.obj, first="")  # what encode is handed, known before it runs
             self.encode_fn = lambda s: comp.obj(**self._kwargs(comp.obj, first=s))
             self.decode_fn = lambda ids: decode(**self._kwargs(decode, first=ids))
 
@@ -120,6 +126,7 @@ class Codec:
             first_role = ["", "first"][i == 0 and first is not None]
             role = next((r for words, r in ROLE_WORDS if any(w in name for w in words)), first_role)
             out.update({p.name: given[role]} if role else {})
+            self.roles.add(role)
             if not role and p.default is p.empty:
                 raise DiscoveryError(
                     f"cannot fill the argument {p.name!r} of {getattr(fn, '__qualname__', fn)}"
@@ -163,9 +170,21 @@ def check_bpe_tokenizer(comp: Component, ctx: Context) -> ComponentResult:
 
 
 def _check_codec(comp: Component, ctx: Context) -> ComponentResult:
+    """Graded under the learner's own pre-tokenizer when their code calls one (the reference encodes
+    so too), and without special tokens when it is handed none (tiktoken's SimpleBytePairEncoding)."""
     res = ctx.result(comp)
     vocab, merges, specials = tokenizer_inputs()
-    grade_codec(res, Codec(comp, ctx), vocab, merges, specials, source_lines(ctx.objects(comp)))
+    codec, split = Codec(comp, ctx), own_splitter(comp, ctx)
+    if "special" not in codec.roles:
+        specials = []
+        res.notes.append(text("your encoder takes no special tokens: graded without them (the special "
+                              "tokens' text is ordinary text)",
+                              "你的编码器不接收特殊 token：按没有特殊 token 评判"
+                              "（特殊 token 的文本是普通文本）"))
+    res.notes += [text(f"graded with your own pre-tokenizer ({getattr(split, '__name__', '')})",
+                       f"用你自己的预分词函数（{getattr(split, '__name__', '')}）评判")] * (split is not None)
+    with R.split_by(split) if split is not None else contextlib.nullcontext():
+        grade_codec(res, codec, vocab, merges, specials, source_lines(ctx.objects(comp)))
     return finish(res)
 
 

@@ -101,19 +101,24 @@ def source() -> Tensor:
     return torch.tensor([[5, 7, 9, 11, 3, 6]])  # (1, S)
 
 
-def reference(stop: bool) -> list[int]:
-    """handformer's greedy choice on the wrapped model: from BOS, max_len tokens in all (the start
-    symbol included), or up to and including EOS."""
-    model = AnnotatedModel()
-    memory = model.encode(source())
+def greedy_tokens(next_token: Callable[[Tensor], int], stop: bool) -> list[int]:
+    """Greedy decoding by `next_token(ys)` (the most likely token after ys (1, L)): from BOS, max_len
+    tokens in all (the start symbol included), or up to and including EOS when it `stop`s there."""
     ys = torch.tensor([[BOS]])
     while ys.size(1) < MAX_LEN:
-        out = model.decode(memory, None, ys)
-        nxt = int(model.generator(out[:, -1]).argmax(-1))
+        nxt = next_token(ys)
         ys = torch.cat([ys, torch.tensor([[nxt]])], dim=1)
         if stop and nxt == EOS:
             break
     return ys[0].tolist()
+
+
+def reference(stop: bool) -> list[int]:
+    """handformer's greedy choice on the wrapped model (see `greedy_tokens`)."""
+    model = AnnotatedModel()
+    memory = model.encode(source())
+    return greedy_tokens(lambda ys: int(model.generator(model.decode(memory, None, ys)[:, -1]).argmax(-1)),
+                         stop)
 
 
 def _finding(ctx: Context, comp: Component, name: str, observed: Text) -> Finding:
@@ -154,13 +159,7 @@ def steer(module: nn.Module, column: int, first: float, later: float) -> Any:
 
 def own_reference(call: Any, src: Tensor, stop: bool) -> list[int]:
     """Greedy tokens of the learner's own model through its forward (which passed its check)."""
-    ys = torch.tensor([[BOS]])
-    while ys.size(1) < MAX_LEN:
-        nxt = int(call(src, ys)[:, -1].argmax(-1))
-        ys = torch.cat([ys, torch.tensor([[nxt]])], dim=1)
-        if stop and nxt == EOS:
-            break
-    return ys[0].tolist()
+    return greedy_tokens(lambda ys: int(call(src, ys)[:, -1].argmax(-1)), stop)
 
 
 def check_greedy_decode(comp: Component, ctx: Context) -> ComponentResult:

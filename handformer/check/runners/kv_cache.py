@@ -150,7 +150,7 @@ def llama_weights(module: nn.Module) -> list[LlamaWeights]:
     first = {(x.kind, tuple(x.weight.shape)): x for x in reversed(outer)}  # the first of each kind and shape
     embed = first.get(("embedding", (VOCAB, D)))
     head = first.get(("linear", (VOCAB, D)), embed)
-    norm = next((x for x in outer if x.kind == "norm"), None)
+    norm = next(iter(of_kind(outer, "norm")), None)  # the first norm outside the blocks
     if embed is None or head is None or norm is None:
         found = shapes_text(outer)
         raise MappingError(f"expected nn.Embedding({VOCAB}, {D}), a final norm and an output head outside "

@@ -510,7 +510,7 @@ def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
         _key_padding(res, layer, ctx)
 
     def shapes() -> None:
-        with ctx.hyperparameters(comp, TUTORIAL):  # their module-level sizes too, at the tutorial's
+        with ctx.sizes_set(comp, TUTORIAL):  # their module-level sizes too, at the tutorial's
             _tutorial_shapes(res, layer, ctx)
 
     guarded(res, shapes)
@@ -855,24 +855,24 @@ def _rows(layer: Layer, src_keep: Tensor | None, tgt_keep: Tensor | None, B: int
 
 
 def _compute(layer: Layer, w: V.LayerWeights, inp: Inputs, flags: frozenset[str],
-             trace: list[Tensor] | None = None) -> Tensor:
+             trace: list[Tensor] = V.UNKEPT) -> Tensor:
     return layer.kind.variant(layer, w, inp, flags, trace)
 
 
 def _decoder_variant(layer: Layer, w: V.LayerWeights, inp: Inputs, flags: frozenset[str],
-                     trace: list[Tensor] | None) -> Tensor:
+                     trace: list[Tensor]) -> Tensor:
     tgt_keep = V.causal_keep(inp.T, flags)[None, None] if layer.own_mask else inp.tgt_keep
     return V.decoder_layer(w, inp.x, inp.memory, inp.src_keep, tgt_keep, flags, trace)
 
 
 def _block_variant(layer: Layer, w: V.LayerWeights, inp: Inputs, flags: frozenset[str],
-                   trace: list[Tensor] | None) -> Tensor:
+                   trace: list[Tensor]) -> Tensor:
     keep = inp.tgt_keep if layer.takes_mask else _own_causal(layer, inp.x.size(1), flags)[None, None]
     return V.encoder_layer(w, inp.x, keep, flags, trace)
 
 
 def _encoder_variant(layer: Layer, w: V.LayerWeights, inp: Inputs, flags: frozenset[str],
-                     trace: list[Tensor] | None) -> Tensor:
+                     trace: list[Tensor]) -> Tensor:
     return V.encoder_layer(w, inp.x, inp.src_keep, flags, trace)
 
 

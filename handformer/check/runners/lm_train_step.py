@@ -40,7 +40,7 @@ from handformer.check.core.argument_names import (
     X_NAMES,
     Y_NAMES,
 )
-from handformer.check.core.context import Context, error_text, finish, forward_parameters, named
+from handformer.check.core.context import Context, error_text, finish, forward_parameters, named, names_of
 from handformer.check.core.discovery import Component, cannot_fill, defaulted_config
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
@@ -150,7 +150,7 @@ class Step:
     def __init__(self, comp: Component, ctx: Context) -> None:
         self.comp, self.ctx = comp, ctx
         params = forward_parameters(comp.obj)
-        names = [p.name for p in params]
+        names, required = names_of(params)
         self.model, self.opt = named(names, MODEL_NAMES), named(names, OPTIMIZER_NAMES)
         self.x, self.y, self.lr = named(names, X_NAMES), named(names, Y_NAMES), named(names, LR_NAMES)
         self.sched, self.scaler = named(names, SCHEDULER_NAMES), named(names, SCALER_NAMES)
@@ -159,7 +159,7 @@ class Step:
         self.pair = paired_batch(comp.obj)  # x and y given as one (x, y) batch
         known = {self.model, self.opt, self.x, self.y, self.lr, self.sched, self.scaler, self.accum,
                  self.loader, self.pair}
-        rest = [p.name for p in params if p.default is p.empty and p.name not in known]
+        rest = [n for n in required if n not in known]
         self.count = named(rest, SCHEDULE_STEP_NAMES)  # the iteration (nanoGPT's iter_num): 0, then 1
         # a configuration (nanoGPT's cfg): its micro-steps, clipping norm, and whether it sets the rate
         self.config, self.fields = _step_config(comp.obj, rest)

@@ -51,7 +51,7 @@ from handformer.check.core.localize_kinds import (
 )
 from handformer.check.core.processors import PROCESSOR_NAMES, NoProcessors
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
-from handformer.check.core.signatures import rows_apart, takes_one_row
+from handformer.check.core.signatures import leading_tensor, rows_apart, takes_one_row
 from handformer.check.core.sizes import is_number
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.generation.sampling import apply_temperature, top_k_filter, top_p_filter
@@ -606,7 +606,7 @@ def check_min_p(comp: Component, ctx: Context) -> ComponentResult:
 def as_tokens(out: Any, rows: int) -> Tensor | None:
     """Token ids as a (rows,) long tensor from a tensor (rows,), (rows, 1), a list, or an int; of a
     tuple, its first (gpt-fast's sample returns (idx_next, probs))."""
-    out = out[0] if isinstance(out, tuple) and out and isinstance(out[0], Tensor) else out
+    out = leading_tensor(out)
     if isinstance(out, int) and rows == 1:
         return torch.tensor([out])
     if isinstance(out, (list, tuple)) and all(isinstance(v, int) for v in out):

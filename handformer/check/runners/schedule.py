@@ -353,13 +353,14 @@ def _family(settings: dict[str, str | None], rest: list[str], fn: Any) -> str | 
 
 
 def _unreadable(comp: Component, unknown: list[str]) -> DiscoveryError:
-    what = f"cannot fill the argument {unknown[0]!r}" if unknown else "cannot tell which schedule it is"
+    what, what_zh = ((f"cannot fill the argument {unknown[0]!r}", f"填不了参数 {unknown[0]!r}") if unknown
+                     else ("cannot tell which schedule it is", "看不出是哪种调度"))
     return DiscoveryError(
         f"{comp.name}: {what}; name the arguments as the paper's rate(step, d_model, factor, "
         "warmup) or cosine's get_lr_cosine_schedule(it, max_learning_rate, min_learning_rate, "
         "warmup_iters, cosine_cycle_iters) do (or their common aliases: model_size, "
         "warmup_steps, max_lr, min_lr, total_steps, ...)",
-        zh=f"{comp.name}：{('填不了参数 ' + repr(unknown[0])) if unknown else '看不出是哪种调度'}；"
+        zh=f"{comp.name}：{what_zh}；"
            "请像论文的 rate(step, d_model, factor, warmup) 或余弦调度的 get_lr_cosine_schedule(it, "
            "max_learning_rate, min_learning_rate, warmup_iters, cosine_cycle_iters) "
            "那样给参数起名（或用常见的别名：model_size、warmup_steps、max_lr、min_lr、total_steps "

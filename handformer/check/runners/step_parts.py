@@ -17,7 +17,7 @@ from typing import Any
 import torch.nn as nn
 from torch import Tensor
 
-from handformer.check.core.argument_names import CRITERION_NAMES, PAD_NAMES, readable_parameters
+from handformer.check.core.argument_names import CRITERION_NAMES, PAD_NAMES, names_of, readable_parameters
 from handformer.check.core.context import Context
 from handformer.check.core.discovery import own_objects
 
@@ -60,7 +60,7 @@ def own_loss_compute(ctx: Context, step: Any, criterion: Any) -> Any:
     and a criterion and nothing else; `criterion` itself when the file has none."""
     given = {"generator": nn.Identity(), "criterion": criterion}
     for cls in _classes(step):
-        roles = {p.name: ROLES.get(p.name.lower()) for p in readable_parameters(cls) if p.default is p.empty}
+        roles = {n: ROLES.get(n.lower()) for n in names_of(readable_parameters(cls))[1]}
         if sorted(map(str, roles.values())) == ["criterion", "generator"]:
             return ctx.learner.call("__init__", cls, **{n: given[r] for n, r in roles.items()})
     return criterion
