@@ -19,7 +19,7 @@ from check_plants import FAMILIES, correct_file
 
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report, to_json
-from handformer.check.core.result import ERROR, NOT_CHECKED
+from handformer.check.core.result import DRIVER, ERROR, NOT_CHECKED
 
 pytestmark = pytest.mark.usefixtures("one_thread", "short_bpe_limits")
 
@@ -227,11 +227,12 @@ class ToyModel(nn.Module):
 '''
 
 
-def test_a_toy_model_with_no_attention_is_not_checked_never_failed(tmp_path):
+def test_a_toy_model_with_no_attention_is_a_driver_never_failed(tmp_path):
     """forward(src, tgt, src_mask, tgt_mask) with no attention anywhere (one vocabulary for both
-    sides): run on an encoder-decoder's inputs it raised on the target's tokens; it is no Transformer."""
+    sides): run on an encoder-decoder's inputs it raised on the target's tokens; it is no Transformer,
+    a driver of a training loop, noted."""
     path = tmp_path / "toy.py"
     path.write_text(TOY_SEQ2SEQ)
     (model,) = check_file(str(path)).components
-    assert (model.kind, model.status) == ("transformer", NOT_CHECKED), model
-    assert "holds no attention" in model.error.message
+    assert (model.kind, model.status) == ("transformer", DRIVER), model
+    assert "holds no attention" in model.notes[-1]["en"]

@@ -780,7 +780,7 @@ def test_a_filtering_default_is_off_for_the_plain_draws_and_an_assert_on_the_inp
     """top_p_sample(logits, p=0.9): its plain and temperature draws are taken with p=1 (its default
     filters), so a correct nucleus sampler passes. A model whose own assert refuses a whole sequence
     (Umar Jamil's Llama decodes one token at a time) is driven one token at a time, never their
-    ERROR; this one has no blocks to compare: NOT CHECKED."""
+    ERROR; this one has no blocks nor attention: a toy that drives a loop, a DRIVER."""
     sampler = tmp_path / "nucleus.py"
     sampler.write_text(NUCLEUS_WITH_DEFAULT)
     (sample,) = check_file(str(sampler), only=["sample"]).components
@@ -789,8 +789,8 @@ def test_a_filtering_default_is_off_for_the_plain_draws_and_an_assert_on_the_inp
     model.write_text(ONE_TOKEN_AT_A_TIME)
     result = check_file(str(model), overrides={"gpt": "Model"}, only=["gpt"])
     (gpt,) = result.components
-    assert gpt.status == "not_checked" and "nn.ModuleList" in gpt.error.message, format_report(result)
-    assert all(c.ok for c in gpt.checks) and len(gpt.checks) == 2, format_report(result)  # the shape's too
+    assert gpt.status == "driver" and gpt.error is None, format_report(result)
+    assert all(c.ok for c in gpt.checks) and len(gpt.checks) == 3, format_report(result)  # shape, causality
 
 
 D2L_LENS = ROOT / "tests" / "fixtures" / "learners_d2l_lens"

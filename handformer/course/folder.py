@@ -180,7 +180,7 @@ class ChapterStatus:
 def status(folder: Path, time_limit: float | None = None) -> tuple[str, list[ChapterStatus]]:
     """(the course's language, the state of each chapter): a file still equal to its starter is
     "not started"; every other file is graded by `handformer check` in a child process."""
-    from handformer.check.core.result import DIFFERS, NOT_CHECKED, PASS, TODO
+    from handformer.check.core.result import DIFFERS, DRIVER, NOT_CHECKED, PASS, TODO
     from handformer.check.core.sandbox import TIME_LIMIT, check_in_child
 
     data = read_manifest(folder)
@@ -204,7 +204,8 @@ def status(folder: Path, time_limit: float | None = None) -> tuple[str, list[Cha
         else:
             todo = [c.name for c in result.components if c.status == TODO]
             unchecked = [c for c in result.components if c.status == NOT_CHECKED]
-            bad = [c.name for c in result.components if c.status not in (PASS, DIFFERS, TODO, NOT_CHECKED)]
+            settled = (PASS, DIFFERS, TODO, NOT_CHECKED, DRIVER)
+            bad = [c.name for c in result.components if c.status not in settled]
             if bad:
                 out.append(ChapterStatus(ch, "fail", ", ".join(bad)))
             elif todo:

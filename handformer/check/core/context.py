@@ -389,10 +389,18 @@ def is_cache_argument(p: inspect.Parameter) -> bool:
 KEEP_NAMES = ("keep", "visible", "allowed", "can_attend", "may_attend", "attend")
 
 
+# a mask handed as the additive bias on the scores (tensor2tensor's forward(x, bias), its
+# encoder_self_attention_bias: 0 or -1e9, built from the padding); T5's position_bias and MPT's
+# attn_bias (positions, not a mask) have no word before attention_bias and are read as positions
+ADDITIVE_MASK_NAME = re.compile(r"bias|\w+_(?:attention|attn)_bias")
+
+
 def is_mask_name(name: str) -> bool:
     """A parameter that takes the mask: its name says mask or what it keeps, or valid lengths (d2l's
-    valid_lens)."""
-    return "mask" in name.lower() or name.lower() in KEEP_NAMES or is_lengths_name(name)
+    valid_lens), or it is the scores' additive bias (tensor2tensor's)."""
+    lowered = name.lower()
+    return ("mask" in lowered or lowered in KEEP_NAMES or is_lengths_name(name)
+            or bool(ADDITIVE_MASK_NAME.fullmatch(lowered)))
 
 
 def says_keep(name: str | None) -> bool:
@@ -561,7 +569,7 @@ def causal(length: int) -> Tensor:
 
 def finish(res: ComponentResult) -> ComponentResult:
     """The status from what was found: fail on any finding or failed check or a large error."""
-    from handformer.check.core.result import DIFFERS, ERROR, FAIL, NOT_CHECKED
+    from handformer.check.core.result import DIFFERS, DRIVER, ERROR, FAIL, NOT_CHECKED
 
     if res.status in (ERROR, FAIL) or (res.status == NOT_CHECKED and not res.findings):
         return res
@@ -569,7 +577,7 @@ def finish(res: ComponentResult) -> ComponentResult:
     big = res.max_abs_error is not None and not res.max_abs_error < 1e-5
     if res.findings or failed or big:
         res.status = FAIL
-    elif res.status != DIFFERS:
+    elif res.status not in (DIFFERS, DRIVER):
         res.status = "pass"
     return res
 
@@ -578,6 +586,29 @@ def holds_torch_attention(module: Any) -> bool:
     """Whether a model computes its attention with torch.nn's (nn.Transformer, nn.MultiheadAttention)."""
     return isinstance(module, nn.Module) and any(isinstance(m, nn.MultiheadAttention)
                                                  for m in module.modules())
+
+
+# torch.nn's plain layers (nn.Linear, nn.Embedding, the norms, nn.Sequential): a toy model's parts
+TORCH_PLAIN = ("torch.nn.modules.linear", "torch.nn.modules.sparse", "torch.nn.modules.normalization",
+               "torch.nn.modules.container")
+
+
+def drives_only(module: nn.Module) -> bool:
+    """A toy model that a file's training step or generation loop drives, not a Transformer to compare:
+    no module inside it but torch.nn's plain layers is a block or an attention (the learner's class, or
+    torch's nn.MultiheadAttention, holding a square projection or a fused (3n, n) one); what attention
+    it has, if any, is a few lines of its own forward (a single-head TinyLM made to run `generate`)."""
+    inside = [m for m in module.modules() if type(m).__module__ not in TORCH_PLAIN]  # the model first
+    return not any(p.dim() == 2 and p.size(0) in (p.size(1), 3 * p.size(1))
+                   for m in inside[1:] for p in m.parameters())
+
+
+DRIVER_NOTE = text("a toy model with no block or attention class of its own (a few torch.nn layers, written "
+                   "to drive a training step or a generation loop): no Transformer to compare with "
+                   "handformer's; its plain properties are checked, the components it drives are graded on "
+                   "their own",
+                   "一个没有自己的 Block 或注意力类的小模型（几层 torch.nn，用来驱动训练步或生成循环）："
+                   "没有可以和 handformer 比较的 Transformer；只检查它的基本性质，它驱动的组件单独评分")
 
 
 def masks_where_true_inside(module: Any, mask_name: str | None = None) -> bool:

@@ -363,11 +363,11 @@ def causal_views(T: int) -> list[View]:
             ("the additive causal mask (0 where key s <= query t, -inf after)", (1 - keep) * -math.inf)]
 
 
-def localize_causal_mask(fn: Any, T: int) -> Departure | None:
-    """Run the learner's causal mask function for length T traced, each tensor it makes a step:
-    the first step that is none of the mask's sub-steps."""
+def localize_causal_mask(fn: Any, args: list[Any], T: int) -> Departure | None:
+    """Run the learner's causal mask function for length T (called with `args`) traced, each tensor
+    it makes a step: the first step that is none of the mask's sub-steps."""
     filename = inspect.getsourcefile(fn)
-    steps = trace_steps(lambda: fn(T), filename, every=True)
+    steps = trace_steps(lambda: fn(*args), filename, every=True)
     return first_departure(steps, causal_views(T), filename, {"T": T})
 
 

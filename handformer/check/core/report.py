@@ -20,6 +20,7 @@ from handformer.check.core.discovery import DESCRIPTIONS
 from handformer.check.core.kinds import KINDS_TABLE
 from handformer.check.core.result import (
     DIFFERS,
+    DRIVER,
     ERROR,
     FAIL,
     NOT_CHECKED,
@@ -32,9 +33,9 @@ from handformer.check.core.result import (
 from handformer.check.reference.diagnoses import diagnosis
 
 STATUS = {"en": {PASS: "PASS", FAIL: "FAIL", DIFFERS: "DIFFERS", ERROR: "ERROR", TODO: "NOT IMPLEMENTED YET",
-                 NOT_CHECKED: "NOT CHECKED"},
+                 NOT_CHECKED: "NOT CHECKED", DRIVER: "A DRIVER, NOT GRADED"},
           "zh": {PASS: "通过", FAIL: "未通过", DIFFERS: "设计差异（允许）", ERROR: "出错", TODO: "尚未实现",
-                 NOT_CHECKED: "未检查"}}
+                 NOT_CHECKED: "未检查", DRIVER: "驱动用的模型，不评分"}}
 KIND_ZH = {k.name: k.zh for k in KINDS_TABLE}
 MASK_KINDS = ("causal_mask", "masked_softmax", "sdpa", "mha", "gqa", "causal_attention", "encoder_layer",
               "decoder_layer", "block")
@@ -46,8 +47,9 @@ WORDS = {
            "summary": "{p} passed, {d} differ by design, {f} failed, {e} raised, of {n} components",
            "sandbox": "(your code ran in a child process: {t:g} s and {m} MiB per step)",
            "memory": "ran out of memory", "nothing": "nothing to check",
-           "todo": ", {t} not implemented yet (fill in their TODOs)",
-           "not_checked": ", {c} not checked (check could not build or drive them: write the adapters shown)",
+           "todo": ", {n} not implemented yet (fill in their TODOs)",
+           "not_checked": ", {n} not checked (check could not build or drive them: write the adapters shown)",
+           "driver": ", {n} toy model(s) that only drive a loop, not graded",
            "why": "why not checked", "adapter": "the adapter that lets check build or drive it (in "
            "handformer_adapters.py beside your file, or --adapters FILE)", "driven": "driven through",
            "skipped": "top-level statements not run (your definitions were graded without them)",
@@ -59,8 +61,9 @@ WORDS = {
            "summary": "共 {n} 个组件：{p} 个通过，{d} 个属于设计差异（允许），{f} 个未通过，{e} 个出错",
            "sandbox": "（你的代码在子进程中运行：每一步限时 {t:g} 秒、内存 {m} MiB）",
            "memory": "内存不足", "nothing": "没有可检查的内容",
-           "todo": "，{t} 个尚未实现（把其中的 TODO 写完）",
-           "not_checked": "，{c} 个未检查（检查程序无法构建或调用它们：按提示写适配函数）",
+           "todo": "，{n} 个尚未实现（把其中的 TODO 写完）",
+           "not_checked": "，{n} 个未检查（检查程序无法构建或调用它们：按提示写适配函数）",
+           "driver": "，{n} 个只用来驱动循环的小模型，不评分",
            "why": "未检查的原因", "adapter": "写上这个适配函数，检查程序就能构建或调用它（放在你的文件旁边的 "
            "handformer_adapters.py 里，或者用 --adapters 文件）", "driven": "调用方式",
            "skipped": "没有运行的顶层语句（只检查了你的定义）", "sep": "；", "paren": "（{}）",
@@ -95,7 +98,7 @@ def exit_code(result: FileResult) -> int:
         return 0
     if result.error is not None:
         return ERROR_EXITS.get(result.error.kind, 1)
-    if result.components and all(c.status in (PASS, DIFFERS, NOT_CHECKED) for c in result.components):
+    if result.components and all(c.status in (PASS, DIFFERS, NOT_CHECKED, DRIVER) for c in result.components):
         return 3
     return 1
 
@@ -275,7 +278,8 @@ def format_report(result: FileResult, lang: str = "en", time_limit: float | None
     counts = collections.Counter(c.status for c in result.components)
     summary = w["summary"].format(p=counts[PASS], d=counts[DIFFERS], f=counts[FAIL], e=counts[ERROR],
                                   n=len(result.components))
-    todo, unchecked = counts[TODO], counts[NOT_CHECKED]
-    out.append(summary + (w["todo"].format(t=todo) if todo else "")
-               + (w["not_checked"].format(c=unchecked) if unchecked else ""))
+    # the statuses the summary adds where any component has them: the words that say so, their count
+    extra = (("todo", TODO), ("not_checked", NOT_CHECKED), ("driver", DRIVER))
+    shown = [w[word].format(n=counts[status]) for word, status in extra if counts[status]]
+    out.append(summary + "".join(shown))
     return "\n".join(out) + "\n"

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import (
+    DRIVER_NOTE,
     SEQUENCE_FIRST,
     SIZES,
     Context,
@@ -35,6 +36,7 @@ from handformer.check.core.context import (
     H,
     batch_first,
     check_determinism,
+    drives_only,
     error_text,
     finish,
     forward_parameters,
@@ -61,6 +63,7 @@ from handformer.check.core.localize_kinds import localize_model, module_views, n
 from handformer.check.core.moe import moe_config, moe_note
 from handformer.check.core.result import (
     DEPARTS,
+    DRIVER,
     NOT_CHECKED,
     Check,
     ComponentResult,
@@ -94,6 +97,7 @@ from handformer.check.runners.kv_cache import CACHE_ARGS, CACHE_METHODS
 from handformer.check.runners.localize_cache import cache_departure
 from handformer.check.runners.model import as_written_, computes_sqrt, exact_norms_
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, OFFSET_NOTE
+from handformer.check.runners.stack import check_stack
 from handformer.config import CausalLMConfig, FamilyConfig
 from handformer.families import build_causal_lm
 from handformer.models.causal_lm import CausalLM
@@ -626,25 +630,41 @@ def _setup_caches(comp: Component, module: nn.Module, ctx: Context) -> None:
                               "它的注意力、FFN 和归一化各自单独检查") from None
 
 
-def _embeds_tokens(comp: Component, module: nn.Module) -> None:
+def _vectors_in(comp: Component, ctx: Context, res: ComponentResult, module: nn.Module,
+                ) -> ComponentResult | None:
     """A model with no table of the vocabulary (an nn.Embedding, or a (V, D) parameter it indexes)
     maps vectors to vectors (lucidrains' `Transformer(dim, depth, heads, dim_head)`, a stack of blocks
-    and a norm): it takes no token ids, so it is no GPT to drive."""
+    and a norm): it takes no token ids, so it is no GPT to drive; it is checked as a stack, handed
+    (B, T, D) vectors alone where its other arguments have defaults. None for a model of token ids."""
     embeds = any(isinstance(m, nn.Embedding) for m in module.modules())  # a padded vocabulary too
-    if not embeds and not any(VOCAB in p.shape for p in module.parameters()):
-        raise DiscoveryError(
-            f"{comp.name} has no table of the vocabulary (no nn.Embedding): it maps vectors to vectors (a "
-            "stack of blocks), not token ids to logits, so it is not driven as a decoder-only model; its "
-            "attention and FFN are checked on their own",
-            zh=f"{comp.name} 没有词表（没有 nn.Embedding）：它把向量映射成向量（一叠 Block），"
-               "不是把 token id 映射成 logits，所以不按 decoder-only 模型调用；它的注意力和前馈网络单独检查")
+    if embeds or any(VOCAB in p.shape for p in module.parameters()):
+        return None
+    unstacked = DiscoveryError(
+        f"{comp.name} has no table of the vocabulary (no nn.Embedding): it maps vectors to vectors (a "
+        "stack of blocks), not token ids to logits, so it is not driven as a decoder-only model; its "
+        "attention and FFN are checked on their own",
+        zh=f"{comp.name} 没有词表（没有 nn.Embedding）：它把向量映射成向量（一叠 Block），"
+           "不是把 token id 映射成 logits，所以不按 decoder-only 模型调用；它的注意力和前馈网络单独检查")
+    if any(p.default is p.empty for p in forward_parameters(module)[1:]):
+        raise unstacked
+    x = fp.randn(2, 8, D, seed=3)  # (B, T, D)
+    return check_stack(comp, res, module, lambda: ctx.learner.call("forward", module, x), unstacked)
 
 
-def _backbone(comp: Component, ctx: Context, module: nn.Module, out: Tensor | None, returned: Any) -> None:
-    """A model returning hidden states (B, T, D), not logits, that another class of the file builds
-    (OPT's OPTDecoder, inside OPTModel inside OPTForCausalLM) or that holds no output layer (Hugging
-    Face's GemmaModel: a forgotten tied head looks the same): a backbone, checked through a holder.
-    One returning a tuple or a dict with no (B, T, ...) tensor in it is no language model either (a
+def _held_backbone(comp: Component) -> DiscoveryError:
+    """Why a backbone that calls fewer than two layers is not checked as a stack."""
+    return DiscoveryError(
+        f"{comp.name} returns hidden states (B, T, d_model), not logits, and another class of the file "
+        "builds it or it holds no output layer: a backbone, checked through a model that adds the head",
+        zh=f"{comp.name} 返回隐藏状态 (B, T, d_model)，不是 logits，而且文件里另一个类构造了它，"
+           "或者它没有输出层：这是主干网络，通过加上输出层的模型来检查")
+
+
+def _backbone(comp: Component, ctx: Context, module: nn.Module, out: Tensor | None, returned: Any) -> bool:
+    """Whether the model returns hidden states (B, T, D), not logits, and another class of the file
+    builds it (OPT's OPTDecoder, inside OPTModel inside OPTForCausalLM) or it holds no output layer
+    (Hugging Face's GemmaModel: a forgotten tied head looks the same): a backbone, checked as a stack.
+    One returning a tuple or a dict with no (B, T, ...) tensor in it is no language model (a
     forgotten `return`, None, is a failure)."""
     if out is None and isinstance(returned, tuple):
         raise DiscoveryError(
@@ -655,18 +675,15 @@ def _backbone(comp: Component, ctx: Context, module: nn.Module, out: Tensor | No
     others = "".join(source_text(o) for name, o in own_objects(ctx.module).items() if name != comp.name)
     heads = with_shape(of_kind(leaves(module), "linear"), (VOCAB, D))
     held = re.search(rf"\b{re.escape(comp.name)}\(", others) or not heads
-    if out is not None and out.size(-1) == D and held:
-        raise DiscoveryError(
-            f"{comp.name} returns hidden states (B, T, d_model), not logits, and another class of the file "
-            "builds it or it holds no output layer: a backbone, checked through a model that adds the head",
-            zh=f"{comp.name} 返回隐藏状态 (B, T, d_model)，不是 logits，而且文件里另一个类构造了它，"
-               "或者它没有输出层：这是主干网络，通过加上输出层的模型来检查")
+    return out is not None and out.size(-1) == D and bool(held)
 
 
 def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     module = ctx.build(comp, gpt_sizes(ctx))
-    _embeds_tokens(comp, module)
+    stacked = _vectors_in(comp, ctx, res, module)
+    if stacked is not None:
+        return stacked
     _setup_caches(comp, module, ctx)
     call = Caller(module, ctx)
     res.notes += [SEQUENCE_FIRST] * call.first
@@ -676,7 +693,8 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     check_determinism(res, ctx, comp, lambda: call(idx, targets)[0], "causal_attention", "block", "ffn")
     with fp.dropout_off():
         out, loss = call(idx, targets)
-        _backbone(comp, ctx, module, out, call.returned)
+        if _backbone(comp, ctx, module, out, call.returned):
+            return check_stack(comp, res, module, lambda: call(idx, targets)[0], _held_backbone(comp))
         last_only = out is not None and out.size(1) == 1
         if not logits_shape(res, out, (2, 1 if last_only else 8, VOCAB), "vocab_size"):
             return finish(res)
@@ -688,11 +706,8 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
         try:
             find_layouts_(module, lambda: call(idx[:, :1])[0], D, D // H)
             m = map_gpt(module)
-        except MappingError as err:  # the checks above ran; the comparison could not: NOT CHECKED
-            res.status = NOT_CHECKED
-            res.error = LearnerError("mapping", f"not compared with handformer's CausalLM: {err}", "__init__",
-                                     message_zh=f"没有与 handformer 的 CausalLM 比较：{err.zh or err}")
-            return finish(res)
+        except MappingError as err:  # the checks above ran; the comparison could not
+            return _unmapped(res, module, call, idx, err)
         res.mapping = m.describe()
         res.notes += moe_note(m.blocks[0].ffn) + _held_note(m) + [POSITION_OFFSET_NOTE] * bool(m.offset)
         out, loss = call(idx, targets)  # again: the extra tables are held at zero
@@ -712,6 +727,22 @@ def _read_conventions(call: Caller, m: GPTMap, idx: Tensor) -> None:
     m.ropes = m.ropes if m.added is None else (None,)
     m.softcap = _softcap(call, m, idx)
     m.embed_factor, m.logit_factor = _configured_factors(call, m, idx)
+
+
+def _unmapped(res: ComponentResult, module: nn.Module, call: Caller, idx: Tensor,
+              err: MappingError) -> ComponentResult:
+    """A model whose parts are not handformer's CausalLM's: NOT CHECKED with the reason; a toy that
+    drives a loop (see drives_only) is a DRIVER, its causality checked besides its determinism and
+    logits' shape (a FAIL where one fails)."""
+    if drives_only(module):
+        _causality(res, call, idx)
+        res.status = DRIVER
+        res.notes.append(DRIVER_NOTE)
+        return finish(res)
+    res.status = NOT_CHECKED
+    res.error = LearnerError("mapping", f"not compared with handformer's CausalLM: {err}", "__init__",
+                             message_zh=f"没有与 handformer 的 CausalLM 比较：{err.zh or err}")
+    return finish(res)
 
 
 def _held_note(m: GPTMap) -> list[Text]:

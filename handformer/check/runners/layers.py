@@ -113,6 +113,7 @@ from handformer.check.core.weights import (
 from handformer.check.reference import variants as V
 from handformer.check.reference.parallel import as_parallel_
 from handformer.check.runners.attention import (
+    PAD_BUMP,
     PAD_KEYS,
     causal_outputs,
     key_padding_check,
@@ -595,7 +596,7 @@ def _padding_moved(layer: Layer, ctx: Context, name: str, stream: str, form: Cal
     pads = left_padding()
     given = {"x": fp.randn(*pads.shape, D, seed=44), "memory": fp.randn(*pads.shape, D, seed=45)}
     bumped = {**given, stream: given[stream].clone()}
-    bumped[stream][1, :PAD_KEYS] += 5.0
+    bumped[stream][1, :PAD_KEYS] += PAD_BUMP
     real = {"x": ~pads, "memory": torch.ones_like(pads)}[stream]  # the queries compared: the real ones
     layer.more = {name: form(pads)}
     try:

@@ -62,11 +62,10 @@ from handformer.check.core.layer_map import LayerMap, layer_modules, map_layer, 
 from handformer.check.core.localize import View
 from handformer.check.core.localize_kinds import localize_model, module_views, note_departure
 from handformer.check.core.result import (
-    NOT_CHECKED,
+    DRIVER,
     Check,
     ComponentResult,
     Finding,
-    LearnerError,
     Text,
     text,
 )
@@ -739,14 +738,14 @@ def check_model(comp: Component, ctx: Context) -> ComponentResult:
 def _no_attention(res: ComponentResult) -> ComponentResult:
     """A model with a forward(src, tgt, ...) and no attention's projection anywhere (a toy model
     a training loop is tried on): no Transformer to compare, NOT CHECKED, never run on inputs meant for
-    one (its vocabulary and its layers are not a Transformer's)."""
-    res.status = NOT_CHECKED
-    res.error = LearnerError("mapping", "not compared with handformer's Seq2SeqTransformer: it holds no "
-                             "attention (no square projection, nor a fused (3n, n) one): a stand-in "
-                             "model, not a Transformer", "__init__",
-                             message_zh="没有与 handformer 的 Seq2SeqTransformer 比较：它没有注意力"
-                                        "（没有方阵投影，也没有 (3n, n) 的合并投影）："
-                                        "是替身模型，不是 Transformer")
+    one (its vocabulary and its layers are not a Transformer's): a DRIVER, noted."""
+    res.status = DRIVER
+    res.notes.append(text("it holds no attention (no square projection, nor a fused (3n, n) one): a toy "
+                          "model a training loop drives, not a Transformer; not run on a Transformer's "
+                          "inputs, not compared with handformer's Seq2SeqTransformer",
+                          "它没有注意力（没有方阵投影，也没有 (3n, n) 的合并投影）：是训练循环驱动的小模型，"
+                          "不是 Transformer；不用 Transformer 的输入运行，也不和 handformer 的 "
+                          "Seq2SeqTransformer 比较"))
     return finish(res)
 
 

@@ -10,6 +10,7 @@ import dataclasses
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -22,6 +23,7 @@ from handformer.check.core.context import (
     Context,
     D,
     error_text,
+    forward_parameters,
     grads_error,
     shape_of,
 )
@@ -81,6 +83,21 @@ def _convention(mask: Tensor, forced: str | None, where_true: bool) -> str:
 
 
 CAUSAL_SIZES = (1, 5, 8)  # the lengths the mask is asked for
+# what a causal mask function's required arguments are handed, by their names (any other: the length);
+# Hugging Face's kin: make_causal_mask(bsz, tgt_len, dtype), OPT's make_causal_mask(attention_mask, dtype)
+MASK_ARGUMENTS = ((re.compile("dtype"), lambda T: torch.float32), (re.compile("device"), lambda T: "cpu"),
+                  (re.compile(r"bsz|batch|^bs?$"), lambda T: 1),  # a batch of one
+                  (re.compile(r"mask|ids|^(x|inputs?|tokens|idx)$"),
+                   lambda T: torch.ones(1, T, dtype=torch.long)))  # (1, T): every token real
+
+
+def mask_arguments(fn: Callable[..., Any], T: int) -> list[Any]:
+    """The arguments of a causal mask function for length T, read from their names (PyTorch's
+    generate_square_subsequent_mask(sz): the length; a padding mask or ids: every one of T tokens real):
+    the first and every one without a default."""
+    first, *others = forward_parameters(fn)
+    handed = [first.name.lower()] + [p.name.lower() for p in others if p.default is p.empty]
+    return [next((fill(T) for name, fill in MASK_ARGUMENTS if name.search(p)), T) for p in handed]
 CAUSAL_FLAGS = ("causal_off_by_one:no_self", "causal_off_by_one:sees_next", "mask_inverted")
 
 
@@ -100,7 +117,7 @@ def _build_causal(comp: Component, ctx: Context, res: ComponentResult) -> Subjec
 
 def _causal_raw(ctx: Context, comp: Component, T: int) -> Tensor:
     """The learner's mask for length T as (T, T); a failure when it is not T * T entries."""
-    raw = ctx.learner.call("forward", comp.obj, T)
+    raw = ctx.learner.call("forward", comp.obj, *mask_arguments(comp.obj, T))
     if isinstance(raw, Tensor) and raw.numel() == T * T:
         return raw.reshape(T, T)  # (T, T) or (1, T, T) -> (T, T)
     got = tuple(raw.shape) if isinstance(raw, Tensor) else type(raw).__name__
@@ -142,7 +159,8 @@ CAUSAL_MASK = Probe(
     shape=lambda ctx, comp, s, x, out: None,  # each mask's size is checked as it is read
     reference=_causal_reference,
     universe=lambda s: CAUSAL_FLAGS,
-    steps=(_causal_compared, localize_step(lambda s, found: localize_causal_mask(s.module, 5), place=False)),
+    steps=(_causal_compared, localize_step(
+        lambda s, found: localize_causal_mask(s.module, mask_arguments(s.module, 5), 5), place=False)),
     depth=1, deterministic=False,
 )
 
