@@ -78,3 +78,47 @@ def wrapped(w: Any, x: Tensor, f: Callable[[Tensor], Tensor]) -> Tensor:
 def around_module(w: Any, module: nn.Module) -> Callable[[Tensor], Tensor]:
     """The reference module as a map x -> output, wrapped as the reading's sublayer."""
     return lambda x: wrapped(w, x, module)
+
+
+def norm_taken_out(module: nn.Module, norms: list[V.NormWeights], leaf: Leaf | None,
+                   run: Callable[[], Tensor | None]) -> bool:
+    """Whether `module` applies its norm last (jadore801120's attention: `q += residual; q =
+    self.layer_norm(q)`): its output equals the reference norm of what it gives with that norm taken
+    out (nn.Identity in its place). When it does, the norm is left out, so that what remains, the
+    attention plus its query, is checked as an attention; otherwise the norm is put back."""
+    if not norms or leaf is None or leaf.module is module:
+        return False
+    *path, last = leaf.name.split(".")
+    holder = module.get_submodule(".".join(path))
+    try:
+        full = run()
+        setattr(holder, last, nn.Identity())
+        bare = run()
+    except Exception:  # noqa: BLE001  (theirs: the check that follows raises it again, or says why)
+        bare = full = None
+    if full is None or bare is None or full.shape != bare.shape or \
+            (full - V.norm(norms[0], bare)).abs().max().item() > 1e-6 * max(1.0, full.abs().max().item()):
+        setattr(holder, last, leaf.module)
+        return False
+    return True
+
+
+def less_query(call: Callable[..., Any]) -> Callable[..., Any]:
+    """An attention call (xq, xk, xv, mask) whose first (B, T, D) output has its query taken away: the
+    residual it adds to its attention."""
+    def call_less(xq: Tensor, xk: Tensor, xv: Tensor, mask: Any) -> Any:
+        raw = call(xq, xk, xv, mask)
+        if isinstance(raw, Tensor):
+            return raw - xq if raw.shape == xq.shape else raw
+        if isinstance(raw, (tuple, list)) and raw and isinstance(raw[0], Tensor) and raw[0].shape == xq.shape:
+            return (raw[0] - xq, *raw[1:])
+        return raw
+    return call_less
+
+
+def post_norm_note(leaf: Leaf) -> Text:
+    return text(f"the residual and the norm are inside it: its output is {leaf.name}(q + attention) "
+                f"(post-norm), checked with {leaf.name} taken out and the query q taken away: the attention "
+                "is what remains",
+                f"残差和归一化在它内部：输出是 {leaf.name}(q + attention)（Post-Norm）；去掉 {leaf.name}、"
+                "减去查询 q 以后，剩下的就是注意力，按注意力检查")

@@ -74,6 +74,7 @@ from handformer.check.core.localize import (
     note_raised_attention,
 )
 from handformer.check.core.localize_kinds import localize_masked_softmax, localize_sdpa, note_departure
+from handformer.check.core.norm_inside import less_query, norm_taken_out, norms_around, post_norm_note
 from handformer.check.core.probe import Found, Probe, Subject, drive, run_probe
 from handformer.check.core.projection_elsewhere import projection_elsewhere
 from handformer.check.core.reference_attention import handformer_attention
@@ -680,10 +681,12 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     module = ctx.build(comp, sizes, warmup=lambda m: caller(m).call(x.float(), x.float(), x.float(), None))
     if (parts := sublayer_parts(module, computes_attention, D)) is not None:  # T5's layer, BERT's wrapper
         return grade_sublayer(res, comp, module, parts)
+    around = _post_norm_out(res, comp, module, x)  # jadore801120's: norm(q + attention) in one module
     linears, qk_norms = _projections(comp, module, heads)
     if heads != 1 and single_head(comp, linears, n_kv_heads):  # checked again with one head
         return check_mha(comp, ctx, sizes["causal"], n_kv_heads, heads=1)
     c = caller(module)
+    c.call = less_query(c.call) if around else c.call
     one = x[:, :1]  # (B, 1, D): one token, where the output reads the value rows alone
     find_layouts_(module, lambda: fp.first_tensor(c.call(one, one, one, None), 3), D, D // heads)
     kv_width = n_kv_heads * (D // heads) if n_kv_heads else None  # None: read from a fused projection
@@ -852,6 +855,21 @@ def _tutorial_shapes_at_their_sizes(res: ComponentResult, ctx: Context, comp: Co
                                     sizes: dict[str, Any]) -> None:
     with ctx.sizes_set(comp, TUTORIAL):  # their module-level sizes too, at the tutorial's
         _tutorial_shapes(res, ctx, comp, c, sizes)
+
+
+def _post_norm_out(res: ComponentResult, comp: Component, module: nn.Module, x: Tensor) -> bool:
+    """Whether the attention ends with its residual and one norm of the model's width, norm(q +
+    attention) (jadore801120's MultiHeadAttention): that norm taken out (norm_taken_out), so that the
+    attention plus its query is what its forward returns; False (nothing changed) for any other."""
+    extra = [leaf for leaf in leaves(module) if leaf.kind != "linear"]
+    if len(extra) != 1 or extra[0].kind != "norm" or getattr(extra[0].weight, "shape", None) != (D,):
+        return False
+    norms = norms_around(comp.name, extra, D, text("", ""))
+    run = caller(module).call
+    if not norm_taken_out(module, norms, extra[0], lambda: fp.first_tensor(run(x, x, x, None), 3)):
+        return False
+    res.notes.append(post_norm_note(extra[0]))
+    return True
 
 
 def _projections(comp: Component, module: nn.Module, heads: int) -> tuple[list[Any], list[Slot]]:
