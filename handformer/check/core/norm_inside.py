@@ -49,7 +49,7 @@ def norms_around(name: str, norms: list[Leaf], width: int, what: Text) -> list[V
     MappingError that says why it is not checked (`what`: the reference it would be compared with)."""
     if not norms:
         return []
-    if len(norms) != 1 or norms[0].weight is None or norms[0].weight.shape != (width,):
+    if len(norms) != 1 or getattr(norms[0].weight, "shape", None) != (width,):
         raise MappingError(f"{name} has norms inside ({shapes_text(norms)}) that are not one norm of width "
                            f"{width} around it; {what['en']}",
                            zh=f"{name} 内部的归一化（{shapes_text(norms)}）不是包在外面的一个宽度为 {width} "
@@ -86,7 +86,7 @@ def norm_taken_out(module: nn.Module, norms: list[V.NormWeights], leaf: Leaf | N
     self.layer_norm(q)`): its output equals the reference norm of what it gives with that norm taken
     out (nn.Identity in its place). When it does, the norm is left out, so that what remains, the
     attention plus its query, is checked as an attention; otherwise the norm is put back."""
-    if not norms or leaf is None or leaf.module is module:
+    if leaf.module is module:  # a norm it computes from its own parameters: not one to take out
         return False
     *path, last = leaf.name.split(".")
     holder = module.get_submodule(".".join(path))
@@ -94,13 +94,12 @@ def norm_taken_out(module: nn.Module, norms: list[V.NormWeights], leaf: Leaf | N
         full = run()
         setattr(holder, last, nn.Identity())
         bare = run()
-    except Exception:  # noqa: BLE001  (theirs: the check that follows raises it again, or says why)
-        bare = full = None
-    if full is None or bare is None or full.shape != bare.shape or \
-            (full - V.norm(norms[0], bare)).abs().max().item() > 1e-6 * max(1.0, full.abs().max().item()):
+        error = (full - V.norm(norms[0], bare)).abs().max().item() / max(1.0, full.abs().max().item())
+    except Exception:  # noqa: BLE001  (theirs, or no tensor: the check that follows says why)
+        error = float("inf")
+    if error > 1e-6:
         setattr(holder, last, leaf.module)
-        return False
-    return True
+    return error <= 1e-6
 
 
 def less_query(call: Callable[..., Any]) -> Callable[..., Any]:
@@ -108,11 +107,9 @@ def less_query(call: Callable[..., Any]) -> Callable[..., Any]:
     residual it adds to its attention."""
     def call_less(xq: Tensor, xk: Tensor, xv: Tensor, mask: Any) -> Any:
         raw = call(xq, xk, xv, mask)
-        if isinstance(raw, Tensor):
-            return raw - xq if raw.shape == xq.shape else raw
-        if isinstance(raw, (tuple, list)) and raw and isinstance(raw[0], Tensor) and raw[0].shape == xq.shape:
-            return (raw[0] - xq, *raw[1:])
-        return raw
+        paired = isinstance(raw, (tuple, list))  # (output, weights), as jadore801120's returns
+        out = (raw[0] if paired else raw) - xq  # (B, T, D): seen to be its query's shape when taken out
+        return (out, *raw[1:]) if paired else out
     return call_less
 
 

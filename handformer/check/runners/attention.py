@@ -112,6 +112,7 @@ from handformer.check.core.weights import (
     relative_bias_slots,
     shapes_text,
 )
+from handformer.check.core.windows import window_inputs, window_note
 from handformer.check.reference import variants as V
 from handformer.nn.attention import scaled_dot_product_attention
 from handformer.nn.masks import causal_mask
@@ -162,8 +163,9 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     fn, params = renamed(fn, params, _alibi_handed(fn, params), "alibi")  # MPT's attn_bias: alibi
     extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos", "position_embeddings", "cos",
              "sin", "cos_sin", "freqs_cos", "freqs_sin", "alibi"}
-    optional = optional_inputs(fn, params, extra)  # nanochat's value embedding `ve`: None
-    first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra | optional
+    # nanochat's value embedding `ve`: None; its window_size: one over the whole sequence
+    fixed = {**dict.fromkeys(optional_inputs(fn, params, extra)), **window_inputs(fn, params)}
+    first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in {*extra, *fixed}
                         or isinstance(p.default, (int, float, str)) or is_cache_argument(p)),
                        len(params))  # layer_idx=0, layer_past=None: kept
     inputs = params[:first_other]  # the tensors before the mask or rotary table (minimind: x only)
@@ -181,7 +183,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
         if mask is None and required and state.get("visible"):  # Raschka's forward(x, mask, cos, sin)
             everything = torch.ones(xq.size(0), 1, xq.size(-2), xk.size(-2), dtype=torch.bool)  # T, S
             mask = run_mask(everything, state["visible"], xq.size(0))
-        kwargs: dict[str, Any] = {**dict.fromkeys(optional), **({masks[0].name: mask} if masks else {})}
+        kwargs: dict[str, Any] = {**fixed, **({masks[0].name: mask} if masks else {})}
         kwargs.update(state.get("more", {}))  # a key_padding_mask given alone, by _key_padding_alone
         B, T = xq.shape[:2]
         kwargs.update(position_kwargs(named - {"alibi"}, B, T, head_dim, xq.dtype))
@@ -685,8 +687,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     linears, qk_norms = _projections(comp, module, heads)
     if heads != 1 and single_head(comp, linears, n_kv_heads):  # checked again with one head
         return check_mha(comp, ctx, sizes["causal"], n_kv_heads, heads=1)
-    c = caller(module)
-    c.call = less_query(c.call) if around else c.call
+    c = _driven(res, module, around)
     one = x[:, :1]  # (B, 1, D): one token, where the output reads the value rows alone
     find_layouts_(module, lambda: fp.first_tensor(c.call(one, one, one, None), 3), D, D // heads)
     kv_width = n_kv_heads * (D // heads) if n_kv_heads else None  # None: read from a fused projection
@@ -855,6 +856,15 @@ def _tutorial_shapes_at_their_sizes(res: ComponentResult, ctx: Context, comp: Co
                                     sizes: dict[str, Any]) -> None:
     with ctx.sizes_set(comp, TUTORIAL):  # their module-level sizes too, at the tutorial's
         _tutorial_shapes(res, ctx, comp, c, sizes)
+
+
+def _driven(res: ComponentResult, module: nn.Module, around: bool) -> Caller:
+    """caller(module), its query taken away where its norm was taken out (_post_norm_out); a window
+    it is handed, noted."""
+    c = caller(module)
+    c.call = less_query(c.call) if around else c.call
+    res.notes += window_note(window_inputs(module, forward_parameters(module)))
+    return c
 
 
 def _post_norm_out(res: ComponentResult, comp: Component, module: nn.Module, x: Tensor) -> bool:
