@@ -199,7 +199,7 @@ NAMED_ACTIVATION = (("swiglu", "silu"), ("silu", "silu"), ("swish", "silu"), ("g
 
 def _build_ffn(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     """The learner's FFN and every reading of its linears (which is the gate, up and down) with each
-    activation its form allows; a norm inside is not a FFN alone (MappingError)."""
+    activation its form allows, inside the residual and norm it holds (norm_inside), if it holds one."""
     x = fp.randn(2, 5, D, seed=1)
     module = ctx.build(comp, warmup=lambda m: m(x.float()))
     # jadore801120's FFN adds its input back and normalizes: the sublayer norm(x + FFN(x)), compared so
