@@ -1,6 +1,6 @@
 """`check` builds and drives the styles of the classic public tutorials (small files written in
 their style here, none copied): jadore801120's ScaledDotProductAttention(temperature) and its FFN
-with the residual and norm inside (NOT CHECKED, with that reason), hyunwoongko's PositionalEncoding
+with the residual and norm inside (compared as that sublayer), hyunwoongko's PositionalEncoding
 whose forward(ids) returns the table, gpt-fast's Attention(config) and block handed a real rotary
 table (T, Dh/2, 2), its ffn_norm defined before attention_norm, its precompute_freqs_cis(seq_len,
 n_elem, dtype=torch.bfloat16) asked for float64; bentrevett's Seq2Seq(encoder, decoder, ...) built
@@ -389,11 +389,10 @@ def test_the_tutorial_style_is_driven_and_a_planted_mistake_fails(tmp_path, case
     assert all(line in said for line in quoted), said
 
 
-def test_an_ffn_with_its_residual_and_norm_inside_is_not_checked_with_the_reason(tmp_path):
+def test_an_ffn_with_its_residual_and_norm_inside_is_compared_as_that_sublayer(tmp_path):
     (ffn,) = _statuses(tmp_path, "jadore", JADORE, ["ffn"]).values()
-    assert ffn.status == "not_checked"
-    assert "has a norm inside (layer_norm (16,))" in ffn.error.message
-    assert "内部有归一化" in ffn.error.message_zh
+    assert ffn.status == "pass", ffn.error
+    assert any("norm(x + f(x)) (post-norm)" in n["en"] and "残差和归一化" in n["zh"] for n in ffn.notes)
 
 
 def test_a_qk_norm_without_gains_is_handformers_with_gains_of_one(tmp_path):

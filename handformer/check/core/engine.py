@@ -175,7 +175,7 @@ def _nothing_found(comp: Component, ctx: Context, result: ComponentResult, error
     raises on a plain input it accepts (`raises_alone`): then their exception."""
     if not_implemented(comp, error):
         result.status = TODO
-    elif cannot_check(error) or needs_skipped(error, ctx.skipped) or method_on_stand_in(comp, result):
+    elif needs_skipped(error, ctx.skipped) or cannot_check(error) or method_on_stand_in(comp, result):
         theirs = None
         if error.kind == "mapping":
             with ctx.hyperparameters(comp):
@@ -324,12 +324,16 @@ def driven_by_stand_in(result: ComponentResult) -> bool:
 
 def needs_skipped(error: LearnerError, skipped: list[str]) -> bool:
     """An exception that a top-level statement that was not run explains: a NameError of a name it
-    defines (Karpathy's stoi, built from the data file)."""
+    defines (Karpathy's stoi, built from the data file; gemma_pytorch's `tokenizer`, whose import needs
+    sentencepiece), that statement named where its code names the name."""
     if not skipped or not error.message.startswith("NameError"):
         return False
+    name = re.escape((error.message.split("'") + ["", ""])[1])  # NameError: name 'stoi' is not defined
+    said = [s for s in skipped if re.search(rf"\b{name}\b", s.split(" (")[0])]  # its code names it
     error.kind = "cannot_call"
-    error.message_zh = f"{error.message}（这个名字由一条没有运行的顶层语句定义：见没有运行的顶层语句）"
-    error.message += " (defined by a top-level statement that was not run; see the skipped statements)"
+    en, zh = (said + ["see the skipped statements"])[0], (said + ["见没有运行的顶层语句"])[0]
+    error.message_zh = f"{error.message}（这个名字由一条没有运行的顶层语句定义：{zh}）"
+    error.message += f" (defined by a top-level statement that was not run: {en})"
     return True
 
 

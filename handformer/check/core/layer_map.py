@@ -196,8 +196,30 @@ def gainless_qk(module: nn.Module, head_dim: int = D // H) -> list[Slot]:
     if not calls:
         return []
     f, cls = calls[0]
-    return [Slot(role, gainless_norm(f"{f}({arg}) (no gain)", _norm_kind(f, cls), head_dim))
-            for role, arg in (("q_norm", "q"), ("k_norm", "k"))]
+    # nanochat's `q = q * 1.2` after norm(q): the gain the norm does without, fixed
+    gains = {arg: _constant_factor(source_text(cls.forward), arg) for arg in ("q", "k")}
+    named = {arg: f"{f}({arg}) (no gain)" if g == 1 else f"{f}({arg}) * {g:g} (a fixed gain)"
+             for arg, g in gains.items()}
+    slots = [Slot(role, gainless_norm(named[arg], _norm_kind(f, cls), head_dim))
+             for role, arg in (("q_norm", "q"), ("k_norm", "k"))]
+    with torch.no_grad():
+        for slot, arg in zip(slots, ("q", "k")):
+            slot.leaf.weight.fill_(gains[arg])
+    return slots
+
+
+NUMBER = r"(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)"
+
+
+def _constant_factor(source: str, name: str) -> float:
+    """The number a forward multiplies `name` by in a line of its own (`q = q * 1.2`, `q *= 1.2`,
+    `q = 1.2 * q`), 1 when there is none: after a QK-norm without gains it is the gain its queries or
+    keys get (a gain of that value, fixed), not a mistake."""
+    n = re.escape(name)
+    forms = (rf"^\s*{n}\s*=\s*{n}\s*\*\s*{NUMBER}\s*(?:#.*)?$", rf"^\s*{n}\s*\*=\s*{NUMBER}\s*(?:#.*)?$",
+             rf"^\s*{n}\s*=\s*{NUMBER}\s*\*\s*{n}\s*(?:#.*)?$")
+    found = [float(m.group(1)) for form in forms for m in re.finditer(form, source, re.M)]
+    return found[0] if len(found) == 1 else 1.0
 
 
 def gainless_norms(module: nn.Module, count: int) -> list[Leaf]:

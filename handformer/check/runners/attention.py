@@ -74,6 +74,7 @@ from handformer.check.core.localize import (
     note_raised_attention,
 )
 from handformer.check.core.localize_kinds import localize_masked_softmax, localize_sdpa, note_departure
+from handformer.check.core.norm_inside import less_query, norm_taken_out, norms_around, post_norm_note
 from handformer.check.core.probe import Found, Probe, Subject, drive, run_probe
 from handformer.check.core.projection_elsewhere import projection_elsewhere
 from handformer.check.core.reference_attention import handformer_attention
@@ -111,6 +112,7 @@ from handformer.check.core.weights import (
     relative_bias_slots,
     shapes_text,
 )
+from handformer.check.core.windows import window_inputs, window_note
 from handformer.check.reference import variants as V
 from handformer.nn.attention import scaled_dot_product_attention
 from handformer.nn.masks import causal_mask
@@ -161,8 +163,9 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     fn, params = renamed(fn, params, _alibi_handed(fn, params), "alibi")  # MPT's attn_bias: alibi
     extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos", "position_embeddings", "cos",
              "sin", "cos_sin", "freqs_cos", "freqs_sin", "alibi"}
-    optional = optional_inputs(fn, params, extra)  # nanochat's value embedding `ve`: None
-    first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra | optional
+    # nanochat's value embedding `ve`: None; its window_size: one over the whole sequence
+    fixed = {**dict.fromkeys(optional_inputs(fn, params, extra)), **window_inputs(fn, params)}
+    first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in {*extra, *fixed}
                         or isinstance(p.default, (int, float, str)) or is_cache_argument(p)),
                        len(params))  # layer_idx=0, layer_past=None: kept
     inputs = params[:first_other]  # the tensors before the mask or rotary table (minimind: x only)
@@ -180,7 +183,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
         if mask is None and required and state.get("visible"):  # Raschka's forward(x, mask, cos, sin)
             everything = torch.ones(xq.size(0), 1, xq.size(-2), xk.size(-2), dtype=torch.bool)  # T, S
             mask = run_mask(everything, state["visible"], xq.size(0))
-        kwargs: dict[str, Any] = {**dict.fromkeys(optional), **({masks[0].name: mask} if masks else {})}
+        kwargs: dict[str, Any] = {**fixed, **({masks[0].name: mask} if masks else {})}
         kwargs.update(state.get("more", {}))  # a key_padding_mask given alone, by _key_padding_alone
         B, T = xq.shape[:2]
         kwargs.update(position_kwargs(named - {"alibi"}, B, T, head_dim, xq.dtype))
@@ -680,10 +683,11 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     module = ctx.build(comp, sizes, warmup=lambda m: caller(m).call(x.float(), x.float(), x.float(), None))
     if (parts := sublayer_parts(module, computes_attention, D)) is not None:  # T5's layer, BERT's wrapper
         return grade_sublayer(res, comp, module, parts)
+    around = _post_norm_out(res, comp, module, x)  # jadore801120's: norm(q + attention) in one module
     linears, qk_norms = _projections(comp, module, heads)
     if heads != 1 and single_head(comp, linears, n_kv_heads):  # checked again with one head
         return check_mha(comp, ctx, sizes["causal"], n_kv_heads, heads=1)
-    c = caller(module)
+    c = _driven(res, module, around)
     one = x[:, :1]  # (B, 1, D): one token, where the output reads the value rows alone
     find_layouts_(module, lambda: fp.first_tensor(c.call(one, one, one, None), 3), D, D // heads)
     kv_width = n_kv_heads * (D // heads) if n_kv_heads else None  # None: read from a fused projection
@@ -852,6 +856,30 @@ def _tutorial_shapes_at_their_sizes(res: ComponentResult, ctx: Context, comp: Co
                                     sizes: dict[str, Any]) -> None:
     with ctx.sizes_set(comp, TUTORIAL):  # their module-level sizes too, at the tutorial's
         _tutorial_shapes(res, ctx, comp, c, sizes)
+
+
+def _driven(res: ComponentResult, module: nn.Module, around: bool) -> Caller:
+    """caller(module), its query taken away where its norm was taken out (_post_norm_out); a window
+    it is handed, noted."""
+    c = caller(module)
+    c.call = less_query(c.call) if around else c.call
+    res.notes += window_note(window_inputs(module, forward_parameters(module)))
+    return c
+
+
+def _post_norm_out(res: ComponentResult, comp: Component, module: nn.Module, x: Tensor) -> bool:
+    """Whether the attention ends with its residual and one norm of the model's width, norm(q +
+    attention) (jadore801120's MultiHeadAttention): that norm taken out (norm_taken_out), so that the
+    attention plus its query is what its forward returns; False (nothing changed) for any other."""
+    extra = [leaf for leaf in leaves(module) if leaf.kind != "linear"]
+    if len(extra) != 1 or extra[0].kind != "norm" or getattr(extra[0].weight, "shape", None) != (D,):
+        return False
+    norms = norms_around(comp.name, extra, D, text("", ""))
+    run = caller(module).call
+    if not norm_taken_out(module, norms, extra[0], lambda: fp.first_tensor(run(x, x, x, None), 3)):
+        return False
+    res.notes.append(post_norm_note(extra[0]))
+    return True
 
 
 def _projections(comp: Component, module: nn.Module, heads: int) -> tuple[list[Any], list[Slot]]:

@@ -110,6 +110,7 @@ from handformer.check.core.weights import (
     shapes_text,
     split_attention_ffn,
 )
+from handformer.check.core.windows import window_inputs, window_note
 from handformer.check.reference import variants as V
 from handformer.check.reference.parallel import as_parallel_
 from handformer.check.runners.attention import (
@@ -214,6 +215,12 @@ class Layer:
         return _attentions(linears, count, self.comp.name)
 
     @functools.cached_property
+    def windows(self) -> dict[str, Any]:
+        """What a window it takes with no default is handed: one over the whole sequence (nanochat's
+        window_size)."""
+        return window_inputs(self.comp.obj, self.params)
+
+    @functools.cached_property
     def forms(self) -> list[Form]:
         """The readings of the numbers it takes from its settings (score_scale.layer_forms)."""
         return layer_forms(self.module, self.attn[0])
@@ -222,7 +229,7 @@ class Layer:
     def bare(self) -> bool:
         """A decoder layer whose forward takes the stream and the memory alone (tiny-universe's
         forward(x, enc_out)): it builds its causal mask and hides no source key."""
-        width = len(self.params) - len(self.extra | self.optional)  # self, x, memory: 3
+        width = len(self.params) - len(self.extra | self.optional | set(self.windows))  # self, x, memory: 3
         return self.decoder and not self.stateful and width == 3
 
     @functools.cached_property
@@ -311,7 +318,7 @@ class Layer:
 
     def _extra_kwargs(self, x: Tensor) -> dict[str, Any]:
         return {**dict.fromkeys(self.optional), **position_kwargs(self.extra, *x.shape[:2], self.head_dim,
-                                                                   x.dtype), **self.more}
+                                                                   x.dtype), **self.windows, **self.more}
 
     def weights(self, slots: list[Slot], act: str, placement: str, rope: str | None = None,
                 form: Form = PLAIN) -> V.LayerWeights:
@@ -499,8 +506,8 @@ def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
     layer = Layer(comp, ctx, KINDS[comp.kind])
     causal_block = layer.causal_block
     _down_projection(res, ctx, comp, layer)
-    if layer.wrapper is not None:
-        res.notes.append(wrapped_note(layer.wrapper, comp.name))
+    wrapped = [wrapped_note(layer.wrapper, comp.name)] if layer.wrapper is not None else []
+    res.notes += wrapped + window_note(layer.windows)
     _mask_inside(res, layer)
     inp = Inputs(layer)
     own_mask = causal_block and not layer.takes_mask or layer.own_mask

@@ -36,13 +36,20 @@ from handformer.check.core.localize_kinds import (
     localize_norm,
     localize_table,
 )
+from handformer.check.core.norm_inside import (
+    Around,
+    around_module,
+    inner,
+    norms_around,
+    readings_around,
+    wrapped,
+)
 from handformer.check.core.probe import Found, Probe, Subject, localize_step, name_findings, run_probe
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.sizes import SIZES
 from handformer.check.core.source import first_line, locate, source_lines, source_text
 from handformer.check.core.weights import (
     Gainless,
-    MappingError,
     Slot,
     copy_ffn,
     copy_weights,
@@ -56,7 +63,6 @@ from handformer.check.core.weights import (
     norm_probe,
     norm_slots,
     of_kind,
-    shapes_text,
 )
 from handformer.check.reference import variants as V
 from handformer.check.reference.diagnoses import CATALOG
@@ -193,21 +199,18 @@ NAMED_ACTIVATION = (("swiglu", "silu"), ("silu", "silu"), ("swish", "silu"), ("g
 
 def _build_ffn(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     """The learner's FFN and every reading of its linears (which is the gate, up and down) with each
-    activation its form allows; a norm inside is not a FFN alone (MappingError)."""
+    activation its form allows, inside the residual and norm it holds (norm_inside), if it holds one."""
     x = fp.randn(2, 5, D, seed=1)
     module = ctx.build(comp, warmup=lambda m: m(x.float()))
-    norms = of_kind(leaves(module), "norm")
-    if norms:  # jadore801120's FFN adds its input back and normalizes: a sublayer, not the FFN alone
-        shapes = shapes_text(norms)
-        raise MappingError(f"{comp.name} has a norm inside ({shapes}): it is the FFN with its residual and "
-                           "norm; handformer's reference FFN has neither (its layer check covers them)",
-                           zh=f"{comp.name} 内部有归一化（{shapes}）：它是带残差和归一化的 FFN；handformer "
-                              "的参考 FFN 两者都没有（层的检查会覆盖它们）")
+    # jadore801120's FFN adds its input back and normalizes: the sublayer norm(x + FFN(x)), compared so
+    around = norms_around(comp.name, of_kind(leaves(module), "norm"), D, text(
+        "handformer's reference FFN has neither (its layer check covers them)",
+        "handformer 的参考 FFN 两者都没有（层的检查会覆盖它们）"))
     candidates = ffn_slots(of_kind(leaves(module), "linear"), D, F_WIDTH,
                            comp.name)
     gated = is_gated(candidates[0])
-    readings = [((slots, act), ffn_weights(slots, act)) for slots in candidates
-                for act in FFN_ACTIVATIONS[gated]]
+    readings = readings_around([((slots, act), ffn_weights(slots, act)) for slots in candidates
+                                for act in FFN_ACTIVATIONS[gated]], around)
 
     def run(x: Tensor) -> Tensor | None:
         return fp.first_tensor(ctx.learner.call("forward", module, x), 3)
@@ -259,20 +262,20 @@ def _ffn_compared(res: ComponentResult, ctx: Context, comp: Component, subject: 
     if subject.facts["has_down"]:
         slots, act = found.key
         _compare_ffn(res, ctx, subject.run, slots, HF_NAME[(subject.facts["gated"], act)],
-                     subject.facts["width"])
+                     subject.facts["width"], found.weights)
 
 
 def _ffn_departure(subject: Subject, found: Found) -> Departure | None:
     if not subject.facts["has_down"]:
         return None
-    return localize_ffn(subject.module, [w for _, w in subject.readings], found.x)
+    return localize_ffn(subject.module, [inner(w) for _, w in subject.readings], found.x)
 
 
 FFN = Probe(
     build=_build_ffn,
     inputs=lambda s: s.facts["x"],
     shape=_ffn_shape,
-    reference=lambda w, x, flags: V.feed_forward(w, x, flags),
+    reference=lambda w, x, flags: wrapped(w, x, lambda t: V.feed_forward(inner(w), t, flags)),
     universe=_ffn_universe,
     steps=(_ffn_named, _ffn_compared, localize_step(_ffn_departure),
            lambda res, ctx, comp, s, found: _position_wise(res, s.run, found.x, found.out)),
@@ -350,15 +353,17 @@ def _position_moved(bumped: Tensor | None, out: Tensor) -> float:
 
 
 def _compare_ffn(res: ComponentResult, ctx: Context, run: Callable[[Tensor], Tensor | None],
-                 slots: list[Slot], name: str, width: int) -> None:
+                 slots: list[Slot], name: str, width: int, reading: Any = None) -> None:
     hf = FeedForward(D, width, name).double()
     copy_ffn(hf, slots)
+    reference = around_module(reading, hf)  # with the residual and norm a sublayer holds (jadore801120's)
+    res.notes += [reading.note()] if isinstance(reading, Around) else []
     errors, grad_err = [], 0.0
     params = [s.leaf.weight.requires_grad_() for s in slots]  # frozen ones too (gemma_pytorch's Linear)
     for i, (B, T) in enumerate([(2, 5), (1, 1), (3, 9)]):
         xi = fp.randn(B, T, D, seed=10 + i).requires_grad_()
         with torch.enable_grad():
-            mine, ref = run(xi), hf(xi)
+            mine, ref = run(xi), reference(xi)
             errors.append(fp.max_error(mine, ref))
             if i == 0 and mine is not None and mine.shape == ref.shape:
                 g = fp.randn(*ref.shape, seed=5)
