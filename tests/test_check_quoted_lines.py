@@ -42,6 +42,19 @@ def test_a_cached_loop_quotes_the_model_line_where_the_cached_path_parts(tmp_pat
     assert "in a helper called from line" in report, report
 
 
+@pytest.mark.parametrize("old, new, form", [
+    ("logits = logits[:, -1, :]  # (B, C)", "logits = logits[:, 0, :]  # (B, C)", "position 0 of"),
+    ("probs = F.softmax(logits, dim=-1)", "probs = F.softmax(logits, dim=0)", "over the batch, dim 0")])
+def test_a_loop_that_hands_its_model_the_whole_context_departs_in_its_own_lines(tmp_path, old, new, form):
+    """Karpathy's generate calls the model on the whole (cropped) context each step, no cache: the
+    model's calls are not judged as cached ones (each would seem to part from the last), the loop's
+    own line is quoted with the form of the difference."""
+    lines, planted, report = _quoted(tmp_path, FIXTURES / "learners_karpathy" / "correct.py", old, new,
+                                     "generate")
+    assert lines == {planted} and form in report and "in a helper called from" not in report, report
+    assert ("sampling_softmax_wrong_dim" in report) == ("dim=0" in new), report  # the catalogue's name
+
+
 def test_a_shared_helper_given_the_wrong_weights_quotes_the_line_that_calls_it(tmp_path):
     """One RMSNorm class normalizes q and k: k through q's norm departs inside the norm's forward, yet
     the same forward gave the reference's q; the line calling it is quoted."""

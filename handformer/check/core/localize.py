@@ -618,8 +618,9 @@ class Departure:
                 self.called_from if self.shared else (self.line, self.code))
 
     def finding(self) -> Finding:
-        """The report's finding, at the line `quoted` names."""
-        return Finding(DEPARTS, self.describe(), *self.quoted())
+        """The report's finding, at the line `quoted` names: named as the catalogued mistake its form
+        is, where the form names one (its "mistake" key), else DEPARTS."""
+        return Finding((self.form or {}).get("mistake", DEPARTS), self.describe(), *self.quoted())
 
 
 def first_departure(steps: list[Step], views: list[View], filename: str, sizes: dict[str, float],
