@@ -729,7 +729,7 @@ def _departure(step: Step, views: list[View], filename: str, sizes: dict[str, fl
             or form_of(written.value, views, sizes, pre, terms, forms) or _reduced(written.value, views))
     line = _inside(written, filename, views, [*views, *wider]) or written.line
     source = _size_source(written, statement(filename, line), form, sizes, filename)
-    return Departure(line, written.name, statement(filename, line, not called), form,
+    return Departure(line, written.name, statement(filename, line), form,
                      None if source else called or None, source, part=written.part,
                      misread=bool(source) and _misread(written.numbers[source[1]][1], source[1], sizes, form))
 
