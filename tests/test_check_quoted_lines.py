@@ -55,6 +55,27 @@ def test_a_loop_that_hands_its_model_the_whole_context_departs_in_its_own_lines(
     assert ("sampling_softmax_wrong_dim" in report) == ("dim=0" in new), report  # the catalogue's name
 
 
+def test_a_mask_function_s_mistake_is_quoted_in_it_not_where_another_function_reads_masks(tmp_path):
+    """A mask function that returns its mask compared the wrong way (`return mask == 0`): the mistake
+    is its own line, though the attention's `masked_fill(mask == 0, ...)` matches a pattern of
+    mask_inverted first; a mistake is looked for in the component's own code first."""
+    lines, planted, report = _quoted(
+        tmp_path, FIXTURES / "learners" / "correct.py",
+        "    return torch.tril(torch.ones(size, size, dtype=torch.int64), diagonal=0)",
+        "    mask = torch.tril(torch.ones(size, size, dtype=torch.int64), diagonal=0)\n    return mask == 0",
+        "causal_mask")
+    assert lines == {planted} and "mask_inverted" in report, report
+
+
+def test_a_residual_saved_after_the_norm_is_quoted_where_it_is_saved(tmp_path):
+    """Raschka's block with `shortcut = x` moved below `x = self.norm1(x)`: the sum `x + shortcut`
+    departs, but the operand that holds the wrong sub-step (the normed input) was bound above it."""
+    lines, planted, report = _quoted(tmp_path, FIXTURES / "learners_raschka" / "correct.py",
+                                     "        shortcut = x\n        x = self.norm1(x)\n",
+                                     "        x = self.norm1(x)\n        shortcut = x\n", "block")
+    assert lines == {planted} and "residual_from_normed" in report, report  # the line `shortcut = x`
+
+
 def test_a_shared_helper_given_the_wrong_weights_quotes_the_line_that_calls_it(tmp_path):
     """One RMSNorm class normalizes q and k: k through q's norm departs inside the norm's forward, yet
     the same forward gave the reference's q; the line calling it is quoted."""

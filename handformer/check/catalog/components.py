@@ -28,6 +28,7 @@ DIAGNOSES: list[Diagnosis] = [
       "屏蔽掩码为 0 的位置：scores.masked_fill(mask == 0, -1e9)（若使用 torch.nn 的布尔掩码约定，"
       "True = 屏蔽，请加 --mask-convention torch 重新检查）",
       r"masked_fill", r"\w+\[\s*~?\s*keep\s*\]\s*=",
+      r"\w*mask\w*\s*[=!]=\s*[01]\b",  # a mask function's `return subsequent_mask == 0`, turned
       r"\bmask\w*\b.*\*\s*-\s*\d|-\s*\d[\d.e]*\s*\*.*\bmask",  # BERT's additive mask: + (1 - mask) * -10000
       r"^(?!\s*(?:def|if|elif) ).*\bmask\b", r"mask"),
     d("mask_after_softmax", "the mask is applied after the softmax, so the weights no longer sum to 1",

@@ -44,6 +44,7 @@ from handformer.check.core.sizes import (  # noqa: F401  (the runners import the
     is_number,
 )
 from handformer.check.core.source import (
+    Objects,
     functions_called,
     global_reads,
     locate,
@@ -192,7 +193,9 @@ class Context:
         reads, own = global_reads(comp.obj), own_objects(self.module)
         objs = [comp.obj] + [obj for name, obj in own.items() if name in reads]
         objs += [self.components[k].obj for k in kinds if k in self.components]
-        return list(dict.fromkeys(objs + list(own.values()), None))  # each once, in that order
+        out = Objects(dict.fromkeys(objs + list(own.values()), None))  # each once, in that order
+        out.near = len(dict.fromkeys(objs, None))  # a mistake's line is looked for there first
+        return out
 
     def findings(self, flags: frozenset[str], matched: float, correct: float, comp: Component,
                  *kinds: str) -> list[Finding]:

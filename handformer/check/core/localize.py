@@ -633,7 +633,36 @@ def first_departure(steps: list[Step], views: list[View], filename: str, sizes: 
     if found is None:
         return None
     step = _origin(steps, found) if ends else steps[found]
-    return traced(_departure(step, views, filename, sizes, pre, terms, forms), steps, filename, views)
+    departure = _wrong_operand(steps[:found], step, views, filename) or _departure(
+        step, views, filename, sizes, pre, terms, forms)
+    return traced(departure, steps, filename, views)
+
+
+def _wrong_operand(before: list[Step], step: Step, views: list[View], filename: str) -> Departure | None:
+    """A departing sum `x = x + shortcut` one of whose operands, a name bound on an earlier line, holds
+    a sub-step of the reference where another was meant (Raschka's `shortcut = x` saved after
+    `x = self.norm1(x)`: the normed input, not the input): the line that bound it, with the form."""
+    node = _statement_node(filename, step.line)
+    if not isinstance(getattr(node, "value", None), ast.BinOp) or not isinstance(node.value.op, ast.Add):
+        return None
+    operands = {n.id for n in (node.value.left, node.value.right) if isinstance(n, ast.Name)}
+    for op in (s for s in reversed(before) if s.name in operands and s.line != step.line):
+        held = next((what for what, r in views if same(op.value, r)), None)
+        swapped = [(what, step.value - op.value + r) for what, r in views
+                   if r.shape == op.value.shape and not same(op.value, r)]  # the sum with r in its place
+        meant = held and next((what for what, t in swapped if any(same(t, r) for _, r in views)), None)
+        if meant:
+            form = text(f"`{op.name}` holds {held} where the sum wants {meant}",
+                        f"`{op.name}` 存的是{view_zh(held)}，这里的和需要的是{view_zh(meant)}")
+            return Departure(op.line, op.name, statement(filename, op.line), form)
+        operands.discard(op.name)  # its latest binding judged
+    return None
+
+
+def _statement_node(filename: str, line: int) -> ast.stmt | None:
+    """The statement of `filename` that starts at `line`."""
+    tree = ast.parse("".join(linecache.getlines(filename)))
+    return next((n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno == line), None)
 
 
 def traced(found: Departure, steps: list[Step], filename: str, views: list[View] = ()) -> Departure:
@@ -906,8 +935,8 @@ def latest_departure(steps: list[Step], readings: list[list[View]], filename: st
     i = min((j for j in range(len(at)) if at[j] == max(at)),
             key=lambda j: _fewest_wrong(steps[at[j]], readings[j]))
     step = _origin(steps, at[i]) if last[i] else steps[at[i]]
-    found = _departure(step, readings[i], filename, sizes, None, list(terms) + readings[i], forms,
-                       sum(readings, []))
+    found = _wrong_operand(steps[:at[i]], step, readings[i], filename) or _departure(
+        step, readings[i], filename, sizes, None, list(terms) + readings[i], forms, sum(readings, []))
     return traced(found, steps, filename, readings[i])
 
 
