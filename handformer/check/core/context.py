@@ -188,10 +188,13 @@ class Context:
 
     def objects(self, comp: Component, *kinds: str) -> list[Any]:
         """The component's class or function, then the file's functions and classes it reads by name
-        (gpt-fast's sample calls logits_to_probs), then the learner's other components of `kinds`,
-        then every other one: where to look for a line."""
+        (gpt-fast's sample calls logits_to_probs) and those they read in turn, then the learner's other
+        components of `kinds` (these its `near` ones, where a line is looked for first), then every
+        other one: where to look for a line."""
         reads, own = global_reads(comp.obj), own_objects(self.module)
+        called = reachable([comp.obj], lambda o: {own[n] for n in global_reads(o) if n in own})  # in turn
         objs = [comp.obj] + [obj for name, obj in own.items() if name in reads]
+        objs += [obj for obj in own.values() if obj in called]
         objs += [self.components[k].obj for k in kinds if k in self.components]
         out = Objects(dict.fromkeys(objs + list(own.values()), None))  # each once, in that order
         out.near = len(dict.fromkeys(objs, None))  # a mistake's line is looked for there first

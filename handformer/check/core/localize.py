@@ -642,27 +642,25 @@ def _wrong_operand(before: list[Step], step: Step, views: list[View], filename: 
     """A departing sum `x = x + shortcut` one of whose operands, a name bound on an earlier line, holds
     a sub-step of the reference where another was meant (Raschka's `shortcut = x` saved after
     `x = self.norm1(x)`: the normed input, not the input): the line that bound it, with the form."""
-    node = _statement_node(filename, step.line)
-    if not isinstance(getattr(node, "value", None), ast.BinOp) or not isinstance(node.value.op, ast.Add):
-        return None
-    operands = {n.id for n in (node.value.left, node.value.right) if isinstance(n, ast.Name)}
-    for op in (s for s in reversed(before) if s.name in operands and s.line != step.line):
-        held = next((what for what, r in views if same(op.value, r)), None)
-        swapped = [(what, step.value - op.value + r) for what, r in views
-                   if r.shape == op.value.shape and not same(op.value, r)]  # the sum with r in its place
-        meant = held and next((what for what, t in swapped if any(same(t, r) for _, r in views)), None)
-        if meant:
+    added = _added_names(filename, step.line)
+    latest = {s.name: s for s in before if s.name in added}  # each operand's latest binding
+    for op in latest.values():
+        holds = [what for what, r in views if same(op.value, r)][:1]
+        wants = [what for what, r in views if r.shape == op.value.shape
+                 and any(same(step.value - op.value + r, whole) for _, whole in views)][:1]
+        for held, meant in zip(holds, set(wants) - set(holds)):
             form = text(f"`{op.name}` holds {held} where the sum wants {meant}",
                         f"`{op.name}` 存的是{view_zh(held)}，这里的和需要的是{view_zh(meant)}")
             return Departure(op.line, op.name, statement(filename, op.line), form)
-        operands.discard(op.name)  # its latest binding judged
     return None
 
 
-def _statement_node(filename: str, line: int) -> ast.stmt | None:
-    """The statement of `filename` that starts at `line`."""
+def _added_names(filename: str, line: int) -> set[str]:
+    """The names a statement starting at `line` adds (`x = x + shortcut`: x, shortcut)."""
     tree = ast.parse("".join(linecache.getlines(filename)))
-    return next((n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno == line), None)
+    sums = [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno == line]
+    return {n.id for s in sums if isinstance(s, ast.BinOp) and isinstance(s.op, ast.Add)
+            for n in (s.left, s.right) if isinstance(n, ast.Name)}
 
 
 def traced(found: Departure, steps: list[Step], filename: str, views: list[View] = ()) -> Departure:
