@@ -76,6 +76,25 @@ def test_a_residual_saved_after_the_norm_is_quoted_where_it_is_saved(tmp_path):
     assert lines == {planted} and "residual_from_normed" in report, report  # the line `shortcut = x`
 
 
+def test_labels_made_like_the_decoder_input_are_quoted_where_the_labels_are_made(tmp_path):
+    """`tgt_in = tgt[:, :-1]` then `tgt_out = tgt[:, :-1]`: both hold what the loss was handed; the
+    labels are the later slice, made after the decoder's input."""
+    lines, planted, report = _quoted(
+        tmp_path, FIXTURES / "learners_training" / "correct.py",
+        "    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]  # each position predicts the next token",
+        "    tgt_in = tgt[:, :-1]\n    tgt_out = tgt[:, :-1]", "train_step")
+    assert lines == {planted} and "the decoder's input" in report, report
+
+
+def test_a_comparison_written_for_an_assignment_is_quoted(tmp_path):
+    """`true_dist[:, self.padding_idx] == 0` does nothing: the pad column keeps its smoothing; the
+    finding's patterns find the line beside it, the statement that does nothing is quoted."""
+    lines, planted, report = _quoted(tmp_path, FIXTURES / "learners_carried" / "correct.py",
+                                     "true_dist[:, self.padding_idx] = 0", "true_dist[:, self.padding_idx] == 0",
+                                     "loss")
+    assert lines == {planted} and "smoothing_on_pad" in report, report
+
+
 def test_a_shared_helper_given_the_wrong_weights_quotes_the_line_that_calls_it(tmp_path):
     """One RMSNorm class normalizes q and k: k through q's norm departs inside the norm's forward, yet
     the same forward gave the reference's q; the line calling it is quoted."""

@@ -1144,11 +1144,24 @@ def place_findings(res: ComponentResult, localize: Callable[[], Any], lines: lis
 def commented_out(res: ComponentResult, filename: str) -> None:
     """A named finding a few lines below a statement the learner commented out (`# loss = loss /
     grad_accum_steps` above `loss.backward()`), one that binds a name the finding's line or the line
-    above it reads: that line is quoted, the step they turned off."""
+    above it reads: that line is quoted, the step they turned off; or in a function with a comparison
+    written as a statement (`==` for `=`): that line, the step that does nothing."""
     for finding in res.named():
-        found = finding.line and _turned_off(filename, finding.line)
+        found = finding.line and (_turned_off(filename, finding.line) or _no_effect(filename, finding.line))
         if found:
             finding.line, finding.code = found
+
+
+def _no_effect(filename: str, line: int) -> tuple[int, str] | None:
+    """A comparison written as a statement in the function around `line`, so it does nothing
+    (`true_dist[:, self.padding_idx] == 0`, an assignment with `==` for `=`): (its line, its text)."""
+    tree = ast.parse("".join(linecache.getlines(filename)))
+    around = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.lineno <= line <= f.end_lineno
+              ]  # the outermost first: the innermost last
+    idle = [n.lineno for f in around[-1:] for n in ast.walk(f) if isinstance(n, ast.Expr)
+            and isinstance(n.value, ast.Compare)]
+    return min(((n, linecache.getline(filename, n).strip()) for n in idle), key=lambda nc: abs(nc[0] - line),
+               default=None)
 
 
 TURNED_OFF_WITHIN = 15  # lines above a finding's: a buffer's fill in __init__ above the forward that uses it
