@@ -95,6 +95,14 @@ def test_a_comparison_written_for_an_assignment_is_quoted(tmp_path):
     assert lines == {planted} and "smoothing_on_pad" in report, report
 
 
+def test_a_loop_that_continues_at_eos_is_quoted_at_its_continue(tmp_path):
+    """`if next_word == end_symbol: continue`, where `break` was meant: the statement that lets the
+    loop go on is the line quoted, not the loop's `torch.cat`."""
+    lines, planted, report = _quoted(tmp_path, FIXTURES / "learners_carried" / "correct.py",
+                                     "            break", "            continue", "greedy_decode")
+    assert lines == {planted} and "greedy_no_stop_at_eos" in report, report
+
+
 def test_a_shared_helper_given_the_wrong_weights_quotes_the_line_that_calls_it(tmp_path):
     """One RMSNorm class normalizes q and k: k through q's norm departs inside the norm's forward, yet
     the same forward gave the reference's q; the line calling it is quoted."""

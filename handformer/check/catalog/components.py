@@ -103,6 +103,7 @@ DIAGNOSES: list[Diagnosis] = [
       "emitted it, and pad the rows that ended)",
       "输出 EOS 后就停下：if next_word == end_symbol: break"
       "（批量时等每一行都输出了 EOS 再停，已结束的行补填充）",
+      r"^\s*(continue|pass)\s*(#.*)?$",  # `if next_word == EOS: continue`, where `break` was meant
       r"cat\(", r"for .* in range\(|while "),
     d("greedy_eos_not_emitted", "greedy decoding stops at the end symbol but leaves it out",
       "贪心解码在结束符处停下了，但没有输出结束符",
