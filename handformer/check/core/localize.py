@@ -1156,7 +1156,8 @@ def _no_effect(filename: str, line: int) -> tuple[int, str] | None:
     """A comparison written as a statement in the function around `line`, so it does nothing
     (`true_dist[:, self.padding_idx] == 0`, an assignment with `==` for `=`): (its line, its text)."""
     tree = ast.parse("".join(linecache.getlines(filename)))
-    around = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.lineno <= line <= f.end_lineno]
+    functions = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)]
+    around = [f for f in functions if f.lineno <= line <= f.end_lineno]
     inner = max(around, key=lambda f: f.lineno, default=ast.Module(body=[], type_ignores=[]))
     idle = [n.lineno for n in ast.walk(inner) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Compare)]
     return min(((n, linecache.getline(filename, n).strip()) for n in idle), key=lambda nc: abs(nc[0] - line),
