@@ -35,6 +35,22 @@ def test_each_masked_ones_plant_fails(tmp_path, old, new, kind, name):
     assert_failed_at(result, name, new.strip())
 
 
+@pytest.mark.parametrize(("old", "new", "name"), [
+    (None, None, None),
+    ("diagonal=1)", "diagonal=0)", "causal_off_by_one"),
+    ("return torch.triu", "return ~torch.triu", "mask_inverted")])
+def test_a_mask_handed_to_torch_s_transformer_is_read_as_torch_s(tmp_path, old, new, name):
+    """A bool mask function whose masks only torch's nn.Transformer reads is True = masked, as
+    torch.nn's masks are: right as written; its planted mistakes still fail, at their line."""
+    path = HERE / "bool_mask_for_torch.py"
+    result = check_file(edited_copy(tmp_path, path, [(old, new)]) if old else str(path), only=["causal_mask"])
+    if old is None:
+        assert statuses(result) == {"subsequent_mask": "pass"}, format_report(result)
+        assert "torch.nn's" in format_report(result)
+    else:
+        assert_failed_at(result, name, new)
+
+
 def test_an_attention_whose_projection_a_sibling_holds_passes(tmp_path):
     result = check_file(str(HERE / "vit_split.py"), only=["mha"])
     heads = next(c for c in result.components if c.name == "ViTSelfAttention")

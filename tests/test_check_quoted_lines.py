@@ -42,6 +42,67 @@ def test_a_cached_loop_quotes_the_model_line_where_the_cached_path_parts(tmp_pat
     assert "in a helper called from line" in report, report
 
 
+@pytest.mark.parametrize("old, new, form", [
+    ("logits = logits[:, -1, :]  # (B, C)", "logits = logits[:, 0, :]  # (B, C)", "position 0 of"),
+    ("probs = F.softmax(logits, dim=-1)", "probs = F.softmax(logits, dim=0)", "over the batch, dim 0")])
+def test_a_loop_that_hands_its_model_the_whole_context_departs_in_its_own_lines(tmp_path, old, new, form):
+    """Karpathy's generate calls the model on the whole (cropped) context each step, no cache: the
+    model's calls are not judged as cached ones (each would seem to part from the last), the loop's
+    own line is quoted with the form of the difference."""
+    lines, planted, report = _quoted(tmp_path, FIXTURES / "learners_karpathy" / "correct.py", old, new,
+                                     "generate")
+    assert lines == {planted} and form in report and "in a helper called from" not in report, report
+    assert ("sampling_softmax_wrong_dim" in report) == ("dim=0" in new), report  # the catalogue's name
+
+
+def test_a_mask_function_s_mistake_is_quoted_in_it_not_where_another_function_reads_masks(tmp_path):
+    """A mask function that returns its mask compared the wrong way (`return mask == 0`): the mistake
+    is its own line, though the attention's `masked_fill(mask == 0, ...)` matches a pattern of
+    mask_inverted first; a mistake is looked for in the component's own code first."""
+    lines, planted, report = _quoted(
+        tmp_path, FIXTURES / "learners" / "correct.py",
+        "    return torch.tril(torch.ones(size, size, dtype=torch.int64), diagonal=0)",
+        "    mask = torch.tril(torch.ones(size, size, dtype=torch.int64), diagonal=0)\n    return mask == 0",
+        "causal_mask")
+    assert lines == {planted} and "mask_inverted" in report, report
+
+
+def test_a_residual_saved_after_the_norm_is_quoted_where_it_is_saved(tmp_path):
+    """Raschka's block with `shortcut = x` moved below `x = self.norm1(x)`: the sum `x + shortcut`
+    departs, but the operand that holds the wrong sub-step (the normed input) was bound above it."""
+    lines, planted, report = _quoted(tmp_path, FIXTURES / "learners_raschka" / "correct.py",
+                                     "        shortcut = x\n        x = self.norm1(x)\n",
+                                     "        x = self.norm1(x)\n        shortcut = x\n", "block")
+    assert lines == {planted} and "residual_from_normed" in report, report  # the line `shortcut = x`
+
+
+def test_labels_made_like_the_decoder_input_are_quoted_where_the_labels_are_made(tmp_path):
+    """`tgt_in = tgt[:, :-1]` then `tgt_out = tgt[:, :-1]`: both hold what the loss was handed; the
+    labels are the later slice, made after the decoder's input."""
+    lines, planted, report = _quoted(
+        tmp_path, FIXTURES / "learners_training" / "correct.py",
+        "    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]  # each position predicts the next token",
+        "    tgt_in = tgt[:, :-1]\n    tgt_out = tgt[:, :-1]", "train_step")
+    assert lines == {planted} and "the decoder's input" in report, report
+
+
+def test_a_comparison_written_for_an_assignment_is_quoted(tmp_path):
+    """`true_dist[:, self.padding_idx] == 0` does nothing: the pad column keeps its smoothing; the
+    finding's patterns find the line beside it, the statement that does nothing is quoted."""
+    lines, planted, report = _quoted(tmp_path, FIXTURES / "learners_carried" / "correct.py",
+                                     "true_dist[:, self.padding_idx] = 0", "true_dist[:, self.padding_idx] == 0",
+                                     "loss")
+    assert lines == {planted} and "smoothing_on_pad" in report, report
+
+
+def test_a_loop_that_continues_at_eos_is_quoted_at_its_continue(tmp_path):
+    """`if next_word == end_symbol: continue`, where `break` was meant: the statement that lets the
+    loop go on is the line quoted, not the loop's `torch.cat`."""
+    lines, planted, report = _quoted(tmp_path, FIXTURES / "learners_carried" / "correct.py",
+                                     "            break", "            continue", "greedy_decode")
+    assert lines == {planted} and "greedy_no_stop_at_eos" in report, report
+
+
 def test_a_shared_helper_given_the_wrong_weights_quotes_the_line_that_calls_it(tmp_path):
     """One RMSNorm class normalizes q and k: k through q's norm departs inside the norm's forward, yet
     the same forward gave the reference's q; the line calling it is quoted."""

@@ -806,3 +806,36 @@ def test_a_decoder_and_a_model_handed_the_source_lengths_as_arguments_pass():
     planted = check_file(str(D2L_LENS / "causal_no_self.py"), only=["decoder_layer"])
     assert [(f.name, f.line) for f in planted.components[0].findings] == [("causal_off_by_one", 62)], \
         format_report(planted)
+
+
+STATIC = Path(__file__).parent / "fixtures" / "learners_static" / "batch_masks.py"
+
+
+@pytest.mark.parametrize(("old", "new"), [(None, None), ("return keep & subsequent_mask", "return keep | subsequent_mask")])
+def test_a_static_method_is_graded_as_its_kind(tmp_path, old, new):
+    """The Annotated Transformer's Batch.make_std_mask, a static method, is the mask helper it is
+    named for: right as written; its mask joined with | instead of & fails at that line."""
+    from check_plants import edited_copy
+
+    path = edited_copy(tmp_path, STATIC, [(old, new)]) if old else str(STATIC)
+    result = check_file(path, only=["mask_helper"])
+    found = {c.name: c for c in result.components}
+    assert list(found) == ["Batch.make_std_mask"], format_report(result)
+    helper = found["Batch.make_std_mask"]
+    assert helper.status == ("fail" if old else "pass"), format_report(result)
+    if old:
+        assert [(f.name, f.code) for f in helper.findings][0][0] == "mask_combined_with_or", format_report(result)
+        assert new in helper.findings[0].code, format_report(result)
+
+
+def test_a_generation_method_beside_generate_is_graded_too(tmp_path):
+    """A model's `generate_cached` method beside the file's own loop: a generation loop, graded."""
+    from check_plants import edited_copy
+
+    kv = Path(__file__).parent / "fixtures" / "learners_kvcache" / "correct.py"
+    method = ("    def reset_kv_cache(self):",
+              "    def generate_cached(self, idx, max_new_tokens):\n"
+              "        return generate_cached(self, idx, max_new_tokens)\n\n    def reset_kv_cache(self):")
+    result = check_file(edited_copy(tmp_path, kv, [method]), only=["generate"])
+    assert {c.name: c.status for c in result.components}.get("GPTModel.generate_cached") == "pass", \
+        format_report(result)

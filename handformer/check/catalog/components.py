@@ -28,6 +28,7 @@ DIAGNOSES: list[Diagnosis] = [
       "屏蔽掩码为 0 的位置：scores.masked_fill(mask == 0, -1e9)（若使用 torch.nn 的布尔掩码约定，"
       "True = 屏蔽，请加 --mask-convention torch 重新检查）",
       r"masked_fill", r"\w+\[\s*~?\s*keep\s*\]\s*=",
+      r"\w*mask\w*\s*[=!]=\s*[01]\b",  # a mask function's `return subsequent_mask == 0`, turned
       r"\bmask\w*\b.*\*\s*-\s*\d|-\s*\d[\d.e]*\s*\*.*\bmask",  # BERT's additive mask: + (1 - mask) * -10000
       r"^(?!\s*(?:def|if|elif) ).*\bmask\b", r"mask"),
     d("mask_after_softmax", "the mask is applied after the softmax, so the weights no longer sum to 1",
@@ -102,6 +103,7 @@ DIAGNOSES: list[Diagnosis] = [
       "emitted it, and pad the rows that ended)",
       "输出 EOS 后就停下：if next_word == end_symbol: break"
       "（批量时等每一行都输出了 EOS 再停，已结束的行补填充）",
+      r"^\s*(continue|pass)\s*(#.*)?$",  # `if next_word == EOS: continue`, where `break` was meant
       r"cat\(", r"for .* in range\(|while "),
     d("greedy_eos_not_emitted", "greedy decoding stops at the end symbol but leaves it out",
       "贪心解码在结束符处停下了，但没有输出结束符",

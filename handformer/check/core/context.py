@@ -44,6 +44,7 @@ from handformer.check.core.sizes import (  # noqa: F401  (the runners import the
     is_number,
 )
 from handformer.check.core.source import (
+    Objects,
     functions_called,
     global_reads,
     locate,
@@ -187,12 +188,17 @@ class Context:
 
     def objects(self, comp: Component, *kinds: str) -> list[Any]:
         """The component's class or function, then the file's functions and classes it reads by name
-        (gpt-fast's sample calls logits_to_probs), then the learner's other components of `kinds`,
-        then every other one: where to look for a line."""
+        (gpt-fast's sample calls logits_to_probs) and those they read in turn, then the learner's other
+        components of `kinds` (these its `near` ones, where a line is looked for first), then every
+        other one: where to look for a line."""
         reads, own = global_reads(comp.obj), own_objects(self.module)
+        called = reachable([comp.obj], lambda o: {own[n] for n in global_reads(o) if n in own})  # in turn
         objs = [comp.obj] + [obj for name, obj in own.items() if name in reads]
+        objs += [obj for obj in own.values() if obj in called]
         objs += [self.components[k].obj for k in kinds if k in self.components]
-        return list(dict.fromkeys(objs + list(own.values()), None))  # each once, in that order
+        out = Objects(dict.fromkeys(objs + list(own.values()), None))  # each once, in that order
+        out.near = len(dict.fromkeys(objs, None))  # a mistake's line is looked for there first
+        return out
 
     def findings(self, flags: frozenset[str], matched: float, correct: float, comp: Component,
                  *kinds: str) -> list[Finding]:

@@ -167,8 +167,19 @@ def masks_where_true(source: str, name: str | None) -> bool:
 
 def file_masks_where_true(source: str) -> bool:
     """Whether the file fills where a mask of its is True (see masks_where_true): the TensorFlow
-    tutorial's attention, Raschka's; its mask functions then write 1 = masked, and are read so."""
-    return any(masks_where_true(source, n) for n in set(re.findall(r"\b\w*mask\w*\b", source)))
+    tutorial's attention, Raschka's; or hands its masks to torch's own attention layers alone
+    (PyTorch's translation tutorial: `nn.Transformer(...)(src, tgt, tgt_mask=...)`, whose bool masks
+    are True = masked) and never fills or reads one the other way. Its mask functions then write
+    1 = masked, and are read so."""
+    return (any(masks_where_true(source, n) for n in set(re.findall(r"\b\w*mask\w*\b", source)))
+            or bool(TORCH_LAYERS.search(source) and not KEEP_READ.search(source)))
+
+
+# torch's attention layers, whose bool masks are True = masked (F.scaled_dot_product_attention's
+# are True = keep: a file that calls it reads its masks that way)
+TORCH_LAYERS = re.compile(r"\bnn\.(Transformer(Encoder|Decoder)?(Layer)?|MultiheadAttention)\s*\(")
+KEEP_READ = re.compile(r"\w*mask\w*\s*==\s*0|~\s*\w*mask|logical_not\(\s*\w*mask|masked_fill_?\(|"
+                       r"scaled_dot_product_attention")
 
 
 # a large negative: -1e9, -10000.0, torch.finfo(dtype).min

@@ -328,7 +328,7 @@ def _by_signature(own: dict[str, Any], taken: set[str], wanted: set[str], pointe
 
     found = []
     for name, obj in own.items():
-        skip = name in taken or name in TABLED or "." in name or name.startswith(("_", "handformer_"))
+        skip = name in taken or name in TABLED or name.startswith(("_", "handformer_"))
         if skip or not inspect.isfunction(obj):
             continue
         kind = kind_of(obj)
@@ -352,16 +352,24 @@ HEAD_MODELS = ("LanguageModel", "LMHeadModel")  # a model with its head: kept be
 
 
 def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> list[str]:
-    """The learner's names among `names`, in that order; ".generate" stands for any class's method
-    of that name; then their classes whose name ends as this kind's do (SUFFIXES)."""
+    """The learner's names among `names`, in that order (see `_stands_for`); then their classes whose
+    name ends as this kind's do (SUFFIXES)."""
     out = []
     for name in names:
-        out += sorted(n for n in own if n.endswith(name)) if name.startswith(".") else [name] * (name in own)
+        out += [name] * (name in own) + sorted(n for n in own if "." in n and _stands_for(name, n))
     out += sorted(n for n, o in own.items() if inspect.isclass(o) and n not in TABLED and n not in out
                   and _suffixed(n, o, SUFFIXES.get(kind, ("\0",))) and SUFFIX_TESTS.get(kind, bool)(o))
     if any(n.endswith(("ForCausalLM", "LMHeadModel")) for n in own):  # Hugging Face's XModel is the backbone
         out = [n for n in out if n in TABLED or not n.endswith("Model") or n.endswith(HEAD_MODELS)]
     return out
+
+
+def _stands_for(name: str, dotted: str) -> bool:
+    """Whether a name of a kind's table stands for a class's method `dotted` ("Class.method"):
+    ".generate" for any generation method (`GPT.generate`, `GPT.generate_cached`), a plain name for a
+    static method of that name (`make_std_mask` for the Annotated Transformer's Batch.make_std_mask)."""
+    method = dotted.rpartition(".")[2]
+    return method.startswith(name[1:]) if name.startswith(".") else method == name
 
 
 # what a class found by its name's ending must compute besides (an ...Attention, an attention)
@@ -547,13 +555,16 @@ def defined_here(module: types.ModuleType) -> dict[str, Any]:
 
 
 def own_objects(module: types.ModuleType) -> dict[str, Any]:
-    """`defined_here`, and a class's own `generate` method too, as "Class.generate" (nanoGPT's
-    `GPT.generate`)."""
+    """`defined_here`, and a class's own generation methods too, as "Class.generate" (nanoGPT's
+    `GPT.generate`, a `generate_cached` beside it), and its static methods (the Annotated
+    Transformer's `Batch.make_std_mask`): functions of their own, graded as their kind is."""
     own = defined_here(module)
-    for name, obj in list(own.items()):
-        method = vars(obj).get("generate") if inspect.isclass(obj) else None
-        if inspect.isfunction(method):
-            own[f"{name}.generate"] = method
+    for name, cls in [(n, o) for n, o in own.items() if inspect.isclass(o)]:
+        for attr, member in vars(cls).items():
+            function = getattr(member, "__func__", member) if isinstance(member, staticmethod) else None
+            function = member if attr.startswith("generate") and inspect.isfunction(member) else function
+            if inspect.isfunction(function):
+                own[f"{name}.{attr}"] = function
     return own
 
 

@@ -618,8 +618,9 @@ class Departure:
                 self.called_from if self.shared else (self.line, self.code))
 
     def finding(self) -> Finding:
-        """The report's finding, at the line `quoted` names."""
-        return Finding(DEPARTS, self.describe(), *self.quoted())
+        """The report's finding, at the line `quoted` names: named as the catalogued mistake its form
+        is, where the form names one (its "mistake" key), else DEPARTS."""
+        return Finding((self.form or {}).get("mistake", DEPARTS), self.describe(), *self.quoted())
 
 
 def first_departure(steps: list[Step], views: list[View], filename: str, sizes: dict[str, float],
@@ -632,7 +633,34 @@ def first_departure(steps: list[Step], views: list[View], filename: str, sizes: 
     if found is None:
         return None
     step = _origin(steps, found) if ends else steps[found]
-    return traced(_departure(step, views, filename, sizes, pre, terms, forms), steps, filename, views)
+    departure = _wrong_operand(steps[:found], step, views, filename) or _departure(
+        step, views, filename, sizes, pre, terms, forms)
+    return traced(departure, steps, filename, views)
+
+
+def _wrong_operand(before: list[Step], step: Step, views: list[View], filename: str) -> Departure | None:
+    """A departing sum `x = x + shortcut` one of whose operands, a name bound on an earlier line, holds
+    a sub-step of the reference where another was meant (Raschka's `shortcut = x` saved after
+    `x = self.norm1(x)`: the normed input, not the input): the line that bound it, with the form."""
+    added = _added_names(filename, step.line)
+    latest = {s.name: s for s in before if s.name in added}  # each operand's latest binding
+    for op in latest.values():
+        holds = [what for what, r in views if same(op.value, r)][:1]
+        wants = [what for what, r in views if r.shape == op.value.shape
+                 and any(same(step.value - op.value + r, whole) for _, whole in views)][:1]
+        for held, meant in zip(holds, set(wants) - set(holds)):
+            form = text(f"`{op.name}` holds {held} where the sum wants {meant}",
+                        f"`{op.name}` 存的是{view_zh(held)}，这里的和需要的是{view_zh(meant)}")
+            return Departure(op.line, op.name, statement(filename, op.line), form)
+    return None
+
+
+def _added_names(filename: str, line: int) -> set[str]:
+    """The names a statement starting at `line` adds (`x = x + shortcut`: x, shortcut)."""
+    tree = ast.parse("".join(linecache.getlines(filename)))
+    sums = [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno == line]
+    return {n.id for s in sums if isinstance(s, ast.BinOp) and isinstance(s.op, ast.Add)
+            for n in (s.left, s.right) if isinstance(n, ast.Name)}
 
 
 def traced(found: Departure, steps: list[Step], filename: str, views: list[View] = ()) -> Departure:
@@ -728,7 +756,7 @@ def _departure(step: Step, views: list[View], filename: str, sizes: dict[str, fl
             or form_of(written.value, views, sizes, pre, terms, forms) or _reduced(written.value, views))
     line = _inside(written, filename, views, [*views, *wider]) or written.line
     source = _size_source(written, statement(filename, line), form, sizes, filename)
-    return Departure(line, written.name, statement(filename, line, not called), form,
+    return Departure(line, written.name, statement(filename, line), form,
                      None if source else called or None, source, part=written.part,
                      misread=bool(source) and _misread(written.numbers[source[1]][1], source[1], sizes, form))
 
@@ -905,8 +933,8 @@ def latest_departure(steps: list[Step], readings: list[list[View]], filename: st
     i = min((j for j in range(len(at)) if at[j] == max(at)),
             key=lambda j: _fewest_wrong(steps[at[j]], readings[j]))
     step = _origin(steps, at[i]) if last[i] else steps[at[i]]
-    found = _departure(step, readings[i], filename, sizes, None, list(terms) + readings[i], forms,
-                       sum(readings, []))
+    found = _wrong_operand(steps[:at[i]], step, readings[i], filename) or _departure(
+        step, readings[i], filename, sizes, None, list(terms) + readings[i], forms, sum(readings, []))
     return traced(found, steps, filename, readings[i])
 
 
@@ -1116,11 +1144,24 @@ def place_findings(res: ComponentResult, localize: Callable[[], Any], lines: lis
 def commented_out(res: ComponentResult, filename: str) -> None:
     """A named finding a few lines below a statement the learner commented out (`# loss = loss /
     grad_accum_steps` above `loss.backward()`), one that binds a name the finding's line or the line
-    above it reads: that line is quoted, the step they turned off."""
+    above it reads: that line is quoted, the step they turned off; or in a function with a comparison
+    written as a statement (`==` for `=`): that line, the step that does nothing."""
     for finding in res.named():
-        found = finding.line and _turned_off(filename, finding.line)
+        found = finding.line and (_turned_off(filename, finding.line) or _no_effect(filename, finding.line))
         if found:
             finding.line, finding.code = found
+
+
+def _no_effect(filename: str, line: int) -> tuple[int, str] | None:
+    """A comparison written as a statement in the function around `line`, so it does nothing
+    (`true_dist[:, self.padding_idx] == 0`, an assignment with `==` for `=`): (its line, its text)."""
+    tree = ast.parse("".join(linecache.getlines(filename)))
+    functions = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)]
+    around = [f for f in functions if f.lineno <= line <= f.end_lineno]
+    inner = max(around, key=lambda f: f.lineno, default=ast.Module(body=[], type_ignores=[]))
+    idle = [n.lineno for n in ast.walk(inner) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Compare)]
+    return min(((n, linecache.getline(filename, n).strip()) for n in idle), key=lambda nc: abs(nc[0] - line),
+               default=None)
 
 
 TURNED_OFF_WITHIN = 15  # lines above a finding's: a buffer's fill in __init__ above the forward that uses it

@@ -21,13 +21,32 @@ from handformer.check.core.result import LearnerError
 from handformer.check.reference.diagnoses import CATALOG
 
 
-def source_lines(objs: Iterable[Any]) -> list[tuple[int, str]]:
-    """(line number, text) of each object's source, objects in order, duplicates once."""
+class Objects(list):
+    """A component's objects to look for a line in (Context.objects), the first `near` of them its
+    own code and what it reads."""
+
+    near: int = 0
+
+
+class Lines(list):
+    """(line number, text) of objects' sources, with `near`: those of the first objects alone (the
+    component's own code and what it reads), where a mistake is looked for first."""
+
+    near: list[tuple[int, str]] = []
+
+
+def source_lines(objs: Iterable[Any]) -> Lines:
+    """(line number, text) of each object's source, objects in order, duplicates once; `near` the
+    lines of the first `objs.near` objects, where `objs` says how many are near (Context.objects)."""
+    count, near = getattr(objs, "near", 0), []
     lines: dict[int, str] = {}
-    for obj in objs:
+    for i, obj in enumerate(objs):
+        near = list(lines.items()) if i == count else near
         for number, line in _lines_of(obj):
             lines.setdefault(number, line)
-    return list(lines.items())
+    out = Lines(lines.items())
+    out.near = near
+    return out
 
 
 def _lines_of(obj: Any) -> tuple[tuple[int, str], ...]:
@@ -111,9 +130,14 @@ def _visit(node: ast.AST, prefix: str, starts: dict[str, int]) -> None:
 
 def locate(name: str, lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
     """The line LINE_FINDERS finds for the diagnosis, else the first line matching its patterns,
-    trying patterns in order; comments and docstrings are skipped."""
-    number, code = LINE_FINDERS.get(name, _nowhere)(lines)
-    return (number, code) if number is not None else first_line(CATALOG[name].patterns, lines)
+    trying patterns in order; comments and docstrings are skipped. In the lines' `near` ones first
+    (the component's own code and what it reads), then in all."""
+    for tier in (getattr(lines, "near", []), lines):  # the component's own code first
+        number, code = LINE_FINDERS.get(name, _nowhere)(tier)
+        number, code = (number, code) if number is not None else first_line(CATALOG[name].patterns, tier)
+        if number is not None:
+            return number, code
+    return None, None
 
 
 def _nowhere(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
@@ -169,13 +193,15 @@ def _code_lines(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
     return code
 
 
+HEADER = re.compile(r"\s*(async\s+)?(def|class)\s")
 STRING_OPENS = re.compile(r"[rRbBuU]{0,2}(\"{3}|'{3})")
 
 
 def first_line(patterns: Iterable[str], lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
     """The first code line the patterns find, trying them in order (comments and docstrings
     skipped), and its text."""
-    code_lines = _code_lines(lines)
+    code_lines = _code_lines(lines)  # a `def` or `class` line last: a name there is rarely the mistake
+    code_lines = sorted(code_lines, key=lambda nl: bool(HEADER.match(nl[1])))
     for pattern in patterns:
         regex = re.compile(pattern)
         for number, line in code_lines:

@@ -88,6 +88,8 @@ def cached_call_departure(run: Callable[[], Any], filename: str) -> Departure | 
     handle = register_module_forward_pre_hook(lambda m, a: calls.before(m, a))
     with hooked([handle]):  # where it raises further on, the calls up to there are judged
         quietly(lambda: trace_steps(run, filename, every=True, into=steps))
+    if len(calls.made) < 2 or calls.made[1][0].size(1) >= calls.made[0][0].size(1):
+        return None  # each call handed the whole context (cropped or not): no cache to judge
     starts = [start for _, start, _ in calls.made] + [len(steps)]
     for k in range(1, len(calls.made)):
         tokens = torch.cat([ids for ids, _, _ in calls.made[:k + 1]], 1)  # (B, b)

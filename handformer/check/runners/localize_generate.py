@@ -71,6 +71,9 @@ def generate_views(logits_of: Callable[[Tensor], Tensor], prompt: Tensor, expect
                   ("the next token", stream[:, T + i:T + i + 1]), ("the next token", stream[:, T + i]),
                   ("the tokens with the new one appended", stream[:, :T + i + 1])]
         forms += _position_forms(logits, temperature) + _crop_forms(stream[:, :T + i], block)
+        forms.append((text("the softmax over the batch, dim 0; the probabilities are over the vocabulary, "
+                           "dim=-1", "softmax 沿 batch 维（dim 0）做了；概率应沿词表维 dim=-1")
+                      | {"mistake": "sampling_softmax_wrong_dim"}, last.softmax(0)))
     return views, forms
 
 

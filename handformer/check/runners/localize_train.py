@@ -58,7 +58,8 @@ def localize_train_step(step: Any, model: torch.nn.Module, src: Tensor, tgt: Ten
     made_at = [s for s in steps if same(s.value.reshape(-1), labels)]  # same(): the sizes first
     if same(labels, right.reshape(-1)) or not made_at:
         return None
-    at = [s for s in made_at if s.line == made_at[0].line][-1]  # `tgt_in, tgt_out = ...`: the last name
+    sliced = [s for s in made_at if "[" in linecache.getline(filename, s.line)] or made_at
+    at = sliced[-1]  # the latest slice of the target: the labels, made after a decoder input alike
     forms = [(text(en, zh), wrong(tgt).double()) for wrong, en, zh in WRONG_LABELS]
     form = form_of(at.value, [("the labels tgt[:, 1:]", right)], {}, forms=forms)
     return Departure(at.line, at.name, linecache.getline(filename, at.line).strip(), form)

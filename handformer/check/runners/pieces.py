@@ -166,7 +166,7 @@ CAUSAL_MASK = Probe(
     reference=_causal_reference,
     universe=lambda s: CAUSAL_FLAGS,
     steps=(_causal_compared, localize_step(
-        lambda s, found: localize_causal_mask(s.module, mask_arguments(s.module, 5), 5), place=False)),
+        lambda s, found: localize_causal_mask(s.module, mask_arguments(s.module, 5), 5))),
     depth=1, deterministic=False,
 )
 
