@@ -83,10 +83,32 @@ def kind_of(fn: Any) -> str | None:
     params, names, required = _signature(fn)
     if lm_step(fn):
         return "lm_train_step"
+    if mask_kind(fn):
+        return mask_kind(fn)
     configs = _config_fields(fn, required - set(names[:1]) - set().union(*SCHEDULE_ARGS.values()))
     if _schedule(names + sum(configs.values(), []), required - set(configs)) or schedule_maker(fn):
         return "schedule"
     return _loop_kind(names, required) or _logits_kind(fn, params, names, required)
+
+
+# what a mask function computes: a triangle of positions (tril, triu, or positions compared), and
+# padding (a pad id it takes or reads)
+TRIANGLE_CODE = re.compile(r"\b(tril|triu)\b|arange\([^\n]*[<>]=?[^\n]*arange\(")  # positions against positions
+PAD_CODE = re.compile(r"(?i)pad")
+
+
+def mask_kind(fn: Any) -> str | None:
+    """A function named as a mask (`make_subsequent_mask`, `get_subsequent_mask`,
+    `make_decoder_mask`), taken by what its code computes: a mask helper where it reads padding, a
+    causal mask function where it builds a triangle of positions alone; None otherwise (a function
+    that applies a mask)."""
+    name = getattr(fn, "__name__", "").lower()
+    code = source_text(fn)
+    if "mask" not in name or not inspect.isfunction(fn) or "softmax" in name:
+        return None
+    if PAD_CODE.search(code):
+        return "mask_helper"
+    return "causal_mask" if TRIANGLE_CODE.search(code) else None
 
 
 SCHEDULE_FIRST = SCHEDULE_STEP_NAMES + OPTIMIZER_NAMES  # a schedule's step, a scheduler factory's optimizer

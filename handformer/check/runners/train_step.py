@@ -127,6 +127,21 @@ class Recorded(nn.Module):
         return out if self.outputs == 1 else (out,) + (None,) * (self.outputs - 1)
 
 
+class TokenCrossEntropy(nn.CrossEntropyLoss):
+    """torch's cross-entropy that also takes the model's (B, T, V) output with (B, T) targets as they
+    are (a step written for a criterion of its own that flattens them: fairseq's), read as B * T
+    tokens; torch's own layouts, (N, V) and (B, V, T), unchanged."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.padding_idx = self.pad_idx = self.ignore_index  # the names criteria give their pad id
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        if input.dim() > 2 and input.shape[:-1] == target.shape:
+            input, target = input.reshape(-1, input.size(-1)), target.reshape(-1)  # (B * T, V), (B * T,)
+        return super().forward(input, target)
+
+
 def reference_step(model: nn.Module, opt: torch.optim.Optimizer, src: Tensor, tgt: Tensor,
                    clip: float | None, *, zero_grad: bool = True, clip_after: bool = False,
                    shift: bool = True, accum: int = 1, divide: bool = True,
@@ -135,7 +150,7 @@ def reference_step(model: nn.Module, opt: torch.optim.Optimizer, src: Tensor, tg
     that many micro-batches along the batch, each loss divided by accum (unless `divide` is off)
     and backpropagated, then one update. per_token: a summed loss divided by the number of real
     target tokens (the Annotated Transformer's SimpleLossCompute)."""
-    criterion = criterion or nn.CrossEntropyLoss(ignore_index=PAD)
+    criterion = criterion or TokenCrossEntropy(ignore_index=PAD)
     if zero_grad:
         opt.zero_grad()
     for src_part, tgt_part in zip(src.chunk(accum), tgt.chunk(accum)):
@@ -282,7 +297,7 @@ class Step:
         self.make_criterion, self.criterion_name = learner_criterion(ctx)
         self.loss_compute = calls_with_norm(self.source, str(self.criterion))  # None: no call of that name
         if self.loss_compute and self.criterion_name is None:
-            self.make_criterion = lambda: nn.CrossEntropyLoss(ignore_index=PAD, reduction="sum")
+            self.make_criterion = lambda: TokenCrossEntropy(ignore_index=PAD, reduction="sum")
 
     def _batch(self, src: Tensor, tgt: Tensor) -> Any:
         if not self.batch:  # an epoch whose loop variable was not found
@@ -334,7 +349,21 @@ class Step:
         criterion argument) the learner's loss when its step calls it by name, else cross-entropy."""
         if self.uses_own_criterion():
             return self.make_criterion()
-        return nn.CrossEntropyLoss(ignore_index=PAD)
+        return TokenCrossEntropy(ignore_index=PAD)
+
+
+class OwnCriterion:
+    """The learner's loss called as criterion(input, target), its attributes read through (a step reads
+    `criterion.ignore_index` or `criterion.padding_idx` to count the real tokens)."""
+
+    def __init__(self, ctx: Context, fn: Any, arguments: Any) -> None:
+        self.ctx, self.fn, self.arguments = ctx, fn, arguments
+
+    def __call__(self, input: Tensor, target: Tensor) -> Any:
+        return self.ctx.learner.call("forward", self.fn, **self.arguments(input, target))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["fn"], name)
 
 
 def learner_criterion(ctx: Context) -> tuple[Any, str | None]:
@@ -342,7 +371,7 @@ def learner_criterion(ctx: Context) -> tuple[Any, str | None]:
     passes its own check, with the name it has; else of handformer's cross-entropy."""
     from handformer.check.runners.loss import Loss, check_loss
 
-    fallback = (lambda: nn.CrossEntropyLoss(ignore_index=PAD)), None
+    fallback = (lambda: TokenCrossEntropy(ignore_index=PAD)), None
     comp = ctx.components.get("loss")
     if comp is None or not ctx.passes(comp, check_loss):
         return fallback
@@ -355,9 +384,7 @@ def learner_criterion(ctx: Context) -> tuple[Any, str | None]:
         init, fixed = spec.options(0.1, PAD, V)  # the step's pad id and vocabulary
         fn = ctx.learner.call("__init__", lambda: comp.obj(**init)) if spec.is_class else comp.obj
 
-        def criterion(input: Tensor, target: Tensor) -> Any:
-            return ctx.learner.call("forward", fn, **{spec.input: input, spec.target: target, **fixed})
-        return criterion
+        return OwnCriterion(ctx, fn, lambda input, target: {spec.input: input, spec.target: target, **fixed})
 
     return make, comp.name
 
