@@ -100,7 +100,8 @@ DIAGNOSES: list[Diagnosis] = [
       "在一步（或一个 epoch）开始时调用 model.train()；评估时才调用 model.eval()",
       r"=\s*batch\b", r"def ", r"model\("),
     d("adamw_no_bias_correction", "AdamW's moments are not bias-corrected, so the first steps have the "
-      "wrong size (m and v start at 0)", "AdamW 的一阶、二阶矩没有做偏差校正，前几步的步长不对（m 和 v 从 0 开始）",
+      "wrong size (m and v start at 0)",
+      "AdamW 的一阶、二阶矩没有做偏差校正，前几步的步长不对（m 和 v 从 0 开始）",
       "divide by the corrections before the update: m_hat = m / (1 - beta1 ** t), v_hat = v / (1 - beta2 "
       "** t), with t counted from 1",
       "更新前先除以校正项：m_hat = m / (1 - beta1 ** t)，v_hat = v / (1 - beta2 ** t)，t 从 1 开始数",

@@ -86,14 +86,16 @@ def kind_of(fn: Any) -> str | None:
     if mask_kind(fn):
         return mask_kind(fn)
     configs = _config_fields(fn, required - set(names[:1]) - set().union(*SCHEDULE_ARGS.values()))
-    if _schedule(names + sum(configs.values(), []), required - set(configs)) or schedule_maker(fn):
+    if _schedule(names + sum(configs.values(), []), required - set(configs)) or schedule_maker(fn) or (
+            _inverse_sqrt(fn, names, required)):
         return "schedule"
     return _loop_kind(names, required) or _logits_kind(fn, params, names, required)
 
 
 # what a mask function computes: a triangle of positions (tril, triu, or positions compared), and
 # padding (a pad id it takes or reads)
-TRIANGLE_CODE = re.compile(r"\b(tril|triu)\b|arange\([^\n]*[<>]=?[^\n]*arange\(")  # positions against positions
+# positions against positions
+TRIANGLE_CODE = re.compile(r"\b(tril|triu)\b|arange\([^\n]*[<>]=?[^\n]*arange\(")
 PAD_CODE = re.compile(r"(?i)pad")
 
 
@@ -131,6 +133,19 @@ def _schedule(names: list[str], required: set[str]) -> bool:
     has = lambda key: _takes_each(names[1:], [settings[key]])  # noqa: E731
     return (bool(names) and names[0] in SCHEDULE_FIRST and required - {names[0]} <= known
             and has("warmup") and (has("d_model") or has("total") or has("min_lr") or has("stable")))
+
+
+INVERSE_SQRT_CODE = re.compile(r"\*\*\s*\(?\s*-\s*0?\.5|\bsqrt\b|rsqrt")
+
+
+def _inverse_sqrt(fn: Any, names: list[str], required: set[str]) -> bool:
+    """fairseq's inverse_sqrt written as a function of the step and its settings (`inverse_sqrt_lr(step,
+    base_lr, warmup)`): the step first, a warmup among the settings, and an inverse square root in its
+    code."""
+    known = set().union(*SCHEDULE_ARGS.values())
+    return (bool(names) and names[0] in SCHEDULE_STEP_NAMES and required - {names[0]} <= known
+            and _takes_each(names[1:], [SCHEDULE_ARGS["warmup"]])
+            and bool(INVERSE_SQRT_CODE.search(source_text(fn))))
 
 
 def schedule_signature(fn: Any) -> bool:

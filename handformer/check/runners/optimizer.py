@@ -28,12 +28,15 @@ from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
 
-SETTINGS = {"lr": 0.1, "beta1": 0.8, "beta2": 0.9, "eps": 0.05, "weight_decay": 0.5}  # each apart: a swap shows
-ALIASES = {"lr": LR_NAMES + ("alpha",), "beta1": ("beta1", "b1", "beta_1"), "beta2": ("beta2", "b2", "beta_2"),
+# each apart, so a swap shows; eps large beside sqrt(v), so where it is added shows
+SETTINGS = {"lr": 0.1, "beta1": 0.8, "beta2": 0.9, "eps": 0.05, "weight_decay": 0.5}
+ALIASES = {"lr": LR_NAMES + ("alpha",), "beta1": ("beta1", "b1", "beta_1"),
+           "beta2": ("beta2", "b2", "beta_2"),
            "eps": ("eps", "epsilon"),
            "weight_decay": ("weight_decay", "wd", "decay", "weight_decay_rate", "lambda_", "lam", "lmbda")}
 STEPS = 3
-FLAGS = ("adamw_no_bias_correction", "adamw_coupled_weight_decay", "adamw_eps_inside_sqrt", "adamw_beta2_for_m")
+FLAGS = ("adamw_no_bias_correction", "adamw_coupled_weight_decay", "adamw_eps_inside_sqrt",
+         "adamw_beta2_for_m")
 TOL = 1e-9
 # (the decay after the Adam update, eps before the bias correction): what the report says
 CONVENTIONS: dict[tuple[bool, bool], Text] = {
@@ -53,25 +56,25 @@ CONVENTIONS: dict[tuple[bool, bool], Text] = {
 def adamw(start: list[Tensor], grads: list[list[Tensor]], convention: tuple[bool, bool],
           flags: frozenset[str] = frozenset()) -> Tensor:
     """The parameters after each step of AdamW at SETTINGS, (STEPS, N) flattened, counted as
-    `convention` counts, with the named mistakes."""
+    `convention` counts, with the named mistakes (each a switch of 0 or 1 in the arithmetic)."""
     lr, b1, b2, eps, wd = SETTINGS.values()
     after, raw = convention
-    params = [p.clone() for p in start]
-    moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in start]
+    on = dict.fromkeys(FLAGS, False) | dict.fromkeys(flags, True)
+    coupled, bias = on["adamw_coupled_weight_decay"], not on["adamw_no_bias_correction"]
+    beta, inside = b1 + on["adamw_beta2_for_m"] * (b2 - b1), on["adamw_eps_inside_sqrt"]
+    params, moments = list(start), [(0.0, 0.0)] * len(start)
     out = []
     for t, step_grads in enumerate(grads, 1):
         for i, g in enumerate(step_grads):
             p = params[i]
-            g = g + wd * p if "adamw_coupled_weight_decay" in flags else g
-            beta = b2 if "adamw_beta2_for_m" in flags else b1
+            g = g + coupled * wd * p  # Adam with L2: the decay inside the gradient
             m, v = beta * moments[i][0] + (1 - beta) * g, b2 * moments[i][1] + (1 - b2) * g * g
             moments[i] = (m, v)
-            c1, c2 = (1.0, 1.0) if "adamw_no_bias_correction" in flags else (1 - b1 ** t, 1 - b2 ** t)
-            scale, vv = (lr * math.sqrt(c2) / c1, v) if raw else (lr / c1, v / c2)
-            root = (vv + eps).sqrt() if "adamw_eps_inside_sqrt" in flags else vv.sqrt() + eps
-            update = scale * m / root
-            decay = 0.0 if "adamw_coupled_weight_decay" in flags else lr * wd
-            params[i] = (p - update) * (1 - decay) if after else p * (1 - decay) - update
+            c1, c2 = 1 - bias * b1 ** t, 1 - bias * b2 ** t
+            vv = v / c2 ** (not raw)  # raw: eps before the correction, folded into the step size
+            update = lr * c2 ** (0.5 * raw) / c1 * m / ((vv + inside * eps).sqrt() + (not inside) * eps)
+            decay = lr * wd * (not coupled)
+            params[i] = p * (1 - decay) - update * (1 - decay * after)  # after: (p - update) * (1 - decay)
         out.append(torch.cat([p.flatten() for p in params]))
     return torch.stack(out)  # (STEPS, N)
 
@@ -107,8 +110,9 @@ def _untaken(cls: Any, key: str) -> DiscoveryError:
 def _data() -> tuple[list[Tensor], list[list[Tensor]]]:
     """Two parameters and their gradients at each step (seeded, float64)."""
     gen = torch.Generator().manual_seed(0)
-    start = [torch.randn(3, 4, generator=gen, dtype=torch.float64), torch.randn(4, generator=gen, dtype=torch.float64)]
-    grads = [[0.3 * torch.randn(p.shape, generator=gen, dtype=torch.float64) for p in start] for _ in range(STEPS)]
+    start = [torch.randn(shape, generator=gen, dtype=torch.float64) for shape in ((3, 4), (4,))]
+    grads = [[0.3 * torch.randn(p.shape, generator=gen, dtype=torch.float64) for p in start]
+             for _ in range(STEPS)]
     return start, grads
 
 
@@ -140,7 +144,8 @@ def check_optimizer(comp: Component, ctx: Context) -> ComponentResult:
     res.checks.append(Check(
         text(f"the parameters after each of {STEPS} steps equal AdamW's ({shown})",
              f"{STEPS} 步中每一步之后的参数都等于 AdamW 的（{shown}）"),
-        res.max_abs_error < TOL, text(f"largest difference {res.max_abs_error:.3g}", f"最大误差 {res.max_abs_error:.3g}")))
+        res.max_abs_error < TOL,
+        text(f"largest difference {res.max_abs_error:.3g}", f"最大误差 {res.max_abs_error:.3g}")))
     if found is not None:
         res.convention = CONVENTIONS[convention]
     for flag in sorted(flags):
@@ -151,7 +156,10 @@ def check_optimizer(comp: Component, ctx: Context) -> ComponentResult:
     return finish(res)
 
 
-def _search(got: Tensor, start: list[Tensor], grads: list[list[Tensor]]) -> tuple[tuple[bool, bool], frozenset[str]] | None:
+Found = tuple[tuple[bool, bool], frozenset[str]]  # (the convention, the mistakes)
+
+
+def _search(got: Tensor, start: list[Tensor], grads: list[list[Tensor]]) -> Found | None:
     """The convention and the mistakes (none first, then one, then two) that give the learner's
     parameters; None when none does."""
     tried = [frozenset(c) for n in range(3) for c in itertools.combinations(FLAGS, n)]

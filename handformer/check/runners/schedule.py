@@ -124,7 +124,8 @@ def paper(
     return factor * scale * min(step_term, warm_term)
 
 
-def inverse_sqrt(n: float, peak: float, warmup: float, init: float, flags: frozenset[str] = frozenset()) -> float:
+def inverse_sqrt(n: float, peak: float, warmup: float, init: float,
+                 flags: frozenset[str] = frozenset()) -> float:
     """fairseq's inverse_sqrt at update n: a straight line from init to the peak over the warmup, then
     peak * sqrt(warmup / n), with the named mistakes."""
     w = V.warmup_with(warmup, flags)
@@ -609,13 +610,15 @@ def _paper_steps(s: Tensor, n: Tensor, z: dict[str, float], factor: str | None, 
             ("the rate / factor", rate / (z["factor"] if factor else 1.0)), ("the rate", rate)]
 
 
-def _inverse_sqrt_steps(s: Tensor, n: Tensor, z: dict[str, float], right: Convention) -> list[tuple[str, Tensor]]:
+def _inverse_sqrt_steps(s: Tensor, n: Tensor, z: dict[str, float], right: Convention,
+                        ) -> list[tuple[str, Tensor]]:
     """fairseq's sub-steps at the steps s (S,), n the update counted from 1."""
     n, w = n.clamp(min=1), z["warmup"]
     terms = (n ** -0.5, n * w ** -1.5)
     least = torch.minimum(*terms)
     return [("the step t", s), ("the step n", n), ("n^-0.5", terms[0]), ("n × warmup^-1.5", terms[1]),
-            ("min(n^-0.5, n × warmup^-1.5)", least), ("n / warmup", n / w), ("sqrt(warmup / n)", (w / n).sqrt()),
+            ("min(n^-0.5, n × warmup^-1.5)", least), ("n / warmup", n / w),
+            ("sqrt(warmup / n)", (w / n).sqrt()),
             ("min(n / warmup, sqrt(warmup / n))", least * w ** 0.5), ("the rate", _rates(right, s))]
 
 
@@ -666,12 +669,13 @@ INVERSE_SQRT_LABELS = {
     "peak:from_0": text("the peak lr at the end of the warmup, lr * min(n / T_w, sqrt(T_w / n)) (fairseq); "
                         "steps counted from 0: n = step + 1", "预热结束时达到峰值 lr：lr * min(n / T_w, "
                         "sqrt(T_w / n))（fairseq）；步数从 0 开始数：n = step + 1"),
-    "paper:from_1": text("lr times the paper's shape, lr * min(n^-0.5, n * T_w^-1.5) (the peak lr / sqrt(T_w)); "
-                         "steps counted from 1", "lr 乘论文的形状：lr * min(n^-0.5, n * T_w^-1.5)（峰值是 "
-                         "lr / sqrt(T_w)）；步数从 1 开始数"),
-    "paper:from_0": text("lr times the paper's shape, lr * min(n^-0.5, n * T_w^-1.5) (the peak lr / sqrt(T_w)); "
-                         "steps counted from 0: n = step + 1", "lr 乘论文的形状：lr * min(n^-0.5, n * "
-                         "T_w^-1.5)（峰值是 lr / sqrt(T_w)）；步数从 0 开始数：n = step + 1"),
+    "paper:from_1": text("lr times the paper's shape, lr * min(n^-0.5, n * T_w^-1.5) (the peak "
+                         "lr / sqrt(T_w)); steps counted from 1",
+                         "lr 乘论文的形状：lr * min(n^-0.5, n * T_w^-1.5)（峰值是 lr / sqrt(T_w)）；步数从 1 开始数"),
+    "paper:from_0": text("lr times the paper's shape, lr * min(n^-0.5, n * T_w^-1.5) (the peak "
+                         "lr / sqrt(T_w)); steps counted from 0: n = step + 1",
+                         "lr 乘论文的形状：lr * min(n^-0.5, n * T_w^-1.5)（峰值是 lr / sqrt(T_w)）；"
+                         "步数从 0 开始数：n = step + 1"),
     "init": text("warmup from warmup_init_lr to lr in a straight line, then lr * sqrt(T_w / n) (fairseq's "
                  "warmup_init_lr)", "预热从 warmup_init_lr 直线升到 lr，之后是 lr * sqrt(T_w / n)"
                  "（fairseq 的 warmup_init_lr）"),
@@ -680,13 +684,14 @@ INVERSE_SQRT_FLAGS = ("schedule_warmup_off_by_one:early", "schedule_warmup_off_b
                       "schedule_exponent_sign:step", "schedule_exponent_sign:warmup")
 
 
-def _inverse_sqrt_conventions(sched: Schedule) -> tuple[dict[str, Convention], dict[str, Text], tuple[str, ...]]:
+def _inverse_sqrt_conventions(sched: Schedule,
+                              ) -> tuple[dict[str, Convention], dict[str, Text], tuple[str, ...]]:
     """fairseq's inverse_sqrt: from its warmup_init_lr where it takes one; else its peak lr at the
     warmup's end, or lr times the paper's shape (d_model^-0.5 replaced by lr), counted from 1 or 0."""
     peak, w, init = (sched.sizes[k] for k in ("max_lr", "warmup", "init_lr"))
     if sched.reads("init_lr"):
-        return ({"init": lambda s, f: inverse_sqrt(s, peak, w, init, f)}, {"init": INVERSE_SQRT_LABELS["init"]},
-                LINEAR_FLAGS)
+        return ({"init": lambda s, f: inverse_sqrt(s, peak, w, init, f)},
+                {"init": INVERSE_SQRT_LABELS["init"]}, LINEAR_FLAGS)
     scale = {"peak": peak * math.sqrt(w), "paper": peak}
     conventions: dict[str, Convention] = {
         f"{form}:from_{k}": lambda s, f, c=c, k=k: paper(max(s, 1) if k else s + 1, 1.0, c, w, f)
