@@ -671,7 +671,8 @@ INVERSE_SQRT_LABELS = {
                         "sqrt(T_w / n))（fairseq）；步数从 0 开始数：n = step + 1"),
     "paper:from_1": text("lr times the paper's shape, lr * min(n^-0.5, n * T_w^-1.5) (the peak "
                          "lr / sqrt(T_w)); steps counted from 1",
-                         "lr 乘论文的形状：lr * min(n^-0.5, n * T_w^-1.5)（峰值是 lr / sqrt(T_w)）；步数从 1 开始数"),
+                         "lr 乘论文的形状：lr * min(n^-0.5, n * T_w^-1.5)（峰值是 lr / sqrt(T_w)）；"
+                         "步数从 1 开始数"),
     "paper:from_0": text("lr times the paper's shape, lr * min(n^-0.5, n * T_w^-1.5) (the peak "
                          "lr / sqrt(T_w)); steps counted from 0: n = step + 1",
                          "lr 乘论文的形状：lr * min(n^-0.5, n * T_w^-1.5)（峰值是 lr / sqrt(T_w)）；"
