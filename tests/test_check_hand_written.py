@@ -100,3 +100,23 @@ def test_an_attention_function_is_checked_at_sizes_all_apart(name, status):
     result, comps, report = _run(FIXTURES / "learners_axes" / f"{name}.py", ["sdpa"])
     assert comps["attention"].status == status, report
     assert ("line 10: d_k = query.size(1)" in report) == (status == "fail"), report
+
+
+@pytest.fixture(scope="module")
+def update_count():
+    return {name: _run(FIXTURES / "learners_fairseq" / f"{name}.py", ["train_step"])
+            for name in ("update_count", "update_count_counts_padding")}
+
+
+def test_a_step_that_takes_its_update_count_is_driven_with_it(update_count):
+    """train_step(model, optimizer, src, tgt, step): handed 1, then 2; the rate it sets after its update
+    (the next step's) read back, its tiny first rates compared at a tolerance scaled with them; fairseq's
+    (loss, nll_loss) read as its loss."""
+    result, comps, report = update_count["update_count"]
+    assert exit_code(result) == 0 and comps["train_step"].status == "pass", report
+    assert "update count (step: 1, then 2), after its update" in report, report
+
+
+def test_a_step_with_its_update_count_that_counts_padding_fails(update_count):
+    result, comps, report = update_count["update_count_counts_padding"]
+    assert comps["train_step"].status == "fail", report
