@@ -573,7 +573,8 @@ def _compare_masked_softmax(res: ComponentResult, ctx: Context, comp: Component,
 def _temperature(cls: type) -> dict[str, float]:
     """jadore801120's ScaledDotProductAttention(temperature): the scale its caller gives, sqrt(Dh)."""
     params = forward_parameters(cls.__init__)
-    return {p.name: 8 ** 0.5 for p in params if p.name.lower() == "temperature" and p.default is p.empty}
+    width = SDPA_SIZES[4] ** 0.5  # the inputs' head width
+    return {p.name: width for p in params if p.name.lower() == "temperature" and p.default is p.empty}
 
 
 def _dropout_kwargs(cls: type) -> dict[str, float]:
