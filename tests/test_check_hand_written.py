@@ -120,3 +120,8 @@ def test_a_step_that_takes_its_update_count_is_driven_with_it(update_count):
 def test_a_step_with_its_update_count_that_counts_padding_fails(update_count):
     result, comps, report = update_count["update_count_counts_padding"]
     assert comps["train_step"].status == "fail", report
+
+
+def test_adam_without_weight_decay_is_compared_with_no_decay():
+    result, comps, report = _run(FIXTURES / "learners_adamw" / "adam_no_decay.py", ["optimizer"])
+    assert comps["Adam"].status == "pass" and "weight_decay 0)" in report, report

@@ -316,16 +316,21 @@ def _processors(own: dict[str, Any], taken: set[str], wanted: set[str]) -> list[
 OPTIMIZER_CODE = re.compile(r"\bsqrt\b")  # an adaptive update divides by a root of the second moment
 
 
+ADAM_SETTINGS = {"betas", "beta1", "b1", "beta_1"}  # what an Adam's constructor takes (its moments' rates)
+
+
 def steps_parameters(obj: Any) -> bool:
-    """A class of the file that updates parameters itself: a torch.optim.Optimizer, or a plain class
-    with step and zero_grad whose code takes a square root (an optimizer written by hand)."""
+    """A class of the file of the Adam family (its constructor takes betas) that updates parameters
+    itself: a torch.optim.Optimizer, or a plain class with step and zero_grad whose code takes a square
+    root (an optimizer written by hand)."""
     import torch
     from torch import nn
 
-    if not inspect.isclass(obj) or issubclass(obj, nn.Module) or obj.__module__.startswith("torch"):
+    adam = ADAM_SETTINGS & {p.name.lower() for p in readable_parameters(obj)}
+    if not (adam and inspect.isclass(obj)) or issubclass(obj, nn.Module):
         return False
     if issubclass(obj, torch.optim.Optimizer):
-        return True
+        return not obj.__module__.startswith("torch")  # torch's own, imported into the file: not theirs
     methods = all(callable(getattr(obj, m, None)) for m in ("step", "zero_grad"))
     return methods and bool(OPTIMIZER_CODE.search(source_text(obj)))
 

@@ -54,10 +54,10 @@ CONVENTIONS: dict[tuple[bool, bool], Text] = {
 
 
 def adamw(start: list[Tensor], grads: list[list[Tensor]], convention: tuple[bool, bool],
-          flags: frozenset[str] = frozenset()) -> Tensor:
-    """The parameters after each step of AdamW at SETTINGS, (STEPS, N) flattened, counted as
+          flags: frozenset[str] = frozenset(), settings: dict[str, float] = SETTINGS) -> Tensor:
+    """The parameters after each step of AdamW at `settings`, (STEPS, N) flattened, counted as
     `convention` counts, with the named mistakes (each a switch of 0 or 1 in the arithmetic)."""
-    lr, b1, b2, eps, wd = SETTINGS.values()
+    lr, b1, b2, eps, wd = settings.values()
     after, raw = convention
     on = dict.fromkeys(FLAGS, False) | dict.fromkeys(flags, True)
     coupled, bias = on["adamw_coupled_weight_decay"], not on["adamw_no_bias_correction"]
@@ -89,11 +89,17 @@ def _arguments(cls: Any) -> dict[str, Any]:
         out[lowered["betas"]] = (SETTINGS["beta1"], SETTINGS["beta2"])
     for key, aliases in ALIASES.items():
         name = next((lowered[a] for a in aliases if a in lowered), None)
-        if name is None and not (key.startswith("beta") and "betas" in lowered):
+        if name is None and not (key.startswith("beta") and "betas" in lowered or key == "weight_decay"):
             raise _untaken(cls, key)
         if name is not None:
             out[name] = SETTINGS[key]
     return out
+
+
+def _settings(cls: Any) -> dict[str, float]:
+    """SETTINGS, with no weight decay where the constructor takes none (Adam)."""
+    names = {n.lower() for n in names_of(readable_parameters(cls))[0]}
+    return SETTINGS | {"weight_decay": SETTINGS["weight_decay"] * bool(names & set(ALIASES["weight_decay"]))}
 
 
 def _untaken(cls: Any, key: str) -> DiscoveryError:
@@ -139,12 +145,12 @@ def check_optimizer(comp: Component, ctx: Context) -> ComponentResult:
     named at their line."""
     res = ComponentResult(comp.kind, comp.name)
     start, grads = _data()
-    got = _stepped(comp, ctx, start, grads)
-    found = _search(got, start, grads)
+    got, settings = _stepped(comp, ctx, start, grads), _settings(comp.obj)
+    found = _search(got, start, grads, settings)
     convention, flags = found or ((False, False), frozenset())
-    right = adamw(start, grads, convention)
+    right = adamw(start, grads, convention, settings=settings)
     res.max_abs_error = float((got - right).abs().max()) if bool(torch.isfinite(got).all()) else math.inf
-    shown = ", ".join(f"{k} {v:g}" for k, v in SETTINGS.items())
+    shown = ", ".join(f"{k} {v:g}" for k, v in settings.items())
     res.checks.append(Check(
         text(f"the parameters after each of {STEPS} steps equal AdamW's ({shown})",
              f"{STEPS} 步中每一步之后的参数都等于 AdamW 的（{shown}）"),
@@ -163,13 +169,14 @@ def check_optimizer(comp: Component, ctx: Context) -> ComponentResult:
 Found = tuple[tuple[bool, bool], frozenset[str]]  # (the convention, the mistakes)
 
 
-def _search(got: Tensor, start: list[Tensor], grads: list[list[Tensor]]) -> Found | None:
+def _search(got: Tensor, start: list[Tensor], grads: list[list[Tensor]], settings: dict[str, float],
+            ) -> Found | None:
     """The convention and the mistakes (none first, then one, then two) that give the learner's
     parameters; None when none does."""
     tried = [frozenset(c) for n in range(3) for c in itertools.combinations(FLAGS, n)]
     for flags in tried:
         for convention in CONVENTIONS:
-            ref = adamw(start, grads, convention, flags)
+            ref = adamw(start, grads, convention, flags, settings)
             if bool(torch.isfinite(got).all()) and float((got - ref).abs().max()) < TOL:
                 return convention, flags
     return None
