@@ -125,3 +125,14 @@ def test_a_step_with_its_update_count_that_counts_padding_fails(update_count):
 def test_adam_without_weight_decay_is_compared_with_no_decay():
     result, comps, report = _run(FIXTURES / "learners_adamw" / "adam_no_decay.py", ["optimizer"])
     assert comps["Adam"].status == "pass" and "weight_decay 0)" in report, report
+
+
+@pytest.mark.parametrize(("name", "mistake", "line"), [
+    ("correct", None, None), ("eps_inside_sqrt", "adamw_eps_inside_sqrt", 27), ("beta2_for_m", "adamw_beta2_for_m", 22)])
+def test_a_step_that_writes_adamw_inside_is_graded(name, mistake, line):
+    """train_step(model, x, y, state, t, lr, betas, eps, weight_decay): no optimizer handed, its state
+    built by the file's init_adam_state(model), the count from 1; a plant is named at its line."""
+    result, comps, report = _run(FIXTURES / "learners_adamw_step" / f"{name}.py")
+    comp = comps["train_step"]
+    assert comp.kind == "adam_step" and comp.status == ("fail" if mistake else "pass"), report
+    assert [(f.name, f.line) for f in comp.findings] == ([(mistake, line)] if mistake else []), report

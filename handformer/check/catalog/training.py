@@ -116,7 +116,9 @@ DIAGNOSES: list[Diagnosis] = [
       r"(grad|\bg)\w*\.add_?\(.*(weight_decay|\bwd\b)", r"(weight_decay|\bwd\b)"),
     d("adamw_eps_inside_sqrt", "eps is added inside the square root, not to it", "eps 加在了平方根里面，"
       "而不是加在平方根上", "add eps to the root: m_hat / (sqrt(v_hat) + eps)",
-      "eps 加在平方根之后：m_hat / (sqrt(v_hat) + eps)", r"sqrt\([^)]*\+\s*[\w.]*eps", r"sqrt\("),
+      "eps 加在平方根之后：m_hat / (sqrt(v_hat) + eps)",
+      r"sqrt\([^)]*\+\s*[\w.]*eps|\+\s*[\w.]*eps\s*\)\.sqrt\(",
+      r"sqrt\("),
     d("adamw_beta2_for_m", "the first moment m is averaged with beta2, the second moment's rate",
       "一阶矩 m 用了二阶矩的 beta2 来做滑动平均",
       "m = beta1 * m + (1 - beta1) * g; v = beta2 * v + (1 - beta2) * g * g",

@@ -335,6 +335,16 @@ def steps_parameters(obj: Any) -> bool:
     return methods and bool(OPTIMIZER_CODE.search(source_text(obj)))
 
 
+ADAM_CODE = re.compile(r"\bbeta\w*\b[^\n]*\n(?s:.*)\bsqrt\b")  # a beta's moment, then its square root
+
+
+def writes_adam(fn: Any) -> bool:
+    """A training step that takes no optimizer and writes Adam's update itself (its moments with a beta,
+    then a square root)."""
+    names = {p.name.lower() for p in readable_parameters(fn)}
+    return not names & {"optimizer", "opt", "optim"} and bool(ADAM_CODE.search(source_text(fn)))
+
+
 def trains_itself(obj: Any) -> bool:
     """A class with train, encode and decode methods: a tokenizer that trains itself (minbpe's); no
     torch module (its train() is the mode switch: a seq2seq model's encode and decode)."""
@@ -454,6 +464,8 @@ def _refine_function(kind: str, obj: Any) -> str:
     SAME_FAMILY is the kind of the family that its signature and a call say."""
     from handformer.check.core.signatures import kind_of, lm_step
 
+    if kind in ("train_step", "lm_train_step") and writes_adam(obj):
+        return "adam_step"
     if kind == "train_step":
         return "lm_train_step" if lm_step(obj) else kind
     family = FAMILY_OF.get(kind, ())

@@ -141,6 +141,8 @@ KINDS_TABLE: tuple[Kind, ...] = (
          "beam search", "束搜索", "beam:check_beam_search"),
     Kind("optimizer", ("AdamW", "Adam", "AdamWOptimizer", "MyAdamW", "ManualAdamW", "SimpleAdamW"),
          "optimizer (AdamW by hand)", "优化器（手写的 AdamW）", "optimizer:check_optimizer"),
+    Kind("adam_step", ("adamw_train_step",), "training step with AdamW written in it",
+         "自己写 AdamW 更新的训练一步", "adam_step:check_adam_step"),
     Kind("lm_train_step", ("lm_train_step", "train_lm_step", "gpt_train_step", "lm_step", "lm_training_step"),
          "language model's training step", "语言模型的训练一步", "lm_train_step:check_lm_train_step"),
     Kind("train_step", ("train_step", "training_step", "train_batch", "train_one_step", "train_on_batch",

@@ -38,6 +38,7 @@ STEPS = 3
 FLAGS = ("adamw_no_bias_correction", "adamw_coupled_weight_decay", "adamw_eps_inside_sqrt",
          "adamw_beta2_for_m")
 TOL = 1e-9
+TRIED = [frozenset(c) for n in range(3) for c in itertools.combinations(FLAGS, n)]  # none, one, two mistakes
 # (the decay after the Adam update, eps before the bias correction): what the report says
 CONVENTIONS: dict[tuple[bool, bool], Text] = {
     (False, False): text("the decay before the update, eps after the bias correction (torch.optim.AdamW)",
@@ -56,27 +57,32 @@ CONVENTIONS: dict[tuple[bool, bool], Text] = {
 def adamw(start: list[Tensor], grads: list[list[Tensor]], convention: tuple[bool, bool],
           flags: frozenset[str] = frozenset(), settings: dict[str, float] = SETTINGS) -> Tensor:
     """The parameters after each step of AdamW at `settings`, (STEPS, N) flattened, counted as
-    `convention` counts, with the named mistakes (each a switch of 0 or 1 in the arithmetic)."""
+    `convention` counts, with the named mistakes."""
+    params, moments = list(start), [(0.0, 0.0)] * len(start)
+    out = []
+    for t, step_grads in enumerate(grads, 1):
+        for i, g in enumerate(step_grads):
+            params[i], moments[i] = adamw_update(params[i], g, moments[i], t, convention, flags, settings)
+        out.append(torch.cat([p.flatten() for p in params]))
+    return torch.stack(out)  # (STEPS, N)
+
+
+def adamw_update(p: Tensor, g: Tensor, moments: tuple[Any, Any], t: int, convention: tuple[bool, bool],
+                 flags: frozenset[str], settings: dict[str, float]) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """One parameter's AdamW update at step t (from 1): the new parameter and moments (m, v), with the
+    named mistakes (each a switch of 0 or 1 in the arithmetic)."""
     lr, b1, b2, eps, wd = settings.values()
     after, raw = convention
     on = dict.fromkeys(FLAGS, False) | dict.fromkeys(flags, True)
     coupled, bias = on["adamw_coupled_weight_decay"], not on["adamw_no_bias_correction"]
     beta, inside = b1 + on["adamw_beta2_for_m"] * (b2 - b1), on["adamw_eps_inside_sqrt"]
-    params, moments = list(start), [(0.0, 0.0)] * len(start)
-    out = []
-    for t, step_grads in enumerate(grads, 1):
-        for i, g in enumerate(step_grads):
-            p = params[i]
-            g = g + coupled * wd * p  # Adam with L2: the decay inside the gradient
-            m, v = beta * moments[i][0] + (1 - beta) * g, b2 * moments[i][1] + (1 - b2) * g * g
-            moments[i] = (m, v)
-            c1, c2 = 1 - bias * b1 ** t, 1 - bias * b2 ** t
-            vv = v / c2 ** (not raw)  # raw: eps before the correction, folded into the step size
-            update = lr * c2 ** (0.5 * raw) / c1 * m / ((vv + inside * eps).sqrt() + (not inside) * eps)
-            decay = lr * wd * (not coupled)
-            params[i] = p * (1 - decay) - update * (1 - decay * after)  # after: (p - update) * (1 - decay)
-        out.append(torch.cat([p.flatten() for p in params]))
-    return torch.stack(out)  # (STEPS, N)
+    g = g + coupled * wd * p  # Adam with L2: the decay inside the gradient
+    m, v = beta * moments[0] + (1 - beta) * g, b2 * moments[1] + (1 - b2) * g * g
+    c1, c2 = 1 - bias * b1 ** t, 1 - bias * b2 ** t
+    vv = v / c2 ** (not raw)  # raw: eps before the correction, folded into the step size
+    update = lr * c2 ** (0.5 * raw) / c1 * m / ((vv + inside * eps).sqrt() + (not inside) * eps)
+    decay = lr * wd * (not coupled)
+    return p * (1 - decay) - update * (1 - decay * after), (m, v)  # after: (p - update) * (1 - decay)
 
 
 def _arguments(cls: Any) -> dict[str, Any]:
@@ -173,8 +179,7 @@ def _search(got: Tensor, start: list[Tensor], grads: list[list[Tensor]], setting
             ) -> Found | None:
     """The convention and the mistakes (none first, then one, then two) that give the learner's
     parameters; None when none does."""
-    tried = [frozenset(c) for n in range(3) for c in itertools.combinations(FLAGS, n)]
-    for flags in tried:
+    for flags in TRIED:
         for convention in CONVENTIONS:
             ref = adamw(start, grads, convention, flags, settings)
             if bool(torch.isfinite(got).all()) and float((got - ref).abs().max()) < TOL:
@@ -182,11 +187,11 @@ def _search(got: Tensor, start: list[Tensor], grads: list[list[Tensor]], setting
     return None
 
 
-def _finding(ctx: Context, comp: Component, name: str, error: float) -> Finding:
+def _finding(ctx: Context, comp: Component, name: str, error: float, steps: int = STEPS) -> Finding:
     number, code = locate(name, source_lines(_own_code(comp.obj)))
-    observed = text(f"your parameters after each of {STEPS} steps equal AdamW's with this mistake (to 1e-9); "
+    observed = text(f"your parameters after each of {steps} steps equal AdamW's with this mistake (to 1e-9); "
                     f"they differ from AdamW's by up to {error:.3g}",
-                    f"你的参数在 {STEPS} 步中的每一步之后都等于带这个错误的 AdamW 的（误差 < 1e-9）；"
+                    f"你的参数在 {steps} 步中的每一步之后都等于带这个错误的 AdamW 的（误差 < 1e-9）；"
                     f"与正确的 AdamW 最多相差 {error:.3g}")
     return Finding(name, observed, number, code)
 
