@@ -30,8 +30,14 @@ from handformer.check.core.context import Context, finish, forward_parameters, n
 from handformer.check.core.discovery import Component, DiscoveryError, own_objects
 from handformer.check.core.result import Check, ComponentResult, text
 from handformer.check.runners.lm_train_step import VOCAB, batches, tiny_model
-from handformer.check.runners.optimizer import CONVENTIONS, TRIED, _arguments, _settings, adamw_update
-from handformer.check.runners.optimizer import _finding as optimizer_finding
+from handformer.check.runners.optimizer import (
+    CONVENTIONS,
+    TRIED,
+    adamw_finding,
+    adamw_update,
+    settings_arguments,
+    settings_taken,
+)
 from handformer.check.runners.train_step import largest_difference, parameters_of
 
 TOL = 1e-9
@@ -48,7 +54,7 @@ class AdamStep:
         names, required = names_of(forward_parameters(comp.obj))
         self.model, self.x, self.y = (named(names, n) for n in (STEP_MODEL_NAMES, X_NAMES, Y_NAMES))
         self.count = named(names, SCHEDULE_STEP_NAMES + ("t", "timestep", "num_updates"))
-        self.settings = _arguments(comp.obj)  # lr, betas, eps, weight_decay under their names
+        self.settings = settings_arguments(comp.obj)  # lr, betas, eps, weight_decay under their names
         rest = sorted(set(required) - {self.model, self.x, self.y, self.count, *self.settings})
         self.state, self.maker = (rest + [None])[0], _state_maker(comp.obj)
         if len(rest) > (self.maker is not None) or None in (self.model, self.x, self.y):
@@ -107,7 +113,7 @@ def check_adam_step(comp: Component, ctx: Context) -> ComponentResult:
     """The step's parameters against handformer's under each counting, convention and set of mistakes."""
     res = ComponentResult(comp.kind, comp.name)
     step, base = AdamStep(comp, ctx), tiny_model()
-    settings = _settings(comp.obj)  # no weight decay taken: Adam
+    settings = settings_taken(comp.obj)  # no weight decay taken: Adam
     with torch.enable_grad():
         runs = {first: step.run(base, first) for first in (1, 0)[:1 + bool(step.count)]}
     readings = itertools.product(TRIED, CONVENTIONS, runs)
@@ -122,7 +128,7 @@ def check_adam_step(comp: Component, ctx: Context) -> ComponentResult:
                                                           f"最大误差 {res.max_abs_error:.3g}")))
     res.convention = CONVENTIONS[conv]
     res.notes += [COUNTINGS[first]] * bool(step.count)
-    res.findings += [optimizer_finding(ctx, comp, flag, res.max_abs_error, 2) for flag in sorted(flags)]
+    res.findings += [adamw_finding(ctx, comp, flag, res.max_abs_error, 2) for flag in sorted(flags)]
     return finish(res)
 
 

@@ -85,7 +85,7 @@ def adamw_update(p: Tensor, g: Tensor, moments: tuple[Any, Any], t: int, convent
     return p * (1 - decay) - update * (1 - decay * after), (m, v)  # after: (p - update) * (1 - decay)
 
 
-def _arguments(cls: Any) -> dict[str, Any]:
+def settings_arguments(cls: Any) -> dict[str, Any]:
     """The constructor's settings, each under its name (betas as a pair); a DiscoveryError naming the
     first it does not take (its value is then a constant of its own, not one check can set)."""
     names = names_of(readable_parameters(cls))[0]
@@ -102,7 +102,7 @@ def _arguments(cls: Any) -> dict[str, Any]:
     return out
 
 
-def _settings(cls: Any) -> dict[str, float]:
+def settings_taken(cls: Any) -> dict[str, float]:
     """SETTINGS, with no weight decay where the constructor takes none (Adam)."""
     names = {n.lower() for n in names_of(readable_parameters(cls))[0]}
     return SETTINGS | {"weight_decay": SETTINGS["weight_decay"] * bool(names & set(ALIASES["weight_decay"]))}
@@ -136,7 +136,7 @@ def _stepped(comp: Component, ctx: Context, start: list[Tensor], grads: list[lis
     holder.params = nn.ParameterList(params)
     first = names_of(readable_parameters(comp.obj))[0][:1]
     given = holder if first and first[0].lower() in MODEL_NAMES else params
-    opt = ctx.learner.call("__init__", comp.obj, given, **_arguments(comp.obj))
+    opt = ctx.learner.call("__init__", comp.obj, given, **settings_arguments(comp.obj))
     out = []
     for step_grads in grads:
         for p, g in zip(params, step_grads):
@@ -151,7 +151,7 @@ def check_optimizer(comp: Component, ctx: Context) -> ComponentResult:
     named at their line."""
     res = ComponentResult(comp.kind, comp.name)
     start, grads = _data()
-    got, settings = _stepped(comp, ctx, start, grads), _settings(comp.obj)
+    got, settings = _stepped(comp, ctx, start, grads), settings_taken(comp.obj)
     found = _search(got, start, grads, settings)
     convention, flags = found or ((False, False), frozenset())
     right = adamw(start, grads, convention, settings=settings)
@@ -165,7 +165,7 @@ def check_optimizer(comp: Component, ctx: Context) -> ComponentResult:
     if found is not None:
         res.convention = CONVENTIONS[convention]
     for flag in sorted(flags):
-        res.findings.append(_finding(ctx, comp, flag, res.max_abs_error))
+        res.findings.append(adamw_finding(ctx, comp, flag, res.max_abs_error))
     if found is None:
         res.notes.append(text("no known mistake (or pair of them) reproduces your update",
                               "没有任何已知错误（或两个错误的组合）能复现你的更新"))
@@ -187,7 +187,7 @@ def _search(got: Tensor, start: list[Tensor], grads: list[list[Tensor]], setting
     return None
 
 
-def _finding(ctx: Context, comp: Component, name: str, error: float, steps: int = STEPS) -> Finding:
+def adamw_finding(ctx: Context, comp: Component, name: str, error: float, steps: int = STEPS) -> Finding:
     number, code = locate(name, source_lines(_own_code(comp.obj)))
     observed = text(f"your parameters after each of {steps} steps equal AdamW's with this mistake (to 1e-9); "
                     f"they differ from AdamW's by up to {error:.3g}",
