@@ -111,10 +111,10 @@ def settings_taken(cls: Any) -> dict[str, float]:
 def _untaken(cls: Any, key: str) -> DiscoveryError:
     name = getattr(cls, "__name__", "optimizer")
     return DiscoveryError(
-        f"{name}: its constructor takes no {key} (nor betas for beta1 and beta2): check sets lr, betas, eps "
+        f"{name}: it takes no {key} (nor betas for beta1 and beta2): check sets lr, betas, eps "
         "and weight_decay to tell AdamW's mistakes apart; take them as arguments, as "
         "torch.optim.AdamW(params, lr, betas, eps, weight_decay) does",
-        zh=f"{name}：构造函数不接受 {key}（beta1 和 beta2 也没有以 betas 给出）：check 要设置 lr、betas、"
+        zh=f"{name}：它不接受 {key}（beta1 和 beta2 也没有以 betas 给出）：check 要设置 lr、betas、"
            "eps 和 weight_decay 才能区分 AdamW 的错误；请像 torch.optim.AdamW(params, lr, betas, eps, "
            "weight_decay) 那样把它们作为参数")
 
