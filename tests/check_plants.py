@@ -46,7 +46,8 @@ FAMILIES = {"tutorial": FIXTURES / "learners", "llm": FIXTURES / "learners_llm",
             "sampling": FIXTURES / "learners_sampling", "training": FIXTURES / "learners_training",
             "assembly": FIXTURES / "learners_assembly", "model": FIXTURES / "learners_model",
             "gpt": FIXTURES / "learners_gpt", "loop": FIXTURES / "learners_loop", "bpe": FIXTURES / "learners_bpe",
-            "cache": FIXTURES / "learners_cache", "minimind_qk": FIXTURES / "learners_minimind_qk"}
+            "cache": FIXTURES / "learners_cache", "minimind_qk": FIXTURES / "learners_minimind_qk",
+            "adamw": FIXTURES / "learners_adamw"}
 
 TUTORIAL_PLANTS: dict[str, Plant] = {
     "no_scaling": Plant("no_scaling", "sdpa", [("k.transpose(-2, -1)) / math.sqrt(d_k)", "k.transpose(-2, -1))")]),
@@ -467,9 +468,23 @@ QK_PLANTS: dict[str, Plant] = {
     "qk_generate_no_stop_at_eos": Plant("greedy_no_stop_at_eos", "generate", [
         ("            finished |= next_token.squeeze(-1) == eos_token_id\n", "")], "minimind_qk"),
 }
+M_LINE = "            self.m[i] = self.beta1 * self.m[i] + (1 - self.beta1) * g\n"
+ADAMW_PLANTS: dict[str, Plant] = {
+    "adamw_no_bias_correction": Plant("adamw_no_bias_correction", "optimizer", [
+        ("m_hat = self.m[i] / (1 - self.beta1 ** self.t)", "m_hat = self.m[i]"),
+        ("v_hat = self.v[i] / (1 - self.beta2 ** self.t)", "v_hat = self.v[i]")], "adamw"),
+    "adamw_coupled_weight_decay": Plant("adamw_coupled_weight_decay", "optimizer", [
+        ("            g = p.grad\n", "            g = p.grad + self.weight_decay * p  # L2 in the gradient\n"),
+        ("            p -= self.lr * self.weight_decay * p  # decoupled: the decay never enters m or v\n", "")],
+        "adamw"),
+    "adamw_eps_inside_sqrt": Plant("adamw_eps_inside_sqrt", "optimizer", [
+        ("(torch.sqrt(v_hat) + self.eps)", "torch.sqrt(v_hat + self.eps)")], "adamw"),
+    "adamw_beta2_for_m": Plant("adamw_beta2_for_m", "optimizer", [
+        (M_LINE, M_LINE.replace("beta1", "beta2"))], "adamw"),
+}
 PLANTS: dict[str, Plant] = {**TUTORIAL_PLANTS, **LLM_PLANTS, **STYLE_PLANTS, **SAMPLING_PLANTS, **TRAINING_PLANTS,
                             **ASSEMBLY_PLANTS, **MODEL_PLANTS, **GPT_PLANTS, **LOOP_PLANTS, **BPE_PLANTS,
-                            **CACHE_PLANTS, **QK_PLANTS}
+                            **CACHE_PLANTS, **QK_PLANTS, **ADAMW_PLANTS}
 
 # Pairs of plants that are three mistakes: nanoGPT fills with -inf, so a softmax over the queries, or
 # a mask over them, brings NaN rows (nan_on_masked_rows) with it, and with a second mistake in the
@@ -524,6 +539,7 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("kv_rope_no_offset", "kv_keys_rotated_twice"), ("kv_cache_not_advanced", "kv_keys_rotated_twice"),
     ("lm_train_step_lr_not_set", "lm_train_step_clip_after_step"), ("kv_rope_no_offset", "lm_train_step_not_clipped"),
     ("qk_norm_after_rope", "qk_generate_no_stop_at_eos"),
+    ("adamw_no_bias_correction", "adamw_coupled_weight_decay"), ("adamw_eps_inside_sqrt", "adamw_beta2_for_m"),
 ]
 
 

@@ -99,6 +99,32 @@ DIAGNOSES: list[Diagnosis] = [
       "call model.train() at the start of the step (or of the epoch); evaluation calls model.eval()",
       "在一步（或一个 epoch）开始时调用 model.train()；评估时才调用 model.eval()",
       r"=\s*batch\b", r"def ", r"model\("),
+    d("adamw_no_bias_correction", "AdamW's moments are not bias-corrected, so the first steps have the "
+      "wrong size (m and v start at 0)",
+      "AdamW 的一阶、二阶矩没有做偏差校正，前几步的步长不对（m 和 v 从 0 开始）",
+      "divide by the corrections before the update: m_hat = m / (1 - beta1 ** t), v_hat = v / (1 - beta2 "
+      "** t), with t counted from 1",
+      "更新前先除以校正项：m_hat = m / (1 - beta1 ** t)，v_hat = v / (1 - beta2 ** t)，t 从 1 开始数",
+      r"_hat\w*\s*=\s*[\w.\[\]\"']+\s*(#.*)?$", r"sqrt\(|\.sqrt\(\)", r"addcdiv"),
+    d("adamw_coupled_weight_decay", "the weight decay is added to the gradient (Adam with L2), not "
+      "decoupled from it as AdamW's is", "权重衰减加到了梯度上（Adam 加 L2），没有像 AdamW 那样与梯度解耦",
+      "leave the gradient alone and shrink the weights apart from the Adam update: p -= lr * "
+      "weight_decay * p (torch: p.mul_(1 - lr * weight_decay))",
+      "梯度保持不变，在 Adam 更新之外单独缩小权重：p -= lr * weight_decay * p"
+      "（torch 写作 p.mul_(1 - lr * weight_decay)）",
+      r"(grad|\bg)\w*\s*(=|\+=).*(weight_decay|\bwd\b|\bdecay\b)",
+      r"(grad|\bg)\w*\.add_?\(.*(weight_decay|\bwd\b)", r"(weight_decay|\bwd\b)"),
+    d("adamw_eps_inside_sqrt", "eps is added inside the square root, not to it", "eps 加在了平方根里面，"
+      "而不是加在平方根上", "add eps to the root: m_hat / (sqrt(v_hat) + eps)",
+      "eps 加在平方根之后：m_hat / (sqrt(v_hat) + eps)",
+      r"sqrt\([^)]*\+\s*[\w.]*eps|\+\s*[\w.]*eps\s*\)\.sqrt\(",
+      r"sqrt\("),
+    d("adamw_beta2_for_m", "the first moment m is averaged with beta2, the second moment's rate",
+      "一阶矩 m 用了二阶矩的 beta2 来做滑动平均",
+      "m = beta1 * m + (1 - beta1) * g; v = beta2 * v + (1 - beta2) * g * g",
+      "m = beta1 * m + (1 - beta1) * g；v = beta2 * v + (1 - beta2) * g * g",
+      r"^\s*[\w.\[\]'\"]*\b(m|m_t|exp_avg|avg)\b[\w\[\]'\"]*\s*=.*\b(beta2|b2)\b",
+      r"\b(m|m_t|exp_avg)\w*\.mul_\(\s*[\w.]*(beta2|b2)\b"),
     d("train_step_no_shift", "the decoder is fed the whole target: input and label are the same positions",
       "解码器的输入是完整的目标序列：输入和标签是同一组位置",
       "shift right: feed tgt[:, :-1] and compare the logits with tgt[:, 1:], so each position predicts "

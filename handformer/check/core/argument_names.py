@@ -117,6 +117,8 @@ SCHEDULE_ARGS: dict[str, tuple[str, ...]] = {
         "max_learning_rate",
     ),
     "min_lr": ("min_learning_rate", "min_lr", "lr_min", "final_lr", "alpha_min", "end_lr"),
+    # where an inverse square root schedule's warmup starts (fairseq's warmup_init_lr)
+    "init_lr": ("warmup_init_lr", "init_lr", "initial_lr", "warmup_start_lr", "start_lr"),
     # a warmup-stable-decay schedule's stage at the peak (MiniCPM's, Hugging Face's get_wsd_schedule)
     "stable": ("stable_steps", "num_stable_steps", "stable_iters", "stable_iterations", "stable",
                "constant_steps", "hold_steps", "plateau_steps"),

@@ -284,7 +284,10 @@ def _by_structure(own: dict[str, Any], taken: set[str], wanted: set[str]) -> lis
             and _decoder_model(obj)] + [
         Component("bpe_tokenizer", name, obj, "methods") for name, obj in own.items()  # minbpe's classes
         if "bpe_tokenizer" in wanted and name not in taken and "." not in name
-        and trains_itself(obj)] + _processors(own, taken, wanted)
+        and trains_itself(obj)] + [
+        Component("optimizer", name, obj, "optimizer") for name, obj in own.items()
+        if "optimizer" in wanted and name not in taken and "." not in name and steps_parameters(obj)
+    ] + _processors(own, taken, wanted)
 
 
 def as_called(obj: Any) -> Any:
@@ -310,6 +313,38 @@ def _processors(own: dict[str, Any], taken: set[str], wanted: set[str]) -> list[
         if fn is not None and "schedule" in wanted]
 
 
+OPTIMIZER_CODE = re.compile(r"\bsqrt\b")  # an adaptive update divides by a root of the second moment
+
+
+ADAM_SETTINGS = {"betas", "beta1", "b1", "beta_1"}  # what an Adam's constructor takes (its moments' rates)
+
+
+def steps_parameters(obj: Any) -> bool:
+    """A class of the file of the Adam family (its constructor takes betas) that updates parameters
+    itself: a torch.optim.Optimizer, or a plain class with step and zero_grad whose code takes a square
+    root (an optimizer written by hand)."""
+    import torch
+    from torch import nn
+
+    adam = ADAM_SETTINGS & {p.name.lower() for p in readable_parameters(obj)}
+    if not (adam and inspect.isclass(obj)) or issubclass(obj, nn.Module):
+        return False
+    if issubclass(obj, torch.optim.Optimizer):
+        return not obj.__module__.startswith("torch")  # torch's own, imported into the file: not theirs
+    methods = all(callable(getattr(obj, m, None)) for m in ("step", "zero_grad"))
+    return methods and bool(OPTIMIZER_CODE.search(source_text(obj)))
+
+
+ADAM_CODE = re.compile(r"\bbeta\w*\b[^\n]*\n(?s:.*)\bsqrt\b")  # a beta's moment, then its square root
+
+
+def writes_adam(fn: Any) -> bool:
+    """A training step that takes no optimizer and writes Adam's update itself (its moments with a beta,
+    then a square root)."""
+    names = {p.name.lower() for p in readable_parameters(fn)}
+    return not names & {"optimizer", "opt", "optim"} and bool(ADAM_CODE.search(source_text(fn)))
+
+
 def trains_itself(obj: Any) -> bool:
     """A class with train, encode and decode methods: a tokenizer that trains itself (minbpe's); no
     torch module (its train() is the mode switch: a seq2seq model's encode and decode)."""
@@ -324,7 +359,7 @@ def _by_signature(own: dict[str, Any], taken: set[str], wanted: set[str], pointe
     """The learner's free functions whose name is in no kind's table, taken as the kind their
     signature and a call say they are (signatures.py): Raschka's generate_text_simple, a filter called
     nucleus. A kind given with --component KIND=NAME is that name only."""
-    from handformer.check.core.signatures import kind_of
+    from handformer.check.core.signatures import kind_of, mask_kind
 
     found = []
     for name, obj in own.items():
@@ -333,7 +368,7 @@ def _by_signature(own: dict[str, Any], taken: set[str], wanted: set[str], pointe
             continue
         kind = kind_of(obj)
         if kind in wanted and kind not in pointed:
-            found.append(Component(kind, name, obj, "signature"))
+            found.append(Component(kind, name, obj, "mask_code" if mask_kind(obj) else "signature"))
     return found
 
 
@@ -437,6 +472,8 @@ def _refine_function(kind: str, obj: Any) -> str:
     SAME_FAMILY is the kind of the family that its signature and a call say."""
     from handformer.check.core.signatures import kind_of, lm_step
 
+    if kind in ("train_step", "lm_train_step") and writes_adam(obj):
+        return "adam_step"
     if kind == "train_step":
         return "lm_train_step" if lm_step(obj) else kind
     family = FAMILY_OF.get(kind, ())

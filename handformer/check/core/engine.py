@@ -230,6 +230,14 @@ FOUND_BY = {
                   "forward takes (one sequence of ids), not by its name",
                   "按它构造的部件（词嵌入和一列块）和 forward 接受的参数"
                   "（一个 id 序列）认作{}，不是按名字"),
+    "mask_code": ("found as a {} by what its code computes (named as a mask, it builds a triangle of "
+                  "positions, or reads padding), not by its name alone",
+                  "按它的代码算的东西认作{}（名字说是掩码，代码构造位置的三角形，或读取填充），"
+                  "不只是按名字"),
+    "optimizer": ("found as an {} by what it is: a class that updates parameters itself (a "
+                  "torch.optim.Optimizer, or step and zero_grad with a square root in its code)",
+                  "按它的写法认作{}：一个自己更新参数的类（torch.optim.Optimizer 的子类，或者有 step 和 "
+                  "zero_grad、代码里开平方根）"),
     "methods": ("found as a {} by its methods (train, encode and decode), not by its name",
                 "按它的方法（train、encode 和 decode）认作{}，不是按名字"),
     "schedule_class": ("found as a {} by what it is: a class built with the schedule's settings whose "

@@ -317,8 +317,8 @@ def localize_masked_softmax(call: Callable[[Tensor], Any], fn: Any, scores: Tens
 
 def localize_sdpa(call: Callable[[Tensor, Tensor, Tensor], Any], fn: Any, q: Tensor, k: Tensor, v: Tensor,
                   keep: Tensor) -> Departure | None:
-    """Run the learner's attention function (`call(q, k, v)`, the mask bound) traced on one head
-    q (1, 1, T, Dh), k and v (1, 1, S, Dh) with T, S and Dh apart; the first step that is not q·kᵀ,
+    """Run the learner's attention function (`call(q, k, v)`, the mask bound) traced on q (1, H, T,
+    Dh), k and v (1, H, S, Dh) with H, T, S and Dh apart; the first step that is not q·kᵀ,
     the scaled scores, the masked scores, the weights or weights·v."""
     filename = inspect.getsourcefile(fn)
     raw = q @ k.transpose(-2, -1)  # (1, 1, T, S)
@@ -330,7 +330,7 @@ def localize_sdpa(call: Callable[[Tensor, Tensor, Tensor], Any], fn: Any, q: Ten
              ("weights·v", weights @ v)]
     traced = q.clone().requires_grad_(), k.clone().requires_grad_(), v.clone().requires_grad_()
     steps = trace_steps(lambda: call(*traced), filename)
-    sizes = {"d_k": q.size(-1), "T": q.size(-2), "S": k.size(-2)}
+    sizes = {"d_k": q.size(-1), "T": q.size(-2), "S": k.size(-2), "H": q.size(1)}
     return first_departure(steps, views, filename, sizes, pre=scaled)
 
 

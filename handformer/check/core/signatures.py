@@ -83,10 +83,34 @@ def kind_of(fn: Any) -> str | None:
     params, names, required = _signature(fn)
     if lm_step(fn):
         return "lm_train_step"
+    if mask_kind(fn):
+        return mask_kind(fn)
     configs = _config_fields(fn, required - set(names[:1]) - set().union(*SCHEDULE_ARGS.values()))
-    if _schedule(names + sum(configs.values(), []), required - set(configs)) or schedule_maker(fn):
+    if _schedule(names + sum(configs.values(), []), required - set(configs)) or schedule_maker(fn) or (
+            _inverse_sqrt(fn, names, required)):
         return "schedule"
     return _loop_kind(names, required) or _logits_kind(fn, params, names, required)
+
+
+# what a mask function computes: a triangle of positions (tril, triu, or positions compared), and
+# padding (a pad id it takes or reads)
+# positions against positions
+TRIANGLE_CODE = re.compile(r"\b(tril|triu)\b|arange\([^\n]*[<>]=?[^\n]*arange\(")
+PAD_CODE = re.compile(r"(?i)pad")
+
+
+def mask_kind(fn: Any) -> str | None:
+    """A function named as a mask (`make_subsequent_mask`, `get_subsequent_mask`,
+    `make_decoder_mask`), taken by what its code computes: a mask helper where it reads padding, a
+    causal mask function where it builds a triangle of positions alone; None otherwise (a function
+    that applies a mask)."""
+    name = getattr(fn, "__name__", "").lower()
+    code = source_text(fn)
+    if "mask" not in name or not inspect.isfunction(fn) or "softmax" in name:
+        return None
+    if PAD_CODE.search(code):
+        return "mask_helper"
+    return "causal_mask" if TRIANGLE_CODE.search(code) else None
 
 
 SCHEDULE_FIRST = SCHEDULE_STEP_NAMES + OPTIMIZER_NAMES  # a schedule's step, a scheduler factory's optimizer
@@ -109,6 +133,19 @@ def _schedule(names: list[str], required: set[str]) -> bool:
     has = lambda key: _takes_each(names[1:], [settings[key]])  # noqa: E731
     return (bool(names) and names[0] in SCHEDULE_FIRST and required - {names[0]} <= known
             and has("warmup") and (has("d_model") or has("total") or has("min_lr") or has("stable")))
+
+
+INVERSE_SQRT_CODE = re.compile(r"\*\*\s*\(?\s*-\s*0?\.5|\bsqrt\b|rsqrt")
+
+
+def _inverse_sqrt(fn: Any, names: list[str], required: set[str]) -> bool:
+    """fairseq's inverse_sqrt written as a function of the step and its settings (`inverse_sqrt_lr(step,
+    base_lr, warmup)`): the step first, a warmup among the settings, and an inverse square root in its
+    code."""
+    known = set().union(*SCHEDULE_ARGS.values())
+    return (bool(names) and names[0] in SCHEDULE_STEP_NAMES and required - {names[0]} <= known
+            and _takes_each(names[1:], [SCHEDULE_ARGS["warmup"]])
+            and bool(INVERSE_SQRT_CODE.search(source_text(fn))))
 
 
 def schedule_signature(fn: Any) -> bool:

@@ -8,8 +8,9 @@ from __future__ import annotations
 D, H, F_WIDTH, DROPOUT, MAX_LEN = 16, 4, 40, 0.1, 64
 SIZES = {"d_model": D, "n_heads": H, "d_ff": F_WIDTH, "dropout": DROPOUT, "max_len": MAX_LEN}
 # the (B, H, T, S, Dh) an attention function is searched with: its head width not d_model / H, so a
-# function that reads d_k from a module-level name is handed that name at the width of its inputs
-SDPA_SIZES = (2, H, 6, 6, 8)
+# function that reads d_k from a module-level name is handed that name at the width of its inputs; B,
+# H, T, Dh and B * H all distinct, so a size read from the wrong axis (query.size(1)) shows
+SDPA_SIZES = (2, H, 5, 5, 6)
 SRC_VOCAB, TGT_VOCAB = 23, 29  # an encoder-decoder model's vocabularies: two sizes, so a swap shows
 
 

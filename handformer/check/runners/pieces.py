@@ -93,7 +93,7 @@ CAUSAL_SIZES = (1, 5, 8)  # the lengths the mask is asked for
 # Hugging Face's kin: make_causal_mask(bsz, tgt_len, dtype), OPT's make_causal_mask(attention_mask, dtype)
 MASK_ARGUMENTS = ((re.compile("dtype"), lambda T: torch.float32), (re.compile("device"), lambda T: "cpu"),
                   (re.compile(r"bsz|batch|^bs?$"), lambda T: 1),  # a batch of one
-                  (re.compile(r"mask|ids|^(x|inputs?|tokens|idx)$"),
+                  (re.compile(r"mask|ids|^(x|inputs?|tokens|idx|seq|tgt|trg|target)$"),
                    lambda T: torch.ones(1, T, dtype=torch.long)))  # (1, T): every token real
 
 

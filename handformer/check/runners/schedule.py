@@ -55,6 +55,8 @@ PAPER = {"d_model": 64, "factor": 2.0, "warmup": 10}
 COSINE = {"max_lr": 1.0, "min_lr": 0.1, "warmup": 10, "total": 100}
 PAPER_STEPS = (0, 1, 2, 3, 5, 8, 9, 10, 11, 12, 20, 50, 100, 1000)
 COSINE_STEPS = (0, 1, 2, 5, 8, 9, 10, 11, 12, 30, 55, 90, 99, 100, 101, 150)
+# fairseq's inverse_sqrt: a peak it takes (lr, base_lr, ...) and where its warmup starts (warmup_init_lr)
+INVERSE_SQRT = {"max_lr": 2.0, "warmup": 10, "init_lr": 0.2}
 # by family: its sizes, the steps it is read at, the sizes it has when it does not take them (Hugging
 # Face's get_cosine_schedule_with_warmup decays to 0; minimind's get_lr(current_step, total_steps, lr)
 # has no warmup), its name in English and Chinese
@@ -70,6 +72,11 @@ FAMILIES = {
     # its total the decay's length or the run's, by the setting's name (schedule_wsd.total); a floor it
     # does not take (a ratio it defaults) read at its last step
     "wsd": (W.SIZES, W.STEPS, {}, "warmup-stable-decay schedule (WSD)", "预热-平稳-衰减调度（WSD）"),
+    # a warmup and neither d_model nor an end (fairseq's inverse_sqrt, a LambdaLR's multiplier): its peak
+    # its own where it takes none (1: a multiplier of the optimizer's rate), its warmup from 0
+    "inverse_sqrt": (INVERSE_SQRT, PAPER_STEPS, {"max_lr": 1.0, "init_lr": 0.0},
+                     "inverse square root schedule with linear warmup (fairseq's inverse_sqrt)",
+                     "带线性预热的平方根倒数调度（fairseq 的 inverse_sqrt）"),
 }
 PAST_TOTAL = ("cosine", "linear")  # the families defined up to their total (without a floor: no further)
 COSINE_CONVENTIONS: dict[str, tuple[int, int, Text]] = {  # (shift of t, of T_w in the warmup's ratio)
@@ -115,6 +122,14 @@ def paper(
     warm_term = n * w ** (1.5 if sign == "warmup" else -1.5)
     scale = 1.0 if "schedule_no_d_model" in flags else d_model ** (0.5 if sign == "d_model" else -0.5)
     return factor * scale * min(step_term, warm_term)
+
+
+def inverse_sqrt(n: float, peak: float, warmup: float, init: float,
+                 flags: frozenset[str] = frozenset()) -> float:
+    """fairseq's inverse_sqrt at update n: a straight line from init to the peak over the warmup, then
+    peak * sqrt(warmup / n), with the named mistakes."""
+    w = V.warmup_with(warmup, flags)
+    return init + n * (peak - init) / w if n < w else peak * math.sqrt(w / n)
 
 
 def cosine(
@@ -339,16 +354,17 @@ def _reached_source(fn: Any) -> str:
 
 
 def _family(settings: dict[str, str | None], rest: list[str], fn: Any) -> str | None:
-    """The paper's schedule (it takes d_model), WSD (a stable stage), cosine (an end or a floor), or
-    None."""
+    """The paper's schedule (it takes d_model, or a factor), WSD (a stable stage), cosine (an end or a
+    floor), the inverse square root (a warmup alone, with a peak or none), or None."""
     if settings["stable"]:
         return "wsd"
     if settings["d_model"]:
         return "paper"
     if settings["total"] or settings["min_lr"]:  # a decay: a cosine where its code computes one
         return "cosine" if COSINE_CODE.search(_reached_source(fn)) else "linear"
-    if any(n in ARGS["warmup"] for n in rest) and not settings["max_lr"]:
-        return "paper"  # rate(step, warmup): the d_model factor forgotten, or folded in
+    if any(n in ARGS["warmup"] for n in rest):  # a warmup, no d_model, no end
+        # rate(step, factor, warmup): the d_model factor forgotten; else fairseq's inverse_sqrt
+        return "paper" if settings["factor"] else "inverse_sqrt"
     return None
 
 
@@ -475,7 +491,7 @@ def _at_zero(res: ComponentResult, ctx: Context, comp: Component, subject: Subje
     right = _right(subject, found)[1]
     _step_zero(res, ctx, comp, sched, got.get(0), right)
     sizes = sched.sizes
-    marks = ((0, sizes["warmup"], 10 * sizes["warmup"]) if sched.family == "paper"
+    marks = ((0, sizes["warmup"], 10 * sizes["warmup"]) if sched.family in ("paper", "inverse_sqrt")
              else (0, sizes["warmup"], sizes["total"], max(sched.steps)))
     res.notes.append(_values_note(_floats(got), right, tuple(dict.fromkeys(marks))))
 
@@ -565,6 +581,8 @@ def _sub_steps(sched: Schedule, conv: str, right: Convention) -> Callable[[Tenso
         return lambda s: W.sub_steps(s, _rates(right, s))
     if sched.family == "paper":
         return lambda s: _paper_steps(s, s + (conv == "from_0"), z, sched.args["factor"], right)
+    if sched.family == "inverse_sqrt":
+        return lambda s: _inverse_sqrt_steps(s, s + conv.endswith("from_0"), z, right)
     w, total, hi, lo = z["warmup"], z["total"], z["max_lr"], z["min_lr"]
 
     def cosine_steps(s: Tensor) -> list[tuple[str, Tensor]]:
@@ -590,6 +608,18 @@ def _paper_steps(s: Tensor, n: Tensor, z: dict[str, float], factor: str | None, 
             ("min(n^-0.5, n × warmup^-1.5)", least),
             ("d_model^-0.5 × min(...)", z["d_model"] ** -0.5 * least),
             ("the rate / factor", rate / (z["factor"] if factor else 1.0)), ("the rate", rate)]
+
+
+def _inverse_sqrt_steps(s: Tensor, n: Tensor, z: dict[str, float], right: Convention,
+                        ) -> list[tuple[str, Tensor]]:
+    """fairseq's sub-steps at the steps s (S,), n the update counted from 1."""
+    n, w = n.clamp(min=1), z["warmup"]
+    terms = (n ** -0.5, n * w ** -1.5)
+    least = torch.minimum(*terms)
+    return [("the step t", s), ("the step n", n), ("n^-0.5", terms[0]), ("n × warmup^-1.5", terms[1]),
+            ("min(n^-0.5, n × warmup^-1.5)", least), ("n / warmup", n / w),
+            ("sqrt(warmup / n)", (w / n).sqrt()),
+            ("min(n / warmup, sqrt(warmup / n))", least * w ** 0.5), ("the rate", _rates(right, s))]
 
 
 def _factory_note(comp: Component) -> Text:
@@ -627,7 +657,47 @@ def _conventions(sched: Schedule, got: dict[int, Any],
             ),
         }
         return conventions, labels, PAPER_FLAGS
+    if sched.family == "inverse_sqrt":
+        return _inverse_sqrt_conventions(sched)
     return _decay_conventions(sched, got)
+
+
+INVERSE_SQRT_LABELS = {
+    "peak:from_1": text("the peak lr at the end of the warmup, lr * min(n / T_w, sqrt(T_w / n)) (fairseq); "
+                        "steps counted from 1", "预热结束时达到峰值 lr：lr * min(n / T_w, sqrt(T_w / n))"
+                        "（fairseq）；步数从 1 开始数"),
+    "peak:from_0": text("the peak lr at the end of the warmup, lr * min(n / T_w, sqrt(T_w / n)) (fairseq); "
+                        "steps counted from 0: n = step + 1", "预热结束时达到峰值 lr：lr * min(n / T_w, "
+                        "sqrt(T_w / n))（fairseq）；步数从 0 开始数：n = step + 1"),
+    "paper:from_1": text("lr times the paper's shape, lr * min(n^-0.5, n * T_w^-1.5) (the peak "
+                         "lr / sqrt(T_w)); steps counted from 1",
+                         "lr 乘论文的形状：lr * min(n^-0.5, n * T_w^-1.5)（峰值是 lr / sqrt(T_w)）；"
+                         "步数从 1 开始数"),
+    "paper:from_0": text("lr times the paper's shape, lr * min(n^-0.5, n * T_w^-1.5) (the peak "
+                         "lr / sqrt(T_w)); steps counted from 0: n = step + 1",
+                         "lr 乘论文的形状：lr * min(n^-0.5, n * T_w^-1.5)（峰值是 lr / sqrt(T_w)）；"
+                         "步数从 0 开始数：n = step + 1"),
+    "init": text("warmup from warmup_init_lr to lr in a straight line, then lr * sqrt(T_w / n) (fairseq's "
+                 "warmup_init_lr)", "预热从 warmup_init_lr 直线升到 lr，之后是 lr * sqrt(T_w / n)"
+                 "（fairseq 的 warmup_init_lr）"),
+}
+INVERSE_SQRT_FLAGS = ("schedule_warmup_off_by_one:early", "schedule_warmup_off_by_one:late",
+                      "schedule_exponent_sign:step", "schedule_exponent_sign:warmup")
+
+
+def _inverse_sqrt_conventions(sched: Schedule,
+                              ) -> tuple[dict[str, Convention], dict[str, Text], tuple[str, ...]]:
+    """fairseq's inverse_sqrt: from its warmup_init_lr where it takes one; else its peak lr at the
+    warmup's end, or lr times the paper's shape (d_model^-0.5 replaced by lr), counted from 1 or 0."""
+    peak, w, init = (sched.sizes[k] for k in ("max_lr", "warmup", "init_lr"))
+    if sched.reads("init_lr"):
+        return ({"init": lambda s, f: inverse_sqrt(s, peak, w, init, f)},
+                {"init": INVERSE_SQRT_LABELS["init"]}, LINEAR_FLAGS)
+    scale = {"peak": peak * math.sqrt(w), "paper": peak}
+    conventions: dict[str, Convention] = {
+        f"{form}:from_{k}": lambda s, f, c=c, k=k: paper(max(s, 1) if k else s + 1, 1.0, c, w, f)
+        for form, c in scale.items() for k in (1, 0)}
+    return conventions, {key: INVERSE_SQRT_LABELS[key] for key in conventions}, INVERSE_SQRT_FLAGS
 
 
 def _decay_conventions(sched: Schedule, got: dict[int, Any],
@@ -793,7 +863,8 @@ def _step_zero(
         res.findings.append(_finding(ctx, comp, "schedule_step_zero", observed, "division"))
         return
     want = right(0, frozenset())
-    if zero is None or _close(zero, want):
+    # fairseq's warmup starts at its warmup_init_lr, 0 by default: a 0 at step 0 is its first update's
+    if zero is None or _close(zero, want) or (zero == 0.0 and sched.family == "inverse_sqrt"):
         if sched.family != "paper" and zero == 0.0:
             res.notes.append(_zero_at_start_note())
         return

@@ -41,6 +41,7 @@ from handformer.check.core.argument_names import (
     LOADER_NAMES,
     OPTIMIZER_NAMES,
     SCALER_NAMES,
+    SCHEDULE_STEP_NAMES,
     SCHEDULER_NAMES,
     SRC_NAMES,
     TGT_NAMES,
@@ -127,15 +128,31 @@ class Recorded(nn.Module):
         return out if self.outputs == 1 else (out,) + (None,) * (self.outputs - 1)
 
 
+class TokenCrossEntropy(nn.CrossEntropyLoss):
+    """torch's cross-entropy that also takes the model's (B, T, V) output with (B, T) targets as they
+    are (a step written for a criterion of its own that flattens them: fairseq's), read as B * T
+    tokens; torch's own layouts, (N, V) and (B, V, T), unchanged."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.padding_idx = self.pad_idx = self.ignore_index  # the names criteria give their pad id
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        if input.dim() > 2 and input.shape[:-1] == target.shape:
+            input, target = input.reshape(-1, input.size(-1)), target.reshape(-1)  # (B * T, V), (B * T,)
+        return super().forward(input, target)
+
+
 def reference_step(model: nn.Module, opt: torch.optim.Optimizer, src: Tensor, tgt: Tensor,
                    clip: float | None, *, zero_grad: bool = True, clip_after: bool = False,
                    shift: bool = True, accum: int = 1, divide: bool = True,
-                   criterion: Any = None, per_token: bool = False) -> None:
+                   criterion: Any = None, per_token: bool = False, lr: float | None = None) -> None:
     """handformer's step, with the named mistakes on request: with accum > 1 the batch is split in
     that many micro-batches along the batch, each loss divided by accum (unless `divide` is off)
     and backpropagated, then one update. per_token: a summed loss divided by the number of real
-    target tokens (the Annotated Transformer's SimpleLossCompute)."""
-    criterion = criterion or nn.CrossEntropyLoss(ignore_index=PAD)
+    target tokens (the Annotated Transformer's SimpleLossCompute); lr: the rate the update uses (the
+    one the learner's step set from its update count)."""
+    criterion = criterion or TokenCrossEntropy(ignore_index=PAD)
     if zero_grad:
         opt.zero_grad()
     for src_part, tgt_part in zip(src.chunk(accum), tgt.chunk(accum)):
@@ -146,7 +163,7 @@ def reference_step(model: nn.Module, opt: torch.optim.Optimizer, src: Tensor, tg
         loss = criterion(logits.log_softmax(-1).reshape(-1, V), tgt_out.reshape(-1))
         loss = loss / (tgt_out != PAD).sum() if per_token else loss
         (loss / accum if divide else loss).backward()
-    update(model, opt, clip, clip_after)
+    update(model, opt, clip, clip_after, lr)
 
 
 def update(model: nn.Module, opt: torch.optim.Optimizer, clip: float | None, clip_after: bool = False,
@@ -249,8 +266,10 @@ class Step:
         wanted = DATA_ARGUMENTS[epoch]  # an epoch's loader; a step's batch, or src and tgt
         self.loader, self.batch, self.src, self.tgt = (find(wanted.get(key, ()))
                                                        for key in ("loader", "batch", "src", "tgt"))
+        # the update count a step sets its rate from (fairseq's num_updates): 1, then 2
+        self.count = named([n for n in required if n not in self.names[:1]], SCHEDULE_STEP_NAMES)
         known = {self.model, self.opt, self.criterion, self.batch, self.src, self.tgt, self.accum,
-                 self.loader, self.sched, self.scaler}
+                 self.loader, self.sched, self.scaler, self.count}
         data = self.loader or self.batch or (self.src and self.tgt)  # an epoch's loader, a step's batch
         what, en, zh = TAKES[epoch]
         found = self.model and self.opt and data
@@ -274,6 +293,8 @@ class Step:
         self.outputs = unpacked(self.source, self.model)
         self.scale = 1.0  # the logits' factor in both steps (unclipped_scale: clipping out of reach)
         self.per_token = False  # handformer's step divides a summed loss by the real tokens (per_token_step)
+        self.rates: list[tuple[float, float]] = []  # the optimizer's rate before and after each call
+        self.set_before = True  # the step sets its rate before its update (else after: the next step's)
 
     def _criterion(self, ctx: Context) -> None:
         """The criterion the step is handed: the file's loss (learner_criterion); a step calling it with
@@ -282,7 +303,7 @@ class Step:
         self.make_criterion, self.criterion_name = learner_criterion(ctx)
         self.loss_compute = calls_with_norm(self.source, str(self.criterion))  # None: no call of that name
         if self.loss_compute and self.criterion_name is None:
-            self.make_criterion = lambda: nn.CrossEntropyLoss(ignore_index=PAD, reduction="sum")
+            self.make_criterion = lambda: TokenCrossEntropy(ignore_index=PAD, reduction="sum")
 
     def _batch(self, src: Tensor, tgt: Tensor) -> Any:
         if not self.batch:  # an epoch whose loop variable was not found
@@ -318,11 +339,23 @@ class Step:
         accumulation count when it takes them."""
         kwargs: dict[str, Any] = {self.model: model, self.opt: opt, **data}
         given = {self.criterion: self.make_criterion, self.accum: lambda: ACCUM,
-                 self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler}
+                 self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler,
+                 self.count: lambda: len(self.rates) % 2 + 1}
         kwargs.update({name: make() for name, make in given.items() if name})
         if self.loss_compute:  # loss_compute(out, y, norm): the file's wrapper around the criterion
             kwargs[self.criterion] = own_loss_compute(self.ctx, self.comp.obj, kwargs[self.criterion])
-        return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
+        before = float(opt.param_groups[0]["lr"])
+        out = self.ctx.learner.call("forward", self.comp.obj, **kwargs)
+        self.rates.append((before, float(opt.param_groups[0]["lr"])))
+        return out
+
+    def used_rates(self) -> list[float | None]:
+        """The rate each of the last two updates used, where the step sets it from its update count:
+        the one it set (before its update), or the one in place when it was called (a rate set after
+        the update is the next step's); None each where it takes no count."""
+        if not self.count:
+            return [None, None]
+        return [pair[int(self.set_before)] for pair in self.rates[-2:]]
 
     def uses_own_criterion(self) -> bool:
         """The learner's loss is handed in, or (no criterion argument) the step calls it by name."""
@@ -334,7 +367,22 @@ class Step:
         criterion argument) the learner's loss when its step calls it by name, else cross-entropy."""
         if self.uses_own_criterion():
             return self.make_criterion()
-        return nn.CrossEntropyLoss(ignore_index=PAD)
+        return TokenCrossEntropy(ignore_index=PAD)
+
+
+class OwnCriterion:
+    """The learner's loss called as criterion(input, target), its attributes read through (a step reads
+    `criterion.ignore_index` or `criterion.padding_idx` to count the real tokens)."""
+
+    def __init__(self, ctx: Context, fn: Any, arguments: Any) -> None:
+        self.ctx, self.fn, self.arguments = ctx, fn, arguments
+
+    def __call__(self, input: Tensor, target: Tensor) -> Any:
+        out = self.ctx.learner.call("forward", self.fn, **self.arguments(input, target))
+        return out[0] if isinstance(out, tuple) else out  # fairseq's (loss, nll_loss): the loss
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["fn"], name)
 
 
 def learner_criterion(ctx: Context) -> tuple[Any, str | None]:
@@ -342,7 +390,7 @@ def learner_criterion(ctx: Context) -> tuple[Any, str | None]:
     passes its own check, with the name it has; else of handformer's cross-entropy."""
     from handformer.check.runners.loss import Loss, check_loss
 
-    fallback = (lambda: nn.CrossEntropyLoss(ignore_index=PAD)), None
+    fallback = (lambda: TokenCrossEntropy(ignore_index=PAD)), None
     comp = ctx.components.get("loss")
     if comp is None or not ctx.passes(comp, check_loss):
         return fallback
@@ -355,9 +403,7 @@ def learner_criterion(ctx: Context) -> tuple[Any, str | None]:
         init, fixed = spec.options(0.1, PAD, V)  # the step's pad id and vocabulary
         fn = ctx.learner.call("__init__", lambda: comp.obj(**init)) if spec.is_class else comp.obj
 
-        def criterion(input: Tensor, target: Tensor) -> Any:
-            return ctx.learner.call("forward", fn, **{spec.input: input, spec.target: target, **fixed})
-        return criterion
+        return OwnCriterion(ctx, fn, lambda input, target: {spec.input: input, spec.target: target, **fixed})
 
     return make, comp.name
 
@@ -378,9 +424,9 @@ def _run(step: Step, base: Seq2SeqTransformer, **mistakes: Any) -> list[list[Ten
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     accum = ACCUM if step.accum else 1
     out = []
-    for src, tgt in batches():
+    for (src, tgt), lr in zip(batches(), step.used_rates()):
         reference_step(model, opt, src, tgt, step.clip, accum=accum, criterion=step.reference_criterion(),
-                       per_token=step.per_token, **mistakes)
+                       per_token=step.per_token, lr=lr, **mistakes)
         out.append(parameters_of(model))
     return out[-1:] if step.epoch else out
 
@@ -411,14 +457,34 @@ def _drive(step: Step, base: Seq2SeqTransformer) -> Drive:
         for src, tgt in batches():
             step(model, opt, src, tgt)
             got.append(parameters_of(model))
-    right = _run(step, base)
-    errs = [largest_difference(g, r) for g, r in zip(got, right)]
-    if max(errs) >= step.tol and sums(step.reference_criterion()):
-        step.per_token = True  # their step divides the summed loss by the real tokens: compared so
-        per_token = [largest_difference(g, r) for g, r in zip(got, _run(step, base))]
-        step.per_token = max(per_token) < step.tol
-        right, errs = (_run(step, base), per_token) if step.per_token else (right, errs)
-    return model, got, right, errs
+    step.tol = _rate_scaled(step)
+    return (model, got, *_compared(step, base, got))
+
+
+def _compared(step: Step, base: Seq2SeqTransformer, got: list[list[Tensor]],
+              ) -> tuple[list[list[Tensor]], list[float]]:
+    """handformer's steps and their differences from `got`, read as the learner's step computes: its
+    rate set before its update or after it (the next step's: a step that takes its update count), its
+    summed loss divided by the real tokens or not (a criterion that sums); the first reading that
+    matches, else the plain one."""
+    readings = [(before, divided) for divided in (False, True) for before in (True, False)
+                if (before or step.count) and (not divided or sums(step.reference_criterion()))]
+    for step.set_before, step.per_token in readings + [(True, False)]:
+        right = _run(step, base)
+        errs = [largest_difference(g, r) for g, r in zip(got, right)]
+        if max(errs) < step.tol:
+            break
+    return right, errs
+
+
+def _rate_scaled(step: Step) -> float:
+    """The tolerance of a step that sets its own rate from its update count (fairseq's inverse_sqrt at
+    update 1 is ~1e-9): scaled with the smallest rate it used, as its updates are, down to 1e-14 (float64's
+    rounding of the parameters is ~1e-17); a float32 step's is its own."""
+    if not step.count or step.tol != TOLERANCE[False]:
+        return step.tol
+    rates = list(itertools.chain(*step.rates[-2:]))  # before and after each of its two calls
+    return max(step.tol * min(1.0, min(rates, default=LR) / LR), 1e-14)
 
 
 def sums(criterion: Any) -> bool:
@@ -555,6 +621,14 @@ def _notes(res: ComponentResult, step: Step) -> None:
                               f"{step.accum}={ACCUM}：每个 2 句的 batch 分成 {ACCUM} 个 micro-batch，"
                               "梯度累加后更新一次"))
     res.notes += [PER_TOKEN_NOTE] * step.per_token
+    if step.count:
+        rates = ", ".join(f"{r:.4g}" for r in step.used_rates())
+        when = (("after", "之后"), ("before", "之前"))[step.set_before]
+        res.notes.append(text(
+            f"your step sets its learning rate from its update count ({step.count}: 1, then 2), {when[0]} "
+            f"its update: handformer's step updated at the rates yours used ({rates})",
+            f"你的一步按更新次数（{step.count}：先 1 后 2）设置学习率，设置在更新{when[1]}："
+            f"handformer 的一步按你用的学习率更新（{rates}）"))
     if step.criterion_name and step.uses_own_criterion():
         res.notes.append(text(f"the criterion is your own {step.criterion_name} (it passes its check), in "
                               "your step and in handformer's", f"损失用的是你自己的 {step.criterion_name}"
