@@ -1064,11 +1064,8 @@ def note_raised_attention(res: ComponentResult, comp: Any, runs: list[Run], w: V
     x, keep, _ = _attention_input(w, causal_inside)
     views = attention_views(w, x.detach(), keep)[0]
     for call, _rope in runs:
-        steps: list[Step] = []
-        try:
-            trace_steps(lambda call=call: call(x, x, x, None), filename, into=steps)
-        except Exception:  # noqa: BLE001 - it raises: the steps up to there are what is judged
-            pass
+        steps: list[Step] = []  # it raises: the steps up to there are what is judged
+        quietly(lambda call=call, steps=steps: trace_steps(lambda: call(x, x, x, None), filename, into=steps))
         found = misshapen_departure(steps, views, filename)
         if found is not None:
             return add_departure(res, found)
