@@ -123,9 +123,9 @@ def max_error(a: Tensor | None, b: Tensor | None, rows: Tensor | None = None) ->
     rows: bool, broadcastable to a's shape without its last dimension (which rows are defined)."""
     if a is None or b is None or a.shape != b.shape:
         return math.inf
-    diff = (a.double() - b.double()).abs()
+    diff = (a.double() - b.double()).abs().nan_to_num(math.inf, posinf=math.inf)  # a NaN in one of them: inf
     both = torch.isnan(a) & torch.isnan(b)  # a variant that reproduces the NaN reproduces the output
-    diff = torch.where(torch.isnan(diff) & ~both, math.inf, diff.nan_to_num(0.0, posinf=math.inf)).amax(-1)
+    diff = diff.masked_fill_(both, 0.0).amax(-1)
     if rows is not None:
         if rows.dim() > diff.dim():
             rows = rows[:, 0]  # (B, 1, T) -> (B, T) for a (B, T, D) output

@@ -273,11 +273,7 @@ def _changed(before: Any, value: Tensor) -> bool:
 
 def same(t: Tensor, r: Tensor, atol: float = 1e-5) -> bool:
     """Equal values; where the reference is -inf (masked), anything at or below -1e4 (a -1e9 fill)."""
-    if t.shape != r.shape:
-        return False
-    t, r = t.double(), r.double()
-    finite = torch.isfinite(r)
-    return bool((t[~finite] <= -1e4).all()) and bool(torch.allclose(t[finite], r[finite], atol=atol))
+    return t.shape == r.shape and bool(_same_each(t.reshape(-1), r.reshape(1, -1), atol)[0])  # (n,), (1, n)
 
 
 def factor_name(c: float, sizes: dict[str, float]) -> str:
@@ -285,24 +281,19 @@ def factor_name(c: float, sizes: dict[str, float]) -> str:
     ("2", "1/2"), else another power of a size ("1/d_k**0.25"), else its value."""
     if c < 0 and factor_name(-c, sizes) != f"{-c:.4g}":
         return "-" + factor_name(-c, sizes)
-    return (_power_name(c, sizes, (1.0, 0.5)) or _whole_name(c) or _power_name(c, sizes, (0.25, 2.0))
-            or f"{c:.4g}")
+    return (_power_name(c, sizes, (1.0, 0.5)) or _power_name(c, WHOLE, (1.0,), rel_tol=1e-6)
+            or _power_name(c, sizes, (0.25, 2.0)) or f"{c:.4g}")
 
 
-def _power_name(c: float, sizes: dict[str, float], powers: tuple[float, ...]) -> str | None:
+WHOLE = {str(n): n for n in range(2, 11)}  # the small whole numbers a factor is named by ("2", "1/2")
+
+
+def _power_name(c: float, sizes: dict[str, float], powers: tuple[float, ...], rel_tol: float = 1e-4,
+                ) -> str | None:
     tried = itertools.product(powers, sizes.items(), ((1, "{}"), (-1, "1/{}")))
     return next((form.format({0.5: f"sqrt({name})", 1.0: name}.get(p, f"{name}**{p:g}"))
                  for p, (name, n), (sign, form) in tried
-                 if n > 0 and n != 1 and math.isclose(c, n ** (sign * p), rel_tol=1e-4)), None)
-
-
-def _whole_name(c: float) -> str | None:
-    for n in range(2, 11):
-        if math.isclose(c, n, rel_tol=1e-6):
-            return str(n)
-        if math.isclose(c, 1 / n, rel_tol=1e-6):
-            return f"1/{n}"
-    return None
+                 if n > 0 and n != 1 and math.isclose(c, n ** (sign * p), rel_tol=rel_tol)), None)
 
 
 # the reference's intermediate results by name, in Chinese (the names the views above and
@@ -385,15 +376,6 @@ def _zh_subject(name: str) -> str:
     return zh if zh[-1:] >= "\u3000" else zh + " "  # CJK characters and full-width punctuation
 
 
-def _factor(t: Tensor, r: Tensor) -> float | None:
-    big = r.abs() > 1e-3
-    if t.shape != r.shape or not big.any() or not torch.isfinite(t).all() or not torch.isfinite(r).all():
-        return None
-    ratio = t[big] / r[big]
-    c = float(ratio.median())
-    return c if torch.allclose(t, c * r, atol=1e-5, rtol=1e-4) and not math.isclose(c, 1.0) else None
-
-
 def _shift(t: Tensor, r: Tensor, dim: int, what: str) -> Text | None:
     """Shifted by one along `dim` (the positions), else along the first axis (a table's rows)."""
     for (d, sign), axis in itertools.product(((1, "-"), (-1, "+")), dict.fromkeys((dim, 0))):
@@ -458,7 +440,7 @@ def _mask_edge(t: Tensor, r: Tensor, what: str) -> Text | None:
 
 def _term(t: Tensor, r: Tensor, what: str, terms: list[View], sizes: dict[str, float]) -> Text | None:
     """t = r + c · (a known tensor): an extra term (c = 1), a missing one (c = -1), or a term scaled.
-    The terms of t's shape are tested at once (as `same` and `_factor` test one), the first that fits wins."""
+    The terms of t's shape are tested at once (as `same` and `_scaled` test one), the first that fits wins."""
     fitting = [(name, term) for name, term in terms if term.shape == t.shape == r.shape]
     if not fitting or not torch.isfinite(t).all():
         return None
@@ -488,8 +470,8 @@ def _same_each(t: Tensor, rs: Tensor, atol: float = 1e-5) -> Tensor:
 
 
 def _factor_each(t: Tensor, rs: Tensor) -> list[float | None]:
-    """`_factor(t, rs[i])` for each i, in one pass: the median ratio over the reference's big entries (none:
-    NaN, which fits nothing)."""
+    """The constant factor c with t = c · rs[i] (not 1), for each i, in one pass: the median ratio over the
+    reference's big entries (none: NaN, which fits nothing); None where no factor fits."""
     big = rs.abs() > 1e-3
     ratios = torch.where(big, t / rs, math.nan).flatten(1)  # (N, entries)
     ratios = F.pad(ratios, (0, 1), value=math.nan).nanmedian(1).values  # (N,): a NaN more, for empty views
@@ -568,7 +550,7 @@ def _slice_form(t: Tensor, views: list[View]) -> Text | None:
 
 
 def _scaled(t: Tensor, r: Tensor, what: str, sizes: dict[str, float]) -> Text | None:
-    c = _factor(t, r)
+    c = _factor_each(t.reshape(-1), r.reshape(1, -1))[0]  # (n,), (1, n): its caller gives a view of t's shape
     if c is not None:
         name = factor_name(c, sizes)
         named = f" = {name}" if name != f"{c:.4g}" else ""
@@ -1110,11 +1092,8 @@ def note_raised_attention(res: ComponentResult, comp: Any, runs: list[Run], w: V
     x, keep, _ = _attention_input(w, causal_inside)
     views = attention_views(w, x.detach(), keep)[0]
     for call, _rope in runs:
-        steps: list[Step] = []
-        try:
-            trace_steps(lambda call=call: call(x, x, x, None), filename, into=steps)
-        except Exception:  # noqa: BLE001 - it raises: the steps up to there are what is judged
-            pass
+        steps: list[Step] = []  # it raises: the steps up to there are what is judged
+        quietly(lambda call=call, steps=steps: trace_steps(lambda: call(x, x, x, None), filename, into=steps))
         found = misshapen_departure(steps, views, filename)
         if found is not None:
             return add_departure(res, found)

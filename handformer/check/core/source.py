@@ -82,14 +82,15 @@ def _function_lines(fn: Any) -> tuple[list[str], int]:
     if not isinstance(fn, (types.FunctionType, types.MethodType)):
         return inspect.getsourcelines(fn)
     lines, start = inspect.findsource(fn)
-    return list(_block(tuple(lines), start)), start + 1
+    return list(_block(tuple(lines[start:]))), start + 1
 
 
 @functools.lru_cache(maxsize=1024)
-def _block(lines: tuple[str, ...], start: int) -> tuple[str, ...]:
-    """The definition starting at line index `start` of a file's lines: what `inspect.getblock` finds,
-    remembered by the file's text (every check loads the learner's file again: new objects, same text)."""
-    return tuple(inspect.getblock(list(lines[start:])))
+def _block(lines: tuple[str, ...]) -> tuple[str, ...]:
+    """The definition that the file's lines from its first one on open: what `inspect.getblock` finds,
+    remembered by that text (every check loads the learner's file again: new objects, same text; in a
+    copy with one line edited, each definition below that line still opens the same text)."""
+    return tuple(inspect.getblock(list(lines)))
 
 
 def _class_lines(cls: type) -> tuple[list[str], int]:
@@ -100,7 +101,7 @@ def _class_lines(cls: type) -> tuple[list[str], int]:
     start = _class_starts("".join(lines)).get(cls.__qualname__)
     if start is None:  # not a class its module's file defines (made by type(), or in a notebook)
         return inspect.getsourcelines(cls)
-    return list(_block(tuple(lines), start)), start + 1
+    return list(_block(tuple(lines[start:]))), start + 1
 
 
 # what a definition adds to the qualified names of what it holds

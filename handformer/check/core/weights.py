@@ -61,12 +61,14 @@ class Slot:
     part: str = ""  # rows that are not one slice, in words (each head's first Dh rows of its q | k | v)
 
     def weight(self) -> Tensor:
-        w = self.leaf.weight
-        return w if self.rows is None else w[self.rows]
+        return self._part(self.leaf.weight)
 
     def bias(self) -> Tensor | None:
-        b = self.leaf.bias
-        return None if b is None else (b if self.rows is None else b[self.rows])
+        return self._part(self.leaf.bias)
+
+    def _part(self, t: Tensor | None) -> Tensor | None:
+        """The slot's rows of the leaf's weight or bias (all of it for a whole leaf; no bias: None)."""
+        return t if t is None or self.rows is None else t[self.rows]
 
     def linear(self) -> V.Linear:
         return self.weight(), self.bias()
