@@ -459,8 +459,8 @@ def qk_norm_slots(extra: list[Leaf], head_dim: int, width: int = 0) -> list[Slot
 
 
 def qk_norm_weights(slot: Slot) -> V.NormWeights:
-    kind = norm_kind(slot.leaf)
-    return V.NormWeights(slot.weight(), slot.bias(), norm_eps(slot.leaf.module, kind), kind)
+    """A q_norm or k_norm as it computes: its gain 1 + weight where kept as an offset (Gemma 3's)."""
+    return dataclasses.replace(norm_weights(slot), flags=frozenset())
 
 
 def ffn_slots(linears: list[Leaf], D: int, F: int | None, what: str) -> list[list[Slot]]:
@@ -628,7 +628,10 @@ def copy_attention(target: nn.Module, slots: list[Slot]) -> None:
     computes what a module without an output projection does."""
     by = by_role(slots)
     for role, proj in attention_parameters(target).items():
-        if role in by:
+        if role in QK_NORM_ROLES:  # the gain as it computes (1 + weight, kept as an offset: Gemma 3's)
+            copy_weights(proj, by[role])
+            proj.weight.copy_(qk_norm_weights(by[role]).weight)
+        elif role in by:
             copy_weights(proj, by[role])
         else:
             proj.weight.copy_(torch.eye(proj.weight.size(0), dtype=proj.weight.dtype))
