@@ -3,6 +3,9 @@ positions, grouped-query attention) and of masks as attention applies them."""
 
 from handformer.check.catalog.base import Diagnosis, d
 
+# a line that keeps a sublayer's output without norming it: h = self.mlp(h), x = x + self.attn(...)
+SUBLAYER_CALL = r"^\s*\w+\s*=\s*(\w+\s*\+\s*)?self\.({})\w*\("
+
 DIAGNOSES: list[Diagnosis] = [
     d("rmsnorm_sum_squares", "RMSNorm sums the squares instead of averaging them",
       "RMSNorm 对平方求了和，而不是求平均",
@@ -72,6 +75,11 @@ DIAGNOSES: list[Diagnosis] = [
       r"(ffn|mlp|feed_forward)\w*\(\s*self\.(attn\w*norm|norm_?1|ln_?1|input_layernorm)",
       r"(attn|attention)\w*\(\s*self\.(ffn\w*norm|norm_?2|ln_?2|post_attention_layernorm)",
       r"self\.\w*norm\w*\s*=", r"norm"),
+    d("sandwich_norm_missing", "a sublayer's output is not normed before the add (its sandwich norm is "
+      "missing)", "子层的输出在相加之前没有归一化（缺少 sandwich 里子层之后的那个归一化）",
+      "norm each sublayer's output too, as Gemma's four norms do: x = x + post_norm(f(pre_norm(x)))",
+      "子层的输出也要归一化，和 Gemma 的四个归一化一样：x = x + post_norm(f(pre_norm(x)))",
+      SUBLAYER_CALL.format("mlp|ffn|feed_forward"), SUBLAYER_CALL.format("self_attn|attn|attention"), r"norm"),
     d("dropout_on_residual", "dropout is applied to the residual path", "dropout 用在了残差通路上",
       "drop only the sublayer's output: x = x + dropout(f(norm(x))) (pre-norm) or x = norm(x + "
       "dropout(f(x))) (post-norm)",

@@ -113,7 +113,7 @@ def map_layer(path: str, child: nn.Module, F_width: int, kv: int | None = None) 
     norms = norms or gainless_norms(child, len(names))
     if len(norms) == 1:
         norms = norms * len(names)
-    return LayerMap(path, decoder, attn, ffn, norm_slots(norms, len(names), names, path))
+    return LayerMap(path, decoder, attn, ffn, norm_slots(norms, len(names), names, path, sandwich=not decoder))
 
 
 # the gate named second where the code splits a fused projection: OLMo's x, gate = x.chunk(2, -1)

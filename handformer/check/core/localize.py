@@ -670,11 +670,13 @@ def _departure_at(steps: list[Step], views: list[View], ends: list[View] = ()) -
 def _right_calls(steps: list[Step], views: list[View]) -> set[int]:
     """The steps of each call of a helper of theirs (the steps under one calling line up to the value
     it returns) that returns one of the views: its own sub-steps (an RMSNorm's x·rsqrt before the
-    gain) are not judged."""
-    done = [0, *itertools.accumulate(s.name == "return" for s in steps)]  # the returns before each step
-    runs = [list(run) for _, run in itertools.groupby(range(len(steps)),
-                                                      lambda i: (steps[i].caller, done[i]))]
-    return {i for run in runs if _returns_a_view(steps[run[-1]], views) for i in run}
+    gain, in a helper of its own as Gemma's `_norm`) are not judged."""
+    right: set[int] = set()
+    for _, group in itertools.groupby(range(len(steps)), lambda i: steps[i].caller):
+        run = list(group)
+        last = max((j for j, i in enumerate(run) if _returns_a_view(steps[i], views)), default=-1)
+        right.update(run[:last + 1])
+    return right
 
 
 def _returns_a_view(step: Step, views: list[View]) -> bool:

@@ -589,7 +589,10 @@ def norm_weights(slot: Slot) -> V.NormWeights:
 OTHER_NORM = {"rmsnorm": "layernorm", "layernorm": "rmsnorm"}
 
 
-def norm_slots(norms: list[Leaf], count: int, names: list[str], what: str) -> list[Slot]:
+def norm_slots(norms: list[Leaf], count: int, names: list[str], what: str, sandwich: bool = False) -> list[Slot]:
+    """One norm a sublayer, in order; sandwich (a decoder-only block's): two a sublayer where it has them."""
+    if sandwich and len(norms) == 2 * count == 4:
+        return sandwich_slots(norms, names)
     if len(norms) != count:
         raise MappingError(f"{what}: expected {count} norms ({', '.join(names)}), found "
                            f"{len(norms)}: {shapes_text(norms)}",
@@ -601,6 +604,20 @@ def norm_slots(norms: list[Leaf], count: int, names: list[str], what: str) -> li
 
 
 FFN_NORM_WORDS = re.compile("ffn|mlp|feed_forward|feedforward|post_attention")
+FFN_WORDS = re.compile("ffn|mlp|feed|ff_|_ff")
+
+
+def sandwich_slots(norms: list[Leaf], names: list[str]) -> list[Slot]:
+    """Gemma 2/3's four norms, one before and one after each sublayer (input_layernorm,
+    post_attention_layernorm, pre_feedforward_layernorm, post_feedforward_layernorm): by the sublayer
+    and the place their names say where they tell the four apart, else in the order they are defined."""
+    def place(leaf: Leaf) -> tuple[bool, bool]:
+        name = leaf.name.lower()
+        return bool(FFN_WORDS.search(name)), "post" in name or "after" in name
+    if len({place(leaf) for leaf in norms}) == len(norms):
+        norms = sorted(norms, key=place)
+    return [Slot(f"norm {i + 1} ({('before', 'after')[i % 2]} {names[i // 2]})", leaf)
+            for i, leaf in enumerate(norms)]
 
 
 @torch.no_grad()

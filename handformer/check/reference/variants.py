@@ -437,6 +437,8 @@ def sublayer(w: LayerWeights, x: Tensor, f: Callable[[Tensor], Tensor], name: st
     residual_from_normed adds f to norm(x) instead of x (pre-norm: h = norm(x); x = h + f(h));
     shared_norm uses the first (or last) norm for every sublayer."""
     trace.append(x)  # the residual stream entering the sublayer
+    if w.placement == "sandwich":
+        return sandwich_sublayer(w, x, f, name, flags)
     shared = has(flags, "shared_norm")
     n = w.norms[{"first": 0, "last": -1}.get(shared, w.sublayers.index(name))]
     pre = (w.placement == "pre") != (has(flags, "pre_norm") == name)
@@ -450,6 +452,20 @@ def sublayer(w: LayerWeights, x: Tensor, f: Callable[[Tensor], Tensor], name: st
     h = f(x)
     trace.append(x + h)  # the sum before the norm
     return norm(n, x + h if residual else h)
+
+
+def sandwich_sublayer(w: LayerWeights, x: Tensor, f: Callable[[Tensor], Tensor], name: str,
+                     flags: Flags) -> Tensor:
+    """Gemma 2/3's: x + norm_after(f(norm_before(x))), two norms a sublayer. Mistakes: no_residual,
+    residual_from_normed, and sandwich_norm_missing (the norm after the sublayer not applied)."""
+    i = 2 * w.sublayers.index(name)
+    h = norm(w.norms[i], x)
+    out = f(h)
+    if has(flags, "sandwich_norm_missing") != name:
+        out = norm(w.norms[i + 1], out)
+    if has(flags, "no_residual") in (name, "all"):
+        return out
+    return (h if has(flags, "residual_from_normed") in (name, "all") else x) + out
 
 
 def encoder_layer(w: LayerWeights, x: Tensor, keep: Tensor | None, flags: Flags = frozenset(),

@@ -361,6 +361,8 @@ BIAS_WORDS = {True: (", with a bias", "，有偏置"), False: ("", "")}
 SCALED_WORDS = {True: ("; token embeddings times sqrt(d_model)", "；词嵌入乘以 sqrt(d_model)"),
                 False: ("", "")}
 PLACEMENTS = ("pre", "post", "parallel")  # the blocks' placements the search tries, in this order
+# handformer's norms of a block with two (one a sublayer) or four (Gemma 2/3's sandwich, before and after each)
+NORM_NAMES = {2: ("attn_norm", "ffn_norm"), 4: ("attn_norm", "post_attn_norm", "ffn_norm", "post_ffn_norm")}
 HF_PLACEMENT = {"parallel": "pre"}  # handformer's blocks a placement is built from (then run in parallel)
 ROPE_ZH = {"half": "前后两半配对", "interleaved": "相邻两维配对", "swapped": "前后两半配对、反向旋转"}
 
@@ -417,7 +419,7 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     _copy_blocks_(hf, m, ch)
     written = []
     for target, block in zip(hf.layers, m.blocks):
-        for name, slot in zip(("attn_norm", "ffn_norm"), block.norms):
+        for name, slot in zip(NORM_NAMES[len(block.norms)], block.norms):
             copy_weights(getattr(target, name), slot)
             written.append((target, name, slot))
         written += [(target.self_attn, s.role, s) for s in block.attn[0] if s.role in ("q_norm", "k_norm")]
@@ -860,7 +862,8 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
              loss: Tensor | None, idx: Tensor, targets: Tensor, last_only: bool) -> None:
     gated = is_gated(m.blocks[0].ffn)
     forms = layer_forms(call.module.get_submodule(m.blocks[0].name), m.blocks[0].attn[0])
-    settings = [Choices(p, a, r, f) for f in forms for r in m.ropes for p in PLACEMENTS
+    placements = ("sandwich",) if len(m.blocks[0].norms) == 4 else PLACEMENTS
+    settings = [Choices(p, a, r, f) for f in forms for r in m.ropes for p in placements
                 for a in FFN_ACTIVATIONS[gated]]
     found = _search(m, out, idx, settings, last_only)
     if found is None:

@@ -124,6 +124,7 @@ from handformer.check.runners.generate_loop import CACHE_NAMES
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, OFFSET_NOTE, ffn_name_findings
 from handformer.config import BlockConfig
 from handformer.families.granite import GraniteBlock
+from handformer.families.gemma import SandwichBlock
 from handformer.families.olmo import ReorderedNormBlock
 from handformer.nn.blocks import DecoderLayer, DecoderOnlyBlock, EncoderLayer
 
@@ -200,7 +201,9 @@ class Layer:
         norms = norms or gainless_norms(self.module, len(names))  # nanochat's norm(x), a function
         self.shared = len(norms) == 1  # one norm for every sublayer
         self.norm_slots = norm_slots(norms * len(names) if self.shared else norms, len(names), roles,
-                                     comp.name)
+                                     comp.name, sandwich=causal_block)
+        # Gemma 2/3's four norms, before and after each sublayer: the one placement they are read in
+        self.placements = ("sandwich",) if len(self.norm_slots) > len(names) else kind.placements
         self.norm_ws = [norm_weights(s) for s in self.norm_slots]
         self.sublayers = names
         self.ropes = GIVEN_ROPES.get(min(self.extra & set(GIVEN_ROPES), default="")) or rope_layouts(
@@ -426,8 +429,10 @@ LAYER_FLAGS: tuple[FlagRule, ...] = (
      lambda layer, w: ("gated_act_after_product",)),
     (lambda layer, w: True, lambda layer, w: tuple(f"no_residual:{s}" for s in layer.sublayers + ["all"])
      + tuple(f"pre_norm:{s}" for s in layer.sublayers) + ("ffn_no_activation",)),
-    (lambda layer, w: w.placement == "pre",
+    (lambda layer, w: w.placement in ("pre", "sandwich"),
      lambda layer, w: tuple(f"residual_from_normed:{s}" for s in layer.sublayers + ["all"])),
+    (lambda layer, w: w.placement == "sandwich",
+     lambda layer, w: tuple(f"sandwich_norm_missing:{s}" for s in layer.sublayers)),
     (lambda layer, w: not layer.shared, lambda layer, w: ("shared_norm:first", "shared_norm:last")),
     (lambda layer, w: layer.n_kv_heads, lambda layer, w: ("kv_repeat_order",)),
     (lambda layer, w: layer.decoder, lambda layer, w: ("decoder_masks_swapped",)),
@@ -751,7 +756,7 @@ def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callabl
                   inp: Inputs, search_rows: Callable[[frozenset[str]], Tensor | None], found: Found | None,
                   working: str) -> None:
     """The search's findings (or a note that it found none), then the checks on the layer as it is."""
-    comp, expected = layer.comp, layer.kind.expected
+    comp, expected = layer.comp, layer.placements[0]
     if found is None:
         res.notes.append(NO_MISTAKE_NOTE)
         conv, slots, act, placement = working, layer.ffn_candidates[0], _first_act(layer), expected
@@ -875,7 +880,7 @@ PLACEMENT_NOTES = {  # a placement found that the kind does not expect, said so
                       "这是约定，按 handformer 的 Block 这样计算后比较")}
 PLACEMENT_WORDS = {"parallel": ("computed in parallel", "并行计算")}  # (en, zh); else "pre-norm", ...
 # handformer's block a placement is built from (then run in parallel, or its norms moved after each sublayer)
-HF_PLACEMENT = {"parallel": "pre", "reordered": "pre"}
+HF_PLACEMENT = {"parallel": "pre", "reordered": "pre", "sandwich": "pre"}
 
 
 def _placement_note(placement: str, expected: str) -> dict[str, str]:
@@ -967,7 +972,7 @@ def layer_settings(layer: Layer) -> list[Setting]:
     """Every reading of the layer's weights the search tries: FFN mapping, activation, placement
     (the kind's first), rotary layout, the numbers it takes from its settings (`Form`)."""
     gated = is_gated(layer.ffn_candidates[0])
-    return list(itertools.product(layer.ffn_candidates, FFN_ACTIVATIONS[gated], layer.kind.placements,
+    return list(itertools.product(layer.ffn_candidates, FFN_ACTIVATIONS[gated], layer.placements,
                                   layer.ropes, layer.forms))
 
 
@@ -994,17 +999,27 @@ def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str, rope: s
                       norm_placement=HF_PLACEMENT.get(placement, placement), norm_eps=first.eps, bias=True)
     hf = layer.kind.reference(cfg).double().eval()
     as_parallel_([hf] * (placement == "parallel"), [layer.shared])  # GPT-J's, Falcon's, Phi's: both read x
-    hf = ReorderedNormBlock(hf) if placement == "reordered" else hf  # OLMo 2's: x + norm(f(x))
+    hf = PLACED.get(placement, lambda hf, cfg: hf)(hf, cfg)
     hf.self_attn = handformer_attention(layer.attn[0], layer.n_kv_heads, rope, scale=form.scale)
     if layer.decoder:
         hf.cross_attn = handformer_attention(layer.attn[1], layer.n_kv_heads)
     copy_ffn(hf.ffn, slots)
-    norms = [hf.attn_norm] + ([hf.cross_attn_norm] if layer.decoder else []) + [hf.ffn_norm]
-    for target, slot, w in zip(norms, layer.norm_slots, layer.norm_ws):
+    for target, slot, w in zip(_hf_norms(hf, layer), layer.norm_slots, layer.norm_ws):
         copy_weights(target, slot)
         with torch.no_grad():
             target.weight.copy_(w.weight)  # the gain as it computes (1 + weight, kept as an offset)
     return GraniteBlock(hf, form.residual) if form.residual != 1.0 else hf
+
+
+# handformer's block in a placement of its own: OLMo 2's x + norm(f(x)); Gemma 2/3's norms before and after
+PLACED = {"reordered": lambda hf, cfg: ReorderedNormBlock(hf), "sandwich": SandwichBlock}
+
+
+def _hf_norms(hf: nn.Module, layer: Layer) -> list[nn.Module]:
+    """handformer's norms in the order of the learner's norm slots."""
+    if isinstance(hf, SandwichBlock):
+        return [hf.attn_norm, hf.post_attn_norm, hf.ffn_norm, hf.post_ffn_norm]
+    return [hf.attn_norm] + ([hf.cross_attn_norm] if layer.decoder else []) + [hf.ffn_norm]
 
 
 def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots: list[Slot], act: str,
