@@ -80,6 +80,14 @@ DIAGNOSES: list[Diagnosis] = [
       "norm each sublayer's output too, as Gemma's four norms do: x = x + post_norm(f(pre_norm(x)))",
       "子层的输出也要归一化，和 Gemma 的四个归一化一样：x = x + post_norm(f(pre_norm(x)))",
       SUBLAYER_CALL.format("mlp|ffn|feed_forward"), SUBLAYER_CALL.format("self_attn|attn|attention"), r"norm"),
+    d("sink_not_in_softmax", "the attention sinks do not join the softmax (gpt-oss's sink logit is one more "
+      "key of each head's softmax)", "注意力 sink 没有参与 softmax（gpt-oss 的 sink logit 是每个头的 softmax "
+      "里多出来的一个键）",
+      "join each head's sink logit to the scores before the softmax and drop its column after: "
+      "w = torch.cat([scores, sinks], -1).softmax(-1)[..., :-1]",
+      "在 softmax 之前把每个头的 sink logit 拼到分数上，softmax 之后再去掉这一列："
+      "w = torch.cat([scores, sinks], -1).softmax(-1)[..., :-1]",
+      r"softmax\(", r"sink"),
     d("dropout_on_residual", "dropout is applied to the residual path", "dropout 用在了残差通路上",
       "drop only the sublayer's output: x = x + dropout(f(norm(x))) (pre-norm) or x = norm(x + "
       "dropout(f(x))) (post-norm)",

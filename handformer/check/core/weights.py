@@ -410,7 +410,8 @@ def mha_weights(slots: list[Slot], n_heads: int, n_kv_heads: int | None = None, 
     n_kv_heads = n_kv_heads or kv_heads_of(slots, n_heads)
     table = by["bias"].weight() if "bias" in by else None  # RELATIVE_ROLE's last word
     return V.MHAWeights(by["W_Q"].linear(), by["W_K"].linear(), by["W_V"].linear(),
-                        by["W_O"].linear() if "W_O" in by else None, n_heads, n_kv_heads, rope, qk, table)
+                        by["W_O"].linear() if "W_O" in by else None, n_heads, n_kv_heads, rope, qk, table,
+                        sinks=by[SINKS_ROLE].weight() if SINKS_ROLE in by else None)
 
 
 def by_role(slots: list[Slot]) -> dict[str, Slot]:
@@ -427,6 +428,16 @@ def relative_bias_slots(extra: list[Leaf], n_heads: int) -> list[Slot]:
     embedding of one value a head for each bucket, (buckets, H); else none."""
     tables = [x for x in extra if x.kind == "embedding" and x.weight.size(-1) == n_heads]
     return [Slot(RELATIVE_ROLE, tables[0])] if len(extra) == 1 == len(tables) else []
+
+
+SINKS_ROLE = "sinks"  # gpt-oss's attention sinks: one learned logit a head, joined to each softmax
+SINK_NAME = re.compile(r"(attn_|attention_)?sinks?")
+
+
+def sink_slots(scalars: list[Leaf], n_heads: int) -> list[Slot]:
+    """A layer's one parameter of one value a head named as gpt-oss's sinks (self.sinks), else none."""
+    sinks = [x for x in scalars if x.weight.shape == (n_heads,) and SINK_NAME.fullmatch(x.name.split(".")[-1])]
+    return [Slot(SINKS_ROLE, sinks[0])] if len(sinks) == 1 else []
 
 
 def kv_heads_of(slots: list[Slot], n_heads: int) -> int | None:

@@ -107,6 +107,7 @@ from handformer.check.core.weights import (
     norm_weights,
     of_kind,
     relative_bias_slots,
+    sink_slots,
     shapes_text,
     split_attention_ffn,
 )
@@ -198,6 +199,7 @@ class Layer:
         norms, qk = block_norms(of_kind(found, "norm"))
         self.attn[0] += qk or gainless_qk(self.module)  # QK-norm: the attention's q_norm and k_norm
         self.attn[0] += relative_bias_slots(of_kind(found, "embedding"), H)  # T5's relative-position table
+        self.attn[0] += sink_slots(of_kind(found, "scalar"), H)  # gpt-oss's attention sinks
         norms = norms or gainless_norms(self.module, len(names))  # nanochat's norm(x), a function
         self.shared = len(norms) == 1  # one norm for every sublayer
         self.norm_slots = norm_slots(norms * len(names) if self.shared else norms, len(names), roles,
@@ -425,6 +427,7 @@ LAYER_FLAGS: tuple[FlagRule, ...] = (
     (lambda layer, w: True, lambda layer, w: attention_flags(w.self_attn.o is not None)),
     (lambda layer, w: w.self_attn.rope, lambda layer, w: ROPE_FLAGS + (
         ("qk_norm_after_rope",) if w.self_attn.qk_norm else ())),
+    (lambda layer, w: w.self_attn.sinks is not None, lambda layer, w: ("sink_not_in_softmax",)),
     (lambda layer, w: getattr(w.ffn, "gate", None) is not None,  # (a mixture of experts has none)
      lambda layer, w: ("gated_act_after_product",)),
     (lambda layer, w: True, lambda layer, w: tuple(f"no_residual:{s}" for s in layer.sublayers + ["all"])
@@ -544,7 +547,8 @@ def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
 def _held_apart(res: ComponentResult, layer: Layer) -> None:
     """A layer holding parameters no reference has (gpt-oss's attention sinks, one logit a head) whose
     output no mistake explains: NOT CHECKED with those parts named, never FAIL (they may be the reason)."""
-    held = of_kind(leaves(layer.module), "scalar")
+    mapped = {id(s.leaf.weight) for s in layer.attn[0]}
+    held = [x for x in of_kind(leaves(layer.module), "scalar") if id(x.weight) not in mapped]
     if not held or res.named() or all(c.ok for c in res.checks):
         return
     extra = shapes_text(held)
