@@ -26,6 +26,7 @@ from handformer.check.core.weights import (
     norm_slots,
     of_kind,
     qk_norm_slots,
+    sink_slots,
     shapes_text,
     with_shape,
 )
@@ -110,6 +111,7 @@ def map_layer(path: str, child: nn.Module, F_width: int, kv: int | None = None) 
     ffn = ffn_reading(child, ffn_readings(child, linears, F_width, path, label=path))
     norms, qk = block_norms(of_kind(found, "norm"))
     attn[0] += qk or gainless_qk(child)
+    attn[0] += sink_slots(of_kind(found, "scalar"), H)  # gpt-oss's attention sinks
     norms = norms or gainless_norms(child, len(names))
     if len(norms) == 1:
         norms = norms * len(names)

@@ -105,6 +105,22 @@ def sink_softmax(scores: Tensor, keep: Tensor | None, sinks: Tensor, flags: Flag
     return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]  # (B, H, T, S)
 
 
+def masked_softmax(scores: Tensor, keep: Tensor | None, flags: Flags = frozenset(), fill: float = -1e9,
+                   ) -> Tensor:
+    """softmax over the keys of (B, H, T, S) scores with the hidden ones filled first; the mask and
+    softmax mistakes on request."""
+    keep = applied_keep(keep, flags, scores.size(1))
+    after = has(flags, "mask_after_softmax")
+    if keep is not None and after is None:  # -inf: a row (or, over the wrong dim, a column) of them is NaN
+        scores = scores.masked_fill(~keep, -math.inf if has(flags, "nan_on_masked_rows") is not None else
+                                    fill)
+    dim = has(flags, "softmax_wrong_dim")
+    weights = torch.softmax(scores, dim=int(dim) if dim else -1)
+    if keep is not None and after is not None:
+        weights = weights.masked_fill(~keep, 0.0 if after == "zero" else fill)
+    return weights
+
+
 @dataclass
 class MHAWeights:
     q: Linear
