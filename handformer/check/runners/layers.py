@@ -24,6 +24,7 @@ import inspect
 import itertools
 import math
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +78,7 @@ from handformer.check.core.probe import Found as Explained
 from handformer.check.core.probe import Probe, Subject, name_findings, run_probe
 from handformer.check.core.residual_wrapper import residual_wrapper, wrapped_note
 from handformer.check.core.result import (
+    DEPARTS,
     DIFFERS,
     NOT_CHECKED,
     Check,
@@ -89,7 +91,7 @@ from handformer.check.core.result import (
 from handformer.check.core.rope_tables import position_kwargs, renamed_table, with_positions, with_tables
 from handformer.check.core.rotary import rope_layouts, rope_tables
 from handformer.check.core.score_scale import PLAIN, Form, layer_forms, scale_note, smallest_holder
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.source import first_line, locate, source_lines
 from handformer.check.core.weights import (
     Leaf,
     MappingError,
@@ -676,10 +678,11 @@ def _sliding_window(res: ComponentResult, layer: Layer) -> None:
 
 def _declared_window(res: ComponentResult, module: nn.Module, reach: int) -> None:
     """The window the block's own settings name (Mistral's config.sliding_window: an int whose name
-    says window, on the module or an object it holds: its config) against the keys its mask lets a query
-    see: a window off by one fails here."""
-    named = [(n, v) for o in (module, *vars(module).values()) for n, v in getattr(o, "__dict__", {}).items()
-             if "window" in n.lower() and type(v) is int]
+    says window, on the module, its submodules or an object they hold: its config) against the keys its
+    mask lets a query see: a window off by one fails here, quoting the line that bands the mask."""
+    held = [o for sub in module.modules() for o in (sub, *vars(sub).values())]  # gpt-oss's: in its attention
+    named = [(n, v) for o in held for n, v in getattr(o, "__dict__", {}).items()
+             if "window" in n.lower() and type(v) is int and v > 0]
     if not named:
         return
     name, size = named[0]
@@ -687,6 +690,15 @@ def _declared_window(res: ComponentResult, module: nn.Module, reach: int) -> Non
                                  f"每个 token 看到最近的 {name} = {size} 个 token，和它的设置一致"),
                             reach == size, text(f"its mask lets each token see its last {reach}",
                                                 f"它的掩码让每个 token 看到最近的 {reach} 个")))
+    number, code = first_line(WINDOW_LINES, source_lines([sys.modules[type(module).__module__]]))
+    res.findings += [Finding(DEPARTS, text(
+        f"its mask lets each token see its last {reach} tokens where {name} = {size}: the window is off by "
+        f"{reach - size}", f"它的掩码让每个 token 看到最近的 {reach} 个 token，而 {name} = {size}：窗口差了 "
+        f"{reach - size}"), number, code)] * (reach != size and number is not None)
+
+
+# the line that bands the mask: a tril or triu by the window, else a comparison with it
+WINDOW_LINES = (r"(tril|triu)\(.*window|window.*(tril|triu)\(", r"window\w*\s*[<>+-]|[<>+-]\s*\w*window")
 
 
 # the flags causal_keep reads
