@@ -88,6 +88,23 @@ DIAGNOSES: list[Diagnosis] = [
       "在 softmax 之前把每个头的 sink logit 拼到分数上，softmax 之后再去掉这一列："
       "w = torch.cat([scores, sinks], -1).softmax(-1)[..., :-1]",
       r"softmax\(", r"sink"),
+    d("latent_split_swapped", "the latent and the RoPE key are taken from the wrong ends of wkv_a's output",
+      "潜在向量和 RoPE 键从 wkv_a 输出的错误一端取出",
+      "the latent comes first, the shared RoPE key last: kv, k_pe = torch.split(self.wkv_a(x), "
+      "[self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)",
+      "潜在向量在前，共享的 RoPE 键在后：kv, k_pe = torch.split(self.wkv_a(x), "
+      "[self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)",
+      r"k_pe\s*,\s*\w+\s*=", r"split\(.*rope_head_dim\s*,", r"k_pe\s*=.*\[", r"split\("),
+    d("latent_scale_wrong_width", "the softmax scale is taken from another head width, not the query/key "
+      "head's (qk_nope_head_dim + qk_rope_head_dim)", "softmax 的缩放用了别的头宽度，不是查询/键头的宽度"
+      "（qk_nope_head_dim + qk_rope_head_dim）",
+      "scale by the width of a query and key head: self.softmax_scale = self.qk_head_dim ** -0.5",
+      "按查询和键每个头的宽度缩放：self.softmax_scale = self.qk_head_dim ** -0.5",
+      r"scal\w*\s*=.*(v_head_dim|nope_head_dim|rope_head_dim)", r"scal\w*\s*="),
+    d("latent_key_not_rotated", "the shared RoPE key k_pe is not rotated", "共享的 RoPE 键 k_pe 没有旋转",
+      "rotate the decoupled key like the queries' RoPE part: k_pe = apply_rotary_emb(k_pe.unsqueeze(2), "
+      "freqs_cis)", "像查询的 RoPE 部分一样旋转解耦的键：k_pe = apply_rotary_emb(k_pe.unsqueeze(2), freqs_cis)",
+      r"k_pe\s*=.*(unsqueeze|\[:, :, None|view)", r"k_pe\s*=", r"k_pe"),
     d("dropout_on_residual", "dropout is applied to the residual path", "dropout 用在了残差通路上",
       "drop only the sublayer's output: x = x + dropout(f(norm(x))) (pre-norm) or x = norm(x + "
       "dropout(f(x))) (post-norm)",

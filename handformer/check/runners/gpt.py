@@ -100,6 +100,7 @@ from handformer.check.runners.model import as_written_, computes_sqrt, exact_nor
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, OFFSET_NOTE
 from handformer.check.runners.stack import check_stack
 from handformer.config import CausalLMConfig, FamilyConfig
+from handformer.check.runners import latent
 from handformer.families import build_causal_lm
 from handformer.families.gpt_oss import SinkAttention
 from handformer.models.causal_lm import CausalLM
@@ -771,6 +772,9 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
                                   "forward 只返回最后一个位置的 logits：只比较这一个位置"))
         if bigram(res, module, out, loss, idx, targets):
             return finish(res)
+        latent_model = latent.read_model(module, VOCAB)  # DeepSeek's: blocks on latent attention
+        if latent_model is not None:
+            return latent.check_latent_model(res, ctx, comp, out, latent_model, idx)
         try:
             find_layouts_(module, lambda: call(idx[:, :1])[0], D, D // H)
             m = map_gpt(module)

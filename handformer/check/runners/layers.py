@@ -482,7 +482,11 @@ def check_decoder_layer(comp: Component, ctx: Context) -> ComponentResult:
 
 
 def check_block(comp: Component, ctx: Context) -> ComponentResult:
-    return _check_layer(comp, ctx)
+    from handformer.check.runners import latent  # a block on DeepSeek's latent attention: its own reference
+
+    module = ctx.build(comp, layer_sizes(comp.obj))
+    found = latent.read_block(module)
+    return _check_layer(comp, ctx) if found is None else latent.check_latent_block(comp, ctx, module, found)
 
 
 class Inputs:

@@ -16,9 +16,11 @@ Shape legend: B batch, H heads, T length, Dh head dim (d), P positions of a tabl
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import re
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -231,6 +233,25 @@ def _layout_convention(res: ComponentResult, layout: str) -> None:
     res.convention = LAYOUTS.get(layout, res.convention)
 
 
+CONFIG_NAMES = ("args", "config", "cfg", "model_args", "params")
+
+
+def _config(fn: Callable[..., Any], names: list[str], values: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek's precompute_freqs_cis(args: ModelArgs): its config argument, its dataclass built with
+    its defaults and the table's sizes in the fields that name them (the RoPE width in a field that says
+    rope and dim, qk_rope_head_dim); {} where it takes none."""
+    name = next((n for n in names if n in CONFIG_NAMES), None)
+    cls = (fp.quietly(lambda: typing.get_type_hints(fn)) or {}).get(name) if name else None
+    cfg = fp.quietly(cls) if isinstance(cls, type) and dataclasses.is_dataclass(cls) else None
+    if cfg is None:  # no config, or one without defaults
+        return {}
+    for f in dataclasses.fields(cfg):
+        rope_width = "rope" in f.name and "dim" in f.name
+        if f.name in values or rope_width:
+            setattr(cfg, f.name, DH if rope_width else values[f.name])
+    return {name: cfg}
+
+
 def _check_table_function(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     names = forward_names(comp.obj)
@@ -241,7 +262,7 @@ def _check_table_function(comp: Component, ctx: Context) -> ComponentResult:
                   **dict.fromkeys(THETA_NAMES, theta), "dtype": torch.float64}
         if offset is not None:
             values |= dict.fromkeys(OFFSET_NAMES, offset)
-        return ctx.learner.call("forward", comp.obj, **_filled(names, values))
+        return ctx.learner.call("forward", comp.obj, **_filled(names, values), **_config(comp.obj, names, values))
 
     table = read_table(call(THETA), P)
     if table is None:
