@@ -79,7 +79,8 @@ DIAGNOSES: list[Diagnosis] = [
       "missing)", "子层的输出在相加之前没有归一化（缺少 sandwich 里子层之后的那个归一化）",
       "norm each sublayer's output too, as Gemma's four norms do: x = x + post_norm(f(pre_norm(x)))",
       "子层的输出也要归一化，和 Gemma 的四个归一化一样：x = x + post_norm(f(pre_norm(x)))",
-      SUBLAYER_CALL.format("mlp|ffn|feed_forward"), SUBLAYER_CALL.format("self_attn|attn|attention"), r"norm"),
+      SUBLAYER_CALL.format("mlp|ffn|feed_forward"), SUBLAYER_CALL.format("self_attn|attn|attention"),
+      r"norm"),
     d("sink_not_in_softmax", "the attention sinks do not join the softmax (gpt-oss's sink logit is one more "
       "key of each head's softmax)", "注意力 sink 没有参与 softmax（gpt-oss 的 sink logit 是每个头的 softmax "
       "里多出来的一个键）",
@@ -103,7 +104,8 @@ DIAGNOSES: list[Diagnosis] = [
       r"scal\w*\s*=.*(v_head_dim|nope_head_dim|rope_head_dim)", r"scal\w*\s*="),
     d("latent_key_not_rotated", "the shared RoPE key k_pe is not rotated", "共享的 RoPE 键 k_pe 没有旋转",
       "rotate the decoupled key like the queries' RoPE part: k_pe = apply_rotary_emb(k_pe.unsqueeze(2), "
-      "freqs_cis)", "像查询的 RoPE 部分一样旋转解耦的键：k_pe = apply_rotary_emb(k_pe.unsqueeze(2), freqs_cis)",
+      "freqs_cis)",
+      "像查询的 RoPE 部分一样旋转解耦的键：k_pe = apply_rotary_emb(k_pe.unsqueeze(2), freqs_cis)",
       r"k_pe\s*=.*(unsqueeze|\[:, :, None|view)", r"k_pe\s*=", r"k_pe"),
     d("dropout_on_residual", "dropout is applied to the residual path", "dropout 用在了残差通路上",
       "drop only the sublayer's output: x = x + dropout(f(norm(x))) (pre-norm) or x = norm(x + "

@@ -329,11 +329,15 @@ FORMS: dict[str, dict[str, tuple[str, str]]] = {
 }
 
 
+# the diagnoses whose form is a sublayer
+SUBLAYER_FORMED = ("no_residual", "pre_norm", "residual_from_normed", "sandwich_norm_missing")
+
+
 def form_text(name: str, form: str) -> tuple[str, str]:
     """The words for one form of a diagnosis ("" when it has none), English and Chinese."""
     if name == "softmax_wrong_dim" and form:
         return f"softmax over dim {form}", f"softmax 作用在 dim {form}"
-    if name in ("no_residual", "pre_norm", "residual_from_normed", "sandwich_norm_missing") and form in SUBLAYER:
+    if name in SUBLAYER_FORMED and form in SUBLAYER:
         en, zh = SUBLAYER[form]
         return ((f"{en} is pre-norm", f"{zh}是 Pre-Norm") if name == "pre_norm" else (en, zh))
     return FORMS.get(name, {}).get(form, ("", ""))

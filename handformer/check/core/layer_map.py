@@ -26,8 +26,8 @@ from handformer.check.core.weights import (
     norm_slots,
     of_kind,
     qk_norm_slots,
-    sink_slots,
     shapes_text,
+    sink_slots,
     with_shape,
 )
 
@@ -115,7 +115,8 @@ def map_layer(path: str, child: nn.Module, F_width: int, kv: int | None = None) 
     norms = norms or gainless_norms(child, len(names))
     if len(norms) == 1:
         norms = norms * len(names)
-    return LayerMap(path, decoder, attn, ffn, norm_slots(norms, len(names), names, path, sandwich=not decoder))
+    slots = norm_slots(norms, len(names), names, path, sandwich=not decoder)  # (Gemma's four: a block's)
+    return LayerMap(path, decoder, attn, ffn, slots)
 
 
 # the gate named second where the code splits a fused projection: OLMo's x, gate = x.chunk(2, -1)

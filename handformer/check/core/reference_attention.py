@@ -86,10 +86,18 @@ def handformer_attention(slots: list[Slot], n_kv_heads: int | None = None, rope:
     copy_attention(hf, slots)  # no W_O (one head, or none at all): the identity
     if rope in ("interleaved", "swapped"):
         interleaved_to_half_(hf, heads, swapped=rope == "swapped")
-    sinks = next((s for s in slots if s.role == SINKS_ROLE), None)
-    if sinks is not None:  # gpt-oss's: its sink logits in handformer's SinkAttention
-        hf = SinkAttention(hf)
-        hf.sinks.data = sinks.weight().detach().double().clone()
+    hf = with_sinks(hf, slots)
     if softcap is None and scale is None:
         return hf
     return GemmaAttention(hf, scale ** -2 if scale else D // heads, softcap)  # Gemma's q.k / sqrt(scale_dim)
+
+
+def with_sinks(hf: MultiHeadAttention, slots: list[Slot]) -> MultiHeadAttention:
+    """handformer's attention, as handformer's SinkAttention holding the learner's sink logits where its
+    slots have them (gpt-oss's)."""
+    sinks = [s.weight() for s in slots if s.role == SINKS_ROLE]
+    if not sinks:
+        return hf
+    hf = SinkAttention(hf)
+    hf.sinks.data = sinks[0].detach().double().clone()
+    return hf

@@ -436,7 +436,8 @@ SINK_NAME = re.compile(r"(attn_|attention_)?sinks?")
 
 def sink_slots(scalars: list[Leaf], n_heads: int) -> list[Slot]:
     """A layer's one parameter of one value a head named as gpt-oss's sinks (self.sinks), else none."""
-    sinks = [x for x in scalars if x.weight.shape == (n_heads,) and SINK_NAME.fullmatch(x.name.split(".")[-1])]
+    sinks = [x for x in scalars
+             if x.weight.shape == (n_heads,) and SINK_NAME.fullmatch(x.name.split(".")[-1])]
     return [Slot(SINKS_ROLE, sinks[0])] if len(sinks) == 1 else []
 
 
@@ -600,7 +601,8 @@ def norm_weights(slot: Slot) -> V.NormWeights:
 OTHER_NORM = {"rmsnorm": "layernorm", "layernorm": "rmsnorm"}
 
 
-def norm_slots(norms: list[Leaf], count: int, names: list[str], what: str, sandwich: bool = False) -> list[Slot]:
+def norm_slots(norms: list[Leaf], count: int, names: list[str], what: str,
+               sandwich: bool = False) -> list[Slot]:
     """One norm a sublayer, in order; sandwich (a decoder-only block's): two a sublayer where it has them."""
     if sandwich and len(norms) == 2 * count == 4:
         return sandwich_slots(norms, names)

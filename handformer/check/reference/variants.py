@@ -91,7 +91,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, flags: Flags
         scores = scores + bias
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
-    weights = masked_softmax(scores, keep, flags) if sinks is None else sink_softmax(scores, keep, sinks, flags)
+    weights = (masked_softmax(scores, keep, flags) if sinks is None
+               else sink_softmax(scores, keep, sinks, flags))  # (B, H, T, S)
     return weights @ v, weights  # (B, H, T, Dh)
 
 

@@ -61,6 +61,7 @@ from handformer.check.core.layer_map import (
 )
 from handformer.check.core.localize_kinds import localize_model, module_views, note_departure
 from handformer.check.core.moe import moe_config, moe_note
+from handformer.check.core.reference_attention import with_sinks
 from handformer.check.core.result import (
     DEPARTS,
     DRIVER,
@@ -79,7 +80,6 @@ from handformer.check.core.weights import (
     Leaf,
     MappingError,
     Slot,
-    SINKS_ROLE,
     copy_attention,
     copy_ffn,
     copy_weights,
@@ -94,15 +94,14 @@ from handformer.check.core.weights import (
 from handformer.check.core.weights import norm_weights as learner_norm
 from handformer.check.reference import variants as V
 from handformer.check.reference.parallel import as_parallel_
+from handformer.check.runners import latent
 from handformer.check.runners.kv_cache import CACHE_ARGS, CACHE_METHODS
 from handformer.check.runners.localize_cache import cache_departure
 from handformer.check.runners.model import as_written_, computes_sqrt, exact_norms_
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, OFFSET_NOTE
 from handformer.check.runners.stack import check_stack
 from handformer.config import CausalLMConfig, FamilyConfig
-from handformer.check.runners import latent
 from handformer.families import build_causal_lm
-from handformer.families.gpt_oss import SinkAttention
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.kv_cache import NO_CACHE
 from handformer.nn.masks import as_attention_mask
@@ -368,7 +367,9 @@ BIAS_WORDS = {True: (", with a bias", "，有偏置"), False: ("", "")}
 SCALED_WORDS = {True: ("; token embeddings times sqrt(d_model)", "；词嵌入乘以 sqrt(d_model)"),
                 False: ("", "")}
 PLACEMENTS = ("pre", "post", "parallel")  # the blocks' placements the search tries, in this order
-# handformer's norms of a block with two (one a sublayer) or four (Gemma 2/3's sandwich, before and after each)
+BY_NORMS = {4: ("sandwich",)}  # four norms a block: Gemma 2/3's, the one placement they are read in
+# handformer's norms of a block with two (one a sublayer) or four (Gemma 2/3's sandwich: before and
+# after each sublayer)
 NORM_NAMES = {2: ("attn_norm", "ffn_norm"), 4: ("attn_norm", "post_attn_norm", "ffn_norm", "post_ffn_norm")}
 HF_PLACEMENT = {"parallel": "pre"}  # handformer's blocks a placement is built from (then run in parallel)
 ROPE_ZH = {"half": "前后两半配对", "interleaved": "相邻两维配对", "swapped": "前后两半配对、反向旋转"}
@@ -392,10 +393,7 @@ def reference_model(m: GPTMap, ch: Choices) -> CausalLM:
 def _copy_blocks_(hf: CausalLM, m: GPTMap, ch: Choices) -> None:
     """The learner's attention and FFN weights into the reference's layers (norms apart)."""
     for target, block in zip(hf.layers, m.blocks):
-        sinks = next((s for s in block.attn[0] if s.role == SINKS_ROLE), None)
-        if sinks is not None:  # gpt-oss's: handformer's SinkAttention holding its sink logits
-            target.self_attn = SinkAttention(target.self_attn)
-            target.self_attn.sinks.data = sinks.weight().detach().double().clone()
+        target.self_attn = with_sinks(target.self_attn, block.attn[0])  # gpt-oss's
         copy_attention(target.self_attn, block.attn[0])
         if ch.rope in ("interleaved", "swapped"):
             interleaved_to_half_(target.self_attn, swapped=ch.rope == "swapped")
@@ -413,8 +411,7 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
         rope_fraction=turned_width(ch.rope or "", D // H) / (D // H),  # partial rotary: "half:2"
         max_positions=m.wpe.weight.size(0) - m.offset if m.wpe is not None else BLOCK, tie_embeddings=m.tied,
         n_kv_heads=m.n_kv_heads, qk_norm=_qk_norm(m), scale_embeddings=m.scaled,
-        moe=moe_config(m.blocks[0].ffn),  # MoE: handformer's MixtureOfExperts
-        **_window_settings(m.windows),  # Mistral's one window; gpt-oss's on every other layer
+        moe=moe_config(m.blocks[0].ffn), **_window_settings(m.windows),  # MoE; Mistral's, gpt-oss's windows
         family=FamilyConfig(logit_softcap=m.softcap, **_multipliers(m, ch.form)))  # Granite's multipliers
     hf = build_causal_lm(cfg)  # (a GPT-2 style config: the plain CausalLM)
     if m.bias:
@@ -448,11 +445,10 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
 def _window_settings(windows: tuple[int | None, ...]) -> dict[str, Any]:
     """handformer's sliding_window and global_layers for the blocks' measured windows (one window,
     some blocks global); none where no block slides or their windows differ."""
-    sizes = {w for w in windows if w is not None}
+    sizes = set(windows) - {None}
     if len(sizes) != 1:
         return {}
-    global_layers = [i for i, w in enumerate(windows) if w is None]
-    return {"sliding_window": sizes.pop(), "global_layers": global_layers}
+    return {"sliding_window": min(sizes), "global_layers": [i for i, w in enumerate(windows) if w is None]}
 
 
 def _window_note(windows: tuple[int | None, ...]) -> list[Text]:
@@ -460,13 +456,13 @@ def _window_note(windows: tuple[int | None, ...]) -> list[Text]:
     settings = _window_settings(windows)
     if not settings:
         return []
-    sliding = ", ".join(str(i) for i, w in enumerate(windows) if w is not None)
+    sliding = ", ".join(map(str, sorted(set(range(len(windows))) - set(settings["global_layers"]))))
     W = settings["sliding_window"]
-    return [text(f"a sliding window on blocks [{sliding}]: each sees its last {W} tokens (measured: changing "
-                 "token 0 moves only that many of its outputs), the other blocks every earlier token: compared "
-                 "with handformer under the same windows",
-                 f"Block [{sliding}] 用滑动窗口：每个只看最近的 {W} 个 token（实测：改变 token 0 只影响它这么多个"
-                 "输出），其余 Block 看所有之前的 token：按相同的窗口与 handformer 比较")]
+    return [text(f"a sliding window on blocks [{sliding}]: each sees its last {W} tokens (measured: "
+                 "changing token 0 moves only that many of its outputs), the other blocks every earlier "
+                 "token: compared with handformer under the same windows",
+                 f"Block [{sliding}] 用滑动窗口：每个只看最近的 {W} 个 token（实测：改变 token 0 只影响它"
+                 "这么多个输出），其余 Block 看所有之前的 token：按相同的窗口与 handformer 比较")]
 
 
 WINDOW_T = 12  # tokens a block's window is measured on: a window of 12 or more is a full causal mask here
@@ -491,11 +487,12 @@ def _reach(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> i
     x = args[0]
     bumped = x.clone()
     bumped[:, 0] += 1.0
-    with torch.no_grad():
-        a, b = (fp.first_tensor(block(t, *args[1:], **kwargs), 3) for t in (x, bumped))
+    a = fp.first_tensor(block(x, *args[1:], **kwargs), 3)
+    b = fp.first_tensor(block(bumped, *args[1:], **kwargs), 3)
     moved = (a - b).abs().amax(dim=(0, 2)) > 1e-9  # (T,)
     reach = int(moved.sum())
-    return reach if 0 < reach < x.size(1) and bool(moved[:reach].all()) else None
+    banded = bool(moved[:reach].all()) & (0 < reach < x.size(1))  # the first `reach` outputs, not all
+    return reach if banded else None
 
 
 def _multipliers(m: GPTMap, form: Form) -> dict[str, float | None]:
@@ -772,9 +769,8 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
                                   "forward 只返回最后一个位置的 logits：只比较这一个位置"))
         if bigram(res, module, out, loss, idx, targets):
             return finish(res)
-        latent_model = latent.read_model(module, VOCAB)  # DeepSeek's: blocks on latent attention
-        if latent_model is not None:
-            return latent.check_latent_model(res, ctx, comp, out, latent_model, idx)
+        if (lm := latent.read_model(module, VOCAB)) is not None:  # DeepSeek's: blocks on latent attention
+            return latent.check_latent_model(res, ctx, comp, out, lm, idx)
         try:
             find_layouts_(module, lambda: call(idx[:, :1])[0], D, D // H)
             m = map_gpt(module)
@@ -932,7 +928,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
              loss: Tensor | None, idx: Tensor, targets: Tensor, last_only: bool) -> None:
     gated = is_gated(m.blocks[0].ffn)
     forms = layer_forms(call.module.get_submodule(m.blocks[0].name), m.blocks[0].attn[0])
-    placements = ("sandwich",) if len(m.blocks[0].norms) == 4 else PLACEMENTS
+    placements = BY_NORMS.get(len(m.blocks[0].norms), PLACEMENTS)
     m.windows = block_windows(call, m)
     res.notes += _window_note(m.windows)
     settings = [Choices(p, a, r, f) for f in forms for r in m.ropes for p in placements

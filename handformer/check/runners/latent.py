@@ -16,7 +16,6 @@ RoPE and of values, r the key/value latent's width.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,11 +25,20 @@ from torch import Tensor, nn
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, error_text, finish, forward_parameters, is_mask_name
 from handformer.check.core.discovery import Component
+from handformer.check.core.moe import ffn_readings
 from handformer.check.core.result import Check, ComponentResult, text
 from handformer.check.core.rope_tables import POSITION_ARGUMENTS
 from handformer.check.core.sizes import SIZES, D, H
-from handformer.check.core.moe import ffn_readings
-from handformer.check.core.weights import Leaf, MappingError, Slot, ffn_weights, is_gated, leaves, norm_weights, of_kind
+from handformer.check.core.weights import (
+    Leaf,
+    MappingError,
+    Slot,
+    ffn_weights,
+    is_gated,
+    leaves,
+    norm_weights,
+    of_kind,
+)
 from handformer.check.reference import variants as V
 from handformer.check.runners.pieces import FFN_ACTIVATIONS
 
@@ -38,7 +46,8 @@ B, T = 2, 6
 LAYOUTS = ("interleaved", "half")  # DeepSeek's complex freqs_cis first, then Hugging Face's halves
 FLAGS = ("latent_split_swapped", "latent_scale_wrong_width:v", "latent_scale_wrong_width:nope",
          "latent_key_not_rotated")
-# the causal mask (T, S) as it may be handed, then (1, 1, T, S): Meta's and DeepSeek's additive -inf, bool, 0/1
+# the causal mask (T, S) as it may be handed, then (1, 1, T, S): Meta's and DeepSeek's additive -inf,
+# bool, 0/1
 MASK_FORMS = (lambda keep: torch.zeros(keep.shape, dtype=torch.float64).masked_fill(~keep, -torch.inf),
               lambda keep: keep, lambda keep: keep.long())
 
@@ -115,18 +124,15 @@ class Driver:
 
     def __init__(self, module: nn.Module, ctx: Context, rope_dim: int) -> None:
         self.module, self.ctx, self.rope_dim = module, ctx, rope_dim
-        params = forward_parameters(module)[1:]
-        self.mask = next((p.name for p in params if is_mask_name(p.name)), None)
-        self.positions = [p.name for p in params if p.name in POSITION_ARGUMENTS]
-        self.required = [p.name for p in params if p.default is inspect.Parameter.empty
-                         and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        names = [p.name for p in forward_parameters(module)[1:]]
+        self.mask = next(filter(is_mask_name, names), None)
+        self.positions = set(names) & POSITION_ARGUMENTS.keys()
 
     def __call__(self, x: Tensor, mask: Tensor | None = None) -> Tensor | None:
         kwargs = {name: POSITION_ARGUMENTS[name](x.size(0), x.size(1), self.rope_dim, x.dtype, True)
                   for name in self.positions}
-        kwargs |= {n: None for n in self.required if n not in kwargs and n != self.mask}
-        if self.mask is not None:
-            kwargs[self.mask] = mask
+        kwargs[self.mask] = mask  # DeepSeek's mask is a positional argument: None is handed
+        kwargs.pop(None, None)  # (no mask argument)
         return fp.first_tensor(self.ctx.learner.call("forward", lambda: self.module(x, **kwargs)), 3)
 
 
@@ -143,9 +149,8 @@ def check_latent_attention(comp: Component, ctx: Context) -> ComponentResult:
     res.convention = LAYOUT_WORDS[layout]
     err = fp.max_error(out, latent_attention(w, x, None, layout))
     res.max_abs_error = err
-    found = fp.search(out, lambda flags: latent_attention(w, x, None, layout, flags), FLAGS, None, 1) \
-        if err >= fp.TOL else None
-    if found:
+    found = fp.search(out, lambda flags: latent_attention(w, x, None, layout, flags), FLAGS, None, 1)
+    if found:  # (none, or no flags at all where it is right)
         res.findings += ctx.findings(found[0], found[1], err, comp)
     res.checks.append(Check(text("matches handformer's LatentAttention (DeepSeek's MLA) on your weights",
                                  "与使用你的权重的 handformer LatentAttention（DeepSeek 的 MLA）一致"),
@@ -161,7 +166,8 @@ def _causal_check(res: ComponentResult, drive: Driver, reference: Any, x: Tensor
     keep = torch.ones(T, T, dtype=torch.bool).tril()
     want = reference(x, keep)
     forms = [form(keep) for form in MASK_FORMS]
-    errors = [fp.max_error(fp.quietly(lambda m=m: drive(x, m)), want) for m in forms + [m[None, None] for m in forms]]
+    forms += [m[None, None] for m in forms]  # (1, 1, T, S)
+    errors = [fp.max_error(fp.quietly(lambda m=m: drive(x, m)), want) for m in forms]
     res.checks.append(Check(text("handed a causal mask, it matches the reference with that mask",
                                  "传入因果掩码时，与带这个掩码的参考实现一致"), min(errors) < fp.TOL,
                             error_text(min(errors))))
@@ -244,7 +250,7 @@ def check_latent_block(comp: Component, ctx: Context, module: nn.Module, b: Late
     fitted = fit_block(b, out, x)
     err = fp.max_error(out, block_reference(b, x, None))
     res.max_abs_error = err
-    found = None if fitted else fp.search(out, lambda flags: block_reference(b, x, None, flags), FLAGS, None, 1)
+    found = fp.search(out, lambda flags: block_reference(b, x, None, flags), FLAGS, None, 1)
     if found:
         res.findings += ctx.findings(found[0], found[1], err, comp, "mla")
     res.notes += [LAYOUT_WORDS[b.layout]]
@@ -277,17 +283,15 @@ def read_model(module: nn.Module, vocab: int) -> LatentModel | None:
 
     items = [(f"{name}.{i}", m) for name, lst in module.named_modules() if isinstance(lst, nn.ModuleList)
              for i, m in enumerate(lst)]
-    found = [(n, m, fp.quietly(lambda m=m: read_block(m))) for n, m in items]
-    blocks = [(n, m, b) for n, m, b in found if b is not None]
-    if not blocks:
-        return None
+    blocks = [(n, m, b) for n, m in items if (b := fp.quietly(lambda m=m: read_block(m))) is not None]
     outer = outside(module, [m for _, m, _ in blocks])
-    embed = next((e for e in of_kind(outer, "embedding") if e.weight.shape == (vocab, D)), None)
-    head = next((x for x in of_kind(outer, "linear") if x.weight.shape == (vocab, D)), None)
+    parts = {(x.kind, tuple(x.weight.shape)): x for x in outer}  # the embedding (V, D), the head (V, D)
+    embed, head = parts.get(("embedding", (vocab, D))), parts.get(("linear", (vocab, D)))
     norms = of_kind(outer, "norm")
-    if embed is None:
+    if not blocks or embed is None:
         return None
-    mapping = [f"{embed.name} -> token embedding"] + [f"{n} -> block {i}" for i, (n, _, _) in enumerate(blocks)]
+    mapping = [f"{embed.name} -> token embedding"]
+    mapping += [f"{n} -> block {i}" for i, (n, _, _) in enumerate(blocks)]
     mapping += [f"{norms[0].name} -> final norm"] * bool(norms) + [f"{head.name} -> output head"] * bool(head)
     return LatentModel(embed.weight, [b for _, _, b in blocks], norm_weights(Slot("norm", norms[0])) if norms
                        else None, _linear(head) if head is not None else None, mapping)
@@ -315,10 +319,12 @@ def check_latent_model(res: ComponentResult, ctx: Context, comp: Component, logi
     err = min(errors)
     res.max_abs_error = err
     if err >= fp.TOL:
-        found = fp.search(logits, lambda flags: model_reference(m, idx, flags, reading, layout), FLAGS, None, 1)
+        found = fp.search(logits, lambda flags: model_reference(m, idx, flags, reading, layout), FLAGS,
+                          None, 1)
         res.findings += ctx.findings(found[0], found[1], err, comp, "mla", "block") if found else []
     res.notes += [LAYOUT_WORDS[layout]]
-    res.checks.append(Check(text("matches a decoder-only model of pre-norm blocks on handformer's LatentAttention "
-                                 "on your weights", "与使用你的权重、由基于 handformer LatentAttention 的 "
-                                 "Pre-Norm Block 组成的 decoder-only 模型一致"), err < fp.TOL, error_text(err)))
+    res.checks.append(Check(text("matches a decoder-only model of pre-norm blocks on handformer's "
+                                 "LatentAttention on your weights", "与使用你的权重、由基于 handformer "
+                                 "LatentAttention 的 Pre-Norm Block 组成的 decoder-only 模型一致"),
+                            err < fp.TOL, error_text(err)))
     return finish(res)

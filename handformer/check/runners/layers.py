@@ -109,8 +109,8 @@ from handformer.check.core.weights import (
     norm_weights,
     of_kind,
     relative_bias_slots,
-    sink_slots,
     shapes_text,
+    sink_slots,
     split_attention_ffn,
 )
 from handformer.check.reference import variants as V
@@ -126,8 +126,8 @@ from handformer.check.runners.attention import (
 from handformer.check.runners.generate_loop import CACHE_NAMES
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, OFFSET_NOTE, ffn_name_findings
 from handformer.config import BlockConfig
-from handformer.families.granite import GraniteBlock
 from handformer.families.gemma import SandwichBlock
+from handformer.families.granite import GraniteBlock
 from handformer.families.olmo import ReorderedNormBlock
 from handformer.nn.blocks import DecoderLayer, DecoderOnlyBlock, EncoderLayer
 
@@ -135,6 +135,7 @@ from handformer.nn.blocks import DecoderLayer, DecoderOnlyBlock, EncoderLayer
 # one angle a pair (interleaved, as Meta's)
 GIVEN_ROPES = {"cos_sin": ("half", "swapped"), "freqs_cos": ("interleaved", "half")}
 KV_HEADS = 2  # key/value heads a layer is built with when its constructor asks for them
+SANDWICH = {(4, 2): ("sandwich",)}  # (norms, sublayers) -> the placements tried: Gemma 2/3's four norms
 
 
 @dataclass(frozen=True)
@@ -202,16 +203,21 @@ class Layer:
         self.attn[0] += qk or gainless_qk(self.module)  # QK-norm: the attention's q_norm and k_norm
         self.attn[0] += relative_bias_slots(of_kind(found, "embedding"), H)  # T5's relative-position table
         self.attn[0] += sink_slots(of_kind(found, "scalar"), H)  # gpt-oss's attention sinks
-        norms = norms or gainless_norms(self.module, len(names))  # nanochat's norm(x), a function
-        self.shared = len(norms) == 1  # one norm for every sublayer
-        self.norm_slots = norm_slots(norms * len(names) if self.shared else norms, len(names), roles,
-                                     comp.name, sandwich=causal_block)
-        # Gemma 2/3's four norms, before and after each sublayer: the one placement they are read in
-        self.placements = ("sandwich",) if len(self.norm_slots) > len(names) else kind.placements
-        self.norm_ws = [norm_weights(s) for s in self.norm_slots]
+        self._read_norms(norms, kind)
         self.sublayers = names
         self.ropes = GIVEN_ROPES.get(min(self.extra & set(GIVEN_ROPES), default="")) or rope_layouts(
             self.module, "freqs_cis" in self.extra, bool({"position_embeddings", "cos"} & self.extra))
+
+    def _read_norms(self, norms: list[Leaf], kind: LayerKind) -> None:
+        """The norms' slots: one a sublayer, one for every sublayer (shared), or Gemma 2/3's four of a
+        block, before and after each sublayer (then the one placement they are read in)."""
+        names, roles = kind.sublayers
+        norms = norms or gainless_norms(self.module, len(names))  # nanochat's norm(x), a function
+        self.shared = len(norms) == 1  # one norm for every sublayer
+        self.norm_slots = norm_slots(norms * len(names) if self.shared else norms, len(names), roles,
+                                     self.comp.name, sandwich=kind.causal_block)
+        self.placements = SANDWICH.get((len(self.norm_slots), len(names)), kind.placements)
+        self.norm_ws = [norm_weights(s) for s in self.norm_slots]
 
     def _attentions(self, linears: list[Leaf], count: int) -> tuple[int | None, list[list[Slot]]]:
         """The attentions' slots, a fused projection read in the layout its one-token output shows,

@@ -234,22 +234,24 @@ def _layout_convention(res: ComponentResult, layout: str) -> None:
 
 
 CONFIG_NAMES = ("args", "config", "cfg", "model_args", "params")
+ROPE_WIDTH = re.compile("rope.*dim")  # the field of a config that holds the RoPE width: qk_rope_head_dim
 
 
 def _config(fn: Callable[..., Any], names: list[str], values: dict[str, Any]) -> dict[str, Any]:
     """DeepSeek's precompute_freqs_cis(args: ModelArgs): its config argument, its dataclass built with
     its defaults and the table's sizes in the fields that name them (the RoPE width in a field that says
-    rope and dim, qk_rope_head_dim); {} where it takes none."""
-    name = next((n for n in names if n in CONFIG_NAMES), None)
-    cls = (fp.quietly(lambda: typing.get_type_hints(fn)) or {}).get(name) if name else None
-    cfg = fp.quietly(cls) if isinstance(cls, type) and dataclasses.is_dataclass(cls) else None
-    if cfg is None:  # no config, or one without defaults
-        return {}
-    for f in dataclasses.fields(cfg):
-        rope_width = "rope" in f.name and "dim" in f.name
-        if f.name in values or rope_width:
-            setattr(cfg, f.name, DH if rope_width else values[f.name])
-    return {name: cfg}
+    rope and dim, qk_rope_head_dim); {} where it takes none (or one not built so)."""
+    name = next(filter(CONFIG_NAMES.__contains__, names), None)
+    hints = fp.quietly(lambda: typing.get_type_hints(fn)) or {}
+    cfg = fp.quietly(lambda: _filled_config(hints[name], values))
+    return {} if cfg is None else {name: cfg}
+
+
+def _filled_config(cls: Any, values: dict[str, Any]) -> Any:
+    """The dataclass `cls` with its defaults, the values of the fields `values` names, the RoPE width."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    return dataclasses.replace(cls(), **{f: values[f] for f in fields & values.keys()},
+                               **dict.fromkeys(filter(ROPE_WIDTH.search, fields), DH))
 
 
 def _check_table_function(comp: Component, ctx: Context) -> ComponentResult:
@@ -262,7 +264,8 @@ def _check_table_function(comp: Component, ctx: Context) -> ComponentResult:
                   **dict.fromkeys(THETA_NAMES, theta), "dtype": torch.float64}
         if offset is not None:
             values |= dict.fromkeys(OFFSET_NAMES, offset)
-        return ctx.learner.call("forward", comp.obj, **_filled(names, values), **_config(comp.obj, names, values))
+        kwargs = _filled(names, values) | _config(comp.obj, names, values)
+        return ctx.learner.call("forward", comp.obj, **kwargs)
 
     table = read_table(call(THETA), P)
     if table is None:
