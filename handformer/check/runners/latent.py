@@ -149,7 +149,7 @@ def check_latent_attention(comp: Component, ctx: Context) -> ComponentResult:
     res.convention = LAYOUT_WORDS[layout]
     err = fp.max_error(out, latent_attention(w, x, None, layout))
     res.max_abs_error = err
-    found = fp.search(out, lambda flags: latent_attention(w, x, None, layout, flags), FLAGS, None, 1)
+    found = fp.search(out, lambda flags: latent_attention(w, x, None, layout, flags), FLAGS, None)
     if found:  # (none, or no flags at all where it is right)
         res.findings += ctx.findings(found[0], found[1], err, comp)
     res.checks.append(Check(text("matches handformer's LatentAttention (DeepSeek's MLA) on your weights",
@@ -250,7 +250,7 @@ def check_latent_block(comp: Component, ctx: Context, module: nn.Module, b: Late
     fitted = fit_block(b, out, x)
     err = fp.max_error(out, block_reference(b, x, None))
     res.max_abs_error = err
-    found = fp.search(out, lambda flags: block_reference(b, x, None, flags), FLAGS, None, 1)
+    found = fp.search(out, lambda flags: block_reference(b, x, None, flags), FLAGS, None)
     if found:
         res.findings += ctx.findings(found[0], found[1], err, comp, "mla")
     res.notes += [LAYOUT_WORDS[b.layout]]
@@ -314,14 +314,13 @@ def check_latent_model(res: ComponentResult, ctx: Context, comp: Component, logi
     gives them, else with one of the latent attention's mistakes."""
     res.mapping = m.mapping
     settings = [(i, layout) for layout in LAYOUTS for i in range(len(m.blocks[0].readings))]
-    errors = [fp.max_error(logits, model_reference(m, idx, frozenset(), i, lay)) for i, lay in settings]
-    reading, layout = settings[errors.index(min(errors))]
-    err = min(errors)
+    searched = [fp.search(logits, lambda flags, s=s: model_reference(m, idx, flags, *s), FLAGS, None)
+                for s in settings]  # (no flags where it is right; None where nothing reproduces it)
+    errors = [fp.max_error(logits, model_reference(m, idx, frozenset(), *s)) for s in settings]
+    best = min(range(len(settings)), key=lambda i: (searched[i] is None, errors[i]))
+    (reading, layout), found, err = settings[best], searched[best], errors[best]
     res.max_abs_error = err
-    if err >= fp.TOL:
-        found = fp.search(logits, lambda flags: model_reference(m, idx, flags, reading, layout), FLAGS,
-                          None, 1)
-        res.findings += ctx.findings(found[0], found[1], err, comp, "mla", "block") if found else []
+    res.findings += ctx.findings(found[0], found[1], err, comp, "mla", "block") if found else []
     res.notes += [LAYOUT_WORDS[layout]]
     res.checks.append(Check(text("matches a decoder-only model of pre-norm blocks on handformer's "
                                  "LatentAttention on your weights", "与使用你的权重、由基于 handformer "
