@@ -56,7 +56,7 @@ def test_what_each_correct_file_is_compared_as(correct):
     words = {"gemma3": ["post_feedforward_layernorm -> norm 4 (after FFN)", "sandwich-norm blocks",
                         "q_norm -> q_norm"],
              "gpt_oss": ["attn.sinks -> sinks", "a sliding window on blocks [0]", "inputs (B, T, H, Dh)"],
-             "deepseek": ["wkv_a -> W_DKV (latent, RoPE key)", "layers.1 -> block 1",
+             "deepseek": ["wkv_a -> W_DKV", "layers.1 -> block 1",
                           "RoPE pairs (2j, 2j+1), interleaved"]}[family]
     assert all(w in report for w in words), report
     assert not any(c.findings for c in by.values())

@@ -86,7 +86,7 @@ def read_latent(module: nn.Module, heads: int = H) -> tuple[LatentWeights, list[
     roles = ["W_DQ", "q_norm", "W_UQ"] if len(q_layers) == 2 else ["W_Q"]
     names = [x.name for x in (*q_layers[:1], *norms[:len(norms) - 1], *q_layers[1:])]
     mapping = [f"{n} -> {role}" for n, role in zip(names, roles)] + [
-        f"{kv_a.name} -> W_DKV (latent, RoPE key)", f"{norms[-1].name} -> kv_norm", f"{kv_b.name} -> W_UKV",
+        f"{kv_a.name} -> W_DKV", f"{norms[-1].name} -> kv_norm", f"{kv_b.name} -> W_UKV",
         f"{o.name} -> W_O"]
     return LatentWeights(q, _linear(kv_a), norm_weights(Slot("kv_norm", norms[-1])), _linear(kv_b),
                          _linear(o), (r, Dn, Dr, Dv)), mapping
@@ -318,7 +318,7 @@ def check_latent_model(res: ComponentResult, ctx: Context, comp: Component, logi
                 for s in settings]  # (no flags where it is right; None where nothing reproduces it)
     errors = [fp.max_error(logits, model_reference(m, idx, frozenset(), *s)) for s in settings]
     best = min(range(len(settings)), key=lambda i: (searched[i] is None, errors[i]))
-    (reading, layout), found, err = settings[best], searched[best], errors[best]
+    (_, layout), found, err = settings[best], searched[best], errors[best]
     res.max_abs_error = err
     res.findings += ctx.findings(found[0], found[1], err, comp, "mla", "block") if found else []
     res.notes += [LAYOUT_WORDS[layout]]
