@@ -47,6 +47,8 @@ FAMILIES = {"tutorial": FIXTURES / "learners", "llm": FIXTURES / "learners_llm",
             "assembly": FIXTURES / "learners_assembly", "model": FIXTURES / "learners_model",
             "gpt": FIXTURES / "learners_gpt", "loop": FIXTURES / "learners_loop", "bpe": FIXTURES / "learners_bpe",
             "cache": FIXTURES / "learners_cache", "minimind_qk": FIXTURES / "learners_minimind_qk",
+            "gemma3": FIXTURES / "learners_gemma3", "gpt_oss": FIXTURES / "learners_gpt_oss",
+            "deepseek": FIXTURES / "learners_deepseek",
             "adamw": FIXTURES / "learners_adamw"}
 
 TUTORIAL_PLANTS: dict[str, Plant] = {
@@ -482,9 +484,36 @@ ADAMW_PLANTS: dict[str, Plant] = {
     "adamw_beta2_for_m": Plant("adamw_beta2_for_m", "optimizer", [
         (M_LINE, M_LINE.replace("beta1", "beta2"))], "adamw"),
 }
+# the 2025-26 families as learners copy them: Gemma 3's sandwich norms and QK-norm (Hugging Face's
+# modeling file), gpt-oss's attention sinks (OpenAI's model.py), DeepSeek's latent attention (its model.py)
+FAMILY_PLANTS: dict[str, Plant] = {
+    "gemma3_sandwich_norm_missing": Plant("sandwich_norm_missing", "block", [
+        ("        hidden_states = self.post_feedforward_layernorm(hidden_states)\n", "")], "gemma3"),
+    "gemma3_qk_norm_after_rope": Plant("qk_norm_after_rope", "gqa", [(
+        "        query_states = self.q_norm(query_states)\n        key_states = self.k_norm(key_states)\n\n"
+        "        cos, sin = position_embeddings\n"
+        "        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)\n",
+        "        cos, sin = position_embeddings\n"
+        "        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)\n"
+        "        query_states, key_states = self.q_norm(query_states), self.k_norm(key_states)\n")],
+        "gemma3"),
+    "gptoss_sink_not_in_softmax": Plant("sink_not_in_softmax", "block", [
+        ("    QK = torch.cat([QK, S], dim=-1)\n    W = torch.softmax(QK, dim=-1)\n",
+         "    W = torch.softmax(QK, dim=-1)\n    W = torch.cat([W, S], dim=-1)\n")], "gpt_oss"),
+    "gptoss_rmsnorm_sum_squares": Plant("rmsnorm_sum_squares", "rmsnorm", [
+        ("torch.mean(t**2, dim=-1, keepdim=True)", "torch.sum(t**2, dim=-1, keepdim=True)")], "gpt_oss"),
+    "deepseek_latent_split_swapped": Plant("latent_split_swapped", "mla", [
+        ("kv, k_pe = torch.split(kv, [self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)",
+         "k_pe, kv = torch.split(kv, [self.qk_rope_head_dim, self.kv_lora_rank], dim=-1)")], "deepseek"),
+    "deepseek_latent_scale_wrong_width": Plant("latent_scale_wrong_width", "mla", [
+        ("self.softmax_scale = self.qk_head_dim ** -0.5", "self.softmax_scale = self.v_head_dim ** -0.5")],
+        "deepseek"),
+    "deepseek_latent_key_not_rotated": Plant("latent_key_not_rotated", "mla", [
+        ("k_pe = apply_rotary_emb(k_pe.unsqueeze(2), freqs_cis)", "k_pe = k_pe.unsqueeze(2)")], "deepseek"),
+}
 PLANTS: dict[str, Plant] = {**TUTORIAL_PLANTS, **LLM_PLANTS, **STYLE_PLANTS, **SAMPLING_PLANTS, **TRAINING_PLANTS,
                             **ASSEMBLY_PLANTS, **MODEL_PLANTS, **GPT_PLANTS, **LOOP_PLANTS, **BPE_PLANTS,
-                            **CACHE_PLANTS, **QK_PLANTS, **ADAMW_PLANTS}
+                            **CACHE_PLANTS, **QK_PLANTS, **ADAMW_PLANTS, **FAMILY_PLANTS}
 
 # Pairs of plants that are three mistakes: nanoGPT fills with -inf, so a softmax over the queries, or
 # a mask over them, brings NaN rows (nan_on_masked_rows) with it, and with a second mistake in the
@@ -504,6 +533,10 @@ HIDE_EVERY_QUERY: list[tuple[str, str]] = [("mask_repeat_order", "d2l_mask_inver
 # A covering set of pairs, run by default: every diagnosis in one pair at least, preferring two
 # mistakes in one component (tests/test_check.py runs every pair of one family, marked slow).
 COVERING_PAIRS: list[tuple[str, str]] = [
+    ("gemma3_sandwich_norm_missing", "gemma3_qk_norm_after_rope"),
+    ("gptoss_sink_not_in_softmax", "gptoss_rmsnorm_sum_squares"),
+    ("deepseek_latent_split_swapped", "deepseek_latent_scale_wrong_width"),
+    ("deepseek_latent_key_not_rotated", "deepseek_latent_scale_wrong_width"),
     ("no_scaling", "kv_swapped"), ("scale_by_dk", "split_no_transpose"), ("softmax_wrong_dim", "nan_on_masked_rows"),
     ("mask_after_softmax", "mask_inverted"), ("concat_no_transpose", "no_residual"),
     ("no_output_projection", "decoder_masks_swapped"), ("pre_norm", "ffn_no_activation"),

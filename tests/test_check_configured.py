@@ -64,8 +64,8 @@ def test_only_a_setting_that_is_no_size_is_a_configured_scale():
     assert model_factors(scales.HeldConfig(config)) == [0.125]
 
 
-def test_a_block_holding_attention_sinks_is_not_checked_never_failed():
-    """gpt-oss's sinks, (H,) logits no reference layer holds: the block is NOT CHECKED, the parts named."""
+def test_a_block_holding_attention_sinks_is_compared_with_them():
+    """gpt-oss's sinks, (H,) logits named sinks: handformer's SinkAttention holds them, the block passes."""
     result = check_file(str(HERE / "sinks.py"), only=["block"])
     block = result.components[0]
-    assert block.status == "not_checked" and "self_attn.sinks (4,)" in block.error.message, format_report(result)
+    assert block.status == "pass" and "self_attn.sinks -> sinks" in block.mapping, format_report(result)

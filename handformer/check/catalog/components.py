@@ -2,6 +2,7 @@
 positional encoding, the encoder and decoder layers, the causal mask."""
 
 from handformer.check.catalog.base import Diagnosis, d
+from handformer.check.catalog.llm import SUBLAYER_CALL
 
 DIAGNOSES: list[Diagnosis] = [
     d("no_scaling", "the scores are not scaled by 1/sqrt(d_k)", "注意力分数没有除以 sqrt(d_k)",
@@ -156,6 +157,9 @@ WIDTH = (r"((self|config|cfg|args|params)\.)?"
 # forms that give one output at check's sizes, told apart by the learner's line: dividing the scores
 # by sqrt(d_model) (a width, or heads times head width) is dividing by d_k when d_k = 4 = sqrt(16)
 LINE_FORMS: dict[tuple[str, str], dict[str, str]] = {  # (name, form found) -> {form shown: its line}
+    # the sublayer whose norm after it is missing: the line that keeps its output un-normed
+    ("sandwich_norm_missing", "attn"): {"attn": SUBLAYER_CALL.format("self_attn|attn|attention")},
+    ("sandwich_norm_missing", "ffn"): {"ffn": SUBLAYER_CALL.format("mlp|ffn|feed_forward")},
     ("scale_by_dk", ""): {
         "sqrt_d_model": rf"^(?=.*(@|matmul|einsum|bmm|scor|att|wei)).*(/\s*(math\.|np\.|torch\.)?sqrt\("
                         rf"\s*{WIDTH}\s*\)|/\s*\(?\s*{WIDTH}\s*\*\*\s*0?\.5|\*\s*{WIDTH}\s*\*\*\s*\(?-0?\.5|"

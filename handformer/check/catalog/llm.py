@@ -3,6 +3,9 @@ positions, grouped-query attention) and of masks as attention applies them."""
 
 from handformer.check.catalog.base import Diagnosis, d
 
+# a line that keeps a sublayer's output without norming it: h = self.mlp(h), x = x + self.attn(...)
+SUBLAYER_CALL = r"^\s*\w+\s*=\s*(\w+\s*\+\s*)?self\.({})\w*\("
+
 DIAGNOSES: list[Diagnosis] = [
     d("rmsnorm_sum_squares", "RMSNorm sums the squares instead of averaging them",
       "RMSNorm 对平方求了和，而不是求平均",
@@ -72,6 +75,38 @@ DIAGNOSES: list[Diagnosis] = [
       r"(ffn|mlp|feed_forward)\w*\(\s*self\.(attn\w*norm|norm_?1|ln_?1|input_layernorm)",
       r"(attn|attention)\w*\(\s*self\.(ffn\w*norm|norm_?2|ln_?2|post_attention_layernorm)",
       r"self\.\w*norm\w*\s*=", r"norm"),
+    d("sandwich_norm_missing", "a sublayer's output is not normed before the add (its sandwich norm is "
+      "missing)", "子层的输出在相加之前没有归一化（缺少 sandwich 里子层之后的那个归一化）",
+      "norm each sublayer's output too, as Gemma's four norms do: x = x + post_norm(f(pre_norm(x)))",
+      "子层的输出也要归一化，和 Gemma 的四个归一化一样：x = x + post_norm(f(pre_norm(x)))",
+      SUBLAYER_CALL.format("mlp|ffn|feed_forward"), SUBLAYER_CALL.format("self_attn|attn|attention"),
+      r"norm"),
+    d("sink_not_in_softmax", "the attention sinks do not join the softmax (gpt-oss's sink logit is one more "
+      "key of each head's softmax)", "注意力 sink 没有参与 softmax（gpt-oss 的 sink logit 是每个头的 softmax "
+      "里多出来的一个键）",
+      "join each head's sink logit to the scores before the softmax and drop its column after: "
+      "w = torch.cat([scores, sinks], -1).softmax(-1)[..., :-1]",
+      "在 softmax 之前把每个头的 sink logit 拼到分数上，softmax 之后再去掉这一列："
+      "w = torch.cat([scores, sinks], -1).softmax(-1)[..., :-1]",
+      r"softmax\(", r"sink"),
+    d("latent_split_swapped", "the latent and the RoPE key are taken from the wrong ends of wkv_a's output",
+      "潜在向量和 RoPE 键从 wkv_a 输出的错误一端取出",
+      "the latent comes first, the shared RoPE key last: kv, k_pe = torch.split(self.wkv_a(x), "
+      "[self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)",
+      "潜在向量在前，共享的 RoPE 键在后：kv, k_pe = torch.split(self.wkv_a(x), "
+      "[self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)",
+      r"k_pe\s*,\s*\w+\s*=", r"split\(.*rope_head_dim\s*,", r"k_pe\s*=.*\[", r"split\("),
+    d("latent_scale_wrong_width", "the softmax scale is taken from another head width, not the query/key "
+      "head's (qk_nope_head_dim + qk_rope_head_dim)", "softmax 的缩放用了别的头宽度，不是查询/键头的宽度"
+      "（qk_nope_head_dim + qk_rope_head_dim）",
+      "scale by the width of a query and key head: self.softmax_scale = self.qk_head_dim ** -0.5",
+      "按查询和键每个头的宽度缩放：self.softmax_scale = self.qk_head_dim ** -0.5",
+      r"scal\w*\s*=.*(v_head_dim|nope_head_dim|rope_head_dim)", r"scal\w*\s*="),
+    d("latent_key_not_rotated", "the shared RoPE key k_pe is not rotated", "共享的 RoPE 键 k_pe 没有旋转",
+      "rotate the decoupled key like the queries' RoPE part: k_pe = apply_rotary_emb(k_pe.unsqueeze(2), "
+      "freqs_cis)",
+      "像查询的 RoPE 部分一样旋转解耦的键：k_pe = apply_rotary_emb(k_pe.unsqueeze(2), freqs_cis)",
+      r"k_pe\s*=.*(unsqueeze|\[:, :, None|view)", r"k_pe\s*=", r"k_pe"),
     d("dropout_on_residual", "dropout is applied to the residual path", "dropout 用在了残差通路上",
       "drop only the sublayer's output: x = x + dropout(f(norm(x))) (pre-norm) or x = norm(x + "
       "dropout(f(x))) (post-norm)",

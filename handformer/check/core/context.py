@@ -328,16 +328,22 @@ FORMS: dict[str, dict[str, tuple[str, str]]] = {
         "(d_model 16, 4 heads) that is d_k = 4",
         "你的代码除以的是 sqrt(d_model)（整个模型的宽度，不是每个头的）：在检查用的尺寸"
         "（d_model 16，4 个头）下它正好等于 d_k = 4")},
+    "latent_scale_wrong_width": {"v": ("1/sqrt(v_head_dim)", "1/sqrt(v_head_dim)"),
+                                 "nope": ("1/sqrt(qk_nope_head_dim)", "1/sqrt(qk_nope_head_dim)")},
     "shared_norm": {"first": ("the first norm is used for every sublayer", "每个子层都用了第一个归一化层"),
                     "last": ("the last norm is used for every sublayer", "每个子层都用了最后一个归一化层")},
 }
+
+
+# the diagnoses whose form is a sublayer
+SUBLAYER_FORMED = ("no_residual", "pre_norm", "residual_from_normed", "sandwich_norm_missing")
 
 
 def form_text(name: str, form: str) -> tuple[str, str]:
     """The words for one form of a diagnosis ("" when it has none), English and Chinese."""
     if name == "softmax_wrong_dim" and form:
         return f"softmax over dim {form}", f"softmax 作用在 dim {form}"
-    if name in ("no_residual", "pre_norm", "residual_from_normed") and form in SUBLAYER:
+    if name in SUBLAYER_FORMED and form in SUBLAYER:
         en, zh = SUBLAYER[form]
         return ((f"{en} is pre-norm", f"{zh}是 Pre-Norm") if name == "pre_norm" else (en, zh))
     return FORMS.get(name, {}).get(form, ("", ""))

@@ -35,7 +35,8 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
     "d_model": ("d_model", "dim", "embed_dim", "hidden_size", "hidden_dim", "n_embd", "d", "features",
                 "size", "model_dim", "emb_dim", "d_embed", "embedding_dim", "normalized_shape", "dmodel",
                 "num_hiddens", "norm_shape", "ffn_num_input", "ffn_num_outputs", "key_size", "query_size",
-                "value_size", "ndim", "n_embed", "embed_size", "d_in", "d_out", "emb_size"),
+                "value_size", "ndim", "n_embed", "embed_size", "d_in", "d_out", "emb_size",
+                "num_features"),  # gpt-oss's RMSNorm(num_features)
     "d_head": ("head_size", "head_dim", "d_k", "d_head", "dim_head", "headsize", "rotary_dim", "d_kv",
                "query_pre_attn_scalar"),  # Gemma 2's scores scaled by 1/sqrt of it: the head width
     "n_heads": ("num_heads", "n_heads", "h", "heads", "n_head", "nhead", "num_head", "head_num",
@@ -47,7 +48,8 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
                    "num_kv_groups", "n_kv_groups"),
     "d_ff": ("d_ff", "ff_dim", "d_hidden", "dim_feedforward", "d_inner", "ffn_dim", "hidden",
              "d_ffn", "ffn_hidden", "intermediate_size", "dff", "ff_hidden", "mlp_dim", "inner_dim",
-             "ffn_num_hiddens", "d_mlp", "mlp_hidden", "encoder_ffn_dim", "decoder_ffn_dim"),
+             "ffn_num_hiddens", "d_mlp", "mlp_hidden", "encoder_ffn_dim", "decoder_ffn_dim",
+             "inter_dim", "moe_inter_dim"),  # DeepSeek's MLP(dim, inter_dim)
     "dropout": ("dropout", "p", "drop", "dropout_rate", "drop_prob", "dropout_p", "p_drop", "pdrop",
                 "dropout_prob", "attn_dropout", "resid_dropout", "attn_pdrop", "resid_pdrop", "drop_rate"),
     "src_vocab": ("src_vocab_size", "src_vocab", "source_vocab_size", "input_vocab_size", "src_vocab_len",
@@ -436,8 +438,18 @@ def encoder_only(cls: Any) -> bool:
     return bool(SEGMENTS.search(" ".join(_forward_parameters(cls)) + built))
 
 
+def part_of_a_block(cls: Any) -> bool:
+    """Whether another ...Block or ...Layer class of its file builds it: gpt-oss's AttentionBlock (norm,
+    attention, residual) and MLPBlock inside its TransformerBlock are that block's parts, checked in it."""
+    own = own_objects(sys.modules[cls.__module__])
+    return any(inspect.isclass(o) and o is not cls and n.endswith(SUFFIXES["block"])
+               and re.search(rf"\b{cls.__name__}\(", source_text(vars(o).get("__init__", "")))
+               for n, o in own.items())
+
+
 SUFFIX_TESTS: dict[str, Callable[[Any], bool]] = {"mha": computes_attention,
-                                                  "gpt": lambda c: not encoder_only(c)}
+                                                  "gpt": lambda c: not encoder_only(c),
+                                                  "block": lambda c: not part_of_a_block(c)}
 # a class named ...Layer is a block when its __init__ builds an attention and an FFN (GPT-NeoX's GPTNeoXLayer)
 LAYER_PARTS = re.compile(r"(?=[\s\S]*(attn|attention))(?=[\s\S]*(mlp|ffn|feed_?forward))", re.I)
 

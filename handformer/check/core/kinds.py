@@ -37,6 +37,9 @@ KINDS_TABLE: tuple[Kind, ...] = (
          "scaled dot-product attention", "缩放点积注意力", "attention:check_sdpa"),
     Kind("additive_attention", ("AdditiveAttention", "BahdanauAttention", "AdditiveAttn"),
          "additive attention", "加性注意力", "additive:check_additive"),
+    Kind("mla", ("MLA", "MultiHeadLatentAttention", "MultiheadLatentAttention", "LatentAttention"),
+         "multi-head latent attention (DeepSeek's MLA)", "多头潜在注意力（DeepSeek 的 MLA）",
+         "latent:check_latent_attention"),
     Kind("mha", ("MultiHeadAttention", "MultiHeadedAttention", "MultiheadAttention", "MultiHeadSelfAttention",
                  "MHA", "Attention", "SelfAttention", "MultiHeadAttentionLayer",  # bentrevett's
                  "MultiHeadAttentionBlock",  # Umar Jamil's

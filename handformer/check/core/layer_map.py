@@ -27,6 +27,7 @@ from handformer.check.core.weights import (
     of_kind,
     qk_norm_slots,
     shapes_text,
+    sink_slots,
     with_shape,
 )
 
@@ -110,10 +111,12 @@ def map_layer(path: str, child: nn.Module, F_width: int, kv: int | None = None) 
     ffn = ffn_reading(child, ffn_readings(child, linears, F_width, path, label=path))
     norms, qk = block_norms(of_kind(found, "norm"))
     attn[0] += qk or gainless_qk(child)
+    attn[0] += sink_slots(of_kind(found, "scalar"), H)  # gpt-oss's attention sinks
     norms = norms or gainless_norms(child, len(names))
     if len(norms) == 1:
         norms = norms * len(names)
-    return LayerMap(path, decoder, attn, ffn, norm_slots(norms, len(names), names, path))
+    slots = norm_slots(norms, len(names), names, path, sandwich=not decoder)  # (Gemma's four: a block's)
+    return LayerMap(path, decoder, attn, ffn, slots)
 
 
 # the gate named second where the code splits a fused projection: OLMo's x, gate = x.chunk(2, -1)

@@ -680,11 +680,13 @@ def _departure_at(steps: list[Step], views: list[View], ends: list[View] = ()) -
 def _right_calls(steps: list[Step], views: list[View]) -> set[int]:
     """The steps of each call of a helper of theirs (the steps under one calling line up to the value
     it returns) that returns one of the views: its own sub-steps (an RMSNorm's x·rsqrt before the
-    gain) are not judged."""
-    done = [0, *itertools.accumulate(s.name == "return" for s in steps)]  # the returns before each step
-    runs = [list(run) for _, run in itertools.groupby(range(len(steps)),
-                                                      lambda i: (steps[i].caller, done[i]))]
-    return {i for run in runs if _returns_a_view(steps[run[-1]], views) for i in run}
+    gain, in a helper of its own as Gemma's `_norm`) are not judged."""
+    right: set[int] = set()
+    for _, group in itertools.groupby(range(len(steps)), lambda i: steps[i].caller):
+        run = list(group)
+        last = max((j for j, i in enumerate(run) if _returns_a_view(steps[i], views)), default=-1)
+        right.update(run[:last + 1])
+    return right
 
 
 def _returns_a_view(step: Step, views: list[View]) -> bool:
@@ -953,7 +955,7 @@ def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[li
     if keep is not None:  # the scaled scores before the mask is added (Meta's `scores + mask`) are a step too
         views.append(("the scores q·kᵀ/sqrt(d_k), before the mask", scores))
         scores = scores.masked_fill(~keep, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
+    weights, views = _sunk(w, scores, views)
     heads = weights @ vh  # (B, H, T, Dh)
     concat = heads.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
     out = V.linear(concat, w.o) if w.o is not None else concat
@@ -962,6 +964,18 @@ def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[li
     headed = [view for view in views if view[1].dim() == 4 and view[1].shape[-2:] != (T, T)]
     views += [(f"{name} (B, T, H, Dh)", t.transpose(1, 2)) for name, t in headed]
     return views, scores
+
+
+def _sunk(w: V.MHAWeights, scores: Tensor, views: list[View]) -> tuple[Tensor, list[View]]:
+    """The weights (B, H, T, S): a softmax of the scores, or, with gpt-oss's sinks, of the scores with
+    each head's sink logit joined as one more column, that column dropped after; its views."""
+    if w.sinks is None:
+        return torch.softmax(scores, dim=-1), views
+    sink = w.sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)  # (B, H, T, 1)
+    joined = torch.cat([scores, sink], dim=-1)  # (B, H, T, S + 1)
+    full = torch.softmax(joined, dim=-1)
+    return full[..., :-1], views + [("the scores with each head's sink logit joined", joined),
+                                    ("the attention weights with the sink's column", full)]
 
 
 def _biased(w: V.MHAWeights, scores: Tensor, views: list[View]) -> tuple[Tensor, list[View]]:

@@ -10,6 +10,7 @@ from handformer.check.core.rotary import interleaved_to_half_
 from handformer.check.core.weights import (
     QK_NORM_ROLES,
     RELATIVE_ROLE,
+    SINKS_ROLE,
     Slot,
     copy_attention,
     norm_eps,
@@ -17,6 +18,7 @@ from handformer.check.core.weights import (
 )
 from handformer.check.reference import variants as V
 from handformer.families.gemma import GemmaAttention
+from handformer.families.gpt_oss import SinkAttention
 from handformer.nn.attention import MultiHeadAttention, repeat_kv
 from handformer.nn.masks import AttentionMask, as_attention_mask
 from handformer.nn.norms import make_norm
@@ -84,6 +86,18 @@ def handformer_attention(slots: list[Slot], n_kv_heads: int | None = None, rope:
     copy_attention(hf, slots)  # no W_O (one head, or none at all): the identity
     if rope in ("interleaved", "swapped"):
         interleaved_to_half_(hf, heads, swapped=rope == "swapped")
+    hf = with_sinks(hf, slots)
     if softcap is None and scale is None:
         return hf
     return GemmaAttention(hf, scale ** -2 if scale else D // heads, softcap)  # Gemma's q.k / sqrt(scale_dim)
+
+
+def with_sinks(hf: MultiHeadAttention, slots: list[Slot]) -> MultiHeadAttention:
+    """handformer's attention, as handformer's SinkAttention holding the learner's sink logits where its
+    slots have them (gpt-oss's)."""
+    sinks = [s.weight() for s in slots if s.role == SINKS_ROLE]
+    if not sinks:
+        return hf
+    hf = SinkAttention(hf)
+    hf.sinks.data = sinks[0].detach().double().clone()
+    return hf

@@ -128,9 +128,12 @@ ROLE_WORDS = {"token embedding": "词嵌入", "position embedding": "位置嵌�
               "final norm": "最后的归一化层", "output head": "输出层", "output layer": "输出层",
               "block": "Block", "encoder": "编码器", "decoder": "解码器", "self-attention": "自注意力",
               "cross-attention": "交叉注意力", "FFN": "前馈网络"}
+PLACE_WORDS = {"before": "之前", "after": "之后"}
 ROLES_ZH = [(r" ?\(tied to the (token|target) embedding\)",
              lambda m: f"（与{ROLE_WORDS[m[1] + ' embedding']}共享权重）"),
             (r"(encoder|decoder) final norm", lambda m: f"{ROLE_WORDS[m[1]]}最后的归一化层"),
+            (r"norm (\d+) \((before|after) ([^)]*)\)",  # Gemma 2/3's four: before and after each sublayer
+             lambda m: f"归一化层 {m[1]}（{ROLE_WORDS.get(m[3], m[3])}{PLACE_WORDS[m[2]]}）"),
             (r"norm (\d+) \(([^)]*)\)", lambda m: f"归一化层 {m[1]}（{ROLE_WORDS.get(m[2], m[2])}）"),
             (r"(encoder|decoder) layer", lambda m: f"{ROLE_WORDS[m[1]]}层"),
             ("|".join(sorted(ROLE_WORDS, key=len, reverse=True)), lambda m: ROLE_WORDS[m[0]])]

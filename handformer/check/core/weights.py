@@ -412,7 +412,8 @@ def mha_weights(slots: list[Slot], n_heads: int, n_kv_heads: int | None = None, 
     n_kv_heads = n_kv_heads or kv_heads_of(slots, n_heads)
     table = by["bias"].weight() if "bias" in by else None  # RELATIVE_ROLE's last word
     return V.MHAWeights(by["W_Q"].linear(), by["W_K"].linear(), by["W_V"].linear(),
-                        by["W_O"].linear() if "W_O" in by else None, n_heads, n_kv_heads, rope, qk, table)
+                        by["W_O"].linear() if "W_O" in by else None, n_heads, n_kv_heads, rope, qk, table,
+                        sinks=by[SINKS_ROLE].weight() if SINKS_ROLE in by else None)
 
 
 def by_role(slots: list[Slot]) -> dict[str, Slot]:
@@ -429,6 +430,17 @@ def relative_bias_slots(extra: list[Leaf], n_heads: int) -> list[Slot]:
     embedding of one value a head for each bucket, (buckets, H); else none."""
     tables = [x for x in extra if x.kind == "embedding" and x.weight.size(-1) == n_heads]
     return [Slot(RELATIVE_ROLE, tables[0])] if len(extra) == 1 == len(tables) else []
+
+
+SINKS_ROLE = "sinks"  # gpt-oss's attention sinks: one learned logit a head, joined to each softmax
+SINK_NAME = re.compile(r"(attn_|attention_)?sinks?")
+
+
+def sink_slots(scalars: list[Leaf], n_heads: int) -> list[Slot]:
+    """A layer's one parameter of one value a head named as gpt-oss's sinks (self.sinks), else none."""
+    sinks = [x for x in scalars
+             if x.weight.shape == (n_heads,) and SINK_NAME.fullmatch(x.name.split(".")[-1])]
+    return [Slot(SINKS_ROLE, sinks[0])] if len(sinks) == 1 else []
 
 
 def kv_heads_of(slots: list[Slot], n_heads: int) -> int | None:
@@ -461,8 +473,8 @@ def qk_norm_slots(extra: list[Leaf], head_dim: int, width: int = 0) -> list[Slot
 
 
 def qk_norm_weights(slot: Slot) -> V.NormWeights:
-    kind = norm_kind(slot.leaf)
-    return V.NormWeights(slot.weight(), slot.bias(), norm_eps(slot.leaf.module, kind), kind)
+    """A q_norm or k_norm as it computes: its gain 1 + weight where kept as an offset (Gemma 3's)."""
+    return dataclasses.replace(norm_weights(slot), flags=frozenset())
 
 
 def ffn_slots(linears: list[Leaf], D: int, F: int | None, what: str) -> list[list[Slot]]:
@@ -591,7 +603,11 @@ def norm_weights(slot: Slot) -> V.NormWeights:
 OTHER_NORM = {"rmsnorm": "layernorm", "layernorm": "rmsnorm"}
 
 
-def norm_slots(norms: list[Leaf], count: int, names: list[str], what: str) -> list[Slot]:
+def norm_slots(norms: list[Leaf], count: int, names: list[str], what: str,
+               sandwich: bool = False) -> list[Slot]:
+    """One norm a sublayer, in order; sandwich (a decoder-only block's): two a sublayer where it has them."""
+    if sandwich and len(norms) == 2 * count == 4:
+        return sandwich_slots(norms, names)
     if len(norms) != count:
         raise MappingError(f"{what}: expected {count} norms ({', '.join(names)}), found "
                            f"{len(norms)}: {shapes_text(norms)}",
@@ -603,6 +619,20 @@ def norm_slots(norms: list[Leaf], count: int, names: list[str], what: str) -> li
 
 
 FFN_NORM_WORDS = re.compile("ffn|mlp|feed_forward|feedforward|post_attention")
+FFN_WORDS = re.compile("ffn|mlp|feed|ff_|_ff")
+
+
+def sandwich_slots(norms: list[Leaf], names: list[str]) -> list[Slot]:
+    """Gemma 2/3's four norms, one before and one after each sublayer (input_layernorm,
+    post_attention_layernorm, pre_feedforward_layernorm, post_feedforward_layernorm): by the sublayer
+    and the place their names say where they tell the four apart, else in the order they are defined."""
+    def place(leaf: Leaf) -> tuple[bool, bool]:
+        name = leaf.name.lower()
+        return bool(FFN_WORDS.search(name)), "post" in name or "after" in name
+    if len({place(leaf) for leaf in norms}) == len(norms):
+        norms = sorted(norms, key=place)
+    return [Slot(f"norm {i + 1} ({('before', 'after')[i % 2]} {names[i // 2]})", leaf)
+            for i, leaf in enumerate(norms)]
 
 
 @torch.no_grad()
@@ -630,7 +660,10 @@ def copy_attention(target: nn.Module, slots: list[Slot]) -> None:
     computes what a module without an output projection does."""
     by = by_role(slots)
     for role, proj in attention_parameters(target).items():
-        if role in by:
+        if role in QK_NORM_ROLES:  # the gain as it computes (1 + weight, kept as an offset: Gemma 3's)
+            copy_weights(proj, by[role])
+            proj.weight.copy_(qk_norm_weights(by[role]).weight)
+        elif role in by:
             copy_weights(proj, by[role])
         else:
             proj.weight.copy_(torch.eye(proj.weight.size(0), dtype=proj.weight.dtype))

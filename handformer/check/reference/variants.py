@@ -75,12 +75,13 @@ def applied_keep(keep: Tensor | None, flags: Flags, n_heads: int = 1) -> Tensor 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, flags: Flags = frozenset(),
               bias: Tensor | None = None, scaled: bool = True, softcap: float | None = None,
-              scale: float | None = None) -> tuple[Tensor, Tensor]:
+              scale: float | None = None, sinks: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """softmax(q k^T / sqrt(Dh) + bias) v for (B, H, T, Dh) queries; returns (out (B, H, T, Dh),
     weights). bias: a positional term added to the scores after the scale (ALiBi's, T5's), broadcasting
     to (B, H, T, S); scaled=False: no 1/sqrt(Dh) by design (T5's); softcap c: the scores soft-capped,
     c * tanh(scores / c), before the mask (Gemma 2's); scale: the scores times this configured value in
-    place of 1/sqrt(Dh) (Granite's attention_multiplier, Gemma 2's query_pre_attn_scalar ** -0.5)."""
+    place of 1/sqrt(Dh) (Granite's attention_multiplier, Gemma 2's query_pre_attn_scalar ** -0.5);
+    sinks (H,): one more logit a head joins each softmax and is dropped after it (gpt-oss's)."""
     scores = q @ k.transpose(-2, -1)  # (B, H, T, S)
     if scaled and has(flags, "no_scaling") is None:
         dk = q.size(-1)
@@ -90,8 +91,19 @@ def attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, flags: Flags
         scores = scores + bias
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
-    weights = masked_softmax(scores, keep, flags)  # (B, H, T, S)
+    weights = (masked_softmax(scores, keep, flags) if sinks is None
+               else sink_softmax(scores, keep, sinks, flags))  # (B, H, T, S)
     return weights @ v, weights  # (B, H, T, Dh)
+
+
+def sink_softmax(scores: Tensor, keep: Tensor | None, sinks: Tensor, flags: Flags = frozenset()) -> Tensor:
+    """The (B, H, T, S) weights with each head's sink logit as one more key in the softmax, dropped
+    after it (its value is zero); the mask as the attention with these mistakes applies it."""
+    keep = applied_keep(keep, flags, scores.size(1))
+    if keep is not None:
+        scores = scores.masked_fill(~keep, -1e9)
+    sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)  # (B, H, T, 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]  # (B, H, T, S)
 
 
 def masked_softmax(scores: Tensor, keep: Tensor | None, flags: Flags = frozenset(), fill: float = -1e9,
@@ -123,6 +135,7 @@ class MHAWeights:
     table: Tensor | None = None  # T5's learned relative-position bias, (buckets, H)
     softcap: float | None = None  # the scores soft-capped, c * tanh(scores / c) (Gemma 2's)
     scale: float | None = None  # the scores' configured scale in place of 1/sqrt(Dh) (Granite's)
+    sinks: Tensor | None = None  # (H,) gpt-oss's sink logits: a key of value zero in each head's softmax
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
@@ -212,8 +225,9 @@ def multi_head_attention(w: MHAWeights, xq: Tensor, xk: Tensor, xv: Tensor, keep
     if n_kv != w.n_heads:
         k, v = repeat_kv(k, w.n_heads // n_kv, flags), repeat_kv(v, w.n_heads // n_kv, flags)  # (B, H, S, Dh)
     bias = score_bias(w, T, xk.size(1))
+    sinks = w.sinks if has(flags, "sink_not_in_softmax") is None else None
     out, weights = attention(q, k, v, keep, flags, bias, w.rope not in UNSCALED, w.softcap,
-                             w.scale)  # (B, H, T, Dh)
+                             w.scale, sinks)  # (B, H, T, Dh)
     width = out.size(1) * out.size(-1)
     if has(flags, "concat_no_transpose") is not None:
         out = out.contiguous().view(B, T, width)  # (B, T, H * Dh) from the raw (B, H, T, Dh) memory
@@ -437,6 +451,8 @@ def sublayer(w: LayerWeights, x: Tensor, f: Callable[[Tensor], Tensor], name: st
     residual_from_normed adds f to norm(x) instead of x (pre-norm: h = norm(x); x = h + f(h));
     shared_norm uses the first (or last) norm for every sublayer."""
     trace.append(x)  # the residual stream entering the sublayer
+    if w.placement == "sandwich":
+        return sandwich_sublayer(w, x, f, name, flags)
     shared = has(flags, "shared_norm")
     n = w.norms[{"first": 0, "last": -1}.get(shared, w.sublayers.index(name))]
     pre = (w.placement == "pre") != (has(flags, "pre_norm") == name)
@@ -450,6 +466,20 @@ def sublayer(w: LayerWeights, x: Tensor, f: Callable[[Tensor], Tensor], name: st
     h = f(x)
     trace.append(x + h)  # the sum before the norm
     return norm(n, x + h if residual else h)
+
+
+def sandwich_sublayer(w: LayerWeights, x: Tensor, f: Callable[[Tensor], Tensor], name: str,
+                     flags: Flags) -> Tensor:
+    """Gemma 2/3's: x + norm_after(f(norm_before(x))), two norms a sublayer. Mistakes: no_residual,
+    residual_from_normed, and sandwich_norm_missing (the norm after the sublayer not applied)."""
+    i = 2 * w.sublayers.index(name)
+    h = norm(w.norms[i], x)
+    out = f(h)
+    if has(flags, "sandwich_norm_missing") != name:
+        out = norm(w.norms[i + 1], out)
+    if has(flags, "no_residual") in (name, "all"):
+        return out
+    return (h if has(flags, "residual_from_normed") in (name, "all") else x) + out
 
 
 def encoder_layer(w: LayerWeights, x: Tensor, keep: Tensor | None, flags: Flags = frozenset(),

@@ -61,6 +61,7 @@ from handformer.check.core.layer_map import (
 )
 from handformer.check.core.localize_kinds import localize_model, module_views, note_departure
 from handformer.check.core.moe import moe_config, moe_note
+from handformer.check.core.reference_attention import with_sinks
 from handformer.check.core.result import (
     DEPARTS,
     DRIVER,
@@ -93,6 +94,7 @@ from handformer.check.core.weights import (
 from handformer.check.core.weights import norm_weights as learner_norm
 from handformer.check.reference import variants as V
 from handformer.check.reference.parallel import as_parallel_
+from handformer.check.runners import latent
 from handformer.check.runners.kv_cache import CACHE_ARGS, CACHE_METHODS
 from handformer.check.runners.localize_cache import cache_departure
 from handformer.check.runners.model import as_written_, computes_sqrt, exact_norms_
@@ -101,6 +103,7 @@ from handformer.check.runners.stack import check_stack
 from handformer.config import CausalLMConfig, FamilyConfig
 from handformer.families import build_causal_lm
 from handformer.models.causal_lm import CausalLM
+from handformer.nn.kv_cache import NO_CACHE
 from handformer.nn.masks import as_attention_mask
 from handformer.nn.positions import RotaryEmbedding, sinusoidal_table
 
@@ -135,6 +138,7 @@ class GPTMap:
     scaled: bool = False  # token embeddings times sqrt(d_model) (Gemma's, the original Transformer's)
     added: str | None = None  # the positions added to them: "learned" (wpe), "sinusoidal" (the paper's sines)
     held: list[Leaf] = field(default_factory=list)  # parts no reference has, held at zero or as built
+    windows: tuple[int | None, ...] = ()  # each block's sliding window, measured (None: it sees every key)
     softcap: float | None = None  # logits -> c * tanh(logits / c) (Gemma 2's, nanochat's)
     offset: int = 0  # the first row of the learned positions (OPT's 2: its table keeps two rows before them)
     embed_factor: float | None = None  # token embeddings times a configured number (Granite's)
@@ -192,7 +196,9 @@ def map_gpt(module: nn.Module) -> GPTMap:
     n_kv = n_kv or kv_heads_of(blocks[0].attn[0], H)  # a fused multi-query projection: its shape says
     m = GPTMap(wte, wpe, blocks, Slot("final norm", norms[0]) if norms else None, head, tied, bias, n_kv)
     # nanochat's value_embeds and scalars; a block's parameters no reference has (gpt-oss's attention sinks)
-    m.held = [e for e in embeds if e not in (wte, wpe)] + of_kind(leaves(module), "scalar")
+    mapped = {id(s.leaf.weight) for b in blocks for s in b.attn[0]}  # (gpt-oss's sinks: mapped)
+    m.held = [e for e in embeds if e not in (wte, wpe)] + [
+        x for x in of_kind(leaves(module), "scalar") if id(x.weight) not in mapped]
     m.embed_norm = _embed_norm(module, blocks)
     # OPT's (fairseq's) learned positions: a table of max_len + 2 rows, position p at row p + 2
     m.offset = OPT_OFFSET if wpe is not None and wpe.weight.size(0) == BLOCK + OPT_OFFSET else 0
@@ -361,6 +367,10 @@ BIAS_WORDS = {True: (", with a bias", "，有偏置"), False: ("", "")}
 SCALED_WORDS = {True: ("; token embeddings times sqrt(d_model)", "；词嵌入乘以 sqrt(d_model)"),
                 False: ("", "")}
 PLACEMENTS = ("pre", "post", "parallel")  # the blocks' placements the search tries, in this order
+BY_NORMS = {4: ("sandwich",)}  # four norms a block: Gemma 2/3's, the one placement they are read in
+# handformer's norms of a block with two (one a sublayer) or four (Gemma 2/3's sandwich: before and
+# after each sublayer)
+NORM_NAMES = {2: ("attn_norm", "ffn_norm"), 4: ("attn_norm", "post_attn_norm", "ffn_norm", "post_ffn_norm")}
 HF_PLACEMENT = {"parallel": "pre"}  # handformer's blocks a placement is built from (then run in parallel)
 ROPE_ZH = {"half": "前后两半配对", "interleaved": "相邻两维配对", "swapped": "前后两半配对、反向旋转"}
 
@@ -383,6 +393,7 @@ def reference_model(m: GPTMap, ch: Choices) -> CausalLM:
 def _copy_blocks_(hf: CausalLM, m: GPTMap, ch: Choices) -> None:
     """The learner's attention and FFN weights into the reference's layers (norms apart)."""
     for target, block in zip(hf.layers, m.blocks):
+        target.self_attn = with_sinks(target.self_attn, block.attn[0])  # gpt-oss's
         copy_attention(target.self_attn, block.attn[0])
         if ch.rope in ("interleaved", "swapped"):
             interleaved_to_half_(target.self_attn, swapped=ch.rope == "swapped")
@@ -400,7 +411,7 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
         rope_fraction=turned_width(ch.rope or "", D // H) / (D // H),  # partial rotary: "half:2"
         max_positions=m.wpe.weight.size(0) - m.offset if m.wpe is not None else BLOCK, tie_embeddings=m.tied,
         n_kv_heads=m.n_kv_heads, qk_norm=_qk_norm(m), scale_embeddings=m.scaled,
-        moe=moe_config(m.blocks[0].ffn),  # MoE: handformer's MixtureOfExperts
+        moe=moe_config(m.blocks[0].ffn), **_window_settings(m.windows),  # MoE; Mistral's, gpt-oss's windows
         family=FamilyConfig(logit_softcap=m.softcap, **_multipliers(m, ch.form)))  # Granite's multipliers
     hf = build_causal_lm(cfg)  # (a GPT-2 style config: the plain CausalLM)
     if m.bias:
@@ -417,7 +428,7 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     _copy_blocks_(hf, m, ch)
     written = []
     for target, block in zip(hf.layers, m.blocks):
-        for name, slot in zip(("attn_norm", "ffn_norm"), block.norms):
+        for name, slot in zip(NORM_NAMES[len(block.norms)], block.norms):
             copy_weights(getattr(target, name), slot)
             written.append((target, name, slot))
         written += [(target.self_attn, s.role, s) for s in block.attn[0] if s.role in ("q_norm", "k_norm")]
@@ -429,6 +440,59 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     as_parallel_(list(hf.layers) * (ch.placement == "parallel"),  # GPT-J's, GPT-NeoX's, Falcon's, Phi's
                  [len({id(s.leaf) for s in block.norms}) == 1 for block in m.blocks])  # one norm: shared
     return _with_embed_norm(hf, m)
+
+
+def _window_settings(windows: tuple[int | None, ...]) -> dict[str, Any]:
+    """handformer's sliding_window and global_layers for the blocks' measured windows (one window,
+    some blocks global); none where no block slides or their windows differ."""
+    sizes = set(windows) - {None}
+    if len(sizes) != 1:
+        return {}
+    return {"sliding_window": min(sizes), "global_layers": [i for i, w in enumerate(windows) if w is None]}
+
+
+def _window_note(windows: tuple[int | None, ...]) -> list[Text]:
+    """What the report says of the blocks' sliding windows, where some block has one."""
+    settings = _window_settings(windows)
+    if not settings:
+        return []
+    sliding = ", ".join(map(str, sorted(set(range(len(windows))) - set(settings["global_layers"]))))
+    W = settings["sliding_window"]
+    return [text(f"a sliding window on blocks [{sliding}]: each sees its last {W} tokens (measured: "
+                 "changing token 0 moves only that many of its outputs), the other blocks every earlier "
+                 "token: compared with handformer under the same windows",
+                 f"Block [{sliding}] 用滑动窗口：每个只看最近的 {W} 个 token（实测：改变 token 0 只影响它"
+                 "这么多个输出），其余 Block 看所有之前的 token：按相同的窗口与 handformer 比较")]
+
+
+WINDOW_T = 12  # tokens a block's window is measured on: a window of 12 or more is a full causal mask here
+
+
+def block_windows(call: Caller, m: GPTMap) -> tuple[int | None, ...]:
+    """Each block's sliding window, measured: the inputs it is handed in one run of the model, then the
+    block alone with position 0 of its input changed; the outputs that move are its window."""
+    idx = torch.randint(0, VOCAB, (1, WINDOW_T), generator=torch.Generator().manual_seed(7))
+    blocks = [call.module.get_submodule(b.name) for b in m.blocks]
+    seen: dict[int, tuple[Any, Any]] = {}
+    hooks = [block.register_forward_pre_hook(lambda _, args, kwargs, i=i: seen.setdefault(i, (args, kwargs)),
+                                             with_kwargs=True) for i, block in enumerate(blocks)]
+    with fp.hooked(hooks):
+        fp.quietly(lambda: call(idx))
+    return tuple(fp.quietly(lambda i=i: _reach(blocks[i], *seen[i])) for i in range(len(blocks)))
+
+
+def _reach(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """The outputs (B, T, D) a change of the first position of the block's input moves, where fewer
+    than all and the first ones: its window; None where it sees every key."""
+    x = args[0]
+    bumped = x.clone()
+    bumped[:, 0] += fp.randn(x.size(-1), seed=6).to(x.dtype)  # not a constant: a LayerNorm would take it away
+    a = fp.first_tensor(block(x, *args[1:], **kwargs), 3)
+    b = fp.first_tensor(block(bumped, *args[1:], **kwargs), 3)
+    moved = (a - b).abs().amax(dim=(0, 2)) > 1e-9  # (T,)
+    reach = int(moved.sum())
+    banded = bool(moved[:reach].all()) & (0 < reach < x.size(1))  # the first `reach` outputs, not all
+    return reach if banded else None
 
 
 def _multipliers(m: GPTMap, form: Form) -> dict[str, float | None]:
@@ -489,6 +553,8 @@ def variant(hf: CausalLM, idx: Tensor, flags: frozenset[str], table_theta: float
     if "pe_missing" not in flags:
         x = x + hf.positions(torch.arange(T)[None])
     mask = as_attention_mask(keep_of(T, flags)[None, None])
+    if hf.cfg.sliding_window is not None and torch.equal(keep_of(T, flags), V.causal_keep(T)):
+        mask = hf.build_mask(T, 0, None, NO_CACHE, idx.device)  # each layer's window, as handformer's
     rotary = hf.rotary
     if "rope_wrong_base" in flags and table_theta is not None:
         rotary = RotaryEmbedding(D // H, BLOCK, table_theta).double()
@@ -703,6 +769,8 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
                                   "forward 只返回最后一个位置的 logits：只比较这一个位置"))
         if bigram(res, module, out, loss, idx, targets):
             return finish(res)
+        if (lm := latent.read_model(module, VOCAB)) is not None:  # DeepSeek's: blocks on latent attention
+            return latent.check_latent_model(res, ctx, comp, out, lm, idx)
         try:
             find_layouts_(module, lambda: call(idx[:, :1])[0], D, D // H)
             m = map_gpt(module)
@@ -860,7 +928,10 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
              loss: Tensor | None, idx: Tensor, targets: Tensor, last_only: bool) -> None:
     gated = is_gated(m.blocks[0].ffn)
     forms = layer_forms(call.module.get_submodule(m.blocks[0].name), m.blocks[0].attn[0])
-    settings = [Choices(p, a, r, f) for f in forms for r in m.ropes for p in PLACEMENTS
+    placements = BY_NORMS.get(len(m.blocks[0].norms), PLACEMENTS)
+    m.windows = block_windows(call, m)
+    res.notes += _window_note(m.windows)
+    settings = [Choices(p, a, r, f) for f in forms for r in m.ropes for p in placements
                 for a in FFN_ACTIVATIONS[gated]]
     found = _search(m, out, idx, settings, last_only)
     if found is None:

@@ -24,6 +24,7 @@ import inspect
 import itertools
 import math
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +78,7 @@ from handformer.check.core.probe import Found as Explained
 from handformer.check.core.probe import Probe, Subject, name_findings, run_probe
 from handformer.check.core.residual_wrapper import residual_wrapper, wrapped_note
 from handformer.check.core.result import (
+    DEPARTS,
     DIFFERS,
     NOT_CHECKED,
     Check,
@@ -89,7 +91,7 @@ from handformer.check.core.result import (
 from handformer.check.core.rope_tables import position_kwargs, renamed_table, with_positions, with_tables
 from handformer.check.core.rotary import rope_layouts, rope_tables
 from handformer.check.core.score_scale import PLAIN, Form, layer_forms, scale_note, smallest_holder
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.source import first_line, locate, source_lines
 from handformer.check.core.weights import (
     Leaf,
     MappingError,
@@ -108,6 +110,7 @@ from handformer.check.core.weights import (
     of_kind,
     relative_bias_slots,
     shapes_text,
+    sink_slots,
     split_attention_ffn,
 )
 from handformer.check.core.windows import window_inputs, window_note
@@ -124,6 +127,7 @@ from handformer.check.runners.attention import (
 from handformer.check.runners.generate_loop import CACHE_NAMES
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, OFFSET_NOTE, ffn_name_findings
 from handformer.config import BlockConfig
+from handformer.families.gemma import SandwichBlock
 from handformer.families.granite import GraniteBlock
 from handformer.families.olmo import ReorderedNormBlock
 from handformer.nn.blocks import DecoderLayer, DecoderOnlyBlock, EncoderLayer
@@ -132,6 +136,7 @@ from handformer.nn.blocks import DecoderLayer, DecoderOnlyBlock, EncoderLayer
 # one angle a pair (interleaved, as Meta's)
 GIVEN_ROPES = {"cos_sin": ("half", "swapped"), "freqs_cos": ("interleaved", "half")}
 KV_HEADS = 2  # key/value heads a layer is built with when its constructor asks for them
+SANDWICH = {(4, 2): ("sandwich",)}  # (norms, sublayers) -> the placements tried: Gemma 2/3's four norms
 
 
 @dataclass(frozen=True)
@@ -198,14 +203,22 @@ class Layer:
         norms, qk = block_norms(of_kind(found, "norm"))
         self.attn[0] += qk or gainless_qk(self.module)  # QK-norm: the attention's q_norm and k_norm
         self.attn[0] += relative_bias_slots(of_kind(found, "embedding"), H)  # T5's relative-position table
-        norms = norms or gainless_norms(self.module, len(names))  # nanochat's norm(x), a function
-        self.shared = len(norms) == 1  # one norm for every sublayer
-        self.norm_slots = norm_slots(norms * len(names) if self.shared else norms, len(names), roles,
-                                     comp.name)
-        self.norm_ws = [norm_weights(s) for s in self.norm_slots]
+        self.attn[0] += sink_slots(of_kind(found, "scalar"), H)  # gpt-oss's attention sinks
+        self._read_norms(norms, kind)
         self.sublayers = names
         self.ropes = GIVEN_ROPES.get(min(self.extra & set(GIVEN_ROPES), default="")) or rope_layouts(
             self.module, "freqs_cis" in self.extra, bool({"position_embeddings", "cos"} & self.extra))
+
+    def _read_norms(self, norms: list[Leaf], kind: LayerKind) -> None:
+        """The norms' slots: one a sublayer, one for every sublayer (shared), or Gemma 2/3's four of a
+        block, before and after each sublayer (then the one placement they are read in)."""
+        names, roles = kind.sublayers
+        norms = norms or gainless_norms(self.module, len(names))  # nanochat's norm(x), a function
+        self.shared = len(norms) == 1  # one norm for every sublayer
+        self.norm_slots = norm_slots(norms * len(names) if self.shared else norms, len(names), roles,
+                                     self.comp.name, sandwich=kind.causal_block)
+        self.placements = SANDWICH.get((len(self.norm_slots), len(names)), kind.placements)
+        self.norm_ws = [norm_weights(s) for s in self.norm_slots]
 
     def _attentions(self, linears: list[Leaf], count: int) -> tuple[int | None, list[list[Slot]]]:
         """The attentions' slots, a fused projection read in the layout its one-token output shows,
@@ -429,12 +442,15 @@ LAYER_FLAGS: tuple[FlagRule, ...] = (
     (lambda layer, w: True, lambda layer, w: attention_flags(w.self_attn.o is not None)),
     (lambda layer, w: w.self_attn.rope, lambda layer, w: ROPE_FLAGS + (
         ("qk_norm_after_rope",) if w.self_attn.qk_norm else ())),
+    (lambda layer, w: w.self_attn.sinks is not None, lambda layer, w: ("sink_not_in_softmax",)),
     (lambda layer, w: getattr(w.ffn, "gate", None) is not None,  # (a mixture of experts has none)
      lambda layer, w: ("gated_act_after_product",)),
     (lambda layer, w: True, lambda layer, w: tuple(f"no_residual:{s}" for s in layer.sublayers + ["all"])
      + tuple(f"pre_norm:{s}" for s in layer.sublayers) + ("ffn_no_activation",)),
-    (lambda layer, w: w.placement == "pre",
+    (lambda layer, w: w.placement in ("pre", "sandwich"),
      lambda layer, w: tuple(f"residual_from_normed:{s}" for s in layer.sublayers + ["all"])),
+    (lambda layer, w: w.placement == "sandwich",
+     lambda layer, w: tuple(f"sandwich_norm_missing:{s}" for s in layer.sublayers)),
     (lambda layer, w: not layer.shared, lambda layer, w: ("shared_norm:first", "shared_norm:last")),
     (lambda layer, w: layer.n_kv_heads, lambda layer, w: ("kv_repeat_order",)),
     (lambda layer, w: layer.decoder, lambda layer, w: ("decoder_masks_swapped",)),
@@ -479,7 +495,11 @@ def check_decoder_layer(comp: Component, ctx: Context) -> ComponentResult:
 
 
 def check_block(comp: Component, ctx: Context) -> ComponentResult:
-    return _check_layer(comp, ctx)
+    from handformer.check.runners import latent  # a block on DeepSeek's latent attention: its own reference
+
+    module = ctx.build(comp, layer_sizes(comp.obj))
+    found = latent.read_block(module)
+    return _check_layer(comp, ctx) if found is None else latent.check_latent_block(comp, ctx, module, found)
 
 
 class Inputs:
@@ -546,7 +566,8 @@ def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
 def _held_apart(res: ComponentResult, layer: Layer) -> None:
     """A layer holding parameters no reference has (gpt-oss's attention sinks, one logit a head) whose
     output no mistake explains: NOT CHECKED with those parts named, never FAIL (they may be the reason)."""
-    held = of_kind(leaves(layer.module), "scalar")
+    mapped = {id(s.leaf.weight) for s in layer.attn[0]}
+    held = [x for x in of_kind(leaves(layer.module), "scalar") if id(x.weight) not in mapped]
     if not held or res.named() or all(c.ok for c in res.checks):
         return
     extra = shapes_text(held)
@@ -674,10 +695,11 @@ def _sliding_window(res: ComponentResult, layer: Layer) -> None:
 
 def _declared_window(res: ComponentResult, module: nn.Module, reach: int) -> None:
     """The window the block's own settings name (Mistral's config.sliding_window: an int whose name
-    says window, on the module or an object it holds: its config) against the keys its mask lets a query
-    see: a window off by one fails here."""
-    named = [(n, v) for o in (module, *vars(module).values()) for n, v in getattr(o, "__dict__", {}).items()
-             if "window" in n.lower() and type(v) is int]
+    says window, on the module, its submodules or an object they hold: its config) against the keys its
+    mask lets a query see: a window off by one fails here, quoting the line that bands the mask."""
+    held = [o for sub in module.modules() for o in (sub, *vars(sub).values())]  # gpt-oss's: in its attention
+    named = [(n, v) for o in held for n, v in getattr(o, "__dict__", {}).items()
+             if "window" in n.lower() and type(v) is int and v > 0]
     if not named:
         return
     name, size = named[0]
@@ -685,6 +707,15 @@ def _declared_window(res: ComponentResult, module: nn.Module, reach: int) -> Non
                                  f"每个 token 看到最近的 {name} = {size} 个 token，和它的设置一致"),
                             reach == size, text(f"its mask lets each token see its last {reach}",
                                                 f"它的掩码让每个 token 看到最近的 {reach} 个")))
+    number, code = first_line(WINDOW_LINES, source_lines([sys.modules[type(module).__module__]]))
+    res.findings += [Finding(DEPARTS, text(
+        f"its mask lets each token see its last {reach} tokens where {name} = {size}: the window is off by "
+        f"{reach - size}", f"它的掩码让每个 token 看到最近的 {reach} 个 token，而 {name} = {size}：窗口差了 "
+        f"{reach - size}"), number, code)] * (reach != size and number is not None)
+
+
+# the line that bands the mask: a tril or triu by the window, else a comparison with it
+WINDOW_LINES = (r"(tril|triu)\(.*window|window.*(tril|triu)\(", r"window\w*\s*[<>+-]|[<>+-]\s*\w*window")
 
 
 # the flags causal_keep reads
@@ -758,7 +789,7 @@ def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callabl
                   inp: Inputs, search_rows: Callable[[frozenset[str]], Tensor | None], found: Found | None,
                   working: str) -> None:
     """The search's findings (or a note that it found none), then the checks on the layer as it is."""
-    comp, expected = layer.comp, layer.kind.expected
+    comp, expected = layer.comp, layer.placements[0]
     if found is None:
         res.notes.append(NO_MISTAKE_NOTE)
         conv, slots, act, placement = working, layer.ffn_candidates[0], _first_act(layer), expected
@@ -882,7 +913,7 @@ PLACEMENT_NOTES = {  # a placement found that the kind does not expect, said so
                       "这是约定，按 handformer 的 Block 这样计算后比较")}
 PLACEMENT_WORDS = {"parallel": ("computed in parallel", "并行计算")}  # (en, zh); else "pre-norm", ...
 # handformer's block a placement is built from (then run in parallel, or its norms moved after each sublayer)
-HF_PLACEMENT = {"parallel": "pre", "reordered": "pre"}
+HF_PLACEMENT = {"parallel": "pre", "reordered": "pre", "sandwich": "pre"}
 
 
 def _placement_note(placement: str, expected: str) -> dict[str, str]:
@@ -974,7 +1005,7 @@ def layer_settings(layer: Layer) -> list[Setting]:
     """Every reading of the layer's weights the search tries: FFN mapping, activation, placement
     (the kind's first), rotary layout, the numbers it takes from its settings (`Form`)."""
     gated = is_gated(layer.ffn_candidates[0])
-    return list(itertools.product(layer.ffn_candidates, FFN_ACTIVATIONS[gated], layer.kind.placements,
+    return list(itertools.product(layer.ffn_candidates, FFN_ACTIVATIONS[gated], layer.placements,
                                   layer.ropes, layer.forms))
 
 
@@ -1001,17 +1032,27 @@ def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str, rope: s
                       norm_placement=HF_PLACEMENT.get(placement, placement), norm_eps=first.eps, bias=True)
     hf = layer.kind.reference(cfg).double().eval()
     as_parallel_([hf] * (placement == "parallel"), [layer.shared])  # GPT-J's, Falcon's, Phi's: both read x
-    hf = ReorderedNormBlock(hf) if placement == "reordered" else hf  # OLMo 2's: x + norm(f(x))
+    hf = PLACED.get(placement, lambda hf, cfg: hf)(hf, cfg)
     hf.self_attn = handformer_attention(layer.attn[0], layer.n_kv_heads, rope, scale=form.scale)
     if layer.decoder:
         hf.cross_attn = handformer_attention(layer.attn[1], layer.n_kv_heads)
     copy_ffn(hf.ffn, slots)
-    norms = [hf.attn_norm] + ([hf.cross_attn_norm] if layer.decoder else []) + [hf.ffn_norm]
-    for target, slot, w in zip(norms, layer.norm_slots, layer.norm_ws):
+    for target, slot, w in zip(_hf_norms(hf, layer), layer.norm_slots, layer.norm_ws):
         copy_weights(target, slot)
         with torch.no_grad():
             target.weight.copy_(w.weight)  # the gain as it computes (1 + weight, kept as an offset)
     return GraniteBlock(hf, form.residual) if form.residual != 1.0 else hf
+
+
+# handformer's block in a placement of its own: OLMo 2's x + norm(f(x)); Gemma 2/3's norms before and after
+PLACED = {"reordered": lambda hf, cfg: ReorderedNormBlock(hf), "sandwich": SandwichBlock}
+
+
+def _hf_norms(hf: nn.Module, layer: Layer) -> list[nn.Module]:
+    """handformer's norms in the order of the learner's norm slots."""
+    if isinstance(hf, SandwichBlock):
+        return [hf.attn_norm, hf.post_attn_norm, hf.ffn_norm, hf.post_ffn_norm]
+    return [hf.attn_norm] + ([hf.cross_attn_norm] if layer.decoder else []) + [hf.ffn_norm]
 
 
 def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots: list[Slot], act: str,

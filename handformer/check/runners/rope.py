@@ -16,9 +16,11 @@ Shape legend: B batch, H heads, T length, Dh head dim (d), P positions of a tabl
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import re
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -231,6 +233,27 @@ def _layout_convention(res: ComponentResult, layout: str) -> None:
     res.convention = LAYOUTS.get(layout, res.convention)
 
 
+CONFIG_NAMES = ("args", "config", "cfg", "model_args", "params")
+ROPE_WIDTH = re.compile("rope.*dim")  # the field of a config that holds the RoPE width: qk_rope_head_dim
+
+
+def _config(fn: Callable[..., Any], names: list[str], values: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek's precompute_freqs_cis(args: ModelArgs): its config argument, its dataclass built with
+    its defaults and the table's sizes in the fields that name them (the RoPE width in a field that says
+    rope and dim, qk_rope_head_dim); {} where it takes none (or one not built so)."""
+    name = next(filter(CONFIG_NAMES.__contains__, names), None)
+    hints = fp.quietly(lambda: typing.get_type_hints(fn)) or {}
+    cfg = fp.quietly(lambda: _filled_config(hints[name], values))
+    return {} if cfg is None else {name: cfg}
+
+
+def _filled_config(cls: Any, values: dict[str, Any]) -> Any:
+    """The dataclass `cls` with its defaults, the values of the fields `values` names, the RoPE width."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    return dataclasses.replace(cls(), **{f: values[f] for f in fields & values.keys()},
+                               **dict.fromkeys(filter(ROPE_WIDTH.search, fields), DH))
+
+
 def _check_table_function(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     names = forward_names(comp.obj)
@@ -241,7 +264,8 @@ def _check_table_function(comp: Component, ctx: Context) -> ComponentResult:
                   **dict.fromkeys(THETA_NAMES, theta), "dtype": torch.float64}
         if offset is not None:
             values |= dict.fromkeys(OFFSET_NAMES, offset)
-        return ctx.learner.call("forward", comp.obj, **_filled(names, values))
+        kwargs = _filled(names, values) | _config(comp.obj, names, values)
+        return ctx.learner.call("forward", comp.obj, **kwargs)
 
     table = read_table(call(THETA), P)
     if table is None:
@@ -285,6 +309,9 @@ def _apply_inputs() -> tuple[Tensor, Tensor]:
     return fp.randn(B, H, T, DH, seed=1), fp.randn(B, H, T, DH, seed=2)  # (B, H, T, Dh) each
 
 
+META_INPUTS = text("inputs (B, T, H, Dh), as Meta's llama", "输入形状为 (B, T, H, Dh)，与 Meta 的 llama 相同")
+
+
 def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: list[str]) -> ComponentResult:
     """An apply function: the rotation it computes on given tables (cos, sin of both layouts, or
     Meta's complex table), against handformer's in that layout."""
@@ -304,8 +331,7 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
     layout, meta, shape, rot, out, found = best if best else (*first, None)
     _layout_convention(res, rot)
     if meta:
-        res.notes.append(text("inputs (B, T, H, Dh), as Meta's llama",
-                              "输入形状为 (B, T, H, Dh)，与 Meta 的 llama 相同"))
+        res.notes.append(META_INPUTS)
     if found and found[0]:
         res.findings += _findings(ctx, comp, found, out, _rotated(q, k, len(tensors), rot, 0, frozenset()))
     err = fp.max_error(out, _rotated(q, k, len(tensors), rot))
@@ -516,12 +542,13 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
     q, k = _apply_inputs()
     tensors = _tensor_names(names)
 
-    def call(offset: int = 0, length: int = T) -> Any:
+    def call(offset: int = 0, length: int = T, meta: bool = False) -> Any:
         values = {**dict.fromkeys(LENGTH_NAMES, length), **dict.fromkeys(OFFSET_NAMES, offset),
                   "position_ids": (torch.arange(length) + offset)[None].expand(B, length),
                   "token_positions": torch.arange(length) + offset,  # CS336's forward(x, token_positions)
                   "device": q.device, "dtype": q.dtype}  # Falcon's forward(seq_len, device, dtype)
-        kwargs = dict(zip(tensors, (q, k))) | _filled(names, values)
+        given = (q.transpose(1, 2), k.transpose(1, 2)) if meta else (q, k)  # Meta's: (B, T, H, Dh)
+        kwargs = dict(zip(tensors, given)) | _filled(names, values)
         return ctx.learner.call("forward", module, **kwargs)
 
     raw = call()
@@ -553,20 +580,38 @@ def _module_table(res: ComponentResult, ctx: Context, comp: Component, call: Cal
     return finish(res)
 
 
-def _rotated_module(res: ComponentResult, ctx: Context, comp: Component, call: Callable[..., Any], n: int,
-                    q: Tensor, k: Tensor, names: list[str]) -> ComponentResult:
-    def run(offset: int) -> Tensor | None:
-        return _stacked(call(offset), n, q.shape)
-
-    out = run(0)
-    best = None
+def _module_layout(out: Tensor | None, q: Tensor, k: Tensor, n: int) -> tuple[str, Any] | None:
+    """The pairs' layout whose rotation (or its sign flipped) the module's output is, else None."""
     for layout in ("half", "interleaved"):
         found = fp.search(out, lambda fl, layout=layout: _rotated(q, k, n, layout, 0, fl),
                           ("rope_rotation_sign",), None, 1) if out is not None else None
         if found is not None:
-            best = (layout, found)
-            break
+            return layout, found
+    return None
+
+
+def _module_reading(ctx: Context, call: Callable[..., Any], n: int, q: Tensor, k: Tensor,
+                    ) -> tuple[bool, Tensor | None, tuple[str, Any] | None]:
+    """(Meta's (B, T, H, Dh) inputs, the output, its layout): (B, H, T, Dh) first; the other where the
+    first gives no rotation (gpt-oss's RotaryEmbedding reads its tokens from dim 1)."""
+    out = _stacked(call(0), n, q.shape)
+    best = _module_layout(out, q, k, n)
+    if best is None:
+        other = fp.quietly(lambda: _stacked(call(0, meta=True), n, q.shape, True))
+        if _module_layout(other, q, k, n) is not None:
+            return True, other, _module_layout(other, q, k, n)
+    return False, out, best
+
+
+def _rotated_module(res: ComponentResult, ctx: Context, comp: Component, call: Callable[..., Any], n: int,
+                    q: Tensor, k: Tensor, names: list[str]) -> ComponentResult:
+    meta, out, best = _module_reading(ctx, call, n, q, k)
+
+    def run(offset: int) -> Tensor | None:
+        return _stacked(call(offset, meta=meta), n, q.shape, meta)
+
     layout, found = best if best else ("half", None)
+    res.notes += [META_INPUTS] * meta
     _layout_convention(res, layout)
     if found and found[0]:
         res.findings += _findings(ctx, comp, found, out, _rotated(q, k, n, layout))
