@@ -186,9 +186,11 @@ def _child(request: dict[str, Any]) -> None:
 
     from handformer.check.core.cpu_only import cuda_as_cpu
     from handformer.check.core.engine import check_file, import_runners
+    from handformer.check.core.float64 import float_masks_as_queries
 
     import_runners()  # the grader's own modules, before any clock starts (0.3 s)
     cuda_as_cpu(request["path"])  # a file written for a GPU (Meta's `.cuda()` KV cache) runs on the CPU here
+    float_masks_as_queries()  # its float32 masks in the float64 the grader runs its attention in
     stack = open(request["stack"], "w")  # noqa: SIM115  (open until the process ends)
     results = open(request["results"], "a", encoding="utf-8")  # noqa: SIM115
 
