@@ -24,15 +24,15 @@ def _as_query(mask: Any, query: Tensor) -> Any:
     return mask
 
 
-def _masks_cast(fn: Callable[..., Any], names: tuple[str, ...], positions: tuple[int, ...],
-                ) -> Callable[..., Any]:
-    """fn with its mask arguments (by keyword `names`, or at `positions`) in its query's dtype."""
+def _masks_cast(fn: Callable[..., Any], masks: set[int | str]) -> Callable[..., Any]:
+    """fn with its mask arguments (by position after the query, 1 the first, or by name) in its query's
+    dtype."""
 
     @functools.wraps(fn)
     def call(query: Tensor, *args: Any, **kwargs: Any) -> Any:
-        args = tuple(_as_query(a, query) if i + 1 in positions else a for i, a in enumerate(args))
-        kwargs = {k: _as_query(v, query) if k in names else v for k, v in kwargs.items()}
-        return fn(query, *args, **kwargs)
+        given = dict(enumerate(args, 1)) | kwargs  # positions and names in one table
+        given.update({key: _as_query(given[key], query) for key in masks & given.keys()})
+        return fn(query, *map(given.pop, range(1, len(args) + 1)), **given)
 
     return call
 
@@ -40,6 +40,6 @@ def _masks_cast(fn: Callable[..., Any], names: tuple[str, ...], positions: tuple
 def float_masks_as_queries() -> None:
     """Patch torch.nn.functional's two attentions (nn.MultiheadAttention calls the second, which calls
     the first) so that a float mask takes a float64 query's dtype."""
-    F.scaled_dot_product_attention = _masks_cast(F.scaled_dot_product_attention, ("attn_mask",), (3,))
-    F.multi_head_attention_forward = _masks_cast(
-        F.multi_head_attention_forward, ("attn_mask", "key_padding_mask"), ())
+    F.scaled_dot_product_attention = _masks_cast(F.scaled_dot_product_attention, {3, "attn_mask"})
+    masks: set[int | str] = {"attn_mask", "key_padding_mask"}
+    F.multi_head_attention_forward = _masks_cast(F.multi_head_attention_forward, masks)

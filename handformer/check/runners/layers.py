@@ -403,12 +403,12 @@ MASKED_ROWS = {False: masked_rows, True: _torch_nan_note}
 # the words of a decoder layer's source mask and target mask
 SOURCE_MASK = re.compile("src|memory|enc|cross", re.I)
 TARGET_MASK = re.compile("tgt|trg|self|look|causal|dec|target|sub|slf", re.I)
+# a padding mask is the source's unless it names the target (torch.nn's tgt_key_padding_mask)
+SOURCE_PADDING = re.compile("^(?!.*(?:tgt|trg|self|look|causal|dec|target|sub|slf)).*pad", re.I)
 
 
 def _decoder_mask_names(masks: list[str]) -> tuple[str | None, str | None]:
-    # a padding mask is the source's unless it names the target (torch.nn's tgt_key_padding_mask)
-    padding = [m for m in masks if "pad" in m.lower() and not TARGET_MASK.search(m)]
-    src = next(iter([*filter(SOURCE_MASK.search, masks), *padding]), None)
+    src = next(filter(SOURCE_MASK.search, masks), None) or next(filter(SOURCE_PADDING.search, masks), None)
     tgt = next((m for m in masks if m != src and TARGET_MASK.search(m)), None)
     others = set(masks) - {src}
     if len(others) == 1 < len(masks):  # HF's attention_mask beside encoder_attention_mask (or tgt itself)
