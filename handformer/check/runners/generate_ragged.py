@@ -11,8 +11,11 @@ every step, is named too. Nothing is said where a run cannot be made.
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import inspect
 import re
+import textwrap
 from collections.abc import Iterator
 from typing import Any
 from unittest import mock
@@ -180,8 +183,25 @@ def _start_never_moves(res: ComponentResult, ctx: Context, comp: Component, driv
     calls = run_generate(ctx, comp, driver, SHORT, 2).model.calls
     lengths, starts = [c.ids.size(1) for c in calls], {c.start for c in calls}
     grows = starts == {0} and len(lengths) > 1 and lengths == list(range(lengths[0], lengths[0] + len(calls)))
-    name = "generate_prefix_refed"
-    res.findings += [Finding(name, text(
+    res.findings += [Finding("generate_prefix_refed", text(
         f"every call started at position 0 and fed the whole prefix again: {lengths} tokens",
         f"每次调用都从位置 0 开始，把整个前缀重新送进模型：{lengths} 个 token"),
-        *locate(name, source_lines(ctx.objects(comp))))] * grows
+        *_where_it_moves(comp.obj))] * grows
+
+
+def _where_it_moves(fn: Any) -> tuple[int | None, str | None]:
+    """The line where the loop should move its start position on: an assignment of it inside the loop
+    that calls the model (`prev_pos = 0` there), else that loop's last statement (Meta's `prev_pos =
+    cur_pos` comes last, before the stop test)."""
+    try:
+        source, first = inspect.getsourcelines(inspect.unwrap(fn))
+        tree = ast.parse(textwrap.dedent("".join(source)))
+    except (OSError, TypeError, SyntaxError):
+        return None, None
+    at, var = next((i + 1, m[1]) for i, line in enumerate(source) if (m := MOVING_START.search(line)))
+    loop = max((n for n in ast.walk(tree) if isinstance(n, ast.For) and n.lineno <= at <= n.end_lineno),
+               key=lambda n: n.lineno)
+    moved = [n.lineno for n in ast.walk(loop)
+             if isinstance(n, ast.Assign) and var in map(ast.unparse, n.targets)]
+    line = (moved or [loop.body[-1].lineno])[0]
+    return line + first - 1, source[line - 1].strip()
