@@ -46,7 +46,8 @@ FAMILIES = {"tutorial": FIXTURES / "learners", "llm": FIXTURES / "learners_llm",
             "sampling": FIXTURES / "learners_sampling", "training": FIXTURES / "learners_training",
             "assembly": FIXTURES / "learners_assembly", "model": FIXTURES / "learners_model",
             "gpt": FIXTURES / "learners_gpt", "loop": FIXTURES / "learners_loop", "bpe": FIXTURES / "learners_bpe",
-            "cache": FIXTURES / "learners_cache", "minimind_qk": FIXTURES / "learners_minimind_qk"}
+            "cache": FIXTURES / "learners_cache", "minimind_qk": FIXTURES / "learners_minimind_qk",
+            "llama_batch": FIXTURES / "learners_llama_batch", "llama_kv": FIXTURES / "learners_llama_kv"}
 
 TUTORIAL_PLANTS: dict[str, Plant] = {
     "no_scaling": Plant("no_scaling", "sdpa", [("k.transpose(-2, -1)) / math.sqrt(d_k)", "k.transpose(-2, -1))")]),
@@ -467,9 +468,34 @@ QK_PLANTS: dict[str, Plant] = {
     "qk_generate_no_stop_at_eos": Plant("greedy_no_stop_at_eos", "generate", [
         ("            finished |= next_token.squeeze(-1) == eos_token_id\n", "")], "minimind_qk"),
 }
+# A Chinese tutorial's Llama (tests/fixtures/learners_llama_batch/): Meta's pre-allocated KV cache and
+# llama generation.py's batched generate over prompts of different lengths; its attention alone
+# (tests/fixtures/learners_llama_kv/) for the cache's slices
+BATCH_PLANTS: dict[str, Plant] = {
+    "batch_prefix_refed": Plant("generate_prefix_refed", "generate", [("        prev_pos = cur_pos\n", "")],
+                                "llama_batch"),
+    "batch_prompt_overwritten": Plant("generate_prompt_overwritten", "generate", [(
+        "        next_token = torch.where(input_text_mask[:, cur_pos], tokens[:, cur_pos], next_token)\n", "")],
+        "llama_batch"),
+    "batch_reads_padding": Plant("generate_reads_padding", "generate", [
+        ("for cur_pos in range(min_prompt_len, total_len):", "for cur_pos in range(max_prompt_len, total_len):")],
+        "llama_batch"),
+    "batch_eos_in_prompt": Plant("generate_eos_in_prompt", "generate", [
+        ("eos_reached |= (~input_text_mask[:, cur_pos]) & (next_token == eos_id)",
+         "eos_reached |= next_token == eos_id")], "llama_batch"),
+    "kv_cache_write_offset": Plant("kv_cache_write_offset", "mha", [
+        ("self.k_cache[:bsz, start_pos: start_pos + seqlen] = xk",
+         "self.k_cache[:bsz, start_pos + 1: start_pos + 1 + seqlen] = xk"),
+        ("self.v_cache[:bsz, start_pos: start_pos + seqlen] = xv",
+         "self.v_cache[:bsz, start_pos + 1: start_pos + 1 + seqlen] = xv")], "llama_kv"),
+    "kv_cache_read_range": Plant("kv_cache_read_range", "mha", [
+        ("keys = self.k_cache[:bsz, : start_pos + seqlen]", "keys = self.k_cache[:bsz, : start_pos]"),
+        ("values = self.v_cache[:bsz, : start_pos + seqlen]", "values = self.v_cache[:bsz, : start_pos]")],
+        "llama_kv"),
+}
 PLANTS: dict[str, Plant] = {**TUTORIAL_PLANTS, **LLM_PLANTS, **STYLE_PLANTS, **SAMPLING_PLANTS, **TRAINING_PLANTS,
                             **ASSEMBLY_PLANTS, **MODEL_PLANTS, **GPT_PLANTS, **LOOP_PLANTS, **BPE_PLANTS,
-                            **CACHE_PLANTS, **QK_PLANTS}
+                            **CACHE_PLANTS, **QK_PLANTS, **BATCH_PLANTS}
 
 # Pairs of plants that are three mistakes: nanoGPT fills with -inf, so a softmax over the queries, or
 # a mask over them, brings NaN rows (nan_on_masked_rows) with it, and with a second mistake in the
@@ -524,6 +550,8 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("kv_rope_no_offset", "kv_keys_rotated_twice"), ("kv_cache_not_advanced", "kv_keys_rotated_twice"),
     ("lm_train_step_lr_not_set", "lm_train_step_clip_after_step"), ("kv_rope_no_offset", "lm_train_step_not_clipped"),
     ("qk_norm_after_rope", "qk_generate_no_stop_at_eos"),
+    ("kv_cache_write_offset", "kv_cache_read_range"), ("batch_prefix_refed", "batch_prompt_overwritten"),
+    ("batch_prefix_refed", "batch_reads_padding"), ("batch_prefix_refed", "batch_eos_in_prompt"),
 ]
 
 

@@ -37,16 +37,17 @@ def _in_function(fn: Any) -> list[Finding]:
     start = next(iter(sorted(params & set(POSITIONS), key=POSITIONS.index)), "")
     names = _Numbers({start: START})
     writes, reads = _accesses(node)
+    found: dict[str, Finding] = {}  # one finding a name: a wrong write, a wrong read
     for write, read in itertools.product(writes, reads):  # the same buffer and axis, the write at start
         bounds = [_value(e, names) for e in (*write[2:4], *read[2:4])]
-        judged = write[:2] == read[:2] and _mentions(write[2], start) and None not in bounds
-        wrong = {"kv_cache_write_offset": bounds[0] != START,
-                 "kv_cache_read_range": bounds[2:] != [0, bounds[1]]}  # from 0 to the write's end
-        name = next(filter(wrong.get, wrong), None) if judged else None
-        if name:
+        if write[:2] != read[:2] or not _mentions(write[2], start) or None in bounds:
+            continue
+        end = START + bounds[1] - bounds[0]  # start_pos + the call's length
+        wrong = {"kv_cache_write_offset": bounds[0] != START, "kv_cache_read_range": bounds[2:] != [0, end]}
+        for name in filter(wrong.get, wrong):
             at = {"kv_cache_write_offset": write[4], "kv_cache_read_range": read[4]}[name]
-            return [_finding(name, (at + first - 1, source[at - 1].strip()), names, bounds)]
-    return []
+            found.setdefault(name, _finding(name, (at + first - 1, source[at - 1].strip()), names, bounds))
+    return list(found.values())
 
 
 Access = tuple[str, int, Any, Any, int]  # (buffer, axis, lower bound, upper bound, line)
@@ -59,7 +60,7 @@ def _accesses(fn: ast.AST) -> tuple[list[Access], list[Access]]:
     for node in filter(lambda n: isinstance(n, ast.Assign), ast.walk(fn)):
         writes += _sliced(node.targets[0], node.lineno)
         value = node.value
-        while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
+        while isinstance(getattr(value, "func", None), ast.Attribute):  # a call of a method
             value = value.func.value  # self.cache_k[...].transpose(1, 2): the subscript under the calls
         reads += _sliced(value, node.lineno)
     return writes, reads

@@ -175,16 +175,6 @@ def _learner_frames(stack: str, path: str) -> list[str]:
     return frames[::-1]
 
 
-def _as_written_for(path: str) -> None:
-    """The learner's code as on the machine it was written for: a file written for a GPU (Meta's
-    `.cuda()` KV cache) on the CPU here, its float32 masks in the float64 the grader runs attention in."""
-    from handformer.check.core.cpu_only import cuda_as_cpu
-    from handformer.check.core.float64 import float_masks_as_queries
-
-    cuda_as_cpu(path)
-    float_masks_as_queries()
-
-
 def _child(request: dict[str, Any]) -> None:
     """The child side: limits, imports, then the check, streaming results."""
     import faulthandler
@@ -194,10 +184,11 @@ def _child(request: dict[str, Any]) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     import torch  # noqa: F401  (before the clock starts: torch's import is ours, not the learner's)
 
+    from handformer.check.core.cpu_only import cuda_as_cpu
     from handformer.check.core.engine import check_file, import_runners
 
     import_runners()  # the grader's own modules, before any clock starts (0.3 s)
-    _as_written_for(request["path"])
+    cuda_as_cpu(request["path"])  # a file written for a GPU (Meta's `.cuda()` KV cache) runs on the CPU here
     stack = open(request["stack"], "w")  # noqa: SIM115  (open until the process ends)
     results = open(request["results"], "a", encoding="utf-8")  # noqa: SIM115
 

@@ -292,7 +292,7 @@ def _steered_reference(steered: Any, stop: bool) -> list[int] | None:
 def _one_more(got: list[int], right: list[int], stop: bool) -> bool:
     """The right tokens, run to max_len without an end, then one more: bentrevett's `for i in
     range(max_len)`, whose max_len counts the tokens after the start symbol."""
-    ended = stop and right[-1:] == [EOS]
+    ended = right[-1:] == [EOS] * stop  # it stops at EOS, and did
     return len(right) == MAX_LEN and not ended and got[:-1] == right and len(got) == MAX_LEN + 1
 
 

@@ -96,22 +96,22 @@ def _fed(calls: list[Call], B: int) -> list[dict[int, int]]:
 
 
 def check_ragged(res: ComponentResult, ctx: Context, comp: Component, driver: Any) -> None:
-    """The start position that never moves; then, for a loop that pads its prompts itself, the batch
-    of ROWS against each row alone, and again with an EOS in row 0's prompt."""
-    _start_never_moves(res, ctx, comp, driver)
-    if not ragged(comp.obj) or res.findings:
-        return
+    """For a loop that pads its prompts itself, the batch of ROWS against each row alone, and again
+    with an EOS in row 0's prompt (when nothing was found before); then the start position that never
+    moves."""
     with contextlib.suppress(fp.LearnerFailure, LookupError):
-        alone = [_generate(ctx, comp, driver, [row], 0, NEVER)[0][0] for row in ROWS]
+        judged = ROWS[:2 * (ragged(comp.obj) and not res.findings)]  # none: not a loop that pads, or found
+        alone = [_generate(ctx, comp, driver, [row], 0, NEVER)[0][0] for row in judged]
         pad = min(set(range(1, 24)) - set(sum(alone, ROWS[0] + ROWS[1])))
-        if _judge(res, ctx, comp, driver, (list(ROWS), alone), pad, NEVER):
+        if alone and _judge(res, ctx, comp, driver, (list(ROWS), alone), pad, NEVER):
             _eos_in_prompt(res, ctx, comp, driver, alone[1], pad)
+    _start_never_moves(res, ctx, comp, driver)
 
 
 def _same(row: list[int], own: list[int], pad: int, eos: int) -> bool:
     """A row of the batch gives the tokens it gives alone; after them, a row that ran its max_gen_len
     may go on (its batch ran longer), one that ended at EOS holds padding or EOS."""
-    return row[:len(own)] == own and (len(own) == SHORT or set(row[len(own):]) <= {pad, eos})
+    return row[:len(own)] == own and set(row[len(own):]) <= [{pad, eos}, set(row)][len(own) == SHORT]
 
 
 # the check's words: plain, or with an EOS in row 0's prompt
@@ -170,7 +170,7 @@ def _eos_in_prompt(res: ComponentResult, ctx: Context, comp: Component, driver: 
     generating): row 0 must go on. Not run when row 0 alone would end at once."""
     rows = [[*ROWS[0][:2], short[0], ROWS[0][3]], ROWS[1]]
     alone = [_generate(ctx, comp, driver, [row], pad, short[0])[0][0] for row in rows]
-    if alone[0] and pad not in alone[0]:
+    if pad not in (alone[0] or [pad]):  # it goes on, and makes no padding
         _judge(res, ctx, comp, driver, (rows, alone), pad, short[0])
 
 
