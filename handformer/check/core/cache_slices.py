@@ -31,9 +31,9 @@ def _in_function(fn: Any) -> list[Finding]:
     try:
         source, first = inspect.getsourcelines(fn)
         node = ast.parse(textwrap.dedent("".join(source))).body[0]
-    except (OSError, TypeError, SyntaxError):
+        params = set(inspect.signature(fn).parameters)
+    except (OSError, TypeError, SyntaxError, ValueError):
         return []
-    params = {a.arg for a in getattr(getattr(node, "args", None), "args", [])}
     start = next(iter(sorted(params & set(POSITIONS), key=POSITIONS.index)), "")
     names = _Numbers({start: START})
     writes, reads = _accesses(node)
@@ -46,7 +46,8 @@ def _in_function(fn: Any) -> list[Finding]:
         wrong = {"kv_cache_write_offset": bounds[0] != START, "kv_cache_read_range": bounds[2:] != [0, end]}
         for name in filter(wrong.get, wrong):
             at = {"kv_cache_write_offset": write[4], "kv_cache_read_range": read[4]}[name]
-            found.setdefault(name, _finding(name, (at + first - 1, source[at - 1].strip()), names, bounds))
+            shown = {k: v for k, v in names.items() if k in ast.unparse(write[3])}  # the write's end reads
+            found.setdefault(name, _finding(name, (at + first - 1, source[at - 1].strip()), shown, bounds))
     return list(found.values())
 
 

@@ -100,7 +100,7 @@ def check_ragged(res: ComponentResult, ctx: Context, comp: Component, driver: An
     with an EOS in row 0's prompt (when nothing was found before); then the start position that never
     moves."""
     with contextlib.suppress(fp.LearnerFailure, LookupError):
-        judged = ROWS[:2 * (ragged(comp.obj) and not res.findings)]  # none: not a loop that pads, or found
+        judged = ROWS[:2 * ragged(comp.obj) * (not res.findings)]  # none: not a loop that pads, or found
         alone = [_generate(ctx, comp, driver, [row], 0, NEVER)[0][0] for row in judged]
         pad = min(set(range(1, 24)) - set(sum(alone, ROWS[0] + ROWS[1])))
         if alone and _judge(res, ctx, comp, driver, (list(ROWS), alone), pad, NEVER):
