@@ -75,7 +75,8 @@ def test_the_docs_count_of_mutants_is_the_mutants():
     en = (ROOT / "docs" / "check.md").read_text(encoding="utf-8")
     zh = (ROOT / "docs" / "zh" / "check.md").read_text(encoding="utf-8")
     words = {5: ("five", "五"), 6: ("six", "六"), 7: ("seven", "七"), 8: ("eight", "八"), 9: ("nine", "九"),
-             10: ("ten", "十"), 11: ("eleven", "十一"), 12: ("twelve", "十二"), 13: ("thirteen", "十三")}[len(FILES)]
+             10: ("ten", "十"), 11: ("eleven", "十一"), 12: ("twelve", "十二"), 13: ("thirteen", "十三"),
+             14: ("fourteen", "十四"), 15: ("fifteen", "十五")}[len(FILES)]
     assert f"{total} mutants of the\n{words[0]} files, a seeded {DEFAULT} of them in the default run" in en
     assert f"{words[1]}个文件共 {total} 个变异体，默认测试里按固定种子抽 {DEFAULT} 个" in zh
 
