@@ -49,7 +49,8 @@ FAMILIES = {"tutorial": FIXTURES / "learners", "llm": FIXTURES / "learners_llm",
             "cache": FIXTURES / "learners_cache", "minimind_qk": FIXTURES / "learners_minimind_qk",
             "gemma3": FIXTURES / "learners_gemma3", "gpt_oss": FIXTURES / "learners_gpt_oss",
             "deepseek": FIXTURES / "learners_deepseek",
-            "adamw": FIXTURES / "learners_adamw"}
+            "adamw": FIXTURES / "learners_adamw",
+            "llama_batch": FIXTURES / "learners_llama_batch", "llama_kv": FIXTURES / "learners_llama_kv"}
 
 TUTORIAL_PLANTS: dict[str, Plant] = {
     "no_scaling": Plant("no_scaling", "sdpa", [("k.transpose(-2, -1)) / math.sqrt(d_k)", "k.transpose(-2, -1))")]),
@@ -511,9 +512,35 @@ FAMILY_PLANTS: dict[str, Plant] = {
     "deepseek_latent_key_not_rotated": Plant("latent_key_not_rotated", "mla", [
         ("k_pe = apply_rotary_emb(k_pe.unsqueeze(2), freqs_cis)", "k_pe = k_pe.unsqueeze(2)")], "deepseek"),
 }
+# A Chinese tutorial's Llama (tests/fixtures/learners_llama_batch/): Meta's pre-allocated KV cache and
+# llama generation.py's batched generate over prompts of different lengths; its attention alone
+# (tests/fixtures/learners_llama_kv/) for the cache's slices
+BATCH_PLANTS: dict[str, Plant] = {
+    "batch_prefix_refed": Plant("generate_prefix_refed", "generate", [("        prev_pos = cur_pos\n", "")],
+                                "llama_batch"),
+    "batch_prompt_overwritten": Plant("generate_prompt_overwritten", "generate", [(
+        "        next_token = torch.where(input_text_mask[:, cur_pos], tokens[:, cur_pos], next_token)\n", "")],
+        "llama_batch"),
+    "batch_reads_padding": Plant("generate_reads_padding", "generate", [
+        ("for cur_pos in range(min_prompt_len, total_len):", "for cur_pos in range(max_prompt_len, total_len):")],
+        "llama_batch"),
+    "batch_eos_in_prompt": Plant("generate_eos_in_prompt", "generate", [
+        ("eos_reached |= (~input_text_mask[:, cur_pos]) & (next_token == eos_id)",
+         "eos_reached |= next_token == eos_id")], "llama_batch"),
+    "kv_cache_write_offset": Plant("kv_cache_write_offset", "mha", [
+        ("self.k_cache[:bsz, start_pos: start_pos + seqlen] = xk",
+         "self.k_cache[:bsz, start_pos + 1: start_pos + 1 + seqlen] = xk"),
+        ("self.v_cache[:bsz, start_pos: start_pos + seqlen] = xv",
+         "self.v_cache[:bsz, start_pos + 1: start_pos + 1 + seqlen] = xv")], "llama_kv"),
+    "kv_cache_read_range": Plant("kv_cache_read_range", "mha", [
+        ("keys = self.k_cache[:bsz, : start_pos + seqlen]", "keys = self.k_cache[:bsz, : start_pos]"),
+        ("values = self.v_cache[:bsz, : start_pos + seqlen]", "values = self.v_cache[:bsz, : start_pos]")],
+        "llama_kv"),
+}
 PLANTS: dict[str, Plant] = {**TUTORIAL_PLANTS, **LLM_PLANTS, **STYLE_PLANTS, **SAMPLING_PLANTS, **TRAINING_PLANTS,
                             **ASSEMBLY_PLANTS, **MODEL_PLANTS, **GPT_PLANTS, **LOOP_PLANTS, **BPE_PLANTS,
-                            **CACHE_PLANTS, **QK_PLANTS, **ADAMW_PLANTS, **FAMILY_PLANTS}
+                            **CACHE_PLANTS, **QK_PLANTS, **ADAMW_PLANTS, **FAMILY_PLANTS,
+                            **BATCH_PLANTS}
 
 # Pairs of plants that are three mistakes: nanoGPT fills with -inf, so a softmax over the queries, or
 # a mask over them, brings NaN rows (nan_on_masked_rows) with it, and with a second mistake in the
@@ -573,6 +600,8 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("lm_train_step_lr_not_set", "lm_train_step_clip_after_step"), ("kv_rope_no_offset", "lm_train_step_not_clipped"),
     ("qk_norm_after_rope", "qk_generate_no_stop_at_eos"),
     ("adamw_no_bias_correction", "adamw_coupled_weight_decay"), ("adamw_eps_inside_sqrt", "adamw_beta2_for_m"),
+    ("kv_cache_write_offset", "kv_cache_read_range"), ("batch_prefix_refed", "batch_prompt_overwritten"),
+    ("batch_prefix_refed", "batch_reads_padding"), ("batch_prefix_refed", "batch_eos_in_prompt"),
 ]
 
 

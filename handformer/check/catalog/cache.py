@@ -11,6 +11,19 @@ DIAGNOSES: list[Diagnosis] = [
       "各层存好这次调用的键和值之后，把缓存前移新 token 的个数：cache.length += T（或 cache.advance(T)）",
       r"=\s*\w+\.(length|pos|seq_len)\s*\+\s*\w+", r"\.advance\(|\.(length|pos)\s*\+=",
       r"start\s*=\s*.*cache", r"cache"),
+    d("kv_cache_write_offset", "the new keys and values are written into the cache at the wrong positions: "
+      "not from start_pos on", "新的键和值写进缓存的位置不对：不是从 start_pos 开始",
+      "write the call's T new entries at start_pos .. start_pos + T - 1: "
+      "self.cache_k[:bsz, start_pos : start_pos + seqlen] = xk",
+      "把这次调用的 T 个新条目写在 start_pos .. start_pos + T - 1："
+      "self.cache_k[:bsz, start_pos : start_pos + seqlen] = xk",
+      r"\]\s*=\s*\w+", r"cache"),
+    d("kv_cache_read_range", "the keys and values read back from the cache do not end at the last position "
+      "written (the current tokens' own keys left out, or one too many)",
+      "从缓存读回的键和值没有在最后写入的位置结束（漏了当前 token 自己的键，或多读了）",
+      "read every position up to the last one written: keys = self.cache_k[:bsz, : start_pos + seqlen]",
+      "读到最后写入的位置为止：keys = self.cache_k[:bsz, : start_pos + seqlen]",
+      r"=\s*self\.\w*cache\w*\[", r"cache"),
     d("kv_keys_rotated_twice", "the keys are rotated twice: once before they are cached, again when read",
       "键被旋转了两次：存进缓存前转了一次，读出来又转了一次",
       "rotate each key once, at its own position: either cache the rotated keys and do not rotate what "

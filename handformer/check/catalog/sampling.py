@@ -89,6 +89,33 @@ DIAGNOSES: list[Diagnosis] = [
       "处理完提示词之后，每一步只输入新 token，带上上一步返回的缓存，位置等于已经看过的 token 数",
       r"model\(\s*(next|new|last|tok)\w*(?![^)]*past)", r"\binput_pos\s*=\s*torch\.tensor\(",  # gpt-fast's
       r"past|cache|start_pos|position", r"model\(|self\("),
+    d("generate_prompt_overwritten", "generated tokens overwrite the prompt of a longer row (a batch of "
+      "prompts of different lengths)", "生成的 token 覆盖了较长那一行的提示词（一批提示词长短不一时）",
+      "keep the prompt where there is one: next_token = torch.where(input_text_mask[:, cur_pos], "
+      "tokens[:, cur_pos], next_token)",
+      "有提示词的位置保留提示词：next_token = torch.where(input_text_mask[:, cur_pos], tokens[:, cur_pos], "
+      "next_token)",
+      r"torch\.where\(.*mask", r"\w+\[\s*:\s*,\s*\w+\s*\]\s*=\s*\w+"),
+    d("generate_reads_padding", "a shorter prompt's row is fed padding as if it were text (decoding does not "
+      "start after the shortest prompt)",
+      "较短提示词的那一行把填充当成文本送进了模型（解码没有从最短的提示词之后开始）",
+      "start at the shortest prompt, for cur_pos in range(min_prompt_len, total_len), and keep the longer "
+      "prompts' tokens with input_text_mask",
+      "从最短的提示词之后开始：for cur_pos in range(min_prompt_len, total_len)，"
+      "较长的提示词用 input_text_mask 保留",
+      r"range\(\s*max\w*", r"for .* in range\("),
+    d("generate_eos_in_prompt", "an EOS inside a longer prompt marks its row finished (the EOS test ignores "
+      "the prompt mask)", "较长提示词里的 EOS 把这一行标成了已结束（判断 EOS 时没有排除提示词）",
+      "count only generated tokens: eos_reached |= (~input_text_mask[:, cur_pos]) & (next_token == eos_id)",
+      "只算生成的 token：eos_reached |= (~input_text_mask[:, cur_pos]) & (next_token == eos_id)",
+      r"eos\w*\s*\|=", r"eos\w*\s*=.*==", r"==\s*\w*eos"),
+    d("generate_prefix_refed", "the start position never moves on: every step feeds the whole prefix again "
+      "from position 0, and the KV cache serves nothing", "起始位置一直没有前进：每一步都从位置 0 "
+      "重新送入整个前缀，KV 缓存没有起作用",
+      "move on after each step: prev_pos = cur_pos, so the next call feeds tokens[:, prev_pos:cur_pos] at "
+      "start_pos = prev_pos",
+      "每一步之后前进：prev_pos = cur_pos，下一次调用送入 tokens[:, prev_pos:cur_pos]，start_pos = prev_pos",
+      r"\[\s*:\s*,\s*\w+\s*:\s*\w+\s*\]\s*,\s*\w+", r"forward\("),
     d("generate_does_not_stop", "generate calls the model more times than max_new_tokens asks for",
       "generate 调用模型的次数超过了 max_new_tokens",
       "run the loop exactly max_new_tokens times: for _ in range(max_new_tokens)",

@@ -57,6 +57,7 @@ CRITERION_NAMES = ("criterion", "loss_fn", "loss_func", "loss_compute", "compute
                    "criteria")
 BATCH_NAMES = ("batch", "data", "sample", "b", "example")
 LOADER_NAMES = ("loader", "data_loader", "dataloader", "batches", "data_iter", "train_loader", "iterator",
+                "train_dataloader", "train_iter",
                 "dataset", "train_data", "data")
 ACCUM_NAMES = ("accum_steps", "accumulation_steps", "grad_accum_steps", "gradient_accumulation_steps",
                "accum_iter", "accumulate", "n_accum", "grad_accum", "micro_batches", "accum")

@@ -99,30 +99,32 @@ ENCODABLE: dict[str, Callable[[Tensor], bool]] = {
     "2": _keys_only, "lens": is_prefix, "lens_keys": lambda keep: _keys_only(keep) and is_prefix(keep)}
 
 
-def encode_mask(keep: Tensor | None, convention: str, batch: int | None = None) -> Tensor | None:
+def encode_mask(keep: Tensor | None, convention: str, batch: int | None = None, heads: int = H,
+                ) -> Tensor | None:
     """keep: bool (B|1, 1, T|1, S), True = may attend, written in `convention` ("int", "int3",
-    "int2", "lens", ...), expanded to `batch` rows; the caller checks `encodable` first."""
+    "int2", "lens", ...), expanded to `batch` rows, an attn_mask of one row for each of `heads`;
+    the caller checks `encodable` first."""
     if keep is None:
         return None
     if batch is not None and keep.size(0) != batch:
         keep = keep.expand(batch, *keep.shape[1:])
     name, rank = split(convention)
-    return RANK_FORMS[rank](CONVENTIONS[name][1](keep))
+    return RANK_FORMS[rank](CONVENTIONS[name][1](keep), heads)
 
 
-def _key_padding_or_heads(mask: Tensor) -> Tensor:
+def _key_padding_or_heads(mask: Tensor, heads: int) -> Tensor:
     """nn.MultiheadAttention's: a key padding mask (B, S) where every query sees the same keys, else
     its attn_mask (B * H, T, S)."""
-    return mask[:, 0, 0] if mask.size(-2) == 1 else _heads(mask)
+    return mask[:, 0, 0] if mask.size(-2) == 1 else _heads(mask, heads)
 
 
-def _heads(mask: Tensor) -> Tensor:
+def _heads(mask: Tensor, heads: int) -> Tensor:
     """(B, 1, T, S) -> (B * H, T, S): nn.MultiheadAttention's attn_mask of one row a head."""
     B, _, T, S = mask.shape
-    return mask.expand(B, H, T, S).reshape(B * H, T, S)  # (B * H, T, S)
+    return mask.expand(B, heads, T, S).reshape(B * heads, T, S)  # (B * H, T, S)
 
 
-def _lengths(counts: Tensor) -> Tensor:
+def _lengths(counts: Tensor, heads: int = H) -> Tensor:
     """Valid lengths from the keys each query sees (B, 1, T|1): (B,) when every query sees the same
     keys, else (B, T)."""
     lengths = counts[:, 0]  # (B, T|1)
@@ -130,13 +132,13 @@ def _lengths(counts: Tensor) -> Tensor:
 
 
 # each rank's form of a mask (B, 1, T|1, S) in its convention (valid lengths: of their counts (B, 1, T|1))
-RANK_FORMS: dict[str, Callable[[Tensor], Tensor]] = {
-    "": lambda mask: mask,
-    "3": lambda mask: mask[:, 0],  # (B, T|1, S)
-    "2": lambda mask: mask[:, 0, 0],  # (B, S)
+RANK_FORMS: dict[str, Callable[[Tensor, int], Tensor]] = {
+    "": lambda mask, heads: mask,
+    "3": lambda mask, heads: mask[:, 0],  # (B, T|1, S)
+    "2": lambda mask, heads: mask[:, 0, 0],  # (B, S)
     "n": _key_padding_or_heads,
     "x": _heads,  # (B * H, T|1, S) whatever the mask
-    "s": lambda mask: mask[:, 0].permute(1, 2, 0),  # sequence-first: (T|1, S, B)
+    "s": lambda mask, heads: mask[:, 0].permute(1, 2, 0),  # sequence-first: (T|1, S, B)
     "lens": _lengths, "lens_keys": _lengths,
 }
 

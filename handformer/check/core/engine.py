@@ -22,6 +22,7 @@ from handformer.check.core.adapters import adapter_hint, cannot_check
 from handformer.check.core.adapters import functions as adapter_functions
 from handformer.check.core.adapters import load as load_adapters
 from handformer.check.core.argument_names import names_of
+from handformer.check.core.cache_slices import cache_slice_findings
 from handformer.check.core.conventions import nan_only_on_masked_rows
 from handformer.check.core.discovery import (
     NAMES,
@@ -149,6 +150,7 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
     ctx.learner.calls = ctx.learner.nan_calls = 0
     result = _run_checked(comp, ctx)
     commented_out(result, ctx.path)  # a named mistake beside the one line they commented out
+    _cache_slices(comp, result)
     if result.status == ERROR and not result.findings:
         _nothing_found(comp, ctx, result, result.error)
     settled = nan_only_on_masked_rows(_module_source(ctx), result.findings, result.notes)
@@ -167,6 +169,16 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
     _add_notes(comp, ctx, result)
     ctx.results[comp.name] = result
     return result
+
+
+def _cache_slices(comp: Component, result: ComponentResult) -> None:
+    """A component that failed or raised, nothing named, whose code writes a pre-allocated KV cache
+    elsewhere than from start_pos or reads it to another end (cache_slices.py): that line, a FAIL."""
+    if result.status not in (FAIL, ERROR) or any(f.name != DEPARTS for f in result.findings):
+        return
+    found = cache_slice_findings(comp.obj)
+    if found:
+        result.findings, result.status = found, FAIL
 
 
 def _nothing_found(comp: Component, ctx: Context, result: ComponentResult, error: LearnerError) -> None:

@@ -10,7 +10,11 @@ cast as written. A softmax the learner's code asks for in float32
 for half precision) of float64 scores stays in float64: cast down, the finfo(float64).min their masks
 fill becomes -inf, and a row whose keys are all masked turns to NaN that no run of theirs ever sees;
 so for each door to it (`torch.softmax(s, -1, dtype=...)`, `s.softmax(-1, dtype=...)`) and the
-log-softmax's."""
+log-softmax's. A float mask their code builds stays float32 (`torch.full((T, T), float("-inf"))`,
+`nn.Transformer.generate_square_subsequent_mask(T)`): handed to a float64 attention,
+`F.scaled_dot_product_attention` gives wrong numbers from 16 keys on (torch 2.x on the CPU), and
+nn.MultiheadAttention's weights path raises; neither happens in the float32 the code is written for,
+so while check runs such a mask reaches a float64 attention as float64."""
 
 from __future__ import annotations
 
@@ -35,13 +39,34 @@ def float64_kept() -> Iterator[None]:
     float64, and their float32 softmaxes of float64 scores stay float64, while the block runs; put
     back after it."""
     kept = {(Tensor, "float"): _float_kept, (Tensor, "to"): _to_kept, (torch, "full"): _full_kept,
-            **dict.fromkeys(itertools.product((F, torch, Tensor), ("softmax", "log_softmax")), _upcast_kept)}
+            **dict.fromkeys(itertools.product((F, torch, Tensor), ("softmax", "log_softmax")), _upcast_kept),
+            (F, "scaled_dot_product_attention"): lambda sdpa: _masks_cast(sdpa, {3, "attn_mask"}),
+            (F, "multi_head_attention_forward"): lambda f: _masks_cast(f, {"attn_mask", "key_padding_mask"})}
     held = [(owner, name, getattr(owner, name)) for owner, name in kept]
     _put([(owner, name, kept[owner, name](original)) for owner, name, original in held])
     try:
         yield
     finally:
         _put(held)
+
+
+def _as_query(mask: Any, query: Tensor) -> Any:
+    """A float mask in the query's dtype when the query is float64; any other mask as it is."""
+    if isinstance(mask, Tensor) and mask.is_floating_point() and query.dtype == torch.float64:
+        return mask.to(query.dtype)
+    return mask
+
+
+def _masks_cast(fn: Callable[..., Any], masks: set[int | str]) -> Callable[..., Any]:
+    """fn with its mask arguments (by position after the query, 1 the first, or by name) in its query's
+    dtype (nn.MultiheadAttention calls F.multi_head_attention_forward, which calls the fused attention)."""
+
+    def call(query: Tensor, *args: Any, **kwargs: Any) -> Any:
+        given = dict(enumerate(args, 1)) | kwargs  # positions and names in one table
+        given.update({key: _as_query(given[key], query) for key in masks & given.keys()})
+        return fn(query, *map(given.pop, range(1, len(args) + 1)), **given)
+
+    return call
 
 
 def _put(functions: list[tuple[Any, str, Callable[..., Tensor]]]) -> None:

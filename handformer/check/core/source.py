@@ -318,9 +318,10 @@ def _is_memory(err: BaseException) -> bool:
 
 
 def global_reads(obj: Any) -> set[str]:
-    """The global names a function, or any method of a class, reads (from their code objects)."""
+    """The global names a function, or any method of a class, reads (from their code objects; under
+    a decorator, `@torch.no_grad()`, the code it wraps)."""
     members = vars(obj).values() if inspect.isclass(obj) else [obj]
-    return set().union(*(_code_reads(f.__code__) for f in members if inspect.isfunction(f)))
+    return set().union(*(_code_reads(inspect.unwrap(f).__code__) for f in members if inspect.isfunction(f)))
 
 
 @functools.lru_cache(maxsize=4096)

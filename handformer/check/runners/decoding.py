@@ -289,6 +289,19 @@ def _steered_reference(steered: Any, stop: bool) -> list[int] | None:
         return None
 
 
+def _one_more(got: list[int], right: list[int], stop: bool) -> bool:
+    """The right tokens, run to max_len without an end, then one more: bentrevett's `for i in
+    range(max_len)`, whose max_len counts the tokens after the start symbol."""
+    ended = right[-1:] == [EOS] * stop  # it stops at EOS, and did
+    return len(right) == MAX_LEN and not ended and got[:-1] == right and len(got) == MAX_LEN + 1
+
+
+NEW_TOKENS = text(f"its max_len counts the new tokens (the start symbol apart): asked for {MAX_LEN - 1}, "
+                  f"so that it gives {MAX_LEN} tokens in all, as handformer's max_len does",
+                  f"它的 max_len 数的是新生成的 token（不算起始符号）：检查时传入 {MAX_LEN - 1}，"
+                  f"让它一共给出 {MAX_LEN} 个 token，与 handformer 的 max_len 相同")
+
+
 def _compare_tokens(res: ComponentResult, ctx: Context, comp: Component,
                     given: tuple[dict[str, str | None], dict[str, Any]], model: Any, right: list[int],
                     stop: bool) -> None:
@@ -300,6 +313,10 @@ def _compare_tokens(res: ComponentResult, ctx: Context, comp: Component,
         return ctx.learner.call("forward", comp.obj, **kwargs)
     got = _tokens(ctx, comp, run())
     notes = []
+    if _one_more(got, right, stop) and given[0]["max_len"]:  # its max_len counts the new tokens
+        notes.append(NEW_TOKENS)
+        shorter = kwargs | {given[0]["max_len"]: MAX_LEN - 1}
+        got = _tokens(ctx, comp, ctx.learner.call("forward", comp.obj, **shorter))
     if got[:1] != [BOS]:  # some loops return the new tokens only
         right = right[1:]
         notes.append(text("it returns the new tokens, without the start symbol",

@@ -247,7 +247,7 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
     roles = ((MODEL_NAMES, model.target), (PROMPT_NAMES, ids), (COUNT_NAMES, n),
              (CONTEXT_NAMES, model.context))  # what each argument is handed, by its name
     # and where it has no default: an EOS no model makes, a padding id, a mask of real tokens only
-    ones = torch.ones_like(torch.as_tensor(ids))
+    ones = torch.ones_like(torch.as_tensor(ids)) if _rectangular(ids) else None  # (a ragged list: none)
     needed = ((EOS_NAMES, NEVER), (PAD_NAMES, PAD_ID), (MASK_ARG_NAMES, ones))
     by_name, if_needed = _by_names(roles[::-1]), _by_names(needed)  # the first role that names it
     extra = extra or {}
@@ -268,6 +268,11 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
         else:
             args.append(value)
     return ctx.learner.call("forward", drained(comp.obj), *args, **kwargs)
+
+
+def _rectangular(ids: Any) -> bool:
+    """Prompts of one length (a tensor, or lists as long as each other)."""
+    return isinstance(ids, Tensor) or len({len(row) if isinstance(row, list) else 1 for row in ids}) < 2
 
 
 def _by_names(table: Any) -> dict[str, Any]:

@@ -52,6 +52,7 @@ from handformer.check.runners.generate_loop import (
     prompts,
 )
 from handformer.check.runners.generate_padded import check_padded, padded
+from handformer.check.runners.generate_ragged import check_ragged
 
 PEAK = 1e6  # the learner's logits are not built with a margin: a wider scale keeps near ties certain
 NO_LIMIT = 10**9
@@ -360,4 +361,5 @@ def check_generate(comp: Component, ctx: Context) -> ComponentResult:
         check_with(res, ctx, comp, driver)
         if padded(comp.obj):  # a left-padded batch (generate_padded.py); one it cannot take is passed over
             check_padded(res, ctx, comp, driver, driver.styles(comp.obj)[0])
+        check_ragged(res, ctx, comp, driver)  # prompts of different lengths a loop pads itself (Meta's)
     return finish(res)

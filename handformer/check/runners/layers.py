@@ -421,12 +421,14 @@ MASKED_ROWS = {False: masked_rows, True: _torch_nan_note}
 
 
 # the words of a decoder layer's source mask and target mask
-SOURCE_MASK = re.compile("src|memory|enc|cross|pad", re.I)
+SOURCE_MASK = re.compile("src|memory|enc|cross", re.I)
 TARGET_MASK = re.compile("tgt|trg|self|look|causal|dec|target|sub|slf", re.I)
+# a padding mask is the source's unless it names the target (torch.nn's tgt_key_padding_mask)
+SOURCE_PADDING = re.compile("^(?!.*(?:tgt|trg|self|look|causal|dec|target|sub|slf)).*pad", re.I)
 
 
 def _decoder_mask_names(masks: list[str]) -> tuple[str | None, str | None]:
-    src = next(filter(SOURCE_MASK.search, masks), None)
+    src = next(filter(SOURCE_MASK.search, masks), None) or next(filter(SOURCE_PADDING.search, masks), None)
     tgt = next((m for m in masks if m != src and TARGET_MASK.search(m)), None)
     others = set(masks) - {src}
     if len(others) == 1 < len(masks):  # HF's attention_mask beside encoder_attention_mask (or tgt itself)
@@ -1215,10 +1217,12 @@ def _tutorial_shapes(res: ComponentResult, layer: Layer, ctx: Context) -> None:
     tutorial = {**layer.sizes, **TUTORIAL}  # with the key/value heads it was built with, if it asks
     conv = layer.visible if layer.visible and not layer.visible.startswith("lens") else "int"
     wants = layer.takes_mask or not layer.causal_block
-    tgt = fp.encode_mask(causal(T)[None, None], conv, 2) if wants else None  # in the convention found
+    heads = TUTORIAL["n_heads"]  # nn.MultiheadAttention's attn_mask: one row a head
+    tgt = fp.encode_mask(causal(T)[None, None], conv, 2, heads) if wants else None  # in the convention found
     # a mask the forward requires is given (every source key visible): None is no input it accepts
     every = torch.ones(2, 1, 1, 10, dtype=torch.bool)
-    visible = fp.encode_mask(every, conv, 2) if layer.required_mask or _needs_its_mask(layer, ctx) else None
+    needed = layer.required_mask or _needs_its_mask(layer, ctx)
+    visible = fp.encode_mask(every, conv, 2, heads) if needed else None
     src = torch.full((2,), 10) if layer.stateful or str(layer.visible).startswith("lens") else visible
     masks = (src, tgt if layer.causal_block or layer.required_mask else None)
 
