@@ -383,9 +383,11 @@ LOSS = Probe(
 
 def check_loss(comp: Component, ctx: Context) -> ComponentResult:
     """Cross-entropy with a pad id, or label-smoothed, as the LOSS probe states it. A loss that calls
-    its first argument takes the model, not the logits (`compute_loss(model, tokens)`): not driven."""
+    its first argument takes the model, not the logits (`compute_loss(model, tokens)`; a criterion it
+    is handed is called too, and handed the stand-in): not driven."""
     first = next(iter(call_parameters(comp.obj)), None) if inspect.isfunction(comp.obj) else None
-    if first is not None and re.search(rf"\b{first.name}\(", source_text(comp.obj)):
+    if first is not None and first.name not in CRITERION_NAMES and re.search(rf"\b{first.name}\(",
+                                                                            source_text(comp.obj)):
         raise DiscoveryError(
             f"{comp.name} calls its argument {first.name!r} (a model, not the logits): handformer drives a "
             "loss of (logits, targets); the training step that calls it is checked",
