@@ -15,8 +15,6 @@ PLANTS = {  # name -> (the line as written, the line planted)
     "bpe_encode_merge_order": ('best = min(counts, key=lambda p: self.merges.get(p, float("inf")))',
                                "best = max(counts, key=lambda p: self.merges.get(p, -1))"),
     "bpe_special_token_split": ("if part in self.special_tokens:", "if part in self.inverse_special_tokens:"),
-    "bpe_merges_across_pretokens": ('words = [list(w.encode("utf-8")) for w in self.compiled.findall(text)]',
-                                    'words = [list(text.encode("utf-8"))]'),
 }
 
 
