@@ -91,10 +91,9 @@ def _takes_specials(cls: Any) -> bool:
     """Whether the tokenizer is handed special tokens: by train, or by its constructor when its train
     or encode reads them (minbpe's RegexTokenizer(special_tokens=...); a BasicTokenizer that only
     inherits the argument never uses it)."""
-    if "special" in _roles(cls.train, skip=1).values():
-        return True
     reads = "special" in (source_text(cls.train) + source_text(cls.encode)).lower()
-    return reads and "special" in _roles(cls.__init__, skip=1).values()
+    init = _roles(cls.__init__, skip=1) if reads else {}
+    return "special" in {**_roles(cls.train, skip=1), **init}.values()
 
 
 def _init_kwargs(cls: Any, specials: list[str]) -> dict[str, Any]:

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.argument_names import CRITERION_NAMES
+from handformer.check.core.argument_names import CRITERION_NAMES, MODEL_NAMES, STEP_MODEL_NAMES
 from handformer.check.core.context import (
     Context,
     call_parameters,
@@ -383,15 +383,15 @@ LOSS = Probe(
 
 def check_loss(comp: Component, ctx: Context) -> ComponentResult:
     """Cross-entropy with a pad id, or label-smoothed, as the LOSS probe states it. A loss that calls
-    its first argument takes the model, not the logits (`compute_loss(model, tokens)`; a criterion it
-    is handed is called too, and handed the stand-in): not driven."""
-    first = next(iter(call_parameters(comp.obj)), None) if inspect.isfunction(comp.obj) else None
-    if first is not None and first.name not in CRITERION_NAMES and re.search(rf"\b{first.name}\(",
-                                                                            source_text(comp.obj)):
+    its first argument, named as a model, takes the model, not the logits (`compute_loss(model,
+    tokens)`): not driven."""
+    first = next(iter(call_parameters(comp.obj)), None)
+    name = getattr(first, "name", "")
+    if name in MODEL_NAMES + STEP_MODEL_NAMES and re.search(rf"(?<![.\w]){name}\(", source_text(comp.obj)):
         raise DiscoveryError(
-            f"{comp.name} calls its argument {first.name!r} (a model, not the logits): handformer drives a "
+            f"{comp.name} calls its argument {name!r} (a model, not the logits): handformer drives a "
             "loss of (logits, targets); the training step that calls it is checked",
-            zh=f"{comp.name} 调用了参数 {first.name!r}（是模型，不是 logits）：handformer 检查的损失函数接受 "
+            zh=f"{comp.name} 调用了参数 {name!r}（是模型，不是 logits）：handformer 检查的损失函数接受 "
                "(logits, targets)；调用它的训练一步会被检查")
     return run_probe(LOSS, comp, ctx)
 
