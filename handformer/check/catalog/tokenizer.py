@@ -12,6 +12,7 @@ DIAGNOSES: list[Diagnosis] = [
         "先用 GPT-2 的正则把每段文本切成预分词（regex.finditer(PAT, text)），训练和 encode 都只在"
         "一个预分词内部数相邻的对",
         r"for \w+ in (?!match)\w+\.encode\(",
+        r"\.append\(\s*(?:chunk|text|piece|part|doc|document|segment)\w*\s*\)",  # a whole piece as one word
         r"\b(chunk|text|piece|part|doc|document|segment)\w*\.encode\(",
         r"finditer|findall",
         r"encode\(",
@@ -68,6 +69,8 @@ DIAGNOSES: list[Diagnosis] = [
         "cut the text at the special tokens first (regex.split with a capturing group) and emit each one's "
         "own id",
         "先在特殊 token 处把文本切开（带捕获组的 regex.split），每个特殊 token 直接输出它自己的 id",
+        # a piece of text looked up in the table keyed by id (decode's lookup of an id is right)
+        r"\bif\s+(?!(?:i|idx|id|ids|token_id|tid)\b)\w+\s+in\s+(?:self\.)?\w*(?:inverse|id_to|itos)\w*",
         r"=\s*\[\s*text\s*\]",
         r"special",
     ),
@@ -92,6 +95,7 @@ DIAGNOSES: list[Diagnosis] = [
         "key=ranks.get)",
         r"pairs\[0\]|\[0\]\s*$",
         r"reversed\(|\[::-1\]",
+        r"\bmax\(.*(?:merge|rank)",  # the pair learnt last first
         r"min\(",
         r"rank",
     ),

@@ -611,8 +611,18 @@ def drives_only(module: nn.Module) -> bool:
     torch's nn.MultiheadAttention, holding a square projection or a fused (3n, n) one); what attention
     it has, if any, is a few lines of its own forward (a single-head TinyLM made to run `generate`)."""
     inside = [m for m in module.modules() if type(m).__module__ not in TORCH_PLAIN]  # the model first
-    return not any(p.dim() == 2 and p.size(0) in (p.size(1), 3 * p.size(1))
-                   for m in inside[1:] for p in m.parameters())
+    return one_layer(module) or not any(p.dim() == 2 and p.size(0) in (p.size(1), 3 * p.size(1))
+                                        for m in inside[1:] for p in m.parameters())
+
+
+def one_layer(module: nn.Module) -> bool:
+    """A toy of one attention layer and no more: no list of blocks, no feed-forward (no two linear
+    layers of D -> F and F -> D): a TinyLM of embeddings, one nn.MultiheadAttention, a norm and a head,
+    written to run a sampling file's `generate`. Only a model check could not map is asked."""
+    linears = filter(lambda m: isinstance(m, nn.Linear), module.modules())
+    shapes = {(m.in_features, m.out_features) for m in linears}
+    ffn = any(map(lambda shape: shape[::-1] in shapes - {shape}, shapes))  # D -> F and F -> D, F != D
+    return not ffn and nn.ModuleList not in set(map(type, module.modules()))
 
 
 DRIVER_NOTE = text("a toy model with no block or attention class of its own (a few torch.nn layers, written "

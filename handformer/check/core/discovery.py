@@ -205,7 +205,7 @@ def find_components(module: types.ModuleType, overrides: dict[str, str] | None =
                 found.append(Component(kind, cls.__name__, cls))
         else:
             found = [c for c in found if c.kind != kind] + [Component(kind, f"{name} (adapter)", fn)]
-    return sorted(_without_dispatchers(found), key=lambda c: KINDS.index(c.kind))
+    return sorted(_without_bases(_without_dispatchers(found)), key=lambda c: KINDS.index(c.kind))
 
 
 def _without_dispatchers(found: list[Component]) -> list[Component]:
@@ -214,6 +214,23 @@ def _without_dispatchers(found: list[Component]) -> list[Component]:
     checked. A schedule that wraps one other (a LambdaLR of rate(step + 1, ...)) is a schedule itself."""
     schedules = {id(c.obj) for c in found if c.kind == "schedule"}
     return [c for c in found if c.kind != "schedule" or len(schedules & set(map(id, _reached(c.obj)))) < 2]
+
+
+def _without_bases(found: list[Component]) -> list[Component]:
+    """The components less the abstract base classes of tokenizers found beside them (minbpe's
+    `Tokenizer`, whose train and encode raise NotImplementedError or are missing): their subclasses
+    are checked."""
+    bases = set(map(id, itertools.chain.from_iterable(getattr(c.obj, "__mro__", ())[1:] for c in found)))
+    return [c for c in found
+            if c.kind != "bpe_tokenizer" or id(c.obj) not in bases or not not_implemented(c.obj)]
+
+
+def not_implemented(cls: type) -> bool:
+    """A class missing one of TOKENIZER_METHODS, or one whose only global is NotImplementedError (a
+    body that raises it, maybe under a docstring)."""
+    methods = [getattr(cls, m, None) for m in TOKENIZER_METHODS]
+    names = map(lambda m: getattr(getattr(m, "__code__", None), "co_names", ()), methods)
+    return not all(map(callable, methods)) or ("NotImplementedError",) in names
 
 
 def _reached(fn: Any) -> list[Any]:

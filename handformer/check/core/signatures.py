@@ -241,14 +241,22 @@ def lm_step(fn: Any) -> bool:
     target itself (an encoder-decoder's step feeds tgt[:, :-1])."""
     _, names, required = _signature(fn)
     windows = (LOADER_NAMES,) if drawn_loader(fn) else (X_NAMES, Y_NAMES)
-    windows = (BATCH_NAMES,) if paired_batch(fn) else windows
+    tokens = token_batch(fn)
+    windows = (BATCH_NAMES,) if paired_batch(fn) or tokens else windows
     groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, *windows)
     if not _takes_each(names, groups):
         return False
     rest = required - set().union(*groups, LR_NAMES, ACCUM_NAMES)
     # nanoGPT's train_step(model, optimizer, X, Y, iter_num, cfg): the iteration and a configuration
     rest -= set(SCHEDULE_STEP_NAMES) | set(_config_fields(fn, rest))
-    return not rest and not SHIFT.search(source_text(fn))
+    return not rest and (tokens is not None or not SHIFT.search(source_text(fn)))
+
+
+def token_batch(fn: Any) -> str | None:
+    """The batch a step takes as one tensor of token windows (B, T + 1) that it cuts into micro-batches
+    or shifts itself (`batch.chunk(accum)`, `batch[:, :-1]`): inputs and targets are made from it."""
+    return _argument_used(fn, BATCH_NAMES, r"\b{0}\.(?:chunk|split)\(|torch\.(?:chunk|split)\(\s*{0}\b|"
+                                           r"\b{0}\[\s*:\s*,\s*(?::-1|1:)\s*\]")
 
 
 def drawn_loader(fn: Any) -> str | None:

@@ -158,9 +158,18 @@ def _second_norm_call(lines: list[tuple[int, str]]) -> tuple[int | None, str | N
     return None, None
 
 
+def _shift_commented_out(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+    """The line that would shift top-p's removal mask right, commented out (`# remove[..., 1:] =
+    remove[..., :-1]`): the token that crosses p is then dropped."""
+    found = [(n, line.strip()) for n, line in lines if COMMENTED_SHIFT.match(line)]
+    return found[0] if found else (None, None)
+
+
 NORM_CALL = re.compile(r"(?i)self\.(\w*(?:norm|ln)\w*)\(")
+COMMENTED_SHIFT = re.compile(r"\s*#\s*[\w.]+\[\s*\.\.\.\s*,\s*1\s*:\s*\]\s*=\s*"
+                             r"[\w.]+\[\s*\.\.\.\s*,\s*:\s*-1\s*\]")
 # diagnoses whose line is found by more than a pattern of one line
-LINE_FINDERS = {"shared_norm": _second_norm_call}
+LINE_FINDERS = {"shared_norm": _second_norm_call, "top_p_drops_crossing": _shift_commented_out}
 
 
 def first_pattern_matches(name: str, code: str) -> bool:

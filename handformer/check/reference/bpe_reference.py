@@ -53,7 +53,8 @@ KNOWN_PATTERNS = {"GPT-2": GPT2_PATTERN, "GPT-4": GPT4_PATTERN}
 @contextlib.contextmanager
 def split_by(pattern: str | Callable[[str], list[str]]) -> Iterator[None]:
     """Pre-tokenize by `pattern` (a learner's own, a tokenizer's GPT-4 pattern, or a learner's function
-    of a text to its pre-tokens) inside the block."""
+    of a text to its pre-tokens: their own function, or the findall of their compiled pattern, run by
+    its own engine) inside the block."""
     global PRETOKEN
     split = regex.compile(pattern) if isinstance(pattern, str) else types.SimpleNamespace(findall=pattern)
     old, PRETOKEN = PRETOKEN, split
@@ -135,19 +136,17 @@ class _Greater:
         return self.pair > other.pair
 
 
-def train(text: str, vocab_size: int, special_tokens: list[str]) -> tuple[dict[int, bytes], list[Pair]]:
+def train(text: str, vocab_size: int, special_tokens: list[str],
+          smaller: bool = False) -> tuple[dict[int, bytes], list[Pair]]:
     """(vocab, merges) of byte-level BPE on `text`, `vocab_size` tokens in all, special tokens
-    included. Pair counts are updated after each merge, only for the pre-tokens that hold it."""
+    included. Pair counts are updated after each merge, only for the pre-tokens that hold it.
+    `smaller`: a tie goes to the smaller pair (minbpe's convention when it breaks ties by bytes)."""
+    order = (_Greater, tuple)[smaller]  # the key a min-heap pops first: the greater pair, or the smaller
     vocab = base_vocab(special_tokens)
     counted = pretokenize(text, special_tokens)
     words, freq = [list(w) for w in counted], list(counted.values())
-    counts: Counter[Pair] = Counter()
-    where: dict[Pair, set[int]] = {}
-    for i, word in enumerate(words):
-        for pair in pairs_of(tuple(word)):
-            counts[pair] += freq[i]
-            where.setdefault(pair, set()).add(i)
-    heap = [(-n, _Greater(p), p) for p, n in counts.items()]
+    counts, where = _pair_index(words, freq)
+    heap = [(-n, order(p), p) for p, n in counts.items()]
     heapq.heapify(heap)
     merges: list[Pair] = []
     while len(vocab) < vocab_size and heap:
@@ -171,8 +170,19 @@ def train(text: str, vocab_size: int, special_tokens: list[str]) -> tuple[dict[i
         del counts[pair]
         for p in changed:
             if p != pair and counts.get(p, 0) > 0:
-                heapq.heappush(heap, (-counts[p], _Greater(p), p))
+                heapq.heappush(heap, (-counts[p], order(p), p))
     return vocab, merges
+
+
+def _pair_index(words: list[list[bytes]], freq: list[int]) -> tuple[Counter[Pair], dict[Pair, set[int]]]:
+    """Each pair's count over the words (each word `freq` times), and the words that hold it."""
+    counts: Counter[Pair] = Counter()
+    where: dict[Pair, set[int]] = {}
+    for i, word in enumerate(words):
+        for pair in pairs_of(tuple(word)):
+            counts[pair] += freq[i]
+            where.setdefault(pair, set()).add(i)
+    return counts, where
 
 
 def train_naive(
@@ -214,7 +224,7 @@ def _count(words: Counter[Word]) -> Counter[Pair]:
 def encode_word(word: Word, ranks: dict[Pair, int], order: str = "rank") -> Word:
     """A pre-token's bytes merged: the pair of lowest rank first, every occurrence of it ("rank");
     or the named mistakes: the leftmost pair that has a rank first, whatever its rank ("leftmost"),
-    the merges applied
+    the pair of highest rank first, again until none has one ("latest"), the merges applied
     from the last learnt to the first ("reversed")."""
     if order == "reversed":
         for pair in sorted(ranks, key=ranks.__getitem__, reverse=True):
@@ -224,7 +234,8 @@ def encode_word(word: Word, ranks: dict[Pair, int], order: str = "rank") -> Word
         present = [p for p in pairs_of(word) if p in ranks]
         if not present:
             break
-        pair = present[0] if order == "leftmost" else min(present, key=ranks.__getitem__)
+        pick = {"leftmost": lambda found: found[0], "latest": lambda found: max(found, key=ranks.__getitem__)}
+        pair = pick.get(order, lambda found: min(found, key=ranks.__getitem__))(present)
         word = merge_word(word, pair)
     return word
 
@@ -238,7 +249,7 @@ def encode(
 ) -> list[int]:
     """The ids of `text`. Flags: "specials_ignored" (special tokens encoded as ordinary text),
     "specials_shortest_first" (a special token inside a longer one wins), "across_pretokens",
-    "order_leftmost", "order_reversed" (see `encode_word`)."""
+    "order_leftmost", "order_latest", "order_reversed" (see `encode_word`)."""
     ids = {b: i for i, b in vocab.items()}
     ranks = {p: r for r, p in enumerate(merges)}
     order = next((f.removeprefix("order_") for f in flags if f.startswith("order_")), "rank")

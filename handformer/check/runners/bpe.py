@@ -471,7 +471,8 @@ def _inside_special(pair: R.Pair) -> bool:
 
 def _across_pretokens(pair: R.Pair) -> bool:
     """A merge that no pre-token holds whole: trained across their edges."""
-    return not R.PRETOKEN.fullmatch((pair[0] + pair[1]).decode("utf-8", "replace"))
+    joined = (pair[0] + pair[1]).decode("utf-8", "replace")
+    return R.PRETOKEN.findall(joined) != [joined]
 
 
 # a cut diagnosis -> (what it trains on, in English and Chinese; a merge only that mistake makes)

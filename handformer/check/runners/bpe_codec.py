@@ -45,6 +45,7 @@ ENCODE_FLAGS = (
     "specials_shortest_first",
     "across_pretokens",
     "order_leftmost",
+    "order_latest",
     "order_reversed",
 )
 ENCODE_DIAGNOSES = {
@@ -52,12 +53,17 @@ ENCODE_DIAGNOSES = {
     "specials_shortest_first": "bpe_overlapping_specials",
     "across_pretokens": "bpe_merges_across_pretokens",
     "order_leftmost": "bpe_encode_merge_order",
+    "order_latest": "bpe_encode_merge_order",
     "order_reversed": "bpe_encode_merge_order",
 }
 ORDER_FORMS = {
     "leftmost": (
         "the leftmost pair that has a rank goes first, not the earliest learnt",
         "先合并最左边能合并的一对，而不是最早学到的那一对",
+    ),
+    "latest": (
+        "the pair learnt last goes first, not the earliest learnt",
+        "先合并最晚学到的那一对，而不是最早学到的",
     ),
     "reversed": (
         "the merges are applied from the last learnt to the first",

@@ -15,11 +15,14 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import regex
+
+from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import call_parameters
 from handformer.check.core.context import Context, finish
-from handformer.check.core.discovery import Component, trains_itself
+from handformer.check.core.discovery import Component, own_objects, trains_itself
 from handformer.check.core.result import Check, ComponentResult, text
-from handformer.check.core.source import source_lines
+from handformer.check.core.source import global_reads, reachable, source_lines, source_text
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import CORPUS, SPECIAL, VOCAB_SIZE
 from handformer.check.runners import bpe, bpe_codec, bpe_pieces
@@ -39,32 +42,68 @@ def check_tokenizer(comp: Component, ctx: Context) -> ComponentResult:
 
 
 def check_trainable(comp: Component, ctx: Context) -> ComponentResult:
-    """Train, compare the merges under its own pattern, then encode and decode."""
+    """Train, compare the merges under its own pattern (and its ties to the smaller pair, when that
+    is how it breaks them), then encode and decode."""
     res = ctx.result(comp)
-    tok = ctx.learner.call("__init__", comp.obj)
-    kwargs = _train_kwargs(tok.train)
+    specials = SPECIALS[:2 * _takes_specials(comp.obj)]
+    tok = ctx.learner.call("__init__", comp.obj, **_init_kwargs(comp.obj, specials))
+    kwargs = _train_kwargs(tok.train, bool(specials))
     with bpe.deadline(bpe.FIXTURE_LIMIT):
         ctx.learner.call("train", tok.train, **kwargs)
     vocab, merges = _learnt(tok)
     if bpe_pieces.character_merges(merges):  # SentencePiece's BPE on characters: no byte-level reference
         bpe_pieces.check_pieces(res, ctx, lambda lines: _trained_on(comp, ctx, kwargs, lines), merges)
         return finish(res)
-    pattern = _pattern(tok)
+    split, pattern = _splitter(tok, comp, ctx)
     lines = source_lines(ctx.objects(comp))
+    _split_note(res, ctx, pattern)
+    with R.split_by(split):
+        size = kwargs.get("vocab_size", VOCAB_SIZE + 1)
+        ref_merges = R.train(CORPUS, size, specials)[1]
+        bpe.compare_merges(res, merges, ref_merges, specials, lines)
+        held = _special_ids(tok)
+        vocab |= dict(zip(held.values(), map(str.encode, held)))
+        ties = (ref_merges, R.train(CORPUS, size, specials, smaller=True)[1])  # a tie rule is a convention
+        if merges in ties and set(map(str.encode, specials)) <= set(vocab.values()):
+            codec = bpe_codec.Codec.__new__(bpe_codec.Codec)
+            codec.comp, codec.ctx, codec.encode_fn, codec.decode_fn = comp, ctx, tok.encode, tok.decode
+            bpe_codec.grade_codec(res, codec, vocab, merges, specials, lines)
+    return finish(res)
+
+
+def _split_note(res: ComponentResult, ctx: Context, pattern: str | None) -> None:
+    """Which pre-tokenizer the reference was trained with: the learner's pattern, or none at all."""
+    if pattern is None:
+        res.notes.append(text(
+            "your tokenizer has no pre-tokenizer (it trains on the whole byte sequence, minbpe's "
+            "BasicTokenizer): graded against a reference trained without one",
+            "你的分词器没有预分词（在整段字节序列上训练，像 minbpe 的 BasicTokenizer）："
+            "按不做预分词训练的参考实现评判"))
+        return
     _check_pattern(res, ctx, pattern)
     names = {p: (f"{name}'s", name) for name, p in R.KNOWN_PATTERNS.items()}
     known = names.get(pattern, ("your own", "你自己的"))
     res.notes.append(text(f"trained and graded with your split pattern ({known[0]})",
                           f"用你的切分正则训练和评判（{known[1]}）"))
-    specials = SPECIALS[:2 * ("special" in _roles(tok.train).values())]
-    with R.split_by(pattern):
-        _, ref_merges = R.train(CORPUS, kwargs.get("vocab_size", VOCAB_SIZE + 1), specials)
-        bpe.compare_merges(res, merges, ref_merges, specials, lines)
-        if merges == ref_merges and set(map(str.encode, specials)) <= set(vocab.values()):
-            codec = bpe_codec.Codec.__new__(bpe_codec.Codec)
-            codec.comp, codec.ctx, codec.encode_fn, codec.decode_fn = comp, ctx, tok.encode, tok.decode
-            bpe_codec.grade_codec(res, codec, vocab, merges, specials, lines)
-    return finish(res)
+
+
+def _takes_specials(cls: Any) -> bool:
+    """Whether the tokenizer is handed special tokens: by train, or by its constructor when its train
+    or encode reads them (minbpe's RegexTokenizer(special_tokens=...); a BasicTokenizer that only
+    inherits the argument never uses it)."""
+    reads = "special" in (source_text(cls.train) + source_text(cls.encode)).lower()
+    init = _roles(cls.__init__, skip=1) if reads else {}
+    return "special" in {**_roles(cls.train, skip=1), **init}.values()
+
+
+def _init_kwargs(cls: Any, specials: list[str]) -> dict[str, Any]:
+    roles = _roles(cls.__init__, skip=1)
+    return {name: list(specials) for name, role in roles.items() if role == "special"}
+
+
+def _special_ids(tok: Any) -> dict[str, int]:
+    """The special tokens the instance holds, text -> id (minbpe's special_tokens), after training."""
+    return next(filter(lambda v: bpe.typed(v, str, int) and set(v) <= set(SPECIALS), vars(tok).values()), {})
 
 
 def _trained_on(comp: Component, ctx: Context, kwargs: dict[str, Any], corpus: Any) -> tuple[Any, list[Any]]:
@@ -76,15 +115,17 @@ def _trained_on(comp: Component, ctx: Context, kwargs: dict[str, Any], corpus: A
     return tok, _learnt(tok)[1]
 
 
-def _roles(fn: Any) -> dict[str, str]:
-    return {p.name: bpe.argument_role(p.name, first=i == 0) for i, p in enumerate(call_parameters(fn))}
+def _roles(fn: Any, skip: int = 0) -> dict[str, str]:
+    """Each argument's role by its name (bpe.argument_role); `skip`: the arguments before (self)."""
+    params = call_parameters(fn)[skip:]
+    return {p.name: bpe.argument_role(p.name, first=i + skip == 0) for i, p in enumerate(params)}
 
 
-def _train_kwargs(fn: Any) -> dict[str, Any]:
+def _train_kwargs(fn: Any, specials: bool) -> dict[str, Any]:
     """train's arguments by name: the corpus, vocab_size (the bytes, 180 merges and two special
     tokens; without special tokens two less) or the number of merges, the special tokens."""
     roles = _roles(fn)
-    without = 2 * ("special" not in roles.values())
+    without = 2 * (not specials)
     values = {"text": CORPUS, "vocab_size": VOCAB_SIZE + 1 - without, "merges": VOCAB_SIZE - 257,
               "special": list(SPECIALS)}
     return {name: values[role] for name, role in roles.items() if role in values}
@@ -111,12 +152,35 @@ def _byte_level(held: list[Any], pairs: list[R.Pair]) -> tuple[dict[int, bytes],
     return dict(zip(encoder.values(), map(bpe.gpt2_bytes, encoder))), merges
 
 
-def _pattern(tok: Any) -> str:
-    """The split pattern the instance holds (a compiled regex, or a string attribute named
-    pattern); GPT-2's when it holds none."""
+def _splitter(tok: Any, comp: Component, ctx: Context) -> tuple[Any, str | None]:
+    """(what the reference pre-tokenizes by, the pattern as written or None): the compiled pattern
+    the instance holds, run by its own engine (`re` and `regex` differ on a joiner such as U+200D); a
+    string attribute named pattern; no split at all where the tokenizer has no pre-tokenizer
+    anywhere (minbpe's BasicTokenizer); else GPT-2's."""
     held = vars(tok)
-    found = [getattr(v, "pattern", None) for v in held.values()] + [held.get("pattern")]
-    return next(filter(lambda p: isinstance(p, str), found), R.GPT2_PATTERN)
+    compiled = next(filter(lambda v: hasattr(v, "findall"), held.values()), None) or fp.quietly(
+        lambda: regex.compile(held["pattern"]))
+    if compiled is not None:
+        return compiled.findall, compiled.pattern
+    whole = (lambda piece: [piece]), None  # no pre-tokenizer: each piece between special tokens is one word
+    return whole if never_splits(comp.obj, ctx) else (R.GPT2_PATTERN, R.GPT2_PATTERN)
+
+
+def never_splits(cls: type, ctx: Context) -> bool:
+    """A tokenizer with no pre-tokenizer: neither the class (its bases too) nor a class or function of
+    its file that it reaches reads a split pattern (a string or compiled pattern that cuts a text into
+    pieces that join back to it) or calls a function that cuts one."""
+    own = own_objects(ctx.module)
+    reads = set().union(*map(global_reads, cls.__mro__))
+    reached = reachable(reads, lambda name: global_reads(own.get(name)))
+    return not any(_cuts(getattr(ctx.module, name, None)) for name in reached)
+
+
+def _cuts(value: Any) -> bool:
+    """A split pattern (as a string or compiled) or a function that cuts SPLIT_SAMPLE into pieces."""
+    compiled = fp.quietly(lambda: regex.compile(value)) if isinstance(value, str) else value
+    split = getattr(compiled, "findall", compiled)  # a function of the text, or a pattern's findall
+    return inspect.isroutine(split) and bpe._splits(split)
 
 
 def _check_pattern(res: ComponentResult, ctx: Context, pattern: str) -> None:

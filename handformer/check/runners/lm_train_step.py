@@ -44,7 +44,7 @@ from handformer.check.core.context import Context, error_text, finish, forward_p
 from handformer.check.core.discovery import Component, cannot_fill, defaulted_config
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
-from handformer.check.core.signatures import drawn_loader, kind_of, paired_batch
+from handformer.check.core.signatures import drawn_loader, kind_of, paired_batch, token_batch
 from handformer.check.core.source import config_reads, functions_called, locate, source_lines, source_text
 from handformer.check.runners.localize_train import localize_lm_step
 from handformer.check.runners.train_step import (
@@ -157,8 +157,9 @@ class Step:
         self.accum = named(names, ACCUM_NAMES)  # driven with ACCUM micro-batches
         self.loader = drawn_loader(comp.obj)  # x and y drawn from it: Windows
         self.pair = paired_batch(comp.obj)  # x and y given as one (x, y) batch
+        self.tokens = token_batch(comp.obj)  # x and y cut from one (B, T + 1) tensor of windows
         known = {self.model, self.opt, self.x, self.y, self.lr, self.sched, self.scaler, self.accum,
-                 self.loader, self.pair}
+                 self.loader, self.pair, self.tokens}
         rest = [n for n in required if n not in known]
         self.count = named(rest, SCHEDULE_STEP_NAMES)  # the iteration (nanoGPT's iter_num): 0, then 1
         # a configuration (nanoGPT's cfg): its micro-steps, clipping norm, and whether it sets the rate
@@ -166,7 +167,7 @@ class Step:
         self.micro = self.accum or self.fields.get("accum")  # what sets the micro-steps: argument or field
         self.rows = BATCH * ACCUM if self.micro else BATCH  # windows a batch: BATCH a micro-batch
         self.seen: list[float] = []  # the rate the learner's step left in the optimizer, each call
-        found = self.model and self.opt and (self.x and self.y or self.loader or self.pair)
+        found = self.model and self.opt and (self.x and self.y or self.loader or self.pair or self.tokens)
         cannot_fill(comp.name, sorted(rest), {self.count, self.config}, found, "model / optimizer / x / y", (
             "a language model's training step takes (model, x, y, optimizer, lr): the inputs, the targets "
             "(the inputs moved on by one token) and the schedule's learning rate",
@@ -201,6 +202,7 @@ class Step:
         parts = self.rows // BATCH  # ACCUM micro-batches, or the one batch
         given = {self.x: x.clone, self.y: y.clone, self.loader: lambda: Windows(x, y, parts),
                  self.pair: lambda: (x.clone(), y.clone()),
+                 self.tokens: lambda: torch.cat([x, y[:, -1:]], dim=1),  # (B, T + 1)
                  self.lr: lambda: lr, self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler,
                  self.accum: lambda: ACCUM, self.count: lambda: len(self.seen) % 2, self.config: self._config}
         kwargs.update({name: make() for name, make in given.items() if name})

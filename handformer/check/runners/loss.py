@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import inspect
 import itertools
+import re
 import textwrap
 from collections.abc import Callable
 from typing import Any
@@ -32,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.argument_names import CRITERION_NAMES
+from handformer.check.core.argument_names import CRITERION_NAMES, MODEL_NAMES, STEP_MODEL_NAMES
 from handformer.check.core.context import (
     Context,
     call_parameters,
@@ -41,12 +42,12 @@ from handformer.check.core.context import (
     names_of,
 )
 from handformer.check.core.conventions import is_lengths_name
-from handformer.check.core.discovery import Component, cannot_fill
+from handformer.check.core.discovery import Component, DiscoveryError, cannot_fill
 from handformer.check.core.localize import Departure, View, latest_departure, over_axes, trace_steps
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.probe import Found, Probe, Subject, run_probe
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.reference.variants import has
 from handformer.training.losses import token_cross_entropy
 
@@ -381,7 +382,17 @@ LOSS = Probe(
 
 
 def check_loss(comp: Component, ctx: Context) -> ComponentResult:
-    """Cross-entropy with a pad id, or label-smoothed, as the LOSS probe states it."""
+    """Cross-entropy with a pad id, or label-smoothed, as the LOSS probe states it. A loss that calls
+    its first argument, named as a model, takes the model, not the logits (`compute_loss(model,
+    tokens)`): not driven."""
+    first = next(iter(call_parameters(comp.obj)), None)
+    name = getattr(first, "name", "")
+    if name in MODEL_NAMES + STEP_MODEL_NAMES and re.search(rf"(?<![.\w]){name}\(", source_text(comp.obj)):
+        raise DiscoveryError(
+            f"{comp.name} calls its argument {name!r} (a model, not the logits): handformer drives a "
+            "loss of (logits, targets); the training step that calls it is checked",
+            zh=f"{comp.name} 调用了参数 {name!r}（是模型，不是 logits）：handformer 检查的损失函数接受 "
+               "(logits, targets)；调用它的训练一步会被检查")
     return run_probe(LOSS, comp, ctx)
 
 
