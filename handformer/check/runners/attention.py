@@ -42,6 +42,7 @@ from handformer.check.core.context import (
     attention_flags,
     batch_first,
     causal,
+    comment_says_keep,
     error_text,
     file_masks_keep,
     finish,
@@ -74,6 +75,7 @@ from handformer.check.core.localize import (
     note_raised_attention,
 )
 from handformer.check.core.localize_kinds import localize_masked_softmax, localize_sdpa, note_departure
+from handformer.check.core.prenorm_inside import take_out_leading_norm
 from handformer.check.core.probe import Found, Probe, Subject, drive, run_probe
 from handformer.check.core.projection_elsewhere import projection_elsewhere
 from handformer.check.core.reference_attention import handformer_attention
@@ -680,6 +682,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     module = ctx.build(comp, sizes, warmup=lambda m: caller(m).call(x.float(), x.float(), x.float(), None))
     if (parts := sublayer_parts(module, computes_attention, D)) is not None:  # T5's layer, BERT's wrapper
         return grade_sublayer(res, comp, module, parts)
+    take_out_leading_norm(res, module, D, lambda h: fp.first_tensor(caller(module).call(h, h, h, None), 3))
     linears, qk_norms = _projections(comp, module, heads)
     if heads != 1 and single_head(comp, linears, n_kv_heads):  # checked again with one head
         return check_mha(comp, ctx, sizes["causal"], n_kv_heads, heads=1)
@@ -916,7 +919,7 @@ def _conventions(ctx: Context, module: Any, c: Caller) -> tuple[str, ...]:
     file's own causal mask writes True = may see (then that attention reads its file's masks inverted)."""
     convs = SEQUENCE_FIRST_CONVENTIONS * bool(c.state.get("first")) + ctx.conventions(c.mask_name)
     if ctx.convention is None and masks_where_true_inside(module, c.mask_name) and not file_masks_keep(ctx) \
-            and not says_keep(c.mask_name):
+            and not says_keep(c.mask_name) and not comment_says_keep(type(module).forward):
         convs = ("torch", "torch3", "torch2") + convs
     return convs
 

@@ -36,6 +36,7 @@ from handformer.check.core.localize_kinds import (
     localize_norm,
     localize_table,
 )
+from handformer.check.core.prenorm_inside import take_out_leading_norm
 from handformer.check.core.probe import Found, Probe, Subject, localize_step, name_findings, run_probe
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.sizes import SIZES
@@ -196,6 +197,7 @@ def _build_ffn(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     activation its form allows; a norm inside is not a FFN alone (MappingError)."""
     x = fp.randn(2, 5, D, seed=1)
     module = ctx.build(comp, warmup=lambda m: m(x.float()))
+    take_out_leading_norm(res, module, D, lambda h: fp.first_tensor(module(h), 3))  # vit-pytorch's
     norms = of_kind(leaves(module), "norm")
     if norms:  # jadore801120's FFN adds its input back and normalizes: a sublayer, not the FFN alone
         shapes = shapes_text(norms)
