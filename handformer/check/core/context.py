@@ -411,7 +411,8 @@ def says_keep(name: str | None) -> bool:
 
 # a comment or docstring of the attention's forward that says its mask's True lets a key through
 # (lucidrains': `# mask: (b, n) bool, True = keep this token`)
-KEEP_COMMENT = re.compile(r"\bTrue\s*(?:=|:|means|is)\s*(?:keep|attend|visible|valid|real|may|can)", re.I)
+KEEP_COMMENT = re.compile(r"\bTrue\s*(?:=|:|means|is)\s*"
+                          r"(?:keep|attend|visible|valid|real|(?:may|can) (?:attend|see))", re.I)
 
 
 def comment_says_keep(forward: Any) -> bool:

@@ -919,7 +919,7 @@ def _conventions(ctx: Context, module: Any, c: Caller) -> tuple[str, ...]:
     file's own causal mask writes True = may see (then that attention reads its file's masks inverted)."""
     convs = SEQUENCE_FIRST_CONVENTIONS * bool(c.state.get("first")) + ctx.conventions(c.mask_name)
     if ctx.convention is None and masks_where_true_inside(module, c.mask_name) and not file_masks_keep(ctx) \
-            and not says_keep(c.mask_name) and not comment_says_keep(type(module).forward):
+            and not says_keep(c.mask_name) and not comment_says_keep(getattr(module, "forward", module)):
         convs = ("torch", "torch3", "torch2") + convs
     return convs
 
