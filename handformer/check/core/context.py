@@ -421,6 +421,17 @@ def says_keep(name: str | None) -> bool:
     return bool(name) and any(word in name.lower() for word in KEEP_NAMES)
 
 
+# a comment or docstring of the attention's forward that says its mask's True lets a key through
+# (lucidrains': `# mask: (b, n) bool, True = keep this token`)
+KEEP_COMMENT = re.compile(r"\bTrue\s*(?:=|:|means|is)\s*"
+                          r"(?:keep|attend|visible|valid|real|(?:may|can) (?:attend|see))", re.I)
+
+
+def comment_says_keep(forward: Any) -> bool:
+    """Whether the forward's own words state True = may attend: never read as torch.nn's True = masked."""
+    return bool(KEEP_COMMENT.search(source_text(forward)))
+
+
 SIZE_MISMATCH = ("must match the size", "size of tensor", "expanded size", "shape mismatch",
                  "does not match the shape", "cannot be broadcast", "not broadcastable")
 

@@ -42,6 +42,7 @@ from handformer.check.core.context import (
     attention_flags,
     batch_first,
     causal,
+    comment_says_keep,
     error_text,
     file_masks_keep,
     finish,
@@ -75,6 +76,7 @@ from handformer.check.core.localize import (
 )
 from handformer.check.core.localize_kinds import localize_masked_softmax, localize_sdpa, note_departure
 from handformer.check.core.norm_inside import less_query, norm_taken_out, norms_around, post_norm_note
+from handformer.check.core.prenorm_inside import take_out_leading_norm
 from handformer.check.core.probe import Found, Probe, Subject, drive, run_probe
 from handformer.check.core.projection_elsewhere import projection_elsewhere
 from handformer.check.core.reference_attention import handformer_attention
@@ -689,6 +691,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     module = ctx.build(comp, sizes, warmup=lambda m: caller(m).call(x.float(), x.float(), x.float(), None))
     if (parts := sublayer_parts(module, computes_attention, D)) is not None:  # T5's layer, BERT's wrapper
         return grade_sublayer(res, comp, module, parts)
+    take_out_leading_norm(res, module, D, lambda h: fp.first_tensor(caller(module).call(h, h, h, None), 3))
     around = _post_norm_out(res, comp, module, x)  # jadore801120's: norm(q + attention) in one module
     linears, qk_norms = _projections(comp, module, heads)
     if heads != 1 and single_head(comp, linears, n_kv_heads):  # checked again with one head
@@ -950,7 +953,7 @@ def _conventions(ctx: Context, module: Any, c: Caller) -> tuple[str, ...]:
     file's own causal mask writes True = may see (then that attention reads its file's masks inverted)."""
     convs = SEQUENCE_FIRST_CONVENTIONS * bool(c.state.get("first")) + ctx.conventions(c.mask_name)
     if ctx.convention is None and masks_where_true_inside(module, c.mask_name) and not file_masks_keep(ctx) \
-            and not says_keep(c.mask_name):
+            and not says_keep(c.mask_name) and not comment_says_keep(getattr(module, "forward", module)):
         convs = ("torch", "torch3", "torch2") + convs
     return convs
 

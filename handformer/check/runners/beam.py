@@ -63,7 +63,7 @@ from handformer.check.runners.beam_models import (  # noqa: F401
     hypotheses,
     hypothesis_tokens,
 )
-from handformer.check.runners.model import source_mask
+from handformer.check.runners.model import source_ids, source_mask
 
 TOK_A, TOK_B, TOK_C, TOK_D, TOK_E, TOK_F = 3, 4, 5, 6, 7, 8
 
@@ -205,7 +205,8 @@ class Call:
 
     def raw(self, model: Steered, src: Tensor, K: int, alpha: float) -> Any:
         """What the search returns, as it is (a batch of sentences)."""
-        values = {"model": model.handed, "src": src, "src_mask": source_mask(model.handed, src),
+        values = {"model": model.handed, "src": source_ids(model.handed, src),  # (B, S), or (S, B) as it took
+                  "src_mask": source_mask(model.handed, src),
                   "max_len": MAX_LEN - 1 + self.steps_from_max, "start": BOS, "end": EOS, "beam": K,
                   "alpha": alpha}
         kwargs = {name: values[key] for key, name in self.arg.items() if name}

@@ -25,7 +25,7 @@ from handformer.check.core.context import SIZES, Context
 from handformer.check.core.result import DIFFERS, FAIL, PASS
 from handformer.check.core.weights import MappingError
 from handformer.check.runners.beam_models import BOS, Steered, Table
-from handformer.check.runners.model import TGT_V, map_model
+from handformer.check.runners.model import TAKEN_FORM, TGT_V, map_model
 
 TIE = 1e-6  # the network's share of the steered logits: ties broken, nothing else
 
@@ -53,11 +53,16 @@ class OwnSteered(Steered):
         self.layer = layer  # its first decoder layer (first_decoder_layer), found once by the maker
         self.known: list[tuple[Tensor, Table]] = []  # (a sentence's memory (S, D), its table)
         for ids, tab in (by_source or {}).items():
-            self.known += [(m[0], tab) for m in self._recorded(torch.tensor([ids]))]
+            self.known += [(self._batch_first(m)[0], tab) for m in self._recorded(torch.tensor([ids]))]
 
     @property
     def handed(self) -> Any:
         return self.own[0]
+
+    def _batch_first(self, t: Tensor) -> Tensor:
+        """A tensor the model holds (L, N, ...) read as (N, L, ...) where it took its inputs
+        sequence-first (nn.Transformer's default layout, PyTorch's translation tutorial)."""
+        return t.transpose(0, 1) if TAKEN_FORM.get(self.handed) == "torch_first" and t.dim() >= 2 else t
 
     def usable(self) -> bool:
         return bool(self.outs and self.embeds) and (not self.by_source or bool(self.known))
@@ -82,13 +87,15 @@ class OwnSteered(Steered):
         return fp.hooked(handles)
 
     def _record(self, _m: nn.Module, inp: tuple[Any, ...]) -> None:
-        self.ys = inp[0].long().reshape(-1, inp[0].size(-1))  # (N, L)
+        ys = self._batch_first(inp[0].long())
+        self.ys = ys.reshape(-1, ys.size(-1))  # (N, L)
         self.decoded += self.ys.tolist()
         self.out = None
 
     def _states(self, _m: nn.Module, _inp: Any, out: Any) -> None:
         """The decoder's output states (N, L, D), the last ones computed: which position a row handed
         to the output layer alone is (a search that reads out[:, 0] instead of out[:, -1])."""
+        out = self._batch_first(out) if isinstance(out, Tensor) else out
         shape = tuple(out.shape) if isinstance(out, Tensor) else ()
         if self.ys is not None and shape == (*self.ys.shape, SIZES["d_model"]):
             self.out = out
@@ -96,7 +103,7 @@ class OwnSteered(Steered):
     def _rows(self, _m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Each decoded row's table: the sentence whose memory its memory row is."""
         for memory in _memories(args, kwargs):
-            self.row_tables = [self._table_of(row) for row in memory]
+            self.row_tables = [self._table_of(row) for row in self._batch_first(memory)]
 
     def _table_of(self, memory_row: Tensor) -> Table:
         same = (tab for m, tab in self.known if m.shape == memory_row.shape
@@ -109,10 +116,12 @@ class OwnSteered(Steered):
 
     def _steer_out(self, _m: nn.Module, inp: Any, out: Tensor) -> Tensor:
         assert self.ys is not None, "the target embedding was not called before the output layer"
-        V, rows = out.size(-1), min(out.size(0), self.ys.size(0))
+        flipped = self._batch_first(out) if out.dim() == 3 else out  # (N, L, V) or (N, V)
+        V, rows = out.size(-1), min(flipped.size(0), self.ys.size(0))
         if out.dim() == 3:  # (N, L, V): position l predicts after ys[:, :l + 1]
             bias = torch.stack([torch.stack([self.steer(self.ys[n, 1:l + 1].tolist(), V, self._row_table(n))
-                                             for l in range(out.size(1))]) for n in range(rows)])
+                                             for l in range(flipped.size(1))]) for n in range(rows)])
+            bias = self._batch_first(bias.expand_as(flipped))  # back in the layout it returned
         else:  # (N, V): the position of the decoder's output that its input row is
             bias = torch.stack([self.steer(self._prefix_of(n, inp[0][n]), V, self._row_table(n))
                                 for n in range(rows)])

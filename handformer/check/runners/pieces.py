@@ -44,6 +44,7 @@ from handformer.check.core.norm_inside import (
     readings_around,
     wrapped,
 )
+from handformer.check.core.prenorm_inside import take_out_leading_norm
 from handformer.check.core.probe import Found, Probe, Subject, localize_step, name_findings, run_probe
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.sizes import SIZES
@@ -202,6 +203,7 @@ def _build_ffn(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     activation its form allows, inside the residual and norm it holds (norm_inside), if it holds one."""
     x = fp.randn(2, 5, D, seed=1)
     module = ctx.build(comp, warmup=lambda m: m(x.float()))
+    take_out_leading_norm(res, module, D, lambda h: fp.first_tensor(module(h), 3))  # vit-pytorch's
     # jadore801120's FFN adds its input back and normalizes: the sublayer norm(x + FFN(x)), compared so
     around = norms_around(comp.name, of_kind(leaves(module), "norm"), D, text(
         "handformer's reference FFN has neither (its layer check covers them)",

@@ -51,10 +51,25 @@ def _apart(a: Tensor, b: Tensor) -> float:
     return min(fp.max_error(a, b), fp.max_error(a.transpose(0, 1), b))
 
 
-def _after(given: Tensor, returned: Tensor) -> list[Tensor]:
+def _after(given: Tensor, returned: Tensor, layer: nn.Module | None = None) -> list[Tensor]:
     """What may follow a layer's call: what it returned, or that added to what it was handed (the
-    residual written outside it: lucidrains' `x = attn(x) + x`)."""
-    return [returned, given + returned]
+    residual written outside it: lucidrains' `x = attn(x) + x`); only the latter after a `layer`
+    with no residual inside."""
+    return [given + returned] if layer is not None and _no_residual_inside(layer, given, returned) else [
+        returned, given + returned]
+
+
+@torch.no_grad()
+def _no_residual_inside(layer: nn.Module, given: Tensor, returned: Tensor) -> bool:
+    """Whether the layer returns the same for twice its input (but for a norm's eps): it begins with a
+    norm and adds no residual (lucidrains' Attention, x = self.norm(x) first), so what it returns alone
+    is no next input; False where it does not run on its input alone."""
+    try:
+        twice = _tensor(layer(2 * given))
+    except Exception:  # noqa: BLE001  (a layer that needs more than its input: either may follow)
+        return False
+    scale = max(1.0, returned.abs().max().item())
+    return twice.shape == returned.shape and fp.max_error(twice, returned) < 1e-4 * scale
 
 
 def check_stack(comp: Component, res: ComponentResult, module: nn.Module, run: Any,
@@ -62,12 +77,12 @@ def check_stack(comp: Component, res: ComponentResult, module: nn.Module, run: A
     """The stack's two checks (see the module's docstring) from one run of `run()`, which returns the
     model's output; NOT CHECKED, `unstacked` its reason, where it calls fewer than two layers or
     raises on what check hands it."""
-    calls: list[tuple[Tensor, Tensor]] = []  # each layer call: what it was handed, returned
+    calls: list[tuple[Tensor, Tensor, nn.Module]] = []  # each layer call: what it was handed, returned
     items = [item for _, item in list_items(module, lambda shapes: len(shapes) >= 2)]  # two linear layers
     # a layer kept as a list of its sublayers (lucidrains': ModuleList([attn, ff])): each sublayer called
     layers = [layer for item in items for layer in (item if isinstance(item, nn.ModuleList) else [item])]
     hooks = [layer.register_forward_hook(
-        lambda _, args, kwargs, out: calls.append((_tensor((args, kwargs)), _tensor(out))),
+        lambda m, args, kwargs, out: calls.append((_tensor((args, kwargs)), _tensor(out), m)),
         with_kwargs=True) for layer in layers]
     try:
         with fp.hooked(hooks):
@@ -76,7 +91,7 @@ def check_stack(comp: Component, res: ComponentResult, module: nn.Module, run: A
         raise unstacked from None
     if len(calls) < 2:
         raise unstacked
-    handed = max(min(_apart(given, after) for after in _after(*before)) for before, (given, _) in
+    handed = max(min(_apart(given, after) for after in _after(*before)) for before, (given, *_) in
                  zip(calls, calls[1:]))
     norms = [leaf.module for leaf in of_kind(outside(module, layers), "norm")]
     finals = [f(last) for last in _after(*calls[-1]) for f in [lambda t: t, *norms]]
