@@ -25,7 +25,7 @@ REPLACED = [
     ("填充, 填充掩码", r"(?<![\w`（(_-])padding(?![\w`）)_-])"),
     ("Post-Norm, Pre-Norm", r"(?<![\w`-])(post|pre)-norm(?![\w`-])"),
     ("True = 可以看, True = 屏蔽", r"(True|1) ?(=|表示) ?“?(保留|可见)|0 ?(=|表示) ?可见"),
-    ("字典序", r"字节序"),
+    ("字典序", r"字节序(?!列)"),  # 字节序列 (a byte sequence) is not 字节序 (byte order)
     ("token", r"词元"),
     ("屏蔽", r"遮住"),
     ("标准差", r"离散程度"),

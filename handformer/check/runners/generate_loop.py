@@ -65,6 +65,19 @@ EOS_NAMES = ("eos", "eos_id", "eos_token", "eos_token_id", "eos_idx", "end_token
 
 TOP_K_NAMES = ("top_k", "topk", "k")
 NEVER = -1  # an EOS id no model generates
+
+
+class StandInTokenizer:
+    """What an inference engine reads of its tokenizer while generating: no padding in check's
+    prompts, and no EOS among the tokens a model generates."""
+
+    pad_id = pad_token_id = -1
+    eos_id = eos_token_id = bos_id = bos_token_id = NEVER
+    stop_tokens = frozenset({NEVER})
+    n_words = vocab_size = VOCAB
+    special_tokens: dict[str, int] = {}
+
+
 PAD_ID = 0  # the padding id a loop is handed: no prompt holds it
 
 

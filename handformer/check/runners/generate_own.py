@@ -40,13 +40,13 @@ from handformer.check.core.result import DIFFERS, NOT_CHECKED, PASS, ComponentRe
 from handformer.check.runners.generate_loop import (
     BLOCK,
     CACHE_NAMES,
-    NEVER,
     POSITION_NAMES,
     SOFT,
     VOCAB,
     Call,
     ContextTooLong,
     StandIn,
+    StandInTokenizer,
     TooManyCalls,
     check_with,
     prompts,
@@ -258,17 +258,6 @@ def engine(cls: type, model: nn.Module) -> Any:
         elif p.default is p.empty:
             raise TypeError(f"cannot fill the argument {p.name!r} of {cls.__name__}")
     return cls(**kwargs)
-
-
-class StandInTokenizer:
-    """What an inference engine reads of its tokenizer while generating: no padding in check's
-    prompts, and no EOS among the tokens a model generates."""
-
-    pad_id = pad_token_id = -1
-    eos_id = eos_token_id = bos_id = bos_token_id = NEVER
-    stop_tokens = frozenset({NEVER})
-    n_words = vocab_size = VOCAB
-    special_tokens: dict[str, int] = {}
 
 
 def _usable(ctx: Context, model_comp: Component) -> bool:

@@ -28,7 +28,15 @@ from handformer.check.core.context import Context, forward_parameters
 from handformer.check.core.discovery import Component
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines, source_text
-from handformer.check.runners.generate_loop import EOS_NAMES, NEVER, SHORT, Call, call_generate, run_generate
+from handformer.check.runners.generate_loop import (
+    EOS_NAMES,
+    NEVER,
+    SHORT,
+    Call,
+    StandInTokenizer,
+    call_generate,
+    run_generate,
+)
 from handformer.check.runners.generate_padded import padded
 
 ROWS = ([3, 17, 9, 5], [11, 2])  # the first longer: decoding starts at 2, inside it
@@ -46,8 +54,6 @@ def ragged(fn: Any) -> bool:
 @contextlib.contextmanager
 def _ids(pad: int, eos: int) -> Iterator[None]:
     """The stand-in tokenizer of an engine class (Meta's `Llama`) with this padding id and EOS."""
-    from handformer.check.runners.generate_own import StandInTokenizer
-
     with mock.patch.multiple(StandInTokenizer, pad_id=pad, pad_token_id=pad, eos_id=eos, eos_token_id=eos,
                              stop_tokens=frozenset({eos})):
         yield
