@@ -634,16 +634,17 @@ def positions_inside(comp: Component, c: Caller, slots: list[Slot]) -> tuple[str
     return (biases or (None,)) + tuple(r for r in rope_settings(comp, c) if r is not None)
 
 
-def softcaps(module: nn.Module) -> tuple[float, ...]:
+def softcaps(module: nn.Module, named: str = "") -> tuple[float, ...]:
     """The soft caps its scores may take (Gemma 2's c * tanh(scores / c)): where its forward calls
     tanh, each number of 1 or more that it reads by name from itself or a config it holds
-    (`self.cfg.attn_logit_softcapping`)."""
+    (`self.cfg.attn_logit_softcapping`); with `named`, those whose name holds it ("cap")."""
     words = set(re.findall(r"\w+", source_text(type(module).forward)))
     held = dict(vars(module))
     for value in vars(module).values():  # a config dataclass, namespace or dict: its fields too
         held.update(getattr(value, "__dict__", value if isinstance(value, dict) else {}))
     return tuple(sorted({float(v) for name, v in held.items()
-                         if "tanh" in words and name in words and is_number(v) and v >= 1}))
+                         if "tanh" in words and name in words and named in name.lower()
+                         and is_number(v) and v >= 1}))
 
 
 def behaves_causal(ctx: Context, c: Caller, width: int) -> bool:

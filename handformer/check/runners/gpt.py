@@ -95,6 +95,7 @@ from handformer.check.core.weights import norm_weights as learner_norm
 from handformer.check.reference import variants as V
 from handformer.check.reference.parallel import as_parallel_
 from handformer.check.runners import latent
+from handformer.check.runners.attention import softcaps
 from handformer.check.runners.kv_cache import CACHE_ARGS, CACHE_METHODS
 from handformer.check.runners.localize_cache import cache_departure
 from handformer.check.runners.model import as_written_, computes_sqrt, exact_norms_
@@ -135,6 +136,7 @@ class GPTMap:
     table_theta: float | None = None  # the base of its tables, when it is not the one its config names
     built: dict[Any, CausalLM] = field(default_factory=dict)  # handformer's, by choices
     embed_norm: Leaf | None = None  # nanochat's norm of the token embeddings, a function without gains
+    attn_softcap: float | None = None  # the attention scores soft-capped (Gemma 2's)
     scaled: bool = False  # token embeddings times sqrt(d_model) (Gemma's, the original Transformer's)
     added: str | None = None  # the positions added to them: "learned" (wpe), "sinusoidal" (the paper's sines)
     held: list[Leaf] = field(default_factory=list)  # parts no reference has, held at zero or as built
@@ -400,6 +402,12 @@ def _copy_blocks_(hf: CausalLM, m: GPTMap, ch: Choices) -> None:
         copy_ffn(target.ffn, block.ffn)
 
 
+def _family(m: GPTMap, ch: Choices) -> FamilyConfig:
+    """What a family changes that the learner's model does: Gemma 2's soft caps (the logits', the
+    attention scores'), Granite's multipliers."""
+    return FamilyConfig(logit_softcap=m.softcap, attn_softcap=m.attn_softcap, **_multipliers(m, ch.form))
+
+
 def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     first = learner_norm(m.blocks[0].norms[0])
     cfg = CausalLMConfig.gpt2_style(
@@ -412,7 +420,7 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
         max_positions=m.wpe.weight.size(0) - m.offset if m.wpe is not None else BLOCK, tie_embeddings=m.tied,
         n_kv_heads=m.n_kv_heads, qk_norm=_qk_norm(m), scale_embeddings=m.scaled,
         moe=moe_config(m.blocks[0].ffn), **_window_settings(m.windows),  # MoE; Mistral's, gpt-oss's windows
-        family=FamilyConfig(logit_softcap=m.softcap, **_multipliers(m, ch.form)))  # Granite's multipliers
+        family=_family(m, ch))
     hf = build_causal_lm(cfg)  # (a GPT-2 style config: the plain CausalLM)
     if m.bias:
         hf.lm_head = nn.Linear(D, VOCAB, bias=True)
@@ -794,7 +802,16 @@ def _read_conventions(call: Caller, m: GPTMap, idx: Tensor) -> None:
     m.scaled, m.added = _embedding_reading(call, m, idx)
     m.ropes = m.ropes if m.added is None else (None,)
     m.softcap = _softcap(call, m, idx)
+    m.attn_softcap = _attention_cap(call.module)
     m.embed_factor, m.logit_factor = _configured_factors(call, m, idx)
+
+
+def _attention_cap(model: nn.Module) -> float | None:
+    """The soft cap of the attention scores (Gemma 2's c * tanh(scores / c)), read from the learner's
+    modules inside the model as the attention's own check reads it (`softcaps`), a setting named for
+    a cap (`attn_logit_softcapping`, not the head count): the one cap they name, else None."""
+    caps = {cap for sub in model.modules() if sub is not model for cap in softcaps(sub, named="cap")}
+    return next(iter(caps)) if len(caps) == 1 else None
 
 
 def _unmapped(res: ComponentResult, module: nn.Module, call: Caller, idx: Tensor,
