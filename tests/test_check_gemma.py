@@ -81,3 +81,27 @@ def test_a_model_decoding_through_its_own_cache_parts_where_its_line_does(tmp_pa
     cached = next(c for c in model.checks if c.name["en"].startswith("through its cache (new_cache)"))
     assert cached.ok == (quoted is None) and model.status == ("pass" if quoted is None else "fail")
     assert quoted is None or any(quoted in f.observed["en"] for f in model.findings), model.findings
+
+
+def test_the_attention_cap_of_a_model_is_read_from_the_setting_named_for_it():
+    """Gemma 2's attention soft cap inside a model (the reference model caps its scores with it): the
+    number a setting named for a cap holds, read where the attention's forward calls tanh; the head
+    count and head width it also reads are no cap."""
+    import torch
+    from torch import nn
+
+    from handformer.check.runners.gpt import _attention_cap
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.num_heads, self.head_dim, self.attn_logit_softcapping = 4, 16, 50.0
+
+        def forward(self, scores):
+            scores = scores / self.head_dim ** 0.5 / self.num_heads
+            return torch.tanh(scores / self.attn_logit_softcapping) * self.attn_logit_softcapping
+
+    model = nn.Sequential(Attention())
+    assert _attention_cap(model) == 50.0
+    model[0].attn_logit_softcapping = None  # no cap: none read
+    assert _attention_cap(model) is None
