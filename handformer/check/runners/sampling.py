@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import operator
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -412,28 +413,24 @@ DYADIC = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0
 
 
 def top_p_keep(logits: Tensor, p: float, flags: frozenset[str] = frozenset()) -> Tensor:
-    """The tokens top-p keeps (bool, like logits), exactly (no tolerance), with the classic mistakes:
-    drops the crossing token (cum <= p), keeps one more at equality (mass above <= p), no guard for
-    the most likely token (the set may be empty)."""
+    """The tokens top-p keeps (bool, like logits), exactly (no tolerance), by the rule the flags name
+    (TOP_P_RULES); top_p_empty_set: no guard for the most likely token, which follows the rule's
+    comparison on its own cumulative sum (the set may be empty)."""
     probs, order = torch.sort(torch.softmax(logits, -1), dim=-1, descending=True, stable=True)
     cum = probs.cumsum(-1)
-    above = cum - probs  # the probability ranked above each token
-    crossing = next((f.partition(":")[2] for f in flags if f.startswith("top_p_drops_crossing")), None)
-    if crossing is not None:
-        keep = cum <= p if crossing == "le" else cum < p
-    elif "top_p_extra_at_equality" in flags:
-        keep = above <= p
-    else:
-        keep = above < p
-    if "top_p_empty_set" in flags:  # the guard of the most likely token missing: its own rule, on cum
-        keep[..., 0] = cum[..., 0] <= p if crossing == "le" or "top_p_extra_at_equality" in flags else (
-            cum[..., 0] < p)
-    else:
-        keep[..., 0] = True
+    rule = min(flags & TOP_P_RULES.keys(), key=list(TOP_P_RULES).index, default="")  # the first flagged
+    on_cum, keeps = TOP_P_RULES[rule]
+    keep = keeps(cum if on_cum else cum - probs, p)  # cum - probs: the probability ranked above a token
+    keep[..., 0] = keeps(cum[..., 0], p) if "top_p_empty_set" in flags else True
     return torch.zeros_like(keep).scatter(-1, order, keep)
 
 
 EQUALITY = "top_p_extra_at_equality"  # a flag of the search only: a convention, never a finding
+# the rule a top-p keeps tokens by: (compared on the cumulative sum? else on the mass ranked above a token,
+# the comparison with p): the reference's (mass above < p), then the classic mistakes: the crossing token
+# dropped (cum <= p, or cum < p), one more kept at equality (mass above <= p)
+TOP_P_RULES = {"": (False, operator.lt), "top_p_drops_crossing:le": (True, operator.le),
+               "top_p_drops_crossing:lt": (True, operator.lt), EQUALITY: (False, operator.le)}
 TOP_P_FLAGS = ("top_p_drops_crossing:le", "top_p_drops_crossing:lt", EQUALITY,
                "top_p_empty_set")
 
