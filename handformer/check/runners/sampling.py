@@ -17,6 +17,7 @@ import inspect
 import math
 import operator
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -435,40 +436,83 @@ TOP_P_FLAGS = ("top_p_drops_crossing:le", "top_p_drops_crossing:lt", EQUALITY,
                "top_p_empty_set")
 
 
-def check_top_p(comp: Component, ctx: Context) -> ComponentResult:
-    res = ctx.result(comp)
-    call = Caller(comp, ctx)
-    dyadic = DYADIC.log()[None]  # (1, V)
-    cases = [(dyadic, 0.75), (dyadic, 0.6), (dyadic, 0.3), (test_logits(), 0.9), (test_logits(seed=1), 0.5)]
-    kept_all = _kept_per_case(res, ctx, comp, call, cases)
+@dataclass(frozen=True)
+class Filter:
+    """A filter that keeps some tokens, stated as data (top-p, min-p): the option it is called with and
+    the cases (logits, value) it is driven on; which tokens the reference keeps under a set of mistakes
+    (`keep`) and the mistakes the search may combine (`universe`), of which `conventions` are no
+    finding (`notes` says what it noted of them); what a finding says it saw (`observed`: the flag, the
+    tokens kept in each case), the check's words, and the steps after the check (a departure localized,
+    more checks), each given (res, ctx, comp, call, the number of tokens kept or dropped wrongly)."""
+
+    option: str
+    cases: Callable[[], list[tuple[Tensor, float]]]
+    keep: Callable[[Tensor, float, frozenset[str]], Tensor]
+    universe: tuple[str, ...]
+    conventions: frozenset[str]
+    observed: Callable[[str, list[Tensor]], Text]
+    notes: Callable[[frozenset[str], list[Tensor]], list[Text]]
+    check: Text
+    steps: tuple[Callable[[ComponentResult, Context, Component, Caller, int], None], ...]
+
+
+def check_filter(kind: Filter, comp: Component, ctx: Context) -> ComponentResult:
+    """One engine for the filters `Filter` states: each case called (a finding where it fills with a
+    finite value), the fewest mistakes that reproduce the tokens it kept searched for and named, the
+    tokens kept wrongly counted against the reference under the conventions found, then its steps."""
+    res, call, cases = ctx.result(comp), Caller(comp, ctx), kind.cases()
+    kept = _kept_per_case(res, ctx, comp, call, cases, kind.option)
 
     def compute(flags: frozenset[str]) -> Tensor:
-        return torch.cat([top_p_keep(lg, p, flags) for lg, p in cases], 0).double()
+        return torch.cat([kind.keep(logits, value, flags) for logits, value in cases], 0).double()
 
-    mine = torch.cat(kept_all, 0).double()
-    found = fp.search(mine, compute, TOP_P_FLAGS, None, 2)
-    rule = frozenset()  # the rule at exact equality: either is a convention (module docstring)
-    if found and found[0]:
-        for flag in sorted(found[0] - {EQUALITY}):
-            name, _, form = flag.partition(":")
-            res.findings.append(_finding(ctx, comp, name, _top_p_observed(flag, cases, kept_all), form))
-        if EQUALITY in found[0]:
-            rule = frozenset({EQUALITY})
-            res.notes.append(_equality_note(kept_all))
-    wrong = int((mine != compute(rule)).sum())
-    res.checks.append(Check(text("keeps the smallest set of most likely tokens reaching p (5 cases, equality "
-                                 "at p = 0.75 included)",
-                                 "把 token 按概率从大到小排列，保留累计概率刚好达到 p 的前几个"
-                                 "（5 种情况，含 p = 0.75 时恰好相等）"), wrong == 0,
-                            _wrong_tokens(wrong)))
-    _p_one(res, ctx, comp, call)
+    mine = torch.cat(kept, 0).double()
+    found = (fp.search(mine, compute, kind.universe, None, 2) or (frozenset(),))[0]
+    for flag in sorted(found - kind.conventions):
+        name, _, form = flag.partition(":")
+        res.findings.append(_finding(ctx, comp, name, kind.observed(flag, kept), form))
+    res.notes += kind.notes(found & kind.conventions, kept)
+    wrong = int((mine != compute(found & kind.conventions)).sum())
+    res.checks.append(Check(kind.check, wrong == 0, _wrong_tokens(wrong)))
     res.max_abs_error = float(wrong)
+    for step in kind.steps:
+        step(res, ctx, comp, call, wrong)
+    return finish(res)
+
+
+def _top_p_departure(res: ComponentResult, ctx: Context, comp: Component, call: Caller, wrong: int) -> None:
+    """Where a top-p that keeps wrong tokens, no mistake named, first parts from top-p's sub-steps."""
     if wrong and not res.findings:
         logits = test_logits(seed=1)
         note_departure(res, lambda: localize_top_p(lambda x: call(x, top_p=0.5), comp.obj, logits, 0.5))
-    if call.find(K_NAMES):  # a combined filter (top_k_top_p_filtering): its top-k too, top_p off
+
+
+def _combined_top_k(res: ComponentResult, ctx: Context, comp: Component, call: Caller, wrong: int) -> None:
+    """A combined filter (top_k_top_p_filtering): its top-k too, top_p off."""
+    if call.find(K_NAMES):
         _add_top_k(res, ctx, comp)
-    return finish(res)
+
+
+TOP_P = Filter(
+    option="top_p",
+    cases=lambda: [(DYADIC.log()[None], 0.75), (DYADIC.log()[None], 0.6), (DYADIC.log()[None], 0.3),
+                   (test_logits(), 0.9), (test_logits(seed=1), 0.5)],  # dyadic rows: (1, V)
+    keep=top_p_keep,
+    universe=TOP_P_FLAGS,
+    conventions=frozenset({EQUALITY}),  # the rule at exact equality: either is a convention (docstring)
+    observed=lambda flag, kept: _top_p_observed(flag, kept),
+    notes=lambda conventions, kept: [_equality_note(kept)] * bool(conventions),
+    check=text("keeps the smallest set of most likely tokens reaching p (5 cases, equality at p = 0.75 "
+               "included)", "把 token 按概率从大到小排列，保留累计概率刚好达到 p 的前几个"
+               "（5 种情况，含 p = 0.75 时恰好相等）"),
+    steps=(lambda res, ctx, comp, call, wrong: _p_one(res, ctx, comp, call), _top_p_departure,
+           _combined_top_k),
+)
+
+
+def check_top_p(comp: Component, ctx: Context) -> ComponentResult:
+    """The top-p filter, as the TOP_P filter states it."""
+    return check_filter(TOP_P, comp, ctx)
 
 
 def _kept_per_case(res: ComponentResult, ctx: Context, comp: Component, call: Caller,
@@ -493,7 +537,7 @@ def _add_top_k(res: ComponentResult, ctx: Context, comp: Component) -> None:
     res.max_abs_error = max(res.max_abs_error, both.max_abs_error or 0.0)
 
 
-def _top_p_observed(flag: str, cases: list[tuple[Tensor, float]], kept: list[Tensor]) -> Text:
+def _top_p_observed(flag: str, kept: list[Tensor]) -> Text:
     counts = [int(k[0].sum()) for k in kept[:3]]
     probs = "probabilities 0.5, 0.25, 0.125, ..."
     probs_zh = "概率为 0.5、0.25、0.125……"
@@ -570,32 +614,40 @@ def min_p_keep(logits: Tensor, min_p: float, flags: frozenset[str] = frozenset()
 UNSCALED = (frozenset({"min_p_not_scaled"}), frozenset({"min_p_not_scaled", "top_kept"}))
 
 
+def _min_p_observed(flag: str, kept: list[Tensor]) -> Text:
+    counts = ", ".join(str(int(n)) for n in kept[1].sum(-1))  # the rows of min_p = 0.2
+    return text(f"with min_p = 0.2 your filter keeps {counts} tokens of 4 rows: those above 0.2 itself, "
+                "not above 0.2 x the most likely token's probability",
+                f"min_p = 0.2 时你的过滤在 4 行中分别保留了 {counts} 个 token：保留的是概率高于 0.2 本身的，"
+                "而不是高于 0.2 × 最可能 token 的概率的")
+
+
+def _min_p_departure(res: ComponentResult, ctx: Context, comp: Component, call: Caller, wrong: int) -> None:
+    """Where a min-p that keeps wrong tokens, its threshold not named unscaled, first parts from
+    min-p's sub-steps (on the case min_p = 0.2)."""
+    if wrong and not res.has("min_p_not_scaled"):
+        logits = test_logits()
+        note_departure(res, lambda: localize_min_p(lambda x: call(x, min_p=0.2), comp.obj, logits, 0.2))
+
+
+MIN_P = Filter(
+    option="min_p",
+    cases=lambda: [(test_logits(), 0.05), (test_logits(), 0.2), (test_logits(seed=1), 0.5)],
+    keep=min_p_keep,
+    universe=("min_p_not_scaled", "top_kept"),  # the mistake, with and without a guard of the top token
+    conventions=frozenset({"top_kept"}),  # the guard (Hugging Face's min_tokens_to_keep = 1): not noted
+    observed=_min_p_observed,
+    notes=lambda conventions, kept: [],
+    check=text("keeps the tokens whose probability is at least min_p x the most likely token's (min_p = "
+               "0.05, 0.2, 0.5)",
+               "保留概率不低于 min_p × 最可能 token 概率的 token（min_p = 0.05、0.2、0.5）"),
+    steps=(_min_p_departure,),
+)
+
+
 def check_min_p(comp: Component, ctx: Context) -> ComponentResult:
-    res = ctx.result(comp)
-    call = Caller(comp, ctx)
-    cases = [(test_logits(), 0.05), (test_logits(), 0.2), (test_logits(seed=1), 0.5)]
-    kept = torch.cat(_kept_per_case(res, ctx, comp, call, cases, "min_p"), 0)
-
-    def compute(flags: frozenset[str]) -> Tensor:
-        return torch.cat([min_p_keep(lg, m, flags) for lg, m in cases], 0)
-
-    wrong = int((kept != compute(frozenset())).sum())
-    counts = ", ".join(str(int(n)) for n in kept[4:8].sum(-1))  # the rows of min_p = 0.2
-    if wrong and any(torch.equal(kept, compute(flags)) for flags in UNSCALED):
-        res.findings.append(_finding(ctx, comp, "min_p_not_scaled", text(
-            f"with min_p = 0.2 your filter keeps {counts} tokens of 4 rows: those above 0.2 itself, "
-            "not above 0.2 x the most likely token's probability",
-            f"min_p = 0.2 时你的过滤在 4 行中分别保留了 {counts} 个 token：保留的是概率高于 0.2 本身的，"
-            "而不是高于 0.2 × 最可能 token 的概率的")))
-    elif wrong:
-        note_departure(res, lambda: localize_min_p(lambda x: call(x, min_p=0.2), comp.obj, cases[1][0], 0.2))
-    res.checks.append(Check(text("keeps the tokens whose probability is at least min_p x the most likely "
-                                 "token's (min_p = 0.05, 0.2, 0.5)",
-                                 "保留概率不低于 min_p × 最可能 token 概率的 token"
-                                 "（min_p = 0.05、0.2、0.5）"),
-                            wrong == 0, _wrong_tokens(wrong)))
-    res.max_abs_error = float(wrong)
-    return finish(res)
+    """The min-p filter, as the MIN_P filter states it."""
+    return check_filter(MIN_P, comp, ctx)
 
 
 # --- greedy ---------------------------------------------------------------------------------------
