@@ -610,8 +610,7 @@ def min_p_keep(logits: Tensor, min_p: float, flags: frozenset[str] = frozenset()
     return (probs >= min_p * scale) | (top & ("top_kept" in flags))
 
 
-# the mistake, with and without a guard that keeps the most likely token
-UNSCALED = (frozenset({"min_p_not_scaled"}), frozenset({"min_p_not_scaled", "top_kept"}))
+UNSCALED = frozenset({"min_p_not_scaled"})  # the threshold min_p itself (a sampling step's draws fit it)
 
 
 def _min_p_observed(flag: str, kept: list[Tensor]) -> Text:
