@@ -319,41 +319,111 @@ def _fill_finding(res: ComponentResult, ctx: Context, comp: Component, out: Tens
             f"被去掉的 token 填成了 {fill:g}：softmax 之后它们仍占最多 {mass:.3g} 的概率"), f"{fill:g}"))
 
 
-def check_top_k(comp: Component, ctx: Context) -> ComponentResult:
-    res = ctx.result(comp)
-    call = Caller(comp, ctx)
+@dataclass(frozen=True)
+class Filter:
+    """A filter that keeps some tokens, stated as data (top-p, min-p): the option it is called with and
+    the cases (logits, value) it is driven on; which tokens the reference keeps under a set of mistakes
+    (`keep`) and the mistakes the search may combine (`universe`), of which `conventions` are no
+    finding (`notes` says what it noted of them); what a finding says it saw (`observed`: the flag, the
+    tokens kept in each case), the check's words, and the steps after the check (a departure localized,
+    more checks), each given (res, ctx, comp, call, the number of tokens kept or dropped wrongly)."""
+
+    option: str
+    cases: Callable[[], list[tuple[Tensor, float]]]
+    keep: Callable[[Tensor, float, frozenset[str]], Tensor]
+    universe: tuple[str, ...]
+    conventions: frozenset[str]
+    observed: Callable[[str, list[Tensor]], Text]
+    notes: Callable[[frozenset[str], list[Tensor]], list[Text]]
+    check: Text
+    steps: tuple[Callable[[ComponentResult, Context, Component, Caller, list[Tensor], int], None], ...]
+
+
+def check_filter(kind: Filter, comp: Component, ctx: Context) -> ComponentResult:
+    """One engine for the filters `Filter` states: each case called (a finding where it fills with a
+    finite value), the fewest mistakes that reproduce the tokens it kept searched for and named, the
+    tokens kept wrongly counted against the reference under the conventions found, then its steps."""
+    res, call, cases = ctx.result(comp), Caller(comp, ctx), kind.cases()
+    kept = _kept_per_case(res, ctx, comp, call, cases, kind.option)
+
+    def compute(flags: frozenset[str]) -> Tensor:
+        return torch.cat([kind.keep(logits, value, flags) for logits, value in cases], 0).double()
+
+    mine = torch.cat(kept, 0).double()
+    found = (fp.search(mine, compute, kind.universe, None, 2) or (frozenset(),))[0]
+    for flag in sorted(found - kind.conventions):
+        name, _, form = flag.partition(":")
+        res.findings.append(_finding(ctx, comp, name, kind.observed(flag, kept), form))
+    res.notes += kind.notes(found & kind.conventions, kept)
+    wrong = int((mine != compute(found & kind.conventions)).sum())
+    res.checks.append(Check(kind.check, wrong == 0, _wrong_tokens(wrong)))
+    res.max_abs_error = float(wrong)
+    for step in kind.steps:
+        step(res, ctx, comp, call, kept, wrong)
+    return finish(res)
+
+
+def _kept_per_case(res: ComponentResult, ctx: Context, comp: Component, call: Caller,
+                   cases: list[tuple[Tensor, float]], option: str) -> list[Tensor]:
+    """The tokens the filter keeps in each case (a finding when it fills with a finite value)."""
+    kept_all = []
+    for logits, p in cases:
+        out, read = _filtered(ctx, comp, call, logits, **{option: p})
+        _fill_finding(res, ctx, comp, out, *read)
+        kept_all.append(read[0])
+    return kept_all
+
+
+# top-k's k as the reference reads it, and off by one either way (top_k_off_by_one's forms): k = 0 keeps none
+K_SHIFT = {"": 0, "top_k_off_by_one:k+1": 1, "top_k_off_by_one:k-1": -1}
+
+
+def top_k_keep(logits: Tensor, k: int, flags: frozenset[str] = frozenset()) -> Tensor:
+    """The tokens top-k keeps (bool, like logits): the k most likely, or k + 1, or k - 1 (the flag's)."""
+    n = k + K_SHIFT[min(flags & K_SHIFT.keys(), key=list(K_SHIFT).index, default="")]
+    return torch.isfinite(top_k_filter(logits, max(n, 1))) & (n > 0)
+
+
+def _top_k_observed(flag: str, kept: list[Tensor]) -> Text:
+    """What an off-by-one top-k keeps with k = 1 (the first case): 2 tokens, or none."""
+    n = int(kept[0][0].sum())
+    if flag.endswith("k-1"):
+        return text("with k = 1 it keeps no token at all", "k = 1 时一个 token 都没有保留")
+    return text(f"with k = 1 it keeps {n} tokens, the 2 most likely",
+                f"k = 1 时保留了 {n} 个 token，即最可能的 2 个")
+
+
+def _top_k_after(res: ComponentResult, ctx: Context, comp: Component, call: Caller, kept: list[Tensor],
+                 wrong: int) -> None:
+    """The k asked for as a fraction, noted; where the count kept departs, the line that binds it; then
+    k >= V, ties at the k-th value and a filter given probabilities."""
     logits = test_logits()
-    worst, counts_kept = 0, []
-    for k in (1, 3, 5, 7):
-        out, (kept, fill) = _filtered(ctx, comp, call, logits, top_k=k)
-        right = torch.isfinite(top_k_filter(logits, k))
-        wrong = int((kept != right).sum())
-        worst = max(worst, wrong)
-        counts_kept.append((k, int(kept[0].sum())))
-        _fill_finding(res, ctx, comp, out, kept, fill)
-        counts = kept.sum(-1)
-        if wrong and not res.has("top_k_off_by_one"):
-            for extra in (1, -1):
-                if 0 < k + extra <= V and torch.equal(kept, torch.isfinite(top_k_filter(logits, k + extra))):
-                    res.findings.append(_finding(ctx, comp, "top_k_off_by_one", text(
-                        f"with k = {k} it keeps {int(counts[0])} tokens, the {k + extra} most likely",
-                        f"k = {k} 时保留了 {int(counts[0])} 个 token，即最可能的 {k + extra} 个"),
-                        "k+1" if extra > 0 else "k-1"))
-                    break
-            if k == 1 and not counts.any() and not res.has("top_k_off_by_one"):
-                res.findings.append(_finding(ctx, comp, "top_k_off_by_one", text(
-                    "with k = 1 it keeps no token at all", "k = 1 时一个 token 都没有保留"), "k-1"))
-    res.checks.append(Check(text("keeps the k most likely tokens for k = 1, 3, 5, 7 (ties apart)",
-                                 "k = 1、3、5、7 时保留最可能的 k 个 token（不含并列的情况）"), worst == 0,
-                            _wrong_tokens(worst)))
-    if call.fraction:
-        res.notes.append(call.fraction.note())
-    note_departure(res, lambda: localize_count(lambda k: call(logits, top_k=k), comp.obj, counts_kept))
+    res.notes += [call.fraction.note()] if call.fraction else []
+    counts = [(k, int(t[0].sum())) for k, t in zip(TOP_KS, kept)]
+    note_departure(res, lambda: localize_count(lambda k: call(logits, top_k=k), comp.obj, counts))
     _large_k(res, ctx, comp, call, logits)
     _ties(res, call, logits)
     _kept_probabilities(res, call, logits)
-    res.max_abs_error = float(worst)
-    return finish(res)
+
+
+TOP_KS = (1, 3, 5, 7)
+TOP_K = Filter(
+    option="top_k",
+    cases=lambda: [(test_logits(), k) for k in TOP_KS],
+    keep=top_k_keep,
+    universe=tuple(K_SHIFT)[1:],
+    conventions=frozenset(),
+    observed=_top_k_observed,
+    notes=lambda conventions, kept: [],
+    check=text("keeps the k most likely tokens for k = 1, 3, 5, 7 (ties apart)",
+               "k = 1、3、5、7 时保留最可能的 k 个 token（不含并列的情况）"),
+    steps=(_top_k_after,),
+)
+
+
+def check_top_k(comp: Component, ctx: Context) -> ComponentResult:
+    """The top-k filter, as the TOP_K filter states it."""
+    return check_filter(TOP_K, comp, ctx)
 
 
 def _kept_probabilities(res: ComponentResult, call: Caller, logits: Tensor) -> None:
@@ -436,58 +506,16 @@ TOP_P_FLAGS = ("top_p_drops_crossing:le", "top_p_drops_crossing:lt", EQUALITY,
                "top_p_empty_set")
 
 
-@dataclass(frozen=True)
-class Filter:
-    """A filter that keeps some tokens, stated as data (top-p, min-p): the option it is called with and
-    the cases (logits, value) it is driven on; which tokens the reference keeps under a set of mistakes
-    (`keep`) and the mistakes the search may combine (`universe`), of which `conventions` are no
-    finding (`notes` says what it noted of them); what a finding says it saw (`observed`: the flag, the
-    tokens kept in each case), the check's words, and the steps after the check (a departure localized,
-    more checks), each given (res, ctx, comp, call, the number of tokens kept or dropped wrongly)."""
-
-    option: str
-    cases: Callable[[], list[tuple[Tensor, float]]]
-    keep: Callable[[Tensor, float, frozenset[str]], Tensor]
-    universe: tuple[str, ...]
-    conventions: frozenset[str]
-    observed: Callable[[str, list[Tensor]], Text]
-    notes: Callable[[frozenset[str], list[Tensor]], list[Text]]
-    check: Text
-    steps: tuple[Callable[[ComponentResult, Context, Component, Caller, int], None], ...]
-
-
-def check_filter(kind: Filter, comp: Component, ctx: Context) -> ComponentResult:
-    """One engine for the filters `Filter` states: each case called (a finding where it fills with a
-    finite value), the fewest mistakes that reproduce the tokens it kept searched for and named, the
-    tokens kept wrongly counted against the reference under the conventions found, then its steps."""
-    res, call, cases = ctx.result(comp), Caller(comp, ctx), kind.cases()
-    kept = _kept_per_case(res, ctx, comp, call, cases, kind.option)
-
-    def compute(flags: frozenset[str]) -> Tensor:
-        return torch.cat([kind.keep(logits, value, flags) for logits, value in cases], 0).double()
-
-    mine = torch.cat(kept, 0).double()
-    found = (fp.search(mine, compute, kind.universe, None, 2) or (frozenset(),))[0]
-    for flag in sorted(found - kind.conventions):
-        name, _, form = flag.partition(":")
-        res.findings.append(_finding(ctx, comp, name, kind.observed(flag, kept), form))
-    res.notes += kind.notes(found & kind.conventions, kept)
-    wrong = int((mine != compute(found & kind.conventions)).sum())
-    res.checks.append(Check(kind.check, wrong == 0, _wrong_tokens(wrong)))
-    res.max_abs_error = float(wrong)
-    for step in kind.steps:
-        step(res, ctx, comp, call, wrong)
-    return finish(res)
-
-
-def _top_p_departure(res: ComponentResult, ctx: Context, comp: Component, call: Caller, wrong: int) -> None:
+def _top_p_departure(res: ComponentResult, ctx: Context, comp: Component, call: Caller, kept: list[Tensor],
+                     wrong: int) -> None:
     """Where a top-p that keeps wrong tokens, no mistake named, first parts from top-p's sub-steps."""
     if wrong and not res.findings:
         logits = test_logits(seed=1)
         note_departure(res, lambda: localize_top_p(lambda x: call(x, top_p=0.5), comp.obj, logits, 0.5))
 
 
-def _combined_top_k(res: ComponentResult, ctx: Context, comp: Component, call: Caller, wrong: int) -> None:
+def _combined_top_k(res: ComponentResult, ctx: Context, comp: Component, call: Caller, kept: list[Tensor],
+                    wrong: int) -> None:
     """A combined filter (top_k_top_p_filtering): its top-k too, top_p off."""
     if call.find(K_NAMES):
         _add_top_k(res, ctx, comp)
@@ -505,7 +533,7 @@ TOP_P = Filter(
     check=text("keeps the smallest set of most likely tokens reaching p (5 cases, equality at p = 0.75 "
                "included)", "把 token 按概率从大到小排列，保留累计概率刚好达到 p 的前几个"
                "（5 种情况，含 p = 0.75 时恰好相等）"),
-    steps=(lambda res, ctx, comp, call, wrong: _p_one(res, ctx, comp, call), _top_p_departure,
+    steps=(lambda res, ctx, comp, call, kept, wrong: _p_one(res, ctx, comp, call), _top_p_departure,
            _combined_top_k),
 )
 
@@ -513,17 +541,6 @@ TOP_P = Filter(
 def check_top_p(comp: Component, ctx: Context) -> ComponentResult:
     """The top-p filter, as the TOP_P filter states it."""
     return check_filter(TOP_P, comp, ctx)
-
-
-def _kept_per_case(res: ComponentResult, ctx: Context, comp: Component, call: Caller,
-                   cases: list[tuple[Tensor, float]], option: str = "top_p") -> list[Tensor]:
-    """The tokens the filter keeps in each case (a finding when it fills with a finite value)."""
-    kept_all = []
-    for logits, p in cases:
-        out, read = _filtered(ctx, comp, call, logits, **{option: p})
-        _fill_finding(res, ctx, comp, out, *read)
-        kept_all.append(read[0])
-    return kept_all
 
 
 def _add_top_k(res: ComponentResult, ctx: Context, comp: Component) -> None:
@@ -621,7 +638,8 @@ def _min_p_observed(flag: str, kept: list[Tensor]) -> Text:
                 "而不是高于 0.2 × 最可能 token 的概率的")
 
 
-def _min_p_departure(res: ComponentResult, ctx: Context, comp: Component, call: Caller, wrong: int) -> None:
+def _min_p_departure(res: ComponentResult, ctx: Context, comp: Component, call: Caller, kept: list[Tensor],
+                     wrong: int) -> None:
     """Where a min-p that keeps wrong tokens, its threshold not named unscaled, first parts from
     min-p's sub-steps (on the case min_p = 0.2)."""
     if wrong and not res.has("min_p_not_scaled"):
