@@ -276,3 +276,24 @@ def test_a_sampler_that_takes_a_settings_dataclass_is_handed_one_with_its_option
     (comp,) = check_file(str(path)).components
     assert comp.status == "fail" and [(f.name, f.line) for f in comp.findings] == [
         ("temperature_multiplied", 17)], format_report(check_file(str(path)))
+
+
+MIN_P_SAMPLE = """import torch
+import torch.nn.functional as F
+
+
+def sample_next_token(logits, temperature=1.0, min_p=0.0):
+    probs = F.softmax(logits / temperature, dim=-1)
+    probs = probs.masked_fill(probs < min_p, 0.0)
+    return torch.multinomial(probs, 1)
+"""
+
+
+def test_a_sampling_step_whose_min_p_threshold_is_unscaled_is_named_at_its_line(tmp_path):
+    """The draws with min_p = 0.1 fit the distribution of min_p_not_scaled (the threshold min_p
+    itself), not handformer's: the step fails with that finding, quoted at the threshold's line."""
+    path = tmp_path / "min_p_sample.py"
+    path.write_text(MIN_P_SAMPLE)
+    (comp,) = check_file(str(path), only=["sample"]).components
+    assert comp.status == "fail"
+    assert [(f.name, f.line) for f in comp.findings] == [("min_p_not_scaled", 7)], comp.findings

@@ -294,19 +294,27 @@ MODEL_PARTS = re.compile(r"nn\.Embedding\(.*nn\.ModuleList\(", re.S)
 
 
 def _by_structure(own: dict[str, Any], taken: set[str], wanted: set[str]) -> list[Component]:
-    """The learner's classes that no name found but that are decoder-only models by what they build
-    (an embedding, then a list of blocks) and what their forward takes (one sequence of ids)."""
-    return [Component("gpt", name, obj, "structure") for name, obj in own.items()
-            if "gpt" in wanted and inspect.isclass(obj) and name not in taken and "." not in name
-            and not name.endswith(SUFFIXES["gpt"])  # found, or left as a backbone, by its name
-            and not any("mask" in p.name and p.default is p.empty for p in _forward_parameters(obj).values())
-            and _decoder_model(obj)] + [
-        Component("bpe_tokenizer", name, obj, "methods") for name, obj in own.items()  # minbpe's classes
-        if "bpe_tokenizer" in wanted and name not in taken and "." not in name
-        and trains_itself(obj)] + [
-        Component("optimizer", name, obj, "optimizer") for name, obj in own.items()
-        if "optimizer" in wanted and name not in taken and "." not in name and steps_parameters(obj)
-    ] + _processors(own, taken, wanted)
+    """The learner's top-level objects that no name found but whose structure is a kind's (STRUCTURES),
+    in the table's order, then its logits processors."""
+    free = {name: obj for name, obj in own.items() if name not in taken and "." not in name}
+    return [Component(kind, name, obj, how) for kind, how, test in STRUCTURES if kind in wanted
+            for name, obj in free.items() if test(name, obj)] + _processors(own, taken, wanted)
+
+
+def _structured_model(name: str, obj: Any) -> bool:
+    """A class that is a decoder-only model by what it builds (an embedding, then a list of blocks) and
+    what its forward takes (one sequence of ids: no mask it requires); not one found, or left as a
+    backbone, by its name."""
+    return inspect.isclass(obj) and not name.endswith(SUFFIXES["gpt"]) and not any(
+        "mask" in p.name and p.default is p.empty for p in _forward_parameters(obj).values()
+    ) and _decoder_model(obj)
+
+
+# (the kind, how it was found, the test on a name and its object) of the kinds found by their structure:
+# decoder-only models, tokenizers that train themselves (minbpe's classes), optimizers written by hand
+STRUCTURES = (("gpt", "structure", _structured_model),
+              ("bpe_tokenizer", "methods", lambda name, obj: trains_itself(obj)),
+              ("optimizer", "optimizer", lambda name, obj: steps_parameters(obj)))
 
 
 def as_called(obj: Any) -> Any:

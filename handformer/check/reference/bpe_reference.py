@@ -196,13 +196,9 @@ def train_naive(
     words = pretokenize(text, special_tokens, flags)
     merges: list[Pair] = []
     counts = _count(words)
+    pick = TIE_RULES[min(flags & TIE_RULES.keys(), key=list(TIE_RULES).index, default="")]  # first flagged
     while len(vocab) < vocab_size and counts:
-        if "ties_first_seen" in flags:
-            pair = max(counts, key=counts.__getitem__)
-        elif "ties_smaller" in flags:
-            pair = min(counts, key=lambda p: (-counts[p], p))
-        else:
-            pair = max(counts, key=lambda p: (counts[p], p))
+        pair = pick(counts)
         merges.append(pair)
         vocab[len(vocab)] = pair[0] + pair[1]
         words = Counter({merge_word(w, pair): n for w, n in words.items()})
@@ -211,6 +207,14 @@ def train_naive(
         else:
             counts = _count(words)
     return vocab, merges
+
+
+# the most frequent pair, a tie going to the greater pair (this reference's rule, ""), or by the mistake
+# a flag names: to the pair counted first (max over a dict), or to the smaller pair
+TIE_RULES: dict[str, Callable[[Counter[Pair]], Pair]] = {
+    "": lambda counts: max(counts, key=lambda p: (counts[p], p)),
+    "ties_first_seen": lambda counts: max(counts, key=counts.__getitem__),
+    "ties_smaller": lambda counts: min(counts, key=lambda p: (-counts[p], p))}
 
 
 def _count(words: Counter[Word]) -> Counter[Pair]:

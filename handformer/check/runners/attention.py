@@ -75,8 +75,13 @@ from handformer.check.core.localize import (
     note_raised_attention,
 )
 from handformer.check.core.localize_kinds import localize_masked_softmax, localize_sdpa, note_departure
-from handformer.check.core.norm_inside import less_query, norm_taken_out, norms_around, post_norm_note
-from handformer.check.core.prenorm_inside import take_out_leading_norm
+from handformer.check.core.norm_inside import (
+    less_query,
+    norm_taken_out,
+    norms_around,
+    post_norm_note,
+    take_out_leading_norm,
+)
 from handformer.check.core.probe import Found, Probe, Subject, drive, run_probe
 from handformer.check.core.projection_elsewhere import projection_elsewhere
 from handformer.check.core.reference_attention import handformer_attention

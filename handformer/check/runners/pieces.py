@@ -36,15 +36,7 @@ from handformer.check.core.localize_kinds import (
     localize_norm,
     localize_table,
 )
-from handformer.check.core.norm_inside import (
-    Around,
-    around_module,
-    inner,
-    norms_around,
-    readings_around,
-    wrapped,
-)
-from handformer.check.core.prenorm_inside import take_out_leading_norm
+from handformer.check.core.norm_inside import Around, norms_around, readings_around, take_out_leading_norm
 from handformer.check.core.probe import Found, Probe, Subject, localize_step, name_findings, run_probe
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.sizes import SIZES
@@ -270,14 +262,14 @@ def _ffn_compared(res: ComponentResult, ctx: Context, comp: Component, subject: 
 def _ffn_departure(subject: Subject, found: Found) -> Departure | None:
     if not subject.facts["has_down"]:
         return None
-    return localize_ffn(subject.module, [inner(w) for _, w in subject.readings], found.x)
+    return localize_ffn(subject.module, [w.inner for _, w in subject.readings], found.x)
 
 
 FFN = Probe(
     build=_build_ffn,
     inputs=lambda s: s.facts["x"],
     shape=_ffn_shape,
-    reference=lambda w, x, flags: wrapped(w, x, lambda t: V.feed_forward(inner(w), t, flags)),
+    reference=lambda w, x, flags: w.apply(x, lambda t: V.feed_forward(w.inner, t, flags)),
     universe=_ffn_universe,
     steps=(_ffn_named, _ffn_compared, localize_step(_ffn_departure),
            lambda res, ctx, comp, s, found: _position_wise(res, s.run, found.x, found.out)),
@@ -355,11 +347,11 @@ def _position_moved(bumped: Tensor | None, out: Tensor) -> float:
 
 
 def _compare_ffn(res: ComponentResult, ctx: Context, run: Callable[[Tensor], Tensor | None],
-                 slots: list[Slot], name: str, width: int, reading: Any = None) -> None:
+                 slots: list[Slot], name: str, width: int, reading: Around) -> None:
     hf = FeedForward(D, width, name).double()
     copy_ffn(hf, slots)
-    reference = around_module(reading, hf)  # with the residual and norm a sublayer holds (jadore801120's)
-    res.notes += [reading.note()] if isinstance(reading, Around) else []
+    reference = reading.module(hf)  # with the residual and norm a sublayer holds (jadore801120's)
+    res.notes += reading.notes()
     errors, grad_err = [], 0.0
     params = [s.leaf.weight.requires_grad_() for s in slots]  # frozen ones too (gemma_pytorch's Linear)
     for i, (B, T) in enumerate([(2, 5), (1, 1), (3, 9)]):

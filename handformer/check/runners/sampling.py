@@ -15,7 +15,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import operator
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -317,41 +319,111 @@ def _fill_finding(res: ComponentResult, ctx: Context, comp: Component, out: Tens
             f"被去掉的 token 填成了 {fill:g}：softmax 之后它们仍占最多 {mass:.3g} 的概率"), f"{fill:g}"))
 
 
-def check_top_k(comp: Component, ctx: Context) -> ComponentResult:
-    res = ctx.result(comp)
-    call = Caller(comp, ctx)
+@dataclass(frozen=True)
+class Filter:
+    """A filter that keeps some tokens, stated as data (top-p, min-p): the option it is called with and
+    the cases (logits, value) it is driven on; which tokens the reference keeps under a set of mistakes
+    (`keep`) and the mistakes the search may combine (`universe`), of which `conventions` are no
+    finding (`notes` says what it noted of them); what a finding says it saw (`observed`: the flag, the
+    tokens kept in each case), the check's words, and the steps after the check (a departure localized,
+    more checks), each given (res, ctx, comp, call, the number of tokens kept or dropped wrongly)."""
+
+    option: str
+    cases: Callable[[], list[tuple[Tensor, float]]]
+    keep: Callable[[Tensor, float, frozenset[str]], Tensor]
+    universe: tuple[str, ...]
+    conventions: frozenset[str]
+    observed: Callable[[str, list[Tensor]], Text]
+    notes: Callable[[frozenset[str], list[Tensor]], list[Text]]
+    check: Text
+    steps: tuple[Callable[[ComponentResult, Context, Component, Caller, list[Tensor], int], None], ...]
+
+
+def check_filter(kind: Filter, comp: Component, ctx: Context) -> ComponentResult:
+    """One engine for the filters `Filter` states: each case called (a finding where it fills with a
+    finite value), the fewest mistakes that reproduce the tokens it kept searched for and named, the
+    tokens kept wrongly counted against the reference under the conventions found, then its steps."""
+    res, call, cases = ctx.result(comp), Caller(comp, ctx), kind.cases()
+    kept = _kept_per_case(res, ctx, comp, call, cases, kind.option)
+
+    def compute(flags: frozenset[str]) -> Tensor:
+        return torch.cat([kind.keep(logits, value, flags) for logits, value in cases], 0).double()
+
+    mine = torch.cat(kept, 0).double()
+    found = (fp.search(mine, compute, kind.universe, None, 2) or (frozenset(),))[0]
+    for flag in sorted(found - kind.conventions):
+        name, _, form = flag.partition(":")
+        res.findings.append(_finding(ctx, comp, name, kind.observed(flag, kept), form))
+    res.notes += kind.notes(found & kind.conventions, kept)
+    wrong = int((mine != compute(found & kind.conventions)).sum())
+    res.checks.append(Check(kind.check, wrong == 0, _wrong_tokens(wrong)))
+    res.max_abs_error = float(wrong)
+    for step in kind.steps:
+        step(res, ctx, comp, call, kept, wrong)
+    return finish(res)
+
+
+def _kept_per_case(res: ComponentResult, ctx: Context, comp: Component, call: Caller,
+                   cases: list[tuple[Tensor, float]], option: str) -> list[Tensor]:
+    """The tokens the filter keeps in each case (a finding when it fills with a finite value)."""
+    kept_all = []
+    for logits, p in cases:
+        out, read = _filtered(ctx, comp, call, logits, **{option: p})
+        _fill_finding(res, ctx, comp, out, *read)
+        kept_all.append(read[0])
+    return kept_all
+
+
+# top-k's k as the reference reads it, and off by one either way (top_k_off_by_one's forms): k = 0 keeps none
+K_SHIFT = {"": 0, "top_k_off_by_one:k+1": 1, "top_k_off_by_one:k-1": -1}
+
+
+def top_k_keep(logits: Tensor, k: int, flags: frozenset[str] = frozenset()) -> Tensor:
+    """The tokens top-k keeps (bool, like logits): the k most likely, or k + 1, or k - 1 (the flag's)."""
+    n = k + K_SHIFT[min(flags & K_SHIFT.keys(), key=list(K_SHIFT).index, default="")]
+    return torch.isfinite(top_k_filter(logits, max(n, 1))) & (n > 0)
+
+
+def _top_k_observed(flag: str, kept: list[Tensor]) -> Text:
+    """What an off-by-one top-k keeps with k = 1 (the first case): 2 tokens, or none."""
+    n = int(kept[0][0].sum())
+    if flag.endswith("k-1"):
+        return text("with k = 1 it keeps no token at all", "k = 1 时一个 token 都没有保留")
+    return text(f"with k = 1 it keeps {n} tokens, the 2 most likely",
+                f"k = 1 时保留了 {n} 个 token，即最可能的 2 个")
+
+
+def _top_k_after(res: ComponentResult, ctx: Context, comp: Component, call: Caller, kept: list[Tensor],
+                 wrong: int) -> None:
+    """The k asked for as a fraction, noted; where the count kept departs, the line that binds it; then
+    k >= V, ties at the k-th value and a filter given probabilities."""
     logits = test_logits()
-    worst, counts_kept = 0, []
-    for k in (1, 3, 5, 7):
-        out, (kept, fill) = _filtered(ctx, comp, call, logits, top_k=k)
-        right = torch.isfinite(top_k_filter(logits, k))
-        wrong = int((kept != right).sum())
-        worst = max(worst, wrong)
-        counts_kept.append((k, int(kept[0].sum())))
-        _fill_finding(res, ctx, comp, out, kept, fill)
-        counts = kept.sum(-1)
-        if wrong and not res.has("top_k_off_by_one"):
-            for extra in (1, -1):
-                if 0 < k + extra <= V and torch.equal(kept, torch.isfinite(top_k_filter(logits, k + extra))):
-                    res.findings.append(_finding(ctx, comp, "top_k_off_by_one", text(
-                        f"with k = {k} it keeps {int(counts[0])} tokens, the {k + extra} most likely",
-                        f"k = {k} 时保留了 {int(counts[0])} 个 token，即最可能的 {k + extra} 个"),
-                        "k+1" if extra > 0 else "k-1"))
-                    break
-            if k == 1 and not counts.any() and not res.has("top_k_off_by_one"):
-                res.findings.append(_finding(ctx, comp, "top_k_off_by_one", text(
-                    "with k = 1 it keeps no token at all", "k = 1 时一个 token 都没有保留"), "k-1"))
-    res.checks.append(Check(text("keeps the k most likely tokens for k = 1, 3, 5, 7 (ties apart)",
-                                 "k = 1、3、5、7 时保留最可能的 k 个 token（不含并列的情况）"), worst == 0,
-                            _wrong_tokens(worst)))
-    if call.fraction:
-        res.notes.append(call.fraction.note())
-    note_departure(res, lambda: localize_count(lambda k: call(logits, top_k=k), comp.obj, counts_kept))
+    res.notes += [call.fraction.note()] if call.fraction else []
+    counts = [(k, int(t[0].sum())) for k, t in zip(TOP_KS, kept)]
+    note_departure(res, lambda: localize_count(lambda k: call(logits, top_k=k), comp.obj, counts))
     _large_k(res, ctx, comp, call, logits)
     _ties(res, call, logits)
     _kept_probabilities(res, call, logits)
-    res.max_abs_error = float(worst)
-    return finish(res)
+
+
+TOP_KS = (1, 3, 5, 7)
+TOP_K = Filter(
+    option="top_k",
+    cases=lambda: [(test_logits(), k) for k in TOP_KS],
+    keep=top_k_keep,
+    universe=tuple(K_SHIFT)[1:],
+    conventions=frozenset(),
+    observed=_top_k_observed,
+    notes=lambda conventions, kept: [],
+    check=text("keeps the k most likely tokens for k = 1, 3, 5, 7 (ties apart)",
+               "k = 1、3、5、7 时保留最可能的 k 个 token（不含并列的情况）"),
+    steps=(_top_k_after,),
+)
+
+
+def check_top_k(comp: Component, ctx: Context) -> ComponentResult:
+    """The top-k filter, as the TOP_K filter states it."""
+    return check_filter(TOP_K, comp, ctx)
 
 
 def _kept_probabilities(res: ComponentResult, call: Caller, logits: Tensor) -> None:
@@ -412,77 +484,63 @@ DYADIC = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0
 
 
 def top_p_keep(logits: Tensor, p: float, flags: frozenset[str] = frozenset()) -> Tensor:
-    """The tokens top-p keeps (bool, like logits), exactly (no tolerance), with the classic mistakes:
-    drops the crossing token (cum <= p), keeps one more at equality (mass above <= p), no guard for
-    the most likely token (the set may be empty)."""
+    """The tokens top-p keeps (bool, like logits), exactly (no tolerance), by the rule the flags name
+    (TOP_P_RULES); top_p_empty_set: no guard for the most likely token, which follows the rule's
+    comparison on its own cumulative sum (the set may be empty)."""
     probs, order = torch.sort(torch.softmax(logits, -1), dim=-1, descending=True, stable=True)
     cum = probs.cumsum(-1)
-    above = cum - probs  # the probability ranked above each token
-    crossing = next((f.partition(":")[2] for f in flags if f.startswith("top_p_drops_crossing")), None)
-    if crossing is not None:
-        keep = cum <= p if crossing == "le" else cum < p
-    elif "top_p_extra_at_equality" in flags:
-        keep = above <= p
-    else:
-        keep = above < p
-    if "top_p_empty_set" in flags:  # the guard of the most likely token missing: its own rule, on cum
-        keep[..., 0] = cum[..., 0] <= p if crossing == "le" or "top_p_extra_at_equality" in flags else (
-            cum[..., 0] < p)
-    else:
-        keep[..., 0] = True
+    rule = min(flags & TOP_P_RULES.keys(), key=list(TOP_P_RULES).index, default="")  # the first flagged
+    on_cum, keeps = TOP_P_RULES[rule]
+    keep = keeps(cum if on_cum else cum - probs, p)  # cum - probs: the probability ranked above a token
+    keep[..., 0] = keeps(cum[..., 0], p) if "top_p_empty_set" in flags else True
     return torch.zeros_like(keep).scatter(-1, order, keep)
 
 
 EQUALITY = "top_p_extra_at_equality"  # a flag of the search only: a convention, never a finding
+# the rule a top-p keeps tokens by: (compared on the cumulative sum? else on the mass ranked above a token,
+# the comparison with p): the reference's (mass above < p), then the classic mistakes: the crossing token
+# dropped (cum <= p, or cum < p), one more kept at equality (mass above <= p)
+TOP_P_RULES = {"": (False, operator.lt), "top_p_drops_crossing:le": (True, operator.le),
+               "top_p_drops_crossing:lt": (True, operator.lt), EQUALITY: (False, operator.le)}
 TOP_P_FLAGS = ("top_p_drops_crossing:le", "top_p_drops_crossing:lt", EQUALITY,
                "top_p_empty_set")
 
 
-def check_top_p(comp: Component, ctx: Context) -> ComponentResult:
-    res = ctx.result(comp)
-    call = Caller(comp, ctx)
-    dyadic = DYADIC.log()[None]  # (1, V)
-    cases = [(dyadic, 0.75), (dyadic, 0.6), (dyadic, 0.3), (test_logits(), 0.9), (test_logits(seed=1), 0.5)]
-    kept_all = _kept_per_case(res, ctx, comp, call, cases)
-
-    def compute(flags: frozenset[str]) -> Tensor:
-        return torch.cat([top_p_keep(lg, p, flags) for lg, p in cases], 0).double()
-
-    mine = torch.cat(kept_all, 0).double()
-    found = fp.search(mine, compute, TOP_P_FLAGS, None, 2)
-    rule = frozenset()  # the rule at exact equality: either is a convention (module docstring)
-    if found and found[0]:
-        for flag in sorted(found[0] - {EQUALITY}):
-            name, _, form = flag.partition(":")
-            res.findings.append(_finding(ctx, comp, name, _top_p_observed(flag, cases, kept_all), form))
-        if EQUALITY in found[0]:
-            rule = frozenset({EQUALITY})
-            res.notes.append(_equality_note(kept_all))
-    wrong = int((mine != compute(rule)).sum())
-    res.checks.append(Check(text("keeps the smallest set of most likely tokens reaching p (5 cases, equality "
-                                 "at p = 0.75 included)",
-                                 "把 token 按概率从大到小排列，保留累计概率刚好达到 p 的前几个"
-                                 "（5 种情况，含 p = 0.75 时恰好相等）"), wrong == 0,
-                            _wrong_tokens(wrong)))
-    _p_one(res, ctx, comp, call)
-    res.max_abs_error = float(wrong)
+def _top_p_departure(res: ComponentResult, ctx: Context, comp: Component, call: Caller, kept: list[Tensor],
+                     wrong: int) -> None:
+    """Where a top-p that keeps wrong tokens, no mistake named, first parts from top-p's sub-steps."""
     if wrong and not res.findings:
         logits = test_logits(seed=1)
         note_departure(res, lambda: localize_top_p(lambda x: call(x, top_p=0.5), comp.obj, logits, 0.5))
-    if call.find(K_NAMES):  # a combined filter (top_k_top_p_filtering): its top-k too, top_p off
+
+
+def _combined_top_k(res: ComponentResult, ctx: Context, comp: Component, call: Caller, kept: list[Tensor],
+                    wrong: int) -> None:
+    """A combined filter (top_k_top_p_filtering): its top-k too, top_p off."""
+    if call.find(K_NAMES):
         _add_top_k(res, ctx, comp)
-    return finish(res)
 
 
-def _kept_per_case(res: ComponentResult, ctx: Context, comp: Component, call: Caller,
-                   cases: list[tuple[Tensor, float]], option: str = "top_p") -> list[Tensor]:
-    """The tokens the filter keeps in each case (a finding when it fills with a finite value)."""
-    kept_all = []
-    for logits, p in cases:
-        out, read = _filtered(ctx, comp, call, logits, **{option: p})
-        _fill_finding(res, ctx, comp, out, *read)
-        kept_all.append(read[0])
-    return kept_all
+TOP_P = Filter(
+    option="top_p",
+    cases=lambda: [(DYADIC.log()[None], 0.75), (DYADIC.log()[None], 0.6), (DYADIC.log()[None], 0.3),
+                   (test_logits(), 0.9), (test_logits(seed=1), 0.5)],  # dyadic rows: (1, V)
+    keep=top_p_keep,
+    universe=TOP_P_FLAGS,
+    conventions=frozenset({EQUALITY}),  # the rule at exact equality: either is a convention (docstring)
+    observed=lambda flag, kept: _top_p_observed(flag, kept),
+    notes=lambda conventions, kept: [_equality_note(kept)] * bool(conventions),
+    check=text("keeps the smallest set of most likely tokens reaching p (5 cases, equality at p = 0.75 "
+               "included)", "把 token 按概率从大到小排列，保留累计概率刚好达到 p 的前几个"
+               "（5 种情况，含 p = 0.75 时恰好相等）"),
+    steps=(lambda res, ctx, comp, call, kept, wrong: _p_one(res, ctx, comp, call), _top_p_departure,
+           _combined_top_k),
+)
+
+
+def check_top_p(comp: Component, ctx: Context) -> ComponentResult:
+    """The top-p filter, as the TOP_P filter states it."""
+    return check_filter(TOP_P, comp, ctx)
 
 
 def _add_top_k(res: ComponentResult, ctx: Context, comp: Component) -> None:
@@ -496,7 +554,7 @@ def _add_top_k(res: ComponentResult, ctx: Context, comp: Component) -> None:
     res.max_abs_error = max(res.max_abs_error, both.max_abs_error or 0.0)
 
 
-def _top_p_observed(flag: str, cases: list[tuple[Tensor, float]], kept: list[Tensor]) -> Text:
+def _top_p_observed(flag: str, kept: list[Tensor]) -> Text:
     counts = [int(k[0].sum()) for k in kept[:3]]
     probs = "probabilities 0.5, 0.25, 0.125, ..."
     probs_zh = "概率为 0.5、0.25、0.125……"
@@ -569,36 +627,44 @@ def min_p_keep(logits: Tensor, min_p: float, flags: frozenset[str] = frozenset()
     return (probs >= min_p * scale) | (top & ("top_kept" in flags))
 
 
-# the mistake, with and without a guard that keeps the most likely token
-UNSCALED = (frozenset({"min_p_not_scaled"}), frozenset({"min_p_not_scaled", "top_kept"}))
+UNSCALED = frozenset({"min_p_not_scaled"})  # the threshold min_p itself (a sampling step's draws fit it)
+
+
+def _min_p_observed(flag: str, kept: list[Tensor]) -> Text:
+    counts = ", ".join(str(int(n)) for n in kept[1].sum(-1))  # the rows of min_p = 0.2
+    return text(f"with min_p = 0.2 your filter keeps {counts} tokens of 4 rows: those above 0.2 itself, "
+                "not above 0.2 x the most likely token's probability",
+                f"min_p = 0.2 时你的过滤在 4 行中分别保留了 {counts} 个 token：保留的是概率高于 0.2 本身的，"
+                "而不是高于 0.2 × 最可能 token 的概率的")
+
+
+def _min_p_departure(res: ComponentResult, ctx: Context, comp: Component, call: Caller, kept: list[Tensor],
+                     wrong: int) -> None:
+    """Where a min-p that keeps wrong tokens, its threshold not named unscaled, first parts from
+    min-p's sub-steps (on the case min_p = 0.2)."""
+    if wrong and not res.has("min_p_not_scaled"):
+        logits = test_logits()
+        note_departure(res, lambda: localize_min_p(lambda x: call(x, min_p=0.2), comp.obj, logits, 0.2))
+
+
+MIN_P = Filter(
+    option="min_p",
+    cases=lambda: [(test_logits(), 0.05), (test_logits(), 0.2), (test_logits(seed=1), 0.5)],
+    keep=min_p_keep,
+    universe=("min_p_not_scaled", "top_kept"),  # the mistake, with and without a guard of the top token
+    conventions=frozenset({"top_kept"}),  # the guard (Hugging Face's min_tokens_to_keep = 1): not noted
+    observed=_min_p_observed,
+    notes=lambda conventions, kept: [],
+    check=text("keeps the tokens whose probability is at least min_p x the most likely token's (min_p = "
+               "0.05, 0.2, 0.5)",
+               "保留概率不低于 min_p × 最可能 token 概率的 token（min_p = 0.05、0.2、0.5）"),
+    steps=(_min_p_departure,),
+)
 
 
 def check_min_p(comp: Component, ctx: Context) -> ComponentResult:
-    res = ctx.result(comp)
-    call = Caller(comp, ctx)
-    cases = [(test_logits(), 0.05), (test_logits(), 0.2), (test_logits(seed=1), 0.5)]
-    kept = torch.cat(_kept_per_case(res, ctx, comp, call, cases, "min_p"), 0)
-
-    def compute(flags: frozenset[str]) -> Tensor:
-        return torch.cat([min_p_keep(lg, m, flags) for lg, m in cases], 0)
-
-    wrong = int((kept != compute(frozenset())).sum())
-    counts = ", ".join(str(int(n)) for n in kept[4:8].sum(-1))  # the rows of min_p = 0.2
-    if wrong and any(torch.equal(kept, compute(flags)) for flags in UNSCALED):
-        res.findings.append(_finding(ctx, comp, "min_p_not_scaled", text(
-            f"with min_p = 0.2 your filter keeps {counts} tokens of 4 rows: those above 0.2 itself, "
-            "not above 0.2 x the most likely token's probability",
-            f"min_p = 0.2 时你的过滤在 4 行中分别保留了 {counts} 个 token：保留的是概率高于 0.2 本身的，"
-            "而不是高于 0.2 × 最可能 token 的概率的")))
-    elif wrong:
-        note_departure(res, lambda: localize_min_p(lambda x: call(x, min_p=0.2), comp.obj, cases[1][0], 0.2))
-    res.checks.append(Check(text("keeps the tokens whose probability is at least min_p x the most likely "
-                                 "token's (min_p = 0.05, 0.2, 0.5)",
-                                 "保留概率不低于 min_p × 最可能 token 概率的 token"
-                                 "（min_p = 0.05、0.2、0.5）"),
-                            wrong == 0, _wrong_tokens(wrong)))
-    res.max_abs_error = float(wrong)
-    return finish(res)
+    """The min-p filter, as the MIN_P filter states it."""
+    return check_filter(MIN_P, comp, ctx)
 
 
 # --- greedy ---------------------------------------------------------------------------------------
