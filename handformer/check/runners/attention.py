@@ -193,6 +193,8 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
                       if "alibi" in named else {})  # BLOOM's model hands each attention its ALiBi term
         if state.get("first"):  # (T, B, D) in and out: PyTorch's tutorial, batch_first=False
             return batch_first(with_positions(fn, [a.transpose(0, 1) for a in args], kwargs, layout, B))
+        if state.get("one"):  # (T, D) in and out: Raschka's SelfAttention_v1 (queries @ keys.T)
+            return stacked([with_positions(fn, [a[b] for a in args], kwargs, layout, 1) for b in range(B)])
         return with_positions(fn, args, kwargs, layout, B)
 
     return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named, state, required)
@@ -224,6 +226,31 @@ def _sequence_first(res: ComponentResult, ctx: Context, c: Caller) -> None:
                                                    lambda conv: c.state.update(visible=conv),
                                                    (None, *convs * c.required))
     res.notes += [SEQUENCE_FIRST] * c.state["first"]
+
+
+def stacked(outs: list[Any]) -> Any:
+    """The outputs of one sequence each, stacked into a batch (each tensor of a tuple, too)."""
+    if isinstance(outs[0], tuple):
+        return tuple(torch.stack(parts) if torch.is_tensor(parts[0]) else parts[0] for parts in zip(*outs))
+    return torch.stack(outs)
+
+
+def _one_sequence(res: ComponentResult, ctx: Context, c: Caller, x: Tensor) -> None:
+    """Whether the attention serves one sequence (T, D) at a time and no batch (B, T, D): Raschka's
+    SelfAttention_v1 and v2, `queries @ keys.T`; then it is driven one sequence at a time
+    (c.state["one"]) and the report says so. An attention that takes a mask is never driven so."""
+    if c.takes_mask or c.n_inputs != 1 or fp.quietly(lambda: c.call(x, x, x, None)) is not None:
+        return
+    c.state["one"] = True
+    out = fp.first_tensor(fp.quietly(lambda: c.call(x, x, x, None)), 3)
+    c.state["one"] = out is not None and out.shape[:2] == x.shape[:2]
+    res.notes += [ONE_SEQUENCE] * c.state["one"]
+
+
+ONE_SEQUENCE = text("it takes one sequence (T, D) at a time, no batch (Raschka's SelfAttention_v1 and v2, "
+                    "queries @ keys.T): driven one sequence at a time, each output stacked",
+                    "它一次只接收一个序列 (T, D)，不接收 batch（Raschka 的 SelfAttention_v1 和 v2，"
+                    "queries @ keys.T）：逐个序列运行，再把输出叠起来")
 
 
 def run_mask(keep: Tensor | None, conv: str, batch: int) -> Tensor | None:
@@ -698,6 +725,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     if heads != 1 and single_head(comp, linears, n_kv_heads):  # checked again with one head
         return check_mha(comp, ctx, sizes["causal"], n_kv_heads, heads=1)
     c = _driven(res, module, around)
+    _one_sequence(res, ctx, c, x)
     one = x[:, :1]  # (B, 1, D): one token, where the output reads the value rows alone
     find_layouts_(module, lambda: fp.first_tensor(c.call(one, one, one, None), 3), D, D // heads)
     kv_width = n_kv_heads * (D // heads) if n_kv_heads else None  # None: read from a fused projection
