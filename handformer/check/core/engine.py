@@ -318,7 +318,8 @@ def raises_alone(comp: Component, ctx: Context) -> LearnerError | None:
         call(x, x, x, None) if call else module(x)
     except Exception as err:  # noqa: BLE001
         error = learner_error(err, ctx.path, "forward")
-        return error if error.kind == "exception" and error.traceback and not _one_sequence(module, x) else None
+        theirs = error.kind == "exception" and error.traceback and not _one_sequence(module, x)
+        return error if theirs else None
     return None
 
 

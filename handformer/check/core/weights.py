@@ -280,7 +280,8 @@ def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
         elif isinstance(sub, nn.Linear) or _one_matrix(params):
             found.append(Leaf(label, "linear", sub, *_matrix_and_vector(params)))
         elif loose_matrices(params, sub):
-            found += [Leaf(f"{label}.{n}".removeprefix("(self)."), "linear", sub, p, None) for n, p in params.items()]
+            found += [Leaf(f"{label}.{n}".removeprefix("(self)."), "linear", sub, p, None)
+                      for n, p in params.items()]
         elif all(p.dim() <= 1 for p in params.values()) and _holds_layers(sub):  # nanochat's resid_lambdas
             found += [Leaf(f"{label}.{n}".removeprefix("(self)."), "scalar", sub, p, None)
                       for n, p in params.items()]

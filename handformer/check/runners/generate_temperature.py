@@ -1,7 +1,6 @@
 """The temperature of a sampling loop (`generate(model, idx, max_new_tokens, temperature=1.0)`):
 driven once more for one new token at temperature TEMPERATURE (its switch to sampling on, minGPT's
-do_sample=True), its model's logits handed as the model
-gives them (not made certain), and `torch.multinomial` answering the likeliest token while it records
+do_sample=True), its model's logits handed as the model gives them (not made certain), and `torch.multinomial` answering the likeliest token while it records
 the probabilities it was handed. Those must be softmax(logits / TEMPERATURE) on the tokens the loop
 keeps (its filters may drop some: compared after renormalising on the kept ones, in the order of
 their size, so that a loop that samples from them sorted compares too). A loop that samples
@@ -55,7 +54,7 @@ def _gap(probs: Tensor, logits: Tensor) -> float:
     return float((mine - theirs).abs().max())
 
 
-def _sampling_on(fn: Any) -> dict[str, bool]:
+def sampling_on(fn: Any) -> dict[str, bool]:
     """The loop's switch to sampling turned on, where it has one off by default (minGPT's
     do_sample=False takes the argmax, and its temperature would go unseen)."""
     return {p.name: True for p in forward_parameters(fn)
@@ -73,7 +72,7 @@ def check_temperature(res: ComponentResult, ctx: Context, comp: Any, driver: Any
     seen: list[Tensor] = []
     B, as_list = short.prompt.size(0), short.as_list
     with recorded_draws(seen, SOFT):
-        run = run_generate(ctx, comp, driver, 1, B, as_list, {name: TEMPERATURE, **_sampling_on(comp.obj)})
+        run = run_generate(ctx, comp, driver, 1, B, as_list, {name: TEMPERATURE, **sampling_on(comp.obj)})
         logits = driver.logits(run.prompt)[:, -1].double()  # (B, V)
     if not seen or seen[0].shape[-1] != logits.size(-1):  # it never sampled, or sampled a subset
         return
@@ -89,17 +88,19 @@ def check_temperature(res: ComponentResult, ctx: Context, comp: Any, driver: Any
         _named_form(res, ctx, comp, name, probs, logits)
 
 
-def _named_form(res: ComponentResult, ctx: Context, comp: Any, name: str, probs: Tensor, logits: Tensor) -> None:
+def _named_form(res: ComponentResult, ctx: Context, comp: Any, name: str, probs: Tensor, logits: Tensor,
+                ) -> None:
     """The catalogued mistake whose distribution the loop samples from, if one is: the logits
     multiplied by the temperature, or the temperature applied after the softmax (which the draw's
     renormalising undoes: softmax(logits), as at t = 1)."""
     forms = (("temperature_multiplied", logits * TEMPERATURE, f"softmax(logits * {TEMPERATURE})",
               f"softmax(logits * {TEMPERATURE})"),
-             ("temperature_after_softmax", logits, "softmax(logits), as at t = 1", "softmax(logits)，相当于 t = 1"))
+             ("temperature_after_softmax", logits, "softmax(logits), as at t = 1",
+              "softmax(logits)，相当于 t = 1"))
     for diagnosis, alternative, en, zh in forms:
         if _gap(probs, alternative) < 1e-4:
             number, code = locate(diagnosis, source_lines(ctx.objects(comp, "sample", "temperature")))
-            res.findings.append(Finding(diagnosis, text(f"at {name}={TEMPERATURE} your loop samples from {en}",
-                                                        f"{name}={TEMPERATURE} 时你的循环从 {zh} 采样"),
-                                        number, code))
+            said = text(f"at {name}={TEMPERATURE} your loop samples from {en}",
+                        f"{name}={TEMPERATURE} 时你的循环从 {zh} 采样")
+            res.findings.append(Finding(diagnosis, said, number, code))
             return
