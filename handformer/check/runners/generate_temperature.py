@@ -1,9 +1,10 @@
 """The temperature of a sampling loop (`generate(model, idx, max_new_tokens, temperature=1.0)`):
 driven once more for one new token at temperature TEMPERATURE (its switch to sampling on, minGPT's
 do_sample=True), its model's logits handed as the model gives them (not made certain), and
-`torch.multinomial` answering the likeliest token while it records the probabilities it was handed. Those must be softmax(logits / TEMPERATURE) on the tokens the loop
-keeps (its filters may drop some: compared after renormalising on the kept ones, in the order of
-their size, so that a loop that samples from them sorted compares too). A loop that samples
+`torch.multinomial` answering the likeliest token while it records the probabilities it was handed.
+Those must be softmax(logits / TEMPERATURE) on the tokens the loop keeps (its filters may drop some:
+compared after renormalising on the kept ones, in the order of their size, so that a loop that
+samples from them sorted compares too). A loop that samples
 otherwise (Gumbel noise, argmax at its default) is not probed.
 
 Shape legend: B prompts, V vocabulary.
