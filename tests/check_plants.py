@@ -222,6 +222,11 @@ SAMPLING_PLANTS: dict[str, Plant] = {
     "filter_fill_finite": Plant("filter_fill_finite", "top_k", [
         ('logits.masked_fill(logits < kth, float("-inf"))', "logits.masked_fill(logits < kth, 1e-10)")], "sampling"),
     "top_k_off_by_one": Plant("top_k_off_by_one", "top_k", [("logits < kth", "logits <= kth")], "sampling"),
+    "repetition_penalty_inverted": Plant("repetition_penalty_inverted", "repetition_penalty", [
+        ("score > 0, score / penalty, score * penalty", "score > 0, score * penalty, score / penalty")],
+        "sampling"),
+    "repetition_penalty_sign_ignored": Plant("repetition_penalty_sign_ignored", "repetition_penalty", [
+        ("torch.where(score > 0, score / penalty, score * penalty)", "score / penalty")], "sampling"),
     "top_k_exceeds_vocab": Plant("top_k_exceeds_vocab", "top_k", [("    k = min(k, logits.size(-1))\n", "")],
                                  "sampling"),
     "top_p_drops_crossing": Plant("top_p_drops_crossing", "top_p", [
@@ -579,7 +584,8 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("temperature_multiplied", "top_k_off_by_one"), ("temperature_after_softmax", "generate_cache_mismatch"),
     ("filter_fill_finite", "top_k_exceeds_vocab"), ("top_p_drops_crossing", "argmax_wrong_dim"),
     ("top_k_off_by_one", "sampling_softmax_wrong_dim"), ("top_p_empty_set", "generate_no_crop"),
-    ("min_p_not_scaled", "generate_not_appended"), ("temperature_twice", "top_k_exceeds_vocab"), ("sampling_from_logits", "generate_cache_mismatch"),
+    ("min_p_not_scaled", "generate_not_appended"), ("repetition_penalty_inverted", "top_k_off_by_one"),
+    ("repetition_penalty_sign_ignored", "temperature_multiplied"), ("temperature_twice", "top_k_exceeds_vocab"), ("sampling_from_logits", "generate_cache_mismatch"),
     ("generate_not_appended", "generate_does_not_stop"),
     ("schedule_step_zero", "cosine_from_step_zero"), ("schedule_exponent_sign", "cosine_no_floor"),
     ("schedule_no_d_model", "schedule_warmup_off_by_one"), ("cosine_min_lr_ignored", "schedule_step_zero"),

@@ -405,7 +405,7 @@ NOT_SUFFIXED_WORDS = re.compile("|".join(NOT_SUFFIXED), re.I)
 HEAD_MODELS = ("LanguageModel", "LMHeadModel")  # a model with its head: kept beside Hugging Face's backbone
 
 
-VERSIONED = re.compile(r"_?[vV]\d+")  # a name's version: Raschka's SelfAttention_v1, SelfAttention_v2
+VERSIONED = r"_?[vV]\d+"  # a name's version: Raschka's SelfAttention_v1, SelfAttention_v2
 
 
 def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> list[str]:
@@ -414,7 +414,7 @@ def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> li
     out = []
     for name in names:
         out += [name] * (name in own) + sorted(n for n in own if "." in n and _stands_for(name, n))
-        out += sorted(n for n in own if VERSIONED.fullmatch(n.removeprefix(name)) and n.startswith(name))
+        out += sorted(n for n in own if re.fullmatch(re.escape(name) + VERSIONED, n))
     out += sorted(n for n, o in own.items() if inspect.isclass(o) and n not in TABLED and n not in out
                   and _suffixed(n, o, SUFFIXES.get(kind, ("\0",))) and SUFFIX_TESTS.get(kind, bool)(o))
     if any(n.endswith(("ForCausalLM", "LMHeadModel")) for n in own):  # Hugging Face's XModel is the backbone

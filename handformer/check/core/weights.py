@@ -202,10 +202,9 @@ def untranspose_(module: nn.Module) -> list[str]:
     names."""
     found = []
     for name, sub in list(module.named_modules()):
-        for weight in [_stored_transposed(sub)] + _right_multiplied(sub):
-            if weight is not None:
-                parametrize.register_parametrization(sub, weight, Transposed(), unsafe=True)
-                found.append(name)
+        for weight in filter(None, [_stored_transposed(sub), *_right_multiplied(sub)]):
+            parametrize.register_parametrization(sub, weight, Transposed(), unsafe=True)
+            found.append(name)
     return found
 
 
@@ -213,8 +212,8 @@ def loose_matrices(params: dict[str, nn.Parameter], sub: nn.Module) -> bool:
     """Two or more 2-D parameters and nothing else, in a module with no layers of its own: each a
     projection (Raschka's SelfAttention_v1: W_query, W_key, W_value as nn.Parameter(torch.rand(d_in,
     d_out)))."""
-    children = [n for n, _ in sub.named_children() if n != "parametrizations"]
-    return len(params) >= 2 and all(p.dim() == 2 for p in params.values()) and not children
+    alone = set(dict(sub.named_children())) <= {"parametrizations"}  # its own, reparametrized
+    return len(params) >= 2 and {p.dim() for p in params.values()} == {2} and alone
 
 
 def _right_multiplied(sub: nn.Module) -> list[str]:
