@@ -50,7 +50,8 @@ FAMILIES = {"tutorial": FIXTURES / "learners", "llm": FIXTURES / "learners_llm",
             "gemma3": FIXTURES / "learners_gemma3", "gpt_oss": FIXTURES / "learners_gpt_oss",
             "deepseek": FIXTURES / "learners_deepseek",
             "adamw": FIXTURES / "learners_adamw",
-            "llama_batch": FIXTURES / "learners_llama_batch", "llama_kv": FIXTURES / "learners_llama_kv"}
+            "llama_batch": FIXTURES / "learners_llama_batch", "llama_kv": FIXTURES / "learners_llama_kv",
+            "moe": FIXTURES / "learners_moe"}
 
 TUTORIAL_PLANTS: dict[str, Plant] = {
     "no_scaling": Plant("no_scaling", "sdpa", [("k.transpose(-2, -1)) / math.sqrt(d_k)", "k.transpose(-2, -1))")]),
@@ -542,10 +543,17 @@ BATCH_PLANTS: dict[str, Plant] = {
         ("values = self.v_cache[:bsz, : start_pos + seqlen]", "values = self.v_cache[:bsz, : start_pos]")],
         "llama_kv"),
 }
+MOE_PLANTS: dict[str, Plant] = {
+    "moe_weights_not_renormalized": Plant("moe_weights_not_renormalized", "moe", [
+        ("topk_weight / (topk_weight.sum(dim=-1, keepdim=True) + 1e-20)",
+         "topk_weight / (scores.sum(dim=-1, keepdim=True) + 1e-20)")], "moe"),
+    "moe_rmsnorm_sum_squares": Plant("rmsnorm_sum_squares", "rmsnorm", [
+        ("x.pow(2).mean(-1, keepdim=True)", "x.pow(2).sum(-1, keepdim=True)")], "moe"),
+}
 PLANTS: dict[str, Plant] = {**TUTORIAL_PLANTS, **LLM_PLANTS, **STYLE_PLANTS, **SAMPLING_PLANTS, **TRAINING_PLANTS,
                             **ASSEMBLY_PLANTS, **MODEL_PLANTS, **GPT_PLANTS, **LOOP_PLANTS, **BPE_PLANTS,
                             **CACHE_PLANTS, **QK_PLANTS, **ADAMW_PLANTS, **FAMILY_PLANTS,
-                            **BATCH_PLANTS}
+                            **BATCH_PLANTS, **MOE_PLANTS}
 
 # Pairs of plants that are three mistakes: nanoGPT fills with -inf, so a softmax over the queries, or
 # a mask over them, brings NaN rows (nan_on_masked_rows) with it, and with a second mistake in the
@@ -585,7 +593,8 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("filter_fill_finite", "top_k_exceeds_vocab"), ("top_p_drops_crossing", "argmax_wrong_dim"),
     ("top_k_off_by_one", "sampling_softmax_wrong_dim"), ("top_p_empty_set", "generate_no_crop"),
     ("min_p_not_scaled", "generate_not_appended"), ("repetition_penalty_inverted", "top_k_off_by_one"),
-    ("repetition_penalty_sign_ignored", "temperature_multiplied"), ("temperature_twice", "top_k_exceeds_vocab"), ("sampling_from_logits", "generate_cache_mismatch"),
+    ("repetition_penalty_sign_ignored", "temperature_multiplied"),
+    ("moe_weights_not_renormalized", "moe_rmsnorm_sum_squares"), ("temperature_twice", "top_k_exceeds_vocab"), ("sampling_from_logits", "generate_cache_mismatch"),
     ("generate_not_appended", "generate_does_not_stop"),
     ("schedule_step_zero", "cosine_from_step_zero"), ("schedule_exponent_sign", "cosine_no_floor"),
     ("schedule_no_d_model", "schedule_warmup_off_by_one"), ("cosine_min_lr_ignored", "schedule_step_zero"),

@@ -1,8 +1,8 @@
 """`handformer check` reaching what learners' files hold beyond the usual call: minGPT's generate that
-samples only with do_sample=True (its temperature probed with sampling on), and Raschka's chapter-3
+samples only with do_sample=True (its temperature probed with sampling on), Raschka's chapter-3
 self-attention on one sequence (T, d_in) with loose weight matrices (x @ self.W_query) or nn.Linear,
-found by its versioned name. Each a correct file that passes and planted copies that fail, quoting
-the planted line."""
+found by its versioned name, and a mixture of experts checked as its own layer. Each a correct file
+that passes and planted copies that fail, quoting the planted line."""
 
 from __future__ import annotations
 
@@ -67,3 +67,14 @@ def test_raschka_scale_by_dk_fails_quoted(raschka, plant, name, line):
     comp = next(c for c in raschka[plant].components if c.name == name)
     assert comp.status == "fail", format_report(raschka[plant])
     assert [(f.name, f.line) for f in comp.findings] == [("scale_by_dk", line)]
+
+
+def test_a_mixture_of_experts_is_checked_as_its_own_layer():
+    """minimind's MOEFeedForward, its gate a (E, D) parameter, a shared expert beside: its routing and
+    sum pass against the reference written from the router's weight (its plant, the chosen weights
+    not renormalized, is tests/check_plants.py's moe_weights_not_renormalized)."""
+    result = check_file(str(FIXTURES / "learners_moe" / "correct.py"))
+    assert {c.name: (c.kind, c.status) for c in result.components} == {
+        "FeedForward": ("ffn", "pass"), "MOEFeedForward": ("moe", "pass"), "RMSNorm": ("rmsnorm", "pass")}
+    moe = next(c for c in result.components if c.kind == "moe")
+    assert any("each token through its top 2, their weights renormalized" in n["en"] for n in moe.notes)

@@ -91,7 +91,11 @@ FIXED: dict[str, Any] = {"i": 0, "layer_idx": 0, "layer_id": 0, "layer_index": 0
                          # partial rotary (GPT-NeoX's rotary_pct, Phi's and StableLM's
                          # partial_rotary_factor): half of check's 4 dims a head turn, an even
                          # width as every real model's (0.25 of 4 would turn 1)
-                         "rotary_pct": 0.5, "partial_rotary_factor": 0.5}
+                         "rotary_pct": 0.5, "partial_rotary_factor": 0.5,
+                         # a mixture of experts' config (minimind's, DeepSeek's), for its MoE layer
+                         # built alone: 4 experts, 2 a token, renormalized, one shared
+                         "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
+                         "norm_topk_prob": True}
 # fixed values for a dict config alone (Raschka's cfg["num_experts"] = 0: one FFN); a config class keeps
 # its own (Mixtral's MoEArgs: num_experts = 4, checked against handformer's MixtureOfExperts)
 DICT_ONLY = ("num_experts",)

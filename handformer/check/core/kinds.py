@@ -63,6 +63,10 @@ KINDS_TABLE: tuple[Kind, ...] = (
                  "PositionwiseFeedforwardLayer",  # bentrevett's
                  "前馈网络", "前馈层", "位置前馈网络"),
          "position-wise feed-forward network", "逐位置前馈网络", "pieces:check_ffn"),
+    Kind("moe", ("MOEFeedForward", "MoEFeedForward", "MoE", "MoELayer", "MoeLayer", "SparseMoE",
+                 "SparseMoeBlock", "SparseMoEBlock", "MixtureOfExperts", "MoEBlock", "MoeBlock",
+                 "SparseMixtureOfExperts"),
+         "sparse mixture of experts", "稀疏混合专家（MoE）", "moe_layer:check_moe"),
     Kind("layernorm", ("LayerNorm", "LayerNormalization", "LayerNormalisation", "LayerNorm1d", "层归一化"),
          "LayerNorm", "层归一化 LayerNorm", "pieces:check_norm"),
     Kind("rmsnorm", ("RMSNorm", "RmsNorm", "RMSNormalization"), "RMSNorm", "RMSNorm", "pieces:check_norm"),
