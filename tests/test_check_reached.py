@@ -78,3 +78,29 @@ def test_a_mixture_of_experts_is_checked_as_its_own_layer():
         "FeedForward": ("ffn", "pass"), "MOEFeedForward": ("moe", "pass"), "RMSNorm": ("rmsnorm", "pass")}
     moe = next(c for c in result.components if c.kind == "moe")
     assert any("each token through its top 2, their weights renormalized" in n["en"] for n in moe.notes)
+
+
+BERT = FIXTURES / "learners_bert" / "correct.py"
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    plants = {"mask_inverted": ("(1.0 - attention_mask[:, None, None, :].float()) * -10000.0",
+                                "attention_mask[:, None, None, :].float() * -10000.0"),
+              "dropout_in_eval": ("return self.dropout(self.LayerNorm(x))",
+                                  "return nn.functional.dropout(self.LayerNorm(x), p=0.1)")}
+    paths = {"correct": BERT, **{n: _planted(tmp_path_factory, BERT, edit) for n, edit in plants.items()}}
+    return {name: check_file(str(path), only=["encoder_model"]) for name, path in paths.items()}
+
+
+def test_bert_model_passes_its_determinism_and_padding_checks(bert):
+    (model,) = bert["correct"].components
+    assert (model.name, model.status) == ("BertModel", "pass"), format_report(bert["correct"])
+    assert "padding invariance: with attention_mask" in format_report(bert["correct"])
+
+
+@pytest.mark.parametrize(("plant", "line"), [("mask_inverted", 118), ("dropout_in_eval", 42)])
+def test_bert_model_plants_fail_named_at_their_line(bert, plant, line):
+    (model,) = bert[plant].components
+    assert model.status == "fail", format_report(bert[plant])
+    assert [(f.name, f.line) for f in model.findings] == [(plant, line)]
