@@ -104,3 +104,19 @@ def test_bert_model_plants_fail_named_at_their_line(bert, plant, line):
     (model,) = bert[plant].components
     assert model.status == "fail", format_report(bert[plant])
     assert [(f.name, f.line) for f in model.findings] == [(plant, line)]
+
+
+LLAMA3 = FIXTURES / "learners_llama3" / "rope_scaling.py"
+
+
+def test_llama3_rope_scaling_passes_and_its_table_is_compared_unscaled():
+    result = check_file(str(LLAMA3))
+    assert {c.name: c.status for c in result.components} == {"precompute_freqs_cis": "pass",
+                                                             "apply_scaling": "pass"}, format_report(result)
+
+
+def test_llama3_rope_scaling_with_its_blend_swapped_fails(tmp_path_factory):
+    path = _planted(tmp_path_factory, LLAMA3, ("(1 - smooth) * scaled / scale_factor + smooth * scaled",
+                                               "(1 - smooth) * scaled + smooth * scaled / scale_factor"))
+    result = check_file(str(path), only=["rope_scaling"])
+    assert [c.status for c in result.components] == ["fail"], format_report(result)
