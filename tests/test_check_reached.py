@@ -120,3 +120,19 @@ def test_llama3_rope_scaling_with_its_blend_swapped_fails(tmp_path_factory):
                                                "(1 - smooth) * scaled + smooth * scaled / scale_factor"))
     result = check_file(str(path), only=["rope_scaling"])
     assert [c.status for c in result.components] == ["fail"], format_report(result)
+
+
+STATIC = FIXTURES / "learners_static" / "batch_masks.py"
+
+
+@pytest.mark.parametrize(("old", "new", "status", "named"), [
+    (None, None, "pass", []),
+    ("self.src_mask = (src != pad)", "self.src_mask = (src != 0)", "fail", [("mask_pad_id", 18)])])
+def test_the_annotated_batch_builds_its_masks_with_its_pad_id(tmp_path_factory, old, new, status, named):
+    """The Annotated Transformer's Batch(src, tgt, pad): its src_mask and tgt_mask, built on ids padded
+    with 1; a src_mask that assumes the pad id 0 is named at its line."""
+    path = _planted(tmp_path_factory, STATIC, (old, new)) if old else STATIC
+    result = check_file(str(path), only=["batch_masks"])
+    (batch,) = result.components
+    assert batch.status == status, format_report(result)
+    assert [(f.name, f.line) for f in batch.findings] == named

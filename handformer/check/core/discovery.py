@@ -556,6 +556,8 @@ CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("gpt", lambda c: c.__name__ not in NAMES["gpt"] and not decoder_only(c), "transformer"),
     ("mha", lambda c: causal_inside(c), "causal_attention"),  # Raschka's, Karpathy's: forward(x)
     ("mha", lambda c: reads_kv_heads(c), "gqa"),
+    # a Batch that builds no masks of the Annotated Transformer's (a dataset's record): not checked
+    ("batch_masks", lambda c: not re.search(r"self\.src_mask\s*=", source_text(c)), "none"),
 )
 
 

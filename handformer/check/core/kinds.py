@@ -29,6 +29,8 @@ KINDS_TABLE: tuple[Kind, ...] = (
                          "create_src_mask", "create_tgt_mask", "create_padding_mask", "make_pad_mask",
                          "get_pad_mask", "padding_mask", "make_std_mask", "create_mask", "get_attn_pad_mask"),
          "mask helper", "掩码辅助函数", "mask_helpers:check_mask_helper"),
+    Kind("batch_masks", ("Batch",), "batch with its masks (the Annotated Transformer's)",
+         "带掩码的 batch（Annotated Transformer 的）", "batch_masks:check_batch"),
     Kind("masked_softmax", ("masked_softmax",), "masked softmax (d2l)", "带屏蔽的 softmax（d2l）",
          "attention:check_masked_softmax"),
     Kind("sdpa", ("scaled_dot_product_attention", "attention", "ScaledDotProductAttention",
