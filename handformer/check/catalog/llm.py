@@ -133,7 +133,8 @@ DIAGNOSES: list[Diagnosis] = [
       "angles themselves, not their negatives: torch.polar(torch.ones_like(freqs), freqs)",
       "rotate_half(x) = torch.cat((-x2, x1), dim=-1)，其中 x1, x2 = x.chunk(2, dim=-1)；表里用角度本身，"
       "不要取负：torch.polar(torch.ones_like(freqs), freqs)",
-      r"cat\(\s*[\(\[]\s*x2\s*,\s*-\s*x1", r"stack\(", r"cat\("),
+      r"cat\(\s*[\(\[]\s*x2\s*,\s*-\s*x1", r"polar\([^,]*,\s*-",  # Meta's table of -angles
+      r"stack\(", r"cat\("),
     d("kv_repeat_order", "the key/value heads are repeated in the wrong order (repeat where "
       "repeat_interleave is meant)", "键/值头的复制顺序错了（该用 repeat_interleave 的地方用了 repeat）",
       "each key/value head serves consecutive query heads: k.repeat_interleave(n_rep, dim=1), or "

@@ -169,12 +169,12 @@ def _shift_commented_out(lines: list[tuple[int, str]]) -> tuple[int | None, str 
 def _concat_and_its_input(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
     """The line that flattens the heads without a transpose (`x = x.contiguous().view(B, T, D)`) and,
     when the tensor it flattens was made on an earlier line of the same function (`x = weights @ v`),
-    that line too (a statement of several lines by its first): the transpose is missing from one of
+    that line after it (a statement of several lines by its first): the transpose is missing from one of
     the two."""
     number, code = first_line(CATALOG["concat_no_transpose"].patterns, lines)
     reshaped = RESHAPED.search(str(code))
     n, made = _nearest(lines, number, rf"\s*{reshaped.group(1)}\s*=(?!=)", -1) if reshaped else (None, "")
-    return (n, f"{made.split('#')[0].strip()} / line {number}: {code}") if n else (number, code)
+    return (number, f"{code} / line {n}: {made.split('#')[0].strip()}") if n else (number, code)
 
 
 def _cosine_without_floor(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
