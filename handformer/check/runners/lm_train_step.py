@@ -13,8 +13,9 @@ loss's scale): at full size the clipping gives a loss of the wrong scale the rig
 scale shows.
 
 The named mistakes are flags of handformer's step (MISTAKES): the first set of them that reproduces
-the learner's parameters is named. A step that takes no learning rate is driven without one and
-compared with a step at OPT_LR (the schedule then lives in the learner's loop; noted).
+the learner's parameters is named (labels that are the inputs: at the line the localizer finds). A
+step that takes no learning rate is driven without one and compared with a step at OPT_LR (the
+schedule then lives in the learner's loop; noted).
 
 Shape legend: B batch, T length, V vocabulary.
 """

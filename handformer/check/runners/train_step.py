@@ -12,7 +12,8 @@ the loss against `tgt[:, 1:]`, `zero_grad`, `backward`, the gradient clipped (wh
 clips, at the norm it writes) and `step`. The model records each call: the mode it was in and the
 target it was fed. Named: `zero_grad` missing (gradients of step 1 still in step 2), clipping after
 `step()` (the update is the unclipped one), `model.train()` forgotten (the model ran in eval mode),
-the decoder fed the unshifted target (input and label at the same positions), and with
+the decoder fed the unshifted target or scored on its own input (input and label at the same
+positions), a summed loss divided by the number of sentences, and with
 accumulation the micro-batches' losses not divided by their number (the update is that many times
 too large). An epoch runs once over the same two batches and is compared after it. A step that
 clips runs again with the logits scaled down until the gradients stay well under its clipping norm:
