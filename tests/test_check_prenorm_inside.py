@@ -34,7 +34,8 @@ PLANTS = {  # (the edit, the finding's name, the line quoted)
                           "line 48: att = self.drop(F.softmax(att, dim=-2))"),
     "mask_inverted": (("~pad_mask[", "pad_mask["), "mask_inverted",
                       "line 47: att = att.masked_fill(pad_mask[:, None, None, :], -1e9)"),
-    "no_residual": (("x = x + mlp(x)", "x = mlp(x)"), "departs", "line 65: x = mlp(x)"),
+    # the stack hands the MLP's output on alone (it adds no residual inside): named at the loop's call
+    "no_residual": (("x = x + mlp(x)", "x = mlp(x)"), "no_residual", "line 65: x = mlp(x)"),
 }
 
 

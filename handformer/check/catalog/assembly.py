@@ -77,7 +77,8 @@ DIAGNOSES: list[Diagnosis] = [
       "candidates.append((score + log_prob, tokens + [token])) (batched: log_probs + beam_scores[:, None])",
       "候选的得分是它所在假设的得分加上新 token 的对数概率：candidates.append((score + log_prob, tokens + "
       "[token]))（批量写法：log_probs + beam_scores[:, None]）",
-      r"^\s*\w*scores?\w*\s*=\s*\w*log_?probs?\w*(\[[^]]*\])?\s*$", r"\.append\(\(\s*\w*log_?probs?\w*\s*,",
+      r"^\s*\w*(scores?|cand)\w*\s*=\s*\w*log_?probs?\w*(\[[^]]*\])?\s*(#.*)?$",
+      r"\.append\(\(\s*\w*log_?probs?\w*\s*,",
       r"log_?prob"),
     d("beam_one_not_greedy", "with beam size 1 and no length penalty the beam search is not greedy decoding",
       "束宽为 1（beam_size=1）、没有长度惩罚时，束搜索与贪心解码不一致",

@@ -65,7 +65,9 @@ DIAGNOSES: list[Diagnosis] = [
       "add the sublayer's input back: x = norm(x + dropout(sublayer(x)))",
       "把子层输入加回来：x = norm(x + dropout(sublayer(x)))",
       r"^\s*(x\s*=|return)\s*(self\.)?(mlp|attn|ffn|feed_forward|self_attn|attention)\w*\(",
-      r"(ln|norm)\w*\((?!.*\+).*dropout\(", r"norm\w*\((?!.*\bx\s*\+)", r"norm"),
+      r"(ln|norm)\w*\((?!.*\+).*dropout\(",
+      r"(?i)^\s*[\w.]+\s*=\s*self\.\w*norm\w*\((?![^#]*\+)",  # BERT's h = self.LayerNorm(h): nothing added
+      r"norm\w*\((?!.*\bx\s*\+)", r"norm"),
     d("pre_norm", "the norm placement is mixed: one sublayer is pre-norm, another post-norm",
       "层归一化的位置前后不一致：有的子层是 Pre-Norm，有的是 Post-Norm",
       "use one placement for every sublayer: post-norm x = norm(x + f(x)) (the paper) or pre-norm "
@@ -161,6 +163,13 @@ LINE_FORMS: dict[tuple[str, str], dict[str, str]] = {  # (name, form found) -> {
     # the sublayer whose norm after it is missing: the line that keeps its output un-normed
     ("sandwich_norm_missing", "attn"): {"attn": SUBLAYER_CALL.format("self_attn|attn|attention")},
     ("sandwich_norm_missing", "ffn"): {"ffn": SUBLAYER_CALL.format("mlp|ffn|feed_forward")},
+    # a cached loop's position for the next call: bound from the cache's length or a count (not set to a
+    # number alone: its start), or written into the model's call as a count plus or minus one
+    ("generate_cache_mismatch", "positions_not_offset"): {
+        "positions_not_offset": r"^\s*(\w+\s*,\s*)*(start_pos|input_pos|prev_pos|cur_pos|pos|offset|"
+                                r"position\w*|past_len\w*|cache_len\w*)\s*(,\s*\w+\s*)*"
+                                r"([-+]=|=(?!=)(?=.*[(\[+\-*]))"
+                                r"|\b(model|self)\b.*,\s*(\w+\s*=\s*)?\w+\s*[-+]\s*\d+\s*\)\s*$"},
     ("scale_by_dk", ""): {
         "sqrt_d_model": rf"^(?=.*(@|matmul|einsum|bmm|scor|att|wei)).*(/\s*(math\.|np\.|torch\.)?sqrt\("
                         rf"\s*{WIDTH}\s*\)|/\s*\(?\s*{WIDTH}\s*\*\*\s*0?\.5|\*\s*{WIDTH}\s*\*\*\s*\(?-0?\.5|"

@@ -125,8 +125,8 @@ DIAGNOSES: list[Diagnosis] = [
       "m = beta1 * m + (1 - beta1) * g；v = beta2 * v + (1 - beta2) * g * g",
       r"^\s*[\w.\[\]'\"]*\b(m|m_t|exp_avg|avg)\b[\w\[\]'\"]*\s*=.*\b(beta2|b2)\b",
       r"\b(m|m_t|exp_avg)\w*\.mul_\(\s*[\w.]*(beta2|b2)\b"),
-    d("train_step_no_shift", "the decoder is fed the whole target: input and label are the same positions",
-      "解码器的输入是完整的目标序列：输入和标签是同一组位置",
+    d("train_step_no_shift", "the target is not shifted: the decoder's input and its labels are the same "
+      "positions", "目标序列没有错开一位：解码器的输入和标签是同一组位置",
       "shift right: feed tgt[:, :-1] and compare the logits with tgt[:, 1:], so each position predicts "
       "the next token",
       "右移一位：输入 tgt[:, :-1]，用 tgt[:, 1:] 和 logits 比较，这样每个位置预测的是下一个 token",

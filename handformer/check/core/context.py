@@ -30,7 +30,16 @@ from handformer.check.core.discovery import (
     own_objects,
     with_head_size,
 )
-from handformer.check.core.result import PASS, Check, ComponentResult, Finding, Text, text
+from handformer.check.core.result import (
+    DEPARTS,
+    PASS,
+    Check,
+    ComponentResult,
+    Finding,
+    LearnerError,
+    Text,
+    text,
+)
 from handformer.check.core.sizes import (  # noqa: F401  (the runners import them here)
     DROPOUT,
     F_WIDTH,
@@ -315,7 +324,10 @@ FORMS: dict[str, dict[str, tuple[str, str]]] = {
                                           "用了 10000^(i/d) 而不是 10000^(2i/d)"),
                            "dim_index": ("each column j uses 10000^(j/d)", "列 j 用了 10000^(j/d)"),
                            "positive": ("pos * 10000^(2i/d): the exponent's sign is flipped",
-                                        "pos * 10000^(2i/d)：指数符号反了")},
+                                        "pos * 10000^(2i/d)：指数符号反了"),
+                           "not_divided": ("10000^(2i) instead of 10000^(2i/d): the exponent is not divided "
+                                           "by d_model", "用了 10000^(2i) 而不是 10000^(2i/d)：指数没有除以 "
+                                           "d_model")},
     "layernorm_unbiased_std": {"std": ("(x - mean) / (x.std() + eps)", "(x - mean) / (x.std() + eps)"),
                                "var": ("(x - mean) / sqrt(x.var() + eps), the unbiased variance",
                                        "(x - mean) / sqrt(x.var() + eps)，用了无偏方差")},
@@ -751,6 +763,15 @@ def grads_error(pairs: list[tuple[Tensor | None, Tensor | None]]) -> float:
             continue
         err = max(err, fp.max_error(a.reshape(1, -1), b.reshape(1, -1)))
     return err
+
+
+def raised_at(err: LearnerError) -> Finding | None:
+    """A finding at the line of the learner's file where their code raised (the innermost of its
+    frames), for a check whose run raised: None when it raised elsewhere (a stand-in, torch alone)."""
+    innermost = "".join(err.traceback[-1:]) * (err.kind == "exception")  # "line 12, in f: code", or ""
+    frame = re.match(r"line (\d+), in [^:]+: (.*)", innermost)
+    said = text(f"your code raised here: {err.message}", f"你的代码在这里抛出了异常：{err.message}")
+    return frame and Finding(DEPARTS, said, int(frame.group(1)), frame.group(2))
 
 
 def guarded(res: ComponentResult, step: Callable[[], None]) -> None:

@@ -1075,8 +1075,10 @@ def localize_attention(runs: list[Run], w: V.MHAWeights, filename: str, causal_i
     if not read or any(at is None for at, *_ in read):
         return None  # one reading explains every step
     at, steps, views, scores = max(read, key=lambda r: r[0])
+    axes = [(form | {"mistake": "softmax_wrong_dim"}, r)  # the weights' softmax over another axis: named
+            for form, r in over_axes("a softmax", "softmax", lambda d: scores.softmax(d), scores.dim())]
     found = _mislabeled(steps[:at], views, filename) or _departure(steps[at], views, filename, sizes, scores,
-                                                                  [("the input x", x.detach())])
+                                                                  [("the input x", x.detach())], axes)
     return traced(found, steps, filename, views)
 
 
@@ -1128,7 +1130,7 @@ def place_findings(res: ComponentResult, localize: Callable[[], Any], lines: lis
     `norm(` lines, the one that departs), or the finding's line cannot be the mistake (see
     `misplaced`, `deeper`): the line they wrote wrong, not one that looks alike."""
     unsure = [f for f in res.named() if f.line is None or _one_of_several(f, lines)
-              or not first_pattern_matches(f.name, f.code or "")]
+              or not first_pattern_matches(f.name, f.code or "", f.form)]
     found = quietly(localize) if unsure else None  # the run only where a line is unsure
     if found is None:
         return

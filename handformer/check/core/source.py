@@ -7,6 +7,7 @@ import ast
 import dis
 import functools
 import inspect
+import itertools
 import math
 import re
 import sys
@@ -165,17 +166,52 @@ def _shift_commented_out(lines: list[tuple[int, str]]) -> tuple[int | None, str 
     return found[0] if found else (None, None)
 
 
+def _concat_and_its_input(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+    """The line that flattens the heads without a transpose (`x = x.contiguous().view(B, T, D)`) and,
+    when the tensor it flattens was made on an earlier line of the same function (`x = weights @ v`),
+    that line after it (a statement of several lines by its first): the transpose is missing from one of
+    the two."""
+    number, code = first_line(CATALOG["concat_no_transpose"].patterns, lines)
+    reshaped = RESHAPED.search(str(code))
+    n, made = _nearest(lines, number, rf"\s*{reshaped.group(1)}\s*=(?!=)", -1) if reshaped else (None, "")
+    return (number, f"{code} / line {n}: {made.split('#')[0].strip()}") if n else (number, code)
+
+
+def _cosine_without_floor(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+    """The line that turns the cosine's factor into the rate without min_lr: the first line of the same
+    function after `coeff = 0.5 * (1 + cos(...))` that reads the factor and names no minimum
+    (nanoGPT's `return coeff * learning_rate`); else the cosine's own line (`lr = max_lr * 0.5 * (1 +
+    cos(...))`)."""
+    number, code = first_line([r"cos\("], lines)
+    factor = re.match(r"\s*(\w+)\s*=(?!=)", dict(lines).get(number, ""))
+    n, use = _nearest(lines, number, rf"(?i)(?!.*min).*\b{factor.group(1)}\b", 1) if factor else (None, "")
+    return (n, _with_continuation(n, use, dict(lines))) if n else (number, code)
+
+
+def _nearest(lines: list[tuple[int, str]], number: int, pattern: str, way: int) -> tuple[int | None, str]:
+    """The nearest code line before `number` (way -1) or after it (way 1), in the same function, that
+    the pattern matches (its comment left out), and its text; (None, "") where none does."""
+    ordered = sorted(_code_lines(lines), key=lambda nl: way * nl[0])  # from the farthest before it
+    ahead = itertools.dropwhile(lambda nl: way * (nl[0] - number) <= 0, ordered)
+    block = itertools.takewhile(lambda nl: not HEADER.match(nl[1]), ahead)  # up to the function's own `def`
+    return next(((n, line) for n, line in block if re.match(pattern, line.split("#")[0])), (None, ""))
+
+
+# the name a line flattens (`x.contiguous().view(`), on a line quoted alone
+RESHAPED = re.compile(r"^(?!.* / line ).*?\b(\w+)(?:\.contiguous\(\))?\.(?:view|reshape)\(")
 NORM_CALL = re.compile(r"(?i)self\.(\w*(?:norm|ln)\w*)\(")
 COMMENTED_SHIFT = re.compile(r"\s*#\s*[\w.]+\[\s*\.\.\.\s*,\s*1\s*:\s*\]\s*=\s*"
                              r"[\w.]+\[\s*\.\.\.\s*,\s*:\s*-1\s*\]")
 # diagnoses whose line is found by more than a pattern of one line
-LINE_FINDERS = {"shared_norm": _second_norm_call, "top_p_drops_crossing": _shift_commented_out}
+LINE_FINDERS = {"shared_norm": _second_norm_call, "top_p_drops_crossing": _shift_commented_out,
+                "concat_no_transpose": _concat_and_its_input, "cosine_min_lr_ignored": _cosine_without_floor}
 
 
-def first_pattern_matches(name: str, code: str) -> bool:
-    """Whether the diagnosis' first (its most telling) pattern finds the line; the later ones are
-    guesses (`norm`, `embed|emb`)."""
-    return bool(re.search(CATALOG[name].patterns[0], code.split("#")[0]))
+def first_pattern_matches(name: str, code: str, form: str = "") -> bool:
+    """Whether the diagnosis' first (its most telling) pattern finds the line, or the pattern of the
+    form it was found in (LINE_FORMS); the later ones are guesses (`norm`, `embed|emb`)."""
+    told = (CATALOG[name].patterns[0], *LINE_FORMS.get((name, form), {}).values())
+    return any(re.search(pattern, code.split("#")[0]) for pattern in told)
 
 
 def pattern_rank(name: str, code: str) -> float:
@@ -239,7 +275,7 @@ def locate_form(name: str, form: str, lines: list[tuple[int, str]]) -> tuple[str
     divisor d_k = 4 = sqrt(d_model = 16)), the form the learner's line writes (LINE_FORMS), at that
     line; else the form found, at `locate`'s line."""
     for shown, pattern in LINE_FORMS.get((name, form), {}).items():
-        number, code = first_line([pattern], lines)
+        number, code = first_line([pattern], [*getattr(lines, "near", []), *lines])  # its own code first
         if number is not None:
             return shown, number, code
     return (form, *locate(name, lines))

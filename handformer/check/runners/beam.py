@@ -388,7 +388,22 @@ def _search(outcomes: dict[str, tuple[Steered, Tensor, list[int]]], steps: int, 
                     if all(_same(got, reference(model, memory, 2, steps, alpha, conv, combo))
                            for model, memory, got in outcomes.values()):
                         return conv, alpha, combo
-    return None, alphas[0], frozenset()
+    return _explains_each_difference(outcomes, steps, alphas) or (None, alphas[0], frozenset())
+
+
+def _explains_each_difference(outcomes: dict[str, tuple[Steered, Tensor, list[int]]], steps: int,
+                              alphas: list[float]) -> tuple[str, float, frozenset[str]] | None:
+    """The convention, length penalty and one mistake that give the learner's answer in every scenario
+    where it is not handformer's (and in one at least): a search that also stops otherwise (when K
+    hypotheses have finished) answers right where its rule and handformer's agree."""
+    for alpha, conv, combo in itertools.product(alphas, CONVENTIONS, _combos(1)):
+        # each scenario's answer: 1 handformer's, 2 the mistake's, 3 both, 0 neither
+        answers = {_same(got, reference(model, memory, 2, steps, alpha, conv))
+                   + 2 * _same(got, reference(model, memory, 2, steps, alpha, conv, combo))
+                   for model, memory, got in outcomes.values()}
+        if answers - {1, 3} == {2}:  # the mistake's answer in some, handformer's or the mistake's in all
+            return conv, alpha, combo
+    return None
 
 
 def _combos(n: int) -> list[frozenset[str]]:

@@ -39,13 +39,13 @@ from handformer.check.core.argument_names import (
     PAD_NAMES,
     PROMPT_NAMES,
 )
-from handformer.check.core.context import Context, forward_names, forward_parameters, named
+from handformer.check.core.context import Context, forward_names, forward_parameters, named, raised_at
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.sizes import is_number
-from handformer.check.core.source import locate, source_lines, source_text
+from handformer.check.core.source import locate, locate_form, source_lines, source_text
 from handformer.check.runners.generate_temperature import SOFT, check_temperature
 from handformer.check.runners.localize_generate import default_temperature, generate_views, localize_generate
 from handformer.config import CausalLMConfig
@@ -657,10 +657,13 @@ def _judge(res: ComponentResult, ctx: Context, comp: Component, run: Run, expect
                             text(f"got {got}", f"实际得到 {got}")))
     if ok:
         return
+    # their code raised on a request it takes: that line
+    raised = raised_at(run.failure.error) if run.out is None and run.failure and not res.findings else None
+    res.findings += [raised] * bool(raised)
     lines = source_lines(ctx.objects(comp, "sample", "top_k", "top_p", "temperature"))
     for name, observed, form in _explain(run, expected):
         if not res.has(name):
-            number, code = locate(name, lines)
+            form, number, code = locate_form(name, form, lines)
             res.findings.append(Finding(name, observed, number, code, form))
 
 

@@ -197,8 +197,9 @@ def _start_never_moves(res: ComponentResult, ctx: Context, comp: Component, driv
 
 def _where_it_moves(fn: Any) -> tuple[int | None, str | None]:
     """The line where the loop should move its start position on: an assignment of it inside the loop
-    that calls the model (`prev_pos = 0` there), else that loop's last statement (Meta's `prev_pos =
-    cur_pos` comes last, before the stop test)."""
+    that calls the model (`prev_pos = 0` there, or `# prev_pos = cur_pos` turned off), else that loop's
+    last statement (Meta's `prev_pos = cur_pos` comes last, before the stop test) with the call that
+    feeds from the start: two lines."""
     try:
         source, first = inspect.getsourcelines(inspect.unwrap(fn))
         tree = ast.parse(textwrap.dedent("".join(source)))
@@ -207,7 +208,10 @@ def _where_it_moves(fn: Any) -> tuple[int | None, str | None]:
     at, var = next((i + 1, m[1]) for i, line in enumerate(source) if (m := MOVING_START.search(line)))
     loop = max((n for n in ast.walk(tree) if isinstance(n, ast.For) and n.lineno <= at <= n.end_lineno),
                key=lambda n: n.lineno)
-    moved = [n.lineno for n in ast.walk(loop)
-             if isinstance(n, ast.Assign) and var in map(ast.unparse, n.targets)]
-    line = (moved or [loop.body[-1].lineno])[0]
-    return line + first - 1, source[line - 1].strip()
+    span = source[loop.lineno - 1:loop.end_lineno + 1]  # the loop, and the line after it
+    # the start assigned in the loop (`prev_pos = 0` there), or turned off there (`# prev_pos = cur_pos`)
+    moved = [loop.lineno + i for i, line in enumerate(span) if re.match(rf"\s*(#\s*)?{var}\s*=(?!=)", line)]
+    if moved:
+        return moved[0] + first - 1, source[moved[0] - 1].strip()
+    last = loop.body[-1].lineno  # none: where moving it on belongs, and the call that feeds from the start
+    return last + first - 1, f"{source[last - 1].strip()} / line {at + first - 1}: {source[at - 1].strip()}"

@@ -8,7 +8,8 @@ modeling file define them (q_a, q_norm, q_b, kv_a, kv_norm, kv_b, o; the head wi
 their shapes), driven with the rotary table of the RoPE width in the form its forward names, and
 compared with the reference below in either layout of the pairs (Meta's interleaved, or halves).
 Named mistakes: the latent and the RoPE key taken from the wrong ends of wkv_a's output, the scale
-from another head width, the shared RoPE key not rotated.
+from another head width, the shared RoPE key not rotated. Any other difference is localized: the
+first line whose tensor is none of the reference's sub-steps (`latent_views`).
 
 Shape legend: B batch, T length, D d_model, H heads, Dn / Dr / Dv the head dims without RoPE, with
 RoPE and of values, r the key/value latent's width.
@@ -16,6 +17,7 @@ RoPE and of values, r the key/value latent's width.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +27,8 @@ from torch import Tensor, nn
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, error_text, finish, forward_parameters, is_mask_name
 from handformer.check.core.discovery import Component
+from handformer.check.core.localize import View, first_departure, trace_steps
+from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.moe import ffn_readings
 from handformer.check.core.result import Check, ComponentResult, text
 from handformer.check.core.rope_tables import POSITION_ARGUMENTS
@@ -157,7 +161,42 @@ def check_latent_attention(comp: Component, ctx: Context) -> ComponentResult:
                             err < fp.TOL, error_text(err)))
     if drive.mask is not None and err < fp.TOL:
         _causal_check(res, drive, lambda x, keep: latent_attention(w, x, keep, layout), x)
+    filename = inspect.getsourcefile(type(module).forward)
+    if err >= fp.TOL:  # where it first parts from the reference (named: the line placed there when unsure)
+        note_departure(res, lambda: first_departure(trace_steps(lambda: drive(x), filename),
+                                                    latent_views(w, x, layout), filename, SIZES))
     return finish(res)
+
+
+def latent_views(w: LatentWeights, x: Tensor, layout: str) -> list[View]:
+    """The sub-steps of `latent_attention` on x (no mask), for the localizer: those of each head also
+    with heads and positions swapped ((B, T, H, .) as DeepSeek's model.py holds them)."""
+    Bx, Tx, _ = x.shape
+    r, Dn, Dr, Dv = w.dims
+    q_low = V.linear(x, w.q[0]) if len(w.q) == 3 else x  # (B, T, q's rank): the query's latent, if any
+    q_normed = V.norm(w.q[1], q_low) if len(w.q) == 3 else x
+    q = V.linear(x, w.q) if len(w.q) == 2 else V.linear(q_normed, w.q[2])
+    heads = q.view(Bx, Tx, H, Dn + Dr).transpose(1, 2)  # (B, H, T, Dn + Dr)
+    c = V.linear(x, w.kv_a)  # (B, T, r + Dr)
+    latent, k_pe = c.split([r, Dr], dim=-1)
+    normed = V.norm(w.kv_norm, latent)  # (B, T, r)
+    kv = V.linear(normed, w.kv_b)  # (B, T, H * (Dn + Dv))
+    k_nope, v = kv.view(Bx, Tx, H, Dn + Dv).transpose(1, 2).split([Dn, Dv], dim=-1)  # (B, H, T, Dn|Dv)
+    q_pe, k_rot = V.rotary(heads[..., Dn:], layout), V.rotary(k_pe[:, None], layout)  # (B, H|1, T, Dr)
+    qq = torch.cat([heads[..., :Dn], q_pe], dim=-1)  # (B, H, T, Dn + Dr)
+    kk = torch.cat([k_nope, k_rot.expand(-1, H, -1, -1)], dim=-1)
+    weights = (qq @ kk.transpose(-1, -2) * (Dn + Dr) ** -0.5).softmax(-1)  # (B, H, T, T)
+    out = weights @ v  # (B, H, T, Dv)
+    merged = out.transpose(1, 2).reshape(Bx, Tx, H * Dv)
+    per_head = [("q's heads", heads), ("q_nope", heads[..., :Dn]), ("q_pe", heads[..., Dn:]),
+                ("q_pe rotated", q_pe), ("k_pe", k_pe[:, None]), ("k_pe rotated", k_rot), ("k_nope", k_nope),
+                ("v", v), ("q", qq), ("k", kk), ("the scores", qq @ kk.transpose(-1, -2) * (Dn + Dr) ** -0.5),
+                ("the weights", weights), ("the heads' outputs", out)]
+    return [("the query's latent", q_low), ("the query's latent normed", q_normed), ("q", q),
+            ("wkv_a's output: the latent c_kv and k_pe", c), ("the latent c_kv", latent),
+            ("k_pe", k_pe), ("the latent normed", normed), ("wkv_b's output", kv),
+            ("the heads merged", merged), ("the output", V.linear(merged, w.o))] + per_head + [
+        (f"{what} (B, T, H, .)", t.transpose(1, 2)) for what, t in per_head]
 
 
 def _causal_check(res: ComponentResult, drive: Driver, reference: Any, x: Tensor) -> None:

@@ -13,8 +13,9 @@ loss's scale): at full size the clipping gives a loss of the wrong scale the rig
 scale shows.
 
 The named mistakes are flags of handformer's step (MISTAKES): the first set of them that reproduces
-the learner's parameters is named. A step that takes no learning rate is driven without one and
-compared with a step at OPT_LR (the schedule then lives in the learner's loop; noted).
+the learner's parameters is named (labels that are the inputs: at the line the localizer finds). A
+step that takes no learning rate is driven without one and compared with a step at OPT_LR (the
+schedule then lives in the learner's loop; noted).
 
 Shape legend: B batch, T length, V vocabulary.
 """
@@ -82,6 +83,7 @@ MISTAKES: dict[str, dict[str, bool]] = {  # diagnosis -> the flags of handformer
     "train_step_lr_not_set": {"set_lr": False},
     "train_step_loss_not_divided": {"divide": False},
     "train_step_not_clipped": {"clipped": False},
+    "train_step_no_shift": {"shift": False},  # the inputs x given to the loss as the labels
 }
 
 
@@ -132,14 +134,16 @@ def sgd(model: nn.Module) -> torch.optim.Optimizer:
 
 def reference_step(model: nn.Module, opt: torch.optim.Optimizer, x: Tensor, y: Tensor, lr: float | None,
                    clip: float | None, *, zero_grad: bool = True, clip_after: bool = False,
-                   set_lr: bool = True, accum: int = 1, divide: bool = True, clipped: bool = True) -> None:
+                   set_lr: bool = True, accum: int = 1, divide: bool = True, clipped: bool = True,
+                   shift: bool = True) -> None:
     """handformer's step, with the named mistakes on request: with accum > 1 the batch is split in
-    that many micro-batches along the batch, each loss divided by accum (unless `divide` is off)."""
+    that many micro-batches along the batch, each loss divided by accum (unless `divide` is off);
+    `shift` off: the loss scored against the inputs x, not the targets y."""
     if zero_grad:
         opt.zero_grad()
     for x_part, y_part in zip(x.chunk(accum), y.chunk(accum)):
         logits = model(x_part)  # (B / accum, T, V)
-        loss = F.cross_entropy(logits.reshape(-1, VOCAB), y_part.reshape(-1))
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB), (y_part if shift else x_part).reshape(-1))
         (loss / accum if divide else loss).backward()
     update(model, opt, clip if clipped else None, clip_after, lr if set_lr else None)
 
@@ -387,8 +391,8 @@ def _search(res: ComponentResult, ctx: Context, comp: Component, step: Step, bas
         if off >= TOL:
             continue
         lines = source_lines([comp.obj])
-        for name in combo:
-            number, code = locate(name, lines)
+        for name in combo:  # the labels' line is the localizer's (the patterns find the model's call)
+            number, code = locate(name, lines) if name != "train_step_no_shift" else (None, None)
             res.findings.append(Finding(name, text(
                 f"your parameters equal those of a step with this mistake (max abs difference {off:.1e}); "
                 f"after step 1 they differ from handformer's by {errs[0]:.3g}, after step 2 by {errs[1]:.3g}",

@@ -91,7 +91,36 @@ def localize_lm_step(step: Any, model: torch.nn.Module, opt: torch.optim.Optimiz
         logits = model(x)  # (B, T, V): before the step moves the weights
     views, forms = lm_loss_views(logits.double(), y)
     filename = inspect.getsourcefile(step.comp.obj)
+    probe = copy.deepcopy(model)  # the labels' run: the token tensors it makes kept (as float64)
+    tokens = trace_steps(lambda: step(probe, torch.optim.SGD(probe.parameters(), lr=lr), x, y, lr), filename,
+                         constants=(torch.int64,))
+    labels = unshifted_labels(tokens, x, y, filename, cut=not step.y)  # no y handed: it cuts its own
+    if labels is not None:
+        return labels
     with torch.enable_grad():
         steps = trace_steps(lambda: step(model, opt, x, y, lr), filename)
     B, T = y.shape
     return first_departure(steps, views, filename, {"B·T": B * T, "T": T, "B": B}, forms=forms)
+
+
+def unshifted_labels(steps: list[Any], x: Tensor, y: Tensor, filename: str, cut: bool) -> Departure | None:
+    """Of the steps of a run that kept the token tensors, the line that made a language model's labels
+    from the inputs: none of the tensors is the targets y (or a micro-batch's rows of them), and a
+    second name holds the inputs x (a step that cuts x and y from one tensor of windows names x once
+    itself): its first step is quoted."""
+    made = [s for s in steps if not s.given]
+    inputs = [s for s in made if _rows_of(s.value, x)]
+    named = [s.name for s in inputs]
+    names = list(dict.fromkeys(named))
+    if len(names) <= cut or any(_rows_of(s.value, y) for s in made):
+        return None
+    at = inputs[named.index(names[cut])]
+    form = text("the labels are the inputs x: each position is scored on its own token, not the next one",
+                "标签就是输入 x：每个位置对的是自己的 token，不是下一个") | {"mistake": "train_step_no_shift"}
+    return Departure(at.line, at.name, linecache.getline(filename, at.line).strip(), form)
+
+
+def _rows_of(t: Tensor, full: Tensor) -> bool:
+    """Whether t holds a run of whole rows of `full` (B, T), as they are or flattened (a micro-batch's)."""
+    rows = full.split(max(t.numel() // full.size(-1), 1))  # runs of as many rows as t holds (or unequal)
+    return any(torch.equal(t.reshape(-1), run.reshape(-1).to(t.dtype)) for run in rows)

@@ -346,10 +346,14 @@ def exact_norms_(model: nn.Module) -> None:
             setattr(parent, name, exact)
 
 
+COMBINED = {False: torch.logical_and, True: torch.logical_or}  # mask_combined_with_or: a key either keeps
+
+
 def variant(hf: Seq2SeqTransformer, src: Tensor, tgt: Tensor, flags: frozenset[str], log_probs: bool,
             ) -> Tensor:
     """The model's logits (B, T, V) with the named mistakes: the positional encoding left out of one
-    side, a stack's final norm left out, a padding mask built from the other sequence."""
+    side, a stack's final norm left out, a padding mask built from the other sequence, the
+    target's padding and causal masks combined with an or."""
     def embed(table: nn.Module, ids: Tensor, side: str) -> Tensor:
         x = table(ids)  # (B, L, D), scaled as the choice says
         if not ({f"pe_missing:{side}", "pe_missing:both"} & flags):
@@ -359,7 +363,9 @@ def variant(hf: Seq2SeqTransformer, src: Tensor, tgt: Tensor, flags: frozenset[s
     src_pad = tgt if "mask_pad_wrong_sequence:source" in flags else src
     tgt_pad = src if "mask_pad_wrong_sequence:target" in flags else tgt
     src_keep = (src_pad != PAD)[:, None, None, :]  # (B, 1, 1, S)
-    tgt_keep = (tgt_pad != PAD)[:, None, None, :] & causal(tgt.size(1))  # (B, 1, T, T)
+    tgt_keep = (tgt_pad != PAD)[:, None, None, :]  # (B, 1, 1, T)
+    either = "mask_combined_with_or" in flags  # a future key seen where it is real, a pad where it is past
+    tgt_keep = COMBINED[either](tgt_keep, causal(tgt.size(1)))  # (B, 1, T, T)
     x = embed(hf.src_embed, src, "src")
     mask = as_attention_mask(src_keep)
     for layer in hf.encoder.layers:
@@ -539,7 +545,7 @@ def _flags(m: ModelMap, ch: Choices, builds_masks: bool) -> tuple[str, ...]:
     if ch.placement == "pre":
         flags += tuple(f"final_norm_missing:{s}" for s in STACKS)
     if builds_masks:
-        flags += tuple(f"mask_pad_wrong_sequence:{s}" for s in MASK_SIDES)
+        flags += tuple(f"mask_pad_wrong_sequence:{s}" for s in MASK_SIDES) + ("mask_combined_with_or",)
     return flags
 
 
@@ -555,8 +561,14 @@ def _search(m: ModelMap, out: Tensor, src: Tensor, tgt: Tensor, builds_masks: bo
 
     def search_one(ch: Choices, least: int, most: int) -> tuple[frozenset[str], float] | None:
         hf = reference_model(m, ch)
-        return fp.search(out, lambda fl: variant(hf, src, tgt, fl, ch.log_probs), _flags(m, ch, builds_masks),
-                         real_rows(tgt), most, least)
+        hit = fp.search(out, lambda fl: variant(hf, src, tgt, fl, ch.log_probs), _flags(m, ch, builds_masks),
+                        real_rows(tgt), most, least)
+        # the masks combined with an or differ from no causal mask only at the padded rows (right-padded,
+        # no real token has a pad before it): there too, or it is not that mistake
+        flags = (hit or (frozenset(),))[0]
+        everywhere = fp.max_error(out, variant(hf, src, tgt, flags, ch.log_probs)) if (
+            "mask_combined_with_or" in flags) else 0.0  # on every row
+        return None if everywhere >= fp.TOL else hit
     return fp.search_settings(settings, search_one)
 
 
@@ -578,7 +590,10 @@ def _observed(name: str, form: str, matched: float, correct: float) -> Text:
 # each of the model's named mistakes: the words of its forms, and how its observation puts them
 OBSERVED = {"pe_missing": (SIDES, ("no positional encoding on {}", "{}没有加位置编码")),
             "final_norm_missing": (STACKS, ("no final norm after {}", "{}之后没有最后的归一化层")),
-            "mask_pad_wrong_sequence": (MASK_SIDES, ("{}", "{}"))}
+            "mask_pad_wrong_sequence": (MASK_SIDES, ("{}", "{}")),
+            "mask_combined_with_or": ({"": ("the target's padding and causal masks combined so that a key "
+                                            "either one keeps is seen", "目标端的填充掩码和因果掩码组合后，"
+                                            "任一个保留的键都能被看到")}, ("{}", "{}"))}
 
 
 def _embedding_sources(module: nn.Module, m: ModelMap) -> list[Any]:

@@ -614,7 +614,7 @@ def _compare_norm(res: ComponentResult, run: Callable[[Tensor], Tensor | None], 
 
 
 PE_FLAGS = ("pe_sin_cos_swapped", "pe_wrong_frequency:pair_index", "pe_wrong_frequency:dim_index",
-            "pe_wrong_frequency:positive")
+            "pe_wrong_frequency:positive", "pe_wrong_frequency:not_divided")
 
 
 PE_B, PE_T = 2, 12  # the batch and length the table is read at

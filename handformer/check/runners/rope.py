@@ -214,6 +214,20 @@ def _base_finding(res: ComponentResult, ctx: Context, comp: Component, table: Ta
         f"配对 0、1、2 的频率是 {mine}，而 theta^(-2j/d) 给出 {right}：{zh}"), number, code, form))
 
 
+def _sign_finding(res: ComponentResult, ctx: Context, comp: Component, table: Table, err: float) -> None:
+    """rope_rotation_sign when the table holds the sines of the negated angles (its cosines right):
+    whatever applies it rotates the other way. Its line is where the run parts (no pattern finds it)."""
+    angles = V.rope_angles(table.cos.size(0), 2 * table.cos.size(-1), THETA)  # (P, d/2)
+    flipped = max(fp.max_error(table.cos, angles.cos()), fp.max_error(table.sin, -angles.sin()))
+    if not err >= TOL > flipped:  # wrong, and wrong so
+        return
+    res.findings.append(Finding("rope_rotation_sign", text(
+        f"your table is that of the angles -pos * theta^(-2j/d): the cosines are right, every sine has "
+        f"its sign flipped (max abs difference {flipped:.1e})",
+        f"你的表是角度 -pos * theta^(-2j/d) 的表：余弦都对，每个正弦的符号都反了（最大绝对误差 "
+        f"{flipped:.1e}）"), *locate("rope_rotation_sign", source_lines([comp.obj]))))
+
+
 INTERLEAVED = text("pairs (2j, 2j+1), interleaved (Meta's complex freqs_cis): a convention, not an error",
                    "按 (2j, 2j+1) 交错配对（Meta 的复数 freqs_cis）：这是约定不同，不是错误")
 LAYOUTS = {  # the convention each layout of the pairs reports ("unknown": none)
@@ -283,6 +297,7 @@ def _check_table_function(comp: Component, ctx: Context) -> ComponentResult:
     _layout_convention(res, table.layout)
     _base_finding(res, ctx, comp, table, THETA)
     err = _table_error(table)
+    _sign_finding(res, ctx, comp, table, err)
     res.checks.append(Check(text(f"angles pos * theta^(-2j/d) for {table.cos.size(0)} positions, d = {DH}",
                                  f"{table.cos.size(0)} 个位置、d = {DH} 时角度为 pos * theta^(-2j/d)"),
                             err < TOL, error_text(err)))

@@ -91,8 +91,9 @@ def check_stack(comp: Component, res: ComponentResult, module: nn.Module, run: A
         raise unstacked from None
     if len(calls) < 2:
         raise unstacked
-    handed = max(min(_apart(given, after) for after in _after(*before)) for before, (given, *_) in
-                 zip(calls, calls[1:]))
+    gaps = [min(_apart(given, after) for after in _after(*before)) for before, (given, *_) in
+            zip(calls, calls[1:])]  # how far each layer's input is from what may follow the one before
+    handed = max(gaps)
     norms = [leaf.module for leaf in of_kind(outside(module, layers), "norm")]
     finals = [f(last) for last in _after(*calls[-1]) for f in [lambda t: t, *norms]]
     returned = min(_apart(out, final) for final in finals)
@@ -104,11 +105,33 @@ def check_stack(comp: Component, res: ComponentResult, module: nn.Module, run: A
                          text(f"apart by {returned:.3g}", f"相差 {returned:.3g}"))]
     res.notes.append(STACK_NOTE)
     if handed >= 1e-9:
-        number, code = _layer_call(module)
-        res.findings.append(Finding(DEPARTS, text(
-            "a layer is not handed what the one before returned: your stack parts from the reference here",
-            "某一层拿到的不是上一层的输出：你的堆叠在这里与参考实现分开"), number, code))
+        res.findings.append(_unhanded(module, items, calls[gaps.index(handed):]))
     return finish(res)
+
+
+def _unhanded(module: nn.Module, items: list[Any], calls: list[tuple[Tensor, Tensor, nn.Module]]) -> Finding:
+    """The finding of a layer (the first of `calls`) whose output the next is not handed: no_residual
+    where it adds none inside and the next is handed its output alone (lucidrains' `x = ff(x)` for
+    `x = ff(x) + x`), at the line of the loop that calls it; else where the stack calls its layers."""
+    (_, returned, layer), (handed, *_) = calls[:2]
+    if _apart(handed, returned) >= 1e-9:
+        return Finding(DEPARTS, text(
+            "a layer is not handed what the one before returned: your stack parts from the reference here",
+            "某一层拿到的不是上一层的输出：你的堆叠在这里与参考实现分开"), *_layer_call(module))
+    return Finding("no_residual", text(
+        "a sublayer's output is handed on alone: the sublayer adds no residual inside, and the loop adds "
+        "none around it", "某个子层的输出被直接交给了下一层：子层内部没有残差，循环里也没有把输入加回来"),
+        *_sublayer_call(module, items, layer))
+
+
+def _sublayer_call(module: nn.Module, items: list[Any], layer: nn.Module) -> tuple[int | None, str | None]:
+    """The line of the loop that calls this sublayer: a layer kept as a list of its sublayers (`for attn,
+    ff in self.layers`) calls it by the loop's name at its place in the list; else the layers' call."""
+    place = {id(sub): i for item in items for i, sub in enumerate(item.children())}.get(id(layer))
+    forward = type(module).forward
+    loop = next(iter(re.findall(r"for\s+\(?([\w\s,]+?)\)?\s+in\s+", source_text(forward))), "")
+    name = dict(enumerate(loop.replace(",", " ").split())).get(place)
+    return first_line([rf"\b{name}\("], source_lines([forward])) if name else _layer_call(module)
 
 
 def _layer_call(module: nn.Module) -> tuple[int | None, str | None]:

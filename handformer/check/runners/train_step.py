@@ -12,7 +12,8 @@ the loss against `tgt[:, 1:]`, `zero_grad`, `backward`, the gradient clipped (wh
 clips, at the norm it writes) and `step`. The model records each call: the mode it was in and the
 target it was fed. Named: `zero_grad` missing (gradients of step 1 still in step 2), clipping after
 `step()` (the update is the unclipped one), `model.train()` forgotten (the model ran in eval mode),
-the decoder fed the unshifted target (input and label at the same positions), and with
+the decoder fed the unshifted target or scored on its own input (input and label at the same
+positions), a summed loss divided by the number of sentences, and with
 accumulation the micro-batches' losses not divided by their number (the update is that many times
 too large). An epoch runs once over the same two batches and is compared after it. A step that
 clips runs again with the logits scaled down until the gradients stay well under its clipping norm:
@@ -26,6 +27,7 @@ from __future__ import annotations
 import copy
 import inspect
 import itertools
+import math
 import re
 import types
 from typing import Any
@@ -145,23 +147,27 @@ class TokenCrossEntropy(nn.CrossEntropyLoss):
 
 def reference_step(model: nn.Module, opt: torch.optim.Optimizer, src: Tensor, tgt: Tensor,
                    clip: float | None, *, zero_grad: bool = True, clip_after: bool = False,
-                   shift: bool = True, accum: int = 1, divide: bool = True,
-                   criterion: Any = None, per_token: bool = False, lr: float | None = None) -> None:
+                   shift: bool = True, shift_labels: bool = True, accum: int = 1, divide: bool = True,
+                   criterion: Any = None, per_token: bool = False, per_sentence: bool = False,
+                   lr: float | None = None) -> None:
     """handformer's step, with the named mistakes on request: with accum > 1 the batch is split in
     that many micro-batches along the batch, each loss divided by accum (unless `divide` is off)
     and backpropagated, then one update. per_token: a summed loss divided by the number of real
-    target tokens (the Annotated Transformer's SimpleLossCompute); lr: the rate the update uses (the
-    one the learner's step set from its update count)."""
+    target tokens (the Annotated Transformer's SimpleLossCompute), per_sentence: by the number of
+    sentences (the mistake); shift_labels off: the decoder fed tgt[:, :-1] and scored on it too; lr:
+    the rate the update uses (the one the learner's step set from its update count)."""
     criterion = criterion or TokenCrossEntropy(ignore_index=PAD)
     if zero_grad:
         opt.zero_grad()
     for src_part, tgt_part in zip(src.chunk(accum), tgt.chunk(accum)):
-        tgt_in, tgt_out = (tgt_part[:, :-1], tgt_part[:, 1:]) if shift else (tgt_part, tgt_part)
+        fed, moved = tgt_part.size(1) - shift, min(shift, shift_labels)  # positions fed; labels moved on by
+        tgt_in, tgt_out = tgt_part[:, :fed], tgt_part[:, moved:moved + fed]
         logits = model(src_part, tgt_in)
         # log-probabilities: what the Annotated LabelSmoothing takes, and the same loss for a
         # cross-entropy (log_softmax of log-probabilities changes nothing)
         loss = criterion(logits.log_softmax(-1).reshape(-1, V), tgt_out.reshape(-1))
         loss = loss / (tgt_out != PAD).sum() if per_token else loss
+        loss = loss / src_part.size(0) ** per_sentence  # divided by the sentences: per_sentence
         (loss / accum if divide else loss).backward()
     update(model, opt, clip, clip_after, lr)
 
@@ -409,7 +415,11 @@ def learner_criterion(ctx: Context) -> tuple[Any, str | None]:
 
 
 def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str = "") -> Finding:
-    """The finding, with the likely line in the step (or epoch) itself, else in the rest of the file."""
+    """The finding, with the likely line in the step (or epoch) itself, else in the rest of the file;
+    the labels left unshifted (form "labels") at no line: the step's localizer finds the line of the
+    labels, where a pattern would find the model's call."""
+    if form == "labels":
+        return Finding(name, observed, None, None, form)
     number, code = locate(name, source_lines([comp.obj]))
     if number is None:
         number, code = locate(name, source_lines(ctx.objects(comp, "train_step", "train_epoch")))
@@ -426,7 +436,7 @@ def _run(step: Step, base: Seq2SeqTransformer, **mistakes: Any) -> list[list[Ten
     out = []
     for (src, tgt), lr in zip(batches(), step.used_rates()):
         reference_step(model, opt, src, tgt, step.clip, accum=accum, criterion=step.reference_criterion(),
-                       per_token=step.per_token, lr=lr, **mistakes)
+                       lr=lr, **{"per_token": step.per_token, **mistakes})
         out.append(parameters_of(model))
     return out[-1:] if step.epoch else out
 
@@ -540,7 +550,7 @@ NO_MISTAKE_NOTE = text("no known mistake (or pair of them) reproduces your param
 
 def _named(res: ComponentResult) -> bool:
     """Whether the search named the step's mistake."""
-    return any(f.name in VARIANTS for f in res.findings)
+    return any(f.name in NAMED for f in res.findings)
 
 
 PROBE_SCALE = 1e-3  # the logits' factor at which the gradient norm is measured (it scales with it there)
@@ -640,32 +650,49 @@ PER_TOKEN_NOTE = text(
     "Annotated Transformer's SimpleLossCompute): handformer's step divided the same way",
     "你的损失对 token 求和，你的一步再除以目标端真实 token 的个数"
     "（Annotated Transformer 的 SimpleLossCompute）：handformer 的一步也这样除")
-VARIANTS: dict[str, dict[str, Any]] = {  # reference_step's arguments that plant each mistake
+VARIANTS: dict[str, dict[str, Any]] = {  # reference_step's arguments that plant each mistake (name:form)
     "train_step_no_zero_grad": {"zero_grad": False}, "train_step_clip_after_step": {"clip_after": True},
-    "train_step_no_shift": {"shift": False}, "train_step_loss_not_divided": {"divide": False}}
+    "train_step_no_shift": {"shift": False}, "train_step_loss_not_divided": {"divide": False},
+    # the decoder fed tgt[:, :-1] as it should be, but scored on it too, not on tgt[:, 1:]
+    "train_step_no_shift:labels": {"shift_labels": False},
+    "loss_mean_over_batch": {"per_sentence": True}}  # a summed loss divided by the sentences
+NAMED = {key.partition(":")[0] for key in VARIANTS}
+
+
+def _reproduces(step: Step, base: Seq2SeqTransformer, got: list[list[Tensor]], right: list[list[Tensor]],
+                mistakes: dict[str, Any]) -> float:
+    """How far the learner's parameters are from handformer's step with the mistakes (inf where the
+    mistakes change nothing on these batches)."""
+    theirs = _run(step, base, **mistakes)
+    if all(largest_difference(t, r) < 1e-12 for t, r in zip(theirs, right)):
+        return math.inf
+    return max(largest_difference(g, t) for g, t in zip(got, theirs))
 
 
 def _search(res: ComponentResult, ctx: Context, comp: Component, step: Step, base: Seq2SeqTransformer,
             got: list[list[Tensor]], right: list[list[Tensor]], errs: list[float], lengths: set[int]) -> None:
+    full = batches()[0][1].size(1)
+    summed = not step.per_token and sums(step.reference_criterion())  # a summed loss, not divided by tokens
     possible = {"train_step_clip_after_step": step.clip is not None,  # the mistakes this step can make
-                "train_step_no_shift": lengths == {batches()[0][1].size(1)},
-                "train_step_loss_not_divided": bool(step.accum)}
+                "train_step_no_shift": lengths == {full}, "train_step_no_shift:labels": lengths == {full - 1},
+                "train_step_loss_not_divided": bool(step.accum), "loss_mean_over_batch": summed}
     variants = {name: v for name, v in VARIANTS.items() if possible.get(name, True)}
     combos = [c for n in (1, 2) for c in itertools.combinations(variants, n)]
+    # a summed loss read as divided by the real tokens too: the labels' count is the learner's then
+    readings = [{}] + [{"per_token": True}] * summed
     for combo in combos:
         mistakes = {k: v for name in combo for k, v in variants[name].items()}
-        theirs = _run(step, base, **mistakes)
-        if all(largest_difference(t, r) < 1e-12 for t, r in zip(theirs, right)):
-            continue  # these mistakes change nothing on these batches
-        off = max(largest_difference(g, t) for g, t in zip(got, theirs))
+        off = min(_reproduces(step, base, got, right, {**mistakes, **reading}) for reading in readings)
         if off >= step.tol:
             continue
         after = (f"after the epoch they differ from handformer's by {errs[0]:.3g}", f"与 handformer 的相比，"
                  f"epoch 之后相差 {errs[0]:.3g}") if step.epoch else (
             f"after step 1 they differ from handformer's by {errs[0]:.3g}, after step 2 by {errs[1]:.3g}",
             f"与 handformer 的相比，一步之后相差 {errs[0]:.3g}，两步之后相差 {errs[1]:.3g}")
-        for name in combo:
-            res.findings.append(_finding(ctx, comp, name, text(
-                f"your parameters equal those of a step with this mistake (max abs difference {off:.1e}); "
-                f"{after[0]}", f"你的参数与带这个错误的一步结果一致（最大绝对误差 {off:.1e}）；{after[1]}")))
+        for key in combo:
+            name, _, form = key.partition(":")
+            said = text(f"your parameters equal those of a step with this mistake (max abs difference "
+                        f"{off:.1e}); {after[0]}",
+                        f"你的参数与带这个错误的一步结果一致（最大绝对误差 {off:.1e}）；{after[1]}")
+            res.findings.append(_finding(ctx, comp, name, said, form))
         return
