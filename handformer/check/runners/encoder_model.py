@@ -68,5 +68,5 @@ def _padding(res: ComponentResult, ctx: Context, comp: Component, run: Any, ids:
         res.findings.append(Finding("mask_inverted", text(
             f"the real tokens' outputs move by {err:.3g} when only the padded tokens change, and by "
             f"{inverted:.1e} with the mask handed the other way round: the mask is read inverted",
-            f"只改变 padding 位置的 token，真实 token 的输出就变了 {err:.3g}；把掩码反过来传入时只变 "
+            f"只改变填充位置的 token，真实 token 的输出就变了 {err:.3g}；把掩码反过来传入时只变 "
             f"{inverted:.1e}：掩码被反着用了"), number, code))
