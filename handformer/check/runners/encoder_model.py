@@ -61,7 +61,7 @@ def _padding(res: ComponentResult, ctx: Context, comp: Component, run: Any, ids:
     err, inverted = (fp.max_error(run(ids, m)[1, :REAL], run(other, m)[1, :REAL]) for m in (keep, 1 - keep))
     res.checks.append(Check(text("padding invariance: with attention_mask (1 = a real token), changing the "
                                  "padded tokens changes no real token's output",
-                                 "padding 不变性：给定 attention_mask（1 = 真实 token），改变 padding 位置的 "
+                                 "填充不变性：给定 attention_mask（1 = 真实 token），改变填充位置的 "
                                  "token 不改变任何真实 token 的输出"), err < 1e-6, error_text(err)))
     if err >= 1e-6 and inverted < 1e-6:
         number, code = locate("mask_inverted", source_lines(ctx.objects(comp)))
