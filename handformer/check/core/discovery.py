@@ -717,13 +717,22 @@ def defaulted_config(fn: Any, name: str) -> Any:
 
 
 def _covering_config(cls: Any, name: str) -> Any:
-    """An unannotated `config` argument's class: the one dataclass of the learner's file whose fields
+    """An unannotated `config` argument's class: the one config class of the learner's file whose fields
     hold every attribute the constructor reads from it (GPT-NeoX's GPTNeoXConfig with rotary_pct and
     use_parallel_residual), so that the fields check does not know keep the file's defaults."""
     attrs = config_reads(cls, name)[1]
     covering = [c for c in vars(_module_of(cls) or types).values() if isinstance(c, type)
-                and attrs <= set(getattr(c, "__dataclass_fields__", ()))]
+                and attrs <= _held_fields(c)]
     return covering[0] if len(covering) == 1 else None
+
+
+def _held_fields(c: type) -> set[str]:
+    """The fields a class of the learner's file holds as a configuration: a dataclass's; a plain class
+    with its own constructor and no forward (Hugging Face's GPT2Config): the arguments of its
+    __init__ and the attributes it sets there (hidden_size = n_embd)."""
+    if dataclasses.is_dataclass(c) or "__init__" not in vars(c) or hasattr(c, "forward"):
+        return set(getattr(c, "__dataclass_fields__", ()))
+    return {p.name for p in init_parameters(c)} | config_reads(c, "self")[1]
 
 
 def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | None:

@@ -664,7 +664,9 @@ class Caller:
         logits, first = fp.first_tensor(items, 3), fp.first_tensor(items[:1], 2)
         if logits is None and first is not None and first.size(0) == idx.numel():
             logits = first.view(*idx.shape, -1)  # Karpathy's: (B * T, V) when given targets
-        return logits, fp.first_tensor(items[1:2])  # the loss: a tensor second
+        # the loss: the one number it returns (Hugging Face's (loss, logits, presents)), else a tensor second
+        loss = fp.first_tensor(items, 0)
+        return logits, loss if loss is not None else fp.first_tensor(items[1:2])
 
 
 def _rows(B: int, T: int, flags: frozenset[str]) -> Tensor:
