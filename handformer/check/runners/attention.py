@@ -647,6 +647,14 @@ def softcaps(module: nn.Module, named: str = "") -> tuple[float, ...]:
                          and is_number(v) and v >= 1}))
 
 
+def attention_cap(model: nn.Module) -> float | None:
+    """The soft cap of the attention scores (Gemma 2's c * tanh(scores / c)) inside a block or a model,
+    read from the learner's modules as the attention's own check reads it (`softcaps`), a setting named
+    for a cap (`attn_logit_softcapping`, not the head count): the one cap they name, else None."""
+    caps = {cap for sub in model.modules() if sub is not model for cap in softcaps(sub, named="cap")}
+    return next(iter(caps)) if len(caps) == 1 else None
+
+
 def behaves_causal(ctx: Context, c: Caller, width: int) -> bool:
     """Whether the learner's self-attention, given no mask, is causal: what it does, not its name or
     its parameters (minimind's takes an attention_mask and applies is_causal=True without one)."""
@@ -783,12 +791,12 @@ def _mha_rope(res: ComponentResult, ctx: Context, comp: Component, subject: Subj
     if rope in V.UNSCALED:  # T5's scores, without 1/sqrt(d_k) by design
         res.status = DIFFERS
     cap, scale = found.weights[2:4]
-    res.notes += [note(value) for note, value in ((_softcap_note, cap), (scale_note, scale)) if value]
+    res.notes += [note(value) for note, value in ((softcap_note, cap), (scale_note, scale)) if value]
     subject.facts["setup"] = dataclasses.replace(subject.facts["setup"], conv=found.key, rope=rope,
                                                  softcap=cap, scale=scale)
 
 
-def _softcap_note(cap: float) -> Text:
+def softcap_note(cap: float) -> Text:
     return text(f"the scores are soft-capped, {cap:g} * tanh(scores / {cap:g}), before the mask (Gemma 2's "
                 "attn_logit_softcapping; the cap read from your module): a convention, compared so",
                 f"分数先软截断为 {cap:g} * tanh(scores / {cap:g})，再加掩码（Gemma 2 的 "

@@ -95,7 +95,7 @@ from handformer.check.core.weights import norm_weights as learner_norm
 from handformer.check.reference import variants as V
 from handformer.check.reference.parallel import as_parallel_
 from handformer.check.runners import latent
-from handformer.check.runners.attention import softcaps
+from handformer.check.runners.attention import attention_cap
 from handformer.check.runners.kv_cache import CACHE_ARGS, CACHE_METHODS
 from handformer.check.runners.localize_cache import cache_departure
 from handformer.check.runners.model import as_written_, computes_sqrt, exact_norms_
@@ -804,16 +804,8 @@ def _read_conventions(call: Caller, m: GPTMap, idx: Tensor) -> None:
     m.scaled, m.added = _embedding_reading(call, m, idx)
     m.ropes = m.ropes if m.added is None else (None,)
     m.softcap = _softcap(call, m, idx)
-    m.attn_softcap = _attention_cap(call.module)
+    m.attn_softcap = attention_cap(call.module)
     m.embed_factor, m.logit_factor = _configured_factors(call, m, idx)
-
-
-def _attention_cap(model: nn.Module) -> float | None:
-    """The soft cap of the attention scores (Gemma 2's c * tanh(scores / c)), read from the learner's
-    modules inside the model as the attention's own check reads it (`softcaps`), a setting named for
-    a cap (`attn_logit_softcapping`, not the head count): the one cap they name, else None."""
-    caps = {cap for sub in model.modules() if sub is not model for cap in softcaps(sub, named="cap")}
-    return next(iter(caps)) if len(caps) == 1 else None
 
 
 def _unmapped(res: ComponentResult, module: nn.Module, call: Caller, idx: Tensor,

@@ -119,10 +119,12 @@ from handformer.check.reference.parallel import as_parallel_
 from handformer.check.runners.attention import (
     PAD_BUMP,
     PAD_KEYS,
+    attention_cap,
     causal_outputs,
     key_padding_check,
     left_padding,
     responsive,
+    softcap_note,
 )
 from handformer.check.runners.generate_loop import CACHE_NAMES
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, OFFSET_NOTE, ffn_name_findings
@@ -183,6 +185,10 @@ class Layer:
         # Raschka's forward(x, mask, cos, sin) requires its mask: where a case hands none, every key
         # is visible in the convention found (`visible`, once known)
         self.required_mask = any(is_mask_name(p.name) and p.default is p.empty for p in params)
+        # an encoder's or a block's mask, handed to each mask it requires (Gemma 2's causal_mask and
+        # sliding_mask: the layer picks one; its window is in the mask, the same here)
+        self.handed = self.masks[:1] + [p.name for p in params if p.name in self.masks[1:] and
+                                        p.default is p.empty and "padding" not in p.name]
         self.visible: str | None = None
         self.extra = {p.name for p in params} & LAYER_POSITIONS
         self.optional = optional_inputs(getattr(comp.obj, "forward", comp.obj),  # not self, nor a memory
@@ -196,6 +202,7 @@ class Layer:
         x = torch.randn(2, 3, D)
         self.module = ctx.build(comp, self.sizes, warmup=lambda m: self._warmup(m, x))
         found = leaves(self.module)
+        self.cap = attention_cap(self.module)  # Gemma 2's attention scores soft-capped, read from its setting
         linears = split_attention_ffn(of_kind(found, "linear"), D, D // H)
         names, roles = kind.sublayers
         self.n_kv_heads, self.attn = self._attentions(linears, len(names) - 1)
@@ -300,7 +307,7 @@ class Layer:
             if mask is None and self.required_mask and self.visible:
                 everything = torch.ones(x.size(0), 1, x.size(1), x.size(1), dtype=torch.bool)
                 mask = fp.encode_mask(everything, self.visible, x.size(0))
-            kwargs[self.masks[0]] = mask
+            kwargs.update(dict.fromkeys(self.handed, mask))
         return self._run(args, kwargs, x.size(0))
 
     def _streams(self, x: Tensor, memory: Tensor | None) -> list[Any]:
@@ -336,7 +343,7 @@ class Layer:
     def weights(self, slots: list[Slot], act: str, placement: str, rope: str | None = None,
                 form: Form = PLAIN) -> V.LayerWeights:
         attn = mha_weights(self.attn[0], H, self.n_kv_heads, rope)
-        attn = dataclasses.replace(attn, scale=form.scale)
+        attn = dataclasses.replace(attn, scale=form.scale, softcap=self.cap)
         return V.LayerWeights(attn, ffn_weights(slots, act), self.norm_ws,
                               mha_weights(self.attn[1], H, self.n_kv_heads) if self.decoder else None,
                               placement, self.sublayers, form.residual)
@@ -529,7 +536,7 @@ def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
     causal_block = layer.causal_block
     _down_projection(res, ctx, comp, layer)
     wrapped = [wrapped_note(layer.wrapper, comp.name)] if layer.wrapper is not None else []
-    res.notes += wrapped + window_note(layer.windows)
+    res.notes += wrapped + window_note(layer.windows) + ([softcap_note(layer.cap)] if layer.cap else [])
     _mask_inside(res, layer)
     inp = Inputs(layer)
     own_mask = causal_block and not layer.takes_mask or layer.own_mask
@@ -596,7 +603,7 @@ def _needs_its_mask(layer: Layer, ctx: Context) -> bool:
 def _handed_masks(layer: Layer) -> set[str]:
     """The mask arguments `Layer.call` fills: an encoder's first, a decoder's source and target masks."""
     if not layer.decoder:
-        return set(layer.masks[:1])
+        return set(layer.handed)
     names = _decoder_mask_names(layer.masks)
     return set(names) if all(names) else set(layer.masks[:2])
 
@@ -1035,7 +1042,8 @@ def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str, rope: s
     hf = layer.kind.reference(cfg).double().eval()
     as_parallel_([hf] * (placement == "parallel"), [layer.shared])  # GPT-J's, Falcon's, Phi's: both read x
     hf = PLACED.get(placement, lambda hf, cfg: hf)(hf, cfg)
-    hf.self_attn = handformer_attention(layer.attn[0], layer.n_kv_heads, rope, scale=form.scale)
+    hf.self_attn = handformer_attention(layer.attn[0], layer.n_kv_heads, rope, softcap=layer.cap,
+                                        scale=form.scale)
     if layer.decoder:
         hf.cross_attn = handformer_attention(layer.attn[1], layer.n_kv_heads)
     copy_ffn(hf.ffn, slots)
