@@ -727,12 +727,10 @@ def _covering_config(cls: Any, name: str) -> Any:
 
 
 def _held_fields(c: type) -> set[str]:
-    """The fields a class of the learner's file holds as a configuration: a dataclass's; a plain class
-    with its own constructor and no forward (Hugging Face's GPT2Config): the arguments of its
-    __init__ and the attributes it sets there (hidden_size = n_embd)."""
-    if dataclasses.is_dataclass(c) or "__init__" not in vars(c) or hasattr(c, "forward"):
-        return set(getattr(c, "__dataclass_fields__", ()))
-    return {p.name for p in init_parameters(c)} | config_reads(c, "self")[1]
+    """The fields a class of the learner's file holds as a configuration (not a module): a dataclass's,
+    a plain class's constructor arguments and the attributes it sets there (Hugging Face's GPT2Config:
+    hidden_size = n_embd)."""
+    return set() if hasattr(c, "forward") else _class_fields(c) | config_reads(c, "self")[1]
 
 
 def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | None:

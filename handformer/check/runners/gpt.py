@@ -665,8 +665,7 @@ class Caller:
         if logits is None and first is not None and first.size(0) == idx.numel():
             logits = first.view(*idx.shape, -1)  # Karpathy's: (B * T, V) when given targets
         # the loss: the one number it returns (Hugging Face's (loss, logits, presents)), else a tensor second
-        loss = fp.first_tensor(items, 0)
-        return logits, loss if loss is not None else fp.first_tensor(items[1:2])
+        return logits, fp.first_tensor([fp.first_tensor(items, 0), *items[1:2]])
 
 
 def _rows(B: int, T: int, flags: frozenset[str]) -> Tensor:

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.argument_names import input_roles
+from handformer.check.core.argument_names import input_roles, names_of
 from handformer.check.core.context import (
     ROPE_FLAGS,
     SEQUENCE_FIRST,
@@ -185,10 +185,8 @@ class Layer:
         # Raschka's forward(x, mask, cos, sin) requires its mask: where a case hands none, every key
         # is visible in the convention found (`visible`, once known)
         self.required_mask = any(is_mask_name(p.name) and p.default is p.empty for p in params)
-        # an encoder's or a block's mask, handed to each mask it requires (Gemma 2's causal_mask and
-        # sliding_mask: the layer picks one; its window is in the mask, the same here)
-        self.handed = self.masks[:1] + [p.name for p in params if p.name in self.masks[1:] and
-                                        p.default is p.empty and "padding" not in p.name]
+        # the mask handed to each it requires (Gemma 2's causal_mask and sliding_mask: it picks one)
+        self.handed = self.masks[:1] + sorted(set(self.masks[1:]) & set(names_of(params)[1]))
         self.visible: str | None = None
         self.extra = {p.name for p in params} & LAYER_POSITIONS
         self.optional = optional_inputs(getattr(comp.obj, "forward", comp.obj),  # not self, nor a memory
@@ -202,7 +200,7 @@ class Layer:
         x = torch.randn(2, 3, D)
         self.module = ctx.build(comp, self.sizes, warmup=lambda m: self._warmup(m, x))
         found = leaves(self.module)
-        self.cap = attention_cap(self.module)  # Gemma 2's attention scores soft-capped, read from its setting
+        self.cap = attention_cap(self.module)  # Gemma 2's scores soft-capped, read from its setting
         linears = split_attention_ffn(of_kind(found, "linear"), D, D // H)
         names, roles = kind.sublayers
         self.n_kv_heads, self.attn = self._attentions(linears, len(names) - 1)
@@ -536,7 +534,7 @@ def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
     causal_block = layer.causal_block
     _down_projection(res, ctx, comp, layer)
     wrapped = [wrapped_note(layer.wrapper, comp.name)] if layer.wrapper is not None else []
-    res.notes += wrapped + window_note(layer.windows) + ([softcap_note(layer.cap)] if layer.cap else [])
+    res.notes += wrapped + window_note(layer.windows) + list(map(softcap_note, filter(None, [layer.cap])))
     _mask_inside(res, layer)
     inp = Inputs(layer)
     own_mask = causal_block and not layer.takes_mask or layer.own_mask
