@@ -754,7 +754,7 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
         values = paired_hidden(values, _class_fields(own), sizes)
         if dataclasses.is_dataclass(own):
             names = {f.name for f in dataclasses.fields(own) if f.init}
-            values = paired_hidden(values, names | attrs, sizes)
+            values = {**required_windows(own, sizes), **paired_hidden(values, names | attrs, sizes)}
             config = own(**{n: values[n] for n in names if n in values})
         else:
             params = inspect.signature(own).parameters
@@ -769,6 +769,19 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
                 setattr(config, attr, value)
         return config
     return types.SimpleNamespace(**paired_hidden(values, attrs, sizes))
+
+
+# a sliding window's field (Mistral's ModelArgs.window_size)
+WINDOW_NAMES = frozenset({"window_size", "sliding_window", "sliding_window_size", "attention_window"})
+
+
+def required_windows(own: type, sizes: dict[str, Any]) -> dict[str, Any]:
+    """A window field the learner's dataclass requires (no default: Mistral's window_size) as long as
+    the longest input, the whole causal mask; a window with a default (Gemma's) keeps it, and the
+    model's runner measures it."""
+    fields = dataclasses.fields(own)
+    required = {f.name for f in fields if f.default is f.default_factory is dataclasses.MISSING}
+    return dict.fromkeys(required & WINDOW_NAMES, sizes.get("max_len"))
 
 
 def paired_hidden(values: dict[str, Any], names: set[str], sizes: dict[str, Any]) -> dict[str, Any]:

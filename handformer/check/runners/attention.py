@@ -65,7 +65,7 @@ from handformer.check.core.context import (
     says_keep,
     shape_of,
 )
-from handformer.check.core.conventions import SEQUENCE_FIRST_CONVENTIONS
+from handformer.check.core.conventions import SEQUENCE_FIRST_CONVENTIONS, SHARED
 from handformer.check.core.discovery import Component, computes_attention, reads_kv_heads
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import Gainless, gainless_qk
@@ -300,8 +300,18 @@ def responsive(outputs: dict[str, Tensor], universe: tuple[str, ...]) -> tuple[s
 def keeps_for(keep: Tensor | None, fallback: Tensor | None, conventions: tuple[str, ...],
               ) -> dict[str, Tensor | None]:
     """The mask each convention is searched with: `keep`, or `fallback` (padding only) where the
-    convention cannot write `keep`."""
-    return {c: keep if fp.encodable(keep, c) else fallback for c in conventions}
+    convention cannot write `keep`; a convention of one (T, S) mask for the whole batch (SHARED), the
+    causal mask alone where it cannot write `keep`."""
+    shared = {c: _causal_like(keep) for c in SHARED if c in conventions}
+    return {c: keep if fp.encodable(keep, c) else shared.get(c, fallback) for c in conventions}
+
+
+def _causal_like(keep: Tensor | None) -> Tensor | None:
+    """The causal mask in keep's shape (B, 1, T, S), its queries the last T positions."""
+    if keep is None:
+        return None
+    T, S = keep.shape[-2:]
+    return torch.ones(T, S, dtype=torch.bool).tril(S - T)[None, None].expand_as(keep)
 
 
 # --- scaled dot-product attention and masked softmax -------------------------------------------
@@ -964,7 +974,21 @@ def _conventions(ctx: Context, module: Any, c: Caller) -> tuple[str, ...]:
     if ctx.convention is None and masks_where_true_inside(module, c.mask_name) and not file_masks_keep(ctx) \
             and not says_keep(c.mask_name) and not comment_says_keep(getattr(module, "forward", module)):
         convs = ("torch", "torch3", "torch2") + convs
-    return convs
+    shared = bool(c.mask_name) and _shared_mask(getattr(module, "forward", module), c.mask_name)
+    return SHARED * shared + convs
+
+
+def _shared_mask(forward: Any, name: str) -> bool:
+    """Whether the forward gives its mask two leading axes (Mistral's `mask[None, None, ...]`): it takes
+    one (T, S) mask for the whole batch, and a (B, 1, T, S) one would add two more batch axes."""
+    return bool(re.search(rf"\b{re.escape(name)}\s*\[\s*None\s*,\s*None\b", source_text(forward)))
+
+
+def shares_mask(module: nn.Module) -> bool:
+    """Whether the module or one inside it gives a mask two leading axes (the attention of Mistral's
+    block: `mask[None, None, ...]`): the block takes one (T, S) mask for the whole batch."""
+    return any(re.search(r"\w*mask\w*\s*\[\s*None\s*,\s*None\b", source_text(type(sub).forward))
+               for sub in module.modules())
 
 
 def _universe(c: Caller, has_o: bool, n_kv_heads: int | None, causal_inside: bool) -> tuple[str, ...]:

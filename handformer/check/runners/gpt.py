@@ -585,6 +585,8 @@ class Caller:
         self.position = named(names, ("start_pos",))
         # Meta's forward(tokens, start_pos): the whole sequence from position 0
         self.start = self.position if self.position in required else None
+        # Mistral's forward(input_ids, positions): the positions it requires, one row (T,)
+        self.positions = named(required, ("positions",))
         self.cache_arg = named(names, CACHE_ARGS)
 
         self.returned: Any = None  # what forward gave back last, for a message
@@ -646,6 +648,8 @@ class Caller:
         kwargs: dict[str, Any] = {self.target: targets} if self.target and targets is not None else {}
         if self.start:
             kwargs[self.start] = start
+        if self.positions:
+            kwargs[self.positions] = torch.arange(start, start + idx.size(1))  # (T,)
         if self.mask_form:  # the causal mask its caller builds, in the form it takes
             dtype = next(self.module.parameters()).dtype
             kwargs[self.mask_name] = self.mask_form(torch.ones(idx.size(1), idx.size(1)).tril().bool(), dtype)

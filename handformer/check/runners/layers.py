@@ -68,7 +68,7 @@ from handformer.check.core.context import (
     reads_sequence_first_masked,
     shape_of,
 )
-from handformer.check.core.conventions import SEQUENCE_FIRST_CONVENTIONS
+from handformer.check.core.conventions import SEQUENCE_FIRST_CONVENTIONS, SHARED
 from handformer.check.core.discovery import MEMORY_NAMES, NAMES, Component, argument_keys
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
@@ -124,6 +124,7 @@ from handformer.check.runners.attention import (
     key_padding_check,
     left_padding,
     responsive,
+    shares_mask,
     softcap_note,
 )
 from handformer.check.runners.generate_loop import CACHE_NAMES
@@ -162,8 +163,8 @@ class LayerKind:
     def expected(self) -> str:
         return self.placements[0]
 # the position arguments a layer's forward may take (rope_tables.POSITION_ARGUMENTS: what each is handed)
-LAYER_POSITIONS = {"freqs_cis", "start_pos", "position_ids", "position_embeddings", "cos", "sin", "input_pos",
-                   "cos_sin", "freqs_cos", "freqs_sin"}
+LAYER_POSITIONS = {"freqs_cis", "start_pos", "position_ids", "positions", "position_embeddings", "cos", "sin",
+                   "input_pos", "cos_sin", "freqs_cos", "freqs_sin"}
 
 
 class Layer:
@@ -768,6 +769,7 @@ def _layer_conventions(layer: Layer, ctx: Context, inp: Inputs, res: ComponentRe
     its stream sequence-first (T, B, D) found first (driven so from then on, noted), its masks also as
     nn.MultiheadAttention's attn_mask (B * H, T, S)."""
     convs = ("lens",) if layer.stateful else ctx.conventions(layer.masks[0] if layer.masks else None)
+    convs = SHARED * shares_mask(layer.module) + convs  # Mistral's: one (T, S) mask for the batch
     torch_first = ctx.convention is None and layer.masks and masks_where_true_inside(layer.module)
     torch_convs = TORCH_CONVENTIONS[holds_torch_attention(layer.module)] if torch_first else ()
     layer.first = reads_sequence_first_masked(  # a mask it requires: handed every key visible
