@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from check_plants import edited_copy
 
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
@@ -38,3 +39,13 @@ def test_a_cap_that_forgets_to_divide_fails_the_layer_at_its_line():
     assert [c.status for c in result.components] == ["fail", "fail"], format_report(result)
     layer = result.components[1]
     assert any(f.code == "scores = self.softcap * torch.tanh(scores)" for f in layer.findings), layer.findings
+
+
+def test_a_normalizer_computed_as_a_power_and_never_applied_is_named(tmp_path):
+    """embedding_scale_unused where the model computes its sqrt(d_model) as `hidden_size ** 0.5`."""
+    edit = ("        x = self.embed_tokens(input_ids) * math.sqrt(self.config.hidden_size)\n",
+            "        normalizer = self.config.hidden_size ** 0.5\n        x = self.embed_tokens(input_ids)\n")
+    (model,) = check_file(edited_copy(tmp_path, HERE / "correct.py", [edit]), only=["gpt"]).components
+    (finding,) = model.findings
+    assert model.status == "fail" and finding.name == "embedding_scale_unused", model.findings
+    assert finding.code == "x = self.embed_tokens(input_ids)"

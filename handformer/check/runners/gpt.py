@@ -992,7 +992,7 @@ def _scale_unused(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap
     scaled = _reference_model(m, ch)  # built aside: the map's cache keeps the unscaled one
     m.scaled = False
     would = fp.max_error(out, _view(variant(scaled, idx, flags), last_only))
-    number, code = locate("embedding_scale_unused", source_lines(owners + ctx.objects(comp)))
+    number, code = locate("embedding_scale_unused", source_lines(owners))  # the class that computes it
     res.findings.append(Finding("embedding_scale_unused", text(
         f"your code computes sqrt( for the embeddings, but your logits are those of unscaled embeddings "
         f"(max abs difference {matched:.1e}); scaled by sqrt(d_model) = {D ** 0.5:g} they would differ by "
