@@ -90,7 +90,7 @@ def test_the_attention_cap_of_a_model_is_read_from_the_setting_named_for_it():
     import torch
     from torch import nn
 
-    from handformer.check.runners.gpt import _attention_cap
+    from handformer.check.runners.attention import attention_cap
 
     class Attention(nn.Module):
         def __init__(self):
@@ -102,6 +102,23 @@ def test_the_attention_cap_of_a_model_is_read_from_the_setting_named_for_it():
             return torch.tanh(scores / self.attn_logit_softcapping) * self.attn_logit_softcapping
 
     model = nn.Sequential(Attention())
-    assert _attention_cap(model) == 50.0
+    assert attention_cap(model) == 50.0
     model[0].attn_logit_softcapping = None  # no cap: none read
-    assert _attention_cap(model) is None
+    assert attention_cap(model) is None
+
+
+CAPPED = [("    eps: float = 1e-6\n", "    eps: float = 1e-6\n    attn_logit_softcapping: float = {cap}\n"),
+          ("        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.dh)\n",
+           "        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.dh)\n"
+           "        att = torch.tanh(att / self.cfg.attn_logit_softcapping) * self.cfg.attn_logit_softcapping\n"),
+          ("        self.h, self.kv = cfg.n_heads, cfg.num_key_value_heads\n",
+           "        self.h, self.kv = cfg.n_heads, cfg.num_key_value_heads\n        self.cfg = cfg\n")]
+
+
+@pytest.mark.parametrize("cap", [2.0, 50.0])
+def test_a_model_whose_attention_soft_caps_its_scores_passes(tmp_path, cap):
+    """The reference model caps its scores as the learner's does, and computes its softmax and norms
+    in float64 as check's float64 run does (float32 there parted from theirs by 1e-6, a false FAIL)."""
+    edits = [(old, new.format(cap=cap)) for old, new in CAPPED]
+    (model,) = check_file(edited_copy(tmp_path, HERE / "correct.py", edits), only=["gpt"]).components
+    assert model.status == "pass" and model.max_abs_error < 1e-6, model.checks

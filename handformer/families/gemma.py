@@ -104,7 +104,8 @@ def scaled_attention(q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask | Tens
     allowed = mask.dense(q.size(-2), k.size(-2), q.device)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
-    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, H, T, S), softmax in float32
+    wide = torch.promote_types(scores.dtype, torch.float32)  # float32 at least: a float64 model keeps float64
+    weights = torch.softmax(scores, dim=-1, dtype=wide).to(q.dtype)  # (B, H, T, S)
     out = F.dropout(weights, p=dropout_p, training=dropout_p > 0) @ v  # (B, H, T, Dh)
     return mask.zero_empty_rows(out), mask.zero_empty_rows(weights)
 

@@ -41,7 +41,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     if sinks is not None:  # one more column, the sink's, dropped after the softmax
         sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)  # (B, H, T, 1)
         scores = torch.cat([scores, sink], dim=-1)  # (B, H, T, S + 1)
-    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, H, T, S[+1]), softmax in float32
+    wide = torch.promote_types(scores.dtype, torch.float32)  # float32 at least: a float64 model keeps float64
+    weights = torch.softmax(scores, dim=-1, dtype=wide).to(q.dtype)  # (B, H, T, S[+1])
     weights = weights[..., :k.size(-2)]  # (B, H, T, S): without the sink's column
     out = F.dropout(weights, p=dropout_p, training=dropout_p > 0) @ v  # (B, H, T, Dh)
     return out, weights

@@ -1,10 +1,11 @@
-"""Normalization: LayerNorm (the paper) and RMSNorm (modern LLMs), both computed in float32.
+"""Normalization: LayerNorm (the paper) and RMSNorm (modern LLMs), both computed in float32 at least.
 
 LayerNorm: (x - mean) / sqrt(var + eps) * weight + bias, statistics over the last dimension.
 RMSNorm:   x / sqrt(mean(x^2) + eps) * weight; no centering, no bias.
 RMSNorm with a unit offset (Gemma): x / sqrt(mean(x^2) + eps) * (1 + weight); the stored weight is
 the gain's offset from 1, initialised to 0, and the whole computation stays in float32.
 Computing in float32 keeps the statistics accurate under bf16 autocast; the result is cast back.
+A float64 model (a reference compared with another) keeps float64.
 """
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ from torch import Tensor, nn
 from handformer.config import BlockConfig
 
 
+def wide(x: Tensor) -> Tensor:
+    """x in float32, or in float64 where it is float64 already: what the norms compute in."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 class LayerNorm(nn.Module):
     def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True) -> None:
         super().__init__()
@@ -24,8 +30,8 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        bias = None if self.bias is None else self.bias.float()
-        out = F.layer_norm(x.float(), (x.size(-1),), self.weight.float(), bias, self.eps)
+        bias = None if self.bias is None else wide(self.bias)
+        out = F.layer_norm(wide(x), (x.size(-1),), wide(self.weight), bias, self.eps)
         return out.type_as(x)
 
 
@@ -36,7 +42,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model))
 
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
+        x32 = wide(x)
         x32 = x32 * torch.rsqrt(x32.square().mean(dim=-1, keepdim=True) + self.eps)
         return self.weight * x32.type_as(x)
 
@@ -50,9 +56,9 @@ class OffsetRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(d_model))
 
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
+        x32 = wide(x)
         x32 = x32 * torch.rsqrt(x32.square().mean(dim=-1, keepdim=True) + self.eps)
-        return (x32 * (1.0 + self.weight.float())).type_as(x)
+        return (x32 * (1.0 + wide(self.weight))).type_as(x)
 
 
 class NoNorm(nn.Module):

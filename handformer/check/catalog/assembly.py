@@ -25,7 +25,7 @@ DIAGNOSES: list[Diagnosis] = [
       "purpose: GPT-2 and Llama do not scale)",
       "把它乘到嵌入上：return self.lut(x) * math.sqrt(self.d_model)（或者有意不缩放：GPT-2 和 Llama 都不乘）",
       r"return\s+self\.\w+\(\w+\)\s*$", r"=\s*self\.\w*(embed|emb|lut)\w*\(\w+\)\s*$",
-      r"self\.[\w.]*(tok|embed|emb|lut|wte)\w*\(\w+\)(?!\s*\*)", r"sqrt\("),
+      r"self\.[\w.]*(tok|embed|emb|lut|wte)\w*\(\w+\)(?!\s*\*)", r"sqrt\(|\*\*\s*0?\.5\b"),
     d("final_norm_missing", "a pre-norm stack ends without its final norm",
       "Pre-Norm 的层堆叠最后没有归一化层",
       "in a pre-norm stack each layer's output is not normed: end the encoder and the decoder with a norm, "

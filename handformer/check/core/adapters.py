@@ -21,7 +21,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-from handformer.check.core.argument_names import call_parameters, names_of
+from handformer.check.core.argument_names import MODEL_NAMES, call_parameters, names_of
 from handformer.check.core.result import LearnerError
 
 ADAPTERS_FILE = "handformer_adapters.py"
@@ -35,6 +35,7 @@ CALLS: dict[str, str] = {
     "optimizer, criterion", "schedule": "step", "loss": "logits, targets, pad_id", "causal_mask": "size",
     "sdpa": "q, k, v, mask=None", "rope": "q, k, positions", "bpe": "input_path, vocab_size, special_tokens",
     "mask_helper": "src, pad_id", "masked_softmax": "scores, valid_lens", "min_p": "logits, min_p"}
+MODEL_CALLS = {("loss", True): "model, tokens"}  # a kind whose first argument is a model, called so
 # a learner's name for what check passes a function kind under another name
 CALLED = {"bos": "start_symbol", "bos_id": "start_symbol", "bos_idx": "start_symbol", "sos": "start_symbol",
           "sos_id": "start_symbol", "start": "start_symbol", "start_id": "start_symbol",
@@ -79,12 +80,14 @@ def adapter_hint(comp: Any) -> str:
         params = ", ".join(SIZE_NAMES.get(k, k) for k in wanted) or "d_model, n_heads"
         args = ", ".join(f"{n}={SIZE_NAMES.get(k, '...')}" for n, k in keys.items())
         return f"def make_{comp.kind}({params}):\n    return {obj.__name__}({args})"
-    call = CALLS.get(comp.kind, "...")
     name = getattr(obj, "__name__", comp.name)
     try:
-        theirs = ", ".join(_as_called(n, call) for n in names_of(call_parameters(obj, ("self",)))[1])
+        names, required = names_of(call_parameters(obj, ("self",)))
     except (TypeError, ValueError):
-        theirs = "..."
+        names, required = [], ["..."]
+    # a loss of the model and its tokens (compute_loss(model, tokens)) is called so
+    call = MODEL_CALLS.get((comp.kind, next(iter(names), "") in MODEL_NAMES), CALLS.get(comp.kind, "..."))
+    theirs = ", ".join(_as_called(n, call) for n in required)
     if "." in comp.name:  # a method (GPT.generate): called on the model check gives
         return (f"def {comp.kind}({call}):\n    return model.{name}({theirs})"
                 "  # your method, called as check calls it")

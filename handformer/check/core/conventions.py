@@ -50,14 +50,18 @@ RANKS = {"": text("", ""), "3": text(", rank 3: (B, T, S)", "，三维：(B, T, 
                    "，和输入一样序列维在前：(T, S, B)，即 labml 的 [seq_q, seq_k, batch]"),
          "lens": text(": (B,) for every query alike, (B, T) for one per query",
                       "：所有查询相同时为 (B,)，每个查询各自一个时为 (B, T)"),
-         "lens_keys": text(": (B,), every query alike", "：(B,)，所有查询相同")}
+         "lens_keys": text(": (B,), every query alike", "：(B,)，所有查询相同"),
+         "w": text(", rank 2: (T, S), one mask for the whole batch (Mistral's mask[None, None])",
+                   "，二维：(T, S)，整个 batch 共用一个掩码（Mistral 的 mask[None, None]）")}
+# the masks of one (T, S) for the whole batch, tried where every other form mixes the batch's rows
+SHARED = ("additivew", "intw", "boolw")  # Meta's and Mistral's, added to the scores, first
 
 
 def split(convention: str) -> tuple[str, str]:
     """("int", "3") for "int3"; ("lens", "lens") or ("lens", "lens_keys") for valid lengths."""
     if convention.startswith("lens"):
         return "lens", convention
-    name = convention.rstrip("23nxs")
+    name = convention.rstrip("23nxsw")
     return name, convention[len(name):]
 
 
@@ -96,7 +100,8 @@ def _keys_only(keep: Tensor) -> bool:
 
 # a convention's rank -> the masks it can say (any other rank: every mask)
 ENCODABLE: dict[str, Callable[[Tensor], bool]] = {
-    "2": _keys_only, "lens": is_prefix, "lens_keys": lambda keep: _keys_only(keep) and is_prefix(keep)}
+    "2": _keys_only, "w": lambda keep: bool((keep == keep[:1]).all()), "lens": is_prefix,
+    "lens_keys": lambda keep: _keys_only(keep) and is_prefix(keep)}
 
 
 def encode_mask(keep: Tensor | None, convention: str, batch: int | None = None, heads: int = H,
@@ -139,6 +144,7 @@ RANK_FORMS: dict[str, Callable[[Tensor, int], Tensor]] = {
     "n": _key_padding_or_heads,
     "x": _heads,  # (B * H, T|1, S) whatever the mask
     "s": lambda mask, heads: mask[:, 0].permute(1, 2, 0),  # sequence-first: (T|1, S, B)
+    "w": lambda mask, heads: mask[0, 0],  # (T|1, S): one for every row of the batch
     "lens": _lengths, "lens_keys": _lengths,
 }
 

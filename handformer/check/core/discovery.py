@@ -735,22 +735,20 @@ def defaulted_config(fn: Any, name: str) -> Any:
 
 
 def _covering_config(cls: Any, name: str) -> Any:
-    """An unannotated `config` argument's class: the one dataclass of the learner's file whose fields
+    """An unannotated `config` argument's class: the one config class of the learner's file whose fields
     hold every attribute the constructor reads from it (GPT-NeoX's GPTNeoXConfig with rotary_pct and
     use_parallel_residual), so that the fields check does not know keep the file's defaults."""
     attrs = config_reads(cls, name)[1]
-    fields = {c: _config_fields(c) for c in vars(_module_of(cls) or types).values() if isinstance(c, type)}
+    fields = {c: _held_fields(c) for c in vars(_module_of(cls) or types).values() if isinstance(c, type)}
     covering = [c for c, held in fields.items() if held and attrs <= held]
     return covering[0] if len(covering) == 1 else None
 
 
-def _config_fields(c: type) -> set[str]:
-    """A config class's fields: a dataclass's, or the arguments of a plain class named as a config
-    (Hugging Face's BertConfig(vocab_size=..., hidden_size=...), handed on whole by BertModel(config));
-    none for any other class."""
-    named = c.__name__.endswith(("Config", "Args")) and not hasattr(c, "forward")
-    plain = {p.name for p in init_parameters(c)} if named else set()
-    return set(getattr(c, "__dataclass_fields__", ())) or plain
+def _held_fields(c: type) -> set[str]:
+    """The fields a class of the learner's file holds as a configuration (not a module): a dataclass's,
+    a plain class's constructor arguments and the attributes it sets there (Hugging Face's GPT2Config:
+    hidden_size = n_embd; BertConfig(vocab_size=..., hidden_size=...) handed on whole by BertModel)."""
+    return set() if hasattr(c, "forward") else _class_fields(c) | config_reads(c, "self")[1]
 
 
 def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | None:
@@ -774,7 +772,7 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
         values = paired_hidden(values, _class_fields(own), sizes)
         if dataclasses.is_dataclass(own):
             names = {f.name for f in dataclasses.fields(own) if f.init}
-            values = paired_hidden(values, names | attrs, sizes)
+            values = {**required_windows(own, sizes), **paired_hidden(values, names | attrs, sizes)}
             config = own(**{n: values[n] for n in names if n in values})
         else:
             params = inspect.signature(own).parameters
@@ -789,6 +787,19 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
                 setattr(config, attr, value)
         return config
     return types.SimpleNamespace(**paired_hidden(values, attrs, sizes))
+
+
+# a sliding window's field (Mistral's ModelArgs.window_size)
+WINDOW_NAMES = frozenset({"window_size", "sliding_window", "sliding_window_size", "attention_window"})
+
+
+def required_windows(own: type, sizes: dict[str, Any]) -> dict[str, Any]:
+    """A window field the learner's dataclass requires (no default: Mistral's window_size) as long as
+    the longest input, the whole causal mask; a window with a default (Gemma's) keeps it, and the
+    model's runner measures it."""
+    fields = dataclasses.fields(own)
+    required = {f.name for f in fields if f.default is f.default_factory is dataclasses.MISSING}
+    return dict.fromkeys(required & WINDOW_NAMES, sizes.get("max_len"))
 
 
 def paired_hidden(values: dict[str, Any], names: set[str], sizes: dict[str, Any]) -> dict[str, Any]:

@@ -212,7 +212,21 @@ def with_positions(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dic
         return with_tables(fn, list(a), k, layout, B)
     if "start_pos" in kwargs:
         return either_start(tables, args, kwargs, layout, B)
+    if POSITION_NAMES & kwargs.keys():
+        return either_positions(tables, args, kwargs, layout, B)
     return tables(*args, **kwargs)
+
+
+POSITION_NAMES = {"position_ids", "positions", "pos", "input_pos"}
+
+
+def either_positions(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool],
+                     B: int) -> Any:
+    """fn(*args, **kwargs) with the positions (B, T), else one row of them, (T,) (Mistral's
+    forward(x, freqs_cis, positions, mask, cache)); the form that runs is kept. When neither runs, the
+    first one's error is raised."""
+    names = {n for n in POSITION_NAMES & kwargs.keys() if getattr(kwargs[n], "dim", int)() > 1}  # (B, T)
+    return either_form(fn, args, kwargs, layout, "one_row", lambda k: {**k, **{n: k[n][0] for n in names}})
 
 
 def _meta_table(B: int, T: int, head_dim: int, dtype: torch.dtype, batched: bool) -> Tensor:

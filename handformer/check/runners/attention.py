@@ -65,7 +65,7 @@ from handformer.check.core.context import (
     says_keep,
     shape_of,
 )
-from handformer.check.core.conventions import SEQUENCE_FIRST_CONVENTIONS
+from handformer.check.core.conventions import SEQUENCE_FIRST_CONVENTIONS, SHARED
 from handformer.check.core.discovery import Component, computes_attention, reads_kv_heads
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import Gainless, gainless_qk
@@ -335,8 +335,18 @@ def responsive(outputs: dict[str, Tensor], universe: tuple[str, ...]) -> tuple[s
 def keeps_for(keep: Tensor | None, fallback: Tensor | None, conventions: tuple[str, ...],
               ) -> dict[str, Tensor | None]:
     """The mask each convention is searched with: `keep`, or `fallback` (padding only) where the
-    convention cannot write `keep`."""
-    return {c: keep if fp.encodable(keep, c) else fallback for c in conventions}
+    convention cannot write `keep`; a convention of one (T, S) mask for the whole batch (SHARED), the
+    causal mask alone where it cannot write `keep`."""
+    shared = {c: _causal_like(keep) for c in SHARED if c in conventions}
+    return {c: keep if fp.encodable(keep, c) else shared.get(c, fallback) for c in conventions}
+
+
+def _causal_like(keep: Tensor | None) -> Tensor | None:
+    """The causal mask in keep's shape (B, 1, T, S), its queries the last T positions."""
+    if keep is None:
+        return None
+    T, S = keep.shape[-2:]
+    return torch.ones(T, S, dtype=torch.bool).tril(S - T)[None, None].expand_as(keep)
 
 
 # --- scaled dot-product attention and masked softmax -------------------------------------------
@@ -682,6 +692,14 @@ def softcaps(module: nn.Module, named: str = "") -> tuple[float, ...]:
                          and is_number(v) and v >= 1}))
 
 
+def attention_cap(model: nn.Module) -> float | None:
+    """The soft cap of the attention scores (Gemma 2's c * tanh(scores / c)) inside a block or a model,
+    read from the learner's modules as the attention's own check reads it (`softcaps`), a setting named
+    for a cap (`attn_logit_softcapping`, not the head count): the one cap they name, else None."""
+    caps = {cap for sub in model.modules() if sub is not model for cap in softcaps(sub, named="cap")}
+    return next(iter(caps)) if len(caps) == 1 else None
+
+
 def behaves_causal(ctx: Context, c: Caller, width: int) -> bool:
     """Whether the learner's self-attention, given no mask, is causal: what it does, not its name or
     its parameters (minimind's takes an attention_mask and applies is_causal=True without one)."""
@@ -818,12 +836,12 @@ def _mha_rope(res: ComponentResult, ctx: Context, comp: Component, subject: Subj
     if rope in V.UNSCALED:  # T5's scores, without 1/sqrt(d_k) by design
         res.status = DIFFERS
     cap, scale = found.weights[2:4]
-    res.notes += [note(value) for note, value in ((_softcap_note, cap), (scale_note, scale)) if value]
+    res.notes += [note(value) for note, value in ((softcap_note, cap), (scale_note, scale)) if value]
     subject.facts["setup"] = dataclasses.replace(subject.facts["setup"], conv=found.key, rope=rope,
                                                  softcap=cap, scale=scale)
 
 
-def _softcap_note(cap: float) -> Text:
+def softcap_note(cap: float) -> Text:
     return text(f"the scores are soft-capped, {cap:g} * tanh(scores / {cap:g}), before the mask (Gemma 2's "
                 "attn_logit_softcapping; the cap read from your module): a convention, compared so",
                 f"分数先软截断为 {cap:g} * tanh(scores / {cap:g})，再加掩码（Gemma 2 的 "
@@ -992,7 +1010,21 @@ def _conventions(ctx: Context, module: Any, c: Caller) -> tuple[str, ...]:
     if ctx.convention is None and masks_where_true_inside(module, c.mask_name) and not file_masks_keep(ctx) \
             and not says_keep(c.mask_name) and not comment_says_keep(getattr(module, "forward", module)):
         convs = ("torch", "torch3", "torch2") + convs
-    return convs
+    shared = bool(c.mask_name) and _shared_mask(getattr(module, "forward", module), c.mask_name)
+    return SHARED * shared + convs
+
+
+def _shared_mask(forward: Any, name: str) -> bool:
+    """Whether the forward gives its mask two leading axes (Mistral's `mask[None, None, ...]`): it takes
+    one (T, S) mask for the whole batch, and a (B, 1, T, S) one would add two more batch axes."""
+    return bool(re.search(rf"\b{re.escape(name)}\s*\[\s*None\s*,\s*None\b", source_text(forward)))
+
+
+def shares_mask(module: nn.Module) -> bool:
+    """Whether the module or one inside it gives a mask two leading axes (the attention of Mistral's
+    block: `mask[None, None, ...]`): the block takes one (T, S) mask for the whole batch."""
+    return any(re.search(r"\w*mask\w*\s*\[\s*None\s*,\s*None\b", source_text(type(sub).forward))
+               for sub in module.modules())
 
 
 def _universe(c: Caller, has_o: bool, n_kv_heads: int | None, causal_inside: bool) -> tuple[str, ...]:

@@ -95,7 +95,7 @@ from handformer.check.core.weights import norm_weights as learner_norm
 from handformer.check.reference import variants as V
 from handformer.check.reference.parallel import as_parallel_
 from handformer.check.runners import latent
-from handformer.check.runners.attention import softcaps
+from handformer.check.runners.attention import attention_cap
 from handformer.check.runners.kv_cache import CACHE_ARGS, CACHE_METHODS
 from handformer.check.runners.localize_cache import cache_departure
 from handformer.check.runners.model import as_written_, computes_sqrt, exact_norms_
@@ -585,6 +585,8 @@ class Caller:
         self.position = named(names, ("start_pos",))
         # Meta's forward(tokens, start_pos): the whole sequence from position 0
         self.start = self.position if self.position in required else None
+        # Mistral's forward(input_ids, positions): the positions it requires, one row (T,)
+        self.positions = named(required, ("positions",))
         self.cache_arg = named(names, CACHE_ARGS)
 
         self.returned: Any = None  # what forward gave back last, for a message
@@ -646,6 +648,8 @@ class Caller:
         kwargs: dict[str, Any] = {self.target: targets} if self.target and targets is not None else {}
         if self.start:
             kwargs[self.start] = start
+        if self.positions:
+            kwargs[self.positions] = torch.arange(start, start + idx.size(1))  # (T,)
         if self.mask_form:  # the causal mask its caller builds, in the form it takes
             dtype = next(self.module.parameters()).dtype
             kwargs[self.mask_name] = self.mask_form(torch.ones(idx.size(1), idx.size(1)).tril().bool(), dtype)
@@ -664,7 +668,8 @@ class Caller:
         logits, first = fp.first_tensor(items, 3), fp.first_tensor(items[:1], 2)
         if logits is None and first is not None and first.size(0) == idx.numel():
             logits = first.view(*idx.shape, -1)  # Karpathy's: (B * T, V) when given targets
-        return logits, fp.first_tensor(items[1:2])  # the loss: a tensor second
+        # the loss: the one number it returns (Hugging Face's (loss, logits, presents)), else a tensor second
+        return logits, fp.first_tensor([fp.first_tensor(items, 0), *items[1:2]])
 
 
 def _rows(B: int, T: int, flags: frozenset[str]) -> Tensor:
@@ -802,16 +807,8 @@ def _read_conventions(call: Caller, m: GPTMap, idx: Tensor) -> None:
     m.scaled, m.added = _embedding_reading(call, m, idx)
     m.ropes = m.ropes if m.added is None else (None,)
     m.softcap = _softcap(call, m, idx)
-    m.attn_softcap = _attention_cap(call.module)
+    m.attn_softcap = attention_cap(call.module)
     m.embed_factor, m.logit_factor = _configured_factors(call, m, idx)
-
-
-def _attention_cap(model: nn.Module) -> float | None:
-    """The soft cap of the attention scores (Gemma 2's c * tanh(scores / c)), read from the learner's
-    modules inside the model as the attention's own check reads it (`softcaps`), a setting named for
-    a cap (`attn_logit_softcapping`, not the head count): the one cap they name, else None."""
-    caps = {cap for sub in model.modules() if sub is not model for cap in softcaps(sub, named="cap")}
-    return next(iter(caps)) if len(caps) == 1 else None
 
 
 def _unmapped(res: ComponentResult, module: nn.Module, call: Caller, idx: Tensor,
@@ -995,7 +992,7 @@ def _scale_unused(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap
     scaled = _reference_model(m, ch)  # built aside: the map's cache keeps the unscaled one
     m.scaled = False
     would = fp.max_error(out, _view(variant(scaled, idx, flags), last_only))
-    number, code = locate("embedding_scale_unused", source_lines(owners + ctx.objects(comp)))
+    number, code = locate("embedding_scale_unused", source_lines(owners))  # the class that computes it
     res.findings.append(Finding("embedding_scale_unused", text(
         f"your code computes sqrt( for the embeddings, but your logits are those of unscaled embeddings "
         f"(max abs difference {matched:.1e}); scaled by sqrt(d_model) = {D ** 0.5:g} they would differ by "

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.argument_names import input_roles
+from handformer.check.core.argument_names import input_roles, names_of
 from handformer.check.core.context import (
     ROPE_FLAGS,
     SEQUENCE_FIRST,
@@ -68,7 +68,7 @@ from handformer.check.core.context import (
     reads_sequence_first_masked,
     shape_of,
 )
-from handformer.check.core.conventions import SEQUENCE_FIRST_CONVENTIONS
+from handformer.check.core.conventions import SEQUENCE_FIRST_CONVENTIONS, SHARED
 from handformer.check.core.discovery import MEMORY_NAMES, NAMES, Component, argument_keys
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
@@ -119,10 +119,13 @@ from handformer.check.reference.parallel import as_parallel_
 from handformer.check.runners.attention import (
     PAD_BUMP,
     PAD_KEYS,
+    attention_cap,
     causal_outputs,
     key_padding_check,
     left_padding,
     responsive,
+    shares_mask,
+    softcap_note,
 )
 from handformer.check.runners.generate_loop import CACHE_NAMES
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, OFFSET_NOTE, ffn_name_findings
@@ -160,8 +163,8 @@ class LayerKind:
     def expected(self) -> str:
         return self.placements[0]
 # the position arguments a layer's forward may take (rope_tables.POSITION_ARGUMENTS: what each is handed)
-LAYER_POSITIONS = {"freqs_cis", "start_pos", "position_ids", "position_embeddings", "cos", "sin", "input_pos",
-                   "cos_sin", "freqs_cos", "freqs_sin"}
+LAYER_POSITIONS = {"freqs_cis", "start_pos", "position_ids", "positions", "position_embeddings", "cos", "sin",
+                   "input_pos", "cos_sin", "freqs_cos", "freqs_sin"}
 
 
 class Layer:
@@ -183,6 +186,8 @@ class Layer:
         # Raschka's forward(x, mask, cos, sin) requires its mask: where a case hands none, every key
         # is visible in the convention found (`visible`, once known)
         self.required_mask = any(is_mask_name(p.name) and p.default is p.empty for p in params)
+        # the mask handed to each it requires (Gemma 2's causal_mask and sliding_mask: it picks one)
+        self.handed = self.masks[:1] + sorted(set(self.masks[1:]) & set(names_of(params)[1]))
         self.visible: str | None = None
         self.extra = {p.name for p in params} & LAYER_POSITIONS
         self.optional = optional_inputs(getattr(comp.obj, "forward", comp.obj),  # not self, nor a memory
@@ -196,6 +201,7 @@ class Layer:
         x = torch.randn(2, 3, D)
         self.module = ctx.build(comp, self.sizes, warmup=lambda m: self._warmup(m, x))
         found = leaves(self.module)
+        self.cap = attention_cap(self.module)  # Gemma 2's scores soft-capped, read from its setting
         linears = split_attention_ffn(of_kind(found, "linear"), D, D // H)
         names, roles = kind.sublayers
         self.n_kv_heads, self.attn = self._attentions(linears, len(names) - 1)
@@ -300,7 +306,7 @@ class Layer:
             if mask is None and self.required_mask and self.visible:
                 everything = torch.ones(x.size(0), 1, x.size(1), x.size(1), dtype=torch.bool)
                 mask = fp.encode_mask(everything, self.visible, x.size(0))
-            kwargs[self.masks[0]] = mask
+            kwargs.update(dict.fromkeys(self.handed, mask))
         return self._run(args, kwargs, x.size(0))
 
     def _streams(self, x: Tensor, memory: Tensor | None) -> list[Any]:
@@ -336,7 +342,7 @@ class Layer:
     def weights(self, slots: list[Slot], act: str, placement: str, rope: str | None = None,
                 form: Form = PLAIN) -> V.LayerWeights:
         attn = mha_weights(self.attn[0], H, self.n_kv_heads, rope)
-        attn = dataclasses.replace(attn, scale=form.scale)
+        attn = dataclasses.replace(attn, scale=form.scale, softcap=self.cap)
         return V.LayerWeights(attn, ffn_weights(slots, act), self.norm_ws,
                               mha_weights(self.attn[1], H, self.n_kv_heads) if self.decoder else None,
                               placement, self.sublayers, form.residual)
@@ -529,7 +535,7 @@ def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
     causal_block = layer.causal_block
     _down_projection(res, ctx, comp, layer)
     wrapped = [wrapped_note(layer.wrapper, comp.name)] if layer.wrapper is not None else []
-    res.notes += wrapped + window_note(layer.windows)
+    res.notes += wrapped + window_note(layer.windows) + list(map(softcap_note, filter(None, [layer.cap])))
     _mask_inside(res, layer)
     inp = Inputs(layer)
     own_mask = causal_block and not layer.takes_mask or layer.own_mask
@@ -596,7 +602,7 @@ def _needs_its_mask(layer: Layer, ctx: Context) -> bool:
 def _handed_masks(layer: Layer) -> set[str]:
     """The mask arguments `Layer.call` fills: an encoder's first, a decoder's source and target masks."""
     if not layer.decoder:
-        return set(layer.masks[:1])
+        return set(layer.handed)
     names = _decoder_mask_names(layer.masks)
     return set(names) if all(names) else set(layer.masks[:2])
 
@@ -763,6 +769,7 @@ def _layer_conventions(layer: Layer, ctx: Context, inp: Inputs, res: ComponentRe
     its stream sequence-first (T, B, D) found first (driven so from then on, noted), its masks also as
     nn.MultiheadAttention's attn_mask (B * H, T, S)."""
     convs = ("lens",) if layer.stateful else ctx.conventions(layer.masks[0] if layer.masks else None)
+    convs = SHARED * shares_mask(layer.module) + convs  # Mistral's: one (T, S) mask for the batch
     torch_first = ctx.convention is None and layer.masks and masks_where_true_inside(layer.module)
     torch_convs = TORCH_CONVENTIONS[holds_torch_attention(layer.module)] if torch_first else ()
     layer.first = reads_sequence_first_masked(  # a mask it requires: handed every key visible
@@ -1035,7 +1042,8 @@ def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str, rope: s
     hf = layer.kind.reference(cfg).double().eval()
     as_parallel_([hf] * (placement == "parallel"), [layer.shared])  # GPT-J's, Falcon's, Phi's: both read x
     hf = PLACED.get(placement, lambda hf, cfg: hf)(hf, cfg)
-    hf.self_attn = handformer_attention(layer.attn[0], layer.n_kv_heads, rope, scale=form.scale)
+    hf.self_attn = handformer_attention(layer.attn[0], layer.n_kv_heads, rope, softcap=layer.cap,
+                                        scale=form.scale)
     if layer.decoder:
         hf.cross_attn = handformer_attention(layer.attn[1], layer.n_kv_heads)
     copy_ffn(hf.ffn, slots)

@@ -42,13 +42,14 @@ from handformer.check.core.context import (
     names_of,
 )
 from handformer.check.core.conventions import is_lengths_name
-from handformer.check.core.discovery import Component, DiscoveryError, cannot_fill
+from handformer.check.core.discovery import Component, cannot_fill
 from handformer.check.core.localize import Departure, View, latest_departure, over_axes, trace_steps
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.probe import Found, Probe, Subject, run_probe
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.reference.variants import has
+from handformer.check.runners.model_loss import check_model_loss
 from handformer.training.losses import token_cross_entropy
 
 B, T, V, PAD = 3, 5, 7, 0
@@ -384,15 +385,12 @@ LOSS = Probe(
 def check_loss(comp: Component, ctx: Context) -> ComponentResult:
     """Cross-entropy with a pad id, or label-smoothed, as the LOSS probe states it. A loss that calls
     its first argument, named as a model, takes the model, not the logits (`compute_loss(model,
-    tokens)`): not driven."""
+    tokens)`): driven with a stand-in model (model_loss)."""
     first = next(iter(call_parameters(comp.obj)), None)
     name = getattr(first, "name", "")
-    if name in MODEL_NAMES + STEP_MODEL_NAMES and re.search(rf"(?<![.\w]){name}\(", source_text(comp.obj)):
-        raise DiscoveryError(
-            f"{comp.name} calls its argument {name!r} (a model, not the logits): handformer drives a "
-            "loss of (logits, targets); the training step that calls it is checked",
-            zh=f"{comp.name} 调用了参数 {name!r}（是模型，不是 logits）：handformer 检查的损失函数接受 "
-               "(logits, targets)；调用它的训练一步会被检查")
+    used = re.search(rf"(?<![.\w]){name}\s*[(,)]", source_text(comp.obj))  # model(x), or yours(model, tokens)
+    if name in MODEL_NAMES + STEP_MODEL_NAMES and used:
+        return check_model_loss(comp, ctx)
     return run_probe(LOSS, comp, ctx)
 
 

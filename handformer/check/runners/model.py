@@ -603,7 +603,7 @@ def _embedding_sources(module: nn.Module, m: ModelMap) -> list[Any]:
     return list(dict.fromkeys([*owners, type(module)]))  # each class once, in that order
 
 
-SQRT = re.compile(r"sqrt\(")
+SQRT = re.compile(r"sqrt\(|\*\*\s*0?\.5\b")  # math.sqrt(d), d ** 0.5
 NOT_EMBEDDING = re.compile(r"d_k|head|\bdk\b|std|init|attn|attention|score", re.I)
 
 
