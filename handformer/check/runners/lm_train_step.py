@@ -48,6 +48,7 @@ from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.signatures import drawn_loader, kind_of, paired_batch, token_batch
 from handformer.check.core.source import config_reads, functions_called, locate, source_lines, source_text
 from handformer.check.runners.localize_train import localize_lm_step
+from handformer.check.runners.step_model import BATCH, VOCAB, batches, tiny_model
 from handformer.check.runners.train_step import (
     ACCUM,
     MODEL_NAMES,
@@ -69,11 +70,7 @@ from handformer.check.runners.train_step import (
     rescaled_check,
     update,
 )
-from handformer.config import CausalLMConfig
-from handformer.families import build_causal_lm
-from handformer.models.causal_lm import CausalLM
 
-VOCAB, D, LENGTH, BATCH = 13, 8, 6, 2  # a step that accumulates gets ACCUM x BATCH windows
 OPT_LR = 0.05  # the optimizer's own rate: what a step that never sets the schedule's rate updates with
 LRS = (0.02, 0.004)  # the schedule's rate at steps 1 and 2
 TOL = 1e-9
@@ -85,42 +82,6 @@ MISTAKES: dict[str, dict[str, bool]] = {  # diagnosis -> the flags of handformer
     "train_step_not_clipped": {"clipped": False},
     "train_step_no_shift": {"shift": False},  # the inputs x given to the loss as the labels
 }
-
-
-def batches(rows: int = BATCH) -> list[tuple[Tensor, Tensor]]:
-    """Two (x (B, T), y (B, T)) windows of one random token stream, y = x moved on by one: B = rows (a
-    step that accumulates gets BATCH a micro-batch: a micro-batch's slice of the wrong rows shows)."""
-    stream = torch.randint(0, VOCAB, (200,), generator=torch.Generator().manual_seed(5))
-    out = []
-    for starts in ((3, 50, 77, 160)[:rows], (101, 140, 20, 120)[:rows]):
-        x = torch.stack([stream[s:s + LENGTH] for s in starts])  # (B, T)
-        y = torch.stack([stream[s + 1:s + 1 + LENGTH] for s in starts])  # (B, T)
-        out.append((x, y))
-    return out
-
-
-class Logits(nn.Module):
-    """handformer's model as the learner's step sees it: `model(x)` returns the logits (B, T, V);
-    `model(x, y)` (nanoGPT's `logits, loss = model(X, Y)`) returns them with the cross-entropy."""
-
-    def __init__(self, model: CausalLM) -> None:
-        super().__init__()
-        self.model = model
-        self.scale = 1.0  # the logits' factor: small, the gradients stay under the clipping norm
-
-    def forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Any:
-        logits = self.model(x).logits * self.scale  # (B, T, V)
-        targets = next((a for a in list(args) + list(kwargs.values()) if isinstance(a, Tensor)), None)
-        if targets is None:
-            return logits
-        return logits, F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
-
-
-def tiny_model() -> Logits:
-    torch.manual_seed(0)
-    cfg = CausalLMConfig.llama_style(vocab_size=VOCAB, d_model=D, n_heads=2, n_kv_heads=1, d_ff=16,
-                                     n_layers=1, max_positions=16)
-    return Logits(build_causal_lm(cfg)).double()
 
 
 def optimizer(model: nn.Module) -> torch.optim.Optimizer:

@@ -21,7 +21,7 @@ from handformer.check.core.context import Context, call_parameters, error_text, 
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import first_line, locate, source_lines
-from handformer.check.runners.lm_train_step import VOCAB, batches, tiny_model
+from handformer.check.runners.step_model import VOCAB, batches, tiny_model
 
 # where a loss of the model slices its labels off the tokens (tokens[:, 1:]), else where it calls it
 SHIFT_LINES = (r"\[\s*:\s*,\s*(:\s*-1|1\s*:)\s*\]|\[\s*\.\.\.\s*,\s*(:\s*-1|1\s*:)\s*\]",)
