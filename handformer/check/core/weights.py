@@ -162,6 +162,18 @@ def _one_matrix(params: dict[str, nn.Parameter]) -> bool:
     return dims in ([2], [1, 2])
 
 
+def _looks_up(sub: nn.Module, params: dict[str, nn.Parameter]) -> bool:
+    """A module of the learner's own with one matrix whose forward picks its rows by token id
+    (DeepSeek's ParallelEmbedding: F.embedding on its weight): an embedding."""
+    if list(map(torch.Tensor.dim, params.values())) != [2] or type(sub).__module__.startswith("torch."):
+        return False
+    (weight,) = params.values()
+    ids = torch.tensor([[1, 0]])
+    with torch.no_grad():
+        out = quietly(lambda: sub(ids))
+    return isinstance(out, Tensor) and out.shape == (1, 2, weight.size(1)) and torch.equal(out[0], weight[[1, 0]])
+
+
 def _matrix_and_vector(params: dict[str, nn.Parameter]) -> tuple[nn.Parameter, nn.Parameter | None]:
     by_dim = {p.dim(): p for p in params.values()}
     return by_dim[2], by_dim.get(1)
@@ -254,8 +266,8 @@ def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
         found += _parameterless_norm(label, sub, params)
         if not params or isinstance(sub, parametrize.ParametrizationList):
             continue
-        if isinstance(sub, nn.Embedding):
-            found.append(Leaf(label, "embedding", sub, sub.weight, None))
+        if isinstance(sub, nn.Embedding) or _looks_up(sub, params):
+            found.append(Leaf(label, "embedding", sub, _matrix_and_vector(params)[0], None))
         elif isinstance(sub, nn.Linear) or _one_matrix(params):
             found.append(Leaf(label, "linear", sub, *_matrix_and_vector(params)))
         elif all(p.dim() <= 1 for p in params.values()) and _holds_layers(sub):  # nanochat's resid_lambdas

@@ -664,6 +664,8 @@ class Caller:
         logits, first = fp.first_tensor(items, 3), fp.first_tensor(items[:1], 2)
         if logits is None and first is not None and first.size(0) == idx.numel():
             logits = first.view(*idx.shape, -1)  # Karpathy's: (B * T, V) when given targets
+        elif logits is None and first is not None and first.size(0) == idx.size(0):
+            logits = first[:, None]  # DeepSeek's (B, V): the last position's logits, as (B, 1, V)
         return logits, fp.first_tensor(items[1:2])  # the loss: a tensor second
 
 
@@ -777,9 +779,9 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
                                   "forward 只返回最后一个位置的 logits：只比较这一个位置"))
         if bigram(res, module, out, loss, idx, targets):
             return finish(res)
-        if (lm := latent.read_model(module, VOCAB)) is not None:  # DeepSeek's: blocks on latent attention
-            return latent.check_latent_model(res, ctx, comp, out, lm, idx)
         try:
+            if (lm := latent.read_model(module, VOCAB)) is not None:  # DeepSeek's: blocks on latent attention
+                return latent.check_latent_model(res, ctx, comp, out, lm, idx)
             find_layouts_(module, lambda: call(idx[:, :1])[0], D, D // H)
             m = map_gpt(module)
         except MappingError as err:  # the checks above ran; the comparison could not
@@ -819,7 +821,7 @@ def _unmapped(res: ComponentResult, module: nn.Module, call: Caller, idx: Tensor
     """A model whose parts are not handformer's CausalLM's: NOT CHECKED with the reason; a toy that
     drives a loop (see drives_only) is a DRIVER, its causality checked besides its determinism and
     logits' shape (a FAIL where one fails)."""
-    if drives_only(module):
+    if drives_only(module) and latent.latent_child(module) is None:  # latent attention: no toy
         _causality(res, call, idx)
         res.status = DRIVER
         res.notes.append(DRIVER_NOTE)
