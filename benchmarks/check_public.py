@@ -130,7 +130,8 @@ STAND_INS = {
               "def jit(fn=None, **kwargs):\n    return fn if fn is not None else (lambda f: f)\n\n\n"
               "def autotune(*args, **kwargs):\n    return lambda fn: fn\n\n\n"
               "def cdiv(a, b):\n    return -(-a // b)\n\n\n"
-              "class Config:\n    def __init__(self, *args, **kwargs):\n        self.args, self.kwargs = args, kwargs\n",
+              "class Config:\n    def __init__(self, *args, **kwargs):\n"
+              "        self.args, self.kwargs = args, kwargs\n",
     "triton.language": "def __getattr__(name):\n    return object\n",
     "fairscale.nn.model_parallel.layers": "from torch import nn\n\n\n"
     + _LINEAR.format("ColumnParallelLinear") + _LINEAR.format("RowParallelLinear")

@@ -162,6 +162,21 @@ def _one_matrix(params: dict[str, nn.Parameter]) -> bool:
     return dims in ([2], [1, 2])
 
 
+def _unknown(label: str, sub: nn.Module, params: dict[str, nn.Parameter]) -> MappingError:
+    """What a module of parameters handformer does not map is; its 3-D parameters said to be experts
+    stacked one tensor each (gpt-oss's MLPBlock: mlp1_weight (E, 2F, D))."""
+    shapes = ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items())
+    stacked = any(p.dim() == 3 for p in params.values())
+    en = (": 3-D weights, a mixture of experts stacked one tensor for all experts (gpt-oss's MLPBlock), "
+          "which handformer does not compare" if stacked else "")
+    zh = ("：三维权重，所有专家叠在一个张量里的混合专家（gpt-oss 的 MLPBlock），"
+          "handformer 不比较这种写法") * stacked
+    return MappingError(f"cannot tell what {label} ({type(sub).__name__}: {shapes}) is{en}; handformer maps "
+                        "nn.Linear layers, norms (1-D weight and bias) and embeddings",
+                        zh=f"看不出 {label}（{type(sub).__name__}：{shapes}）是什么{zh}；handformer "
+                           "能对应的是 nn.Linear 层、归一化（一维的 weight 和 bias）和嵌入")
+
+
 def _looks_up(sub: nn.Module, params: dict[str, nn.Parameter]) -> bool:
     """A module of the learner's own with one matrix whose forward picks its rows by token id
     (DeepSeek's ParallelEmbedding: F.embedding on its weight): an embedding."""
@@ -171,7 +186,8 @@ def _looks_up(sub: nn.Module, params: dict[str, nn.Parameter]) -> bool:
     ids = torch.tensor([[1, 0]])
     with torch.no_grad():
         out = quietly(lambda: sub(ids))
-    return isinstance(out, Tensor) and out.shape == (1, 2, weight.size(1)) and torch.equal(out[0], weight[[1, 0]])
+    rows = weight.size(1)
+    return isinstance(out, Tensor) and out.shape == (1, 2, rows) and torch.equal(out[0], weight[[1, 0]])
 
 
 def _matrix_and_vector(params: dict[str, nn.Parameter]) -> tuple[nn.Parameter, nn.Parameter | None]:
@@ -276,12 +292,7 @@ def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
         elif all(p.dim() == 1 for p in params.values()) and len(params) <= 2:
             found.append(Leaf(label, "norm", sub, *_norm_parameters(params)))
         else:
-            shapes = ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items())
-            raise MappingError(f"cannot tell what {label} ({type(sub).__name__}: {shapes}) is; "
-                               "handformer maps nn.Linear layers, norms (1-D weight and bias) and "
-                               "embeddings",
-                               zh=f"看不出 {label}（{type(sub).__name__}：{shapes}）是什么；handformer "
-                                  "能对应的是 nn.Linear 层、归一化（一维的 weight 和 bias）和嵌入")
+            raise _unknown(label, sub, params)
     return found
 
 

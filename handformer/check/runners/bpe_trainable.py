@@ -63,7 +63,8 @@ def check_trainable(comp: Component, ctx: Context) -> ComponentResult:
         bpe.compare_merges(res, merges, ref_merges, specials, lines, ("smaller", "first"))
         held = _special_ids(tok)
         vocab |= dict(zip(held.values(), map(str.encode, held)))
-        if merges in _tie_conventions(ref_merges, size, specials) and set(map(str.encode, specials)) <= set(vocab.values()):
+        specials_held = set(map(str.encode, specials)) <= set(vocab.values())
+        if merges in _tie_conventions(ref_merges, size, specials) and specials_held:
             codec = bpe_codec.Codec.__new__(bpe_codec.Codec)
             codec.comp, codec.ctx, codec.encode_fn, codec.decode_fn = comp, ctx, tok.encode, tok.decode
             bpe_codec.grade_codec(res, codec, vocab, merges, specials, lines)

@@ -229,9 +229,11 @@ def _all_read(linears: list[Leaf], slots: list[Slot]) -> None:
     used = {id(s.leaf.weight) for s in slots}  # a router too: a RouterSlot is a slot
     left = [x for x in linears if id(x.weight) not in used]
     if left:
-        names = ", ".join(x.name for x in left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
-        raise MappingError(f"its FFN holds layers that no FFN handformer maps reads ({names}): a mixture of "
-                           "experts whose router is not an nn.Linear(d_model, n_experts) beside its list of experts",
+        more = f" and {len(left) - 3} more" if len(left) > 3 else ""
+        names = ", ".join(x.name for x in left[:3]) + more
+        raise MappingError(f"its FFN holds layers that no FFN handformer maps reads ({names}): a mixture "
+                           "of experts whose router is not an nn.Linear(d_model, n_experts) beside its "
+                           "list of experts",
                            zh=f"它的 FFN 里有 handformer 能对应的 FFN 读不到的层（{names}）：一个混合专家，"
                               "它的路由器不是放在专家列表旁边的 nn.Linear(d_model, n_experts)")
 
@@ -318,7 +320,8 @@ def _list_blocks(name: str, lst: nn.ModuleList) -> list[tuple[str, nn.Module, La
     found = [(n, m, b) for n, m, b in read if isinstance(b, LatentBlock)]
     failed = next(((n, b) for n, _, b in read if isinstance(b, MappingError)), None)
     if found and failed:
-        raise MappingError(f"its block {failed[0]} on latent attention is not one handformer maps: {failed[1]}",
+        raise MappingError(f"its block {failed[0]} on latent attention is not one handformer maps: "
+                           f"{failed[1]}",
                            zh=f"它的 Block {failed[0]}（潜在注意力）不是 handformer 能对应的："
                               f"{failed[1].zh or failed[1]}")
     return found
