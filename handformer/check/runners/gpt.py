@@ -491,15 +491,15 @@ def block_windows(call: Caller, m: GPTMap) -> tuple[int | None, ...]:
 
 def _reach(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
     """The outputs (B, T, D) a change of the first position of the block's input moves, where fewer
-    than all and the first ones: its window; None where it sees every key."""
+    than all and the first ones: its window; None where it sees every key. A block handed one sequence
+    (T, D) (gpt-oss's) is read as a batch of one."""
     x = args[0]
     bumped = x.clone()
-    bumped[:, 0] += fp.randn(x.size(-1), seed=6).to(x.dtype)  # not a constant: a LayerNorm would take it away
-    a = fp.first_tensor(block(x, *args[1:], **kwargs), 3)
-    b = fp.first_tensor(block(bumped, *args[1:], **kwargs), 3)
-    moved = (a - b).abs().amax(dim=(0, 2)) > 1e-9  # (T,)
+    bumped[..., 0, :] += fp.randn(x.size(-1), seed=6).to(x.dtype)  # not a constant: a LayerNorm would take it
+    a, b = (fp.first_tensor(block(v, *args[1:], **kwargs), x.dim()) for v in (x, bumped))
+    moved = (a - b).abs().reshape(-1, *a.shape[-2:]).amax(dim=(0, 2)) > 1e-9  # (T,)
     reach = int(moved.sum())
-    banded = bool(moved[:reach].all()) & (0 < reach < x.size(1))  # the first `reach` outputs, not all
+    banded = bool(moved[:reach].all()) & (0 < reach < x.size(-2))  # the first `reach` outputs, not all
     return reach if banded else None
 
 
@@ -589,10 +589,20 @@ class Caller:
 
         self.returned: Any = None  # what forward gave back last, for a message
         self.stepwise = False  # Umar Jamil's forward asserts one token at a time: driven so, once known
+        self.unbatched = False
+        self.unbatched = self._one_sequence()  # gpt-oss's forward(x): (T,) ids -> (T, V), no batch
         # PyTorch's nn.Transformer tutorial: (T, B) ids in, (T, B, V) logits out
         self.first = reads_sequence_first(ctx, lambda ids: self.module(ids), torch.randint(0, 9, (2, 7)))
         self.mask_name, self.mask_form = next(filter(is_mask_name, names), None), None
         self.mask_form = self.mask_name and self._causal_form()
+
+    def _one_sequence(self) -> bool:
+        """Whether forward refuses a batch of ids (B, T) but gives (T, V) logits for one sequence (T,)."""
+        ids = torch.randint(0, 9, (2, 7), generator=torch.Generator().manual_seed(3))
+        if fp.quietly(lambda: self.module(ids)) is not None:
+            return False
+        out = fp.quietly(lambda: self.module(ids[0]))
+        return isinstance(out, Tensor) and out.dim() == 2 and out.size(0) == 7
 
     def _causal_form(self) -> Any:
         """The form of a causal mask its forward's mask argument takes: the first of CAUSAL_FORMS under
@@ -643,6 +653,9 @@ class Caller:
         return torch.cat(outs, dim=1), None  # (B, T, V)
 
     def _once(self, idx: Tensor, targets: Tensor | None, start: int) -> tuple[Tensor | None, Tensor | None]:
+        if self.unbatched:  # each sequence alone, the logits stacked (B, T, V)
+            rows = [fp.first_tensor(self.ctx.learner.call("forward", self.module, row), 2) for row in idx]
+            return (None if any(r is None for r in rows) else torch.stack(rows)), None
         kwargs: dict[str, Any] = {self.target: targets} if self.target and targets is not None else {}
         if self.start:
             kwargs[self.start] = start

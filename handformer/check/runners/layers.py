@@ -170,6 +170,7 @@ class Layer:
     more: dict[str, Any] = {}  # further arguments a check hands the forward (a key_padding_mask alone)
     first = False  # it reads its stream sequence-first, (T, B, D) (found by _check_layer)
     window = 2 ** 31  # the sliding window of a causal mask it builds itself (Mistral's), measured; else none
+    unbatched = False  # it takes one sequence (T, D), no batch (gpt-oss's): driven sequence by sequence
 
     def __init__(self, comp: Component, ctx: Context, kind: LayerKind) -> None:
         self.comp, self.ctx, self.kind = comp, ctx, kind
@@ -195,6 +196,7 @@ class Layer:
         self.sizes = layer_sizes(comp.obj)
         x = torch.randn(2, 3, D)
         self.module = ctx.build(comp, self.sizes, warmup=lambda m: self._warmup(m, x))
+        self.unbatched = not (decoder or self.masks or self.stateful) and _one_sequence(self, x)
         found = leaves(self.module)
         linears = split_attention_ffn(of_kind(found, "linear"), D, D // H)
         names, roles = kind.sublayers
@@ -321,6 +323,9 @@ class Layer:
         if self.stepwise:
             return _stepwise(lambda *a, **k: with_tables(self._module, list(a), k, self.table_layout, B),
                              args, kwargs)
+        if self.unbatched:  # each sequence (T, D) alone, the outputs stacked (B, T, D)
+            return torch.stack([fp.first_tensor(self._module(*[a[b] for a in args], **kwargs), 2)
+                                for b in range(B)])
         return with_positions(self._module, args, kwargs, self.table_layout, B)
 
     def _module(self, *args: Any, **kwargs: Any) -> Any:
@@ -502,6 +507,17 @@ def check_block(comp: Component, ctx: Context) -> ComponentResult:
     module = ctx.build(comp, layer_sizes(comp.obj))
     found = latent.read_block(module)
     return _check_layer(comp, ctx) if found is None else latent.check_latent_block(comp, ctx, module, found)
+
+
+def _one_sequence(layer: Layer, x: Tensor) -> bool:
+    """Whether the layer refuses a batch (B, T, D) but runs on each sequence (T, D) alone (gpt-oss's
+    blocks read x as (T, D) everywhere)."""
+    if fp.quietly(lambda: layer.call(x, x, None, None)) is not None:
+        return False
+    layer.unbatched = True
+    runs = fp.quietly(lambda: layer.call(x, x, None, None)) is not None
+    layer.unbatched = False
+    return runs
 
 
 class Inputs:
