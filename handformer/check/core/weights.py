@@ -168,7 +168,7 @@ def _unknown(label: str, sub: nn.Module, params: dict[str, nn.Parameter]) -> Map
     shapes = ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items())
     stacked = any(p.dim() == 3 for p in params.values())
     en = (": 3-D weights, a mixture of experts stacked one tensor for all experts (gpt-oss's MLPBlock), "
-          "which handformer does not compare" if stacked else "")
+          "which handformer does not compare") * stacked
     zh = ("：三维权重，所有专家叠在一个张量里的混合专家（gpt-oss 的 MLPBlock），"
           "handformer 不比较这种写法") * stacked
     return MappingError(f"cannot tell what {label} ({type(sub).__name__}: {shapes}) is{en}; handformer maps "
@@ -180,14 +180,10 @@ def _unknown(label: str, sub: nn.Module, params: dict[str, nn.Parameter]) -> Map
 def _looks_up(sub: nn.Module, params: dict[str, nn.Parameter]) -> bool:
     """A module of the learner's own with one matrix whose forward picks its rows by token id
     (DeepSeek's ParallelEmbedding: F.embedding on its weight): an embedding."""
-    if list(map(torch.Tensor.dim, params.values())) != [2] or type(sub).__module__.startswith("torch."):
+    if list(map(torch.Tensor.dim, params.values())) != [2]:
         return False
     (weight,) = params.values()
-    ids = torch.tensor([[1, 0]])
-    with torch.no_grad():
-        out = quietly(lambda: sub(ids))
-    rows = weight.size(1)
-    return isinstance(out, Tensor) and out.shape == (1, 2, rows) and torch.equal(out[0], weight[[1, 0]])
+    return bool(quietly(lambda: torch.equal(sub(torch.tensor([[1, 0]]))[0], weight[[1, 0]])))
 
 
 def _matrix_and_vector(params: dict[str, nn.Parameter]) -> tuple[nn.Parameter, nn.Parameter | None]:

@@ -302,18 +302,17 @@ def counted_once(words: Counter[Word], merges: list[Pair]) -> str | None:
     return _rule(rules)
 
 
-TIE_RULES = ("greater", "smaller", "first")  # to the greater pair, the smaller, the one counted first
+# no tie met; ties to the greater pair, to the smaller, to the one counted first
+TIE_RULES = ("none", "greater", "smaller", "first")
 
 
 def _tie(rules: set[str], pair: Pair, tied: list[Pair]) -> None:
-    """Note a tie, and each rule the pair taken breaks (`tied` in the order the pairs were counted)."""
+    """Each rule a tie's pick breaks (`tied` in the order the pairs were counted; any tie breaks "none")."""
     if len(tied) > 1:
-        picks = dict(zip(TIE_RULES, (max(tied), min(tied), tied[0])))
-        rules |= {"tie"} | {f"not {rule}" for rule, p in picks.items() if p != pair}
+        picks = dict(zip(TIE_RULES, (None, max(tied), min(tied), tied[0])))
+        rules |= {f"not {rule}" for rule, p in picks.items() if p != pair}
 
 
 def _rule(rules: set[str]) -> str:
-    """The first rule that every tie followed (none met, or none followed: "other")."""
-    if "tie" not in rules:
-        return "none"
+    """The first rule that every tie followed ("other": none of them)."""
     return next((rule for rule in TIE_RULES if f"not {rule}" not in rules), "other")

@@ -446,7 +446,7 @@ def _tie_rule(res: ComponentResult, rule: str | None, n: int, first: int, yours:
     """How the learner's merges break ties: a convention of `conventions` (DIFFERS when nothing else
     is wrong: to the smaller pair; for minbpe's tokenizer classes, to the pair counted first too), or
     another way (a mistake)."""
-    if rule in ("other", "first") and rule not in conventions:
+    if rule in {"other", "first"} - set(conventions):
         res.findings.append(
             Finding(
                 "bpe_ties_not_by_bytes",

@@ -168,7 +168,7 @@ def _splitter(tok: Any, comp: Component, ctx: Context) -> tuple[Any, str | None]
     held = vars(tok)
     compiled = next(filter(lambda v: hasattr(v, "findall"), held.values()), None) or fp.quietly(
         lambda: regex.compile(held["pattern"]))
-    if compiled is not None and _cuts(compiled):  # minbpe's base class holds pattern = "" (none)
+    if _cuts(compiled):  # minbpe's base class holds pattern = "" (none)
         return compiled.findall, compiled.pattern
     whole = (lambda piece: [piece]), None  # no pre-tokenizer: each piece between special tokens is one word
     return whole if never_splits(comp.obj, ctx) else (R.GPT2_PATTERN, R.GPT2_PATTERN)

@@ -177,7 +177,7 @@ class LanguageModel(nn.Module):
             logits = out.logits[:, -T:]  # (B, T, V)
         logits = (logits - logits.amax(-1, keepdim=True)) * (1.0 if SOFT[0] else PEAK)
         new_cache = CacheToken(full_ids, full_pos) if cache is not None or kwargs.get("use_cache") else None
-        return RETURNS[self.style](logits[0] if one and self.style == "unbatched" else logits, new_cache)
+        return RETURNS[self.style](logits[0] if one & (self.style == "unbatched") else logits, new_cache)
 
 
 # what a call of the model returns, in each style a learner's loop unpacks

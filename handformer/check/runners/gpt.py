@@ -496,7 +496,8 @@ def _reach(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> i
     x = args[0]
     bumped = x.clone()
     bumped[..., 0, :] += fp.randn(x.size(-1), seed=6).to(x.dtype)  # not a constant: a LayerNorm would take it
-    a, b = (fp.first_tensor(block(v, *args[1:], **kwargs), x.dim()) for v in (x, bumped))
+    a = fp.first_tensor(block(x, *args[1:], **kwargs), x.dim())
+    b = fp.first_tensor(block(bumped, *args[1:], **kwargs), x.dim())
     moved = (a - b).abs().reshape(-1, *a.shape[-2:]).amax(dim=(0, 2)) > 1e-9  # (T,)
     reach = int(moved.sum())
     banded = bool(moved[:reach].all()) & (0 < reach < x.size(-2))  # the first `reach` outputs, not all
@@ -602,7 +603,7 @@ class Caller:
         if fp.quietly(lambda: self.module(ids)) is not None:
             return False
         out = fp.quietly(lambda: self.module(ids[0]))
-        return isinstance(out, Tensor) and out.dim() == 2 and out.size(0) == 7
+        return tuple(getattr(out, "shape", ())[:-1]) == (7,)  # (T, V)
 
     def _causal_form(self) -> Any:
         """The form of a causal mask its forward's mask argument takes: the first of CAUSAL_FORMS under
@@ -655,7 +656,7 @@ class Caller:
     def _once(self, idx: Tensor, targets: Tensor | None, start: int) -> tuple[Tensor | None, Tensor | None]:
         if self.unbatched:  # each sequence alone, the logits stacked (B, T, V)
             rows = [fp.first_tensor(self.ctx.learner.call("forward", self.module, row), 2) for row in idx]
-            return (None if any(r is None for r in rows) else torch.stack(rows)), None
+            return fp.quietly(lambda: torch.stack(rows)), None
         kwargs: dict[str, Any] = {self.target: targets} if self.target and targets is not None else {}
         if self.start:
             kwargs[self.start] = start
@@ -675,11 +676,16 @@ class Caller:
         self.returned = raw
         items = list(raw) if isinstance(raw, (tuple, list)) else [raw]  # (logits, loss, ...), or logits
         logits, first = fp.first_tensor(items, 3), fp.first_tensor(items[:1], 2)
-        if logits is None and first is not None and first.size(0) == idx.numel():
-            logits = first.view(*idx.shape, -1)  # Karpathy's: (B * T, V) when given targets
-        elif logits is None and first is not None and first.size(0) == idx.size(0):
-            logits = first[:, None]  # DeepSeek's (B, V): the last position's logits, as (B, 1, V)
+        if logits is None and first is not None:
+            logits = _flat_logits(first, idx)
         return logits, fp.first_tensor(items[1:2])  # the loss: a tensor second
+
+
+def _flat_logits(first: Tensor, idx: Tensor) -> Tensor | None:
+    """2-D logits as (B, T, V): Karpathy's (B * T, V) when given targets; DeepSeek's (B, V), the last
+    position's alone, as (B, 1, V); None for other rows."""
+    rows = {idx.numel(): lambda: first.view(*idx.shape, -1), idx.size(0): lambda: first[:, None]}
+    return rows.get(first.size(0), lambda: None)()
 
 
 def _rows(B: int, T: int, flags: frozenset[str]) -> Tensor:

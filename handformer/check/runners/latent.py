@@ -227,10 +227,9 @@ def _all_read(linears: list[Leaf], slots: list[Slot]) -> None:
     """MappingError where the FFN read leaves layers of the block out (DeepSeek's MoE: its router, a
     matrix of its own, and its routed experts beside the shared ones read as one FFN)."""
     used = {id(s.leaf.weight) for s in slots}  # a router too: a RouterSlot is a slot
-    left = [x for x in linears if id(x.weight) not in used]
+    left = [x.name for x in linears if id(x.weight) not in used]
     if left:
-        more = f" and {len(left) - 3} more" if len(left) > 3 else ""
-        names = ", ".join(x.name for x in left[:3]) + more
+        names = f"{', '.join(left[:3])}: {len(left)} in all"
         raise MappingError(f"its FFN holds layers that no FFN handformer maps reads ({names}): a mixture "
                            "of experts whose router is not an nn.Linear(d_model, n_experts) beside its "
                            "list of experts",
@@ -319,7 +318,7 @@ def _list_blocks(name: str, lst: nn.ModuleList) -> list[tuple[str, nn.Module, La
     read = [(f"{name}.{i}", m, _read_block(m)) for i, m in enumerate(lst)]
     found = [(n, m, b) for n, m, b in read if isinstance(b, LatentBlock)]
     failed = next(((n, b) for n, _, b in read if isinstance(b, MappingError)), None)
-    if found and failed:
+    if failed:  # a latent attention in a block it cannot read
         raise MappingError(f"its block {failed[0]} on latent attention is not one handformer maps: "
                            f"{failed[1]}",
                            zh=f"它的 Block {failed[0]}（潜在注意力）不是 handformer 能对应的："

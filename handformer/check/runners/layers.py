@@ -196,7 +196,7 @@ class Layer:
         self.sizes = layer_sizes(comp.obj)
         x = torch.randn(2, 3, D)
         self.module = ctx.build(comp, self.sizes, warmup=lambda m: self._warmup(m, x))
-        self.unbatched = not (decoder or self.masks or self.stateful) and _one_sequence(self, x)
+        self.unbatched = not decoder and _one_sequence(self, x)
         found = leaves(self.module)
         linears = split_attention_ffn(of_kind(found, "linear"), D, D // H)
         names, roles = kind.sublayers
@@ -324,8 +324,7 @@ class Layer:
             return _stepwise(lambda *a, **k: with_tables(self._module, list(a), k, self.table_layout, B),
                              args, kwargs)
         if self.unbatched:  # each sequence (T, D) alone, the outputs stacked (B, T, D)
-            return torch.stack([fp.first_tensor(self._module(*[a[b] for a in args], **kwargs), 2)
-                                for b in range(B)])
+            return torch.stack([fp.first_tensor(self._module(*row, **kwargs), 2) for row in zip(*args)])
         return with_positions(self._module, args, kwargs, self.table_layout, B)
 
     def _module(self, *args: Any, **kwargs: Any) -> Any:

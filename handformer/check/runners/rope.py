@@ -551,10 +551,11 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
         return ctx.learner.call("forward", module, **kwargs)
 
     def call(offset: int = 0, length: int = T, reading: str = "") -> Any:
-        if reading == "tokens":  # gpt-oss's: one sequence, its tokens on dim 0, (T, H, Dh)
-            return _per_sequence([one(offset, length, (q[b].transpose(0, 1), k[b].transpose(0, 1)))
-                                  for b in range(B)])
-        return one(offset, length, (q.transpose(1, 2), k.transpose(1, 2)) if reading else (q, k))  # Meta's
+        # Meta's (B, T, H, Dh); gpt-oss's one sequence at a time, its tokens on dim 0, (T, H, Dh)
+        pairs = {"": [(q, k)], "meta": [(q.transpose(1, 2), k.transpose(1, 2))],
+                 "tokens": list(zip(q.transpose(1, 2), k.transpose(1, 2)))}[reading]
+        outs = [one(offset, length, pair) for pair in pairs]
+        return {"tokens": _per_sequence}.get(reading, lambda outs: outs[0])(outs)
 
     raw = call()
     table = read_table(raw, T)
@@ -598,8 +599,7 @@ def _module_layout(out: Tensor | None, q: Tensor, k: Tensor, n: int) -> tuple[st
 def _per_sequence(outs: list[Any]) -> Any:
     """The outputs of each sequence's call, (T, H, Dh) each, stacked as (B, T, H, Dh); None where they
     are not tensors of one shape."""
-    parts = [list(o) if isinstance(o, (tuple, list)) else [o] for o in outs]
-    return fp.quietly(lambda: tuple(torch.stack(same) for same in zip(*parts)))
+    return fp.quietly(lambda: tuple(map(torch.stack, zip(*outs))))  # each a (query, key) pair
 
 
 READINGS = {"": None, "meta": META_INPUTS,  # the inputs each reading hands the module, and its note
