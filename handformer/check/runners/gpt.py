@@ -683,9 +683,10 @@ class Caller:
 
 def _flat_logits(first: Tensor, idx: Tensor) -> Tensor | None:
     """2-D logits as (B, T, V): Karpathy's (B * T, V) when given targets; DeepSeek's (B, V), the last
-    position's alone, as (B, 1, V); None for other rows."""
-    rows = {idx.numel(): lambda: first.view(*idx.shape, -1), idx.size(0): lambda: first[:, None]}
-    return rows.get(first.size(0), lambda: None)()
+    position's alone, as (B, 1, V); None for other rows, or a tensor of no floats (a padding mask)."""
+    rows = {(idx.numel(), True): lambda: first.view(*idx.shape, -1),
+            (idx.size(0), True): lambda: first[:, None]}
+    return rows.get((first.size(0), first.is_floating_point()), lambda: None)()
 
 
 def _rows(B: int, T: int, flags: frozenset[str]) -> Tensor:

@@ -196,7 +196,7 @@ class Layer:
         self.sizes = layer_sizes(comp.obj)
         x = torch.randn(2, 3, D)
         self.module = ctx.build(comp, self.sizes, warmup=lambda m: self._warmup(m, x))
-        self.unbatched = not decoder and _one_sequence(self, x)
+        self.unbatched = _one_sequence(self, x)
         found = leaves(self.module)
         linears = split_attention_ffn(of_kind(found, "linear"), D, D // H)
         names, roles = kind.sublayers
@@ -509,9 +509,9 @@ def check_block(comp: Component, ctx: Context) -> ComponentResult:
 
 
 def _one_sequence(layer: Layer, x: Tensor) -> bool:
-    """Whether the layer refuses a batch (B, T, D) but runs on each sequence (T, D) alone (gpt-oss's
-    blocks read x as (T, D) everywhere)."""
-    if fp.quietly(lambda: layer.call(x, x, None, None)) is not None:
+    """Whether the layer, whose forward takes x alone, refuses a batch (B, T, D) but runs on each
+    sequence (T, D) alone (gpt-oss's blocks read x as (T, D) everywhere)."""
+    if len(layer.params) > 2 or fp.quietly(lambda: layer.call(x, x, None, None)) is not None:  # self, x
         return False
     layer.unbatched = True
     runs = fp.quietly(lambda: layer.call(x, x, None, None)) is not None
