@@ -72,6 +72,9 @@ FILES = {
     "datawhalechina/happy-llm": ["docs/chapter2/code/transformer.py", "docs/chapter5/code/k_model.py"],
     "rasbt/reasoning-from-scratch": ["reasoning_from_scratch/qwen3.py"],
     "google/gemma_pytorch": ["gemma/model.py"],
+    "openai/gpt-oss": ["gpt_oss/torch/model.py"],
+    "deepseek-ai/DeepSeek-V3": ["inference/model.py"],
+    "karpathy/minbpe": ["minbpe/base.py", "minbpe/basic.py", "minbpe/regex.py"],
 }
 VERDICT = {"pass": "PASS", "differs": "DIFFERS", "fail": "FAIL", "error": "ERROR", "todo": "NOT IMPLEMENTED",
            "not_checked": "NOT CHECKED"}
@@ -112,7 +115,8 @@ _LINEAR = ("class {0}(nn.Linear):\n"
            "        super().__init__(in_features, out_features, bias=bias)\n\n\n")
 # the packages a repository imports that are not installed here, as stand-ins (module path -> source):
 # torchvision (d2l's package imports it at its top for its image chapters; any name is an empty module),
-# fairscale (Meta's layers: with one process its parallel layers are nn.Linear and nn.Embedding)
+# fairscale (Meta's layers: with one process its parallel layers are nn.Linear and nn.Embedding),
+# triton (DeepSeek's kernels, which its bf16 layers never call: only their decorators run at import)
 STAND_INS = {
     "torchvision": '"""A stand-in: any name is an empty module."""\nimport types\n\n\n'
                    "def __getattr__(name):\n    return types.ModuleType(f'torchvision.{name}')\n",
@@ -122,6 +126,13 @@ STAND_INS = {
                                               "def get_model_parallel_rank():\n    return 0\n\n\n"
                                               "def model_parallel_is_initialized():\n    return True\n\n\n"
                                               "def initialize_model_parallel(*args, **kwargs):\n    pass\n",
+    "triton": '"""A stand-in: its decorators leave a function as it is (nothing runs it without a GPU)."""\n'
+              "def jit(fn=None, **kwargs):\n    return fn if fn is not None else (lambda f: f)\n\n\n"
+              "def autotune(*args, **kwargs):\n    return lambda fn: fn\n\n\n"
+              "def cdiv(a, b):\n    return -(-a // b)\n\n\n"
+              "class Config:\n    def __init__(self, *args, **kwargs):\n"
+              "        self.args, self.kwargs = args, kwargs\n",
+    "triton.language": "def __getattr__(name):\n    return object\n",
     "fairscale.nn.model_parallel.layers": "from torch import nn\n\n\n"
     + _LINEAR.format("ColumnParallelLinear") + _LINEAR.format("RowParallelLinear")
     + "class ParallelEmbedding(nn.Embedding):\n"
@@ -152,7 +163,7 @@ def check(path: Path, timeout: float, root: Path | None = None) -> dict:
     root = root or path.parent
     with tempfile.TemporaryDirectory(prefix="check-public-") as tmp:
         # torchvision for d2l's chapters alone: a stand-in would break transformers' import (minimind)
-        stand_ins(Path(tmp), {"fairscale", *(["torchvision"] if path.suffix == ".md" else [])})
+        stand_ins(Path(tmp), {"fairscale", "triton", *(["torchvision"] if path.suffix == ".md" else [])})
         if path.suffix in (".ipynb", ".md"):
             try:
                 cells = code_cells(path)

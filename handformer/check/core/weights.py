@@ -163,6 +163,30 @@ def _one_matrix(params: dict[str, nn.Parameter]) -> bool:
     return dims in ([2], [1, 2])
 
 
+def _unknown(label: str, sub: nn.Module, params: dict[str, nn.Parameter]) -> MappingError:
+    """What a module of parameters handformer does not map is; its 3-D parameters said to be experts
+    stacked one tensor each (gpt-oss's MLPBlock: mlp1_weight (E, 2F, D))."""
+    shapes = ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items())
+    stacked = any(p.dim() == 3 for p in params.values())
+    en = (": 3-D weights, a mixture of experts stacked one tensor for all experts (gpt-oss's MLPBlock), "
+          "which handformer does not compare") * stacked
+    zh = ("：三维权重，所有专家叠在一个张量里的混合专家（gpt-oss 的 MLPBlock），"
+          "handformer 不比较这种写法") * stacked
+    return MappingError(f"cannot tell what {label} ({type(sub).__name__}: {shapes}) is{en}; handformer maps "
+                        "nn.Linear layers, norms (1-D weight and bias) and embeddings",
+                        zh=f"看不出 {label}（{type(sub).__name__}：{shapes}）是什么{zh}；handformer "
+                           "能对应的是 nn.Linear 层、归一化（一维的 weight 和 bias）和嵌入")
+
+
+def _looks_up(sub: nn.Module, params: dict[str, nn.Parameter]) -> bool:
+    """A module of the learner's own with one matrix whose forward picks its rows by token id
+    (DeepSeek's ParallelEmbedding: F.embedding on its weight): an embedding."""
+    if list(map(torch.Tensor.dim, params.values())) != [2]:
+        return False
+    (weight,) = params.values()
+    return bool(quietly(lambda: torch.equal(sub(torch.tensor([[1, 0]]))[0], weight[[1, 0]])))
+
+
 def _matrix_and_vector(params: dict[str, nn.Parameter]) -> tuple[nn.Parameter, nn.Parameter | None]:
     by_dim = {p.dim(): p for p in params.values()}
     return by_dim[2], by_dim.get(1)
@@ -274,8 +298,8 @@ def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
         found += _parameterless_norm(label, sub, params)
         if not params or isinstance(sub, parametrize.ParametrizationList):
             continue
-        if isinstance(sub, nn.Embedding):
-            found.append(Leaf(label, "embedding", sub, sub.weight, None))
+        if isinstance(sub, nn.Embedding) or _looks_up(sub, params):
+            found.append(Leaf(label, "embedding", sub, _matrix_and_vector(params)[0], None))
         elif isinstance(sub, nn.Linear) or _one_matrix(params):
             found.append(Leaf(label, "linear", sub, *_matrix_and_vector(params)))
         elif loose_matrices(params, sub):
@@ -287,12 +311,7 @@ def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
         elif all(p.dim() == 1 for p in params.values()) and len(params) <= 2:
             found.append(Leaf(label, "norm", sub, *_norm_parameters(params)))
         else:
-            shapes = ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items())
-            raise MappingError(f"cannot tell what {label} ({type(sub).__name__}: {shapes}) is; "
-                               "handformer maps nn.Linear layers, norms (1-D weight and bias) and "
-                               "embeddings",
-                               zh=f"看不出 {label}（{type(sub).__name__}：{shapes}）是什么；handformer "
-                                  "能对应的是 nn.Linear 层、归一化（一维的 weight 和 bias）和嵌入")
+            raise _unknown(label, sub, params)
     return found
 
 

@@ -279,8 +279,8 @@ def decode(ids: list[int], vocab: dict[int, bytes], per_token: bool = False) -> 
 def replay(words: Counter[Word], merges: list[Pair]) -> tuple[int | None, str]:
     """Apply someone's merges one by one to `words`, recounting the pairs before each. Returns the
     first step whose pair is not a most frequent one (None when every step's is), and the rule
-    their ties follow: "greater" (this reference's), "smaller", "other" (neither: the order the
-    pairs were counted in, say) or "none" (no tie was met)."""
+    their ties follow: "greater" (this reference's), "smaller", "first" (the pair counted first:
+    minbpe's max over a dict), "other" (none of these) or "none" (no tie was met)."""
     rules: set[str] = set()
     for step, pair in enumerate(merges):
         counts = _count(words)
@@ -306,10 +306,17 @@ def counted_once(words: Counter[Word], merges: list[Pair]) -> str | None:
     return _rule(rules)
 
 
+# no tie met; ties to the greater pair, to the smaller, to the one counted first
+TIE_RULES = ("none", "greater", "smaller", "first")
+
+
 def _tie(rules: set[str], pair: Pair, tied: list[Pair]) -> None:
+    """Each rule a tie's pick breaks (`tied` in the order the pairs were counted; any tie breaks "none")."""
     if len(tied) > 1:
-        rules.add({max(tied): "greater", min(tied): "smaller"}.get(pair, "other"))
+        picks = dict(zip(TIE_RULES, (None, max(tied), min(tied), tied[0])))
+        rules |= {f"not {rule}" for rule, p in picks.items() if p != pair}
 
 
 def _rule(rules: set[str]) -> str:
-    return (*rules, "none")[0] if len(rules) < 2 else "other"  # none met, the one, or several
+    """The first rule that every tie followed ("other": none of them)."""
+    return next((rule for rule in TIE_RULES if f"not {rule}" not in rules), "other")

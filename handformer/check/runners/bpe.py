@@ -361,7 +361,10 @@ def compare_merges(
     ref: list[R.Pair],
     specials: list[str],
     lines: list[tuple[int, str]],
+    conventions: tuple[str, ...] = ("smaller",),
 ) -> None:
+    """The learner's merges against the reference's; where they differ, why (`conventions`: the tie
+    rules that are conventions, see _tie_rule)."""
     same = merges == ref
     n = len(ref)
     res.checks.append(
@@ -386,11 +389,11 @@ def compare_merges(
         f"first difference at merge {first}: yours {yours}, the reference's {theirs}",
         f"第一处不同在合并 {first}（从 0 数）：你的是 {yours}，参考实现是 {theirs}",
     )
-    _explain_difference(res, merges[:n], specials, first, yours, theirs, lines)
+    _explain_difference(res, merges[:n], specials, first, yours, theirs, lines, conventions)
 
 
 def _explain_difference(res: ComponentResult, kept: list[R.Pair], specials: list[str], first: int, yours: str,
-                        theirs: str, lines: list[tuple[int, str]]) -> None:
+                        theirs: str, lines: list[tuple[int, str]], conventions: tuple[str, ...]) -> None:
     """The first pre-tokenization under which the merges replay: its cut's mistakes, counts not
     updated, and how ties were broken."""
     for cut in CUTS:
@@ -405,7 +408,7 @@ def _explain_difference(res: ComponentResult, kept: list[R.Pair], specials: list
         if once is not None:
             res.findings.append(_counts_not_updated(len(kept), first, yours, theirs, lines))
             rule = once
-        _tie_rule(res, rule, len(kept), first, yours, theirs, lines)
+        _tie_rule(res, rule, len(kept), first, yours, theirs, lines, conventions)
         return
 
 
@@ -424,11 +427,26 @@ def _counts_not_updated(n: int, first: int, yours: str, theirs: str, lines: list
     )
 
 
+TIE_CONVENTIONS = {  # a tie rule that is a convention -> (what it is, en and zh)
+    "smaller": text("ties broken by the lexicographically smaller pair (the reference, like "
+                    "CS336, takes the greater: the merges differ from the first tie on)",
+                    "出现并列时按字节的字典序，取更小的一对（参考实现和 CS336 选更大的一对："
+                    "从第一次并列起合并规则就不同了）"),
+    "first": text("ties go to the pair counted first, minbpe's max(stats, key=stats.get) (the reference, "
+                  "like CS336, takes the lexicographically greater: the merges differ from the first tie on)",
+                  "出现并列时取最先数到的一对，即 minbpe 的 max(stats, key=stats.get)（参考实现和 CS336 "
+                  "按字节的字典序选更大的一对：从第一次并列起合并规则就不同了）"),
+}
+TIE_WORDS = {"smaller": ("to the smaller pair", "按并列选更小的一对"),
+             "first": ("to the pair counted first", "按并列选最先数到的一对")}
+
+
 def _tie_rule(res: ComponentResult, rule: str | None, n: int, first: int, yours: str, theirs: str,
-              lines: list[tuple[int, str]]) -> None:
-    """How the learner's merges break ties: neither way (a mistake), or to the smaller pair (a
-    convention: DIFFERS when nothing else is wrong)."""
-    if rule == "other":
+              lines: list[tuple[int, str]], conventions: tuple[str, ...] = ("smaller",)) -> None:
+    """How the learner's merges break ties: a convention of `conventions` (DIFFERS when nothing else
+    is wrong: to the smaller pair; for minbpe's tokenizer classes, to the pair counted first too), or
+    another way (a mistake)."""
+    if rule in {"other", "first"} - set(conventions):
         res.findings.append(
             Finding(
                 "bpe_ties_not_by_bytes",
@@ -444,24 +462,16 @@ def _tie_rule(res: ComponentResult, rule: str | None, n: int, first: int, yours:
                 *locate("bpe_ties_not_by_bytes", lines),
             )
         )
-    elif rule == "smaller":
-        res.convention = text(
-            "ties broken by the lexicographically smaller pair (the reference, like "
-            "CS336, takes the greater: the merges differ from the first tie on)",
-            "出现并列时按字节的字典序，取更小的一对（参考实现和 CS336 选更大的一对："
-            "从第一次并列起合并规则就不同了）",
-        )
+    elif rule in conventions:
+        res.convention = TIE_CONVENTIONS[rule]
         if not res.findings:
             res.checks[-1].ok = True
             res.status = DIFFERS
-            res.notes.append(
-                text(
-                    f"with ties to the smaller pair your {n} merges are right; first "
-                    f"tie at merge {first}: yours {yours}, the reference's {theirs}",
-                    f"按并列选更小的一对，你的 {n} 次合并都对；第一次并列在合并 {first}"
-                    f"（从 0 数）：你的是 {yours}，参考实现是 {theirs}",
-                )
-            )
+            en, zh = TIE_WORDS[rule]
+            res.notes.append(text(f"with ties {en} your {n} merges are right; first tie at merge {first}: "
+                                  f"yours {yours}, the reference's {theirs}",
+                                  f"{zh}，你的 {n} 次合并都对；第一次并列在合并 {first}"
+                                  f"（从 0 数）：你的是 {yours}，参考实现是 {theirs}"))
 
 
 def _inside_special(pair: R.Pair) -> bool:

@@ -42,8 +42,8 @@ def check_tokenizer(comp: Component, ctx: Context) -> ComponentResult:
 
 
 def check_trainable(comp: Component, ctx: Context) -> ComponentResult:
-    """Train, compare the merges under its own pattern (and its ties to the smaller pair, when that
-    is how it breaks them), then encode and decode."""
+    """Train, compare the merges under its own pattern (and its ties to the smaller pair or to the
+    pair counted first, when that is how it breaks them), then encode and decode."""
     res = ctx.result(comp)
     specials = SPECIALS[:2 * _takes_specials(comp.obj)]
     tok = ctx.learner.call("__init__", comp.obj, **_init_kwargs(comp.obj, specials))
@@ -60,15 +60,23 @@ def check_trainable(comp: Component, ctx: Context) -> ComponentResult:
     with R.split_by(split):
         size = kwargs.get("vocab_size", VOCAB_SIZE + 1)
         ref_merges = R.train(CORPUS, size, specials)[1]
-        bpe.compare_merges(res, merges, ref_merges, specials, lines)
+        bpe.compare_merges(res, merges, ref_merges, specials, lines, ("smaller", "first"))
         held = _special_ids(tok)
         vocab |= dict(zip(held.values(), map(str.encode, held)))
-        ties = (ref_merges, R.train(CORPUS, size, specials, smaller=True)[1])  # a tie rule is a convention
-        if merges in ties and set(map(str.encode, specials)) <= set(vocab.values()):
+        specials_held = set(map(str.encode, specials)) <= set(vocab.values())
+        if merges in _tie_conventions(ref_merges, size, specials) and specials_held:
             codec = bpe_codec.Codec.__new__(bpe_codec.Codec)
             codec.comp, codec.ctx, codec.encode_fn, codec.decode_fn = comp, ctx, tok.encode, tok.decode
             bpe_codec.grade_codec(res, codec, vocab, merges, specials, lines)
     return finish(res)
+
+
+def _tie_conventions(ref_merges: list[R.Pair], size: int, specials: list[str]) -> list[list[R.Pair]]:
+    """The merges under each tie rule that is a convention for a tokenizer class: the reference's (to
+    the greater pair), to the smaller, and to the pair counted first (minbpe's max(stats,
+    key=stats.get), every pair recounted after each merge)."""
+    first = R.train_naive(CORPUS, size, specials, frozenset({"ties_first_seen"}))[1]
+    return [ref_merges, R.train(CORPUS, size, specials, smaller=True)[1], first]
 
 
 def _split_note(res: ComponentResult, ctx: Context, pattern: str | None) -> None:
@@ -160,7 +168,7 @@ def _splitter(tok: Any, comp: Component, ctx: Context) -> tuple[Any, str | None]
     held = vars(tok)
     compiled = next(filter(lambda v: hasattr(v, "findall"), held.values()), None) or fp.quietly(
         lambda: regex.compile(held["pattern"]))
-    if compiled is not None:
+    if _cuts(compiled):  # minbpe's base class holds pattern = "" (none)
         return compiled.findall, compiled.pattern
     whole = (lambda piece: [piece]), None  # no pre-tokenizer: each piece between special tokens is one word
     return whole if never_splits(comp.obj, ctx) else (R.GPT2_PATTERN, R.GPT2_PATTERN)

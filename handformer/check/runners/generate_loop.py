@@ -142,7 +142,8 @@ class LanguageModel(nn.Module):
         if len(self.calls) >= self.budget:
             raise TooManyCalls(f"generate called the model {len(self.calls) + 1} times")
         ids = torch.as_tensor(idx).long()
-        ids = ids[None] if ids.dim() == 1 else ids  # (B, T)
+        one = ids.dim() == 1  # one sequence, no batch: gpt-oss's model(tokens) gives (T, V)
+        ids = ids[None] if one else ids  # (B, T)
         cache, start, positions = _cache_arguments(args, kwargs)
         own = next((type(v).__name__ for k, v in kwargs.items() if k in CACHE_NAMES
                     and v is not None and not isinstance(v, (CacheToken, bool))), None)
@@ -176,12 +177,13 @@ class LanguageModel(nn.Module):
             logits = out.logits[:, -T:]  # (B, T, V)
         logits = (logits - logits.amax(-1, keepdim=True)) * (1.0 if SOFT[0] else PEAK)
         new_cache = CacheToken(full_ids, full_pos) if cache is not None or kwargs.get("use_cache") else None
-        return RETURNS[self.style](logits, new_cache)
+        return RETURNS[self.style](logits[0] if one & (self.style == "unbatched") else logits, new_cache)
 
 
 # what a call of the model returns, in each style a learner's loop unpacks
 RETURNS: dict[str, Callable[[Tensor, CacheToken | None], Any]] = {
     "tensor": lambda logits, cache: logits, "tuple": lambda logits, cache: (logits, cache),
+    "unbatched": lambda logits, cache: logits,  # (T, V) for the (T,) ids of one sequence
     "object": lambda logits, cache: types.SimpleNamespace(logits=logits, past_key_values=cache, loss=None)}
 
 
@@ -239,9 +241,10 @@ def greedy(model: CausalLM, ids: Tensor, n: int) -> Tensor:
 
 def styles_read(fn: Any) -> tuple[str, ...]:
     """What the learner's loop unpacks: a (logits, loss) tuple, `.logits`, or a tensor; the one their
-    source shows first, then the others."""
+    source shows first, then the others; last, a tensor (T, V) for the ids (T,) of one sequence (a loop
+    of gpt-oss's, whose model takes no batch)."""
     source = source_text(fn)
-    order = ["tensor", "tuple", "object"]
+    order = ["tensor", "tuple", "object", "unbatched"]
     if re.search(r"\.logits\b", source):
         order.remove("object")
         order.insert(0, "object")

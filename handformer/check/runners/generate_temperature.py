@@ -46,6 +46,22 @@ def recorded_draws(seen: list[Tensor], soft: list[bool]) -> Iterator[None]:
         soft[0] = False
 
 
+class _Afresh:
+    """A loop's driver whose every new model (each return style run_generate tries) clears the draws
+    recorded: those of the try that ran are the ones read (a try that raised after a draw, such as an
+    unbatched loop handed (1, T, V) logits, leaves none)."""
+
+    def __init__(self, driver: Any, seen: list[Tensor]) -> None:
+        self.driver, self.seen = driver, seen
+
+    def new_model(self, style: str, budget: int) -> Any:
+        self.seen.clear()
+        return self.driver.new_model(style, budget)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.driver, name)
+
+
 def _gap(probs: Tensor, logits: Tensor) -> float:
     """The largest difference of the two as log-probabilities of the tokens the loop kept (its m
     largest probabilities; Meta's sample_top_p samples from them sorted), each renormalised there."""
@@ -73,7 +89,8 @@ def check_temperature(res: ComponentResult, ctx: Context, comp: Any, driver: Any
     seen: list[Tensor] = []
     B, as_list = short.prompt.size(0), short.as_list
     with recorded_draws(seen, SOFT):
-        run = run_generate(ctx, comp, driver, 1, B, as_list, {name: TEMPERATURE, **sampling_on(comp.obj)})
+        options = {name: TEMPERATURE, **sampling_on(comp.obj)}
+        run = run_generate(ctx, comp, _Afresh(driver, seen), 1, B, as_list, options)
         logits = driver.logits(run.prompt)[:, -1].double()  # (B, V)
     if not seen or seen[0].shape[-1] != logits.size(-1):  # it never sampled, or sampled a subset
         return

@@ -491,15 +491,16 @@ def block_windows(call: Caller, m: GPTMap) -> tuple[int | None, ...]:
 
 def _reach(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
     """The outputs (B, T, D) a change of the first position of the block's input moves, where fewer
-    than all and the first ones: its window; None where it sees every key."""
+    than all and the first ones: its window; None where it sees every key. A block handed one sequence
+    (T, D) (gpt-oss's) is read as a batch of one."""
     x = args[0]
     bumped = x.clone()
-    bumped[:, 0] += fp.randn(x.size(-1), seed=6).to(x.dtype)  # not a constant: a LayerNorm would take it away
-    a = fp.first_tensor(block(x, *args[1:], **kwargs), 3)
-    b = fp.first_tensor(block(bumped, *args[1:], **kwargs), 3)
-    moved = (a - b).abs().amax(dim=(0, 2)) > 1e-9  # (T,)
+    bumped[..., 0, :] += fp.randn(x.size(-1), seed=6).to(x.dtype)  # not a constant: a LayerNorm would take it
+    a = fp.first_tensor(block(x, *args[1:], **kwargs), x.dim())
+    b = fp.first_tensor(block(bumped, *args[1:], **kwargs), x.dim())
+    moved = (a - b).abs().reshape(-1, *a.shape[-2:]).amax(dim=(0, 2)) > 1e-9  # (T,)
     reach = int(moved.sum())
-    banded = bool(moved[:reach].all()) & (0 < reach < x.size(1))  # the first `reach` outputs, not all
+    banded = bool(moved[:reach].all()) & (0 < reach < x.size(-2))  # the first `reach` outputs, not all
     return reach if banded else None
 
 
@@ -591,10 +592,20 @@ class Caller:
 
         self.returned: Any = None  # what forward gave back last, for a message
         self.stepwise = False  # Umar Jamil's forward asserts one token at a time: driven so, once known
+        self.unbatched = False
+        self.unbatched = self._one_sequence()  # gpt-oss's forward(x): (T,) ids -> (T, V), no batch
         # PyTorch's nn.Transformer tutorial: (T, B) ids in, (T, B, V) logits out
         self.first = reads_sequence_first(ctx, lambda ids: self.module(ids), torch.randint(0, 9, (2, 7)))
         self.mask_name, self.mask_form = next(filter(is_mask_name, names), None), None
         self.mask_form = self.mask_name and self._causal_form()
+
+    def _one_sequence(self) -> bool:
+        """Whether forward refuses a batch of ids (B, T) but gives (T, V) logits for one sequence (T,)."""
+        ids = torch.randint(0, 9, (2, 7), generator=torch.Generator().manual_seed(3))
+        if fp.quietly(lambda: self.module(ids)) is not None:
+            return False
+        out = fp.quietly(lambda: self.module(ids[0]))
+        return tuple(getattr(out, "shape", ())[:-1]) == (7,)  # (T, V)
 
     def _causal_form(self) -> Any:
         """The form of a causal mask its forward's mask argument takes: the first of CAUSAL_FORMS under
@@ -645,6 +656,9 @@ class Caller:
         return torch.cat(outs, dim=1), None  # (B, T, V)
 
     def _once(self, idx: Tensor, targets: Tensor | None, start: int) -> tuple[Tensor | None, Tensor | None]:
+        if self.unbatched:  # each sequence alone, the logits stacked (B, T, V)
+            rows = [fp.first_tensor(self.ctx.learner.call("forward", self.module, row), 2) for row in idx]
+            return fp.quietly(lambda: torch.stack(rows)), None
         kwargs: dict[str, Any] = {self.target: targets} if self.target and targets is not None else {}
         if self.start:
             kwargs[self.start] = start
@@ -666,10 +680,18 @@ class Caller:
         self.returned = raw
         items = list(raw) if isinstance(raw, (tuple, list)) else [raw]  # (logits, loss, ...), or logits
         logits, first = fp.first_tensor(items, 3), fp.first_tensor(items[:1], 2)
-        if logits is None and first is not None and first.size(0) == idx.numel():
-            logits = first.view(*idx.shape, -1)  # Karpathy's: (B * T, V) when given targets
+        if logits is None and first is not None:
+            logits = _flat_logits(first, idx)
         # the loss: the one number it returns (Hugging Face's (loss, logits, presents)), else a tensor second
         return logits, fp.first_tensor([fp.first_tensor(items, 0), *items[1:2]])
+
+
+def _flat_logits(first: Tensor, idx: Tensor) -> Tensor | None:
+    """2-D logits as (B, T, V): Karpathy's (B * T, V) when given targets; DeepSeek's (B, V), the last
+    position's alone, as (B, 1, V); None for other rows, or a tensor of no floats (a padding mask)."""
+    rows = {(idx.numel(), True): lambda: first.view(*idx.shape, -1),
+            (idx.size(0), True): lambda: first[:, None]}
+    return rows.get((first.size(0), first.is_floating_point()), lambda: None)()
 
 
 def _rows(B: int, T: int, flags: frozenset[str]) -> Tensor:
@@ -782,9 +804,9 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
                                   "forward 只返回最后一个位置的 logits：只比较这一个位置"))
         if bigram(res, module, out, loss, idx, targets):
             return finish(res)
-        if (lm := latent.read_model(module, VOCAB)) is not None:  # DeepSeek's: blocks on latent attention
-            return latent.check_latent_model(res, ctx, comp, out, lm, idx)
         try:
+            if (lm := latent.read_model(module, VOCAB)) is not None:  # DeepSeek's: blocks on latent attention
+                return latent.check_latent_model(res, ctx, comp, out, lm, idx)
             find_layouts_(module, lambda: call(idx[:, :1])[0], D, D // H)
             m = map_gpt(module)
         except MappingError as err:  # the checks above ran; the comparison could not
@@ -816,7 +838,7 @@ def _unmapped(res: ComponentResult, module: nn.Module, call: Caller, idx: Tensor
     """A model whose parts are not handformer's CausalLM's: NOT CHECKED with the reason; a toy that
     drives a loop (see drives_only) is a DRIVER, its causality checked besides its determinism and
     logits' shape (a FAIL where one fails)."""
-    if drives_only(module):
+    if drives_only(module) and latent.latent_child(module) is None:  # latent attention: no toy
         _causality(res, call, idx)
         res.status = DRIVER
         res.notes.append(DRIVER_NOTE)

@@ -255,10 +255,25 @@ def read_block(module: nn.Module) -> LatentBlock | None:
         raise MappingError(f"expected 2 norms beside the latent attention, found {len(norms)}",
                            zh=f"潜在注意力之外应当有 2 个归一化，实际找到 {len(norms)} 个")
     slots = ffn_readings(module, of_kind(rest, "linear"), None, "FFN")
+    _all_read(of_kind(rest, "linear"), slots[0])
     readings = [(ffn_weights(s, act), act) for s in slots for act in FFN_ACTIVATIONS[is_gated(s)]]
     mapping = [f"{name}.{m}" for m in mapping] + [s.describe() for s in slots[0]] + [
         f"{n.name} -> norm {i + 1}" for i, n in enumerate(norms)]
     return LatentBlock(attn, readings, [norm_weights(Slot("norm", n)) for n in norms], mapping)
+
+
+def _all_read(linears: list[Leaf], slots: list[Slot]) -> None:
+    """MappingError where the FFN read leaves layers of the block out (DeepSeek's MoE: its router, a
+    matrix of its own, and its routed experts beside the shared ones read as one FFN)."""
+    used = {id(s.leaf.weight) for s in slots}  # a router too: a RouterSlot is a slot
+    left = [x.name for x in linears if id(x.weight) not in used]
+    if left:
+        names = f"{', '.join(left[:3])}: {len(left)} in all"
+        raise MappingError(f"its FFN holds layers that no FFN handformer maps reads ({names}): a mixture "
+                           "of experts whose router is not an nn.Linear(d_model, n_experts) beside its "
+                           "list of experts",
+                           zh=f"它的 FFN 里有 handformer 能对应的 FFN 读不到的层（{names}）：一个混合专家，"
+                              "它的路由器不是放在专家列表旁边的 nn.Linear(d_model, n_experts)")
 
 
 def block_reference(b: LatentBlock, x: Tensor, keep: Tensor | None, flags: V.Flags = frozenset(),
@@ -320,9 +335,8 @@ def read_model(module: nn.Module, vocab: int) -> LatentModel | None:
     """The model's parts where its blocks are on latent attention; None where they are not."""
     from handformer.check.core.layer_map import outside
 
-    items = [(f"{name}.{i}", m) for name, lst in module.named_modules() if isinstance(lst, nn.ModuleList)
-             for i, m in enumerate(lst)]
-    blocks = [(n, m, b) for n, m in items if (b := fp.quietly(lambda m=m: read_block(m))) is not None]
+    lists = [(name, lst) for name, lst in module.named_modules() if isinstance(lst, nn.ModuleList)]
+    blocks = [b for name, lst in lists for b in _list_blocks(name, lst)]
     outer = outside(module, [m for _, m, _ in blocks])
     parts = {(x.kind, tuple(x.weight.shape)): x for x in outer}  # the embedding (V, D), the head (V, D)
     embed, head = parts.get(("embedding", (vocab, D))), parts.get(("linear", (vocab, D)))
@@ -334,6 +348,30 @@ def read_model(module: nn.Module, vocab: int) -> LatentModel | None:
     mapping += [f"{norms[0].name} -> final norm"] * bool(norms) + [f"{head.name} -> output head"] * bool(head)
     return LatentModel(embed.weight, [b for _, _, b in blocks], norm_weights(Slot("norm", norms[0])) if norms
                        else None, _linear(head) if head is not None else None, mapping)
+
+
+def _list_blocks(name: str, lst: nn.ModuleList) -> list[tuple[str, nn.Module, LatentBlock]]:
+    """The blocks on latent attention in a model's list; MappingError where the list holds some and
+    another of its items cannot be read as one (DeepSeek's layers on a mixture of experts, beside its
+    dense first layer): the model is not compared on a part of its blocks."""
+    read = [(f"{name}.{i}", m, _read_block(m)) for i, m in enumerate(lst)]
+    found = [(n, m, b) for n, m, b in read if isinstance(b, LatentBlock)]
+    failed = next(((n, b) for n, _, b in read if isinstance(b, MappingError)), None)
+    if failed:  # a latent attention in a block it cannot read
+        raise MappingError(f"its block {failed[0]} on latent attention is not one handformer maps: "
+                           f"{failed[1]}",
+                           zh=f"它的 Block {failed[0]}（潜在注意力）不是 handformer 能对应的："
+                              f"{failed[1].zh or failed[1]}")
+    return found
+
+
+def _read_block(module: nn.Module) -> LatentBlock | MappingError | None:
+    try:
+        return read_block(module)
+    except MappingError as err:
+        return err if latent_child(module) is not None else None
+    except Exception:  # noqa: BLE001 - a module that is no block at all
+        return None
 
 
 def model_reference(m: LatentModel, idx: Tensor, flags: V.Flags = frozenset(), reading: int = 0,
@@ -353,9 +391,13 @@ def check_latent_model(res: ComponentResult, ctx: Context, comp: Component, logi
     gives them, else with one of the latent attention's mistakes."""
     res.mapping = m.mapping
     settings = [(i, layout) for layout in LAYOUTS for i in range(len(m.blocks[0].readings))]
-    searched = [fp.search(logits, lambda flags, s=s: model_reference(m, idx, flags, *s), FLAGS, None)
+
+    def ref(flags: V.Flags, *setting: Any) -> Tensor:  # the last positions alone where that is all it gives
+        return model_reference(m, idx, flags, *setting)[:, -logits.size(1):]
+
+    searched = [fp.search(logits, lambda flags, s=s: ref(flags, *s), FLAGS, None)
                 for s in settings]  # (no flags where it is right; None where nothing reproduces it)
-    errors = [fp.max_error(logits, model_reference(m, idx, frozenset(), *s)) for s in settings]
+    errors = [fp.max_error(logits, ref(frozenset(), *s)) for s in settings]
     best = min(range(len(settings)), key=lambda i: (searched[i] is None, errors[i]))
     (_, layout), found, err = settings[best], searched[best], errors[best]
     res.max_abs_error = err

@@ -173,6 +173,7 @@ class Layer:
     more: dict[str, Any] = {}  # further arguments a check hands the forward (a key_padding_mask alone)
     first = False  # it reads its stream sequence-first, (T, B, D) (found by _check_layer)
     window = 2 ** 31  # the sliding window of a causal mask it builds itself (Mistral's), measured; else none
+    unbatched = False  # it takes one sequence (T, D), no batch (gpt-oss's): driven sequence by sequence
 
     def __init__(self, comp: Component, ctx: Context, kind: LayerKind) -> None:
         self.comp, self.ctx, self.kind = comp, ctx, kind
@@ -200,6 +201,7 @@ class Layer:
         self.sizes = layer_sizes(comp.obj)
         x = torch.randn(2, 3, D)
         self.module = ctx.build(comp, self.sizes, warmup=lambda m: self._warmup(m, x))
+        self.unbatched = _one_sequence(self, x)
         found = leaves(self.module)
         self.cap = attention_cap(self.module)  # Gemma 2's scores soft-capped, read from its setting
         linears = split_attention_ffn(of_kind(found, "linear"), D, D // H)
@@ -327,6 +329,8 @@ class Layer:
         if self.stepwise:
             return _stepwise(lambda *a, **k: with_tables(self._module, list(a), k, self.table_layout, B),
                              args, kwargs)
+        if self.unbatched:  # each sequence (T, D) alone, the outputs stacked (B, T, D)
+            return torch.stack([fp.first_tensor(self._module(*row, **kwargs), 2) for row in zip(*args)])
         return with_positions(self._module, args, kwargs, self.table_layout, B)
 
     def _module(self, *args: Any, **kwargs: Any) -> Any:
@@ -508,6 +512,17 @@ def check_block(comp: Component, ctx: Context) -> ComponentResult:
     module = ctx.build(comp, layer_sizes(comp.obj))
     found = latent.read_block(module)
     return _check_layer(comp, ctx) if found is None else latent.check_latent_block(comp, ctx, module, found)
+
+
+def _one_sequence(layer: Layer, x: Tensor) -> bool:
+    """Whether the layer, whose forward takes x alone, refuses a batch (B, T, D) but runs on each
+    sequence (T, D) alone (gpt-oss's blocks read x as (T, D) everywhere)."""
+    if len(layer.params) > 2 or fp.quietly(lambda: layer.call(x, x, None, None)) is not None:  # self, x
+        return False
+    layer.unbatched = True
+    runs = fp.quietly(lambda: layer.call(x, x, None, None)) is not None
+    layer.unbatched = False
+    return runs
 
 
 class Inputs:

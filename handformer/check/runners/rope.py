@@ -563,14 +563,20 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
     q, k = _apply_inputs()
     tensors = _tensor_names(names)
 
-    def call(offset: int = 0, length: int = T, meta: bool = False) -> Any:
+    def one(offset: int, length: int, given: tuple[Tensor, ...]) -> Any:
         values = {**dict.fromkeys(LENGTH_NAMES, length), **dict.fromkeys(OFFSET_NAMES, offset),
                   "position_ids": (torch.arange(length) + offset)[None].expand(B, length),
                   "token_positions": torch.arange(length) + offset,  # CS336's forward(x, token_positions)
                   "device": q.device, "dtype": q.dtype}  # Falcon's forward(seq_len, device, dtype)
-        given = (q.transpose(1, 2), k.transpose(1, 2)) if meta else (q, k)  # Meta's: (B, T, H, Dh)
         kwargs = dict(zip(tensors, given)) | _filled(names, values)
         return ctx.learner.call("forward", module, **kwargs)
+
+    def call(offset: int = 0, length: int = T, reading: str = "") -> Any:
+        # Meta's (B, T, H, Dh); gpt-oss's one sequence at a time, its tokens on dim 0, (T, H, Dh)
+        pairs = {"": [(q, k)], "meta": [(q.transpose(1, 2), k.transpose(1, 2))],
+                 "tokens": list(zip(q.transpose(1, 2), k.transpose(1, 2)))}[reading]
+        outs = [one(offset, length, pair) for pair in pairs]
+        return {"tokens": _per_sequence}.get(reading, lambda outs: outs[0])(outs)
 
     raw = call()
     table = read_table(raw, T)
@@ -611,28 +617,40 @@ def _module_layout(out: Tensor | None, q: Tensor, k: Tensor, n: int) -> tuple[st
     return None
 
 
+def _per_sequence(outs: list[Any]) -> Any:
+    """The outputs of each sequence's call, (T, H, Dh) each, stacked as (B, T, H, Dh); None where they
+    are not tensors of one shape."""
+    return fp.quietly(lambda: tuple(map(torch.stack, zip(*outs))))  # each a (query, key) pair
+
+
+READINGS = {"": None, "meta": META_INPUTS,  # the inputs each reading hands the module, and its note
+            "tokens": text("inputs (T, H, Dh), one sequence at a time, its tokens on dim 0, as gpt-oss's",
+                           "输入形状为 (T, H, Dh)，一次一个序列，token 在第 0 维，与 gpt-oss 相同")}
+
+
 def _module_reading(ctx: Context, call: Callable[..., Any], n: int, q: Tensor, k: Tensor,
-                    ) -> tuple[bool, Tensor | None, tuple[str, Any] | None]:
-    """(Meta's (B, T, H, Dh) inputs, the output, its layout): (B, H, T, Dh) first; the other where the
-    first gives no rotation (gpt-oss's RotaryEmbedding reads its tokens from dim 1)."""
+                    ) -> tuple[str, Tensor | None, tuple[str, Any] | None]:
+    """(the reading of its inputs, the output, its layout): (B, H, T, Dh) first; Meta's (B, T, H, Dh)
+    or one sequence (T, H, Dh) (gpt-oss's RotaryEmbedding reads its tokens from dim 0) where the
+    first gives no rotation."""
     out = _stacked(call(0), n, q.shape)
     best = _module_layout(out, q, k, n)
-    if best is None:
-        other = fp.quietly(lambda: _stacked(call(0, meta=True), n, q.shape, True))
+    for reading in ("meta", "tokens") * (best is None):
+        other = fp.quietly(lambda reading=reading: _stacked(call(0, reading=reading), n, q.shape, True))
         if _module_layout(other, q, k, n) is not None:
-            return True, other, _module_layout(other, q, k, n)
-    return False, out, best
+            return reading, other, _module_layout(other, q, k, n)
+    return "", out, best
 
 
 def _rotated_module(res: ComponentResult, ctx: Context, comp: Component, call: Callable[..., Any], n: int,
                     q: Tensor, k: Tensor, names: list[str]) -> ComponentResult:
-    meta, out, best = _module_reading(ctx, call, n, q, k)
+    reading, out, best = _module_reading(ctx, call, n, q, k)
 
     def run(offset: int) -> Tensor | None:
-        return _stacked(call(offset, meta=meta), n, q.shape, meta)
+        return _stacked(call(offset, reading=reading), n, q.shape, bool(reading))
 
     layout, found = best if best else ("half", None)
-    res.notes += [META_INPUTS] * meta
+    res.notes += [READINGS[reading]] * bool(reading)
     _layout_convention(res, layout)
     if found and found[0]:
         res.findings += _findings(ctx, comp, found, out, _rotated(q, k, n, layout))
