@@ -507,7 +507,8 @@ def _refine_function(kind: str, obj: Any) -> str:
         return "lm_train_step" if lm_step(obj) else kind
     family = FAMILY_OF.get(kind, ())
     said = kind_of(obj) if family else None
-    return said if said in family else kind
+    # a `sample(model, input_ids, processors, max_new_tokens)` that takes a model is a generation loop
+    return said if said in family or said == "generate" else kind
 
 
 def reads_kv_heads(cls: Any) -> bool:

@@ -37,6 +37,7 @@ from handformer.check.core.argument_names import (
     MASK_ARG_NAMES,
     MODEL_NAMES,
     PAD_NAMES,
+    PROCESSOR_NAMES,
     PROMPT_NAMES,
 )
 from handformer.check.core.context import Context, forward_names, forward_parameters, named
@@ -258,7 +259,7 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
     roles = ((MODEL_NAMES, model.target), (PROMPT_NAMES, ids), (COUNT_NAMES, n),
-             (CONTEXT_NAMES, model.context))  # what each argument is handed, by its name
+             (CONTEXT_NAMES, model.context), (PROCESSOR_NAMES, NoProcessors()))  # each argument's, by name
     # and where it has no default: an EOS no model makes, a padding id, a mask of real tokens only
     ones = torch.ones_like(torch.as_tensor(ids)) if _rectangular(ids) else None  # (a ragged list: none)
     needed = ((EOS_NAMES, NEVER), (PAD_NAMES, PAD_ID), (MASK_ARG_NAMES, ones))
@@ -281,6 +282,14 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
         else:
             args.append(value)
     return ctx.learner.call("forward", drained(comp.obj), *args, **kwargs)
+
+
+class NoProcessors(list):
+    """An empty chain of logits processors (Hugging Face's LogitsProcessorList: a list, called with the
+    ids and the scores): iterated, it holds none; called, it gives the scores back."""
+
+    def __call__(self, input_ids: Any, scores: Tensor) -> Tensor:
+        return scores
 
 
 def _rectangular(ids: Any) -> bool:
