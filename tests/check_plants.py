@@ -50,7 +50,8 @@ FAMILIES = {"tutorial": FIXTURES / "learners", "llm": FIXTURES / "learners_llm",
             "gemma3": FIXTURES / "learners_gemma3", "gpt_oss": FIXTURES / "learners_gpt_oss",
             "deepseek": FIXTURES / "learners_deepseek",
             "adamw": FIXTURES / "learners_adamw",
-            "llama_batch": FIXTURES / "learners_llama_batch", "llama_kv": FIXTURES / "learners_llama_kv"}
+            "llama_batch": FIXTURES / "learners_llama_batch", "llama_kv": FIXTURES / "learners_llama_kv",
+            "moe": FIXTURES / "learners_moe"}
 
 TUTORIAL_PLANTS: dict[str, Plant] = {
     "no_scaling": Plant("no_scaling", "sdpa", [("k.transpose(-2, -1)) / math.sqrt(d_k)", "k.transpose(-2, -1))")]),
@@ -222,6 +223,11 @@ SAMPLING_PLANTS: dict[str, Plant] = {
     "filter_fill_finite": Plant("filter_fill_finite", "top_k", [
         ('logits.masked_fill(logits < kth, float("-inf"))', "logits.masked_fill(logits < kth, 1e-10)")], "sampling"),
     "top_k_off_by_one": Plant("top_k_off_by_one", "top_k", [("logits < kth", "logits <= kth")], "sampling"),
+    "repetition_penalty_inverted": Plant("repetition_penalty_inverted", "repetition_penalty", [
+        ("score > 0, score / penalty, score * penalty", "score > 0, score * penalty, score / penalty")],
+        "sampling"),
+    "repetition_penalty_sign_ignored": Plant("repetition_penalty_sign_ignored", "repetition_penalty", [
+        ("torch.where(score > 0, score / penalty, score * penalty)", "score / penalty")], "sampling"),
     "top_k_exceeds_vocab": Plant("top_k_exceeds_vocab", "top_k", [("    k = min(k, logits.size(-1))\n", "")],
                                  "sampling"),
     "top_p_drops_crossing": Plant("top_p_drops_crossing", "top_p", [
@@ -537,10 +543,17 @@ BATCH_PLANTS: dict[str, Plant] = {
         ("values = self.v_cache[:bsz, : start_pos + seqlen]", "values = self.v_cache[:bsz, : start_pos]")],
         "llama_kv"),
 }
+MOE_PLANTS: dict[str, Plant] = {
+    "moe_weights_not_renormalized": Plant("moe_weights_not_renormalized", "moe", [
+        ("topk_weight / (topk_weight.sum(dim=-1, keepdim=True) + 1e-20)",
+         "topk_weight / (scores.sum(dim=-1, keepdim=True) + 1e-20)")], "moe"),
+    "moe_rmsnorm_sum_squares": Plant("rmsnorm_sum_squares", "rmsnorm", [
+        ("x.pow(2).mean(-1, keepdim=True)", "x.pow(2).sum(-1, keepdim=True)")], "moe"),
+}
 PLANTS: dict[str, Plant] = {**TUTORIAL_PLANTS, **LLM_PLANTS, **STYLE_PLANTS, **SAMPLING_PLANTS, **TRAINING_PLANTS,
                             **ASSEMBLY_PLANTS, **MODEL_PLANTS, **GPT_PLANTS, **LOOP_PLANTS, **BPE_PLANTS,
                             **CACHE_PLANTS, **QK_PLANTS, **ADAMW_PLANTS, **FAMILY_PLANTS,
-                            **BATCH_PLANTS}
+                            **BATCH_PLANTS, **MOE_PLANTS}
 
 # Pairs of plants that are three mistakes: nanoGPT fills with -inf, so a softmax over the queries, or
 # a mask over them, brings NaN rows (nan_on_masked_rows) with it, and with a second mistake in the
@@ -579,7 +592,9 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("temperature_multiplied", "top_k_off_by_one"), ("temperature_after_softmax", "generate_cache_mismatch"),
     ("filter_fill_finite", "top_k_exceeds_vocab"), ("top_p_drops_crossing", "argmax_wrong_dim"),
     ("top_k_off_by_one", "sampling_softmax_wrong_dim"), ("top_p_empty_set", "generate_no_crop"),
-    ("min_p_not_scaled", "generate_not_appended"), ("temperature_twice", "top_k_exceeds_vocab"), ("sampling_from_logits", "generate_cache_mismatch"),
+    ("min_p_not_scaled", "generate_not_appended"), ("repetition_penalty_inverted", "top_k_off_by_one"),
+    ("repetition_penalty_sign_ignored", "temperature_multiplied"),
+    ("moe_weights_not_renormalized", "moe_rmsnorm_sum_squares"), ("temperature_twice", "top_k_exceeds_vocab"), ("sampling_from_logits", "generate_cache_mismatch"),
     ("generate_not_appended", "generate_does_not_stop"),
     ("schedule_step_zero", "cosine_from_step_zero"), ("schedule_exponent_sign", "cosine_no_floor"),
     ("schedule_no_d_model", "schedule_warmup_off_by_one"), ("cosine_min_lr_ignored", "schedule_step_zero"),

@@ -22,7 +22,7 @@ def test_the_correct_file_passes():
     result = check_file(str(correct_file("sampling")))
     assert [(c.name, c.kind) for c in result.components] == [
         ("apply_temperature", "temperature"), ("top_k_filter", "top_k"), ("top_p_filter", "top_p"),
-        ("min_p_filter", "min_p"),
+        ("min_p_filter", "min_p"), ("apply_repetition_penalty", "repetition_penalty"),
         ("greedy", "greedy"), ("sample_next_token", "sample"), ("generate", "generate"),
         ("generate_cached", "generate")]
     assert all(c.status == "pass" for c in result.components), format_report(result)

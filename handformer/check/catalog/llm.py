@@ -81,6 +81,14 @@ DIAGNOSES: list[Diagnosis] = [
       "子层的输出也要归一化，和 Gemma 的四个归一化一样：x = x + post_norm(f(pre_norm(x)))",
       SUBLAYER_CALL.format("mlp|ffn|feed_forward"), SUBLAYER_CALL.format("self_attn|attn|attention"),
       r"norm"),
+    d("moe_weights_not_renormalized", "the chosen experts' weights are not renormalized to sum to 1, "
+      "though the layer's setting (norm_topk_prob) says they are",
+      "选出的专家权重没有重新归一化到和为 1，而这一层的设置（norm_topk_prob）要求归一化",
+      "divide by the sum of the chosen weights: topk_weight / topk_weight.sum(dim=-1, keepdim=True)",
+      "除以选出的权重之和：topk_weight / topk_weight.sum(dim=-1, keepdim=True)",
+      r"/.*\b(scores|probs|gates|routing_weights|logits|router_probs)\w*\.sum\(",
+      r"^(?!.*\btopk_weight\.sum).*=\s*\b(scores|probs|gates|routing_weights)\w*\.sum\(",
+      r"\bnorm_topk_prob\b|\bnormalize\b"),
     d("sink_not_in_softmax", "the attention sinks do not join the softmax (gpt-oss's sink logit is one more "
       "key of each head's softmax)", "注意力 sink 没有参与 softmax（gpt-oss 的 sink logit 是每个头的 softmax "
       "里多出来的一个键）",

@@ -58,6 +58,22 @@ DIAGNOSES: list[Diagnosis] = [
       "F.softmax(logits, dim=-1)",
       "logits 只除以一次温度：logits = logits / temperature 之后直接 F.softmax(logits, dim=-1)",
       r"softmax\(.*/\s*\(?\s*(self\.)?temp", r"/\s*\(?\s*(self\.)?temp"),
+    d("repetition_penalty_inverted", "the repetition penalty is the wrong way round: positive logits of "
+      "seen tokens are multiplied and negative ones divided, so repeats become likelier",
+      "重复惩罚方向反了：见过的 token 正 logit 被乘、负 logit 被除，重复反而更可能",
+      "divide a positive logit, multiply a negative one: torch.where(score > 0, score / penalty, "
+      "score * penalty)",
+      "正 logit 除以惩罚系数，负 logit 乘以惩罚系数：torch.where(score > 0, score / penalty, "
+      "score * penalty)",
+      r"where\(.*>\s*0\s*,[^,]*\*", r"where\(.*<\s*0\s*,[^,]*/", r"\*=?\s*(self\.)?\w*penalty", r"penalty"),
+    d("repetition_penalty_sign_ignored", "the repetition penalty divides every seen token's logit, so a "
+      "negative one moves toward 0 and the token becomes likelier",
+      "重复惩罚把见过的 token 的 logit 一律除以惩罚系数，负 logit 向 0 靠近，这个 token 反而更可能",
+      "look at the sign: a positive logit is divided by the penalty, a negative one multiplied by it "
+      "(CTRL's rule, Hugging Face's RepetitionPenaltyLogitsProcessor)",
+      "要看符号：正 logit 除以惩罚系数，负 logit 乘以惩罚系数（CTRL 的规则，Hugging Face 的 "
+      "RepetitionPenaltyLogitsProcessor）",
+      r"/=?\s*(self\.)?\w*penalty", r"penalty"),
     d("sampling_softmax_wrong_dim", "the sampling step's softmax runs over the wrong dimension",
       "采样时的 softmax 作用在了错误的维度上",
       "take the softmax over the vocabulary: probs = F.softmax(logits, dim=-1)",

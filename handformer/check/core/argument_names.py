@@ -150,6 +150,8 @@ SCHEDULE_ARGS: dict[str, tuple[str, ...]] = {
 
 # sampling.py
 TEMPERATURE_NAMES = ("temperature", "temp", "t", "tau", "temperatures")
+# a loop's switch from greedy to sampling, off by default (minGPT's generate(..., do_sample=False))
+SAMPLE_SWITCH_NAMES = ("do_sample", "sample", "sampling", "use_sampling", "stochastic")
 K_NAMES = ("k", "top_k", "topk")
 P_NAMES = ("p", "top_p", "topp", "nucleus")
 MIN_P_NAMES = ("min_p", "minp", "p_min", "min_prob", "min_p_ratio")

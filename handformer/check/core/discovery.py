@@ -91,7 +91,11 @@ FIXED: dict[str, Any] = {"i": 0, "layer_idx": 0, "layer_id": 0, "layer_index": 0
                          # partial rotary (GPT-NeoX's rotary_pct, Phi's and StableLM's
                          # partial_rotary_factor): half of check's 4 dims a head turn, an even
                          # width as every real model's (0.25 of 4 would turn 1)
-                         "rotary_pct": 0.5, "partial_rotary_factor": 0.5}
+                         "rotary_pct": 0.5, "partial_rotary_factor": 0.5,
+                         # a mixture of experts' config (minimind's, DeepSeek's), for its MoE layer
+                         # built alone: 4 experts, 2 a token, renormalized, one shared
+                         "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
+                         "norm_topk_prob": True}
 # fixed values for a dict config alone (Raschka's cfg["num_experts"] = 0: one FFN); a config class keeps
 # its own (Mixtral's MoEArgs: num_experts = 4, checked against handformer's MixtureOfExperts)
 DICT_ONLY = ("num_experts",)
@@ -405,12 +409,16 @@ NOT_SUFFIXED_WORDS = re.compile("|".join(NOT_SUFFIXED), re.I)
 HEAD_MODELS = ("LanguageModel", "LMHeadModel")  # a model with its head: kept beside Hugging Face's backbone
 
 
+VERSIONED = r"_?[vV]\d+"  # a name's version: Raschka's SelfAttention_v1, SelfAttention_v2
+
+
 def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> list[str]:
     """The learner's names among `names`, in that order (see `_stands_for`); then their classes whose
     name ends as this kind's do (SUFFIXES)."""
     out = []
     for name in names:
         out += [name] * (name in own) + sorted(n for n in own if "." in n and _stands_for(name, n))
+        out += sorted(n for n in own if re.fullmatch(re.escape(name) + VERSIONED, n))
     out += sorted(n for n, o in own.items() if inspect.isclass(o) and n not in TABLED and n not in out
                   and _suffixed(n, o, SUFFIXES.get(kind, ("\0",))) and SUFFIX_TESTS.get(kind, bool)(o))
     if any(n.endswith(("ForCausalLM", "LMHeadModel")) for n in own):  # Hugging Face's XModel is the backbone

@@ -318,8 +318,19 @@ def raises_alone(comp: Component, ctx: Context) -> LearnerError | None:
         call(x, x, x, None) if call else module(x)
     except Exception as err:  # noqa: BLE001
         error = learner_error(err, ctx.path, "forward")
-        return error if error.kind == "exception" and error.traceback else None
+        theirs = error.kind == "exception" and error.traceback and not _one_sequence(module, x)
+        return error if theirs else None
     return None
+
+
+def _one_sequence(module: nn.Module, x: torch.Tensor) -> bool:
+    """Whether the module runs on one sequence (T, D), no batch (Raschka's SelfAttention_v1, queries @
+    keys.T): a batch is not an input it accepts."""
+    try:
+        module(x[0])
+    except Exception:  # noqa: BLE001  (their code: it does not)
+        return False
+    return True
 
 
 def _required(module: nn.Module) -> set[str]:

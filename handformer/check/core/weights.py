@@ -10,6 +10,7 @@ Shape legend: D d_model, F FFN width.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import re
 from dataclasses import dataclass
@@ -196,14 +197,33 @@ def _stored_transposed(sub: nn.Module) -> str | None:
 
 def untranspose_(module: nn.Module) -> list[str]:
     """Each linear layer of the learner's own that stores its weight (in, out) reparametrized so that
-    its parameter is (out, in), as nn.Linear's (the layer computes what it did); their names."""
+    its parameter is (out, in), as nn.Linear's (the layer computes what it did), and each loose matrix
+    its forward multiplies from the right (`x @ self.W_query`, Raschka's SelfAttention_v1); their
+    names."""
     found = []
     for name, sub in list(module.named_modules()):
-        weight = _stored_transposed(sub)
-        if weight is not None:
+        for weight in filter(None, [_stored_transposed(sub), *_right_multiplied(sub)]):
             parametrize.register_parametrization(sub, weight, Transposed(), unsafe=True)
             found.append(name)
     return found
+
+
+def loose_matrices(params: dict[str, nn.Parameter], sub: nn.Module) -> bool:
+    """Two or more 2-D parameters and nothing else, in a module with no layers of its own: each a
+    projection (Raschka's SelfAttention_v1: W_query, W_key, W_value as nn.Parameter(torch.rand(d_in,
+    d_out)))."""
+    alone = set(dict(sub.named_children())) <= {"parametrizations"}  # its own, reparametrized
+    return len(params) >= 2 and {p.dim() for p in params.values()} == {2} and alone
+
+
+def _right_multiplied(sub: nn.Module) -> list[str]:
+    """The loose matrices (`loose_matrices`) its forward's source multiplies from the right, x @
+    self.W: stored (in, out)."""
+    params = dict(sub.named_parameters(recurse=False))
+    if not loose_matrices(params, sub):
+        return []
+    source = quietly(lambda: inspect.getsource(type(sub).forward)) or ""
+    return [n for n in params if re.search(rf"@\s*self\.{re.escape(n)}\b(?!\s*\.\s*T\b)", source)]
 
 
 def _own_parameters(sub: nn.Module) -> dict[str, nn.Parameter]:
@@ -258,6 +278,9 @@ def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
             found.append(Leaf(label, "embedding", sub, sub.weight, None))
         elif isinstance(sub, nn.Linear) or _one_matrix(params):
             found.append(Leaf(label, "linear", sub, *_matrix_and_vector(params)))
+        elif loose_matrices(params, sub):
+            found += [Leaf(f"{label}.{n}".removeprefix("(self)."), "linear", sub, p, None)
+                      for n, p in params.items()]
         elif all(p.dim() <= 1 for p in params.values()) and _holds_layers(sub):  # nanochat's resid_lambdas
             found += [Leaf(f"{label}.{n}".removeprefix("(self)."), "scalar", sub, p, None)
                       for n, p in params.items()]

@@ -191,9 +191,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
         kwargs.update(position_kwargs(named - {"alibi"}, B, T, head_dim, xq.dtype))
         kwargs.update({"alibi": alibi_argument(B, xq.size(-1) // head_dim, xk.size(1), xq.dtype)}
                       if "alibi" in named else {})  # BLOOM's model hands each attention its ALiBi term
-        if state.get("first"):  # (T, B, D) in and out: PyTorch's tutorial, batch_first=False
-            return batch_first(with_positions(fn, [a.transpose(0, 1) for a in args], kwargs, layout, B))
-        return with_positions(fn, args, kwargs, layout, B)
+        return _laid_out(fn, args, kwargs, layout, state)
 
     return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named, state, required)
 
@@ -224,6 +222,38 @@ def _sequence_first(res: ComponentResult, ctx: Context, c: Caller) -> None:
                                                    lambda conv: c.state.update(visible=conv),
                                                    (None, *convs * c.required))
     res.notes += [SEQUENCE_FIRST] * c.state["first"]
+
+
+def _laid_out(fn: Any, args: list[Tensor], kwargs: dict[str, Any], layout: dict[str, bool],
+              state: dict[str, Any]) -> Any:
+    """fn on the inputs (B, T, D) in the layout it takes: (T, B, D) in and out (PyTorch's tutorial,
+    batch_first=False: state "first"), one sequence (T, D) at a time (Raschka's SelfAttention_v1,
+    queries @ keys.T: state "one", its outputs stacked), else as they are."""
+    B = args[0].size(0)
+    if state.get("first"):
+        return batch_first(with_positions(fn, [a.transpose(0, 1) for a in args], kwargs, layout, B))
+    if state.get("one"):
+        outs = [with_positions(fn, [a[b] for a in args], kwargs, layout, 1) for b in range(B)]
+        return tuple(map(torch.stack, zip(*outs))) if isinstance(outs[0], tuple) else torch.stack(outs)
+    return with_positions(fn, args, kwargs, layout, B)
+
+
+def _one_sequence(res: ComponentResult, c: Caller, x: Tensor) -> None:
+    """Whether the attention serves one sequence (T, D) at a time and no batch (B, T, D): Raschka's
+    SelfAttention_v1 and v2, `queries @ keys.T`; then it is driven one sequence at a time
+    (c.state["one"]) and the report says so. An attention that takes a mask is never driven so."""
+    if c.takes_mask or fp.quietly(lambda: c.call(x, x, x, None)) is not None:
+        return
+    c.state["one"] = True
+    out = fp.first_tensor(fp.quietly(lambda: c.call(x, x, x, None)), 3)
+    c.state["one"] = out is not None and out.shape[:2] == x.shape[:2]
+    res.notes += [ONE_SEQUENCE] * c.state["one"]
+
+
+ONE_SEQUENCE = text("it takes one sequence (T, D) at a time, no batch (Raschka's SelfAttention_v1 and v2, "
+                    "queries @ keys.T): driven one sequence at a time, each output stacked",
+                    "它一次只接收一个序列 (T, D)，不接收 batch（Raschka 的 SelfAttention_v1 和 v2，"
+                    "queries @ keys.T）：逐个序列运行，再把输出叠起来")
 
 
 def run_mask(keep: Tensor | None, conv: str, batch: int) -> Tensor | None:
@@ -697,7 +727,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     linears, qk_norms = _projections(comp, module, heads)
     if heads != 1 and single_head(comp, linears, n_kv_heads):  # checked again with one head
         return check_mha(comp, ctx, sizes["causal"], n_kv_heads, heads=1)
-    c = _driven(res, module, around)
+    c = _driven(res, module, around, x)
     one = x[:, :1]  # (B, 1, D): one token, where the output reads the value rows alone
     find_layouts_(module, lambda: fp.first_tensor(c.call(one, one, one, None), 3), D, D // heads)
     kv_width = n_kv_heads * (D // heads) if n_kv_heads else None  # None: read from a fused projection
@@ -868,11 +898,12 @@ def _tutorial_shapes_at_their_sizes(res: ComponentResult, ctx: Context, comp: Co
         _tutorial_shapes(res, ctx, comp, c, sizes)
 
 
-def _driven(res: ComponentResult, module: nn.Module, around: bool) -> Caller:
-    """caller(module), its query taken away where its norm was taken out (_post_norm_out); a window
-    it is handed, noted."""
+def _driven(res: ComponentResult, module: nn.Module, around: bool, x: Tensor) -> Caller:
+    """caller(module), its query taken away where its norm was taken out (_post_norm_out), one
+    sequence at a time where it takes no batch (_one_sequence, on x); a window it is handed, noted."""
     c = caller(module)
     c.call = less_query(c.call) if around else c.call
+    _one_sequence(res, c, x)
     res.notes += window_note(window_inputs(module, forward_parameters(module)))
     return c
 

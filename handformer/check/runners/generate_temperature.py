@@ -1,9 +1,10 @@
 """The temperature of a sampling loop (`generate(model, idx, max_new_tokens, temperature=1.0)`):
-driven once more for one new token at temperature TEMPERATURE, its model's logits handed as the model
-gives them (not made certain), and `torch.multinomial` answering the likeliest token while it records
-the probabilities it was handed. Those must be softmax(logits / TEMPERATURE) on the tokens the loop
-keeps (its filters may drop some: compared after renormalising on the kept ones, in the order of
-their size, so that a loop that samples from them sorted compares too). A loop that samples
+driven once more for one new token at temperature TEMPERATURE (its switch to sampling on, minGPT's
+do_sample=True), its model's logits handed as the model gives them (not made certain), and
+`torch.multinomial` answering the likeliest token while it records the probabilities it was handed.
+Those must be softmax(logits / TEMPERATURE) on the tokens the loop keeps (its filters may drop some:
+compared after renormalising on the kept ones, in the order of their size, so that a loop that
+samples from them sorted compares too). A loop that samples
 otherwise (Gumbel noise, argmax at its default) is not probed.
 
 Shape legend: B prompts, V vocabulary.
@@ -19,7 +20,7 @@ from unittest import mock
 import torch
 from torch import Tensor
 
-from handformer.check.core.argument_names import TEMPERATURE_NAMES
+from handformer.check.core.argument_names import SAMPLE_SWITCH_NAMES, TEMPERATURE_NAMES
 from handformer.check.core.context import Context, forward_parameters
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines
@@ -54,6 +55,13 @@ def _gap(probs: Tensor, logits: Tensor) -> float:
     return float((mine - theirs).abs().max())
 
 
+def sampling_on(fn: Any) -> dict[str, bool]:
+    """The loop's switch to sampling turned on, where it has one off by default (minGPT's
+    do_sample=False takes the argmax, and its temperature would go unseen)."""
+    return {p.name: True for p in forward_parameters(fn)
+            if p.name.lower() in SAMPLE_SWITCH_NAMES and p.default is False}
+
+
 def check_temperature(res: ComponentResult, ctx: Context, comp: Any, driver: Any, short: Any,
                       run_generate: Any) -> None:
     """The probe of the module docstring, when the loop takes a temperature and samples with
@@ -65,7 +73,7 @@ def check_temperature(res: ComponentResult, ctx: Context, comp: Any, driver: Any
     seen: list[Tensor] = []
     B, as_list = short.prompt.size(0), short.as_list
     with recorded_draws(seen, SOFT):
-        run = run_generate(ctx, comp, driver, 1, B, as_list, {name: TEMPERATURE})
+        run = run_generate(ctx, comp, driver, 1, B, as_list, {name: TEMPERATURE, **sampling_on(comp.obj)})
         logits = driver.logits(run.prompt)[:, -1].double()  # (B, V)
     if not seen or seen[0].shape[-1] != logits.size(-1):  # it never sampled, or sampled a subset
         return
@@ -77,10 +85,23 @@ def check_temperature(res: ComponentResult, ctx: Context, comp: Any, driver: Any
                                  f"{TEMPERATURE})"), gap < 1e-4,
                             text(f"largest difference of the log-probabilities {gap:.3g}",
                                  f"对数概率最大相差 {gap:.3g}")))
-    if gap >= 1e-4 and _gap(probs, logits * TEMPERATURE) < 1e-4:
-        lines = source_lines(ctx.objects(comp, "sample", "temperature"))
-        number, code = locate("temperature_multiplied", lines)
-        res.findings.append(Finding("temperature_multiplied", text(
-            f"at {name}={TEMPERATURE} your loop samples from softmax(logits * {TEMPERATURE})",
-            f"{name}={TEMPERATURE} 时你的循环从 softmax(logits * {TEMPERATURE}) 采样"), number, code))
+    if gap >= 1e-4:
+        _named_form(res, ctx, comp, name, probs, logits)
 
+
+def _named_form(res: ComponentResult, ctx: Context, comp: Any, name: str, probs: Tensor, logits: Tensor,
+                ) -> None:
+    """The catalogued mistake whose distribution the loop samples from, if one is: the logits
+    multiplied by the temperature, or the temperature applied after the softmax (which the draw's
+    renormalising undoes: softmax(logits), as at t = 1)."""
+    forms = (("temperature_multiplied", logits * TEMPERATURE, f"softmax(logits * {TEMPERATURE})",
+              f"softmax(logits * {TEMPERATURE})"),
+             ("temperature_after_softmax", logits, "softmax(logits), as at t = 1",
+              "softmax(logits)，相当于 t = 1"))
+    for diagnosis, alternative, en, zh in forms:
+        if _gap(probs, alternative) < 1e-4:
+            number, code = locate(diagnosis, source_lines(ctx.objects(comp, "sample", "temperature")))
+            said = text(f"at {name}={TEMPERATURE} your loop samples from {en}",
+                        f"{name}={TEMPERATURE} 时你的循环从 {zh} 采样")
+            res.findings.append(Finding(diagnosis, said, number, code))
+            return

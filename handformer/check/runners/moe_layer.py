@@ -1,0 +1,107 @@
+"""The sparse mixture of experts of the MoE chapter, checked as its own component (minimind's
+MOEFeedForward with its MoEGate, Mixtral's SparseMoeBlock, DeepSeek's MoE with shared experts):
+each token is scored by a router, softmax over the E experts, sent through its top k, their weights
+renormalized to sum to 1 where the layer's setting says so (norm_topk_prob), and the weighted sum of
+their outputs taken, plus the output of any shared expert.
+
+The experts are the learner's own modules, called as they are (each is checked as an FFN where its
+class is found); what is compared is the routing and the sum, against a reference written from the
+router's weight (E, D): that of an nn.Linear(D, E) or of a gate module holding a (E, D) parameter.
+How many experts a token takes and whether their weights are renormalized are read from the layer's
+settings (top_k, num_experts_per_tok; norm_topk_prob, normalize); a setting it does not name is
+read from its output, the reading nearest to it.
+
+Shape legend: N tokens (B * T), D d_model, E experts, K experts a token.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.context import Context, D, error_text, finish
+from handformer.check.core.discovery import Component
+from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.core.source import locate, source_lines
+
+TOP_K_SETTINGS = ("top_k", "num_experts_per_tok", "n_activated_experts", "experts_per_token", "k")
+TOL = 1e-6
+NORM_SETTINGS = ("norm_topk_prob", "normalize", "renormalize", "norm_topk", "route_norm")
+
+
+def _parts(module: nn.Module) -> tuple[nn.ModuleList, Tensor, list[nn.Module]]:
+    """Its experts (the child nn.ModuleList), its router's weight (E, D), and its other children with
+    parameters: the shared experts."""
+    children = dict(module.named_children())
+    experts = next(c for c in children.values() if isinstance(c, nn.ModuleList))
+    E = len(experts)
+    gate = next(c for c in children.values() if _router(c, E) is not None)
+    shared = [c for c in children.values()
+              if c is not experts and c is not gate and next(c.parameters(), None) is not None]
+    return experts, _router(gate, E), shared
+
+
+def _router(child: nn.Module, E: int) -> Tensor | None:
+    """The router weight (E, D) a child holds as its own parameter (nn.Linear(D, E)'s, MoEGate's)."""
+    return next((p for p in child.parameters(recurse=False) if tuple(p.shape) == (E, D)), None)
+
+
+def _setting(module: nn.Module, names: tuple[str, ...]) -> Any:
+    """The first of the settings its modules or their config hold, None where none does."""
+    holders = [*module.modules(), *(getattr(m, "config", None) for m in module.modules())]
+    found = (getattr(h, n) for n in names for h in holders if isinstance(getattr(h, n, None), (bool, int)))
+    return next(found, None)
+
+
+def mixture(x: Tensor, router: Tensor, experts: list[Any], shared: list[Any], k: int, normalize: bool,
+            ) -> Tensor:
+    """The reference: softmax(x W_r^T) over the experts, the top k of each token, renormalized when
+    `normalize`, weighting the experts' outputs; plus each shared expert's. x (B, T, D)."""
+    scores = torch.softmax(x @ router.T, dim=-1)  # (B, T, E)
+    weights, chosen = scores.topk(k, dim=-1)  # (B, T, K)
+    weights = weights / weights.sum(-1, keepdim=True) if normalize else weights
+    outs = torch.stack([expert(x) for expert in experts], dim=-2)  # (B, T, E, D)
+    picked = outs.gather(-2, chosen[..., None].expand(*chosen.shape, outs.size(-1)))  # (B, T, K, D)
+    return (weights[..., None] * picked).sum(-2) + sum(s(x) for s in shared)
+
+
+def check_moe(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    module = ctx.build(comp)
+    experts, router, shared = ctx.learner.call("__init__", _parts, module)
+    x = fp.randn(2, 5, D, seed=4)  # (B, T, D)
+    k, normalize = _setting(module, TOP_K_SETTINGS), _setting(module, NORM_SETTINGS)
+    with torch.no_grad():
+        out = fp.first_tensor(ctx.learner.call("forward", module, x), 3)
+        readings = {(kk, norm): mixture(x, router, list(experts), shared, kk, norm) for kk, norm in
+                    itertools.product([k] if k else range(1, len(experts) + 1), (True, False))}
+    errors = {key: fp.max_error(out, ref) for key, ref in readings.items()}
+    allowed = [key for key in errors if normalize is None or key[1] == bool(normalize)]
+    k, norm = min(allowed, key=errors.get)
+    err = res.max_abs_error = errors[k, norm]
+    res.notes.append(_read_as(len(experts), k, norm, len(shared)))
+    res.checks.append(Check(text("each token through its top experts by the router's softmax, their outputs "
+                                 "weighted and summed (plus the shared experts')",
+                                 "每个 token 经过路由 softmax 得分最高的专家，输出加权求和"
+                                 "（再加上共享专家的输出）"),
+                            err < TOL, error_text(err)))
+    if err >= TOL and norm and errors[k, False] < TOL:
+        number, code = locate("moe_weights_not_renormalized", source_lines(ctx.objects(comp)))
+        res.findings.append(Finding("moe_weights_not_renormalized", text(
+            f"your output is the top-{k} weights as the softmax gave them (to {errors[k, False]:.1e}), "
+            "though its setting says they are renormalized",
+            f"你的输出用的是 softmax 给出的前 {k} 个权重（误差 {errors[k, False]:.1e}），"
+            "而它的设置要求重新归一化"),
+            number, code))
+    return finish(res)
+
+
+def _read_as(E: int, k: int, normalize: bool, shared: int) -> Text:
+    renorm = ("their weights renormalized to sum to 1", "权重重新归一化到和为 1") if normalize else (
+        "their weights as the softmax gave them", "权重保持 softmax 给出的值")
+    return text(f"{E} experts, each token through its top {k}, {renorm[0]}; {shared} shared expert(s)",
+                f"{E} 个专家，每个 token 经过得分最高的 {k} 个，{renorm[1]}；共享专家 {shared} 个")
