@@ -45,9 +45,6 @@ COUNT_NAMES = ("max_new_tokens", "max_tokens", "n_new", "num_tokens", "new_token
 # a generation loop's attention mask (1 = real token, 0 = pad) and padding id
 MASK_ARG_NAMES = ("attention_mask", "attn_mask", "padding_mask", "pad_mask", "mask")
 PAD_NAMES = ("pad_token_id", "pad_id", "pad_idx", "pad_token", "pad", "padding_idx")
-# a chain of logits processors a sampling loop hands its logits to (Hugging Face's LogitsProcessorList)
-PROCESSOR_NAMES = ("processors", "logits_processor", "logits_processors", "processor", "logits_warper",
-                   "logits_warpers", "warpers", "processor_list")
 CONTEXT_NAMES = ("context_size", "block_size", "context_length", "max_seq_len", "max_context", "ctx_len",
                  "window", "context_window", "ctx", "max_ctx", "context_len", "max_context_length")
 

@@ -44,7 +44,6 @@ from handformer.check.core.argument_names import (
     OPTIMIZER_NAMES,
     P_NAMES,
     PROBS_NAMES,
-    PROCESSOR_NAMES,
     PROMPT_NAMES,
     SCHEDULE_ARGS,
     SCHEDULE_STEP_NAMES,
@@ -58,7 +57,7 @@ from handformer.check.core.argument_names import (
     named,
     names_of,
 )
-from handformer.check.core.processors import own_call, own_method, posing_as
+from handformer.check.core.processors import PROCESSOR_NAMES, own_call, own_method, posing_as
 from handformer.check.core.source import config_reads, source_text
 from handformer.check.core.special_ids import DEVICE_NAMES
 

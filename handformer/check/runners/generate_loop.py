@@ -37,13 +37,13 @@ from handformer.check.core.argument_names import (
     MASK_ARG_NAMES,
     MODEL_NAMES,
     PAD_NAMES,
-    PROCESSOR_NAMES,
     PROMPT_NAMES,
 )
 from handformer.check.core.context import Context, forward_names, forward_parameters, named
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import note_departure
+from handformer.check.core.processors import PROCESSOR_NAMES, NoProcessors
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.sizes import is_number
 from handformer.check.core.source import locate, source_lines, source_text
@@ -282,14 +282,6 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
         else:
             args.append(value)
     return ctx.learner.call("forward", drained(comp.obj), *args, **kwargs)
-
-
-class NoProcessors(list):
-    """An empty chain of logits processors (Hugging Face's LogitsProcessorList: a list, called with the
-    ids and the scores): iterated, it holds none; called, it gives the scores back."""
-
-    def __call__(self, input_ids: Any, scores: Tensor) -> Tensor:
-        return scores
 
 
 def _rectangular(ids: Any) -> bool:
