@@ -128,7 +128,7 @@ class Context:
         """The learner's module, built with matched arguments, eval mode; `checked`: scrambled and
         float64 (for comparisons), else as built (for the tutorial-size shape check). A module with
         lazy layers (d2l's nn.LazyLinear) is first run once by `warmup`, which gives them shapes."""
-        sizes = sizes if comp.kind in OWN_BASE else {"theta": REFERENCE_THETA, **sizes}
+        sizes = {**dict.fromkeys(("theta",) * (comp.kind not in OWN_BASE), REFERENCE_THETA), **sizes}
         module = self.learner.call("__init__", build, comp.obj, sizes, self.parts(sizes))
         if not isinstance(module, nn.Module):
             raise self.learner.fail("__init__", f"{comp.name}(...) is not an nn.Module",

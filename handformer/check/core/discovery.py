@@ -519,7 +519,7 @@ def _refine_function(kind: str, obj: Any) -> str:
     family = FAMILY_OF.get(kind, ())
     said = kind_of(obj) if family else None
     # a `sample(model, input_ids, processors, max_new_tokens)` that takes a model is a generation loop
-    return said if said in family or said == "generate" else kind
+    return said if said in (*family, "generate") else kind
 
 
 def reads_kv_heads(cls: Any) -> bool:

@@ -90,12 +90,17 @@ def as_filter(cls: Any, setting: str, kind: str = "") -> type:
     run follows) whose `__new__` returns the filtered scores; its own code stays handformer's, so a
     traced run (localize.py) starts in the learner's `__call__`."""
 
-    def new(_: type, scores: Tensor, input_ids: Tensor | None = None, **settings: Any) -> Tensor:
-        return cls(**settings)(_zero_ids(scores) if input_ids is None else input_ids, scores)
+    def new(_: type, scores: Tensor, **settings: Any) -> Tensor:
+        return cls(**settings)(_zero_ids(scores), scores)
 
+    def new_with_ids(_: type, scores: Tensor, input_ids: Tensor, **settings: Any) -> Tensor:
+        return cls(**settings)(input_ids, scores)
+
+    reads = kind in READS_IDS
     given = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    names = ("scores", "input_ids", setting) if kind in READS_IDS else ("scores", setting)
-    return posing_as(cls, new, inspect.Signature([inspect.Parameter(n, given) for n in names]))
+    names = ("scores", *("input_ids",) * reads, setting)
+    return posing_as(cls, (new, new_with_ids)[reads], inspect.Signature([inspect.Parameter(n, given)
+                                                                          for n in names]))
 
 
 def posing_as(cls: Any, new: Any, signature: inspect.Signature) -> type:

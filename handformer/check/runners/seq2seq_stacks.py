@@ -9,14 +9,12 @@ target's."""
 from __future__ import annotations
 
 import inspect
-import re
 import types
 from typing import Any
 
 from torch import nn
 
 from handformer.check.core.discovery import ARGUMENTS, FIXED, argument_keys, own_objects, with_head_size
-from handformer.check.core.source import source_text
 
 VOCABULARIES = {"input_dim": "src_vocab", "output_dim": "tgt_vocab"}  # of a stack, not of a layer
 # a decoder stack's vocabulary (d2l's TransformerDecoder(vocab_size, ...)) is the target's
@@ -43,18 +41,11 @@ def build_from_stacks(cls: type, module: types.ModuleType, sizes: dict[str, Any]
 
 
 def stacks(own: dict[str, Any], role: str) -> list[type]:
-    """The file's classes that can be its encoder (role "Encoder") or decoder: those named so or
-    derived from the one named so, the most derived first, an interface whose forward only raises
-    NotImplementedError (d2l's Encoder) left out."""
-    base = own.get(role) if inspect.isclass(own.get(role)) else None
-    found = [c for c in own.values() if inspect.isclass(c) and issubclass(c, nn.Module)
-             and ((base is not None and issubclass(c, base)) or c.__name__ == role) and not _interface(c)]
+    """The file's classes that can be its encoder (role "Encoder") or decoder: the one named so and
+    those derived from it, the most derived first (d2l's TransformerEncoder before its Encoder, an
+    interface whose forward only raises NotImplementedError)."""
+    found = [c for c in own.values() if role in {k.__name__ for k in getattr(c, "__mro__", ())}]
     return sorted(found, key=lambda c: -len(c.__mro__))
-
-
-def _interface(cls: type) -> bool:
-    """Whether the class's forward only raises NotImplementedError (an interface to implement)."""
-    return re.search(r"^\s*raise NotImplementedError\b", source_text(cls.forward), re.M) is not None
 
 
 def _arguments(cls: type, sizes: dict[str, Any], extra: dict[str, str],
@@ -63,7 +54,7 @@ def _arguments(cls: type, sizes: dict[str, Any], extra: dict[str, str],
     keys = argument_keys(cls)
     kwargs: dict[str, Any] = {}
     for name, p in inspect.signature(cls).parameters.items():
-        key = extra.get(name) or keys.get(name)
+        key = {**keys, **extra}.get(name)
         if name in skip or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
         if key in sizes:
