@@ -88,9 +88,6 @@ def test_d2l_encoder_decoder_is_checked(d2l_zh):
 
 @pytest.mark.parametrize(("folder", "name", "component", "finding", "line", "kind"), [
     ("learners_qwen3_hf", "rope_rotation_sign.py", "apply_rotary_pos_emb", "rope_rotation_sign", 74, "rope"),
-    # sin and cos handed in each other's place: the scores of the rotation the other way, quoted at the
-    # call (the block's finding; the attention's own quotes the rotation it departs at)
-    ("learners_qwen3_hf", "cos_sin_swapped.py", "Qwen3DecoderLayer", "rope_rotation_sign", 121, "block"),
     ("learners_mixtral_hf", "scale_by_dk.py", "MixtralAttention", "scale_by_dk", 127, "gqa"),
     ("learners_hf_processors", "repetition_penalty_sign_ignored.py", "RepetitionPenaltyLogitsProcessor",
      "repetition_penalty_sign_ignored", 40, "repetition_penalty"),
