@@ -78,3 +78,61 @@ def test_a_mixture_of_experts_is_checked_as_its_own_layer():
         "FeedForward": ("ffn", "pass"), "MOEFeedForward": ("moe", "pass"), "RMSNorm": ("rmsnorm", "pass")}
     moe = next(c for c in result.components if c.kind == "moe")
     assert any("each token through its top 2, their weights renormalized" in n["en"] for n in moe.notes)
+
+
+BERT = FIXTURES / "learners_bert" / "correct.py"
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    plants = {"mask_inverted": ("(1.0 - attention_mask[:, None, None, :].float()) * -10000.0",
+                                "attention_mask[:, None, None, :].float() * -10000.0"),
+              "dropout_in_eval": ("return self.dropout(self.LayerNorm(x))",
+                                  "return nn.functional.dropout(self.LayerNorm(x), p=0.1)")}
+    paths = {"correct": BERT, **{n: _planted(tmp_path_factory, BERT, edit) for n, edit in plants.items()}}
+    return {name: check_file(str(path), only=["encoder_model"]) for name, path in paths.items()}
+
+
+def test_bert_model_passes_its_determinism_and_padding_checks(bert):
+    (model,) = bert["correct"].components
+    assert (model.name, model.status) == ("BertModel", "pass"), format_report(bert["correct"])
+    assert "padding invariance: with attention_mask" in format_report(bert["correct"])
+
+
+@pytest.mark.parametrize(("plant", "line"), [("mask_inverted", 118), ("dropout_in_eval", 42)])
+def test_bert_model_plants_fail_named_at_their_line(bert, plant, line):
+    (model,) = bert[plant].components
+    assert model.status == "fail", format_report(bert[plant])
+    assert [(f.name, f.line) for f in model.findings] == [(plant, line)]
+
+
+LLAMA3 = FIXTURES / "learners_llama3" / "rope_scaling.py"
+
+
+def test_llama3_rope_scaling_passes_and_its_table_is_compared_unscaled():
+    result = check_file(str(LLAMA3))
+    assert {c.name: c.status for c in result.components} == {"precompute_freqs_cis": "pass",
+                                                             "apply_scaling": "pass"}, format_report(result)
+
+
+def test_llama3_rope_scaling_with_its_blend_swapped_fails(tmp_path_factory):
+    path = _planted(tmp_path_factory, LLAMA3, ("(1 - smooth) * scaled / scale_factor + smooth * scaled",
+                                               "(1 - smooth) * scaled + smooth * scaled / scale_factor"))
+    result = check_file(str(path), only=["rope_scaling"])
+    assert [c.status for c in result.components] == ["fail"], format_report(result)
+
+
+STATIC = FIXTURES / "learners_static" / "batch_masks.py"
+
+
+@pytest.mark.parametrize(("old", "new", "status", "named"), [
+    (None, None, "pass", []),
+    ("self.src_mask = (src != pad)", "self.src_mask = (src != 0)", "fail", [("mask_pad_id", 18)])])
+def test_the_annotated_batch_builds_its_masks_with_its_pad_id(tmp_path_factory, old, new, status, named):
+    """The Annotated Transformer's Batch(src, tgt, pad): its src_mask and tgt_mask, built on ids padded
+    with 1; a src_mask that assumes the pad id 0 is named at its line."""
+    path = _planted(tmp_path_factory, STATIC, (old, new)) if old else STATIC
+    result = check_file(str(path), only=["batch_masks"])
+    (batch,) = result.components
+    assert batch.status == status, format_report(result)
+    assert [(f.name, f.line) for f in batch.findings] == named

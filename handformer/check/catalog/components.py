@@ -30,7 +30,8 @@ DIAGNOSES: list[Diagnosis] = [
       "True = 屏蔽，请加 --mask-convention torch 重新检查）",
       r"masked_fill", r"\w+\[\s*~?\s*keep\s*\]\s*=",
       r"\w*mask\w*\s*[=!]=\s*[01]\b",  # a mask function's `return subsequent_mask == 0`, turned
-      r"\bmask\w*\b.*\*\s*-\s*\d|-\s*\d[\d.e]*\s*\*.*\bmask",  # BERT's additive mask: + (1 - mask) * -10000
+      # BERT's additive mask: + (1 - mask) * -10000, the mask maybe named attention_mask
+      r"\w*mask\w*\b.*\*\s*-\s*\d|-\s*\d[\d.e]*\s*\*.*\w*mask",
       r"^(?!\s*(?:def|if|elif) ).*\bmask\b", r"mask"),
     d("mask_after_softmax", "the mask is applied after the softmax, so the weights no longer sum to 1",
       "掩码在 softmax 之后才应用，注意力权重之和不再为 1",

@@ -560,6 +560,8 @@ CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("gpt", lambda c: c.__name__ not in NAMES["gpt"] and not decoder_only(c), "transformer"),
     ("mha", lambda c: causal_inside(c), "causal_attention"),  # Raschka's, Karpathy's: forward(x)
     ("mha", lambda c: reads_kv_heads(c), "gqa"),
+    # a Batch that builds no masks of the Annotated Transformer's (a dataset's record): not checked
+    ("batch_masks", lambda c: not re.search(r"self\.src_mask\s*=", source_text(c)), "none"),
 )
 
 
@@ -733,9 +735,18 @@ def _covering_config(cls: Any, name: str) -> Any:
     hold every attribute the constructor reads from it (GPT-NeoX's GPTNeoXConfig with rotary_pct and
     use_parallel_residual), so that the fields check does not know keep the file's defaults."""
     attrs = config_reads(cls, name)[1]
-    covering = [c for c in vars(_module_of(cls) or types).values() if isinstance(c, type)
-                and attrs <= set(getattr(c, "__dataclass_fields__", ()))]
+    fields = {c: _config_fields(c) for c in vars(_module_of(cls) or types).values() if isinstance(c, type)}
+    covering = [c for c, held in fields.items() if held and attrs <= held]
     return covering[0] if len(covering) == 1 else None
+
+
+def _config_fields(c: type) -> set[str]:
+    """A config class's fields: a dataclass's, or the arguments of a plain class named as a config
+    (Hugging Face's BertConfig(vocab_size=..., hidden_size=...), handed on whole by BertModel(config));
+    none for any other class."""
+    named = c.__name__.endswith(("Config", "Args")) and not hasattr(c, "forward")
+    plain = {p.name for p in init_parameters(c)} if named else set()
+    return set(getattr(c, "__dataclass_fields__", ())) or plain
 
 
 def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | None:

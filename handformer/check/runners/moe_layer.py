@@ -30,6 +30,7 @@ from handformer.check.core.source import locate, source_lines
 
 TOP_K_SETTINGS = ("top_k", "num_experts_per_tok", "n_activated_experts", "experts_per_token", "k")
 TOL = 1e-6
+NORMS = {None: (True, False), True: (True,), False: (False,)}  # the readings a setting allows (None: unnamed)
 NORM_SETTINGS = ("norm_topk_prob", "normalize", "renormalize", "norm_topk", "route_norm")
 
 
@@ -80,7 +81,7 @@ def check_moe(comp: Component, ctx: Context) -> ComponentResult:
         readings = {(kk, norm): mixture(x, router, list(experts), shared, kk, norm) for kk, norm in
                     itertools.product([k] if k else range(1, len(experts) + 1), (True, False))}
     errors = {key: fp.max_error(out, ref) for key, ref in readings.items()}
-    allowed = [key for key in errors if normalize is None or key[1] == bool(normalize)]
+    allowed = [key for key in errors if key[1] in NORMS[normalize]]
     k, norm = min(allowed, key=errors.get)
     err = res.max_abs_error = errors[k, norm]
     res.notes.append(_read_as(len(experts), k, norm, len(shared)))

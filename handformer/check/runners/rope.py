@@ -254,6 +254,11 @@ def _filled_config(cls: Any, values: dict[str, Any]) -> Any:
                                **dict.fromkeys(filter(ROPE_WIDTH.search, fields), DH))
 
 
+# Llama 3.1's switch of its frequency scaling (Meta's precompute_freqs_cis(..., use_scaled=...)): off,
+# the table compared unscaled; the scaling is checked as apply_scaling (runners/rope_scaling.py)
+SCALING_SWITCHES = ("use_scaled", "use_scaled_rope", "use_scaling", "scaled")
+
+
 def _check_table_function(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     names = forward_names(comp.obj)
@@ -261,7 +266,8 @@ def _check_table_function(comp: Component, ctx: Context) -> ComponentResult:
     def call(theta: float, length: int = P, offset: int | None = None) -> Any:
         # dtype: gpt-fast's precompute_freqs_cis(..., dtype=torch.bfloat16); an offset only when given
         values = {**dict.fromkeys(DIM_NAMES, DH), **dict.fromkeys(LENGTH_NAMES, length),
-                  **dict.fromkeys(THETA_NAMES, theta), "dtype": torch.float64}
+                  **dict.fromkeys(THETA_NAMES, theta), "dtype": torch.float64,
+                  **dict.fromkeys(SCALING_SWITCHES, False)}
         if offset is not None:
             values |= dict.fromkeys(OFFSET_NAMES, offset)
         kwargs = _filled(names, values) | _config(comp.obj, names, values)

@@ -1,0 +1,59 @@
+"""The Annotated Transformer's `Batch(src, tgt=None, pad=2)`: it holds the source's padding mask
+(src_mask, (B, 1, S), True = a real token), the target shifted (tgt = tgt[:, :-1], tgt_y = tgt[:, 1:])
+and its mask (tgt_mask, (B, T, T): the target's real tokens and the causal part, combined with &).
+
+It is built on ids padded with the pad id 1 (not 0: a mask that assumes 0 shows it) and its masks
+read back as keep masks (True or 1 = may be seen) and compared with those; a source mask that is the
+one the pad id 0 would give is named.
+
+Shape legend: B batch, S source length, T target length (one less than the target handed).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from handformer.check.core.context import Context, finish, forward_parameters
+from handformer.check.core.discovery import Component, cannot_fill
+from handformer.check.core.result import Check, ComponentResult, Finding, text
+from handformer.check.core.source import locate, source_lines
+from handformer.check.runners.mask_helpers import PAD, PAD_NAMES, src_ids, tgt_ids
+
+
+def _keep(mask: object, B: int, width: int) -> Tensor | None:
+    """A mask read as (B, rows, width) keep, where it is a tensor of that many entries."""
+    return mask.reshape(B, -1, width).bool() if isinstance(mask, Tensor) and mask.numel() % (B * width) == 0 \
+        else None
+
+
+def expected(ids: Tensor, pad: int, causal: bool) -> Tensor:
+    """(B, 1, L) keep of the real tokens, with the causal part (B, L, L) where `causal`."""
+    keep = (ids != pad)[:, None, :]
+    return keep & torch.ones(ids.size(1), ids.size(1), dtype=torch.bool).tril() if causal else keep
+
+
+def check_batch(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    names = [p.name for p in forward_parameters(comp.obj)]
+    pad = next((n for n in names if n in PAD_NAMES), None)
+    cannot_fill(comp.name, [], (), [pad] * bool(pad), "pad", (
+        "a Batch takes the source ids, the target ids and the pad id", "Batch 接收源 id、目标 id 和 pad id"))
+    src, tgt = src_ids(PAD), tgt_ids(PAD)
+    batch = ctx.learner.call("__init__", comp.obj, src, tgt, **{pad: PAD})
+    shifted = tgt[:, :-1]
+    B = src.size(0)
+    got = {"src_mask": _keep(getattr(batch, "src_mask", None), B, src.size(1)),
+           "tgt_mask": _keep(getattr(batch, "tgt_mask", None), B, shifted.size(1))}
+    wanted = {"src_mask": expected(src, PAD, False), "tgt_mask": expected(shifted, PAD, True)}
+    for name, keep in got.items():
+        ok = keep is not None and keep.shape == wanted[name].shape and torch.equal(keep, wanted[name])
+        res.checks.append(Check(text(f"{name}: the real tokens' keep mask (pad id {PAD})",
+                                     f"{name}：真实 token 的保留掩码（pad id 为 {PAD}）"), ok))
+    if got["src_mask"] is not None and torch.equal(got["src_mask"], expected(src, 0, False)):
+        number, code = locate("mask_pad_id", source_lines([comp.obj]))
+        res.findings.append(Finding("mask_pad_id", text(
+            f"built with {pad}={PAD}, its src_mask hides the tokens with id 0, not those with id {PAD}",
+            f"传入 {pad}={PAD} 时，它的 src_mask 屏蔽的是 id 为 0 的 token，不是 id 为 {PAD} 的"),
+            number, code))
+    return finish(res)

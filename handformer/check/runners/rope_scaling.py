@@ -1,0 +1,73 @@
+"""Llama 3.1's scaling of the rotary frequencies (Meta's `apply_scaling(freqs)`, Hugging Face's rope_type
+"llama3"): a frequency whose wavelength 2 pi / f is longer than old_context_len / low_freq_factor
+turns scale_factor times slower, one shorter than old_context_len / high_freq_factor is kept, and in
+between the two are blended, (1 - smooth) * f / scale_factor + smooth * f with smooth =
+(old_context_len / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor).
+
+The function is handed the frequencies of a Llama 3 head (Dh = 128, base 500000: every band holds
+some) and compared with handformer's `llama3_inv_freq` at the settings it writes: its arguments'
+defaults, else the values its own lines assign to Meta's names, else Meta's (8, 1, 4, 8192).
+
+Shape legend: F frequencies (Dh / 2).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.context import Context, error_text, finish, forward_parameters
+from handformer.check.core.discovery import Component, cannot_fill
+from handformer.check.core.result import Check, ComponentResult, text
+from handformer.check.core.source import source_text
+from handformer.config import Llama3RopeScaling
+from handformer.nn.positions import llama3_inv_freq
+
+# each setting of Llama3RopeScaling, by the names Meta's and Hugging Face's code give it
+SETTINGS = {"factor": ("scale_factor", "factor", "scaling_factor"),
+            "low_freq_factor": ("low_freq_factor",), "high_freq_factor": ("high_freq_factor",),
+            "original_max_positions": ("old_context_len", "original_max_position_embeddings",
+                                       "original_context_len", "original_max_positions")}
+
+
+def frequencies() -> torch.Tensor:
+    """A Llama 3 head's rotary frequencies (F,) = 500000^(-2j/128)."""
+    return 1.0 / 500000.0 ** (torch.arange(0, 128, 2, dtype=torch.float64) / 128)
+
+
+def written_settings(fn: object) -> Llama3RopeScaling:
+    """The settings the function writes: a default of its arguments, else a number its lines assign to
+    the name, else Meta's."""
+    defaults = {p.name: p.default for p in forward_parameters(fn) if isinstance(p.default, (int, float))}
+    source = source_text(fn)
+    found = {}
+    for field, names in SETTINGS.items():
+        assigned = (re.search(rf"^\s*{n}\s*=\s*([\d.]+)\s*(#|$)", source, re.M) for n in names)
+        values = [defaults.get(n) for n in names] + [float(m.group(1)) for m in assigned if m]
+        found[field] = next((v for v in values if v is not None), getattr(Llama3RopeScaling, field))
+    return Llama3RopeScaling(**found)
+
+
+def check_rope_scaling(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    rest = [p.name for p in forward_parameters(comp.obj)[1:] if p.default is p.empty]
+    cannot_fill(comp.name, rest, (), [comp.name], "freqs", (
+        "the scaling takes the frequencies alone, its settings with defaults or written inside",
+        "缩放只接收频率，设置要么有默认值，要么写在函数里"))
+    freqs = frequencies()
+    settings = written_settings(comp.obj)
+    out = torch.as_tensor(ctx.learner.call("forward", comp.obj, freqs.clone())).double()
+    err = res.max_abs_error = fp.max_error(out / freqs, llama3_inv_freq(freqs, settings) / freqs)
+    shown = (f"scale_factor {settings.factor:g}, low_freq_factor {settings.low_freq_factor:g}, "
+             f"high_freq_factor {settings.high_freq_factor:g}, "
+             f"old_context_len {settings.original_max_positions:g}")
+    res.notes.append(text(f"settings read from your code: {shown}", f"从你的代码读出的设置：{shown}"))
+    res.checks.append(Check(text("a Llama 3 head's 64 frequencies: the long wavelengths divided by the scale "
+                                 "factor, the short ones kept, those between blended as Llama 3.1's "
+                                 "(compared as the ratio to each frequency)",
+                                 "Llama 3 一个头的 64 个频率：长波长的除以缩放系数，短波长的保持不变，"
+                                 "中间的按 Llama 3.1 的方式插值（按与原频率之比比较）"),
+                            err < 1e-6, error_text(err)))
+    return finish(res)
