@@ -137,12 +137,9 @@ DIAGNOSES: list[Diagnosis] = [
       r"\[\s*:\s*(\w+\.)?(seq_len|seqlen|T|t|n|length)\b", r"\[\s*:", r"offset|start"),
     d("rope_rotation_sign", "the rotation goes the wrong way (rotate_half's minus sign on the wrong half)",
       "旋转方向反了（rotate_half 的负号加在了另一半上）",
-      "rotate_half(x) = torch.cat((-x2, x1), dim=-1), with x1, x2 = x.chunk(2, dim=-1); a table of the "
-      "angles themselves, not their negatives: torch.polar(torch.ones_like(freqs), freqs)",
-      "rotate_half(x) = torch.cat((-x2, x1), dim=-1)，其中 x1, x2 = x.chunk(2, dim=-1)；表里用角度本身，"
-      "不要取负：torch.polar(torch.ones_like(freqs), freqs)",
-      r"cat\(\s*[\(\[]\s*x2\s*,\s*-\s*x1", r"polar\([^,]*,\s*-",  # Meta's table of -angles
-      r"stack\(", r"cat\("),
+      "rotate_half(x) = torch.cat((-x2, x1), dim=-1), with x1, x2 = x.chunk(2, dim=-1)",
+      "rotate_half(x) = torch.cat((-x2, x1), dim=-1)，其中 x1, x2 = x.chunk(2, dim=-1)",
+      r"cat\(\s*[\(\[]\s*x2\s*,\s*-\s*x1", r"stack\(", r"cat\("),
     d("kv_repeat_order", "the key/value heads are repeated in the wrong order (repeat where "
       "repeat_interleave is meant)", "键/值头的复制顺序错了（该用 repeat_interleave 的地方用了 repeat）",
       "each key/value head serves consecutive query heads: k.repeat_interleave(n_rep, dim=1), or "
