@@ -137,6 +137,7 @@ class Context:
         """The learner's module, built with matched arguments, eval mode; `checked`: scrambled and
         float64 (for comparisons), else as built (for the tutorial-size shape check). A module with
         lazy layers (d2l's nn.LazyLinear) is first run once by `warmup`, which gives them shapes."""
+        sizes = {**dict.fromkeys(("theta",) * (comp.kind not in OWN_BASE), REFERENCE_THETA), **sizes}
         module = self.learner.call("__init__", build, comp.obj, sizes, self.parts(sizes))
         if not isinstance(module, nn.Module):
             raise self.learner.fail("__init__", f"{comp.name}(...) is not an nn.Module",
@@ -285,6 +286,14 @@ KIND_SIZES: dict[str, dict[str, Any]] = {
     "sdpa": {"n_heads": SDPA_SIZES[1], "d_head": SDPA_SIZES[4]},  # no d_model: d_head is its inputs' width
     "transformer": {**SIZES, "src_vocab": SRC_VOCAB, "tgt_vocab": TGT_VOCAB, "n_layers": 2},
 }
+# the rotary base a component is built with (its config's rope_theta, a `base` argument with a default):
+# the reference's, for a part compared with rotary positions at that base (Mixtral's attention with its
+# rotary module inside, its config at rope_theta = 1e6); the kinds that read the base back from the
+# learner's model and tables keep its own (a base its config names but its tables ignore is a mistake)
+REFERENCE_THETA = 10000.0
+OWN_BASE = ("gpt", "kv_cache", "llama2c", "rope", "generate")
+
+
 GLOBAL_SIZES = ("d_model", "n_heads", "n_kv_heads", "d_ff", "dropout", "max_len", "src_vocab", "tgt_vocab",
                 "n_layers", "d_head")
 

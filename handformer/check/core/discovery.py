@@ -327,7 +327,7 @@ def as_called(obj: Any) -> Any:
     from handformer.check.core.processors import as_filter, processor_setting
 
     kind, setting = processor_setting(obj)
-    return as_filter(obj, setting) if kind else obj
+    return as_filter(obj, setting, kind) if kind else obj
 
 
 def _processors(own: dict[str, Any], taken: set[str], wanted: set[str]) -> list[Component]:
@@ -338,7 +338,7 @@ def _processors(own: dict[str, Any], taken: set[str], wanted: set[str]) -> list[
 
     settings = {name: processor_setting(obj) for name, obj in own.items() if name not in taken}
     schedules = {name: schedule_class(obj) for name, obj in own.items() if name not in taken}
-    return [Component(kind, name, as_filter(own[name], argument), "call")
+    return [Component(kind, name, as_filter(own[name], argument, kind), "call")
             for name, (kind, argument) in settings.items() if kind in wanted] + [
         Component("schedule", name, fn, "schedule_class") for name, fn in schedules.items()
         if fn is not None and "schedule" in wanted]
@@ -410,7 +410,10 @@ SUFFIXES: dict[str, tuple[str, ...]] = {"block": ("Block", "Layer"), "decoder_la
                                         "encoder_layer": ("EncoderLayer",),  # BartEncoderLayer
                                         "gpt": ("ForCausalLM", "LanguageModel", "LM", "Model"),
                                         "mha": ("Attention",), "ffn": ("MLP", "Mlp", "FeedForward"),
-                                        "rmsnorm": ("RMSNorm",), "rope": ("RotaryEmbedding",)}
+                                        "rmsnorm": ("RMSNorm",), "rope": ("RotaryEmbedding",),
+                                        # Mixtral's MixtralSparseMoeBlock, Qwen-MoE's Qwen2MoeSparseMoeBlock
+                                        "moe": ("SparseMoeBlock", "SparseMoEBlock", "MoeBlock", "MoEBlock",
+                                                "MoeLayer", "MoELayer")}
 # an encoder's or decoder's block has its own kind; a mixture of experts is no FFN to compare
 NOT_SUFFIXED = ("Encoder", "Decoder", "Cross", "MoE")
 NOT_SUFFIXED_WORDS = re.compile("|".join(NOT_SUFFIXED), re.I)
@@ -523,7 +526,8 @@ def _refine_function(kind: str, obj: Any) -> str:
         return "lm_train_step" if lm_step(obj) else kind
     family = FAMILY_OF.get(kind, ())
     said = kind_of(obj) if family else None
-    return said if said in family else kind
+    # a `sample(model, input_ids, processors, max_new_tokens)` that takes a model is a generation loop
+    return said if said in (*family, "generate") else kind
 
 
 def reads_kv_heads(cls: Any) -> bool:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from handformer.check.core.context import D, H
-from handformer.check.core.moe import ffn_readings
+from handformer.check.core.moe import ffn_readings, outside_moe
 from handformer.check.core.qkv_layouts import kv_width
 from handformer.check.core.source import source_text
 from handformer.check.core.weights import (
@@ -107,7 +107,7 @@ def map_layer(path: str, child: nn.Module, F_width: int, kv: int | None = None) 
     linears = of_kind(found, "linear")
     decoder = projection_width([tuple(x.weight.shape) for x in linears]) >= 7
     names = SUBLAYERS[decoder]
-    attn = attention_slots(linears, D, len(names) - 1, path, kv)  # one attention a sublayer but the FFN
+    attn = attention_slots(outside_moe(child, linears), D, len(names) - 1, path, kv)  # each but the FFN
     ffn = ffn_reading(child, ffn_readings(child, linears, F_width, path, label=path))
     norms, qk = block_norms(of_kind(found, "norm"))
     attn[0] += qk or gainless_qk(child)

@@ -52,6 +52,14 @@ def find_moe(module: nn.Module) -> tuple[str, nn.Module] | None:
     return next(((path, sub) for path, sub in module.named_modules() if moe_parts(sub) is not None), None)
 
 
+def outside_moe(module: nn.Module, linears: list[Leaf]) -> list[Leaf]:
+    """The linears that are no part of the module's mixture of experts (its router, a Linear(D, E),
+    is as wide as a grouped key projection where E = n_kv_heads * head_dim): the attention's candidates."""
+    found = find_moe(module)
+    inside = set() if found is None else {id(m) for m in found[1].modules()}
+    return [leaf for leaf in linears if id(leaf.module) not in inside]
+
+
 def ffn_readings(module: nn.Module, linears: list[Leaf], F: int | None, what: str, label: str = "",
                  ) -> list[list[Slot]]:
     """The readings of a layer's FFN: its mixture of experts' (one), else its FFN's (ffn_slots)."""

@@ -27,7 +27,10 @@ from handformer.check.core.argument_names import (
 )
 
 # a processor's setting by its name -> the filter it is checked as
-SETTINGS = {"temperature": TEMPERATURE_NAMES, "top_k": K_NAMES, "top_p": P_NAMES, "min_p": MIN_P_NAMES}
+SETTINGS = {"temperature": TEMPERATURE_NAMES, "top_k": K_NAMES, "top_p": P_NAMES, "min_p": MIN_P_NAMES,
+            # Hugging Face's RepetitionPenaltyLogitsProcessor(penalty): it reads the ids it is handed
+            "repetition_penalty": ("penalty", "repetition_penalty", "rep_penalty", "repeat_penalty")}
+READS_IDS = ("repetition_penalty",)  # the filters whose function takes the ids after the logits
 # what a processor's second argument is called (not a plain x: a layer's `__call__(self, ctx, x)`)
 SCORES_NAMES = ("scores", "logits", "logit", "next_token_scores", "next_token_logits")
 # a sampling step's list of processors (Hugging Face's logits_processor / logits_warper)
@@ -79,19 +82,25 @@ def _nothing() -> None:
     """What a class with no `__call__` of the learner's has in its place: no parameters."""
 
 
-def as_filter(cls: Any, setting: str) -> type:
+def as_filter(cls: Any, setting: str, kind: str = "") -> type:
     """A callable `(scores, <setting>)` that builds the processor with that setting and calls it on
-    ids (B, 1) of zeros and the scores: the processor as a filter's runner calls one. It is a class
-    named and placed as the learner's (its source, its file: what a report quotes and a traced run
-    follows) whose `__new__` returns the filtered scores; its own code stays handformer's, so a traced
-    run (localize.py) starts in the learner's `__call__`."""
+    ids (B, 1) of zeros and the scores: the processor as a filter's runner calls one; for a filter
+    that reads the ids (READS_IDS: a repetition penalty), `(scores, input_ids, <setting>)`. It is a
+    class named and placed as the learner's (its source, its file: what a report quotes and a traced
+    run follows) whose `__new__` returns the filtered scores; its own code stays handformer's, so a
+    traced run (localize.py) starts in the learner's `__call__`."""
 
     def new(_: type, scores: Tensor, **settings: Any) -> Tensor:
         return cls(**settings)(_zero_ids(scores), scores)
 
+    def new_with_ids(_: type, scores: Tensor, input_ids: Tensor, **settings: Any) -> Tensor:
+        return cls(**settings)(input_ids, scores)
+
+    reads = kind in READS_IDS
     given = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    signature = inspect.Signature([inspect.Parameter("scores", given), inspect.Parameter(setting, given)])
-    return posing_as(cls, new, signature)
+    names = ("scores", *("input_ids",) * reads, setting)
+    return posing_as(cls, (new, new_with_ids)[reads], inspect.Signature([inspect.Parameter(n, given)
+                                                                          for n in names]))
 
 
 def posing_as(cls: Any, new: Any, signature: inspect.Signature) -> type:

@@ -57,7 +57,7 @@ from handformer.check.core.argument_names import (
     named,
     names_of,
 )
-from handformer.check.core.processors import own_call, own_method, posing_as
+from handformer.check.core.processors import PROCESSOR_NAMES, own_call, own_method, posing_as
 from handformer.check.core.source import config_reads, source_text
 from handformer.check.core.special_ids import DEVICE_NAMES
 
@@ -293,7 +293,7 @@ LOOP_KINDS = (
     ("beam_search", GENERATE_MODEL, [PROMPT_NAMES, BEAM_WIDTH],
      (GENERATE_MODEL, PROMPT_NAMES, COUNT_NAMES, BEAM_WIDTH, BEAM_NAMES["end"], BEAM_NAMES["alpha"])),
     ("generate", GENERATE_MODEL, [PROMPT_NAMES, COUNT_NAMES], (GENERATE_MODEL, PROMPT_NAMES, COUNT_NAMES,
-                                                               CONTEXT_NAMES)),
+                                                               CONTEXT_NAMES, PROCESSOR_NAMES)),
     ("train_epoch", (), [STEP_MODEL_NAMES, OPTIMIZER_NAMES, LOADER_NAMES], (*STEP, LOADER_NAMES)),
     ("train_step", (), [STEP_MODEL_NAMES, OPTIMIZER_NAMES, BATCH_NAMES], STEP_BATCH),
     ("train_step", (), [STEP_MODEL_NAMES, OPTIMIZER_NAMES, SRC_NAMES, TGT_NAMES], STEP_BATCH),

@@ -43,6 +43,7 @@ from handformer.check.core.context import Context, forward_names, forward_parame
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import note_departure
+from handformer.check.core.processors import PROCESSOR_NAMES, NoProcessors
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.sizes import is_number
 from handformer.check.core.source import locate, locate_form, source_lines, source_text
@@ -261,7 +262,7 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
     roles = ((MODEL_NAMES, model.target), (PROMPT_NAMES, ids), (COUNT_NAMES, n),
-             (CONTEXT_NAMES, model.context))  # what each argument is handed, by its name
+             (CONTEXT_NAMES, model.context), (PROCESSOR_NAMES, NoProcessors()))  # each argument's, by name
     # and where it has no default: an EOS no model makes, a padding id, a mask of real tokens only
     ones = torch.ones_like(torch.as_tensor(ids)) if _rectangular(ids) else None  # (a ragged list: none)
     needed = ((EOS_NAMES, NEVER), (PAD_NAMES, PAD_ID), (MASK_ARG_NAMES, ones))

@@ -73,7 +73,7 @@ from handformer.check.core.discovery import MEMORY_NAMES, NAMES, Component, argu
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
 from handformer.check.core.localize_kinds import localize_add_norm, note_departure
-from handformer.check.core.moe import ffn_readings, moe_config, moe_note
+from handformer.check.core.moe import ffn_readings, moe_config, moe_note, outside_moe
 from handformer.check.core.probe import Found as Explained
 from handformer.check.core.probe import Probe, Subject, name_findings, run_probe
 from handformer.check.core.residual_wrapper import residual_wrapper, wrapped_note
@@ -206,7 +206,7 @@ class Layer:
         self.cap = attention_cap(self.module)  # Gemma 2's scores soft-capped, read from its setting
         linears = split_attention_ffn(of_kind(found, "linear"), D, D // H)
         names, roles = kind.sublayers
-        self.n_kv_heads, self.attn = self._attentions(linears, len(names) - 1)
+        self.n_kv_heads, self.attn = self._attentions(outside_moe(self.module, linears), len(names) - 1)
         self.ffn_candidates = ffn_readings(self.module, linears, self.sizes["d_ff"], comp.name)
         norms, qk = block_norms(of_kind(found, "norm"))
         self.attn[0] += qk or gainless_qk(self.module)  # QK-norm: the attention's q_norm and k_norm
