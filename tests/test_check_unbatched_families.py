@@ -78,7 +78,7 @@ def test_gpt_oss_unbatched_plants_fail_at_their_line(plant, components, finding,
 
 DEEPSEEK = "learners_deepseek_moe"
 DEEPSEEK_PARTS = {"MLA": "pass", "apply_rotary_emb": "pass", "precompute_freqs_cis": "pass", "MLP": "pass",
-                  "RMSNorm": "pass", "Block": "pass"}
+                  "MoE": "pass", "RMSNorm": "pass", "Block": "pass"}
 
 
 def test_deepseek_last_position_logits_are_compared_there():

@@ -307,16 +307,16 @@ def counted_once(words: Counter[Word], merges: list[Pair]) -> str | None:
 
 
 # no tie met; ties to the greater pair, to the smaller, to the one counted first
-TIE_RULES = ("none", "greater", "smaller", "first")
+TIE_READINGS = ("none", "greater", "smaller", "first")
 
 
 def _tie(rules: set[str], pair: Pair, tied: list[Pair]) -> None:
     """Each rule a tie's pick breaks (`tied` in the order the pairs were counted; any tie breaks "none")."""
     if len(tied) > 1:
-        picks = dict(zip(TIE_RULES, (None, max(tied), min(tied), tied[0])))
+        picks = dict(zip(TIE_READINGS, (None, max(tied), min(tied), tied[0])))
         rules |= {f"not {rule}" for rule, p in picks.items() if p != pair}
 
 
 def _rule(rules: set[str]) -> str:
     """The first rule that every tie followed ("other": none of them)."""
-    return next((rule for rule in TIE_RULES if f"not {rule}" not in rules), "other")
+    return next((rule for rule in TIE_READINGS if f"not {rule}" not in rules), "other")
