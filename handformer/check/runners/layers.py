@@ -205,7 +205,7 @@ class Layer:
         found = leaves(self.module)
         self.cap = attention_cap(self.module)  # Gemma 2's scores soft-capped, read from its setting
         linears = split_attention_ffn(of_kind(found, "linear"), D, D // H)
-        names, roles = kind.sublayers
+        names = self.sublayers = kind.sublayers[0]
         self.n_kv_heads, self.attn = self._attentions(outside_moe(self.module, linears), len(names) - 1)
         self.ffn_candidates = ffn_readings(self.module, linears, self.sizes["d_ff"], comp.name)
         norms, qk = block_norms(of_kind(found, "norm"))
@@ -213,7 +213,6 @@ class Layer:
         self.attn[0] += relative_bias_slots(of_kind(found, "embedding"), H)  # T5's relative-position table
         self.attn[0] += sink_slots(of_kind(found, "scalar"), H)  # gpt-oss's attention sinks
         self._read_norms(norms, kind)
-        self.sublayers = names
         self.ropes = GIVEN_ROPES.get(min(self.extra & set(GIVEN_ROPES), default="")) or rope_layouts(
             self.module, "freqs_cis" in self.extra, bool({"position_embeddings", "cos"} & self.extra))
 

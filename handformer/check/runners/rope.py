@@ -625,7 +625,7 @@ def _per_sequence(outs: list[Any]) -> Any:
 
 READINGS = {"": None, "meta": META_INPUTS,  # the inputs each reading hands the module, and its note
             "tokens": text("inputs (T, H, Dh), one sequence at a time, its tokens on dim 0, as gpt-oss's",
-                           "输入形状为 (T, H, Dh)，一次一个序列，token 在第 0 维，与 gpt-oss 相同")}
+                           "输入形状为 (T, H, Dh)，一次一个序列，token 在 dim 0，与 gpt-oss 相同")}
 
 
 def _module_reading(ctx: Context, call: Callable[..., Any], n: int, q: Tensor, k: Tensor,
