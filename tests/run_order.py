@@ -25,7 +25,7 @@ SECONDS = {
     "test_llama2c.py": 4, "test_benchmark_baseline.py": 6, "test_post_dpo.py": 4, "test_properties.py": 4,
     "test_beam_vectorized.py": 6, "test_shards.py": 5, "test_static_step.py": 3, "test_c_kernels.py": 1,
     "test_distributed.py": 3, "test_fused_step.py": 3,
-    "test_check_public_styles.py": 10,
+    "test_check_public_styles.py": 14,
     "test_check_localize.py": 9, "test_lesson_shape.py": 4, "test_post_grpo.py": 4, "test_course_llm.py": 4,
     "test_vnni_kernels.py": 2, "test_new_user.py": 6, "test_zh_terms.py": 3,
     "test_check_hidden.py": 10,
@@ -35,8 +35,10 @@ SECONDS = {
     "test_check_classifier.py": 1,
     "test_check_built_by_what.py": 8,
     "test_check_functional.py": 2,
-    "test_check_hf_variants.py": 5,
+    "test_check_hf_variants.py": 10,
     "test_check_conventions.py": 4,
+    "test_check_unbatched_families.py": 23, "test_check_configured.py": 14, "test_check_minbpe.py": 8,
+    "test_check_windowed.py": 5, "test_check_components.py": 4, "test_check_quoted_lines.py": 4,
 }
 
 
