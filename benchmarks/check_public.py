@@ -156,14 +156,23 @@ def stand_ins(folder: Path, tops: set[str]) -> None:
         path.write_text(source, encoding="utf-8")
 
 
+def _imports(folder: Path, top: str) -> bool:
+    """Whether a Python file of `folder` imports the package `top`."""
+    pattern = re.compile(rf"^\s*(import|from)\s+{top}\b", re.M)
+    return any(pattern.search(f.read_text(encoding="utf-8", errors="replace")) for f in folder.glob("*.py"))
+
+
 def check(path: Path, timeout: float, root: Path | None = None) -> dict:
     """`handformer check PATH --json`, run from the repository's root with the stand-ins on the
     import path (a notebook or chapter as its code cells, in a temporary file outside the project);
     the parsed result."""
     root = root or path.parent
     with tempfile.TemporaryDirectory(prefix="check-public-") as tmp:
-        # torchvision for d2l's chapters alone: a stand-in would break transformers' import (minimind)
-        stand_ins(Path(tmp), {"fairscale", "triton", *(["torchvision"] if path.suffix == ".md" else [])})
+        # torchvision for d2l's chapters alone, triton for a folder that imports it (DeepSeek's kernel.py):
+        # a stand-in of either would break transformers' import (minimind's PreTrainedModel)
+        wanted = {"fairscale", *(["torchvision"] if path.suffix == ".md" else []),
+                  *(["triton"] if _imports(path.parent, "triton") else [])}
+        stand_ins(Path(tmp), wanted)
         if path.suffix in (".ipynb", ".md"):
             try:
                 cells = code_cells(path)

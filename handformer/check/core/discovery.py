@@ -95,6 +95,7 @@ FIXED: dict[str, Any] = {"i": 0, "layer_idx": 0, "layer_id": 0, "layer_index": 0
                          # a mixture of experts' config (minimind's, DeepSeek's), for its MoE layer
                          # built alone: 4 experts, 2 a token, renormalized, one shared
                          "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
+                         "n_activated_experts": 2, "n_expert_groups": 1, "n_limited_groups": 1,
                          "norm_topk_prob": True}
 # fixed values for a dict config alone (Raschka's cfg["num_experts"] = 0: one FFN); a config class keeps
 # its own (Mixtral's MoEArgs: num_experts = 4, checked against handformer's MixtureOfExperts)
@@ -743,8 +744,9 @@ def _covering_config(cls: Any, name: str) -> Any:
     hold every attribute the constructor reads from it (GPT-NeoX's GPTNeoXConfig with rotary_pct and
     use_parallel_residual), so that the fields check does not know keep the file's defaults."""
     attrs = config_reads(cls, name)[1]
-    fields = {c: _held_fields(c) for c in vars(_module_of(cls) or types).values() if isinstance(c, type)}
-    covering = [c for c, held in fields.items() if held and attrs <= held]
+    own = [c for c in vars(_module_of(cls) or types).values()  # the file's own: not what it imports
+           if isinstance(c, type) and c.__module__ == cls.__module__]
+    covering = [c for c in own if (held := _held_fields(c)) and attrs <= held]
     return covering[0] if len(covering) == 1 else None
 
 
@@ -819,7 +821,10 @@ def paired_hidden(values: dict[str, Any], names: set[str], sizes: dict[str, Any]
 
 def _class_fields(own: type) -> set[str]:
     """The field names of the learner's config class (a Hugging Face config: its __init__'s)."""
-    fields = set(vars(own)) | set(inspect.signature(own).parameters)
+    try:
+        fields = set(vars(own)) | set(inspect.signature(own).parameters)
+    except (TypeError, ValueError):  # a class with no signature to read (functools.partial, a C type)
+        fields = set(vars(own))
     return fields | set(getattr(own, "__dataclass_fields__", {}))
 
 

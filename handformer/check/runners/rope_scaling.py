@@ -58,7 +58,9 @@ def check_rope_scaling(comp: Component, ctx: Context) -> ComponentResult:
         "缩放只接收频率，设置要么有默认值，要么写在函数里"))
     freqs = frequencies()
     settings = written_settings(comp.obj)
-    out = torch.as_tensor(ctx.learner.call("forward", comp.obj, freqs.clone())).double()
+    handed = {p.name: _meta_dict(settings) for p in forward_parameters(comp.obj)[1:]  # gpt-fast's
+              if p.default is None and "scal" in p.name}  # apply_rope_scaling(freqs, rope_scaling=None)
+    out = torch.as_tensor(ctx.learner.call("forward", comp.obj, freqs.clone(), **handed)).double()
     err = res.max_abs_error = fp.max_error(out / freqs, llama3_inv_freq(freqs, settings) / freqs)
     shown = (f"scale_factor {settings.factor:g}, low_freq_factor {settings.low_freq_factor:g}, "
              f"high_freq_factor {settings.high_freq_factor:g}, "
@@ -71,3 +73,9 @@ def check_rope_scaling(comp: Component, ctx: Context) -> ComponentResult:
                                  "中间的按 Llama 3.1 的方式插值（按与原频率之比比较）"),
                             err < 1e-6, error_text(err)))
     return finish(res)
+
+
+def _meta_dict(settings: Llama3RopeScaling) -> dict[str, float | str]:
+    """The settings as a Hugging Face config's rope_scaling dict, every name of SETTINGS a key."""
+    values = {name: getattr(settings, field) for field, names in SETTINGS.items() for name in names}
+    return {**values, "rope_type": "llama3"}
