@@ -24,13 +24,11 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, D, error_text, finish
-from handformer.check.core.discovery import Component
+from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import (
-    NOT_CHECKED,
     Check,
     ComponentResult,
     Finding,
-    LearnerError,
     Text,
     text,
 )
@@ -85,7 +83,11 @@ def check_moe(comp: Component, ctx: Context) -> ComponentResult:
     x = fp.randn(2, 5, D, seed=4)  # (B, T, D)
     k, normalize = _setting(module, TOP_K_SETTINGS), _setting(module, NORM_SETTINGS)
     if not experts or (k or 0) > len(experts):  # check's sizes gave it no experts, or fewer than its k
-        return _unbuildable(res, len(experts), k)
+        n = len(experts)  # a dict config's num_experts = 0 (its model's one FFN); DeepSeek's 6 of 4
+        raise DiscoveryError(f"built at check's sizes it has {n} experts for a top-{k}: no mixture to "
+                             "compare; give its config the experts it needs (an adapter)",
+                             zh=f"按 check 的尺寸构造时它只有 {n} 个专家，却要选前 {k} 个：没有可比较的混合；"
+                             "请在配置里给它足够的专家（写一个适配函数）")
     with torch.no_grad():
         out = fp.first_tensor(ctx.learner.call("forward", module, x), 3)
         readings = {(kk, norm): mixture(x, router, list(experts), shared, kk, norm) for kk, norm in
@@ -116,14 +118,3 @@ def _read_as(E: int, k: int, normalize: bool, shared: int) -> Text:
         "their weights as the softmax gave them", "权重保持 softmax 给出的值")
     return text(f"{E} experts, each token through its top {k}, {renorm[0]}; {shared} shared expert(s)",
                 f"{E} 个专家，每个 token 经过得分最高的 {k} 个，{renorm[1]}；共享专家 {shared} 个")
-
-
-def _unbuildable(res: ComponentResult, n: int, k: int | None) -> ComponentResult:
-    """NOT CHECKED: built at check's sizes it has `n` experts and routes each token to `k` (a dict
-    config's num_experts = 0 for its model's one FFN; DeepSeek's n_activated_experts = 6 of 4)."""
-    res.status = NOT_CHECKED
-    res.error = LearnerError("cannot_build", f"built at check's sizes it has {n} experts for a top-{k}: "
-                             "no mixture to compare; give its config the experts it needs (an adapter)",
-                             "__init__", message_zh=f"按 check 的尺寸构造时它只有 {n} 个专家，"
-                             f"却要选前 {k} 个：没有可比较的混合；请在配置里给它足够的专家（写一个适配函数）")
-    return finish(res)
