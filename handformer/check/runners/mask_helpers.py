@@ -250,11 +250,16 @@ def _no_reading(ctx: Context, comp: Component, out: Any, side: Side) -> Exceptio
 
 def global_pad(fn: Any) -> tuple[str | None, int]:
     """(name, value) of the module-level pad id a helper without a pad argument reads (PyTorch's
-    translation tutorial's PAD_IDX = 1); (None, 0) when it reads none."""
+    translation tutorial's PAD_IDX = 1), else the one pad id its module holds (a helper that writes
+    `src == 0` beside the module's PAD_IDX = 1 must mask 1: its data is padded so); (None, 0) when it
+    reads none and its module holds no pad id, or pad ids that disagree."""
     names = getattr(getattr(fn, "__code__", None), "co_names", ())
     values = getattr(fn, "__globals__", {})
     found = (n for n in names if n.lower() in PAD_NAMES and type(values.get(n)) is int)
     name = next(found, None)
+    if name is None and not any(n.lower() in PAD_NAMES for n in names):  # it reads no pad id of its own
+        held = {n: v for n, v in values.items() if n.lower() in PAD_NAMES and type(v) is int}
+        name = next(iter(held)) if len(set(held.values())) == 1 else None
     return name, values.get(name, 0)
 
 

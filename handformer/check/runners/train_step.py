@@ -36,6 +36,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import (
     ACCUM_NAMES,
     BATCH_NAMES,
@@ -49,7 +50,15 @@ from handformer.check.core.argument_names import (
     TGT_NAMES,
 )
 from handformer.check.core.argument_names import STEP_MODEL_NAMES as MODEL_NAMES  # noqa: F401
-from handformer.check.core.context import Context, error_text, finish, forward_parameters, named, names_of
+from handformer.check.core.context import (
+    SEQUENCE_FIRST,
+    Context,
+    error_text,
+    finish,
+    forward_parameters,
+    named,
+    names_of,
+)
 from handformer.check.core.discovery import Component, DiscoveryError, cannot_fill, own_objects
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
@@ -117,16 +126,19 @@ class Recorded(nn.Module):
     log-softmax of log-probabilities changes nothing), and a KLDivLoss or NLLLoss (the Annotated
     Transformer's label smoothing, its generator ending in log_softmax) needs them."""
 
-    def __init__(self, model: Seq2SeqTransformer, outputs: int = 1) -> None:
+    def __init__(self, model: Seq2SeqTransformer, outputs: int = 1, first: bool = False) -> None:
         super().__init__()
         self.model = model
+        self.first = first  # ids (S, B) in and logits (T, B, V) out: nn.Transformer's default layout
         self.calls: list[tuple[bool, int]] = []  # (training, target length)
         self.scale = 1.0  # the logits' factor: small, the gradients stay under the clipping norm
         self.outputs = outputs  # a step that unpacks `output, _ = model(...)`: a tuple, the logits first
 
     def forward(self, src: Tensor, tgt: Tensor, *args: Any, **kwargs: Any) -> Any:
+        src, tgt = (src.t(), tgt.t()) if self.first else (src, tgt)  # (B, S), (B, T)
         self.calls.append((self.training, tgt.size(1)))
-        out = (self.model(src, tgt).logits * self.scale).log_softmax(-1)
+        out = (self.model(src, tgt).logits * self.scale).log_softmax(-1)  # (B, T, V)
+        out = out.transpose(0, 1) if self.first else out  # (T, B, V) for a sequence-first step
         return out if self.outputs == 1 else (out,) + (None,) * (self.outputs - 1)
 
 
@@ -301,6 +313,7 @@ class Step:
         self.per_token = False  # handformer's step divides a summed loss by the real tokens (per_token_step)
         self.rates: list[tuple[float, float]] = []  # the optimizer's rate before and after each call
         self.set_before = True  # the step sets its rate before its update (else after: the next step's)
+        self.first = False  # the batches handed sequence-first, (S, B) and (T, B) (laid_out)
 
     def _criterion(self, ctx: Context) -> None:
         """The criterion the step is handed: the file's loss (learner_criterion); a step calling it with
@@ -311,7 +324,12 @@ class Step:
         if self.loss_compute and self.criterion_name is None:
             self.make_criterion = lambda: TokenCrossEntropy(ignore_index=PAD, reduction="sum")
 
+    def laid(self, ids: Tensor) -> Tensor:
+        """Ids (B, L) as the step is handed them: (L, B) for a sequence-first step."""
+        return ids.t().clone() if self.first else ids.clone()
+
     def _batch(self, src: Tensor, tgt: Tensor) -> Any:
+        src, tgt = self.laid(src), self.laid(tgt)
         if not self.batch:  # an epoch whose loop variable was not found
             return (src.clone(), tgt.clone())
         name = re.escape(self.batch)
@@ -333,7 +351,7 @@ class Step:
 
     def __call__(self, model: nn.Module, opt: torch.optim.Optimizer, src: Tensor, tgt: Tensor) -> Any:
         data = ({self.batch: self._batch(src, tgt)} if self.batch
-                else {self.src: src.clone(), self.tgt: tgt.clone()})
+                else {self.src: self.laid(src), self.tgt: self.laid(tgt)})
         return self._call(model, opt, data)
 
     def run_epoch(self, model: nn.Module, opt: torch.optim.Optimizer, data: list[tuple[Tensor, Tensor]],
@@ -452,11 +470,39 @@ def check_train_epoch(comp: Component, ctx: Context) -> ComponentResult:
 Drive = tuple[Recorded, list[list[Tensor]], list[list[Tensor]], list[float]]
 
 
+def laid_out(step: Step, base: Seq2SeqTransformer) -> Drive:
+    """`_drive` with the batches batch-first, (B, L); where that raises and the file's own model took its
+    ids sequence-first (nn.Transformer's default, PyTorch's translation tutorial), sequence-first, (L, B),
+    the model handed taking and giving them so; the first error when neither runs."""
+    try:
+        return _drive(step, base)
+    except fp.LearnerFailure as err:
+        if not file_reads_sequence_first(step.ctx):
+            raise
+        step.first, step.rates = True, []
+        try:
+            return _drive(step, base)
+        except fp.LearnerFailure:
+            step.first = False
+            raise err from None
+
+
+def file_reads_sequence_first(ctx: Context) -> bool:
+    """Whether the file's encoder-decoder model took its ids sequence-first when it was checked."""
+    from handformer.check.runners.model import check_model
+
+    comp = ctx.components.get("transformer")
+    if comp is None:
+        return False
+    ctx.passes(comp, check_model)
+    return SEQUENCE_FIRST in ctx.results.get(comp.name, ComponentResult("", "")).notes
+
+
 def _drive(step: Step, base: Seq2SeqTransformer) -> Drive:
     """The learner's step (or epoch) from `base`, handed in eval mode (as after an evaluation), and
     handformer's from the same start: the model handed, both parameter lists, the largest difference
     after each step."""
-    model = Recorded(copy.deepcopy(base), step.outputs).eval()
+    model = Recorded(copy.deepcopy(base), step.outputs, step.first).eval()
     model.scale = step.scale
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     got = []
@@ -522,7 +568,7 @@ def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
     step = Step(comp, ctx, epoch)
     base = tiny_model()
     with torch.enable_grad():
-        model, got, right, errs = _drive(step, base)
+        model, got, right, errs = laid_out(step, base)
         res.max_abs_error = max(errs)
         res.checks.append(Check(text(*COMPARED[epoch]), max(errs) < step.tol, error_text(max(errs))))
         _notes(res, step)
@@ -536,7 +582,7 @@ def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
         if max(errs) >= step.tol:
             _search(res, ctx, comp, step, base, got, right, errs, {n for _, n in model.calls})
             note_departure(res, lambda: localize_train_step(
-                step, Recorded(copy.deepcopy(base), step.outputs), *batches()[0], LR))
+                step, Recorded(copy.deepcopy(base), step.outputs, step.first), *batches()[0], LR))
         if step.clip is not None and not _named(res):  # a loss scale clipping hid, or no mistake named
             _unclipped(res, ctx, comp, step, base)
     if not all(c.ok for c in res.checks) and not _named(res):
@@ -624,7 +670,7 @@ def _notes(res: ComponentResult, step: Step) -> None:
     if step.clip is not None:
         res.notes.append(clip_note(step.clip))
     res.notes += [SCHEDULER_NOTE] * bool(step.sched) + [SCALER_NOTE] * bool(step.scaler)
-    res.notes += [FLOAT32_NOTE] * (step.tol > 1e-9)
+    res.notes += [FLOAT32_NOTE] * (step.tol > 1e-9) + [FIRST_NOTE] * step.first
     if step.accum:
         res.notes.append(text(f"{step.accum}={ACCUM}: each batch of 2 sentences in {ACCUM} micro-batches, "
                               "their gradients accumulated before one update",
@@ -645,6 +691,12 @@ def _notes(res: ComponentResult, step: Step) -> None:
                               "（它通过了自己的检查），你的一步和 handformer 的一步都用它"))
 
 
+FIRST_NOTE = text("your step reads its batches sequence-first, (S, B) and (T, B), as your model takes them "
+                  "(nn.Transformer's default layout, PyTorch's translation tutorial): handed so, the model "
+                  "taking (S, B) and (T, B) ids and giving (T, B, V) log-probabilities",
+                  "你的一步按序列维在前的 (S, B) 和 (T, B) 读取 batch，和你的模型一样"
+                  "（nn.Transformer 的默认布局，PyTorch 翻译教程的写法）：按这种布局交给它，"
+                  "模型接收 (S, B) 和 (T, B) 的 id，返回 (T, B, V) 的对数概率")
 PER_TOKEN_NOTE = text(
     "your loss sums over the tokens and your step divides it by the number of real target tokens (the "
     "Annotated Transformer's SimpleLossCompute): handformer's step divided the same way",
