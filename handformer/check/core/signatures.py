@@ -242,7 +242,7 @@ def lm_step(fn: Any) -> bool:
     _, names, required = _signature(fn)
     windows = (LOADER_NAMES,) if drawn_loader(fn) else (X_NAMES, Y_NAMES)
     tokens = token_batch(fn)
-    windows = (BATCH_NAMES,) if paired_batch(fn) or tokens else windows
+    windows = (BATCH_NAMES,) if paired_batch(fn) or tokens else () if drawn_global(fn) else windows
     groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, *windows)
     if not _takes_each(names, groups):
         return False
@@ -263,6 +263,17 @@ def drawn_loader(fn: Any) -> str | None:
     """The loader a step draws its (x, y) windows from one at a time (build-nanogpt's
     `x, y = train_loader.next_batch()`, `next(data_iter)`), not one it iterates over (an epoch)."""
     return _argument_used(fn, LOADER_NAMES, r"\b{0}\.next_batch\(|\bnext\(\s*{0}\b")
+
+
+def drawn_global(fn: Any) -> str | None:
+    """The function of the step's own file it draws its (x, y) windows from, taking none
+    (`xb, yb = get_batch('train')` in the Chinese walkthroughs of Karpathy's lecture): its name, or None."""
+    names = {p.name for p in _signature(fn)[0]}
+    called = re.findall(r"(?m)^\s*\w+\s*,\s*\w+\s*=\s*(\w+)\(", source_text(fn))
+    scope = getattr(fn, "__globals__", {})
+    own = (n for n in called if n not in names and inspect.isfunction(scope.get(n))
+           and scope[n].__module__ == fn.__module__)
+    return next(own, None)
 
 
 def paired_batch(fn: Any) -> str | None:
