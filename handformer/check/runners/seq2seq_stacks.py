@@ -43,8 +43,11 @@ def build_from_stacks(cls: type, module: types.ModuleType, sizes: dict[str, Any]
 def stacks(own: dict[str, Any], role: str) -> list[type]:
     """The file's classes that can be its encoder (role "Encoder") or decoder: the one named so and
     those derived from it, the most derived first (d2l's TransformerEncoder before its Encoder, an
-    interface whose forward only raises NotImplementedError)."""
+    interface whose forward only raises NotImplementedError); a module whose name ends so where
+    the file has no such interface (d2l's TransformerEncoder written on nn.Module)."""
     found = [c for c in own.values() if role in {k.__name__ for k in getattr(c, "__mro__", ())}]
+    found = found or [c for n, c in own.items() if "." not in n and n.endswith(role) and inspect.isclass(c)
+                      and issubclass(c, nn.Module)]
     return sorted(found, key=lambda c: -len(c.__mro__))
 
 
