@@ -488,14 +488,16 @@ def laid_out(step: Step, base: Seq2SeqTransformer) -> Drive:
 
 
 def file_reads_sequence_first(ctx: Context) -> bool:
-    """Whether the file's encoder-decoder model took its ids sequence-first when it was checked."""
+    """Whether the file's parts take their ids or stream sequence-first, as found in their checks: its
+    encoder-decoder model (checked here first where it has not been), its mask helper or its positional
+    encoding."""
+    from handformer.check.runners.mask_helpers import SEQUENCE_FIRST_NOTE
     from handformer.check.runners.model import check_model
 
     comp = ctx.components.get("transformer")
-    if comp is None:
-        return False
-    ctx.passes(comp, check_model)
-    return SEQUENCE_FIRST in ctx.results.get(comp.name, ComponentResult("", "")).notes
+    if comp is not None:
+        ctx.passes(comp, check_model)
+    return any(note in (SEQUENCE_FIRST, SEQUENCE_FIRST_NOTE) for r in ctx.results.values() for note in r.notes)
 
 
 def _drive(step: Step, base: Seq2SeqTransformer) -> Drive:
@@ -691,10 +693,10 @@ def _notes(res: ComponentResult, step: Step) -> None:
                               "（它通过了自己的检查），你的一步和 handformer 的一步都用它"))
 
 
-FIRST_NOTE = text("your step reads its batches sequence-first, (S, B) and (T, B), as your model takes them "
-                  "(nn.Transformer's default layout, PyTorch's translation tutorial): handed so, the model "
-                  "taking (S, B) and (T, B) ids and giving (T, B, V) log-probabilities",
-                  "你的一步按序列维在前的 (S, B) 和 (T, B) 读取 batch，和你的模型一样"
+FIRST_NOTE = text("your step reads its batches sequence-first, (S, B) and (T, B), as the rest of your file lays "
+                  "them out (nn.Transformer's default layout, PyTorch's translation tutorial): handed so, the "
+                  "model taking (S, B) and (T, B) ids and giving (T, B, V) log-probabilities",
+                  "你的一步按序列维在前的 (S, B) 和 (T, B) 读取 batch，和你文件里其余部分的布局一样"
                   "（nn.Transformer 的默认布局，PyTorch 翻译教程的写法）：按这种布局交给它，"
                   "模型接收 (S, B) 和 (T, B) 的 id，返回 (T, B, V) 的对数概率")
 PER_TOKEN_NOTE = text(
