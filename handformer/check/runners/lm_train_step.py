@@ -132,7 +132,8 @@ class Step:
         self.loader = drawn_loader(comp.obj)  # x and y drawn from it: Windows
         self.pair = paired_batch(comp.obj)  # x and y given as one (x, y) batch
         self.tokens = token_batch(comp.obj)  # x and y cut from one (B, T + 1) tensor of windows
-        self.drawn = drawn_global(comp.obj)  # x and y drawn from a function of its file: Drawn
+        handed = self.x and self.y or self.loader or self.pair or self.tokens
+        self.drawn = None if handed else drawn_global(comp.obj)  # x and y from a function of its file
         self.drawn_call: Call | None = None  # the arguments the step called that function with
         known = {self.model, self.opt, self.x, self.y, self.lr, self.sched, self.scaler, self.accum,
                  self.loader, self.pair, self.tokens}
@@ -143,8 +144,7 @@ class Step:
         self.micro = self.accum or self.fields.get("accum")  # what sets the micro-steps: argument or field
         self.rows = BATCH * ACCUM if self.micro else BATCH  # windows a batch: BATCH a micro-batch
         self.seen: list[float] = []  # the rate the learner's step left in the optimizer, each call
-        found = self.model and self.opt and (self.x and self.y or self.loader or self.pair or self.tokens
-                                             or self.drawn)
+        found = self.model and self.opt and (handed or self.drawn)
         cannot_fill(comp.name, sorted(rest), {self.count, self.config}, found, "model / optimizer / x / y", (
             "a language model's training step takes (model, x, y, optimizer, lr): the inputs, the targets "
             "(the inputs moved on by one token) and the schedule's learning rate",

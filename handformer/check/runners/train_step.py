@@ -497,7 +497,8 @@ def file_reads_sequence_first(ctx: Context) -> bool:
     comp = ctx.components.get("transformer")
     if comp is not None:
         ctx.passes(comp, check_model)
-    return any(note in (SEQUENCE_FIRST, SEQUENCE_FIRST_NOTE) for r in ctx.results.values() for note in r.notes)
+    notes = [note for r in ctx.results.values() for note in r.notes]
+    return SEQUENCE_FIRST in notes or SEQUENCE_FIRST_NOTE in notes
 
 
 def _drive(step: Step, base: Seq2SeqTransformer) -> Drive:
@@ -693,9 +694,9 @@ def _notes(res: ComponentResult, step: Step) -> None:
                               "（它通过了自己的检查），你的一步和 handformer 的一步都用它"))
 
 
-FIRST_NOTE = text("your step reads its batches sequence-first, (S, B) and (T, B), as the rest of your file lays "
-                  "them out (nn.Transformer's default layout, PyTorch's translation tutorial): handed so, the "
-                  "model taking (S, B) and (T, B) ids and giving (T, B, V) log-probabilities",
+FIRST_NOTE = text("your step reads its batches sequence-first, (S, B) and (T, B), as the rest of your file "
+                  "lays them out (nn.Transformer's default layout, PyTorch's translation tutorial): handed "
+                  "so, the model taking (S, B) and (T, B) ids and giving (T, B, V) log-probabilities",
                   "你的一步按序列维在前的 (S, B) 和 (T, B) 读取 batch，和你文件里其余部分的布局一样"
                   "（nn.Transformer 的默认布局，PyTorch 翻译教程的写法）：按这种布局交给它，"
                   "模型接收 (S, B) 和 (T, B) 的 id，返回 (T, B, V) 的对数概率")
