@@ -36,33 +36,32 @@ def drawn(ctx: Context, fn: Any, args: Call) -> Any:
         torch.set_rng_state(state)
 
 
-def own_windows(ctx: Context, fn: Any, args: Call) -> tuple[Tensor, Tensor] | None:
-    """The (x, y) windows the learner's function returns for the call the step made; None where it
-    raises (nanoGPT's reads its data from files) or returns no two (B, T) tensors of one shape."""
+def own_windows(ctx: Context, fn: Any, args: Call) -> tuple[Tensor, Tensor, Tensor] | None:
+    """The (x, y) windows the learner's function returns for the call the step made, and where y is
+    not x moved on by one token, (B, T - 1); None where it raises (nanoGPT's reads its data from
+    files) or returns no two (B, T) tensors that can be compared so."""
     try:
-        out = drawn(ctx, fn, args)
-    except fp.LearnerFailure:
+        x, y = (t.cpu() for t in drawn(ctx, fn, args))
+        return x, y, y[:, :-1] != x[:, 1:]  # (B, T - 1)
+    except (fp.LearnerFailure, TypeError, ValueError, AttributeError, IndexError, RuntimeError):
         return None
-    pair = tuple(out) if isinstance(out, (tuple, list)) else ()
-    shaped = len(pair) == 2 and all(isinstance(t, Tensor) and t.dim() == 2 for t in pair)
-    return (pair[0].cpu(), pair[1].cpu()) if shaped and pair[0].shape == pair[1].shape else None
 
 
 def check_windows(res: ComponentResult, ctx: Context, fn: Any, args: Call) -> None:
     """The check that the windows the step's own function draws are shifted by one token, and the
     finding where they are not (the inputs given as the targets: at the line that made them)."""
-    pair = own_windows(ctx, fn, args)
-    if pair is None:
+    drawn_here = own_windows(ctx, fn, args)
+    if drawn_here is None:
         return
-    x, y = pair
-    ok = torch.equal(y[:, :-1], x[:, 1:])
+    x, y, differ = drawn_here
+    ok = not bool(differ.any())
     name = fn.__name__
     res.checks.append(Check(text(f"the windows your {name} draws: the targets y are the inputs x moved on by "
                                  "one token (y[:, :-1] == x[:, 1:])",
                                  f"你的 {name} 取出的窗口：目标 y 是输入 x 往后移一个 token"
                                  "（y[:, :-1] == x[:, 1:]）"), ok, text(
-        f"{int((y[:, :-1] != x[:, 1:]).sum())} of {y[:, :-1].numel()} positions differ",
-        f"{y[:, :-1].numel()} 个位置里有 {int((y[:, :-1] != x[:, 1:]).sum())} 个不同")))
+        f"{int(differ.sum())} of {differ.numel()} positions differ",
+        f"{differ.numel()} 个位置里有 {int(differ.sum())} 个不同")))
     if not ok and torch.equal(x, y):
         number, code = _made_at(ctx, fn, args, y)
         res.findings.append(Finding("train_step_no_shift", text(
@@ -80,9 +79,10 @@ def _made_at(ctx: Context, fn: Any, args: Call, y: Tensor) -> tuple[int | None, 
         steps = trace_steps(lambda: drawn(ctx, fn, args), filename, constants=(torch.int64,))
     except fp.LearnerFailure:
         return None, None
-    held = [s for s in steps if s.name != "return" and torch.equal(s.value.cpu().to(y.dtype), y)]
-    names = list(dict.fromkeys(s.name for s in held))
+    held = [s for s in steps if torch.equal(s.value.cpu().to(y.dtype), y)]  # the inputs, then the targets
+    named = [s.name for s in held]
+    names = list(dict.fromkeys(named))
     if len(names) < 2:
         return None, None
-    at = next(s for s in held if s.name == names[1])
+    at = held[named.index(names[1])]
     return at.line, linecache.getline(filename, at.line).strip()

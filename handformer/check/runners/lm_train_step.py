@@ -134,7 +134,7 @@ class Step:
         self.tokens = token_batch(comp.obj)  # x and y cut from one (B, T + 1) tensor of windows
         handed = self.x and self.y or self.loader or self.pair or self.tokens
         self.drawn = None if handed else drawn_global(comp.obj)  # x and y from a function of its file
-        self.drawn_call: Call | None = None  # the arguments the step called that function with
+        self.drawn_calls: list[Call] = []  # the arguments the step called that function with, each call
         known = {self.model, self.opt, self.x, self.y, self.lr, self.sched, self.scaler, self.accum,
                  self.loader, self.pair, self.tokens}
         rest = [n for n in required if n not in known]
@@ -199,7 +199,7 @@ class Drawn:
         self.step, self.windows = step, windows
 
     def __call__(self, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
-        self.step.drawn_call = self.step.drawn_call or (args, kwargs)
+        self.step.drawn_calls.append((args, kwargs))
         return self.windows.next_batch()
 
 
@@ -262,8 +262,8 @@ def check_lm_train_step(comp: Component, ctx: Context) -> ComponentResult:
             "训练一步在同样 batch 上的结果一致"), max(errs) < TOL, error_text(max(errs))))
         _notes(res, step)
         _rate_written(res, comp, step)
-        if step.drawn_call is not None:
-            check_windows(res, ctx, getattr(ctx.module, step.drawn), step.drawn_call)
+        if step.drawn_calls:
+            check_windows(res, ctx, getattr(ctx.module, step.drawn), step.drawn_calls[0])
         if max(errs) >= TOL:
             _search(res, ctx, comp, step, base, got, right, errs)
         if step.clip is not None and not res.findings:  # a loss scale clipping hid, a clipping AdamW hid

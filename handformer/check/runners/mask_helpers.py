@@ -255,12 +255,11 @@ def global_pad(fn: Any) -> tuple[str | None, int]:
     reads none and its module holds no pad id, or pad ids that disagree."""
     names = getattr(getattr(fn, "__code__", None), "co_names", ())
     values = getattr(fn, "__globals__", {})
-    found = (n for n in names if n.lower() in PAD_NAMES and type(values.get(n)) is int)
-    name = next(found, None)
-    if name is None and not any(n.lower() in PAD_NAMES for n in names):  # it reads no pad id of its own
-        held = {n: v for n, v in values.items() if n.lower() in PAD_NAMES and type(v) is int}
-        name = next(iter(held)) if len(set(held.values())) == 1 else None
-    return name, values.get(name, 0)
+    held = {n: v for n, v in values.items() if n.lower() in PAD_NAMES and type(v) is int}
+    reads = [n for n in names if n.lower() in PAD_NAMES]  # a pad id of its own: the module's, or an attribute
+    alone = list(held)[:len(set(held.values())) == 1 and not reads]  # the module's one pad id, or none
+    name = ([n for n in reads if n in held] + alone + [None])[0]
+    return name, held.get(name, 0)
 
 
 def _torch_form(out: Any) -> bool:

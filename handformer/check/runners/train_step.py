@@ -62,7 +62,7 @@ from handformer.check.core.context import (
 from handformer.check.core.discovery import Component, DiscoveryError, cannot_fill, own_objects
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.runners.localize_train import localize_train_step
 from handformer.check.runners.step_parts import calls_with_norm, own_batch, own_loss_compute
 from handformer.config import Seq2SeqConfig
@@ -119,6 +119,10 @@ def clips_after_step(source: str) -> bool:
     return bool(clip and step and clip.start() > step.start())
 
 
+# a tensor batch-first, (B, L, ...), as a step reads it: as it is (False), or sequence-first (True)
+LAYOUT = {False: lambda t: t, True: lambda t: t.transpose(0, 1)}
+
+
 class Recorded(nn.Module):
     """The model handed to the learner: `model(src, tgt, ...)` returns (B, T, V) log-probabilities
     (masks and other arguments are ignored: the model builds its own); every call is recorded.
@@ -135,10 +139,10 @@ class Recorded(nn.Module):
         self.outputs = outputs  # a step that unpacks `output, _ = model(...)`: a tuple, the logits first
 
     def forward(self, src: Tensor, tgt: Tensor, *args: Any, **kwargs: Any) -> Any:
-        src, tgt = (src.t(), tgt.t()) if self.first else (src, tgt)  # (B, S), (B, T)
+        src, tgt = LAYOUT[self.first](src), LAYOUT[self.first](tgt)  # (B, S), (B, T)
         self.calls.append((self.training, tgt.size(1)))
         out = (self.model(src, tgt).logits * self.scale).log_softmax(-1)  # (B, T, V)
-        out = out.transpose(0, 1) if self.first else out  # (T, B, V) for a sequence-first step
+        out = LAYOUT[self.first](out)  # (T, B, V) for a sequence-first step
         return out if self.outputs == 1 else (out,) + (None,) * (self.outputs - 1)
 
 
@@ -251,14 +255,9 @@ def clip_note(clip: float) -> Text:
 def _called_sources(ctx: Context, source: str) -> list[str]:
     """The sources of the file's own functions that SOURCE calls by name (a `train_epoch` that calls
     the learner's `train_step`)."""
-    out = []
-    for name, obj in own_objects(ctx.module).items():
-        if "." not in name and inspect.isfunction(obj) and re.search(rf"\b{re.escape(name)}\s*\(", source):
-            try:
-                out.append(inspect.getsource(obj))
-            except (OSError, TypeError):
-                pass
-    return out
+    own = own_objects(ctx.module).items()
+    return [source_text(obj) for name, obj in own if "." not in name and inspect.isfunction(obj)
+            and re.search(rf"\b{re.escape(name)}\s*\(", source)]
 
 
 DATA_ARGUMENTS = {True: {"loader": LOADER_NAMES},  # by epoch (True) or step (False)
@@ -296,15 +295,12 @@ class Step:
             "(accum_steps, ...), a scheduler and a loss scaler (scaler)",
             f"{zh}接受 {what}，还可以有要累积的 micro-batch 个数（accum_steps 等）、"
             "调度器（scheduler）和损失缩放器（scaler）"))
-        try:
-            self.source = inspect.getsource(comp.obj)
-        except (OSError, TypeError):
-            self.source = ""
+        self.source = source_text(comp.obj)
         clipping = self.source + "".join(_called_sources(ctx, self.source))  # an epoch calling their step
         self.clip = clip_norm(clipping, {})
         self.tol = TOLERANCE[bool(FLOAT32.search(clipping))]
-        if epoch:  # the loop's variable is what a batch is called
-            loader = re.escape(self.loader or "")
+        if epoch:  # the loop's variable is what a batch is called (the loader: required of an epoch)
+            loader = re.escape(self.loader)
             loop = re.search(rf"for\s+(\w+)\s+in\s+(?:enumerate\()?\s*{loader}\b", self.source)
             self.batch = loop.group(1) if loop else None
         self._criterion(ctx)
@@ -326,7 +322,7 @@ class Step:
 
     def laid(self, ids: Tensor) -> Tensor:
         """Ids (B, L) as the step is handed them: (L, B) for a sequence-first step."""
-        return ids.t().clone() if self.first else ids.clone()
+        return LAYOUT[self.first](ids).clone()
 
     def _batch(self, src: Tensor, tgt: Tensor) -> Any:
         src, tgt = self.laid(src), self.laid(tgt)
@@ -471,34 +467,25 @@ Drive = tuple[Recorded, list[list[Tensor]], list[list[Tensor]], list[float]]
 
 
 def laid_out(step: Step, base: Seq2SeqTransformer) -> Drive:
-    """`_drive` with the batches batch-first, (B, L); where that raises and the file's own model took its
-    ids sequence-first (nn.Transformer's default, PyTorch's translation tutorial), sequence-first, (L, B),
-    the model handed taking and giving them so; the first error when neither runs."""
+    """`_drive` with the batches batch-first, (B, L); where that raises and a part of the file was checked
+    sequence-first (nn.Transformer's default, PyTorch's translation tutorial), sequence-first, (L, B),
+    the model handed taking and giving them so (its error, where that raises too)."""
     try:
         return _drive(step, base)
-    except fp.LearnerFailure as err:
+    except fp.LearnerFailure:
         if not file_reads_sequence_first(step.ctx):
             raise
-        step.first, step.rates = True, []
-        try:
-            return _drive(step, base)
-        except fp.LearnerFailure:
-            step.first = False
-            raise err from None
+    step.first, step.rates = True, []
+    return _drive(step, base)
 
 
 def file_reads_sequence_first(ctx: Context) -> bool:
-    """Whether the file's parts take their ids or stream sequence-first, as found in their checks: its
-    encoder-decoder model (checked here first where it has not been), its mask helper or its positional
-    encoding."""
+    """Whether the file's parts checked before the step take their ids or stream sequence-first, as
+    their checks found: its encoder-decoder model, its mask helper or its positional encoding."""
     from handformer.check.runners.mask_helpers import SEQUENCE_FIRST_NOTE
-    from handformer.check.runners.model import check_model
 
-    comp = ctx.components.get("transformer")
-    if comp is not None:
-        ctx.passes(comp, check_model)
-    notes = [note for r in ctx.results.values() for note in r.notes]
-    return SEQUENCE_FIRST in notes or SEQUENCE_FIRST_NOTE in notes
+    return any(note in (SEQUENCE_FIRST, SEQUENCE_FIRST_NOTE)
+               for r in ctx.results.values() for note in r.notes)
 
 
 def _drive(step: Step, base: Seq2SeqTransformer) -> Drive:
