@@ -116,11 +116,11 @@ def paper(
     n: float, d_model: float, factor: float, warmup: float, flags: frozenset[str] = frozenset()
 ) -> float:
     """factor * d_model^-0.5 * min(n^-0.5, n * warmup^-1.5), n >= 1, with the named mistakes."""
-    sign = V.has(flags, "schedule_exponent_sign")
+    sign = dict.fromkeys([V.has(flags, "schedule_exponent_sign")], -1.0)  # the exponent flipped: -1
     w = V.warmup_with(warmup, flags)
-    step_term = n ** (0.5 if sign == "step" else -0.5)
-    warm_term = n * w ** (1.5 if sign == "warmup" else -1.5)
-    scale = 1.0 if "schedule_no_d_model" in flags else d_model ** (0.5 if sign == "d_model" else -0.5)
+    step_term = n ** (-0.5 * sign.get("step", 1.0))
+    warm_term = n * w ** (-1.5 * sign.get("warmup", 1.0))
+    scale = 1.0 if "schedule_no_d_model" in flags else d_model ** (-0.5 * sign.get("d_model", 1.0))
     return factor * scale * min(step_term, warm_term)
 
 
