@@ -74,9 +74,15 @@ HEAD_FLAGS = ("split_no_transpose", "concat_no_transpose", "no_output_projection
 ROPE_FLAGS = ("rope_rotation_sign", "rope_wrong_base:exponent")  # searched when rotary positions are inside
 
 
+# the attention's and the heads' mistakes the search may apply, by whether there is a W_O (none missing
+# when there is none)
+FLAGS_BY_O = {True: ATTENTION_FLAGS + HEAD_FLAGS,
+              False: ATTENTION_FLAGS + tuple(f for f in HEAD_FLAGS if f != "no_output_projection")}
+
+
 def attention_flags(has_o: bool) -> tuple[str, ...]:
     """The attention's and the heads' mistakes the search may apply (no W_O missing when there is none)."""
-    return ATTENTION_FLAGS + tuple(f for f in HEAD_FLAGS if f != "no_output_projection" or has_o)
+    return FLAGS_BY_O[bool(has_o)]
 
 
 @dataclass
