@@ -49,7 +49,8 @@ from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import BEAM_NAMES as NAMES  # noqa: F401
-from handformer.check.core.context import Context, finish, forward_parameters, guarded, named, names_of
+from handformer.check.core.argument_names import by_name, named_each
+from handformer.check.core.context import Context, finish, forward_parameters, guarded, names_of
 from handformer.check.core.discovery import Component, cannot_fill
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
@@ -209,15 +210,14 @@ class Call:
                   "src_mask": source_mask(model.handed, src),
                   "max_len": MAX_LEN - 1 + self.steps_from_max, "start": BOS, "end": EOS, "beam": K,
                   "alpha": alpha}
-        kwargs = {name: values[key] for key, name in self.arg.items() if name}
         with model.steering():
-            return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
+            return self.ctx.learner.call("forward", self.comp.obj, **by_name(self.arg, values))
 
 
 def _call(comp: Component, ctx: Context) -> Call:
     params = forward_parameters(comp.obj)
     names, required = names_of(params)
-    arg = {key: named(names, aliases) for key, aliases in NAMES.items()}
+    arg = named_each(names, NAMES)
     found = arg["model"] and arg["src"] and arg["beam"]
     cannot_fill(comp.name, required, arg.values(), found, "model / src / beam_size", (
         "beam search takes (model, src, src_mask, max_len, start_symbol, end_symbol, beam_size, alpha), the "

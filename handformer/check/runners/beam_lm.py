@@ -31,7 +31,9 @@ from handformer.check.core.argument_names import (
     COUNT_NAMES,
     MODEL_NAMES,
     PROMPT_NAMES,
+    by_name,
     named,
+    named_each,
     names_of,
 )
 from handformer.check.core.context import Context, forward_parameters
@@ -171,9 +173,8 @@ class LMCall:
     def raw(self, model: SteeredLM, src: Tensor, K: int, alpha: float) -> Any:
         values = {"model": model.handed, "prompt": torch.tensor([PROMPT]), "max_len": self.steps,
                   "end": 2, "beam": K, "alpha": alpha}
-        kwargs = {name: values[key] for key, name in self.arg.items() if name}
         with model.steering():
-            return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
+            return self.ctx.learner.call("forward", self.comp.obj, **by_name(self.arg, values))
 
 
 LOST = ("your model keeps its cache inside itself (none is handed back), so check cannot tell which tokens "
@@ -183,7 +184,7 @@ LOST = ("your model keeps its cache inside itself (none is handed back), so chec
 
 def lm_call(comp: Component, ctx: Context, steps: int) -> LMCall:
     names, required = names_of(forward_parameters(comp.obj))
-    arg = {key: named(names, aliases) for key, aliases in ARGS.items()}
+    arg = named_each(names, ARGS)
     cannot_fill(comp.name, required, arg.values(), arg["beam"], "beam_size", (
         "a language model's beam search takes (model, prompt, beam_size, max_new_tokens, eos_id, "
         "length_penalty)",

@@ -31,6 +31,7 @@ from torch import Tensor
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import SCHEDULE_ARGS as ARGS
 from handformer.check.core.argument_names import SCHEDULE_STEP_NAMES as STEP_NAMES
+from handformer.check.core.argument_names import named_each
 from handformer.check.core.context import Context, forward_parameters, named, names_of
 from handformer.check.core.discovery import Component, DiscoveryError, defaulted_config
 from handformer.check.core.localize import Departure
@@ -177,7 +178,7 @@ class Schedule:
         first = next(iter(self.names), None)
         self.step_name = None if self.factory or self.maker else named(self.names, STEP_NAMES) or first
         settings = [n for n in self.names if n != self.step_name]
-        self.args = {key: named(settings, aliases) for key, aliases in ARGS.items()}
+        self.args = named_each(settings, ARGS)
         self.globals = _global_settings(comp.obj, self.names)  # key -> the module global it reads
         # a configuration argument (nanoGPT's get_lr(it, cfg) reads cfg.warmup_iters): key -> its field
         self.config, self.fields = _config_settings(comp.obj, settings)  # an argument read as numbers: none
