@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -56,6 +57,9 @@ ENCODE_DIAGNOSES = {
     "order_latest": "bpe_encode_merge_order",
     "order_reversed": "bpe_encode_merge_order",
 }
+# the mistakes tried: one, then two (two orders never together)
+ENCODE_TRIED = [frozenset(c) for n in (1, 2) for c in itertools.combinations(ENCODE_FLAGS, n)
+                if sum(f.startswith("order_") for f in c) < 2]
 ORDER_FORMS = {
     "leftmost": (
         "the leftmost pair that has a rank goes first, not the earliest learnt",
@@ -237,13 +241,7 @@ def _explain_encode(
     specials: list[str],
     lines: list[tuple[int, str]],
 ) -> None:
-    sets = [frozenset({f}) for f in ENCODE_FLAGS] + [
-        frozenset(p)
-        for i, a in enumerate(ENCODE_FLAGS)
-        for p in [(a, b) for b in ENCODE_FLAGS[i + 1 :]]
-        if not (a.startswith("order_") and p[1].startswith("order_"))
-    ]
-    for flags in sets:
+    for flags in ENCODE_TRIED:
         variant = {k: R.encode(s, vocab, merges, specials, flags) for k, s in TEXTS.items()}
         if variant != ours:
             continue
@@ -255,7 +253,7 @@ def _explain_encode(
                 if variant[k] != ref[k]
                 and R.encode(TEXTS[k], vocab, merges, specials, frozenset({flag})) != ref[k]
             )
-            form = flag.removeprefix("order_") if flag.startswith("order_") else ""
+            form = flag.partition("order_")[2]  # the order's form ("" for the other flags)
             res.findings.append(_encode_finding(name, form, which, ours, ref, lines))
         return
 
