@@ -188,19 +188,26 @@ class Context:
                                     f"forward 从不调用 {comp.name}.{name}（{type(sub).__name__}），"
                                     "所以它没有形状；删掉它，或者调用它")
 
-    def passes(self, comp: Component, check: Callable[[Component, Context], ComponentResult]) -> bool:
-        """Whether the learner's component passes its own check (run here when it has not been yet, once
-        a file), for a runner that builds on it (their loss in a training step, their model under a
-        beam search); their code raising there is a no."""
+    def checked(self, comp: Component, check: Callable[[Component, Context], ComponentResult],
+                ) -> ComponentResult | None:
+        """The result of the learner's component's own check (run here when it has not been yet, once
+        a file: --component asked for the runner that builds on it alone), for a runner that builds on
+        it (their loss in a training step, their model under a beam search); None when their code
+        raises there."""
         if comp.name not in self.results:
             partial = self.partial
             try:
                 self.results[comp.name] = check(comp, self)
             except Exception:  # noqa: BLE001  (their code raises: the runner builds on handformer's)
-                return False
+                return None
             finally:
                 self.partial = partial
-        return self.results[comp.name].status == PASS
+        return self.results[comp.name]
+
+    def passes(self, comp: Component, check: Callable[[Component, Context], ComponentResult]) -> bool:
+        """Whether the learner's component passes its own check (`checked`); their code raising there
+        is a no."""
+        return getattr(self.checked(comp, check), "status", None) == PASS
 
     def objects(self, comp: Component, *kinds: str) -> list[Any]:
         """The component's class or function, then the file's functions and classes it reads by name

@@ -149,16 +149,8 @@ def own_seq2seq(ctx: Context, accepted: tuple[str, ...] = (PASS, DIFFERS)) -> tu
     comp = ctx.components.get("transformer")
     if comp is None:
         return hooked_seq2seq(ctx) if FAIL in accepted else None
-    result = ctx.results.get(comp.name)
-    if result is None:  # checked here (once a file) when --component asked for the decoder only
-        partial = ctx.partial
-        try:
-            result = ctx.results[comp.name] = check_model(comp, ctx)
-        except Exception:  # noqa: BLE001  (their model raises, or cannot be built: the stand-in drives it)
-            return None
-        finally:
-            ctx.partial = partial
-    if result.status not in accepted:
+    # their model raising in its check, or unable to be built: the stand-in drives the search
+    if getattr(ctx.checked(comp, check_model), "status", None) not in accepted:
         return None
     module, _ = build_model(comp, ctx)
     call = Caller(module, ctx)
