@@ -107,15 +107,24 @@ class Steered(nn.Module):
     def generator(self, x: Tensor) -> Tensor:
         raw = self.ctx.learner.call("forward", self.base.generator, x)
         V = raw.size(-1)
-        if x.dim() == 3:  # (N, L, D): every position; position l predicts after ys[:, :l + 1]
+        if x.dim() == 3:  # (N, L, D): every position
             assert self.ys is not None, "decode first"
-            bias = torch.stack([torch.stack([self.steer(row[1:l + 1].tolist(), V, self._row_table(n))
-                                             for l in range(x.size(1))])
-                                for n, row in enumerate(self.ys)])  # (N, L, V)
+            bias = self.every_position(self.ys.size(0), x.size(1), V)  # (N, L, V)
         else:  # (N, D): the position of the decoder's output that x is
-            bias = torch.stack([self.steer(self._prefix(i, x[i]), V, self._row_table(i))
-                                for i in range(x.size(0))])  # (N, V)
+            bias = self.last_position(x, V)  # (N, V)
         return F.log_softmax(0.001 * raw + bias.to(raw.dtype), dim=-1)
+
+    def every_position(self, rows: int, length: int, V: int) -> Tensor:
+        """(rows, length, V) the steered log-probabilities at each position of each decoded row:
+        position l predicts after ys[n, :l + 1]."""
+        assert self.ys is not None, "decode first"
+        return torch.stack([torch.stack([self.steer(self.ys[n, 1:l + 1].tolist(), V, self._row_table(n))
+                                         for l in range(length)]) for n in range(rows)])
+
+    def last_position(self, x: Tensor, V: int) -> Tensor:
+        """(N, V) the steered log-probabilities after the prefix each row of x (N, D) stands for."""
+        return torch.stack([self.steer(self._prefix(i, x[i]), V, self._row_table(i))
+                            for i in range(x.size(0))])
 
     def _prefix(self, i: int, row: Tensor) -> list[int]:
         assert self.ys is not None and self.out is not None, "decode first"
