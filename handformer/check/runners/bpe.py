@@ -237,18 +237,18 @@ def merges_of_ranks(ranks: dict[bytes, int]) -> list[R.Pair]:
     return merges
 
 
+# each role of a trainer's argument, in the order they are tried: its names, and the words that say it
+# inside a longer name
+ROLES = (("path", PATH_NAMES, ("path", "file")), ("text", TEXT_NAMES, ()),
+         ("vocab_size", VOCAB_SIZE_NAMES, ("vocab",)), ("merges", MERGES_NAMES, ("merge",)),
+         ("special", SPECIAL_NAMES, ("special",)))
+
+
 def argument_role(name: str, first: bool) -> str:
     """What the trainer's argument `name` takes: path, text, vocab_size, merges, special or ""."""
     name = name.lower()
-    if name in PATH_NAMES or "path" in name or "file" in name:
-        return "path"
-    if name in TEXT_NAMES:
-        return "text"
-    for role, names, part in (("vocab_size", VOCAB_SIZE_NAMES, "vocab"), ("merges", MERGES_NAMES, "merge"),
-                              ("special", SPECIAL_NAMES, "special")):
-        if name in names or part in name:
-            return role
-    return "text" if first else ""  # the first argument is the corpus, whatever its name
+    said = (role for role, names, words in ROLES if name in names or any(w in name for w in words))
+    return next(said, "text" if first else "")  # the first argument is the corpus, whatever its name
 
 
 ITEMS = {dict: dict.items, list: enumerate}  # what a value holds, as (key, value) pairs
