@@ -149,20 +149,21 @@ def _mapping_zh(entry: str) -> str:
     return f"{name} -> {role}"
 
 
+# a top-level statement not run, as the engine writes it ("line N: code (why)"), in Chinese: the first
+# form that matches (the learner's own exception keeps its text)
+SKIPPED_ZH = ((r"line (\d+): (.*) \(the script's work, not a definition\)",
+               "第 {} 行：{}（脚本要做的事，不是定义：没有运行）"),
+              (r"line (\d+): (.*?) \((\w+: .*)\)", "第 {} 行：{}（运行出错，跳过了：{}）"),
+              (r"line (\d+): (.*)", "第 {} 行：{}"))
+
+
 def _skipped_zh(entry: str) -> str:
-    """A top-level statement not run ("line N: code (why)", as the engine writes it) in Chinese;
-    the learner's own exception keeps its text."""
-    script = " (the script's work, not a definition)"
-    m = re.fullmatch(r"line (\d+): (.*)", entry, re.DOTALL)
-    if m is None:
-        return entry
-    number, rest = m.groups()
-    if rest.endswith(script):
-        return f"第 {number} 行：{rest[:-len(script)]}（脚本要做的事，不是定义：没有运行）"
-    failed = re.fullmatch(r"(.*?) \((\w+: .*)\)", rest, re.DOTALL)
-    if failed is None:
-        return f"第 {number} 行：{rest}"
-    return f"第 {number} 行：{failed[1]}（运行出错，跳过了：{failed[2]}）"
+    """A top-level statement not run in Chinese (SKIPPED_ZH); an entry of no such form as it is."""
+    for pattern, zh in SKIPPED_ZH:
+        found = re.fullmatch(pattern, entry, re.DOTALL)
+        if found:
+            return zh.format(*found.groups())
+    return entry
 
 
 def _paren(inner: str, lang: str) -> str:
