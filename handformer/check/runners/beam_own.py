@@ -82,7 +82,7 @@ class OwnSteered(Steered):
         handles = [e.register_forward_pre_hook(self._record) for e in self.embeds]
         handles += [m.register_forward_hook(self._states) for m in self.states]
         handles += [o.register_forward_hook(self._steer_out) for o in self.outs]
-        if self.known and self.layer is not None:
+        if self.known:  # read through the first decoder layer (none known without one: `_recorded`)
             handles.append(self.layer.register_forward_pre_hook(self._rows, with_kwargs=True))
         return fp.hooked(handles)
 
