@@ -116,12 +116,6 @@ def to_json(result: FileResult) -> str:
     return json.dumps(data, indent=2, ensure_ascii=False)
 
 
-def _line(n: int | None, code: str | None, lang: str) -> str:
-    if n is None:
-        return ""
-    return WORDS[lang]["line_of"].format(n=n, code=code)
-
-
 # handformer's side of a weight mapping ("name -> role") in Chinese; the learner's names stay as they are
 ROLE_WORDS = {"token embedding": "词嵌入", "position embedding": "位置嵌入", "source embedding": "源端嵌入",
               "target embedding": "目标端嵌入", "learned positions": "可学习的位置编码",
@@ -249,7 +243,7 @@ def format_component(c: ComponentResult, lang: str) -> list[str]:
         lines.append(f"  x {f.name}{w[':']}{d.title[lang]}")
         lines.append(f"      {w['observed']}{w[':']}{f.observed[lang]}")
         if f.line is not None:
-            lines.append(f"      {_line(f.line, f.code, lang)}")
+            lines.append(f"      {w['line_of'].format(n=f.line, code=f.code)}")
         lines.append(f"      {w['fix']}{w[':']}{d.fix[lang]}")
     passed = [ch for ch in c.checks if ch.ok]
     for ch in c.checks:
