@@ -29,7 +29,16 @@ from typing import Any
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, call_parameters, finish
 from handformer.check.core.discovery import Component, DiscoveryError, own_objects
-from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, LearnerError, Text, text
+from handformer.check.core.result import (
+    DIFFERS,
+    Check,
+    ComponentResult,
+    Finding,
+    LearnerError,
+    Text,
+    failed_check,
+    text,
+)
 from handformer.check.core.source import global_reads, locate, source_lines
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import (
@@ -512,27 +521,27 @@ def _check_vocab(
     layout as a convention."""
     n = len(vocab)
     wanted = VOCAB_SIZE - (0 if specials else 1)
-    res.checks.append(Check(text(f"the vocabulary has vocab_size = {wanted} tokens",
-                                 f"词表有 vocab_size = {wanted} 个 token"),
-                            n == wanted, None if n == wanted else text(f"it has {n}", f"实际有 {n} 个")))
+    res.checks.append(failed_check(text(f"the vocabulary has vocab_size = {wanted} tokens",
+                                        f"词表有 vocab_size = {wanted} 个 token"),
+                                   n == wanted, lambda: text(f"it has {n}", f"实际有 {n} 个")))
     res.checks.append(Check(text("the ids are 0 .. n - 1", "id 是 0 .. n - 1"),
                             sorted(vocab) == list(range(n))))
     single = {v: k for k, v in vocab.items() if len(v) == 1}
-    res.checks.append(Check(text("each of the 256 bytes is a token", "256 个字节各是一个 token"),
-                            len(single) == 256,
-                            None if len(single) == 256 else
-                            text(f"{256 - len(single)} missing", f"缺了 {256 - len(single)} 个")))
+    res.checks.append(failed_check(text("each of the 256 bytes is a token", "256 个字节各是一个 token"),
+                                   len(single) == 256,
+                                   lambda: text(f"{256 - len(single)} missing",
+                                                f"缺了 {256 - len(single)} 个")))
     special_ids = [k for k, v in vocab.items() if v == SPECIAL.encode()]
     if specials:
         res.checks.append(Check(text("<|endoftext|> is one token", "<|endoftext|> 是一个 token"),
                                 len(special_ids) == 1))
     made, values = [m[0] + m[1] for m in merges], list(vocab.values())
     missing = [t for t in made if t not in values]
-    res.checks.append(Check(text("each merge's token is in the vocabulary",
-                                 "每次合并得到的 token 都在词表里"),
-                            not missing,
-                            text(f"{len(missing)} missing, e.g. {missing[0]!r}",
-                                 f"缺了 {len(missing)} 个，例如 {missing[0]!r}") if missing else None))
+    res.checks.append(failed_check(text("each merge's token is in the vocabulary",
+                                        "每次合并得到的 token 都在词表里"),
+                                   not missing,
+                                   lambda: text(f"{len(missing)} missing, e.g. {missing[0]!r}",
+                                                f"缺了 {len(missing)} 个，例如 {missing[0]!r}")))
     if len(single) == 256:
         _vocab_layout(res, vocab, single, special_ids, made)
 

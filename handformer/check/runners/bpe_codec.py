@@ -21,7 +21,7 @@ from typing import Any
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, finish
 from handformer.check.core.discovery import Component, DiscoveryError, own_objects
-from handformer.check.core.result import Check, ComponentResult, Finding, LearnerError, text
+from handformer.check.core.result import Check, ComponentResult, Finding, LearnerError, failed_check, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import SPECIAL
@@ -205,18 +205,11 @@ def grade_codec(res: ComponentResult, codec: Codec, vocab: dict[int, bytes], mer
     ref = {k: R.encode(s, vocab, merges, specials) for k, s in TEXTS.items()}
     ours = {k: codec.encode(s) for k, s in TEXTS.items()}
     for k in TEXTS:
-        res.checks.append(
-            Check(
-                text(f"encode ({k}) gives the reference's ids", f"encode（{_ZH[k]}）与参考实现的 id 一致"),
-                ours[k] == ref[k],
-                None
-                if ours[k] == ref[k]
-                else text(
-                    f"{len(ours[k])} ids, the reference {len(ref[k])}",
-                    f"{len(ours[k])} 个 id，参考实现 {len(ref[k])} 个",
-                ),
-            )
-        )
+        res.checks.append(failed_check(
+            text(f"encode ({k}) gives the reference's ids", f"encode（{_ZH[k]}）与参考实现的 id 一致"),
+            ours[k] == ref[k],
+            lambda k=k: text(f"{len(ours[k])} ids, the reference {len(ref[k])}",
+                             f"{len(ours[k])} 个 id，参考实现 {len(ref[k])} 个")))
     if ours != ref:
         _explain_encode(res, ours, ref, vocab, merges, specials, lines)
     _check_decode(res, codec, ref, vocab, lines)
@@ -318,8 +311,8 @@ def _decode_invalid(res: ComponentResult, codec: Codec, vocab: dict[int, bytes],
             f"对字节不是合法 UTF-8 的 {len(broken)} 个 id 做 decode 时抛出了 {failure.error.message[:120]}；"
             f'用 errors="replace" 应该得到 {wanted!r}'), *locate("bpe_decode_strict", lines)))
         return
-    res.checks.append(Check(text('ids whose bytes are not UTF-8 decode to U+FFFD (errors="replace")',
-                                 '字节不是合法 UTF-8 的 id 解码成 U+FFFD（errors="replace"）'),
-                            out == wanted,
-                            None if out == wanted else text(f"{out!r}, not {wanted!r}",
-                                                            f"得到 {out!r}，而不是 {wanted!r}")))
+    res.checks.append(failed_check(text('ids whose bytes are not UTF-8 decode to U+FFFD (errors="replace")',
+                                        '字节不是合法 UTF-8 的 id 解码成 U+FFFD（errors="replace"）'),
+                                   out == wanted,
+                                   lambda: text(f"{out!r}, not {wanted!r}",
+                                                f"得到 {out!r}，而不是 {wanted!r}")))
