@@ -490,7 +490,7 @@ def _at_zero(res: ComponentResult, ctx: Context, comp: Component, subject: Subje
     """The step that checks step 0 on its own and shows the values at the family's landmarks."""
     sched, got = subject.module, subject.facts["got"]
     right = _right(subject, found)[1]
-    _step_zero(res, ctx, comp, sched, got.get(0), right)
+    _step_zero(res, ctx, comp, sched, got[0], right)  # step 0 is read in every family
     sizes = sched.sizes
     marks = ((0, sizes["warmup"], 10 * sizes["warmup"]) if sched.family in ("paper", "inverse_sqrt")
              else (0, sizes["warmup"], sizes["total"], max(sched.steps)))
@@ -876,7 +876,7 @@ def _step_zero(
         return
     want = right(0, frozenset())
     # fairseq's warmup starts at its warmup_init_lr, 0 by default: a 0 at step 0 is its first update's
-    if zero is None or _close(zero, want) or (zero == 0.0 and sched.family == "inverse_sqrt"):
+    if _close(zero, want) or (zero == 0.0 and sched.family == "inverse_sqrt"):
         if sched.family != "paper" and zero == 0.0:
             res.notes.append(_zero_at_start_note())
         return
