@@ -166,8 +166,10 @@ class Trainer:
                    "num_merges）"
             )
 
-    def takes_specials(self) -> bool:
-        return "special" in self.roles.values()
+    @property
+    def specials(self) -> list[str]:
+        """The special tokens it is handed: <|endoftext|> where it takes special tokens, else none."""
+        return [SPECIAL] if "special" in self.roles.values() else []
 
     def run(self, corpus: str, vocab_size: int, limit: float) -> tuple[dict[int, bytes] | None, list[R.Pair]]:
         """(vocab or None, merges as pairs of bytes); TrainerTimeout past `limit` seconds."""
@@ -175,7 +177,7 @@ class Trainer:
             path = os.path.join(tmp, "corpus.txt")
             with open(path, "w", encoding="utf-8") as f:
                 f.write(corpus)
-            specials = [SPECIAL] if self.takes_specials() else []
+            specials = self.specials
             vocab_size -= 1 - len(specials)  # without the special token: one token less, the same merges
             values = {
                 "path": path,
@@ -329,11 +331,11 @@ def _check_trainer(comp: Component, ctx: Context, res: ComponentResult,
             message_zh=f"在测试语料（{len(CORPUS.encode())} 字节，{len(ref_merges)} 次合并）上训练，"
             f"{FIXTURE_LIMIT:g} 秒内没有结束：循环停不下来（某次合并没有让词变短？）")) from None
     fixture_seconds = time.perf_counter() - start
-    if not trainer.takes_specials():
+    specials = trainer.specials
+    if not specials:
         res.notes.append(text("your trainer takes no special tokens, so it was trained without <|endoftext|>",
                               "你的训练函数不接收特殊 token，所以训练时没有 <|endoftext|>"))
         ref_vocab, ref_merges = R.train(CORPUS, VOCAB_SIZE - 1, [])
-    specials = [SPECIAL] if trainer.takes_specials() else []
     _vocab_size(res, vocab, merges, ref_merges, specials, lines)
     compare_merges(res, merges, ref_merges, specials, lines)
     if vocab is not None:
@@ -607,7 +609,7 @@ def _time(res: ComponentResult, trainer: Trainer, exact: bool, fixture_seconds: 
             f"计时语料：你的 {took:.2f} 秒，参考实现 {seconds:.2f} 秒（上限 {limit:.1f} 秒）",
         )
     )
-    if exact and trainer.takes_specials():
+    if exact and trainer.specials:
         res.checks.append(
             Check(
                 text(
