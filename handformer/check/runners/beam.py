@@ -49,7 +49,7 @@ from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import BEAM_NAMES as NAMES  # noqa: F401
-from handformer.check.core.argument_names import by_name, named_each
+from handformer.check.core.argument_names import named_each
 from handformer.check.core.context import Context, finish, forward_parameters, guarded, names_of
 from handformer.check.core.discovery import Component, cannot_fill
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
@@ -61,6 +61,7 @@ from handformer.check.runners.beam_models import (  # noqa: F401
     HandformerModel,
     Steered,
     Table,
+    call_search,
     hypotheses,
     hypothesis_tokens,
 )
@@ -210,8 +211,7 @@ class Call:
                   "src_mask": source_mask(model.handed, src),
                   "max_len": MAX_LEN - 1 + self.steps_from_max, "start": BOS, "end": EOS, "beam": K,
                   "alpha": alpha}
-        with model.steering():
-            return self.ctx.learner.call("forward", self.comp.obj, **by_name(self.arg, values))
+        return call_search(self.ctx, self.comp, model, self.arg, values)
 
 
 def _call(comp: Component, ctx: Context) -> Call:

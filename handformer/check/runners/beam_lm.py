@@ -31,7 +31,6 @@ from handformer.check.core.argument_names import (
     COUNT_NAMES,
     MODEL_NAMES,
     PROMPT_NAMES,
-    by_name,
     named,
     named_each,
     names_of,
@@ -39,7 +38,7 @@ from handformer.check.core.argument_names import (
 from handformer.check.core.context import Context, forward_parameters
 from handformer.check.core.discovery import Component, DiscoveryError, cannot_fill
 from handformer.check.core.result import DIFFERS, PASS, ComponentResult, text
-from handformer.check.runners.beam_models import BOS, Steered, Table, hypothesis_tokens
+from handformer.check.runners.beam_models import BOS, Steered, Table, call_search, hypothesis_tokens
 
 VOCAB = 13  # the vocabulary the model is built with; its last id is the scenarios' sink
 PROMPT = (9, 10, 11)  # (1, 3): longer than one token, so the prefill's last position matters
@@ -173,8 +172,7 @@ class LMCall:
     def raw(self, model: SteeredLM, src: Tensor, K: int, alpha: float) -> Any:
         values = {"model": model.handed, "prompt": torch.tensor([PROMPT]), "max_len": self.steps,
                   "end": 2, "beam": K, "alpha": alpha}
-        with model.steering():
-            return self.ctx.learner.call("forward", self.comp.obj, **by_name(self.arg, values))
+        return call_search(self.ctx, self.comp, model, self.arg, values)
 
 
 LOST = ("your model keeps its cache inside itself (none is handed back), so check cannot tell which tokens "

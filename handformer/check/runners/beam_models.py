@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
+from handformer.check.core.argument_names import by_name
 from handformer.check.core.context import Context
 from handformer.check.core.discovery import Component
 from handformer.config import Seq2SeqConfig
@@ -155,6 +156,14 @@ class Steered(nn.Module):
         return self.cache[key]
 
 
+def call_search(ctx: Context, comp: Component, model: Steered, arg: dict[str, str | None],
+                values: dict[str, Any]) -> Any:
+    """What the learner's search returns, as it is, called with `values` under the names it takes
+    (`arg`: each role's name), its model steered."""
+    with model.steering():
+        return ctx.learner.call("forward", comp.obj, **by_name(arg, values))
+
+
 def hypotheses(out: Any) -> Any:
     """What a search returns less its scores: (tokens, score) -> tokens."""
     return out[0] if isinstance(out, tuple) and out and not isinstance(out[0], int) else out
@@ -174,4 +183,5 @@ def hypothesis_tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
                            "列表或 (1, L) 张量（或 (tokens, score) 元组）")
 
 
-__all__ = ["BOS", "EOS", "PAD", "HandformerModel", "Steered", "Table", "hypotheses", "hypothesis_tokens"]
+__all__ = ["BOS", "EOS", "PAD", "HandformerModel", "Steered", "Table", "call_search", "hypotheses",
+           "hypothesis_tokens"]

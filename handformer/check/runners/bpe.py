@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from handformer.check.core import fingerprint as fp
@@ -175,8 +176,7 @@ class Trainer:
         """(vocab or None, merges as pairs of bytes); TrainerTimeout past `limit` seconds."""
         with tempfile.TemporaryDirectory(prefix="handformer-bpe-") as tmp:
             path = os.path.join(tmp, "corpus.txt")
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(corpus)
+            Path(path).write_text(corpus, encoding="utf-8")
             specials = self.specials
             vocab_size -= 1 - len(specials)  # without the special token: one token less, the same merges
             values = {
