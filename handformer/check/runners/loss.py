@@ -320,9 +320,13 @@ def _smoothings(loss: Loss, res: ComponentResult) -> tuple[float, ...]:
     return (0.1,)
 
 
+# the mistakes that go with one convention only: (the part of the convention, the one they need)
+NEEDS = {"smoothing_on_pad": (1, "v2"), "loss_log_zero": (0, "kl")}  # the V - 2 split; a KL divergence
+
+
 def _reference(conv: Conv, x: Inputs, flags: frozenset[str]) -> Tensor:
     form, split, reduction = conv
-    if "smoothing_on_pad" in flags and split != "v2" or "loss_log_zero" in flags and form != "kl":
+    if any(conv[i] != needed for flag, (i, needed) in NEEDS.items() if flag in flags):
         raise Impossible(conv)
     logp, targets, smoothings = x
     return torch.tensor([reference(logp, targets, eps, form, split, reduction, flags) for eps in smoothings],
