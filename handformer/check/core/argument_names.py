@@ -184,6 +184,17 @@ def named(names: list[str], aliases: tuple[str, ...]) -> str | None:
     return next((n for n in names if n.lower() in aliases), None)
 
 
+def named_each(names: list[str], table: dict[str, tuple[str, ...]]) -> dict[str, str | None]:
+    """Each role of `table` (role -> its aliases) -> the argument name that takes it (`named`), or None."""
+    return {role: named(names, aliases) for role, aliases in table.items()}
+
+
+def by_name(roles: dict[str, str | None], values: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of a call: each role's value under the name that takes it (roles no
+    argument takes left out)."""
+    return {name: values[role] for role, name in roles.items() if name}
+
+
 def names_of(params: list[inspect.Parameter]) -> tuple[list[str], list[str]]:
     """The parameters' names, and those of the ones without a default (a call must fill them)."""
     return [p.name for p in params], [p.name for p in params if p.default is p.empty]

@@ -74,9 +74,15 @@ HEAD_FLAGS = ("split_no_transpose", "concat_no_transpose", "no_output_projection
 ROPE_FLAGS = ("rope_rotation_sign", "rope_wrong_base:exponent")  # searched when rotary positions are inside
 
 
+# the attention's and the heads' mistakes the search may apply, by whether there is a W_O (none missing
+# when there is none)
+FLAGS_BY_O = {True: ATTENTION_FLAGS + HEAD_FLAGS,
+              False: ATTENTION_FLAGS + tuple(f for f in HEAD_FLAGS if f != "no_output_projection")}
+
+
 def attention_flags(has_o: bool) -> tuple[str, ...]:
     """The attention's and the heads' mistakes the search may apply (no W_O missing when there is none)."""
-    return ATTENTION_FLAGS + tuple(f for f in HEAD_FLAGS if f != "no_output_projection" or has_o)
+    return FLAGS_BY_O[bool(has_o)]
 
 
 @dataclass
@@ -182,19 +188,26 @@ class Context:
                                     f"forward 从不调用 {comp.name}.{name}（{type(sub).__name__}），"
                                     "所以它没有形状；删掉它，或者调用它")
 
-    def passes(self, comp: Component, check: Callable[[Component, Context], ComponentResult]) -> bool:
-        """Whether the learner's component passes its own check (run here when it has not been yet, once
-        a file), for a runner that builds on it (their loss in a training step, their model under a
-        beam search); their code raising there is a no."""
+    def checked(self, comp: Component, check: Callable[[Component, Context], ComponentResult],
+                ) -> ComponentResult | None:
+        """The result of the learner's component's own check (run here when it has not been yet, once
+        a file: --component asked for the runner that builds on it alone), for a runner that builds on
+        it (their loss in a training step, their model under a beam search); None when their code
+        raises there."""
         if comp.name not in self.results:
             partial = self.partial
             try:
                 self.results[comp.name] = check(comp, self)
             except Exception:  # noqa: BLE001  (their code raises: the runner builds on handformer's)
-                return False
+                return None
             finally:
                 self.partial = partial
-        return self.results[comp.name].status == PASS
+        return self.results[comp.name]
+
+    def passes(self, comp: Component, check: Callable[[Component, Context], ComponentResult]) -> bool:
+        """Whether the learner's component passes its own check (`checked`); their code raising there
+        is a no."""
+        return getattr(self.checked(comp, check), "status", None) == PASS
 
     def objects(self, comp: Component, *kinds: str) -> list[Any]:
         """The component's class or function, then the file's functions and classes it reads by name

@@ -312,9 +312,9 @@ def raises_alone(comp: Component, ctx: Context) -> LearnerError | None:
     c = caller(module.float())  # in one dtype: gpt-oss builds its layers in bfloat16, its norms in float32
     if c.mask_name in _required(module):  # a mask it requires, in a form check does not know: no plain input
         return None
-    call = c.call if comp.kind in ("mha", "gqa", "causal_attention") else None
-    errors = [_raised(lambda x=x: call(x, x, x, None) if call else module(x), ctx.path)
-              for x in _plain_inputs(D)]
+    # an attention is called as q = k = v with no mask; any other part on its input alone
+    run = (lambda x: c.call(x, x, x, None)) if comp.kind in ("mha", "gqa", "causal_attention") else module
+    errors = [_raised(lambda x=x: run(x), ctx.path) for x in _plain_inputs(D)]
     return errors[0] if all(errors) else None  # one layout it takes runs: its own is not an error
 
 

@@ -116,12 +116,6 @@ def to_json(result: FileResult) -> str:
     return json.dumps(data, indent=2, ensure_ascii=False)
 
 
-def _line(n: int | None, code: str | None, lang: str) -> str:
-    if n is None:
-        return ""
-    return WORDS[lang]["line_of"].format(n=n, code=code)
-
-
 # handformer's side of a weight mapping ("name -> role") in Chinese; the learner's names stay as they are
 ROLE_WORDS = {"token embedding": "词嵌入", "position embedding": "位置嵌入", "source embedding": "源端嵌入",
               "target embedding": "目标端嵌入", "learned positions": "可学习的位置编码",
@@ -149,20 +143,21 @@ def _mapping_zh(entry: str) -> str:
     return f"{name} -> {role}"
 
 
+# a top-level statement not run, as the engine writes it ("line N: code (why)"), in Chinese: the first
+# form that matches (the learner's own exception keeps its text)
+SKIPPED_ZH = ((r"line (\d+): (.*) \(the script's work, not a definition\)",
+               "第 {} 行：{}（脚本要做的事，不是定义：没有运行）"),
+              (r"line (\d+): (.*?) \((\w+: .*)\)", "第 {} 行：{}（运行出错，跳过了：{}）"),
+              (r"line (\d+): (.*)", "第 {} 行：{}"))
+
+
 def _skipped_zh(entry: str) -> str:
-    """A top-level statement not run ("line N: code (why)", as the engine writes it) in Chinese;
-    the learner's own exception keeps its text."""
-    script = " (the script's work, not a definition)"
-    m = re.fullmatch(r"line (\d+): (.*)", entry, re.DOTALL)
-    if m is None:
-        return entry
-    number, rest = m.groups()
-    if rest.endswith(script):
-        return f"第 {number} 行：{rest[:-len(script)]}（脚本要做的事，不是定义：没有运行）"
-    failed = re.fullmatch(r"(.*?) \((\w+: .*)\)", rest, re.DOTALL)
-    if failed is None:
-        return f"第 {number} 行：{rest}"
-    return f"第 {number} 行：{failed[1]}（运行出错，跳过了：{failed[2]}）"
+    """A top-level statement not run in Chinese (SKIPPED_ZH); an entry of no such form as it is."""
+    for pattern, zh in SKIPPED_ZH:
+        found = re.fullmatch(pattern, entry, re.DOTALL)
+        if found:
+            return zh.format(*found.groups())
+    return entry
 
 
 def _paren(inner: str, lang: str) -> str:
@@ -248,7 +243,7 @@ def format_component(c: ComponentResult, lang: str) -> list[str]:
         lines.append(f"  x {f.name}{w[':']}{d.title[lang]}")
         lines.append(f"      {w['observed']}{w[':']}{f.observed[lang]}")
         if f.line is not None:
-            lines.append(f"      {_line(f.line, f.code, lang)}")
+            lines.append(f"      {w['line_of'].format(n=f.line, code=f.code)}")
         lines.append(f"      {w['fix']}{w[':']}{d.fix[lang]}")
     passed = [ch for ch in c.checks if ch.ok]
     for ch in c.checks:

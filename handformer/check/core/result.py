@@ -6,6 +6,7 @@ Texts that the report shows are stored in both languages, {"en": ..., "zh": ...}
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -47,6 +48,12 @@ class Check:
     name: Text
     ok: bool
     detail: Text | None = None
+
+
+def failed_check(name: Text, ok: bool, detail: Callable[[], Text]) -> Check:
+    """A check whose detail says what went wrong: written (`detail()`) only where it failed, the values
+    it quotes there alone."""
+    return Check(name, ok, None if ok else detail())
 
 
 @dataclass

@@ -189,9 +189,8 @@ def train_naive(
     text: str, vocab_size: int, special_tokens: list[str], flags: frozenset[str] = frozenset()
 ) -> tuple[dict[int, bytes], list[Pair]]:
     """The same training, every pair recounted after every merge, with the named mistakes as flags:
-    "specials_trained", "across_pretokens" (see `pretokenize`), "ties_smaller" (a tie goes to the
-    smaller pair), "ties_first_seen" (to the pair counted first: max over a dict), "counts_once" (the
-    pairs are counted once, before the first merge, and never again)."""
+    "specials_trained", "across_pretokens" (see `pretokenize`), "ties_first_seen" (a tie goes to the
+    pair counted first: max over a dict, minbpe's)."""
     vocab = base_vocab(special_tokens)
     words = pretokenize(text, special_tokens, flags)
     merges: list[Pair] = []
@@ -202,19 +201,15 @@ def train_naive(
         merges.append(pair)
         vocab[len(vocab)] = pair[0] + pair[1]
         words = Counter({merge_word(w, pair): n for w, n in words.items()})
-        if "counts_once" in flags:  # the first counts, less the pairs merged
-            del counts[pair]
-        else:
-            counts = _count(words)
+        counts = _count(words)
     return vocab, merges
 
 
 # the most frequent pair, a tie going to the greater pair (this reference's rule, ""), or by the mistake
-# a flag names: to the pair counted first (max over a dict), or to the smaller pair
+# a flag names: to the pair counted first (max over a dict)
 TIE_RULES: dict[str, Callable[[Counter[Pair]], Pair]] = {
     "": lambda counts: max(counts, key=lambda p: (counts[p], p)),
-    "ties_first_seen": lambda counts: max(counts, key=counts.__getitem__),
-    "ties_smaller": lambda counts: min(counts, key=lambda p: (-counts[p], p))}
+    "ties_first_seen": lambda counts: max(counts, key=counts.__getitem__)}
 
 
 def _count(words: Counter[Word]) -> Counter[Pair]:

@@ -49,7 +49,8 @@ from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import BEAM_NAMES as NAMES  # noqa: F401
-from handformer.check.core.context import Context, finish, forward_parameters, guarded, named, names_of
+from handformer.check.core.argument_names import named_each
+from handformer.check.core.context import Context, finish, forward_parameters, guarded, names_of
 from handformer.check.core.discovery import Component, cannot_fill
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
@@ -60,6 +61,7 @@ from handformer.check.runners.beam_models import (  # noqa: F401
     HandformerModel,
     Steered,
     Table,
+    call_search,
     hypotheses,
     hypothesis_tokens,
 )
@@ -209,15 +211,13 @@ class Call:
                   "src_mask": source_mask(model.handed, src),
                   "max_len": MAX_LEN - 1 + self.steps_from_max, "start": BOS, "end": EOS, "beam": K,
                   "alpha": alpha}
-        kwargs = {name: values[key] for key, name in self.arg.items() if name}
-        with model.steering():
-            return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
+        return call_search(self.ctx, self.comp, model, self.arg, values)
 
 
 def _call(comp: Component, ctx: Context) -> Call:
     params = forward_parameters(comp.obj)
     names, required = names_of(params)
-    arg = {key: named(names, aliases) for key, aliases in NAMES.items()}
+    arg = named_each(names, NAMES)
     found = arg["model"] and arg["src"] and arg["beam"]
     cannot_fill(comp.name, required, arg.values(), found, "model / src / beam_size", (
         "beam search takes (model, src, src_mask, max_len, start_symbol, end_symbol, beam_size, alpha), the "
@@ -242,12 +242,11 @@ def check_beam_search(comp: Component, ctx: Context) -> ComponentResult:
 
     res = ctx.result(comp)
     lm = beam_lm.decoder_only(comp, ctx)
-    call = beam_lm.lm_call(comp, ctx, MAX_LEN - 1) if lm else _call(comp, ctx)
-    make = beam_lm.lm_maker(res, ctx, comp) if lm else _maker(res, ctx)
+    call, make = ((beam_lm.lm_call(comp, ctx, MAX_LEN - 1), beam_lm.lm_maker(res, ctx, comp)) if lm
+                  else (_call(comp, ctx), _maker(res, ctx)))
     src = torch.tensor([[5, 7, 9, 11, 3, 6]])  # (1, S)
     steps = MAX_LEN - 1
     alphas = [1.0] if call.arg["alpha"] else [0.0, 0.6, 0.7, 1.0]
-    conv, found, alpha = None, frozenset(), alphas[0]
     outcomes = {}
     for name, table in SCENARIOS.items():
         model = make(table)
@@ -256,8 +255,9 @@ def check_beam_search(comp: Component, ctx: Context) -> ComponentResult:
         outcomes[name] = (model, memory, got)
     conv, alpha, found = _search(outcomes, steps, alphas)
     ok = conv is not None and not found
+    counted = conv or "eos"  # the convention the right answers are shown in: counting EOS where none matched
     for name, (model, memory, got) in outcomes.items():
-        right = reference(model, memory, 2, steps, alpha, conv or "eos")
+        right = reference(model, memory, 2, steps, alpha, counted)
         same = _same(got, right)
         res.checks.append(Check(text(f"scenario {name!r} (beam 2, alpha {alpha:g}): the best hypothesis "
                                      f"equals handformer's beam search ({show(right)})",
@@ -271,8 +271,8 @@ def check_beam_search(comp: Component, ctx: Context) -> ComponentResult:
             res.notes.append(text(f"{comp.name} takes no length penalty: its search matches alpha = "
                                   f"{alpha:g}",
                                   f"{comp.name} 没有长度惩罚参数：它的搜索与 alpha = {alpha:g} 一致"))
-    _beam_findings(res, ctx, comp, outcomes, found, steps, alpha, conv)
-    guarded(res, lambda: _without_penalty(res, call, make, src, outcomes, steps, conv or "eos"))
+    _beam_findings(res, ctx, comp, outcomes, found, steps, alpha, counted)
+    guarded(res, lambda: _without_penalty(res, call, make, src, outcomes, steps, counted))
     _beam_one(res, ctx, comp, call, make, src, steps)
     _batched(res, ctx, comp, call, make, steps)
     return finish(res)
@@ -351,9 +351,8 @@ def _maker(res: ComponentResult, ctx: Context) -> Maker:
 
 
 def _beam_findings(res: ComponentResult, ctx: Context, comp: Component, outcomes: dict[str, Any],
-                   found: frozenset[str], steps: int, alpha: float, conv: str | None) -> None:
+                   found: frozenset[str], steps: int, alpha: float, conv: str) -> None:
     """Each mistake named, shown on the first scenario where the learner's answer is wrong."""
-    conv = conv or "eos"
     for flag in sorted(found):
         model, memory, got = next(o for o in outcomes.values()
                                   if not _same(o[2], reference(o[0], o[1], 2, steps, alpha, conv)))

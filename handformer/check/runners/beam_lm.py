@@ -32,12 +32,13 @@ from handformer.check.core.argument_names import (
     MODEL_NAMES,
     PROMPT_NAMES,
     named,
+    named_each,
     names_of,
 )
 from handformer.check.core.context import Context, forward_parameters
 from handformer.check.core.discovery import Component, DiscoveryError, cannot_fill
 from handformer.check.core.result import DIFFERS, PASS, ComponentResult, text
-from handformer.check.runners.beam_models import BOS, Steered, Table, hypothesis_tokens
+from handformer.check.runners.beam_models import BOS, Steered, Table, call_search, hypothesis_tokens
 
 VOCAB = 13  # the vocabulary the model is built with; its last id is the scenarios' sink
 PROMPT = (9, 10, 11)  # (1, 3): longer than one token, so the prefill's last position matters
@@ -171,9 +172,7 @@ class LMCall:
     def raw(self, model: SteeredLM, src: Tensor, K: int, alpha: float) -> Any:
         values = {"model": model.handed, "prompt": torch.tensor([PROMPT]), "max_len": self.steps,
                   "end": 2, "beam": K, "alpha": alpha}
-        kwargs = {name: values[key] for key, name in self.arg.items() if name}
-        with model.steering():
-            return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
+        return call_search(self.ctx, self.comp, model, self.arg, values)
 
 
 LOST = ("your model keeps its cache inside itself (none is handed back), so check cannot tell which tokens "
@@ -183,7 +182,7 @@ LOST = ("your model keeps its cache inside itself (none is handed back), so chec
 
 def lm_call(comp: Component, ctx: Context, steps: int) -> LMCall:
     names, required = names_of(forward_parameters(comp.obj))
-    arg = {key: named(names, aliases) for key, aliases in ARGS.items()}
+    arg = named_each(names, ARGS)
     cannot_fill(comp.name, required, arg.values(), arg["beam"], "beam_size", (
         "a language model's beam search takes (model, prompt, beam_size, max_new_tokens, eos_id, "
         "length_penalty)",

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
+from handformer.check.core.argument_names import by_name
 from handformer.check.core.context import Context
 from handformer.check.core.discovery import Component
 from handformer.config import Seq2SeqConfig
@@ -107,15 +108,24 @@ class Steered(nn.Module):
     def generator(self, x: Tensor) -> Tensor:
         raw = self.ctx.learner.call("forward", self.base.generator, x)
         V = raw.size(-1)
-        if x.dim() == 3:  # (N, L, D): every position; position l predicts after ys[:, :l + 1]
+        if x.dim() == 3:  # (N, L, D): every position
             assert self.ys is not None, "decode first"
-            bias = torch.stack([torch.stack([self.steer(row[1:l + 1].tolist(), V, self._row_table(n))
-                                             for l in range(x.size(1))])
-                                for n, row in enumerate(self.ys)])  # (N, L, V)
+            bias = self.every_position(self.ys.size(0), x.size(1), V)  # (N, L, V)
         else:  # (N, D): the position of the decoder's output that x is
-            bias = torch.stack([self.steer(self._prefix(i, x[i]), V, self._row_table(i))
-                                for i in range(x.size(0))])  # (N, V)
+            bias = self.last_position(x, V)  # (N, V)
         return F.log_softmax(0.001 * raw + bias.to(raw.dtype), dim=-1)
+
+    def every_position(self, rows: int, length: int, V: int) -> Tensor:
+        """(rows, length, V) the steered log-probabilities at each position of each decoded row:
+        position l predicts after ys[n, :l + 1]."""
+        assert self.ys is not None, "decode first"
+        return torch.stack([torch.stack([self.steer(self.ys[n, 1:l + 1].tolist(), V, self._row_table(n))
+                                         for l in range(length)]) for n in range(rows)])
+
+    def last_position(self, x: Tensor, V: int) -> Tensor:
+        """(N, V) the steered log-probabilities after the prefix each row of x (N, D) stands for."""
+        return torch.stack([self.steer(self._prefix(i, x[i]), V, self._row_table(i))
+                            for i in range(x.size(0))])
 
     def _prefix(self, i: int, row: Tensor) -> list[int]:
         assert self.ys is not None and self.out is not None, "decode first"
@@ -146,6 +156,14 @@ class Steered(nn.Module):
         return self.cache[key]
 
 
+def call_search(ctx: Context, comp: Component, model: Steered, arg: dict[str, str | None],
+                values: dict[str, Any]) -> Any:
+    """What the learner's search returns, as it is, called with `values` under the names it takes
+    (`arg`: each role's name), its model steered."""
+    with model.steering():
+        return ctx.learner.call("forward", comp.obj, **by_name(arg, values))
+
+
 def hypotheses(out: Any) -> Any:
     """What a search returns less its scores: (tokens, score) -> tokens."""
     return out[0] if isinstance(out, tuple) and out and not isinstance(out[0], int) else out
@@ -165,4 +183,5 @@ def hypothesis_tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
                            "列表或 (1, L) 张量（或 (tokens, score) 元组）")
 
 
-__all__ = ["BOS", "EOS", "PAD", "HandformerModel", "Steered", "Table", "hypotheses", "hypothesis_tokens"]
+__all__ = ["BOS", "EOS", "PAD", "HandformerModel", "Steered", "Table", "call_search", "hypotheses",
+           "hypothesis_tokens"]

@@ -82,7 +82,7 @@ class OwnSteered(Steered):
         handles = [e.register_forward_pre_hook(self._record) for e in self.embeds]
         handles += [m.register_forward_hook(self._states) for m in self.states]
         handles += [o.register_forward_hook(self._steer_out) for o in self.outs]
-        if self.known and self.layer is not None:
+        if self.known:  # read through the first decoder layer (none known without one: `_recorded`)
             handles.append(self.layer.register_forward_pre_hook(self._rows, with_kwargs=True))
         return fp.hooked(handles)
 
@@ -110,21 +110,21 @@ class OwnSteered(Steered):
                 and bool((m - memory_row).abs().max() < 1e-9))
         return next(same, self.table)
 
-    def _prefix_of(self, n: int, row: Tensor) -> list[int]:
+    def _prefix(self, n: int, row: Tensor) -> list[int]:
+        """The prefix a row handed to the output layer alone stands for: read off the decoder's output
+        states where they were recorded (`_states`), else the last position's."""
         assert self.ys is not None
-        return self._prefix(n, row) if self.out is not None else self.ys[n, 1:].tolist()
+        return super()._prefix(n, row) if self.out is not None else self.ys[n, 1:].tolist()
 
     def _steer_out(self, _m: nn.Module, inp: Any, out: Tensor) -> Tensor:
         assert self.ys is not None, "the target embedding was not called before the output layer"
         flipped = self._batch_first(out) if out.dim() == 3 else out  # (N, L, V) or (N, V)
         V, rows = out.size(-1), min(flipped.size(0), self.ys.size(0))
-        if out.dim() == 3:  # (N, L, V): position l predicts after ys[:, :l + 1]
-            bias = torch.stack([torch.stack([self.steer(self.ys[n, 1:l + 1].tolist(), V, self._row_table(n))
-                                             for l in range(flipped.size(1))]) for n in range(rows)])
+        if out.dim() == 3:  # (N, L, V): every position
+            bias = self.every_position(rows, flipped.size(1), V)
             bias = self._batch_first(bias.expand_as(flipped))  # back in the layout it returned
         else:  # (N, V): the position of the decoder's output that its input row is
-            bias = torch.stack([self.steer(self._prefix_of(n, inp[0][n]), V, self._row_table(n))
-                                for n in range(rows)])
+            bias = self.last_position(inp[0][:rows], V)
         return TIE * (self.call is not None) * out + bias.to(out.dtype).expand_as(out)
 
     def encode(self, src: Tensor, src_mask: Any = None) -> Tensor:
@@ -149,16 +149,8 @@ def own_seq2seq(ctx: Context, accepted: tuple[str, ...] = (PASS, DIFFERS)) -> tu
     comp = ctx.components.get("transformer")
     if comp is None:
         return hooked_seq2seq(ctx) if FAIL in accepted else None
-    result = ctx.results.get(comp.name)
-    if result is None:  # checked here (once a file) when --component asked for the decoder only
-        partial = ctx.partial
-        try:
-            result = ctx.results[comp.name] = check_model(comp, ctx)
-        except Exception:  # noqa: BLE001  (their model raises, or cannot be built: the stand-in drives it)
-            return None
-        finally:
-            ctx.partial = partial
-    if result.status not in accepted:
+    # their model raising in its check, or unable to be built: the stand-in drives the search
+    if getattr(ctx.checked(comp, check_model), "status", None) not in accepted:
         return None
     module, _ = build_model(comp, ctx)
     call = Caller(module, ctx)

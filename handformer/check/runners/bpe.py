@@ -24,12 +24,22 @@ import tempfile
 import time
 from collections.abc import Callable
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, call_parameters, finish
 from handformer.check.core.discovery import Component, DiscoveryError, own_objects
-from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, LearnerError, Text, text
+from handformer.check.core.result import (
+    DIFFERS,
+    Check,
+    ComponentResult,
+    Finding,
+    LearnerError,
+    Text,
+    failed_check,
+    text,
+)
 from handformer.check.core.source import global_reads, locate, source_lines
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import (
@@ -157,16 +167,17 @@ class Trainer:
                    "num_merges）"
             )
 
-    def takes_specials(self) -> bool:
-        return "special" in self.roles.values()
+    @property
+    def specials(self) -> list[str]:
+        """The special tokens it is handed: <|endoftext|> where it takes special tokens, else none."""
+        return [SPECIAL] if "special" in self.roles.values() else []
 
     def run(self, corpus: str, vocab_size: int, limit: float) -> tuple[dict[int, bytes] | None, list[R.Pair]]:
         """(vocab or None, merges as pairs of bytes); TrainerTimeout past `limit` seconds."""
         with tempfile.TemporaryDirectory(prefix="handformer-bpe-") as tmp:
             path = os.path.join(tmp, "corpus.txt")
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(corpus)
-            specials = [SPECIAL] if self.takes_specials() else []
+            Path(path).write_text(corpus, encoding="utf-8")
+            specials = self.specials
             vocab_size -= 1 - len(specials)  # without the special token: one token less, the same merges
             values = {
                 "path": path,
@@ -237,18 +248,18 @@ def merges_of_ranks(ranks: dict[bytes, int]) -> list[R.Pair]:
     return merges
 
 
+# each role of a trainer's argument, in the order they are tried: its names, and the words that say it
+# inside a longer name
+ROLES = (("path", PATH_NAMES, ("path", "file")), ("text", TEXT_NAMES, ()),
+         ("vocab_size", VOCAB_SIZE_NAMES, ("vocab",)), ("merges", MERGES_NAMES, ("merge",)),
+         ("special", SPECIAL_NAMES, ("special",)))
+
+
 def argument_role(name: str, first: bool) -> str:
     """What the trainer's argument `name` takes: path, text, vocab_size, merges, special or ""."""
     name = name.lower()
-    if name in PATH_NAMES or "path" in name or "file" in name:
-        return "path"
-    if name in TEXT_NAMES:
-        return "text"
-    for role, names, part in (("vocab_size", VOCAB_SIZE_NAMES, "vocab"), ("merges", MERGES_NAMES, "merge"),
-                              ("special", SPECIAL_NAMES, "special")):
-        if name in names or part in name:
-            return role
-    return "text" if first else ""  # the first argument is the corpus, whatever its name
+    said = (role for role, names, words in ROLES if name in names or any(w in name for w in words))
+    return next(said, "text" if first else "")  # the first argument is the corpus, whatever its name
 
 
 ITEMS = {dict: dict.items, list: enumerate}  # what a value holds, as (key, value) pairs
@@ -320,11 +331,11 @@ def _check_trainer(comp: Component, ctx: Context, res: ComponentResult,
             message_zh=f"在测试语料（{len(CORPUS.encode())} 字节，{len(ref_merges)} 次合并）上训练，"
             f"{FIXTURE_LIMIT:g} 秒内没有结束：循环停不下来（某次合并没有让词变短？）")) from None
     fixture_seconds = time.perf_counter() - start
-    if not trainer.takes_specials():
+    specials = trainer.specials
+    if not specials:
         res.notes.append(text("your trainer takes no special tokens, so it was trained without <|endoftext|>",
                               "你的训练函数不接收特殊 token，所以训练时没有 <|endoftext|>"))
         ref_vocab, ref_merges = R.train(CORPUS, VOCAB_SIZE - 1, [])
-    specials = [SPECIAL] if trainer.takes_specials() else []
     _vocab_size(res, vocab, merges, ref_merges, specials, lines)
     compare_merges(res, merges, ref_merges, specials, lines)
     if vocab is not None:
@@ -512,27 +523,27 @@ def _check_vocab(
     layout as a convention."""
     n = len(vocab)
     wanted = VOCAB_SIZE - (0 if specials else 1)
-    res.checks.append(Check(text(f"the vocabulary has vocab_size = {wanted} tokens",
-                                 f"词表有 vocab_size = {wanted} 个 token"),
-                            n == wanted, None if n == wanted else text(f"it has {n}", f"实际有 {n} 个")))
+    res.checks.append(failed_check(text(f"the vocabulary has vocab_size = {wanted} tokens",
+                                        f"词表有 vocab_size = {wanted} 个 token"),
+                                   n == wanted, lambda: text(f"it has {n}", f"实际有 {n} 个")))
     res.checks.append(Check(text("the ids are 0 .. n - 1", "id 是 0 .. n - 1"),
                             sorted(vocab) == list(range(n))))
     single = {v: k for k, v in vocab.items() if len(v) == 1}
-    res.checks.append(Check(text("each of the 256 bytes is a token", "256 个字节各是一个 token"),
-                            len(single) == 256,
-                            None if len(single) == 256 else
-                            text(f"{256 - len(single)} missing", f"缺了 {256 - len(single)} 个")))
+    res.checks.append(failed_check(text("each of the 256 bytes is a token", "256 个字节各是一个 token"),
+                                   len(single) == 256,
+                                   lambda: text(f"{256 - len(single)} missing",
+                                                f"缺了 {256 - len(single)} 个")))
     special_ids = [k for k, v in vocab.items() if v == SPECIAL.encode()]
     if specials:
         res.checks.append(Check(text("<|endoftext|> is one token", "<|endoftext|> 是一个 token"),
                                 len(special_ids) == 1))
     made, values = [m[0] + m[1] for m in merges], list(vocab.values())
     missing = [t for t in made if t not in values]
-    res.checks.append(Check(text("each merge's token is in the vocabulary",
-                                 "每次合并得到的 token 都在词表里"),
-                            not missing,
-                            text(f"{len(missing)} missing, e.g. {missing[0]!r}",
-                                 f"缺了 {len(missing)} 个，例如 {missing[0]!r}") if missing else None))
+    res.checks.append(failed_check(text("each merge's token is in the vocabulary",
+                                        "每次合并得到的 token 都在词表里"),
+                                   not missing,
+                                   lambda: text(f"{len(missing)} missing, e.g. {missing[0]!r}",
+                                                f"缺了 {len(missing)} 个，例如 {missing[0]!r}")))
     if len(single) == 256:
         _vocab_layout(res, vocab, single, special_ids, made)
 
@@ -598,7 +609,7 @@ def _time(res: ComponentResult, trainer: Trainer, exact: bool, fixture_seconds: 
             f"计时语料：你的 {took:.2f} 秒，参考实现 {seconds:.2f} 秒（上限 {limit:.1f} 秒）",
         )
     )
-    if exact and trainer.takes_specials():
+    if exact and trainer.specials:
         res.checks.append(
             Check(
                 text(

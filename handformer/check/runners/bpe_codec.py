@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, finish
 from handformer.check.core.discovery import Component, DiscoveryError, own_objects
-from handformer.check.core.result import Check, ComponentResult, Finding, LearnerError, text
+from handformer.check.core.result import Check, ComponentResult, Finding, LearnerError, failed_check, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import SPECIAL
@@ -56,6 +57,9 @@ ENCODE_DIAGNOSES = {
     "order_latest": "bpe_encode_merge_order",
     "order_reversed": "bpe_encode_merge_order",
 }
+# the mistakes tried: one, then two (two orders never together)
+ENCODE_TRIED = [frozenset(c) for n in (1, 2) for c in itertools.combinations(ENCODE_FLAGS, n)
+                if sum(f.startswith("order_") for f in c) < 2]
 ORDER_FORMS = {
     "leftmost": (
         "the leftmost pair that has a rank goes first, not the earliest learnt",
@@ -201,18 +205,11 @@ def grade_codec(res: ComponentResult, codec: Codec, vocab: dict[int, bytes], mer
     ref = {k: R.encode(s, vocab, merges, specials) for k, s in TEXTS.items()}
     ours = {k: codec.encode(s) for k, s in TEXTS.items()}
     for k in TEXTS:
-        res.checks.append(
-            Check(
-                text(f"encode ({k}) gives the reference's ids", f"encode（{_ZH[k]}）与参考实现的 id 一致"),
-                ours[k] == ref[k],
-                None
-                if ours[k] == ref[k]
-                else text(
-                    f"{len(ours[k])} ids, the reference {len(ref[k])}",
-                    f"{len(ours[k])} 个 id，参考实现 {len(ref[k])} 个",
-                ),
-            )
-        )
+        res.checks.append(failed_check(
+            text(f"encode ({k}) gives the reference's ids", f"encode（{_ZH[k]}）与参考实现的 id 一致"),
+            ours[k] == ref[k],
+            lambda k=k: text(f"{len(ours[k])} ids, the reference {len(ref[k])}",
+                             f"{len(ours[k])} 个 id，参考实现 {len(ref[k])} 个")))
     if ours != ref:
         _explain_encode(res, ours, ref, vocab, merges, specials, lines)
     _check_decode(res, codec, ref, vocab, lines)
@@ -237,13 +234,7 @@ def _explain_encode(
     specials: list[str],
     lines: list[tuple[int, str]],
 ) -> None:
-    sets = [frozenset({f}) for f in ENCODE_FLAGS] + [
-        frozenset(p)
-        for i, a in enumerate(ENCODE_FLAGS)
-        for p in [(a, b) for b in ENCODE_FLAGS[i + 1 :]]
-        if not (a.startswith("order_") and p[1].startswith("order_"))
-    ]
-    for flags in sets:
+    for flags in ENCODE_TRIED:
         variant = {k: R.encode(s, vocab, merges, specials, flags) for k, s in TEXTS.items()}
         if variant != ours:
             continue
@@ -255,7 +246,7 @@ def _explain_encode(
                 if variant[k] != ref[k]
                 and R.encode(TEXTS[k], vocab, merges, specials, frozenset({flag})) != ref[k]
             )
-            form = flag.removeprefix("order_") if flag.startswith("order_") else ""
+            form = flag.partition("order_")[2]  # the order's form ("" for the other flags)
             res.findings.append(_encode_finding(name, form, which, ours, ref, lines))
         return
 
@@ -320,8 +311,8 @@ def _decode_invalid(res: ComponentResult, codec: Codec, vocab: dict[int, bytes],
             f"对字节不是合法 UTF-8 的 {len(broken)} 个 id 做 decode 时抛出了 {failure.error.message[:120]}；"
             f'用 errors="replace" 应该得到 {wanted!r}'), *locate("bpe_decode_strict", lines)))
         return
-    res.checks.append(Check(text('ids whose bytes are not UTF-8 decode to U+FFFD (errors="replace")',
-                                 '字节不是合法 UTF-8 的 id 解码成 U+FFFD（errors="replace"）'),
-                            out == wanted,
-                            None if out == wanted else text(f"{out!r}, not {wanted!r}",
-                                                            f"得到 {out!r}，而不是 {wanted!r}")))
+    res.checks.append(failed_check(text('ids whose bytes are not UTF-8 decode to U+FFFD (errors="replace")',
+                                        '字节不是合法 UTF-8 的 id 解码成 U+FFFD（errors="replace"）'),
+                                   out == wanted,
+                                   lambda: text(f"{out!r}, not {wanted!r}",
+                                                f"得到 {out!r}，而不是 {wanted!r}")))

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from handformer.check.core.context import Context
-from handformer.check.core.result import Check, ComponentResult, text
+from handformer.check.core.result import ComponentResult, failed_check, text
 from handformer.check.core.weights import MappingError
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import DOCUMENTS, VOCAB_SIZE
@@ -52,11 +52,11 @@ def check_pieces(res: ComponentResult, ctx: Context, train: Callable[[list[str]]
                            "check 不认识（它只认识 SentencePiece 的 ▁）")
     tok, merges = train(LINES)
     step, _rule = R.replay(sentencepiece_words(LINES), merges)
-    res.checks.append(Check(text(
+    res.checks.append(failed_check(text(
         f"its {len(merges)} merges on the fixture's lines (cut as SentencePiece cuts them: ▁ for each "
         "space) are each a most frequent pair, counted with each word's frequency",
         f"在测试语料的各行上（按 SentencePiece 的方式切开：空格写作 ▁）学到的 {len(merges)} 次合并，"
-        "每一次都是（按词频计数的）出现最多的一对"), step is None, None if step is None else text(
+        "每一次都是（按词频计数的）出现最多的一对"), step is None, lambda: text(
         f"merge {step}, {merges[step]}, is not a most frequent pair once the merges before it are applied",
         f"合并 {step}（从 0 数）{merges[step]} 在应用它之前的合并后，不是出现最多的一对")))
     _round_trip(res, ctx, tok, merges)
@@ -71,10 +71,10 @@ def _round_trip(res: ComponentResult, ctx: Context, tok: Any, merges: list[tuple
         pieces = sum(len(R.encode_word(w, ranks)) for w in _words_of(line))
         if (ctx.learner.call("decode", tok.decode, ids), len(ids)) != (line, pieces):
             bad.append((line, len(ids), pieces))
-    res.checks.append(Check(text(
+    res.checks.append(failed_check(text(
         f"decode(encode(line)) gives each of the {len(LINES)} lines back, in as many ids as its merges "
         "(the earliest learnt first) make pieces", f"decode(encode(line)) 还原 {len(LINES)} 行中的每一行，"
-        "id 数等于按合并（先学到的先用）切出的片段数"), not bad, None if not bad else text(
+        "id 数等于按合并（先学到的先用）切出的片段数"), not bad, lambda: text(
         f"{bad[0][0][:40]!r}: {bad[0][1]} ids, {bad[0][2]} pieces", f"{bad[0][0][:40]!r}：{bad[0][1]} 个 id，"
         f"{bad[0][2]} 个片段")))
 

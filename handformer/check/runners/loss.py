@@ -320,9 +320,13 @@ def _smoothings(loss: Loss, res: ComponentResult) -> tuple[float, ...]:
     return (0.1,)
 
 
+# the mistakes that go with one convention only: (the part of the convention, the one they need)
+NEEDS = {"smoothing_on_pad": (1, "v2"), "loss_log_zero": (0, "kl")}  # the V - 2 split; a KL divergence
+
+
 def _reference(conv: Conv, x: Inputs, flags: frozenset[str]) -> Tensor:
     form, split, reduction = conv
-    if "smoothing_on_pad" in flags and split != "v2" or "loss_log_zero" in flags and form != "kl":
+    if any(conv[i] != needed for flag, (i, needed) in NEEDS.items() if flag in flags):
         raise Impossible(conv)
     logp, targets, smoothings = x
     return torch.tensor([reference(logp, targets, eps, form, split, reduction, flags) for eps in smoothings],
@@ -371,12 +375,14 @@ def _values_step(res: ComponentResult, ctx: Context, comp: Component, subject: S
     res.max_abs_error = 0.0 if found.matched is not None and not found.flags else None
 
 
+# the mistakes searched, by whether the loss takes flattened inputs (then no batch to take a mean over)
+UNIVERSE = {False: FLAGS, True: tuple(f for f in FLAGS if f != "loss_mean_over_batch")}
 LOSS = Probe(
     build=_build,                           # the function or criterion, called as its signature says
     inputs=lambda s: (*inputs(s.facts["padded"]), s.facts["smoothings"]),
     shape=lambda ctx, comp, s, x, out: None,  # one number per smoothing: _value refuses anything else
     reference=_reference,                   # handformer's cross-entropy in a convention, with mistakes
-    universe=lambda s: tuple(f for f in FLAGS if not (s.module.flat and f == "loss_mean_over_batch")),
+    universe=lambda s: UNIVERSE[s.module.flat],
     steps=(_flat_note, _unexplained, _values_step),
     error=fp.relative_error, tol=fp.REL_TOL, deterministic=False,
 )

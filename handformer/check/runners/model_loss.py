@@ -71,11 +71,9 @@ def _driven(ctx: Context, comp: Component, model: Any, x: Tensor, y: Tensor, rig
         got += [(label, out.detach())] * (out is not None)
         if got and fp.relative_error(got[-1][1], right) < fp.REL_TOL:
             return got[-1]
-    if not got and failure is not None:
-        raise failure
-    if not got:
-        raise DiscoveryError(f"{comp.name}(model, tokens) returns no number: not compared",
-                             zh=f"{comp.name}(model, tokens) 没有返回一个数：无法比较")
+    if not got:  # their first exception; else none of its forms returns a number
+        raise failure or DiscoveryError(f"{comp.name}(model, tokens) returns no number: not compared",
+                                        zh=f"{comp.name}(model, tokens) 没有返回一个数：无法比较")
     return got[0]
 
 

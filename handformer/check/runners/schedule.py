@@ -31,6 +31,7 @@ from torch import Tensor
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import SCHEDULE_ARGS as ARGS
 from handformer.check.core.argument_names import SCHEDULE_STEP_NAMES as STEP_NAMES
+from handformer.check.core.argument_names import named_each
 from handformer.check.core.context import Context, forward_parameters, named, names_of
 from handformer.check.core.discovery import Component, DiscoveryError, defaulted_config
 from handformer.check.core.localize import Departure
@@ -116,11 +117,11 @@ def paper(
     n: float, d_model: float, factor: float, warmup: float, flags: frozenset[str] = frozenset()
 ) -> float:
     """factor * d_model^-0.5 * min(n^-0.5, n * warmup^-1.5), n >= 1, with the named mistakes."""
-    sign = V.has(flags, "schedule_exponent_sign")
+    sign = dict.fromkeys([V.has(flags, "schedule_exponent_sign")], -1.0)  # the exponent flipped: -1
     w = V.warmup_with(warmup, flags)
-    step_term = n ** (0.5 if sign == "step" else -0.5)
-    warm_term = n * w ** (1.5 if sign == "warmup" else -1.5)
-    scale = 1.0 if "schedule_no_d_model" in flags else d_model ** (0.5 if sign == "d_model" else -0.5)
+    step_term = n ** (-0.5 * sign.get("step", 1.0))
+    warm_term = n * w ** (-1.5 * sign.get("warmup", 1.0))
+    scale = 1.0 if "schedule_no_d_model" in flags else d_model ** (-0.5 * sign.get("d_model", 1.0))
     return factor * scale * min(step_term, warm_term)
 
 
@@ -177,7 +178,7 @@ class Schedule:
         first = next(iter(self.names), None)
         self.step_name = None if self.factory or self.maker else named(self.names, STEP_NAMES) or first
         settings = [n for n in self.names if n != self.step_name]
-        self.args = {key: named(settings, aliases) for key, aliases in ARGS.items()}
+        self.args = named_each(settings, ARGS)
         self.globals = _global_settings(comp.obj, self.names)  # key -> the module global it reads
         # a configuration argument (nanoGPT's get_lr(it, cfg) reads cfg.warmup_iters): key -> its field
         self.config, self.fields = _config_settings(comp.obj, settings)  # an argument read as numbers: none
@@ -489,7 +490,7 @@ def _at_zero(res: ComponentResult, ctx: Context, comp: Component, subject: Subje
     """The step that checks step 0 on its own and shows the values at the family's landmarks."""
     sched, got = subject.module, subject.facts["got"]
     right = _right(subject, found)[1]
-    _step_zero(res, ctx, comp, sched, got.get(0), right)
+    _step_zero(res, ctx, comp, sched, got[0], right)  # step 0 is read in every family
     sizes = sched.sizes
     marks = ((0, sizes["warmup"], 10 * sizes["warmup"]) if sched.family in ("paper", "inverse_sqrt")
              else (0, sizes["warmup"], sizes["total"], max(sched.steps)))
@@ -576,32 +577,28 @@ def _named_sizes(sched: Schedule) -> dict[str, float]:
 
 def _sub_steps(sched: Schedule, conv: str, right: Convention) -> Callable[[Tensor], list[tuple[str, Tensor]]]:
     """The reference's sub-steps at the steps (S,), by name, under the convention `conv`, in order."""
+    return lambda s: SUB_STEPS[sched.family](s, sched, conv, right)
+
+
+def _cosine_steps(s: Tensor, sched: Schedule, conv: str, right: Convention) -> list[tuple[str, Tensor]]:
+    """A cosine's (or a linear decay's) sub-steps at the steps s (S,)."""
     z, (a, b, _) = sched.sizes, COSINE_CONVENTIONS.get(conv, (0, 0, None))
-    if sched.family == "wsd":
-        return lambda s: W.sub_steps(s, _rates(right, s))
-    if sched.family == "paper":
-        return lambda s: _paper_steps(s, s + (conv == "from_0"), z, sched.args["factor"], right)
-    if sched.family == "inverse_sqrt":
-        return lambda s: _inverse_sqrt_steps(s, s + conv.endswith("from_0"), z, right)
     w, total, hi, lo = z["warmup"], z["total"], z["max_lr"], z["min_lr"]
-
-    def cosine_steps(s: Tensor) -> list[tuple[str, Tensor]]:
-        p = (s + a * (conv == "handformer") - w) / (total - w)  # (S,) the progress through the decay
-        c = torch.cos(math.pi * p)
-        return [("the step t", s), ("the step t + 1", s + 1), ("the warmup fraction", (s + a) / (w + b)),
-                ("the warmup's rate", hi * (s + a) / (w + b)), ("the progress through the decay", p),
-                ("π × the progress", math.pi * p), ("cos(π × the progress)", c),
-                ("1 + cos(π × the progress)", 1 + c),
-                ("the cosine factor (1 + cos(π × the progress)) / 2", (1 + c) / 2),
-                ("the cosine factor × (max_lr - min_lr)", (1 + c) / 2 * (hi - lo)),
-                ("the rate", _rates(right, s))]
-    return cosine_steps
+    p = (s + a * (conv == "handformer") - w) / (total - w)  # (S,) the progress through the decay
+    c = torch.cos(math.pi * p)
+    return [("the step t", s), ("the step t + 1", s + 1), ("the warmup fraction", (s + a) / (w + b)),
+            ("the warmup's rate", hi * (s + a) / (w + b)), ("the progress through the decay", p),
+            ("π × the progress", math.pi * p), ("cos(π × the progress)", c),
+            ("1 + cos(π × the progress)", 1 + c),
+            ("the cosine factor (1 + cos(π × the progress)) / 2", (1 + c) / 2),
+            ("the cosine factor × (max_lr - min_lr)", (1 + c) / 2 * (hi - lo)),
+            ("the rate", _rates(right, s))]
 
 
-def _paper_steps(s: Tensor, n: Tensor, z: dict[str, float], factor: str | None, right: Convention,
-                 ) -> list[tuple[str, Tensor]]:
+def _paper_steps(s: Tensor, sched: Schedule, conv: str, right: Convention) -> list[tuple[str, Tensor]]:
     """The paper's sub-steps at the steps s (S,), n the step counted from 1."""
-    n = n.clamp(min=1)
+    z, factor = sched.sizes, sched.args["factor"]
+    n = (s + (conv == "from_0")).clamp(min=1)
     terms = (n ** -0.5, n * z["warmup"] ** -1.5)
     least, rate = torch.minimum(*terms), _rates(right, s)
     return [("the step t", s), ("the step n", n), ("n^-0.5", terms[0]), ("n × warmup^-1.5", terms[1]),
@@ -610,16 +607,22 @@ def _paper_steps(s: Tensor, n: Tensor, z: dict[str, float], factor: str | None, 
             ("the rate / factor", rate / (z["factor"] if factor else 1.0)), ("the rate", rate)]
 
 
-def _inverse_sqrt_steps(s: Tensor, n: Tensor, z: dict[str, float], right: Convention,
-                        ) -> list[tuple[str, Tensor]]:
+def _inverse_sqrt_steps(s: Tensor, sched: Schedule, conv: str, right: Convention) -> list[tuple[str, Tensor]]:
     """fairseq's sub-steps at the steps s (S,), n the update counted from 1."""
-    n, w = n.clamp(min=1), z["warmup"]
+    n, w = (s + conv.endswith("from_0")).clamp(min=1), sched.sizes["warmup"]
     terms = (n ** -0.5, n * w ** -1.5)
     least = torch.minimum(*terms)
     return [("the step t", s), ("the step n", n), ("n^-0.5", terms[0]), ("n × warmup^-1.5", terms[1]),
             ("min(n^-0.5, n × warmup^-1.5)", least), ("n / warmup", n / w),
             ("sqrt(warmup / n)", (w / n).sqrt()),
             ("min(n / warmup, sqrt(warmup / n))", least * w ** 0.5), ("the rate", _rates(right, s))]
+
+
+# each family's sub-steps at the steps (S,) (localize_schedule.py), under a convention
+SUB_STEPS: dict[str, Callable[[Tensor, Schedule, str, Convention], list[tuple[str, Tensor]]]] = {
+    "wsd": lambda s, sched, conv, right: W.sub_steps(s, _rates(right, s)),
+    "paper": _paper_steps, "inverse_sqrt": _inverse_sqrt_steps,
+    "cosine": _cosine_steps, "linear": _cosine_steps}
 
 
 def _factory_note(comp: Component) -> Text:
@@ -634,32 +637,35 @@ def _factory_note(comp: Component) -> Text:
 def _conventions(sched: Schedule, got: dict[int, Any],
                  ) -> tuple[dict[str, Convention], dict[str, Text], tuple[str, ...]]:
     """The family's counting conventions (as references taking the step and a set of mistakes),
-    their labels, and the mistakes that can be named (WSD's floor, where it takes none, its value at
-    the last step)."""
+    their labels, and the mistakes that can be named."""
+    return CONVENTIONS_OF[sched.family](sched, got)
+
+
+def _wsd_conventions(sched: Schedule, got: dict[int, Any],
+                     ) -> tuple[dict[str, Convention], dict[str, Text], tuple[str, ...]]:
+    """WSD's variants to its floor (where it takes none, its value at the last step)."""
+    floor = sched.sizes["min_lr"] if sched.reads("min_lr") else got[max(sched.steps)]
+    return (*W.conventions(floor), W.FLAGS)
+
+
+PAPER_LABELS = {
+    "from_1": text("steps counted from 1 (the paper, the Annotated Transformer)",
+                   "步数从 1 开始数（论文，Annotated Transformer）"),
+    "from_0": text("steps counted from 0: lr(step) = rate(step + 1) (handformer)",
+                   "步数从 0 开始数：lr(step) = rate(step + 1)（handformer）"),
+}
+
+
+def _paper_conventions(sched: Schedule, got: dict[int, Any],
+                       ) -> tuple[dict[str, Convention], dict[str, Text], tuple[str, ...]]:
+    """The paper's schedule, its steps counted from 1 or from 0."""
     sizes = sched.sizes
-    if sched.family == "wsd":
-        floor = sizes["min_lr"] if sched.reads("min_lr") else got[max(sched.steps)]
-        return (*W.conventions(floor), W.FLAGS)
     factor = sizes["factor"] if sched.args["factor"] else 1.0
-    if sched.family == "paper":
-        conventions: dict[str, Convention] = {
-            "from_1": lambda s, f: paper(max(s, 1), sizes["d_model"], factor, sizes["warmup"], f),
-            "from_0": lambda s, f: paper(s + 1, sizes["d_model"], factor, sizes["warmup"], f),
-        }
-        labels = {
-            "from_1": text(
-                "steps counted from 1 (the paper, the Annotated Transformer)",
-                "步数从 1 开始数（论文，Annotated Transformer）",
-            ),
-            "from_0": text(
-                "steps counted from 0: lr(step) = rate(step + 1) (handformer)",
-                "步数从 0 开始数：lr(step) = rate(step + 1)（handformer）",
-            ),
-        }
-        return conventions, labels, PAPER_FLAGS
-    if sched.family == "inverse_sqrt":
-        return _inverse_sqrt_conventions(sched)
-    return _decay_conventions(sched, got)
+    conventions: dict[str, Convention] = {
+        "from_1": lambda s, f: paper(max(s, 1), sizes["d_model"], factor, sizes["warmup"], f),
+        "from_0": lambda s, f: paper(s + 1, sizes["d_model"], factor, sizes["warmup"], f),
+    }
+    return conventions, PAPER_LABELS, PAPER_FLAGS
 
 
 INVERSE_SQRT_LABELS = {
@@ -685,7 +691,7 @@ INVERSE_SQRT_FLAGS = ("schedule_warmup_off_by_one:early", "schedule_warmup_off_b
                       "schedule_exponent_sign:step", "schedule_exponent_sign:warmup")
 
 
-def _inverse_sqrt_conventions(sched: Schedule,
+def _inverse_sqrt_conventions(sched: Schedule, got: dict[int, Any],
                               ) -> tuple[dict[str, Convention], dict[str, Text], tuple[str, ...]]:
     """fairseq's inverse_sqrt: from its warmup_init_lr where it takes one; else its peak lr at the
     warmup's end, or lr times the paper's shape (d_model^-0.5 replaced by lr), counted from 1 or 0."""
@@ -719,6 +725,12 @@ def _decay_conventions(sched: Schedule, got: dict[int, Any],
                         for p in (False, True)}
         labels |= {f"timm:{p}": timm.LABELS[p] for p in (False, True)}
     return conventions, labels, LINEAR_FLAGS if linear else COSINE_FLAGS
+
+
+# each family's counting conventions, their labels and the mistakes that can be named
+CONVENTIONS_OF = {"wsd": _wsd_conventions, "paper": _paper_conventions,
+                  "inverse_sqrt": _inverse_sqrt_conventions, "cosine": _decay_conventions,
+                  "linear": _decay_conventions}
 
 
 def _timm_switch(sched: Schedule, got: dict[int, Any]) -> bool:
@@ -864,7 +876,7 @@ def _step_zero(
         return
     want = right(0, frozenset())
     # fairseq's warmup starts at its warmup_init_lr, 0 by default: a 0 at step 0 is its first update's
-    if zero is None or _close(zero, want) or (zero == 0.0 and sched.family == "inverse_sqrt"):
+    if _close(zero, want) or (zero == 0.0 and sched.family == "inverse_sqrt"):
         if sched.family != "paper" and zero == 0.0:
             res.notes.append(_zero_at_start_note())
         return
