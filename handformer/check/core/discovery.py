@@ -484,8 +484,18 @@ def part_of_a_block(cls: Any) -> bool:
                for n, o in own.items())
 
 
+# a recurrent layer of torch.nn: a language model built on one (an RNN's ...LM) is no Transformer
+RECURRENT = re.compile(r"\b(?:GRU|LSTM|RNN)\(")
+
+
+def transformer_lm(cls: Any) -> bool:
+    """A decoder-only Transformer by what it builds: no token types (BERT's), and attention where it
+    builds a recurrent layer (a toy GRU language model that drives a generation loop is none)."""
+    return not encoder_only(cls) and (not RECURRENT.search(source_text(cls)) or computes_attention(cls))
+
+
 SUFFIX_TESTS: dict[str, Callable[[Any], bool]] = {"mha": computes_attention,
-                                                  "gpt": lambda c: not encoder_only(c),
+                                                  "gpt": transformer_lm,
                                                   "block": lambda c: not part_of_a_block(c)}
 # a class named ...Layer is a block when its __init__ builds an attention and an FFN (GPT-NeoX's GPTNeoXLayer)
 LAYER_PARTS = re.compile(r"(?=[\s\S]*(attn|attention))(?=[\s\S]*(mlp|ffn|feed_?forward))", re.I)

@@ -245,7 +245,9 @@ def lm_step(fn: Any) -> bool:
     windows = (BATCH_NAMES,) if paired_batch(fn) or tokens else windows
     groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, *windows)
     if not _takes_each(names, groups):
-        return False
+        if not drawn_global(fn):
+            return False
+        groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES)  # its windows drawn from its file's get_batch
     rest = required - set().union(*groups, LR_NAMES, ACCUM_NAMES)
     # nanoGPT's train_step(model, optimizer, X, Y, iter_num, cfg): the iteration and a configuration
     rest -= set(SCHEDULE_STEP_NAMES) | set(_config_fields(fn, rest))
@@ -263,6 +265,18 @@ def drawn_loader(fn: Any) -> str | None:
     """The loader a step draws its (x, y) windows from one at a time (build-nanogpt's
     `x, y = train_loader.next_batch()`, `next(data_iter)`), not one it iterates over (an epoch)."""
     return _argument_used(fn, LOADER_NAMES, r"\b{0}\.next_batch\(|\bnext\(\s*{0}\b")
+
+
+def drawn_global(fn: Any) -> str | None:
+    """The function of the step's own file it draws its (x, y) windows from, handed none of the step's
+    arguments (`xb, yb = get_batch('train')` in the Chinese walkthroughs of Karpathy's lecture): its
+    name, or None."""
+    names = {p.name for p in _signature(fn)[0]}
+    called = re.findall(r"(?m)^\s*\w+\s*,\s*\w+\s*=\s*(\w+)\(([^()]*)\)", source_text(fn))
+    scope = getattr(fn, "__globals__", {})
+    own = (n for n, args in called if n not in names and not names & set(re.findall(r"\w+", args))
+           and inspect.isfunction(scope.get(n)) and scope[n].__module__ == fn.__module__)
+    return next(own, None)
 
 
 def paired_batch(fn: Any) -> str | None:

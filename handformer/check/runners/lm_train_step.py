@@ -41,12 +41,21 @@ from handformer.check.core.argument_names import (
     X_NAMES,
     Y_NAMES,
 )
-from handformer.check.core.context import Context, error_text, finish, forward_parameters, named, names_of
+from handformer.check.core.context import (
+    Context,
+    error_text,
+    finish,
+    forward_parameters,
+    globals_set,
+    named,
+    names_of,
+)
 from handformer.check.core.discovery import Component, cannot_fill, defaulted_config
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
-from handformer.check.core.signatures import drawn_loader, kind_of, paired_batch, token_batch
+from handformer.check.core.signatures import drawn_global, drawn_loader, kind_of, paired_batch, token_batch
 from handformer.check.core.source import config_reads, functions_called, locate, source_lines, source_text
+from handformer.check.runners.drawn_windows import Call, check_windows
 from handformer.check.runners.localize_train import localize_lm_step
 from handformer.check.runners.step_model import BATCH, VOCAB, batches, tiny_model
 from handformer.check.runners.train_step import (
@@ -123,6 +132,9 @@ class Step:
         self.loader = drawn_loader(comp.obj)  # x and y drawn from it: Windows
         self.pair = paired_batch(comp.obj)  # x and y given as one (x, y) batch
         self.tokens = token_batch(comp.obj)  # x and y cut from one (B, T + 1) tensor of windows
+        handed = self.x and self.y or self.loader or self.pair or self.tokens
+        self.drawn = None if handed else drawn_global(comp.obj)  # x and y from a function of its file
+        self.drawn_calls: list[Call] = []  # the arguments the step called that function with, each call
         known = {self.model, self.opt, self.x, self.y, self.lr, self.sched, self.scaler, self.accum,
                  self.loader, self.pair, self.tokens}
         rest = [n for n in required if n not in known]
@@ -132,7 +144,7 @@ class Step:
         self.micro = self.accum or self.fields.get("accum")  # what sets the micro-steps: argument or field
         self.rows = BATCH * ACCUM if self.micro else BATCH  # windows a batch: BATCH a micro-batch
         self.seen: list[float] = []  # the rate the learner's step left in the optimizer, each call
-        found = self.model and self.opt and (self.x and self.y or self.loader or self.pair or self.tokens)
+        found = self.model and self.opt and (handed or self.drawn)
         cannot_fill(comp.name, sorted(rest), {self.count, self.config}, found, "model / optimizer / x / y", (
             "a language model's training step takes (model, x, y, optimizer, lr): the inputs, the targets "
             "(the inputs moved on by one token) and the schedule's learning rate",
@@ -171,9 +183,24 @@ class Step:
                  self.lr: lambda: lr, self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler,
                  self.accum: lambda: ACCUM, self.count: lambda: len(self.seen) % 2, self.config: self._config}
         kwargs.update({name: make() for name, make in given.items() if name})
-        out = self.ctx.learner.call("forward", self.comp.obj, **kwargs)
+        stand_in = {self.drawn: Drawn(self, Windows(x, y, parts))} if self.drawn else {}
+        with globals_set(self.ctx.module, stand_in):
+            out = self.ctx.learner.call("forward", self.comp.obj, **kwargs)
         self.seen.append(float(opt.param_groups[0]["lr"]))
         return out
+
+
+class Drawn:
+    """The stand-in for the function of its file a step draws its windows from (get_batch('train')):
+    check's windows in turn; the arguments of the step's first call kept (its own function is called
+    with them: drawn_windows.check_windows)."""
+
+    def __init__(self, step: Step, windows: Windows) -> None:
+        self.step, self.windows = step, windows
+
+    def __call__(self, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
+        self.step.drawn_calls.append((args, kwargs))
+        return self.windows.next_batch()
 
 
 class Windows:
@@ -235,6 +262,8 @@ def check_lm_train_step(comp: Component, ctx: Context) -> ComponentResult:
             "训练一步在同样 batch 上的结果一致"), max(errs) < TOL, error_text(max(errs))))
         _notes(res, step)
         _rate_written(res, comp, step)
+        if step.drawn_calls:
+            check_windows(res, ctx, getattr(ctx.module, step.drawn), step.drawn_calls[0])
         if max(errs) >= TOL:
             _search(res, ctx, comp, step, base, got, right, errs)
         if step.clip is not None and not res.findings:  # a loss scale clipping hid, a clipping AdamW hid

@@ -38,7 +38,8 @@ WRONG_LABELS = (
 
 def localize_train_step(step: Any, model: torch.nn.Module, src: Tensor, tgt: Tensor,
                         lr: float) -> Departure | None:
-    """Run the learner's step (train_step.Step) once on (src, tgt), traced, on a copy of the model
+    """Run the learner's step (train_step.Step), or its epoch over that one batch, once on (src, tgt),
+    laid out as the step reads them, traced, on a copy of the model
     (`model`, fresh for this run) with SGD at `lr`, its criterion wrapped: the line that made the
     labels the loss received, when they are not tgt[:, 1:]; None when they are (or it takes no
     criterion: the labels are then out of sight)."""
@@ -52,15 +53,18 @@ def localize_train_step(step: Any, model: torch.nn.Module, src: Tensor, tgt: Ten
     ours.make_criterion = lambda: criterion
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     filename = inspect.getsourcefile(step.comp.obj)
-    steps = trace_steps(lambda: ours(model, opt, src, tgt), filename, constants=(torch.int64,))
-    right = tgt[:, 1:].double()  # (B, T-1)
+    def run() -> Any:
+        return ours.run_epoch(model, opt, [(src, tgt)]) if step.epoch else ours(model, opt, src, tgt)
+
+    steps = trace_steps(run, filename, constants=(torch.int64,))
+    right = step.laid(tgt[:, 1:]).double()  # (B, T-1), or (T-1, B) for a sequence-first step
     labels = handed[0].double().reshape(-1) if step.criterion and handed else right.reshape(-1)
     made_at = [s for s in steps if same(s.value.reshape(-1), labels)]  # same(): the sizes first
     if same(labels, right.reshape(-1)) or not made_at:
         return None
     sliced = [s for s in made_at if "[" in linecache.getline(filename, s.line)] or made_at
     at = sliced[-1]  # the latest slice of the target: the labels, made after a decoder input alike
-    forms = [(text(en, zh), wrong(tgt).double()) for wrong, en, zh in WRONG_LABELS]
+    forms = [(text(en, zh), step.laid(wrong(tgt)).double()) for wrong, en, zh in WRONG_LABELS]
     form = form_of(at.value, [("the labels tgt[:, 1:]", right)], {}, forms=forms)
     return Departure(at.line, at.name, linecache.getline(filename, at.line).strip(), form)
 

@@ -250,12 +250,16 @@ def _no_reading(ctx: Context, comp: Component, out: Any, side: Side) -> Exceptio
 
 def global_pad(fn: Any) -> tuple[str | None, int]:
     """(name, value) of the module-level pad id a helper without a pad argument reads (PyTorch's
-    translation tutorial's PAD_IDX = 1); (None, 0) when it reads none."""
+    translation tutorial's PAD_IDX = 1), else the one pad id its module holds (a helper that writes
+    `src == 0` beside the module's PAD_IDX = 1 must mask 1: its data is padded so); (None, 0) when it
+    reads none and its module holds no pad id, or pad ids that disagree."""
     names = getattr(getattr(fn, "__code__", None), "co_names", ())
     values = getattr(fn, "__globals__", {})
-    found = (n for n in names if n.lower() in PAD_NAMES and type(values.get(n)) is int)
-    name = next(found, None)
-    return name, values.get(name, 0)
+    held = {n: v for n, v in values.items() if n.lower() in PAD_NAMES and type(v) is int}
+    reads = [n for n in names if n.lower() in PAD_NAMES]  # a pad id of its own: the module's, or an attribute
+    alone = list(held)[:len(set(held.values())) == 1 and not reads]  # the module's one pad id, or none
+    name = ([n for n in reads if n in held] + alone + [None])[0]
+    return name, held.get(name, 0)
 
 
 def _torch_form(out: Any) -> bool:

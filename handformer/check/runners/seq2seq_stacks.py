@@ -15,6 +15,7 @@ from typing import Any
 from torch import nn
 
 from handformer.check.core.discovery import ARGUMENTS, FIXED, argument_keys, own_objects, with_head_size
+from handformer.check.core.source import source_text
 
 VOCABULARIES = {"input_dim": "src_vocab", "output_dim": "tgt_vocab"}  # of a stack, not of a layer
 # a decoder stack's vocabulary (d2l's TransformerDecoder(vocab_size, ...)) is the target's
@@ -43,9 +44,13 @@ def build_from_stacks(cls: type, module: types.ModuleType, sizes: dict[str, Any]
 def stacks(own: dict[str, Any], role: str) -> list[type]:
     """The file's classes that can be its encoder (role "Encoder") or decoder: the one named so and
     those derived from it, the most derived first (d2l's TransformerEncoder before its Encoder, an
-    interface whose forward only raises NotImplementedError)."""
+    interface whose forward only raises NotImplementedError); where the file has no such interface, a
+    module whose name ends so and that embeds the tokens (d2l's TransformerEncoder written on nn.Module,
+    not a PositionEncoder)."""
     found = [c for c in own.values() if role in {k.__name__ for k in getattr(c, "__mro__", ())}]
-    return sorted(found, key=lambda c: -len(c.__mro__))
+    return sorted(found, key=lambda c: -len(c.__mro__)) or [
+        c for n, c in own.items() if "." not in n and n.endswith(role) and inspect.isclass(c)
+        and issubclass(c, nn.Module) and "Embedding(" in source_text(vars(c).get("__init__", ""))]
 
 
 def _arguments(cls: type, sizes: dict[str, Any], extra: dict[str, str],

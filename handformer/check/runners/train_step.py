@@ -36,6 +36,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import (
     ACCUM_NAMES,
     BATCH_NAMES,
@@ -49,11 +50,19 @@ from handformer.check.core.argument_names import (
     TGT_NAMES,
 )
 from handformer.check.core.argument_names import STEP_MODEL_NAMES as MODEL_NAMES  # noqa: F401
-from handformer.check.core.context import Context, error_text, finish, forward_parameters, named, names_of
+from handformer.check.core.context import (
+    SEQUENCE_FIRST,
+    Context,
+    error_text,
+    finish,
+    forward_parameters,
+    named,
+    names_of,
+)
 from handformer.check.core.discovery import Component, DiscoveryError, cannot_fill, own_objects
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.runners.localize_train import localize_train_step
 from handformer.check.runners.step_parts import calls_with_norm, own_batch, own_loss_compute
 from handformer.config import Seq2SeqConfig
@@ -110,6 +119,10 @@ def clips_after_step(source: str) -> bool:
     return bool(clip and step and clip.start() > step.start())
 
 
+# a tensor batch-first, (B, L, ...), as a step reads it: as it is (False), or sequence-first (True)
+LAYOUT = {False: lambda t: t, True: lambda t: t.transpose(0, 1)}
+
+
 class Recorded(nn.Module):
     """The model handed to the learner: `model(src, tgt, ...)` returns (B, T, V) log-probabilities
     (masks and other arguments are ignored: the model builds its own); every call is recorded.
@@ -117,16 +130,19 @@ class Recorded(nn.Module):
     log-softmax of log-probabilities changes nothing), and a KLDivLoss or NLLLoss (the Annotated
     Transformer's label smoothing, its generator ending in log_softmax) needs them."""
 
-    def __init__(self, model: Seq2SeqTransformer, outputs: int = 1) -> None:
+    def __init__(self, model: Seq2SeqTransformer, outputs: int = 1, first: bool = False) -> None:
         super().__init__()
         self.model = model
+        self.first = first  # ids (S, B) in and logits (T, B, V) out: nn.Transformer's default layout
         self.calls: list[tuple[bool, int]] = []  # (training, target length)
         self.scale = 1.0  # the logits' factor: small, the gradients stay under the clipping norm
         self.outputs = outputs  # a step that unpacks `output, _ = model(...)`: a tuple, the logits first
 
     def forward(self, src: Tensor, tgt: Tensor, *args: Any, **kwargs: Any) -> Any:
+        src, tgt = LAYOUT[self.first](src), LAYOUT[self.first](tgt)  # (B, S), (B, T)
         self.calls.append((self.training, tgt.size(1)))
-        out = (self.model(src, tgt).logits * self.scale).log_softmax(-1)
+        out = (self.model(src, tgt).logits * self.scale).log_softmax(-1)  # (B, T, V)
+        out = LAYOUT[self.first](out)  # (T, B, V) for a sequence-first step
         return out if self.outputs == 1 else (out,) + (None,) * (self.outputs - 1)
 
 
@@ -239,14 +255,9 @@ def clip_note(clip: float) -> Text:
 def _called_sources(ctx: Context, source: str) -> list[str]:
     """The sources of the file's own functions that SOURCE calls by name (a `train_epoch` that calls
     the learner's `train_step`)."""
-    out = []
-    for name, obj in own_objects(ctx.module).items():
-        if "." not in name and inspect.isfunction(obj) and re.search(rf"\b{re.escape(name)}\s*\(", source):
-            try:
-                out.append(inspect.getsource(obj))
-            except (OSError, TypeError):
-                pass
-    return out
+    own = own_objects(ctx.module).items()
+    return [source_text(obj) for name, obj in own if "." not in name and inspect.isfunction(obj)
+            and re.search(rf"\b{re.escape(name)}\s*\(", source)]
 
 
 DATA_ARGUMENTS = {True: {"loader": LOADER_NAMES},  # by epoch (True) or step (False)
@@ -284,15 +295,12 @@ class Step:
             "(accum_steps, ...), a scheduler and a loss scaler (scaler)",
             f"{zh}接受 {what}，还可以有要累积的 micro-batch 个数（accum_steps 等）、"
             "调度器（scheduler）和损失缩放器（scaler）"))
-        try:
-            self.source = inspect.getsource(comp.obj)
-        except (OSError, TypeError):
-            self.source = ""
+        self.source = source_text(comp.obj)
         clipping = self.source + "".join(_called_sources(ctx, self.source))  # an epoch calling their step
         self.clip = clip_norm(clipping, {})
         self.tol = TOLERANCE[bool(FLOAT32.search(clipping))]
-        if epoch:  # the loop's variable is what a batch is called
-            loader = re.escape(self.loader or "")
+        if epoch:  # the loop's variable is what a batch is called (the loader: required of an epoch)
+            loader = re.escape(self.loader)
             loop = re.search(rf"for\s+(\w+)\s+in\s+(?:enumerate\()?\s*{loader}\b", self.source)
             self.batch = loop.group(1) if loop else None
         self._criterion(ctx)
@@ -301,6 +309,7 @@ class Step:
         self.per_token = False  # handformer's step divides a summed loss by the real tokens (per_token_step)
         self.rates: list[tuple[float, float]] = []  # the optimizer's rate before and after each call
         self.set_before = True  # the step sets its rate before its update (else after: the next step's)
+        self.first = False  # the batches handed sequence-first, (S, B) and (T, B) (laid_out)
 
     def _criterion(self, ctx: Context) -> None:
         """The criterion the step is handed: the file's loss (learner_criterion); a step calling it with
@@ -311,7 +320,12 @@ class Step:
         if self.loss_compute and self.criterion_name is None:
             self.make_criterion = lambda: TokenCrossEntropy(ignore_index=PAD, reduction="sum")
 
+    def laid(self, ids: Tensor) -> Tensor:
+        """Ids (B, L) as the step is handed them: (L, B) for a sequence-first step."""
+        return LAYOUT[self.first](ids).clone()
+
     def _batch(self, src: Tensor, tgt: Tensor) -> Any:
+        src, tgt = self.laid(src), self.laid(tgt)
         if not self.batch:  # an epoch whose loop variable was not found
             return (src.clone(), tgt.clone())
         name = re.escape(self.batch)
@@ -333,7 +347,7 @@ class Step:
 
     def __call__(self, model: nn.Module, opt: torch.optim.Optimizer, src: Tensor, tgt: Tensor) -> Any:
         data = ({self.batch: self._batch(src, tgt)} if self.batch
-                else {self.src: src.clone(), self.tgt: tgt.clone()})
+                else {self.src: self.laid(src), self.tgt: self.laid(tgt)})
         return self._call(model, opt, data)
 
     def run_epoch(self, model: nn.Module, opt: torch.optim.Optimizer, data: list[tuple[Tensor, Tensor]],
@@ -452,11 +466,33 @@ def check_train_epoch(comp: Component, ctx: Context) -> ComponentResult:
 Drive = tuple[Recorded, list[list[Tensor]], list[list[Tensor]], list[float]]
 
 
+def laid_out(step: Step, base: Seq2SeqTransformer) -> Drive:
+    """`_drive` with the batches batch-first, (B, L); where that raises and a part of the file was checked
+    sequence-first (nn.Transformer's default, PyTorch's translation tutorial), sequence-first, (L, B),
+    the model handed taking and giving them so (its error, where that raises too)."""
+    try:
+        return _drive(step, base)
+    except fp.LearnerFailure:
+        if not file_reads_sequence_first(step.ctx):
+            raise
+    step.first, step.rates = True, []
+    return _drive(step, base)
+
+
+def file_reads_sequence_first(ctx: Context) -> bool:
+    """Whether the file's parts checked before the step take their ids or stream sequence-first, as
+    their checks found: its encoder-decoder model, its mask helper or its positional encoding."""
+    from handformer.check.runners.mask_helpers import SEQUENCE_FIRST_NOTE
+
+    return any(note in (SEQUENCE_FIRST, SEQUENCE_FIRST_NOTE)
+               for r in ctx.results.values() for note in r.notes)
+
+
 def _drive(step: Step, base: Seq2SeqTransformer) -> Drive:
     """The learner's step (or epoch) from `base`, handed in eval mode (as after an evaluation), and
     handformer's from the same start: the model handed, both parameter lists, the largest difference
     after each step."""
-    model = Recorded(copy.deepcopy(base), step.outputs).eval()
+    model = Recorded(copy.deepcopy(base), step.outputs, step.first).eval()
     model.scale = step.scale
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     got = []
@@ -522,7 +558,7 @@ def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
     step = Step(comp, ctx, epoch)
     base = tiny_model()
     with torch.enable_grad():
-        model, got, right, errs = _drive(step, base)
+        model, got, right, errs = laid_out(step, base)
         res.max_abs_error = max(errs)
         res.checks.append(Check(text(*COMPARED[epoch]), max(errs) < step.tol, error_text(max(errs))))
         _notes(res, step)
@@ -536,7 +572,7 @@ def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
         if max(errs) >= step.tol:
             _search(res, ctx, comp, step, base, got, right, errs, {n for _, n in model.calls})
             note_departure(res, lambda: localize_train_step(
-                step, Recorded(copy.deepcopy(base), step.outputs), *batches()[0], LR))
+                step, Recorded(copy.deepcopy(base), step.outputs, step.first), *batches()[0], LR))
         if step.clip is not None and not _named(res):  # a loss scale clipping hid, or no mistake named
             _unclipped(res, ctx, comp, step, base)
     if not all(c.ok for c in res.checks) and not _named(res):
@@ -624,7 +660,7 @@ def _notes(res: ComponentResult, step: Step) -> None:
     if step.clip is not None:
         res.notes.append(clip_note(step.clip))
     res.notes += [SCHEDULER_NOTE] * bool(step.sched) + [SCALER_NOTE] * bool(step.scaler)
-    res.notes += [FLOAT32_NOTE] * (step.tol > 1e-9)
+    res.notes += [FLOAT32_NOTE] * (step.tol > 1e-9) + [FIRST_NOTE] * step.first
     if step.accum:
         res.notes.append(text(f"{step.accum}={ACCUM}: each batch of 2 sentences in {ACCUM} micro-batches, "
                               "their gradients accumulated before one update",
@@ -645,6 +681,12 @@ def _notes(res: ComponentResult, step: Step) -> None:
                               "（它通过了自己的检查），你的一步和 handformer 的一步都用它"))
 
 
+FIRST_NOTE = text("your step reads its batches sequence-first, (S, B) and (T, B), as the rest of your file "
+                  "lays them out (nn.Transformer's default layout, PyTorch's translation tutorial): handed "
+                  "so, the model taking (S, B) and (T, B) ids and giving (T, B, V) log-probabilities",
+                  "你的一步按序列维在前的 (S, B) 和 (T, B) 读取 batch，和你文件里其余部分的布局一样"
+                  "（nn.Transformer 的默认布局，PyTorch 翻译教程的写法）：按这种布局交给它，"
+                  "模型接收 (S, B) 和 (T, B) 的 id，返回 (T, B, V) 的对数概率")
 PER_TOKEN_NOTE = text(
     "your loss sums over the tokens and your step divides it by the number of real target tokens (the "
     "Annotated Transformer's SimpleLossCompute): handformer's step divided the same way",
