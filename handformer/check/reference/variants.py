@@ -410,13 +410,16 @@ RMS_FLAGS = ("rmsnorm_sum_squares", "rmsnorm_no_sqrt", "norm_eps_outside_sqrt", 
              "norm_wrong_dim:-2", "norm_wrong_dim:all")
 LN_FLAGS = ("layernorm_unbiased_std:std", "layernorm_unbiased_std:var", "norm_eps_outside_sqrt",
             "norm_no_gain:gain", "norm_no_gain:bias", "norm_wrong_dim:-2", "norm_wrong_dim:all")
+LN_NO_BIAS_FLAGS = ("layernorm_unbiased_std:std", "layernorm_unbiased_std:var", "norm_eps_outside_sqrt",
+                    "norm_no_gain:gain", "norm_wrong_dim:-2", "norm_wrong_dim:all")  # no bias to leave out
+# the mistakes a norm can be searched for, by (its kind, whether it has a bias)
+NORM_FLAGS = {("rmsnorm", False): RMS_FLAGS, ("rmsnorm", True): RMS_FLAGS,
+              ("layernorm", False): LN_NO_BIAS_FLAGS, ("layernorm", True): LN_FLAGS}
 
 
 def norm_flags(kind: str, has_bias: bool) -> tuple[str, ...]:
     """The mistakes a norm of this kind can be searched for."""
-    if kind == "rmsnorm":
-        return RMS_FLAGS
-    return tuple(f for f in LN_FLAGS if has_bias or f != "norm_no_gain:bias")
+    return NORM_FLAGS[kind, has_bias]
 
 
 @dataclass
