@@ -267,10 +267,12 @@ def rope_angles(T: int, Dh: int, theta: float = 10000.0, offset: int = 0, flags:
     mistakes on request (positions from 0 whatever the offset, a wrong exponent)."""
     start = 0 if has(flags, "rope_no_offset") is not None else offset
     pos = torch.arange(start, start + T, dtype=dtype)[:, None]  # (T, 1)
-    j = torch.arange(0, Dh, 2, dtype=dtype)  # (Dh/2,): 2j
-    if has(flags, "rope_wrong_base") == "exponent":
-        j = j / 2  # theta^(-j/Dh): the pair index not doubled
+    two_j = torch.arange(0, Dh, 2, dtype=dtype)  # (Dh/2,): 2j
+    j = two_j * EXPONENT_SCALE.get(has(flags, "rope_wrong_base"), 1)
     return pos * theta ** (-j / Dh)  # (T, Dh/2)
+
+
+EXPONENT_SCALE = {"exponent": 1 / 2}  # rope_wrong_base's form: theta^(-j/Dh), the pair index not doubled
 
 
 # the flags the rotary angles and their sign read, as the search writes them
