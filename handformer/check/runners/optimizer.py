@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from handformer.check.core.argument_names import LR_NAMES, MODEL_NAMES, names_of, readable_parameters
+from handformer.check.core.argument_names import LR_NAMES, MODEL_NAMES, named, names_of, readable_parameters
 from handformer.check.core.context import Context, finish
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
@@ -138,7 +138,7 @@ def _stepped(comp: Component, ctx: Context, start: list[Tensor], grads: list[lis
     holder = nn.Module()  # a constructor that takes the model (`AdamW(model, lr)`) reads its parameters
     holder.params = nn.ParameterList(params)
     first = names_of(readable_parameters(comp.obj))[0][:1]
-    given = holder if first and first[0].lower() in MODEL_NAMES else params
+    given = holder if named(first, MODEL_NAMES) else params
     opt = ctx.learner.call("__init__", comp.obj, given, **settings_arguments(comp.obj))
     out = []
     for step_grads in grads:
