@@ -542,7 +542,7 @@ def _norm_compared(res: ComponentResult, ctx: Context, comp: Component, subject:
         res.status = DIFFERS
         res.notes.append(OFFSET_NOTE)
     grad_err = _compare_norm(res, subject.run, found.key, w)
-    label = "LayerNorm" if w.kind == "layernorm" else "RMSNorm"
+    label = NORM_LABELS[w.kind]
     res.checks.append(Check(text(f"matches handformer's {label} on 4 inputs (scales 1, 3, 0.1, sqrt(eps))",
                                  f"在 4 组输入（尺度 1、3、0.1、sqrt(eps)）上与 handformer 的 {label} 一致"),
                             res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
@@ -595,12 +595,18 @@ def check_norm(comp: Component, ctx: Context) -> ComponentResult:
     return run_probe(NORM, comp, ctx)
 
 
+# handformer's norm of each kind, built of width D with eps and (a LayerNorm's) bias, and its name
+HF_NORMS = {"layernorm": lambda eps, bias: LayerNorm(D, eps, bias=bias),
+            "rmsnorm": lambda eps, bias: RMSNorm(D, eps)}
+NORM_LABELS = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
+
+
 def _compare_norm(res: ComponentResult, run: Callable[[Tensor], Tensor | None], slot: Slot,
                   w: V.NormWeights) -> float:
     """The largest difference from handformer's norm on 4 inputs (relative to the output's size, at
     least 1) into res; returns the gradients' largest difference on the first."""
     bias = w.bias is not None
-    hf = (LayerNorm(D, w.eps, bias=bias) if w.kind == "layernorm" else RMSNorm(D, w.eps)).double()
+    hf = HF_NORMS[w.kind](w.eps, bias).double()
     copy_weights(hf, slot)
     hf.weight.data.copy_(w.weight)  # the reading's gain (1 + weight for a gain kept as an offset)
     errors, grad_err = [], 0.0
