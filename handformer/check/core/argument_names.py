@@ -5,6 +5,7 @@ signature's names, sit below both."""
 from __future__ import annotations
 
 import inspect
+import itertools
 from typing import Any
 
 # an attention's inputs by their names (a layer that takes them apart too: Persson's
@@ -175,8 +176,7 @@ def readable_parameters(fn: Any) -> list[inspect.Parameter]:
 
 def input_roles(names: list[str]) -> list[str]:
     """The attention inputs the leading names stand for (INPUT_ROLES), up to the first that is none."""
-    roles = [INPUT_ROLES.get(n.lower(), "") for n in names]
-    return roles[:roles.index("")] if "" in roles else roles
+    return list(itertools.takewhile(bool, (INPUT_ROLES.get(n.lower(), "") for n in names)))
 
 
 def named(names: list[str], aliases: tuple[str, ...]) -> str | None:

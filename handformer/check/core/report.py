@@ -123,6 +123,7 @@ ROLE_WORDS = {"token embedding": "词嵌入", "position embedding": "位置嵌�
               "block": "Block", "encoder": "编码器", "decoder": "解码器", "self-attention": "自注意力",
               "cross-attention": "交叉注意力", "FFN": "前馈网络"}
 PLACE_WORDS = {"before": "之前", "after": "之后"}
+NORM_PARTS_ZH = {": weight": "：权重", ": weight, bias": "：权重、偏置"}  # a norm's own parameters
 ROLES_ZH = [(r" ?\(tied to the (token|target) embedding\)",
              lambda m: f"（与{ROLE_WORDS[m[1] + ' embedding']}共享权重）"),
             (r"(encoder|decoder) final norm", lambda m: f"{ROLE_WORDS[m[1]]}最后的归一化层"),
@@ -137,7 +138,7 @@ def _mapping_zh(entry: str) -> str:
     """One row of a weight mapping in Chinese: handformer's role translated, the learner's name kept."""
     name, arrow, role = entry.partition(" -> ")
     if not arrow:  # a norm's own parameters: "name: weight, bias"
-        return re.sub(r": weight(, bias)?$", lambda m: "：权重" + ("、偏置" if m[1] else ""), entry)
+        return re.sub(r": weight(, bias)?$", lambda m: NORM_PARTS_ZH[m[0]], entry)
     for pattern, zh in ROLES_ZH:
         role = re.sub(pattern, zh, role)
     return f"{name} -> {role}"

@@ -151,8 +151,8 @@ def train(text: str, vocab_size: int, special_tokens: list[str],
     merges: list[Pair] = []
     while len(vocab) < vocab_size and heap:
         n, _, pair = heapq.heappop(heap)
-        if counts.get(pair, 0) != -n or n == 0:
-            continue  # a stale entry: the count changed after it was pushed
+        if counts.get(pair, 0) != -n:
+            continue  # a stale entry: the count changed after it was pushed (only counts above 0 are)
         merges.append(pair)
         vocab[len(vocab)] = pair[0] + pair[1]
         changed: set[Pair] = set()
@@ -169,7 +169,7 @@ def train(text: str, vocab_size: int, special_tokens: list[str],
             words[i] = list(new)
         del counts[pair]
         for p in changed:
-            if p != pair and counts.get(p, 0) > 0:
+            if counts.get(p, 0) > 0:  # never the pair merged (deleted; no merged word holds it again)
                 heapq.heappush(heap, (-counts[p], order(p), p))
     return vocab, merges
 
@@ -229,10 +229,7 @@ def encode_word(word: Word, ranks: dict[Pair, int], order: str = "rank") -> Word
         for pair in sorted(ranks, key=ranks.__getitem__, reverse=True):
             word = merge_word(word, pair)
         return word
-    while len(word) > 1:
-        present = [p for p in pairs_of(word) if p in ranks]
-        if not present:
-            break
+    while present := [p for p in pairs_of(word) if p in ranks]:
         pick = {"leftmost": lambda found: found[0], "latest": lambda found: max(found, key=ranks.__getitem__)}
         pair = pick.get(order, lambda found: min(found, key=ranks.__getitem__))(present)
         word = merge_word(word, pair)

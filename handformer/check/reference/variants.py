@@ -267,10 +267,12 @@ def rope_angles(T: int, Dh: int, theta: float = 10000.0, offset: int = 0, flags:
     mistakes on request (positions from 0 whatever the offset, a wrong exponent)."""
     start = 0 if has(flags, "rope_no_offset") is not None else offset
     pos = torch.arange(start, start + T, dtype=dtype)[:, None]  # (T, 1)
-    j = torch.arange(0, Dh, 2, dtype=dtype)  # (Dh/2,): 2j
-    if has(flags, "rope_wrong_base") == "exponent":
-        j = j / 2  # theta^(-j/Dh): the pair index not doubled
+    two_j = torch.arange(0, Dh, 2, dtype=dtype)  # (Dh/2,): 2j
+    j = two_j * EXPONENT_SCALE.get(has(flags, "rope_wrong_base"), 1)
     return pos * theta ** (-j / Dh)  # (T, Dh/2)
+
+
+EXPONENT_SCALE = {"exponent": 1 / 2}  # rope_wrong_base's form: theta^(-j/Dh), the pair index not doubled
 
 
 # the flags the rotary angles and their sign read, as the search writes them
@@ -410,13 +412,16 @@ RMS_FLAGS = ("rmsnorm_sum_squares", "rmsnorm_no_sqrt", "norm_eps_outside_sqrt", 
              "norm_wrong_dim:-2", "norm_wrong_dim:all")
 LN_FLAGS = ("layernorm_unbiased_std:std", "layernorm_unbiased_std:var", "norm_eps_outside_sqrt",
             "norm_no_gain:gain", "norm_no_gain:bias", "norm_wrong_dim:-2", "norm_wrong_dim:all")
+LN_NO_BIAS_FLAGS = ("layernorm_unbiased_std:std", "layernorm_unbiased_std:var", "norm_eps_outside_sqrt",
+                    "norm_no_gain:gain", "norm_wrong_dim:-2", "norm_wrong_dim:all")  # no bias to leave out
+# the mistakes a norm can be searched for, by (its kind, whether it has a bias)
+NORM_FLAGS = {("rmsnorm", False): RMS_FLAGS, ("rmsnorm", True): RMS_FLAGS,
+              ("layernorm", False): LN_NO_BIAS_FLAGS, ("layernorm", True): LN_FLAGS}
 
 
 def norm_flags(kind: str, has_bias: bool) -> tuple[str, ...]:
     """The mistakes a norm of this kind can be searched for."""
-    if kind == "rmsnorm":
-        return RMS_FLAGS
-    return tuple(f for f in LN_FLAGS if has_bias or f != "norm_no_gain:bias")
+    return NORM_FLAGS[kind, has_bias]
 
 
 @dataclass

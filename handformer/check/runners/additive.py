@@ -70,23 +70,29 @@ def check_additive(comp: Component, ctx: Context) -> ComponentResult:
         return fp.first_tensor(ctx.learner.call("forward", module, q, k, v, **extra), 3)
 
     check_determinism(res, ctx, comp, lambda: run(LENGTHS))
-    lengths = LENGTHS if masked else None  # the valid lengths it is handed: none where it takes none
+    givens, said = GIVEN[bool(masked)]
+    lengths = givens[0]  # the valid lengths it is handed: none where it takes none
     out = run(lengths)  # names that say neither q nor k: the order that matches, as the FFN's gate and up
     w_q, w_k = min([(first, second), (second, first)], key=lambda p: fp.max_error(
         out, additive(q, k, v, lengths, *p, w_v)))
     res.mapping = ["W_q, W_k: nn.Linear(D, D); w_v: nn.Linear(D, 1)"]
     worst = 0.0
-    for given in ([LENGTHS, None] if masked else [None]):
+    for given in givens:
         want = additive(q, k, v, given, w_q, w_k, w_v)
         worst = max(worst, fp.max_error(run(given), want))
     res.max_abs_error = worst
-    res.checks.append(Check(text("matches w_v · tanh(W_q q + W_k k), softmax over the visible keys, on the "
-                                 "values (with valid lengths and without)" if masked else "matches w_v · "
-                                 "tanh(W_q q + W_k k), softmax over the keys, on the values",
-                                 "与 w_v · tanh(W_q q + W_k k)、对可见键做 softmax、再加权值的结果一致"),
-                            worst < 1e-9, error_text(worst)))
+    res.checks.append(Check(said, worst < 1e-9, error_text(worst)))
     _gradients(res, module, run, (w_q, w_k, w_v), lengths)
     return finish(res)
+
+
+# by whether the forward takes valid lengths: the lengths it is handed (the first as its gradients are
+# checked), and what the comparison says
+SAID_ZH = "与 w_v · tanh(W_q q + W_k k)、对可见键做 softmax、再加权值的结果一致"
+GIVEN = {True: ([LENGTHS, None], text("matches w_v · tanh(W_q q + W_k k), softmax over the visible keys, on "
+                                      "the values (with valid lengths and without)", SAID_ZH)),
+         False: ([None], text("matches w_v · tanh(W_q q + W_k k), softmax over the keys, on the values",
+                              SAID_ZH))}
 
 
 @torch.enable_grad()

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from handformer.check.core.argument_names import LR_NAMES, MODEL_NAMES, names_of, readable_parameters
+from handformer.check.core.argument_names import LR_NAMES, MODEL_NAMES, named, names_of, readable_parameters
 from handformer.check.core.context import Context, finish
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
@@ -90,16 +90,19 @@ def settings_arguments(cls: Any) -> dict[str, Any]:
     first it does not take (its value is then a constant of its own, not one check can set)."""
     names = names_of(readable_parameters(cls))[0]
     lowered = {n.lower(): n for n in names[1:]}
-    out: dict[str, Any] = {}
-    if "betas" in lowered:
-        out[lowered["betas"]] = (SETTINGS["beta1"], SETTINGS["beta2"])
+    betas = lowered.get("betas")
+    out: dict[Any, Any] = {betas: (SETTINGS["beta1"], SETTINGS["beta2"])}
     for key, aliases in ALIASES.items():
         name = next((lowered[a] for a in aliases if a in lowered), None)
-        if name is None and not (key.startswith("beta") and "betas" in lowered or key == "weight_decay"):
+        if name is None and key not in OPTIONAL[betas is not None]:
             raise _untaken(cls, key)
-        if name is not None:
-            out[name] = SETTINGS[key]
+        out[name] = SETTINGS[key]
+    out.pop(None, None)  # no betas taken, or a setting taken under no name of its own
     return out
+
+
+# the settings a constructor may leave out, by whether it takes betas (beta1 and beta2 given as a pair)
+OPTIONAL = {False: ("weight_decay",), True: ("weight_decay", "beta1", "beta2")}
 
 
 def settings_taken(cls: Any) -> dict[str, float]:
@@ -135,7 +138,7 @@ def _stepped(comp: Component, ctx: Context, start: list[Tensor], grads: list[lis
     holder = nn.Module()  # a constructor that takes the model (`AdamW(model, lr)`) reads its parameters
     holder.params = nn.ParameterList(params)
     first = names_of(readable_parameters(comp.obj))[0][:1]
-    given = holder if first and first[0].lower() in MODEL_NAMES else params
+    given = holder if named(first, MODEL_NAMES) else params
     opt = ctx.learner.call("__init__", comp.obj, given, **settings_arguments(comp.obj))
     out = []
     for step_grads in grads:
@@ -154,22 +157,25 @@ def check_optimizer(comp: Component, ctx: Context) -> ComponentResult:
     got, settings = _stepped(comp, ctx, start, grads), settings_taken(comp.obj)
     found = _search(got, start, grads, settings)
     convention, flags = found or ((False, False), frozenset())
-    right = adamw(start, grads, convention, settings=settings)
-    res.max_abs_error = float((got - right).abs().max()) if bool(torch.isfinite(got).all()) else math.inf
+    res.max_abs_error = _error(got, adamw(start, grads, convention, settings=settings))
     shown = ", ".join(f"{k} {v:g}" for k, v in settings.items())
     res.checks.append(Check(
         text(f"the parameters after each of {STEPS} steps equal AdamW's ({shown})",
              f"{STEPS} 步中每一步之后的参数都等于 AdamW 的（{shown}）"),
         res.max_abs_error < TOL,
         text(f"largest difference {res.max_abs_error:.3g}", f"最大误差 {res.max_abs_error:.3g}")))
-    if found is not None:
-        res.convention = CONVENTIONS[convention]
-    for flag in sorted(flags):
-        res.findings.append(adamw_finding(ctx, comp, flag, res.max_abs_error))
+    res.findings += [adamw_finding(ctx, comp, flag, res.max_abs_error) for flag in sorted(flags)]
     if found is None:
         res.notes.append(text("no known mistake (or pair of them) reproduces your update",
                               "没有任何已知错误（或两个错误的组合）能复现你的更新"))
+    else:
+        res.convention = CONVENTIONS[convention]
     return finish(res)
+
+
+def _error(got: Tensor, right: Tensor) -> float:
+    """The largest difference of the parameters after any step (a NaN or an infinity: inf)."""
+    return float((got - right).abs().max().nan_to_num(math.inf, posinf=math.inf))
 
 
 Found = tuple[tuple[bool, bool], frozenset[str]]  # (the convention, the mistakes)
@@ -179,12 +185,9 @@ def _search(got: Tensor, start: list[Tensor], grads: list[list[Tensor]], setting
             ) -> Found | None:
     """The convention and the mistakes (none first, then one, then two) that give the learner's
     parameters; None when none does."""
-    for flags in TRIED:
-        for convention in CONVENTIONS:
-            ref = adamw(start, grads, convention, flags, settings)
-            if bool(torch.isfinite(got).all()) and float((got - ref).abs().max()) < TOL:
-                return convention, flags
-    return None
+    readings = itertools.product(TRIED, CONVENTIONS)
+    return next(((convention, flags) for flags, convention in readings
+                 if _error(got, adamw(start, grads, convention, flags, settings)) < TOL), None)
 
 
 def adamw_finding(ctx: Context, comp: Component, name: str, error: float, steps: int = STEPS) -> Finding:

@@ -170,15 +170,24 @@ def check_causal_mask(comp: Component, ctx: Context) -> ComponentResult:
 
 
 def _mask_observed(name: str, form: str, T: int, keep: Tensor) -> dict[str, str]:
-    row = "".join("1" if v else "0" for v in keep[min(2, T - 1)].tolist())
-    if name == "mask_inverted":
-        return text(f"your mask marks the future as visible and the past as hidden (row 2 reads {row})",
-                    f"你的掩码把未来标成可见、过去标成屏蔽（行 2 为 {row}）")
-    what = {"no_self": ("token t sees only 0..t-1, not itself", "位置 t 只看到 0..t-1，看不到自己"),
-            "sees_next": ("token t sees 0..t+1, one position of the future",
-                          "位置 t 看到了 0..t+1，多看了一个未来位置")}
-    return text(f"{what[form][0]} (row 2 of the T={T} mask reads {row}, expected 111" + "0" * (T - 3) + ")",
-                f"{what[form][1]}（T={T} 时行 2 为 {row}，应为 111" + "0" * (T - 3) + "）")
+    row = "".join(map(str, keep[min(2, T - 1)].int().tolist()))  # 1 = may see
+    en, zh = MASK_OBSERVED[name, form]
+    shown = {"row": row, "T": T, "want": "111" + "0" * (T - 3)}
+    return text(en.format(**shown), zh.format(**shown))
+
+
+# what a causal mask's mistake (its name, its form) shows, at row 2 of the mask of length T
+MASK_OBSERVED = {
+    ("mask_inverted", ""): (
+        "your mask marks the future as visible and the past as hidden (row 2 reads {row})",
+        "你的掩码把未来标成可见、过去标成屏蔽（行 2 为 {row}）"),
+    ("causal_off_by_one", "no_self"): (
+        "token t sees only 0..t-1, not itself (row 2 of the T={T} mask reads {row}, expected {want})",
+        "位置 t 只看到 0..t-1，看不到自己（T={T} 时行 2 为 {row}，应为 {want}）"),
+    ("causal_off_by_one", "sees_next"): (
+        "token t sees 0..t+1, one position of the future (row 2 of the T={T} mask reads {row}, "
+        "expected {want})",
+        "位置 t 看到了 0..t+1，多看了一个未来位置（T={T} 时行 2 为 {row}，应为 {want}）")}
 
 
 FFN_ACTIVATIONS = {False: ("relu", "gelu", "gelu_tanh", "relu2"), True: ("silu", "gelu", "gelu_tanh")}
@@ -479,7 +488,7 @@ def _wrong_branch_findings(ctx: Context, comp: Component, slots: list[Slot], mat
     """A gated FFN's activation on the branch named up (or Meta's w3), the one named gate unactivated."""
     by = {s.role: s.leaf.name.split(".")[-1].lower() for s in slots}
     gate, up = by["FFN W_gate"], by["FFN W_up"]
-    swapped = ("up" in gate and "gate" not in gate) or ("gate" in up and "gate" not in gate)
+    swapped = "gate" not in gate and ("up" in gate or "gate" in up)
     if not (swapped or (gate, up) == ("w3", "w1")):
         return []
     number, code = locate("gated_activation_wrong_branch", source_lines(ctx.objects(comp, "ffn")))
@@ -533,7 +542,7 @@ def _norm_compared(res: ComponentResult, ctx: Context, comp: Component, subject:
         res.status = DIFFERS
         res.notes.append(OFFSET_NOTE)
     grad_err = _compare_norm(res, subject.run, found.key, w)
-    label = "LayerNorm" if w.kind == "layernorm" else "RMSNorm"
+    label = NORM_LABELS[w.kind]
     res.checks.append(Check(text(f"matches handformer's {label} on 4 inputs (scales 1, 3, 0.1, sqrt(eps))",
                                  f"在 4 组输入（尺度 1、3、0.1、sqrt(eps)）上与 handformer 的 {label} 一致"),
                             res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
@@ -586,12 +595,18 @@ def check_norm(comp: Component, ctx: Context) -> ComponentResult:
     return run_probe(NORM, comp, ctx)
 
 
+# handformer's norm of each kind, built of width D with eps and (a LayerNorm's) bias, and its name
+HF_NORMS = {"layernorm": lambda eps, bias: LayerNorm(D, eps, bias=bias),
+            "rmsnorm": lambda eps, bias: RMSNorm(D, eps)}
+NORM_LABELS = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
+
+
 def _compare_norm(res: ComponentResult, run: Callable[[Tensor], Tensor | None], slot: Slot,
                   w: V.NormWeights) -> float:
     """The largest difference from handformer's norm on 4 inputs (relative to the output's size, at
     least 1) into res; returns the gradients' largest difference on the first."""
     bias = w.bias is not None
-    hf = (LayerNorm(D, w.eps, bias=bias) if w.kind == "layernorm" else RMSNorm(D, w.eps)).double()
+    hf = HF_NORMS[w.kind](w.eps, bias).double()
     copy_weights(hf, slot)
     hf.weight.data.copy_(w.weight)  # the reading's gain (1 + weight for a gain kept as an offset)
     errors, grad_err = [], 0.0
@@ -717,7 +732,7 @@ def _pe_compared(res: ComponentResult, ctx: Context, comp: Component, subject: S
     expected, (en, zh) = _pe_expected(res, found)
     x = fp.randn(PE_B, T, D, seed=3)
     out = subject.run(x)
-    added = fp.max_error(out, x + pe) if out is not None else float("inf")
+    added = fp.max_error(out, x + pe)  # inf where it returned no tensor
     table_error = fp.max_error(pe, expected)
     same = text(f"the table equals {en} for {T} positions", f"前 {T} 个位置的编码表与{zh}一致")
     res.checks.append(Check(same, table_error < 1e-5, error_text(table_error)))
