@@ -424,13 +424,20 @@ HEAD_MODELS = ("LanguageModel", "LMHeadModel")  # a model with its head: kept be
 VERSIONED = r"_?[vV]\d+"  # a name's version: Raschka's SelfAttention_v1, SelfAttention_v2
 
 
+@functools.cache  # the names of the kinds' tables: a few hundred
+def _versioned(name: str) -> re.Pattern[str]:
+    """The pattern of `name` with a version after it, compiled once: the tables hold more names than
+    `re` keeps compiled, and every check looks each one up."""
+    return re.compile(re.escape(name) + VERSIONED)
+
+
 def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> list[str]:
     """The learner's names among `names`, in that order (see `_stands_for`); then their classes whose
     name ends as this kind's do (SUFFIXES)."""
     out = []
     for name in names:
         out += [name] * (name in own) + sorted(n for n in own if "." in n and _stands_for(name, n))
-        out += sorted(n for n in own if re.fullmatch(re.escape(name) + VERSIONED, n))
+        out += sorted(n for n in own if _versioned(name).fullmatch(n))
     out += sorted(n for n, o in own.items() if inspect.isclass(o) and n not in TABLED and n not in out
                   and _suffixed(n, o, SUFFIXES.get(kind, ("\0",))) and SUFFIX_TESTS.get(kind, bool)(o))
     if any(n.endswith(("ForCausalLM", "LMHeadModel")) for n in own):  # Hugging Face's XModel is the backbone

@@ -359,8 +359,10 @@ NAMES_ZH = {
         "加性因果掩码（键 s <= 查询 t 处为 0，之后为 -inf）"}
 
 
+@functools.lru_cache(maxsize=4096)
 def view_zh(name: str) -> str:
-    """An intermediate result's name in Chinese; a name that is code, or not known, as it is."""
+    """An intermediate result's name in Chinese; a name that is code, or not known, as it is
+    (remembered: a layer's localization names each of its steps for every form it tries)."""
     if name in NAMES_ZH:
         return NAMES_ZH[name]
     for pattern, zh in VIEWS_ZH:
@@ -700,14 +702,33 @@ REDUCTIONS = (("the mean", "均值", torch.mean), ("the sum", "和", torch.sum),
 def _reduced(t: Tensor, views: list[View]) -> Text | None:
     """t is a mean, a sum or a maximum of a view over an axis other than the last, or over all its
     entries (the reference reduces over d_model or the keys, dim=-1): a reduction over the wrong axis,
-    its shape none of the views'."""
+    its shape none of the views'. Only the axes whose reduction has t's shape are computed (same()
+    compares shapes first), except on an empty or a whole-number view, where a reduction may raise."""
     for (what, r), (how, how_zh, op), keep in itertools.product(views, REDUCTIONS, (True, False)):
-        axes = [(d, f"dim={d}", f" dim={d} 上") for d in range(r.dim() - 1)]
-        for dim, where, where_zh in axes + [(tuple(range(r.dim())), "all entries at once", "所有元素上")]:
-            if same(t, op(r, dim=dim, keepdim=keep)):  # same() compares shapes first
+        every, by_shape = _axes(r.shape, keep)
+        tried = by_shape.get(t.shape, []) if all((r.is_floating_point(), r.numel())) else every
+        for dim, where, where_zh, _ in tried:
+            if same(t, op(r, dim=dim, keepdim=keep)):
                 return text(f"{how} of {what} over {where}; the reference reduces over dim=-1",
                             f"{view_zh(what)} 的{how_zh}是在{where_zh}求的；参考在最后一个轴 dim=-1 上求")
     return None
+
+
+Axis = tuple[Any, str, str, torch.Size]  # (dim, the axis said in English and in Chinese, the shape it gives)
+
+
+@functools.lru_cache(maxsize=256)
+def _axes(shape: torch.Size, keep: bool) -> tuple[list[Axis], dict[torch.Size, list[Axis]]]:
+    """The axes `_reduced` reduces a view of this shape over (each but the last, then all its entries
+    at once), in that order, and the same by the shape the reduction gives (keepdim `keep`)."""
+    n = len(shape)
+    every = [(d, f"dim={d}", f" dim={d} 上", torch.Size(shape[:d] + (1,) * keep + shape[d + 1:]))
+             for d in range(n - 1)]
+    every.append((tuple(range(n)), "all entries at once", "所有元素上", torch.Size((1,) * (n * keep))))
+    by_shape: dict[torch.Size, list[Axis]] = {}
+    for axis in every:
+        by_shape.setdefault(axis[3], []).append(axis)
+    return every, by_shape
 
 
 def _input(step: Step) -> bool:

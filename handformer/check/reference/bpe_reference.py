@@ -109,6 +109,8 @@ def base_vocab(specials: Iterable[str]) -> dict[int, bytes]:
 
 def merge_word(word: Word, pair: Pair) -> Word:
     """`word` with every occurrence of `pair` joined, left to right (b"aaa" with (a, a): aa, a)."""
+    if pair[0] not in word:  # nothing to join (most words, when every word is merged by every pair)
+        return tuple(word)
     out, i = [], 0
     while i < len(word):
         if i + 1 < len(word) and (word[i], word[i + 1]) == pair:
@@ -155,21 +157,21 @@ def train(text: str, vocab_size: int, special_tokens: list[str],
             continue  # a stale entry: the count changed after it was pushed (only counts above 0 are)
         merges.append(pair)
         vocab[len(vocab)] = pair[0] + pair[1]
-        changed: set[Pair] = set()
+        was: dict[Pair, int] = {}  # each touched pair's count before this merge
         for i in where.pop(pair, set()):
             old = tuple(words[i])
             new = merge_word(old, pair)
             for p in pairs_of(old):
+                was.setdefault(p, counts[p])
                 counts[p] -= freq[i]
-                changed.add(p)
             for p in pairs_of(new):
+                was.setdefault(p, counts[p])
                 counts[p] += freq[i]
                 where.setdefault(p, set()).add(i)
-                changed.add(p)
             words[i] = list(new)
         del counts[pair]
-        for p in changed:
-            if counts.get(p, 0) > 0:  # never the pair merged (deleted; no merged word holds it again)
+        for p, n in was.items():  # a count back at what it was keeps its entry in the heap
+            if counts.get(p, 0) > 0 and counts[p] != n:  # never the pair merged (deleted above)
                 heapq.heappush(heap, (-counts[p], order(p), p))
     return vocab, merges
 
