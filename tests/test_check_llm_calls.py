@@ -57,13 +57,13 @@ def test_correct_llm_parts_pass_checked(name, expected, note):
     assert statuses(name) == expected, format_report(run(name))
     assert exit_code(run(name)) == 0
     assert note in format_report(run(name))
+    checks = [check.ok for c in run(name).components for check in c.checks]
+    assert checks and all(checks)
 
 
 @pytest.mark.parametrize(("name", "component", "expected"), [
     ("learners_litgpt/kv_repeat_order.py", "CausalSelfAttention",
      ("kv_repeat_order", 46, "k = k.repeat(1, q_per_kv, 1, 1)")),
-    ("learners_gptfast/top_k_off_by_one.py", "sample",
-     ("top_k_off_by_one", 18, 'logits = torch.where(logits <= pivot, -float("Inf"), logits)')),
     ("learners_rope_base/rope_wrong_base.py", "RotaryEmbedding",
      ("rope_wrong_base", 10, "inv_freq = 1.0 / (500000.0 ** (torch.arange(0, dim // 2).float() / dim))")),
     ("learners_raschka/rope_wrong_base_model.py", "Llama3Model",
