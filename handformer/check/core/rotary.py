@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import math
 import re
 
 import torch
@@ -178,12 +179,8 @@ def named_base(module: nn.Module) -> float | None:
 
 def table_base(tables: list[Tensor], head_dim: int) -> float | None:
     """The base of the learner's rotary tables, read back from position 1's angles (a complex table, or a
-    sine table whose row 0 is all zeros), or from an inverse-frequency vector (1, theta^(-2/d), ...)."""
+    sine table whose row 0 is all zeros)."""
     for t in tables:
-        if t.dim() == 1 and t.numel() == head_dim // 2 > 1 and t.is_floating_point() and t[0] == 1:
-            if 0 < t[1] < 1:
-                return float(f"{float(t[1]) ** -(head_dim / 2):.3g}")
-            continue
         angles = t[1].angle() if t.is_complex() else t[1].double().asin() if t[0].abs().max() == 0 else None
         if angles is None:
             continue
@@ -194,23 +191,18 @@ def table_base(tables: list[Tensor], head_dim: int) -> float | None:
 
 
 def module_tables(module: nn.Module) -> list[Tensor]:
-    """The 2-D tables (and 1-D vectors) a module and its children hold: buffers or tensor attributes."""
+    """The 2-D tables a module and its children hold, buffers or tensor attributes (not a bool mask)."""
     return [t for sub in module.modules() for t in [*sub.buffers(recurse=False), *vars(sub).values()]
-            if isinstance(t, Tensor) and 1 <= t.dim() <= 2 and t.size(0) > 1
-            and (t.is_complex() or t.is_floating_point())]  # not a bool mask buffer
+            if isinstance(t, Tensor) and t.dim() == 2 and t.size(0) > 1
+            and (t.is_complex() or t.is_floating_point())]
 
 
 def stated_base(module: nn.Module, head_dim: int) -> float | None:
     """The base a rotary module that is handed none uses: a field naming it, else its tables' base where
-    that number is written in its file (a hard-coded 500000.0); None where neither says."""
-    base = table_base(module_tables(module), head_dim)
-    try:
-        tree = ast.parse(source_text(inspect.getmodule(type(module))))
-    except (SyntaxError, TypeError):
-        return named_base(module)
-    written = {float(n.value) for n in ast.walk(tree) if isinstance(n, ast.Constant)
-               and isinstance(n.value, (int, float)) and not isinstance(n.value, bool)}
-    # the base itself, or its square root: the exponent j/d where 2j/d is meant (rope_wrong_base), at the
-    # base the file writes
-    return named_base(module) or next((w for w in written if base and w > 1 and min(
-        abs(w / base - 1), abs(w ** 0.5 / base - 1)) < 1e-3), None)
+    that number, or its square (the exponent j/d where 2j/d is meant: rope_wrong_base), is written in its
+    file (a hard-coded 500000.0); None where neither says."""
+    base = table_base(module_tables(module), head_dim) or math.nan
+    tree = ast.parse(source_text(inspect.getmodule(type(module))))
+    written = {float(n.value) for n in ast.walk(tree) if type(getattr(n, "value", None)) in (int, float)}
+    return named_base(module) or next((w for w in written if min(abs(w / base - 1), abs(w ** 0.5 / base - 1))
+                                       < 1e-3), None)

@@ -258,7 +258,7 @@ def _rotary(module: nn.Module) -> tuple[tuple[str | None, ...], float, float | N
     """The rotary layouts to try (Meta's complex freqs_cis: interleaved first), the base (the one the
     learner's config names, rope_theta; else read back from its tables; else 10000), and the base of
     its tables when that is another (rope_wrong_base: the config's base not handed to the tables)."""
-    from handformer.check.core.rotary import named_base, rope_layouts, table_base
+    from handformer.check.core.rotary import module_tables, named_base, rope_layouts, table_base
 
     if any(re.search(r"def forward\([^)]*\bcos_sin\b", source_text(type(sub))) for sub in module.modules()
            if type(sub).__module__.startswith("learner_")):  # nanochat's halves, rotated either way
@@ -266,9 +266,7 @@ def _rotary(module: nn.Module) -> tuple[tuple[str | None, ...], float, float | N
     ropes = rope_layouts(module, False)
     if ropes == (None,):
         return ropes, 10000.0, None
-    tables = [t for sub in module.modules() for t in [*sub.buffers(recurse=False), *vars(sub).values()]
-              if isinstance(t, Tensor) and t.dim() == 2 and t.size(0) > 1
-              and (t.is_complex() or t.is_floating_point())]  # not a bool mask buffer
+    tables = module_tables(module)
     partial = partial_layouts(D // H)  # GPT-NeoX's rotary_pct, Phi's partial_rotary_factor
     ropes = ("interleaved", "half", None, *partial) if any(t.is_complex() for t in tables) else (
         "half", "interleaved", None, *partial)

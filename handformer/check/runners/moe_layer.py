@@ -60,11 +60,12 @@ def _router(child: nn.Module, E: int) -> Tensor | None:
     return next((p for p in child.parameters(recurse=False) if tuple(p.shape) == (E, D)), None)
 
 
-def _setting(module: nn.Module, names: tuple[str, ...], kinds: tuple[type, ...] = (bool, int)) -> Any:
-    """The first of the settings its modules or their config hold, None where none does."""
+def _setting(module: nn.Module, names: tuple[str, ...], kinds: tuple[type, ...] = (bool, int),
+             default: Any = None) -> Any:
+    """The first of the settings its modules or their config hold, `default` where none does."""
     holders = [*module.modules(), *(getattr(m, "config", None) for m in module.modules())]
     found = (getattr(h, n) for n in names for h in holders if isinstance(getattr(h, n, None), kinds))
-    return next(found, None)
+    return next(found, default)
 
 
 def mixture(x: Tensor, router: Tensor, experts: list[Any], shared: list[Any], k: int, normalize: bool,
@@ -94,7 +95,7 @@ def check_moe(comp: Component, ctx: Context) -> ComponentResult:
                              "请在配置里给它足够的专家（写一个适配函数）")
     with torch.no_grad():
         out = fp.first_tensor(ctx.learner.call("forward", module, x), 3)
-        scale = float(_setting(module, SCALE_SETTINGS, (int, float)) or 1.0)
+        scale = float(_setting(module, SCALE_SETTINGS, (int, float), 1.0))
         readings = {(kk, norm): mixture(x, router, list(experts), shared, kk, norm, scale) for kk, norm in
                     itertools.product([k] if k else range(1, len(experts) + 1), (True, False))}
     errors = {key: fp.max_error(out, ref) for key, ref in readings.items()}

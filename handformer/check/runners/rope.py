@@ -596,7 +596,7 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
 def _own_base(res: ComponentResult, comp: Component, module: Any) -> float:
     """The base a module is compared at: the one check hands it (10000) where it takes one, else the
     one it names or writes in its file (a hard-coded 500000.0), noted; 10000 where it says none."""
-    if not inspect.isclass(comp.obj) or "theta" in argument_keys(comp.obj).values():
+    if "theta" in argument_keys(comp.obj).values():
         return THETA
     theta = stated_base(module, DH) or THETA
     res.notes += [text(f"it takes no base and uses its own, {theta:g}: compared at that base",

@@ -85,8 +85,8 @@ class Caller:
         self.positions = _reads(comp.obj, self.names, r":\s*,\s*-1")
         # gpt-fast's sample(logits, ...) of one sequence, logits[0, -1]: each row given as (1, 1, V)
         self.first_row = _reads(comp.obj, self.names, r"0\s*,\s*-1")
-        if self.first_row:
-            ctx.partial.notes.append(FIRST_ROW)
+        ctx.partial.notes += [FIRST_ROW] * self.first_row
+        self.row_shape = ((-1,), (1, 1, -1))[self.first_row]  # a row as it is taken: (V,), or (1, 1, V)
         # the filters it takes with no default (a combined top_k_top_p_filtering(logits, top_k, top_p)),
         # or with a default that filters (top_p_sample(logits, p=0.9)): given their "off" value when a
         # check sets another one
@@ -129,8 +129,7 @@ class Caller:
             self._settings_object(kwargs, logits.size(-1))
         given = torch.softmax(logits, -1) if self.probs else logits.clone()
         given = given[..., None, :] if self.positions else given  # (B, 1, V)
-        given = given[:, None, None] if self.first_row else given  # (B, 1, 1, V): each row (1, 1, V)
-        if self.one_row or self.first_row:
+        if any((self.one_row, self.first_row)):
             return self.by_row(given, kwargs)
         return self.ctx.learner.call("forward", self.comp.obj, given, **kwargs)
 
@@ -138,8 +137,8 @@ class Caller:
         """The function called on each row alone, (V,), its outputs (tensors, or token ids returned as
         ints) stacked."""
         def rows() -> Tensor:
-            return torch.stack([torch.as_tensor(leading_tensor(self.comp.obj(row, **kwargs)))
-                                for row in given])
+            return torch.stack([torch.as_tensor(leading_tensor(self.comp.obj(row.reshape(self.row_shape),
+                                                                             **kwargs))) for row in given])
         return self.ctx.learner.call("forward", rows)
 
 
@@ -155,7 +154,8 @@ FIRST_ROW = text("it samples one sequence's last position of the model's logits 
 
 def _reads(fn: Any, names: list[str], index: str) -> bool:
     """Whether the function indexes its first argument so: `logits[<index>]`."""
-    return bool(names) and bool(re.search(rf"\b{re.escape(names[0])}\[\s*{index}\s*\]", source_text(fn)))
+    first = re.escape(next(iter(names), "logits"))
+    return bool(re.search(rf"\b{first}\[\s*{index}\s*\]", source_text(fn)))
 
 
 SAMPLING_KINDS = ("temperature", "top_k", "top_p", "min_p", "sample", "greedy")
