@@ -420,6 +420,12 @@ def optional_inputs(fn: Any, params: list[inspect.Parameter], handled: set[str],
 NONE_TEST = r"\b{0}\s+is\s+(not\s+)?None\b"
 
 
+def optional_extra(p: inspect.Parameter) -> bool:
+    """An argument after the inputs that defaults to None and is named for no input (CS336's
+    forward(x, token_positions=None)): the forward does without it, so it is never handed an input."""
+    return p.default is None and p.name.lower() not in INPUT_NAMES
+
+
 def forward_names(module: Any) -> list[str]:
     """The names of the parameters a call of the module's forward (or of the function) names."""
     return [p.name for p in forward_parameters(module)]

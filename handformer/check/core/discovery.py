@@ -45,7 +45,8 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
                 "encoder_attention_heads", "decoder_attention_heads"),
     "n_kv_heads": ("n_kv_heads", "num_kv_heads", "num_key_value_heads", "kv_heads", "n_kv_head",
                    "num_kv_head", "n_kv", "num_groups", "n_groups", "n_rep_heads",
-                   "num_kv_groups", "n_kv_groups"),
+                   "num_kv_groups", "n_kv_groups",
+                   "n_query_groups", "num_query_groups"),  # litgpt's and Megatron's config fields
     "d_ff": ("d_ff", "ff_dim", "d_hidden", "dim_feedforward", "d_inner", "ffn_dim", "hidden",
              "d_ffn", "ffn_hidden", "intermediate_size", "dff", "ff_hidden", "mlp_dim", "inner_dim",
              "ffn_num_hiddens", "d_mlp", "mlp_hidden", "encoder_ffn_dim", "decoder_ffn_dim",
@@ -862,6 +863,8 @@ def argument_keys(cls: Any) -> dict[str, str | None]:
         for name in keys:
             if name.lower() in HIDDEN_WHEN_PAIRED:
                 keys[name] = "d_ff"
+    if "d_model" not in keys.values():  # BERT's Attention(hidden, heads): with no other width, the width
+        keys.update({name: "d_model" for name in keys if name.lower() in HIDDEN_WHEN_PAIRED})
     return keys
 
 

@@ -4,6 +4,9 @@ the layouts a block may use inside, and the note a report gives."""
 
 from __future__ import annotations
 
+import ast
+import inspect
+import math
 import re
 
 import torch
@@ -157,3 +160,49 @@ def score_biases_inside(module: nn.Module, sources: list[str]) -> tuple[str, ...
     table = any(isinstance(m, nn.Embedding) and m.embedding_dim == H for m in module.modules())
     alibi = any(map(ALIBI_WORDS.search, sources))
     return ("t5", "t5_causal") * table + ("alibi",) * alibi
+
+
+BASE_NAMES = ("rope_theta", "theta", "rope_base", "base", "rotary_base")
+
+
+def named_base(module: nn.Module) -> float | None:
+    """The rotary base a field of the model, of its config, or of its dict config names (rope_theta,
+    theta, base: Raschka's cfg["rope_base"])."""
+    for sub in module.modules():
+        for obj in [sub, *(v for v in vars(sub).values() if not isinstance(v, (Tensor, nn.Module)))]:
+            for name in BASE_NAMES:
+                value = obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1:
+                    return float(value)
+    return None
+
+
+def table_base(tables: list[Tensor], head_dim: int) -> float | None:
+    """The base of the learner's rotary tables, read back from position 1's angles (a complex table, or a
+    sine table whose row 0 is all zeros)."""
+    for t in tables:
+        angles = t[1].angle() if t.is_complex() else t[1].double().asin() if t[0].abs().max() == 0 else None
+        if angles is None:
+            continue
+        distinct = sorted(set(angles.abs().tolist()), reverse=True)
+        if len(distinct) == head_dim // 2 and abs(distinct[0] - 1) < 1e-4 and distinct[1] > 0:
+            return float(f"{distinct[1] ** -(head_dim / 2):.3g}")  # pair j turns by theta^(-2j/Dh)
+    return None
+
+
+def module_tables(module: nn.Module) -> list[Tensor]:
+    """The 2-D tables a module and its children hold, buffers or tensor attributes (not a bool mask)."""
+    return [t for sub in module.modules() for t in [*sub.buffers(recurse=False), *vars(sub).values()]
+            if isinstance(t, Tensor) and t.dim() == 2 and t.size(0) > 1
+            and (t.is_complex() or t.is_floating_point())]
+
+
+def stated_base(module: nn.Module, head_dim: int) -> float | None:
+    """The base a rotary module that is handed none uses: a field naming it, else its tables' base where
+    that number, or its square (the exponent j/d where 2j/d is meant: rope_wrong_base), is written in its
+    file (a hard-coded 500000.0); None where neither says."""
+    base = table_base(module_tables(module), head_dim) or math.nan
+    tree = ast.parse(source_text(inspect.getmodule(type(module))))
+    written = {float(n.value) for n in ast.walk(tree) if type(getattr(n, "value", None)) in (int, float)}
+    return named_base(module) or next((w for w in written if min(abs(w / base - 1), abs(w ** 0.5 / base - 1))
+                                       < 1e-3), None)

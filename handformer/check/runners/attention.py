@@ -58,6 +58,7 @@ from handformer.check.core.context import (
     moved_by,
     nan_on_hidden_rows,
     not_cropped,
+    optional_extra,
     optional_inputs,
     outputs_by_convention,
     positions,
@@ -173,8 +174,9 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     # nanochat's value embedding `ve`: None; its window_size: one over the whole sequence
     fixed = {**dict.fromkeys(optional_inputs(fn, params, extra)), **window_inputs(fn, params)}
     first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in {*extra, *fixed}
-                        or isinstance(p.default, (int, float, str)) or is_cache_argument(p)),
-                       len(params))  # layer_idx=0, layer_past=None: kept
+                        or isinstance(p.default, (int, float, str)) or is_cache_argument(p)
+                        or i > 0 and optional_extra(p)),
+                       len(params))  # layer_idx=0, layer_past=None, CS336's token_positions=None: kept
     inputs = params[:first_other]  # the tensors before the mask or rotary table (minimind: x only)
     masks = [p for p in params if is_mask_name(p.name)]
     named = {p.name for p in params} & extra
@@ -905,7 +907,11 @@ def visible_call(c: Caller, conv: str) -> Callable[..., Any]:
 
 def _causal_inside(res: ComponentResult, ctx: Context, c: Caller, causal_inside: bool) -> bool:
     """Causal inside: said so by its kind, or a self-attention that is causal given no mask
-    (minimind's is_causal=True), noted."""
+    (minimind's is_causal=True), noted. One that requires its mask and is not causal without it
+    (litgpt's forward(x, cos, sin, mask)) is handed its causal mask by its caller: checked with masks."""
+    if causal_inside and c.required and not behaves_causal(ctx, c, D):
+        res.notes.append(MASK_FROM_CALLER)
+        return False
     if causal_inside or c.n_inputs != 1 or not behaves_causal(ctx, c, D):
         return causal_inside
     res.notes.append(text("with no mask it is causal (changing token 3 leaves outputs 0..2 "
@@ -913,6 +919,13 @@ def _causal_inside(res: ComponentResult, ctx: Context, c: Caller, causal_inside:
                           "不给掩码时它是因果的（改变位置 3 的 token，位置 0..2 的输出不变）："
                           "按因果自注意力检查"))
     return True
+
+
+MASK_FROM_CALLER = text("its forward requires a mask and is not causal without one: its caller hands the "
+                        "causal mask (litgpt's forward(x, cos, sin, mask)), so it was checked with the masks "
+                        "handed",
+                        "它的 forward 必须传入掩码，不传时不是因果的：因果掩码由调用方传入（litgpt 的 "
+                        "forward(x, cos, sin, mask)），所以按传入的掩码检查")
 
 
 def _tutorial_shapes_at_their_sizes(res: ComponentResult, ctx: Context, comp: Component, c: Caller,

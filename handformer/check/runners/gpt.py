@@ -110,7 +110,6 @@ from handformer.nn.positions import RotaryEmbedding, sinusoidal_table
 
 VOCAB, BLOCK, KV_HEADS, OPT_OFFSET = 29, 16, 2, 2
 GPT_SIZES = {**SIZES, "src_vocab": VOCAB, "n_layers": 2, "max_len": BLOCK}
-THETA_NAMES = ("rope_theta", "theta", "rope_base", "base", "rotary_base")
 TARGET_NAMES = ("targets", "target", "labels", "y", "tgt")
 # the forms of a causal mask (T, T) a model's forward may be handed by its caller (PyTorch's language-model
 # tutorial: forward(src, src_mask) with generate_square_subsequent_mask, -inf above the diagonal): 0 / -inf
@@ -259,48 +258,23 @@ def _rotary(module: nn.Module) -> tuple[tuple[str | None, ...], float, float | N
     """The rotary layouts to try (Meta's complex freqs_cis: interleaved first), the base (the one the
     learner's config names, rope_theta; else read back from its tables; else 10000), and the base of
     its tables when that is another (rope_wrong_base: the config's base not handed to the tables)."""
-    from handformer.check.core.rotary import rope_layouts
+    from handformer.check.core.rotary import module_tables, named_base, rope_layouts, table_base
 
     if any(re.search(r"def forward\([^)]*\bcos_sin\b", source_text(type(sub))) for sub in module.modules()
            if type(sub).__module__.startswith("learner_")):  # nanochat's halves, rotated either way
-        return ("half", "swapped"), _named_theta(module) or 10000.0, None
+        return ("half", "swapped"), named_base(module) or 10000.0, None
     ropes = rope_layouts(module, False)
     if ropes == (None,):
         return ropes, 10000.0, None
-    tables = [t for sub in module.modules() for t in [*sub.buffers(recurse=False), *vars(sub).values()]
-              if isinstance(t, Tensor) and t.dim() == 2 and t.size(0) > 1
-              and (t.is_complex() or t.is_floating_point())]  # not a bool mask buffer
+    tables = module_tables(module)
     partial = partial_layouts(D // H)  # GPT-NeoX's rotary_pct, Phi's partial_rotary_factor
     ropes = ("interleaved", "half", None, *partial) if any(t.is_complex() for t in tables) else (
         "half", "interleaved", None, *partial)
-    named = _named_theta(module)
-    table = _table_theta(tables)
+    named = named_base(module)
+    table = table_base(tables, D // H)
     if named is None:
         return ropes, table or 10000.0, None
     return ropes, named, table if table is not None and abs(table / named - 1) > 1e-3 else None
-
-
-def _named_theta(module: nn.Module) -> float | None:
-    """The rotary base a field of the model or of its config names (rope_theta, theta, base)."""
-    for sub in module.modules():
-        for obj in [sub, *(v for v in vars(sub).values() if not isinstance(v, (Tensor, nn.Module, dict)))]:
-            for name in THETA_NAMES:
-                value = getattr(obj, name, None)
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1:
-                    return float(value)
-    return None
-
-
-def _table_theta(tables: list[Tensor]) -> float | None:
-    """The base of the learner's rotary tables, read back from position 1's angles."""
-    for t in tables:  # position 1's angles: a complex table, or a sine table (row 0 all zeros)
-        angles = t[1].angle() if t.is_complex() else t[1].double().asin() if t[0].abs().max() == 0 else None
-        if angles is None:
-            continue
-        distinct = sorted(set(angles.abs().tolist()), reverse=True)
-        if len(distinct) == (D // H) // 2 and abs(distinct[0] - 1) < 1e-4 and distinct[1] > 0:
-            return float(f"{distinct[1] ** -(D // H / 2):.3g}")  # pair j turns by theta^(-2j/Dh)
-    return None
 
 
 @dataclass(frozen=True)

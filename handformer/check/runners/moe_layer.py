@@ -38,6 +38,9 @@ TOP_K_SETTINGS = ("top_k", "num_experts_per_tok", "n_activated_experts", "expert
 TOL = 1e-6
 NORMS = {None: (True, False), True: (True,), False: (False,)}  # the readings a setting allows (None: unnamed)
 NORM_SETTINGS = ("norm_topk_prob", "normalize", "renormalize", "norm_topk", "route_norm")
+# the factor the routed experts' weights are multiplied by (DeepSeek's route_scale, Hugging Face's
+# routed_scaling_factor); 1 where none is named
+SCALE_SETTINGS = ("route_scale", "routed_scaling_factor", "routing_scale")
 
 
 def _parts(module: nn.Module) -> tuple[nn.ModuleList, Tensor, list[nn.Module]]:
@@ -57,20 +60,22 @@ def _router(child: nn.Module, E: int) -> Tensor | None:
     return next((p for p in child.parameters(recurse=False) if tuple(p.shape) == (E, D)), None)
 
 
-def _setting(module: nn.Module, names: tuple[str, ...]) -> Any:
-    """The first of the settings its modules or their config hold, None where none does."""
+def _setting(module: nn.Module, names: tuple[str, ...], kinds: tuple[type, ...] = (bool, int),
+             default: Any = None) -> Any:
+    """The first of the settings its modules or their config hold, `default` where none does."""
     holders = [*module.modules(), *(getattr(m, "config", None) for m in module.modules())]
-    found = (getattr(h, n) for n in names for h in holders if isinstance(getattr(h, n, None), (bool, int)))
-    return next(found, None)
+    found = (getattr(h, n) for n in names for h in holders if isinstance(getattr(h, n, None), kinds))
+    return next(found, default)
 
 
 def mixture(x: Tensor, router: Tensor, experts: list[Any], shared: list[Any], k: int, normalize: bool,
-            ) -> Tensor:
+            scale: float = 1.0) -> Tensor:
     """The reference: softmax(x W_r^T) over the experts, the top k of each token, renormalized when
-    `normalize`, weighting the experts' outputs; plus each shared expert's. x (B, T, D)."""
+    `normalize`, times the routing scale, weighting the experts' outputs; plus each shared expert's.
+    x (B, T, D)."""
     scores = torch.softmax(x @ router.T, dim=-1)  # (B, T, E)
     weights, chosen = scores.topk(k, dim=-1)  # (B, T, K)
-    weights = weights / weights.sum(-1, keepdim=True) if normalize else weights
+    weights = (weights / weights.sum(-1, keepdim=True) if normalize else weights) * scale
     outs = torch.stack([expert(x) for expert in experts], dim=-2)  # (B, T, E, D)
     picked = outs.gather(-2, chosen[..., None].expand(*chosen.shape, outs.size(-1)))  # (B, T, K, D)
     return (weights[..., None] * picked).sum(-2) + sum(s(x) for s in shared)
@@ -90,13 +95,16 @@ def check_moe(comp: Component, ctx: Context) -> ComponentResult:
                              "请在配置里给它足够的专家（写一个适配函数）")
     with torch.no_grad():
         out = fp.first_tensor(ctx.learner.call("forward", module, x), 3)
-        readings = {(kk, norm): mixture(x, router, list(experts), shared, kk, norm) for kk, norm in
+        scale = float(_setting(module, SCALE_SETTINGS, (int, float), 1.0))
+        readings = {(kk, norm): mixture(x, router, list(experts), shared, kk, norm, scale) for kk, norm in
                     itertools.product([k] if k else range(1, len(experts) + 1), (True, False))}
     errors = {key: fp.max_error(out, ref) for key, ref in readings.items()}
     allowed = [key for key in errors if key[1] in NORMS[normalize]]
     k, norm = min(allowed, key=errors.get)
     err = res.max_abs_error = errors[k, norm]
     res.notes.append(_read_as(len(experts), k, norm, len(shared)))
+    res.notes += [text(f"the routed experts' weights times {scale:g} (its routing scale)",
+                       f"路由专家的权重乘以 {scale:g}（它的路由缩放系数）")] * (scale != 1.0)
     res.checks.append(Check(text("each token through its top experts by the router's softmax, their outputs "
                                  "weighted and summed (plus the shared experts')",
                                  "每个 token 经过路由 softmax 得分最高的专家，输出加权求和"

@@ -30,10 +30,11 @@ from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, error_text, finish, forward_names, shape_of
-from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.discovery import Component, DiscoveryError, argument_keys
 from handformer.check.core.localize_kinds import localize_rope_table, localize_rotation, note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.rope_tables import COMPLEX_TABLE_NAMES
+from handformer.check.core.rotary import stated_base
 from handformer.check.core.source import locate, source_lines
 from handformer.check.reference import variants as V
 
@@ -408,9 +409,9 @@ def _search_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensor
 
 
 def _rotated(q: Tensor, k: Tensor, n: int, layout: str, offset: int = 0, flags: V.Flags = frozenset(),
-             ) -> Tensor:
+             theta: float = THETA) -> Tensor:
     """The expected output, stacked: (n, B, H, T, Dh)."""
-    return torch.stack([V.rotary(t, layout, offset, flags) for t in (q, k)[:n]])
+    return torch.stack([V.rotary(t, layout, offset, flags, theta) for t in (q, k)[:n]])
 
 
 # the positions handed as position_ids: (B, T), Hugging Face's; (T,), a function that builds its own table
@@ -580,23 +581,35 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
 
     raw = call()
     table = read_table(raw, T)
+    theta = _own_base(res, comp, module)
     # OLMo's forward(q, k) returns the rotated (q, k): shaped as its inputs, not a (cos, sin) table
     if table is not None and not (tensors and _stacked(raw, len(tensors), q.shape) is not None):
-        return _module_table(res, ctx, comp, call, table, names)
+        return _module_table(res, ctx, comp, call, table, names, theta)
     if tensors:
-        return _rotated_module(res, ctx, comp, call, len(tensors), q, k, names)
+        return _rotated_module(res, ctx, comp, call, len(tensors), q, k, names, theta)
     raise ctx.learner.fail("forward", f"{comp.name}'s forward returned {shape_of(raw)}: neither a rotary "
                            "table (cos, sin) nor the rotated input",
                            f"{comp.name} 的 forward 返回了 {shape_of(raw)}：既不是旋转表 (cos, sin)，"
                            "也不是旋转后的输入")
 
 
+def _own_base(res: ComponentResult, comp: Component, module: Any) -> float:
+    """The base a module is compared at: the one check hands it (10000) where it takes one, else the
+    one it names or writes in its file (a hard-coded 500000.0), noted; 10000 where it says none."""
+    if "theta" in argument_keys(comp.obj).values():
+        return THETA
+    theta = stated_base(module, DH) or THETA
+    res.notes += [text(f"it takes no base and uses its own, {theta:g}: compared at that base",
+                       f"它不接收底数，用的是自己的 {theta:g}：按这个底数比较")] * (theta != THETA)
+    return theta
+
+
 def _module_table(res: ComponentResult, ctx: Context, comp: Component, call: Callable[..., Any], table: Any,
-                  names: list[str]) -> ComponentResult:
+                  names: list[str], theta: float = THETA) -> ComponentResult:
     """A module whose forward returns the table: checked as a table, with its offset if it takes one."""
     _layout_convention(res, table.layout)
-    _base_finding(res, ctx, comp, table, THETA)
-    err = _table_error(table)
+    _base_finding(res, ctx, comp, table, theta)
+    err = _table_error(table, theta=theta)
     res.max_abs_error = err
     rows = table.cos.size(0)
     res.checks.append(Check(text(f"the table's angles are pos * theta^(-2j/d) for {rows} positions",
@@ -607,11 +620,15 @@ def _module_table(res: ComponentResult, ctx: Context, comp: Component, call: Cal
     return finish(res)
 
 
-def _module_layout(out: Tensor | None, q: Tensor, k: Tensor, n: int) -> tuple[str, Any] | None:
+MODULE_MISTAKES = ("rope_rotation_sign", "rope_wrong_base:exponent")  # a module's base is its own or given
+
+
+def _module_layout(out: Tensor | None, q: Tensor, k: Tensor, n: int, theta: float = THETA,
+                   ) -> tuple[str, Any] | None:
     """The pairs' layout whose rotation (or its sign flipped) the module's output is, else None."""
     for layout in ("half", "interleaved"):
-        found = fp.search(out, lambda fl, layout=layout: _rotated(q, k, n, layout, 0, fl),
-                          ("rope_rotation_sign",), None, 1) if out is not None else None
+        found = fp.search(out, lambda fl, layout=layout: _rotated(q, k, n, layout, 0, fl, theta),
+                          MODULE_MISTAKES, None, 1) if out is not None else None
         if found is not None:
             return layout, found
     return None
@@ -628,23 +645,23 @@ READINGS = {"": None, "meta": META_INPUTS,  # the inputs each reading hands the 
                            "输入形状为 (T, H, Dh)，一次一个序列，token 在 dim 0，与 gpt-oss 相同")}
 
 
-def _module_reading(ctx: Context, call: Callable[..., Any], n: int, q: Tensor, k: Tensor,
+def _module_reading(ctx: Context, call: Callable[..., Any], n: int, q: Tensor, k: Tensor, theta: float,
                     ) -> tuple[str, Tensor | None, tuple[str, Any] | None]:
     """(the reading of its inputs, the output, its layout): (B, H, T, Dh) first; Meta's (B, T, H, Dh)
     or one sequence (T, H, Dh) (gpt-oss's RotaryEmbedding reads its tokens from dim 0) where the
     first gives no rotation."""
     out = _stacked(call(0), n, q.shape)
-    best = _module_layout(out, q, k, n)
+    best = _module_layout(out, q, k, n, theta)
     for reading in ("meta", "tokens") * (best is None):
         other = fp.quietly(lambda reading=reading: _stacked(call(0, reading=reading), n, q.shape, True))
-        if _module_layout(other, q, k, n) is not None:
-            return reading, other, _module_layout(other, q, k, n)
+        if _module_layout(other, q, k, n, theta) is not None:
+            return reading, other, _module_layout(other, q, k, n, theta)
     return "", out, best
 
 
 def _rotated_module(res: ComponentResult, ctx: Context, comp: Component, call: Callable[..., Any], n: int,
-                    q: Tensor, k: Tensor, names: list[str]) -> ComponentResult:
-    reading, out, best = _module_reading(ctx, call, n, q, k)
+                    q: Tensor, k: Tensor, names: list[str], theta: float = THETA) -> ComponentResult:
+    reading, out, best = _module_reading(ctx, call, n, q, k, theta)
 
     def run(offset: int) -> Tensor | None:
         return _stacked(call(offset, reading=reading), n, q.shape, bool(reading))
@@ -653,12 +670,12 @@ def _rotated_module(res: ComponentResult, ctx: Context, comp: Component, call: C
     res.notes += [READINGS[reading]] * bool(reading)
     _layout_convention(res, layout)
     if found and found[0]:
-        res.findings += _findings(ctx, comp, found, out, _rotated(q, k, n, layout))
-    err = fp.max_error(out, _rotated(q, k, n, layout))
+        res.findings += _findings(ctx, comp, found, out, _rotated(q, k, n, layout, theta=theta))
+    err = fp.max_error(out, _rotated(q, k, n, layout, theta=theta))
     res.max_abs_error = err
     res.checks.append(Check(text(f"rotates its input as handformer's apply_rotary ({layout} pairs)",
                                  f"与 handformer 的 apply_rotary（{layout} 配对）旋转结果一致"), err < TOL,
                             error_text(err)))
     if _takes(names, OFFSET_ARGS):
-        _offset_check(res, ctx, comp, run, lambda offset, fl: _rotated(q, k, n, layout, offset, fl))
+        _offset_check(res, ctx, comp, run, lambda offset, fl: _rotated(q, k, n, layout, offset, fl, theta))
     return finish(res)

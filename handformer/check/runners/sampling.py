@@ -82,8 +82,11 @@ class Caller:
         self.fields = [f.name for f in fields]
         self.probs = bool(self.names) and self.names[0].lower() in PROBS_NAMES  # given softmax(logits)
         # gpt-fast's sample(logits, ...) reads logits[:, -1]: given (B, 1, V), one position per row
-        self.positions = bool(self.names) and bool(re.search(
-            rf"\b{re.escape(self.names[0])}\[\s*:\s*,\s*-1\s*\]", source_text(comp.obj)))
+        self.positions = _reads(comp.obj, self.names, r":\s*,\s*-1")
+        # gpt-fast's sample(logits, ...) of one sequence, logits[0, -1]: each row given as (1, 1, V)
+        self.first_row = _reads(comp.obj, self.names, r"0\s*,\s*-1")
+        ctx.partial.notes += [FIRST_ROW] * self.first_row
+        self.row_shape = ((-1,), (1, 1, -1))[self.first_row]  # a row as it is taken: (V,), or (1, 1, V)
         # the filters it takes with no default (a combined top_k_top_p_filtering(logits, top_k, top_p)),
         # or with a default that filters (top_p_sample(logits, p=0.9)): given their "off" value when a
         # check sets another one
@@ -126,7 +129,7 @@ class Caller:
             self._settings_object(kwargs, logits.size(-1))
         given = torch.softmax(logits, -1) if self.probs else logits.clone()
         given = given[..., None, :] if self.positions else given  # (B, 1, V)
-        if self.one_row:
+        if any((self.one_row, self.first_row)):
             return self.by_row(given, kwargs)
         return self.ctx.learner.call("forward", self.comp.obj, given, **kwargs)
 
@@ -134,7 +137,8 @@ class Caller:
         """The function called on each row alone, (V,), its outputs (tensors, or token ids returned as
         ints) stacked."""
         def rows() -> Tensor:
-            return torch.stack([torch.as_tensor(self.comp.obj(row, **kwargs)) for row in given])
+            return torch.stack([torch.as_tensor(leading_tensor(self.comp.obj(row.reshape(self.row_shape),
+                                                                             **kwargs))) for row in given])
         return self.ctx.learner.call("forward", rows)
 
 
@@ -142,6 +146,18 @@ ONE_ROW = text("it takes one 1-D row of logits (V,) (a batch of rows raises, or 
                "file's other filters take one row): called one row at a time",
                "它接受一行一维的 logits (V,)（给一批行会报错；或者各行互相影响，"
                "而文件里其他过滤函数只接受一行）：逐行调用")
+FIRST_ROW = text("it samples one sequence's last position of the model's logits (B, T, V), logits[0, -1] "
+                 "(gpt-fast's): called on each row as (1, 1, V)",
+                 "它只对模型 logits (B, T, V) 的一个序列的最后位置采样，logits[0, -1]（gpt-fast 的写法）："
+                 "每行按 (1, 1, V) 调用")
+
+
+def _reads(fn: Any, names: list[str], index: str) -> bool:
+    """Whether the function indexes its first argument so: `logits[<index>]`."""
+    first = re.escape(next(iter(names), "logits"))
+    return bool(re.search(rf"\b{first}\[\s*{index}\s*\]", source_text(fn)))
+
+
 SAMPLING_KINDS = ("temperature", "top_k", "top_p", "min_p", "sample", "greedy")
 
 
