@@ -170,6 +170,8 @@ LINE_FORMS: dict[tuple[str, str], dict[str, str]] = {  # (name, form found) -> {
                                 r"position\w*|past_len\w*|cache_len\w*)\s*(,\s*\w+\s*)*"
                                 r"([-+]=|=(?!=)(?=.*[(\[+\-*]))"
                                 r"|\b(model|self)\b.*,\s*(\w+\s*=\s*)?\w+\s*[-+]\s*\d+\s*\)\s*$"},
+    # one pair merged at every step: the merge's call whose result is left unused (`merge(ids, pair, idx)`)
+    ("bpe_counts_not_updated", "same_pair"): {"same_pair": r"^\s*(self\.)?_?\w*merge\w*\([^=]*\)\s*$"},
     ("scale_by_dk", ""): {
         "sqrt_d_model": rf"^(?=.*(@|matmul|einsum|bmm|scor|att|wei)).*(/\s*(math\.|np\.|torch\.)?sqrt\("
                         rf"\s*{WIDTH}\s*\)|/\s*\(?\s*{WIDTH}\s*\*\*\s*0?\.5|\*\s*{WIDTH}\s*\*\*\s*\(?-0?\.5|"

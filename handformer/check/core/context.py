@@ -54,6 +54,7 @@ from handformer.check.core.sizes import (  # noqa: F401  (the runners import the
 )
 from handformer.check.core.source import (
     Objects,
+    first_line,
     functions_called,
     global_reads,
     locate,
@@ -63,6 +64,7 @@ from handformer.check.core.source import (
     source_text,
 )
 from handformer.check.core.weights import scramble_, untranspose_
+from handformer.check.reference.diagnoses import CATALOG
 from handformer.nn.masks import causal_mask
 
 TUTORIAL = {"d_model": 512, "n_heads": 8, "d_ff": 2048, "dropout": DROPOUT, "max_len": 128}
@@ -222,6 +224,17 @@ class Context:
         return out
 
 
+def causal_mask_named(res: ComponentResult, ctx: Context, comp: Component, causal_inside: bool) -> None:
+    """A component that builds its own causal mask and computes as if it had none, where no line
+    throws a masked_fill's result away (`is_causal=False`, the masking line left out): its causal mask
+    is missing, not a mask never applied."""
+    lines = source_lines(ctx.objects(comp)) if causal_inside else []
+    thrown_away = first_line(CATALOG["mask_not_applied"].patterns[:1], lines)[0] is not None
+    for finding in [f for f in res.findings if f.name == "mask_not_applied"] * (causal_inside and not thrown_away):
+        finding.name = "causal_mask_missing"
+        finding.line, finding.code = locate("causal_mask_missing", lines)
+
+
 def keyword_inputs_positional_(module: nn.Module) -> None:
     """A forward whose inputs are all keyword-only (labml's forward(self, *, query, key, value, mask))
     takes them by position too, in the order it names them, as check hands its inputs; its own code
@@ -336,7 +349,10 @@ FORMS: dict[str, dict[str, tuple[str, str]]] = {
                                         "pos * 10000^(2i/d)：指数符号反了"),
                            "not_divided": ("10000^(2i) instead of 10000^(2i/d): the exponent is not divided "
                                            "by d_model", "用了 10000^(2i) 而不是 10000^(2i/d)：指数没有除以 "
-                                           "d_model")},
+                                           "d_model"),
+                           "doubled": ("10000^(4i/d) instead of 10000^(2i/d): the pair's index 2i doubled again "
+                                       "(2 * arange(0, d, 2))", "用了 10000^(4i/d) 而不是 10000^(2i/d)："
+                                       "2i 又乘了 2（2 * arange(0, d, 2)）")},
     "layernorm_unbiased_std": {"std": ("(x - mean) / (x.std() + eps)", "(x - mean) / (x.std() + eps)"),
                                "var": ("(x - mean) / sqrt(x.var() + eps), the unbiased variance",
                                        "(x - mean) / sqrt(x.var() + eps)，用了无偏方差")},

@@ -197,6 +197,27 @@ def _nearest(lines: list[tuple[int, str]], number: int, pattern: str, way: int) 
     return next(((n, line) for n, line in block if re.match(pattern, line.split("#")[0])), (None, ""))
 
 
+def _projection_left_out(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+    """Where the output projection belongs: in the first function that merges the heads (a `cat(`,
+    a transpose, a product of scores), its `return`; when it returns a name (`return out`), the line
+    that bound it last (`out = self.dropout(out)`: the projection dropped from it) quoted before it."""
+    code = _code_lines(lines)
+    starts = [i for i, (_, line) in enumerate(code) if HEADER.match(line)] + [len(code)]
+    for a, b in itertools.pairwise(starts):
+        body = code[a + 1:b]
+        returns = [(n, line) for n, line in body if re.match(r"\s*return\b", line)]
+        if returns and any(HEADS_MERGED.search(line.split("#")[0]) for _, line in body):
+            number, ret = returns[0]
+            name = re.match(r"\s*return\s+(\w+)\s*(#.*)?$", ret)
+            n, made = _nearest(lines, number, rf"\s*{name.group(1)}\s*=(?!=)", -1) if name else (None, "")
+            return (n, f"{made.split('#')[0].strip()} / line {number}: {ret.strip()}") if n else (
+                number, ret.strip())
+    return None, None
+
+
+# what a function that merges attention heads does: concatenates them, transposes them back, multiplies
+# the weights by the values
+HEADS_MERGED = re.compile(r"\bcat\(|transpose\(|permute\(|einsum\(|@|matmul\(|scaled_dot_product_attention\(")
 # the name a line flattens (`x.contiguous().view(`), on a line quoted alone
 RESHAPED = re.compile(r"^(?!.* / line ).*?\b(\w+)(?:\.contiguous\(\))?\.(?:view|reshape)\(")
 NORM_CALL = re.compile(r"(?i)self\.(\w*(?:norm|ln)\w*)\(")
@@ -204,7 +225,8 @@ COMMENTED_SHIFT = re.compile(r"\s*#\s*[\w.]+\[\s*\.\.\.\s*,\s*1\s*:\s*\]\s*=\s*"
                              r"[\w.]+\[\s*\.\.\.\s*,\s*:\s*-1\s*\]")
 # diagnoses whose line is found by more than a pattern of one line
 LINE_FINDERS = {"shared_norm": _second_norm_call, "top_p_drops_crossing": _shift_commented_out,
-                "concat_no_transpose": _concat_and_its_input, "cosine_min_lr_ignored": _cosine_without_floor}
+                "concat_no_transpose": _concat_and_its_input,
+                "no_output_projection": _projection_left_out, "cosine_min_lr_ignored": _cosine_without_floor}
 
 
 def first_pattern_matches(name: str, code: str, form: str = "") -> bool:
