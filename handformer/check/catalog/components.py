@@ -16,6 +16,9 @@ DIAGNOSES: list[Diagnosis] = [
       r"/\s*\(?\s*(self\.)?d_k\b", r"/\s*\w*d_k",
       r"/\s*\(?\s*\w+\.(size\(-1\)|shape\[-1\])(?!\s*\)?\s*\*\*)",  # GPT-2: / value.size(-1)
       r"(@|matmul|scores|att\w*)\b.*/\s*(self\.)?(head_dim|head_size|d_head)\b(?!\s*\*\*)",  # GPT-J's
+      # a scale kept for later as the head width's inverse (`self.scale = head_dim**-1`)
+      r"^\s*(self\.)?\w*scal\w*\s*=.*(\*\*\s*\(?\s*-\s*1(\.0*)?\b(?![.\d])|\b1(\.0*)?\s*/\s*[\w.]*"
+      r"(head_dim|head_size|d_head|d_k)\b(?!\s*\*\*))",
       r"scores\s*="),
     d("softmax_wrong_dim", "the softmax runs over the wrong dimension",
       "softmax 作用在了错误的维度上",

@@ -73,7 +73,8 @@ ATTENTION_FLAGS = ("no_scaling", "scale_by_dk", "softmax_wrong_dim:-2", "softmax
                    "mask_inverted", "mask_after_softmax:zero", "mask_after_softmax:neg", "mask_not_applied",
                    "mask_hides_queries", "nan_on_masked_rows")
 HEAD_FLAGS = ("split_no_transpose", "concat_no_transpose", "no_output_projection", "kv_swapped")
-ROPE_FLAGS = ("rope_rotation_sign", "rope_wrong_base:exponent")  # searched when rotary positions are inside
+ROPE_FLAGS = ("rope_rotation_sign", "rope_wrong_base:exponent",  # searched when rotary positions are inside
+              "rope_wrong_base:positive")
 
 
 def attention_flags(has_o: bool) -> tuple[str, ...]:
@@ -338,6 +339,8 @@ SUBLAYER = {"attn": ("the attention sublayer", "注意力子层"), "cross": ("th
             "ffn": ("the FFN sublayer", "前馈子层"), "add_norm": ("AddNorm", "AddNorm"),
             "all": ("every sublayer", "所有子层")}
 FORMS: dict[str, dict[str, tuple[str, str]]] = {
+    "rope_wrong_base": {"positive": ("frequencies base^(2j/d), the reciprocal left out: base^(-2j/d) meant",
+                                     "频率是 base^(2j/d)，漏了取倒数：应为 base^(-2j/d)")},
     "causal_off_by_one": {"no_self": ("a token does not see itself", "token 看不到自己"),
                           "sees_next": ("a token sees the next one", "token 看到了下一个位置")},
     "mask_after_softmax": {"zero": ("weights zeroed after the softmax", "softmax 之后把权重置零"),

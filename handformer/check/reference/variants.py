@@ -270,11 +270,14 @@ def rope_angles(T: int, Dh: int, theta: float = 10000.0, offset: int = 0, flags:
     j = torch.arange(0, Dh, 2, dtype=dtype)  # (Dh/2,): 2j
     if has(flags, "rope_wrong_base") == "exponent":
         j = j / 2  # theta^(-j/Dh): the pair index not doubled
+    if has(flags, "rope_wrong_base") == "positive":
+        j = -j  # theta^(2j/Dh): the reciprocal left out
     return pos * theta ** (-j / Dh)  # (T, Dh/2)
 
 
 # the flags the rotary angles and their sign read, as the search writes them
-ROPE_FORMS = frozenset({"rope_no_offset", "rope_wrong_base:exponent", "rope_rotation_sign"})
+ROPE_FORMS = frozenset({"rope_no_offset", "rope_wrong_base:exponent", "rope_wrong_base:positive",
+                        "rope_rotation_sign"})
 
 
 @functools.lru_cache(maxsize=256)
