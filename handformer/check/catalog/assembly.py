@@ -26,7 +26,7 @@ DIAGNOSES: list[Diagnosis] = [
       "purpose: GPT-2 and Llama do not scale)",
       "把它乘到嵌入上：return self.lut(x) * math.sqrt(self.d_model)（或者有意不缩放：GPT-2 和 Llama 都不乘）",
       r"return\s+self\.\w+\(\w+\)\s*$",
-      r"^\s*\w+\s*=\s*\w*(embed|emb)\w*\s*$",  # Gemma's `hidden_states = inputs_embeds`, the normalizer left out
+      r"^\s*\w+\s*=\s*\w*(embed|emb)\w*\s*$",  # Gemma's `hidden_states = inputs_embeds`, unscaled
       r"=\s*self\.\w*(embed|emb|lut)\w*\(\w+\)\s*$",
       r"self\.[\w.]*(tok|embed|emb|lut|wte)\w*\(\w+\)(?!\s*\*)", r"sqrt\(|\*\*\s*0?\.5\b"),
     d("final_norm_missing", "a pre-norm stack ends without its final norm",

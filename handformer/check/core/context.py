@@ -231,7 +231,8 @@ def causal_mask_named(res: ComponentResult, ctx: Context, comp: Component, causa
     is missing, not a mask never applied."""
     lines = source_lines(ctx.objects(comp)) if causal_inside else []
     thrown_away = first_line(CATALOG["mask_not_applied"].patterns[:1], lines)[0] is not None
-    for finding in [f for f in res.findings if f.name == "mask_not_applied"] * (causal_inside and not thrown_away):
+    missing = causal_inside and not thrown_away
+    for finding in [f for f in res.findings if f.name == "mask_not_applied"] * missing:
         finding.name = "causal_mask_missing"
         finding.line, finding.code = locate("causal_mask_missing", lines)
 
@@ -353,9 +354,10 @@ FORMS: dict[str, dict[str, tuple[str, str]]] = {
                            "not_divided": ("10000^(2i) instead of 10000^(2i/d): the exponent is not divided "
                                            "by d_model", "用了 10000^(2i) 而不是 10000^(2i/d)：指数没有除以 "
                                            "d_model"),
-                           "doubled": ("10000^(4i/d) instead of 10000^(2i/d): the pair's index 2i doubled again "
-                                       "(2 * arange(0, d, 2))", "用了 10000^(4i/d) 而不是 10000^(2i/d)："
-                                       "2i 又乘了 2（2 * arange(0, d, 2)）")},
+                           "doubled": ("10000^(4i/d) instead of 10000^(2i/d): the pair's index 2i "
+                                       "doubled again (2 * arange(0, d, 2))",
+                                       "用了 10000^(4i/d) 而不是 10000^(2i/d)：2i 又乘了 2"
+                                       "（2 * arange(0, d, 2)）")},
     "layernorm_unbiased_std": {"std": ("(x - mean) / (x.std() + eps)", "(x - mean) / (x.std() + eps)"),
                                "var": ("(x - mean) / sqrt(x.var() + eps), the unbiased variance",
                                        "(x - mean) / sqrt(x.var() + eps)，用了无偏方差")},

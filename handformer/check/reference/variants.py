@@ -566,7 +566,8 @@ def sinusoidal(T: int, D: int, flags: Flags = frozenset(), dtype: torch.dtype = 
         even, odd = angle[:, 0::2], angle[:, 1::2]
     else:
         exponent = {"pair_index": i / 2 / steps(D), "positive": -i / steps(D),
-                    "not_divided": i / steps(D) * D, "doubled": 2 * i / steps(D)}.get(form, i / steps(D))  # 10000^(2i), not 10000^(2i/D)
+                    "not_divided": i / steps(D) * D,  # 10000^(2i), not 10000^(2i/D)
+                    "doubled": 2 * i / steps(D)}.get(form, i / steps(D))  # 10000^(4i/D)
         even = odd = pos / 10000 ** exponent  # (T, D/2)
     sin, cos = (torch.cos, torch.sin) if has(flags, "pe_sin_cos_swapped") is not None else (
         torch.sin, torch.cos)

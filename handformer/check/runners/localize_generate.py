@@ -76,8 +76,8 @@ def generate_views(logits_of: Callable[[Tensor], Tensor], prompt: Tensor, expect
         forms.append((text("the softmax over the batch, dim 0; the probabilities are over the vocabulary, "
                            "dim=-1", "softmax 沿 batch 维（dim 0）做了；概率应沿词表维 dim=-1")
                       | {"mistake": "sampling_softmax_wrong_dim"}, last.softmax(0)))
-        forms.append((text("the logits with the likeliest alone kept (top_k=1), the others filled with 0, not "
-                           "-inf: after the softmax they keep some probability", "只保留最可能的 token"
+        forms.append((text("the logits with the likeliest alone kept (top_k=1), the others filled with 0, "
+                           "not -inf: after the softmax they keep some probability", "只保留最可能的 token"
                            "（top_k=1），其余填的是 0 而不是 -inf：softmax 之后它们仍有概率")
                       | {"mistake": "filter_fill_finite"}, top1.masked_fill(top1 == -torch.inf, 0.0)))
     return views, forms
