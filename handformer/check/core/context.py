@@ -229,9 +229,8 @@ def causal_mask_named(res: ComponentResult, ctx: Context, comp: Component, causa
     """A component that builds its own causal mask and computes as if it had none, where no line
     throws a masked_fill's result away (`is_causal=False`, the masking line left out): its causal mask
     is missing, not a mask never applied."""
-    lines = source_lines(ctx.objects(comp)) if causal_inside else []
-    thrown_away = first_line(CATALOG["mask_not_applied"].patterns[:1], lines)[0] is not None
-    missing = causal_inside and not thrown_away
+    lines = source_lines(ctx.objects(comp))
+    missing = causal_inside and first_line(CATALOG["mask_not_applied"].patterns[:1], lines)[0] is None
     for finding in [f for f in res.findings if f.name == "mask_not_applied"] * missing:
         finding.name = "causal_mask_missing"
         finding.line, finding.code = locate("causal_mask_missing", lines)

@@ -255,35 +255,20 @@ def _copy(value: Tensor) -> Tensor:
 
 
 def _snapshot(value: Any) -> Any:
-    """What a local is, to see it change: a tensor's identity and how often it was written in place;
-    an inference tensor (made under torch.inference_mode) keeps no count: a copy of its values."""
-    if not isinstance(value, Tensor):
-        return value
-    version = _version(value)
-    return Held(value, version, value.clone() if version < 0 else None)
+    """What a local is, to see it change: a tensor's identity and how often it was written in place."""
+    return (value, _version(value)) if isinstance(value, Tensor) else value
 
 
-class Held(NamedTuple):
-    """A tensor local as last seen: itself, its count of writes, its values where it keeps no count."""
-
-    value: Tensor
-    version: int
-    values: Tensor | None
-
-
-def _version(value: Tensor) -> int:
+def _version(value: Tensor) -> int | tuple[Any, ...]:
     try:
         return value._version
-    except RuntimeError:  # an inference tensor keeps no count
-        return -1
+    except RuntimeError:  # an inference tensor (torch.inference_mode) keeps no count: its values, to
+        return tuple(value.flatten().tolist())  # see it written in place (`logits[...] = 0`)
 
 
 def _changed(before: Any, value: Tensor) -> bool:
-    """A new tensor under the name, or the same one written in place (`X[mask] = -1e6`), seen by its
-    count of writes, or for an inference tensor by its values."""
-    if not isinstance(before, Held) or before.value is not value or before.version != _version(value):
-        return True
-    return before.values is not None and not torch.equal(before.values, value)
+    """A new tensor under the name, or the same one written in place (`X[mask] = -1e6`)."""
+    return not isinstance(before, tuple) or before[0] is not value or before[1] != _version(value)
 
 
 def same(t: Tensor, r: Tensor, atol: float = 1e-5) -> bool:

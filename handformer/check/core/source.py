@@ -198,26 +198,19 @@ def _nearest(lines: list[tuple[int, str]], number: int, pattern: str, way: int) 
 
 
 def _projection_left_out(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
-    """Where the output projection belongs: in the first function that merges the heads (a `cat(`,
-    a transpose, a product of scores), its `return`; when it returns a name (`return out`), the line
-    that bound it last (`out = self.dropout(out)`: the projection dropped from it) quoted before it."""
-    code = _code_lines(lines)
-    starts = [i for i, (_, line) in enumerate(code) if HEADER.match(line)] + [len(code)]
-    for a, b in itertools.pairwise(starts):
-        body = code[a + 1:b]
-        returns = [(n, line) for n, line in body if re.match(r"\s*return\b", line)]
-        if returns and any(HEADS_MERGED.search(line.split("#")[0]) for _, line in body):
-            number, ret = returns[0]
-            name = re.match(r"\s*return\s+(\w+)\s*(#.*)?$", ret)
-            n, made = _nearest(lines, number, rf"\s*{name.group(1)}\s*=(?!=)", -1) if name else (None, "")
-            return (n, f"{made.split('#')[0].strip()} / line {number}: {ret.strip()}") if n else (
-                number, ret.strip())
-    return None, None
+    """Where the output projection belongs: the `return` after the first line that merges the heads (a
+    `cat(`, a transpose, weights times values), in its function; when it returns a name (`return out`),
+    the line that bound it last (`out = self.dropout(out)`: the projection dropped from it) quoted first."""
+    merged = first_line([HEADS_MERGED], lines)[0]
+    n, ret = _nearest(lines, merged or math.inf, r"\s*return\b", 1)
+    name = re.match(r"\s*return\s+(\w+)\s*(#.*)?$", ret)
+    m, made = _nearest(lines, n, rf"\s*{name[1]}\s*=(?!=)", -1) if name else (None, "")
+    return (m, f"{made.split('#')[0].strip()} / line {n}: {ret.strip()}") if m else (n, ret.strip() or None)
 
 
-# what a function that merges attention heads does: concatenates them, transposes them back, multiplies
-# the weights by the values
-HEADS_MERGED = re.compile(r"\bcat\(|transpose\(|permute\(|einsum\(|@|matmul\(|scaled_dot_product_attention\(")
+# what merges attention heads: a concatenation, a transpose back, weights times values (`wei @ v`, not
+# a decorator's @)
+HEADS_MERGED = r"\bcat\(|transpose\(|permute\(|einsum\(|\w\s*@\s*\w|matmul\(|scaled_dot_product_attention\("
 # the name a line flattens (`x.contiguous().view(`), on a line quoted alone
 RESHAPED = re.compile(r"^(?!.* / line ).*?\b(\w+)(?:\.contiguous\(\))?\.(?:view|reshape)\(")
 NORM_CALL = re.compile(r"(?i)self\.(\w*(?:norm|ln)\w*)\(")

@@ -268,10 +268,8 @@ def rope_angles(T: int, Dh: int, theta: float = 10000.0, offset: int = 0, flags:
     start = 0 if has(flags, "rope_no_offset") is not None else offset
     pos = torch.arange(start, start + T, dtype=dtype)[:, None]  # (T, 1)
     j = torch.arange(0, Dh, 2, dtype=dtype)  # (Dh/2,): 2j
-    if has(flags, "rope_wrong_base") == "exponent":
-        j = j / 2  # theta^(-j/Dh): the pair index not doubled
-    if has(flags, "rope_wrong_base") == "positive":
-        j = -j  # theta^(2j/Dh): the reciprocal left out
+    # theta^(-j/Dh): the pair index not doubled; theta^(2j/Dh): the reciprocal left out
+    j = {"exponent": j / 2, "positive": -j}.get(has(flags, "rope_wrong_base"), j)
     return pos * theta ** (-j / Dh)  # (T, Dh/2)
 
 

@@ -418,7 +418,7 @@ def _same_pair(res: ComponentResult, kept: list[R.Pair], first: int, lines: list
     """Merges that are the first pair alone (once in a dict keyed by pair, or again and again in a
     list) where more were asked: the ids it counts from never change (minbpe's `merge(ids, pair, idx)`
     with its result left unused), so it found the same pair at every step. A finding, True, when so."""
-    if len(set(kept)) != 1 or first == 0:
+    if len(set(kept)) != 1:
         return False
     pair = show(kept[0])
     res.findings.append(Finding("bpe_counts_not_updated", text(

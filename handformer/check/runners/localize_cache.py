@@ -62,20 +62,16 @@ def _call_departure(reference: dict[Any, Step], traced: list[Step], T: int, a: i
 
 
 def _restarted(step: Step, want: Tensor, a: int, after: list[Step], filename: str) -> Any:
-    """The form of positions (whole numbers) that restart at 0 on a cached call over a..b-1, where the
-    whole sequence's are a..b-1; named rope_no_offset when a later line reads them into a rotary table
+    """The form of positions that restart at 0 on a cached call over a..b-1, where the whole sequence's
+    are a..b-1; named rope_no_offset when a later line reads them into a rotary table
     (`self.freqs_cos[pos]`). None when the step is not so."""
-    whole = torch.equal(step.value, step.value.round())  # a step's values are kept as float64
-    if not whole or a == 0 or step.value.numel() == 0 or not torch.equal(step.value, want - a):
+    if not torch.equal(step.value, want - a):
         return None
-    rotary = any(re.search(rf"\b{re.escape(step.name)}\b", line) and ROTARY.search(line)
-                 for line in (statement(filename, s.line) for s in after))
+    later = "\n".join(statement(filename, s.line) for s in after)
+    rotary = re.search(rf"(?im)^(?=.*\b{re.escape(step.name)}\b).*(freq|cos|sin|rot|rope)", later)
     return text(f"the positions start at 0 on the cached call; they are {a}.. there, after the {a} cached "
                 "tokens", f"用缓存的调用里位置从 0 开始；应从 {a} 开始，接在缓存的 {a} 个 token 之后"
                 ) | ({"mistake": "rope_no_offset"} if rotary else {})
-
-
-ROTARY = re.compile(r"(?i)freq|cos|sin|rot|rope")  # a line that reads positions into a rotary table
 
 
 class _Calls:

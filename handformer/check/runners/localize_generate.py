@@ -113,7 +113,7 @@ def localize_generate(run: Callable[[], Any], fn: Any, views: list[View], forms:
 def _filled(step: Step, filename: str) -> bool:
     """A tensor the loop fills with one value, not one it computes from the tokens (HF's
     `unfinished_sequences = torch.ones(batch_size, ...)`): its state, judged by no view."""
-    one = step.value.numel() > 0 and bool((step.value == step.value.flatten()[0]).all())
+    one = bool((step.value == step.value.flatten()[:1]).all())  # every value the first (none: no step)
     return one and bool(FILLS.search(linecache.getline(filename, step.line)))
 
 

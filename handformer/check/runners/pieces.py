@@ -482,9 +482,8 @@ def _wrong_branch_findings(ctx: Context, comp: Component, slots: list[Slot], mat
     by = {s.role: s.leaf.name.split(".")[-1].lower() for s in slots}
     gate, up = by["FFN W_gate"], by["FFN W_up"]
     swapped = ("up" in gate and "gate" not in gate) or ("gate" in up and "gate" not in gate)
-    numbered = [NUMBERED.fullmatch(name) for name in (gate, up)]
-    later = all(numbered) and numbered[0][1] == numbered[1][1] and int(numbered[0][2]) > int(numbered[1][2])
-    if not (swapped or later):
+    numbered = NUMBERED.fullmatch(f"{gate} {up}")  # one stem, two numbers
+    if not (swapped or numbered and int(numbered[2]) > int(numbered[3])):
         return []
     number, code = locate("gated_activation_wrong_branch", source_lines(ctx.objects(comp, "ffn")))
     return [Finding("gated_activation_wrong_branch", text(
@@ -494,7 +493,7 @@ def _wrong_branch_findings(ctx: Context, comp: Component, slots: list[Slot], mat
         f"（名字表明它是 up 投影）上，而名为门控的 {up} 没有经过激活"), number, code)]
 
 
-NUMBERED = re.compile(r"(\D*?)_?(\d+)")  # a projection named by a number: w1, fc2, wi_0
+NUMBERED = re.compile(r"(?P<stem>\D*?)_?(\d+) (?P=stem)_?(\d+)")  # two projections named by number: w3 w1
 # what a norm's mapping names, by (without parameters, with a bias)
 NORM_PARTS = {(False, True): ": weight, bias", (False, False): ": weight",
               (True, True): "", (True, False): ""}
