@@ -198,14 +198,18 @@ def _nearest(lines: list[tuple[int, str]], number: int, pattern: str, way: int) 
 
 
 def _projection_left_out(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
-    """Where the output projection belongs: the `return` after the first line that merges the heads (a
-    `cat(`, a transpose, weights times values), in its function; when it returns a name (`return out`),
-    the line that bound it last (`out = self.dropout(out)`: the projection dropped from it) quoted first."""
-    merged = first_line([HEADS_MERGED], lines)[0]
+    """Where the output projection belongs: a `return` of the merged heads (`return
+    self.transpose_output(output)`, the diagnosis' first pattern), else the `return` after the first line
+    that merges them (a `cat(`, a transpose, weights times values), in its function; when it returns a
+    name (`return out`), the line that bound it last quoted after it (`out = self.dropout(out)`: the
+    projection dropped from it)."""
+    told = first_line(CATALOG["no_output_projection"].patterns[:1], lines)
+    merged = first_line([HEADS_MERGED], lines)[0] if told[0] is None else math.inf
     n, ret = _nearest(lines, merged or math.inf, r"\s*return\b", 1)
     name = re.match(r"\s*return\s+(\w+)\s*(#.*)?$", ret)
     m, made = _nearest(lines, n, rf"\s*{name[1]}\s*=(?!=)", -1) if name else (None, "")
-    return (m, f"{made.split('#')[0].strip()} / line {n}: {ret.strip()}") if m else (n, ret.strip() or None)
+    quoted = (n, f"{ret.strip()} / line {m}: {made.split('#')[0].strip()}") if m else (n, ret.strip() or None)
+    return told if told[0] is not None else quoted
 
 
 # what merges attention heads: a concatenation, a transpose back, weights times values (`wei @ v`, not

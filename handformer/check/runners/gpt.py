@@ -99,7 +99,7 @@ from handformer.check.runners.attention import attention_cap
 from handformer.check.runners.kv_cache import CACHE_ARGS, CACHE_METHODS
 from handformer.check.runners.localize_cache import cache_departure
 from handformer.check.runners.model import as_written_, computes_sqrt, exact_norms_
-from handformer.check.runners.model_loss import unshifted
+from handformer.check.runners.model_loss import unshifted_finding
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, OFFSET_NOTE
 from handformer.check.runners.stack import check_stack
 from handformer.config import CausalLMConfig, FamilyConfig
@@ -1173,7 +1173,8 @@ def _loss(res: ComponentResult, comp: Component, logits: Tensor, loss: Tensor, t
                               "你的 forward 自己移位 labels（Hugging Face 的 labels 写法）：按移位后比较"))
         err = err_shifted
     res.checks.append(Check(COMPARED[1], err < 1e-6, error_text(err)))
-    res.findings += [unshifted(comp)] * (min(err, err_shifted) >= 1e-6 > abs(float(loss) - float(own)))
+    unshifted = min(err, err_shifted) >= 1e-6 > abs(float(loss) - float(own))  # its own token, not the next
+    res.findings += [unshifted_finding(comp)] * unshifted
 
 
 TIE_FIELD = re.compile(r"\b(tie_weights|tie_word_embeddings|tie_embeddings)\b")
