@@ -12,6 +12,7 @@ DIAGNOSES: list[Diagnosis] = [
       "把位置编码加到词嵌入上，编码器-解码器的两端都要加：x = self.pos(self.src_embed(src))，"
       "y = self.pos(self.tgt_embed(tgt))；nanoGPT 是 tok_emb + pos_emb。"
       "没有它，注意力看到的只是一堆没有顺序的 token（词袋）",
+      r"^\s*\w+\s*=\s*(tok|token|word)_?emb\w*\s*$",  # `x = tok_emb`, pos_emb computed and left out
       r"=\s*self\.\w*(embed|emb|lut|wte)\w*\(\w+\)\s*$", r"drop\w*\(\s*\w*emb\w*\s*\)", r"embed|emb"),
     d("pe_after_dropout", "the positional encoding is added after the dropout",
       "位置编码是在 dropout 之后才加上的",
@@ -24,7 +25,9 @@ DIAGNOSES: list[Diagnosis] = [
       "multiply the embedding by it: return self.lut(x) * math.sqrt(self.d_model) (or drop the factor on "
       "purpose: GPT-2 and Llama do not scale)",
       "把它乘到嵌入上：return self.lut(x) * math.sqrt(self.d_model)（或者有意不缩放：GPT-2 和 Llama 都不乘）",
-      r"return\s+self\.\w+\(\w+\)\s*$", r"=\s*self\.\w*(embed|emb|lut)\w*\(\w+\)\s*$",
+      r"return\s+self\.\w+\(\w+\)\s*$",
+      r"^\s*\w+\s*=\s*\w*(embed|emb)\w*\s*$",  # Gemma's `hidden_states = inputs_embeds`, unscaled
+      r"=\s*self\.\w*(embed|emb|lut)\w*\(\w+\)\s*$",
       r"self\.[\w.]*(tok|embed|emb|lut|wte)\w*\(\w+\)(?!\s*\*)", r"sqrt\(|\*\*\s*0?\.5\b"),
     d("final_norm_missing", "a pre-norm stack ends without its final norm",
       "Pre-Norm 的层堆叠最后没有归一化层",
@@ -42,6 +45,7 @@ DIAGNOSES: list[Diagnosis] = [
       "learns to copy the next token",
       "softmax 之前屏蔽得分：att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf'))"
       "（或 F.scaled_dot_product_attention(q, k, v, is_causal=True)）；没有它，训练学会的是照抄下一个 token",
+      r"is_causal\s*=\s*(False|0)\b",  # scaled_dot_product_attention(..., is_causal=False)
       r"(att|scores|attn|weights)\s*=.*(@|matmul).*transpose", r"softmax\(",
       # a torch.nn encoder stack called on the stream alone (PyTorch's tutorial hands it src_mask)
       r"self\.(?!pos)\w*(encoder|transformer|stack|layers|blocks)\w*\(\s*\w+\s*\)"),

@@ -16,6 +16,9 @@ DIAGNOSES: list[Diagnosis] = [
       r"/\s*\(?\s*(self\.)?d_k\b", r"/\s*\w*d_k",
       r"/\s*\(?\s*\w+\.(size\(-1\)|shape\[-1\])(?!\s*\)?\s*\*\*)",  # GPT-2: / value.size(-1)
       r"(@|matmul|scores|att\w*)\b.*/\s*(self\.)?(head_dim|head_size|d_head)\b(?!\s*\*\*)",  # GPT-J's
+      # a scale kept for later as the head width's inverse (`self.scale = head_dim**-1`)
+      r"^\s*(self\.)?\w*scal\w*\s*=.*(\*\*\s*\(?\s*-\s*1(\.0*)?\b(?![.\d])|\b1(\.0*)?\s*/\s*[\w.]*"
+      r"(head_dim|head_size|d_head|d_k)\b(?!\s*\*\*))",
       r"scores\s*="),
     d("softmax_wrong_dim", "the softmax runs over the wrong dimension",
       "softmax 作用在了错误的维度上",
@@ -170,6 +173,8 @@ LINE_FORMS: dict[tuple[str, str], dict[str, str]] = {  # (name, form found) -> {
                                 r"position\w*|past_len\w*|cache_len\w*)\s*(,\s*\w+\s*)*"
                                 r"([-+]=|=(?!=)(?=.*[(\[+\-*]))"
                                 r"|\b(model|self)\b.*,\s*(\w+\s*=\s*)?\w+\s*[-+]\s*\d+\s*\)\s*$"},
+    # one pair merged at every step: the merge's call whose result is left unused (`merge(ids, pair, idx)`)
+    ("bpe_counts_not_updated", "same_pair"): {"same_pair": r"^\s*(self\.)?_?\w*merge\w*\([^=]*\)\s*$"},
     ("scale_by_dk", ""): {
         "sqrt_d_model": rf"^(?=.*(@|matmul|einsum|bmm|scor|att|wei)).*(/\s*(math\.|np\.|torch\.)?sqrt\("
                         rf"\s*{WIDTH}\s*\)|/\s*\(?\s*{WIDTH}\s*\*\*\s*0?\.5|\*\s*{WIDTH}\s*\*\*\s*\(?-0?\.5|"

@@ -65,8 +65,8 @@ DIAGNOSES: list[Diagnosis] = [
       "残差从归一化之后的输入开始：h = norm(x); x = h + f(h)",
       "add the sublayer to the un-normed input: x = x + f(norm(x))",
       "把子层输出加到归一化之前的输入上：x = x + f(norm(x))",
-      r"=\s*(h|hn|normed|y|z)\s*\+", r"=\s*\w*(norm|ln)\w*\s*\+",  # BLOOM's layernorm_output +
       r"=\s*self\.\w*(norm|ln)\w*\([^()]*\)\s*\+",  # x = self.norm(x) + f(...)
+      r"=\s*(h|hn|normed|y|z)\s*\+", r"=\s*\w*(norm|ln)\w*\s*\+",  # BLOOM's layernorm_output +
       r"\+\s*self\.\w*(attn|attention|ffn|mlp|feed)"),
     d("shared_norm", "one norm is shared by the sublayers", "多个子层共用了同一个归一化层",
       "give each sublayer its own norm: self.attn_norm = RMSNorm(d_model); self.ffn_norm = "

@@ -18,7 +18,8 @@ DIAGNOSES: list[Diagnosis] = [
       "probability", "被过滤掉的 token 填的是有限值，仍然保留了一些概率",
       "fill with float('-inf'), which the softmax turns into exactly 0 (minGPT's 1e-10 is not -1e10)",
       "用 float('-inf') 填充，softmax 之后正好是 0（minGPT 的 1e-10 不是 -1e10）",
-      r"\d(\.\d*)?e-?\d+", r"masked_fill|\]\s*=", r"fill"),
+      r"\d(\.\d*)?e-?\d+", r"masked_fill_?\([^,]+,\s*-?\s*\d[\d.]*\s*\)",  # masked_fill(remove, 0.0)
+      r"masked_fill|\]\s*=", r"fill"),
     d("top_k_off_by_one", "top-k keeps one token too many or too few", "top-k 多保留或少保留了一个 token",
       "threshold at the k-th largest logit: v = torch.topk(logits, k).values[..., -1:]; "
       "logits.masked_fill(logits < v, float('-inf'))",

@@ -105,7 +105,10 @@ DIAGNOSES: list[Diagnosis] = [
       "divide by the corrections before the update: m_hat = m / (1 - beta1 ** t), v_hat = v / (1 - beta2 "
       "** t), with t counted from 1",
       "更新前先除以校正项：m_hat = m / (1 - beta1 ** t)，v_hat = v / (1 - beta2 ** t)，t 从 1 开始数",
-      r"_hat\w*\s*=\s*[\w.\[\]\"']+\s*(#.*)?$", r"sqrt\(|\.sqrt\(\)", r"addcdiv"),
+      r"_hat\w*\s*=\s*[\w.\[\]\"']+\s*(#.*)?$",
+      # a step size that is the rate alone (CS336's `alpha_t = lr`, its corrections left out)
+      r"^\s*(?!lr\b)\w+\s*=\s*(group\[[\"']lr[\"']\]|(self\.)?lr)\s*(#.*)?$",
+      r"sqrt\(|\.sqrt\(\)", r"addcdiv"),
     d("adamw_coupled_weight_decay", "the weight decay is added to the gradient (Adam with L2), not "
       "decoupled from it as AdamW's is", "权重衰减加到了梯度上（Adam 加 L2），没有像 AdamW 那样与梯度解耦",
       "leave the gradient alone and shrink the weights apart from the Adam update: p -= lr * "

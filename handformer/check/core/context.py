@@ -54,6 +54,7 @@ from handformer.check.core.sizes import (  # noqa: F401  (the runners import the
 )
 from handformer.check.core.source import (
     Objects,
+    first_line,
     functions_called,
     global_reads,
     locate,
@@ -63,6 +64,7 @@ from handformer.check.core.source import (
     source_text,
 )
 from handformer.check.core.weights import scramble_, untranspose_
+from handformer.check.reference.diagnoses import CATALOG
 from handformer.nn.masks import causal_mask
 
 TUTORIAL = {"d_model": 512, "n_heads": 8, "d_ff": 2048, "dropout": DROPOUT, "max_len": 128}
@@ -71,7 +73,8 @@ ATTENTION_FLAGS = ("no_scaling", "scale_by_dk", "softmax_wrong_dim:-2", "softmax
                    "mask_inverted", "mask_after_softmax:zero", "mask_after_softmax:neg", "mask_not_applied",
                    "mask_hides_queries", "nan_on_masked_rows")
 HEAD_FLAGS = ("split_no_transpose", "concat_no_transpose", "no_output_projection", "kv_swapped")
-ROPE_FLAGS = ("rope_rotation_sign", "rope_wrong_base:exponent")  # searched when rotary positions are inside
+ROPE_FLAGS = ("rope_rotation_sign", "rope_wrong_base:exponent",  # searched when rotary positions are inside
+              "rope_wrong_base:positive")
 
 
 # the attention's and the heads' mistakes the search may apply, by whether there is a W_O (none missing
@@ -235,6 +238,17 @@ class Context:
         return out
 
 
+def causal_mask_named(res: ComponentResult, ctx: Context, comp: Component, causal_inside: bool) -> None:
+    """A component that builds its own causal mask and computes as if it had none, where no line
+    throws a masked_fill's result away (`is_causal=False`, the masking line left out): its causal mask
+    is missing, not a mask never applied."""
+    lines = source_lines(ctx.objects(comp))
+    missing = causal_inside and first_line(CATALOG["mask_not_applied"].patterns[:1], lines)[0] is None
+    for finding in [f for f in res.findings if f.name == "mask_not_applied"] * missing:
+        finding.name = "causal_mask_missing"
+        finding.line, finding.code = locate("causal_mask_missing", lines)
+
+
 def keyword_inputs_positional_(module: nn.Module) -> None:
     """A forward whose inputs are all keyword-only (labml's forward(self, *, query, key, value, mask))
     takes them by position too, in the order it names them, as check hands its inputs; its own code
@@ -338,6 +352,8 @@ SUBLAYER = {"attn": ("the attention sublayer", "注意力子层"), "cross": ("th
             "ffn": ("the FFN sublayer", "前馈子层"), "add_norm": ("AddNorm", "AddNorm"),
             "all": ("every sublayer", "所有子层")}
 FORMS: dict[str, dict[str, tuple[str, str]]] = {
+    "rope_wrong_base": {"positive": ("frequencies base^(2j/d), the reciprocal left out: base^(-2j/d) meant",
+                                     "频率是 base^(2j/d)，漏了取倒数：应为 base^(-2j/d)")},
     "causal_off_by_one": {"no_self": ("a token does not see itself", "token 看不到自己"),
                           "sees_next": ("a token sees the next one", "token 看到了下一个位置")},
     "mask_after_softmax": {"zero": ("weights zeroed after the softmax", "softmax 之后把权重置零"),
@@ -349,7 +365,11 @@ FORMS: dict[str, dict[str, tuple[str, str]]] = {
                                         "pos * 10000^(2i/d)：指数符号反了"),
                            "not_divided": ("10000^(2i) instead of 10000^(2i/d): the exponent is not divided "
                                            "by d_model", "用了 10000^(2i) 而不是 10000^(2i/d)：指数没有除以 "
-                                           "d_model")},
+                                           "d_model"),
+                           "doubled": ("10000^(4i/d) instead of 10000^(2i/d): the pair's index 2i "
+                                       "doubled again (2 * arange(0, d, 2))",
+                                       "用了 10000^(4i/d) 而不是 10000^(2i/d)：2i 又乘了 2"
+                                       "（2 * arange(0, d, 2)）")},
     "layernorm_unbiased_std": {"std": ("(x - mean) / (x.std() + eps)", "(x - mean) / (x.std() + eps)"),
                                "var": ("(x - mean) / sqrt(x.var() + eps), the unbiased variance",
                                        "(x - mean) / sqrt(x.var() + eps)，用了无偏方差")},

@@ -259,11 +259,11 @@ def _snapshot(value: Any) -> Any:
     return (value, _version(value)) if isinstance(value, Tensor) else value
 
 
-def _version(value: Tensor) -> int:
+def _version(value: Tensor) -> int | tuple[Any, ...]:
     try:
         return value._version
-    except RuntimeError:  # an inference tensor keeps no count
-        return -1
+    except RuntimeError:  # an inference tensor (torch.inference_mode) keeps no count: its values, to
+        return tuple(value.flatten().tolist())  # see it written in place (`logits[...] = 0`)
 
 
 def _changed(before: Any, value: Tensor) -> bool:
@@ -625,7 +625,9 @@ def first_departure(steps: list[Step], views: list[View], filename: str, sizes: 
 def _wrong_operand(before: list[Step], step: Step, views: list[View], filename: str) -> Departure | None:
     """A departing sum `x = x + shortcut` one of whose operands, a name bound on an earlier line, holds
     a sub-step of the reference where another was meant (Raschka's `shortcut = x` saved after
-    `x = self.norm1(x)`: the normed input, not the input): the line that bound it, with the form."""
+    `x = self.norm1(x)`: the normed input, not the input): the line that bound it, with the form, and
+    the sum quoted after it (HF's `hidden_states = hidden_states + ff` after the norm: the sum is the
+    line written wrong)."""
     added = _added_names(filename, step.line)
     latest = {s.name: s for s in before if s.name in added}  # each operand's latest binding
     for op in latest.values():
@@ -635,7 +637,8 @@ def _wrong_operand(before: list[Step], step: Step, views: list[View], filename: 
         for held, meant in zip(holds, set(wants) - set(holds)):
             form = text(f"`{op.name}` holds {held} where the sum wants {meant}",
                         f"`{op.name}` 存的是{view_zh(held)}，这里的和需要的是{view_zh(meant)}")
-            return Departure(op.line, op.name, statement(filename, op.line), form)
+            both = f"{statement(filename, op.line)} / line {step.line}: {statement(filename, step.line)}"
+            return Departure(op.line, op.name, both, form)
     return None
 
 

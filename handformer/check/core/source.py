@@ -197,6 +197,24 @@ def _nearest(lines: list[tuple[int, str]], number: int, pattern: str, way: int) 
     return next(((n, line) for n, line in block if re.match(pattern, line.split("#")[0])), (None, ""))
 
 
+def _projection_left_out(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+    """Where the output projection belongs: a `return` of the merged heads (`return
+    self.transpose_output(output)`, the diagnosis' first pattern), else the `return` after the first line
+    that merges them (a `cat(`, a transpose, weights times values), in its function; when it returns a
+    name (`return out`), the line that bound it last quoted after it (`out = self.dropout(out)`: the
+    projection dropped from it)."""
+    told = first_line(CATALOG["no_output_projection"].patterns[:1], lines)
+    merged = first_line([HEADS_MERGED], lines)[0] if told[0] is None else math.inf
+    n, ret = _nearest(lines, merged or math.inf, r"\s*return\b", 1)
+    name = re.match(r"\s*return\s+(\w+)\s*(#.*)?$", ret)
+    m, made = _nearest(lines, n, rf"\s*{name[1]}\s*=(?!=)", -1) if name else (None, "")
+    quoted = (n, f"{ret.strip()} / line {m}: {made.split('#')[0].strip()}") if m else (n, ret.strip() or None)
+    return told if told[0] is not None else quoted
+
+
+# what merges attention heads: a concatenation, a transpose back, weights times values (`wei @ v`, not
+# a decorator's @)
+HEADS_MERGED = r"\bcat\(|transpose\(|permute\(|einsum\(|\w\s*@\s*\w|matmul\(|scaled_dot_product_attention\("
 # the name a line flattens (`x.contiguous().view(`), on a line quoted alone
 RESHAPED = re.compile(r"^(?!.* / line ).*?\b(\w+)(?:\.contiguous\(\))?\.(?:view|reshape)\(")
 NORM_CALL = re.compile(r"(?i)self\.(\w*(?:norm|ln)\w*)\(")
@@ -204,7 +222,8 @@ COMMENTED_SHIFT = re.compile(r"\s*#\s*[\w.]+\[\s*\.\.\.\s*,\s*1\s*:\s*\]\s*=\s*"
                              r"[\w.]+\[\s*\.\.\.\s*,\s*:\s*-1\s*\]")
 # diagnoses whose line is found by more than a pattern of one line
 LINE_FINDERS = {"shared_norm": _second_norm_call, "top_p_drops_crossing": _shift_commented_out,
-                "concat_no_transpose": _concat_and_its_input, "cosine_min_lr_ignored": _cosine_without_floor}
+                "concat_no_transpose": _concat_and_its_input,
+                "no_output_projection": _projection_left_out, "cosine_min_lr_ignored": _cosine_without_floor}
 
 
 def first_pattern_matches(name: str, code: str, form: str = "") -> bool:

@@ -272,11 +272,13 @@ def rope_angles(T: int, Dh: int, theta: float = 10000.0, offset: int = 0, flags:
     return pos * theta ** (-j / Dh)  # (T, Dh/2)
 
 
-EXPONENT_SCALE = {"exponent": 1 / 2}  # rope_wrong_base's form: theta^(-j/Dh), the pair index not doubled
+# rope_wrong_base's forms: theta^(-j/Dh), the pair index not doubled; theta^(2j/Dh), the reciprocal left out
+EXPONENT_SCALE = {"exponent": 1 / 2, "positive": -1}
 
 
 # the flags the rotary angles and their sign read, as the search writes them
-ROPE_FORMS = frozenset({"rope_no_offset", "rope_wrong_base:exponent", "rope_rotation_sign"})
+ROPE_FORMS = frozenset({"rope_no_offset", "rope_wrong_base:exponent", "rope_wrong_base:positive",
+                        "rope_rotation_sign"})
 
 
 @functools.lru_cache(maxsize=256)
@@ -568,7 +570,8 @@ def sinusoidal(T: int, D: int, flags: Flags = frozenset(), dtype: torch.dtype = 
         even, odd = angle[:, 0::2], angle[:, 1::2]
     else:
         exponent = {"pair_index": i / 2 / steps(D), "positive": -i / steps(D),
-                    "not_divided": i / steps(D) * D}.get(form, i / steps(D))  # 10000^(2i), not 10000^(2i/D)
+                    "not_divided": i / steps(D) * D,  # 10000^(2i), not 10000^(2i/D)
+                    "doubled": 2 * i / steps(D)}.get(form, i / steps(D))  # 10000^(4i/D)
         even = odd = pos / 10000 ** exponent  # (T, D/2)
     sin, cos = (torch.cos, torch.sin) if has(flags, "pe_sin_cos_swapped") is not None else (
         torch.sin, torch.cos)

@@ -40,7 +40,7 @@ from handformer.check.core.result import (
     failed_check,
     text,
 )
-from handformer.check.core.source import global_reads, locate, source_lines
+from handformer.check.core.source import global_reads, locate, locate_form, source_lines
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import (
     CORPUS,
@@ -406,7 +406,9 @@ def compare_merges(
 def _explain_difference(res: ComponentResult, kept: list[R.Pair], specials: list[str], first: int, yours: str,
                         theirs: str, lines: list[tuple[int, str]], conventions: tuple[str, ...]) -> None:
     """The first pre-tokenization under which the merges replay: its cut's mistakes, counts not
-    updated, and how ties were broken."""
+    updated, and how ties were broken; or one pair merged at every step (see `_same_pair`)."""
+    if _same_pair(res, kept, first, lines):
+        return
     for cut in CUTS:
         words = R.pretokenize(CORPUS, specials, cut)
         step, rule = R.replay(words, kept)
@@ -421,6 +423,21 @@ def _explain_difference(res: ComponentResult, kept: list[R.Pair], specials: list
             rule = once
         _tie_rule(res, rule, len(kept), first, yours, theirs, lines, conventions)
         return
+
+
+def _same_pair(res: ComponentResult, kept: list[R.Pair], first: int, lines: list[tuple[int, str]]) -> bool:
+    """Merges that are the first pair alone (once in a dict keyed by pair, or again and again in a
+    list) where more were asked: the ids it counts from never change (minbpe's `merge(ids, pair, idx)`
+    with its result left unused), so it found the same pair at every step. A finding, True, when so."""
+    if len(set(kept)) != 1:
+        return False
+    pair = show(kept[0])
+    res.findings.append(Finding("bpe_counts_not_updated", text(
+        f"every merge your trainer made is the one pair {pair}: the ids it counts from are never updated "
+        "by a merge, so it finds that pair again at each step",
+        f"你的训练做出的合并都是同一对 {pair}：它计数所用的 id 合并后从没更新，每一步找到的都还是这一对"),
+        *locate_form("bpe_counts_not_updated", "same_pair", lines)[1:], "same_pair"))
+    return True
 
 
 def _counts_not_updated(n: int, first: int, yours: str, theirs: str, lines: list[tuple[int, str]]) -> Finding:

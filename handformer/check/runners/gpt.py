@@ -99,6 +99,7 @@ from handformer.check.runners.attention import attention_cap
 from handformer.check.runners.kv_cache import CACHE_ARGS, CACHE_METHODS
 from handformer.check.runners.localize_cache import cache_departure
 from handformer.check.runners.model import as_written_, computes_sqrt, exact_norms_
+from handformer.check.runners.model_loss import unshifted_finding
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, OFFSET_NOTE
 from handformer.check.runners.stack import check_stack
 from handformer.config import CausalLMConfig, FamilyConfig
@@ -963,7 +964,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
     res.max_abs_error = max(errors)
     res.checks.append(Check(COMPARED[0], max(errors) < 1e-5, error_text(max(errors))))
     if loss is not None and not last_only:
-        _loss(res, hf(idx).logits, loss, targets)
+        _loss(res, comp, hf(idx).logits, loss, targets)
     _causality(res, call, idx)
     if call.stepwise:
         res.notes.append(text(f"its forward takes one token at a time: driven so, token t at {call.start} = "
@@ -1132,17 +1133,22 @@ def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor)
         note_departure(res, lambda: cache_departure(lambda: call(idx), runs(fresh), T, ctx.path))
 
 
-def _loss(res: ComponentResult, logits: Tensor, loss: Tensor, targets: Tensor) -> None:
+def _loss(res: ComponentResult, comp: Component, logits: Tensor, loss: Tensor, targets: Tensor) -> None:
     """The loss against the cross-entropy of handformer's logits: the targets as given (nanoGPT's, already
-    shifted), or shifted inside as Hugging Face's labels are (position t predicts label t + 1)."""
+    shifted), or shifted inside as Hugging Face's labels are (position t predicts label t + 1); a loss
+    whose logits are cut for the shift but whose labels are not (each position scored against its own
+    token) is train_step_no_shift."""
     plain = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
     shifted = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), targets[:, 1:].reshape(-1))
+    own = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), targets[:, :-1].reshape(-1))
     err, err_shifted = abs(float(loss) - float(plain)), abs(float(loss) - float(shifted))
     if err_shifted < 1e-6 <= err:
         res.notes.append(text("your forward shifts the labels itself (Hugging Face's labels): compared so",
                               "你的 forward 自己移位 labels（Hugging Face 的 labels 写法）：按移位后比较"))
         err = err_shifted
     res.checks.append(Check(COMPARED[1], err < 1e-6, error_text(err)))
+    unshifted = min(err, err_shifted) >= 1e-6 > abs(float(loss) - float(own))  # its own token, not the next
+    res.findings += [unshifted_finding(comp)] * unshifted
 
 
 TIE_FIELD = re.compile(r"\b(tie_weights|tie_word_embeddings|tie_embeddings)\b")

@@ -45,6 +45,7 @@ from handformer.check.core.context import (
     attention_flags,
     batch_first,
     causal,
+    causal_mask_named,
     check_determinism,
     dropout_on_residual,
     error_text,
@@ -826,6 +827,7 @@ def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callabl
         if flags:
             res.findings += ctx.findings(flags, matched, fp.max_error(out, correct, search_rows(flags)),
                                          comp, "mha", "ffn", "sdpa", "causal_mask")
+            causal_mask_named(res, ctx, comp, layer.causal_block and not layer.takes_mask)
         NAN_ROWS[_torch_rows(layer, conv)](res, out, search_rows(flags), comp, ctx)
     _layer_mapping(res, layer, slots, conv)
     _structure_findings(res, layer, ctx, placement if found is not None else "")  # "": not known

@@ -54,11 +54,24 @@ def _call_departure(reference: dict[Any, Step], traced: list[Step], T: int, a: i
     for i, (key, step) in enumerate(steps):
         want = _aligned(reference.get(key, named.get(step.name, step)).value, step.value, T, a, b)
         if not torch.allclose(step.value, want, atol=1e-6, equal_nan=True):
-            form = text(f"on the cached call over positions {a}..{b - 1}; the whole sequence's value "
-                        "there differs",
-                        f"出现在用缓存的调用里（位置 {a}..{b - 1}）；整句计算时那里的值不同")
+            form = _restarted(step, want, a, [s for _, s in steps[i + 1:]], filename) or text(
+                f"on the cached call over positions {a}..{b - 1}; the whole sequence's value there differs",
+                f"出现在用缓存的调用里（位置 {a}..{b - 1}）；整句计算时那里的值不同")
             return _from_cache(steps[:i], reference, step, filename, form)
     return None
+
+
+def _restarted(step: Step, want: Tensor, a: int, after: list[Step], filename: str) -> Any:
+    """The form of positions that restart at 0 on a cached call over a..b-1, where the whole sequence's
+    are a..b-1; named rope_no_offset when a later line reads them into a rotary table
+    (`self.freqs_cos[pos]`). None when the step is not so."""
+    if not torch.equal(step.value, want - a):
+        return None
+    later = "\n".join(statement(filename, s.line) for s in after)
+    rotary = re.search(rf"(?im)^(?=.*\b{re.escape(step.name)}\b).*(freq|cos|sin|rot|rope)", later)
+    return text(f"the positions start at 0 on the cached call; they are {a}.. there, after the {a} cached "
+                "tokens", f"用缓存的调用里位置从 0 开始；应从 {a} 开始，接在缓存的 {a} 个 token 之后"
+                ) | ({"mistake": "rope_no_offset"} if rotary else {})
 
 
 class _Calls:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import linecache
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -74,6 +76,10 @@ def generate_views(logits_of: Callable[[Tensor], Tensor], prompt: Tensor, expect
         forms.append((text("the softmax over the batch, dim 0; the probabilities are over the vocabulary, "
                            "dim=-1", "softmax 沿 batch 维（dim 0）做了；概率应沿词表维 dim=-1")
                       | {"mistake": "sampling_softmax_wrong_dim"}, last.softmax(0)))
+        forms.append((text("the logits with the likeliest alone kept (top_k=1), the others filled with 0, "
+                           "not -inf: after the softmax they keep some probability", "只保留最可能的 token"
+                           "（top_k=1），其余填的是 0 而不是 -inf：softmax 之后它们仍有概率")
+                      | {"mistake": "filter_fill_finite"}, top1.masked_fill(top1 == -torch.inf, 0.0)))
     return views, forms
 
 
@@ -98,9 +104,21 @@ def localize_generate(run: Callable[[], Any], fn: Any, views: list[View], forms:
     that is none of the reference's sub-steps of its shape; where its model's calls through a cache
     part from the model's own run on the whole sequence, the line inside the model where they part."""
     steps, filename = _loop_steps(run, fn)
+    steps = [s for s in steps if not _filled(s, filename)]
     found = first_departure(steps, views, filename, {}, forms=forms)
     inner = found and quietly(lambda: cached_call_departure(run, filename))
     return replace(inner, called_from=(found.line, found.code)) if inner else found
+
+
+def _filled(step: Step, filename: str) -> bool:
+    """A tensor the loop fills with one value, not one it computes from the tokens (HF's
+    `unfinished_sequences = torch.ones(batch_size, ...)`): its state, judged by no view."""
+    one = bool((step.value == step.value.flatten()[:1]).all())  # every value the first (none: no step)
+    return one and bool(FILLS.search(linecache.getline(filename, step.line)))
+
+
+# a tensor made of one value: torch.ones(...), torch.zeros_like(...), torch.full(...)
+FILLS = re.compile(r"\b(ones|zeros|full|empty)(_like)?\(")
 
 
 def _loop_steps(run: Callable[[], Any], fn: Any, parts: list[tuple[str, nn.Module]] = (),

@@ -45,7 +45,7 @@ def check_model_loss(comp: Component, ctx: Context) -> ComponentResult:
     res.max_abs_error = float((out - right).abs())
     res.checks.append(Check(EQUALS, err < fp.REL_TOL, error_text(err)))
     if err >= fp.REL_TOL and fp.relative_error(out, unshifted) < fp.REL_TOL:
-        res.findings.append(_unshifted(ctx, comp))
+        res.findings.append(unshifted_finding(comp))
     res.notes.append(text(f"driven as {comp.name}(model, {label}) with check's stand-in language model: "
                           "your model is checked on its own",
                           f"用 check 的替身语言模型调用 {comp.name}(model, {label})：你的模型单独检查"))
@@ -77,7 +77,7 @@ def _driven(ctx: Context, comp: Component, model: Any, x: Tensor, y: Tensor, rig
     return got[0]
 
 
-def _unshifted(ctx: Context, comp: Component) -> Finding:
+def unshifted_finding(comp: Component) -> Finding:
     """train_step_no_shift, on the line that slices the labels off the tokens (else the model's call)."""
     lines = source_lines([comp.obj])
     number, code = first_line(SHIFT_LINES, lines)

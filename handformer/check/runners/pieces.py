@@ -485,11 +485,14 @@ ACT_WORDS = {"relu": r"(?i)relu", "gelu": r"(?i)gelu", "silu": r"(?i)silu|swish|
 
 
 def _wrong_branch_findings(ctx: Context, comp: Component, slots: list[Slot], matched: float) -> list[Finding]:
-    """A gated FFN's activation on the branch named up (or Meta's w3), the one named gate unactivated."""
+    """A gated FFN's activation on the branch named up, the one named gate unactivated; or, of two
+    projections numbered alike, on the later one (Meta's w3, Raschka's fc2): the first is the gate, as
+    the GLU paper's W before V, Llama's w1, T5's wi_0."""
     by = {s.role: s.leaf.name.split(".")[-1].lower() for s in slots}
     gate, up = by["FFN W_gate"], by["FFN W_up"]
     swapped = "gate" not in gate and ("up" in gate or "gate" in up)
-    if not (swapped or (gate, up) == ("w3", "w1")):
+    numbered = NUMBERED.fullmatch(f"{gate} {up}")  # one stem, two numbers
+    if not (swapped or numbered and int(numbered[2]) > int(numbered[3])):
         return []
     number, code = locate("gated_activation_wrong_branch", source_lines(ctx.objects(comp, "ffn")))
     return [Finding("gated_activation_wrong_branch", text(
@@ -499,6 +502,7 @@ def _wrong_branch_findings(ctx: Context, comp: Component, slots: list[Slot], mat
         f"（名字表明它是 up 投影）上，而名为门控的 {up} 没有经过激活"), number, code)]
 
 
+NUMBERED = re.compile(r"(?P<stem>\D*?)_?(\d+) (?P=stem)_?(\d+)")  # two projections named by number: w3 w1
 # what a norm's mapping names, by (without parameters, with a bias)
 NORM_PARTS = {(False, True): ": weight, bias", (False, False): ": weight",
               (True, True): "", (True, False): ""}
@@ -629,7 +633,7 @@ def _compare_norm(res: ComponentResult, run: Callable[[Tensor], Tensor | None], 
 
 
 PE_FLAGS = ("pe_sin_cos_swapped", "pe_wrong_frequency:pair_index", "pe_wrong_frequency:dim_index",
-            "pe_wrong_frequency:positive", "pe_wrong_frequency:not_divided")
+            "pe_wrong_frequency:positive", "pe_wrong_frequency:not_divided", "pe_wrong_frequency:doubled")
 
 
 PE_B, PE_T = 2, 12  # the batch and length the table is read at
