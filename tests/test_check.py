@@ -29,7 +29,7 @@ from check_plants import (
 from handformer.check.core.discovery import find_components
 from handformer.check.core.engine import check_file, import_learner
 from handformer.check.core.report import exit_code, format_report, to_json
-from handformer.check.core.result import FileResult
+from handformer.check.core.result import FileResult, LearnerError
 from handformer.check.core.sandbox import check_in_child
 from handformer.check.reference import variants as V
 from handformer.check.reference.diagnoses import CATALOG, EXCLUSIVE, MASKING
@@ -497,7 +497,10 @@ def test_syntax_error_is_reported_with_the_line(tmp_path):
     text = format_report(FileResult(str(path), error=err))
     assert "SyntaxError" in text and "line 2: class FFN(nn.Module)" in text
     assert "fix: Python cannot read the file" in text.splitlines()[-1]
-    assert "先改好上面这一行" in format_report(FileResult(str(path), error=err), "zh")
+    zh = format_report(FileResult(str(path), error=err), "zh")
+    assert "先改好上面这一行" in zh and "第 2 行：class FFN(nn.Module)" in zh and "line 2" not in zh
+    frame = LearnerError("exception", "NameError: x", where="forward", traceback=["line 6, in forward: return x"])
+    assert "第 6 行（forward 里）：return x" in format_report(FileResult(str(path), error=frame), "zh")
 
 
 def test_nothing_recognisable(tmp_path):

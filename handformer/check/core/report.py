@@ -10,6 +10,7 @@ naming what the file does not define included.
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import locale
 import os
@@ -152,9 +153,14 @@ SKIPPED_ZH = ((r"line (\d+): (.*) \(the script's work, not a definition\)",
               (r"line (\d+): (.*)", "第 {} 行：{}"))
 
 
-def _skipped_zh(entry: str) -> str:
-    """A top-level statement not run in Chinese (SKIPPED_ZH); an entry of no such form as it is."""
-    for pattern, zh in SKIPPED_ZH:
+# a traceback's frame in Chinese: "line 3, in forward: code" -> "第 3 行（forward 里）：code"
+FRAME_ZH = ((r"line (\d+), in (\S+): (.*)", "第 {} 行（{} 里）：{}"), (r"line (\d+): (.*)", "第 {} 行：{}"))
+
+
+def _skipped_zh(entry: str, forms: tuple[tuple[str, str], ...] = SKIPPED_ZH) -> str:
+    """A top-level statement not run (or a traceback's frame) in Chinese, by the first of `forms` it
+    matches; an entry of no such form as it is."""
+    for pattern, zh in forms:
         found = re.fullmatch(pattern, entry, re.DOTALL)
         if found:
             return zh.format(*found.groups())
@@ -167,7 +173,9 @@ def _paren(inner: str, lang: str) -> str:
 
 # the report's words for a kind, a weight mapping's row, a statement not run, by language
 KIND_NAMES = {"en": DESCRIPTIONS, "zh": KIND_ZH}
-IN_LANGUAGE = {"en": {"mapping": str, "skipped": str}, "zh": {"mapping": _mapping_zh, "skipped": _skipped_zh}}
+IN_LANGUAGE = {"en": {"mapping": str, "skipped": str, "frame": str},
+               "zh": {"mapping": _mapping_zh, "skipped": _skipped_zh,
+                      "frame": functools.partial(_skipped_zh, forms=FRAME_ZH)}}
 
 
 # a Chinese sentence before a message that has no Chinese of its own (the learner's own exception,
@@ -214,7 +222,7 @@ def format_error(err: LearnerError, lang: str, indent: str = "  ", unchecked: bo
                "zh": err.message_zh or _lead_zh(err)}[lang]
     label = w["why"] if unchecked or err.kind in CANNOT else w["error"]
     lines = [f"{indent}{label}{where}{w[':']}{head}{message}"]
-    lines += [f"{indent}  {frame}" for frame in err.traceback]
+    lines += [f"{indent}  {IN_LANGUAGE[lang]['frame'](frame)}" for frame in err.traceback]
     if not indent and err.kind in FILE_HINTS[lang]:
         lines.append(f"  {FILE_HINTS[lang][err.kind]}")
     return lines
