@@ -2,7 +2,9 @@
 nanochat's module namespace holding functools.partial (a class with no signature) beside a plain
 config class; an MoE layer that check's sizes build with fewer experts than its top-k (Raschka's
 Qwen3 dict config, num_experts = 0 for its model's one FFN); gpt-fast's
-apply_rope_scaling(freqs, rope_scaling=None) that reads its settings from a dict."""
+apply_rope_scaling(freqs, rope_scaling=None) that reads its settings from a dict; the Annotated
+Transformer's `viz_encoder_self()`, which unpacks a pair from a function of its file but takes no model
+or optimizer, so is no training step."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from handformer.check.core.engine import check_file
+from handformer.check.core.engine import check_file, import_learner
 from handformer.check.core.report import format_report
 
 PARTIAL_CONFIG = '''
@@ -117,3 +119,32 @@ def test_a_rope_scaling_that_reads_a_dict_is_handed_meta_settings(results):
     (wrong,) = results["scaling_wrong"].components
     assert ok.status == "pass", format_report(results["scaling"])
     assert wrong.status == "fail", format_report(results["scaling_wrong"])
+
+
+DRAWN_PAIR = '''
+def run_model_example():
+    return "model", "data"
+
+
+def get_batch(split):
+    return "x", "y"
+
+
+def viz_encoder_self():
+    model, example_data = run_model_example()
+    return model
+
+
+def train_step(model, optimizer):
+    xb, yb = get_batch("train")
+    return model, optimizer, xb, yb
+'''
+
+
+def test_a_function_that_unpacks_a_pair_from_its_file_is_a_step_only_when_it_takes_model_and_optimizer(tmp_path):
+    from handformer.check.core.signatures import lm_step
+
+    path = tmp_path / "drawn_pair.py"
+    path.write_text(DRAWN_PAIR, encoding="utf-8")
+    module = import_learner(str(path))
+    assert lm_step(module.train_step) and not lm_step(module.viz_encoder_self)

@@ -245,9 +245,9 @@ def lm_step(fn: Any) -> bool:
     windows = (BATCH_NAMES,) if paired_batch(fn) or tokens else windows
     groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, *windows)
     if not _takes_each(names, groups):
-        if not drawn_global(fn):
-            return False
         groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES)  # its windows drawn from its file's get_batch
+        if not (_takes_each(names, groups) and drawn_global(fn)):
+            return False
     rest = required - set().union(*groups, LR_NAMES, ACCUM_NAMES)
     # nanoGPT's train_step(model, optimizer, X, Y, iter_num, cfg): the iteration and a configuration
     rest -= set(SCHEDULE_STEP_NAMES) | set(_config_fields(fn, rest))
