@@ -32,7 +32,8 @@ from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import DECODING_NAMES as NAMES  # noqa: F401
-from handformer.check.core.context import Context, finish, forward_parameters, named, names_of
+from handformer.check.core.argument_names import by_name, named_each
+from handformer.check.core.context import Context, finish, forward_parameters, names_of
 from handformer.check.core.discovery import Component, cannot_fill
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import DIFFERS, FAIL, PASS, Check, ComponentResult, Finding, Text, text
@@ -166,7 +167,7 @@ def check_greedy_decode(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     params = forward_parameters(comp.obj)
     names, required = names_of(params)
-    arg = {key: named(names, aliases) for key, aliases in NAMES.items()}
+    arg = named_each(names, NAMES)
     extras = loop_extras(params, SpecialIds(BOS, EOS, PAD, UNK))
     cannot_fill(comp.name, required, {*arg.values(), *extras}, arg["model"] and arg["src"], "model / src", (
         "greedy decoding takes (model, src, src_mask, max_len, start_symbol), and optionally an end symbol "
@@ -308,7 +309,7 @@ def _compare_tokens(res: ComponentResult, ctx: Context, comp: Component,
     """`given`: the argument names by key, and the tokenizers and device (`loop_extras`) by name."""
     values = {"model": model, "src": source_ids(model, source()), "src_mask": source_mask(model, source()),
               "max_len": MAX_LEN, "start": BOS, "end": EOS}
-    kwargs = {name: values[key] for key, name in given[0].items() if name} | given[1]
+    kwargs = by_name(given[0], values) | given[1]
     def run() -> Any:
         return ctx.learner.call("forward", comp.obj, **kwargs)
     got = _tokens(ctx, comp, run())
