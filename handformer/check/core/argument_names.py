@@ -14,6 +14,9 @@ INPUT_ROLES = {"q": "q", "query": "q", "queries": "q", "k": "k", "key": "k", "ke
                "value": "v", "values": "v"}
 
 # beam.py
+# a sublayer handed the stream it adds its output to (BLOOM's attention(x, residual, alibi, mask) and
+# MLP(x, residual)): handed a zero, it is the sublayer alone
+RESIDUAL_NAMES = ("residual", "residual_stream", "skip")
 BEAM_NAMES = {
     "model": ("model", "net", "transformer", "m"),
     "src": ("src", "source", "x", "src_ids", "src_seq", "input_ids"),
