@@ -96,6 +96,7 @@ from handformer.check.reference import variants as V
 from handformer.check.reference.parallel import as_parallel_
 from handformer.check.runners import latent
 from handformer.check.runners.attention import attention_cap
+from handformer.check.runners.balance_loss import balance_term
 from handformer.check.runners.kv_cache import CACHE_ARGS, CACHE_METHODS
 from handformer.check.runners.localize_cache import cache_departure
 from handformer.check.runners.model import as_written_, computes_sqrt, exact_norms_
@@ -964,7 +965,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
     res.max_abs_error = max(errors)
     res.checks.append(Check(COMPARED[0], max(errors) < 1e-5, error_text(max(errors))))
     if loss is not None and not last_only:
-        _loss(res, comp, hf(idx).logits, loss, targets)
+        _loss(res, comp, hf(idx).logits, loss, targets, _balance(res, m, hf, call, idx, targets))
     _causality(res, call, idx)
     if call.stepwise:
         res.notes.append(text(f"its forward takes one token at a time: driven so, token t at {call.start} = "
@@ -1133,7 +1134,17 @@ def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor)
         note_departure(res, lambda: cache_departure(lambda: call(idx), runs(fresh), T, ctx.path))
 
 
-def _loss(res: ComponentResult, comp: Component, logits: Tensor, loss: Tensor, targets: Tensor) -> None:
+def _balance(res: ComponentResult, m: GPTMap, hf: CausalLM, call: Caller, idx: Tensor, targets: Tensor) -> float:
+    """The load-balancing term a mixture of experts' loss adds to the cross-entropy (noted), else 0."""
+    other = torch.randint(0, VOCAB, idx.shape, generator=torch.Generator().manual_seed(31))
+    found = balance_term(moe_config(m.blocks[0].ffn), hf, lambda x, y: call(x, y)[1],
+                         [(idx, targets), (other, other.roll(-1, 1))])
+    res.notes += [found[1]] if found else []
+    return found[0] if found else 0.0
+
+
+def _loss(res: ComponentResult, comp: Component, logits: Tensor, loss: Tensor, targets: Tensor,
+          term: float = 0.0) -> None:
     """The loss against the cross-entropy of handformer's logits: the targets as given (nanoGPT's, already
     shifted), or shifted inside as Hugging Face's labels are (position t predicts label t + 1); a loss
     whose logits are cut for the shift but whose labels are not (each position scored against its own
@@ -1141,7 +1152,7 @@ def _loss(res: ComponentResult, comp: Component, logits: Tensor, loss: Tensor, t
     plain = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
     shifted = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), targets[:, 1:].reshape(-1))
     own = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), targets[:, :-1].reshape(-1))
-    err, err_shifted = abs(float(loss) - float(plain)), abs(float(loss) - float(shifted))
+    err, err_shifted = abs(float(loss) - term - float(plain)), abs(float(loss) - float(shifted))
     if err_shifted < 1e-6 <= err:
         res.notes.append(text("your forward shifts the labels itself (Hugging Face's labels): compared so",
                               "你的 forward 自己移位 labels（Hugging Face 的 labels 写法）：按移位后比较"))
