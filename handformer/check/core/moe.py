@@ -93,11 +93,12 @@ def _shared(path: str, moe: nn.Module, list_name: str, router: nn.Module, what: 
     own = [[Leaf(_joined(label, path, name, leaf.name), leaf.kind, leaf.module, leaf.weight, leaf.bias)
             for leaf in of_kind(leaves(child), "linear")] for name, child in moe.named_children()
            if name != list_name and child is not router]
-    readings = [r for r in (fp.quietly(lambda o=o: ffn_slots(o, D, None, what)) for o in own if len(o) == 3)
-                if r and is_gated(r[0]) and r[0][0].bias() is None]
+    found = (fp.quietly(lambda o=o: ffn_slots(o, D, None, what)) for o in own if len(o) == 3)
+    readings = [r for r in found if r and is_gated(r[0]) and r[0][0].bias() is None]
     if len(readings) > 1:
         raise MappingError(f"{what}: {len(readings)} shared experts; handformer's MixtureOfExperts has one",
-                           zh=f"{what}：有 {len(readings)} 个共享专家；handformer 的 MixtureOfExperts 只有一个")
+                           zh=f"{what}：有 {len(readings)} 个共享专家；"
+                              "handformer 的 MixtureOfExperts 只有一个")
     return readings
 
 
@@ -112,8 +113,9 @@ def moe_config(slots: list[Slot]) -> MoEConfig | None:
     if not isinstance(r, RouterSlot):
         return None
     shared = shared_slots(slots)  # one, or none
+    d_shared = shared[0][0].weight().size(0) if shared else 0
     return MoEConfig(n_experts=r.n_experts, top_k=r.top_k, d_expert=slots[0].weight().size(0),
-                     normalize=r.normalize, d_shared=shared[0][0].weight().size(0) if shared else 0)
+                     normalize=r.normalize, d_shared=d_shared)
 
 
 @torch.no_grad()
@@ -128,8 +130,9 @@ def moe_note(slots: list[Slot]) -> list[Text]:
         r.n_shared else ("", "")
     return [text(f"its feed-forward network is a sparse mixture of {r.n_experts} experts, each token "
                  f"through its top {r.top_k}, {renorm[0]}{shared[0]}: compared with handformer's "
-                 "MixtureOfExperts", f"它的前馈网络是 {r.n_experts} 个专家的稀疏混合，每个 token 经过得分最高的 "
-                 f"{r.top_k} 个专家，{renorm[1]}{shared[1]}：与 handformer 的 MixtureOfExperts 比较")]
+                 "MixtureOfExperts", f"它的前馈网络是 {r.n_experts} 个专家的稀疏混合，"
+                 f"每个 token 经过得分最高的 {r.top_k} 个专家，{renorm[1]}{shared[1]}："
+                 "与 handformer 的 MixtureOfExperts 比较")]
 
 
 def _routed(moe: nn.Module, readings: list[list[list[Slot]]], router: Leaf, shared: list[list[list[Slot]]],

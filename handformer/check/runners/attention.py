@@ -176,7 +176,8 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     # nanochat's value embedding `ve`: None; its window_size: one over the whole sequence
     fixed = {**dict.fromkeys(optional_inputs(fn, params, extra)), **window_inputs(fn, params)}
     residual = [p.name for p in params if p.name in RESIDUAL_NAMES and p.default is p.empty]
-    first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in {*extra, *fixed, *residual}
+    first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name)
+                        or p.name in {*extra, *fixed, *residual}
                         or isinstance(p.default, (int, float, str)) or is_cache_argument(p)
                         or i > 0 and optional_extra(p)),
                        len(params))  # layer_idx=0, layer_past=None, CS336's token_positions=None: kept

@@ -36,7 +36,8 @@ def balance_term(moe: MoEConfig | None, hf: Any, loss_of: Callable[[Tensor, Tens
         return None
     for form in range(2):  # summed over the layers, pooled
         c = seen[0][0] / seen[0][1][form]  # type: ignore[index]
-        if c > 0 and all(abs(extra - c * terms[form]) < 1e-6 for extra, terms in seen):  # type: ignore[misc]
+        held = all(abs(extra - c * terms[form]) < 1e-6 for extra, terms in seen)  # type: ignore[misc]
+        if c > 0 and held:
             return seen[0][0], _note(c, form)  # type: ignore[index]
     return None
 
@@ -58,7 +59,8 @@ def _observed(moe: MoEConfig, hf: Any, loss_of: Callable[[Tensor, Tensor], Any],
 
 
 def _note(c: float, form: int) -> Text:
-    en, zh = (("summed over the layers", "各层相加"), ("over all layers' tokens", "所有层的 token 一起算"))[form]
+    forms = (("summed over the layers", "各层相加"), ("over all layers' tokens", "所有层的 token 一起算"))
+    en, zh = forms[form]
     return text(f"your loss adds {c:.4g} times the load-balancing loss (Switch's E * sum f_e * P_e, {en}, "
                 "a factor of its counts included) to the cross-entropy: compared so",
                 f"你的 loss 在交叉熵上加了 {c:.4g} 倍的负载均衡损失（Switch 的 E * sum f_e * P_e，{zh}，"

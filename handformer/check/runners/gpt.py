@@ -1134,7 +1134,8 @@ def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor)
         note_departure(res, lambda: cache_departure(lambda: call(idx), runs(fresh), T, ctx.path))
 
 
-def _balance(res: ComponentResult, m: GPTMap, hf: CausalLM, call: Caller, idx: Tensor, targets: Tensor) -> float:
+def _balance(res: ComponentResult, m: GPTMap, hf: CausalLM, call: Caller, idx: Tensor, targets: Tensor,
+             ) -> float:
     """The load-balancing term a mixture of experts' loss adds to the cross-entropy (noted), else 0."""
     other = torch.randint(0, VOCAB, idx.shape, generator=torch.Generator().manual_seed(31))
     found = balance_term(moe_config(m.blocks[0].ffn), hf, lambda x, y: call(x, y)[1],

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, D, error_text, finish
 from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.moe import moe_slots
 from handformer.check.core.result import (
     Check,
     ComponentResult,
@@ -32,7 +33,6 @@ from handformer.check.core.result import (
     Text,
     text,
 )
-from handformer.check.core.moe import moe_slots
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.weights import expert_slots
 from handformer.check.runners.pieces import wrong_branch_findings
