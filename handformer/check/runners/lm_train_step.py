@@ -184,7 +184,8 @@ class Step:
                  self.pair: lambda: (x.clone(), y.clone()),
                  self.tokens: lambda: torch.cat([x, y[:, -1:]], dim=1),  # (B, T + 1)
                  self.lr: lambda: lr, self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler,
-                 self.accum: lambda: ACCUM, self.count: lambda: 1 if self.loops else len(self.seen) % 2, self.config: self._config}
+                 self.accum: lambda: ACCUM, self.count: lambda: 1 if self.loops else len(self.seen) % 2,
+                 self.config: self._config}
         kwargs.update({name: make() for name, make in given.items() if name})
         stand_in = {self.drawn: Drawn(self, Windows(x, y, parts))} if self.drawn else {}
         with globals_set(self.ctx.module, stand_in):
