@@ -975,6 +975,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
     if call.start:
         _cached(res, ctx, comp, m, call, hf, idx)
     _handed_cache(res, ctx, call, idx)
+    _returned_cache(res, ctx, comp, m, call, hf, idx)
 
 
 def _scale_unused(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, module: nn.Module,
@@ -1097,14 +1098,49 @@ def _cached(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, call
                                  f"KV 缓存：先给位置 0..4，再用 {call.start}=5 给位置 5..7，"
                                  "logits 与整句一次算出的相同"),
                             err < 1e-5, error_text(err)))
-    if err < 1e-5 or not m.ropes[0]:
-        return
+    if err >= 1e-5 and m.ropes[0]:
+        _restarted(res, ctx, comp, hf, idx, step, err)
+
+
+def _restarted(res: ComponentResult, ctx: Context, comp: Component, hf: CausalLM, idx: Tensor, step: Tensor,
+               err: float) -> None:
+    """rope_no_offset where the cached logits of tokens 5.. are handformer's with their rotary positions
+    counted from 0 again."""
     cache = hf.new_cache(BLOCK)
     hf(idx[:, :5], cache=cache)
     restarted = hf(idx[:, 5:], cache=cache, position_ids=torch.arange(idx.size(1) - 5)[None]).logits
     matched = fp.max_error(step, restarted)
     if matched < 1e-5:
         res.findings += ctx.findings(frozenset({"rope_no_offset"}), matched, err, comp, "rope")
+
+
+def _returned_cache(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, call: Caller,
+                    hf: CausalLM, idx: Tensor) -> None:
+    """Hugging Face's cache: forward(ids, past_key_values=None, use_cache=False) returning (logits,
+    presents); tokens 5.. handed the presents of 0..4 give the logits of the whole sequence; rotary
+    positions counted from 0 again instead (rope_no_offset) are named. Nothing where it returns no
+    cache it takes back."""
+    names = {p.name: p for p in forward_parameters(call.module)}
+    arg = next((n for n in CACHE_ARGS if n in names and names[n].default is None), None)
+    if arg is None or "use_cache" not in names:
+        return
+
+    def run(ids: Tensor, past: Any) -> Any:
+        return ctx.learner.call("forward", call.module, ids, **{arg: past, "use_cache": True})
+    first = fp.quietly(lambda: run(idx[:, :5], None))
+    presents = first[1] if isinstance(first, tuple) and len(first) > 1 else None
+    step = None if presents is None else fp.first_tensor(fp.quietly(lambda: run(idx[:, 5:], presents)), 3)
+    whole = call(idx)[0]
+    if step is None or whole is None or step.shape != whole[:, 5:].shape:
+        return
+    err = fp.max_error(step, whole[:, 5:])
+    res.checks.append(Check(text(f"the KV cache it returns: tokens 5..7 handed the {arg} of 0..4 give the "
+                                 "logits of the whole sequence",
+                                 f"它返回的 KV 缓存：位置 5..7 带上 0..4 的 {arg}，"
+                                 "logits 与整句一次算出的相同"),
+                            err < 1e-5, error_text(err)))
+    if err >= 1e-5 and m.ropes[0]:
+        _restarted(res, ctx, comp, hf, idx, step, err)
 
 
 def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor) -> None:
