@@ -81,19 +81,19 @@ def moe_slots(path: str, moe: nn.Module, what: str, label: str) -> list[Slot]:
                            "handformer's MixtureOfExperts has (SwiGLU experts, Mixtral's)",
                            zh=f"{what}：它的专家不是无偏置的门控前馈网络，而 handformer 的 MixtureOfExperts "
                               "用的是这种专家（SwiGLU，Mixtral 的写法）")
+    shared = _shared(path, moe, (list_name, router.name), what, label)
     router = Leaf(_joined(label, path, router.name), "linear", router.module, router.weight, router.bias)
-    return _routed(moe, readings, router, _shared(path, moe, list_name, router.module, what, label))
+    return _routed(moe, readings, router, shared)
 
 
-def _shared(path: str, moe: nn.Module, list_name: str, router: nn.Module, what: str, label: str,
-            ) -> list[list[Slot]]:
+def _shared(path: str, moe: nn.Module, taken: tuple[str, str], what: str, label: str) -> list[list[Slot]]:
     """The readings of its shared expert (DeepSeek's, added to every token's output unweighted): a
     child beside the router and the experts that is a gated FFN without biases; none where it has none
     (another child is no expert); MappingError for more than one, which handformer's has not."""
     own = [[Leaf(_joined(label, path, name, leaf.name), leaf.kind, leaf.module, leaf.weight, leaf.bias)
             for leaf in of_kind(leaves(child), "linear")] for name, child in moe.named_children()
-           if name != list_name and child is not router]
-    found = (fp.quietly(lambda o=o: ffn_slots(o, D, None, what)) for o in own if len(o) == 3)
+           if name not in taken]  # (its experts' list, its router)
+    found = (fp.quietly(lambda o=o: ffn_slots(o, D, None, what)) for o in own)
     readings = [r for r in found if r and is_gated(r[0]) and r[0][0].bias() is None]
     if len(readings) > 1:
         raise MappingError(f"{what}: {len(readings)} shared experts; handformer's MixtureOfExperts has one",
@@ -118,6 +118,10 @@ def moe_config(slots: list[Slot]) -> MoEConfig | None:
                      normalize=r.normalize, d_shared=d_shared)
 
 
+SHARED_WORDS = {False: ("", ""), True: (" and a shared expert every token goes through",
+                                       "，另有一个所有 token 都经过的共享专家")}
+
+
 @torch.no_grad()
 def moe_note(slots: list[Slot]) -> list[Text]:
     """What a layer's mixture of experts was read as, for the report; none for one FFN."""
@@ -126,8 +130,7 @@ def moe_note(slots: list[Slot]) -> list[Text]:
         return []
     renorm = ("their weights renormalized to sum to 1", "权重重新归一化到和为 1") if r.normalize else (
         "their weights as the softmax gave them", "权重保持 softmax 给出的值")
-    shared = (" and a shared expert every token goes through", "，另有一个所有 token 都经过的共享专家") if \
-        r.n_shared else ("", "")
+    shared = SHARED_WORDS[bool(r.n_shared)]
     return [text(f"its feed-forward network is a sparse mixture of {r.n_experts} experts, each token "
                  f"through its top {r.top_k}, {renorm[0]}{shared[0]}: compared with handformer's "
                  "MixtureOfExperts", f"它的前馈网络是 {r.n_experts} 个专家的稀疏混合，"

@@ -171,8 +171,8 @@ def _stopped_component(kind: str, step: str, error: LearnerError, reason: str, s
     of their file: check's own comparison or search, between calls of theirs, took the time), since
     nothing showed that their component loops. A loop of theirs that calls check's stand-in model (a
     generate that never ends) has their frame below the stand-in's, and stays an ERROR."""
-    stack_frames = re.findall(r'File "([^"]+)", line \d+ in', stack)
-    if reason != "timeout" or not stack_frames or any(os.path.abspath(f) == path for f in stack_frames):
+    files = {*map(os.path.abspath, re.findall(r'File "([^"]+)", line \d+ in', stack))}
+    if reason != "timeout" or not files or path in files:
         return ComponentResult(kind, step, ERROR, error=error)
     seconds = f"{time_limit:g}"
     return ComponentResult(kind, step, NOT_CHECKED, error=LearnerError(

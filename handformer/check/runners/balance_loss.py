@@ -18,44 +18,49 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from handformer.check.core import fingerprint as fp
 from handformer.check.core.result import Text, text
 from handformer.config import MoEConfig
 from handformer.training.moe_loss import RouterLogits, load_balancing_loss
 
 Batch = tuple[Tensor, Tensor]  # ids, targets (B, T) each
+Observed = tuple[float, tuple[float, float]]  # the loss less the cross-entropy; the term of each form
 
 
 def balance_term(moe: MoEConfig | None, hf: Any, loss_of: Callable[[Tensor, Tensor], Any],
-                 batches: list[Batch]) -> tuple[float, Text] | None:
+                 batches: list[Batch]) -> tuple[float, list[Text]]:
     """The term the learner's loss adds to the cross-entropy of handformer's logits on batches[0],
-    and a note; None where it adds none of these forms (or the model has no mixture of experts)."""
-    if moe is None:
-        return None
-    seen = [_observed(moe, hf, loss_of, ids, targets) for ids, targets in batches]
-    if any(s is None for s in seen):
-        return None
-    for form in range(2):  # summed over the layers, pooled
-        c = seen[0][0] / seen[0][1][form]  # type: ignore[index]
-        held = all(abs(extra - c * terms[form]) < 1e-6 for extra, terms in seen)  # type: ignore[misc]
-        if c > 0 and held:
-            return seen[0][0], _note(c, form)  # type: ignore[index]
-    return None
+    and a note; (0, none) where it adds none of these forms (or the model has no mixture of experts,
+    or gives no loss)."""
+    seen = fp.quietly(lambda: [_observed(moe, hf, loss_of, ids, targets) for ids, targets in batches])
+    held = [(seen[0][0], [_note(c, form)]) for form, c in enumerate(_coefficients(seen))
+            if _holds(seen, form, c)]
+    return [*held, (0.0, [])][0]
+
+
+def _coefficients(seen: list[Observed] | None) -> list[float]:
+    """c of each form, read on the first batch: its extra over its term (none without a reading)."""
+    extra, terms = (seen or [(0.0, ())])[0]
+    return [extra / term for term in terms]
+
+
+def _holds(seen: list[Observed], form: int, c: float) -> bool:
+    """Whether c > 0 makes every batch's extra c times its term of this form."""
+    return c > 0 and all(abs(extra - c * terms[form]) < 1e-6 for extra, terms in seen)
 
 
 def _observed(moe: MoEConfig, hf: Any, loss_of: Callable[[Tensor, Tensor], Any], ids: Tensor,
-              targets: Tensor) -> tuple[float, tuple[float, float]] | None:
+              targets: Tensor) -> Observed:
     """(the learner's loss less the cross-entropy of handformer's logits, (the balancing term summed
-    over the layers, pooled over them)) on one batch; None where its forward gives no loss."""
+    over the layers, pooled over them)) on one batch; raises where its forward gives no loss."""
     with torch.no_grad(), RouterLogits(hf) as routers:
         logits = hf(ids).logits  # (B, T, V)
-    loss = loss_of(ids, targets)
-    if not isinstance(loss, Tensor) or loss.numel() != 1:
-        return None
+    loss = float(loss_of(ids, targets))  # (None, or more than one number: raises)
     ce = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
     layers = [r.float() for r in routers.logits]  # (N, E) each (handformer's counts are float32)
     per_layer = sum(float(load_balancing_loss([r], moe.n_experts, moe.top_k)) for r in layers)
     pooled = float(load_balancing_loss(layers, moe.n_experts, moe.top_k))
-    return float(loss) - float(ce), (per_layer, pooled)
+    return loss - float(ce), (per_layer, pooled)
 
 
 def _note(c: float, form: int) -> Text:

@@ -296,13 +296,13 @@ def own_splitter(comp: Component, ctx: Context) -> Callable[[str], list[str]] | 
     their file that the trainer calls, or the findall of a compiled pattern of their file that it reads
     (re.findall(PAT, text)), that cuts a text into pieces that join back to it."""
     own, names = own_objects(ctx.module), sorted(global_reads(comp.obj))
+    # (the findall of anything else raises, and cuts nothing)
     functions = [*filter(inspect.isfunction, map(own.get, names)),
-                 *(_findall(name, vars(ctx.module)[name]) for name in names
-                   if isinstance(vars(ctx.module).get(name), (re.Pattern, regex.Pattern)))]
+                 *map(_findall, names, map(vars(ctx.module).get, names))]
     return next(filter(_splits, functions), None)
 
 
-def _findall(name: str, pattern: Any) -> Callable[[str], list[str]]:
+def _findall(name: str, pattern: re.Pattern[str] | regex.Pattern[str]) -> Callable[[str], list[str]]:
     """The findall of a compiled pattern, named as the file names the pattern."""
     def split(text: str) -> list[str]:
         return pattern.findall(text)

@@ -452,9 +452,7 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
         short = run_generate(ctx, comp, driver, SHORT, B, as_list)
     if short.out is None and not _named(first) and first.failure is not None and (
             first.failure.error.kind == "stand_in" or _own_method(comp, driver)):
-        # the stand-in could not serve their loop (gemma_pytorch's generate reads its own class's
-        # self.config): not a prompt shape of theirs
-        raise first.failure
+        raise first.failure  # the stand-in could not serve their loop: not a prompt shape of theirs
     if short.out is None and short.failure is None:
         raise ctx.learner.fail("forward", f"{comp.name} returned no token ids for a prompt of 3 tokens and "
                                f"max_new_tokens={SHORT}",
@@ -486,7 +484,8 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
 
 
 def _own_method(comp: Component, driver: Any) -> bool:
-    """A class's own method (`GemmaForCausalLM.generate`) handed check's stand-in as its `self`."""
+    """A class's own method (`GemmaForCausalLM.generate`) handed check's stand-in as its `self`: where
+    every try fails, the first one's error is the stand-in's (gemma_pytorch's reads self.config)."""
     return "." in comp.name and isinstance(driver, StandIn)
 
 

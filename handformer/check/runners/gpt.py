@@ -1120,27 +1120,30 @@ def _returned_cache(res: ComponentResult, ctx: Context, comp: Component, m: GPTM
     presents); tokens 5.. handed the presents of 0..4 give the logits of the whole sequence; rotary
     positions counted from 0 again instead (rope_no_offset) are named. Nothing where it returns no
     cache it takes back."""
-    names = {p.name: p for p in forward_parameters(call.module)}
-    arg = next((n for n in CACHE_ARGS if n in names and names[n].default is None), None)
-    if arg is None or "use_cache" not in names:
+    step = fp.quietly(lambda: _cached_step(ctx, call.module, idx))
+    err = fp.max_error(step, call(idx)[0][:, 5:])  # (inf: no cache)
+    if err == math.inf:
         return
-
-    def run(ids: Tensor, past: Any) -> Any:
-        return ctx.learner.call("forward", call.module, ids, **{arg: past, "use_cache": True})
-    first = fp.quietly(lambda: run(idx[:, :5], None))
-    presents = first[1] if isinstance(first, tuple) and len(first) > 1 else None
-    step = None if presents is None else fp.first_tensor(fp.quietly(lambda: run(idx[:, 5:], presents)), 3)
-    whole = call(idx)[0]
-    if step is None or whole is None or step.shape != whole[:, 5:].shape:
-        return
-    err = fp.max_error(step, whole[:, 5:])
-    res.checks.append(Check(text(f"the KV cache it returns: tokens 5..7 handed the {arg} of 0..4 give the "
+    res.checks.append(Check(text("the KV cache it returns: tokens 5..7 handed the cache of 0..4 give the "
                                  "logits of the whole sequence",
-                                 f"它返回的 KV 缓存：位置 5..7 带上 0..4 的 {arg}，"
-                                 "logits 与整句一次算出的相同"),
+                                 "它返回的 KV 缓存：位置 5..7 带上 0..4 的缓存，logits 与整句一次算出的相同"),
                             err < 1e-5, error_text(err)))
     if err >= 1e-5 and m.ropes[0]:
         _restarted(res, ctx, comp, hf, idx, step, err)
+
+
+def _cached_step(ctx: Context, module: nn.Module, idx: Tensor) -> Tensor | None:
+    """The logits of tokens 5.. handed the cache its call on 0..4 returned with use_cache=True (its
+    cache argument defaulting to None); raises where it takes or returns none."""
+    names = {p.name: p.default for p in forward_parameters(module)}
+    arg = named([n for n, default in names.items() if default is None], CACHE_ARGS)
+    assert arg is not None and "use_cache" in names  # noqa: S101  (quietly: no cache check)
+
+    def run(ids: Tensor, past: Any) -> Any:
+        return ctx.learner.call("forward", module, ids, **{arg: past, "use_cache": True})
+    first = run(idx[:, :5], None)
+    assert isinstance(first, tuple) and first[1] is not None  # noqa: S101  (logits and its presents)
+    return fp.first_tensor(run(idx[:, 5:], first[1]), 3)
 
 
 def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor) -> None:
@@ -1174,10 +1177,10 @@ def _balance(res: ComponentResult, m: GPTMap, hf: CausalLM, call: Caller, idx: T
              ) -> float:
     """The load-balancing term a mixture of experts' loss adds to the cross-entropy (noted), else 0."""
     other = torch.randint(0, VOCAB, idx.shape, generator=torch.Generator().manual_seed(31))
-    found = balance_term(moe_config(m.blocks[0].ffn), hf, lambda x, y: call(x, y)[1],
-                         [(idx, targets), (other, other.roll(-1, 1))])
-    res.notes += [found[1]] if found else []
-    return found[0] if found else 0.0
+    term, notes = balance_term(moe_config(m.blocks[0].ffn), hf, lambda x, y: call(x, y)[1],
+                               [(idx, targets), (other, other.roll(-1, 1))])
+    res.notes += notes
+    return term
 
 
 def _loss(res: ComponentResult, comp: Component, logits: Tensor, loss: Tensor, targets: Tensor,

@@ -65,9 +65,8 @@ def _call(ctx: Context, comp: Component, given: Tensor, n_rep: int, axis: int = 
     before the count (Mistral's repeat_kv(keys, values, repeats, dim), its heads' axis handed as `dim`);
     the first tensor it returns."""
     required = names_of(forward_parameters(comp.obj))[1]
-    count = next((i for i, name in enumerate(required) if name in COUNT_NAMES), None)
-    tensors = max(1, len(required) - 1) if count is None else max(1, count)
-    axes = {name: axis for name in required[tensors + 1:] if name in AXIS_NAMES}
+    tensors = max(1, [*(i for i, name in enumerate(required) if name in COUNT_NAMES), len(required) - 1][0])
+    axes = dict.fromkeys(set(required[tensors + 1:]) & set(AXIS_NAMES), axis)
     return fp.first_tensor(ctx.learner.call("forward", comp.obj, *[given] * tensors, n_rep, **axes), 4)
 
 
