@@ -308,8 +308,14 @@ SHOWN = {b: c for c, b in BYTE_OF.items()}  # byte -> GPT-2's character of it
 
 
 def _shown(pair: Pair) -> tuple[str, str]:
-    """The pair as GPT-2's printable strings ((b" t", b"o") -> ("Ġt", "o"))."""
-    return "".join(map(SHOWN.__getitem__, pair[0])), "".join(map(SHOWN.__getitem__, pair[1]))
+    """The pair as GPT-2's printable strings ((b" t", b"o") -> ("Ġt", "o")); a pair of strings (merges
+    of characters, SentencePiece's) as it is."""
+    return "".join(map(_char, pair[0])), "".join(map(_char, pair[1]))
+
+
+def _char(b: int | str) -> str:
+    """GPT-2's character of a byte; a character as it is."""
+    return SHOWN.get(b, b)  # type: ignore[call-overload]
 
 
 def _tie(rules: set[str], pair: Pair, tied: list[Pair]) -> None:
