@@ -14,6 +14,9 @@ INPUT_ROLES = {"q": "q", "query": "q", "queries": "q", "k": "k", "key": "k", "ke
                "value": "v", "values": "v"}
 
 # beam.py
+# a sublayer handed the stream it adds its output to (BLOOM's attention(x, residual, alibi, mask) and
+# MLP(x, residual)): handed a zero, it is the sublayer alone
+RESIDUAL_NAMES = ("residual", "residual_stream", "skip")
 BEAM_NAMES = {
     "model": ("model", "net", "transformer", "m"),
     "src": ("src", "source", "x", "src_ids", "src_seq", "input_ids"),
@@ -40,7 +43,7 @@ DECODING_NAMES = {
 # generate_loop.py
 MODEL_NAMES = ("model", "self", "net", "m", "lm", "gpt")
 PROMPT_NAMES = ("idx", "input_ids", "prompt", "prompt_ids", "tokens", "context", "ids", "x", "input",
-                "prompt_tokens", "start_ids", "inputs")
+                "prompt_tokens", "start_ids", "inputs", "prompts")
 COUNT_NAMES = ("max_new_tokens", "max_tokens", "n_new", "num_tokens", "new_tokens", "steps", "length",
                "max_length", "n", "num_new_tokens", "max_gen_len", "n_tokens")
 # a generation loop's attention mask (1 = real token, 0 = pad) and padding id

@@ -46,6 +46,7 @@ from handformer.check.core.localize import (
 from handformer.check.core.result import ComponentResult, text
 from handformer.check.core.source import functions_called, source_text
 from handformer.check.reference import variants as V
+from handformer.time_limit import time_limit
 
 Localize = Callable[[], Departure | None]
 
@@ -57,9 +58,22 @@ def note_departure(res: ComponentResult, localize: Localize) -> None:
     verdict: when it cannot run (the learner's code raises), no note."""
     if explained(res):
         return place_findings(res, localize)
-    found = quietly(localize)
+    found = quietly(lambda: _within(localize))
     if found is not None:
         add_departure(res, found)
+
+
+class LocalizeTimeout(Exception):
+    """Localizing ran past LOCALIZE_LIMIT."""
+
+
+LOCALIZE_LIMIT = 10.0  # seconds a departure is searched for: the verdict is kept within the step's limit
+
+
+def _within(localize: Localize) -> Departure | None:
+    """The departure `localize` finds within LOCALIZE_LIMIT (LocalizeTimeout after it: no note)."""
+    with time_limit(LOCALIZE_LIMIT, LocalizeTimeout):
+        return localize()
 
 
 def _children(module: nn.Module, prefix: str = "self") -> list[tuple[str, nn.Module]]:

@@ -28,6 +28,7 @@ from handformer.check.core.weights import (
     is_gated,
     leaves,
     of_kind,
+    shared_slots,
 )
 from handformer.check.reference import variants as V
 from handformer.config import MoEConfig
@@ -80,8 +81,25 @@ def moe_slots(path: str, moe: nn.Module, what: str, label: str) -> list[Slot]:
                            "handformer's MixtureOfExperts has (SwiGLU experts, Mixtral's)",
                            zh=f"{what}：它的专家不是无偏置的门控前馈网络，而 handformer 的 MixtureOfExperts "
                               "用的是这种专家（SwiGLU，Mixtral 的写法）")
+    shared = _shared(path, moe, (list_name, router.name), what, label)
     router = Leaf(_joined(label, path, router.name), "linear", router.module, router.weight, router.bias)
-    return _routed(moe, readings, router)
+    return _routed(moe, readings, router, shared)
+
+
+def _shared(path: str, moe: nn.Module, taken: tuple[str, str], what: str, label: str) -> list[list[Slot]]:
+    """The readings of its shared expert (DeepSeek's, added to every token's output unweighted): a
+    child beside the router and the experts that is a gated FFN without biases; none where it has none
+    (another child is no expert); MappingError for more than one, which handformer's has not."""
+    own = [[Leaf(_joined(label, path, name, leaf.name), leaf.kind, leaf.module, leaf.weight, leaf.bias)
+            for leaf in of_kind(leaves(child), "linear")] for name, child in moe.named_children()
+           if name not in taken]  # (its experts' list, its router)
+    found = (fp.quietly(lambda o=o: ffn_slots(o, D, None, what)) for o in own)
+    readings = [r for r in found if r and is_gated(r[0]) and r[0][0].bias() is None]
+    if len(readings) > 1:
+        raise MappingError(f"{what}: {len(readings)} shared experts; handformer's MixtureOfExperts has one",
+                           zh=f"{what}：有 {len(readings)} 个共享专家；"
+                              "handformer 的 MixtureOfExperts 只有一个")
+    return readings
 
 
 def _joined(*parts: str) -> str:
@@ -92,8 +110,16 @@ def _joined(*parts: str) -> str:
 def moe_config(slots: list[Slot]) -> MoEConfig | None:
     """handformer's MoEConfig for a layer's FFN slots: None for one FFN."""
     r = slots[-1]
+    if not isinstance(r, RouterSlot):
+        return None
+    shared = shared_slots(slots)  # one, or none
+    d_shared = shared[0][0].weight().size(0) if shared else 0
     return MoEConfig(n_experts=r.n_experts, top_k=r.top_k, d_expert=slots[0].weight().size(0),
-                     normalize=r.normalize) if isinstance(r, RouterSlot) else None
+                     normalize=r.normalize, d_shared=d_shared)
+
+
+SHARED_WORDS = {False: ("", ""), True: (" and a shared expert every token goes through",
+                                       "，另有一个所有 token 都经过的共享专家")}
 
 
 @torch.no_grad()
@@ -104,22 +130,27 @@ def moe_note(slots: list[Slot]) -> list[Text]:
         return []
     renorm = ("their weights renormalized to sum to 1", "权重重新归一化到和为 1") if r.normalize else (
         "their weights as the softmax gave them", "权重保持 softmax 给出的值")
+    shared = SHARED_WORDS[bool(r.n_shared)]
     return [text(f"its feed-forward network is a sparse mixture of {r.n_experts} experts, each token "
-                 f"through its top {r.top_k}, {renorm[0]}: compared with handformer's MixtureOfExperts",
-                 f"它的前馈网络是 {r.n_experts} 个专家的稀疏混合，每个 token 经过得分最高的 {r.top_k} "
-                 f"个专家，{renorm[1]}：与 handformer 的 MixtureOfExperts 比较")]
+                 f"through its top {r.top_k}, {renorm[0]}{shared[0]}: compared with handformer's "
+                 "MixtureOfExperts", f"它的前馈网络是 {r.n_experts} 个专家的稀疏混合，"
+                 f"每个 token 经过得分最高的 {r.top_k} 个专家，{renorm[1]}{shared[1]}："
+                 "与 handformer 的 MixtureOfExperts 比较")]
 
 
-def _routed(moe: nn.Module, readings: list[list[list[Slot]]], router: Leaf) -> list[Slot]:
+def _routed(moe: nn.Module, readings: list[list[list[Slot]]], router: Leaf, shared: list[list[list[Slot]]],
+            ) -> list[Slot]:
     """The slots in the reading (gate order, top_k, renormalized or not) that computes the learner's
-    output; where none does (a mistake), the first gate order, 2 experts a token, renormalized."""
+    output, a shared expert's after the routed ones'; where none does (a mistake), the first gate
+    order, 2 experts a token, renormalized."""
     x = fp.randn(2, 5, D, seed=4)  # (B, T, D)
     # (None where the learner's module raises: its block's check runs it and says so)
     out = fp.first_tensor(fp.quietly(lambda: moe(x)), 3)
     E = len(readings)
     settings = itertools.product(range(len(readings[0])), GATED, range(1, E + 1), (True, False))
-    tried = [([*itertools.chain(*(r[order] for r in readings)),
-               RouterSlot("router", router, None, "", E, k, norm)], act) for order, act, k, norm in settings]
+    tried = [([*itertools.chain(*(r[order] for r in readings + shared)),
+               RouterSlot("router", router, None, "", E, k, norm, len(shared))], act)
+             for order, act, k, norm in settings]
     return next((slots for slots, act in tried
                  if fp.max_error(out, V.feed_forward(ffn_weights(slots, act), x)) < 1e-6),
                 tried[2 * (min(2, E) - 1)][0])  # (order 0, silu, k = 2, renormalized)

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from handformer.check.core.result import ERROR, ComponentResult, FileResult, LearnerError
+from handformer.check.core.result import ERROR, NOT_CHECKED, ComponentResult, FileResult, LearnerError
 
 TIME_LIMIT = 20.0  # seconds for each step (the import of the learner's file, each component)
 MEMORY_LIMIT = 4096  # MiB of address space for the child (torch itself needs ~1 GiB of it)
@@ -67,7 +67,7 @@ def check_in_child(path: str, overrides: dict[str, str] | None = None, only: lis
         if step in (None, "ready", "import"):
             result.error = error
             return result
-        result.components.append(ComponentResult(kind, step, ERROR, error=error))
+        result.components.append(_stopped_component(kind, step, error, reason, stack, path, time_limit))
         skip.append(step)
 
 
@@ -162,6 +162,24 @@ def _stopped(reason: str, phase: str | None, stack: str, path: str, time_limit: 
         last_zh = "你的代码结束了进程（os._exit，或者它调用的库退出了）；组件应该返回结果，而不是结束程序"
     return LearnerError("crash", f"the check process ended ({reason}) in {where}: {last or 'no message'}",
                         where, frames, f"检查进程在 {where} 结束了（{reason}）：{last_zh or '没有消息'}")
+
+
+def _stopped_component(kind: str, step: str, error: LearnerError, reason: str, stack: str, path: str,
+                       time_limit: float) -> ComponentResult:
+    """The component whose check the child did not finish: an ERROR of the learner's code; NOT CHECKED
+    where it ran past the time limit with none of the learner's code running (the stack holds no frame
+    of their file: check's own comparison or search, between calls of theirs, took the time), since
+    nothing showed that their component loops. A loop of theirs that calls check's stand-in model (a
+    generate that never ends) has their frame below the stand-in's, and stays an ERROR."""
+    files = {*map(os.path.abspath, re.findall(r'File "([^"]+)", line \d+ in', stack))}
+    if reason != "timeout" or not files or path in files:
+        return ComponentResult(kind, step, ERROR, error=error)
+    seconds = f"{time_limit:g}"
+    return ComponentResult(kind, step, NOT_CHECKED, error=LearnerError(
+        "cannot_call", f"check's own comparison ran past the {seconds} s limit while none of your code was "
+        "running: your component was not shown to loop; raise the limit with --time-limit", step, [],
+        f"检查程序自己的比较超过了 {seconds} 秒的时间限制，当时并没有在运行你的代码："
+        "没有证据说明你的组件陷入了死循环；可以用 --time-limit 放宽限制"))
 
 
 def _learner_frames(stack: str, path: str) -> list[str]:

@@ -89,6 +89,7 @@ class RouterSlot(Slot):
     n_experts: int = 0
     top_k: int = 0
     normalize: bool = True
+    n_shared: int = 0  # shared experts (DeepSeek's), their slots after the routed experts'
 
 
 BIAS_NAME = re.compile(r"b.*|shift|offset")  # bias, beta, b_2, ...
@@ -582,7 +583,7 @@ def ffn_weights(slots: list[Slot], activation: str) -> V.FFNWeights | V.MoEWeigh
     if isinstance(slots[-1], RouterSlot):  # a mixture of experts: each expert's slots, then the router
         r = slots[-1]
         return V.MoEWeights(r.linear(), [ffn_weights(e, activation) for e in expert_slots(slots)], r.top_k,
-                            r.normalize)
+                            r.normalize, [ffn_weights(s, activation) for s in shared_slots(slots)])
     by = {FFN_PARTS[s.role]: s.linear() for s in slots}
     return V.FFNWeights(by["up"], by.get("down"), by.get("gate"), activation)
 
@@ -719,11 +720,20 @@ def ffn_parameters(target: nn.Module) -> dict[str, nn.Linear]:
 
 
 def expert_slots(slots: list[Slot]) -> list[list[Slot]]:
-    """A mixture of experts' slots, one list an expert (the router, last, left out)."""
+    """A mixture of experts' slots, one list a routed expert (the shared ones and the router left out)."""
+    return _per_expert(slots)[:slots[-1].n_experts]  # type: ignore[attr-defined]  (a RouterSlot)
+
+
+def shared_slots(slots: list[Slot]) -> list[list[Slot]]:
+    """A mixture of experts' slots, one list a shared expert (after the routed experts')."""
+    return _per_expert(slots)[slots[-1].n_experts:]  # type: ignore[attr-defined]  (a RouterSlot)
+
+
+def _per_expert(slots: list[Slot]) -> list[list[Slot]]:
     router = slots[-1]
     assert isinstance(router, RouterSlot)
-    per = (len(slots) - 1) // router.n_experts
-    return [slots[i * per:(i + 1) * per] for i in range(router.n_experts)]
+    per = (len(slots) - 1) // (router.n_experts + router.n_shared)
+    return [slots[i * per:(i + 1) * per] for i in range(router.n_experts + router.n_shared)]
 
 
 def copy_ffn(target: nn.Module, slots: list[Slot]) -> None:
@@ -734,6 +744,10 @@ def copy_ffn(target: nn.Module, slots: list[Slot]) -> None:
         copy_weights(target.router, slots[-1])
         for expert, own in zip(target.experts, expert_slots(slots), strict=True):
             copy_ffn(expert, own)
+        for own in shared_slots(slots):  # handformer's sigmoid(gate x) * expert(x): a zero gate halves it
+            copy_ffn(target.shared_expert.expert, own)
+            target.shared_expert.gate.weight.data.zero_()
+            target.shared_expert.expert.down_proj.weight.data.mul_(2.0)
         return
     projections = ffn_parameters(target)
     for slot in slots:

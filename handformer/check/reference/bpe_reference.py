@@ -300,14 +300,29 @@ def counted_once(words: Counter[Word], merges: list[Pair]) -> str | None:
     return _rule(rules)
 
 
-# no tie met; ties to the greater pair, to the smaller, to the one counted first
-TIE_READINGS = ("none", "greater", "smaller", "first")
+# no tie met; ties to the greater pair, to the smaller, to the one counted first; to the greater or the
+# smaller pair of GPT-2's characters of the bytes (bytes_to_unicode: a trainer on those strings, as
+# openai's encoder.py holds its merges)
+TIE_READINGS = ("none", "greater", "smaller", "first", "greater_shown", "smaller_shown")
+SHOWN = {b: c for c, b in BYTE_OF.items()}  # byte -> GPT-2's character of it
+
+
+def _shown(pair: Pair) -> tuple[str, str]:
+    """The pair as GPT-2's printable strings ((b" t", b"o") -> ("Ġt", "o")); a pair of strings (merges
+    of characters, SentencePiece's) as it is."""
+    return "".join(map(_char, pair[0])), "".join(map(_char, pair[1]))
+
+
+def _char(b: int | str) -> str:
+    """GPT-2's character of a byte; a character as it is."""
+    return SHOWN.get(b, b)  # type: ignore[call-overload]
 
 
 def _tie(rules: set[str], pair: Pair, tied: list[Pair]) -> None:
     """Each rule a tie's pick breaks (`tied` in the order the pairs were counted; any tie breaks "none")."""
     if len(tied) > 1:
-        picks = dict(zip(TIE_READINGS, (None, max(tied), min(tied), tied[0])))
+        picks = dict(zip(TIE_READINGS, (None, max(tied), min(tied), tied[0], max(tied, key=_shown),
+                                        min(tied, key=_shown))))
         rules |= {f"not {rule}" for rule, p in picks.items() if p != pair}
 
 

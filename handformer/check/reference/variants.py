@@ -332,6 +332,7 @@ class MoEWeights:
     experts: list[FFNWeights]
     top_k: int
     normalize: bool
+    shared: list[FFNWeights] = field(default_factory=list)  # experts every token goes through, unweighted
 
 
 def mixture_of_experts(w: MoEWeights, x: Tensor, flags: Flags = frozenset()) -> Tensor:
@@ -343,7 +344,8 @@ def mixture_of_experts(w: MoEWeights, x: Tensor, flags: Flags = frozenset()) -> 
     weights = weights / weights.sum(-1, keepdim=True) ** w.normalize  # (to the power False: divided by 1)
     outs = torch.stack([feed_forward(e, x, flags) for e in w.experts], dim=-2)  # (B, T, E, D)
     picked = outs.gather(-2, chosen[..., None].expand(*chosen.shape, outs.size(-1)))  # (B, T, k, D)
-    return (weights[..., None] * picked).sum(-2)  # (B, T, D)
+    shared = sum(feed_forward(s, x, flags) for s in w.shared)  # every token's, unweighted (0: none)
+    return (weights[..., None] * picked).sum(-2) + shared  # (B, T, D)
 
 
 def feed_forward(w: FFNWeights | MoEWeights, x: Tensor, flags: Flags = frozenset()) -> Tensor:

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import INPUT_ROLES as ROLES
+from handformer.check.core.argument_names import RESIDUAL_NAMES
 from handformer.check.core.context import (
     ATTENTION_FLAGS,
     MAX_LEN,
@@ -173,7 +174,8 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos", "position_embeddings", "cos",
              "sin", "cos_sin", "freqs_cos", "freqs_sin", "alibi"}
     # nanochat's value embedding `ve`: None; its window_size: one over the whole sequence
-    fixed = {**dict.fromkeys(optional_inputs(fn, params, extra)), **window_inputs(fn, params)}
+    fixed = {**dict.fromkeys(optional_inputs(fn, params, extra)), **window_inputs(fn, params),
+             **_residual_inputs(params)}
     first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in {*extra, *fixed}
                         or isinstance(p.default, (int, float, str)) or is_cache_argument(p)
                         or i > 0 and optional_extra(p)),
@@ -202,6 +204,13 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
         return _laid_out(fn, args, kwargs, layout, state)
 
     return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named, state, required)
+
+
+def _residual_inputs(params: list[inspect.Parameter]) -> dict[str, Tensor]:
+    """The stream a forward adds its output to (BLOOM's forward(x, residual, alibi, mask)): zero (a 0-dim
+    tensor, of any shape and dtype), so that its output is the attention alone."""
+    names = [p.name for p in params if p.name in RESIDUAL_NAMES and p.default is p.empty]
+    return dict.fromkeys(names, torch.zeros(()))
 
 
 def _alibi_handed(fn: Any, params: list[inspect.Parameter]) -> str | None:
@@ -754,8 +763,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     if heads != 1 and single_head(comp, linears, n_kv_heads):  # checked again with one head
         return check_mha(comp, ctx, sizes["causal"], n_kv_heads, heads=1)
     c = _driven(res, module, around, x)
-    one = x[:, :1]  # (B, 1, D): one token, where the output reads the value rows alone
-    find_layouts_(module, lambda: fp.first_tensor(c.call(one, one, one, None), 3), D, D // heads)
+    find_layouts_(module, _one_token(c, x[:, :1], _conventions(ctx, module, c)), D, D // heads)
     kv_width = n_kv_heads * (D // heads) if n_kv_heads else None  # None: read from a fused projection
     slots = attention_slots(linears, D, 1, comp.name, kv_width)[0] + qk_norms
     n_kv_heads = n_kv_heads or kv_heads_of(slots, heads)
@@ -1015,6 +1023,21 @@ def _no_output_projection(res: ComponentResult, comp: Component, source: str) ->
         f"{comp.name} has 3 projections ({', '.join(res.mapping)}), no nn.Linear(d_model, d_model) "
         f"for W_O", f"{comp.name} 只有 3 个投影（{', '.join(res.mapping)}），没有用于 W_O 的 "
         "nn.Linear(d_model, d_model)"), number, code))
+
+
+def _one_token(c: Caller, one: Tensor, convs: tuple[str, ...]) -> Callable[[], Tensor | None]:
+    """The learner's attention on one token (B, 1, D), where its output reads the value rows alone;
+    where it requires a mask (BLOOM's forward(x, residual, alibi, mask)), that one key visible in the
+    first convention it runs with (a softmax over one key is 1 in any of them)."""
+    def run() -> Tensor | None:
+        for conv in convs if c.required else (None,):
+            c.state["visible"] = conv
+            out = fp.quietly(lambda: fp.first_tensor(c.call(one, one, one, None), 3))
+            c.state.pop("visible")
+            if fp.max_error(out, out) == 0.0:  # (inf for none, or a NaN)
+                return out
+        return None
+    return run
 
 
 def _conventions(ctx: Context, module: Any, c: Caller) -> tuple[str, ...]:

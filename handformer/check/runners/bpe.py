@@ -20,12 +20,15 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+import regex
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, call_parameters, finish
@@ -290,10 +293,21 @@ SPLIT_SAMPLE = "It's 2026:  the cat\n sat, 你好."  # contractions, digits, run
 
 def own_splitter(comp: Component, ctx: Context) -> Callable[[str], list[str]] | None:
     """The learner's own pre-tokenizer (a hand-written stand-in for GPT-2's pattern): a function of
-    their file that the trainer calls and that cuts a text into pieces that join back to it."""
-    own = own_objects(ctx.module)
-    functions = filter(inspect.isfunction, map(own.get, sorted(global_reads(comp.obj))))
+    their file that the trainer calls, or the findall of a compiled pattern of their file that it reads
+    (re.findall(PAT, text)), that cuts a text into pieces that join back to it."""
+    own, names = own_objects(ctx.module), sorted(global_reads(comp.obj))
+    # (the findall of anything else raises, and cuts nothing)
+    functions = [*filter(inspect.isfunction, map(own.get, names)),
+                 *map(_findall, names, map(vars(ctx.module).get, names))]
     return next(filter(_splits, functions), None)
+
+
+def _findall(name: str, pattern: re.Pattern[str] | regex.Pattern[str]) -> Callable[[str], list[str]]:
+    """The findall of a compiled pattern, named as the file names the pattern."""
+    def split(text: str) -> list[str]:
+        return pattern.findall(text)
+    split.__name__ = name
+    return split
 
 
 def _splits(fn: Callable[..., Any]) -> bool:
@@ -366,13 +380,16 @@ def _vocab_size(res: ComponentResult, vocab: Any, merges: list[R.Pair], ref_merg
             *locate("bpe_vocab_size_ignores_specials", lines)))
 
 
+SHOWN_RULES = ("greater_shown", "smaller_shown")  # ties among GPT-2's characters of the bytes: conventions
+
+
 def compare_merges(
     res: ComponentResult,
     merges: list[R.Pair],
     ref: list[R.Pair],
     specials: list[str],
     lines: list[tuple[int, str]],
-    conventions: tuple[str, ...] = ("smaller",),
+    conventions: tuple[str, ...] = ("smaller", *SHOWN_RULES),
 ) -> None:
     """The learner's merges against the reference's; where they differ, why (`conventions`: the tie
     rules that are conventions, see _tie_rule)."""
@@ -465,7 +482,17 @@ TIE_CONVENTIONS = {  # a tie rule that is a convention -> (what it is, en and zh
                   "出现并列时取最先数到的一对，即 minbpe 的 max(stats, key=stats.get)（参考实现和 CS336 "
                   "按字节的字典序选更大的一对：从第一次并列起合并规则就不同了）"),
 }
-TIE_WORDS = {"smaller": ("to the smaller pair", "按并列选更小的一对"),
+TIE_CONVENTIONS |= {rule: text(
+    f"ties broken by the {en} pair of GPT-2's characters of the bytes (bytes_to_unicode, as openai's "
+    "encoder.py writes its merges; the reference, like CS336, compares the bytes: the merges differ from "
+    "the first tie on)", f"出现并列时按 GPT-2 的字节字符（bytes_to_unicode，openai 的 encoder.py 写合并规则"
+    f"用的就是它）比较，取{zh}的一对（参考实现和 CS336 比较字节：从第一次并列起合并规则就不同了）")
+    for rule, en, zh in (("greater_shown", "greater", "更大"), ("smaller_shown", "smaller", "更小"))}
+TIE_WORDS = {"greater_shown": ("to the greater pair of GPT-2's byte characters",
+                               "按 GPT-2 的字节字符选更大的一对"),
+             "smaller_shown": ("to the smaller pair of GPT-2's byte characters",
+                               "按 GPT-2 的字节字符选更小的一对"),
+             "smaller": ("to the smaller pair", "按并列选更小的一对"),
              "first": ("to the pair counted first", "按并列选最先数到的一对")}
 
 

@@ -60,7 +60,7 @@ def check_trainable(comp: Component, ctx: Context) -> ComponentResult:
     with R.split_by(split):
         size = kwargs.get("vocab_size", VOCAB_SIZE + 1)
         ref_merges = R.train(CORPUS, size, specials)[1]
-        bpe.compare_merges(res, merges, ref_merges, specials, lines, ("smaller", "first"))
+        bpe.compare_merges(res, merges, ref_merges, specials, lines, ("smaller", "first", *bpe.SHOWN_RULES))
         held = _special_ids(tok)
         vocab |= dict(zip(held.values(), map(str.encode, held)))
         specials_held = set(map(str.encode, specials)) <= set(vocab.values())

@@ -96,6 +96,7 @@ from handformer.check.reference import variants as V
 from handformer.check.reference.parallel import as_parallel_
 from handformer.check.runners import latent
 from handformer.check.runners.attention import attention_cap
+from handformer.check.runners.balance_loss import balance_term
 from handformer.check.runners.kv_cache import CACHE_ARGS, CACHE_METHODS
 from handformer.check.runners.localize_cache import cache_departure
 from handformer.check.runners.model import as_written_, computes_sqrt, exact_norms_
@@ -964,7 +965,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
     res.max_abs_error = max(errors)
     res.checks.append(Check(COMPARED[0], max(errors) < 1e-5, error_text(max(errors))))
     if loss is not None and not last_only:
-        _loss(res, comp, hf(idx).logits, loss, targets)
+        _loss(res, comp, hf(idx).logits, loss, targets, _balance(res, m, hf, call, idx, targets))
     _causality(res, call, idx)
     if call.stepwise:
         res.notes.append(text(f"its forward takes one token at a time: driven so, token t at {call.start} = "
@@ -974,6 +975,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
     if call.start:
         _cached(res, ctx, comp, m, call, hf, idx)
     _handed_cache(res, ctx, call, idx)
+    _returned_cache(res, ctx, comp, m, call, hf, idx)
 
 
 def _scale_unused(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, module: nn.Module,
@@ -1096,14 +1098,52 @@ def _cached(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, call
                                  f"KV 缓存：先给位置 0..4，再用 {call.start}=5 给位置 5..7，"
                                  "logits 与整句一次算出的相同"),
                             err < 1e-5, error_text(err)))
-    if err < 1e-5 or not m.ropes[0]:
-        return
+    if err >= 1e-5 and m.ropes[0]:
+        _restarted(res, ctx, comp, hf, idx, step, err)
+
+
+def _restarted(res: ComponentResult, ctx: Context, comp: Component, hf: CausalLM, idx: Tensor, step: Tensor,
+               err: float) -> None:
+    """rope_no_offset where the cached logits of tokens 5.. are handformer's with their rotary positions
+    counted from 0 again."""
     cache = hf.new_cache(BLOCK)
     hf(idx[:, :5], cache=cache)
     restarted = hf(idx[:, 5:], cache=cache, position_ids=torch.arange(idx.size(1) - 5)[None]).logits
     matched = fp.max_error(step, restarted)
     if matched < 1e-5:
         res.findings += ctx.findings(frozenset({"rope_no_offset"}), matched, err, comp, "rope")
+
+
+def _returned_cache(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, call: Caller,
+                    hf: CausalLM, idx: Tensor) -> None:
+    """Hugging Face's cache: forward(ids, past_key_values=None, use_cache=False) returning (logits,
+    presents); tokens 5.. handed the presents of 0..4 give the logits of the whole sequence; rotary
+    positions counted from 0 again instead (rope_no_offset) are named. Nothing where it returns no
+    cache it takes back."""
+    step = fp.quietly(lambda: _cached_step(ctx, call.module, idx))
+    err = fp.max_error(step, fp.quietly(lambda: call(idx)[0][:, 5:]))  # (inf: no cache)
+    if err == math.inf:
+        return
+    res.checks.append(Check(text("the KV cache it returns: tokens 5..7 handed the cache of 0..4 give the "
+                                 "logits of the whole sequence",
+                                 "它返回的 KV 缓存：位置 5..7 带上 0..4 的缓存，logits 与整句一次算出的相同"),
+                            err < 1e-5, error_text(err)))
+    if err >= 1e-5 and m.ropes[0]:
+        _restarted(res, ctx, comp, hf, idx, step, err)
+
+
+def _cached_step(ctx: Context, module: nn.Module, idx: Tensor) -> Tensor | None:
+    """The logits of tokens 5.. handed the cache its call on 0..4 returned with use_cache=True (its
+    cache argument defaulting to None); raises where it takes or returns none."""
+    names = {p.name: p.default for p in forward_parameters(module)}
+    arg = named([n for n, default in names.items() if default is None], CACHE_ARGS)
+    assert arg is not None and "use_cache" in names  # noqa: S101  (quietly: no cache check)
+
+    def run(ids: Tensor, past: Any) -> Any:
+        return ctx.learner.call("forward", module, ids, **{arg: past, "use_cache": True})
+    first = run(idx[:, :5], None)
+    assert isinstance(first, tuple) and first[1] is not None  # noqa: S101  (logits and its presents)
+    return fp.first_tensor(run(idx[:, 5:], first[1]), 3)
 
 
 def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor) -> None:
@@ -1133,7 +1173,18 @@ def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor)
         note_departure(res, lambda: cache_departure(lambda: call(idx), runs(fresh), T, ctx.path))
 
 
-def _loss(res: ComponentResult, comp: Component, logits: Tensor, loss: Tensor, targets: Tensor) -> None:
+def _balance(res: ComponentResult, m: GPTMap, hf: CausalLM, call: Caller, idx: Tensor, targets: Tensor,
+             ) -> float:
+    """The load-balancing term a mixture of experts' loss adds to the cross-entropy (noted), else 0."""
+    other = torch.randint(0, VOCAB, idx.shape, generator=torch.Generator().manual_seed(31))
+    term, notes = balance_term(moe_config(m.blocks[0].ffn), hf, lambda x, y: call(x, y)[1],
+                               [(idx, targets), (other, other.roll(-1, 1))])
+    res.notes += notes
+    return term
+
+
+def _loss(res: ComponentResult, comp: Component, logits: Tensor, loss: Tensor, targets: Tensor,
+          term: float = 0.0) -> None:
     """The loss against the cross-entropy of handformer's logits: the targets as given (nanoGPT's, already
     shifted), or shifted inside as Hugging Face's labels are (position t predicts label t + 1); a loss
     whose logits are cut for the shift but whose labels are not (each position scored against its own
@@ -1141,7 +1192,7 @@ def _loss(res: ComponentResult, comp: Component, logits: Tensor, loss: Tensor, t
     plain = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
     shifted = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), targets[:, 1:].reshape(-1))
     own = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), targets[:, :-1].reshape(-1))
-    err, err_shifted = abs(float(loss) - float(plain)), abs(float(loss) - float(shifted))
+    err, err_shifted = abs(float(loss) - term - float(plain)), abs(float(loss) - float(shifted))
     if err_shifted < 1e-6 <= err:
         res.notes.append(text("your forward shifts the labels itself (Hugging Face's labels): compared so",
                               "你的 forward 自己移位 labels（Hugging Face 的 labels 写法）：按移位后比较"))

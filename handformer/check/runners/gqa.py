@@ -44,7 +44,7 @@ def check_repeat_kv(comp: Component, ctx: Context) -> ComponentResult:
         off = fp.max_error(as_heads_second, repeat_kv(x, N_REP))
         res.findings += ctx.findings(found[0], found[1], off, comp)
     err = fp.max_error(as_heads_second, repeat_kv(x, N_REP))
-    one = _call(ctx, comp, given, 1)
+    one = _call(ctx, comp, given, 1, dim)
     err_one = fp.max_error(one, given)
     res.max_abs_error = max(err, err_one)
     res.checks.append(Check(text(f"equals handformer's repeat_kv for {KV_HEADS} key/value heads, "
@@ -56,11 +56,18 @@ def check_repeat_kv(comp: Component, ctx: Context) -> ComponentResult:
     return finish(res)
 
 
-def _call(ctx: Context, comp: Component, given: Tensor, n_rep: int) -> Tensor | None:
+COUNT_NAMES = ("n_rep", "repeats", "n_repeats", "num_repeats", "rep", "n", "num_rep", "n_groups", "groups")
+AXIS_NAMES = ("dim", "axis")
+
+
+def _call(ctx: Context, comp: Component, given: Tensor, n_rep: int, axis: int = 1) -> Tensor | None:
     """The learner's repeat_kv on `given` repeated n_rep times: the same tensor for each tensor it takes
-    before the count (Mistral's repeat_kv(keys, values, repeats)); the first tensor it returns."""
-    tensors = max(1, len(names_of(forward_parameters(comp.obj))[1]) - 1)
-    return fp.first_tensor(ctx.learner.call("forward", comp.obj, *[given] * tensors, n_rep), 4)
+    before the count (Mistral's repeat_kv(keys, values, repeats, dim), its heads' axis handed as `dim`);
+    the first tensor it returns."""
+    required = names_of(forward_parameters(comp.obj))[1]
+    tensors = max(1, [*(i for i, name in enumerate(required) if name in COUNT_NAMES), len(required) - 1][0])
+    axes = dict.fromkeys(set(required[tensors + 1:]) & set(AXIS_NAMES), axis)
+    return fp.first_tensor(ctx.learner.call("forward", comp.obj, *[given] * tensors, n_rep, **axes), 4)
 
 
 def _repeated(ctx: Context, comp: Component, x: Tensor) -> tuple[Tensor, Tensor, int]:
@@ -70,7 +77,7 @@ def _repeated(ctx: Context, comp: Component, x: Tensor) -> tuple[Tensor, Tensor,
     layouts = ((x, 1), (x.transpose(1, 2).contiguous(), 2))  # heads second, or third (Meta)
     for i, (given, dim) in enumerate(layouts):
         try:
-            out = _call(ctx, comp, given, N_REP)
+            out = _call(ctx, comp, given, N_REP, dim)
         except fp.LearnerFailure:
             if i == len(layouts) - 1:
                 raise

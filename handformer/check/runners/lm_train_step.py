@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import re
 from typing import Any
 
 import torch
@@ -139,6 +140,8 @@ class Step:
                  self.loader, self.pair, self.tokens}
         rest = [n for n in required if n not in known]
         self.count = named(rest, SCHEDULE_STEP_NAMES)  # the iteration (nanoGPT's iter_num): 0, then 1
+        # or how many steps a loop of them runs (build-nanogpt's train(..., steps): range(steps)): 1 a call
+        self.loops = re.search(rf"\brange\(\s*{self.count}\s*\)", source_text(comp.obj))  # (None: no count)
         # a configuration (nanoGPT's cfg): its micro-steps, clipping norm, and whether it sets the rate
         self.config, self.fields = _step_config(comp.obj, rest)
         self.micro = self.accum or self.fields.get("accum")  # what sets the micro-steps: argument or field
@@ -181,7 +184,8 @@ class Step:
                  self.pair: lambda: (x.clone(), y.clone()),
                  self.tokens: lambda: torch.cat([x, y[:, -1:]], dim=1),  # (B, T + 1)
                  self.lr: lambda: lr, self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler,
-                 self.accum: lambda: ACCUM, self.count: lambda: len(self.seen) % 2, self.config: self._config}
+                 self.accum: lambda: ACCUM, self.count: lambda: max(bool(self.loops), len(self.seen) % 2),
+                 self.config: self._config}
         kwargs.update({name: make() for name, make in given.items() if name})
         stand_in = {self.drawn: Drawn(self, Windows(x, y, parts))} if self.drawn else {}
         with globals_set(self.ctx.module, stand_in):

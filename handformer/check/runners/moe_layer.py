@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, D, error_text, finish
 from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.moe import moe_slots
 from handformer.check.core.result import (
     Check,
     ComponentResult,
@@ -33,6 +34,8 @@ from handformer.check.core.result import (
     text,
 )
 from handformer.check.core.source import locate, source_lines
+from handformer.check.core.weights import expert_slots
+from handformer.check.runners.pieces import wrong_branch_findings
 
 TOP_K_SETTINGS = ("top_k", "num_experts_per_tok", "n_activated_experts", "experts_per_token", "k")
 TOL = 1e-6
@@ -118,7 +121,15 @@ def check_moe(comp: Component, ctx: Context) -> ComponentResult:
             f"你的输出用的是 softmax 给出的前 {k} 个权重（误差 {errors[k, False]:.1e}），"
             "而它的设置要求重新归一化"),
             number, code))
+    res.findings += _branch_findings(ctx, comp, module, err)
     return finish(res)
+
+
+def _branch_findings(ctx: Context, comp: Component, module: nn.Module, err: float) -> list[Finding]:
+    """gated_activation_wrong_branch in its first expert, as a single FFN is judged (pieces.py): which
+    projection it activates read from what it computes, which one is named the gate from its names."""
+    slots = fp.quietly(lambda: moe_slots("", module, "", ""))
+    return wrong_branch_findings(ctx, comp, expert_slots(slots)[0], err) if slots and err < TOL else []
 
 
 def _read_as(E: int, k: int, normalize: bool, shared: int) -> Text:

@@ -405,7 +405,7 @@ def ffn_name_findings(ctx: Context, comp: Component, class_name: str, slots: lis
     the branch named up (or Meta's w3) while the one named gate (w1) is not activated."""
     out = _promise_findings(ctx, comp, class_name, slots, act, matched) if activated else []
     if is_gated(slots):
-        out += _wrong_branch_findings(ctx, comp, slots, matched)
+        out += wrong_branch_findings(ctx, comp, slots, matched)
     return out
 
 
@@ -484,7 +484,7 @@ ACT_WORDS = {"relu": r"(?i)relu", "gelu": r"(?i)gelu", "silu": r"(?i)silu|swish|
 
 
 
-def _wrong_branch_findings(ctx: Context, comp: Component, slots: list[Slot], matched: float) -> list[Finding]:
+def wrong_branch_findings(ctx: Context, comp: Component, slots: list[Slot], matched: float) -> list[Finding]:
     """A gated FFN's activation on the branch named up, the one named gate unactivated; or, of two
     projections numbered alike, on the later one (Meta's w3, Raschka's fc2): the first is the gate, as
     the GLU paper's W before V, Llama's w1, T5's wi_0."""

@@ -574,12 +574,14 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
 
     def call(offset: int = 0, length: int = T, reading: str = "") -> Any:
         # Meta's (B, T, H, Dh); gpt-oss's one sequence at a time, its tokens on dim 0, (T, H, Dh)
+        # Falcon's and BLOOM's (B * H, T, Dh)
         pairs = {"": [(q, k)], "meta": [(q.transpose(1, 2), k.transpose(1, 2))],
-                 "tokens": list(zip(q.transpose(1, 2), k.transpose(1, 2)))}[reading]
+                 "tokens": list(zip(q.transpose(1, 2), k.transpose(1, 2))),
+                 "flat": [(q.flatten(0, 1), k.flatten(0, 1))]}[reading]
         outs = [one(offset, length, pair) for pair in pairs]
-        return {"tokens": _per_sequence}.get(reading, lambda outs: outs[0])(outs)
+        return {"tokens": _per_sequence, "flat": _unflattened}.get(reading, lambda outs: outs[0])(outs)
 
-    raw = call()
+    raw = fp.quietly(call) if tensors else call()  # (a rotation that reads another layout: tried below)
     table = read_table(raw, T)
     theta = _own_base(res, comp, module)
     # OLMo's forward(q, k) returns the rotated (q, k): shaped as its inputs, not a (cos, sin) table
@@ -640,7 +642,15 @@ def _per_sequence(outs: list[Any]) -> Any:
     return fp.quietly(lambda: tuple(map(torch.stack, zip(*outs))))  # each a (query, key) pair
 
 
+def _unflattened(outs: list[Any]) -> Any:
+    """The outputs of a call on (B * H, T, Dh), each viewed (B, T, H, Dh) as Meta's reading gives them;
+    None where they are not tensors of that size."""
+    return fp.quietly(lambda: tuple(o.view(B, H, *o.shape[1:]).transpose(1, 2) for o in outs[0]))
+
+
 READINGS = {"": None, "meta": META_INPUTS,  # the inputs each reading hands the module, and its note
+            "flat": text("inputs (B * H, T, Dh), the heads folded into the batch, as Falcon's and BLOOM's",
+                         "输入形状为 (B * H, T, Dh)，头并入 batch 维，与 Falcon、BLOOM 相同"),
             "tokens": text("inputs (T, H, Dh), one sequence at a time, its tokens on dim 0, as gpt-oss's",
                            "输入形状为 (T, H, Dh)，一次一个序列，token 在 dim 0，与 gpt-oss 相同")}
 
@@ -650,13 +660,13 @@ def _module_reading(ctx: Context, call: Callable[..., Any], n: int, q: Tensor, k
     """(the reading of its inputs, the output, its layout): (B, H, T, Dh) first; Meta's (B, T, H, Dh)
     or one sequence (T, H, Dh) (gpt-oss's RotaryEmbedding reads its tokens from dim 0) where the
     first gives no rotation."""
-    out = _stacked(call(0), n, q.shape)
+    out = fp.quietly(lambda: _stacked(call(0), n, q.shape))
     best = _module_layout(out, q, k, n, theta)
-    for reading in ("meta", "tokens") * (best is None):
+    for reading in ("meta", "tokens", "flat") * (best is None):
         other = fp.quietly(lambda reading=reading: _stacked(call(0, reading=reading), n, q.shape, True))
         if _module_layout(other, q, k, n, theta) is not None:
             return reading, other, _module_layout(other, q, k, n, theta)
-    return "", out, best
+    return "", out if out is not None else _stacked(call(0), n, q.shape), best  # (raises its failure)
 
 
 def _rotated_module(res: ComponentResult, ctx: Context, comp: Component, call: Callable[..., Any], n: int,
