@@ -109,10 +109,12 @@ CONFIG_NAMES = ("config", "cfg", "args", "params", "hparams", "model_args", "con
 # hidden width beside d_in, the width alone) and n_position; bentrevett's hid_dim and pf_dim;
 # hyunwoongko's enc_voc_size, device and trg_sos_idx (kept, never read); minGPT's
 # config.model_type (None: the sizes are given)
-# timm's Mlp(in_features, hidden_features=None, out_features=None, act_layer, ...)
+# timm's Mlp(in_features, hidden_features=None, out_features=None, act_layer, ...) (an FFN's output
+# width is its input's: a tutorial's copy may drop the defaults)
 # UvA's MultiheadAttention(input_dim, embed_dim, num_heads) and EncoderBlock(input_dim, ...): the
 # width of the input (bentrevett's Encoder(input_dim, ...) embeds it: a vocabulary, size_roles.py)
 for _key, _names in {"d_model": ("hid_dim", "d_hid", "d_word_vec", "n_state", "emb", "in_features",
+                                 "out_features",
                                  "input_dim",
                                  # MLX's nn.RMSNorm(dims), nn.RoPE(dims, ...), ports that keep its names
                                  "dims"),
