@@ -418,6 +418,8 @@ SUFFIXES: dict[str, tuple[str, ...]] = {"block": ("Block", "Layer"), "decoder_la
                                         # Mixtral's MixtralSparseMoeBlock, Qwen-MoE's Qwen2MoeSparseMoeBlock
                                         "moe": ("SparseMoeBlock", "SparseMoEBlock", "MoeBlock", "MoEBlock",
                                                 "MoeLayer", "MoELayer")}
+# what a block's __init__ builds and a mixture of experts' never does: an attention
+BUILDS_ATTENTION = re.compile(r"(?i)\battn|attention")
 # an encoder's or decoder's block has its own kind; a mixture of experts is no FFN to compare
 NOT_SUFFIXED = ("Encoder", "Decoder", "Cross", "MoE")
 NOT_SUFFIXED_WORDS = re.compile("|".join(NOT_SUFFIXED), re.I)
@@ -589,6 +591,8 @@ CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("gpt", lambda c: c.__name__ not in NAMES["gpt"] and not decoder_only(c), "transformer"),
     ("mha", lambda c: causal_inside(c), "causal_attention"),  # Raschka's, Karpathy's: forward(x)
     ("mha", lambda c: reads_kv_heads(c), "gqa"),
+    # a block of a mixture-of-experts model named for its FFN (MoEBlock: attention, then the experts)
+    ("moe", lambda c: bool(BUILDS_ATTENTION.search(source_text(vars(c).get("__init__", "")))), "block"),
     # a Batch that builds no masks of the Annotated Transformer's (a dataset's record): not checked
     ("batch_masks", lambda c: not re.search(r"self\.src_mask\s*=", source_text(c)), "none"),
 )
