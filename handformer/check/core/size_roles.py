@@ -73,8 +73,8 @@ def widths_beside_config(cls: type, keys: dict[str, str | None], size_of: dict[s
     """The one width argument of a constructor that also reads the width from another argument
     (GPT-2's MLP(n_state, config): config.n_embd), where no argument is the FFN's width: that one."""
     widths = {name for name, key in keys.items() if key == "d_model"}
-    if len(widths) != 1 or "d_ff" in keys.values():
-        return set()
-    read = {n.value.id for n in _init_nodes(cls) if isinstance(n, ast.Attribute)
-            and isinstance(n.value, ast.Name) and size_of.get(n.attr.lower()) == "d_model"}
-    return widths if read & (set(keys) - widths) else set()
+    # the names whose attribute it reads as the width (self.dim too: no argument)
+    read = {_name(getattr(n, "value", None)) for n in _init_nodes(cls)
+            if size_of.get(_name(n).lower()) == "d_model"}
+    alone = (len(widths), "d_ff" in keys.values(), bool(read & set(keys) - widths)) == (1, False, True)
+    return widths if alone else set()
