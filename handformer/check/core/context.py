@@ -437,7 +437,8 @@ def optional_inputs(fn: Any, params: list[inspect.Parameter], handled: set[str],
                  and re.search(NONE_TEST.format(p.name), file))}
 
 
-NONE_TEST = r"\b{0}\s+is\s+(not\s+)?None\b"
+# `x is None`, `x is not None`, or a switch's truth (`if use_cache:`: None takes the branch without it)
+NONE_TEST = r"\b{0}\s+is\s+(not\s+)?None\b|\bif\s+(not\s+)?{0}\s*:"
 
 
 def optional_extra(p: inspect.Parameter) -> bool:

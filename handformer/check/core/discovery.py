@@ -109,10 +109,12 @@ CONFIG_NAMES = ("config", "cfg", "args", "params", "hparams", "model_args", "con
 # hidden width beside d_in, the width alone) and n_position; bentrevett's hid_dim and pf_dim;
 # hyunwoongko's enc_voc_size, device and trg_sos_idx (kept, never read); minGPT's
 # config.model_type (None: the sizes are given)
-# timm's Mlp(in_features, hidden_features=None, out_features=None, act_layer, ...)
+# timm's Mlp(in_features, hidden_features=None, out_features=None, act_layer, ...) (an FFN's output
+# width is its input's: a tutorial's copy may drop the defaults)
 # UvA's MultiheadAttention(input_dim, embed_dim, num_heads) and EncoderBlock(input_dim, ...): the
 # width of the input (bentrevett's Encoder(input_dim, ...) embeds it: a vocabulary, size_roles.py)
 for _key, _names in {"d_model": ("hid_dim", "d_hid", "d_word_vec", "n_state", "emb", "in_features",
+                                 "out_features",
                                  "input_dim",
                                  # MLX's nn.RMSNorm(dims), nn.RoPE(dims, ...), ports that keep its names
                                  "dims"),
@@ -416,6 +418,8 @@ SUFFIXES: dict[str, tuple[str, ...]] = {"block": ("Block", "Layer"), "decoder_la
                                         # Mixtral's MixtralSparseMoeBlock, Qwen-MoE's Qwen2MoeSparseMoeBlock
                                         "moe": ("SparseMoeBlock", "SparseMoEBlock", "MoeBlock", "MoEBlock",
                                                 "MoeLayer", "MoELayer")}
+# what a block's __init__ builds and a mixture of experts' never does: an attention
+BUILDS_ATTENTION = re.compile(r"(?i)\battn|attention")
 # an encoder's or decoder's block has its own kind; a mixture of experts is no FFN to compare
 NOT_SUFFIXED = ("Encoder", "Decoder", "Cross", "MoE")
 NOT_SUFFIXED_WORDS = re.compile("|".join(NOT_SUFFIXED), re.I)
@@ -587,6 +591,8 @@ CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("gpt", lambda c: c.__name__ not in NAMES["gpt"] and not decoder_only(c), "transformer"),
     ("mha", lambda c: causal_inside(c), "causal_attention"),  # Raschka's, Karpathy's: forward(x)
     ("mha", lambda c: reads_kv_heads(c), "gqa"),
+    # a block of a mixture-of-experts model named for its FFN (MoEBlock: attention, then the experts)
+    ("moe", lambda c: bool(BUILDS_ATTENTION.search(source_text(vars(c).get("__init__", "")))), "block"),
     # a Batch that builds no masks of the Annotated Transformer's (a dataset's record): not checked
     ("batch_masks", lambda c: not re.search(r"self\.src_mask\s*=", source_text(c)), "none"),
 )

@@ -6,6 +6,8 @@ says nothing or says something else:
                          too, for a block that hands its multiplier on to another)
     a vocabulary         bentrevett's Encoder(input_dim, hid_dim, ...) builds nn.Embedding(input_dim,
                          hid_dim): input_dim is a width's name there, a table's rows in fact
+    an FFN's width       GPT-2's MLP(n_state, config) reads the width from its config (config.n_embd):
+                         n_state, a width's name, is the hidden width (4 * n_embd) beside it
 
 Read from the constructor's source; a constructor without one (inherited, built by type()) has none.
 """
@@ -60,6 +62,19 @@ def embedding_rows(cls: type) -> set[str]:
 def with_roles(cls: Any, keys: dict[str, str | None], size_of: dict[str, str]) -> dict[str, str | None]:
     """Each constructor argument of the class `cls` -> the size it stands for, its name's `keys`
     corrected by what the constructor does: a width's name that is an embedding's rows is a
-    vocabulary, an argument no name places that multiplies a width is a width multiplier."""
+    vocabulary, an argument no name places that multiplies a width is a width multiplier, a width's
+    name beside a configuration the width is read from is the FFN's width."""
     found = {"d_model": ("src_vocab", embedding_rows(cls)), None: ("ffn_mult", multipliers(cls, size_of))}
-    return {name: found[key][0] if name in found.get(key, ("", ()))[1] else key for name, key in keys.items()}
+    keys = {name: found[key][0] if name in found.get(key, ("", ()))[1] else key for name, key in keys.items()}
+    return {**keys, **dict.fromkeys(widths_beside_config(cls, keys, size_of), "d_ff")}
+
+
+def widths_beside_config(cls: type, keys: dict[str, str | None], size_of: dict[str, str]) -> set[str]:
+    """The one width argument of a constructor that also reads the width from another argument
+    (GPT-2's MLP(n_state, config): config.n_embd), where no argument is the FFN's width: that one."""
+    widths = {name for name, key in keys.items() if key == "d_model"}
+    # the names whose attribute it reads as the width (self.dim too: no argument)
+    read = {_name(getattr(n, "value", None)) for n in _init_nodes(cls)
+            if size_of.get(_name(n).lower()) == "d_model"}
+    alone = (len(widths), "d_ff" in keys.values(), bool(read & set(keys) - widths)) == (1, False, True)
+    return widths if alone else set()

@@ -63,6 +63,8 @@ from handformer.check.core.discovery import Component, DiscoveryError, cannot_fi
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines, source_text
+from handformer.check.runners.classifier_step import check_classifier_step
+from handformer.check.runners.classifier_step import roles as classifier_roles
 from handformer.check.runners.localize_train import localize_train_step
 from handformer.check.runners.step_parts import calls_with_norm, own_batch, own_loss_compute
 from handformer.config import Seq2SeqConfig
@@ -554,6 +556,9 @@ COMPARED = {True: ("the parameters after an epoch of two batches equal handforme
 
 
 def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
+    classifier = None if epoch else classifier_roles(comp.obj)
+    if classifier:  # train_step(model, images, labels, optimizer): model(images) -> (B, C) logits
+        return check_classifier_step(comp, ctx, classifier, clip_norm(source_text(comp.obj), {}))
     res = ctx.result(comp)
     step = Step(comp, ctx, epoch)
     base = tiny_model()
