@@ -203,9 +203,9 @@ def _learner_frames(stack: str, path: str) -> list[str]:
     return frames[::-1]
 
 
-def _child(request: dict[str, Any]) -> None:
-    """The child side: limits, imports, then the check, streaming results."""
-    import faulthandler
+def _prepared(request: dict[str, Any]) -> None:
+    """The child's limit and imports (none left to do in a child of the fork server), before the
+    learner's file is imported."""
     import resource
 
     limit = int(request["memory_limit"]) * 2**20
@@ -213,11 +213,20 @@ def _child(request: dict[str, Any]) -> None:
     import torch  # noqa: F401  (before the clock starts: torch's import is ours, not the learner's)
 
     from handformer.check.core.cpu_only import cuda_as_cpu
-    from handformer.check.core.engine import check_file, import_runners
+    from handformer.check.core.engine import import_runners
 
     import_runners()  # the grader's own modules, before any clock starts (0.3 s)
     sys.argv = [request["path"]]  # their file sees itself run, not the sandbox's request
     cuda_as_cpu(request["path"])  # a file written for a GPU (Meta's `.cuda()` KV cache) runs on the CPU here
+
+
+def child(request: dict[str, Any]) -> None:
+    """The child side: limits, imports, then the check, streaming results."""
+    import faulthandler
+
+    _prepared(request)
+    from handformer.check.core.engine import check_file
+
     stack = open(request["stack"], "w")  # noqa: SIM115  (open until the process ends)
     results = open(request["results"], "a", encoding="utf-8")  # noqa: SIM115
 
@@ -247,4 +256,4 @@ def _child(request: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    _child(json.loads(sys.argv[1]))
+    child(json.loads(sys.argv[1]))

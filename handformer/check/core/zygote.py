@@ -242,9 +242,9 @@ def _child(request: dict[str, Any], pipes: tuple[BinaryIO, ...], default_threads
         os.environ.update(request["env"])
         sys.path[0] = request["cwd"]  # as `python -m` puts the folder it is started in
         _threads_as_fresh(default_threads)
-        from handformer.check.core.sandbox import _child as check
+        from handformer.check.core.sandbox import child
 
-        check(request)
+        child(request)
         code = 0
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
