@@ -63,12 +63,10 @@ def statuses(result) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def server():
-    """This process's fork server, started for these tests (each pytest-xdist worker has its own)."""
-    zygote.forget()
+    """This process's fork server (each pytest-xdist worker has its own, started at its first check)."""
     srv = zygote.server()
-    assert srv is not None, "no fork server on Linux"
-    yield srv
-    zygote.forget()
+    assert srv is not None and not srv.gone, "no fork server on Linux"
+    return srv
 
 
 @pytest.fixture(scope="module")

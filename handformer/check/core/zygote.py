@@ -111,14 +111,6 @@ def fork_here() -> None:
         _servers[os.getpid()] = _started(_fork_server)
 
 
-def forget() -> None:
-    """Let the server go and end it; the next check starts a new one (tests use this)."""
-    gone = _servers.pop(os.getpid(), None)
-    if gone is not None:
-        atexit.unregister(gone.close)
-        gone.close()
-
-
 def _started(start) -> Server | None:
     """A server that said it is ready, or None (it could not import, it is unsafe, it took too long)."""
     srv = start()
