@@ -197,3 +197,16 @@ def _alive(pid: int) -> bool:
             return stat.read().split(") ")[1][0] != "Z"  # a zombie has ended
     except OSError:
         return False
+
+
+def test_a_server_that_refuses_is_not_asked_again():
+    """A server that found fork unsafe (a thread pool started in it) answers "unsafe": the sandbox
+    gets no child from it, then or later, and starts fresh interpreters instead."""
+    (request_r, request_w), (answer_r, answer_w) = os.pipe(), os.pipe()
+    os.write(answer_w, b'{"unsafe": true}\n')
+    refusing = zygote.Server(os.fdopen(request_w, "wb", buffering=0), os.fdopen(answer_r, "rb", buffering=0),
+                             os.getpid(), None)
+    assert refusing.fork({"path": "model.py"}) is None and refusing.gone
+    assert refusing.fork({"path": "model.py"}) is None and os.read(request_r, 100).count(b"\n") == 1
+    for fd in (request_r, answer_w):
+        os.close(fd)

@@ -13,8 +13,9 @@ killed), and takes a running child with it.
 
 Fork after torch's import is safe while the server has computed nothing: torch's OpenMP pool starts
 at the first parallel operation, and a child forked after it hangs in its first parallel operation.
-The server never computes; it counts its threads after its imports and, should that number grow,
-answers "unsafe" and ends: the sandbox then starts a fresh interpreter for each check, as it does
+(CUDA, once initialized, cannot be used in a forked child at all.) The server never computes; it
+counts its threads after its imports and, should that number grow or CUDA be initialized, answers
+"unsafe" and ends: the sandbox then starts a fresh interpreter for each check, as it does
 where there is no fork (not Linux) or the server cannot start.
 """
 
@@ -175,7 +176,7 @@ def _loop(requests: BinaryIO, answers: BinaryIO) -> None:
     threads, default_threads = _threads(), torch.get_num_threads()
     answers.write(b'{"ready": true}\n')
     for line in requests:
-        if _threads() > threads:  # something started a thread pool here: a fork could hang
+        if _threads() > threads or torch.cuda.is_initialized():  # a fork could hang (see above)
             answers.write(b'{"unsafe": true}\n')
             return
         request = json.loads(line)
