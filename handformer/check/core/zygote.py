@@ -136,11 +136,14 @@ def _fork_server() -> Server:
     sys.stderr.flush()  # what the command wrote so far is not written again by the copy
     pid = os.fork()
     if pid == 0:
-        os.setsid()  # the terminal's Ctrl-C goes to the command, which then closes the pipe
-        os.close(request_w)
-        os.close(answer_r)
-        _quiet()
-        _serve(os.fdopen(request_r, "rb", buffering=0), os.fdopen(answer_w, "wb", buffering=0))
+        try:  # the copy never returns into the command
+            os.setsid()  # the terminal's Ctrl-C goes to the command, which then closes the pipe
+            os.close(request_w)
+            os.close(answer_r)
+            _quiet()
+            _serve(os.fdopen(request_r, "rb", buffering=0), os.fdopen(answer_w, "wb", buffering=0))
+        finally:
+            os._exit(1)
     os.close(request_r)
     os.close(answer_w)
     return Server(os.fdopen(request_w, "wb", buffering=0), os.fdopen(answer_r, "rb", buffering=0), pid, None)
