@@ -109,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, left = _parser().parse_known_args(argv)
     if left:
         args.usage_parser.error(f"unrecognized arguments: {' '.join(left)}")
+    args.own_process = argv is None  # the process's command, not a call from other code (a test)
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as err:

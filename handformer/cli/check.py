@@ -42,6 +42,7 @@ def learner_file(path: str) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from handformer.check.core import zygote
     from handformer.check.core.report import default_language, exit_code, format_report, to_json
     from handformer.check.core.sandbox import check_in_child
 
@@ -50,6 +51,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise ValueError("--time-limit must be > 0 seconds and --memory-limit at least 1024 MiB "
                          "(torch itself needs about 1 GiB of address space)")
     convention = None if args.mask_convention == "auto" else args.mask_convention
+    if args.own_process:  # it has imported torch and nothing of theirs: its copy forks the child
+        zygote.fork_here()
     result = check_in_child(learner_file(args.path), overrides, only, convention, args.time_limit,
                             args.memory_limit, args.adapters)
     result.path = args.path  # as the learner typed it

@@ -1,13 +1,14 @@
 """The learner's code runs in a child process with a time limit and a memory limit.
 
-The parent starts `python -m handformer.check.core.sandbox REQUEST`; the child caps its address space
-(RLIMIT_AS), imports torch and handformer, then imports the learner's file and checks one component
-after another. Before each step it arms `faulthandler.dump_traceback_later`, so an infinite loop
-ends with the stack of where it was looping; the parent also kills the whole process group when a
-step outlives the limit. Results stream back one JSON line per component, so when a component
-hangs, crashes or runs out of memory the ones before it are kept and a new child checks the ones
-after it. A huge allocation fails inside the limit (MemoryError, or torch's "can't allocate
-memory") and is reported as such.
+The parent has the fork server of zygote.py fork the child (torch and the grader already imported;
+where there is none, it starts `python -m handformer.check.core.sandbox REQUEST`); the child caps
+its address space (RLIMIT_AS), imports torch and handformer where it has not, then imports the
+learner's file and checks one component after another. Before each step it arms
+`faulthandler.dump_traceback_later`, so an infinite loop ends with the stack of where it was
+looping; the parent also kills the whole process group when a step outlives the limit. Results
+stream back one JSON line per component, so when a component hangs, crashes or runs out of memory
+the ones before it are kept and a new child checks the ones after it. A huge allocation fails
+inside the limit (MemoryError, or torch's "can't allocate memory") and is reported as such.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from handformer.check.core import zygote
 from handformer.check.core.result import ERROR, NOT_CHECKED, ComponentResult, FileResult, LearnerError
 
 TIME_LIMIT = 20.0  # seconds for each step (the import of the learner's file, each component)
@@ -79,22 +81,12 @@ def _run_child(request: dict[str, Any], time_limit: float,
     with tempfile.TemporaryDirectory(prefix="handformer-check-") as tmp:
         files = {k: Path(tmp) / k for k in ("results", "progress", "stack", "stderr")}
         request = {**request, **{k: str(v) for k, v in files.items()}}
-        with open(files["stderr"], "wb") as err:  # a file, not a pipe: a chatty learner cannot block
-            command = [sys.executable, "-m", "handformer.check.core.sandbox", json.dumps(request)]
-            proc = subprocess.Popen(command,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                    start_new_session=True)
-        phase, since, reason = None, time.monotonic(), "done"
-        while proc.poll() is None:
-            time.sleep(0.05)
-            current = _progress(files["progress"])
-            if current != phase:
-                phase, since = current, time.monotonic()
-            limit = STARTUP_LIMIT if phase is None else time_limit + 5.0
-            if time.monotonic() - since > limit:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                reason = "timeout"
+        proc = _started(request)
+        try:
+            reason = _watched(proc, files["progress"], time_limit)
+        finally:
+            if proc.poll() is None:  # the parent was interrupted (Ctrl-C): so is the child
+                _kill(proc)
         stderr = _read(files["stderr"])
         phase = _progress(files["progress"])
         stack = _read(files["stack"])
@@ -108,6 +100,42 @@ def _run_child(request: dict[str, Any], time_limit: float,
         if reason not in ("done", "timeout") and not stack:
             stack = stderr[-2000:]
         return lines, phase, stack, reason
+
+
+def _started(request: dict[str, Any]) -> Any:
+    """The child, forked by this process's fork server (zygote.py: torch is imported there once) in
+    this process's folder and environment; a fresh interpreter where there is no server free (not
+    Linux, a server that could not start or found fork unsafe, another thread's check running)."""
+    server = zygote.server()
+    forked = server and server.fork({**request, "cwd": os.getcwd(), "env": dict(os.environ)})
+    if forked:
+        return forked
+    with open(request["stderr"], "wb") as err:  # a file, not a pipe: a chatty learner cannot block
+        command = [sys.executable, "-m", "handformer.check.core.sandbox", json.dumps(request)]
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                start_new_session=True)
+
+
+def _watched(proc: Any, progress: Path, time_limit: float) -> str:
+    """Wait for the child; kill its process group when a step outlives its limit. "timeout" or
+    "done" (the child ended by itself)."""
+    phase, since = None, time.monotonic()
+    while proc.poll() is None:
+        time.sleep(0.05)
+        current = _progress(progress)
+        if current != phase:
+            phase, since = current, time.monotonic()
+        limit = STARTUP_LIMIT if phase is None else time_limit + 5.0
+        if time.monotonic() - since > limit:
+            _kill(proc)
+            return "timeout"
+    return "done"
+
+
+def _kill(proc: Any) -> None:
+    """Kill the child's whole process group (what the learner's code started too) and reap it."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _done(lines: list[dict[str, Any]]) -> bool:
@@ -193,9 +221,9 @@ def _learner_frames(stack: str, path: str) -> list[str]:
     return frames[::-1]
 
 
-def _child(request: dict[str, Any]) -> None:
-    """The child side: limits, imports, then the check, streaming results."""
-    import faulthandler
+def _prepared(request: dict[str, Any]) -> None:
+    """The child's limit and imports (none left to do in a child of the fork server), before the
+    learner's file is imported."""
     import resource
 
     limit = int(request["memory_limit"]) * 2**20
@@ -203,10 +231,20 @@ def _child(request: dict[str, Any]) -> None:
     import torch  # noqa: F401  (before the clock starts: torch's import is ours, not the learner's)
 
     from handformer.check.core.cpu_only import cuda_as_cpu
-    from handformer.check.core.engine import check_file, import_runners
+    from handformer.check.core.engine import import_runners
 
     import_runners()  # the grader's own modules, before any clock starts (0.3 s)
+    sys.argv = [request["path"]]  # their file sees itself run, not the sandbox's request
     cuda_as_cpu(request["path"])  # a file written for a GPU (Meta's `.cuda()` KV cache) runs on the CPU here
+
+
+def child(request: dict[str, Any]) -> None:
+    """The child side: limits, imports, then the check, streaming results."""
+    import faulthandler
+
+    _prepared(request)
+    from handformer.check.core.engine import check_file
+
     stack = open(request["stack"], "w")  # noqa: SIM115  (open until the process ends)
     results = open(request["results"], "a", encoding="utf-8")  # noqa: SIM115
 
@@ -236,4 +274,4 @@ def _child(request: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    _child(json.loads(sys.argv[1]))
+    child(json.loads(sys.argv[1]))
