@@ -1,5 +1,5 @@
 """A FAIL quotes the planted line where the mistake is written in a form the catalogue's variants do
-not reproduce, or where the line that computes wrongly is not the one the scores are taken on: one
+not reproduce, or where the line that computes wrongly is not the one the output departs at: one
 learner file per form (tests/fixtures/learners_quoted_forms/), each checked once, its planted line
 marked `# planted`."""
 
@@ -27,6 +27,10 @@ PLANTS = {  # file -> (the failing component, the finding it names, the lines it
     "attn_noop": ("CausalSelfAttention", "no_scaling", [26]),
     # a pre-norm block whose MLP sublayer is post-norm: both sublayers' lines
     "vit_block": ("Block", "pre_norm", [45, 46]),
+    # a loop's top-k (its default k = 10) that fills the others with 0, and one (run with top_k = 1)
+    # that drops the k-th token too: the traced run's filtered logits are the catalogued mistake's
+    "topk_fill_zero": ("generate", "filter_fill_finite", [14]),
+    "topk_drops_kth": ("generate", "top_k_off_by_one", [14]),
 }
 
 
