@@ -234,6 +234,21 @@ def _frequencies_and_their_factor(lines: list[tuple[int, str]]) -> tuple[int | N
     return with_second(number, code, *_nearest(lines, number, bound, -1))
 
 
+def _masks_passed_swapped(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+    """The first call that passes the two masks in the order opposite to the one a `def` that takes
+    both names them in (`layer(trg, enc_src, src_mask, trg_mask)` to `forward(self, dec, enc,
+    trg_mask, src_mask)`): where one attention is handed the other's mask."""
+    named = [(n, line.strip(), tuple(MASK_NAMES.findall(line)), bool(HEADER.match(line)))
+             for n, line in _code_lines(lines)]
+    # a def's two masks, reversed, as a call (no def) would pass them swapped
+    swapped = {(masks[::-1], False) for _, _, masks, header in named if header * (len(set(masks)) == 2)}
+    return next(((n, line) for n, line, masks, header in named if (masks, header) in swapped), (None, None))
+
+
+# a source's or a target's mask, by the names the tutorials give them
+MASK_NAMES = re.compile(r"\b(\w*(?:src|tgt|trg|source|target)_?mask)\b")
+
+
 def with_second(number: int, code: str, n: int | None, other: str) -> tuple[int, str]:
     """The line quoted with a second one after it (`n`, its text), where there is one and the first
     is not a statement of two lines already: a FAIL quotes two of the learner's lines at most."""
@@ -255,7 +270,8 @@ COMMENTED_SHIFT = re.compile(r"\s*#\s*[\w.]+\[\s*\.\.\.\s*,\s*1\s*:\s*\]\s*=\s*"
 LINE_FINDERS = {"shared_norm": _second_norm_call, "top_p_drops_crossing": _shift_commented_out,
                 "concat_no_transpose": _concat_and_its_input,
                 "no_output_projection": _projection_left_out, "cosine_min_lr_ignored": _cosine_without_floor,
-                "pe_wrong_frequency": _frequencies_and_their_factor, "pre_norm": _both_norm_lines}
+                "pe_wrong_frequency": _frequencies_and_their_factor, "pre_norm": _both_norm_lines,
+                "decoder_masks_swapped": _masks_passed_swapped}
 
 
 def first_pattern_matches(name: str, code: str, form: str = "") -> bool:
