@@ -31,7 +31,12 @@ PLANTS = {  # file -> (the failing component, the finding it names, the lines it
     # that drops the k-th token too: the traced run's filtered logits are the catalogued mistake's
     "topk_fill_zero": ("generate", "filter_fill_finite", [14]),
     "topk_drops_kth": ("generate", "top_k_off_by_one", [14]),
+    # an encoder-decoder model that builds its masks, its components each right: the target's causal
+    # mask sees the next token, or the decoder hands each layer the masks in the other order
+    "s2s_mask_sees_next": ("Transformer", "causal_off_by_one", [131]),
+    "s2s_masks_swapped": ("Transformer", "decoder_masks_swapped", [109]),
 }
+CORRECT = {"correct": 3, "s2s_correct": 6}  # file -> its components, each to pass
 
 
 def _checked(name: str) -> tuple[dict, str]:
@@ -39,14 +44,10 @@ def _checked(name: str) -> tuple[dict, str]:
     return json.loads(to_json(result)), format_report(result)
 
 
-@pytest.fixture(scope="module")
-def correct() -> tuple[dict, str]:
-    return _checked("correct")
-
-
-def test_the_correct_file_passes(correct):
-    data, report = correct
-    assert [c["status"] for c in data["components"]] == ["pass"] * 3, report
+@pytest.mark.parametrize("name", list(CORRECT))
+def test_the_correct_file_passes(name):
+    data, report = _checked(name)
+    assert [c["status"] for c in data["components"]] == ["pass"] * CORRECT[name], report
 
 
 @pytest.mark.parametrize("name", list(PLANTS))

@@ -238,7 +238,7 @@ def _masks_passed_swapped(lines: list[tuple[int, str]]) -> tuple[int | None, str
     """The first call that passes the two masks in the order opposite to the one a `def` that takes
     both names them in (`layer(trg, enc_src, src_mask, trg_mask)` to `forward(self, dec, enc,
     trg_mask, src_mask)`): where one attention is handed the other's mask."""
-    named = [(n, line.strip(), tuple(MASK_NAMES.findall(line)), bool(HEADER.match(line)))
+    named = [(n, line.strip(), tuple(MASK_NAMES.findall(line.split("#")[0])), bool(HEADER.match(line)))
              for n, line in _code_lines(lines)]
     # a def's two masks, reversed, as a call (no def) would pass them swapped
     swapped = {(masks[::-1], False) for _, _, masks, header in named if header * (len(set(masks)) == 2)}
