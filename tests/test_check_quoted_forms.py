@@ -35,6 +35,8 @@ PLANTS = {  # file -> (the failing component, the finding it names, the lines it
     # mask sees the next token, or the decoder hands each layer the masks in the other order
     "s2s_mask_sees_next": ("Transformer", "causal_off_by_one", [131]),
     "s2s_masks_swapped": ("Transformer", "decoder_masks_swapped", [109]),
+    # greedy decoding of a batch of one that takes the max over the batch: every new token 0
+    "greedy_batch_dim": ("greedy_decode", "argmax_wrong_dim", [15]),
 }
 CORRECT = {"correct": 3, "s2s_correct": 6}  # file -> its components, each to pass
 
