@@ -30,13 +30,15 @@ def passed_in(res: ComponentResult, filename: str) -> None:
 def _call_passing(source: str, line: int, attribute: str) -> tuple[int, str] | None:
     """(line, text) of the first call of the class around `line` that passes, by keyword, the argument
     its constructor sets `attribute` from (`self.attribute = argument`) a value chosen there: not the
-    same name handed on (`temperature=temperature`), nor a literal setting (`eps=1e-6`)."""
+    same name handed on (`temperature=temperature`), nor a setting read as it is (`eps=args.norm_eps`),
+    nor a literal (`eps=1e-6`)."""
     cls = _class_around(_tree(source), line)
     lines = source.splitlines()
     body = "\n".join(lines[cls.lineno - 1:cls.end_lineno]) if cls else ""
     param = re.search(rf"^\s*self\.{attribute}\s*=\s*(\w+)\s*(#.*)?$", body, re.MULTILINE)
-    # the argument by keyword, neither handed on under its own name nor a literal
-    chosen = rf"\b{param[1]}\s*=\s*(?!{param[1]}\b|-?\s*[\d.]|[\"'])" if param else ""
+    # the argument by keyword, neither handed on under its own name, nor a setting read as it is
+    # (`eps=args.norm_eps`), nor a literal
+    chosen = rf"\b{param[1]}\s*=\s*(?!{param[1]}\b|\w+(\.\w+)+\s*[,)]|-?\s*[\d.]|[\"'])" if param else ""
     call = param and re.compile(rf"\b{cls.name}\(.*{chosen}")
     return next(((n, text.strip()) for n, text in enumerate(lines, 1) if call and call.search(text)), None)
 
