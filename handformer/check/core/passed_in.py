@@ -20,7 +20,7 @@ def passed_in(res: ComponentResult, filename: str) -> None:
     """Each named finding quoted on one line that reads an attribute its class's constructor sets from
     an argument, where a call of that class in the file chooses the argument (see `_call_passing`):
     the first such call's line after the finding's."""
-    source = "".join(linecache.getlines(filename))
+    source = "".join(linecache.getlines(str(filename)))
     for finding in [f for f in res.named() if f.line]:
         read = ATTRIBUTE_READ.findall(str(finding.code).split("#")[0])
         found = next(filter(None, (_call_passing(source, finding.line, a) for a in read)), (None, ""))

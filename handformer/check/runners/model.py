@@ -573,7 +573,9 @@ def _search(m: ModelMap, out: Tensor, src: Tensor, tgt: Tensor, builds_masks: bo
         flags = (hit or (frozenset(),))[0]
         everywhere = fp.max_error(out, variant(hf, src, tgt, flags, ch.log_probs)) if (
             "mask_combined_with_or" in flags) else 0.0  # on every row
-        return None if everywhere >= fp.TOL else hit
+        # combined with an or, the padding mask keeps every real key: a causal diagonal moved cannot be seen
+        hidden = len(flags & {"mask_combined_with_or", *DIAGONALS}) == 2
+        return None if everywhere >= fp.TOL or hidden else hit
     return fp.search_settings(settings, search_one)
 
 
