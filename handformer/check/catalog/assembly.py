@@ -83,6 +83,8 @@ DIAGNOSES: list[Diagnosis] = [
       "[token]))（批量写法：log_probs + beam_scores[:, None]）",
       r"^\s*\w*(scores?|cand)\w*\s*=\s*\w*log_?probs?\w*(\[[^]]*\])?\s*(#.*)?$",
       r"\.append\(\(\s*\w*log_?probs?\w*\s*,",
+      # the tokens first, then the new token's log-probability alone: `append((tokens + [idx], lp))`
+      r"\.append\(\(.*,\s*\w*(\blp|log_?probs?|logp)\w*\s*\)\)",
       r"log_?prob"),
     d("beam_one_not_greedy", "with beam size 1 and no length penalty the beam search is not greedy decoding",
       "束宽为 1（beam_size=1）、没有长度惩罚时，束搜索与贪心解码不一致",

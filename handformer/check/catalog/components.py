@@ -97,7 +97,7 @@ DIAGNOSES: list[Diagnosis] = [
       "exp(arange(0, d_model, 2) * (-log(10000) / d_model))",
       "第 (2i, 2i+1) 维的角度为 pos / 10000^(2i/d_model)：div_term = "
       "exp(arange(0, d_model, 2) * (-log(10000) / d_model))",
-      r"div\w*\s*=", r"10000", r"exp\("),
+      r"div\w*\s*=", r"^(?!\s*def ).*10000", r"exp\(", r"10000"),  # a `def` whose default is 10000 last
     d("decoder_masks_swapped", "the decoder's two masks are swapped: self-attention gets the source "
       "mask, cross-attention the target mask", "解码器的两个掩码用反了：自注意力用了源端掩码，"
       "交叉注意力用了目标端掩码",

@@ -369,7 +369,10 @@ FORMS: dict[str, dict[str, tuple[str, str]]] = {
                            "doubled": ("10000^(4i/d) instead of 10000^(2i/d): the pair's index 2i "
                                        "doubled again (2 * arange(0, d, 2))",
                                        "用了 10000^(4i/d) 而不是 10000^(2i/d)：2i 又乘了 2"
-                                       "（2 * arange(0, d, 2)）")},
+                                       "（2 * arange(0, d, 2)）"),
+                           "own": ("the columns are the sines and cosines of the positions at frequencies "
+                                   "other than 1/10000^(2i/d)", "各列仍是位置的正弦和余弦，但频率不是 "
+                                   "1/10000^(2i/d)")},
     "layernorm_unbiased_std": {"std": ("(x - mean) / (x.std() + eps)", "(x - mean) / (x.std() + eps)"),
                                "var": ("(x - mean) / sqrt(x.var() + eps), the unbiased variance",
                                        "(x - mean) / sqrt(x.var() + eps)，用了无偏方差")},

@@ -34,6 +34,7 @@ from handformer.check.core.discovery import (
 )
 from handformer.check.core.kinds import KINDS_BY_NAME
 from handformer.check.core.localize import commented_out
+from handformer.check.core.passed_in import passed_in
 from handformer.check.core.precision import float64_kept
 from handformer.check.core.result import (
     DEPARTS,
@@ -150,6 +151,7 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
     ctx.learner.calls = ctx.learner.nan_calls = 0
     result = _run_checked(comp, ctx)
     commented_out(result, ctx.path)  # a named mistake beside the one line they commented out
+    passed_in(result, ctx.path)  # and the call that passes a value its line reads
     _cache_slices(comp, result)
     if result.status == ERROR and not result.findings:
         _nothing_found(comp, ctx, result, result.error)

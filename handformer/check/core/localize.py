@@ -1162,15 +1162,17 @@ def place_findings(res: ComponentResult, localize: Callable[[], Any], lines: lis
     for finding in unsure:  # the departing line, where a pattern as telling as the finding's finds it
         told = pattern_rank(finding.name, code.split(" / line ")[0]) <= pattern_rank(finding.name, str(
             finding.code)) < math.inf  # a pattern as telling as the one that found its line finds it too
-        if finding.line is None or told or misplaced(finding, found) or deeper(finding, found):
+        moved = finding.line != line  # the same line kept as the finding quotes it (with its second line)
+        if moved and (finding.line is None or told or misplaced(finding, found) or deeper(finding, found)):
             finding.line, finding.code = line, code
 
 
 def commented_out(res: ComponentResult, filename: str) -> None:
     """A named finding a few lines below a statement the learner commented out (`# loss = loss /
     grad_accum_steps` above `loss.backward()`), one that binds a name the finding's line or the line
-    above it reads: that line is quoted, the step they turned off; or in a function with a comparison
-    written as a statement (`==` for `=`): that line, the step that does nothing."""
+    above it reads: that line is quoted, the step they turned off; or in a function with a statement
+    that changes nothing (`==` for `=`, `scores = scores`, a product left unused, see `_idle`): that
+    line, the step that does nothing."""
     for finding in res.named():
         found = finding.line and (_turned_off(filename, finding.line) or _no_effect(filename, finding.line))
         if found:
@@ -1178,15 +1180,26 @@ def commented_out(res: ComponentResult, filename: str) -> None:
 
 
 def _no_effect(filename: str, line: int) -> tuple[int, str] | None:
-    """A comparison written as a statement in the function around `line`, so it does nothing
-    (`true_dist[:, self.padding_idx] == 0`, an assignment with `==` for `=`): (its line, its text)."""
+    """A statement in the function around `line` that does nothing (`true_dist[:, self.padding_idx] ==
+    0`, an assignment with `==` for `=`; see `_idle`), the nearest: (its line, its text)."""
     tree = _parsed(filename)
     functions = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)]
     around = [f for f in functions if f.lineno <= line <= f.end_lineno]
     inner = max(around, key=lambda f: f.lineno, default=ast.Module(body=[], type_ignores=[]))
-    idle = [n.lineno for n in ast.walk(inner) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Compare)]
+    idle = [n.lineno for n in ast.walk(inner) if _idle(n)]
     return min(((n, linecache.getline(filename, n).strip()) for n in idle), key=lambda nc: abs(nc[0] - line),
                default=None)
+
+
+def _idle(node: ast.AST) -> bool:
+    """A statement that changes nothing: a comparison or an arithmetic result left unused
+    (`x == 0`, `x * normalizer`), or a name assigned to itself (`scores = scores`, a step taken out)."""
+    kinds = (type(node), type(getattr(node, "value", None)))
+    return kinds in IDLE or isinstance(node, ast.Assign) and bool(SELF_ASSIGNED.fullmatch(ast.unparse(node)))
+
+
+IDLE = {(ast.Expr, ast.Compare), (ast.Expr, ast.BinOp)}  # a statement of a comparison, of arithmetic
+SELF_ASSIGNED = re.compile(r"([\w.]+) = \1")  # `scores = scores`, as ast.unparse writes it
 
 
 TURNED_OFF_WITHIN = 15  # lines above a finding's: a buffer's fill in __init__ above the forward that uses it

@@ -173,8 +173,8 @@ def _concat_and_its_input(lines: list[tuple[int, str]]) -> tuple[int | None, str
     the two."""
     number, code = first_line(CATALOG["concat_no_transpose"].patterns, lines)
     reshaped = RESHAPED.search(str(code))
-    n, made = _nearest(lines, number, rf"\s*{reshaped.group(1)}\s*=(?!=)", -1) if reshaped else (None, "")
-    return (number, f"{code} / line {n}: {made.split('#')[0].strip()}") if n else (number, code)
+    return with_second(number, code, *_nearest(lines, number, rf"\s*{reshaped.group(1)}\s*=(?!=)", -1)) \
+        if reshaped else (number, code)
 
 
 def _cosine_without_floor(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
@@ -212,6 +212,52 @@ def _projection_left_out(lines: list[tuple[int, str]]) -> tuple[int | None, str 
     return told if told[0] is not None else quoted
 
 
+def _both_norm_lines(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+    """The first line that calls a norm and the next one in the same function that calls one: of a
+    block whose placement is mixed, the two sublayers' lines, one pre-norm, the other post-norm."""
+    number, code = first_line(CATALOG["pre_norm"].patterns, lines)
+    if number is None:
+        return None, None
+    return with_second(number, code, *_nearest(lines, number, rf".*{CATALOG['pre_norm'].patterns[0]}", 1))
+
+
+def _frequencies_and_their_factor(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+    """The line that makes the encoding's frequencies (a `div_term =`, else a statement that takes an
+    exp or a power, not a `def` whose default is 10000) and, when it reads a name an earlier line of
+    the same function bound (Whisper's `log_timescale_increment`), that line after it: the exponent's
+    factor may be wrong on either."""
+    number, code = first_line(CATALOG["pe_wrong_frequency"].patterns, lines)
+    if number is None:
+        return None, None
+    read = set(READ_NAMES.findall(code.split("=", 1)[-1]))
+    bound = rf"\s*({'|'.join(map(re.escape, read))})\s*=(?!=)"  # a line that binds a name it reads
+    return with_second(number, code, *_nearest(lines, number, bound, -1))
+
+
+def _masks_passed_swapped(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+    """The first call that passes the two masks in the order opposite to the one a `def` that takes
+    both names them in (`layer(trg, enc_src, src_mask, trg_mask)` to `forward(self, dec, enc,
+    trg_mask, src_mask)`): where one attention is handed the other's mask."""
+    named = [(n, line.strip(), tuple(MASK_NAMES.findall(line.split("#")[0])), bool(HEADER.match(line)))
+             for n, line in _code_lines(lines)]
+    # a def's two masks, reversed, as a call (no def) would pass them swapped
+    swapped = {(masks[::-1], False) for _, _, masks, header in named if header * (len(set(masks)) == 2)}
+    return next(((n, line) for n, line, masks, header in named if (masks, header) in swapped), (None, None))
+
+
+# a source's or a target's mask, by the names the tutorials give them
+MASK_NAMES = re.compile(r"\b(\w*(?:src|tgt|trg|source|target)_?mask)\b")
+
+
+def with_second(number: int, code: str, n: int | None, other: str) -> tuple[int, str]:
+    """The line quoted with a second one after it (`n`, its text), where there is one and the first
+    is not a statement of two lines already: a FAIL quotes two of the learner's lines at most."""
+    joined = f"{code} / line {n}: {other.split('#')[0].strip()}"
+    return (number, joined) if n and " / line " not in code else (number, code)
+
+
+READ_NAMES = re.compile(r"(?<![.\w])([A-Za-z_]\w*)\b(?!\s*\()")  # the names a line reads, not calls
+
 # what merges attention heads: a concatenation, a transpose back, weights times values (`wei @ v`, not
 # a decorator's @)
 HEADS_MERGED = r"\bcat\(|transpose\(|permute\(|einsum\(|\w\s*@\s*\w|matmul\(|scaled_dot_product_attention\("
@@ -223,7 +269,9 @@ COMMENTED_SHIFT = re.compile(r"\s*#\s*[\w.]+\[\s*\.\.\.\s*,\s*1\s*:\s*\]\s*=\s*"
 # diagnoses whose line is found by more than a pattern of one line
 LINE_FINDERS = {"shared_norm": _second_norm_call, "top_p_drops_crossing": _shift_commented_out,
                 "concat_no_transpose": _concat_and_its_input,
-                "no_output_projection": _projection_left_out, "cosine_min_lr_ignored": _cosine_without_floor}
+                "no_output_projection": _projection_left_out, "cosine_min_lr_ignored": _cosine_without_floor,
+                "pe_wrong_frequency": _frequencies_and_their_factor, "pre_norm": _both_norm_lines,
+                "decoder_masks_swapped": _masks_passed_swapped}
 
 
 def first_pattern_matches(name: str, code: str, form: str = "") -> bool:

@@ -353,5 +353,9 @@ def _explain(res: ComponentResult, ctx: Context, comp: Component, tokens: tuple[
         res.findings.append(_finding(ctx, comp, "greedy_eos_not_emitted", text(
             f"your tokens stop where EOS ({EOS}) comes but leave it out: {shown}",
             f"你的输出在该出现 EOS（{EOS}）的位置停下了，但没有输出它：{shown}")))
+    elif set(got[1:]) == {0} != set(upto[1:]):  # the only index of an axis of size 1: the batch's
+        res.findings.append(_finding(ctx, comp, "argmax_wrong_dim", text(
+            f"every new token is 0, the only index of an axis of size 1 (the batch of one): {shown}",
+            f"每个新 token 都是 0，即大小为 1 的轴（只有一句的 batch）唯一的下标：{shown}")))
     else:
         note_departure(res, lambda: position_departure(run, comp.obj, model))

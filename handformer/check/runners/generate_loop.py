@@ -544,7 +544,8 @@ def _wrong(run: Run, expected: Tensor) -> bool:
 def _localize(ctx: Context, comp: Component, driver: Any, run: Run, expected: Tensor) -> Departure | None:
     """Where the loop of `run` parts from greedy decoding (localize_generate.py), run again as it was."""
     crop = getattr(driver, "limit", BLOCK)  # their own model's: the block size, or none (a huge one)
-    views, forms = generate_views(driver.logits, run.prompt, expected, crop, default_temperature(comp.obj))
+    views, forms = generate_views(driver.logits, run.prompt, expected, crop, default_temperature(comp.obj),
+                                  _top_k_of(comp, run))
     model = driver.new_model(getattr(run.model, "style", "own"), budget=run.n + 3)
     prompt = run.prompt[0].tolist() if run.as_list else run.prompt.clone()
     try:
@@ -553,6 +554,14 @@ def _localize(ctx: Context, comp: Component, driver: Any, run: Run, expected: Te
                                  comp.obj, views, forms)
     finally:
         getattr(model, "close", lambda: None)()  # the hooks on the learner's own model
+
+
+def _top_k_of(comp: Component, run: Run) -> int:
+    """The k the run's top-k filter keeps: the one it was given, else its parameter's default (1:
+    none, or no number)."""
+    given = {**{p.name: p.default for p in forward_parameters(comp.obj)}, **(run.extra or {})}
+    k = next((v for name, v in given.items() if name.lower() in TOP_K_NAMES), None)
+    return k if isinstance(k, int) and not isinstance(k, bool) and 0 < k < VOCAB else 1
 
 
 # the names a loop that crops its context reads its limit by (Raschka's context_size, nanoGPT's

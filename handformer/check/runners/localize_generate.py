@@ -50,10 +50,12 @@ def default_temperature(fn: Any) -> float:
 
 
 def generate_views(logits_of: Callable[[Tensor], Tensor], prompt: Tensor, expected: Tensor, block: int,
-                   temperature: float) -> tuple[list[View], list[Form]]:
+                   temperature: float, top_k: int = 1) -> tuple[list[View], list[Form]]:
     """Each step's sub-steps of greedy decoding of `expected` (B, n) after `prompt` (B, T), the model
-    called on the last `block` tokens through `logits_of` ((B, t) -> (B, t, V)); and the forms of a
-    departing logits: those of another position than the last."""
+    called on the last `block` tokens through `logits_of` ((B, t) -> (B, t, V)), with the `top_k`
+    likeliest kept as the run's filter keeps them; and the forms of a departing logits: those of
+    another position than the last, of a top-k filter that keeps one token too many or too few or
+    fills with 0."""
     stream, T = torch.cat([prompt, expected], 1), prompt.size(1)  # (B, T + n)
     views: list[View] = []
     forms: list[Form] = []
@@ -80,7 +82,28 @@ def generate_views(logits_of: Callable[[Tensor], Tensor], prompt: Tensor, expect
                            "not -inf: after the softmax they keep some probability", "只保留最可能的 token"
                            "（top_k=1），其余填的是 0 而不是 -inf：softmax 之后它们仍有概率")
                       | {"mistake": "filter_fill_finite"}, top1.masked_fill(top1 == -torch.inf, 0.0)))
+        kept = (f"the logits, the {top_k} likeliest kept (top_k={top_k})", _kept(last, top_k))
+        views += [kept] * (top_k > 1)
+        forms += _top_k_forms(last, top_k)
     return views, forms
+
+
+def _kept(last: Tensor, k: int) -> Tensor:
+    """The logits (B, V) with the k largest kept, the others -inf (none kept for k = 0)."""
+    ranked = torch.cat([torch.full_like(last[:, :1], torch.inf), last.sort(-1, descending=True).values], -1)
+    return last.masked_fill(last < ranked[:, k:k + 1], -torch.inf)  # (inf first: none is as large)
+
+
+def _top_k_forms(last: Tensor, k: int) -> list[Form]:
+    """A top-k filter's mistakes: k - 1 or k + 1 tokens kept, the others -inf; the k kept, the others 0."""
+    off = [(text(f"the logits with {n} kept, not top_k={k}: one token too few or too many",
+                 f"保留了 {n} 个 token，而不是 top_k={k}：少了或多了一个") | {"mistake": "top_k_off_by_one"},
+            _kept(last, n)) for n in (k - 1, k + 1)]
+    finite = (text(f"the logits with the {k} likeliest kept, the others filled with 0, not -inf: after the "
+                   "softmax they keep some probability", f"保留最可能的 {k} 个 token，其余填的是 0 而不是 "
+                   "-inf：softmax 之后它们仍有概率") | {"mistake": "filter_fill_finite"},
+              _kept(last, k).masked_fill(_kept(last, k) == -torch.inf, 0.0))
+    return off + [finite] * (k > 1)
 
 
 def _position_forms(logits: Tensor, temperature: float) -> list[Form]:

@@ -346,6 +346,7 @@ def exact_norms_(model: nn.Module) -> None:
             setattr(parent, name, exact)
 
 
+DIAGONALS = {"causal_off_by_one:no_self": -1, "causal_off_by_one:sees_next": 1}  # the target's tril(diagonal)
 COMBINED = {False: torch.logical_and, True: torch.logical_or}  # mask_combined_with_or: a key either keeps
 
 
@@ -365,7 +366,9 @@ def variant(hf: Seq2SeqTransformer, src: Tensor, tgt: Tensor, flags: frozenset[s
     src_keep = (src_pad != PAD)[:, None, None, :]  # (B, 1, 1, S)
     tgt_keep = (tgt_pad != PAD)[:, None, None, :]  # (B, 1, 1, T)
     either = "mask_combined_with_or" in flags  # a future key seen where it is real, a pad where it is past
-    tgt_keep = COMBINED[either](tgt_keep, causal(tgt.size(1)))  # (B, 1, T, T)
+    diagonal = sum(map(DIAGONALS.get, flags, [0] * len(flags)))  # the causal mask off by one: moved
+    future = torch.ones(tgt.size(1), tgt.size(1), dtype=torch.bool).tril(diagonal)  # (T, T), True = seen
+    tgt_keep = COMBINED[either](tgt_keep, future)  # (B, 1, T, T)
     x = embed(hf.src_embed, src, "src")
     mask = as_attention_mask(src_keep)
     for layer in hf.encoder.layers:
@@ -374,8 +377,9 @@ def variant(hf: Seq2SeqTransformer, src: Tensor, tgt: Tensor, flags: frozenset[s
         x = hf.encoder.norm(x)
     y = embed(hf.tgt_embed, tgt, "tgt")
     self_mask = as_attention_mask(tgt_keep)
+    swapped = "decoder_masks_swapped" in flags  # each decoder layer given the other attention's mask
     for layer in hf.decoder.layers:
-        y = layer(y, x, mask, self_mask)[0]
+        y = layer(y, x, *(mask, self_mask)[::1 - 2 * swapped])[0]
     if not ({"final_norm_missing:decoder", "final_norm_missing:both"} & flags):
         y = hf.decoder.norm(y)
     logits = hf.generator(y)  # (B, T, V)
@@ -545,7 +549,8 @@ def _flags(m: ModelMap, ch: Choices, builds_masks: bool) -> tuple[str, ...]:
     if ch.placement == "pre":
         flags += tuple(f"final_norm_missing:{s}" for s in STACKS)
     if builds_masks:
-        flags += tuple(f"mask_pad_wrong_sequence:{s}" for s in MASK_SIDES) + ("mask_combined_with_or",)
+        flags += tuple(f"mask_pad_wrong_sequence:{s}" for s in MASK_SIDES)
+        flags += ("mask_combined_with_or", *DIAGONALS, "decoder_masks_swapped")
     return flags
 
 
@@ -568,7 +573,9 @@ def _search(m: ModelMap, out: Tensor, src: Tensor, tgt: Tensor, builds_masks: bo
         flags = (hit or (frozenset(),))[0]
         everywhere = fp.max_error(out, variant(hf, src, tgt, flags, ch.log_probs)) if (
             "mask_combined_with_or" in flags) else 0.0  # on every row
-        return None if everywhere >= fp.TOL else hit
+        # combined with an or, the padding mask keeps every real key: a causal diagonal moved cannot be seen
+        hidden = len(flags & {"mask_combined_with_or", *DIAGONALS}) == 2
+        return None if everywhere >= fp.TOL or hidden else hit
     return fp.search_settings(settings, search_one)
 
 
@@ -591,6 +598,13 @@ def _observed(name: str, form: str, matched: float, correct: float) -> Text:
 OBSERVED = {"pe_missing": (SIDES, ("no positional encoding on {}", "{}没有加位置编码")),
             "final_norm_missing": (STACKS, ("no final norm after {}", "{}之后没有最后的归一化层")),
             "mask_pad_wrong_sequence": (MASK_SIDES, ("{}", "{}")),
+            "causal_off_by_one": ({"no_self": ("a token does not see itself", "token 看不到自己"),
+                                   "sees_next": ("a token sees the next one", "token 看到了下一个位置")},
+                                  ("the target's causal mask: {}", "目标端的因果掩码：{}")),
+            "decoder_masks_swapped": ({"": ("each decoder layer's self-attention given the source mask, its "
+                                            "cross-attention the target mask",
+                                            "每个解码器层的自注意力用了源端掩码，交叉注意力用了目标端掩码")},
+                                      ("{}", "{}")),
             "mask_combined_with_or": ({"": ("the target's padding and causal masks combined so that a key "
                                             "either one keeps is seen", "目标端的填充掩码和因果掩码组合后，"
                                             "任一个保留的键都能被看到")}, ("{}", "{}"))}

@@ -760,6 +760,38 @@ def _pe_expected(res: ComponentResult, found: Found) -> tuple[Tensor, tuple[str,
                                                                      "这种写法的编码表")
 
 
+def _pe_frequencies(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found,
+                    ) -> None:
+    """The step that, for a table no variant explains whose columns are still the sines and cosines
+    of the positions in one of the layouts, at frequencies of their own (a sign dropped, a divisor of
+    another width), names the frequencies: the form the catalogue has no variant of."""
+    unexplained = subject.readings * (found.matched is None)
+    errors = [_sinusoid_error(found.out, layout) for (layout, _), _ in unexplained]
+    if min(errors, default=float("inf")) < SINUSOID_TOL:
+        correct = fp.max_error(found.out, found.reference(frozenset()))
+        res.findings += ctx.findings(frozenset({"pe_wrong_frequency:own"}), min(errors), correct, comp)
+
+
+# the learner's float32 angles drift by a few ulp of pos·freq (up to ~3e4 at 12 positions)
+SINUSOID_TOL = 1e-2
+# a (T, D) table's sines and cosines in a layout (the paper's interleaved, else in halves)
+SPLITS = {"paper": lambda t: (t[:, 0::2], t[:, 1::2])}
+
+
+def _halves_of(t: Tensor) -> tuple[Tensor, Tensor]:
+    return t[:, : t.shape[1] // 2], t[:, t.shape[1] // 2:]
+
+
+def _sinusoid_error(table: Tensor, layout: str) -> float:
+    """How far a (T, D) table is from sin(pos·w) and cos(pos·w) in the layout, positions from 0, for
+    the frequencies w its second row gives (each angle mod 2π: at whole positions that is the
+    table)."""
+    sines, cosines = SPLITS.get(layout, _halves_of)(table.double())
+    w = torch.atan2(sines[1], cosines[1])
+    angles = torch.arange(table.shape[0], dtype=torch.float64)[:, None] * w
+    return max(fp.max_error(sines, angles.sin()), fp.max_error(cosines, angles.cos()))
+
+
 POSITIONAL_ENCODING = Probe(
     build=_build_pe,
     inputs=lambda s: torch.zeros(PE_B, PE_T, D, dtype=torch.float64),
@@ -767,7 +799,7 @@ POSITIONAL_ENCODING = Probe(
     observe=lambda table: table.reshape(-1, PE_T, D)[0],  # (T, D)
     reference=lambda w, x, flags: V.sinusoidal(PE_T + w[1], D, flags, layout=w[0])[w[1]:],
     universe=lambda s: PE_FLAGS,
-    steps=(name_findings, _pe_compared,
+    steps=(name_findings, _pe_frequencies, _pe_compared,
            # a table of positions counted after a padding index is read in the forward, which the
            # build's trace does not see: not localized
            localize_step(lambda s, found: None if s.facts.get("padded") else localize_table(
