@@ -1,7 +1,7 @@
 """The learner's code runs in a child process with a time limit and a memory limit.
 
 The parent has the fork server of zygote.py fork the child (torch and the grader already imported;
-where there is none, it starts `python -m handformer.check.core.sandbox REQUEST`); the child caps
+where there is none, it starts `python -m handformer.check.core.sandbox_child REQUEST`); the child caps
 its address space (RLIMIT_AS), imports torch and handformer where it has not, then imports the
 learner's file and checks one component after another. Before each step it arms
 `faulthandler.dump_traceback_later`, so an infinite loop ends with the stack of where it was
@@ -111,7 +111,7 @@ def _started(request: dict[str, Any]) -> Any:
     if forked:
         return forked
     with open(request["stderr"], "wb") as err:  # a file, not a pipe: a chatty learner cannot block
-        command = [sys.executable, "-m", "handformer.check.core.sandbox", json.dumps(request)]
+        command = [sys.executable, "-m", "handformer.check.core.sandbox_child", json.dumps(request)]
         return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                                 start_new_session=True)
 
@@ -219,59 +219,3 @@ def _learner_frames(stack: str, path: str) -> list[str]:
             code = linecache.getline(path, int(line)).strip()
             frames.append(f"line {line}, in {func}: {code}")
     return frames[::-1]
-
-
-def _prepared(request: dict[str, Any]) -> None:
-    """The child's limit and imports (none left to do in a child of the fork server), before the
-    learner's file is imported."""
-    import resource
-
-    limit = int(request["memory_limit"]) * 2**20
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    import torch  # noqa: F401  (before the clock starts: torch's import is ours, not the learner's)
-
-    from handformer.check.core.cpu_only import cuda_as_cpu
-    from handformer.check.core.engine import import_runners
-
-    import_runners()  # the grader's own modules, before any clock starts (0.3 s)
-    sys.argv = [request["path"]]  # their file sees itself run, not the sandbox's request
-    cuda_as_cpu(request["path"])  # a file written for a GPU (Meta's `.cuda()` KV cache) runs on the CPU here
-
-
-def child(request: dict[str, Any]) -> None:
-    """The child side: limits, imports, then the check, streaming results."""
-    import faulthandler
-
-    _prepared(request)
-    from handformer.check.core.engine import check_file
-
-    stack = open(request["stack"], "w")  # noqa: SIM115  (open until the process ends)
-    results = open(request["results"], "a", encoding="utf-8")  # noqa: SIM115
-
-    def started(step: str, kind: str) -> None:
-        faulthandler.cancel_dump_traceback_later()
-        Path(request["progress"]).write_text(f"{step}\n{kind}")
-        faulthandler.dump_traceback_later(request["time_limit"], exit=True, file=stack)
-
-    def emit(res: ComponentResult) -> None:
-        results.write(json.dumps({"component": res.to_dict()}) + "\n")
-        results.flush()
-
-    Path(request["progress"]).write_text("ready")
-    result = check_file(request["path"], request["overrides"], request["only"],
-                        request["convention"], emit=emit, started=started, skip=request["skip"],
-                        adapters=request.get("adapters"),
-                        definitions_only=request.get("definitions_only", False))
-    faulthandler.cancel_dump_traceback_later()
-    if result.skipped:
-        results.write(json.dumps({"skipped": result.skipped}) + "\n")
-    if result.error:
-        from dataclasses import asdict
-
-        results.write(json.dumps({"file_error": asdict(result.error)}) + "\n")
-    results.write(json.dumps({"done": True}) + "\n")
-    results.close()
-
-
-if __name__ == "__main__":
-    child(json.loads(sys.argv[1]))

@@ -238,7 +238,7 @@ def _child(request: dict[str, Any], pipes: tuple[BinaryIO, ...], default_threads
         os.environ.update(request["env"])
         sys.path[0] = request["cwd"]  # as `python -m` puts the folder it is started in
         _threads_as_fresh(default_threads)
-        from handformer.check.core.sandbox import child
+        from handformer.check.core.sandbox_child import child
 
         child(request)
         code = 0
