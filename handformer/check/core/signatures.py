@@ -184,7 +184,9 @@ def stepped_scheduler(cls: Any) -> type | None:
         settings = call_parameters(cls.__init__, ("self",))
     except ValueError:  # a constructor of C: no scheduler of the learner's
         return None
-    if step is None or not settings or settings[0].name.lower() not in OPTIMIZER_NAMES:
+    if step is None:
+        return counted_scheduler(cls, settings)
+    if not settings or settings[0].name.lower() not in OPTIMIZER_NAMES:
         return None
 
     def new(_: type, **arguments: Any) -> float:
@@ -194,6 +196,31 @@ def stepped_scheduler(cls: Any) -> type | None:
         return optimizer.param_groups[0]["lr"]
 
     return _posed(cls, new, step, settings[1:])
+
+
+def counted_scheduler(cls: Any, settings: list[inspect.Parameter]) -> type | None:
+    """A class that wraps the optimizer and counts the steps itself (the Annotated Transformer's
+    `NoamOpt(model_size, factor, warmup, optimizer)`, `ScheduledOptim(optimizer, lr_mul, d_model,
+    n_warmup_steps)`): its one method of no arguments whose name begins with `step` raises the count and
+    writes the rate into the optimizer. Read as a function of the step: built on an SGD of lr 1, that
+    method called step + 1 times (the rate of the update at that step, counted from 0), the rate its
+    group holds; None for any other class."""
+    wrapped = [p for p in settings if p.name.lower() in OPTIMIZER_NAMES]
+    methods = {name: own_method(cls, name) for name in dir(cls) if name.startswith("step")}
+    steppers = [name for name, fn in methods.items()
+                if fn.__name__ == name and not call_parameters(fn, ("self",))]
+    if len(wrapped) != 1 or len(steppers) != 1:
+        return None
+
+    def new(_: type, **arguments: Any) -> float:
+        at = arguments.pop("step")
+        optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+        scheduler = cls(**{wrapped[0].name: optimizer}, **arguments)
+        for _ in range(int(at) + 1):
+            getattr(scheduler, steppers[0])()
+        return optimizer.param_groups[0]["lr"]
+
+    return _posed(cls, new, "step", [p for p in settings if p is not wrapped[0]])
 
 
 def _one_step(method: Any) -> str | None:
