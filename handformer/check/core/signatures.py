@@ -31,6 +31,7 @@ from handformer.check.core.argument_names import (
     ACCUM_NAMES,
     BATCH_NAMES,
     BEAM_NAMES,
+    CLIP_NAMES,
     CONTEXT_NAMES,
     COUNT_NAMES,
     CRITERION_NAMES,
@@ -321,7 +322,7 @@ def _argument_used(fn: Any, aliases: tuple[str, ...], pattern: str) -> str | Non
 
 GENERATE_MODEL = tuple(n for n in MODEL_NAMES if n != "self")
 BEAM_WIDTH = ("beam_size", "beam_width", "num_beams", "beam", "n_beams", "beams")  # not k: a sampler's top-k
-STEP = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, CRITERION_NAMES, ACCUM_NAMES)
+STEP = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, CRITERION_NAMES, ACCUM_NAMES, CLIP_NAMES)
 STEP_BATCH = (*STEP, BATCH_NAMES, SRC_NAMES, TGT_NAMES)
 # (kind, what its first argument must be called (any: ()), the groups it must take one of each, the
 # groups its runner fills), tried in order
