@@ -505,8 +505,9 @@ def transformer_lm(cls: Any) -> bool:
 SUFFIX_TESTS: dict[str, Callable[[Any], bool]] = {"mha": computes_attention,
                                                   "gpt": transformer_lm,
                                                   "block": lambda c: not part_of_a_block(c)}
-# a class named ...Layer is a block when its __init__ builds an attention and an FFN (GPT-NeoX's GPTNeoXLayer)
-LAYER_PARTS = re.compile(r"(?=[\s\S]*(attn|attention))(?=[\s\S]*(mlp|ffn|feed_?forward))", re.I)
+# a class named ...Layer is a block when its __init__ builds an attention and an FFN (GPT-NeoX's GPTNeoXLayer;
+# Hugging Face BERT's BertLayer, whose FFN's first linear is its `intermediate`)
+LAYER_PARTS = re.compile(r"(?=[\s\S]*(attn|attention))(?=[\s\S]*(mlp|ffn|feed_?forward|intermediate))", re.I)
 
 
 def _suffixed(name: str, obj: Any, suffixes: tuple[str, ...]) -> bool:
