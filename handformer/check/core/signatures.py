@@ -206,22 +206,22 @@ def counted_scheduler(cls: Any, settings: list[inspect.Parameter]) -> type | Non
     writes the rate into the optimizer. Read as a function of the step: built on an SGD of lr 1, that
     method called step + 1 times (the rate of the update at that step, counted from 0), the rate its
     group holds; None for any other class."""
-    wrapped = [p for p in settings if p.name.lower() in OPTIMIZER_NAMES]
-    methods = {name: own_method(cls, name) for name in dir(cls) if name.startswith("step")}
-    steppers = [name for name, fn in methods.items()
-                if fn.__name__ == name and not call_parameters(fn, ("self",))]
-    if len(wrapped) != 1 or len(steppers) != 1:
+    names = [p.name for p in settings]
+    wrapped = named(names, OPTIMIZER_NAMES)  # the optimizer's argument, wherever it stands
+    steppers = [n for n in dir(cls) if n.startswith("step") and own_method(cls, n).__name__ == n
+                and not call_parameters(own_method(cls, n), ("self",))]  # step(), step_and_update_lr()
+    if (wrapped is not None, len(steppers)) != (True, 1):  # one optimizer and one stepper
         return None
 
     def new(_: type, **arguments: Any) -> float:
         at = arguments.pop("step")
         optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
-        scheduler = cls(**{wrapped[0].name: optimizer}, **arguments)
+        scheduler = cls(**{wrapped: optimizer}, **arguments)
         for _ in range(int(at) + 1):
             getattr(scheduler, steppers[0])()
         return optimizer.param_groups[0]["lr"]
 
-    return _posed(cls, new, "step", [p for p in settings if p is not wrapped[0]])
+    return _posed(cls, new, "step", settings[:names.index(wrapped)] + settings[names.index(wrapped) + 1:])
 
 
 def _one_step(method: Any) -> str | None:

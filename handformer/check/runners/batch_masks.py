@@ -66,8 +66,8 @@ def _labels(res: ComponentResult, comp: Component, batch: object, tgt: Tensor) -
     tgt[:, 1:], the labels are not moved on by one: train_step_no_shift, at the line that sets the
     last of them (the labels, set after the input)."""
     shape = (tgt.size(0), tgt.size(1) - 1)
-    held = [name for name, v in vars(batch).items() if isinstance(v, Tensor) and v.shape == shape
-            and not (v.is_floating_point() or v.dtype == torch.bool)]
+    held = [name for name, v in vars(batch).items()
+            if isinstance(v, Tensor) and v.shape == shape and v.dtype in (torch.int64, torch.int32)]
     if len(held) < 2:  # no labels kept beside the input: nothing to compare
         return
     ok = any(torch.equal(getattr(batch, name), tgt[:, 1:]) for name in held)
@@ -75,7 +75,7 @@ def _labels(res: ComponentResult, comp: Component, batch: object, tgt: Tensor) -
                                  "are tgt[:, 1:], one position on", f"{'、'.join(held)}：解码器的输入是 "
                                  "tgt[:, :-1]，标签是 tgt[:, 1:]，错开一位"), ok))
     lines = source_lines([comp.obj])
-    number, code = first_line([rf"\bself\.{held[-1]}\s*="], lines) if not ok else (None, None)
+    number, code = first_line([rf"\bself\.{held[-1]}\s*="], lines)
     res.findings += [Finding("train_step_no_shift", text(
         f"{held[-1]} (the labels: set after the input) is not tgt[:, 1:], the next tokens",
         f"{held[-1]}（标签：在输入之后赋值）不是 tgt[:, 1:]，不是下一个 token"), number, code)] * (not ok)
