@@ -437,7 +437,9 @@ def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> li
     name ends as this kind's do (SUFFIXES)."""
     out = []
     for name in names:
-        out += [name] * (name in own) + sorted(n for n in own if "." in n and _stands_for(name, n))
+        # the name, or the name made private (Umar Jamil's `_sample_top_p`, a helper of its loop)
+        out += [name] * (name in own) + [f"_{name}"] * (f"_{name}" in own)
+        out += sorted(n for n in own if "." in n and _stands_for(name, n))
         out += sorted(n for n in own if _versioned(name).fullmatch(n))
     out += sorted(n for n, o in own.items() if inspect.isclass(o) and n not in TABLED and n not in out
                   and _suffixed(n, o, SUFFIXES.get(kind, ("\0",))) and SUFFIX_TESTS.get(kind, bool)(o))
