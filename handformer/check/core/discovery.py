@@ -432,13 +432,17 @@ def _versioned(name: str) -> re.Pattern[str]:
     return re.compile(re.escape(name) + VERSIONED)
 
 
+# the kinds found by a name of their table made private too: functions of logits, each confirmed by a call
+PRIVATE_KINDS = ("sample", "top_p", "top_k", "min_p", "greedy", "temperature")
+
+
 def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> list[str]:
     """The learner's names among `names`, in that order (see `_stands_for`); then their classes whose
     name ends as this kind's do (SUFFIXES)."""
     out = []
     for name in names:
-        # the name, or the name made private (Umar Jamil's `_sample_top_p`, a helper of its loop)
-        out += [name] * (name in own) + [f"_{name}"] * (f"_{name}" in own)
+        # the name, or a sampling step's name made private (Meta's `_sample_top_p`, a helper of its loop)
+        out += [name] * (name in own) + [f"_{name}"] * (f"_{name}" in own) * (kind in PRIVATE_KINDS)
         out += sorted(n for n in own if "." in n and _stands_for(name, n))
         out += sorted(n for n in own if _versioned(name).fullmatch(n))
     out += sorted(n for n, o in own.items() if inspect.isclass(o) and n not in TABLED and n not in out
