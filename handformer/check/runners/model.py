@@ -824,8 +824,9 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, module: nn.Mod
         correct = fp.max_error(out, variant(hf, src, tgt, frozenset(), ch.log_probs), rows)
         for flag in sorted(flags):
             name, _, form = flag.partition(":")
-            res.findings.append(_finding(ctx, comp, name, _observed(name, form, matched, correct), form,
-                                         _side_sources(module, m).get(flag)))
+            objs = _side_sources(module, m).get(flag, []) + ctx.objects(comp, "positional_encoding")
+            observed = _observed(name, form, matched, correct)
+            res.findings.append(_finding(ctx, comp, name, observed, form, objs))  # its side's class first
         if ch.placement == "pre" and not flags & {f"final_norm_missing:{s}" for s in STACKS}:
             missing = [s for s in ("encoder", "decoder") if s not in m.final]
             if missing:  # matched with a final norm of weight 1 and bias 0: one the learner never wrote

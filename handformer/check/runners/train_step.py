@@ -303,8 +303,9 @@ class Step:
         self.tol = TOLERANCE[bool(FLOAT32.search(clipping))]
         if epoch:  # the loop's variable is what a batch is called (the loader: required of an epoch)
             loader = re.escape(self.loader)
-            loop = re.search(rf"for\s+(?:\w+\s*,\s*)?(\w+)\s+in\s+(?:enumerate\()?\s*{loader}\b", self.source)
-            self.batch = loop.group(1) if loop else None
+            loop = re.search(rf"for\s+(\w+)\s+in\s+(?:enumerate\()?\s*{loader}\b|"
+                             rf"for\s+\w+\s*,\s*(\w+)\s+in\s+enumerate\(\s*{loader}\b", self.source)
+            self.batch = loop.group(loop.lastindex) if loop else None  # for i, batch in enumerate(loader)
         self._criterion(ctx)
         self.outputs = unpacked(self.source, self.model)
         self.scale = 1.0  # the logits' factor in both steps (unclipped_scale: clipping out of reach)
