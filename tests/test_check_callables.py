@@ -61,6 +61,17 @@ def test_a_criterion_that_refuses_smoothing_zero_is_checked_at_its_smoothing(tmp
     assert comp.status == "fail" and [(f.name, f.line) for f in comp.findings] == [("loss_counts_padding", 16)]
 
 
+def test_a_loss_with_a_smoothing_switch_is_checked_and_its_padding_summed_fails_at_that_line(tmp_path):
+    """cal_loss(pred, gold, trg_pad_idx, smoothing=False): the switch turns on its own eps; the real
+    tokens' losses summed pass, every position's summed FAILs at that line."""
+    (comp,) = check_file(str(FIXTURES / "cal_loss_correct.py")).components
+    assert comp.status == "pass", format_report(comp)
+    wrong = _planted(tmp_path, "cal_loss_correct.py", "loss = per_token.masked_select(gold != trg_pad_idx).sum()",
+                     "loss = per_token.sum()")
+    (comp,) = check_file(str(wrong)).components
+    assert comp.status == "fail" and [(f.name, f.line) for f in comp.findings] == [("loss_counts_padding", 19)]
+
+
 def test_a_linear_decay_is_compared_with_a_line_and_another_decay_is_not_checked(tmp_path):
     """Hugging Face's linear schedule (a factory), a function of the settings that returns the
     schedule and a class whose __call__ takes the step (the TensorFlow tutorial's) pass; an exponential

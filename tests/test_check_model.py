@@ -410,3 +410,36 @@ def test_the_new_kinds_are_pointed_at_other_names_with_component(tmp_path):
     path.write_text(source.replace("def beam_search(", "def search(").replace("return [beam_search(", "return [search("))
     result = check_file(str(path), overrides={"beam_search": "search"}, only=["beam_search"])
     assert [(c.name, c.status) for c in result.components] == [("search", "pass")], format_report(result)
+
+
+SIDED = correct_file("model").parents[1] / "learners_s2s_epoch" / "learned_positions.py"
+SIDED_PLANTS = {
+    "correct": None,
+    "embedding_scale_unused": ("x = self.dropout(self.token_emb(src) * self.emb_scale + self.position_emb(positions))",
+                               "x = self.dropout(self.token_emb(src) + self.position_emb(positions))"),
+    "pe_missing": ("y = self.dropout(self.token_emb(trg) * self.emb_scale + self.position_emb(positions))",
+                   "y = self.dropout(self.token_emb(trg) * self.emb_scale)")}
+
+
+@pytest.fixture(scope="module")
+def sided(tmp_path_factory):
+    from check_plants import edited_copy
+
+    paths = {name: edited_copy(tmp_path_factory.mktemp(name), SIDED, [edit]) if edit else str(SIDED)
+             for name, edit in SIDED_PLANTS.items()}
+    return {name: check_file(path, only=["transformer"]) for name, path in paths.items()}
+
+
+def test_a_model_whose_encoder_and_decoder_each_learn_positions_is_compared(sided):
+    (comp,) = sided["correct"].components
+    assert comp.status == "pass" and comp.max_abs_error < 1e-9, format_report(sided["correct"])
+    assert "decoder.position_emb -> target learned positions" in comp.mapping
+    assert "decoder.position_emb -> 目标端可学习的位置编码" in format_report(sided["correct"], "zh")
+
+
+@pytest.mark.parametrize("plant", ["embedding_scale_unused", "pe_missing"])
+def test_one_sides_embedding_plant_fails_named_at_its_line(sided, plant):
+    (comp,) = sided[plant].components
+    assert comp.status == "fail", format_report(sided[plant])
+    assert [(f.name, f.code) for f in comp.findings] == [(plant, SIDED_PLANTS[plant][1].strip())], (
+        format_report(sided[plant]))

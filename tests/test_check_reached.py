@@ -106,6 +106,32 @@ def test_bert_model_plants_fail_named_at_their_line(bert, plant, line):
     assert [(f.name, f.line) for f in model.findings] == [(plant, line)]
 
 
+INLINE_FFN = FIXTURES / "learners_bert" / "inline_ffn.py"
+INLINE_PLANTS = {"no_residual": ("return self.LayerNorm(hidden_states + input_tensor)",
+                                 "return self.LayerNorm(hidden_states)"),
+                 "ffn_no_activation": ("inner = F.gelu(self.intermediate(attended))",
+                                       "inner = self.intermediate(attended)")}
+
+
+@pytest.fixture(scope="module")
+def inline_ffn(tmp_path_factory):
+    paths = {"correct": INLINE_FFN, **{n: _planted(tmp_path_factory, INLINE_FFN, e) for n, e in INLINE_PLANTS.items()}}
+    return {name: check_file(str(path), only=["encoder_layer"]) for name, path in paths.items()}
+
+
+def test_a_bert_layer_with_its_ffn_written_inline_is_checked_as_an_encoder_layer(inline_ffn):
+    (layer,) = inline_ffn["correct"].components
+    assert (layer.name, layer.status) == ("BertLayer", "pass"), format_report(inline_ffn["correct"])
+
+
+@pytest.mark.parametrize("plant", list(INLINE_PLANTS))
+def test_a_bert_layers_plants_fail_named_at_their_line(inline_ffn, plant):
+    (layer,) = inline_ffn[plant].components
+    assert layer.status == "fail", format_report(inline_ffn[plant])
+    assert [(f.name, f.code.split("  #")[0]) for f in layer.findings] == [(plant, INLINE_PLANTS[plant][1])], (
+        format_report(inline_ffn[plant]))
+
+
 LLAMA3 = FIXTURES / "learners_llama3" / "rope_scaling.py"
 
 

@@ -297,3 +297,18 @@ def test_a_sampling_step_whose_min_p_threshold_is_unscaled_is_named_at_its_line(
     (comp,) = check_file(str(path), only=["sample"]).components
     assert comp.status == "fail"
     assert [(f.name, f.line) for f in comp.findings] == [("min_p_not_scaled", 7)], comp.findings
+
+
+def test_a_private_sampler_named_as_the_table_is_found_and_its_plant_fails_at_its_line(tmp_path):
+    """Meta's `_sample_top_p(probs, p)`, private to its completion loop: found by its name made
+    private, and masking on the cumulative sum itself FAILs at that line."""
+    from check_plants import edited_copy
+
+    path = FIXTURES / "private_top_p.py"
+    result = check_file(str(path))
+    assert [(c.name, c.status) for c in result.components] == [("_sample_top_p", "pass")], format_report(result)
+    planted = check_file(edited_copy(tmp_path, path, [("ranked[before > p] = 0.0",
+                                                       "ranked[torch.cumsum(ranked, dim=-1) > p] = 0.0")]))
+    (comp,) = planted.components
+    assert [(f.name, f.code) for f in comp.findings] == [
+        ("top_p_drops_crossing", "ranked[torch.cumsum(ranked, dim=-1) > p] = 0.0")], format_report(planted)

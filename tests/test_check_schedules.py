@@ -55,3 +55,12 @@ def test_plants_in_a_timm_counting_fail_the_named_one_at_its_line(tmp_path):
     slow = edited_copy(tmp_path, HERE / "warmup_cosine_class.py", [("return peak * step / self.warmup_steps",
                                                                    "return peak * step / self.total_steps")])
     assert statuses(check_file(slow)) == {"WarmupCosineLR": "fail"}
+
+
+def test_an_optimizer_wrapper_that_counts_its_steps_is_read_as_a_schedule(tmp_path):
+    result = check_file(str(HERE / "noam_opt_wrapper.py"))
+    assert statuses(result) == {"NoamOpt": "pass"}, format_report(result)
+    flipped = edited_copy(tmp_path, HERE / "noam_opt_wrapper.py", [("self.warmup ** (-1.5)", "self.warmup ** (1.5)")])
+    result = check_file(flipped)
+    assert_failed_at(result, "schedule_exponent_sign", "")
+    assert "step * self.warmup ** (1.5)" in result.components[0].findings[0].code, format_report(result)

@@ -828,6 +828,20 @@ def test_a_static_method_is_graded_as_its_kind(tmp_path, old, new):
         assert new in helper.findings[0].code, format_report(result)
 
 
+@pytest.mark.parametrize(("old", "new"), [(None, None), ("self.tgt_y = tgt[:, 1:]", "self.tgt_y = tgt[:, :-1]")])
+def test_a_batch_whose_labels_are_not_moved_on_fails_at_that_line(tmp_path, old, new):
+    """The Batch's labels tgt_y are the target one position on (tgt[:, 1:]); set to the decoder's
+    input tgt[:, :-1], the labels are not shifted: train_step_no_shift at that line."""
+    from check_plants import edited_copy
+
+    path = edited_copy(tmp_path, STATIC, [(old, new)]) if old else str(STATIC)
+    result = check_file(path, only=["batch_masks"])
+    batch = {c.name: c for c in result.components}["Batch"]
+    assert batch.status == ("fail" if old else "pass"), format_report(result)
+    assert [(f.name, f.code) for f in batch.findings] == ([("train_step_no_shift", new)] if old else []), (
+        format_report(result))
+
+
 def test_a_generation_method_beside_generate_is_graded_too(tmp_path):
     """A model's `generate_cached` method beside the file's own loop: a generation loop, graded."""
     from check_plants import edited_copy

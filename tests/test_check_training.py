@@ -555,3 +555,26 @@ def test_a_loss_that_takes_its_criterion_first_is_handed_the_stand_in_criterion(
     path.write_text(CRITERION_FIRST.replace("next_ids.reshape(-1))", "next_ids.reshape(-1)) / next_ids.size(0)"))
     (loss,) = check_file(str(path), only=["loss"]).components
     assert loss.status == "fail" and loss.findings[0].line == 3, [(f.name, f.line) for f in loss.findings]
+
+
+EPOCH = FIXTURES / "learners_s2s_epoch" / "train_with_clip.py"
+
+
+@pytest.mark.parametrize(("old", "new", "name"), [
+    (None, None, None),
+    ("labels = trg[:, 1:].reshape(-1)", "labels = trg[:, :-1].reshape(-1)", "train_step_no_shift"),
+    ("        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)\n        optimizer.step()\n",
+     "        optimizer.step()\n        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)\n",
+     "train_step_clip_after_step")])
+def test_an_epoch_handed_its_clipping_norm_and_enumerating_its_batches_is_driven(tmp_path, old, new, name):
+    """train(model, iterator, optimizer, criterion, clip), found by its arguments: handed the norm it
+    clips at, each batch the second name of `for i, batch in enumerate(iterator)`; its plants FAIL at
+    their lines."""
+    from check_plants import edited_copy
+
+    result = check_file(edited_copy(tmp_path, EPOCH, [(old, new)]) if old else str(EPOCH))
+    (comp,) = result.components
+    assert comp.status == ("fail" if old else "pass"), format_report(result)
+    if old:
+        assert (comp.findings[0].name, new.strip().splitlines()[-1].strip()) == (name, comp.findings[0].code), (
+            format_report(result))

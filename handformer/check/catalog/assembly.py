@@ -13,7 +13,9 @@ DIAGNOSES: list[Diagnosis] = [
       "y = self.pos(self.tgt_embed(tgt))；nanoGPT 是 tok_emb + pos_emb。"
       "没有它，注意力看到的只是一堆没有顺序的 token（词袋）",
       r"^\s*\w+\s*=\s*(tok|token|word)_?emb\w*\s*$",  # `x = tok_emb`, pos_emb computed and left out
-      r"=\s*self\.\w*(embed|emb|lut|wte)\w*\(\w+\)\s*$", r"drop\w*\(\s*\w*emb\w*\s*\)", r"embed|emb"),
+      r"=\s*self\.\w*(embed|emb|lut|wte)\w*\(\w+\)\s*$", r"drop\w*\(\s*\w*emb\w*\s*\)",
+      r"drop\w*\((?![^#]*\+)[^#]*\bself\.\w*(embed|emb|lut|wte)\w*\(",  # dropout(emb(x) * scale), no sum
+      r"embed|emb"),
     d("pe_after_dropout", "the positional encoding is added after the dropout",
       "位置编码是在 dropout 之后才加上的",
       "add the positions first, then drop out the sum: dropout(embed(x) + pe), as the paper applies dropout "

@@ -69,7 +69,7 @@ DIAGNOSES: list[Diagnosis] = [
       "把子层输入加回来：x = norm(x + dropout(sublayer(x)))",
       r"^\s*(x\s*=|return)\s*(self\.)?(mlp|attn|ffn|feed_forward|self_attn|attention)\w*\(",
       r"(ln|norm)\w*\((?!.*\+).*dropout\(",
-      r"(?i)^\s*[\w.]+\s*=\s*self\.\w*norm\w*\((?![^#]*\+)",  # BERT's h = self.LayerNorm(h): nothing added
+      r"(?i)^\s*([\w.]+\s*=|return)\s*self\.\w*norm\w*\((?![^#]*\+)",  # BERT: self.LayerNorm(h), no sum
       r"norm\w*\((?!.*\bx\s*\+)", r"norm"),
     d("pre_norm", "the norm placement is mixed: one sublayer is pre-norm, another post-norm",
       "层归一化的位置前后不一致：有的子层是 Pre-Norm，有的是 Post-Norm",
@@ -81,7 +81,10 @@ DIAGNOSES: list[Diagnosis] = [
       "前馈网络的两个线性层之间缺少激活函数",
       "apply the activation between the layers: linear2(dropout(F.relu(linear1(x))))",
       "在两个线性层之间加上激活函数：linear2(dropout(F.relu(linear1(x))))",
-      r"linear\w*\(.*linear\w*\(", r"^\s*return\b"),
+      r"linear\w*\(.*linear\w*\(",
+      # the first linear's output kept as it is (BERT's h = self.intermediate(x), a fc1, w1, c_fc)
+      r"^\s*[\w.]+\s*=\s*self\.(\w*intermediate\w*|\w*fc_?1|w_?1|\w*linear_?1|c_fc|up_proj)\(\s*\w+\s*\)\s*(#|$)",
+      r"^\s*return\b"),
     d("dropout_in_eval", "dropout is active in eval mode: two runs on the same input differ",
       "eval 模式下 dropout 仍然生效：同一输入两次运行结果不同",
       "use nn.Dropout (it is off after model.eval()) or F.dropout(x, p, training=self.training)",

@@ -13,6 +13,7 @@ DIAGNOSES: list[Diagnosis] = [
       "real = targets != pad_idx，再算 (loss * real).sum() / real.sum()",
       r"numel\(\)", r"\.mean\(\)", r"cross_entropy\((?!.*ignore_index)",
       r"^(?!.*\*\s*\w*(weight|mask)).*\.mean\(\s*(dim\s*=\s*)?1\s*\)",  # d2l's per-row mean, unweighted
+      r"^\s*\w*loss\w*\s*=\s*[\w.]+\.sum\(\s*\)",  # every position's loss summed as it is, pads kept
       r"return"),
     d("loss_mean_over_batch", "the loss is divided by the batch size, not by the number of tokens",
       "损失除以的是 batch 大小，而不是 token 数",

@@ -436,12 +436,18 @@ def _versioned(name: str) -> re.Pattern[str]:
     return re.compile(re.escape(name) + VERSIONED)
 
 
+# the kinds found by a name of their table made private too: functions of logits, each confirmed by a call
+PRIVATE_KINDS = ("sample", "top_p", "top_k", "min_p", "greedy", "temperature")
+
+
 def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> list[str]:
     """The learner's names among `names`, in that order (see `_stands_for`); then their classes whose
     name ends as this kind's do (SUFFIXES)."""
     out = []
     for name in names:
-        out += [name] * (name in own) + sorted(n for n in own if "." in n and _stands_for(name, n))
+        # the name, or a sampling step's name made private (Meta's `_sample_top_p`, a helper of its loop)
+        out += [name] * (name in own) + [f"_{name}"] * (f"_{name}" in own) * (kind in PRIVATE_KINDS)
+        out += sorted(n for n in own if "." in n and _stands_for(name, n))
         out += sorted(n for n in own if _versioned(name).fullmatch(n))
     out += sorted(n for n, o in own.items() if inspect.isclass(o) and n not in TABLED and n not in out
                   and _suffixed(n, o, SUFFIXES.get(kind, ("\0",))) and SUFFIX_TESTS.get(kind, bool)(o))
@@ -509,8 +515,9 @@ def transformer_lm(cls: Any) -> bool:
 SUFFIX_TESTS: dict[str, Callable[[Any], bool]] = {"mha": computes_attention,
                                                   "gpt": transformer_lm,
                                                   "block": lambda c: not part_of_a_block(c)}
-# a class named ...Layer is a block when its __init__ builds an attention and an FFN (GPT-NeoX's GPTNeoXLayer)
-LAYER_PARTS = re.compile(r"(?=[\s\S]*(attn|attention))(?=[\s\S]*(mlp|ffn|feed_?forward))", re.I)
+# a class named ...Layer is a block when its __init__ builds an attention and an FFN (GPT-NeoX's GPTNeoXLayer;
+# Hugging Face BERT's BertLayer, whose FFN's first linear is its `intermediate`)
+LAYER_PARTS = re.compile(r"(?=[\s\S]*(attn|attention))(?=[\s\S]*(mlp|ffn|feed_?forward|intermediate))", re.I)
 
 
 def _suffixed(name: str, obj: Any, suffixes: tuple[str, ...]) -> bool:

@@ -257,10 +257,12 @@ FOUND_BY = {
     "schedule_class": ("found as a {} by what it is: a class built with the schedule's settings whose "
                        "__call__ takes the step (the TensorFlow tutorial's CustomSchedule), or built on the "
                        "optimizer with a step(epoch) that sets its rate (timm's schedulers: built on an SGD "
-                       "of lr 1 and stepped to each step)",
+                       "of lr 1 and stepped to each step), or wrapping the optimizer and counting its own "
+                       "steps (NoamOpt, ScheduledOptim: its step method called step + 1 times)",
                        "按它的写法认作{}：用调度的设置构造、__call__ 接受步数的类（TensorFlow 教程的 "
                        "CustomSchedule），或者用优化器构造、step(epoch) 设置学习率的类（timm 的调度器："
-                       "在 lr 为 1 的 SGD 上构造，再 step 到每一步）"),
+                       "在 lr 为 1 的 SGD 上构造，再 step 到每一步），或者包着优化器、自己数步数的类"
+                       "（NoamOpt、ScheduledOptim：把它的 step 方法调用 step + 1 次）"),
     "call": ("found as a {} by what it is: a logits processor (its __call__ takes the ids and the scores, "
              "its constructor the setting), built with each setting and called on the logits",
              "按它的写法认作{}：一个 logits 处理器（__call__ 接受 ids 和 scores，构造函数接受设置），"

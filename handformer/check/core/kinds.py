@@ -150,7 +150,7 @@ KINDS_TABLE: tuple[Kind, ...] = (
                   "LabelSmoothingCrossEntropy", "MaskedCrossEntropy", "CrossEntropyLoss",
                   "SmoothedCrossEntropy", "masked_nll_loss", "MaskedSoftmaxCELoss",
                   "LabelSmoothedCrossEntropyCriterion", "LabelSmoothedCrossEntropy",  # fairseq's
-                  "label_smoothed_cross_entropy"),
+                  "label_smoothed_cross_entropy", "cal_loss"),
          "loss", "损失函数", "loss:check_loss"),
     Kind("greedy_decode", ("greedy_decode", "greedy_search", "greedy_decoding", "decode_greedy",
                            "greedy_translate", "translate_greedy"),

@@ -120,6 +120,8 @@ def to_json(result: FileResult) -> str:
 # handformer's side of a weight mapping ("name -> role") in Chinese; the learner's names stay as they are
 ROLE_WORDS = {"token embedding": "词嵌入", "position embedding": "位置嵌入", "source embedding": "源端嵌入",
               "target embedding": "目标端嵌入", "learned positions": "可学习的位置编码",
+              "source learned positions": "源端可学习的位置编码",
+              "target learned positions": "目标端可学习的位置编码",
               "final norm": "最后的归一化层", "output head": "输出层", "output layer": "输出层",
               "block": "Block", "encoder": "编码器", "decoder": "解码器", "self-attention": "自注意力",
               "cross-attention": "交叉注意力", "FFN": "前馈网络"}

@@ -31,6 +31,7 @@ from handformer.check.core.argument_names import (
     ACCUM_NAMES,
     BATCH_NAMES,
     BEAM_NAMES,
+    CLIP_NAMES,
     CONTEXT_NAMES,
     COUNT_NAMES,
     CRITERION_NAMES,
@@ -184,7 +185,9 @@ def stepped_scheduler(cls: Any) -> type | None:
         settings = call_parameters(cls.__init__, ("self",))
     except ValueError:  # a constructor of C: no scheduler of the learner's
         return None
-    if step is None or not settings or settings[0].name.lower() not in OPTIMIZER_NAMES:
+    if step is None:
+        return counted_scheduler(cls, settings)
+    if not settings or settings[0].name.lower() not in OPTIMIZER_NAMES:
         return None
 
     def new(_: type, **arguments: Any) -> float:
@@ -194,6 +197,31 @@ def stepped_scheduler(cls: Any) -> type | None:
         return optimizer.param_groups[0]["lr"]
 
     return _posed(cls, new, step, settings[1:])
+
+
+def counted_scheduler(cls: Any, settings: list[inspect.Parameter]) -> type | None:
+    """A class that wraps the optimizer and counts the steps itself (the Annotated Transformer's
+    `NoamOpt(model_size, factor, warmup, optimizer)`, `ScheduledOptim(optimizer, lr_mul, d_model,
+    n_warmup_steps)`): its one method of no arguments whose name begins with `step` raises the count and
+    writes the rate into the optimizer. Read as a function of the step: built on an SGD of lr 1, that
+    method called step + 1 times (the rate of the update at that step, counted from 0), the rate its
+    group holds; None for any other class."""
+    names = [p.name for p in settings]
+    wrapped = named(names, OPTIMIZER_NAMES)  # the optimizer's argument, wherever it stands
+    steppers = [n for n in dir(cls) if n.startswith("step") and own_method(cls, n).__name__ == n
+                and not call_parameters(own_method(cls, n), ("self",))]  # step(), step_and_update_lr()
+    if (wrapped is not None, len(steppers)) != (True, 1):  # one optimizer and one stepper
+        return None
+
+    def new(_: type, **arguments: Any) -> float:
+        at = arguments.pop("step")
+        optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+        scheduler = cls(**{wrapped: optimizer}, **arguments)
+        for _ in range(int(at) + 1):
+            getattr(scheduler, steppers[0])()
+        return optimizer.param_groups[0]["lr"]
+
+    return _posed(cls, new, "step", settings[:names.index(wrapped)] + settings[names.index(wrapped) + 1:])
 
 
 def _one_step(method: Any) -> str | None:
@@ -294,7 +322,7 @@ def _argument_used(fn: Any, aliases: tuple[str, ...], pattern: str) -> str | Non
 
 GENERATE_MODEL = tuple(n for n in MODEL_NAMES if n != "self")
 BEAM_WIDTH = ("beam_size", "beam_width", "num_beams", "beam", "n_beams", "beams")  # not k: a sampler's top-k
-STEP = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, CRITERION_NAMES, ACCUM_NAMES)
+STEP = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, CRITERION_NAMES, ACCUM_NAMES, CLIP_NAMES)
 STEP_BATCH = (*STEP, BATCH_NAMES, SRC_NAMES, TGT_NAMES)
 # (kind, what its first argument must be called (any: ()), the groups it must take one of each, the
 # groups its runner fills), tried in order

@@ -17,7 +17,7 @@ from torch import Tensor
 from handformer.check.core.context import Context, finish, forward_parameters
 from handformer.check.core.discovery import Component, cannot_fill
 from handformer.check.core.result import Check, ComponentResult, Finding, text
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.source import first_line, locate, source_lines
 from handformer.check.runners.mask_helpers import PAD, PAD_NAMES, src_ids, tgt_ids
 
 
@@ -56,4 +56,26 @@ def check_batch(comp: Component, ctx: Context) -> ComponentResult:
             f"built with {pad}={PAD}, its src_mask hides the tokens with id 0, not those with id {PAD}",
             f"传入 {pad}={PAD} 时，它的 src_mask 屏蔽的是 id 为 0 的 token，不是 id 为 {PAD} 的"),
             number, code))
+    _labels(res, comp, batch, tgt)
     return finish(res)
+
+
+def _labels(res: ComponentResult, comp: Component, batch: object, tgt: Tensor) -> None:
+    """The target's ids the batch holds, (B, T - 1) each: the decoder's input tgt[:, :-1] and its labels
+    tgt[:, 1:] (the Annotated Transformer's tgt and tgt_y). Where it holds two and neither is
+    tgt[:, 1:], the labels are not moved on by one: train_step_no_shift, at the line that sets the
+    last of them (the labels, set after the input)."""
+    shape = (tgt.size(0), tgt.size(1) - 1)
+    held = [name for name, v in vars(batch).items()
+            if isinstance(v, Tensor) and v.shape == shape and v.dtype in (torch.int64, torch.int32)]
+    if len(held) < 2:  # no labels kept beside the input: nothing to compare
+        return
+    ok = any(torch.equal(getattr(batch, name), tgt[:, 1:]) for name in held)
+    res.checks.append(Check(text(f"{' and '.join(held)}: the decoder's input is tgt[:, :-1] and the labels "
+                                 "are tgt[:, 1:], one position on", f"{'、'.join(held)}：解码器的输入是 "
+                                 "tgt[:, :-1]，标签是 tgt[:, 1:]，错开一位"), ok))
+    lines = source_lines([comp.obj])
+    number, code = first_line([rf"\bself\.{held[-1]}\s*="], lines)
+    res.findings += [Finding("train_step_no_shift", text(
+        f"{held[-1]} (the labels: set after the input) is not tgt[:, 1:], the next tokens",
+        f"{held[-1]}（标签：在输入之后赋值）不是 tgt[:, 1:]，不是下一个 token"), number, code)] * (not ok)

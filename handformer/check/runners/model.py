@@ -22,6 +22,7 @@ Shape legend: B batch, S source length, T target length, D d_model, V target voc
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import itertools
@@ -109,6 +110,7 @@ class ModelMap:
     src_embed: Leaf
     tgt_embed: Leaf
     positions: Leaf | None  # learned positions; None: a sinusoidal table (a buffer)
+    tgt_positions: Leaf | None  # the decoder's own learned table (the seq2seq notebooks'); None: shared
     encoder: list[LayerMap]
     decoder: list[LayerMap]
     final: dict[str, Slot] = field(default_factory=dict)  # "encoder" / "decoder" -> its final norm
@@ -120,8 +122,9 @@ class ModelMap:
 
     def describe(self) -> list[str]:
         rows = [f"{self.src_embed.name} -> source embedding", f"{self.tgt_embed.name} -> target embedding"]
-        if self.positions is not None:
-            rows.append(f"{self.positions.name} -> learned positions")
+        rows += [f"{leaf.name} -> {side}learned positions" for leaf, side in
+                 ((self.positions, "source " * bool(self.tgt_positions)), (self.tgt_positions, "target "))
+                 if leaf is not None]
         for stack, layers in (("encoder", self.encoder), ("decoder", self.decoder)):
             for i, layer in enumerate(layers):
                 rows.append(f"{layer.name} -> {stack} layer {i}")
@@ -169,11 +172,13 @@ def map_model(module: nn.Module, F_width: int) -> ModelMap:
                               f"nn.Embedding(tgt_vocab={TGT_V}, d_model)；实际找到 {found}")
     src, tgt = by_rows[SRC_V], by_rows[TGT_V]
     others = [e for e in embeds if e is not src and e is not tgt]
-    out, tied, bias = output_head(outer, TGT_V, tgt, others[1:], (
+    # a learned table for each side, of one shape: the encoder's first (built first), then the decoder's
+    sided = len(others) > 1 and others[0].weight.shape == others[1].weight.shape
+    out, tied, bias = output_head(outer, TGT_V, tgt, others[1 + sided:], (
         "parameters outside the layers that an encoder-decoder model does not have",
         "层之外有编码器-解码器模型没有的参数"))
-    model = ModelMap(src, tgt, others[0] if others else None, encoder, decoder, out=out, table=_table(module),
-                     tied=tied, bias=bias)
+    model = ModelMap(src, tgt, others[0] if others else None, others[1] if sided else None, encoder, decoder,
+                     out=out, table=_table(module), tied=tied, bias=bias)
     _final_norms(model, of_kind(outer, "norm"))
     return model
 
@@ -251,7 +256,7 @@ def _reference_model(m: ModelMap, ch: Choices) -> Seq2SeqTransformer:
         norm=first.kind, norm_placement=ch.placement,  # LayerNorm or RMSNorm, as theirs
         norm_eps=first.eps, position=position, max_positions=max_positions,
         scale_embeddings=ch.scale, tie_output=ch.tied(m), pad_id=PAD, bias=True)
-    hf = Seq2SeqTransformer(cfg)
+    hf = SidedSeq2Seq(cfg)
     if ch.bias(m):
         hf.generator = nn.Linear(D, TGT_V, bias=True)
         if ch.tied(m):
@@ -268,12 +273,30 @@ def _reference_model(m: ModelMap, ch: Choices) -> Seq2SeqTransformer:
 def _copy_embeddings(hf: Seq2SeqTransformer, m: ModelMap, ch: Choices) -> None:
     hf.src_embed.weight.copy_(m.src_embed.weight)
     hf.tgt_embed.weight.copy_(m.tgt_embed.weight)
+    if m.tgt_positions is not None:
+        hf.tgt_positions = copy.deepcopy(hf.positions)
+        hf.tgt_positions.weight.copy_(m.tgt_positions.weight)
     if m.positions is not None:
         hf.positions.weight.copy_(m.positions.weight)
     elif m.table is not None:
         hf.positions.table.copy_(m.table)
     if m.out is not None and not ch.tied_by_use:
         copy_weights(hf.generator, Slot("output", m.out))
+
+
+class SidedSeq2Seq(Seq2SeqTransformer):
+    """handformer's Seq2SeqTransformer whose target side reads `tgt_positions`: the same table as the
+    source's, unless the learner's decoder learns one of its own (the seq2seq notebooks' Encoder and
+    Decoder each own a pos_embedding)."""
+
+    def __init__(self, cfg: Seq2SeqConfig) -> None:
+        super().__init__(cfg)
+        self.tgt_positions = self.positions
+
+    def _embed(self, embed: nn.Module, ids: Tensor, offset: int = 0) -> Tensor:
+        table = self.positions if embed is self.src_embed else self.tgt_positions
+        position_ids = torch.arange(offset, offset + ids.size(1), device=ids.device)[None]  # (1, L)
+        return self.dropout(embed(ids) + table(position_ids))  # (B, L, D)
 
 
 def _copy_layers(hf: Seq2SeqTransformer, m: ModelMap) -> list[tuple[nn.Module, str, Slot]]:
@@ -347,6 +370,7 @@ def exact_norms_(model: nn.Module) -> None:
 
 
 DIAGONALS = {"causal_off_by_one:no_self": -1, "causal_off_by_one:sees_next": 1}  # the target's tril(diagonal)
+POSITIONS = {"src": lambda hf: hf.positions, "tgt": lambda hf: hf.tgt_positions}  # each side's table
 COMBINED = {False: torch.logical_and, True: torch.logical_or}  # mask_combined_with_or: a key either keeps
 
 
@@ -356,9 +380,10 @@ def variant(hf: Seq2SeqTransformer, src: Tensor, tgt: Tensor, flags: frozenset[s
     side, a stack's final norm left out, a padding mask built from the other sequence, the
     target's padding and causal masks combined with an or."""
     def embed(table: nn.Module, ids: Tensor, side: str) -> Tensor:
-        x = table(ids)  # (B, L, D), scaled as the choice says
+        # (B, L, D), scaled as the choice says; one side's factor left out: embedding_scale_unused
+        x = table(ids) / table.scale ** (f"embedding_scale_unused:{side}" in flags)
         if not ({f"pe_missing:{side}", "pe_missing:both"} & flags):
-            x = x + hf.positions(torch.arange(ids.size(1))[None])
+            x = x + POSITIONS[side](hf)(torch.arange(ids.size(1))[None])
         return x
 
     src_pad = tgt if "mask_pad_wrong_sequence:source" in flags else src
@@ -546,6 +571,8 @@ def real_rows(tgt: Tensor) -> Tensor:
 
 def _flags(m: ModelMap, ch: Choices, builds_masks: bool) -> tuple[str, ...]:
     flags = tuple(f"pe_missing:{s}" for s in SIDES)
+    if ch.scale:  # one side's embedding not scaled (the other's is)
+        flags += ("embedding_scale_unused:src", "embedding_scale_unused:tgt")
     if ch.placement == "pre":
         flags += tuple(f"final_norm_missing:{s}" for s in STACKS)
     if builds_masks:
@@ -596,6 +623,8 @@ def _observed(name: str, form: str, matched: float, correct: float) -> Text:
 
 # each of the model's named mistakes: the words of its forms, and how its observation puts them
 OBSERVED = {"pe_missing": (SIDES, ("no positional encoding on {}", "{}没有加位置编码")),
+            "embedding_scale_unused": (SIDES, ("{}'s embedding not scaled by sqrt(d_model), the other side's "
+                                               "scaled", "{}的嵌入没有乘 sqrt(d_model)，另一端乘了")),
             "final_norm_missing": (STACKS, ("no final norm after {}", "{}之后没有最后的归一化层")),
             "mask_pad_wrong_sequence": (MASK_SIDES, ("{}", "{}")),
             "causal_off_by_one": ({"no_self": ("a token does not see itself", "token 看不到自己"),
@@ -608,6 +637,14 @@ OBSERVED = {"pe_missing": (SIDES, ("no positional encoding on {}", "{}没有加�
             "mask_combined_with_or": ({"": ("the target's padding and causal masks combined so that a key "
                                             "either one keeps is seen", "目标端的填充掩码和因果掩码组合后，"
                                             "任一个保留的键都能被看到")}, ("{}", "{}"))}
+
+
+def _side_sources(module: nn.Module, m: ModelMap) -> dict[str, list[Any]]:
+    """A mistake of one side's embedding (its scale, its positions): the learner's classes that hold that
+    side's embedding, where its line is looked for (the Encoder's, not the Decoder's)."""
+    owner = {child: type(sub) for sub in module.modules() for child in sub.children()}  # each module's holder
+    return {f"{name}:{side}": [owner[leaf.module]] for name in ("embedding_scale_unused", "pe_missing")
+            for side, leaf in (("src", m.src_embed), ("tgt", m.tgt_embed))}
 
 
 def _embedding_sources(module: nn.Module, m: ModelMap) -> list[Any]:
@@ -636,7 +673,7 @@ def _pe_after_dropout(res: ComponentResult, ctx: Context, comp: Component, call:
         if {f"pe_missing:{side}", "pe_missing:both"} & flags:
             continue
         emb = table(ids)  # (B, L, D)
-        pos = hf.positions(torch.arange(ids.size(1))[None])
+        pos = POSITIONS[side](hf)(torch.arange(ids.size(1))[None])
         sides.append((side, [emb, emb / table.scale], emb + pos))
     with fp.dropout_recorder() as seen:
         call(src, tgt)
@@ -801,7 +838,9 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, module: nn.Mod
         correct = fp.max_error(out, variant(hf, src, tgt, frozenset(), ch.log_probs), rows)
         for flag in sorted(flags):
             name, _, form = flag.partition(":")
-            res.findings.append(_finding(ctx, comp, name, _observed(name, form, matched, correct), form))
+            objs = _side_sources(module, m).get(flag, []) + ctx.objects(comp, "positional_encoding")
+            observed = _observed(name, form, matched, correct)
+            res.findings.append(_finding(ctx, comp, name, observed, form, objs))  # its side's class first
         if ch.placement == "pre" and not flags & {f"final_norm_missing:{s}" for s in STACKS}:
             missing = [s for s in ("encoder", "decoder") if s not in m.final]
             if missing:  # matched with a final norm of weight 1 and bias 0: one the learner never wrote
@@ -846,8 +885,9 @@ def _readings(m: ModelMap, ch: Choices, src: Tensor, tgt: Tensor) -> list[list[V
 def _embedded(hf: Seq2SeqTransformer, src: Tensor, tgt: Tensor) -> list[View]:
     """Each side's embedding (scaled as chosen) plus its positions (B, S or T, D)."""
     return [(f"the {side} embedding plus positions",
-             (embed(ids) + hf.positions(torch.arange(ids.size(1))[None])).double())
-            for side, embed, ids in (("source", hf.src_embed, src), ("target", hf.tgt_embed, tgt))]
+             (embed(ids) + POSITIONS[key](hf)(torch.arange(ids.size(1))[None])).double())
+            for side, key, embed, ids in (("source", "src", hf.src_embed, src),
+                                          ("target", "tgt", hf.tgt_embed, tgt))]
 
 
 def _against_handformer(res: ComponentResult, call: Caller, m: ModelMap, ch: Choices) -> None:

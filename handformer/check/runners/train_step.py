@@ -40,6 +40,7 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import (
     ACCUM_NAMES,
     BATCH_NAMES,
+    CLIP_NAMES,
     CRITERION_NAMES,
     LOADER_NAMES,
     OPTIMIZER_NAMES,
@@ -282,13 +283,14 @@ class Step:
         self.model, self.opt = find(MODEL_NAMES), find(OPTIMIZER_NAMES)
         self.criterion = find(CRITERION_NAMES)
         self.accum, self.sched, self.scaler = find(ACCUM_NAMES), find(SCHEDULER_NAMES), find(SCALER_NAMES)
+        self.clip_arg = find(CLIP_NAMES)  # the clipping norm it is handed: the one it is read to clip at
         wanted = DATA_ARGUMENTS[epoch]  # an epoch's loader; a step's batch, or src and tgt
         self.loader, self.batch, self.src, self.tgt = (find(wanted.get(key, ()))
                                                        for key in ("loader", "batch", "src", "tgt"))
         # the update count a step sets its rate from (fairseq's num_updates): 1, then 2
         self.count = named([n for n in required if n not in self.names[:1]], SCHEDULE_STEP_NAMES)
         known = {self.model, self.opt, self.criterion, self.batch, self.src, self.tgt, self.accum,
-                 self.loader, self.sched, self.scaler, self.count}
+                 self.loader, self.sched, self.scaler, self.count, self.clip_arg}
         data = self.loader or self.batch or (self.src and self.tgt)  # an epoch's loader, a step's batch
         what, en, zh = TAKES[epoch]
         found = self.model and self.opt and data
@@ -303,8 +305,9 @@ class Step:
         self.tol = TOLERANCE[bool(FLOAT32.search(clipping))]
         if epoch:  # the loop's variable is what a batch is called (the loader: required of an epoch)
             loader = re.escape(self.loader)
-            loop = re.search(rf"for\s+(\w+)\s+in\s+(?:enumerate\()?\s*{loader}\b", self.source)
-            self.batch = loop.group(1) if loop else None
+            loop = re.search(rf"for\s+(\w+)\s+in\s+(?:enumerate\()?\s*{loader}\b|"
+                             rf"for\s+\w+\s*,\s*(\w+)\s+in\s+enumerate\(\s*{loader}\b", self.source)
+            self.batch = loop.group(loop.lastindex) if loop else None  # for i, batch in enumerate(loader)
         self._criterion(ctx)
         self.outputs = unpacked(self.source, self.model)
         self.scale = 1.0  # the logits' factor in both steps (unclipped_scale: clipping out of reach)
@@ -362,7 +365,7 @@ class Step:
         kwargs: dict[str, Any] = {self.model: model, self.opt: opt, **data}
         given = {self.criterion: self.make_criterion, self.accum: lambda: ACCUM,
                  self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler,
-                 self.count: lambda: len(self.rates) % 2 + 1}
+                 self.count: lambda: len(self.rates) % 2 + 1, self.clip_arg: lambda: self.clip}
         kwargs.update({name: make() for name, make in given.items() if name})
         if self.loss_compute:  # loss_compute(out, y, norm): the file's wrapper around the criterion
             kwargs[self.criterion] = own_loss_compute(self.ctx, self.comp.obj, kwargs[self.criterion])
