@@ -4,7 +4,8 @@ knows: timm's Mlp(in_features, hidden_features, out_features) with every width r
 (fixtures/learners_gpt2_conv1d), a Llama attention and block that take a required use_cache switch
 (fixtures/learners_llama_switch), a block named MoEBlock that is attention then a mixture of
 experts (fixtures/learners_moe_block), and a classifier's training step, train_step(model, images,
-labels, optimizer) (fixtures/learners_timm_vit). Each correct file passes with every part checked; a plant in
+labels, optimizer) (fixtures/learners_timm_vit), and OLMo's LayerNorm(config, size=None), whose optional
+size overrides the config's width (fixtures/learners_olmo_norm). Each correct file passes with every part checked; a plant in
 the part fails at its line."""
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ EXPECTED = {  # the folder -> each component's status in its correct.py
                               "precompute_freqs_cis": "pass", "FeedForward": "pass", "RMSNorm": "pass",
                               "TransformerBlock": "pass"},
     "learners_moe_block": {"CausalAttention": "pass", "SparseMoE": "pass", "RMSNorm": "pass", "MoEBlock": "pass"},
+    "learners_olmo_norm": {"LayerNorm": "pass"},
 }
 
 

@@ -71,8 +71,13 @@ def with_roles(cls: Any, keys: dict[str, str | None], size_of: dict[str, str]) -
 
 def widths_beside_config(cls: type, keys: dict[str, str | None], size_of: dict[str, str]) -> set[str]:
     """The one width argument of a constructor that also reads the width from another argument
-    (GPT-2's MLP(n_state, config): config.n_embd), where no argument is the FFN's width: that one."""
-    widths = {name for name, key in keys.items() if key == "d_model"}
+    (GPT-2's MLP(n_state, config): config.n_embd), where no argument is the FFN's width: that one.
+    A width with a default is the width's override, not another width (OLMo's LayerNorm(config,
+    size=None): `size or config.d_model`)."""
+    init = vars(cls).get("__init__")
+    params = inspect.signature(init).parameters if init else {}
+    widths = {name for name, key in keys.items() if key == "d_model"
+              and getattr(params.get(name), "default", None) is inspect.Parameter.empty}
     # the names whose attribute it reads as the width (self.dim too: no argument)
     read = {_name(getattr(n, "value", None)) for n in _init_nodes(cls)
             if size_of.get(_name(n).lower()) == "d_model"}
