@@ -100,3 +100,15 @@ def test_a_one_component_file_s_mistake_is_named_at_its_line(style, component, n
     result, lines, report = _run(style)
     finding = _finding(result, component)
     assert finding.name == name and _quotes(lines, finding, planted), report
+
+
+def test_rotary_positions_from_zero_are_quoted_where_they_are_made():
+    """A model whose positions index its rotary table from 0 on every call (`pos = torch.arange(seqlen)`,
+    `self.freqs_cos[pos]`) is quoted there, not at a slice of its generate loop below it."""
+    from handformer.check.core.source import locate
+
+    lines = [(10, "        pos = torch.arange(seqlen, device=input_ids.device)"),
+             (11, "        freqs_cos, freqs_sin = self.freqs_cos[pos], self.freqs_sin[pos]"),
+             (30, "            logits, _ = self(generated[:, -self.args.max_seq_len:])")]
+    assert locate("rope_no_offset", lines)[0] == 10
+    assert locate("rope_no_offset", [(5, "cos = self.cos[:seqlen]"), *lines])[0] == 5

@@ -134,7 +134,9 @@ DIAGNOSES: list[Diagnosis] = [
       "cos[offset : offset + T]",
       "应旋转位置 offset .. offset + T - 1：freqs_cis[start_pos : start_pos + T]（Meta），"
       "cos[offset : offset + T]",
-      r"\[\s*:\s*(\w+\.)?(seq_len|seqlen|T|t|n|length)\b", r"\[\s*:", r"offset|start"),
+      r"\[\s*:\s*(\w+\.)?(seq_len|seqlen|T|t|n|length)\b",
+      r"arange\(\s*(\w+\.)?(seq_len|seqlen|T|t|n|length)\b",  # positions 0 .. T - 1 that index the table
+      r"\[\s*:", r"offset|start"),
     d("rope_rotation_sign", "the rotation goes the wrong way (rotate_half's minus sign on the wrong half)",
       "旋转方向反了（rotate_half 的负号加在了另一半上）",
       "rotate_half(x) = torch.cat((-x2, x1), dim=-1), with x1, x2 = x.chunk(2, dim=-1); a table of the "
