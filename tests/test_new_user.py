@@ -249,6 +249,19 @@ def test_check_given_no_python_file_is_a_usage_error_naming_the_fix(tmp_path, ca
     assert message in capsys.readouterr().err
 
 
+def test_check_reads_a_path_written_after_its_component_kinds(tmp_path, capsys):
+    """`--component ffn model.py` (argparse reads both as kinds): the .py value is the path; no path
+    at all is a usage error that shows the command."""
+    learner = tmp_path / "ffn.py"
+    learner.write_text("import torch.nn as nn\n\n\nclass FFN(nn.Module):\n    def __init__(self, d_model, d_ff):\n"
+                       "        super().__init__()\n        self.w1, self.w2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)\n\n"
+                       "    def forward(self, x):\n        return self.w2(self.w1(x).relu())\n")
+    assert main(["check", "--component", "ffn", str(learner)]) == 0
+    assert "1 passed" in capsys.readouterr().out
+    assert main(["check", "--component", "ffn"]) == 2
+    assert "give the file to check: handformer check FILE" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, usage", [
     (["explain", "softmax"], "usage: handformer explain"),
     (["speedrun", "chat", "--bogus"], "usage: handformer speedrun chat"),

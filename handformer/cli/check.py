@@ -41,11 +41,22 @@ def learner_file(path: str) -> str:
     return path
 
 
+def given_path(args: argparse.Namespace) -> str:
+    """The file to check: the path, or the last value of a --component written before it
+    (`--component mha model.py`, which argparse reads as two kinds)."""
+    if args.path is None and args.component and args.component[-1].endswith(".py"):
+        return args.component.pop()
+    if args.path is None:
+        raise ValueError("give the file to check: handformer check FILE [--component KIND ...]")
+    return args.path
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from handformer.check.core import zygote
     from handformer.check.core.report import default_language, exit_code, format_report, to_json
     from handformer.check.core.sandbox import check_in_child
 
+    path = given_path(args)
     overrides, only = parse_components(args.component)
     if args.time_limit <= 0 or args.memory_limit < 1024:
         raise ValueError("--time-limit must be > 0 seconds and --memory-limit at least 1024 MiB "
@@ -53,9 +64,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     convention = None if args.mask_convention == "auto" else args.mask_convention
     if args.own_process:  # it has imported torch and nothing of theirs: its copy forks the child
         zygote.fork_here()
-    result = check_in_child(learner_file(args.path), overrides, only, convention, args.time_limit,
+    result = check_in_child(learner_file(path), overrides, only, convention, args.time_limit,
                             args.memory_limit, args.adapters)
-    result.path = args.path  # as the learner typed it
+    result.path = path  # as the learner typed it
     if args.json:
         sys.stdout.write(to_json(result) + "\n")
     else:
@@ -81,7 +92,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "design, e.g. pre-norm); 1: any fails; 3: nothing failed but some component was NOT CHECKED "
         "(check could not build or drive it; the report prints the adapter that lets it); 2: bad arguments "
         "(no such file, an unknown kind, a --component NAME the file does not define).")
-    p.add_argument("path", help="your Python file")
+    p.add_argument("path", nargs="?", help="your Python file")
     p.add_argument("--component", action="extend", nargs="+", default=[], metavar="KIND[=NAME]",
                    help="check only these kinds (one or more, repeatable); KIND=NAME checks your "
                    "class or function NAME as that kind, e.g. --component mha=MyAttention. Kinds: "
