@@ -38,7 +38,13 @@ from torch import Tensor, nn
 from handformer.check.core.fingerprint import first_tensor, hooked, quietly
 from handformer.check.core.kinds import KINDS_TABLE
 from handformer.check.core.result import DEPARTS, ComponentResult, Finding, Text, text
-from handformer.check.core.source import first_pattern_matches, lines_matching, pattern_rank, source_lines
+from handformer.check.core.source import (
+    first_pattern_matches,
+    lines_matching,
+    parsed_file,
+    pattern_rank,
+    source_lines,
+)
 from handformer.check.reference import variants as V
 
 
@@ -644,7 +650,7 @@ def _wrong_operand(before: list[Step], step: Step, views: list[View], filename: 
 
 def _added_names(filename: str, line: int) -> set[str]:
     """The names a statement starting at `line` adds (`x = x + shortcut`: x, shortcut)."""
-    tree = _parsed(filename)
+    tree = parsed_file(filename)
     sums = [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno == line]
     return {n.id for s in sums if isinstance(s, ast.BinOp) and isinstance(s.op, ast.Add)
             for n in (s.left, s.right) if isinstance(n, ast.Name)}
@@ -668,7 +674,7 @@ def _shared(found: Departure, steps: list[Step], filename: str, views: list[View
 @functools.lru_cache(maxsize=8)
 def _top_level(filename: str) -> tuple[tuple[int, int], ...]:
     """The (first, last) lines of each class and function defined at the top of the file."""
-    tree = _parsed(filename)
+    tree = parsed_file(filename)
     defined = (ast.ClassDef, ast.FunctionDef)
     return tuple((n.lineno, n.end_lineno) for n in tree.body if isinstance(n, defined))
 
@@ -855,15 +861,9 @@ def statement(filename: str, line: int, whole: bool = True) -> str:
 
 
 @functools.lru_cache(maxsize=8)
-def _parsed(filename: str) -> ast.Module:
-    """The learner's file parsed once (a file check imported: it parses); the trees are only read."""
-    return ast.parse("".join(linecache.getlines(filename)))
-
-
-@functools.lru_cache(maxsize=8)
 def _spans(filename: str) -> dict[int, int]:
     """Each statement's first line -> its last line (a file check imported: it parses)."""
-    tree = _parsed(filename)
+    tree = parsed_file(filename)
     return {n.lineno: n.end_lineno for n in ast.walk(tree) if isinstance(n, ast.stmt)}
 
 
@@ -1182,7 +1182,7 @@ def commented_out(res: ComponentResult, filename: str) -> None:
 def _no_effect(filename: str, line: int) -> tuple[int, str] | None:
     """A statement in the function around `line` that does nothing (`true_dist[:, self.padding_idx] ==
     0`, an assignment with `==` for `=`; see `_idle`), the nearest: (its line, its text)."""
-    tree = _parsed(filename)
+    tree = parsed_file(filename)
     functions = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)]
     around = [f for f in functions if f.lineno <= line <= f.end_lineno]
     inner = max(around, key=lambda f: f.lineno, default=ast.Module(body=[], type_ignores=[]))

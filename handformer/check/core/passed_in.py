@@ -6,12 +6,11 @@ after the finding's, the value may be wrong there."""
 from __future__ import annotations
 
 import ast
-import functools
 import linecache
 import re
 
 from handformer.check.core.result import ComponentResult
-from handformer.check.core.source import with_second
+from handformer.check.core.source import parsed_file, with_second
 
 ATTRIBUTE_READ = re.compile(r"\bself\.(\w+)\b(?!\s*\()")  # an attribute a line reads, not a method it calls
 
@@ -20,20 +19,19 @@ def passed_in(res: ComponentResult, filename: str) -> None:
     """Each named finding quoted on one line that reads an attribute its class's constructor sets from
     an argument, where a call of that class in the file chooses the argument (see `_call_passing`):
     the first such call's line after the finding's."""
-    source = "".join(linecache.getlines(str(filename)))
     for finding in [f for f in res.named() if f.line]:
         read = ATTRIBUTE_READ.findall(str(finding.code).split("#")[0])
-        found = next(filter(None, (_call_passing(source, finding.line, a) for a in read)), (None, ""))
+        found = next(filter(None, (_call_passing(str(filename), finding.line, a) for a in read)), (None, ""))
         finding.line, finding.code = with_second(finding.line, str(finding.code), *found)
 
 
-def _call_passing(source: str, line: int, attribute: str) -> tuple[int, str] | None:
+def _call_passing(filename: str, line: int, attribute: str) -> tuple[int, str] | None:
     """(line, text) of the first call of the class around `line` that passes, by keyword, the argument
     its constructor sets `attribute` from (`self.attribute = argument`) a value chosen there: not the
     same name handed on (`temperature=temperature`), nor a setting read as it is (`eps=args.norm_eps`),
     nor a literal (`eps=1e-6`)."""
-    cls = _class_around(_tree(source), line)
-    lines = source.splitlines()
+    cls = _class_around(parsed_file(filename), line)
+    lines = [text.rstrip("\r\n") for text in linecache.getlines(filename)]
     body = "\n".join(lines[cls.lineno - 1:cls.end_lineno]) if cls else ""
     param = re.search(rf"^\s*self\.{attribute}\s*=\s*(\w+)\s*(#.*)?$", body, re.MULTILINE)
     # the argument by keyword, neither handed on under its own name, nor a setting read as it is
@@ -48,8 +46,3 @@ def _class_around(tree: ast.Module, line: int) -> ast.ClassDef | None:
     around = [c for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.lineno <= line <= c.end_lineno]
     return max(around, key=lambda c: c.lineno, default=None)
 
-
-@functools.lru_cache(maxsize=8)
-def _tree(source: str) -> ast.Module:
-    """The learner's file parsed once per text (a file check imported: it parses); only read."""
-    return ast.parse(source)

@@ -8,6 +8,7 @@ import dis
 import functools
 import inspect
 import itertools
+import linecache
 import math
 import re
 import sys
@@ -107,6 +108,12 @@ def _class_lines(cls: type) -> tuple[list[str], int]:
 
 # what a definition adds to the qualified names of what it holds
 SCOPES = {ast.ClassDef: ".", ast.FunctionDef: ".<locals>.", ast.AsyncFunctionDef: ".<locals>."}
+
+
+@functools.lru_cache(maxsize=8)
+def parsed_file(filename: str) -> ast.Module:
+    """The learner's file parsed once (a file check imported: it parses); the trees are only read."""
+    return ast.parse("".join(linecache.getlines(filename)))
 
 
 @functools.lru_cache(maxsize=16)
