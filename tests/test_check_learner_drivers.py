@@ -1,0 +1,47 @@
+"""Learner drivers check could not build or drive, now checked: nanoGPT's sample.py loop that draws
+num_samples continuations of one prompt (fixtures/learners_nanogpt_sample, run with one sample a
+prompt), and d2l's EncoderDecoder(encoder, decoder) whose layers are nn.LazyLinear
+(fixtures/learners_d2l_lazy, its lazy layers shaped by a first forward before its weights are
+scrambled). Each correct file passes with the part checked; each plant fails at its line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from handformer.check.core.engine import check_file
+from handformer.check.core.report import format_report
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RUNS = {  # name -> (the file, the kind checked)
+    "sample": ("learners_nanogpt_sample/correct.py", "generate"),
+    "sample_first_position": ("learners_nanogpt_sample/p_first_position.py", "generate"),
+    "d2l_lazy": ("learners_d2l_lazy/correct.py", "transformer"),
+    "d2l_lazy_no_residual": ("learners_d2l_lazy/p_no_residual.py", "transformer"),
+}
+
+
+@pytest.fixture(scope="module", params=list(RUNS))
+def run(request):
+    path, kind = RUNS[request.param]
+    result = check_file(str(FIXTURES / path), only=[kind])
+    return request.param, result
+
+
+EXPECTED = {  # name -> (status, the line a finding quotes, or None)
+    "sample": ("pass", None),
+    "sample_first_position": ("fail", 70),
+    "d2l_lazy": ("pass", None),
+    "d2l_lazy_no_residual": ("fail", None),
+}
+
+
+def test_driven_and_judged(run):
+    name, result = run
+    report = format_report(result)
+    (comp,) = result.components
+    status, line = EXPECTED[name]
+    assert comp.status == status, report
+    if line is not None:
+        assert line in {f.line for f in comp.findings}, report
