@@ -2,7 +2,8 @@
 num_samples continuations of one prompt (fixtures/learners_nanogpt_sample, run with one sample a
 prompt), and d2l's EncoderDecoder(encoder, decoder) whose layers are nn.LazyLinear
 (fixtures/learners_d2l_lazy, its lazy layers shaped by a first forward before its weights are
-scrambled). Each correct file passes with the part checked; each plant fails at its line."""
+scrambled), and a decoder-only step handed the Hugging Face collator's dict, whose labels are the
+input ids and which shifts them itself (fixtures/learners_hf_dict_step). Each correct file passes with the part checked; each plant fails at its line."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ RUNS = {  # name -> (the file, the kind checked)
     "sample_first_position": ("learners_nanogpt_sample/p_first_position.py", "generate"),
     "d2l_lazy": ("learners_d2l_lazy/correct.py", "transformer"),
     "d2l_lazy_no_residual": ("learners_d2l_lazy/p_no_residual.py", "transformer"),
+    "dict_step": ("learners_hf_dict_step/correct.py", "lm_train_step"),
+    "dict_step_no_shift": ("learners_hf_dict_step/p_labels_not_shifted.py", "lm_train_step"),
 }
 
 
@@ -34,6 +37,8 @@ EXPECTED = {  # name -> (status, the line a finding quotes, or None)
     "sample_first_position": ("fail", 70),
     "d2l_lazy": ("pass", None),
     "d2l_lazy_no_residual": ("fail", None),
+    "dict_step": ("pass", None),
+    "dict_step_no_shift": ("fail", 26),
 }
 
 

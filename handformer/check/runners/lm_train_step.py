@@ -52,6 +52,7 @@ from handformer.check.core.context import (
     names_of,
 )
 from handformer.check.core.discovery import Component, cannot_fill, defaulted_config
+from handformer.check.core.keyed_batch import keyed_batch
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.signatures import drawn_global, drawn_loader, kind_of, paired_batch, token_batch
@@ -133,11 +134,12 @@ class Step:
         self.loader = drawn_loader(comp.obj)  # x and y drawn from it: Windows
         self.pair = paired_batch(comp.obj)  # x and y given as one (x, y) batch
         self.tokens = token_batch(comp.obj)  # x and y cut from one (B, T + 1) tensor of windows
-        handed = self.x and self.y or self.loader or self.pair or self.tokens
+        self.keyed = keyed_batch(comp.obj)  # or from a dict of them ({"input_ids": ..., "labels": ...})
+        handed = self.x and self.y or self.loader or self.pair or self.tokens or self.keyed
         self.drawn = None if handed else drawn_global(comp.obj)  # x and y from a function of its file
         self.drawn_calls: list[Call] = []  # the arguments the step called that function with, each call
         known = {self.model, self.opt, self.x, self.y, self.lr, self.sched, self.scaler, self.accum,
-                 self.loader, self.pair, self.tokens}
+                 self.loader, self.pair, self.tokens, self.keyed and self.keyed.name}
         rest = [n for n in required if n not in known]
         self.count = named(rest, SCHEDULE_STEP_NAMES)  # the iteration (nanoGPT's iter_num): 0, then 1
         # or how many steps a loop of them runs (build-nanogpt's train(..., steps): range(steps)): 1 a call
@@ -183,6 +185,7 @@ class Step:
         given = {self.x: x.clone, self.y: y.clone, self.loader: lambda: Windows(x, y, parts),
                  self.pair: lambda: (x.clone(), y.clone()),
                  self.tokens: lambda: torch.cat([x, y[:, -1:]], dim=1),  # (B, T + 1)
+                 self.keyed and self.keyed.name: lambda: self.keyed.filled(torch.cat([x, y[:, -1:]], dim=1)),
                  self.lr: lambda: lr, self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler,
                  self.accum: lambda: ACCUM, self.count: lambda: max(bool(self.loops), len(self.seen) % 2),
                  self.config: self._config}
