@@ -3,7 +3,9 @@ num_samples continuations of one prompt (fixtures/learners_nanogpt_sample, run w
 prompt), and d2l's EncoderDecoder(encoder, decoder) whose layers are nn.LazyLinear
 (fixtures/learners_d2l_lazy, its lazy layers shaped by a first forward before its weights are
 scrambled), and a decoder-only step handed the Hugging Face collator's dict, whose labels are the
-input ids and which shifts them itself (fixtures/learners_hf_dict_step). Each correct file passes with the part checked; each plant fails at its line."""
+input ids and which shifts them itself (fixtures/learners_hf_dict_step); DPO's two parts, each reply's
+summed log-probability and the loss of the pairs, against handformer's post-training
+(fixtures/learners_dpo). Each correct file passes with the part checked; each plant fails at its line."""
 
 from __future__ import annotations
 
@@ -22,6 +24,10 @@ RUNS = {  # name -> (the file, the kind checked)
     "d2l_lazy_no_residual": ("learners_d2l_lazy/p_no_residual.py", "transformer"),
     "dict_step": ("learners_hf_dict_step/correct.py", "lm_train_step"),
     "dict_step_no_shift": ("learners_hf_dict_step/p_labels_not_shifted.py", "lm_train_step"),
+    "dpo_logps": ("learners_dpo/correct.py", "sequence_logps"),
+    "dpo_logps_no_shift": ("learners_dpo/p_no_shift.py", "sequence_logps"),
+    "dpo_loss": ("learners_dpo/correct.py", "dpo_loss"),
+    "dpo_loss_no_beta": ("learners_dpo/p_no_beta.py", "dpo_loss"),
 }
 
 
@@ -39,6 +45,10 @@ EXPECTED = {  # name -> (status, the line a finding quotes, or None)
     "d2l_lazy_no_residual": ("fail", None),
     "dict_step": ("pass", None),
     "dict_step_no_shift": ("fail", 26),
+    "dpo_logps": ("pass", None),
+    "dpo_logps_no_shift": ("fail", 11),
+    "dpo_loss": ("pass", None),
+    "dpo_loss_no_beta": ("fail", 23),
 }
 
 
