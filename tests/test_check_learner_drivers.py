@@ -5,7 +5,8 @@ prompt), and d2l's EncoderDecoder(encoder, decoder) whose layers are nn.LazyLine
 scrambled), and a decoder-only step handed the Hugging Face collator's dict, whose labels are the
 input ids and which shifts them itself (fixtures/learners_hf_dict_step); DPO's two parts, each reply's
 summed log-probability and the loss of the pairs, against handformer's post-training
-(fixtures/learners_dpo). Each correct file passes with the part checked; each plant fails at its line."""
+(fixtures/learners_dpo); a step that accumulates over a global of its file (grad_accum_steps at the
+top, fixtures/learners_global_accum), driven with that many micro-batches. Each correct file passes with the part checked; each plant fails at its line."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ RUNS = {  # name -> (the file, the kind checked)
     "dpo_logps_no_shift": ("learners_dpo/p_no_shift.py", "sequence_logps"),
     "dpo_loss": ("learners_dpo/correct.py", "dpo_loss"),
     "dpo_loss_no_beta": ("learners_dpo/p_no_beta.py", "dpo_loss"),
+    "global_accum": ("learners_global_accum/correct.py", "lm_train_step"),
+    "global_accum_not_divided": ("learners_global_accum/p_not_divided.py", "lm_train_step"),
 }
 
 
@@ -49,6 +52,8 @@ EXPECTED = {  # name -> (status, the line a finding quotes, or None)
     "dpo_logps_no_shift": ("fail", 11),
     "dpo_loss": ("pass", None),
     "dpo_loss_no_beta": ("fail", 23),
+    "global_accum": ("pass", None),
+    "global_accum_not_divided": ("fail", 28),
 }
 
 

@@ -146,7 +146,10 @@ class Step:
         self.loops = re.search(rf"\brange\(\s*{self.count}\s*\)", source_text(comp.obj))  # (None: no count)
         # a configuration (nanoGPT's cfg): its micro-steps, clipping norm, and whether it sets the rate
         self.config, self.fields = _step_config(comp.obj, rest)
-        self.micro = self.accum or self.fields.get("accum")  # what sets the micro-steps: argument or field
+        # what sets the micro-steps: an argument, a field, or a global of its file it reads (grad_accum_steps)
+        self.held = named([n for n in comp.obj.__code__.co_names if type(vars(ctx.module).get(n)) is int],
+                          ACCUM_NAMES) if handed or self.drawn else None
+        self.micro = self.accum or self.fields.get("accum") or self.held
         self.rows = BATCH * ACCUM if self.micro else BATCH  # windows a batch: BATCH a micro-batch
         self.seen: list[float] = []  # the rate the learner's step left in the optimizer, each call
         found = self.model and self.opt and (handed or self.drawn)
@@ -191,6 +194,7 @@ class Step:
                  self.config: self._config}
         kwargs.update({name: make() for name, make in given.items() if name})
         stand_in = {self.drawn: Drawn(self, Windows(x, y, parts))} if self.drawn else {}
+        stand_in.update({self.held: ACCUM} if self.held else {})
         with globals_set(self.ctx.module, stand_in):
             out = self.ctx.learner.call("forward", self.comp.obj, **kwargs)
         self.seen.append(float(opt.param_groups[0]["lr"]))
