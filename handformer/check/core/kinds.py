@@ -152,6 +152,11 @@ KINDS_TABLE: tuple[Kind, ...] = (
                   "LabelSmoothedCrossEntropyCriterion", "LabelSmoothedCrossEntropy",  # fairseq's
                   "label_smoothed_cross_entropy", "cal_loss"),
          "loss", "损失函数", "loss:check_loss"),
+    Kind("sequence_logps", ("get_batch_logps", "_get_batch_logps", "get_batch_logprobs", "sequence_logps",
+                             "get_sequence_logps", "compute_logps", "get_logps"),
+         "sequence log-probability (DPO)", "序列的 log 概率（DPO）", "preference:check_sequence_logps"),
+    Kind("dpo_loss", ("dpo_loss", "preference_loss", "compute_dpo_loss", "dpo_loss_fn"),
+         "DPO loss", "DPO 损失", "preference:check_dpo_loss"),
     Kind("greedy_decode", ("greedy_decode", "greedy_search", "greedy_decoding", "decode_greedy",
                            "greedy_translate", "translate_greedy"),
          "greedy decoding (encoder-decoder)", "贪心解码（编码器-解码器）", "decoding:check_greedy_decode"),

@@ -48,6 +48,7 @@ from handformer.check.core.argument_names import (
     PROMPT_NAMES,
     SCHEDULE_ARGS,
     SCHEDULE_STEP_NAMES,
+    SCHEDULER_NAMES,
     SRC_NAMES,
     STEP_MODEL_NAMES,
     TEMPERATURE_NAMES,
@@ -58,6 +59,7 @@ from handformer.check.core.argument_names import (
     named,
     names_of,
 )
+from handformer.check.core.keyed_batch import keyed_batch
 from handformer.check.core.processors import PROCESSOR_NAMES, own_call, own_method, posing_as
 from handformer.check.core.source import config_reads, source_text
 from handformer.check.core.special_ids import DEVICE_NAMES
@@ -265,18 +267,19 @@ SHIFT = re.compile(r"\[\s*:\s*,\s*(:-1|1:)\s*\]")  # tgt[:, :-1], tgt[:, 1:]
 def lm_step(fn: Any) -> bool:
     """A decoder-only model's training step, whatever its name (`train_step(model, optimizer, x, y)`):
     it takes the model, the optimizer and the windows x and y (y already x moved on by one) or a loader
-    it draws them from (drawn_loader), maybe the learning rate and the micro-steps, and never shifts a
-    target itself (an encoder-decoder's step feeds tgt[:, :-1])."""
+    it draws them from (drawn_loader), maybe the learning rate, the micro-steps and a scheduler, and
+    never shifts a target itself (an encoder-decoder's step feeds tgt[:, :-1]) unless it cuts its
+    windows from one batch (token_batch, keyed_batch)."""
     _, names, required = _signature(fn)
     windows = (LOADER_NAMES,) if drawn_loader(fn) else (X_NAMES, Y_NAMES)
-    tokens = token_batch(fn)
+    tokens = token_batch(fn) or keyed_batch(fn)
     windows = (BATCH_NAMES,) if paired_batch(fn) or tokens else windows
     groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, *windows)
     if not _takes_each(names, groups):
         groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES)  # its windows drawn from its file's get_batch
         if not (_takes_each(names, groups) and drawn_global(fn)):
             return False
-    rest = required - set().union(*groups, LR_NAMES, ACCUM_NAMES)
+    rest = required - set().union(*groups, LR_NAMES, ACCUM_NAMES, SCHEDULER_NAMES)
     # nanoGPT's train_step(model, optimizer, X, Y, iter_num, cfg): the iteration and a configuration
     rest -= set(SCHEDULE_STEP_NAMES) | set(_config_fields(fn, rest))
     return not rest and (tokens is not None or not SHIFT.search(source_text(fn)))

@@ -65,6 +65,8 @@ EOS_NAMES = ("eos", "eos_id", "eos_token", "eos_token_id", "eos_idx", "end_token
 
 
 TOP_K_NAMES = ("top_k", "topk", "k")
+# how many continuations a loop samples for each prompt (nanoGPT's sample.py: num_samples)
+SAMPLES_NAMES = ("num_samples", "n_samples", "num_return_sequences", "num_sequences", "samples")
 NEVER = -1  # an EOS id no model generates
 
 
@@ -372,7 +374,9 @@ def fixed_defaults(fn: Any) -> dict[str, int]:
     """Defaults of the loop that are sizes of a real vocabulary, set for check's small one: an EOS id
     (minimind's eos_token_id=2) to an id no model generates, so that a loop is not stopped by a token
     it was never told is EOS (the EOS check sets its own); a top-k larger than the vocabulary
-    (top_k=50) to the vocabulary's size, which keeps every token as 50 does in a real one."""
+    (top_k=50) to the vocabulary's size, which keeps every token as 50 does in a real one; the number
+    of samples drawn for each prompt (nanoGPT's sample.py num_samples=10) to 1, one continuation a
+    prompt as every check asks for."""
     out = {}
     for p in forward_parameters(fn):
         if not is_number(p.default, int):
@@ -381,6 +385,8 @@ def fixed_defaults(fn: Any) -> dict[str, int]:
             out[p.name] = NEVER
         elif p.name.lower() in TOP_K_NAMES and p.default > VOCAB:
             out[p.name] = VOCAB
+        elif p.name.lower() in SAMPLES_NAMES and p.default > 1:
+            out[p.name] = 1
     return out
 
 
@@ -389,10 +395,11 @@ def defaults_note(fn: Any) -> Text | None:
     if not fixed:
         return None
     said = ", ".join(f"{k}={v}" for k, v in fixed.items())
-    return text(f"run with {said} (its defaults are for a real vocabulary: an EOS no token here is, a "
-                f"top-k that keeps all {VOCAB} tokens); the EOS check sets its own EOS",
-                f"运行时设 {said}（默认值是按真实词表定的：这里 EOS 设为不会生成的 id，top-k 保留全部 "
-                f"{VOCAB} 个 token）；EOS 检查另设 EOS")
+    return text(f"run with {said} (its defaults are for a real vocabulary and a demo: an EOS no token "
+                f"here is, a top-k that keeps all {VOCAB} tokens, one sample a prompt); the EOS check sets "
+                "its own EOS",
+                f"运行时设 {said}（默认值是按真实词表和演示定的：这里 EOS 设为不会生成的 id，"
+                f"top-k 保留全部 {VOCAB} 个 token，每个提示词只采样一次）；EOS 检查另设 EOS")
 
 
 def _overflowed(model: LanguageModel) -> bool:

@@ -52,6 +52,7 @@ from handformer.check.core.context import (
     names_of,
 )
 from handformer.check.core.discovery import Component, cannot_fill, defaulted_config
+from handformer.check.core.keyed_batch import keyed_batch
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.signatures import drawn_global, drawn_loader, kind_of, paired_batch, token_batch
@@ -133,18 +134,22 @@ class Step:
         self.loader = drawn_loader(comp.obj)  # x and y drawn from it: Windows
         self.pair = paired_batch(comp.obj)  # x and y given as one (x, y) batch
         self.tokens = token_batch(comp.obj)  # x and y cut from one (B, T + 1) tensor of windows
-        handed = self.x and self.y or self.loader or self.pair or self.tokens
+        self.keyed = keyed_batch(comp.obj)  # or from a dict of them ({"input_ids": ..., "labels": ...})
+        handed = self.x and self.y or self.loader or self.pair or self.tokens or self.keyed
         self.drawn = None if handed else drawn_global(comp.obj)  # x and y from a function of its file
         self.drawn_calls: list[Call] = []  # the arguments the step called that function with, each call
         known = {self.model, self.opt, self.x, self.y, self.lr, self.sched, self.scaler, self.accum,
-                 self.loader, self.pair, self.tokens}
+                 self.loader, self.pair, self.tokens, self.keyed and self.keyed.name}
         rest = [n for n in required if n not in known]
         self.count = named(rest, SCHEDULE_STEP_NAMES)  # the iteration (nanoGPT's iter_num): 0, then 1
         # or how many steps a loop of them runs (build-nanogpt's train(..., steps): range(steps)): 1 a call
         self.loops = re.search(rf"\brange\(\s*{self.count}\s*\)", source_text(comp.obj))  # (None: no count)
         # a configuration (nanoGPT's cfg): its micro-steps, clipping norm, and whether it sets the rate
         self.config, self.fields = _step_config(comp.obj, rest)
-        self.micro = self.accum or self.fields.get("accum")  # what sets the micro-steps: argument or field
+        # what sets the micro-steps: an argument, a field, or a global of its file it reads (grad_accum_steps)
+        self.held = named([n for n in comp.obj.__code__.co_names if type(vars(ctx.module).get(n)) is int],
+                          ACCUM_NAMES) if handed or self.drawn else None
+        self.micro = self.accum or self.fields.get("accum") or self.held
         self.rows = BATCH * ACCUM if self.micro else BATCH  # windows a batch: BATCH a micro-batch
         self.seen: list[float] = []  # the rate the learner's step left in the optimizer, each call
         found = self.model and self.opt and (handed or self.drawn)
@@ -183,11 +188,13 @@ class Step:
         given = {self.x: x.clone, self.y: y.clone, self.loader: lambda: Windows(x, y, parts),
                  self.pair: lambda: (x.clone(), y.clone()),
                  self.tokens: lambda: torch.cat([x, y[:, -1:]], dim=1),  # (B, T + 1)
+                 self.keyed and self.keyed.name: lambda: self.keyed.filled(torch.cat([x, y[:, -1:]], dim=1)),
                  self.lr: lambda: lr, self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler,
                  self.accum: lambda: ACCUM, self.count: lambda: max(bool(self.loops), len(self.seen) % 2),
                  self.config: self._config}
         kwargs.update({name: make() for name, make in given.items() if name})
         stand_in = {self.drawn: Drawn(self, Windows(x, y, parts))} if self.drawn else {}
+        stand_in.update({self.held: ACCUM} if self.held else {})
         with globals_set(self.ctx.module, stand_in):
             out = self.ctx.learner.call("forward", self.comp.obj, **kwargs)
         self.seen.append(float(opt.param_groups[0]["lr"]))

@@ -98,7 +98,8 @@ def localize_lm_step(step: Any, model: torch.nn.Module, opt: torch.optim.Optimiz
     probe = copy.deepcopy(model)  # the labels' run: the token tensors it makes kept (as float64)
     tokens = trace_steps(lambda: step(probe, torch.optim.SGD(probe.parameters(), lr=lr), x, y, lr), filename,
                          constants=(torch.int64,))
-    labels = unshifted_labels(tokens, x, y, filename, cut=not step.y)  # no y handed: it cuts its own
+    # no y handed: it cuts its own (from a dict of windows, the last name of x is the labels')
+    labels = unshifted_labels(tokens, x, y, filename, -1 if getattr(step, "keyed", None) else int(not step.y))
     if labels is not None:
         return labels
     with torch.enable_grad():
@@ -107,18 +108,19 @@ def localize_lm_step(step: Any, model: torch.nn.Module, opt: torch.optim.Optimiz
     return first_departure(steps, views, filename, {"B·T": B * T, "T": T, "B": B}, forms=forms)
 
 
-def unshifted_labels(steps: list[Any], x: Tensor, y: Tensor, filename: str, cut: bool) -> Departure | None:
+def unshifted_labels(steps: list[Any], x: Tensor, y: Tensor, filename: str, which: int) -> Departure | None:
     """Of the steps of a run that kept the token tensors, the line that made a language model's labels
-    from the inputs: none of the tensors is the targets y (or a micro-batch's rows of them), and a
-    second name holds the inputs x (a step that cuts x and y from one tensor of windows names x once
-    itself): its first step is quoted."""
+    from the inputs: none of the tensors is the targets y (or a micro-batch's rows of them), and the
+    name `which` (in the order they were made) holds the inputs x: the first (x and y handed over),
+    the second (a step that cuts x and y from one tensor of windows names x once itself), the last (a
+    step handed a dict of windows, whose model may take them whole); its first step is quoted."""
     made = [s for s in steps if not s.given]
     inputs = [s for s in made if _rows_of(s.value, x)]
     named = [s.name for s in inputs]
     names = list(dict.fromkeys(named))
-    if len(names) <= cut or any(_rows_of(s.value, y) for s in made):
+    if len(names) <= max(which, 0) or not names or any(_rows_of(s.value, y) for s in made):
         return None
-    at = inputs[named.index(names[cut])]
+    at = inputs[named.index(names[which])]
     form = text("the labels are the inputs x: each position is scored on its own token, not the next one",
                 "标签就是输入 x：每个位置对的是自己的 token，不是下一个") | {"mistake": "train_step_no_shift"}
     return Departure(at.line, at.name, linecache.getline(filename, at.line).strip(), form)

@@ -740,6 +740,7 @@ def build_model(comp: Component, ctx: Context) -> tuple[nn.Module, bool]:
             stacked = ctx.learner.call("__init__", build_from_stacks, comp.obj, ctx.module, MODEL_SIZES)
             if stacked is None:  # not bentrevett's Seq2Seq(encoder, decoder, ...) either
                 raise
+            ctx.materialize(comp, stacked, warmup)
             scramble_(stacked, 0)
             return stacked.double().eval(), False
     kwargs = {}

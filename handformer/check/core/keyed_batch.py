@@ -1,0 +1,61 @@
+"""A decoder-only training step whose batch is a dict read by its keys (Hugging Face's
+`batch["input_ids"], batch["labels"]`, the labels the inputs themselves) and that shifts the logits
+and the labels itself (`logits[..., :-1, :]`, `labels[..., 1:]`): every key but a mask holds the
+same (B, T + 1) windows of text, a mask holds ones. Read from the step's source: the keys it reads
+of its batch argument, a model called on one sequence alone, and a slice that drops the first or
+the last position (an encoder-decoder's step calls its model on the source and the target).
+
+Shape legend: B batch, T length.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from handformer.check.core.argument_names import BATCH_NAMES, STEP_MODEL_NAMES, named, readable_parameters
+from handformer.check.core.source import config_reads, source_text
+
+
+@dataclass(frozen=True)
+class KeyedBatch:
+    name: str  # the step's batch argument
+    keys: tuple[str, ...]  # the keys the step reads of it, in their order
+
+    def filled(self, window: Tensor) -> dict[str, Tensor]:
+        """The batch: the windows (B, T + 1) under every key, ones under a mask's."""
+        return {key: (window.clone(), torch.ones_like(window))["mask" in key.lower()] for key in self.keys}
+
+
+def keyed_batch(fn: Any) -> KeyedBatch | None:
+    """The dict batch a decoder-only step reads and shifts itself (see the module's docstring): the
+    keys it reads, every call of its model handed one argument, a slice `:-1` or `1:`; else None."""
+    names = [p.name for p in readable_parameters(fn)]
+    batch, model = str(named(names, BATCH_NAMES)), str(named(names, STEP_MODEL_NAMES))
+    keys = sorted(config_reads(fn, batch)[0], key=source_text(fn).find)
+    nodes = list(ast.walk(_tree(fn)))
+    calls = {len(n.args) + len(n.keywords) for n in nodes
+             if getattr(getattr(n, "func", None), "id", None) == model}  # model(...) calls: their arguments
+    cuts = {(_value(n.lower), _value(n.upper)) for n in nodes if isinstance(n, ast.Slice)}
+    found = len(keys) > 1 and calls == {1} and bool({(None, -1), (1, None)} & cuts)
+    return KeyedBatch(batch, tuple(keys)) if found else None
+
+
+def _tree(fn: Any) -> ast.AST:
+    try:
+        return ast.parse(textwrap.dedent(source_text(fn)))
+    except SyntaxError:
+        return ast.Module([], [])
+
+
+def _value(node: ast.AST | None) -> Any:
+    """A slice's bound as a number (None where it has none)."""
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        return None

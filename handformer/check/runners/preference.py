@@ -1,0 +1,154 @@
+"""Runners of direct preference optimization's two parts (the DPO paper; eric-mitchell's trainers.py
+and TRL write them so): `get_batch_logps(logits, labels, ...)`, each row's log-probability of its
+labels, the labels one position on from the logits, those masked (-100) left out; and
+`dpo_loss(policy_chosen_logps, policy_rejected_logps, reference_chosen_logps,
+reference_rejected_logps, beta)`, -log sigmoid(beta * (the policy's log-ratio of chosen to rejected
+less the reference's)), per pair or their mean.
+
+Both are compared with handformer's post-training (handformer.tasks.post: token_logprobs, the DPO
+loss of dpo.py) on random inputs; where they differ, the first line whose value is none of the
+reference's steps is quoted.
+
+Shape legend: B rows (pairs), T positions, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from handformer.check.core.context import Context, error_text, finish, forward_parameters
+from handformer.check.core.discovery import Component
+from handformer.check.core.localize import View, first_departure, trace_steps
+from handformer.check.core.localize_kinds import note_departure
+from handformer.check.core.result import Check, ComponentResult, text
+from handformer.tasks.post.logprobs import token_logprobs
+from handformer.tasks.post.packing import IGNORE
+
+B, T, V, BETA, TOL = 3, 7, 11, 0.1, 1e-5
+CONSTANTS = (torch.float64, torch.int64, torch.bool)  # the labels and their mask are traced too
+
+
+def _logits_and_labels() -> tuple[Tensor, Tensor]:
+    """Random logits (B, T, V) and labels (B, T): a prompt of 2 masked, row 1 padded at its end."""
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(B, T, V, generator=g, dtype=torch.float64) * 2
+    labels = torch.randint(0, V, (B, T), generator=g)
+    labels[:, :2] = IGNORE
+    labels[1, -2:] = IGNORE
+    return logits, labels
+
+
+def logps_views(logits: Tensor, labels: Tensor) -> list[View]:
+    """The reference's steps: the shifted labels and logits, the mask, the log-softmax, the picked
+    log-probabilities, masked, summed."""
+    shifted, cut = labels[:, 1:], logits[:, :-1]  # (B, T - 1), (B, T - 1, V)
+    keep = shifted != IGNORE
+    picked = cut.log_softmax(-1).gather(-1, shifted.clamp(min=0)[..., None]).squeeze(-1)  # (B, T - 1)
+    return [("the labels from position 1", shifted), ("the logits but the last", cut), ("the mask", keep),
+            ("the labels, masked ones 0", shifted.masked_fill(~keep, 0)),
+            ("the log-softmax", cut.log_softmax(-1)), ("each label's log-probability", picked),
+            ("masked", picked * keep), ("summed", (picked * keep).sum(-1))]
+
+
+def check_sequence_logps(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    logits, labels = _logits_and_labels()
+    call = lambda lg: ctx.learner.call("forward", comp.obj, lg, labels.clone())  # noqa: E731
+    got = torch.as_tensor(call(logits.clone())).double().reshape(-1)
+    total = token_logprobs(logits[:, :-1], labels[:, 1:]).double().sum(-1)  # (B,)
+    counts = (labels[:, 1:] != IGNORE).sum(-1)
+    mean = got.shape == total.shape and torch.allclose(got, total / counts, atol=TOL)
+    want = total / counts if mean else total
+    err = _largest(got, want)
+    res.max_abs_error = err
+    res.notes += [text("it returns the mean over each row's labels (average_log_prob): compared so",
+                       "它返回每行标签的平均值（average_log_prob）：按此比较")] * bool(mean)
+    res.checks.append(Check(text(f"each row's log-probability of its labels (the labels one position on, "
+                                 f"{IGNORE} left out) equals handformer's token_logprobs summed",
+                                 f"每行标签的 log 概率（标签错后一位，去掉 {IGNORE}）与 handformer 的 "
+                                 "token_logprobs 之和一致"), err < TOL, error_text(err)))
+    if err >= TOL:
+        note_departure(res, lambda: _localize(comp, call, logits, logps_views(logits, labels)))
+    return finish(res)
+
+
+def _largest(got: Tensor, want: Tensor) -> float:
+    """The largest difference of two results of as many numbers (inf where the counts differ)."""
+    apart = got.numel() != want.numel()
+    return float("inf") if apart else (got.reshape(-1) - want.reshape(-1)).abs().max().item()
+
+
+def _localize(comp: Component, call: Any, given: Tensor, views: list[View]) -> Any:
+    filename = inspect.getsourcefile(comp.obj)
+    steps = trace_steps(lambda: call(given.clone()), filename, None, (), constants=CONSTANTS)
+    return first_departure(steps, views, filename, {"B": B, "T": T, "V": V})
+
+
+def _logps() -> dict[str, Tensor]:
+    """The four (B,) log-probabilities, by role."""
+    g = torch.Generator().manual_seed(9)
+    return {role: -torch.rand(B, generator=g, dtype=torch.float64) * 20 for role in ROLES}
+
+
+ROLES = ("policy_chosen", "policy_rejected", "reference_chosen", "reference_rejected")
+
+
+def _role(name: str) -> str:
+    """A parameter's role by its words: ref(erence) or policy, rejected (or lose) or chosen."""
+    lowered = name.lower()
+    side = ("policy", "reference")["ref" in lowered]
+    return f"{side}_{('chosen', 'rejected')['rej' in lowered or 'los' in lowered]}"
+
+
+def _arguments(fn: Any, logps: dict[str, Tensor]) -> list[Tensor]:
+    """The four in the order the function takes them: by their names where those name four roles,
+    else the paper's order."""
+    names = [p.name for p in forward_parameters(fn)][:4]
+    roles = [_role(n) for n in names]
+    order = roles if sorted(roles) == sorted(ROLES) else list(ROLES)
+    return [logps[r].clone() for r in order]
+
+
+def dpo_views(logps: dict[str, Tensor], beta: float) -> list[View]:
+    pc, pr, rc, rr = (logps[r] for r in ROLES)
+    margin = (pc - pr) - (rc - rr)
+    given = [(f"the {role.replace('_', ' ')} log-probabilities", logps[role]) for role in ROLES]
+    return given + [("the policy's log-ratio chosen - rejected", pc - pr), ("the reference's", rc - rr),
+            ("their difference", margin), ("beta times it", beta * margin),
+            ("log sigmoid", F.logsigmoid(beta * margin)), ("the losses", -F.logsigmoid(beta * margin)),
+            ("the chosen reward", beta * (pc - rc)), ("the rejected reward", beta * (pr - rr)),
+            ("the chosen log-ratio to the reference", pc - rc), ("the rejected one", pr - rr)]
+
+
+def check_dpo_loss(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    logps = _logps()
+    beta = next((p.default for p in forward_parameters(comp.obj) if p.name == "beta"), BETA)
+    beta = BETA if beta is inspect.Parameter.empty else float(beta)
+    extra = {"beta": beta} if "beta" in [p.name for p in forward_parameters(comp.obj)] else {}
+    call = lambda *a: ctx.learner.call("forward", comp.obj, *a, **extra)  # noqa: E731
+    out = call(*_arguments(comp.obj, logps))
+    got = torch.as_tensor((out if isinstance(out, Tensor) else out[0]).detach()).double()
+    losses = dpo_views(logps, beta)[9][1]  # (B,) the losses
+    want = losses.mean() if got.dim() == 0 else losses
+    err = _largest(got, want)
+    res.max_abs_error = err
+    res.checks.append(Check(text(f"beta={beta:g}: the losses equal -log sigmoid(beta * ((policy chosen - "
+                                 "rejected) - (reference chosen - rejected))), handformer's DPO loss",
+                                 f"beta={beta:g}：损失与 -log sigmoid(beta * ((policy chosen - rejected) - "
+                                 "(reference chosen - rejected)))，即 handformer 的 DPO 损失一致"),
+                            err < TOL, error_text(err)))
+    if err >= TOL:
+        note_departure(res, lambda: _localize_dpo(comp, call, logps, beta))
+    return finish(res)
+
+
+def _localize_dpo(comp: Component, call: Any, logps: dict[str, Tensor], beta: float) -> Any:
+    filename = inspect.getsourcefile(comp.obj)
+    steps = trace_steps(lambda: call(*_arguments(comp.obj, logps)), filename, None, (), constants=True)
+    return first_departure(steps, dpo_views(logps, beta), filename, {"B": B, "beta": beta})
