@@ -136,6 +136,10 @@ class Steered(nn.Module):
     def _row_table(self, i: int) -> Table:
         return self.row_tables[i] if i < len(self.row_tables) else self.table
 
+    def steered(self, prefixes: list[tuple[int, ...]], V: int) -> list[list[float]]:
+        """The scenario's log-probabilities (N, V) after BOS + each prefix, the table's alone."""
+        return [self.steer(list(p), V).tolist() for p in prefixes]
+
     def steer(self, prefix: list[int], V: int, table: Table | None = None) -> Tensor:
         """The scenario's log-probabilities after BOS + prefix (V,)."""
         probs = (table or self.table).get(tuple(prefix), {EOS: 0.5})
@@ -163,10 +167,15 @@ class Steered(nn.Module):
 
     def batch_logprobs(self, memory: Tensor, prefixes: list[tuple[int, ...]]) -> list[list[float]]:
         """The log-probabilities (N, V) after BOS + each prefix (N of one length), decoded as one batch."""
-        ys = torch.tensor([[BOS, *p] for p in prefixes])  # (N, L)
+        ys = started(prefixes)  # (N, L)
         mask = torch.tril(torch.ones(1, ys.size(1), ys.size(1), dtype=torch.bool))
         out = self.decode(memory, None, ys, mask)
         return self.generator(out[:, -1]).tolist()
+
+
+def started(prefixes: list[tuple[int, ...]]) -> Tensor:
+    """(N, L) BOS followed by each prefix (N of one length)."""
+    return torch.tensor([[BOS, *p] for p in prefixes])
 
 
 def call_search(ctx: Context, comp: Component, model: Steered, arg: dict[str, str | None],
@@ -197,4 +206,4 @@ def hypothesis_tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
 
 
 __all__ = ["BOS", "EOS", "PAD", "HandformerModel", "Steered", "Table", "call_search", "hypotheses",
-           "hypothesis_tokens"]
+           "hypothesis_tokens", "started"]

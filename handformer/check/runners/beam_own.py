@@ -24,7 +24,7 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import SIZES, Context
 from handformer.check.core.result import DIFFERS, FAIL, PASS
 from handformer.check.core.weights import MappingError
-from handformer.check.runners.beam_models import BOS, Steered, Table
+from handformer.check.runners.beam_models import BOS, Steered, Table, started
 from handformer.check.runners.model import TAKEN_FORM, TGT_V, map_model
 
 TIE = 1e-6  # the network's share of the steered logits: ties broken, nothing else
@@ -133,10 +133,9 @@ class OwnSteered(Steered):
 
     def batch_logprobs(self, memory: Tensor, prefixes: list[tuple[int, ...]]) -> list[list[float]]:
         if self.call is None:  # a model with no forward of its own: its logits are the table's alone
-            return [self.steer(list(p), TGT_V).tolist() for p in prefixes]
-        ys = torch.tensor([[BOS, *p] for p in prefixes])  # (N, L)
+            return self.steered(prefixes, TGT_V)
         with self.steering():
-            out = self.call(memory.repeat(len(prefixes), 1), ys)  # (N, L, V)
+            out = self.call(memory.repeat(len(prefixes), 1), started(prefixes))  # (N, L, V)
         return F.log_softmax(out[:, -1].double(), dim=-1).tolist()
 
 
