@@ -29,6 +29,7 @@ from handformer.check.core.argument_names import SCHEDULE_STEP_NAMES, STEP_MODEL
 from handformer.check.core.context import Context, finish, forward_parameters, named, names_of
 from handformer.check.core.discovery import Component, DiscoveryError, own_objects
 from handformer.check.core.result import Check, ComponentResult, text
+from handformer.check.core.step_updates import largest_difference, parameters_of
 from handformer.check.runners.optimizer import (
     CONVENTIONS,
     TRIED,
@@ -38,7 +39,6 @@ from handformer.check.runners.optimizer import (
     settings_taken,
 )
 from handformer.check.runners.step_model import VOCAB, batches, tiny_model
-from handformer.check.runners.train_step import largest_difference, parameters_of
 
 TOL = 1e-9
 COUNTINGS = {1: text("the update count handed from 1", "更新次数从 1 开始传"),

@@ -146,6 +146,7 @@ def reference(model: Steered, memory: Tensor, K: int, steps: int, alpha: float, 
     live: list[tuple[float, list[int]]] = [(0.0, [BOS])] * (K if hf else 1)
     finished: list[tuple[float, list[int]]] = []
     for step in range(1, steps + 1):
+        model.prefetch(memory, [tokens[1:] for _, tokens in live])  # the live ones decoded as one batch
         candidates = _candidates(live, logp, step, alpha, flags)
         live = []
         for rank, (s, tokens) in enumerate(candidates[:2 * K]):

@@ -86,7 +86,7 @@ def _carried(t: Tensor, dim: int) -> Tensor:
 
 class SteeredLM(Steered):
     """The learner's decoder-only model, its logits the scenario's and its cache the ids, as the
-    encoder-decoder's `Steered` is for the search (`logprobs` is the reference's)."""
+    encoder-decoder's `Steered` is for the search (`batch_logprobs` is the reference's)."""
 
     def __init__(self, module: nn.Module, time_dim: int | None, table: Table, ctx: Context,
                  by_source: dict[tuple[int, ...], Table] | None = None) -> None:
@@ -103,8 +103,8 @@ class SteeredLM(Steered):
     def encode(self, src: Tensor, src_mask: Any = None) -> Tensor:
         return torch.zeros(1)  # no memory: the reference reads the table alone
 
-    def logprobs(self, memory: Tensor, prefix: list[int]) -> list[float]:
-        return self.steer(prefix, VOCAB).tolist()
+    def batch_logprobs(self, memory: Tensor, prefixes: list[tuple[int, ...]]) -> list[list[float]]:
+        return self.steered(prefixes, VOCAB)
 
     @contextlib.contextmanager
     def steering(self) -> Iterator[None]:

@@ -136,6 +136,10 @@ class Steered(nn.Module):
     def _row_table(self, i: int) -> Table:
         return self.row_tables[i] if i < len(self.row_tables) else self.table
 
+    def steered(self, prefixes: list[tuple[int, ...]], V: int) -> list[list[float]]:
+        """The scenario's log-probabilities (N, V) after BOS + each prefix, the table's alone."""
+        return [self.steer(list(p), V).tolist() for p in prefixes]
+
     def steer(self, prefix: list[int], V: int, table: Table | None = None) -> Tensor:
         """The scenario's log-probabilities after BOS + prefix (V,)."""
         probs = (table or self.table).get(tuple(prefix), {EOS: 0.5})
@@ -146,14 +150,32 @@ class Steered(nn.Module):
         return out
 
     def logprobs(self, memory: Tensor, prefix: list[int]) -> list[float]:
-        """The log-probabilities (V,) after BOS + prefix, one hypothesis alone (the reference)."""
+        """The log-probabilities (V,) after BOS + prefix (the reference's), cached by prefix."""
         key = tuple(prefix)
         if key not in self.cache:
-            ys = torch.tensor([[BOS] + prefix])
-            mask = torch.tril(torch.ones(1, ys.size(1), ys.size(1), dtype=torch.bool))
-            out = self.decode(memory, None, ys, mask)
-            self.cache[key] = self.generator(out[:, -1])[0].tolist()
+            self.cache[key] = self.batch_logprobs(memory, [key])[0]
         return self.cache[key]
+
+    def prefetch(self, memory: Tensor, prefixes: list[list[int]]) -> None:
+        """The log-probabilities after each of the prefixes (all of one length: a step's live
+        hypotheses) not yet cached, computed in one batch; where the batch raises, each is computed
+        alone when it is read."""
+        new = sorted({tuple(p) for p in prefixes} - self.cache.keys())
+        with contextlib.suppress(fp.LearnerFailure):
+            if len(new) > 1:  # one alone is computed where it is read
+                self.cache.update(zip(new, self.batch_logprobs(memory, new)))
+
+    def batch_logprobs(self, memory: Tensor, prefixes: list[tuple[int, ...]]) -> list[list[float]]:
+        """The log-probabilities (N, V) after BOS + each prefix (N of one length), decoded as one batch."""
+        ys = started(prefixes)  # (N, L)
+        mask = torch.tril(torch.ones(1, ys.size(1), ys.size(1), dtype=torch.bool))
+        out = self.decode(memory, None, ys, mask)
+        return self.generator(out[:, -1]).tolist()
+
+
+def started(prefixes: list[tuple[int, ...]]) -> Tensor:
+    """(N, L) BOS followed by each prefix (N of one length)."""
+    return torch.tensor([[BOS, *p] for p in prefixes])
 
 
 def call_search(ctx: Context, comp: Component, model: Steered, arg: dict[str, str | None],
@@ -184,4 +206,4 @@ def hypothesis_tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
 
 
 __all__ = ["BOS", "EOS", "PAD", "HandformerModel", "Steered", "Table", "call_search", "hypotheses",
-           "hypothesis_tokens"]
+           "hypothesis_tokens", "started"]

@@ -24,7 +24,7 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import SIZES, Context
 from handformer.check.core.result import DIFFERS, FAIL, PASS
 from handformer.check.core.weights import MappingError
-from handformer.check.runners.beam_models import BOS, Steered, Table
+from handformer.check.runners.beam_models import BOS, Steered, Table, started
 from handformer.check.runners.model import TAKEN_FORM, TGT_V, map_model
 
 TIE = 1e-6  # the network's share of the steered logits: ties broken, nothing else
@@ -95,10 +95,11 @@ class OwnSteered(Steered):
     def _states(self, _m: nn.Module, _inp: Any, out: Any) -> None:
         """The decoder's output states (N, L, D), the last ones computed: which position a row handed
         to the output layer alone is (a search that reads out[:, 0] instead of out[:, -1])."""
-        out = self._batch_first(out) if isinstance(out, Tensor) else out
         shape = tuple(out.shape) if isinstance(out, Tensor) else ()
-        if self.ys is not None and shape == (*self.ys.shape, SIZES["d_model"]):
-            self.out = out
+        if self.ys is not None and shape[-1:] == (SIZES["d_model"],) and len(shape) == 3:  # read first: cheap
+            out = self._batch_first(out)
+            if out.shape[:2] == self.ys.shape:
+                self.out = out
 
     def _rows(self, _m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Each decoded row's table: the sentence whose memory its memory row is."""
@@ -130,15 +131,12 @@ class OwnSteered(Steered):
     def encode(self, src: Tensor, src_mask: Any = None) -> Tensor:
         return src  # the reference decodes through forward(src, tgt)
 
-    def logprobs(self, memory: Tensor, prefix: list[int]) -> list[float]:
-        key = tuple(prefix)
+    def batch_logprobs(self, memory: Tensor, prefixes: list[tuple[int, ...]]) -> list[list[float]]:
         if self.call is None:  # a model with no forward of its own: its logits are the table's alone
-            return self.steer(prefix, TGT_V).tolist()
-        if key not in self.cache:
-            with self.steering():
-                out = self.call(memory, torch.tensor([[BOS] + prefix]))  # (1, L, V)
-            self.cache[key] = F.log_softmax(out[0, -1].double(), dim=-1).tolist()
-        return self.cache[key]
+            return self.steered(prefixes, TGT_V)
+        with self.steering():
+            out = self.call(memory.repeat(len(prefixes), 1), started(prefixes))  # (N, L, V)
+        return F.log_softmax(out[:, -1].double(), dim=-1).tolist()
 
 
 def own_seq2seq(ctx: Context, accepted: tuple[str, ...] = (PASS, DIFFERS)) -> tuple[nn.Module, Any] | None:

@@ -16,7 +16,6 @@ Shape legend: B batch, C classes.
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
@@ -36,6 +35,7 @@ from handformer.check.core.context import Context, error_text, finish, forward_p
 from handformer.check.core.discovery import Component
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines, source_text
+from handformer.check.core.step_updates import largest_difference, parameters_of, update
 
 B, C, LR, TOL = 4, 5, 0.5, 1e-9
 ROLES = {"model": STEP_MODEL_NAMES, "optimizer": OPTIMIZER_NAMES, "labels": TGT_NAMES,
@@ -86,7 +86,7 @@ def parameters_after(step: Any) -> tuple[Recorded, list[list[Tensor]]]:
     out = []
     for x, labels in batches():
         step(model, opt, x, labels)
-        out.append([p.detach().clone() for p in model.parameters()])
+        out.append(parameters_of(model))
     return model, out
 
 
@@ -98,13 +98,12 @@ def reference(clip: float | None, zero_grad: bool = True) -> Any:
         if zero_grad:
             opt.zero_grad()
         F.cross_entropy(model(x), labels).backward()
-        nn.utils.clip_grad_norm_(model.parameters(), clip or math.inf)  # inf: not clipped
-        opt.step()
+        update(model, opt, clip or None)  # a clip of 0 (or none): not clipped
     return step
 
 
 def largest(a: list[list[Tensor]], b: list[list[Tensor]]) -> float:
-    return max((x - y).abs().max().item() for s, t in zip(a, b) for x, y in zip(s, t))
+    return max(largest_difference(s, t) for s, t in zip(a, b))
 
 
 COMPARED = text("the parameters after each of 2 steps equal handformer's step's (SGD, the cross-entropy of "

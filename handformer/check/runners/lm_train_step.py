@@ -57,6 +57,7 @@ from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.signatures import drawn_global, drawn_loader, kind_of, paired_batch, token_batch
 from handformer.check.core.source import config_reads, functions_called, locate, source_lines, source_text
+from handformer.check.core.step_updates import largest_difference, parameters_of, update
 from handformer.check.runners.drawn_windows import Call, check_windows
 from handformer.check.runners.localize_train import localize_lm_step
 from handformer.check.runners.step_model import BATCH, VOCAB, batches, tiny_model
@@ -76,10 +77,7 @@ from handformer.check.runners.train_step import (
     constant_scheduler,
     factor_note,
     grad_scaler,
-    largest_difference,
-    parameters_of,
     rescaled_check,
-    update,
 )
 
 OPT_LR = 0.05  # the optimizer's own rate: what a step that never sets the schedule's rate updates with

@@ -375,32 +375,21 @@ COMBINED = {False: torch.logical_and, True: torch.logical_or}  # mask_combined_w
 
 
 def variant(hf: Seq2SeqTransformer, src: Tensor, tgt: Tensor, flags: frozenset[str], log_probs: bool,
-            ) -> Tensor:
+            memo: dict[frozenset[str], tuple[Tensor, Tensor]] | None = None) -> Tensor:
     """The model's logits (B, T, V) with the named mistakes: the positional encoding left out of one
     side, a stack's final norm left out, a padding mask built from the other sequence, the
-    target's padding and causal masks combined with an or."""
-    def embed(table: nn.Module, ids: Tensor, side: str) -> Tensor:
-        # (B, L, D), scaled as the choice says; one side's factor left out: embedding_scale_unused
-        x = table(ids) / table.scale ** (f"embedding_scale_unused:{side}" in flags)
-        if not ({f"pe_missing:{side}", "pe_missing:both"} & flags):
-            x = x + POSITIONS[side](hf)(torch.arange(ids.size(1))[None])
-        return x
-
-    src_pad = tgt if "mask_pad_wrong_sequence:source" in flags else src
+    target's padding and causal masks combined with an or. A search over the mistakes of one `hf`,
+    `src` and `tgt` hands a `memo`: the encoder runs once for each set of the mistakes that reach it."""
     tgt_pad = src if "mask_pad_wrong_sequence:target" in flags else tgt
-    src_keep = (src_pad != PAD)[:, None, None, :]  # (B, 1, 1, S)
     tgt_keep = (tgt_pad != PAD)[:, None, None, :]  # (B, 1, 1, T)
     either = "mask_combined_with_or" in flags  # a future key seen where it is real, a pad where it is past
     diagonal = sum(map(DIAGONALS.get, flags, [0] * len(flags)))  # the causal mask off by one: moved
     future = torch.ones(tgt.size(1), tgt.size(1), dtype=torch.bool).tril(diagonal)  # (T, T), True = seen
     tgt_keep = COMBINED[either](tgt_keep, future)  # (B, 1, T, T)
-    x = embed(hf.src_embed, src, "src")
-    mask = as_attention_mask(src_keep)
-    for layer in hf.encoder.layers:
-        x = layer(x, mask)[0]
-    if not ({"final_norm_missing:encoder", "final_norm_missing:both"} & flags):
-        x = hf.encoder.norm(x)
-    y = embed(hf.tgt_embed, tgt, "tgt")
+    memo = {} if memo is None else memo
+    x, mask = memo.get(flags & ENCODER_FLAGS) or memo.setdefault(flags & ENCODER_FLAGS,
+                                                                  _encoded(hf, src, tgt, flags))
+    y = _side_embedded(hf, hf.tgt_embed, tgt, "tgt", flags)
     self_mask = as_attention_mask(tgt_keep)
     swapped = "decoder_masks_swapped" in flags  # each decoder layer given the other attention's mask
     for layer in hf.decoder.layers:
@@ -409,6 +398,36 @@ def variant(hf: Seq2SeqTransformer, src: Tensor, tgt: Tensor, flags: frozenset[s
         y = hf.decoder.norm(y)
     logits = hf.generator(y)  # (B, T, V)
     return logits.log_softmax(-1) if log_probs else logits
+
+
+# the mistakes that reach the encoder's output or the source's mask (what `_encoded` reads)
+ENCODER_FLAGS = frozenset({"pe_missing:src", "pe_missing:both", "embedding_scale_unused:src",
+                           "mask_pad_wrong_sequence:source", "final_norm_missing:encoder",
+                           "final_norm_missing:both"})
+
+
+def _side_embedded(hf: Seq2SeqTransformer, table: nn.Module, ids: Tensor, side: str, flags: frozenset[str],
+                   ) -> Tensor:
+    """(B, L, D) one side's embeddings, scaled as the choice says (that factor left out:
+    embedding_scale_unused), plus its positions (left out: pe_missing)."""
+    x = table(ids) / table.scale ** (f"embedding_scale_unused:{side}" in flags)
+    if not ({f"pe_missing:{side}", "pe_missing:both"} & flags):
+        x = x + POSITIONS[side](hf)(torch.arange(ids.size(1))[None])
+    return x
+
+
+def _encoded(hf: Seq2SeqTransformer, src: Tensor, tgt: Tensor, flags: frozenset[str],
+             ) -> tuple[Tensor, Tensor]:
+    """The encoder's output (B, S, D) and the source's attention mask, with the mistakes of `flags`
+    that reach them (ENCODER_FLAGS)."""
+    src_pad = tgt if "mask_pad_wrong_sequence:source" in flags else src
+    mask = as_attention_mask((src_pad != PAD)[:, None, None, :])  # from (B, 1, 1, S)
+    x = _side_embedded(hf, hf.src_embed, src, "src", flags)
+    for layer in hf.encoder.layers:
+        x = layer(x, mask)[0]
+    if not ({"final_norm_missing:encoder", "final_norm_missing:both"} & flags):
+        x = hf.encoder.norm(x)
+    return x, mask
 
 
 # --- calling the learner's model -----------------------------------------------------------------
@@ -592,9 +611,9 @@ def _search(m: ModelMap, out: Tensor, src: Tensor, tgt: Tensor, builds_masks: bo
                 for a in FFN_ACTIVATIONS[gated]]
 
     def search_one(ch: Choices, least: int, most: int) -> tuple[frozenset[str], float] | None:
-        hf = reference_model(m, ch)
-        hit = fp.search(out, lambda fl: variant(hf, src, tgt, fl, ch.log_probs), _flags(m, ch, builds_masks),
-                        real_rows(tgt), most, least)
+        hf, memo = reference_model(m, ch), {}  # the encoder's outputs of this setting's search
+        hit = fp.search(out, lambda fl: variant(hf, src, tgt, fl, ch.log_probs, memo),
+                        _flags(m, ch, builds_masks), real_rows(tgt), most, least)
         # the masks combined with an or differ from no causal mask only at the padded rows (right-padded,
         # no real token has a pad before it): there too, or it is not that mistake
         flags = (hit or (frozenset(),))[0]

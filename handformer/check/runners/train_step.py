@@ -64,6 +64,7 @@ from handformer.check.core.discovery import Component, DiscoveryError, cannot_fi
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines, source_text
+from handformer.check.core.step_updates import largest_difference, parameters_of, update
 from handformer.check.runners.classifier_step import check_classifier_step
 from handformer.check.runners.classifier_step import roles as classifier_roles
 from handformer.check.runners.localize_train import localize_train_step
@@ -191,20 +192,6 @@ def reference_step(model: nn.Module, opt: torch.optim.Optimizer, src: Tensor, tg
     update(model, opt, clip, clip_after, lr)
 
 
-def update(model: nn.Module, opt: torch.optim.Optimizer, clip: float | None, clip_after: bool = False,
-           lr: float | None = None) -> None:
-    """The end of a reference step: the gradients clipped at `clip` (after `opt.step()` when
-    `clip_after`: the named mistake), the learning rate set when given, the update."""
-    if clip is not None and not clip_after:
-        nn.utils.clip_grad_norm_(model.parameters(), clip)
-    if lr is not None:
-        for group in opt.param_groups:
-            group["lr"] = lr
-    opt.step()
-    if clip is not None and clip_after:  # clips the gradients already used (kept, without zero_grad)
-        nn.utils.clip_grad_norm_(model.parameters(), clip)
-
-
 def constant_scheduler(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
     """The scheduler a step that takes one is handed: a LambdaLR whose factor is 1 at every step, so
     the learning rate stays the optimizer's whenever the step calls scheduler.step()."""
@@ -230,14 +217,6 @@ SCHEDULER_NOTE = text("your step takes a scheduler: it was handed a LambdaLR who
                       "你的一步接受一个调度器：交给它的是每一步系数都为 1 的 LambdaLR"
                       "（学习率保持优化器的值），所以这里不检查调度本身，"
                       "也不检查 scheduler.step() 放在哪里；调度有自己的检查")
-
-
-def parameters_of(model: nn.Module) -> list[Tensor]:
-    return [p.detach().clone() for p in model.parameters()]
-
-
-def largest_difference(a: list[Tensor], b: list[Tensor]) -> float:
-    return max(float((x - y).abs().max()) for x, y in zip(a, b))
 
 
 # a step that computes in float32 (`.float()`, autocast) is compared at float32's precision: its
