@@ -503,7 +503,8 @@ def _configured_factors(call: Caller, m: GPTMap, idx: Tensor) -> tuple[float | N
     handle = m.head.module.register_forward_hook(lambda _, args, out: heads.append(out))
     with fp.hooked([handle]):
         logits = call(idx)[0]
-    return embed, configured_ratio(logits, heads[-1], factors)
+    head = heads[-1].transpose(0, 1) if call.first and heads[-1].dim() == 3 else heads[-1]  # (T, B, V)
+    return embed, configured_ratio(logits, head, factors)
 
 
 def configured_ratio(x: Tensor, y: Tensor, factors: list[float]) -> float | None:
@@ -894,10 +895,15 @@ def _handed(call: Caller, m: GPTMap, idx: Tensor) -> Tensor:
     """(B, T, D) what the learner's first block is handed for idx; NaN where it is handed no such tensor."""
     handed: list[Tensor] = []
     block = call.module.get_submodule(m.blocks[0].name)
-    handle = block.register_forward_pre_hook(lambda _, args: handed.append(fp.first_tensor(args, 3)))
+    # the stream positional or by keyword (labml's layer(x=x, mask=mask))
+    handle = block.register_forward_pre_hook(
+        lambda _, args, kwargs: handed.append(fp.first_tensor([*args, *kwargs.values()], 3)),
+        with_kwargs=True)
     with fp.hooked([handle]):
         call(idx)
-    got = fp.first_tensor([*handed, torch.full((*idx.shape, D), math.nan).to(m.wte.weight)], 3)
+    got = handed[0] if handed else None
+    if got is None:
+        return torch.full((*idx.shape, D), math.nan).to(m.wte.weight)
     return got.transpose(0, 1) if call.first else got  # (T, B, D) -> (B, T, D)
 
 
