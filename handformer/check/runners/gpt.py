@@ -39,6 +39,7 @@ from handformer.check.core.context import (
     drives_only,
     error_text,
     finish,
+    forward_names,
     forward_parameters,
     is_mask_name,
     logits_shape,
@@ -175,6 +176,13 @@ NO_BLOCKS = {
 }
 
 
+# why a model whose blocks take ALiBi's term (BLOOM's block(x, alibi, mask)) is not compared
+NO_ALIBI = ("its blocks take ALiBi's term (BLOOM's block(x, alibi, mask)): handformer's CausalLM has no "
+            "ALiBi; its attention, MLP and blocks are checked alone",
+            "它的 Block 接收 ALiBi 项（BLOOM 的 block(x, alibi, mask)）：handformer 的 CausalLM 没有 ALiBi；"
+            "它的注意力、MLP 和 Block 单独检查")
+
+
 def map_gpt(module: nn.Module) -> GPTMap:
     layers, n_kv, kv = layer_modules(module), None, None
     if not layers:  # grouped-query attention: KV_HEADS key/value heads, each D // H wide
@@ -183,6 +191,8 @@ def map_gpt(module: nn.Module) -> GPTMap:
     if not blocks or any(b.decoder for b in blocks):
         en, zh = NO_BLOCKS[any("decoder" in type(m).__name__.lower() for m in module.modules())]
         raise MappingError(en, zh=zh)
+    if any("alibi" in forward_names(child) for _, child in layers):
+        raise MappingError(NO_ALIBI[0], zh=NO_ALIBI[1])
     outer = outside(module, [child for _, child in layers])
     embeds = of_kind(outer, "embedding")
     wte = next((e for e in embeds if e.weight.size(0) == VOCAB), None)
