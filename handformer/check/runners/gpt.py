@@ -187,7 +187,11 @@ def map_gpt(module: nn.Module) -> GPTMap:
     layers, n_kv, kv = layer_modules(module), None, None
     if not layers:  # grouped-query attention: KV_HEADS key/value heads, each D // H wide
         layers, n_kv, kv = _grouped_blocks(module), KV_HEADS, KV_HEADS * (D // H)
-    blocks = [map_layer(path, child, SIZES["d_ff"], kv) for path, child in layers]
+    try:
+        blocks = [map_layer(path, child, SIZES["d_ff"], kv) for path, child in layers]
+    except MappingError:  # its key and value heads fewer (grouped-query), the blocks found by their experts
+        n_kv, kv = KV_HEADS, KV_HEADS * (D // H)
+        blocks = [map_layer(path, child, SIZES["d_ff"], kv) for path, child in layers]
     if not blocks or any(b.decoder for b in blocks):
         en, zh = NO_BLOCKS[any("decoder" in type(m).__name__.lower() for m in module.modules())]
         raise MappingError(en, zh=zh)
@@ -1193,8 +1197,11 @@ def _balance(res: ComponentResult, m: GPTMap, hf: CausalLM, call: Caller, idx: T
              ) -> float:
     """The load-balancing term a mixture of experts' loss adds to the cross-entropy (noted), else 0."""
     other = torch.randint(0, VOCAB, idx.shape, generator=torch.Generator().manual_seed(31))
-    term, notes = balance_term(moe_config(m.blocks[0].ffn), hf, lambda x, y: call(x, y)[1],
-                               [(idx, targets), (other, other.roll(-1, 1))])
+    for shift in (False, True):  # the labels as given, or shifted inside (Hugging Face's)
+        term, notes = balance_term(moe_config(m.blocks[0].ffn), hf, lambda x, y: call(x, y)[1],
+                                   [(idx, targets), (other, other.roll(-1, 1))], shift)
+        if notes:
+            break
     res.notes += notes
     return term
 
@@ -1208,7 +1215,7 @@ def _loss(res: ComponentResult, comp: Component, logits: Tensor, loss: Tensor, t
     plain = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
     shifted = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), targets[:, 1:].reshape(-1))
     own = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), targets[:, :-1].reshape(-1))
-    err, err_shifted = abs(float(loss) - term - float(plain)), abs(float(loss) - float(shifted))
+    err, err_shifted = abs(float(loss) - term - float(plain)), abs(float(loss) - term - float(shifted))
     if err_shifted < 1e-6 <= err:
         res.notes.append(text("your forward shifts the labels itself (Hugging Face's labels): compared so",
                               "你的 forward 自己移位 labels（Hugging Face 的 labels 写法）：按移位后比较"))
