@@ -163,12 +163,18 @@ DIAGNOSES: list[Diagnosis] = [
 
 WIDTH = (r"((self|config|cfg|args|params)\.)?"
          r"(d_model|d_out|emb_dim|n_embd|embed_dim|hidden_size|hidden_dim|num_hiddens|dim|C)\b")
+UNSUMMED = r"^\s*(?!({0})\w*\s*=)\w+\s*=(?![^#]*\+)\s*(self\.)?\w*drop\w*\(\s*(self\.)?({0})\b"
 # forms that give one output at check's sizes, told apart by the learner's line: dividing the scores
 # by sqrt(d_model) (a width, or heads times head width) is dividing by d_k when d_k = 4 = sqrt(16)
 LINE_FORMS: dict[tuple[str, str], dict[str, str]] = {  # (name, form found) -> {form shown: its line}
     # the sublayer whose norm after it is missing: the line that keeps its output un-normed
     ("sandwich_norm_missing", "attn"): {"attn": SUBLAYER_CALL.format("self_attn|attn|attention")},
     ("sandwich_norm_missing", "ffn"): {"ffn": SUBLAYER_CALL.format("mlp|ffn|feed_forward")},
+    # the sublayer whose residual is missing: the stream set from its output's dropout alone, no sum
+    # (labml's `x = self.dropout(ff)`), not the line that names the output (`ff = self.feed_forward(z)`,
+    # DistilBERT's `sa_output = self.attention(...)` before its norm adds the residual)
+    ("no_residual", "attn"): {"attn": UNSUMMED.format("self_attn|attn|attention")},
+    ("no_residual", "ffn"): {"ffn": UNSUMMED.format("mlp|ffn|ff|feed_forward")},
     # a cached loop's position for the next call: bound from the cache's length or a count (not set to a
     # number alone: its start), or written into the model's call as a count plus or minus one
     ("generate_cache_mismatch", "positions_not_offset"): {

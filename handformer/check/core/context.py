@@ -20,7 +20,13 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.argument_names import call_parameters, named, names_of, readable_parameters  # noqa: F401  (the runners import them here)
+from handformer.check.core.argument_names import (  # noqa: F401  (the runners import them here)
+    RESIDUAL_NAMES,
+    call_parameters,
+    named,
+    names_of,
+    readable_parameters,
+)
 from handformer.check.core.conventions import conventions_for, is_lengths_name, masks_where_true
 from handformer.check.core.discovery import (
     SIZE_OF,
@@ -417,6 +423,15 @@ def observed_match(name: str, form: str, matched: float, correct: float) -> dict
 
 def forward_parameters(module: Any) -> list[inspect.Parameter]:
     return call_parameters(module.forward if isinstance(module, nn.Module) else module)
+
+
+def residual_handed_zero(module: nn.Module) -> nn.Module:
+    """The module, its forward handed zero for the stream it requires and adds its output to (BLOOM's
+    MLP.forward(x, residual)): called with x alone, it is the sublayer alone."""
+    names = [p.name for p in forward_parameters(module) if p.name in RESIDUAL_NAMES and p.default is p.empty]
+    if names and isinstance(module, nn.Module):
+        module.forward = functools.partial(module.forward, **dict.fromkeys(names, torch.zeros(())))
+    return module
 
 
 # the inputs of an attention or a layer, never taken for an optional extra (a cross-attention's memory)

@@ -421,8 +421,12 @@ SUFFIXES: dict[str, tuple[str, ...]] = {"block": ("Block", "Layer"), "decoder_la
 # what a block's __init__ builds and a mixture of experts' never does: an attention
 BUILDS_ATTENTION = re.compile(r"(?i)\battn|attention")
 # an encoder's or decoder's block has its own kind; a mixture of experts is no FFN to compare
-NOT_SUFFIXED = ("Encoder", "Decoder", "Cross", "MoE")
+NOT_SUFFIXED = ("Encoder", "Decoder", "Cross")
 NOT_SUFFIXED_WORDS = re.compile("|".join(NOT_SUFFIXED), re.I)
+# MoE in a name: a mixture of experts where the class holds them (a list of experts, weights a slice
+# per expert); a family's prefix otherwise (Qwen3MoeRMSNorm, Qwen3MoeAttention, Qwen3MoeDecoderLayer)
+MOE_WORD = re.compile("moe", re.I)
+HOLDS_EXPERTS = re.compile(r"ModuleList\(|Parameter\(.*\b(num|n)_?(local_)?experts\b", re.I)
 HEAD_MODELS = ("LanguageModel", "LMHeadModel")  # a model with its head: kept beside Hugging Face's backbone
 
 
@@ -523,10 +527,12 @@ LAYER_PARTS = re.compile(r"(?=[\s\S]*(attn|attention))(?=[\s\S]*(mlp|ffn|feed_?f
 def _suffixed(name: str, obj: Any, suffixes: tuple[str, ...]) -> bool:
     """Whether a class is found by how its name ends: the words of NOT_SUFFIXED not in the rest of its
     name (FalconDecoderLayer: Falcon) unless it is a decoder-only model by what it builds (DecoderLM),
-    and a ...Layer building an attention and an FFN."""
+    nor MoE where it holds experts (MOE_WORD), and a ...Layer building an attention and an FFN."""
     rest = [name[:-len(s)] for s in suffixes if name.endswith(s)]
-    builds = not name.endswith("Layer") or LAYER_PARTS.match(source_text(vars(obj).get("__init__", "")))
-    return bool(rest and builds and (not NOT_SUFFIXED_WORDS.search(rest[0]) or _decoder_model(obj)))
+    built = source_text(vars(obj).get("__init__", ""))
+    builds = not name.endswith("Layer") or LAYER_PARTS.match(built)
+    moe = bool(rest) and MOE_WORD.search(rest[0]) and HOLDS_EXPERTS.search(built)
+    return bool(rest and builds and (not (NOT_SUFFIXED_WORDS.search(rest[0]) or moe) or _decoder_model(obj)))
 
 
 def _decoder_model(cls: Any) -> bool:

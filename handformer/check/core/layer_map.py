@@ -105,7 +105,8 @@ def map_layer(path: str, child: nn.Module, F_width: int, kv: int | None = None) 
     """The layer's slots; `kv`: the width of its key and value projections (grouped-query attention)."""
     found = prefixed(leaves(child), path)
     linears = of_kind(found, "linear")
-    decoder = projection_width([tuple(x.weight.shape) for x in linears]) >= 7
+    # a cross-attention's projections besides its own; never an expert's (Qwen3-MoE's at d_ff = d_model)
+    decoder = projection_width([tuple(x.weight.shape) for x in outside_moe(child, linears)]) >= 7
     names = SUBLAYERS[decoder]
     attn = attention_slots(outside_moe(child, linears), D, len(names) - 1, path, kv)  # each but the FFN
     ffn = ffn_reading(child, ffn_readings(child, linears, F_width, path, label=path))

@@ -28,11 +28,11 @@ Observed = tuple[float, tuple[float, float]]  # the loss less the cross-entropy;
 
 
 def balance_term(moe: MoEConfig | None, hf: Any, loss_of: Callable[[Tensor, Tensor], Any],
-                 batches: list[Batch]) -> tuple[float, list[Text]]:
-    """The term the learner's loss adds to the cross-entropy of handformer's logits on batches[0],
-    and a note; (0, none) where it adds none of these forms (or the model has no mixture of experts,
-    or gives no loss)."""
-    seen = fp.quietly(lambda: [_observed(moe, hf, loss_of, ids, targets) for ids, targets in batches])
+                 batches: list[Batch], shift: bool = False) -> tuple[float, list[Text]]:
+    """The term the learner's loss adds to the cross-entropy of handformer's logits on batches[0]
+    (with `shift`, position t scored against label t + 1: Hugging Face's labels), and a note; (0, none)
+    where it adds none of these forms (or the model has no mixture of experts, or gives no loss)."""
+    seen = fp.quietly(lambda: [_observed(moe, hf, loss_of, ids, targets, shift) for ids, targets in batches])
     held = [(seen[0][0], [_note(c, form)]) for form, c in enumerate(_coefficients(seen))
             if _holds(seen, form, c)]
     return [*held, (0.0, [])][0]
@@ -50,12 +50,13 @@ def _holds(seen: list[Observed], form: int, c: float) -> bool:
 
 
 def _observed(moe: MoEConfig, hf: Any, loss_of: Callable[[Tensor, Tensor], Any], ids: Tensor,
-              targets: Tensor) -> Observed:
+              targets: Tensor, shift: bool) -> Observed:
     """(the learner's loss less the cross-entropy of handformer's logits, (the balancing term summed
     over the layers, pooled over them)) on one batch; raises where its forward gives no loss."""
     with torch.no_grad(), RouterLogits(hf) as routers:
         logits = hf(ids).logits  # (B, T, V)
     loss = float(loss_of(ids, targets))  # (None, or more than one number: raises)
+    logits, targets = (logits[:, :-1], targets[:, 1:]) if shift else (logits, targets)
     ce = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
     layers = [r.float() for r in routers.logits]  # (N, E) each (handformer's counts are float32)
     per_layer = sum(float(load_balancing_loss([r], moe.n_experts, moe.top_k)) for r in layers)

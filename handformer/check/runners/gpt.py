@@ -39,6 +39,7 @@ from handformer.check.core.context import (
     drives_only,
     error_text,
     finish,
+    forward_names,
     forward_parameters,
     is_mask_name,
     logits_shape,
@@ -175,14 +176,27 @@ NO_BLOCKS = {
 }
 
 
+# why a model whose blocks take ALiBi's term (BLOOM's block(x, alibi, mask)) is not compared
+NO_ALIBI = ("its blocks take ALiBi's term (BLOOM's block(x, alibi, mask)): handformer's CausalLM has no "
+            "ALiBi; its attention, MLP and blocks are checked alone",
+            "它的 Block 接收 ALiBi 项（BLOOM 的 block(x, alibi, mask)）：handformer 的 CausalLM 没有 ALiBi；"
+            "它的注意力、MLP 和 Block 单独检查")
+
+
 def map_gpt(module: nn.Module) -> GPTMap:
     layers, n_kv, kv = layer_modules(module), None, None
     if not layers:  # grouped-query attention: KV_HEADS key/value heads, each D // H wide
         layers, n_kv, kv = _grouped_blocks(module), KV_HEADS, KV_HEADS * (D // H)
-    blocks = [map_layer(path, child, SIZES["d_ff"], kv) for path, child in layers]
+    try:
+        blocks = [map_layer(path, child, SIZES["d_ff"], kv) for path, child in layers]
+    except MappingError:  # its key and value heads fewer (grouped-query), the blocks found by their experts
+        n_kv, kv = KV_HEADS, KV_HEADS * (D // H)
+        blocks = [map_layer(path, child, SIZES["d_ff"], kv) for path, child in layers]
     if not blocks or any(b.decoder for b in blocks):
         en, zh = NO_BLOCKS[any("decoder" in type(m).__name__.lower() for m in module.modules())]
         raise MappingError(en, zh=zh)
+    if any("alibi" in forward_names(child) for _, child in layers):
+        raise MappingError(NO_ALIBI[0], zh=NO_ALIBI[1])
     outer = outside(module, [child for _, child in layers])
     embeds = of_kind(outer, "embedding")
     wte = next((e for e in embeds if e.weight.size(0) == VOCAB), None)
@@ -503,7 +517,8 @@ def _configured_factors(call: Caller, m: GPTMap, idx: Tensor) -> tuple[float | N
     handle = m.head.module.register_forward_hook(lambda _, args, out: heads.append(out))
     with fp.hooked([handle]):
         logits = call(idx)[0]
-    return embed, configured_ratio(logits, heads[-1], factors)
+    head = heads[-1].transpose(0, 1) if call.first and heads[-1].dim() == 3 else heads[-1]  # (T, B, V)
+    return embed, configured_ratio(logits, head, factors)
 
 
 def configured_ratio(x: Tensor, y: Tensor, factors: list[float]) -> float | None:
@@ -894,10 +909,15 @@ def _handed(call: Caller, m: GPTMap, idx: Tensor) -> Tensor:
     """(B, T, D) what the learner's first block is handed for idx; NaN where it is handed no such tensor."""
     handed: list[Tensor] = []
     block = call.module.get_submodule(m.blocks[0].name)
-    handle = block.register_forward_pre_hook(lambda _, args: handed.append(fp.first_tensor(args, 3)))
+    # the stream positional or by keyword (labml's layer(x=x, mask=mask))
+    handle = block.register_forward_pre_hook(
+        lambda _, args, kwargs: handed.append(fp.first_tensor([*args, *kwargs.values()], 3)),
+        with_kwargs=True)
     with fp.hooked([handle]):
         call(idx)
-    got = fp.first_tensor([*handed, torch.full((*idx.shape, D), math.nan).to(m.wte.weight)], 3)
+    got = handed[0] if handed else None
+    if got is None:
+        return torch.full((*idx.shape, D), math.nan).to(m.wte.weight)
     return got.transpose(0, 1) if call.first else got  # (T, B, D) -> (B, T, D)
 
 
@@ -1177,8 +1197,11 @@ def _balance(res: ComponentResult, m: GPTMap, hf: CausalLM, call: Caller, idx: T
              ) -> float:
     """The load-balancing term a mixture of experts' loss adds to the cross-entropy (noted), else 0."""
     other = torch.randint(0, VOCAB, idx.shape, generator=torch.Generator().manual_seed(31))
-    term, notes = balance_term(moe_config(m.blocks[0].ffn), hf, lambda x, y: call(x, y)[1],
-                               [(idx, targets), (other, other.roll(-1, 1))])
+    for shift in (False, True):  # the labels as given, or shifted inside (Hugging Face's)
+        term, notes = balance_term(moe_config(m.blocks[0].ffn), hf, lambda x, y: call(x, y)[1],
+                                   [(idx, targets), (other, other.roll(-1, 1))], shift)
+        if notes:
+            break
     res.notes += notes
     return term
 
@@ -1192,7 +1215,7 @@ def _loss(res: ComponentResult, comp: Component, logits: Tensor, loss: Tensor, t
     plain = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
     shifted = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), targets[:, 1:].reshape(-1))
     own = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), targets[:, :-1].reshape(-1))
-    err, err_shifted = abs(float(loss) - term - float(plain)), abs(float(loss) - float(shifted))
+    err, err_shifted = abs(float(loss) - term - float(plain)), abs(float(loss) - term - float(shifted))
     if err_shifted < 1e-6 <= err:
         res.notes.append(text("your forward shifts the labels itself (Hugging Face's labels): compared so",
                               "你的 forward 自己移位 labels（Hugging Face 的 labels 写法）：按移位后比较"))

@@ -89,7 +89,13 @@ from handformer.check.core.result import (
     Text,
     text,
 )
-from handformer.check.core.rope_tables import position_kwargs, renamed_table, with_positions, with_tables
+from handformer.check.core.rope_tables import (
+    alibi_argument,
+    position_kwargs,
+    renamed_table,
+    with_positions,
+    with_tables,
+)
 from handformer.check.core.rotary import rope_layouts, rope_tables
 from handformer.check.core.score_scale import PLAIN, Form, layer_forms, scale_note, smallest_holder
 from handformer.check.core.source import first_line, locate, source_lines
@@ -231,9 +237,26 @@ class Layer:
     def _attentions(self, linears: list[Leaf], count: int) -> tuple[int | None, list[list[Slot]]]:
         """The attentions' slots, a fused projection read in the layout its one-token output shows,
         and the key/value heads (those its shapes show where the constructor names none)."""
-        one = fp.randn(2, 1, D, seed=3)  # (B, 1, D)
-        find_layouts_(self.module, lambda: fp.first_tensor(self.call(one, one, None, None), 3), D, D // H)
+        find_layouts_(self.module, self._one_token(fp.randn(2, 1, D, seed=3)), D, D // H)
         return _attentions(linears, count, self.comp.name)
+
+    def _one_token(self, one: Tensor) -> Callable[[], Tensor | None]:
+        """The layer on one token (B, 1, D); where it requires its mask (BLOOM's block(x, alibi, mask)),
+        that one key visible in the first convention it runs with (a softmax over one key is 1 in any)."""
+        def run() -> Tensor | None:
+            for conv in self.ctx.conventions(self.masks[0]) if self.required_mask else (None,):
+                self.visible = conv
+                out = fp.quietly(lambda: fp.first_tensor(self.call(one, one, None, None), 3))
+                self.visible = None
+                if fp.max_error(out, out) == 0.0:  # (inf for none, or a NaN)
+                    return out
+            return None
+        return run
+
+    @property
+    def alibi(self) -> bool:
+        """Whether it takes ALiBi's term (BLOOM's block(x, alibi, mask)): handed check's."""
+        return "alibi" in names_of(self.params)[0]
 
     @functools.cached_property
     def windows(self) -> dict[str, Any]:
@@ -340,8 +363,10 @@ class Layer:
         return self.renamed(module, *args, **kwargs)
 
     def _extra_kwargs(self, x: Tensor) -> dict[str, Any]:
-        return {**dict.fromkeys(self.optional), **position_kwargs(self.extra, *x.shape[:2], self.head_dim,
-                                                                   x.dtype), **self.windows, **self.more}
+        heads = x.size(-1) // self.head_dim  # H, or the tutorial's 8 at its d_model 512
+        alibi = {"alibi": alibi_argument(x.size(0), heads, x.size(1), x.dtype)} if self.alibi else {}
+        positions = position_kwargs(self.extra, *x.shape[:2], self.head_dim, x.dtype)
+        return {**dict.fromkeys(self.optional), **positions, **self.windows, **self.more, **alibi}
 
     def weights(self, slots: list[Slot], act: str, placement: str, rope: str | None = None,
                 form: Form = PLAIN) -> V.LayerWeights:

@@ -25,6 +25,7 @@ from handformer.check.core.context import (
     error_text,
     forward_parameters,
     grads_error,
+    residual_handed_zero,
     shape_of,
 )
 from handformer.check.core.conventions import file_masks_where_true
@@ -203,7 +204,7 @@ def _build_ffn(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     """The learner's FFN and every reading of its linears (which is the gate, up and down) with each
     activation its form allows, inside the residual and norm it holds (norm_inside), if it holds one."""
     x = fp.randn(2, 5, D, seed=1)
-    module = ctx.build(comp, warmup=lambda m: m(x.float()))
+    module = residual_handed_zero(ctx.build(comp, warmup=lambda m: residual_handed_zero(m)(x.float())))
     take_out_leading_norm(res, module, D, lambda h: fp.first_tensor(module(h), 3))  # vit-pytorch's
     # jadore801120's FFN adds its input back and normalizes: the sublayer norm(x + FFN(x)), compared so
     around = norms_around(comp.name, of_kind(leaves(module), "norm"), D, text(
@@ -292,7 +293,8 @@ def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
 
 
 def _has_weights(comp: Component, ctx: Context) -> bool:
-    module = ctx.build(comp, checked=False, warmup=lambda m: m(fp.randn(2, 5, D, seed=1).float()))
+    module = ctx.build(comp, checked=False,
+                       warmup=lambda m: residual_handed_zero(m)(fp.randn(2, 5, D, seed=1).float()))
     return next(module.parameters(), None) is not None
 
 
