@@ -105,7 +105,7 @@ from handformer.check.core.rotary import (
     rope_tables,
 )
 from handformer.check.core.score_scale import configured_scales, scale_note
-from handformer.check.core.source import first_line, locate, source_lines, source_text
+from handformer.check.core.source import code_text, first_line, locate, source_lines, source_text
 from handformer.check.core.sublayer import grade_sublayer, sublayer_parts
 from handformer.check.core.weights import (
     QK_NORM_ROLES,
@@ -195,6 +195,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
         if mask is None and required and state.get("visible"):  # Raschka's forward(x, mask, cos, sin)
             everything = torch.ones(xq.size(0), 1, xq.size(-2), xk.size(-2), dtype=torch.bool)  # T, S
             mask = run_mask(everything, state["visible"], xq.size(0))
+            mask = mask.to(xq.dtype) if mask.is_floating_point() else mask  # additive: the input's float
         kwargs: dict[str, Any] = {**fixed, **({masks[0].name: mask} if masks else {})}
         kwargs.update(state.get("more", {}))  # a key_padding_mask given alone, by _key_padding_alone
         B, T = xq.shape[:2]
@@ -676,7 +677,7 @@ def score_biases(comp: Component, slots: list[Slot]) -> tuple[str | None, ...]:
     handed as ALiBi's; none
     otherwise. A table or ALiBi is searched in place of no positions (an attention that builds ALiBi
     and adds none is not read as a plain one)."""
-    source = source_text(comp.obj).lower()
+    source = code_text(comp.obj).lower()
     table = ("t5", "t5_causal") * any(s.role == RELATIVE_ROLE for s in slots)
     alibi = ("alibi",) * bool(ALIBI_WORDS.search(source))
     takes = inspect.signature(getattr(comp.obj, "forward", comp.obj)).parameters  # (a class: its forward's)
@@ -737,6 +738,8 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
     """Multi-head attention (grouped-query with n_kv_heads; causal_inside: one that builds its own
     causal mask), as the MHA probe states it."""
     res = ctx.result(comp)
+    n_kv_heads = n_kv_heads and ctx.kv_heads(n_kv_heads, heads)
+    n_kv_heads = None if n_kv_heads == heads else n_kv_heads  # ungrouped: read as multi-head attention
     sizes = {**ctx_sizes(), "causal": causal_inside, **({"n_kv_heads": n_kv_heads} if n_kv_heads else {})}
     built = _build_mha(res, ctx, comp, sizes, n_kv_heads, heads)
     if isinstance(built, ComponentResult):
@@ -763,7 +766,8 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     if heads != 1 and single_head(comp, linears, n_kv_heads):  # checked again with one head
         return check_mha(comp, ctx, sizes["causal"], n_kv_heads, heads=1)
     c = _driven(res, module, around, x)
-    find_layouts_(module, _one_token(c, x[:, :1], _conventions(ctx, module, c)), D, D // heads)
+    convs = _one_mask_first(c, _conventions(ctx, module, c))
+    find_layouts_(module, _one_token(c, x[:, :1], convs), D, D // heads)
     kv_width = n_kv_heads * (D // heads) if n_kv_heads else None  # None: read from a fused projection
     slots = attention_slots(linears, D, 1, comp.name, kv_width)[0] + qk_norms
     n_kv_heads = n_kv_heads or kv_heads_of(slots, heads)
@@ -771,7 +775,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     _sequence_first(res, ctx, c)
     causal_inside = _causal_inside(res, ctx, c, sizes["causal"])
     has_o = _head_notes(res, comp, c, slots, causal_inside, heads, source_text(ctx.module))
-    probe = MHAProbe(ctx, c, x, _conventions(ctx, module, c), causal_inside, heads)
+    probe = MHAProbe(ctx, c, x, convs, causal_inside, heads)
     try:
         # a mask it requires, when a case has none: every key visible in the first convention it runs with
         c.state["visible"] = first_working(ctx, probe.run, probe.convs)
@@ -1052,6 +1056,14 @@ def _conventions(ctx: Context, module: Any, c: Caller) -> tuple[str, ...]:
     return SHARED * shared + convs
 
 
+def _one_mask_first(c: Caller, convs: tuple[str, ...]) -> tuple[str, ...]:
+    """The conventions, one (T, S) mask for the whole batch first (SHARED) where the attention reads
+    its mask so, by what it does (fp.reads_one_mask)."""
+    if not c.takes_mask or convs[:1] == SHARED[:1]:
+        return convs
+    return SHARED * fp.reads_one_mask(lambda v, m: c.call(v, v, v, m), fp.randn(2, 5, D, seed=3), convs) + convs
+
+
 def _shared_mask(forward: Any, name: str) -> bool:
     """Whether the forward gives its mask two leading axes (Mistral's `mask[None, None, ...]`): it takes
     one (T, S) mask for the whole batch, and a (B, 1, T, S) one would add two more batch axes."""
@@ -1310,9 +1322,12 @@ def _causality(res: ComponentResult, ctx: Context, s: Setup, x: Tensor, j: int =
 
 def _padding_invariance(res: ComponentResult, ctx: Context, s: Setup, x: Tensor) -> None:
     """Changing the padded keys and values (the padded positions of x, for self-attention only)
-    changes no real output."""
+    changes no real output; nothing said where its convention has no padding of one row alone (one
+    (T, S) mask for the whole batch)."""
     B, T = x.shape[:2]
-    mask = run_mask(positions(B, T, [0, 3]), s.conv, B)
+    if not fp.encodable(keep := positions(B, T, [0, 3]), s.conv):
+        return
+    mask = run_mask(keep, s.conv, B)
     if s.c.n_inputs == 1:  # self-attention only: move the padded positions of x, compare the real ones
         other = x.clone()
         other[1, T - 3:] += 5.0

@@ -177,7 +177,10 @@ class LanguageModel(nn.Module):
             out = self.model(full_ids, attention_mask=pads, position_ids=full_pos)
             logits = out.logits[:, -T:]  # (B, T, V)
         logits = (logits - logits.amax(-1, keepdim=True)) * (1.0 if SOFT[0] else PEAK)
-        new_cache = CacheToken(full_ids, full_pos) if cache is not None or kwargs.get("use_cache") else None
+        # a cache handed back, asked for, or an argument named for one given at all (Hugging Face's first
+        # call: past_key_values=None): the new cache returned
+        asked = cache is not None or kwargs.get("use_cache") or any(k in CACHE_NAMES for k in kwargs)
+        new_cache = CacheToken(full_ids, full_pos) if asked else None
         return RETURNS[self.style](logits[0] if one & (self.style == "unbatched") else logits, new_cache)
 
 

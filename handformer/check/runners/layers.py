@@ -232,8 +232,20 @@ class Layer:
         """The attentions' slots, a fused projection read in the layout its one-token output shows,
         and the key/value heads (those its shapes show where the constructor names none)."""
         one = fp.randn(2, 1, D, seed=3)  # (B, 1, D)
-        find_layouts_(self.module, lambda: fp.first_tensor(self.call(one, one, None, None), 3), D, D // H)
+        find_layouts_(self.module, lambda: self._one_token(one), D, D // H)
         return _attentions(linears, count, self.comp.name)
+
+    def _one_token(self, one: Tensor) -> Tensor | None:
+        """The layer's output on one token (B, 1, D); a mask it requires handed every key visible, in
+        the first convention it runs with (a softmax over one key is 1 in any of them)."""
+        out = None
+        for conv in (None, *fp.AUTO) if self.required_mask else (None,):
+            self.visible = conv
+            out = fp.quietly(lambda: fp.first_tensor(self.call(one, one, None, None), 3))
+            if fp.max_error(out, out) == 0.0:  # (inf for none, or a NaN)
+                break
+        self.visible = None
+        return out
 
     @functools.cached_property
     def windows(self) -> dict[str, Any]:
@@ -308,6 +320,7 @@ class Layer:
             if mask is None and self.required_mask and self.visible:
                 everything = torch.ones(x.size(0), 1, x.size(1), x.size(1), dtype=torch.bool)
                 mask = fp.encode_mask(everything, self.visible, x.size(0))
+                mask = mask.to(x.dtype) if mask.is_floating_point() else mask  # additive: the input's float
             kwargs.update(dict.fromkeys(self.handed, mask))
         return self._run(args, kwargs, x.size(0))
 
@@ -784,7 +797,7 @@ def _layer_conventions(layer: Layer, ctx: Context, inp: Inputs, res: ComponentRe
     its stream sequence-first (T, B, D) found first (driven so from then on, noted), its masks also as
     nn.MultiheadAttention's attn_mask (B * H, T, S)."""
     convs = ("lens",) if layer.stateful else ctx.conventions(layer.masks[0] if layer.masks else None)
-    convs = SHARED * shares_mask(layer.module) + convs  # Mistral's: one (T, S) mask for the batch
+    convs = SHARED * (shares_mask(layer.module) or _reads_one_mask(layer, convs)) + convs  # Mistral's
     torch_first = ctx.convention is None and layer.masks and masks_where_true_inside(layer.module)
     torch_convs = TORCH_CONVENTIONS[holds_torch_attention(layer.module)] if torch_first else ()
     layer.first = reads_sequence_first_masked(  # a mask it requires: handed every key visible
@@ -794,6 +807,14 @@ def _layer_conventions(layer: Layer, ctx: Context, inp: Inputs, res: ComponentRe
     convs = torch_convs + SEQUENCE_FIRST_CONVENTIONS * layer.first + convs
     passed = [k for k in _encode_keeps(layer, inp.src_keep, inp.tgt_keep) if k is not None]
     return tuple(c for c in convs if all(fp.encodable(k, c) for k in passed)) or convs[:1]
+
+
+def _reads_one_mask(layer: Layer, convs: tuple[str, ...]) -> bool:
+    """Whether a decoder-only block reads its mask as one (T, S) for the whole batch (Baichuan's, whose
+    attention puts a batch axis in front of it), by what it does (fp.reads_one_mask)."""
+    if layer.stateful or layer.decoder or not layer.masks:
+        return False
+    return fp.reads_one_mask(lambda v, m: layer.call(v, None, m, m), fp.randn(2, 5, D, seed=3), convs)
 
 
 def _search_rows(layer: Layer, inp: Inputs, flags: frozenset[str]) -> Tensor | None:
@@ -1249,6 +1270,7 @@ def _tutorial_shapes(res: ComponentResult, layer: Layer, ctx: Context) -> None:
     visible = fp.encode_mask(every, conv, 2, heads) if needed else None
     src = torch.full((2,), 10) if layer.stateful or str(layer.visible).startswith("lens") else visible
     masks = (src, tgt if layer.causal_block or layer.required_mask else None)
+    masks = tuple(m.float() if m is not None and m.is_floating_point() else m for m in masks)  # as x is
 
     def warm(m: nn.Module) -> Any:
         big.module = m
