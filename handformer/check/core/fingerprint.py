@@ -117,8 +117,8 @@ def _rows_apart(run: Callable[[Tensor, Tensor | None], Any], x: Tensor, conv: st
     """Whether row 0 of `x` comes out the same in the batch and alone, every key visible in `conv`;
     None when it raises there."""
     everything = torch.ones(x.size(0), 1, x.size(1), x.size(1), dtype=torch.bool)  # (B, 1, T, S)
-    both, alone = (quietly(lambda v=v: first_tensor(run(v, encode_mask(everything[:len(v)], conv, len(v))), 3))
-                   for v in (x, x[:1]))
+    both, alone = (quietly(lambda v=v: first_tensor(run(v, encode_mask(everything[:len(v)], conv, len(v))),
+                                                    3)) for v in (x, x[:1]))
     if both is None or alone is None:
         return None
     return max_error(both[:1], alone) < 1e-9

@@ -28,7 +28,8 @@ UNGROUPED_NOTE = text(
 def ungrouped_by_default(module: types.ModuleType) -> bool:
     """Whether every configuration of the learner's file that names the key/value heads (a config
     class's default, a dict's value) gives as many as query heads, or None; False where none names them."""
-    said = [_ungrouped(s) for s in map(_settings, _own_configs(module)) if set(s) & set(ARGUMENTS["n_kv_heads"])]
+    configs = map(_settings, _own_configs(module))
+    said = [_ungrouped(s) for s in configs if set(s) & set(ARGUMENTS["n_kv_heads"])]
     return bool(said) and all(said)
 
 

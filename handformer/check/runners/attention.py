@@ -1061,7 +1061,8 @@ def _one_mask_first(c: Caller, convs: tuple[str, ...]) -> tuple[str, ...]:
     its mask so, by what it does (fp.reads_one_mask)."""
     if not c.takes_mask or convs[:1] == SHARED[:1]:
         return convs
-    return SHARED * fp.reads_one_mask(lambda v, m: c.call(v, v, v, m), fp.randn(2, 5, D, seed=3), convs) + convs
+    one_mask = fp.reads_one_mask(lambda v, m: c.call(v, v, v, m), fp.randn(2, 5, D, seed=3), convs)
+    return SHARED * one_mask + convs
 
 
 def _shared_mask(forward: Any, name: str) -> bool:

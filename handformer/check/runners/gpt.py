@@ -289,7 +289,7 @@ class Choices:
     def describe(self, m: GPTMap) -> Text:
         head_en, head_zh = (HEAD_WORDS[m.tied][i] + BIAS_WORDS[m.bias][i] for i in (0, 1))
         pos_en, pos_zh = (ADDED_WORDS[m.added] if m.added is not None
-                          else TERM_WORDS.get(self.rope, ("no positions", "没有位置编码")) if not rotary(self.rope)
+                          else TERM_WORDS.get(self.rope, NO_POSITIONS) if not rotary(self.rope)
                           else (f"rotary positions ({_pairs(self.rope)[0]}, base {m.theta:.0f})",
                                 f"旋转位置编码（{_pairs(self.rope)[1]}，底数 {m.theta:.0f}）"))
         pos_en, pos_zh = pos_en + SCALED_WORDS[m.scaled][0], pos_zh + SCALED_WORDS[m.scaled][1]
@@ -326,6 +326,7 @@ def rotary(rope: str | None) -> str | None:
     return None if rope in V.SCORE_BIASES else rope
 
 
+NO_POSITIONS = ("no positions", "没有位置编码")
 # a term on the scores as the convention says it (en, zh)
 TERM_WORDS = {"alibi": ("ALiBi (each head's slope times the key's position, on the scores)",
                         "ALiBi（每个头的斜率乘以键的位置，加到分数上）"),
