@@ -168,8 +168,8 @@ class Context:
     def kv_heads(self, n_kv_heads: int, n_heads: int = H) -> int:
         """The key/value heads to build with: `n_kv_heads`, or as many as heads where the file's
         attention takes no fewer (`ungrouped`); a check that asks for fewer is remembered."""
-        self.grouped_asked = self.grouped_asked or n_kv_heads < n_heads
-        return n_heads if self.ungrouped else n_kv_heads
+        self.grouped_asked |= n_kv_heads < n_heads
+        return max(n_kv_heads, n_heads * self.ungrouped)  # ungrouped: as many as heads
 
     @torch.no_grad()
     def materialize(self, comp: Component, module: nn.Module, warmup: Callable[[nn.Module], Any] | None,

@@ -251,8 +251,7 @@ def _grouped_or_not(comp: Component, ctx: Context) -> ComponentResult:
         except fp.LearnerFailure:
             ctx.ungrouped = False
             raise failure from None
-    if ctx.ungrouped and ctx.grouped_asked:
-        result.notes.append(UNGROUPED_NOTE)
+    result.notes += [UNGROUPED_NOTE] * (ctx.ungrouped & ctx.grouped_asked)
     return result
 
 

@@ -110,7 +110,7 @@ def reads_one_mask(run: Callable[[Tensor, Tensor | None], Any], x: Tensor, convs
     it runs with, row 0 of the batch `x` (B, T, D) differs from row 0 run alone, and with one (T, S)
     mask (SHARED) it does not. run(x, mask): its output."""
     firsts = (apart for conv in convs if (apart := _rows_apart(run, x, conv)) is not None)
-    return next(firsts, True) is False and _rows_apart(run, x, SHARED[0]) is True
+    return (next(firsts, True), _rows_apart(run, x, SHARED[0])) == (False, True)
 
 
 def _rows_apart(run: Callable[[Tensor, Tensor | None], Any], x: Tensor, conv: str) -> bool | None:
@@ -119,9 +119,13 @@ def _rows_apart(run: Callable[[Tensor, Tensor | None], Any], x: Tensor, conv: st
     everything = torch.ones(x.size(0), 1, x.size(1), x.size(1), dtype=torch.bool)  # (B, 1, T, S)
     both, alone = (quietly(lambda v=v: first_tensor(run(v, encode_mask(everything[:len(v)], conv, len(v))),
                                                     3)) for v in (x, x[:1]))
-    if both is None or alone is None:
-        return None
-    return max_error(both[:1], alone) < 1e-9
+    return None if both is None else max_error(both[:1], alone) < 1e-9  # (alone None: inf)
+
+
+def mask_like(mask: Tensor | None, x: Tensor) -> Tensor | None:
+    """A mask handed with the input x: an additive (float) one in x's dtype (float32 at the tutorial's
+    sizes, where check's masks are float64); any other as it is."""
+    return mask.to(x.dtype) if isinstance(mask, Tensor) and mask.is_floating_point() else mask
 
 
 def weights_of(value: Any, skip_first: bool = True) -> Tensor | None:

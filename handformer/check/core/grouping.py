@@ -9,7 +9,6 @@ failure.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import types
 from typing import Any
@@ -26,38 +25,28 @@ UNGROUPED_NOTE = text(
 
 
 def ungrouped_by_default(module: types.ModuleType) -> bool:
-    """Whether every configuration of the learner's file that names the key/value heads (a config
-    class's default, a dict's value) gives as many as query heads, or None; False where none names them."""
-    configs = map(_settings, _own_configs(module))
-    said = [_ungrouped(s) for s in configs if set(s) & set(ARGUMENTS["n_kv_heads"])]
-    return bool(said) and all(said)
+    """Whether every configuration class of the learner's file whose defaults name the key/value heads
+    gives as many as query heads, or None; False where none names them."""
+    said = {_ungrouped(_defaults(obj)) for obj in vars(module).values() if _own_config(obj, module)}
+    return said - {None} == {True}
 
 
-def _own_configs(module: types.ModuleType) -> list[Any]:
-    """The file's own classes that are no module (a config dataclass, a Hugging Face style config),
-    and its dicts (Raschka's cfg)."""
-    return [obj for obj in vars(module).values()
-            if isinstance(obj, dict) or (inspect.isclass(obj) and obj.__module__ == module.__name__
-                                         and not hasattr(obj, "forward"))]
+def _own_config(obj: Any, module: types.ModuleType) -> bool:
+    """A class of the file's own that is no module: a config dataclass, a Hugging Face style config."""
+    return inspect.isclass(obj) and obj.__module__ == module.__name__ and not hasattr(obj, "forward")
 
 
-def _settings(config: Any) -> dict[str, Any]:
-    """A configuration's settings by name: a dict's items; a class's defaults (a dataclass's fields,
-    else its constructor's arguments), its class attributes under them."""
-    if isinstance(config, dict):
-        return {k: v for k, v in config.items() if isinstance(k, str)}
-    own = {k: v for k, v in vars(config).items() if not k.startswith("_") and not callable(v)}
-    if dataclasses.is_dataclass(config):
-        fields = dataclasses.fields(config)
-        return {**own, **{f.name: f.default for f in fields if f.default is not dataclasses.MISSING}}
+def _defaults(config: type) -> dict[str, Any]:
+    """A config class's defaults by name, as its constructor takes them (a dataclass's fields too)."""
     try:
         params = inspect.signature(config).parameters.values()
-    except (TypeError, ValueError):
-        return own
-    return {**own, **{p.name: p.default for p in params if p.default is not p.empty}}
+    except (TypeError, ValueError):  # a class with no signature to read
+        return {}
+    return {p.name: p.default for p in params if p.default is not p.empty}
 
 
-def _ungrouped(settings: dict[str, Any]) -> bool:
-    kv = next(settings[n] for n in ARGUMENTS["n_kv_heads"] if n in settings)
-    heads = next((settings[n] for n in ARGUMENTS["n_heads"] if n in settings), None)
-    return kv is None or kv == heads
+def _ungrouped(defaults: dict[str, Any]) -> bool | None:
+    """Whether the key/value heads default to None or to the heads' number; None where not named."""
+    kv = [defaults[n] for n in ARGUMENTS["n_kv_heads"] if n in defaults]
+    heads = [defaults[n] for n in ARGUMENTS["n_heads"] if n in defaults]
+    return kv[0] in (None, *heads[:1]) if kv else None

@@ -147,8 +147,8 @@ def rope_layouts(module: nn.Module, given_table: bool, given_cos_sin: bool = Fal
         return ("half", *partial_layouts(D // H), "interleaved")  # pairs (2j, 2j+1) (Cohere's tables)
     classes = [type(sub) for sub in module.modules() if type(sub).__module__.startswith("learner_")]
     rotary = ("half", "interleaved", *partial_layouts(D // H)) * any(
-        ROPE_WORDS.search(source_text(c).lower()) for c in classes)
-    return (score_biases_inside(module, [code_text(c).lower() for c in classes]) or (None,)) + rotary
+        map(ROPE_WORDS.search, map(str.lower, map(source_text, classes))))
+    return (score_biases_inside(module, list(map(str.lower, map(code_text, classes)))) or (None,)) + rotary
 
 
 ALIBI_WORDS = re.compile("alibi|slopes")

@@ -194,8 +194,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
         args = [{"q": xq, "k": xk, "v": xv}[r] for r in roles]
         if mask is None and required and state.get("visible"):  # Raschka's forward(x, mask, cos, sin)
             everything = torch.ones(xq.size(0), 1, xq.size(-2), xk.size(-2), dtype=torch.bool)  # T, S
-            mask = run_mask(everything, state["visible"], xq.size(0))
-            mask = mask.to(xq.dtype) if mask.is_floating_point() else mask  # additive: the input's float
+            mask = fp.mask_like(run_mask(everything, state["visible"], xq.size(0)), xq)
         kwargs: dict[str, Any] = {**fixed, **({masks[0].name: mask} if masks else {})}
         kwargs.update(state.get("more", {}))  # a key_padding_mask given alone, by _key_padding_alone
         B, T = xq.shape[:2]
@@ -1059,10 +1058,9 @@ def _conventions(ctx: Context, module: Any, c: Caller) -> tuple[str, ...]:
 def _one_mask_first(c: Caller, convs: tuple[str, ...]) -> tuple[str, ...]:
     """The conventions, one (T, S) mask for the whole batch first (SHARED) where the attention reads
     its mask so, by what it does (fp.reads_one_mask)."""
-    if not c.takes_mask or convs[:1] == SHARED[:1]:
-        return convs
-    one_mask = fp.reads_one_mask(lambda v, m: c.call(v, v, v, m), fp.randn(2, 5, D, seed=3), convs)
-    return SHARED * one_mask + convs
+    one_mask = c.takes_mask and convs[:1] != SHARED[:1] and fp.reads_one_mask(
+        lambda v, m: c.call(v, v, v, m), fp.randn(2, 5, D, seed=3), convs)
+    return SHARED * bool(one_mask) + convs
 
 
 def _shared_mask(forward: Any, name: str) -> bool:

@@ -323,7 +323,7 @@ FACTOR_WORDS = (("scores times {:g}", "分数乘以 {:g}"),
 def rotary(rope: str | None) -> str | None:
     """The rotary layout of a reading of the positions inside the attention; None for none, and for a
     term on the scores (ALiBi's, T5's: V.SCORE_BIASES)."""
-    return None if rope in V.SCORE_BIASES else rope
+    return dict.fromkeys(V.SCORE_BIASES).get(rope, rope)
 
 
 NO_POSITIONS = ("no positions", "没有位置编码")

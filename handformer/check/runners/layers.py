@@ -239,7 +239,7 @@ class Layer:
         """The layer's output on one token (B, 1, D); a mask it requires handed every key visible, in
         the first convention it runs with (a softmax over one key is 1 in any of them)."""
         out = None
-        for conv in (None, *fp.AUTO) if self.required_mask else (None,):
+        for conv in (None, *fp.AUTO[:3 * self.required_mask]):
             self.visible = conv
             out = fp.quietly(lambda: fp.first_tensor(self.call(one, one, None, None), 3))
             if fp.max_error(out, out) == 0.0:  # (inf for none, or a NaN)
@@ -320,7 +320,6 @@ class Layer:
             if mask is None and self.required_mask and self.visible:
                 everything = torch.ones(x.size(0), 1, x.size(1), x.size(1), dtype=torch.bool)
                 mask = fp.encode_mask(everything, self.visible, x.size(0))
-                mask = mask.to(x.dtype) if mask.is_floating_point() else mask  # additive: the input's float
             kwargs.update(dict.fromkeys(self.handed, mask))
         return self._run(args, kwargs, x.size(0))
 
@@ -812,9 +811,8 @@ def _layer_conventions(layer: Layer, ctx: Context, inp: Inputs, res: ComponentRe
 def _reads_one_mask(layer: Layer, convs: tuple[str, ...]) -> bool:
     """Whether a decoder-only block reads its mask as one (T, S) for the whole batch (Baichuan's, whose
     attention puts a batch axis in front of it), by what it does (fp.reads_one_mask)."""
-    if layer.stateful or layer.decoder or not layer.masks:
-        return False
-    return fp.reads_one_mask(lambda v, m: layer.call(v, None, m, m), fp.randn(2, 5, D, seed=3), convs)
+    return bool(layer.masks) and not layer.stateful | layer.decoder and fp.reads_one_mask(
+        lambda v, m: layer.call(v, None, m, m), fp.randn(2, 5, D, seed=3), convs)
 
 
 def _search_rows(layer: Layer, inp: Inputs, flags: frozenset[str]) -> Tensor | None:
@@ -1264,13 +1262,13 @@ def _tutorial_shapes(res: ComponentResult, layer: Layer, ctx: Context) -> None:
     wants = layer.takes_mask or not layer.causal_block
     heads = TUTORIAL["n_heads"]  # nn.MultiheadAttention's attn_mask: one row a head
     tgt = fp.encode_mask(causal(T)[None, None], conv, 2, heads) if wants else None  # in the convention found
+    tgt = fp.mask_like(tgt, x)
     # a mask the forward requires is given (every source key visible): None is no input it accepts
     every = torch.ones(2, 1, 1, 10, dtype=torch.bool)
     needed = layer.required_mask or _needs_its_mask(layer, ctx)
-    visible = fp.encode_mask(every, conv, 2, heads) if needed else None
+    visible = fp.mask_like(fp.encode_mask(every, conv, 2, heads) if needed else None, x)
     src = torch.full((2,), 10) if layer.stateful or str(layer.visible).startswith("lens") else visible
     masks = (src, tgt if layer.causal_block or layer.required_mask else None)
-    masks = tuple(m.float() if m is not None and m.is_floating_point() else m for m in masks)  # as x is
 
     def warm(m: nn.Module) -> Any:
         big.module = m
