@@ -11,7 +11,10 @@ in two of them that must still fail:
   `logits, past_key_values = self(ids, past_key_values=cache)`, driven by the stand-in where the
   model fails, which hands back a cache from the first call;
 - InternLM2's: a block whose attention packs wqkv by key/value group ([q.. | k | v] a group) and
-  requires its additive mask, the layout read on one token with every key visible.
+  requires its additive mask, the layout read on one token with every key visible; a training step in
+  Hugging Face's form, train_step(model, batch, optimizer, scheduler) with batch {"input_ids",
+  "labels"} (the labels are the ids, shifted in the step), checked as a language model's step, and
+  the labels not shifted named at the line that cuts them.
 """
 
 from __future__ import annotations
@@ -89,7 +92,27 @@ def test_a_plant_in_the_block_is_named_and_the_loop_passes_on_the_stand_in(stabl
     assert ("residual_from_normed", "x = h + self.mlp(h)") in found
 
 
-def test_block_of_wqkv_packed_by_group_with_a_required_mask_passes():
-    result = check_file(str(INTERNLM))
-    assert set(statuses(result).values()) == {"pass"}, format_report(result)
-    assert "group" in " ".join(component(result, "DecoderLayer").mapping)
+@pytest.fixture(scope="module")
+def internlm():
+    return check_file(str(INTERNLM))
+
+
+@pytest.fixture(scope="module")
+def internlm_unshifted(tmp_path_factory):
+    """The labels cut at the end as the logits are, not moved on by one."""
+    return check_file(edited_copy(tmp_path_factory.mktemp("unshifted"), INTERNLM, [(
+        'target = batch["labels"][:, 1:]', 'target = batch["labels"][:, :-1]')]))
+
+
+def test_block_of_wqkv_packed_by_group_with_a_required_mask_passes(internlm):
+    assert set(statuses(internlm).values()) == {"pass"}, format_report(internlm)
+    assert "group" in " ".join(component(internlm, "DecoderLayer").mapping)
+
+
+def test_a_step_on_ids_and_labels_is_a_language_models_step(internlm):
+    assert component(internlm, "train_step").kind == "lm_train_step"
+
+
+def test_labels_not_shifted_are_named_where_they_are_cut(internlm_unshifted):
+    found = [(f.name, f.code) for f in component(internlm_unshifted, "train_step").findings]
+    assert found == [("train_step_no_shift", 'target = batch["labels"][:, :-1].reshape(-1)')], found

@@ -48,6 +48,7 @@ from handformer.check.core.argument_names import (
     PROMPT_NAMES,
     SCHEDULE_ARGS,
     SCHEDULE_STEP_NAMES,
+    SCHEDULER_NAMES,
     SRC_NAMES,
     STEP_MODEL_NAMES,
     TEMPERATURE_NAMES,
@@ -269,14 +270,14 @@ def lm_step(fn: Any) -> bool:
     target itself (an encoder-decoder's step feeds tgt[:, :-1])."""
     _, names, required = _signature(fn)
     windows = (LOADER_NAMES,) if drawn_loader(fn) else (X_NAMES, Y_NAMES)
-    tokens = token_batch(fn)
+    tokens = token_batch(fn) or labelled_batch(fn)
     windows = (BATCH_NAMES,) if paired_batch(fn) or tokens else windows
     groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, *windows)
     if not _takes_each(names, groups):
         groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES)  # its windows drawn from its file's get_batch
         if not (_takes_each(names, groups) and drawn_global(fn)):
             return False
-    rest = required - set().union(*groups, LR_NAMES, ACCUM_NAMES)
+    rest = required - set().union(*groups, LR_NAMES, ACCUM_NAMES, SCHEDULER_NAMES)
     # nanoGPT's train_step(model, optimizer, X, Y, iter_num, cfg): the iteration and a configuration
     rest -= set(SCHEDULE_STEP_NAMES) | set(_config_fields(fn, rest))
     return not rest and (tokens is not None or not SHIFT.search(source_text(fn)))
@@ -287,6 +288,12 @@ def token_batch(fn: Any) -> str | None:
     or shifts itself (`batch.chunk(accum)`, `batch[:, :-1]`): inputs and targets are made from it."""
     return _argument_used(fn, BATCH_NAMES, r"\b{0}\.(?:chunk|split)\(|torch\.(?:chunk|split)\(\s*{0}\b|"
                                            r"\b{0}\[\s*:\s*,\s*(?::-1|1:)\s*\]")
+
+
+def labelled_batch(fn: Any) -> str | None:
+    """The batch a step takes as Hugging Face's dict of token ids and their labels (`batch["labels"]`):
+    the labels are the ids themselves, the step shifts them against the logits."""
+    return _argument_used(fn, BATCH_NAMES, r"""\b{0}\[\s*["']labels["']\s*\]""")
 
 
 def drawn_loader(fn: Any) -> str | None:

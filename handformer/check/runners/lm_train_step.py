@@ -54,7 +54,14 @@ from handformer.check.core.context import (
 from handformer.check.core.discovery import Component, cannot_fill, defaulted_config
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
-from handformer.check.core.signatures import drawn_global, drawn_loader, kind_of, paired_batch, token_batch
+from handformer.check.core.signatures import (
+    drawn_global,
+    drawn_loader,
+    kind_of,
+    labelled_batch,
+    paired_batch,
+    token_batch,
+)
 from handformer.check.core.source import config_reads, functions_called, locate, source_lines, source_text
 from handformer.check.runners.drawn_windows import Call, check_windows
 from handformer.check.runners.localize_train import localize_lm_step
@@ -133,11 +140,12 @@ class Step:
         self.loader = drawn_loader(comp.obj)  # x and y drawn from it: Windows
         self.pair = paired_batch(comp.obj)  # x and y given as one (x, y) batch
         self.tokens = token_batch(comp.obj)  # x and y cut from one (B, T + 1) tensor of windows
-        handed = self.x and self.y or self.loader or self.pair or self.tokens
+        self.labelled = labelled_batch(comp.obj)  # Hugging Face's {"input_ids": ..., "labels": ...}
+        handed = self.x and self.y or self.loader or self.pair or self.tokens or self.labelled
         self.drawn = None if handed else drawn_global(comp.obj)  # x and y from a function of its file
         self.drawn_calls: list[Call] = []  # the arguments the step called that function with, each call
         known = {self.model, self.opt, self.x, self.y, self.lr, self.sched, self.scaler, self.accum,
-                 self.loader, self.pair, self.tokens}
+                 self.loader, self.pair, self.tokens, self.labelled}
         rest = [n for n in required if n not in known]
         self.count = named(rest, SCHEDULE_STEP_NAMES)  # the iteration (nanoGPT's iter_num): 0, then 1
         # or how many steps a loop of them runs (build-nanogpt's train(..., steps): range(steps)): 1 a call
@@ -183,6 +191,7 @@ class Step:
         given = {self.x: x.clone, self.y: y.clone, self.loader: lambda: Windows(x, y, parts),
                  self.pair: lambda: (x.clone(), y.clone()),
                  self.tokens: lambda: torch.cat([x, y[:, -1:]], dim=1),  # (B, T + 1)
+                 self.labelled: lambda: dict.fromkeys(("input_ids", "labels"), torch.cat([x, y[:, -1:]], 1)),
                  self.lr: lambda: lr, self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler,
                  self.accum: lambda: ACCUM, self.count: lambda: max(bool(self.loops), len(self.seen) % 2),
                  self.config: self._config}

@@ -98,7 +98,8 @@ def localize_lm_step(step: Any, model: torch.nn.Module, opt: torch.optim.Optimiz
     probe = copy.deepcopy(model)  # the labels' run: the token tensors it makes kept (as float64)
     tokens = trace_steps(lambda: step(probe, torch.optim.SGD(probe.parameters(), lr=lr), x, y, lr), filename,
                          constants=(torch.int64,))
-    labels = unshifted_labels(tokens, x, y, filename, cut=not step.y)  # no y handed: it cuts its own
+    # no y handed: it cuts its own (but for the ids and labels of Hugging Face's batch: the model is fed them)
+    labels = unshifted_labels(tokens, x, y, filename, cut=not (step.y or step.labelled))
     if labels is not None:
         return labels
     with torch.enable_grad():
