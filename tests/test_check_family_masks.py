@@ -7,7 +7,8 @@ in two of them that must still fail:
   finds by what it does; a comment there speaks of ALiBi, its code adds none; the model is compared
   with handformer's CausalLM with ALiBi;
 - StableLM's: partial rotary, a config whose key/value heads equal its heads and an attention that
-  never repeats them (it raises with fewer: checked with as many, noted); a `generate` that unpacks
+  never repeats them (it raises with fewer: checked with as many, noted); a forward that returns its
+  cache with no use_cache argument, that cache checked; a `generate` that unpacks
   `logits, past_key_values = self(ids, past_key_values=cache)`, driven by the stand-in where the
   model fails, which hands back a cache from the first call;
 - InternLM2's: a block whose attention packs wqkv by key/value group ([q.. | k | v] a group) and
@@ -82,6 +83,12 @@ def test_alibi_of_the_wrong_sign_fails_in_the_model(baichuan_flipped):
 def test_ungrouped_attention_in_an_ungrouped_file_passes_noted(stablelm):
     assert set(statuses(stablelm).values()) == {"pass"}, format_report(stablelm)
     assert any("does not repeat them" in n["en"] for n in component(stablelm, "Attention").notes)
+
+
+def test_the_cache_a_forward_returns_without_use_cache_is_checked(stablelm):
+    checks = {c.name["en"]: c.ok for c in component(stablelm, "StableLM").checks}
+    assert checks.get("the KV cache it returns: tokens 5..7 handed the cache of 0..4 give the logits of the "
+                      "whole sequence") is True, checks
 
 
 def test_a_plant_in_the_block_is_named_and_the_loop_passes_on_the_stand_in(stablelm_normed):

@@ -1149,14 +1149,16 @@ def _returned_cache(res: ComponentResult, ctx: Context, comp: Component, m: GPTM
 
 
 def _cached_step(ctx: Context, module: nn.Module, idx: Tensor) -> Tensor | None:
-    """The logits of tokens 5.. handed the cache its call on 0..4 returned with use_cache=True (its
-    cache argument defaulting to None); raises where it takes or returns none."""
+    """The logits of tokens 5.. handed the cache its call on 0..4 returned, with use_cache=True where it
+    takes that (its cache argument defaulting to None; StableLM's returns its cache always); raises
+    where it takes or returns none."""
     names = {p.name: p.default for p in forward_parameters(module)}
     arg = named([n for n, default in names.items() if default is None], CACHE_ARGS)
-    assert arg is not None and "use_cache" in names  # noqa: S101  (quietly: no cache check)
+    assert arg is not None  # noqa: S101  (quietly: no cache check)
+    asked = {"use_cache": True} if "use_cache" in names else {}
 
     def run(ids: Tensor, past: Any) -> Any:
-        return ctx.learner.call("forward", module, ids, **{arg: past, "use_cache": True})
+        return ctx.learner.call("forward", module, ids, **{arg: past, **asked})
     first = run(idx[:, :5], None)
     assert isinstance(first, tuple) and first[1] is not None  # noqa: S101  (logits and its presents)
     return fp.first_tensor(run(idx[:, 5:], first[1]), 3)
