@@ -1,10 +1,10 @@
 """Grouped-query attention that a learner's file does not use. Check builds an attention whose
 configuration names its key/value heads with fewer of them than query heads, so that a wrong repeat
 shows. An attention that never repeats them (StableLM's, written for a config that sets as many) raises
-there; where the file's own configuration gives as many key/value heads as heads (or leaves them unset:
-Meta's n_kv_heads = None), that is how the file runs, and it is checked so (Context.ungrouped), said in
-the report. A file whose configuration groups its heads, or that gives no configuration, keeps its
-failure.
+there; where the file's own configuration gives as many key/value heads as heads, that is how the
+file runs, and it is checked so (Context.ungrouped), said in the report. A file whose configuration
+groups its heads, leaves them unset (Meta's n_kv_heads = None: its repeat_kv is meant to run), or
+gives no configuration keeps its failure.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ UNGROUPED_NOTE = text(
 
 def ungrouped_by_default(module: types.ModuleType) -> bool:
     """Whether every configuration class of the learner's file whose defaults name the key/value heads
-    gives as many as query heads, or None; False where none names them."""
+    gives as many as query heads; False where none names them."""
     said = {_ungrouped(_defaults(obj)) for obj in vars(module).values() if _own_config(obj, module)}
     return said - {None} == {True}
 
@@ -46,7 +46,7 @@ def _defaults(config: type) -> dict[str, Any]:
 
 
 def _ungrouped(defaults: dict[str, Any]) -> bool | None:
-    """Whether the key/value heads default to None or to the heads' number; None where not named."""
+    """Whether the key/value heads default to the heads' number; None where not named."""
     kv = [defaults[n] for n in ARGUMENTS["n_kv_heads"] if n in defaults]
     heads = [defaults[n] for n in ARGUMENTS["n_heads"] if n in defaults]
-    return kv[0] in (None, *heads[:1]) if kv else None
+    return kv[:1] == heads[:1] if kv else None
