@@ -15,8 +15,7 @@ in two of them that must still fail:
   requires its additive mask, the layout read on one token with every key visible; a training step in
   Hugging Face's form, train_step(model, batch, optimizer, scheduler) with batch {"input_ids",
   "labels"} (the labels are the ids, shifted in the step), checked as a language model's step, and
-  the labels not shifted named at the line that cuts them; keys and values swapped within the groups
-  read in the grouped layout (the layout is where the queries are) and named.
+  the labels not shifted named at the line that cuts them.
 """
 
 from __future__ import annotations
@@ -107,11 +106,8 @@ def internlm():
 
 @pytest.fixture(scope="module")
 def internlm_planted(tmp_path_factory):
-    """Two plants apart (the step runs on check's own model): keys and values swapped within each wqkv
-    group, and the labels cut at the end as the logits are, not moved on by one."""
+    """The labels cut at the end as the logits are, not moved on by one."""
     return check_file(edited_copy(tmp_path_factory.mktemp("planted"), INTERNLM, [
-        ("k = packed[:, :, :, self.group]", "k = packed[:, :, :, self.group + 1]"),
-        ("v = packed[:, :, :, self.group + 1]", "v = packed[:, :, :, self.group]"),
         ('target = batch["labels"][:, 1:]', 'target = batch["labels"][:, :-1]')]))
 
 
@@ -128,8 +124,3 @@ def test_labels_not_shifted_are_named_where_they_are_cut(internlm_planted):
     found = [(f.name, f.code) for f in component(internlm_planted, "train_step").findings]
     assert found == [("train_step_no_shift", 'target = batch["labels"][:, :-1].reshape(-1)')], found
 
-
-def test_keys_and_values_swapped_in_the_groups_are_named_in_the_grouped_layout(internlm_planted):
-    attention = component(internlm_planted, "GroupedAttention")
-    assert [f.name for f in attention.findings] == ["kv_swapped"], format_report(internlm_planted)
-    assert "group" in " ".join(attention.mapping)

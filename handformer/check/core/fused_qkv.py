@@ -45,11 +45,10 @@ def _quiet(one_token: Callable[[], Tensor | None]) -> Tensor | None:
 
 def _unmoved(fused: list[Leaf], name: str, D: int, head_dim: int, one_token: Callable[[], Tensor | None],
              before: Tensor | None) -> bool:
-    """Whether the one-token output stays as it was while the rows this layout calls query change, and
-    moves when its key and value rows change (the rows are read at all): the layout is where the
-    queries are; keys and values swapped within it (kv_swapped) is a mistake named later."""
-    return _moved(fused, name, (0,), D, head_dim, one_token, before) < 1e-9 < _moved(
-        fused, name, (1, 2), D, head_dim, one_token, before)
+    """Whether the one-token output stays as it was while the rows this layout calls query and key
+    change, and moves when its value rows change (the rows are read at all)."""
+    return _moved(fused, name, (0, 1), D, head_dim, one_token, before) < 1e-9 < _moved(
+        fused, name, (2,), D, head_dim, one_token, before)
 
 
 def _moved(fused: list[Leaf], name: str, roles: tuple[int, ...], D: int, head_dim: int,

@@ -765,8 +765,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     if heads != 1 and single_head(comp, linears, n_kv_heads):  # checked again with one head
         return check_mha(comp, ctx, sizes["causal"], n_kv_heads, heads=1)
     c = _driven(res, module, around, x)
-    convs = _one_mask_first(c, _conventions(ctx, module, c))
-    find_layouts_(module, _one_token(c, x[:, :1], convs), D, D // heads)
+    find_layouts_(module, _one_token(c, x[:, :1], _conventions(ctx, module, c)), D, D // heads)
     kv_width = n_kv_heads * (D // heads) if n_kv_heads else None  # None: read from a fused projection
     slots = attention_slots(linears, D, 1, comp.name, kv_width)[0] + qk_norms
     n_kv_heads = n_kv_heads or kv_heads_of(slots, heads)
@@ -774,7 +773,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     _sequence_first(res, ctx, c)
     causal_inside = _causal_inside(res, ctx, c, sizes["causal"])
     has_o = _head_notes(res, comp, c, slots, causal_inside, heads, source_text(ctx.module))
-    probe = MHAProbe(ctx, c, x, convs, causal_inside, heads)
+    probe = MHAProbe(ctx, c, x, _one_mask_first(c, _conventions(ctx, module, c)), causal_inside, heads)
     try:
         # a mask it requires, when a case has none: every key visible in the first convention it runs with
         c.state["visible"] = first_working(ctx, probe.run, probe.convs)
