@@ -676,11 +676,12 @@ def score_biases(comp: Component, slots: list[Slot]) -> tuple[str | None, ...]:
     handed as ALiBi's; none
     otherwise. A table or ALiBi is searched in place of no positions (an attention that builds ALiBi
     and adds none is not read as a plain one)."""
-    source = code_text(comp.obj).lower()
+    source = code_text(comp.obj).lower()  # (a comment that speaks of ALiBi adds no term)
     table = ("t5", "t5_causal") * any(s.role == RELATIVE_ROLE for s in slots)
-    alibi = ("alibi",) * bool(ALIBI_WORDS.search(source))
     takes = inspect.signature(getattr(comp.obj, "forward", comp.obj)).parameters  # (a class: its forward's)
-    given = set(takes) & set(BIAS_ARGUMENTS) - {_alibi_handed(comp.obj, list(takes.values()))}
+    handed = _alibi_handed(comp.obj, list(takes.values()))  # a bias it must be handed, ALiBi's
+    alibi = ("alibi",) * bool(ALIBI_WORDS.search(source) or handed)
+    given = set(takes) & set(BIAS_ARGUMENTS) - {handed}
     return table + alibi + ("unscaled", None) * (bool(given) > bool(table))
 
 
