@@ -62,8 +62,10 @@ DIAGNOSES: list[Diagnosis] = [
     d("kv_swapped", "the K and V projections are swapped (keys use W_V, values use W_K)",
       "K 与 V 的投影用反了（键用了 W_V，值用了 W_K）",
       "compute K = w_k(k) and V = w_v(v)", "应为 K = w_k(k)，V = w_v(v)",
-      r"\bK\b\s*=.*w_?v|\bk\b\s*=.*w_?v|key.*=.*(w_v|v_proj|value)", r"(?i)keys\s*=.*\bw_v\(",
-      r"\bv\s*,\s*k\s*=.*split", r"w_?v\("),
+      r"\bK\b\s*=.*w_?v|\bk\b\s*=.*w_?v|key(?!_value)\w*\s*=.*(w_v|v_proj|\bvalue)", r"(?i)keys\s*=.*\bw_v\(",
+      r"\bv\s*,\s*k\s*=.*split",
+      # the keys read from the value's slot of a fused q | k | v (InternLM2's wqkv groups: [..., -1, :])
+      r"\bk(ey)?\w*\s*=\s*\w+\[(?:[^\]]*,\s*)?(?:2|-1)\s*(?:,\s*:\s*)?\]", r"w_?v\("),
     d("no_residual", "a residual connection is missing", "缺少残差连接",
       "add the sublayer's input back: x = norm(x + dropout(sublayer(x)))",
       "把子层输入加回来：x = norm(x + dropout(sublayer(x)))",

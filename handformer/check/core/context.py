@@ -105,6 +105,10 @@ class Context:
     results: dict[str, ComponentResult] = field(default_factory=dict)  # the components checked so far
     hyperparameter_note: Text | None = None  # the learner's module-level sizes set for this component
     skipped: list[str] = field(default_factory=list)  # top-level statements of their file not run
+    # their attention raises with fewer key/value heads than heads, and their config gives as many
+    # (grouping.py): built with as many from then on; grouped_asked: the component's check asked for fewer
+    ungrouped: bool = False
+    grouped_asked: bool = False
 
     def __post_init__(self) -> None:
         self.learner = fp.Learner(self.path)
@@ -153,6 +157,8 @@ class Context:
         float64 (for comparisons), else as built (for the tutorial-size shape check). A module with
         lazy layers (d2l's nn.LazyLinear) is first run once by `warmup`, which gives them shapes."""
         sizes = {**dict.fromkeys(("theta",) * (comp.kind not in OWN_BASE), REFERENCE_THETA), **sizes}
+        if sizes.get("n_kv_heads"):  # as many as heads where the file's attention is ungrouped
+            sizes = {**sizes, "n_kv_heads": self.kv_heads(sizes["n_kv_heads"], sizes.get("n_heads", H))}
         module = self.learner.call("__init__", build, comp.obj, sizes, self.parts(sizes))
         if not isinstance(module, nn.Module):
             raise self.learner.fail("__init__", f"{comp.name}(...) is not an nn.Module",
@@ -164,6 +170,12 @@ class Context:
             return module.eval()
         scramble_(module, seed)
         return attributes_double_(module.double()).eval()
+
+    def kv_heads(self, n_kv_heads: int, n_heads: int = H) -> int:
+        """The key/value heads to build with: `n_kv_heads`, or as many as heads where the file's
+        attention takes no fewer (`ungrouped`); a check that asks for fewer is remembered."""
+        self.grouped_asked |= n_kv_heads < n_heads
+        return max(n_kv_heads, n_heads * self.ungrouped)  # ungrouped: as many as heads
 
     @torch.no_grad()
     def materialize(self, comp: Component, module: nn.Module, warmup: Callable[[nn.Module], Any] | None,

@@ -32,6 +32,7 @@ from handformer.check.core.discovery import (
     defined_names,
     find_components,
 )
+from handformer.check.core.grouping import UNGROUPED_NOTE, ungrouped_by_default
 from handformer.check.core.kinds import KINDS_BY_NAME
 from handformer.check.core.localize import commented_out
 from handformer.check.core.passed_in import passed_in
@@ -212,7 +213,7 @@ def _run_checked(comp: Component, ctx: Context) -> ComponentResult:
     as an ERROR result: the learner's exception, a mapping or discovery error, or a grader's bug."""
     try:
         with torch.no_grad(), ctx.hyperparameters(comp):
-            result = runner_for(comp.kind)(comp, ctx)
+            result = _grouped_or_not(comp, ctx)
             note_layer_departure(comp, ctx, result)
     except fp.LearnerFailure as failure:
         result = ComponentResult(comp.kind, comp.name, ERROR, error=failure.error)
@@ -231,6 +232,26 @@ def _run_checked(comp: Component, ctx: Context) -> ComponentResult:
         result = ComponentResult(comp.kind, comp.name, ERROR, error=learner_error(err, ctx.path, "check"))
     except Exception as err:  # a bug of the grader's: said so, never shown as the learner's traceback
         result = ComponentResult(comp.kind, comp.name, ERROR, error=internal_error(err, ctx.path))
+    return result
+
+
+def _grouped_or_not(comp: Component, ctx: Context) -> ComponentResult:
+    """The kind's runner; where their code raises built with fewer key/value heads than heads and their
+    file's configuration gives as many (grouping.py), run again with as many, the file's attention
+    taken so from then on, noted; their first exception where it raises again."""
+    ctx.grouped_asked = False
+    try:
+        result = runner_for(comp.kind)(comp, ctx)
+    except fp.LearnerFailure as failure:
+        if ctx.ungrouped or not ctx.grouped_asked or not ungrouped_by_default(ctx.module):
+            raise
+        ctx.ungrouped = True
+        try:
+            result = runner_for(comp.kind)(comp, ctx)
+        except fp.LearnerFailure:
+            ctx.ungrouped = False
+            raise failure from None
+    result.notes += [UNGROUPED_NOTE] * (ctx.ungrouped & ctx.grouped_asked)
     return result
 
 

@@ -24,6 +24,7 @@ from torch import Tensor
 from handformer.check.core.conventions import (  # noqa: F401  (the runners' one import of them)
     AUTO,
     CONVENTIONS,
+    SHARED,
     describe_convention,
     encodable,
     encode_mask,
@@ -101,6 +102,30 @@ def first_tensor(value: Any, ndim: int | None = None) -> Tensor | None:
     """The output tensor of a learner call that returns a tensor or a tuple (output, weights)."""
     items = [value] if isinstance(value, Tensor) else value if isinstance(value, (tuple, list)) else ()
     return next((t for t in items if isinstance(t, Tensor) and (ndim is None or t.dim() == ndim)), None)
+
+
+def reads_one_mask(run: Callable[[Tensor, Tensor | None], Any], x: Tensor, convs: Sequence[str]) -> bool:
+    """Whether a learner's module reads its mask as one for the whole batch (Baichuan's attention puts a
+    batch axis in front of its (H, T, S) ALiBi mask): handed every key visible in the first of `convs`
+    it runs with, row 0 of the batch `x` (B, T, D) differs from row 0 run alone, and with one (T, S)
+    mask (SHARED) it does not. run(x, mask): its output."""
+    firsts = (apart for conv in convs if (apart := _rows_apart(run, x, conv)) is not None)
+    return (next(firsts, True), _rows_apart(run, x, SHARED[0])) == (False, True)
+
+
+def _rows_apart(run: Callable[[Tensor, Tensor | None], Any], x: Tensor, conv: str) -> bool | None:
+    """Whether row 0 of `x` comes out the same in the batch and alone, every key visible in `conv`;
+    None when it raises there."""
+    everything = torch.ones(x.size(0), 1, x.size(1), x.size(1), dtype=torch.bool)  # (B, 1, T, S)
+    both, alone = (quietly(lambda v=v: first_tensor(run(v, encode_mask(everything[:len(v)], conv, len(v))),
+                                                    3)) for v in (x, x[:1]))
+    return None if both is None else max_error(both[:1], alone) < 1e-9  # (alone None: inf)
+
+
+def mask_like(mask: Tensor | None, x: Tensor) -> Tensor | None:
+    """A mask handed with the input x: an additive (float) one in x's dtype (float32 at the tutorial's
+    sizes, where check's masks are float64); any other as it is."""
+    return mask.to(x.dtype) if isinstance(mask, Tensor) and mask.is_floating_point() else mask
 
 
 def weights_of(value: Any, skip_first: bool = True) -> Tensor | None:

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from handformer.check.core.context import MAX_LEN, D, H
 from handformer.check.core.result import text
-from handformer.check.core.source import source_text
+from handformer.check.core.source import code_text, source_text
 from handformer.check.reference import variants as V
 from handformer.nn.positions import RotaryEmbedding
 
@@ -145,10 +145,10 @@ def rope_layouts(module: nn.Module, given_table: bool, given_cos_sin: bool = Fal
         return ("interleaved",)
     if given_cos_sin:  # on all of each head, or its first dims (partial rotary, the tables narrowed), or
         return ("half", *partial_layouts(D // H), "interleaved")  # pairs (2j, 2j+1) (Cohere's tables)
-    sources = [source_text(type(sub)).lower() for sub in module.modules()  # the learner's classes only
-               if type(sub).__module__.startswith("learner_")]
-    rotary = ("half", "interleaved", *partial_layouts(D // H)) * any(map(ROPE_WORDS.search, sources))
-    return (score_biases_inside(module, sources) or (None,)) + rotary
+    classes = [type(sub) for sub in module.modules() if type(sub).__module__.startswith("learner_")]
+    rotary = ("half", "interleaved", *partial_layouts(D // H)) * any(
+        map(ROPE_WORDS.search, map(str.lower, map(source_text, classes))))
+    return (score_biases_inside(module, list(map(str.lower, map(code_text, classes)))) or (None,)) + rotary
 
 
 ALIBI_WORDS = re.compile("alibi|slopes")
@@ -156,7 +156,8 @@ ALIBI_WORDS = re.compile("alibi|slopes")
 
 def score_biases_inside(module: nn.Module, sources: list[str]) -> tuple[str, ...]:
     """A term on the scores inside a block's attention, by what its classes hold and say: T5's
-    relative-position table (an nn.Embedding of one value a head), ALiBi's where a class speaks of it."""
+    relative-position table (an nn.Embedding of one value a head), ALiBi's where the code of a class
+    speaks of it (`sources`: their code, comments left out)."""
     table = any(isinstance(m, nn.Embedding) and m.embedding_dim == H for m in module.modules())
     alibi = any(map(ALIBI_WORDS.search, sources))
     return ("t5", "t5_causal") * table + ("alibi",) * alibi

@@ -70,6 +70,12 @@ def source_text(obj: Any) -> str:
     return "".join(line + "\n" for _, line in _lines_of(obj))
 
 
+def code_text(obj: Any) -> str:
+    """The source of a class or function as `source_text` gives it, its comments and docstrings left
+    out: what its code says (a comment that speaks of ALiBi handed in from outside adds no term)."""
+    return "".join(line.split("#")[0] + "\n" for _, line in _code_lines(list(_lines_of(obj))))
+
+
 def _read_lines(obj: Any) -> tuple[tuple[int, str], ...]:
     try:
         text, start = _class_lines(obj) if inspect.isclass(obj) else _function_lines(obj)

@@ -105,7 +105,7 @@ from handformer.check.core.rotary import (
     rope_tables,
 )
 from handformer.check.core.score_scale import configured_scales, scale_note
-from handformer.check.core.source import first_line, locate, source_lines, source_text
+from handformer.check.core.source import code_text, first_line, locate, source_lines, source_text
 from handformer.check.core.sublayer import grade_sublayer, sublayer_parts
 from handformer.check.core.weights import (
     QK_NORM_ROLES,
@@ -194,7 +194,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
         args = [{"q": xq, "k": xk, "v": xv}[r] for r in roles]
         if mask is None and required and state.get("visible"):  # Raschka's forward(x, mask, cos, sin)
             everything = torch.ones(xq.size(0), 1, xq.size(-2), xk.size(-2), dtype=torch.bool)  # T, S
-            mask = run_mask(everything, state["visible"], xq.size(0))
+            mask = fp.mask_like(run_mask(everything, state["visible"], xq.size(0)), xq)
         kwargs: dict[str, Any] = {**fixed, **({masks[0].name: mask} if masks else {})}
         kwargs.update(state.get("more", {}))  # a key_padding_mask given alone, by _key_padding_alone
         B, T = xq.shape[:2]
@@ -676,11 +676,12 @@ def score_biases(comp: Component, slots: list[Slot]) -> tuple[str | None, ...]:
     handed as ALiBi's; none
     otherwise. A table or ALiBi is searched in place of no positions (an attention that builds ALiBi
     and adds none is not read as a plain one)."""
-    source = source_text(comp.obj).lower()
+    source = code_text(comp.obj).lower()  # (a comment that speaks of ALiBi adds no term)
     table = ("t5", "t5_causal") * any(s.role == RELATIVE_ROLE for s in slots)
-    alibi = ("alibi",) * bool(ALIBI_WORDS.search(source))
     takes = inspect.signature(getattr(comp.obj, "forward", comp.obj)).parameters  # (a class: its forward's)
-    given = set(takes) & set(BIAS_ARGUMENTS) - {_alibi_handed(comp.obj, list(takes.values()))}
+    handed = _alibi_handed(comp.obj, list(takes.values()))  # a bias it must be handed, ALiBi's
+    alibi = ("alibi",) * bool(ALIBI_WORDS.search(source) or handed)
+    given = set(takes) & set(BIAS_ARGUMENTS) - {handed}
     return table + alibi + ("unscaled", None) * (bool(given) > bool(table))
 
 
@@ -737,6 +738,8 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
     """Multi-head attention (grouped-query with n_kv_heads; causal_inside: one that builds its own
     causal mask), as the MHA probe states it."""
     res = ctx.result(comp)
+    n_kv_heads = n_kv_heads and ctx.kv_heads(n_kv_heads, heads)
+    n_kv_heads = None if n_kv_heads == heads else n_kv_heads  # ungrouped: read as multi-head attention
     sizes = {**ctx_sizes(), "causal": causal_inside, **({"n_kv_heads": n_kv_heads} if n_kv_heads else {})}
     built = _build_mha(res, ctx, comp, sizes, n_kv_heads, heads)
     if isinstance(built, ComponentResult):
@@ -771,7 +774,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     _sequence_first(res, ctx, c)
     causal_inside = _causal_inside(res, ctx, c, sizes["causal"])
     has_o = _head_notes(res, comp, c, slots, causal_inside, heads, source_text(ctx.module))
-    probe = MHAProbe(ctx, c, x, _conventions(ctx, module, c), causal_inside, heads)
+    probe = MHAProbe(ctx, c, x, _one_mask_first(c, _conventions(ctx, module, c)), causal_inside, heads)
     try:
         # a mask it requires, when a case has none: every key visible in the first convention it runs with
         c.state["visible"] = first_working(ctx, probe.run, probe.convs)
@@ -1052,6 +1055,14 @@ def _conventions(ctx: Context, module: Any, c: Caller) -> tuple[str, ...]:
     return SHARED * shared + convs
 
 
+def _one_mask_first(c: Caller, convs: tuple[str, ...]) -> tuple[str, ...]:
+    """The conventions, one (T, S) mask for the whole batch first (SHARED) where the attention reads
+    its mask so, by what it does (fp.reads_one_mask)."""
+    one_mask = c.takes_mask and convs[:1] != SHARED[:1] and fp.reads_one_mask(
+        lambda v, m: c.call(v, v, v, m), fp.randn(2, 5, D, seed=3), convs)
+    return SHARED * bool(one_mask) + convs
+
+
 def _shared_mask(forward: Any, name: str) -> bool:
     """Whether the forward gives its mask two leading axes (Mistral's `mask[None, None, ...]`): it takes
     one (T, S) mask for the whole batch, and a (B, 1, T, S) one would add two more batch axes."""
@@ -1310,9 +1321,12 @@ def _causality(res: ComponentResult, ctx: Context, s: Setup, x: Tensor, j: int =
 
 def _padding_invariance(res: ComponentResult, ctx: Context, s: Setup, x: Tensor) -> None:
     """Changing the padded keys and values (the padded positions of x, for self-attention only)
-    changes no real output."""
+    changes no real output; nothing said where its convention has no padding of one row alone (one
+    (T, S) mask for the whole batch)."""
     B, T = x.shape[:2]
-    mask = run_mask(positions(B, T, [0, 3]), s.conv, B)
+    if not fp.encodable(keep := positions(B, T, [0, 3]), s.conv):
+        return
+    mask = run_mask(keep, s.conv, B)
     if s.c.n_inputs == 1:  # self-attention only: move the padded positions of x, compare the real ones
         other = x.clone()
         other[1, T - 3:] += 5.0

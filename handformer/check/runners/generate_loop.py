@@ -179,7 +179,7 @@ class LanguageModel(nn.Module):
             out = self.model(full_ids, attention_mask=pads, position_ids=full_pos)
             logits = out.logits[:, -T:]  # (B, T, V)
         logits = (logits - logits.amax(-1, keepdim=True)) * (1.0 if SOFT[0] else PEAK)
-        new_cache = CacheToken(full_ids, full_pos) if cache is not None or kwargs.get("use_cache") else None
+        new_cache = CacheToken(full_ids, full_pos) if _cache_asked(cache, kwargs) else None
         return RETURNS[self.style](logits[0] if one & (self.style == "unbatched") else logits, new_cache)
 
 
@@ -188,6 +188,12 @@ RETURNS: dict[str, Callable[[Tensor, CacheToken | None], Any]] = {
     "tensor": lambda logits, cache: logits, "tuple": lambda logits, cache: (logits, cache),
     "unbatched": lambda logits, cache: logits,  # (T, V) for the (T,) ids of one sequence
     "object": lambda logits, cache: types.SimpleNamespace(logits=logits, past_key_values=cache, loss=None)}
+
+
+def _cache_asked(cache: CacheToken | None, kwargs: dict[str, Any]) -> bool:
+    """Whether a call gets a new cache back: one handed back, use_cache set, or an argument named for a
+    cache given at all (Hugging Face's first call, past_key_values=None)."""
+    return cache is not None or bool(kwargs.get("use_cache") or set(kwargs) & set(CACHE_NAMES))
 
 
 def _padding(ids: Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:

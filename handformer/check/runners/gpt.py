@@ -62,7 +62,7 @@ from handformer.check.core.layer_map import (
 )
 from handformer.check.core.localize_kinds import localize_model, module_views, note_departure
 from handformer.check.core.moe import moe_config, moe_note
-from handformer.check.core.reference_attention import with_sinks
+from handformer.check.core.reference_attention import handformer_attention, with_sinks
 from handformer.check.core.result import (
     DEPARTS,
     DRIVER,
@@ -280,7 +280,7 @@ def _rotary(module: nn.Module) -> tuple[tuple[str | None, ...], float, float | N
            if type(sub).__module__.startswith("learner_")):  # nanochat's halves, rotated either way
         return ("half", "swapped"), named_base(module) or 10000.0, None
     ropes = rope_layouts(module, False)
-    if ropes == (None,):
+    if not set(ropes) - {None, *V.SCORE_BIASES}:  # no rotation: none, or a term on the scores (ALiBi's)
         return ropes, 10000.0, None
     tables = module_tables(module)
     partial = partial_layouts(D // H)  # GPT-NeoX's rotary_pct, Phi's partial_rotary_factor
@@ -303,7 +303,7 @@ class Choices:
     def describe(self, m: GPTMap) -> Text:
         head_en, head_zh = (HEAD_WORDS[m.tied][i] + BIAS_WORDS[m.bias][i] for i in (0, 1))
         pos_en, pos_zh = (ADDED_WORDS[m.added] if m.added is not None
-                          else ("no positions", "没有位置编码") if self.rope is None
+                          else TERM_WORDS.get(self.rope, NO_POSITIONS) if not rotary(self.rope)
                           else (f"rotary positions ({_pairs(self.rope)[0]}, base {m.theta:.0f})",
                                 f"旋转位置编码（{_pairs(self.rope)[1]}，底数 {m.theta:.0f}）"))
         pos_en, pos_zh = pos_en + SCALED_WORDS[m.scaled][0], pos_zh + SCALED_WORDS[m.scaled][1]
@@ -332,6 +332,20 @@ def _factor_words(values: tuple[float | None, ...]) -> tuple[str, str]:
 FACTOR_WORDS = (("scores times {:g}", "分数乘以 {:g}"),
                 ("each sublayer's output times {:g}", "每个子层的输出乘以 {:g}"),
                 ("token embeddings times {:g}", "词嵌入乘以 {:g}"), ("logits times {:g}", "logits 乘以 {:g}"))
+
+
+def rotary(rope: str | None) -> str | None:
+    """The rotary layout of a reading of the positions inside the attention; None for none, and for a
+    term on the scores (ALiBi's, T5's: V.SCORE_BIASES)."""
+    return dict.fromkeys(V.SCORE_BIASES).get(rope, rope)
+
+
+NO_POSITIONS = ("no positions", "没有位置编码")
+# a term on the scores as the convention says it (en, zh)
+TERM_WORDS = {"alibi": ("ALiBi (each head's slope times the key's position, on the scores)",
+                        "ALiBi（每个头的斜率乘以键的位置，加到分数上）"),
+              "t5": ("T5's relative-position bias", "T5 的相对位置偏置"),
+              "t5_causal": ("T5's relative-position bias (a decoder's)", "T5 的相对位置偏置（解码器的）")}
 
 
 def _pairs(rope: str) -> tuple[str, str]:
@@ -387,6 +401,8 @@ def _copy_blocks_(hf: CausalLM, m: GPTMap, ch: Choices) -> None:
     for target, block in zip(hf.layers, m.blocks):
         target.self_attn = with_sinks(target.self_attn, block.attn[0])  # gpt-oss's
         copy_attention(target.self_attn, block.attn[0])
+        if ch.rope in V.SCORE_BIASES:  # ALiBi's: handformer's attention with that term on the scores
+            target.self_attn = handformer_attention(block.attn[0], m.n_kv_heads, ch.rope)
         if ch.rope in ("interleaved", "swapped"):
             interleaved_to_half_(target.self_attn, swapped=ch.rope == "swapped")
         copy_ffn(target.ffn, block.ffn)
@@ -405,8 +421,8 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
         n_layers=len(m.blocks), dropout=0.0, activation=HF_NAME[(is_gated(m.blocks[0].ffn), ch.activation)],
         norm_placement=HF_PLACEMENT.get(ch.placement, ch.placement),
         norm=first.kind, norm_eps=first.eps,  # LayerNorm or RMSNorm, as theirs
-        position=m.added or ("rope" if ch.rope else "none"), rope_theta=m.theta,
-        rope_fraction=turned_width(ch.rope or "", D // H) / (D // H),  # partial rotary: "half:2"
+        position=m.added or ("rope" if rotary(ch.rope) else "none"), rope_theta=m.theta,
+        rope_fraction=turned_width(rotary(ch.rope) or "", D // H) / (D // H),  # partial rotary: "half:2"
         max_positions=m.wpe.weight.size(0) - m.offset if m.wpe is not None else BLOCK, tie_embeddings=m.tied,
         n_kv_heads=m.n_kv_heads, qk_norm=_qk_norm(m), scale_embeddings=m.scaled,
         moe=moe_config(m.blocks[0].ffn), **_window_settings(m.windows),  # MoE; Mistral's, gpt-oss's windows
@@ -1153,14 +1169,16 @@ def _returned_cache(res: ComponentResult, ctx: Context, comp: Component, m: GPTM
 
 
 def _cached_step(ctx: Context, module: nn.Module, idx: Tensor) -> Tensor | None:
-    """The logits of tokens 5.. handed the cache its call on 0..4 returned with use_cache=True (its
-    cache argument defaulting to None); raises where it takes or returns none."""
+    """The logits of tokens 5.. handed the cache its call on 0..4 returned, with use_cache=True where it
+    takes that (its cache argument defaulting to None; StableLM's returns its cache always); raises
+    where it takes or returns none."""
     names = {p.name: p.default for p in forward_parameters(module)}
     arg = named([n for n, default in names.items() if default is None], CACHE_ARGS)
-    assert arg is not None and "use_cache" in names  # noqa: S101  (quietly: no cache check)
+    assert arg is not None  # noqa: S101  (quietly: no cache check)
+    asked = {"use_cache": True} if "use_cache" in names else {}
 
     def run(ids: Tensor, past: Any) -> Any:
-        return ctx.learner.call("forward", module, ids, **{arg: past, "use_cache": True})
+        return ctx.learner.call("forward", module, ids, **{arg: past, **asked})
     first = run(idx[:, :5], None)
     assert isinstance(first, tuple) and first[1] is not None  # noqa: S101  (logits and its presents)
     return fp.first_tensor(run(idx[:, 5:], first[1]), 3)

@@ -809,7 +809,7 @@ def _layer_conventions(layer: Layer, ctx: Context, inp: Inputs, res: ComponentRe
     its stream sequence-first (T, B, D) found first (driven so from then on, noted), its masks also as
     nn.MultiheadAttention's attn_mask (B * H, T, S)."""
     convs = ("lens",) if layer.stateful else ctx.conventions(layer.masks[0] if layer.masks else None)
-    convs = SHARED * shares_mask(layer.module) + convs  # Mistral's: one (T, S) mask for the batch
+    convs = SHARED * (shares_mask(layer.module) or _reads_one_mask(layer, convs)) + convs  # Mistral's
     torch_first = ctx.convention is None and layer.masks and masks_where_true_inside(layer.module)
     torch_convs = TORCH_CONVENTIONS[holds_torch_attention(layer.module)] if torch_first else ()
     layer.first = reads_sequence_first_masked(  # a mask it requires: handed every key visible
@@ -819,6 +819,13 @@ def _layer_conventions(layer: Layer, ctx: Context, inp: Inputs, res: ComponentRe
     convs = torch_convs + SEQUENCE_FIRST_CONVENTIONS * layer.first + convs
     passed = [k for k in _encode_keeps(layer, inp.src_keep, inp.tgt_keep) if k is not None]
     return tuple(c for c in convs if all(fp.encodable(k, c) for k in passed)) or convs[:1]
+
+
+def _reads_one_mask(layer: Layer, convs: tuple[str, ...]) -> bool:
+    """Whether a decoder-only block reads its mask as one (T, S) for the whole batch (Baichuan's, whose
+    attention puts a batch axis in front of it), by what it does (fp.reads_one_mask)."""
+    return bool(layer.masks) and not layer.stateful | layer.decoder and fp.reads_one_mask(
+        lambda v, m: layer.call(v, None, m, m), fp.randn(2, 5, D, seed=3), convs)
 
 
 def _search_rows(layer: Layer, inp: Inputs, flags: frozenset[str]) -> Tensor | None:
@@ -1268,10 +1275,11 @@ def _tutorial_shapes(res: ComponentResult, layer: Layer, ctx: Context) -> None:
     wants = layer.takes_mask or not layer.causal_block
     heads = TUTORIAL["n_heads"]  # nn.MultiheadAttention's attn_mask: one row a head
     tgt = fp.encode_mask(causal(T)[None, None], conv, 2, heads) if wants else None  # in the convention found
+    tgt = fp.mask_like(tgt, x)
     # a mask the forward requires is given (every source key visible): None is no input it accepts
     every = torch.ones(2, 1, 1, 10, dtype=torch.bool)
     needed = layer.required_mask or _needs_its_mask(layer, ctx)
-    visible = fp.encode_mask(every, conv, 2, heads) if needed else None
+    visible = fp.mask_like(fp.encode_mask(every, conv, 2, heads) if needed else None, x)
     src = torch.full((2,), 10) if layer.stateful or str(layer.visible).startswith("lens") else visible
     masks = (src, tgt if layer.causal_block or layer.required_mask else None)
 

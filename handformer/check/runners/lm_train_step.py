@@ -55,7 +55,13 @@ from handformer.check.core.discovery import Component, cannot_fill, defaulted_co
 from handformer.check.core.keyed_batch import keyed_batch
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
-from handformer.check.core.signatures import drawn_global, drawn_loader, kind_of, paired_batch, token_batch
+from handformer.check.core.signatures import (
+    drawn_global,
+    drawn_loader,
+    kind_of,
+    paired_batch,
+    token_batch,
+)
 from handformer.check.core.source import config_reads, functions_called, locate, source_lines, source_text
 from handformer.check.core.step_updates import largest_difference, parameters_of, update
 from handformer.check.runners.drawn_windows import Call, check_windows
