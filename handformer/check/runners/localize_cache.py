@@ -93,7 +93,8 @@ def _restarted(step: Step, want: Tensor, a: int, after: list[Step], filename: st
 def _read_from_zero(step: Step, first: Tensor, a: int, filename: str) -> Any:
     """rope_no_offset where a rotary table's rows on a cached call over a..b-1 are the whole sequence's
     rows 0..b-a-1 (`self.freqs_cis[:seqlen]`, `self.cos[:, :T]`); None when the step is not so."""
-    rotary = re.search(r"(?i)freq|cos|sin|rot|rope", f"{step.name} {statement(filename, step.line)}")
+    rotary = step.value.is_complex() or re.search(r"(?i)freq|cos|sin|rot|rope",
+                                                   f"{step.name} {statement(filename, step.line)}")
     if a == 0 or not rotary or step.value.shape != first.shape or not torch.allclose(step.value, first):
         return None
     return text(f"the rotary table is read from position 0 on the cached call; it is read from {a} there, "
