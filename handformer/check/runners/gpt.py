@@ -636,7 +636,7 @@ class Caller:
             rows = [fp.first_tensor(self.ctx.learner.call("forward", self.module, row), 2) for row in idx]
             return fp.quietly(lambda: torch.stack(rows)), None
         kwargs: dict[str, Any] = {self.target: targets} if self.target and targets is not None else {}
-        if self.start or self.position and start:  # DeepSeek's start_pos=0: handed where it is not 0
+        if self.start or start:  # DeepSeek's start_pos=0: handed where it is not 0
             kwargs[self.position] = start
         if self.positions:
             kwargs[self.positions] = torch.arange(start, start + idx.size(1))  # (T,)
@@ -782,8 +782,7 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
             return finish(res)
         try:
             if (lm := latent.read_model(module, VOCAB)) is not None:  # DeepSeek's: blocks on latent attention
-                res = latent.check_latent_model(res, ctx, comp, out, lm, idx)
-                return _latent_cached(res, ctx, comp, call, idx)
+                return _latent_model(res, ctx, comp, call, out, lm, idx)
             find_layouts_(module, lambda: call(idx[:, :1])[0], D, D // H)
             m = map_gpt(module)
         except MappingError as err:  # the checks above ran; the comparison could not
@@ -795,6 +794,14 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
         _tied_despite_config(res, ctx, comp, m)
         _compare(res, ctx, comp, m, call, out, loss, idx, targets, last_only)
         _not_compared(res, m)
+    return finish(res)
+
+
+def _latent_model(res: ComponentResult, ctx: Context, comp: Component, call: Caller, out: Tensor,
+                  lm: latent.LatentModel, idx: Tensor) -> ComponentResult:
+    """DeepSeek's model on latent attention against the reference, then through the KV cache its
+    start_pos fills (as Meta's)."""
+    _cached(latent.check_latent_model(res, ctx, comp, out, lm, idx), ctx, comp, call, None, idx)
     return finish(res)
 
 
@@ -973,8 +980,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
                               "t, through its own KV cache, and compared position by position",
                               f"它的 forward 一次只接受一个 token：检查时逐个输入，位置 t 的 token 用 "
                               f"{call.start} = t，经过它自己的 KV 缓存，逐位置比较"))
-    if call.start or call.position and not call.cache_arg and _keeps_cache(call.module):
-        _cached(res, ctx, comp, call, hf if m.ropes[0] else None, idx)
+    _cached(res, ctx, comp, call, hf if m.ropes[0] else None, idx)
     _handed_cache(res, ctx, call, idx)
     _returned_cache(res, ctx, comp, m, call, hf, idx)
 
@@ -1086,45 +1092,39 @@ def _found(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, modul
 
 def _cached(res: ComponentResult, ctx: Context, comp: Component, call: Caller, hf: CausalLM | None,
             idx: Tensor) -> None:
-    """Meta's KV cache: tokens 5.. given after 0..4 with start_pos=5 (at once, or one at a time where
-    it takes no more, as DeepSeek's mask) give the logits of the whole sequence (its last position's,
-    where that is all forward gives); rotary positions counted from 0 again instead (rope_no_offset)
-    are named; else the line where the cached path parts."""
+    """Meta's KV cache, where forward takes start_pos (required, or DeepSeek's start_pos=0 with a cache
+    it keeps): tokens 5.. given after 0..4 with start_pos=5 (at once, or one at a time where it takes
+    no more, as DeepSeek's mask) give the logits of the whole sequence (its last position's, where
+    that is all forward gives); rotary positions counted from 0 again instead (rope_no_offset) are
+    named; else the line where the cached path parts."""
+    if not (call.start or call.position and not call.cache_arg and _keeps_cache(call.module)):
+        return
     T = idx.size(1)
     whole, _ = call(idx)
-    for width in (T - 5, 1):
-        runs = [(lambda a=a, b=b: call(idx[:, a:b], start=a)[0], a, b) for a, b in
-                [(0, 5), *((t, min(t + width, T)) for t in range(5, T, width))]]
+    for cuts in ([0, 5, T], [0, *range(5, T + 1)]):
+        runs = [(lambda a=a, b=b: call(idx[:, a:b], start=a)[0], a, b) for a, b in zip(cuts, cuts[1:])]
         step = fp.quietly(lambda runs=runs: torch.cat([run() for run, _, _ in runs][1:], 1))
         if step is not None:
             break
-    if whole is None or step is None or whole.size(1) not in (1, T):
+    # the last positions that both give (forward's (B, 1, V): the last position alone)
+    err = fp.quietly(lambda: fp.max_error(step[:, -whole.size(1):], whole[:, -step.size(1):]))
+    if err is None:  # no logits, or none through the cache
         return
-    last = whole.size(1) == 1
-    err = fp.max_error(step[:, -1:] if last else step, whole if last else whole[:, 5:])
     res.checks.append(Check(text(f"the KV cache: tokens 5..7 given after 0..4 with {call.position}=5 give "
                                  "the logits of the whole sequence", f"KV 缓存：先给位置 0..4，再用 "
                                  f"{call.position}=5 给位置 5..7，logits 与整句一次算出的相同"),
                             err < 1e-5, error_text(err)))
-    if err >= 1e-5 and hf is not None and not last:
+    if err < 1e-5:
+        return
+    if hf is not None:
         _restarted(res, ctx, comp, hf, idx, step, err)
-    if err >= 1e-5:
-        note_departure(res, lambda: cache_departure(lambda: call(idx), runs, T, ctx.path))
-
-
-def _latent_cached(res: ComponentResult, ctx: Context, comp: Component, call: Caller, idx: Tensor,
-                   ) -> ComponentResult:
-    """DeepSeek's model on latent attention, with the KV cache its start_pos fills: checked as Meta's."""
-    if call.position and not call.cache_arg and _keeps_cache(call.module):
-        _cached(res, ctx, comp, call, None, idx)
-    return finish(res)
+    note_departure(res, lambda: cache_departure(lambda: call(idx), runs, T, ctx.path))
 
 
 def _keeps_cache(module: nn.Module) -> bool:
-    """Whether a module of the model holds a tensor it calls a cache (Meta's self.cache_k, DeepSeek's
-    k_cache buffer): its forward's start_pos then says where the new tokens go in it."""
-    return any(isinstance(v, Tensor) and "cache" in k.lower() for m in module.modules()
-               for k, v in {**vars(m), **dict(m.named_buffers(recurse=False))}.items())
+    """Whether the model holds a buffer it calls a cache (DeepSeek's k_cache): its forward's start_pos
+    then says where the new tokens go in it."""
+    return any("cache" in name.lower() for name, _ in module.named_buffers())
 
 
 def _restarted(res: ComponentResult, ctx: Context, comp: Component, hf: CausalLM, idx: Tensor, step: Tensor,
@@ -1154,10 +1154,11 @@ def _returned_cache(res: ComponentResult, ctx: Context, comp: Component, m: GPTM
                                  "logits of the whole sequence",
                                  "它返回的 KV 缓存：位置 5..7 带上 0..4 的缓存，logits 与整句一次算出的相同"),
                             err < 1e-5, error_text(err)))
-    if err >= 1e-5 and m.ropes[0]:
+    if err < 1e-5:
+        return
+    if m.ropes[0]:
         _restarted(res, ctx, comp, hf, idx, step, err)
-    if err >= 1e-5:
-        note_departure(res, lambda: cache_departure(lambda: call(idx), runs, idx.size(1), ctx.path))
+    note_departure(res, lambda: cache_departure(lambda: call(idx), runs, idx.size(1), ctx.path))
 
 
 def _returned_runs(ctx: Context, module: nn.Module, idx: Tensor) -> list[tuple[Any, int, int]]:

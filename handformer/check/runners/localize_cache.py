@@ -32,7 +32,8 @@ def _aligned(whole: Tensor, part: Tensor, T: int, a: int, b: int) -> Tensor:
     keys 0..b-1 it sees); the part itself where the shapes do not line up so (nothing to judge)."""
     index = [dict([(b - a, slice(a, b)), (b, slice(0, b))] * (full == T) + [(full, slice(None))]).get(got)
              for full, got in zip(whole.shape, part.shape)]  # a size of T is cut to the call's positions
-    return whole[tuple(index)] if None not in index and whole.dim() == part.dim() else part
+    judged = None not in index and whole.dim() == part.dim() and (b == T or T in whole.shape)
+    return whole[tuple(index)] if judged else part  # (DeepSeek's h[:, -1], the last position alone: b - 1's)
 
 
 def cache_departure(whole: Callable[[], Any], calls: list[tuple[Callable[[], Any], int, int]], T: int,
@@ -52,9 +53,8 @@ def _spans(filename: str, entered: frozenset[int]) -> frozenset[tuple[int, int]]
     """The (first, last) lines of each function of the file that a run entered (their first lines):
     a named finding quoted outside all of them (a model's generate, when its forward parts) is not
     where the run parts."""
-    functions = [n for n in ast.walk(parsed_file(filename)) if isinstance(n, ast.FunctionDef)]
-    return frozenset((f.lineno, f.end_lineno) for f in functions
-                     if {f.lineno, *(d.lineno for d in f.decorator_list)} & entered)
+    return frozenset((f.lineno, f.end_lineno) for f in ast.walk(parsed_file(filename))
+                     if isinstance(f, ast.FunctionDef) and f.lineno - len(f.decorator_list) in entered)
 
 
 def _call_departure(reference: dict[Any, Step], traced: list[Step], T: int, a: int, b: int, filename: str,
@@ -66,8 +66,6 @@ def _call_departure(reference: dict[Any, Step], traced: list[Step], T: int, a: i
     for i, (key, step) in enumerate(steps):
         whole = reference.get(key, named.get(step.name, step)).value
         want = _aligned(whole, step.value, T, a, b)
-        if b < T and T not in whole.shape:  # DeepSeek's h[:, -1]: the last position's alone, here b - 1's
-            continue
         if not torch.allclose(step.value, want, atol=1e-6, equal_nan=True):
             form = _restarted(step, want, a, [s for _, s in steps[i + 1:]], filename) or _read_from_zero(
                 step, _aligned(whole, step.value, T, 0, b - a), a, filename) or text(
@@ -93,9 +91,9 @@ def _restarted(step: Step, want: Tensor, a: int, after: list[Step], filename: st
 def _read_from_zero(step: Step, first: Tensor, a: int, filename: str) -> Any:
     """rope_no_offset where a rotary table's rows on a cached call over a..b-1 are the whole sequence's
     rows 0..b-a-1 (`self.freqs_cis[:seqlen]`, `self.cos[:, :T]`); None when the step is not so."""
-    rotary = step.value.is_complex() or re.search(r"(?i)freq|cos|sin|rot|rope",
-                                                   f"{step.name} {statement(filename, step.line)}")
-    if a == 0 or not rotary or step.value.shape != first.shape or not torch.allclose(step.value, first):
+    rotary = re.search(r"(?i)freq|cos|sin|rot|rope|complex",  # its name, or a table of complex numbers
+                       f"{step.name} {statement(filename, step.line)} {step.value.dtype}")
+    if not rotary or step.value.shape != first.shape or not torch.allclose(step.value, first):
         return None
     return text(f"the rotary table is read from position 0 on the cached call; it is read from {a} there, "
                 f"after the {a} cached tokens", f"用缓存的调用里旋转表从位置 0 开始读；应从 {a} 开始读，"
@@ -150,9 +148,9 @@ class _Profiled:
 
     def profile(self, frame: Any, event: str, arg: Any) -> None:
         code = frame.f_code
-        if event == "call" and code.co_name == "forward" and code.co_filename == self.filename:
+        if (event, code.co_name, code.co_filename) == ("call", "forward", self.filename):
             names = code.co_varnames[:code.co_argcount]
-            module = frame.f_locals.get(names[0]) if names else None
+            module = frame.f_locals.get(next(iter(names), ""))
             if isinstance(module, nn.Module):
                 self.calls.before(module, tuple(frame.f_locals[n] for n in names[1:]))
 
@@ -173,9 +171,8 @@ def _whole(first: tuple[nn.Module, tuple[Any, ...]], tokens: Tensor, filename: s
 def _stretched(arg: Any, n: int, b: int) -> Any:
     """The first call's positions 0 .. n - 1 (Mistral's forward(input_ids, positions, cache)) as those
     of the whole sequence, 0 .. b - 1; any other argument as it was."""
-    if isinstance(arg, Tensor) and arg.dim() == 1 and torch.equal(arg, torch.arange(n)):
-        return torch.arange(b)
-    return arg
+    positions = isinstance(arg, Tensor) and arg.dim() == 1 and torch.equal(arg, torch.arange(n))
+    return {True: torch.arange(b)}.get(positions, arg)
 
 
 def _from_cache(before: list[tuple[tuple[int, str, int], Step]], reference: dict[Any, Step], step: Step,
