@@ -2,7 +2,8 @@
 keeps its KV cache in buffers, takes start_pos with a default of 0 and gives the last position's
 logits alone (DeepSeek's model.py does both); and a Mistral-style loop that calls
 model.forward(ids, positions, cache) itself. Correct, both pass with the cache checked; a rotary
-table read from position 0 on the cached calls is rope_no_offset, quoted at its line."""
+table read from position 0 on the cached calls is rope_no_offset, quoted at its line. A model whose
+cache only use_cache=True turns on is not driven through it without that."""
 
 from __future__ import annotations
 
@@ -59,3 +60,8 @@ def test_a_loop_calling_forward_itself_is_localized_inside_the_model(loop_plante
 def test_the_correct_loop_passes():
     statuses, _, report = _checked("positions_loop_correct.py", ["gpt", "generate"])
     assert statuses == {"Transformer": "pass", "generate": "pass"}, report
+
+
+def test_a_cache_switched_on_by_use_cache_is_not_driven_without_it():
+    statuses, _, report = _checked("use_cache_correct.py", ["gpt"])
+    assert statuses == {"Llama": "pass"}, report

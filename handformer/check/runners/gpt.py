@@ -1122,9 +1122,11 @@ def _cached(res: ComponentResult, ctx: Context, comp: Component, call: Caller, h
 
 
 def _keeps_cache(module: nn.Module) -> bool:
-    """Whether the model holds a buffer it calls a cache (DeepSeek's k_cache): its forward's start_pos
-    then says where the new tokens go in it."""
-    return any("cache" in name.lower() for name, _ in module.named_buffers())
+    """Whether the model holds a buffer it calls a cache (DeepSeek's k_cache) and fills it on every
+    call (its forward takes no use_cache=False that turns it off): its forward's start_pos then says
+    where the new tokens go in it."""
+    return "use_cache" not in names_of(forward_parameters(module))[0] and any(
+        "cache" in name.lower() for name, _ in module.named_buffers())
 
 
 def _restarted(res: ComponentResult, ctx: Context, comp: Component, hf: CausalLM, idx: Tensor, step: Tensor,
