@@ -186,6 +186,9 @@ LINE_FORMS: dict[tuple[str, str], dict[str, str]] = {  # (name, form found) -> {
                                 r"|\b(model|self)\b.*,\s*(\w+\s*=\s*)?\w+\s*[-+]\s*\d+\s*\)\s*$"},
     # one pair merged at every step: the merge's call whose result is left unused (`merge(ids, pair, idx)`)
     ("bpe_counts_not_updated", "same_pair"): {"same_pair": r"^\s*(self\.)?_?\w*merge\w*\([^=]*\)\s*$"},
+    # encode's merge order in the form found: the line that picks the pair (GPT-2's bpe(): max( for min()
+    ("bpe_encode_merge_order", "latest"): {"latest": r"\bmax\(.*(?:merge|rank)"},
+    ("bpe_encode_merge_order", "reversed"): {"reversed": r"reversed\(|\[::-1\]"},
     ("scale_by_dk", ""): {
         "sqrt_d_model": rf"^(?=.*(@|matmul|einsum|bmm|scor|att|wei)).*(/\s*(math\.|np\.|torch\.)?sqrt\("
                         rf"\s*{WIDTH}\s*\)|/\s*\(?\s*{WIDTH}\s*\*\*\s*0?\.5|\*\s*{WIDTH}\s*\*\*\s*\(?-0?\.5|"

@@ -11,6 +11,7 @@ DIAGNOSES: list[Diagnosis] = [
         "only inside each pre-token, in training and in encode",
         "先用 GPT-2 的正则把每段文本切成预分词（regex.finditer(PAT, text)），训练和 encode 都只在"
         "一个预分词内部数相邻的对",
+        r"for \w+ in \[\s*\w+\s*\]\s*:",  # `for token in [text]:` the whole text one pre-token
         r"for \w+ in (?!match)\w+\.encode\(",
         r"\.append\(\s*(?:chunk|text|piece|part|doc|document|segment)\w*\s*\)",  # a whole piece as one word
         r"\b(chunk|text|piece|part|doc|document|segment)\w*\.encode\(",

@@ -298,6 +298,7 @@ def _named(kind: str, names: tuple[str, ...], own: dict[str, Any], overrides: di
 # what a decoder-only model's __init__ builds, whatever its name (AI2's OLMo): token embeddings and a
 # list of blocks
 TOKENIZER_METHODS = ("train", "encode", "decode")  # a tokenizer that trains itself, whatever its name
+GPT2_METHODS = ("bpe", "encode", "decode")  # GPT-2's encoder.py Encoder, handed its vocabulary and merges
 MODEL_PARTS = re.compile(r"nn\.Embedding\(.*nn\.ModuleList\(", re.S)
 
 
@@ -321,7 +322,8 @@ def _structured_model(name: str, obj: Any) -> bool:
 # (the kind, how it was found, the test on a name and its object) of the kinds found by their structure:
 # decoder-only models, tokenizers that train themselves (minbpe's classes), optimizers written by hand
 STRUCTURES = (("gpt", "structure", _structured_model),
-              ("bpe_tokenizer", "methods", lambda name, obj: trains_itself(obj)),
+              ("bpe_tokenizer", "methods",
+               lambda name, obj: trains_itself(obj) or trains_itself(obj, GPT2_METHODS)),
               ("optimizer", "optimizer", lambda name, obj: steps_parameters(obj)))
 
 
@@ -380,13 +382,15 @@ def writes_adam(fn: Any) -> bool:
     return not names & {"optimizer", "opt", "optim"} and bool(ADAM_CODE.search(source_text(fn)))
 
 
-def trains_itself(obj: Any) -> bool:
-    """A class with train, encode and decode methods: a tokenizer that trains itself (minbpe's); no
-    torch module (its train() is the mode switch: a seq2seq model's encode and decode)."""
+def trains_itself(obj: Any, methods: tuple[str, ...] = TOKENIZER_METHODS) -> bool:
+    """A class with train, encode and decode methods: a tokenizer that trains itself (minbpe's); with
+    bpe, encode and decode (`methods` GPT2_METHODS), openai's GPT-2 `Encoder(encoder, bpe_merges)`,
+    handed a vocabulary and merges. No torch module (its train() is the mode switch: a seq2seq
+    model's encode and decode)."""
     from torch import nn
 
     return inspect.isclass(obj) and not issubclass(obj, nn.Module) and all(
-        callable(getattr(obj, m, None)) for m in TOKENIZER_METHODS)
+        callable(getattr(obj, m, None)) for m in methods)
 
 
 def _by_signature(own: dict[str, Any], taken: set[str], wanted: set[str], pointed: set[str],

@@ -273,8 +273,8 @@ FOUND_BY = {
                   "torch.optim.Optimizer, or step and zero_grad with a square root in its code)",
                   "按它的写法认作{}：一个自己更新参数的类（torch.optim.Optimizer 的子类，或者有 step 和 "
                   "zero_grad、代码里开平方根）"),
-    "methods": ("found as a {} by its methods (train, encode and decode), not by its name",
-                "按它的方法（train、encode 和 decode）认作{}，不是按名字"),
+    "methods": ("found as a {} by its methods (encode and decode, with train or bpe), not by its name",
+                "按它的方法（encode 和 decode，加上 train 或 bpe）认作{}，不是按名字"),
     "schedule_class": ("found as a {} by what it is: a class built with the schedule's settings whose "
                        "__call__ takes the step (the TensorFlow tutorial's CustomSchedule), or built on the "
                        "optimizer with a step(epoch) that sets its rate (timm's schedulers: built on an SGD "

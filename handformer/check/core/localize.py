@@ -1215,8 +1215,17 @@ def _turned_off(filename: str, line: int) -> tuple[int, str] | None:
                           for m in COMMENTED.finditer(text)], default=(0, "", ""))
     read = set(re.findall(r"\w+", linecache.getline(filename, line - 1) + linecache.getline(filename, line)))
     used = set(re.findall(r"\w+", "".join(code.split("#")[0] for code in linecache.getlines(filename))))
-    return (n, linecache.getline(filename, n).strip()) if name in read and set(NAME.findall(right)) <= used \
-        else None
+    turned_off = name in read and set(NAME.findall(right)) <= used and _parses(right)
+    return (n, linecache.getline(filename, n).strip()) if turned_off else None
+
+
+def _parses(expression: str) -> bool:
+    """Whether a commented-out right-hand side is Python (`1 / 10000^(2i/d_model)，用 exp 计算` is prose)."""
+    try:
+        ast.parse(expression.strip(), mode="eval")
+    except SyntaxError:
+        return False
+    return True
 
 
 # a comment line that is an assignment: `# loss = loss / n`, `# self.table[0] = 0` (the name bound: loss,

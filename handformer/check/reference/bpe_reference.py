@@ -313,6 +313,13 @@ def _shown(pair: Pair) -> tuple[str, str]:
     return "".join(map(_char, pair[0])), "".join(map(_char, pair[1]))
 
 
+def shown_inputs(vocab: dict[int, bytes], merges: list[Pair]) -> dict[str, object]:
+    """The vocabulary and merges as GPT-2's encoder.py is handed them, in its printable characters:
+    "encoder" {"Ġthe": id}, "shown_merges" [("Ġt", "he"), ...]."""
+    return {"encoder": {"".join(map(_char, t)): i for i, t in vocab.items()},
+            "shown_merges": list(map(_shown, merges))}
+
+
 def _char(b: int | str) -> str:
     """GPT-2's character of a byte; a character as it is."""
     return SHOWN.get(b, b)  # type: ignore[call-overload]

@@ -22,14 +22,14 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, finish
 from handformer.check.core.discovery import Component, DiscoveryError, own_objects
 from handformer.check.core.result import Check, ComponentResult, Finding, LearnerError, failed_check, text
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.source import locate, locate_form, source_lines
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import SPECIAL
 from handformer.check.runners.bpe import TrainerTimeout, deadline, own_splitter, reference_fixture
 
 # a codec argument's role by the words in its name, tried in order
 ROLE_WORDS = ((("special",), "special"), (("rank",), "ranks"), (("merge",), "merges"),
-              (("vocab", "id_to_token", "itos", "tokens"), "vocab"))
+              (("encoder",), "encoder"), (("vocab", "id_to_token", "itos", "tokens"), "vocab"))
 DECODE_NAMES = ("decode", "bpe_decode", "decode_bpe", "detokenize", "decode_ids")
 CODEC_LIMIT = 10.0  # seconds for all of encode and decode on the six texts
 OVERLAP = SPECIAL + SPECIAL  # a special token that holds another
@@ -96,7 +96,9 @@ class Codec:
         # tiktoken's mergeable_ranks: each token's bytes -> its rank, which is its id (no special token)
         ranks = {token: i for i, token in vocab.items() if token.decode(errors="replace") not in specials}
         self.values = {"vocab": dict(vocab), "merges": list(merges), "special": list(specials),
-                       "ranks": ranks}
+                       "ranks": ranks, **R.shown_inputs(vocab, merges)}
+        if "encoder" in inspect.signature(comp.obj).parameters:  # GPT-2's Encoder(encoder, bpe_merges)
+            self.values["merges"] = self.values["shown_merges"]
         if inspect.isclass(comp.obj):
             obj = ctx.learner.call("__init__", comp.obj, **self._kwargs(comp.obj.__init__, skip=1))
             for method in ("encode", "decode"):
@@ -259,7 +261,8 @@ def _encode_finding(name: str, form: str, which: str, ours: dict[str, list[int]]
         f"your ids equal the encoding with this mistake{en} on all {len(TEXTS)} texts; on the "
         f"{which} text you give {len(ours[which])} ids, the reference {len(ref[which])}",
         f"在全部 {len(TEXTS)} 段文本上，你的 id 与带这个错误的编码一致{zh}；{_ZH[which]}那段你给出 "
-        f"{len(ours[which])} 个 id，参考实现 {len(ref[which])} 个"), *locate(name, lines), form)
+        f"{len(ours[which])} 个 id，参考实现 {len(ref[which])} 个"),
+        *locate_form(name, form, lines)[1:], form)
 
 
 def _check_decode(

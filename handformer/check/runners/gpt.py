@@ -667,8 +667,8 @@ class Caller:
             rows = [fp.first_tensor(self.ctx.learner.call("forward", self.module, row), 2) for row in idx]
             return fp.quietly(lambda: torch.stack(rows)), None
         kwargs: dict[str, Any] = {self.target: targets} if self.target and targets is not None else {}
-        if self.start:
-            kwargs[self.start] = start
+        if self.start or start:  # DeepSeek's start_pos=0: handed where it is not 0
+            kwargs[self.position] = start
         if self.positions:
             kwargs[self.positions] = torch.arange(start, start + idx.size(1))  # (T,)
         if self.mask_form:  # the causal mask its caller builds, in the form it takes
@@ -813,7 +813,7 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
             return finish(res)
         try:
             if (lm := latent.read_model(module, VOCAB)) is not None:  # DeepSeek's: blocks on latent attention
-                return latent.check_latent_model(res, ctx, comp, out, lm, idx)
+                return _latent_model(res, ctx, comp, call, out, lm, idx)
             find_layouts_(module, lambda: call(idx[:, :1])[0], D, D // H)
             m = map_gpt(module)
         except MappingError as err:  # the checks above ran; the comparison could not
@@ -825,6 +825,14 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
         _tied_despite_config(res, ctx, comp, m)
         _compare(res, ctx, comp, m, call, out, loss, idx, targets, last_only)
         _not_compared(res, m)
+    return finish(res)
+
+
+def _latent_model(res: ComponentResult, ctx: Context, comp: Component, call: Caller, out: Tensor,
+                  lm: latent.LatentModel, idx: Tensor) -> ComponentResult:
+    """DeepSeek's model on latent attention against the reference, then through the KV cache its
+    start_pos fills (as Meta's)."""
+    _cached(latent.check_latent_model(res, ctx, comp, out, lm, idx), ctx, comp, call, None, idx)
     return finish(res)
 
 
@@ -1008,8 +1016,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
                               "t, through its own KV cache, and compared position by position",
                               f"它的 forward 一次只接受一个 token：检查时逐个输入，位置 t 的 token 用 "
                               f"{call.start} = t，经过它自己的 KV 缓存，逐位置比较"))
-    if call.start:
-        _cached(res, ctx, comp, m, call, hf, idx)
+    _cached(res, ctx, comp, call, hf if m.ropes[0] else None, idx)
     _handed_cache(res, ctx, call, idx)
     _returned_cache(res, ctx, comp, m, call, hf, idx)
 
@@ -1119,23 +1126,43 @@ def _found(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, modul
     return ch
 
 
-def _cached(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, call: Caller, hf: CausalLM,
+def _cached(res: ComponentResult, ctx: Context, comp: Component, call: Caller, hf: CausalLM | None,
             idx: Tensor) -> None:
-    """Meta's KV cache: tokens 5.. given after 0..4 with start_pos=5 give the logits of the whole
-    sequence; rotary positions counted from 0 again instead (rope_no_offset) are named."""
-    whole = call(idx)[0]
-    call(idx[:, :5])
-    step = call(idx[:, 5:], start=5)[0]
-    if whole is None or step is None or whole.size(1) != idx.size(1):
+    """Meta's KV cache, where forward takes start_pos (required, or DeepSeek's start_pos=0 with a cache
+    it keeps): tokens 5.. given after 0..4 with start_pos=5 (at once, or one at a time where it takes
+    no more, as DeepSeek's mask) give the logits of the whole sequence (its last position's, where
+    that is all forward gives); rotary positions counted from 0 again instead (rope_no_offset) are
+    named; else the line where the cached path parts."""
+    if not (call.start or call.position and not call.cache_arg and _keeps_cache(call.module)):
         return
-    err = fp.max_error(step, whole[:, 5:])
-    res.checks.append(Check(text(f"the KV cache: tokens 5..7 given after 0..4 with {call.start}=5 give the "
-                                 "logits of the whole sequence",
-                                 f"KV 缓存：先给位置 0..4，再用 {call.start}=5 给位置 5..7，"
-                                 "logits 与整句一次算出的相同"),
+    T = idx.size(1)
+    whole, _ = call(idx)
+    for cuts in ([0, 5, T], [0, *range(5, T + 1)]):
+        runs = [(lambda a=a, b=b: call(idx[:, a:b], start=a)[0], a, b) for a, b in zip(cuts, cuts[1:])]
+        step = fp.quietly(lambda runs=runs: torch.cat([run() for run, _, _ in runs][1:], 1))
+        if step is not None:
+            break
+    # the last positions that both give (forward's (B, 1, V): the last position alone)
+    err = fp.quietly(lambda: fp.max_error(step[:, -whole.size(1):], whole[:, -step.size(1):]))
+    if err is None:  # no logits, or none through the cache
+        return
+    res.checks.append(Check(text(f"the KV cache: tokens 5..7 given after 0..4 with {call.position}=5 give "
+                                 "the logits of the whole sequence", f"KV 缓存：先给位置 0..4，再用 "
+                                 f"{call.position}=5 给位置 5..7，logits 与整句一次算出的相同"),
                             err < 1e-5, error_text(err)))
-    if err >= 1e-5 and m.ropes[0]:
+    if err < 1e-5:
+        return
+    if hf is not None:
         _restarted(res, ctx, comp, hf, idx, step, err)
+    note_departure(res, lambda: cache_departure(lambda: call(idx), runs, T, ctx.path))
+
+
+def _keeps_cache(module: nn.Module) -> bool:
+    """Whether the model holds a buffer it calls a cache (DeepSeek's k_cache) and fills it on every
+    call (its forward takes no use_cache=False that turns it off): its forward's start_pos then says
+    where the new tokens go in it."""
+    return "use_cache" not in names_of(forward_parameters(module))[0] and any(
+        "cache" in name.lower() for name, _ in module.named_buffers())
 
 
 def _restarted(res: ComponentResult, ctx: Context, comp: Component, hf: CausalLM, idx: Tensor, step: Tensor,
@@ -1154,9 +1181,10 @@ def _returned_cache(res: ComponentResult, ctx: Context, comp: Component, m: GPTM
                     hf: CausalLM, idx: Tensor) -> None:
     """Hugging Face's cache: forward(ids, past_key_values=None, use_cache=False) returning (logits,
     presents); tokens 5.. handed the presents of 0..4 give the logits of the whole sequence; rotary
-    positions counted from 0 again instead (rope_no_offset) are named. Nothing where it returns no
-    cache it takes back."""
-    step = fp.quietly(lambda: _cached_step(ctx, call.module, idx))
+    positions counted from 0 again instead (rope_no_offset) are named, at the line where the cached
+    path parts. Nothing where it returns no cache it takes back."""
+    runs = fp.quietly(lambda: _returned_runs(ctx, call.module, idx))
+    step = fp.quietly(lambda: fp.first_tensor([run() for run, _, _ in runs][-1], 3))
     err = fp.max_error(step, fp.quietly(lambda: call(idx)[0][:, 5:]))  # (inf: no cache)
     if err == math.inf:
         return
@@ -1164,24 +1192,29 @@ def _returned_cache(res: ComponentResult, ctx: Context, comp: Component, m: GPTM
                                  "logits of the whole sequence",
                                  "它返回的 KV 缓存：位置 5..7 带上 0..4 的缓存，logits 与整句一次算出的相同"),
                             err < 1e-5, error_text(err)))
-    if err >= 1e-5 and m.ropes[0]:
+    if err < 1e-5:
+        return
+    if m.ropes[0]:
         _restarted(res, ctx, comp, hf, idx, step, err)
+    note_departure(res, lambda: cache_departure(lambda: call(idx), runs, idx.size(1), ctx.path))
 
 
-def _cached_step(ctx: Context, module: nn.Module, idx: Tensor) -> Tensor | None:
-    """The logits of tokens 5.. handed the cache its call on 0..4 returned, with use_cache=True where it
-    takes that (its cache argument defaulting to None; StableLM's returns its cache always); raises
-    where it takes or returns none."""
+def _returned_runs(ctx: Context, module: nn.Module, idx: Tensor) -> list[tuple[Any, int, int]]:
+    """The calls on tokens 0..4, then on 5.. handed the cache the first returned, with use_cache=True
+    where it takes that (its cache argument defaulting to None; StableLM's returns its cache always),
+    each with the positions it covers; raises where it takes or returns none."""
     names = {p.name: p.default for p in forward_parameters(module)}
     arg = named([n for n, default in names.items() if default is None], CACHE_ARGS)
     assert arg is not None  # noqa: S101  (quietly: no cache check)
     asked = {"use_cache": True} if "use_cache" in names else {}
+    held: list[Any] = []
 
     def run(ids: Tensor, past: Any) -> Any:
-        return ctx.learner.call("forward", module, ids, **{arg: past, **asked})
-    first = run(idx[:, :5], None)
-    assert isinstance(first, tuple) and first[1] is not None  # noqa: S101  (logits and its presents)
-    return fp.first_tensor(run(idx[:, 5:], first[1]), 3)
+        out = ctx.learner.call("forward", module, ids, **{arg: past, **asked})
+        assert isinstance(out, tuple) and out[1] is not None  # noqa: S101  (logits and its presents)
+        held[:] = [out[1]]
+        return out
+    return [(lambda: run(idx[:, :5], None), 0, 5), (lambda: run(idx[:, 5:], held[0]), 5, idx.size(1))]
 
 
 def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor) -> None:

@@ -11,18 +11,20 @@ from __future__ import annotations
 import ast
 import copy
 import re
+import sys
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn.modules.module import register_module_forward_pre_hook
 
 from handformer.check.core.fingerprint import hooked, quietly
 from handformer.check.core.localize import Departure, Step, statement, trace_steps
 from handformer.check.core.result import text
+from handformer.check.core.source import parsed_file
 
 
 def _aligned(whole: Tensor, part: Tensor, T: int, a: int, b: int) -> Tensor:
@@ -30,7 +32,8 @@ def _aligned(whole: Tensor, part: Tensor, T: int, a: int, b: int) -> Tensor:
     keys 0..b-1 it sees); the part itself where the shapes do not line up so (nothing to judge)."""
     index = [dict([(b - a, slice(a, b)), (b, slice(0, b))] * (full == T) + [(full, slice(None))]).get(got)
              for full, got in zip(whole.shape, part.shape)]  # a size of T is cut to the call's positions
-    return whole[tuple(index)] if None not in index and whole.dim() == part.dim() else part
+    judged = None not in index and whole.dim() == part.dim() and (b == T or T in whole.shape)
+    return whole[tuple(index)] if judged else part  # (DeepSeek's h[:, -1], the last position alone: b - 1's)
 
 
 def cache_departure(whole: Callable[[], Any], calls: list[tuple[Callable[[], Any], int, int]], T: int,
@@ -39,10 +42,19 @@ def cache_departure(whole: Callable[[], Any], calls: list[tuple[Callable[[], Any
     it covers) that differs from that line's on the whole sequence (`whole`)."""
     reference = _by_occurrence(trace_steps(whole, filename, every=True))
     for run, a, b in calls:
-        found = _call_departure(reference, trace_steps(run, filename, every=True), T, a, b, filename)
+        traced = trace_steps(run, filename, every=True)
+        found = _call_departure(reference, traced, T, a, b, filename)
         if found is not None:
-            return found
+            return replace(found, ran=_spans(filename, traced.entered))
     return None
+
+
+def _spans(filename: str, entered: frozenset[int]) -> frozenset[tuple[int, int]]:
+    """The (first, last) lines of each function of the file that a run entered (their first lines):
+    a named finding quoted outside all of them (a model's generate, when its forward parts) is not
+    where the run parts."""
+    return frozenset((f.lineno, f.end_lineno) for f in ast.walk(parsed_file(filename))
+                     if isinstance(f, ast.FunctionDef) and f.lineno - len(f.decorator_list) in entered)
 
 
 def _call_departure(reference: dict[Any, Step], traced: list[Step], T: int, a: int, b: int, filename: str,
@@ -52,9 +64,11 @@ def _call_departure(reference: dict[Any, Step], traced: list[Step], T: int, a: i
     ran = {s.line for _, s in steps}  # a name made on a line of the other branch (`if use_cache: pos = ...`)
     named = {s.name: s for s in reversed(reference.values()) if s.line not in ran}  # its first
     for i, (key, step) in enumerate(steps):
-        want = _aligned(reference.get(key, named.get(step.name, step)).value, step.value, T, a, b)
+        whole = reference.get(key, named.get(step.name, step)).value
+        want = _aligned(whole, step.value, T, a, b)
         if not torch.allclose(step.value, want, atol=1e-6, equal_nan=True):
-            form = _restarted(step, want, a, [s for _, s in steps[i + 1:]], filename) or text(
+            form = _restarted(step, want, a, [s for _, s in steps[i + 1:]], filename) or _read_from_zero(
+                step, _aligned(whole, step.value, T, 0, b - a), a, filename) or text(
                 f"on the cached call over positions {a}..{b - 1}; the whole sequence's value there differs",
                 f"出现在用缓存的调用里（位置 {a}..{b - 1}）；整句计算时那里的值不同")
             return _from_cache(steps[:i], reference, step, filename, form)
@@ -74,6 +88,18 @@ def _restarted(step: Step, want: Tensor, a: int, after: list[Step], filename: st
                 ) | ({"mistake": "rope_no_offset"} if rotary else {})
 
 
+def _read_from_zero(step: Step, first: Tensor, a: int, filename: str) -> Any:
+    """rope_no_offset where a rotary table's rows on a cached call over a..b-1 are the whole sequence's
+    rows 0..b-a-1 (`self.freqs_cis[:seqlen]`, `self.cos[:, :T]`); None when the step is not so."""
+    rotary = re.search(r"(?i)freq|cos|sin|rot|rope|complex",  # its name, or a table of complex numbers
+                       f"{step.name} {statement(filename, step.line)} {step.value.dtype}")
+    if not rotary or step.value.shape != first.shape or not torch.allclose(step.value, first):
+        return None
+    return text(f"the rotary table is read from position 0 on the cached call; it is read from {a} there, "
+                f"after the {a} cached tokens", f"用缓存的调用里旋转表从位置 0 开始读；应从 {a} 开始读，"
+                f"接在缓存的 {a} 个 token 之后") | {"mistake": "rope_no_offset"}
+
+
 class _Calls:
     """The calls of the file's modules that are handed token ids (B, n) first, during a run (a loop's
     calls of the model): the tokens, the index of the run's first step in it, and the module and its
@@ -84,10 +110,8 @@ class _Calls:
         self.made: list[tuple[Tensor, int, tuple[nn.Module, tuple[Any, ...]]]] = []
 
     def before(self, module: nn.Module, args: tuple[Any, ...]) -> None:
-        forward = getattr(type(module), "forward", None)
-        ours = getattr(getattr(forward, "__code__", None), "co_filename", None) == self.filename
         tokens = next(iter(args), None)
-        if ours and isinstance(tokens, Tensor) and tokens.dim() == 2 and not tokens.is_floating_point():
+        if isinstance(tokens, Tensor) and tokens.dim() == 2 and not tokens.is_floating_point():
             self.made.append((tokens.clone(), len(self.steps), copy.deepcopy((module, args))))
 
 
@@ -98,8 +122,7 @@ def cached_call_departure(run: Callable[[], Any], filename: str) -> Departure | 
     before the first call, the tokens of every call so far)."""
     steps: list[Step] = []
     calls = _Calls(filename, steps)
-    handle = register_module_forward_pre_hook(lambda m, a: calls.before(m, a))
-    with hooked([handle]):  # where it raises further on, the calls up to there are judged
+    with hooked([_Profiled(filename, calls)]):  # where it raises further on, the calls so far are judged
         quietly(lambda: trace_steps(run, filename, every=True, into=steps))
     if len(calls.made) < 2 or calls.made[1][0].size(1) >= calls.made[0][0].size(1):
         return None  # each call handed the whole context (cropped or not): no cache to judge
@@ -114,13 +137,42 @@ def cached_call_departure(run: Callable[[], Any], filename: str) -> Departure | 
     return None
 
 
+class _Profiled:
+    """Each call of a forward of the file, whether the loop calls the model (`model(ids)`) or its
+    forward itself (Mistral's `model.forward(ids, positions, cache)`, past the module's hooks), handed
+    to `calls` with its arguments, until removed (a handle as torch's hooks give)."""
+
+    def __init__(self, filename: str, calls: _Calls) -> None:
+        self.filename, self.calls, self.old = filename, calls, sys.getprofile()
+        sys.setprofile(self.profile)
+
+    def profile(self, frame: Any, event: str, arg: Any) -> None:
+        code = frame.f_code
+        if (event, code.co_name, code.co_filename) == ("call", "forward", self.filename):
+            names = code.co_varnames[:code.co_argcount]
+            module = frame.f_locals.get(next(iter(names), ""))
+            if isinstance(module, nn.Module):
+                self.calls.before(module, tuple(frame.f_locals[n] for n in names[1:]))
+
+    def remove(self) -> None:
+        sys.setprofile(self.old)
+
+
 def _whole(first: tuple[nn.Module, tuple[Any, ...]], tokens: Tensor, filename: str,
            ) -> dict[tuple[int, str, int], Step]:
     """The model's steps on the whole sequence `tokens`, from its state before the loop's first call."""
     module, args = copy.deepcopy(first)
     forward = type(module).forward  # its own, not a wrapper the loop's driver set on the instance
-    steps = trace_steps(lambda: forward(module, tokens, *args[1:]), filename, every=True)
+    rest = [_stretched(arg, args[0].size(1), tokens.size(1)) for arg in args[1:]]
+    steps = trace_steps(lambda: forward(module, tokens, *rest), filename, every=True)
     return _by_occurrence(steps)
+
+
+def _stretched(arg: Any, n: int, b: int) -> Any:
+    """The first call's positions 0 .. n - 1 (Mistral's forward(input_ids, positions, cache)) as those
+    of the whole sequence, 0 .. b - 1; any other argument as it was."""
+    positions = isinstance(arg, Tensor) and arg.dim() == 1 and torch.equal(arg, torch.arange(n))
+    return {True: torch.arange(b)}.get(positions, arg)
 
 
 def _from_cache(before: list[tuple[tuple[int, str, int], Step]], reference: dict[Any, Step], step: Step,
