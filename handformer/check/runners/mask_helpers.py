@@ -51,6 +51,11 @@ QUERY_NAMES = ("seq_q", "q_seq", "query_seq", "queries")
 TGT_NAMES = ("tgt", "trg", "target", "tgt_seq", "tgt_ids", "dec_input", "y", "tgt_input")
 PAD_NAMES = ("pad_idx", "pad_id", "pad", "padding_idx", "pad_token_id", "pad_index", "src_pad_idx",
              "tgt_pad_idx", "trg_pad_idx", "blank")
+# Hugging Face's attention_mask, T5's extended mask helper's `mask`: the padding as a mask (1 = token,
+# 0 = pad) where ids would be: handed (ids != pad).long()
+PADDING_NAMES = ("mask", "attention_mask", "attn_mask", "padding_mask", "pad_mask", "input_mask")
+# what the helper is handed in place of ids: the ids, or (where it takes a padding mask) 1 = token
+GIVEN = {False: lambda ids, pad: ids, True: lambda ids, pad: (ids != pad).long()}
 TGT_HINTS = ("tgt", "trg", "target", "std", "decoder", "dec", "look_ahead", "subsequent")
 BOTH_HINTS = ("create_masks", "make_masks", "create_mask", "build_masks", "get_masks", "masks")
 FLAGS = ("mask_pad_wrong_sequence", "mask_pad_id", "mask_combined_with_or", "causal_off_by_one:no_self",
@@ -120,15 +125,16 @@ class Helper:
         params = forward_parameters(comp.obj)
         names, required = names_of(params)
         first = (names + [None])[0]  # the ids of a helper whose argument has none of the names
-        self.src, self.tgt, self.pad, self.queries = (named(names, table) for table in (
-            SRC_NAMES, TGT_NAMES, PAD_NAMES, QUERY_NAMES))
+        self.src, self.tgt, self.pad, self.queries, self.padding = (named(names, table) for table in (
+            SRC_NAMES, TGT_NAMES, PAD_NAMES, QUERY_NAMES, PADDING_NAMES))
+        self.given = GIVEN[bool(self.padding)]
         if _mentions(comp.name, BOTH_HINTS) and self.src and self.tgt:
             self.makes = "both"
         elif self.tgt or _mentions(comp.name, TGT_HINTS):
             self.makes, self.tgt, self.src = "tgt", self.tgt or self.src or first, None
         else:
             self.makes, self.src = "src", self.src or first
-        known = {self.src, self.tgt, self.pad, self.queries}
+        known = {self.src, self.tgt, self.pad, self.queries, self.padding}
         cannot_fill(comp.name, required, known, names, "src", (  # no names: no ids to hand it
             "a mask helper takes the token ids (src, tgt) and the pad id (pad_idx, pad_id, ...)",
             "掩码辅助函数接受 token id（src、tgt）和 pad id（pad_idx、pad_id 等）"))
@@ -139,7 +145,7 @@ class Helper:
 
     def __call__(self, layout: Callable[[Tensor], Tensor] = lambda ids: ids) -> Any:
         """Its masks for ids (B, S), or as `layout` gives them ((S, B): Tensor.t)."""
-        src, tgt = layout(src_ids(self.pad_id)), layout(tgt_ids(self.pad_id))
+        src, tgt = (self.given(layout(ids(self.pad_id)), self.pad_id) for ids in (src_ids, tgt_ids))
         given = ((self.src, src), (self.tgt, tgt), (self.pad, PAD), (self.queries, src))  # (B, S) or (S, B)
         kwargs = {name: value for name, value in given if name}
         return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
@@ -324,7 +330,12 @@ def check_mask_helper(comp: Component, ctx: Context) -> ComponentResult:
         subject.facts["x"] = (SIDES[which], helper.pad_id)
         subject.facts["universe"] = tuple(f for f in SIDES[which].flags if not impossible.get(f))
         drive(MASK_HELPER, res, ctx, comp, subject)
-    if helper.pad is None:
+    if helper.padding:
+        res.notes.append(text(f"{comp.name} takes the padding as a mask ({helper.padding}: 1 = token, 0 = "
+                              "padding, Hugging Face's attention_mask), not ids: handed one",
+                              f"{comp.name} 接受的是填充掩码（{helper.padding}：1 = token，0 = 填充，"
+                              "即 Hugging Face 的 attention_mask），不是 id：按这种方式传入"))
+    elif helper.pad is None:
         name, pad = global_pad(comp.obj)
         en, zh = {None: ("", "")}.get(name, (f" (your module's {name})", f"（你的模块级 {name}）"))
         res.notes.append(text(f"{comp.name} takes no pad id: it was given ids padded with {pad}{en}",
