@@ -9,8 +9,9 @@
 - T5's mask helper, which takes the tokenizer's attention_mask (1 = token), not ids;
 - nlp-tutorial's encoder (the Chinese tutorials copy it): hyperparameters at module level bound as
   defaults (`def __init__(self, emb_size=emb_size)`), the score function built inside the forward
-  (`ScaledDotProductAttention()(Q, K, V, mask)`, True = masked), the residual and LayerNorm inside the
-  attention, which requires its mask.
+  (`ScaledDotProductAttention()(Q, K, V, mask)`, True = masked, so its pad mask helper writes True =
+  pad), the residual and LayerNorm inside the attention, which requires its mask, and a
+  `PoswiseFeedForwardNet` whose linears sit in one nn.Sequential (quoted there when its ReLU is missing).
 """
 
 from __future__ import annotations
@@ -107,15 +108,22 @@ def nlp_tutorial():
 
 
 def test_nlp_tutorial_encoder_with_defaults_bound_to_its_hyperparameters(nlp_tutorial):
-    assert statuses(nlp_tutorial) == {"ScaledDotProductAttention": "pass", "MultiHeadAttention": "pass",
-                                      "FeedForward": "pass", "EncoderLayer": "pass"}, format_report(nlp_tutorial)
+    assert statuses(nlp_tutorial) == {"get_pad_mask": "pass", "ScaledDotProductAttention": "pass",
+                                      "MultiHeadAttention": "pass", "PoswiseFeedForwardNet": "pass",
+                                      "EncoderLayer": "pass"}, format_report(nlp_tutorial)
     assert "True = masked" in component(nlp_tutorial, "EncoderLayer").convention["en"]
     assert "its output is norm(q + attention)" in notes(nlp_tutorial, "MultiHeadAttention")
     assert "emb_size=16" in notes(nlp_tutorial, "EncoderLayer")
 
 
-def test_nlp_tutorial_plant_still_fails():
+def test_nlp_tutorial_plants_fail_at_their_lines():
     result = checked("learners_zh_nlp_tutorial", "no_transpose", only=["mha", "encoder_layer"])
     assert statuses(result) == {"MultiHeadAttention": "fail", "EncoderLayer": "fail"}, format_report(result)
     assert named(result, "MultiHeadAttention")[0] == (
         "concat_no_transpose", "context = context.reshape(B, -1, self.num_heads * head_dim)  # [B, len_q, h*d]")
+    inverted = checked("learners_zh_nlp_tutorial", "pad_mask_inverted", only=["mask_helper"])
+    assert named(inverted, "get_pad_mask") == [
+        ("mask_inverted", "return seq_k.ne(0).unsqueeze(1).expand(-1, len_q, -1)  # [B, len_q, len_k]")]
+    no_relu = checked("learners_zh_nlp_tutorial", "no_relu", only=["ffn"])
+    assert named(no_relu, "PoswiseFeedForwardNet") == [
+        ("ffn_no_activation", "self.net = nn.Sequential(nn.Linear(emb_size, ffn_size), nn.Linear(ffn_size, emb_size))")]

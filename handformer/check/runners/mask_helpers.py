@@ -26,10 +26,11 @@ from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, finish, forward_parameters, named, names_of
+from handformer.check.core.conventions import file_masks_where_true
 from handformer.check.core.discovery import Component, cannot_fill
 from handformer.check.core.probe import Found, Probe, Subject, drive
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.source import locate, source_lines, source_text
 
 PAD = 1  # the pad id handed to a helper that takes one (a helper without one is given ids padded with 0)
 
@@ -179,6 +180,10 @@ def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str
     return Finding(name, observed, number, code, form)
 
 
+# the polarities of a bool or 0/1 mask in a file whose attention fills where its mask is True: torch.nn's
+TORCH_FILE = {(("keep", "masked"), True): ("masked",)}
+
+
 class Impossible(RuntimeError):
     """A mistake with a mask that is causal only: not searched."""
 
@@ -193,6 +198,8 @@ def _subject(ctx: Context, comp: Component, out: Any, side: Side) -> Subject:
     if seen is None:
         raise _no_reading(ctx, comp, out, side)
     mask, polarities = seen
+    # a file whose attention fills where its mask is True reads its helper's bool or 0/1 masks so
+    polarities = TORCH_FILE.get((polarities, file_masks_where_true(source_text(ctx.module))), polarities)
     readings = [((p, c), (p, c, mask.shape)) for p in polarities for c in (frozenset(), CAUSAL_ONLY)]
     return Subject(lambda x: mask, readings)
 
@@ -202,7 +209,7 @@ def _reference(reading: Reading, x: Inputs, flags: frozenset[str]) -> Tensor:
     (polarity, convention, shape), (side, pad) = reading, x
     if convention and flags:
         raise Impossible(flags)
-    keep = side.expected(pad, flags | convention).expand(shape)
+    keep = side.expected(pad, flags | convention).expand(shape) ^ ("mask_inverted" in flags)
     return (~keep if polarity == "masked" else keep).double()
 
 
@@ -328,7 +335,8 @@ def check_mask_helper(comp: Component, ctx: Context) -> ComponentResult:
         subject = _subject(ctx, comp, mask, SIDES[which])
         impossible = {"mask_pad_wrong_sequence": helper.makes != "both", "mask_pad_id": helper.pad_id == 0}
         subject.facts["x"] = (SIDES[which], helper.pad_id)
-        subject.facts["universe"] = tuple(f for f in SIDES[which].flags if not impossible.get(f))
+        subject.facts["universe"] = tuple(f for f in SIDES[which].flags if not impossible.get(f)) + (
+            ("mask_inverted",) * (subject.readings[0][0][0] == "masked"))  # read in torch.nn's only
         drive(MASK_HELPER, res, ctx, comp, subject)
     if helper.padding:
         res.notes.append(text(f"{comp.name} takes the padding as a mask ({helper.padding}: 1 = token, 0 = "
