@@ -126,16 +126,16 @@ class Helper:
         params = forward_parameters(comp.obj)
         names, required = names_of(params)
         first = (names + [None])[0]  # the ids of a helper whose argument has none of the names
-        self.src, self.tgt, self.pad, self.queries, self.padding = (named(names, table) for table in (
+        self.src, self.tgt, self.pad, self.queries, self.mask_arg = (named(names, table) for table in (
             SRC_NAMES, TGT_NAMES, PAD_NAMES, QUERY_NAMES, PADDING_NAMES))
-        self.given = GIVEN[bool(self.padding)]
+        self.given = GIVEN[bool(self.mask_arg)]
         if _mentions(comp.name, BOTH_HINTS) and self.src and self.tgt:
             self.makes = "both"
         elif self.tgt or _mentions(comp.name, TGT_HINTS):
             self.makes, self.tgt, self.src = "tgt", self.tgt or self.src or first, None
         else:
             self.makes, self.src = "src", self.src or first
-        known = {self.src, self.tgt, self.pad, self.queries, self.padding}
+        known = {self.src, self.tgt, self.pad, self.queries, self.mask_arg}
         cannot_fill(comp.name, required, known, names, "src", (  # no names: no ids to hand it
             "a mask helper takes the token ids (src, tgt) and the pad id (pad_idx, pad_id, ...)",
             "掩码辅助函数接受 token id（src、tgt）和 pad id（pad_idx、pad_id 等）"))
@@ -338,10 +338,10 @@ def check_mask_helper(comp: Component, ctx: Context) -> ComponentResult:
         subject.facts["universe"] = tuple(f for f in SIDES[which].flags if not impossible.get(f)) + (
             ("mask_inverted",) * (subject.readings[0][0][0] == "masked"))  # read in torch.nn's only
         drive(MASK_HELPER, res, ctx, comp, subject)
-    if helper.padding:
-        res.notes.append(text(f"{comp.name} takes the padding as a mask ({helper.padding}: 1 = token, 0 = "
+    if helper.mask_arg:
+        res.notes.append(text(f"{comp.name} takes the padding as a mask ({helper.mask_arg}: 1 = token, 0 = "
                               "padding, Hugging Face's attention_mask), not ids: handed one",
-                              f"{comp.name} 接受的是填充掩码（{helper.padding}：1 = token，0 = 填充，"
+                              f"{comp.name} 接受的是填充掩码（{helper.mask_arg}：1 = token，0 = 填充，"
                               "即 Hugging Face 的 attention_mask），不是 id：按这种方式传入"))
     elif helper.pad is None:
         name, pad = global_pad(comp.obj)
