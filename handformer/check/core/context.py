@@ -337,7 +337,8 @@ def size_defaults(module: types.ModuleType, own: Any, names: Any) -> list[tuple[
     functions = [m for o in own for m in (vars(o).values() if inspect.isclass(o) else [o])
                  if inspect.isfunction(m)]
     return [(f, p.name) for f in functions for p in inspect.signature(f).parameters.values()
-            if p.name in names and is_number(p.default) and p.default == vars(module).get(p.name)]
+            if p.name in names and is_number(p.default) and is_number(value := vars(module).get(p.name))
+            and p.default == value]
 
 
 # the sizes each kind's runner builds with, for the learner's module-level hyperparameters

@@ -1394,4 +1394,3 @@ def _against_norm(res: ComponentResult, slot: Slot, w: V.NormWeights,
 def _add_norm_trace(w: V.NormWeights, x: Tensor, y: Tensor, trace: list[Tensor]) -> Tensor:
     trace += [x, x + y]  # the residual input, and the sum before the norm
     return V.add_norm(w, x, y)
-
