@@ -192,14 +192,14 @@ Inputs = tuple[Side, int]  # the side, the pad id
 Reading = tuple[str, frozenset[str], torch.Size]  # the polarity, CAUSAL_ONLY or nothing, the mask's shape
 
 
-def _subject(ctx: Context, comp: Component, out: Any, side: Side) -> Subject:
-    """One of the helper's masks as the probe reads it; a failure when its shape is none of the side's."""
+def _subject(ctx: Context, comp: Component, out: Any, side: Side, where_true: bool) -> Subject:
+    """One of the helper's masks as the probe reads it; a failure when its shape is none of the side's.
+    `where_true`: the file's attention fills where its mask is True, so a bool or 0/1 mask is read so."""
     seen = next((o for q in side.queries if (o := _observed(out, SRC.size(0), q, SRC.size(1)))), None)
     if seen is None:
         raise _no_reading(ctx, comp, out, side)
     mask, polarities = seen
-    # a file whose attention fills where its mask is True reads its helper's bool or 0/1 masks so
-    polarities = TORCH_FILE.get((polarities, file_masks_where_true(source_text(ctx.module))), polarities)
+    polarities = TORCH_FILE.get((polarities, where_true), polarities)
     readings = [((p, c), (p, c, mask.shape)) for p in polarities for c in (frozenset(), CAUSAL_ONLY)]
     return Subject(lambda x: mask, readings)
 
@@ -331,8 +331,10 @@ def check_mask_helper(comp: Component, ctx: Context) -> ComponentResult:
                                "(src_mask, tgt_mask)",
                                f"{comp.name} 返回了 {type(out).__name__}；应当返回 (src_mask, tgt_mask)")
     masks = zip(("src", "tgt"), out) if helper.makes == "both" else ((helper.makes, out),)
+    # torch.nn's four masks are read as keeps already
+    where_true = TORCH_FORM_NOTE not in res.notes and file_masks_where_true(source_text(ctx.module))
     for which, mask in masks:
-        subject = _subject(ctx, comp, mask, SIDES[which])
+        subject = _subject(ctx, comp, mask, SIDES[which], where_true)
         impossible = {"mask_pad_wrong_sequence": helper.makes != "both", "mask_pad_id": helper.pad_id == 0}
         subject.facts["x"] = (SIDES[which], helper.pad_id)
         subject.facts["universe"] = tuple(f for f in SIDES[which].flags if not impossible.get(f)) + (
