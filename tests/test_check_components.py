@@ -55,8 +55,9 @@ def test_a_correct_component_passes_and_its_plant_fails(tmp_path, case):
 def test_seq2seq_with_module_level_sizes_passes_and_its_plant_fails(tmp_path):
     result = check_file(str(HERE / "module_sized_seq2seq.py"), only=["transformer", "mha"])
     status = {c.name: c.status for c in result.components}
-    # its attention adds a residual and a norm and requires its mask: not checked alone, never failed
-    assert status == {"Seq2Seq": "pass", "MultiHeadAttention": "not_checked"}, format_report(result)
+    # its attention adds a residual and a norm and requires its mask: handed every key visible to see
+    # the norm, then checked with it taken out
+    assert status == {"Seq2Seq": "pass", "MultiHeadAttention": "pass"}, format_report(result)
     planted = edited_copy(tmp_path, HERE / "module_sized_seq2seq.py", [(
         "self_hidden = pad_hidden(tgt, tgt) | future_hidden(tgt)", "self_hidden = pad_hidden(tgt, tgt)")])
     # (quoted where the decoder layers are handed that mask)

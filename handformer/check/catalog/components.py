@@ -35,6 +35,8 @@ DIAGNOSES: list[Diagnosis] = [
       r"\w*mask\w*\s*[=!]=\s*[01]\b",  # a mask function's `return subsequent_mask == 0`, turned
       # BERT's additive mask: + (1 - mask) * -10000, the mask maybe named attention_mask
       r"\w*mask\w*\b.*\*\s*-\s*\d|-\s*\d[\d.e]*\s*\*.*\w*mask",
+      # a padding mask's polarity: ids compared with the pad id (`seq_k.eq(0)`, `src != pad_idx`)
+      r"\.(?:eq|ne)\(\s*(?:0|\w*pad\w*)\s*\)|[=!]=\s*(?:0|[\w.]*pad\w*)\b",
       r"^(?!\s*(?:def|if|elif) ).*\bmask\b", r"mask"),
     d("mask_after_softmax", "the mask is applied after the softmax, so the weights no longer sum to 1",
       "掩码在 softmax 之后才应用，注意力权重之和不再为 1",
@@ -84,6 +86,8 @@ DIAGNOSES: list[Diagnosis] = [
       "apply the activation between the layers: linear2(dropout(F.relu(linear1(x))))",
       "在两个线性层之间加上激活函数：linear2(dropout(F.relu(linear1(x))))",
       r"linear\w*\(.*linear\w*\(",
+      # an nn.Sequential of two linear layers and nothing that activates between them (nlp-tutorial's)
+      r"Sequential\((?!.*(?:ReLU|GELU|SiLU|Swish|Mish|Tanh|Sigmoid|Softplus|Act|act)).*Linear\(.*Linear\(",
       # the first linear's output kept as it is (BERT's h = self.intermediate(x), a fc1, w1, c_fc)
       r"^\s*[\w.]+\s*=\s*self\.(\w*intermediate\w*|\w*fc_?1|w_?1|\w*linear_?1|c_fc|up_proj)\(\s*\w+\s*\)\s*(#|$)",
       r"^\s*return\b"),

@@ -65,6 +65,7 @@ from handformer.check.core.source import (
     global_reads,
     locate,
     locate_form,
+    module_reads,
     reachable,
     source_lines,
     source_text,
@@ -312,6 +313,7 @@ def globals_set(module: types.ModuleType, values: dict[str, Any]) -> Iterator[di
     """The module's globals `values` set for the block, then put back (removed where the learner's
     file did not define them); it yields their values before (_UNSET: not defined)."""
     old = {name: vars(module).get(name, _UNSET) for name in values}
+    defaults = _defaults_following(module, values)  # read before: they hold the sizes' values
     vars(module).update(values)
     try:
         yield old
@@ -321,6 +323,40 @@ def globals_set(module: types.ModuleType, values: dict[str, Any]) -> Iterator[di
                 vars(module).pop(name, None)
             else:
                 vars(module)[name] = value
+        for function, (positional, keywords) in defaults.items():
+            function.__defaults__, function.__kwdefaults__ = positional, keywords
+
+
+def _defaults_following(module: types.ModuleType, values: dict[str, Any]) -> dict[Any, tuple[Any, Any]]:
+    """The defaults of the learner's functions and methods that took a module-level size when the
+    file ran (`size_defaults`), set with the size; returns each changed function's defaults before."""
+    taken = size_defaults(module, defined_here(module).values(), values)
+    before = {f: (f.__defaults__, f.__kwdefaults__) for f, _ in taken}
+    for f, name in taken:
+        _default_set(f, name, values[name])
+    return before
+
+
+def _default_set(f: Any, name: str, value: Any) -> None:
+    """The default of f's argument `name` (keyword-only or not) set to value."""
+    if name in (f.__kwdefaults__ or {}):
+        f.__kwdefaults__ = {**f.__kwdefaults__, name: value}
+        return
+    code, defaults = f.__code__, f.__defaults__
+    names = code.co_varnames[code.co_argcount - len(defaults):code.co_argcount]  # the arguments with defaults
+    f.__defaults__ = tuple(value if n == name else d for n, d in zip(names, defaults))
+
+
+def size_defaults(module: types.ModuleType, own: Any, names: Any) -> list[tuple[Any, str]]:
+    """(function, argument) of these functions and the methods of these classes whose argument is
+    named as a module-level size among `names` and took its value as a default when the file ran
+    (nlp-tutorial's `def __init__(self, d_model=d_model, n_head=n_head)`): read at definition, never by
+    name after."""
+    functions = [m for o in own for m in (vars(o).values() if inspect.isclass(o) else [o])
+                 if inspect.isfunction(m)]
+    return [(f, p.name) for f in functions for p in inspect.signature(f).parameters.values()
+            if p.name in names and is_number(p.default) and is_number(value := vars(module).get(p.name))
+            and p.default == value]
 
 
 # the sizes each kind's runner builds with, for the learner's module-level hyperparameters
@@ -350,6 +386,7 @@ def module_sizes(module: types.ModuleType, comp: Component, sizes: dict[str, Any
     sizes = with_head_size(sizes)
     own = defined_here(module)  # each of their objects followed to the names it reads
     reads = reachable(global_reads(comp.obj), lambda name: global_reads(own[name]) if name in own else set())
+    reads |= {name for _, name in size_defaults(module, map(own.get, reads), vars(module))}
     out = {}
     for name in sorted(reads):
         key = SIZE_OF.get(name.lower())
@@ -744,9 +781,12 @@ def masks_where_true_inside(module: Any, mask_name: str | None = None) -> bool:
         return masks_where_true(source_text(module), mask_name)
     if holds_torch_attention(module):
         return True
-    # (whose source, whose arguments): the learner's classes, and the functions their forwards call
+    # (whose source, whose arguments): the learner's classes, the modules their forwards build as they
+    # run (nlp-tutorial's `ScaledDotProductAttention()(Q, K, V, attn_mask)`), the functions they call
     sources = [(type(sub), type(sub).forward) for sub in module.modules()
                if type(sub).__module__.startswith("learner_")]
+    sources += [(cls, cls.forward) for _, forward in sources for cls in module_reads(forward)
+                if nn.Module in getattr(cls, "__mro__", ())]
     sources += [(f, f) for _, forward in sources for f in functions_called(forward)]
     return any(_fills_where_true(code, fn) for code, fn in sources)
 

@@ -52,7 +52,15 @@ RANKS = {"": text("", ""), "3": text(", rank 3: (B, T, S)", "，三维：(B, T, 
                       "：所有查询相同时为 (B,)，每个查询各自一个时为 (B, T)"),
          "lens_keys": text(": (B,), every query alike", "：(B,)，所有查询相同"),
          "w": text(", rank 2: (T, S), one mask for the whole batch (Mistral's mask[None, None])",
-                   "，二维：(T, S)，整个 batch 共用一个掩码（Mistral 的 mask[None, None]）")}
+                   "，二维：(T, S)，整个 batch 共用一个掩码（Mistral 的 mask[None, None]）"),
+         "f": text(", as fairseq's layers and torch.nn's take them: a key padding mask (B, S) where every "
+                   "query sees the same keys, else one additive attn_mask (T, S) for the whole batch "
+                   "(0 = keep, -inf = masked)",
+                   "，按 fairseq 的层和 torch.nn 的要求：所有查询看到的键相同时是键填充掩码 (B, S)，"
+                   "否则是整个 batch 共用的一个加性 attn_mask (T, S)（0 = 保留，-inf = 屏蔽）")}
+# a decoder layer's masks as fairseq's and torch.nn's take them: the source's padding (B, S), the target's
+# causal mask one (T, T) for the batch (its padding a separate argument, left out)
+ONE_ATTN_MASK = ("torchf",)
 # the masks of one (T, S) for the whole batch, tried where every other form mixes the batch's rows
 SHARED = ("additivew", "intw", "boolw")  # Meta's and Mistral's, added to the scores, first
 
@@ -61,7 +69,7 @@ def split(convention: str) -> tuple[str, str]:
     """("int", "3") for "int3"; ("lens", "lens") or ("lens", "lens_keys") for valid lengths."""
     if convention.startswith("lens"):
         return "lens", convention
-    name = convention.rstrip("23nxsw")
+    name = convention.rstrip("23nxswf")
     return name, convention[len(name):]
 
 
@@ -98,9 +106,15 @@ def _keys_only(keep: Tensor) -> bool:
     return keep.size(-2) == 1
 
 
+def _one_for_batch(keep: Tensor) -> bool:
+    """Every row of the batch the same (B, 1, T|1, S): what one (T, S) mask says."""
+    return bool((keep == keep[:1]).all())
+
+
 # a convention's rank -> the masks it can say (any other rank: every mask)
 ENCODABLE: dict[str, Callable[[Tensor], bool]] = {
-    "2": _keys_only, "w": lambda keep: bool((keep == keep[:1]).all()), "lens": is_prefix,
+    "2": _keys_only, "w": _one_for_batch, "f": lambda keep: _keys_only(keep) or _one_for_batch(keep),
+    "lens": is_prefix,
     "lens_keys": lambda keep: _keys_only(keep) and is_prefix(keep)}
 
 
@@ -121,6 +135,14 @@ def _key_padding_or_heads(mask: Tensor, heads: int) -> Tensor:
     """nn.MultiheadAttention's: a key padding mask (B, S) where every query sees the same keys, else
     its attn_mask (B * H, T, S)."""
     return mask[:, 0, 0] if mask.size(-2) == 1 else _heads(mask, heads)
+
+
+def _padding_or_attn_mask(mask: Tensor, heads: int) -> Tensor:
+    """fairseq's and torch.nn's: a key padding mask (B, S) where every query sees the same keys, else
+    one additive attn_mask (T, S) for the whole batch, -inf where `mask` (True = masked) hides."""
+    if mask.size(-2) == 1:
+        return mask[:, 0, 0]  # (B, S)
+    return torch.zeros(mask.shape[-2:], dtype=torch.float64).masked_fill(mask[0, 0], float("-inf"))  # (T, S)
 
 
 def _heads(mask: Tensor, heads: int) -> Tensor:
@@ -145,6 +167,7 @@ RANK_FORMS: dict[str, Callable[[Tensor, int], Tensor]] = {
     "x": _heads,  # (B * H, T|1, S) whatever the mask
     "s": lambda mask, heads: mask[:, 0].permute(1, 2, 0),  # sequence-first: (T|1, S, B)
     "w": lambda mask, heads: mask[0, 0],  # (T|1, S): one for every row of the batch
+    "f": _padding_or_attn_mask,
     "lens": _lengths, "lens_keys": _lengths,
 }
 

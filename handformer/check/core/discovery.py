@@ -723,13 +723,14 @@ def _config_values(sizes: dict[str, Any]) -> dict[str, Any]:
 
 def with_head_size(sizes: dict[str, Any]) -> dict[str, Any]:
     """The sizes with the head width (Karpathy's head_size, Meta's head_dim) d_model / n_heads, and
-    the FFN's width as a whole multiple of d_model (at least 2: an FFN as wide as the model would
-    hide which layer is which)."""
+    the FFN's width as a whole multiple of d_model (at least 4: an FFN as wide as the model would
+    hide which layer is which, and OLMo's fused gate and up, mlp_ratio * d_model rows halved by its
+    SwiGLU, is as wide at 2, and as tall as a fused q/k/v projection at 3)."""
     out = dict(sizes)
     if "d_model" in sizes and "n_heads" in sizes:
         out["d_head"] = sizes["d_model"] // sizes["n_heads"]
     if "d_model" in sizes and sizes.get("d_ff"):
-        out.setdefault("ffn_mult", max(2, sizes["d_ff"] // sizes["d_model"]))
+        out.setdefault("ffn_mult", max(4, sizes["d_ff"] // sizes["d_model"]))
     return out
 
 

@@ -67,6 +67,7 @@ KINDS_TABLE: tuple[Kind, ...] = (
                  "FeedFoward",  # Karpathy's lecture spells it so
                  "FeedForwardBlock",  # Umar Jamil's
                  "PositionwiseFeedforwardLayer",  # bentrevett's
+                 "PoswiseFeedForwardNet",  # graykode's nlp-tutorial, which the Chinese tutorials copy
                  "前馈网络", "前馈层", "位置前馈网络"),
          "position-wise feed-forward network", "逐位置前馈网络", "pieces:check_ffn"),
     Kind("moe", ("MOEFeedForward", "MoEFeedForward", "MoE", "MoELayer", "MoeLayer", "SparseMoE",

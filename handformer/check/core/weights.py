@@ -13,7 +13,9 @@ import dataclasses
 import inspect
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -593,12 +595,18 @@ FFN_PARTS = {"FFN W_1": "up", "FFN W_up": "up", "FFN W_2": "down", "FFN W_down":
 
 
 def norm_eps(module: nn.Module, kind: str) -> float:
+    held = held_eps(module)
+    # none held (nn.LayerNorm always has eps): the default of the kind, nn.RMSNorm's for RMSNorm
+    return held if held is not None else 1e-5 if kind == "layernorm" else torch.finfo(torch.float32).eps
+
+
+def held_eps(module: nn.Module) -> float | None:
+    """The eps the norm module keeps as an attribute; None where it keeps none."""
     for name in ("eps", "variance_epsilon", "epsilon"):
         value = getattr(module, name, None)
         if is_number(value):
             return float(value)
-    # none of those (nn.LayerNorm always has eps): the default of the kind, nn.RMSNorm's for RMSNorm
-    return 1e-5 if kind == "layernorm" else torch.finfo(torch.float32).eps
+    return None
 
 
 def norm_kind(leaf: Leaf) -> str:
@@ -615,6 +623,27 @@ def norm_probe(D: int, eps: float, dtype: torch.dtype) -> Tensor:
     scales = torch.tensor([1.0, 3.0, max(eps, 1e-12) ** 0.5], dtype=dtype)[None, :, None]  # (1, 3, 1)
     x = torch.randn(2, 3, D, generator=torch.Generator().manual_seed(0), dtype=dtype)
     return (x + 0.5) * scales
+
+
+def measured_eps(run: Callable[[Tensor], Any], w: V.NormWeights) -> float | None:
+    """The eps of a norm that keeps none as an attribute (a constant in its forward, or none at all:
+    `F.normalize(x, dim=-1) * sqrt(d)` divides by the root mean square itself), measured from its
+    output on the probe's rows at scale sqrt(w.eps), where eps shrinks each row by sqrt(s / (s + eps)),
+    s the row's mean square (RMSNorm) or variance (LayerNorm); 0 below 1e-15; None where it does not run
+    or gives no size to measure."""
+    x = norm_probe(w.weight.numel(), w.eps, torch.float64)[:, 2:]  # (2, 1, D): the rows at scale sqrt(eps)
+    y = quietly(lambda: run(x))
+    if getattr(y, "shape", None) != x.shape:
+        return None
+    bare = V.norm(dataclasses.replace(w, eps=0.0), x, frozenset())
+    shift = V.norm(dataclasses.replace(w, weight=w.weight * 0), x, frozenset())  # its bias (or zeros)
+    shrunk = (y.double() - shift).norm(dim=-1) / (bare - shift).norm(dim=-1)  # (2, 1)
+    eps = float((SPREAD[w.kind](x) * (shrunk.pow(-2) - 1)).median().nan_to_num(-1.0))
+    return eps * (eps > 1e-15) if eps > -1e-15 else None
+
+
+# what eps is added to, by the norm's kind: the mean square (RMSNorm), the variance (LayerNorm)
+SPREAD = {"rmsnorm": lambda x: x.pow(2).mean(-1), "layernorm": lambda x: x.var(-1, unbiased=False)}
 
 
 def norm_weights(slot: Slot) -> V.NormWeights:

@@ -761,7 +761,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     if (parts := sublayer_parts(module, computes_attention, D)) is not None:  # T5's layer, BERT's wrapper
         return grade_sublayer(res, comp, module, parts)
     take_out_leading_norm(res, module, D, lambda h: fp.first_tensor(caller(module).call(h, h, h, None), 3))
-    around = _post_norm_out(res, comp, module, x)  # jadore801120's: norm(q + attention) in one module
+    around = _post_norm_out(res, ctx, comp, module, x)  # jadore801120's: norm(q + attention) in one module
     linears, qk_norms = _projections(comp, module, heads)
     if heads != 1 and single_head(comp, linears, n_kv_heads):  # checked again with one head
         return check_mha(comp, ctx, sizes["causal"], n_kv_heads, heads=1)
@@ -957,16 +957,17 @@ def _driven(res: ComponentResult, module: nn.Module, around: bool, x: Tensor) ->
     return c
 
 
-def _post_norm_out(res: ComponentResult, comp: Component, module: nn.Module, x: Tensor) -> bool:
+def _post_norm_out(res: ComponentResult, ctx: Context, comp: Component, module: nn.Module, x: Tensor) -> bool:
     """Whether the attention ends with its residual and one norm of the model's width, norm(q +
-    attention) (jadore801120's MultiHeadAttention): that norm taken out (norm_taken_out), so that the
-    attention plus its query is what its forward returns; False (nothing changed) for any other."""
+    attention) (jadore801120's MultiHeadAttention, nlp-tutorial's): that norm taken out
+    (norm_taken_out), so that the attention plus its query is what its forward returns; False (nothing
+    changed) for any other. A mask it requires is handed every key visible, as _one_token does."""
     extra = [leaf for leaf in leaves(module) if leaf.kind != "linear"]
     if len(extra) != 1 or extra[0].kind != "norm" or getattr(extra[0].weight, "shape", None) != (D,):
         return False
     norms = norms_around(comp.name, extra, D, text("", ""))
-    run = caller(module).call
-    if not norm_taken_out(module, norms, extra[0], lambda: fp.first_tensor(run(x, x, x, None), 3)):
+    c = caller(module)
+    if not norm_taken_out(module, norms, extra[0], _one_token(c, x, _conventions(ctx, module, c))):
         return False
     res.notes.append(post_norm_note(extra[0]))
     return True

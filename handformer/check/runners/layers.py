@@ -69,7 +69,7 @@ from handformer.check.core.context import (
     reads_sequence_first_masked,
     shape_of,
 )
-from handformer.check.core.conventions import SEQUENCE_FIRST_CONVENTIONS, SHARED
+from handformer.check.core.conventions import ONE_ATTN_MASK, SEQUENCE_FIRST_CONVENTIONS, SHARED
 from handformer.check.core.discovery import MEMORY_NAMES, NAMES, Component, argument_keys
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
@@ -306,6 +306,7 @@ class Layer:
         return self.call(x, x, None, None)
 
     def call(self, x: Tensor, memory: Tensor | None, src: Tensor | None, tgt: Tensor | None) -> Any:
+        src, tgt = _like(src, x), _like(tgt, x)  # an additive mask in the stream's dtype: added, it keeps it
         if self.stateful:  # d2l: state = [enc_outputs, enc_valid_lens, one cache slot a block]
             self.module.train()  # its causal mask exists in training mode only (dropout is off here)
             try:
@@ -348,6 +349,8 @@ class Layer:
         (rope_tables), or one token at a time (_stepwise); sequence-first, (T, B, D), when it reads so."""
         if self.first:  # PyTorch's tutorial: the stream and the memory (T, B, D) in, the output out
             args = [batch_first(a) for a in args]  # (B, T, D) -> (T, B, D): one transpose either way
+            if self.memory_name in kwargs:  # fairseq's encoder_out, by its name
+                kwargs[self.memory_name] = batch_first(kwargs[self.memory_name])
             return batch_first(with_positions(self._module, args, kwargs, self.table_layout, B))
         if self.stepwise:
             return _stepwise(lambda *a, **k: with_tables(self._module, list(a), k, self.table_layout, B),
@@ -375,6 +378,11 @@ class Layer:
         return V.LayerWeights(attn, ffn_weights(slots, act), self.norm_ws,
                               mha_weights(self.attn[1], H, self.n_kv_heads) if self.decoder else None,
                               placement, self.sublayers, form.residual)
+
+
+def _like(mask: Tensor | None, x: Tensor) -> Tensor | None:
+    """A float mask in x's dtype (fairseq's `scores + attn_mask` would turn float32 scores to float64)."""
+    return mask.to(x.dtype) if isinstance(mask, Tensor) and mask.is_floating_point() else mask
 
 
 def _call_module(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -588,12 +596,10 @@ def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
         src, tgt = _encode(layer, inp.src_keep, inp.tgt_keep, conv, inp.B)
         return fp.first_tensor(ctx.learner.call("forward", layer.call, inp.x, inp.memory, src, tgt), 3)
 
-    try:
-        working = layer.visible = first_working(ctx, run, convs)
-    except fp.LearnerFailure as failure:
-        if causal_block and not_cropped(res, ctx, comp, layer.module, failure, inp.T):
-            return finish(res)
-        raise
+    if (ran := _working(res, layer, ctx, run, inp, convs)) is None:
+        return finish(res)
+    working, convs = ran
+    layer.visible = working
     if layer.stateful:
         res.notes.append(STATEFUL_NOTE)
     else:
@@ -609,6 +615,37 @@ def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
 
     guarded(res, shapes)
     return finish(res)
+
+
+def _working(res: ComponentResult, layer: Layer, ctx: Context, run: Callable[[str], Tensor | None],
+             inp: Inputs, convs: tuple[str, ...]) -> tuple[str, tuple[str, ...]] | None:
+    """The first convention the layer runs with, and the conventions to search; None where a block
+    that does not crop its context raised past its length (said in res). A decoder layer that runs
+    with none of them is tried with its masks as fairseq's and torch.nn's layers take them, the
+    source's padding (B, S) and one causal attn_mask (T, T) for the batch: its target is then given
+    no padding (`inp` changed so, noted); the first failure stands where that does not run either."""
+    try:
+        return first_working(ctx, run, convs), convs
+    except fp.LearnerFailure as failure:
+        if layer.causal_block and not_cropped(res, ctx, layer.comp, layer.module, failure, inp.T):
+            return None
+        if not layer.decoder:
+            raise
+        inp.src_keep, inp.tgt_keep = _case_keeps(layer, inp.B, inp.T, inp.S, [0, 2], [0, 0])
+        try:
+            working = first_working(ctx, run, ONE_ATTN_MASK)
+        except fp.LearnerFailure:
+            raise failure from None
+    res.notes.append(ONE_ATTN_MASK_NOTE)
+    return working, ONE_ATTN_MASK
+
+
+ONE_ATTN_MASK_NOTE = text(
+    "it takes its target's causal mask as one (T, T) for the whole batch beside the source's padding "
+    "(B, S), as fairseq's and torch.nn's decoder layers do (the target's padding a separate argument): "
+    "checked with a target without padding",
+    "它的目标端因果掩码是整个 batch 共用的一个 (T, T)，源端填充另给 (B, S)，"
+    "和 fairseq、torch.nn 的解码器层一样（目标端的填充是另一个参数）：检查时目标端不加填充")
 
 
 def _held_apart(res: ComponentResult, layer: Layer) -> None:

@@ -26,10 +26,11 @@ from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, finish, forward_parameters, named, names_of
+from handformer.check.core.conventions import file_masks_where_true
 from handformer.check.core.discovery import Component, cannot_fill
 from handformer.check.core.probe import Found, Probe, Subject, drive
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.source import locate, source_lines, source_text
 
 PAD = 1  # the pad id handed to a helper that takes one (a helper without one is given ids padded with 0)
 
@@ -51,6 +52,11 @@ QUERY_NAMES = ("seq_q", "q_seq", "query_seq", "queries")
 TGT_NAMES = ("tgt", "trg", "target", "tgt_seq", "tgt_ids", "dec_input", "y", "tgt_input")
 PAD_NAMES = ("pad_idx", "pad_id", "pad", "padding_idx", "pad_token_id", "pad_index", "src_pad_idx",
              "tgt_pad_idx", "trg_pad_idx", "blank")
+# Hugging Face's attention_mask, T5's extended mask helper's `mask`: the padding as a mask (1 = token,
+# 0 = pad) where ids would be: handed (ids != pad).long()
+PADDING_NAMES = ("mask", "attention_mask", "attn_mask", "padding_mask", "pad_mask", "input_mask")
+# what the helper is handed in place of ids: the ids, or (where it takes a padding mask) 1 = token
+GIVEN = {False: lambda ids, pad: ids, True: lambda ids, pad: (ids != pad).long()}
 TGT_HINTS = ("tgt", "trg", "target", "std", "decoder", "dec", "look_ahead", "subsequent")
 BOTH_HINTS = ("create_masks", "make_masks", "create_mask", "build_masks", "get_masks", "masks")
 FLAGS = ("mask_pad_wrong_sequence", "mask_pad_id", "mask_combined_with_or", "causal_off_by_one:no_self",
@@ -120,15 +126,16 @@ class Helper:
         params = forward_parameters(comp.obj)
         names, required = names_of(params)
         first = (names + [None])[0]  # the ids of a helper whose argument has none of the names
-        self.src, self.tgt, self.pad, self.queries = (named(names, table) for table in (
-            SRC_NAMES, TGT_NAMES, PAD_NAMES, QUERY_NAMES))
+        self.src, self.tgt, self.pad, self.queries, self.mask_arg = (named(names, table) for table in (
+            SRC_NAMES, TGT_NAMES, PAD_NAMES, QUERY_NAMES, PADDING_NAMES))
+        self.given = GIVEN[bool(self.mask_arg)]
         if _mentions(comp.name, BOTH_HINTS) and self.src and self.tgt:
             self.makes = "both"
         elif self.tgt or _mentions(comp.name, TGT_HINTS):
             self.makes, self.tgt, self.src = "tgt", self.tgt or self.src or first, None
         else:
             self.makes, self.src = "src", self.src or first
-        known = {self.src, self.tgt, self.pad, self.queries}
+        known = {self.src, self.tgt, self.pad, self.queries, self.mask_arg}
         cannot_fill(comp.name, required, known, names, "src", (  # no names: no ids to hand it
             "a mask helper takes the token ids (src, tgt) and the pad id (pad_idx, pad_id, ...)",
             "掩码辅助函数接受 token id（src、tgt）和 pad id（pad_idx、pad_id 等）"))
@@ -139,7 +146,7 @@ class Helper:
 
     def __call__(self, layout: Callable[[Tensor], Tensor] = lambda ids: ids) -> Any:
         """Its masks for ids (B, S), or as `layout` gives them ((S, B): Tensor.t)."""
-        src, tgt = layout(src_ids(self.pad_id)), layout(tgt_ids(self.pad_id))
+        src, tgt = (self.given(layout(ids(self.pad_id)), self.pad_id) for ids in (src_ids, tgt_ids))
         given = ((self.src, src), (self.tgt, tgt), (self.pad, PAD), (self.queries, src))  # (B, S) or (S, B)
         kwargs = {name: value for name, value in given if name}
         return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
@@ -173,6 +180,10 @@ def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str
     return Finding(name, observed, number, code, form)
 
 
+# the polarities of a bool or 0/1 mask in a file whose attention fills where its mask is True: torch.nn's
+TORCH_FILE = {(("keep", "masked"), True): ("masked",)}
+
+
 class Impossible(RuntimeError):
     """A mistake with a mask that is causal only: not searched."""
 
@@ -181,12 +192,14 @@ Inputs = tuple[Side, int]  # the side, the pad id
 Reading = tuple[str, frozenset[str], torch.Size]  # the polarity, CAUSAL_ONLY or nothing, the mask's shape
 
 
-def _subject(ctx: Context, comp: Component, out: Any, side: Side) -> Subject:
-    """One of the helper's masks as the probe reads it; a failure when its shape is none of the side's."""
+def _subject(ctx: Context, comp: Component, out: Any, side: Side, where_true: bool) -> Subject:
+    """One of the helper's masks as the probe reads it; a failure when its shape is none of the side's.
+    `where_true`: the file's attention fills where its mask is True, so a bool or 0/1 mask is read so."""
     seen = next((o for q in side.queries if (o := _observed(out, SRC.size(0), q, SRC.size(1)))), None)
     if seen is None:
         raise _no_reading(ctx, comp, out, side)
     mask, polarities = seen
+    polarities = TORCH_FILE.get((polarities, where_true), polarities)
     readings = [((p, c), (p, c, mask.shape)) for p in polarities for c in (frozenset(), CAUSAL_ONLY)]
     return Subject(lambda x: mask, readings)
 
@@ -196,7 +209,7 @@ def _reference(reading: Reading, x: Inputs, flags: frozenset[str]) -> Tensor:
     (polarity, convention, shape), (side, pad) = reading, x
     if convention and flags:
         raise Impossible(flags)
-    keep = side.expected(pad, flags | convention).expand(shape)
+    keep = side.expected(pad, flags | convention).expand(shape) ^ ("mask_inverted" in flags)
     return (~keep if polarity == "masked" else keep).double()
 
 
@@ -318,13 +331,21 @@ def check_mask_helper(comp: Component, ctx: Context) -> ComponentResult:
                                "(src_mask, tgt_mask)",
                                f"{comp.name} 返回了 {type(out).__name__}；应当返回 (src_mask, tgt_mask)")
     masks = zip(("src", "tgt"), out) if helper.makes == "both" else ((helper.makes, out),)
+    # torch.nn's four masks are read as keeps already
+    where_true = TORCH_FORM_NOTE not in res.notes and file_masks_where_true(source_text(ctx.module))
     for which, mask in masks:
-        subject = _subject(ctx, comp, mask, SIDES[which])
+        subject = _subject(ctx, comp, mask, SIDES[which], where_true)
         impossible = {"mask_pad_wrong_sequence": helper.makes != "both", "mask_pad_id": helper.pad_id == 0}
         subject.facts["x"] = (SIDES[which], helper.pad_id)
-        subject.facts["universe"] = tuple(f for f in SIDES[which].flags if not impossible.get(f))
+        subject.facts["universe"] = tuple(f for f in SIDES[which].flags if not impossible.get(f)) + (
+            ("mask_inverted",) * (subject.readings[0][0][0] == "masked"))  # read in torch.nn's only
         drive(MASK_HELPER, res, ctx, comp, subject)
-    if helper.pad is None:
+    if helper.mask_arg:
+        res.notes.append(text(f"{comp.name} takes the padding as a mask ({helper.mask_arg}: 1 = token, 0 = "
+                              "padding, Hugging Face's attention_mask), not ids: handed one",
+                              f"{comp.name} 接受的是填充掩码（{helper.mask_arg}：1 = token，0 = 填充，"
+                              "即 Hugging Face 的 attention_mask），不是 id：按这种方式传入"))
+    elif helper.pad is None:
         name, pad = global_pad(comp.obj)
         en, zh = {None: ("", "")}.get(name, (f" (your module's {name})", f"（你的模块级 {name}）"))
         res.notes.append(text(f"{comp.name} takes no pad id: it was given ids padded with {pad}{en}",

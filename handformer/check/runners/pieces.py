@@ -51,8 +51,10 @@ from handformer.check.core.weights import (
     ffn_slots,
     ffn_weights,
     has_down_projection,
+    held_eps,
     is_gated,
     leaves,
+    measured_eps,
     norm_eps,
     norm_probe,
     norm_slots,
@@ -91,23 +93,40 @@ MASK_ARGUMENTS = ((re.compile("dtype"), lambda T: torch.float32), (re.compile("d
                    lambda T: torch.ones(1, T, dtype=torch.long)))  # (1, T): every token real
 
 
-def mask_arguments(fn: Callable[..., Any], T: int) -> list[Any]:
+def mask_arguments(fn: Callable[..., Any], T: int, shaped: bool = False) -> list[Any]:
     """The arguments of a causal mask function for length T, read from their names (PyTorch's
     generate_square_subsequent_mask(sz): the length; a padding mask or ids: every one of T tokens real):
-    the first and every one without a default."""
+    the first and every one without a default. `shaped`: the length given as a tensor of T along every
+    axis, for a function that reads it as a tensor's size (fairseq's buffered_future_mask(tensor):
+    tensor.size(0), the stream being sequence-first)."""
     first, *others = forward_parameters(fn)
     handed = [first.name.lower()] + [p.name.lower() for p in others if p.default is p.empty]
-    return [next((fill(T) for name, fill in MASK_ARGUMENTS if name.search(p)), T) for p in handed]
+    length = torch.zeros(T, T, T) if shaped else T
+    return [next((fill(T) for name, fill in MASK_ARGUMENTS if name.search(p)), length) for p in handed]
+
+
+def length_shaped(ctx: Context, fn: Callable[..., Any]) -> bool:
+    """Whether the mask function takes its length as a tensor whose size it reads: it raises handed
+    the length 3 and runs handed a tensor of 3 along every axis."""
+    def runs(shaped: bool) -> bool:
+        try:
+            ctx.learner.call("forward", fn, *mask_arguments(fn, 3, shaped))
+        except fp.LearnerFailure:
+            return False
+        return True
+    return not runs(False) and runs(True)
 CAUSAL_FLAGS = ("causal_off_by_one:no_self", "causal_off_by_one:sees_next", "mask_inverted")
 
 
 def _build_causal(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     """The learner's mask function as its masks (read as True = may see) for each length, one after
-    the other (T * T entries each); the convention it was read in kept in facts."""
-    facts: dict[str, str] = {}
+    the other (T * T entries each); the convention it was read in kept in facts, and whether it reads
+    its length from a tensor's size (`length_shaped`, noted)."""
+    facts: dict[str, Any] = {"shaped": length_shaped(ctx, comp.obj)}
+    res.notes += [SHAPED_NOTE] * facts["shaped"]
 
     def run(sizes: tuple[int, ...]) -> Tensor:
-        raws = [_causal_raw(ctx, comp, T) for T in sizes]
+        raws = [_causal_raw(ctx, comp, T, facts["shaped"]) for T in sizes]
         where_true = ctx.convention is None and file_masks_where_true(source_text(ctx.module))
         facts["convention"] = conv = _convention(max(raws, key=Tensor.numel), ctx.convention, where_true)
         return torch.cat([READ_KEEP[conv](raw).flatten() for raw in raws]).double()
@@ -115,9 +134,15 @@ def _build_causal(comp: Component, ctx: Context, res: ComponentResult) -> Subjec
     return Subject(run, [(None, None)], comp.obj, facts)
 
 
-def _causal_raw(ctx: Context, comp: Component, T: int) -> Tensor:
+SHAPED_NOTE = text("it reads the length from a tensor's size (fairseq's buffered_future_mask(tensor)): "
+                   "handed a tensor of that length along every axis",
+                   "它从张量的尺寸读取长度（fairseq 的 buffered_future_mask(tensor)）："
+                   "传入的张量每一维都是这个长度")
+
+
+def _causal_raw(ctx: Context, comp: Component, T: int, shaped: bool) -> Tensor:
     """The learner's mask for length T as (T, T); a failure when it is not T * T entries."""
-    raw = ctx.learner.call("forward", comp.obj, *mask_arguments(comp.obj, T))
+    raw = ctx.learner.call("forward", comp.obj, *mask_arguments(comp.obj, T, shaped))
     if isinstance(raw, Tensor) and raw.numel() == T * T:
         return raw.reshape(T, T)  # (T, T) or (1, T, T) -> (T, T)
     got = tuple(raw.shape) if isinstance(raw, Tensor) else type(raw).__name__
@@ -160,7 +185,7 @@ CAUSAL_MASK = Probe(
     reference=_causal_reference,
     universe=lambda s: CAUSAL_FLAGS,
     steps=(_causal_compared, localize_step(
-        lambda s, found: localize_causal_mask(s.module, mask_arguments(s.module, 5), 5))),
+        lambda s, found: localize_causal_mask(s.module, mask_arguments(s.module, 5, s.facts["shaped"]), 5))),
     depth=1, deterministic=False,
 )
 
@@ -518,17 +543,23 @@ def _build_norm(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     res.mapping = [slot.leaf.name + NORM_PARTS[isinstance(slot.leaf, Gainless), slot.leaf.bias is not None]]
     bias = slot.bias() if comp.kind == "layernorm" else None
     w = V.NormWeights(slot.weight(), bias, norm_eps(slot.leaf.module, comp.kind), comp.kind)
-    res.notes.append(text(f"eps = {w.eps:g} (read from your module)", f"eps = {w.eps:g}（从你的模块读取）"))
+    held = held_eps(slot.leaf.module) is not None
+    res.notes += [text(f"eps = {w.eps:g} (read from your module)",
+                       f"eps = {w.eps:g}（从你的模块读取）")] * held
 
     def run(x: Tensor) -> Tensor | None:
         return fp.first_tensor(ctx.learner.call("forward", module, x), x.dim())
+
+    measured = None if held else measured_eps(run, w)
+    eps_readings = [(slot, dataclasses.replace(w, eps=measured))] * (measured is not None)
 
     # Gemma's RMSNorm keeps its gain as an offset from one, x̂ · (1 + weight), its weight built at zero:
     # read so when the plain reading explains nothing (a 1 + weight built at one is a gain of two)
     offset = dataclasses.replace(w, weight=w.weight + 1)
     fresh = ctx.build(comp, checked=False)
     at_zero = not isinstance(slot.leaf, Gainless) and not any(p.detach().any() for p in fresh.parameters())
-    return Subject(run, [(slot, w)] + [(slot, offset)] * at_zero, module, {"offset": offset, "fresh": fresh})
+    return Subject(run, [(slot, w)] + eps_readings + [(slot, offset)] * at_zero, module,
+                   {"offset": offset, "fresh": fresh, "held": held, "default": w.eps})
 
 
 def _norm_shape(ctx: Context, comp: Component, subject: Subject, x: Tensor, out: Tensor | None,
@@ -547,6 +578,8 @@ def _norm_compared(res: ComponentResult, ctx: Context, comp: Component, subject:
     if w is subject.facts["offset"]:
         res.status = DIFFERS
         res.notes.append(OFFSET_NOTE)
+    if not subject.facts["held"]:
+        res.notes.append(EPS_NOTES[w.eps != subject.facts["default"]](w.eps))
     grad_err = _compare_norm(res, subject.run, found.key, w)
     label = NORM_LABELS[w.kind]
     res.checks.append(Check(text(f"matches handformer's {label} on 4 inputs (scales 1, 3, 0.1, sqrt(eps))",
@@ -580,6 +613,12 @@ def _norm_as_built(res: ComponentResult, ctx: Context, comp: Component, subject:
         f"{zh}（按相对 1 的偏移存放的增益应当以 1 + weight 使用）")))
 
 
+# what the report says of the eps of a norm that keeps none: read from what it computes, or the default
+EPS_NOTES = {
+    True: lambda eps: text(f"eps = {eps:g}: your module keeps none, so it was read from what it computes",
+                           f"eps = {eps:g}：你的模块没有保存 eps，这个值是从它的计算结果读出的"),
+    False: lambda eps: text(f"eps = {eps:g}: your module keeps none, so the default of torch's norm of its "
+                            "kind", f"eps = {eps:g}：你的模块没有保存 eps，按 torch 同类归一化的默认值")}
 AS_BUILT = text("as built, its output depends on its input", "刚构建时，输出随输入变化")
 OFFSET_NOTE = text("the gain is kept as an offset from one, x̂ · (1 + weight), as Gemma's RMSNorm (its weight "
                    "starts at zero): a convention, not an error; compared with handformer's gain 1 + weight",
