@@ -228,6 +228,12 @@ class Layer:
         """A causal block handed no mask: it builds its causal mask itself."""
         return self.causal_block and not self.takes_mask
 
+    @property
+    def masks_handed(self) -> bool:
+        """It takes a mask, or is a decoder that takes the source's keys (not tiny-universe's
+        DecoderLayer.forward(x, enc_out)): the convention of the masks handed to it matters."""
+        return self.takes_mask or self.decoder and not self.bare
+
     def _read_norms(self, norms: list[Leaf], kind: LayerKind) -> None:
         """The norms' slots: one a sublayer, one for every sublayer (shared), or Gemma 2/3's four of a
         block, before and after each sublayer (then the one placement they are read in)."""
@@ -892,7 +898,7 @@ def _layer_mapping(res: ComponentResult, layer: Layer, slots: list[Slot], conv: 
     """Which of the learner's modules stand for which part, and the mask convention it takes."""
     norms = layer.norm_slots[:1] if layer.shared else layer.norm_slots
     res.mapping = [s.describe() for s in itertools.chain(*layer.attn, slots, norms)]
-    if layer.takes_mask or layer.decoder and not layer.bare:
+    if layer.masks_handed:
         res.convention = fp.describe_convention(conv)
 
 
@@ -1171,8 +1177,7 @@ def _source_keep(layer: Layer, B: int, S: int, pad: list[int]) -> Tensor | None:
     """The source's padding mask; none for a layer that takes no mask (tiny-universe's
     EncoderLayer.forward(x), DecoderLayer.forward(x, enc_out)) or a decoder's target mask alone: it is
     compared with every key visible."""
-    hidden = layer.takes_mask or layer.decoder and not layer.bare
-    return positions(B, S, pad) if hidden and not layer.target_mask_only else None
+    return positions(B, S, pad) if layer.masks_handed and not layer.target_mask_only else None
 
 
 def _case_keeps(layer: Layer, B: int, T: int, S: int, src_pad: list[int],
