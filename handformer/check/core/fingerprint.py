@@ -84,9 +84,12 @@ def one_sequence(out: Any) -> list[int] | None:
     tuple) of ints; None for anything else."""
     if isinstance(out, Tensor) and out.dim() in (1, 2) and max(out.shape, default=0) == out.numel():
         return [int(t) for t in out.reshape(-1).tolist()]
-    if isinstance(out, (list, tuple)) and all(isinstance(t, int) for t in out):
-        return list(out)
-    return None
+    return list(out) if token_list(out) else None
+
+
+def token_list(out: Any) -> bool:
+    """A list (or tuple) of ints: token ids as plain Python numbers."""
+    return isinstance(out, (list, tuple)) and all(isinstance(t, int) for t in out)
 
 
 def quietly(run: Callable[[], Any]) -> Any:

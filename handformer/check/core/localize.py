@@ -667,7 +667,7 @@ def traced(found: Departure, steps: list[Step], filename: str, views: list[View]
 def _shared(found: Departure, steps: list[Step], filename: str, views: list[View]) -> Departure:
     """A departure in a helper whose line gave the reference's value in another call (one norm class
     for q and for k): the helper is right, the line that calls it is quoted (`k = self.q_norm(k)`)."""
-    right = {steps[i].line for i in _right_calls(steps, layouts(views, {s.value.shape for s in steps}))}
+    right = {steps[i].line for i in _right_calls(steps, layouts(views, steps))}
     return replace(found, shared=bool(found.called_from) and found.line in right)
 
 
@@ -680,7 +680,7 @@ def _top_level(filename: str) -> tuple[tuple[int, int], ...]:
 
 
 def _departure_at(steps: list[Step], views: list[View], ends: list[View] = ()) -> int | None:
-    views = layouts(views, {s.value.shape for s in steps})
+    views = layouts(views, steps)
     shapes = {r.shape for _, r in views}
     right = _right_calls(steps, views)
     return next((i for i, step in enumerate(steps) if not _input(step) and i not in right and (
@@ -762,9 +762,9 @@ def _departure(step: Step, views: list[View], filename: str, sizes: dict[str, fl
                ) -> Departure:
     """The departure at `step`; whether a part was handed a wrong input, by `wider` views too (every
     reading's)."""
-    whole = layouts(views, {step.value.shape})
+    whole = layouts(views, [step])
     written, views = next(iter(_wrong_writes(step, whole)), (step, views))
-    views = layouts(views, {written.value.shape})
+    views = layouts(views, [written])
     called = written.caller and (written.caller, linecache.getline(filename, written.caller).strip())
     form = (written is not step and (_slice_form(step.value, whole) or _written(written.value, views))
             or form_of(written.value, views, sizes, pre, terms, forms) or _reduced(written.value, views))
@@ -867,12 +867,13 @@ def _spans(filename: str) -> dict[int, int]:
     return {n.lineno: n.end_lineno for n in ast.walk(tree) if isinstance(n, ast.stmt)}
 
 
-def layouts(views: list[View], shapes: set[torch.Size]) -> list[View]:
-    """The views, and each in the shapes given that merge its adjacent axes (d2l's heads (B·H, T,
+def layouts(views: list[View], steps: list[Step]) -> list[View]:
+    """The views, and each in the shapes of the steps given that merge its adjacent axes (d2l's heads (B·H, T,
     Dh), a mask's rows (B·T, S)): the same values in a flattened layout; a (B, T, D) view also
     sequence-first, (T, B, D), where a step has that shape (PyTorch's nn.Transformer tutorial); a view
     of one sequence, (T, D) or (1, T, D), for each of a step's (B, T, D) (positions looked up per row)."""
     views = [(what, r.double()) for what, r in views]  # as the steps are kept
+    shapes = {s.value.shape for s in steps}
     return views + [(f"{what}, reshaped to {tuple(shape)}", r.reshape(shape)) for what, r in views
                     for shape in shapes if _merges(r.shape, shape)] + [
         (f"{what}, sequence-first (T, B, D)", r.transpose(0, 1)) for what, r in views
@@ -1118,7 +1119,7 @@ def _mislabeled(steps: list[Step], views: list[View], filename: str) -> Departur
     unpacking in the wrong order: `key, query, value = qkv.split(...)`): the line where the roles were
     swapped, before the scores that show it (transposed); a value handed to a helper is not one its
     code made. None when every such step holds its own."""
-    roles = [(ROLE_VIEW.fullmatch(what), r) for what, r in layouts(views, {s.value.shape for s in steps})]
+    roles = [(ROLE_VIEW.fullmatch(what), r) for what, r in layouts(views, steps)]
     for step in steps:
         named = ROLE_NAMES.fullmatch(step.name)
         held = {m[1] for m, r in roles if same(step.value, r)} - {None}

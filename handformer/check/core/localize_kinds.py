@@ -230,7 +230,7 @@ def localize_layer(layer: Any, readings: list[V.LayerWeights]) -> Departure | No
     T = 1 if layer.stepwise else 5  # a block driven a token at a time (its own KV cache): one step's tensors
     x = randn(2, T, readings[0].self_attn.q[0].size(1), seed=43).requires_grad_()
     memory = randn(2, 6, x.size(-1), seed=44) if layer.decoder else None
-    keep = V.causal_keep(T)[None, None] if layer.causal_block and not layer.takes_mask else None
+    keep = V.causal_keep(T)[None, None] if layer.masks_itself else None
     filename, code = _source(layer.module)
     layer.call(x, memory, None, None)  # the forms its tables take found first, outside the trace
     steps = trace_steps(lambda: layer.call(x, memory, None, None), filename, code, _children(layer.module))

@@ -18,6 +18,11 @@ def largest_difference(a: list[Tensor], b: list[Tensor]) -> float:
     return max(float((x - y).abs().max()) for x, y in zip(a, b))
 
 
+def largest_differences(got: list[list[Tensor]], right: list[list[Tensor]]) -> list[float]:
+    """The largest difference of each pair of parameter lists (one a step)."""
+    return [largest_difference(g, r) for g, r in zip(got, right)]
+
+
 def update(model: nn.Module, opt: torch.optim.Optimizer, clip: float | None, clip_after: bool = False,
            lr: float | None = None) -> None:
     """The end of a reference step: the gradients clipped at `clip` (after `opt.step()` when

@@ -29,7 +29,7 @@ from handformer.check.core.argument_names import SCHEDULE_STEP_NAMES, STEP_MODEL
 from handformer.check.core.context import Context, finish, forward_parameters, named, names_of
 from handformer.check.core.discovery import Component, DiscoveryError, own_objects
 from handformer.check.core.result import Check, ComponentResult, text
-from handformer.check.core.step_updates import largest_difference, parameters_of
+from handformer.check.core.step_updates import largest_differences, parameters_of
 from handformer.check.runners.optimizer import (
     CONVENTIONS,
     TRIED,
@@ -134,5 +134,5 @@ def check_adam_step(comp: Component, ctx: Context) -> ComponentResult:
 
 def _error(got: list[list[Tensor]], right: list[list[Tensor]]) -> float:
     """The largest difference after either step (NaN: none matches, inf)."""
-    errs = torch.tensor([largest_difference(g, r) for g, r in zip(got, right)])
+    errs = torch.tensor(largest_differences(got, right))
     return float(errs.nan_to_num(math.inf).max())

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from handformer.check.core.context import Context, finish, forward_parameters
+from handformer.check.core.context import Context, finish, forward_names
 from handformer.check.core.discovery import Component, cannot_fill
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import first_line, locate, source_lines
@@ -35,7 +35,7 @@ def expected(ids: Tensor, pad: int, causal: bool) -> Tensor:
 
 def check_batch(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
-    names = [p.name for p in forward_parameters(comp.obj)]
+    names = forward_names(comp.obj)
     pad = next((n for n in names if n in PAD_NAMES), None)
     cannot_fill(comp.name, [], (), [pad] * bool(pad), "pad", (
         "a Batch takes the source ids, the target ids and the pad id", "Batch 接收源 id、目标 id 和 pad id"))

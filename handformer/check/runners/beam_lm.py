@@ -35,7 +35,7 @@ from handformer.check.core.argument_names import (
     named_each,
     names_of,
 )
-from handformer.check.core.context import Context, forward_parameters
+from handformer.check.core.context import Context, forward_names, forward_parameters
 from handformer.check.core.discovery import Component, DiscoveryError, cannot_fill
 from handformer.check.core.result import DIFFERS, PASS, ComponentResult, text
 from handformer.check.runners.beam_models import BOS, Steered, Table, call_search, hypothesis_tokens
@@ -51,7 +51,7 @@ ARGS = {"model": MODEL_NAMES, "prompt": PROMPT_NAMES, "beam": BEAM_NAMES["beam"]
 def decoder_only(comp: Component, ctx: Context) -> bool:
     """A beam search that takes a prompt and no start symbol, in a file with no encoder-decoder (its
     model decoder-only, or none: Hugging Face's causal LMs)."""
-    names = [p.name for p in forward_parameters(comp.obj)]
+    names = forward_names(comp.obj)
     return (named(names, PROMPT_NAMES) is not None and named(names, BEAM_NAMES["start"]) is None
             and "transformer" not in ctx.components)
 

@@ -223,12 +223,11 @@ class Trainer:
         return vocab, [self._pair(m, vocab) for m in merges]
 
     def _pair(self, merge: Any, vocab: dict[int, bytes] | None) -> R.Pair:
-        if _is_pair(merge) and all(isinstance(t, bytes) for t in merge):
-            return bytes(merge[0]), bytes(merge[1])
-        if _is_pair(merge) and all(isinstance(t, str) for t in merge):  # GPT-2's encoder.py: ("Ġ", "t")
-            return gpt2_bytes(merge[0]), gpt2_bytes(merge[1])
-        if _is_pair(merge) and all(isinstance(t, int) for t in merge) and vocab is not None:
-            return vocab[merge[0]], vocab[merge[1]]  # GPT-2 style: pairs of ids
+        readers = MERGE_READERS[:2 + (vocab is not None)]  # pairs of ids read through a vocab only
+        read = next((r for kind, r in readers if _is_pair(merge) and all(isinstance(t, kind) for t in merge)),
+                    None)
+        if read is not None:
+            return read(merge[0], vocab), read(merge[1], vocab)
         raise self.ctx.learner.fail(
             "train", f"a merge is {merge!r}; each merge is a pair of bytes, e.g. (b' t', b'he')",
             f"有一个合并是 {merge!r}；每个合并是一对 bytes，例如 (b' t', b'he')"
@@ -280,6 +279,12 @@ def typed(value: Any, key: type, held: type) -> bool:
     """A non-empty dict (or list, keyed by position) whose keys and values are of these types."""
     items = list(ITEMS.get(type(value), lambda v: ())(value))
     return all(isinstance(k, key) and isinstance(v, held) for k, v in items) and len(items) > 0
+
+
+# how each token of a merge reads as bytes, by its type: bytes; GPT-2's encoder.py's strings ("Ġ", "t");
+# GPT-2 style ids, looked up in the vocab
+MERGE_READERS = ((bytes, lambda t, vocab: bytes(t)), (str, lambda t, vocab: gpt2_bytes(t)),
+                 (int, lambda t, vocab: vocab[t]))
 
 
 def _is_pair(value: Any) -> bool:

@@ -317,7 +317,7 @@ def new_tokens(out: Any, prompt: Tensor, n: int) -> Tensor | None:
     B, T = prompt.shape
     if isinstance(out, tuple) and len(out) == 2 and out[1] is None:
         out = out[0]  # Meta's (tokens, logprobs) with logprobs=False: (tokens, None)
-    if isinstance(out, (list, tuple)) and out and all(isinstance(v, int) for v in out):
+    if fp.token_list(out) and out:  # a non-empty list of ids: one sequence
         out = [out]
     if isinstance(out, (list, tuple)) and out and all(isinstance(v, (list, tuple, Tensor)) for v in out):
         try:

@@ -15,7 +15,7 @@ import torch
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import MASK_ARG_NAMES, PAD_NAMES
-from handformer.check.core.context import Context, forward_parameters
+from handformer.check.core.context import Context, forward_names
 from handformer.check.core.discovery import Component
 from handformer.check.core.result import Check, ComponentResult, text
 from handformer.check.core.source import source_lines
@@ -27,7 +27,7 @@ ROLES = (MASK_ARG_NAMES, PAD_NAMES, EOS_NAMES)
 
 def _names(fn: Any) -> list[str | None]:
     """The loop's parameter names for the mask, the padding id and the EOS (None where it has none)."""
-    names = [p.name for p in forward_parameters(fn)]
+    names = forward_names(fn)
     return [next(filter(lambda n: n.lower() in role, names), None) for role in ROLES]
 
 

@@ -183,15 +183,19 @@ NO_ALIBI = ("its blocks take ALiBi's term (BLOOM's block(x, alibi, mask)): handf
             "它的注意力、MLP 和 Block 单独检查")
 
 
+def _mapped_blocks(layers: list[tuple[str, nn.Module]], kv: int | None) -> list[LayerMap]:
+    return [map_layer(path, child, SIZES["d_ff"], kv) for path, child in layers]
+
+
 def map_gpt(module: nn.Module) -> GPTMap:
     layers, n_kv, kv = layer_modules(module), None, None
     if not layers:  # grouped-query attention: KV_HEADS key/value heads, each D // H wide
         layers, n_kv, kv = _grouped_blocks(module), KV_HEADS, KV_HEADS * (D // H)
     try:
-        blocks = [map_layer(path, child, SIZES["d_ff"], kv) for path, child in layers]
+        blocks = _mapped_blocks(layers, kv)
     except MappingError:  # its key and value heads fewer (grouped-query), the blocks found by their experts
         n_kv, kv = KV_HEADS, KV_HEADS * (D // H)
-        blocks = [map_layer(path, child, SIZES["d_ff"], kv) for path, child in layers]
+        blocks = _mapped_blocks(layers, kv)
     if not blocks or any(b.decoder for b in blocks):
         en, zh = NO_BLOCKS[any("decoder" in type(m).__name__.lower() for m in module.modules())]
         raise MappingError(en, zh=zh)

@@ -25,7 +25,13 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.context import Context, error_text, finish, forward_parameters, is_mask_name
+from handformer.check.core.context import (
+    Context,
+    error_text,
+    finish,
+    forward_names,
+    is_mask_name,
+)
 from handformer.check.core.discovery import Component
 from handformer.check.core.localize import View, first_departure, trace_steps
 from handformer.check.core.localize_kinds import note_departure
@@ -128,7 +134,7 @@ class Driver:
 
     def __init__(self, module: nn.Module, ctx: Context, rope_dim: int) -> None:
         self.module, self.ctx, self.rope_dim = module, ctx, rope_dim
-        names = [p.name for p in forward_parameters(module)[1:]]
+        names = forward_names(module)[1:]
         self.mask = next(filter(is_mask_name, names), None)
         self.positions = set(names) & POSITION_ARGUMENTS.keys()
 

@@ -223,6 +223,17 @@ class Layer:
         self.ropes = GIVEN_ROPES.get(min(self.extra & set(GIVEN_ROPES), default="")) or rope_layouts(
             self.module, "freqs_cis" in self.extra, bool({"position_embeddings", "cos"} & self.extra))
 
+    @property
+    def masks_itself(self) -> bool:
+        """A causal block handed no mask: it builds its causal mask itself."""
+        return self.causal_block and not self.takes_mask
+
+    @property
+    def masks_handed(self) -> bool:
+        """It takes a mask, or is a decoder that takes the source's keys (not tiny-universe's
+        DecoderLayer.forward(x, enc_out)): the convention of the masks handed to it matters."""
+        return self.takes_mask or self.decoder and not self.bare
+
     def _read_norms(self, norms: list[Leaf], kind: LayerKind) -> None:
         """The norms' slots: one a sublayer, one for every sublayer (shared), or Gemma 2/3's four of a
         block, before and after each sublayer (then the one placement they are read in)."""
@@ -503,7 +514,7 @@ LAYER_FLAGS: tuple[FlagRule, ...] = (
     (lambda layer, w: layer.stateful or layer.masks and fp.is_lengths_name(layer.masks[0]),
      lambda layer, w: ("mask_repeat_order",)),
     # a layer that builds its causal mask
-    (lambda layer, w: layer.causal_block and not layer.takes_mask or layer.own_mask,
+    (lambda layer, w: layer.masks_itself or layer.own_mask,
      lambda layer, w: ("causal_off_by_one:no_self", "causal_off_by_one:sees_next")),
 )
 
@@ -586,7 +597,7 @@ def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
     res.notes += wrapped + window_note(layer.windows) + list(map(softcap_note, filter(None, [layer.cap])))
     _mask_inside(res, layer)
     inp = Inputs(layer)
-    own_mask = causal_block and not layer.takes_mask or layer.own_mask
+    own_mask = layer.masks_itself or layer.own_mask
     convs = _layer_conventions(layer, ctx, inp, res)
 
     def search_rows(flags: frozenset[str]) -> Tensor | None:
@@ -756,7 +767,7 @@ def _sliding_window(res: ComponentResult, layer: Layer) -> None:
     """A block that builds its causal mask and lets each query see only its last W keys (Mistral's
     sliding window, i - W < j <= i): W is measured as the outputs that changing token 0 moves, and
     the reference is given the same window."""
-    if not (layer.causal_block and not layer.takes_mask):
+    if not layer.masks_itself:
         return
     x = fp.randn(1, WINDOW_T, D, seed=5)
     y = x.clone()
@@ -868,7 +879,7 @@ def _reads_one_mask(layer: Layer, convs: tuple[str, ...]) -> bool:
 def _search_rows(layer: Layer, inp: Inputs, flags: frozenset[str]) -> Tensor | None:
     """The rows the masks leave visible as the layer with these mistakes applies them (inverted, or
     off by one in a block that builds its own)."""
-    if layer.causal_block and not layer.takes_mask:
+    if layer.masks_itself:
         own = _own_causal(layer, inp.T, flags)[None, None]
         return fp.visible_rows(V.applied_keep(own, flags), inp.B, inp.T)
     if layer.own_mask:  # d2l's decoder builds its causal mask from valid lengths
@@ -896,7 +907,7 @@ def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callabl
         if flags:
             res.findings += ctx.findings(flags, matched, fp.max_error(out, correct, search_rows(flags)),
                                          comp, "mha", "ffn", "sdpa", "causal_mask")
-            causal_mask_named(res, ctx, comp, layer.causal_block and not layer.takes_mask)
+            causal_mask_named(res, ctx, comp, layer.masks_itself)
         NAN_ROWS[_torch_rows(layer, conv)](res, out, search_rows(flags), comp, ctx)
     _layer_mapping(res, layer, slots, conv)
     _structure_findings(res, layer, ctx, placement if found is not None else "")  # "": not known
@@ -924,7 +935,7 @@ def _layer_mapping(res: ComponentResult, layer: Layer, slots: list[Slot], conv: 
     """Which of the learner's modules stand for which part, and the mask convention it takes."""
     norms = layer.norm_slots[:1] if layer.shared else layer.norm_slots
     res.mapping = [s.describe() for s in itertools.chain(*layer.attn, slots, norms)]
-    if layer.takes_mask or layer.decoder and not layer.bare:
+    if layer.masks_handed:
         res.convention = fp.describe_convention(conv)
 
 
@@ -1203,8 +1214,7 @@ def _source_keep(layer: Layer, B: int, S: int, pad: list[int]) -> Tensor | None:
     """The source's padding mask; none for a layer that takes no mask (tiny-universe's
     EncoderLayer.forward(x), DecoderLayer.forward(x, enc_out)) or a decoder's target mask alone: it is
     compared with every key visible."""
-    hidden = layer.takes_mask or layer.decoder and not layer.bare
-    return positions(B, S, pad) if hidden and not layer.target_mask_only else None
+    return positions(B, S, pad) if layer.masks_handed and not layer.target_mask_only else None
 
 
 def _case_keeps(layer: Layer, B: int, T: int, S: int, src_pad: list[int],

@@ -63,7 +63,7 @@ from handformer.check.core.signatures import (
     token_batch,
 )
 from handformer.check.core.source import config_reads, functions_called, locate, source_lines, source_text
-from handformer.check.core.step_updates import largest_difference, parameters_of, update
+from handformer.check.core.step_updates import largest_differences, parameters_of, update
 from handformer.check.runners.drawn_windows import Call, check_windows
 from handformer.check.runners.localize_train import localize_lm_step
 from handformer.check.runners.step_model import BATCH, VOCAB, batches, tiny_model
@@ -307,7 +307,7 @@ def _drive(step: Step, base: nn.Module, make_opt: Any = optimizer,
         step(model, opt, x, y, lr)
         got.append(parameters_of(model))
     right = _run(step, base, make_opt)
-    return got, right, [largest_difference(g, r) for g, r in zip(got, right)]
+    return got, right, largest_differences(got, right)
 
 
 # the gradient norm's factor on the clipping norm and the logits' largest scale: under it, over it
@@ -392,7 +392,7 @@ def _search(res: ComponentResult, ctx: Context, comp: Component, step: Step, bas
     names = [n for n in MISTAKES if possible.get(n, True)]
     for combo in (c for n in (1, 2) for c in itertools.combinations(names, n)):
         theirs = _run(step, base, make_opt, **{k: v for name in combo for k, v in MISTAKES[name].items()})
-        off = max(largest_difference(g, t) for g, t in zip(got, theirs))
+        off = max(largest_differences(got, theirs))
         if off >= TOL:
             continue
         lines = source_lines([comp.obj])

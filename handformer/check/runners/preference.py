@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from handformer.check.core.context import Context, error_text, finish, forward_parameters
+from handformer.check.core.context import Context, error_text, finish, forward_names, forward_parameters
 from handformer.check.core.discovery import Component
 from handformer.check.core.localize import View, first_departure, trace_steps
 from handformer.check.core.localize_kinds import note_departure
@@ -108,7 +108,7 @@ def _role(name: str) -> str:
 def _arguments(fn: Any, logps: dict[str, Tensor]) -> list[Tensor]:
     """The four in the order the function takes them: by their names where those name four roles,
     else the paper's order."""
-    names = [p.name for p in forward_parameters(fn)][:4]
+    names = forward_names(fn)[:4]
     roles = [_role(n) for n in names]
     order = roles if sorted(roles) == sorted(ROLES) else list(ROLES)
     return [logps[r].clone() for r in order]
@@ -130,7 +130,7 @@ def check_dpo_loss(comp: Component, ctx: Context) -> ComponentResult:
     logps = _logps()
     beta = next((p.default for p in forward_parameters(comp.obj) if p.name == "beta"), BETA)
     beta = BETA if beta is inspect.Parameter.empty else float(beta)
-    extra = {"beta": beta} if "beta" in [p.name for p in forward_parameters(comp.obj)] else {}
+    extra = {"beta": beta} if "beta" in forward_names(comp.obj) else {}
     call = lambda *a: ctx.learner.call("forward", comp.obj, *a, **extra)  # noqa: E731
     out = call(*_arguments(comp.obj, logps))
     got = torch.as_tensor((out if isinstance(out, Tensor) else out[0]).detach()).double()

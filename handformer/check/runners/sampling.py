@@ -691,7 +691,7 @@ def as_tokens(out: Any, rows: int) -> Tensor | None:
     out = leading_tensor(out)
     if isinstance(out, int) and rows == 1:
         return torch.tensor([out])
-    if isinstance(out, (list, tuple)) and all(isinstance(v, int) for v in out):
+    if fp.token_list(out):
         out = torch.tensor(out)
     if isinstance(out, Tensor) and not out.is_floating_point() and out.numel() == rows:
         return out.reshape(rows).long()

@@ -929,7 +929,7 @@ def _observed(
 def _values_note(
     values: dict[int, float], right: Callable[[int, frozenset[str]], float], steps: tuple[int, ...]
 ) -> Text:
-    shown = [(s, values.get(s), right(s, frozenset())) for s in steps]
-    en = "; ".join(f"step {s}: {'-' if v is None else f'{v:.4g}'} (expected {w:.4g})" for s, v, w in shown)
-    zh = "；".join(f"步 {s}：{'-' if v is None else f'{v:.4g}'}（应为 {w:.4g}）" for s, v, w in shown)
+    shown = [(s, "-" if values.get(s) is None else f"{values[s]:.4g}", right(s, frozenset())) for s in steps]
+    en = "; ".join(f"step {s}: {v} (expected {w:.4g})" for s, v, w in shown)
+    zh = "；".join(f"步 {s}：{v}（应为 {w:.4g}）" for s, v, w in shown)
     return text(f"values: {en}", f"数值：{zh}")

@@ -64,7 +64,7 @@ from handformer.check.core.discovery import Component, DiscoveryError, cannot_fi
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines, source_text
-from handformer.check.core.step_updates import largest_difference, parameters_of, update
+from handformer.check.core.step_updates import largest_difference, largest_differences, parameters_of, update
 from handformer.check.runners.classifier_step import check_classifier_step
 from handformer.check.runners.classifier_step import roles as classifier_roles
 from handformer.check.runners.localize_train import localize_train_step
@@ -501,7 +501,7 @@ def _compared(step: Step, base: Seq2SeqTransformer, got: list[list[Tensor]],
                 if (before or step.count) and (not divided or sums(step.reference_criterion()))]
     for step.set_before, step.per_token in readings + [(True, False)]:
         right = _run(step, base)
-        errs = [largest_difference(g, r) for g, r in zip(got, right)]
+        errs = largest_differences(got, right)
         if max(errs) < step.tol:
             break
     return right, errs
@@ -695,7 +695,7 @@ def _reproduces(step: Step, base: Seq2SeqTransformer, got: list[list[Tensor]], r
     theirs = _run(step, base, **mistakes)
     if all(largest_difference(t, r) < 1e-12 for t, r in zip(theirs, right)):
         return math.inf
-    return max(largest_difference(g, t) for g, t in zip(got, theirs))
+    return max(largest_differences(got, theirs))
 
 
 def _search(res: ComponentResult, ctx: Context, comp: Component, step: Step, base: Seq2SeqTransformer,
