@@ -3,7 +3,7 @@ mask)`, the mask required) and the attention and the MLP each take the residual 
 (`mlp(x, residual)`). The MLP is driven with the residual handed zero, the block with check's ALiBi
 term at its own head count, the layout of its fused projection read on one token with its mask
 handed; each passes, and a plant in each fails. The model on such blocks is NOT CHECKED with that
-reason: handformer's CausalLM has no ALiBi."""
+reason: the model is not compared, its parts are."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_the_mlp_and_block_handed_residual_and_alibi_are_checked_and_pass(correc
 
 def test_the_model_on_alibi_blocks_is_not_checked_with_that_reason(correct):
     model = next(c for c in correct.components if c.name == "BloomForCausalLM")
-    assert "its blocks take ALiBi's term" in model.error.message, model.error.message
+    assert "its blocks are handed ALiBi's term" in model.error.message, model.error.message
 
 
 def test_an_mlp_without_its_activation_fails(no_gelu):

@@ -177,10 +177,10 @@ NO_BLOCKS = {
 
 
 # why a model whose blocks take ALiBi's term (BLOOM's block(x, alibi, mask)) is not compared
-NO_ALIBI = ("its blocks take ALiBi's term (BLOOM's block(x, alibi, mask)): handformer's CausalLM has no "
-            "ALiBi; its attention, MLP and blocks are checked alone",
-            "它的 Block 接收 ALiBi 项（BLOOM 的 block(x, alibi, mask)）：handformer 的 CausalLM 没有 ALiBi；"
-            "它的注意力、MLP 和 Block 单独检查")
+NO_ALIBI = ("its blocks are handed ALiBi's term (BLOOM's block(x, alibi, mask)): the model is not compared "
+            "with handformer's; its attention, MLP and blocks are checked alone",
+            "它的 Block 以参数接收 ALiBi 项（BLOOM 的 `block(x, alibi, mask)`）："
+            "整个模型不和 handformer 的比较；它的注意力、MLP 和 Block 单独检查")
 
 
 def _mapped_blocks(layers: list[tuple[str, nn.Module]], kv: int | None) -> list[LayerMap]:

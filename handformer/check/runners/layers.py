@@ -591,7 +591,6 @@ def causal_without_its_mask_(layer: Layer) -> bool:
 def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     layer = Layer(comp, ctx, KINDS[comp.kind])
-    causal_block = layer.causal_block
     _down_projection(res, ctx, comp, layer)
     wrapped = [wrapped_note(layer.wrapper, comp.name)] if layer.wrapper is not None else []
     res.notes += wrapped + window_note(layer.windows) + list(map(softcap_note, filter(None, [layer.cap])))
