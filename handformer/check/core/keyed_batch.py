@@ -11,7 +11,6 @@ Shape legend: B batch, T length.
 from __future__ import annotations
 
 import ast
-import textwrap
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +18,7 @@ import torch
 from torch import Tensor
 
 from handformer.check.core.argument_names import BATCH_NAMES, STEP_MODEL_NAMES, named, readable_parameters
-from handformer.check.core.source import config_reads, source_text
+from handformer.check.core.source import config_reads, function_nodes, source_text
 
 
 @dataclass(frozen=True)
@@ -38,19 +37,12 @@ def keyed_batch(fn: Any) -> KeyedBatch | None:
     names = [p.name for p in readable_parameters(fn)]
     batch, model = str(named(names, BATCH_NAMES)), str(named(names, STEP_MODEL_NAMES))
     keys = sorted(config_reads(fn, batch)[0], key=source_text(fn).find)
-    nodes = list(ast.walk(_tree(fn)))
+    nodes = function_nodes(fn)
     calls = {len(n.args) + len(n.keywords) for n in nodes
              if getattr(getattr(n, "func", None), "id", None) == model}  # model(...) calls: their arguments
     cuts = {(_value(n.lower), _value(n.upper)) for n in nodes if isinstance(n, ast.Slice)}
     found = len(keys) > 1 and calls == {1} and bool({(None, -1), (1, None)} & cuts)
     return KeyedBatch(batch, tuple(keys)) if found else None
-
-
-def _tree(fn: Any) -> ast.AST:
-    try:
-        return ast.parse(textwrap.dedent(source_text(fn)))
-    except SyntaxError:
-        return ast.Module([], [])
 
 
 def _value(node: ast.AST | None) -> Any:

@@ -17,20 +17,16 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
-import textwrap
 from typing import Any
 
-from handformer.check.core.source import source_text
+from handformer.check.core.source import function_nodes
 
 
 @functools.lru_cache(maxsize=256)
 def _init_nodes(cls: type) -> tuple[ast.AST, ...]:
     """The nodes of the parsed source of cls's own __init__; none where it has none."""
     init = vars(cls).get("__init__")
-    try:
-        return tuple(ast.walk(ast.parse(textwrap.dedent(source_text(init))))) if init else ()
-    except SyntaxError:
-        return ()
+    return function_nodes(init) if init else ()
 
 
 def _parameters(cls: type) -> list[str]:

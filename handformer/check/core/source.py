@@ -116,6 +116,16 @@ def _class_lines(cls: type) -> tuple[list[str], int]:
 SCOPES = {ast.ClassDef: ".", ast.FunctionDef: ".<locals>.", ast.AsyncFunctionDef: ".<locals>."}
 
 
+@functools.lru_cache(maxsize=512)
+def function_nodes(obj: Any) -> tuple[ast.AST, ...]:
+    """The nodes of one function's (or class's) source, dedented and parsed once; none where it does
+    not parse alone."""
+    try:
+        return tuple(ast.walk(ast.parse(textwrap.dedent(source_text(obj)))))
+    except SyntaxError:
+        return ()
+
+
 @functools.lru_cache(maxsize=8)
 def parsed_file(filename: str) -> ast.Module:
     """The learner's file parsed once (a file check imported: it parses); the trees are only read."""

@@ -15,7 +15,6 @@ import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -193,7 +192,7 @@ def _written_line(filename: str, origin: Step | None) -> int | None:
     """For `a, b = obj.method(...)` at the origin's line, the line of the file's `method` that writes
     into the buffer it returns as the origin's name (its `return self.k[...], self.v[...]`: the line
     `self.v[...] = ...`); None where the code is not so."""
-    nodes = list(ast.walk(ast.parse(Path(filename).read_text(encoding="utf-8"))))
+    nodes = list(ast.walk(parsed_file(filename)))
     try:  # the statement at that line comes first in the walk, before the nodes inside it
         call = next(n for n in nodes if getattr(n, "lineno", 0) == origin.line)
         names = [ast.unparse(t) for t in call.targets[0].elts]
