@@ -54,7 +54,8 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
     "dropout": ("dropout", "p", "drop", "dropout_rate", "drop_prob", "dropout_p", "p_drop", "pdrop",
                 "dropout_prob", "attn_dropout", "resid_dropout", "attn_pdrop", "resid_pdrop", "drop_rate"),
     "src_vocab": ("src_vocab_size", "src_vocab", "source_vocab_size", "input_vocab_size", "src_vocab_len",
-                  "enc_vocab_size", "vocab_size", "n_vocab", "vocab", "ntoken"),
+                  "enc_vocab_size", "vocab_size", "n_vocab", "vocab", "ntoken",
+                  "padded_vocab_size"),  # litgpt's Config: the embedding's and the head's rows
     "tgt_vocab": ("tgt_vocab_size", "tgt_vocab", "trg_vocab_size", "target_vocab_size", "output_vocab_size",
                   "tgt_vocab_len", "dec_vocab_size"),
     "n_layers": ("num_layers", "n_layers", "n", "num_encoder_layers", "num_decoder_layers", "n_layer",

@@ -88,7 +88,8 @@ def _function_lines(fn: Any) -> tuple[list[str], int]:
     """`inspect.getsourcelines` of a function or method, its block found once for its file's text."""
     fn = inspect.unwrap(fn)
     if not isinstance(fn, (types.FunctionType, types.MethodType)):
-        return inspect.getsourcelines(fn)
+        lines, start = inspect.getsourcelines(fn)
+        return lines, max(start, 1)  # a module's whole file: numbered 0 by inspect, its first line is 1
     lines, start = inspect.findsource(fn)
     return list(_block(tuple(lines[start:]))), start + 1
 

@@ -93,6 +93,7 @@ from handformer.check.core.weights import (
     with_shape,
 )
 from handformer.check.core.weights import norm_weights as learner_norm
+from handformer.check.core.windows import WINDOW_T, declared_window
 from handformer.check.reference import variants as V
 from handformer.check.reference.parallel import as_parallel_
 from handformer.check.runners import latent
@@ -483,7 +484,16 @@ def _window_note(windows: tuple[int | None, ...]) -> list[Text]:
                  "这么多个输出），其余 Block 看所有之前的 token：按相同的窗口与 handformer 比较")]
 
 
-WINDOW_T = 12  # tokens a block's window is measured on: a window of 12 or more is a full causal mask here
+def _windows_measured(res: ComponentResult, call: Caller, m: GPTMap) -> None:
+    """The blocks' sliding windows measured and noted; their one window checked against the window the
+    model's settings name (a mask off by one fails, quoting the line that bands it)."""
+    m.windows = block_windows(call, m)
+    res.notes += _window_note(m.windows)
+    window = _window_settings(m.windows).get("sliding_window")
+    if window:
+        declared_window(res, call.module, window)
+
+
 
 
 def block_windows(call: Caller, m: GPTMap) -> tuple[int | None, ...]:
@@ -900,7 +910,7 @@ def _not_compared(res: ComponentResult, m: GPTMap) -> None:
     """A model with parts held that no mistake explains and that departs only in the comparison with
     handformer's: NOT CHECKED, with the parts named, never FAIL (the held parts may be the reason)."""
     failed = [c.name for c in res.checks if not c.ok]
-    departs = " ".join(f.observed["en"].split("parts from the reference")[1] for f in res.findings
+    departs = " ".join(f.observed["en"].partition("parts from the reference")[2] for f in res.findings
                        if f.name == DEPARTS)
     # where it first parts: at a line of a held part (or nowhere said), else at a line of its own (FAIL)
     at_held = not departs or any(leaf.name.split(".")[0] in departs for leaf in m.held)
@@ -989,8 +999,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
     gated = is_gated(m.blocks[0].ffn)
     forms = layer_forms(call.module.get_submodule(m.blocks[0].name), m.blocks[0].attn[0])
     placements = BY_NORMS.get(len(m.blocks[0].norms), PLACEMENTS)
-    m.windows = block_windows(call, m)
-    res.notes += _window_note(m.windows)
+    _windows_measured(res, call, m)
     settings = [Choices(p, a, r, f) for f in forms for r in m.ropes for p in placements
                 for a in FFN_ACTIVATIONS[gated]]
     found = _search(m, out, idx, settings, last_only)

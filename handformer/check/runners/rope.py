@@ -563,10 +563,12 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
     names = forward_names(module)
     q, k = _apply_inputs()
     tensors = _tensor_names(names)
+    ids = [True]  # position_ids handed (B, T), Hugging Face's; (T,) where its forward takes no batch
 
     def one(offset: int, length: int, given: tuple[Tensor, ...]) -> Any:
+        positions = torch.arange(length) + offset
         values = {**dict.fromkeys(LENGTH_NAMES, length), **dict.fromkeys(OFFSET_NAMES, offset),
-                  "position_ids": (torch.arange(length) + offset)[None].expand(B, length),
+                  "position_ids": positions[None].expand(B, length) if ids[0] else positions,
                   "token_positions": torch.arange(length) + offset,  # CS336's forward(x, token_positions)
                   "device": q.device, "dtype": q.dtype}  # Falcon's forward(seq_len, device, dtype)
         kwargs = dict(zip(tensors, given)) | _filled(names, values)
@@ -581,7 +583,7 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
         outs = [one(offset, length, pair) for pair in pairs]
         return {"tokens": _per_sequence, "flat": _unflattened}.get(reading, lambda outs: outs[0])(outs)
 
-    raw = fp.quietly(call) if tensors else call()  # (a rotation that reads another layout: tried below)
+    raw = fp.quietly(call) if tensors else _table_of(call, names, ids)  # (a rotation: other layouts below)
     table = read_table(raw, T)
     theta = _own_base(res, comp, module)
     # OLMo's forward(q, k) returns the rotated (q, k): shaped as its inputs, not a (cos, sin) table
@@ -593,6 +595,23 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
                            "table (cos, sin) nor the rotated input",
                            f"{comp.name} 的 forward 返回了 {shape_of(raw)}：既不是旋转表 (cos, sin)，"
                            "也不是旋转后的输入")
+
+
+def _table_of(call: Callable[[], Any], names: list[str], ids: list[bool]) -> Any:
+    """The table a module's forward returns for positions (B, T) as Hugging Face hands them, else
+    (T,) where it takes position_ids as one row for the whole batch (a Hugging Face-style rotary
+    module that builds its table with torch.outer(position_ids, inv_freq)); `ids` keeps the form that
+    ran.
+    Raises the failure on (B, T) where neither runs."""
+    try:
+        return call()
+    except fp.LearnerFailure as failure:
+        ids[0] = "position_ids" not in names
+        flat = None if ids[0] else fp.quietly(call)
+        ids[0] = flat is None
+        if flat is None:
+            raise failure from None
+        return flat
 
 
 def _own_base(res: ComponentResult, comp: Component, module: Any) -> float:
