@@ -18,7 +18,7 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from handformer.check.catalog.components import LINE_FORMS
+from handformer.check.catalog.components import ADDED_AFTER, LINE_FORMS, PLAIN_ADD
 from handformer.check.core.result import LearnerError
 from handformer.check.reference.diagnoses import CATALOG
 
@@ -301,7 +301,8 @@ LINE_FINDERS = {"shared_norm": _second_norm_call, "top_p_drops_crossing": _shift
 def first_pattern_matches(name: str, code: str, form: str = "") -> bool:
     """Whether the diagnosis' first (its most telling) pattern finds the line, or the pattern of the
     form it was found in (LINE_FORMS); the later ones are guesses (`norm`, `embed|emb`)."""
-    told = (CATALOG[name].patterns[0], *LINE_FORMS.get((name, form), {}).values())
+    told = (CATALOG[name].patterns[0], *LINE_FORMS.get((name, form), {}).values(),
+            *[PLAIN_ADD] * ((name, form) in ADDED_AFTER))
     return any(re.search(pattern, code.split("#")[0]) for pattern in told)
 
 
@@ -367,9 +368,24 @@ def locate_form(name: str, form: str, lines: list[tuple[int, str]]) -> tuple[str
     line; else the form found, at `locate`'s line."""
     for shown, pattern in LINE_FORMS.get((name, form), {}).items():
         number, code = first_line([pattern], [*getattr(lines, "near", []), *lines])  # its own code first
+        if number is not None and (name, form) in ADDED_AFTER:
+            return (shown, *_added_after(number, code, lines))
         if number is not None:
             return shown, number, code
     return (form, *locate(name, lines))
+
+
+def _added_after(number: int, code: str, lines: list[tuple[int, str]]) -> tuple[int, str]:
+    """The line that adds what line `number` assigns to the stream: that line where it adds it itself
+    (`x = x + self.mlp(...)`), else the next plain add of its name within two code lines (`hidden_states
+    = residual + hidden_states` after `hidden_states = self.mlp(...)`), else that line still."""
+    name = re.match(r"\s*(\w+)\s*=", code)
+    if "+" in code.split("#")[0] or name is None:
+        return number, code
+    later = [(n, t) for n, t in _code_lines(sorted(set(lines))) if n > number][:2]
+    adds = [(n, t) for n, t in later if re.search(PLAIN_ADD, t.split("#")[0])
+            and re.search(rf"\b{name[1]}\b", t.split("=", 1)[1])]
+    return (adds[0][0], _with_continuation(*adds[0], dict(lines))) if adds else (number, code)
 
 
 def learner_error(err: BaseException, path: str, where: str) -> LearnerError:

@@ -16,9 +16,12 @@ Shape legend: B batch, T length, D d_model, V vocabulary.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import re
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +51,7 @@ from handformer.check.core.context import (
     reads_sequence_first,
     shape_of,
 )
-from handformer.check.core.discovery import Component, DiscoveryError, own_objects
+from handformer.check.core.discovery import CONFIG_NAMES, Component, DiscoveryError, own_objects
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import (
     Gainless,
@@ -1231,30 +1234,74 @@ def _returned_runs(ctx: Context, module: nn.Module, idx: Tensor) -> list[tuple[A
 
 
 def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor) -> None:
-    """A model whose forward takes start_pos and a cache that its own method makes (a Llama 2 chat
-    model's new_cache(batch_size)): tokens 0..4, then 5..7 at start_pos 5, through one cache give the
-    logits of the whole sequence without it; where not, the line where the cached path parts."""
-    module = call.module
-    make = next(filter(callable, (getattr(module, n, None) for n in CACHE_METHODS)), None)
+    """A model whose forward takes start_pos and a cache made outside it (`cache_maker`): tokens 0..4,
+    then 5..7 at start_pos 5 (at once, else one at a time as a generation loop feeds them: a rolling
+    cache read on one token only, mistral-src's), through one cache give the logits of the whole
+    sequence without it; where not, the line where the cached path parts."""
+    make = cache_maker(call.module)
     if None in (make, call.position, call.cache_arg):
         return
     B, T = idx.shape
 
-    def runs(cache: Any) -> list[tuple[Any, int, int]]:
-        return [(lambda: call.with_cache(idx[:, :5], 0, cache), 0, 5),
-                (lambda: call.with_cache(idx[:, 5:], 5, cache), 5, T)]
-    try:  # its method asks for the batch size
-        got = [run() for run, _, _ in runs(ctx.learner.call("__init__", make, B))]
-        err = fp.max_error(torch.cat(got, 1), call(idx)[0])
-    except (fp.LearnerFailure, TypeError, RuntimeError):
+    def runs(cache: Any, cuts: list[int]) -> list[tuple[Any, int, int]]:
+        spans = list(zip(cuts, cuts[1:]))
+        return [(lambda a=a, b=b: call.with_cache(idx[:, a:b], a, cache), a, b) for a, b in spans]
+    whole = fp.quietly(lambda: call(idx)[0])
+    for cuts in ([0, 5, T], [0, *range(5, T + 1)]):
+        got = fp.quietly(lambda cuts=cuts: torch.cat([run() for run, _, _ in runs(
+            ctx.learner.call("__init__", make[1], B), cuts)], 1))  # its maker asks for the batch size
+        err = fp.max_error(got, whole)  # (inf: no logits through the cache)
+        if err < 1e-5:
+            break
+    if err == math.inf:
         return
-    res.checks.append(Check(text(f"through its cache ({make.__name__}): tokens 0..4, then 5..7 with "
+    steps = ("at once", "一次给出") if len(cuts) == 3 else ("one at a time", "逐个给出")
+    res.checks.append(Check(text(f"through its cache ({make[0]}): tokens 0..4, then 5..7 {steps[0]} from "
                                  f"{call.position}=5, give the logits of the whole sequence",
-                                 f"经过它的缓存（{make.__name__}）：先给位置 0..4，再用 {call.position}=5 "
-                                 "给位置 5..7，logits 与整句一次算出的相同"), err < 1e-5, error_text(err)))
+                                 f"经过它的缓存（{make[0]}）：先给位置 0..4，再从 {call.position}=5 起"
+                                 f"{steps[1]}位置 5..7，logits 与整句一次算出的相同"), err < 1e-5,
+                            error_text(err)))
     if err >= 1e-5:
-        fresh = ctx.learner.call("__init__", make, B)
-        note_departure(res, lambda: cache_departure(lambda: call(idx), runs(fresh), T, ctx.path))
+        fresh = ctx.learner.call("__init__", make[1], B)
+        note_departure(res, lambda: cache_departure(lambda: call(idx), runs(fresh, cuts), T, ctx.path))
+
+
+def cache_maker(module: nn.Module) -> tuple[str, Callable[[int], Any]] | None:
+    """(its name, what makes a model's cache for a batch size): the model's own method (a Llama 2 chat
+    model's new_cache(batch_size)), else a class of its file named for a cache whose constructor takes
+    the model's config and a batch size alone (mistral-src's RollingKVCache(config, batch_size)),
+    handed the config the model holds; None where there is neither."""
+    method = next((n for n in CACHE_METHODS if callable(getattr(module, n, None))), None)
+    if method is not None:
+        return method, getattr(module, method)
+    file = sys.modules.get(type(module).__module__)
+    for name, cls in vars(file).items() if file else ():
+        required = [p.name for p in list(inspect.signature(cls).parameters.values())
+                    if p.default is p.empty] if _cache_class(cls, file) else []
+        if len(required) == 2 and hasattr(module, required[0]) and "batch" in required[1].lower():
+            dtype = next(module.parameters()).dtype  # its buffers made as the model computes (float64 here)
+            return name, functools.partial(_made_as, cls, getattr(module, required[0]), dtype)
+    return None
+
+
+def _made_as(cls: type, config: Any, dtype: torch.dtype, batch: int) -> Any:
+    """cls(config, batch), its float tensors (held alone or in a list, one a layer) in `dtype`."""
+    cache = cls(config, batch)
+    for name, value in vars(cache).items():
+        if isinstance(value, list) and all(torch.is_tensor(v) and v.is_floating_point() for v in value):
+            setattr(cache, name, [v.to(dtype) for v in value])
+        elif torch.is_tensor(value) and value.is_floating_point():
+            setattr(cache, name, value.to(dtype))
+    return cache
+
+
+def _cache_class(cls: Any, file: Any) -> bool:
+    """A class of the learner's file (not a module) named for a cache whose first argument names a
+    config."""
+    if not (isinstance(cls, type) and cls.__module__ == file.__name__ and "cache" in cls.__name__.lower()):
+        return False
+    params = list(fp.quietly(lambda: inspect.signature(cls).parameters) or ())
+    return not issubclass(cls, nn.Module) and bool(params) and params[0].lower() in CONFIG_NAMES
 
 
 def _balance(res: ComponentResult, m: GPTMap, hf: CausalLM, call: Caller, idx: Tensor, targets: Tensor,
