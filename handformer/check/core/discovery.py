@@ -595,6 +595,8 @@ POSITION_EXTRAS = TOKEN_EXTRAS + ("freqs_cis", "freqs_complex", "pos_cis", "freq
                                   "kv_cache", "cache", "past_key_value", "layer_past", "kv_write_indices")
 
 
+# what only a decoding layer's forward takes: a KV cache, and where its new tokens start
+DECODING_EXTRAS = {"start_pos", "kv_cache", "cache", "past_key_value", "layer_past", "input_pos"}
 # (the kind a class's name says, what the class shows, the kind it is then checked as): the first that
 # applies, in order
 CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
@@ -648,9 +650,10 @@ def encoder_block(cls: Any) -> bool:
     """A block (by its name: TransformerBlock) that is an encoder layer by what it does: its mask is
     optional, or it takes none (timm's ViT Block.forward(x)), and nothing in its file is causal (no
     tril, triu, is_causal=True or causal mask), so with no mask every token sees every other, as in
-    the paper's encoder."""
+    the paper's encoder. One that takes a KV cache or where its tokens start (mistral-src's
+    TransformerBlock(x, cos, sin, mask, cache, start_pos)) decodes: a decoder-only block."""
     defaults = {p.default for p in _forward_parameters(cls).values() if "mask" in p.name.lower()}
-    if defaults and None not in defaults:
+    if defaults and None not in defaults or set(_forward_parameters(cls)) & DECODING_EXTRAS:
         return False
     source = source_text(_module_of(cls))
     return bool(source) and not CAUSAL_WORDS.search(source) and not re.search(r"subsequent|look_?ahead",

@@ -48,6 +48,8 @@ OFFSET_NAMES = ("offset", "start_pos", "start", "pos_offset", "past_length", "ca
 DIM_NAMES = ("dim", "head_dim", "d", "d_head", "rotary_dim", "dims", "head_size", "d_k",
              "n_elem")  # gpt-fast's
 THETA_NAMES = ("theta", "base", "rope_theta", "rope_base")
+# the positions a rotary module's forward takes, (B, T) or (T,): Hugging Face's position_ids, or named so
+ID_NAMES = ("position_ids", "positions", "pos_ids")
 OFFSET_ARGS = (*OFFSET_NAMES, "position_ids")  # a module told where its positions start
 TENSOR_NAMES = ("x", "q", "k", "xq", "xk", "query", "key", "input", "hidden", "tensor", "queries", "keys",
                 "hidden_states")
@@ -568,7 +570,9 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
     def one(offset: int, length: int, given: tuple[Tensor, ...]) -> Any:
         positions = torch.arange(length) + offset
         values = {**dict.fromkeys(LENGTH_NAMES, length), **dict.fromkeys(OFFSET_NAMES, offset),
-                  "position_ids": positions[None].expand(B, length) if ids[0] else positions,
+                  # the names beside position_ids only for a table's module (forward(positions))
+                  **dict.fromkeys(ID_NAMES[:1 if tensors else None],
+                                  positions[None].expand(B, length) if ids[0] else positions),
                   "token_positions": torch.arange(length) + offset,  # CS336's forward(x, token_positions)
                   "device": q.device, "dtype": q.dtype}  # Falcon's forward(seq_len, device, dtype)
         kwargs = dict(zip(tensors, given)) | _filled(names, values)
@@ -599,14 +603,14 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
 
 def _table_of(call: Callable[[], Any], names: list[str], ids: list[bool]) -> Any:
     """The table a module's forward returns for positions (B, T) as Hugging Face hands them, else
-    (T,) where it takes position_ids as one row for the whole batch (a Hugging Face-style rotary
-    module that builds its table with torch.outer(position_ids, inv_freq)); `ids` keeps the form that
-    ran.
+    (T,) where it takes position_ids (or positions) as one row for the whole batch (a Hugging
+    Face-style rotary module that builds its table with torch.outer(position_ids, inv_freq)); `ids`
+    keeps the form that ran.
     Raises the failure on (B, T) where neither runs."""
     try:
         return call()
     except fp.LearnerFailure as failure:
-        ids[0] = "position_ids" not in names
+        ids[0] = not _takes(names, ID_NAMES)
         flat = None if ids[0] else fp.quietly(call)
         ids[0] = flat is None
         if flat is None:
@@ -636,7 +640,7 @@ def _module_table(res: ComponentResult, ctx: Context, comp: Component, call: Cal
     res.checks.append(Check(text(f"the table's angles are pos * theta^(-2j/d) for {rows} positions",
                                  f"表中 {rows} 个位置的角度为 pos * theta^(-2j/d)"), err < TOL,
                             error_text(err)))
-    if _takes(names, OFFSET_ARGS):
+    if _takes(names, (*OFFSET_ARGS, *ID_NAMES)):  # (positions: a table's module alone is handed them)
         _table_offset_check(res, ctx, comp, call)
     return finish(res)
 
