@@ -26,8 +26,9 @@ from handformer.check.core.weights import Leaf, fused_among, leaves, of_kind
 def find_layouts_(module: nn.Module, one_token: Callable[[], Tensor | None], D: int, head_dim: int) -> None:
     """Record the layout of every fused projection in `module` whose layouts part, found by
     `one_token` (the learner's module on a one-token input): grouped where it alone leaves that
-    output unchanged as its query rows and its key (or, swapped, its value) rows change; else (blocks alone does, or neither: a mistake
-    elsewhere, or a module that does not run on one token) blocks, the common one."""
+    output unchanged as its query rows and its key (or, swapped, its value) rows change; else (blocks
+    alone does, or neither: a mistake elsewhere, or a module that does not run on one token) blocks,
+    the common one."""
     fused = fused_among(of_kind(leaves(module), "linear"), D, head_dim, least=head_dim)
     if not fused:  # nothing run
         return

@@ -368,10 +368,8 @@ def locate_form(name: str, form: str, lines: list[tuple[int, str]]) -> tuple[str
     line; else the form found, at `locate`'s line."""
     for shown, pattern in LINE_FORMS.get((name, form), {}).items():
         number, code = first_line([pattern], [*getattr(lines, "near", []), *lines])  # its own code first
-        if number is not None and (name, form) in ADDED_AFTER:
-            return (shown, *_added_after(number, code, lines))
         if number is not None:
-            return shown, number, code
+            return (shown, *QUOTED_AT.get((name, form), _as_found)(number, code, lines))
     return (form, *locate(name, lines))
 
 
@@ -379,13 +377,18 @@ def _added_after(number: int, code: str, lines: list[tuple[int, str]]) -> tuple[
     """The line that adds what line `number` assigns to the stream: that line where it adds it itself
     (`x = x + self.mlp(...)`), else the next plain add of its name within two code lines (`hidden_states
     = residual + hidden_states` after `hidden_states = self.mlp(...)`), else that line still."""
-    name = re.match(r"\s*(\w+)\s*=", code)
-    if "+" in code.split("#")[0] or name is None:
-        return number, code
+    name = re.match(r"\s*(\w+)\s*=(?![^#]*\+)", code)  # None: the line adds it itself
     later = [(n, t) for n, t in _code_lines(sorted(set(lines))) if n > number][:2]
-    adds = [(n, t) for n, t in later if re.search(PLAIN_ADD, t.split("#")[0])
-            and re.search(rf"\b{name[1]}\b", t.split("=", 1)[1])]
-    return (adds[0][0], _with_continuation(*adds[0], dict(lines))) if adds else (number, code)
+    adds = [(n, t) for n, t in later if name and re.search(PLAIN_ADD, t.split("#")[0])
+            and re.search(rf"\b{name[1]}\b", t.split("=", 1)[1])] + [(number, dict(lines).get(number, code))]
+    return adds[0][0], _with_continuation(*adds[0], dict(lines))
+
+
+def _as_found(number: int, code: str, lines: list[tuple[int, str]]) -> tuple[int, str]:
+    return number, code
+
+
+QUOTED_AT = dict.fromkeys(ADDED_AFTER, _added_after)  # (name, form) -> the line quoted of the line found
 
 
 def learner_error(err: BaseException, path: str, where: str) -> LearnerError:

@@ -773,10 +773,9 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     res.mapping = [s.describe() for s in slots]
     _sequence_first(res, ctx, c)
     causal_inside = _causal_inside(res, ctx, c, sizes["causal"])
-    window = _window_inside(res, ctx, c, module) if causal_inside else None
     has_o = _head_notes(res, comp, c, slots, causal_inside, heads, source_text(ctx.module))
     probe = MHAProbe(ctx, c, x, _one_mask_first(c, _conventions(ctx, module, c)), causal_inside, heads)
-    probe.window = window
+    probe.window = window = _window_inside(res, ctx, c, module) if causal_inside else None
     try:
         # a mask it requires, when a case has none: every key visible in the first convention it runs with
         c.state["visible"] = first_working(ctx, probe.run, probe.convs)

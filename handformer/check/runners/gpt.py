@@ -1255,7 +1255,7 @@ def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor)
             break
     if err == math.inf:
         return
-    steps = ("at once", "一次给出") if len(cuts) == 3 else ("one at a time", "逐个给出")
+    steps = CUT_WORDS[len(cuts) == 3]
     res.checks.append(Check(text(f"through its cache ({make[0]}): tokens 0..4, then 5..7 {steps[0]} from "
                                  f"{call.position}=5, give the logits of the whole sequence",
                                  f"经过它的缓存（{make[0]}）：先给位置 0..4，再从 {call.position}=5 起"
@@ -1266,6 +1266,9 @@ def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor)
         note_departure(res, lambda: cache_departure(lambda: call(idx), runs(fresh, cuts), T, ctx.path))
 
 
+CUT_WORDS = {True: ("at once", "一次给出"), False: ("one at a time", "逐个给出")}  # tokens 5..7 given so
+
+
 def cache_maker(module: nn.Module) -> tuple[str, Callable[[int], Any]] | None:
     """(its name, what makes a model's cache for a batch size): the model's own method (a Llama 2 chat
     model's new_cache(batch_size)), else a class of its file named for a cache whose constructor takes
@@ -1274,34 +1277,35 @@ def cache_maker(module: nn.Module) -> tuple[str, Callable[[int], Any]] | None:
     method = next((n for n in CACHE_METHODS if callable(getattr(module, n, None))), None)
     if method is not None:
         return method, getattr(module, method)
-    file = sys.modules.get(type(module).__module__)
-    for name, cls in vars(file).items() if file else ():
-        required = [p.name for p in list(inspect.signature(cls).parameters.values())
-                    if p.default is p.empty] if _cache_class(cls, file) else []
-        if len(required) == 2 and hasattr(module, required[0]) and "batch" in required[1].lower():
+    file = sys.modules[type(module).__module__]
+    for name, cls in vars(file).items():
+        config, batch = (_cache_arguments(cls, file) + ["", ""])[:2]
+        if config.lower() in CONFIG_NAMES and hasattr(module, config) and "batch" in batch.lower():
             dtype = next(module.parameters()).dtype  # its buffers made as the model computes (float64 here)
-            return name, functools.partial(_made_as, cls, getattr(module, required[0]), dtype)
+            return name, functools.partial(_made_as, cls, getattr(module, config), dtype)
     return None
+
+
+def _cache_arguments(cls: Any, file: Any) -> list[str]:
+    """The arguments without a default of a class of the learner's file (not a module) named for a
+    cache, if exactly two; else none."""
+    own = isinstance(cls, type) and cls.__module__ == file.__name__ and "cache" in cls.__name__.lower()
+    params = fp.quietly(lambda: inspect.signature(cls).parameters.values()) if own else None
+    required = [p.name for p in params or () if p.default is p.empty]
+    return required * (len(required) == 2 and not issubclass(cls, nn.Module))
 
 
 def _made_as(cls: type, config: Any, dtype: torch.dtype, batch: int) -> Any:
     """cls(config, batch), its float tensors (held alone or in a list, one a layer) in `dtype`."""
     cache = cls(config, batch)
     for name, value in vars(cache).items():
-        if isinstance(value, list) and all(torch.is_tensor(v) and v.is_floating_point() for v in value):
-            setattr(cache, name, [v.to(dtype) for v in value])
-        elif torch.is_tensor(value) and value.is_floating_point():
-            setattr(cache, name, value.to(dtype))
+        setattr(cache, name, list(map(functools.partial(_floats_as, dtype=dtype), value))
+                if isinstance(value, list) else _floats_as(value, dtype))
     return cache
 
 
-def _cache_class(cls: Any, file: Any) -> bool:
-    """A class of the learner's file (not a module) named for a cache whose first argument names a
-    config."""
-    if not (isinstance(cls, type) and cls.__module__ == file.__name__ and "cache" in cls.__name__.lower()):
-        return False
-    params = list(fp.quietly(lambda: inspect.signature(cls).parameters) or ())
-    return not issubclass(cls, nn.Module) and bool(params) and params[0].lower() in CONFIG_NAMES
+def _floats_as(value: Any, dtype: torch.dtype) -> Any:
+    return value.to(dtype) if torch.is_tensor(value) and value.is_floating_point() else value
 
 
 def _balance(res: ComponentResult, m: GPTMap, hf: CausalLM, call: Caller, idx: Tensor, targets: Tensor,

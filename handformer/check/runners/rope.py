@@ -568,13 +568,7 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
     ids = [True]  # position_ids handed (B, T), Hugging Face's; (T,) where its forward takes no batch
 
     def one(offset: int, length: int, given: tuple[Tensor, ...]) -> Any:
-        positions = torch.arange(length) + offset
-        values = {**dict.fromkeys(LENGTH_NAMES, length), **dict.fromkeys(OFFSET_NAMES, offset),
-                  # the names beside position_ids only for a table's module (forward(positions))
-                  **dict.fromkeys(ID_NAMES[:1 if tensors else None],
-                                  positions[None].expand(B, length) if ids[0] else positions),
-                  "token_positions": torch.arange(length) + offset,  # CS336's forward(x, token_positions)
-                  "device": q.device, "dtype": q.dtype}  # Falcon's forward(seq_len, device, dtype)
+        values = _module_values(offset, length, ID_NAMES[:1 if tensors else None], ids[0])
         kwargs = dict(zip(tensors, given)) | _filled(names, values)
         return ctx.learner.call("forward", module, **kwargs)
 
@@ -601,6 +595,17 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
                            "也不是旋转后的输入")
 
 
+def _module_values(offset: int, length: int, id_names: tuple[str, ...], batched: bool) -> dict[str, Any]:
+    """What a rotary module's forward may take besides its tensors, by name: the length, the offset,
+    the positions from it ((B, T) or one row (T,), under `id_names`: the names beside position_ids
+    only for a table's module, forward(positions))."""
+    positions = torch.arange(length) + offset
+    return {**dict.fromkeys(LENGTH_NAMES, length), **dict.fromkeys(OFFSET_NAMES, offset),
+            **dict.fromkeys(id_names, positions[None].expand(B, length) if batched else positions),
+            "token_positions": positions,  # CS336's forward(x, token_positions)
+            "device": torch.device("cpu"), "dtype": torch.float64}  # Falcon's forward(seq_len, device, dtype)
+
+
 def _table_of(call: Callable[[], Any], names: list[str], ids: list[bool]) -> Any:
     """The table a module's forward returns for positions (B, T) as Hugging Face hands them, else
     (T,) where it takes position_ids (or positions) as one row for the whole batch (a Hugging
@@ -610,8 +615,8 @@ def _table_of(call: Callable[[], Any], names: list[str], ids: list[bool]) -> Any
     try:
         return call()
     except fp.LearnerFailure as failure:
-        ids[0] = not _takes(names, ID_NAMES)
-        flat = None if ids[0] else fp.quietly(call)
+        ids[0] = not _takes(names, ID_NAMES)  # (B, T) again where it takes no positions: it fails again
+        flat = fp.quietly(call)
         ids[0] = flat is None
         if flat is None:
             raise failure from None
