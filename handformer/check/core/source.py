@@ -454,8 +454,9 @@ def refused_by_stand_in(err: BaseException) -> bool:
         return False
     if match is None:
         return False
-    return any(name.startswith("handformer.check") and isinstance(vars(m).get(match.group(1)), type)
-               for name, m in list(sys.modules.items()))
+    held = [getattr(m, "__dict__", {}) for name, m in list(sys.modules.items())  # (None: a failed import)
+            if name.startswith("handformer.check")]
+    return any(isinstance(names.get(match.group(1)), type) for names in held)
 
 
 def _same(a: str, b: str) -> bool:
