@@ -60,7 +60,7 @@ def test_gemma2_window_off_by_one_fails_the_attention_at_its_line(tmp_path):
 def test_gemma2_missing_sandwich_norm_is_quoted_at_its_add(tmp_path):
     result = planted(tmp_path, GEMMA2, "        h = self.post_feedforward_layernorm(h)\n", "", ["block"])
     (finding,) = only_finding(result, "GemmaTwoLayer")
-    assert (finding.name, finding.line, finding.code) == ("sandwich_norm_missing", 115, "x = x + h"), finding
+    assert (finding.name, finding.line, finding.code) == ("sandwich_norm_missing", 116, "x = x + h"), finding
 
 
 def test_gemma2_unscaled_embedding_is_quoted_where_it_is_kept(tmp_path):
