@@ -27,7 +27,9 @@ DIAGNOSES: list[Diagnosis] = [
       "multiply the embedding by it: return self.lut(x) * math.sqrt(self.d_model) (or drop the factor on "
       "purpose: GPT-2 and Llama do not scale)",
       "把它乘到嵌入上：return self.lut(x) * math.sqrt(self.d_model)（或者有意不缩放：GPT-2 和 Llama 都不乘）",
-      r"return\s+self\.\w+\(\w+\)\s*$",
+      # the Annotated Transformer's `return self.lut(x)`: an embedding's call returned as it is (not a
+      # norm's: Gemma's `return self.norm(hidden_states)` ends a forward whose embedding is unscaled above)
+      r"return\s+self\.\w*(tok|embed|emb|lut|wte|word)\w*\(\w+\)\s*$",
       r"^\s*\w+\s*=\s*\w*(embed|emb)\w*\s*$",  # Gemma's `hidden_states = inputs_embeds`, unscaled
       r"=\s*self\.\w*(embed|emb|lut)\w*\(\w+\)\s*$",
       r"self\.[\w.]*(tok|embed|emb|lut|wte)\w*\(\w+\)(?!\s*\*)", r"sqrt\(|\*\*\s*0?\.5\b"),

@@ -172,6 +172,11 @@ WIDTH = (r"((self|config|cfg|args|params)\.)?"
 UNSUMMED = r"^\s*(?!({0})\w*\s*=)\w+\s*=(?![^#]*\+)\s*(self\.)?\w*drop\w*\(\s*(self\.)?({0})\b"
 # forms that give one output at check's sizes, told apart by the learner's line: dividing the scores
 # by sqrt(d_model) (a width, or heads times head width) is dividing by d_k when d_k = 4 = sqrt(16)
+# a sublayer's output added to the stream on a line of its own (Hugging Face's Gemma 2: `hidden_states =
+# self.mlp(...)`, then `hidden_states = residual + hidden_states`): the add is the line quoted for the
+# forms here, where the call's line does not add it itself
+ADDED_AFTER = {("sandwich_norm_missing", "attn"), ("sandwich_norm_missing", "ffn")}
+PLAIN_ADD = r"^\s*\w+\s*=\s*\w+\s*\+\s*\w+\s*$"
 LINE_FORMS: dict[tuple[str, str], dict[str, str]] = {  # (name, form found) -> {form shown: its line}
     # the sublayer whose norm after it is missing: the line that keeps its output un-normed
     ("sandwich_norm_missing", "attn"): {"attn": SUBLAYER_CALL.format("self_attn|attn|attention")},

@@ -54,7 +54,8 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
     "dropout": ("dropout", "p", "drop", "dropout_rate", "drop_prob", "dropout_p", "p_drop", "pdrop",
                 "dropout_prob", "attn_dropout", "resid_dropout", "attn_pdrop", "resid_pdrop", "drop_rate"),
     "src_vocab": ("src_vocab_size", "src_vocab", "source_vocab_size", "input_vocab_size", "src_vocab_len",
-                  "enc_vocab_size", "vocab_size", "n_vocab", "vocab", "ntoken"),
+                  "enc_vocab_size", "vocab_size", "n_vocab", "vocab", "ntoken",
+                  "padded_vocab_size"),  # litgpt's Config: the embedding's and the head's rows
     "tgt_vocab": ("tgt_vocab_size", "tgt_vocab", "trg_vocab_size", "target_vocab_size", "output_vocab_size",
                   "tgt_vocab_len", "dec_vocab_size"),
     "n_layers": ("num_layers", "n_layers", "n", "num_encoder_layers", "num_decoder_layers", "n_layer",
@@ -594,6 +595,8 @@ POSITION_EXTRAS = TOKEN_EXTRAS + ("freqs_cis", "freqs_complex", "pos_cis", "freq
                                   "kv_cache", "cache", "past_key_value", "layer_past", "kv_write_indices")
 
 
+# what only a decoding layer's forward takes: a KV cache, and where its new tokens start
+DECODING_EXTRAS = {"start_pos", "kv_cache", "cache", "past_key_value", "layer_past", "input_pos"}
 # (the kind a class's name says, what the class shows, the kind it is then checked as): the first that
 # applies, in order
 CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
@@ -647,9 +650,10 @@ def encoder_block(cls: Any) -> bool:
     """A block (by its name: TransformerBlock) that is an encoder layer by what it does: its mask is
     optional, or it takes none (timm's ViT Block.forward(x)), and nothing in its file is causal (no
     tril, triu, is_causal=True or causal mask), so with no mask every token sees every other, as in
-    the paper's encoder."""
+    the paper's encoder. One that takes a KV cache or where its tokens start (mistral-src's
+    TransformerBlock(x, cos, sin, mask, cache, start_pos)) decodes: a decoder-only block."""
     defaults = {p.default for p in _forward_parameters(cls).values() if "mask" in p.name.lower()}
-    if defaults and None not in defaults:
+    if defaults and None not in defaults or set(_forward_parameters(cls)) & DECODING_EXTRAS:
         return False
     source = source_text(_module_of(cls))
     return bool(source) and not CAUSAL_WORDS.search(source) and not re.search(r"subsequent|look_?ahead",

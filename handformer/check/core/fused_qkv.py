@@ -26,8 +26,9 @@ from handformer.check.core.weights import Leaf, fused_among, leaves, of_kind
 def find_layouts_(module: nn.Module, one_token: Callable[[], Tensor | None], D: int, head_dim: int) -> None:
     """Record the layout of every fused projection in `module` whose layouts part, found by
     `one_token` (the learner's module on a one-token input): grouped where it alone leaves that
-    output unchanged as its query and key rows change; else (blocks alone does, or neither: a mistake
-    elsewhere, or a module that does not run on one token) blocks, the common one."""
+    output unchanged as its query rows and its key (or, swapped, its value) rows change; else (blocks
+    alone does, or neither: a mistake elsewhere, or a module that does not run on one token) blocks,
+    the common one."""
     fused = fused_among(of_kind(leaves(module), "linear"), D, head_dim, least=head_dim)
     if not fused:  # nothing run
         return
@@ -45,10 +46,11 @@ def _quiet(one_token: Callable[[], Tensor | None]) -> Tensor | None:
 
 def _unmoved(fused: list[Leaf], name: str, D: int, head_dim: int, one_token: Callable[[], Tensor | None],
              before: Tensor | None) -> bool:
-    """Whether the one-token output stays as it was while the rows this layout calls query and key
-    change, and moves when its value rows change (the rows are read at all)."""
-    return _moved(fused, name, (0, 1), D, head_dim, one_token, before) < 1e-9 < _moved(
-        fused, name, (2,), D, head_dim, one_token, before)
+    """Whether the one-token output stays as it was while the rows this layout calls query change,
+    and of the rows it calls key and value, one moves it and the other does not: the layout's, its
+    key and value read as they are, or swapped (kv_swapped, a mistake the comparison then names)."""
+    q, k, v = (_moved(fused, name, (role,), D, head_dim, one_token, before) for role in range(3))
+    return q < 1e-9 and min(k, v) < 1e-9 < max(k, v)
 
 
 def _moved(fused: list[Leaf], name: str, roles: tuple[int, ...], D: int, head_dim: int,

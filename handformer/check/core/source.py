@@ -18,7 +18,7 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from handformer.check.catalog.components import LINE_FORMS
+from handformer.check.catalog.components import ADDED_AFTER, LINE_FORMS, PLAIN_ADD
 from handformer.check.core.result import LearnerError
 from handformer.check.reference.diagnoses import CATALOG
 
@@ -88,7 +88,8 @@ def _function_lines(fn: Any) -> tuple[list[str], int]:
     """`inspect.getsourcelines` of a function or method, its block found once for its file's text."""
     fn = inspect.unwrap(fn)
     if not isinstance(fn, (types.FunctionType, types.MethodType)):
-        return inspect.getsourcelines(fn)
+        lines, start = inspect.getsourcelines(fn)
+        return lines, max(start, 1)  # a module's whole file: numbered 0 by inspect, its first line is 1
     lines, start = inspect.findsource(fn)
     return list(_block(tuple(lines[start:]))), start + 1
 
@@ -300,7 +301,8 @@ LINE_FINDERS = {"shared_norm": _second_norm_call, "top_p_drops_crossing": _shift
 def first_pattern_matches(name: str, code: str, form: str = "") -> bool:
     """Whether the diagnosis' first (its most telling) pattern finds the line, or the pattern of the
     form it was found in (LINE_FORMS); the later ones are guesses (`norm`, `embed|emb`)."""
-    told = (CATALOG[name].patterns[0], *LINE_FORMS.get((name, form), {}).values())
+    told = (CATALOG[name].patterns[0], *LINE_FORMS.get((name, form), {}).values(),
+            *[PLAIN_ADD] * ((name, form) in ADDED_AFTER))
     return any(re.search(pattern, code.split("#")[0]) for pattern in told)
 
 
@@ -367,8 +369,26 @@ def locate_form(name: str, form: str, lines: list[tuple[int, str]]) -> tuple[str
     for shown, pattern in LINE_FORMS.get((name, form), {}).items():
         number, code = first_line([pattern], [*getattr(lines, "near", []), *lines])  # its own code first
         if number is not None:
-            return shown, number, code
+            return (shown, *QUOTED_AT.get((name, form), _as_found)(number, code, lines))
     return (form, *locate(name, lines))
+
+
+def _added_after(number: int, code: str, lines: list[tuple[int, str]]) -> tuple[int, str]:
+    """The line that adds what line `number` assigns to the stream: that line where it adds it itself
+    (`x = x + self.mlp(...)`), else the next plain add of its name within two code lines (`hidden_states
+    = residual + hidden_states` after `hidden_states = self.mlp(...)`), else that line still."""
+    name = re.match(r"\s*(\w+)\s*=(?![^#]*\+)", code)  # None: the line adds it itself
+    later = [(n, t) for n, t in _code_lines(sorted(set(lines))) if n > number][:2]
+    adds = [(n, t) for n, t in later if name and re.search(PLAIN_ADD, t.split("#")[0])
+            and re.search(rf"\b{name[1]}\b", t.split("=", 1)[1])] + [(number, dict(lines).get(number, code))]
+    return adds[0][0], _with_continuation(*adds[0], dict(lines))
+
+
+def _as_found(number: int, code: str, lines: list[tuple[int, str]]) -> tuple[int, str]:
+    return number, code
+
+
+QUOTED_AT = dict.fromkeys(ADDED_AFTER, _added_after)  # (name, form) -> the line quoted of the line found
 
 
 def learner_error(err: BaseException, path: str, where: str) -> LearnerError:
@@ -434,8 +454,9 @@ def refused_by_stand_in(err: BaseException) -> bool:
         return False
     if match is None:
         return False
-    return any(name.startswith("handformer.check") and isinstance(vars(m).get(match.group(1)), type)
-               for name, m in list(sys.modules.items()))
+    held = [getattr(m, "__dict__", {}) for name, m in list(sys.modules.items())  # (None: a failed import)
+            if name.startswith("handformer.check")]
+    return any(isinstance(names.get(match.group(1)), type) for names in held)
 
 
 def _same(a: str, b: str) -> bool:

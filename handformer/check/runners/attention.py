@@ -122,7 +122,7 @@ from handformer.check.core.weights import (
     relative_bias_slots,
     shapes_text,
 )
-from handformer.check.core.windows import window_inputs, window_note
+from handformer.check.core.windows import own_window, window_found, window_inputs, window_keep, window_note
 from handformer.check.reference import variants as V
 from handformer.nn.attention import scaled_dot_product_attention
 from handformer.nn.masks import causal_mask
@@ -775,6 +775,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     causal_inside = _causal_inside(res, ctx, c, sizes["causal"])
     has_o = _head_notes(res, comp, c, slots, causal_inside, heads, source_text(ctx.module))
     probe = MHAProbe(ctx, c, x, _one_mask_first(c, _conventions(ctx, module, c)), causal_inside, heads)
+    probe.window = window = _window_inside(res, ctx, c, module) if causal_inside else None
     try:
         # a mask it requires, when a case has none: every key visible in the first convention it runs with
         c.state["visible"] = first_working(ctx, probe.run, probe.convs)
@@ -788,7 +789,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
              "universe": _universe(c, has_o, n_kv_heads, causal_inside), "n_kv_heads": n_kv_heads,
              "ropes": positions_inside(comp, c, slots), "caps": softcaps(module),
              "scales": configured_scales(module),
-             "setup": Setup(module, slots, c, "", causal_inside, n_kv_heads, None, heads)}
+             "setup": Setup(module, slots, c, "", causal_inside, n_kv_heads, None, heads, window=window)}
     return Subject(probe.run, [], module, facts)
 
 
@@ -932,6 +933,16 @@ def _causal_inside(res: ComponentResult, ctx: Context, c: Caller, causal_inside:
                           "不给掩码时它是因果的（改变位置 3 的 token，位置 0..2 的输出不变）："
                           "按因果自注意力检查"))
     return True
+
+
+def _window_inside(res: ComponentResult, ctx: Context, c: Caller, module: nn.Module) -> int | None:
+    """The sliding window of the causal mask an attention builds itself (Gemma 2's local layers,
+    i - W < j <= i), measured, noted and checked against its settings; None where it sees every
+    earlier token."""
+    reach = own_window(lambda v: fp.first_tensor(ctx.learner.call("forward", c.call, v, v, v, None), 3), D)
+    if reach:
+        window_found(res, module, reach)
+    return reach
 
 
 MASK_FROM_CALLER = text("its forward requires a mask and is not causal without one: its caller hands the "
@@ -1100,7 +1111,7 @@ class MHAProbe:
     def __init__(self, ctx: Context, c: Caller, x: Tensor, convs: tuple[str, ...],
                  causal_inside: bool, heads: int) -> None:
         self.ctx, self.c, self.x, self.convs, self.causal_inside = ctx, c, x, convs, causal_inside
-        self.heads = heads
+        self.heads, self.window = heads, None  # the sliding window of its own causal mask, if any
         self.pad = positions(self.B, self.T, [0, 2]) if c.takes_mask else None
         keep = self.pad if self.pad is None else causal(self.T) & self.pad  # (B, 1, T, T)
         # causal inside too: one that applies a mask it is given in place of its own (Hugging Face's
@@ -1117,7 +1128,7 @@ class MHAProbe:
         or (causal inside) its own causal mask, off by one if so, & the padding it is given."""
         if not self.causal_inside:
             return V.applied_keep(self.keeps[conv], flags, self.heads)
-        own = V.causal_keep(self.T, flags)[None, None]
+        own = window_keep(self.T, self.window, frozenset(flags))[None, None]  # its own, in its window
         if self.pad is None:
             return V.applied_keep(own, flags, self.heads)
         given = V.applied_keep(self.pad, flags, self.heads)
@@ -1192,6 +1203,7 @@ class Setup:
     heads: int  # H, or 1 for a single-head attention
     softcap: float | None = None  # its scores soft-capped at this value (Gemma 2's)
     scale: float | None = None  # its scores' configured scale in place of 1/sqrt(d_k) (Granite's)
+    window: int | None = None  # the sliding window of the causal mask it builds itself (Gemma 2's)
 
 
 def _cases(s: Setup) -> list[tuple[str, int, int, int, Tensor | None, Tensor | None]]:
@@ -1200,12 +1212,13 @@ def _cases(s: Setup) -> list[tuple[str, int, int, int, Tensor | None, Tensor | N
     takes_mask = s.c.takes_mask
     cross = s.c.n_inputs >= 2 and not s.causal_inside and s.rope is None
     if s.causal_inside:
-        cases = [("causal self-attention", 2, 5, 5, None, causal(5)[None, None]),
-                 ("causal self-attention", 3, 8, 8, None, causal(8)[None, None])]
+        own = functools.partial(window_keep, window=s.window)  # (T, T): its own causal mask
+        cases = [("causal self-attention", 2, 5, 5, None, own(5)[None, None]),
+                 ("causal self-attention", 3, 8, 8, None, own(8)[None, None])]
         if takes_mask:
             pad = positions(3, 7, [0, 2, 5])
             given = keeps_for(causal(7) & pad, pad, (s.conv,))[s.conv]  # as MHAProbe's
-            cases.append(("causal self-attention, padding", 3, 7, 7, given, causal(7) & pad))
+            cases.append(("causal self-attention, padding", 3, 7, 7, given, own(7) & pad))
     else:
         cases = [("self-attention, no mask", 2, 5, 5, None, None)]
         if takes_mask:
@@ -1369,7 +1382,7 @@ def _at_distinct_sizes(res: ComponentResult, ctx: Context, comp: Component, s: S
         return
     hf = handformer_attention(slots, kv_heads_of(slots, DISTINCT_HEADS), heads=DISTINCT_HEADS,
                               softcap=s.softcap)
-    mask = causal(DISTINCT_T)[None, None] if s.causal_inside else None
+    mask = window_keep(DISTINCT_T, s.window)[None, None] if s.causal_inside else None
     # an attention that turned no dims at check's 4 a head may turn a part of each head at 8 (Phi's
     # partial rotary, 0.4 of it rounded to even): each even width is tried, none first
     errors = {r: fp.max_error(out, hf(x, x, x, mask, need_weights=True, rope=_turned(r))[0])

@@ -16,9 +16,12 @@ Shape legend: B batch, T length, D d_model, V vocabulary.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import re
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +51,7 @@ from handformer.check.core.context import (
     reads_sequence_first,
     shape_of,
 )
-from handformer.check.core.discovery import Component, DiscoveryError, own_objects
+from handformer.check.core.discovery import CONFIG_NAMES, Component, DiscoveryError, own_objects
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import (
     Gainless,
@@ -93,6 +96,7 @@ from handformer.check.core.weights import (
     with_shape,
 )
 from handformer.check.core.weights import norm_weights as learner_norm
+from handformer.check.core.windows import WINDOW_T, declared_window
 from handformer.check.reference import variants as V
 from handformer.check.reference.parallel import as_parallel_
 from handformer.check.runners import latent
@@ -483,7 +487,16 @@ def _window_note(windows: tuple[int | None, ...]) -> list[Text]:
                  "这么多个输出），其余 Block 看所有之前的 token：按相同的窗口与 handformer 比较")]
 
 
-WINDOW_T = 12  # tokens a block's window is measured on: a window of 12 or more is a full causal mask here
+def _windows_measured(res: ComponentResult, call: Caller, m: GPTMap) -> None:
+    """The blocks' sliding windows measured and noted; their one window checked against the window the
+    model's settings name (a mask off by one fails, quoting the line that bands it)."""
+    m.windows = block_windows(call, m)
+    res.notes += _window_note(m.windows)
+    window = _window_settings(m.windows).get("sliding_window")
+    if window:
+        declared_window(res, call.module, window)
+
+
 
 
 def block_windows(call: Caller, m: GPTMap) -> tuple[int | None, ...]:
@@ -900,7 +913,7 @@ def _not_compared(res: ComponentResult, m: GPTMap) -> None:
     """A model with parts held that no mistake explains and that departs only in the comparison with
     handformer's: NOT CHECKED, with the parts named, never FAIL (the held parts may be the reason)."""
     failed = [c.name for c in res.checks if not c.ok]
-    departs = " ".join(f.observed["en"].split("parts from the reference")[1] for f in res.findings
+    departs = " ".join(f.observed["en"].partition("parts from the reference")[2] for f in res.findings
                        if f.name == DEPARTS)
     # where it first parts: at a line of a held part (or nowhere said), else at a line of its own (FAIL)
     at_held = not departs or any(leaf.name.split(".")[0] in departs for leaf in m.held)
@@ -989,8 +1002,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
     gated = is_gated(m.blocks[0].ffn)
     forms = layer_forms(call.module.get_submodule(m.blocks[0].name), m.blocks[0].attn[0])
     placements = BY_NORMS.get(len(m.blocks[0].norms), PLACEMENTS)
-    m.windows = block_windows(call, m)
-    res.notes += _window_note(m.windows)
+    _windows_measured(res, call, m)
     settings = [Choices(p, a, r, f) for f in forms for r in m.ropes for p in placements
                 for a in FFN_ACTIVATIONS[gated]]
     found = _search(m, out, idx, settings, last_only)
@@ -1222,30 +1234,78 @@ def _returned_runs(ctx: Context, module: nn.Module, idx: Tensor) -> list[tuple[A
 
 
 def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor) -> None:
-    """A model whose forward takes start_pos and a cache that its own method makes (a Llama 2 chat
-    model's new_cache(batch_size)): tokens 0..4, then 5..7 at start_pos 5, through one cache give the
-    logits of the whole sequence without it; where not, the line where the cached path parts."""
-    module = call.module
-    make = next(filter(callable, (getattr(module, n, None) for n in CACHE_METHODS)), None)
+    """A model whose forward takes start_pos and a cache made outside it (`cache_maker`): tokens 0..4,
+    then 5..7 at start_pos 5 (at once, else one at a time as a generation loop feeds them: a rolling
+    cache read on one token only, mistral-src's), through one cache give the logits of the whole
+    sequence without it; where not, the line where the cached path parts."""
+    make = cache_maker(call.module)
     if None in (make, call.position, call.cache_arg):
         return
     B, T = idx.shape
 
-    def runs(cache: Any) -> list[tuple[Any, int, int]]:
-        return [(lambda: call.with_cache(idx[:, :5], 0, cache), 0, 5),
-                (lambda: call.with_cache(idx[:, 5:], 5, cache), 5, T)]
-    try:  # its method asks for the batch size
-        got = [run() for run, _, _ in runs(ctx.learner.call("__init__", make, B))]
-        err = fp.max_error(torch.cat(got, 1), call(idx)[0])
-    except (fp.LearnerFailure, TypeError, RuntimeError):
+    def runs(cache: Any, cuts: list[int]) -> list[tuple[Any, int, int]]:
+        spans = list(zip(cuts, cuts[1:]))
+        return [(lambda a=a, b=b: call.with_cache(idx[:, a:b], a, cache), a, b) for a, b in spans]
+    whole = fp.quietly(lambda: call(idx)[0])
+    for cuts in ([0, 5, T], [0, *range(5, T + 1)]):
+        got = fp.quietly(lambda cuts=cuts: torch.cat([run() for run, _, _ in runs(
+            ctx.learner.call("__init__", make[1], B), cuts)], 1))  # its maker asks for the batch size
+        err = fp.max_error(got, whole)  # (inf: no logits through the cache)
+        if err < 1e-5:
+            break
+    if err == math.inf:
         return
-    res.checks.append(Check(text(f"through its cache ({make.__name__}): tokens 0..4, then 5..7 with "
+    steps = CUT_WORDS[len(cuts) == 3]
+    res.checks.append(Check(text(f"through its cache ({make[0]}): tokens 0..4, then 5..7 {steps[0]} from "
                                  f"{call.position}=5, give the logits of the whole sequence",
-                                 f"经过它的缓存（{make.__name__}）：先给位置 0..4，再用 {call.position}=5 "
-                                 "给位置 5..7，logits 与整句一次算出的相同"), err < 1e-5, error_text(err)))
+                                 f"经过它的缓存（{make[0]}）：先给位置 0..4，再从 {call.position}=5 起"
+                                 f"{steps[1]}位置 5..7，logits 与整句一次算出的相同"), err < 1e-5,
+                            error_text(err)))
     if err >= 1e-5:
-        fresh = ctx.learner.call("__init__", make, B)
-        note_departure(res, lambda: cache_departure(lambda: call(idx), runs(fresh), T, ctx.path))
+        fresh = ctx.learner.call("__init__", make[1], B)
+        note_departure(res, lambda: cache_departure(lambda: call(idx), runs(fresh, cuts), T, ctx.path))
+
+
+CUT_WORDS = {True: ("at once", "一次给出"), False: ("one at a time", "逐个给出")}  # tokens 5..7 given so
+
+
+def cache_maker(module: nn.Module) -> tuple[str, Callable[[int], Any]] | None:
+    """(its name, what makes a model's cache for a batch size): the model's own method (a Llama 2 chat
+    model's new_cache(batch_size)), else a class of its file named for a cache whose constructor takes
+    the model's config and a batch size alone (mistral-src's RollingKVCache(config, batch_size)),
+    handed the config the model holds; None where there is neither."""
+    method = next((n for n in CACHE_METHODS if callable(getattr(module, n, None))), None)
+    if method is not None:
+        return method, getattr(module, method)
+    file = sys.modules[type(module).__module__]
+    for name, cls in vars(file).items():
+        config, batch = (_cache_arguments(cls, file) + ["", ""])[:2]
+        if config.lower() in CONFIG_NAMES and hasattr(module, config) and "batch" in batch.lower():
+            dtype = next(module.parameters()).dtype  # its buffers made as the model computes (float64 here)
+            return name, functools.partial(_made_as, cls, getattr(module, config), dtype)
+    return None
+
+
+def _cache_arguments(cls: Any, file: Any) -> list[str]:
+    """The arguments without a default of a class of the learner's file (not a module) named for a
+    cache, if exactly two; else none."""
+    own = isinstance(cls, type) and cls.__module__ == file.__name__ and "cache" in cls.__name__.lower()
+    params = fp.quietly(lambda: inspect.signature(cls).parameters.values()) if own else None
+    required = [p.name for p in params or () if p.default is p.empty]
+    return required * (len(required) == 2 and not issubclass(cls, nn.Module))
+
+
+def _made_as(cls: type, config: Any, dtype: torch.dtype, batch: int) -> Any:
+    """cls(config, batch), its float tensors (held alone or in a list, one a layer) in `dtype`."""
+    cache = cls(config, batch)
+    for name, value in vars(cache).items():
+        setattr(cache, name, list(map(functools.partial(_floats_as, dtype=dtype), value))
+                if isinstance(value, list) else _floats_as(value, dtype))
+    return cache
+
+
+def _floats_as(value: Any, dtype: torch.dtype) -> Any:
+    return value.to(dtype) if torch.is_tensor(value) and value.is_floating_point() else value
 
 
 def _balance(res: ComponentResult, m: GPTMap, hf: CausalLM, call: Caller, idx: Tensor, targets: Tensor,

@@ -24,7 +24,6 @@ import inspect
 import itertools
 import math
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -79,7 +78,6 @@ from handformer.check.core.probe import Found as Explained
 from handformer.check.core.probe import Probe, Subject, name_findings, run_probe
 from handformer.check.core.residual_wrapper import residual_wrapper, wrapped_note
 from handformer.check.core.result import (
-    DEPARTS,
     DIFFERS,
     NOT_CHECKED,
     Check,
@@ -98,7 +96,7 @@ from handformer.check.core.rope_tables import (
 )
 from handformer.check.core.rotary import rope_layouts, rope_tables
 from handformer.check.core.score_scale import PLAIN, Form, layer_forms, scale_note, smallest_holder
-from handformer.check.core.source import first_line, locate, source_lines
+from handformer.check.core.source import locate, source_lines
 from handformer.check.core.weights import (
     Leaf,
     MappingError,
@@ -120,7 +118,7 @@ from handformer.check.core.weights import (
     sink_slots,
     split_attention_ffn,
 )
-from handformer.check.core.windows import window_inputs, window_note
+from handformer.check.core.windows import own_window, window_found, window_inputs, window_keep, window_note
 from handformer.check.reference import variants as V
 from handformer.check.reference.parallel import as_parallel_
 from handformer.check.runners.attention import (
@@ -759,58 +757,16 @@ def _mask_inside(res: ComponentResult, layer: Layer) -> None:
     _sliding_window(res, layer)
 
 
-WINDOW_T = 12  # tokens the window is measured on: a window of 12 or more is a full causal mask here
-
-
 def _sliding_window(res: ComponentResult, layer: Layer) -> None:
     """A block that builds its causal mask and lets each query see only its last W keys (Mistral's
-    sliding window, i - W < j <= i): W is measured as the outputs that changing token 0 moves, and
-    the reference is given the same window."""
+    sliding window, i - W < j <= i): W measured (`own_window`), and the reference given the same
+    window."""
     if not layer.masks_itself:
         return
-    x = fp.randn(1, WINDOW_T, D, seed=5)
-    y = x.clone()
-    y[:, 0] += fp.randn(D, seed=6)  # not a constant: a LayerNorm first would take it away
-    try:
-        with torch.no_grad():
-            a, b = (fp.first_tensor(layer.call(v, v, None, None), 3) for v in (x, y))
-        moved = (a - b).abs().amax(-1)[0] > 1e-9  # (T,): the outputs token 0 reaches
-    except Exception:  # noqa: BLE001 - their error: the checks run it and report it
-        return
-    reach = int(moved.sum())
-    if 0 < reach == int(moved.int().cumprod(0).sum()) < WINDOW_T:  # outputs 0..W-1 moved, none after
+    reach = own_window(lambda v: fp.first_tensor(layer.call(v, v, None, None), 3), D)
+    if reach:
         layer.window = reach
-        _declared_window(res, layer.module, reach)
-        res.notes.append(text(
-            f"its own causal mask is a sliding window: each token sees its last {reach} tokens (changing "
-            f"token 0 moves outputs 0..{reach - 1} only); compared with handformer under the same window",
-            f"它自己构造的因果掩码是滑动窗口：每个 token 只看到最近的 {reach} 个 token（改变位置 0 的 token，"
-            f"只有位置 0..{reach - 1} 的输出变化）；与 handformer 在同样的窗口下比较"))
-
-
-def _declared_window(res: ComponentResult, module: nn.Module, reach: int) -> None:
-    """The window the block's own settings name (Mistral's config.sliding_window: an int whose name
-    says window, on the module, its submodules or an object they hold: its config) against the keys its
-    mask lets a query see: a window off by one fails here, quoting the line that bands the mask."""
-    held = [o for sub in module.modules() for o in (sub, *vars(sub).values())]  # gpt-oss's: in its attention
-    named = [(n, v) for o in held for n, v in getattr(o, "__dict__", {}).items()
-             if "window" in n.lower() and type(v) is int and v > 0]
-    if not named:
-        return
-    name, size = named[0]
-    res.checks.append(Check(text(f"each token sees its last {name} = {size} tokens, as its settings say",
-                                 f"每个 token 看到最近的 {name} = {size} 个 token，和它的设置一致"),
-                            reach == size, text(f"its mask lets each token see its last {reach}",
-                                                f"它的掩码让每个 token 看到最近的 {reach} 个")))
-    number, code = first_line(WINDOW_LINES, source_lines([sys.modules[type(module).__module__]]))
-    res.findings += [Finding(DEPARTS, text(
-        f"its mask lets each token see its last {reach} tokens where {name} = {size}: the window is off by "
-        f"{reach - size}", f"它的掩码让每个 token 看到最近的 {reach} 个 token，而 {name} = {size}：窗口差了 "
-        f"{reach - size}"), number, code)] * (reach != size and number is not None)
-
-
-# the line that bands the mask: a tril or triu by the window, else a comparison with it
-WINDOW_LINES = (r"(tril|triu)\(.*window|window.*(tril|triu)\(", r"window\w*\s*[<>+-]|[<>+-]\s*\w*window")
+        window_found(res, layer.module, reach)
 
 
 # the flags causal_keep reads
@@ -820,12 +776,7 @@ CAUSAL_FORMS = frozenset({"causal_off_by_one:no_self", "causal_off_by_one:sees_n
 def _own_causal(layer: Layer, T: int, flags: frozenset[str] = frozenset()) -> Tensor:
     """(T, T) bool, True = may attend: the causal mask a block builds itself, in its window if any
     (the same tensor each time: never written to)."""
-    return _window_keep(T, layer.window, frozenset(flags) & CAUSAL_FORMS)
-
-
-@functools.lru_cache(maxsize=64)
-def _window_keep(T: int, window: int, flags: frozenset[str]) -> Tensor:
-    return V.causal_keep(T, flags) & torch.ones(T, T, dtype=torch.bool).triu(1 - window)  # j > i - W
+    return window_keep(T, layer.window, frozenset(flags) & CAUSAL_FORMS)
 
 
 CAUSAL_INSIDE_NOTE = text("with no mask it is causal (changing token 3 leaves outputs 0..2 unchanged): "

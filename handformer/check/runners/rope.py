@@ -48,6 +48,8 @@ OFFSET_NAMES = ("offset", "start_pos", "start", "pos_offset", "past_length", "ca
 DIM_NAMES = ("dim", "head_dim", "d", "d_head", "rotary_dim", "dims", "head_size", "d_k",
              "n_elem")  # gpt-fast's
 THETA_NAMES = ("theta", "base", "rope_theta", "rope_base")
+# the positions a rotary module's forward takes, (B, T) or (T,): Hugging Face's position_ids, or named so
+ID_NAMES = ("position_ids", "positions", "pos_ids")
 OFFSET_ARGS = (*OFFSET_NAMES, "position_ids")  # a module told where its positions start
 TENSOR_NAMES = ("x", "q", "k", "xq", "xk", "query", "key", "input", "hidden", "tensor", "queries", "keys",
                 "hidden_states")
@@ -563,12 +565,10 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
     names = forward_names(module)
     q, k = _apply_inputs()
     tensors = _tensor_names(names)
+    ids = [True]  # position_ids handed (B, T), Hugging Face's; (T,) where its forward takes no batch
 
     def one(offset: int, length: int, given: tuple[Tensor, ...]) -> Any:
-        values = {**dict.fromkeys(LENGTH_NAMES, length), **dict.fromkeys(OFFSET_NAMES, offset),
-                  "position_ids": (torch.arange(length) + offset)[None].expand(B, length),
-                  "token_positions": torch.arange(length) + offset,  # CS336's forward(x, token_positions)
-                  "device": q.device, "dtype": q.dtype}  # Falcon's forward(seq_len, device, dtype)
+        values = _module_values(offset, length, ID_NAMES[:1 if tensors else None], ids[0])
         kwargs = dict(zip(tensors, given)) | _filled(names, values)
         return ctx.learner.call("forward", module, **kwargs)
 
@@ -581,7 +581,7 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
         outs = [one(offset, length, pair) for pair in pairs]
         return {"tokens": _per_sequence, "flat": _unflattened}.get(reading, lambda outs: outs[0])(outs)
 
-    raw = fp.quietly(call) if tensors else call()  # (a rotation that reads another layout: tried below)
+    raw = fp.quietly(call) if tensors else _table_of(call, names, ids)  # (a rotation: other layouts below)
     table = read_table(raw, T)
     theta = _own_base(res, comp, module)
     # OLMo's forward(q, k) returns the rotated (q, k): shaped as its inputs, not a (cos, sin) table
@@ -593,6 +593,34 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
                            "table (cos, sin) nor the rotated input",
                            f"{comp.name} 的 forward 返回了 {shape_of(raw)}：既不是旋转表 (cos, sin)，"
                            "也不是旋转后的输入")
+
+
+def _module_values(offset: int, length: int, id_names: tuple[str, ...], batched: bool) -> dict[str, Any]:
+    """What a rotary module's forward may take besides its tensors, by name: the length, the offset,
+    the positions from it ((B, T) or one row (T,), under `id_names`: the names beside position_ids
+    only for a table's module, forward(positions))."""
+    positions = torch.arange(length) + offset
+    return {**dict.fromkeys(LENGTH_NAMES, length), **dict.fromkeys(OFFSET_NAMES, offset),
+            **dict.fromkeys(id_names, positions[None].expand(B, length) if batched else positions),
+            "token_positions": positions,  # CS336's forward(x, token_positions)
+            "device": torch.device("cpu"), "dtype": torch.float64}  # Falcon's forward(seq_len, device, dtype)
+
+
+def _table_of(call: Callable[[], Any], names: list[str], ids: list[bool]) -> Any:
+    """The table a module's forward returns for positions (B, T) as Hugging Face hands them, else
+    (T,) where it takes position_ids (or positions) as one row for the whole batch (a Hugging
+    Face-style rotary module that builds its table with torch.outer(position_ids, inv_freq)); `ids`
+    keeps the form that ran.
+    Raises the failure on (B, T) where neither runs."""
+    try:
+        return call()
+    except fp.LearnerFailure as failure:
+        ids[0] = not _takes(names, ID_NAMES)  # (B, T) again where it takes no positions: it fails again
+        flat = fp.quietly(call)
+        ids[0] = flat is None
+        if flat is None:
+            raise failure from None
+        return flat
 
 
 def _own_base(res: ComponentResult, comp: Component, module: Any) -> float:
@@ -617,7 +645,7 @@ def _module_table(res: ComponentResult, ctx: Context, comp: Component, call: Cal
     res.checks.append(Check(text(f"the table's angles are pos * theta^(-2j/d) for {rows} positions",
                                  f"表中 {rows} 个位置的角度为 pos * theta^(-2j/d)"), err < TOL,
                             error_text(err)))
-    if _takes(names, OFFSET_ARGS):
+    if _takes(names, (*OFFSET_ARGS, *ID_NAMES)):  # (positions: a table's module alone is handed them)
         _table_offset_check(res, ctx, comp, call)
     return finish(res)
 
