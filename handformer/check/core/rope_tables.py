@@ -230,8 +230,10 @@ def either_positions(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: d
 
 
 def _meta_table(B: int, T: int, head_dim: int, dtype: torch.dtype, batched: bool) -> Tensor:
-    angles = V.rope_angles(T, head_dim)  # (T, Dh/2)
-    return torch.polar(torch.ones_like(angles), angles)  # Meta's complex table
+    """Meta's complex table (T, Dh/2), of the inputs' precision (its real pairs, gpt-fast's and
+    ChatGLM's (T, Dh/2, 2), then in their dtype)."""
+    angles = V.rope_angles(T, head_dim).to(dtype if dtype.is_floating_point else torch.float64)  # (T, Dh/2)
+    return torch.polar(torch.ones_like(angles), angles)
 
 
 def _hf_cos_sin(B: int, T: int, head_dim: int, dtype: torch.dtype, batched: bool) -> tuple[Tensor, ...]:
@@ -279,7 +281,7 @@ def position_kwargs(names: set[str], B: int, T: int, head_dim: int, dtype: torch
 
 
 # the names a complex rotary table goes by besides check's freqs_cis: Umar Jamil's, minimind's
-TABLE_ALIASES = ("freqs_complex", "pos_cis")
+TABLE_ALIASES = ("freqs_complex", "pos_cis", "rotary_pos_emb")
 # every name of a complex table (T, Dh/2) an apply function takes: Meta's and the aliases
 COMPLEX_TABLE_NAMES = ("freqs_cis", "freqs", *TABLE_ALIASES)
 

@@ -115,6 +115,7 @@ from handformer.check.core.weights import (
     norm_slots,
     norm_weights,
     of_kind,
+    positive_eps,
     relative_bias_slots,
     shapes_text,
     sink_slots,
@@ -1133,7 +1134,8 @@ def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str, rope: s
                       moe=moe_config(slots),
                       dropout=0.0, activation=HF_NAME[(gated, act)],
                       norm="rmsnorm" if first.kind == "rmsnorm" else "layernorm",
-                      norm_placement=HF_PLACEMENT.get(placement, placement), norm_eps=first.eps, bias=True)
+                      norm_placement=HF_PLACEMENT.get(placement, placement), norm_eps=positive_eps(first.eps),
+                      bias=True)
     hf = layer.kind.reference(cfg).double().eval()
     as_parallel_([hf] * (placement == "parallel"), [layer.shared])  # GPT-J's, Falcon's, Phi's: both read x
     hf = PLACED.get(placement, lambda hf, cfg: hf)(hf, cfg)
