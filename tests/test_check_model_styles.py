@@ -8,7 +8,8 @@ each beside a plant that must still fail:
 And ChatGLM's attention and block, which check could not build or drive: `(config, layer_number)`,
 Megatron's config names (kv_channels, multi_query_group_num, ffn_hidden_size), the stream
 sequence-first, the rotary cache handed in as `rotary_pos_emb` (T, Dh/2, 2) real (cos, sin) pairs,
-which must come in the stream's dtype.
+which must come in the stream's dtype; its apply function `apply_rotary_pos_emb(x, rope_cache)` takes
+queries sequence-first, (T, B, H, Dh).
 """
 
 from __future__ import annotations
@@ -62,9 +63,11 @@ def glm():
 
 
 def test_chatglm_attention_and_block_handed_their_rotary_cache_are_compared(glm):
-    assert statuses(glm) == {"SelfAttention": "pass", "MLP": "pass", "RMSNorm": "pass", "GLMBlock": "pass"}, (
-        format_report(glm))
+    assert statuses(glm) == {"SelfAttention": "pass", "apply_rotary_pos_emb": "pass", "MLP": "pass",
+                             "RMSNorm": "pass", "GLMBlock": "pass"}, format_report(glm)
     assert "sequence-first" in " ".join(n["en"] for n in component(glm, "GLMBlock").notes)
+    assert "inputs sequence-first (T, B, H, Dh)" in " ".join(
+        n["en"] for n in component(glm, "apply_rotary_pos_emb").notes)
 
 
 def test_chatglm_plant_fails_at_its_score_scale():

@@ -283,7 +283,7 @@ def position_kwargs(names: set[str], B: int, T: int, head_dim: int, dtype: torch
 # the names a complex rotary table goes by besides check's freqs_cis: Umar Jamil's, minimind's
 TABLE_ALIASES = ("freqs_complex", "pos_cis", "rotary_pos_emb")
 # every name of a complex table (T, Dh/2) an apply function takes: Meta's and the aliases
-COMPLEX_TABLE_NAMES = ("freqs_cis", "freqs", *TABLE_ALIASES)
+COMPLEX_TABLE_NAMES = ("freqs_cis", "freqs", *TABLE_ALIASES, "rope_cache")  # ChatGLM's apply function's
 
 
 def renamed_table(fn: Any, params: list[inspect.Parameter]) -> tuple[Any, list[inspect.Parameter]]:
