@@ -14,12 +14,16 @@ queries sequence-first, (T, B, H, Dh).
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
+from handformer.check.core.context import forward_parameters
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
+from handformer.check.core.rope_tables import renamed_table
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -75,3 +79,20 @@ def test_chatglm_plant_fails_at_its_score_scale():
     for name in ("SelfAttention", "GLMBlock"):
         assert [code for _, code in named(planted, name)] == ["scores = q @ k.transpose(-1, -2) / self.hn"], (
             format_report(planted))
+
+
+def test_rotary_pos_emb_is_a_table_unless_the_file_unpacks_it_as_a_pair():
+    glm = load_fixture("learners_glm_block", "correct")
+    qwen = load_fixture("learners_glm_block", "qwen_pair")
+    _, params = renamed_table(glm.SelfAttention.forward, forward_parameters(glm.SelfAttention.forward))
+    assert "freqs_cis" in [p.name for p in params]
+    _, params = renamed_table(qwen.rotated, forward_parameters(qwen.rotated))
+    assert [p.name for p in params] == ["hidden_states", "rotary_pos_emb"]
+
+
+def load_fixture(folder: str, name: str):
+    spec = importlib.util.spec_from_file_location(f"learner_{name}", FIXTURES / folder / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
