@@ -297,7 +297,7 @@ def renamed_table(fn: Any, params: list[inspect.Parameter], owner: Any = None,
     pair (Qwen's `cos, sin = rotary_pos_emb`: no table)."""
     module = sys.modules.get(getattr(owner or fn, "__module__", None) or "")
     alias = next((p.name for p in params if p.name in TABLE_ALIASES and not re.search(
-        rf"\w+\s*,\s*\w+\s*=\s*{p.name}\b", source_text(module))), None)
+        rf"^\s*\w+\s*,\s*\w+\s*=\s*{p.name}\s*(#.*)?$", source_text(module), re.M)), None)
     return renamed(fn, params, alias, "freqs_cis")
 
 

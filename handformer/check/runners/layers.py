@@ -187,8 +187,7 @@ class Layer:
         self.comp, self.ctx, self.kind = comp, ctx, kind
         self.decoder, self.causal_block = decoder, causal_block = kind.decoder, kind.causal_block
         params = forward_parameters(comp.obj.forward) if inspect.isclass(comp.obj) else []
-        # Umar Jamil's freqs_complex: freqs_cis
-        self.renamed, params = renamed_table(_call_module, params, comp.obj)
+        self.renamed, params = renamed_table(_call_module, params, comp.obj)  # freqs_complex: freqs_cis
         self.params = params
         self.head_dim = D // H  # for Meta's freqs_cis handed to the forward
         self.stateful = decoder and any(p.name == "state" for p in params)  # d2l's forward(X, state)
