@@ -38,7 +38,8 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
                 "value_size", "ndim", "n_embed", "embed_size", "d_in", "d_out", "emb_size",
                 "num_features"),  # gpt-oss's RMSNorm(num_features)
     "d_head": ("head_size", "head_dim", "d_k", "d_head", "dim_head", "headsize", "rotary_dim", "d_kv",
-               "query_pre_attn_scalar"),  # Gemma 2's scores scaled by 1/sqrt of it: the head width
+               "query_pre_attn_scalar",  # Gemma 2's scores scaled by 1/sqrt of it: the head width
+               "kv_channels"),  # Megatron's and ChatGLM's config field
     "n_heads": ("num_heads", "n_heads", "h", "heads", "n_head", "nhead", "num_head", "head_num",
                 "nheads", "num_attention_heads",
                 # BART's and Marian's config fields (Hugging Face), a layer's arguments named so
@@ -46,16 +47,19 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
     "n_kv_heads": ("n_kv_heads", "num_kv_heads", "num_key_value_heads", "kv_heads", "n_kv_head",
                    "num_kv_head", "n_kv", "num_groups", "n_groups", "n_rep_heads",
                    "num_kv_groups", "n_kv_groups",
-                   "n_query_groups", "num_query_groups"),  # litgpt's and Megatron's config fields
+                   "n_query_groups", "num_query_groups",  # litgpt's and Megatron's config fields
+                   "multi_query_group_num"),  # ChatGLM's
     "d_ff": ("d_ff", "ff_dim", "d_hidden", "dim_feedforward", "d_inner", "ffn_dim", "hidden",
              "d_ffn", "ffn_hidden", "intermediate_size", "dff", "ff_hidden", "mlp_dim", "inner_dim",
              "ffn_num_hiddens", "d_mlp", "mlp_hidden", "encoder_ffn_dim", "decoder_ffn_dim",
-             "inter_dim", "moe_inter_dim"),  # DeepSeek's MLP(dim, inter_dim)
+             "inter_dim", "moe_inter_dim",  # DeepSeek's MLP(dim, inter_dim)
+             "ffn_hidden_size"),  # Megatron's and ChatGLM's config field
     "dropout": ("dropout", "p", "drop", "dropout_rate", "drop_prob", "dropout_p", "p_drop", "pdrop",
                 "dropout_prob", "attn_dropout", "resid_dropout", "attn_pdrop", "resid_pdrop", "drop_rate"),
     "src_vocab": ("src_vocab_size", "src_vocab", "source_vocab_size", "input_vocab_size", "src_vocab_len",
                   "enc_vocab_size", "vocab_size", "n_vocab", "vocab", "ntoken",
-                  "padded_vocab_size"),  # litgpt's Config: the embedding's and the head's rows
+                  "num_tokens",  # lucidrains' Transformer(num_tokens, dim, depth)
+                  "padded_vocab_size"),  # litgpt's Config and ChatGLM's: the embedding's and the head's rows
     "tgt_vocab": ("tgt_vocab_size", "tgt_vocab", "trg_vocab_size", "target_vocab_size", "output_vocab_size",
                   "tgt_vocab_len", "dec_vocab_size"),
     "n_layers": ("num_layers", "n_layers", "n", "num_encoder_layers", "num_decoder_layers", "n_layer",
@@ -68,7 +72,8 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
                 "context_size", "n_ctx", "context_length", "sequence_len"),
     "theta": ("theta", "base", "rope_theta", "rope_base"),
     "n_classes": ("num_classes", "n_classes", "num_labels", "n_labels", "num_class", "n_class", "class_num"),
-    "eps": ("eps", "norm_eps", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "epsilon"),
+    "eps": ("eps", "norm_eps", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "epsilon",
+            "layernorm_epsilon"),
     # the FFN's width as a multiple of d_model (Persson's forward_expansion, lucidrains' ff_mult); an
     # argument of another name is one where the constructor multiplies a width by it (size_roles.py)
     "ffn_mult": ("ffn_mult", "ff_mult", "forward_expansion", "mlp_ratio", "expansion_factor"),
@@ -76,8 +81,10 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
 # the hidden width of an FFN that also takes d_model (Llama's FeedForward(dim, hidden_dim, ...))
 HIDDEN_WHEN_PAIRED = ("hidden_dim", "hidden_size", "hidden")
 # arguments with one sensible value here whatever the component: a layer's index (d2l's
-# TransformerDecoderBlock(..., i)), Llama's rounding of the FFN width, nanoGPT's LayerNorm(ndim, bias)
-FIXED: dict[str, Any] = {"i": 0, "layer_idx": 0, "layer_id": 0, "layer_index": 0, "multiple_of": 1,
+# TransformerDecoderBlock(..., i); ChatGLM's layer_number counts from 1), Llama's rounding of the FFN
+# width, nanoGPT's LayerNorm(ndim, bias)
+FIXED: dict[str, Any] = {"i": 0, "layer_idx": 0, "layer_id": 0, "layer_index": 0, "layer_number": 1,
+                         "multiple_of": 1,
                          "ffn_dim_multiplier": None, "bias": True, "use_bias": False,
                          # a GPT's config that says whether to tie the head: it says no (a head tied
                          # anyway is a finding of the gpt runner)
@@ -591,6 +598,7 @@ TOKEN_EXTRAS = ("start_pos", "targets", "target", "labels", "y", "position_ids",
 # what a decoder-only layer's forward takes besides its one stream: the rotary tables and positions
 POSITION_EXTRAS = TOKEN_EXTRAS + ("freqs_cis", "freqs_complex", "pos_cis", "freqs_cos", "freqs_sin", "cos",
                                   "sin", "cos_sin", "position_embeddings", "input_pos", "rope", "rotary_emb",
+                                  "rotary_pos_emb",  # ChatGLM's cache (T, Dh/2, 2)
                                   # a KV cache handed in, and where to write it (gemma_pytorch's)
                                   "kv_cache", "cache", "past_key_value", "layer_past", "kv_write_indices")
 

@@ -28,6 +28,7 @@ from handformer.check.core.weights import (
     qk_norm_slots,
     shapes_text,
     sink_slots,
+    split_attention_ffn,
     with_shape,
 )
 
@@ -49,9 +50,10 @@ def prefixed(found: list[Leaf], prefix: str) -> list[Leaf]:
 
 
 def list_items(module: nn.Module, keep: Callable[[list[tuple[int, ...]]], bool],
-               ) -> list[tuple[str, nn.Module]]:
+               split: Callable[[list[Leaf]], list[Leaf]] = list) -> list[tuple[str, nn.Module]]:
     """The items of the learner's ModuleLists and Sequentials whose linear layers' weight shapes `keep`
-    accepts, outermost first (an item inside one already taken is not looked at), in definition order."""
+    accepts (those layers read through `split`), outermost first (an item inside one already taken is
+    not looked at), in definition order."""
     out: list[tuple[str, nn.Module]] = []
     for name, sub in module.named_modules():
         if not isinstance(sub, (nn.ModuleList, nn.Sequential)):
@@ -60,7 +62,7 @@ def list_items(module: nn.Module, keep: Callable[[list[tuple[int, ...]]], bool],
             path = f"{name}.{child_name}".removeprefix(".")  # (a list that is the module itself: no name)
             if any(path.startswith(p + ".") for p, _ in out):
                 continue
-            if keep([tuple(leaf.weight.shape) for leaf in of_kind(leaves(child), "linear")]):
+            if keep([tuple(leaf.weight.shape) for leaf in split(of_kind(leaves(child), "linear"))]):
                 out.append((path, child))
     return out
 
@@ -86,9 +88,14 @@ def output_head(outer: list[Leaf], vocab: int, embed: Leaf, more: list[Leaf], wh
 
 
 def layer_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The items of the learner's ModuleLists and Sequentials that hold an attention and an FFN."""
+    """The items of the learner's ModuleLists and Sequentials that hold an attention and an FFN (PaLM's
+    two in one projection, fused_attn_ff_proj, read as two)."""
     return list_items(module, lambda shapes: projection_width(shapes) >= 4 and any(
-        s[1] == D and s[0] > D for s in shapes if s[0] != 3 * D))
+        s[1] == D and s[0] > D for s in shapes if s[0] != 3 * D), _split)
+
+
+def _split(linears: list[Leaf]) -> list[Leaf]:
+    return split_attention_ffn(linears, D, D // H)
 
 
 def projection_width(shapes: list[tuple[int, ...]]) -> int:
@@ -104,7 +111,7 @@ SUBLAYERS = {False: ["self-attention", "FFN"], True: ["self-attention", "cross-a
 def map_layer(path: str, child: nn.Module, F_width: int, kv: int | None = None) -> LayerMap:
     """The layer's slots; `kv`: the width of its key and value projections (grouped-query attention)."""
     found = prefixed(leaves(child), path)
-    linears = of_kind(found, "linear")
+    linears = _split(of_kind(found, "linear"))
     # a cross-attention's projections besides its own; never an expert's (Qwen3-MoE's at d_ff = d_model)
     decoder = projection_width([tuple(x.weight.shape) for x in outside_moe(child, linears)]) >= 7
     names = SUBLAYERS[decoder]

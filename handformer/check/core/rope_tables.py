@@ -5,6 +5,8 @@ as real pairs (T, Dh/2, 2) (cos, sin); and forward(x, start_pos, ...)'s start, 0
 from __future__ import annotations
 
 import inspect
+import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +15,7 @@ from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.rotary import cos_sin
+from handformer.check.core.source import source_text
 from handformer.check.reference import variants as V
 
 
@@ -230,8 +233,10 @@ def either_positions(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: d
 
 
 def _meta_table(B: int, T: int, head_dim: int, dtype: torch.dtype, batched: bool) -> Tensor:
-    angles = V.rope_angles(T, head_dim)  # (T, Dh/2)
-    return torch.polar(torch.ones_like(angles), angles)  # Meta's complex table
+    """Meta's complex table (T, Dh/2), of the inputs' precision (its real pairs, gpt-fast's and
+    ChatGLM's (T, Dh/2, 2), then in their dtype)."""
+    angles = V.rope_angles(T, head_dim).to(dtype if dtype.is_floating_point else torch.float64)  # (T, Dh/2)
+    return torch.polar(torch.ones_like(angles), angles)
 
 
 def _hf_cos_sin(B: int, T: int, head_dim: int, dtype: torch.dtype, batched: bool) -> tuple[Tensor, ...]:
@@ -279,15 +284,20 @@ def position_kwargs(names: set[str], B: int, T: int, head_dim: int, dtype: torch
 
 
 # the names a complex rotary table goes by besides check's freqs_cis: Umar Jamil's, minimind's
-TABLE_ALIASES = ("freqs_complex", "pos_cis")
+TABLE_ALIASES = ("freqs_complex", "pos_cis", "rotary_pos_emb")
 # every name of a complex table (T, Dh/2) an apply function takes: Meta's and the aliases
-COMPLEX_TABLE_NAMES = ("freqs_cis", "freqs", *TABLE_ALIASES)
+COMPLEX_TABLE_NAMES = ("freqs_cis", "freqs", *TABLE_ALIASES, "rope_cache")  # ChatGLM's apply function's
 
 
-def renamed_table(fn: Any, params: list[inspect.Parameter]) -> tuple[Any, list[inspect.Parameter]]:
+def renamed_table(fn: Any, params: list[inspect.Parameter], owner: Any = None,
+                  ) -> tuple[Any, list[inspect.Parameter]]:
     """fn and its parameters, a rotary table named as in TABLE_ALIASES (Umar Jamil's freqs_complex,
-    minimind's pos_cis) called freqs_cis as check names it; fn and params as they are otherwise."""
-    alias = next(iter({p.name for p in params}.intersection(TABLE_ALIASES)), None)
+    minimind's pos_cis, ChatGLM's rotary_pos_emb) called freqs_cis as check names it; fn and params as
+    they are otherwise, or where the file of `owner` (fn's own by default) unpacks that argument as a
+    pair (Qwen's `cos, sin = rotary_pos_emb`: no table)."""
+    module = sys.modules.get(getattr(owner or fn, "__module__", None) or "")
+    alias = next((p.name for p in params if p.name in TABLE_ALIASES and not re.search(
+        rf"^\s*\w+\s*,\s*\w+\s*=\s*{p.name}\s*(#.*)?$", source_text(module), re.M)), None)
     return renamed(fn, params, alias, "freqs_cis")
 
 

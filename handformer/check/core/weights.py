@@ -600,6 +600,12 @@ def norm_eps(module: nn.Module, kind: str) -> float:
     return held if held is not None else 1e-5 if kind == "layernorm" else torch.finfo(torch.float32).eps
 
 
+def positive_eps(eps: float) -> float:
+    """A norm's eps as handformer's configs take it (> 0): a norm that adds none (F.normalize's, whose
+    eps only guards a zero row) is built with one too small to move a float64 result."""
+    return eps if eps > 0 else 1e-300
+
+
 def held_eps(module: nn.Module) -> float | None:
     """The eps the norm module keeps as an attribute; None where it keeps none."""
     for name in ("eps", "variance_epsilon", "epsilon"):
@@ -661,15 +667,28 @@ def norm_weights(slot: Slot) -> V.NormWeights:
     out = quietly(lambda: slot.leaf.module(x))  # None where their code raises: the norm's own runner says so
     if not isinstance(out, Tensor) or out.shape != x.shape:
         return w
-    # the gain as written, or kept as an offset from one (Gemma's x̂ · (1 + weight))
-    for k, offset in ((kind, False), (OTHER_NORM[kind], False), (kind, True)):
-        gain = w.weight + 1 if offset else w.weight
-        base = V.NormWeights(gain, w.bias if k == "layernorm" else None, w.eps, k, offset=offset)
-        found = fp.search(out, lambda fl, base=base: V.norm(base, x, fl),
-                          V.norm_flags(k, base.bias is not None), None, 2)
-        if found is not None:
-            return dataclasses.replace(base, flags=found[0])
+    # the gain as written, or kept as an offset from one (Gemma's x̂ · (1 + weight)); an eps it keeps
+    # none of, the default and then the one it computes with (F.normalize's: none)
+    for eps, most in _eps_readings(slot.leaf.module, w):
+        for k, offset in ((kind, False), (OTHER_NORM[kind], False), (kind, True)):
+            gain = w.weight + 1 if offset else w.weight
+            base = V.NormWeights(gain, w.bias if k == "layernorm" else None, eps, k, offset=offset)
+            found = fp.search(out, lambda fl, base=base: V.norm(base, x, fl),
+                              V.norm_flags(k, base.bias is not None), None, most)
+            if found is not None:
+                return dataclasses.replace(base, flags=found[0])
     return w
+
+
+def _eps_readings(module: nn.Module, w: V.NormWeights) -> list[tuple[float, int]]:
+    """The eps a norm is read at, each with the most mistakes searched at it: the one it keeps; else
+    the default, then (no mistake) the one measured from what it computes where that is another
+    (F.normalize's: none)."""
+    if held_eps(module) is not None:
+        return [(w.eps, 2)]
+    with torch.no_grad():
+        measured = measured_eps(lambda x: module(x.to(w.weight.dtype)), w)
+    return [(w.eps, 2)] + [(measured, 0)] * (measured is not None and measured != w.eps)
 
 
 OTHER_NORM = {"rmsnorm": "layernorm", "layernorm": "rmsnorm"}

@@ -92,6 +92,7 @@ from handformer.check.core.weights import (
     leaves,
     norm_kind,
     of_kind,
+    positive_eps,
     shapes_text,
     with_shape,
 )
@@ -428,7 +429,7 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
         vocab_size=VOCAB, d_model=D, n_heads=H, d_ff=m.blocks[0].ffn[0].weight().size(0),
         n_layers=len(m.blocks), dropout=0.0, activation=HF_NAME[(is_gated(m.blocks[0].ffn), ch.activation)],
         norm_placement=HF_PLACEMENT.get(ch.placement, ch.placement),
-        norm=first.kind, norm_eps=first.eps,  # LayerNorm or RMSNorm, as theirs
+        norm=first.kind, norm_eps=positive_eps(first.eps),  # LayerNorm or RMSNorm, as theirs
         position=m.added or ("rope" if rotary(ch.rope) else "none"), rope_theta=m.theta,
         rope_fraction=turned_width(rotary(ch.rope) or "", D // H) / (D // H),  # partial rotary: "half:2"
         max_positions=m.wpe.weight.size(0) - m.offset if m.wpe is not None else BLOCK, tie_embeddings=m.tied,

@@ -113,6 +113,7 @@ from handformer.check.core.weights import (
     norm_slots,
     norm_weights,
     of_kind,
+    positive_eps,
     relative_bias_slots,
     shapes_text,
     sink_slots,
@@ -184,7 +185,7 @@ class Layer:
         self.comp, self.ctx, self.kind = comp, ctx, kind
         self.decoder, self.causal_block = decoder, causal_block = kind.decoder, kind.causal_block
         params = forward_parameters(comp.obj.forward) if inspect.isclass(comp.obj) else []
-        self.renamed, params = renamed_table(_call_module, params)  # Umar Jamil's freqs_complex: freqs_cis
+        self.renamed, params = renamed_table(_call_module, params, comp.obj)  # freqs_complex: freqs_cis
         self.params = params
         self.head_dim = D // H  # for Meta's freqs_cis handed to the forward
         self.stateful = decoder and any(p.name == "state" for p in params)  # d2l's forward(X, state)
@@ -1084,7 +1085,8 @@ def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str, rope: s
                       moe=moe_config(slots),
                       dropout=0.0, activation=HF_NAME[(gated, act)],
                       norm="rmsnorm" if first.kind == "rmsnorm" else "layernorm",
-                      norm_placement=HF_PLACEMENT.get(placement, placement), norm_eps=first.eps, bias=True)
+                      norm_placement=HF_PLACEMENT.get(placement, placement), norm_eps=positive_eps(first.eps),
+                      bias=True)
     hf = layer.kind.reference(cfg).double().eval()
     as_parallel_([hf] * (placement == "parallel"), [layer.shared])  # GPT-J's, Falcon's, Phi's: both read x
     hf = PLACED.get(placement, lambda hf, cfg: hf)(hf, cfg)

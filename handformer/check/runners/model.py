@@ -81,6 +81,7 @@ from handformer.check.core.weights import (
     is_gated,
     norm_weights,
     of_kind,
+    positive_eps,
     scramble_,
 )
 from handformer.check.reference import variants as V
@@ -254,7 +255,7 @@ def _reference_model(m: ModelMap, ch: Choices) -> Seq2SeqTransformer:
         d_ff=m.encoder[0].ffn[0].weight().size(0), n_encoder_layers=len(m.encoder),
         n_decoder_layers=len(m.decoder), dropout=0.0, activation=HF_NAME[(gated, ch.activation)],
         norm=first.kind, norm_placement=ch.placement,  # LayerNorm or RMSNorm, as theirs
-        norm_eps=first.eps, position=position, max_positions=max_positions,
+        norm_eps=positive_eps(first.eps), position=position, max_positions=max_positions,
         scale_embeddings=ch.scale, tie_output=ch.tied(m), pad_id=PAD, bias=True)
     hf = SidedSeq2Seq(cfg)
     if ch.bias(m):

@@ -334,6 +334,8 @@ def _apply_inputs() -> tuple[Tensor, Tensor]:
 
 
 META_INPUTS = text("inputs (B, T, H, Dh), as Meta's llama", "输入形状为 (B, T, H, Dh)，与 Meta 的 llama 相同")
+INPUT_NOTES = {True: META_INPUTS, "first": text("inputs sequence-first (T, B, H, Dh), as ChatGLM's",
+                                                "输入序列在前，形状为 (T, B, H, Dh)，与 ChatGLM 相同")}
 
 
 def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: list[str]) -> ComponentResult:
@@ -354,8 +356,7 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
         raise DiscoveryError(*GUESSED_ANGLES)
     layout, meta, shape, rot, out, found = best if best else (*first, None)
     _layout_convention(res, rot)
-    if meta:
-        res.notes.append(META_INPUTS)
+    res.notes += [INPUT_NOTES[meta]] if meta in INPUT_NOTES else []
     if found and found[0]:
         res.findings += _findings(ctx, comp, found, out, _rotated(q, k, len(tensors), rot, 0, frozenset()))
     err = fp.max_error(out, _rotated(q, k, len(tensors), rot))
@@ -379,7 +380,8 @@ def _apply_attempts(names: list[str], complex_table: bool, offsets: bool) -> lis
     from0 = ("from0",) if offsets else ()  # apply_rope(x, cos, sin, offset)
     shapes = ("4d", "btd", *from0, "td") + tuple(POSITION_IDS) * ("position_ids" in names)
     attempts = [(layout, meta, shape) for layout in (COMPLEX if complex_table else ("half", "interleaved"))
-                for meta in (False, True) for shape in (("4d", "real") if layout in COMPLEX else shapes)]
+                for meta in (False, True, *["first"] * complex_table)  # ChatGLM's sequence-first
+                for shape in (("4d", "real") if layout in COMPLEX else shapes)]
     if not complex_table:  # nanochat's cos, sin (1, T, 1, Dh/2) on halves, rotated either way
         attempts += QUARTER + PAIR_TD + PAIR_BTD
     if _takes(names, ANGLE_NAMES):  # the angles themselves, (T, Dh) or (1, 1, T, Dh), either pairing
@@ -458,12 +460,12 @@ def _sin_cos(angles: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: list[str], q: Tensor,
-               k: Tensor, layout: str, meta: bool, shape: str, offset: int) -> Tensor | None:
+               k: Tensor, layout: str, meta: bool | str, shape: str, offset: int) -> Tensor | None:
     """Call an apply function with tables of this layout and shape ("4d": (1, 1, T, Dh); "btd":
     (B, T, Dh), for Hugging Face's unsqueeze(1); "td": (T, Dh); "by_id": (P, Dh) indexed by
     position_ids; Meta: complex (T, Dh/2)), positions from `offset`; its output stacked as
     (n, B, H, T, Dh), None if it is not that."""
-    given = [q, k] if not meta else [q.transpose(1, 2), k.transpose(1, 2)]  # Meta: (B, T, H, Dh)
+    given = [q.permute(*INPUT_AXES[meta]), k.permute(*INPUT_AXES[meta])]  # Meta's: (B, T, H, Dh)
     kwargs: dict[str, Any] = dict(zip(tensors, given))
     if layout in COMPLEX:
         angles = V.rope_angles(T, DH, THETA, offset)  # (T, Dh/2)
@@ -486,11 +488,17 @@ def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: 
     return _stacked(raw, len(tensors), q.shape, meta)
 
 
-def _stacked(raw: Any, n: int, shape: torch.Size, meta: bool = False) -> Tensor | None:
-    """The first n outputs (B, H, T, Dh) stacked (n, B, H, T, Dh) (Meta's (B, T, H, Dh) transposed);
-    None when they are not n tensors of that shape."""
+# the axes of the (B, H, T, Dh) inputs an apply function is handed, by its reading: as they are, Meta's
+# (B, T, H, Dh) (True), ChatGLM's sequence-first (T, B, H, Dh) ("first"); and back
+INPUT_AXES = {False: (0, 1, 2, 3), True: (0, 2, 1, 3), "first": (2, 0, 1, 3)}
+OUTPUT_AXES = {False: (0, 1, 2, 3), True: (0, 2, 1, 3), "first": (1, 2, 0, 3)}
+
+
+def _stacked(raw: Any, n: int, shape: torch.Size, meta: bool | str = False) -> Tensor | None:
+    """The first n outputs (B, H, T, Dh) stacked (n, B, H, T, Dh) (Meta's (B, T, H, Dh) transposed,
+    ChatGLM's (T, B, H, Dh) permuted back); None when they are not n tensors of that shape."""
     outs = list(raw) if isinstance(raw, (tuple, list)) else [raw]
-    outs = [o.transpose(1, 2) if meta and o.dim() == 4 else o for o in outs[:n] if isinstance(o, Tensor)]
+    outs = [o.permute(*OUTPUT_AXES[meta]) if o.dim() == 4 else o for o in outs[:n] if isinstance(o, Tensor)]
     if len(outs) < n or any(o.shape != shape for o in outs):
         return None
     return torch.stack([o.double() for o in outs])
