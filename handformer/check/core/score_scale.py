@@ -15,6 +15,7 @@ configured, never a factor found alone.
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from collections import ChainMap
 from dataclasses import dataclass
@@ -77,9 +78,31 @@ def _factor(name: str, value: Any, words: set[str]) -> bool:
 
 def model_factors(module: nn.Module) -> list[float]:
     """The factors a model's code may apply from its settings, in any of its own classes: each
-    setting's value, or its inverse for a setting a documented family divides by (DIVIDED_BY)."""
-    return [v ** DIVIDED_BY.get(name, 1) for sub in module.modules()
-            if type(sub).__module__.startswith("learner_") for name, v in configured_settings(sub).items()]
+    setting's value, or its inverse for a setting a documented family divides by (DIVIDED_BY); and
+    μP's base width over the model's (MiniCPM's logits / (hidden_size / dim_model_base))."""
+    own = [sub for sub in module.modules() if type(sub).__module__.startswith("learner_")]
+    return [v ** DIVIDED_BY.get(name, 1) for sub in own for name, v in configured_settings(sub).items()] + [
+        base / width for sub in own for base in _held(sub, _base_width) for width in _held(sub, _model_width)]
+
+
+def _held(module: nn.Module, test: Any) -> set[float]:
+    """The positive numbers the module, or a config it holds, keeps under a name `test` accepts."""
+    held = ChainMap(vars(module), *[vars(v) for v in vars(module).values() if hasattr(v, "__dict__")])
+    return {float(v) for name, v in held.items() if test(name) and is_number(v) and v > 0}
+
+
+def _base_width(name: str) -> bool:
+    """A μP base width (MiniCPM's dim_model_base, a base_width): a width word and "base"."""
+    words = set(name.lower().split("_"))
+    return "base" in words and bool(words & WIDTH_WORDS)
+
+
+def _model_width(name: str) -> bool:
+    return size_of(name) == "d_model"
+
+
+def _layer_count(name: str) -> bool:
+    return size_of(name) == "n_layers"
 
 
 @dataclass(frozen=True)
@@ -98,10 +121,12 @@ PLAIN = Form()  # a layer that takes no number from its settings
 def layer_forms(module: nn.Module, attn: list[Any]) -> list[Form]:
     """The plain form, then each configured scale of the attention (the smallest submodule holding
     its projections `attn`, slots) with each configured number of the layer itself as the residual
-    multiplier."""
+    multiplier, or that number over the square root of the layer count it holds (MiniCPM's
+    scale_depth / sqrt(num_hidden_layers))."""
     holder = smallest_holder(module, {id(s.leaf.module) for s in attn if s.leaf.kind == "linear"}) or module
     scales = configured_scales(holder) * (holder is not module)
     residuals = set(configured_scales(module)) - set(scales)
+    residuals |= {r / math.sqrt(n) for r in residuals for n in _held(module, _layer_count)}  # MiniCPM's
     return [Form(scale, residual) for scale in (None, *scales) for residual in (1.0, *sorted(residuals))]
 
 

@@ -14,6 +14,7 @@ Shape legend: B rows, V vocabulary.
 
 from __future__ import annotations
 
+import ast
 import collections.abc
 import contextlib
 import dataclasses
@@ -61,7 +62,7 @@ from handformer.check.core.argument_names import (
 )
 from handformer.check.core.keyed_batch import keyed_batch
 from handformer.check.core.processors import PROCESSOR_NAMES, own_call, own_method, posing_as
-from handformer.check.core.source import config_reads, source_text
+from handformer.check.core.source import config_reads, function_nodes, source_text
 from handformer.check.core.special_ids import DEVICE_NAMES
 
 ROWS = torch.tensor([[2.0, 1.2, 0.8, 0.3, 0.0, -0.4, -1.0, -1.6],
@@ -274,6 +275,7 @@ def lm_step(fn: Any) -> bool:
     windows = (LOADER_NAMES,) if drawn_loader(fn) else (X_NAMES, Y_NAMES)
     tokens = token_batch(fn) or keyed_batch(fn)
     windows = (BATCH_NAMES,) if paired_batch(fn) or tokens else windows
+    windows = ((tokens,),) if isinstance(tokens, str) and tokens not in BATCH_NAMES else windows  # input_ids
     groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, *windows)
     if not _takes_each(names, groups):
         groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES)  # its windows drawn from its file's get_batch
@@ -281,15 +283,49 @@ def lm_step(fn: Any) -> bool:
             return False
     rest = required - set().union(*groups, LR_NAMES, ACCUM_NAMES, SCHEDULER_NAMES)
     # nanoGPT's train_step(model, optimizer, X, Y, iter_num, cfg): the iteration and a configuration
-    rest -= set(SCHEDULE_STEP_NAMES) | set(_config_fields(fn, rest))
+    rest -= set(SCHEDULE_STEP_NAMES) | set(_config_fields(fn, rest)) | set(schedule_settings(fn))
     return not rest and (tokens is not None or not SHIFT.search(source_text(fn)))
+
+
+# what a schedule's settings are handed where a step hands them on (schedule_settings): a few short stages
+SETTING_VALUES = {"max_lr": 0.02, "min_lr": 0.002, "init_lr": 0.0, "warmup": 2, "stable": 2, "decay": 4,
+                  "total": 10, "d_model": 64, "factor": 1.0}
+
+
+def schedule_settings(fn: Any) -> dict[str, dict[str, Any]]:
+    """The arguments fn hands on as the keyword arguments of a schedule of its file (MiniCPM-style
+    `lr = wsd_lr(step, **sched)`), each with the settings that fill it (_settings)."""
+    out, own = {}, getattr(fn, "__globals__", {})
+    names = set(names_of(call_parameters(fn))[0])
+    for node in function_nodes(fn):
+        callee = own.get(getattr(getattr(node, "func", None), "id", ""))
+        splat = [k.value.id for k in getattr(node, "keywords", ())
+                 if k.arg is None and isinstance(k.value, ast.Name) and k.value.id in names]
+        settings = _settings(callee, len(node.args) + len(node.keywords) - 1) if splat else None
+        out.update({splat[0]: settings} if settings is not None and inspect.isfunction(callee) else {})
+    return out
+
+
+def _settings(callee: Any, given: int) -> dict[str, Any] | None:
+    """The callee's parameters after the `given` a call names, those without a default, each a value
+    of SETTING_VALUES by its name; None where one has none."""
+    left = [p for p in call_parameters(callee)[given:] if p.default is p.empty]
+    keys = [next((k for k, names in SCHEDULE_ARGS.items() if p.name.lower() in names), None) for p in left]
+    return None if None in keys else {p.name: SETTING_VALUES[k] for p, k in zip(left, keys)}
 
 
 def token_batch(fn: Any) -> str | None:
     """The batch a step takes as one tensor of token windows (B, T + 1) that it cuts into micro-batches
-    or shifts itself (`batch.chunk(accum)`, `batch[:, :-1]`): inputs and targets are made from it."""
-    return _argument_used(fn, BATCH_NAMES, r"\b{0}\.(?:chunk|split)\(|torch\.(?:chunk|split)\(\s*{0}\b|"
-                                           r"\b{0}\[\s*:\s*,\s*(?::-1|1:)\s*\]")
+    or shifts itself (`batch.chunk(accum)`, `batch[:, :-1]`): inputs and targets are made from it; or
+    token ids it shifts itself where it takes no targets (MiniCPM-style `model(input_ids[:, :-1])`)."""
+    found = _argument_used(fn, BATCH_NAMES, r"\b{0}\.(?:chunk|split)\(|torch\.(?:chunk|split)\(\s*{0}\b|"
+                                            r"\b{0}\[\s*:\s*,\s*(?::-1|1:)\s*\]")
+    if found or set(_signature(fn)[1]) & set(Y_NAMES):
+        return found
+    return _argument_used(fn, TOKEN_NAMES, r"\b{0}\[\s*:\s*,\s*(?::-1|1:)\s*\]")
+
+
+TOKEN_NAMES = ("input_ids", "tokens", "ids", "token_ids")  # token ids a step shifts itself
 
 
 def drawn_loader(fn: Any) -> str | None:

@@ -645,7 +645,7 @@ def _wsd_conventions(sched: Schedule, got: dict[int, Any],
                      ) -> tuple[dict[str, Convention], dict[str, Text], tuple[str, ...]]:
     """WSD's variants to its floor (where it takes none, its value at the last step)."""
     floor = sched.sizes["min_lr"] if sched.reads("min_lr") else got[max(sched.steps)]
-    return (*W.conventions(floor), W.FLAGS)
+    return (*W.conventions(floor, got), W.FLAGS)
 
 
 PAPER_LABELS = {
