@@ -16,6 +16,7 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import D, H
 from handformer.check.core.moe import ffn_readings, outside_moe
 from handformer.check.core.qkv_layouts import kv_width
+from handformer.check.core.score_scale import smallest_holder
 from handformer.check.core.source import source_text
 from handformer.check.core.weights import (
     Gainless,
@@ -127,34 +128,25 @@ GATE_SECOND = re.compile(r"\w+\s*,\s*\w*gate\w*\s*=\s*[\w.()\[\]]*chunk\(\s*2")
 
 def ffn_reading(child: nn.Module, readings: list[list[Slot]]) -> list[Slot]:
     """The FFN reading a layer's mapping takes: for gate and up fused in one layer, the half its file's
-    code names the gate (OLMo's `x, gate = x.chunk(2, dim=-1)`: the second); for two layers, the one
-    whose up projection the FFN's output is linear in (Qwen's w1 * silu(w2)); else the first."""
-    if readings[0][0].rows is None:
-        return next((r for r in readings[1:] if fp.quietly(lambda r=r: _linear_in_up(child, r))), readings[0])
-    second = GATE_SECOND.search(source_text(sys.modules.get(type(child).__module__)))
-    return readings[int(second is not None)]
+    code names the gate (OLMo's `x, gate = x.chunk(2, dim=-1)`: the second); for two layers, the second
+    order where the FFN's output is linear in its up projection (Qwen's w1 * silu(w2)); else the first."""
+    fused = readings[0][0].rows is not None
+    second = GATE_SECOND.search(source_text(sys.modules.get(type(child).__module__))) if fused else \
+        fp.quietly(lambda: _linear_in_up(child, readings[1]))
+    return readings[int(bool(second))]
 
 
 @torch.no_grad()
 def _linear_in_up(child: nn.Module, reading: list[Slot]) -> bool:
-    """Whether the smallest module of `child` that holds the reading's FFN gives twice its output
-    with its up projection's weights doubled (the gate passes an activation: it does not)."""
+    """Whether the smallest module of `child` that holds the reading's FFN gives twice its output with
+    its up projection's output doubled (the gate passes an activation: it does not)."""
     up = next(s.leaf.module for s in reading if s.role == "FFN W_up")
-    inside = {id(s.leaf.module) for s in reading}
-    ffn = min((m for m in child.modules() if inside <= {id(x) for x in m.modules()}),
-              key=lambda m: len(list(m.modules())))
-    weight = next(ffn.parameters())
-    x = torch.randn(2, 3, D, generator=torch.Generator().manual_seed(5)).to(weight.dtype)
+    ffn = smallest_holder(child, {id(s.leaf.module) for s in reading})
+    x = torch.randn(2, 3, D, generator=torch.Generator().manual_seed(5)).to(up.weight.dtype)
     base = fp.first_tensor(ffn(x))
-    held = [t for t in (up.weight, up.bias) if t is not None]
-    for t in held:
-        t.mul_(2)
-    try:
+    with fp.hooked([up.register_forward_hook(lambda module, args, out: 2 * out)]):
         doubled = fp.first_tensor(ffn(x))
-    finally:
-        for t in held:
-            t.div_(2)
-    return bool(torch.allclose(doubled, 2 * base, rtol=1e-4, atol=1e-6)) and bool(base.abs().max() > 0)
+    return bool(torch.allclose(doubled, 2 * base, rtol=1e-4, atol=1e-6))
 
 
 # OLMo 2's q/k norms over the whole width, inside the block's attention (self_attn.q_norm)

@@ -113,8 +113,7 @@ def either_shape(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[
     (paired_tables) in the first of `shapes` it takes; the shape that ran is kept (layout["shape"]: a
     later error is theirs; not at one position, where every shape broadcasts and either pairing
     keeps the output). When none runs, the first one's error is raised."""
-    table = kwargs[names[0]]
-    layout = layout if (table[0] if isinstance(table, tuple) else table).size(-2) > 1 else dict(layout)
+    layout = layout if fp.first_tensor(kwargs[names[0]]).size(-2) > 1 else dict(layout)
     if layout.get("shape") is not None:
         return fn(*args, **paired_tables(fn, args, kwargs, layout, names, shapes[layout["shape"]]))
     first = None
@@ -129,16 +128,12 @@ def either_shape(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[
     raise first  # type: ignore[misc]
 
 
-def _shaped(names: tuple[str, ...], form: Callable[[Tensor], Tensor], sin_first: bool = False) -> Shaping:
+def _shaped(names: tuple[str, ...], form: Callable[[Tensor], Tensor], order: int = 1) -> Shaping:
     """The kwargs with each table (T, Dh) under `names` (or in the (cos, sin) pair there) reshaped by
-    `form`; sin_first: the pair handed as (sin, cos) (GPT-J's)."""
+    `form`; order -1: the pair handed as (sin, cos) (GPT-J's)."""
     def shaped(kwargs: dict[str, Any]) -> dict[str, Any]:
-        out = dict(kwargs)
-        for name in names:
-            value = kwargs[name]
-            out[name] = tuple(form(t) for t in value[::-1 if sin_first else 1]) if isinstance(
-                value, tuple) else form(value)
-        return out
+        return {**kwargs, **{name: tuple(map(form, kwargs[name][::order])) if isinstance(kwargs[name], tuple)
+                             else form(kwargs[name]) for name in names}}
     return shaped
 
 
@@ -148,7 +143,7 @@ def _cos_sin_shapes(names: tuple[str, ...], B: int) -> tuple[Shaping, ...]:
     queries (B, T, H, Dh); GPT-J's (sin, cos) of one angle a pair, (B, T, Dh/2) each."""
     return (_shaped(names, lambda t: t), _shaped(names, lambda t: t[None].expand(B, -1, -1)),
             _shaped(names, lambda t: t[None, :, None]),
-            _shaped(names, lambda t: t[None, :, :t.size(-1) // 2].expand(B, -1, -1), sin_first=True))
+            _shaped(names, lambda t: t[None, :, :t.size(-1) // 2].expand(B, -1, -1), order=-1))
 
 
 def either_cos_sin_layout(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, Any],
@@ -162,7 +157,7 @@ def either_cos_sin_tables(fn: Any, args: list[Any], kwargs: dict[str, Any], layo
                           B: int) -> Any:
     """A forward handed cos and sin as two arguments (Raschka's; Gemma's forward(x, cos, sin, mask)),
     in the shape it takes (_cos_sin_shapes; the pair's order as its names say)."""
-    names = tuple(n for n in ("cos", "sin") if n in kwargs)
+    names = tuple(sorted({"cos", "sin"} & kwargs.keys()))
     return either_shape(fn, args, kwargs, layout, names, _cos_sin_shapes(names, B)[:3])
 
 

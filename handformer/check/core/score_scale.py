@@ -25,7 +25,7 @@ from torch import nn
 
 from handformer.check.core.discovery import WIDTH_WORDS, size_of
 from handformer.check.core.result import Text, text
-from handformer.check.core.sizes import is_number
+from handformer.check.core.sizes import D, is_number
 from handformer.check.core.source import source_text
 from handformer.check.core.weights import leaves, of_kind
 
@@ -53,7 +53,7 @@ def configured_settings(module: nn.Module) -> dict[str, float]:
     cls = type(module)
     words = set(re.findall(r"\w+", source_text(getattr(cls, "forward", cls))))
     params = list(inspect.signature(cls.__init__).parameters)[1:]
-    held = [vars(v) for v in vars(module).values() if hasattr(v, "__dict__")]  # a config, a namespace
+    held = _configs(module)  # a config, a namespace
     own = {name: getattr(module, name, None) for name, rhs in ASSIGNED.findall(source_text(cls.__init__))
            if _from_a_setting(rhs, params)}
     return {name: float(value) for name, value in ChainMap(own, *held).items() if _factor(name, value, words)}
@@ -79,26 +79,25 @@ def _factor(name: str, value: Any, words: set[str]) -> bool:
 def model_factors(module: nn.Module) -> list[float]:
     """The factors a model's code may apply from its settings, in any of its own classes: each
     setting's value, or its inverse for a setting a documented family divides by (DIVIDED_BY); and
-    μP's base width over the model's (MiniCPM's logits / (hidden_size / dim_model_base))."""
+    μP's base width over the model's, check's d_model (MiniCPM's logits / (hidden_size / dim_model_base))."""
     own = [sub for sub in module.modules() if type(sub).__module__.startswith("learner_")]
     return [v ** DIVIDED_BY.get(name, 1) for sub in own for name, v in configured_settings(sub).items()] + [
-        base / width for sub in own for base in _held(sub, _base_width) for width in _held(sub, _model_width)]
+        base / D for sub in own for base in _held(sub, BASE_WIDTH.fullmatch)]
+
+
+def _configs(module: nn.Module) -> list[dict[str, Any]]:
+    """The attributes of each object with attributes the module holds (a config, a namespace)."""
+    return [vars(v) for v in vars(module).values() if hasattr(v, "__dict__")]
 
 
 def _held(module: nn.Module, test: Any) -> set[float]:
     """The positive numbers the module, or a config it holds, keeps under a name `test` accepts."""
-    held = ChainMap(vars(module), *[vars(v) for v in vars(module).values() if hasattr(v, "__dict__")])
-    return {float(v) for name, v in held.items() if test(name) and is_number(v) and v > 0}
+    return {float(v) for name, v in ChainMap(vars(module), *_configs(module)).items()
+            if test(name) and is_number(v) and v > 0}
 
 
-def _base_width(name: str) -> bool:
-    """A μP base width (MiniCPM's dim_model_base, a base_width): a width word and "base"."""
-    words = set(name.lower().split("_"))
-    return "base" in words and bool(words & WIDTH_WORDS)
-
-
-def _model_width(name: str) -> bool:
-    return size_of(name) == "d_model"
+# a μP base width (MiniCPM's dim_model_base, a base_width): "base" and a width word
+BASE_WIDTH = re.compile(r"(?i)(?=(.*_)?base(_|$))(?=(.*_)?(dim|width|size|hidden)(_|$)).*")
 
 
 def _layer_count(name: str) -> bool:

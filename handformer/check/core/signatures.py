@@ -14,7 +14,6 @@ Shape legend: B rows, V vocabulary.
 
 from __future__ import annotations
 
-import ast
 import collections.abc
 import contextlib
 import dataclasses
@@ -62,7 +61,7 @@ from handformer.check.core.argument_names import (
 )
 from handformer.check.core.keyed_batch import keyed_batch
 from handformer.check.core.processors import PROCESSOR_NAMES, own_call, own_method, posing_as
-from handformer.check.core.source import config_reads, function_nodes, source_text
+from handformer.check.core.source import config_reads, source_text
 from handformer.check.core.special_ids import DEVICE_NAMES
 
 ROWS = torch.tensor([[2.0, 1.2, 0.8, 0.3, 0.0, -0.4, -1.0, -1.6],
@@ -274,8 +273,7 @@ def lm_step(fn: Any) -> bool:
     _, names, required = _signature(fn)
     windows = (LOADER_NAMES,) if drawn_loader(fn) else (X_NAMES, Y_NAMES)
     tokens = token_batch(fn) or keyed_batch(fn)
-    windows = (BATCH_NAMES,) if paired_batch(fn) or tokens else windows
-    windows = ((tokens,),) if isinstance(tokens, str) and tokens not in BATCH_NAMES else windows  # input_ids
+    windows = (BATCH_NAMES + TOKEN_NAMES,) if paired_batch(fn) or tokens else windows
     groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, *windows)
     if not _takes_each(names, groups):
         groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES)  # its windows drawn from its file's get_batch
@@ -295,23 +293,22 @@ SETTING_VALUES = {"max_lr": 0.02, "min_lr": 0.002, "init_lr": 0.0, "warmup": 2, 
 def schedule_settings(fn: Any) -> dict[str, dict[str, Any]]:
     """The arguments fn hands on as the keyword arguments of a schedule of its file (MiniCPM-style
     `lr = wsd_lr(step, **sched)`), each with the settings that fill it (_settings)."""
-    out, own = {}, getattr(fn, "__globals__", {})
-    names = set(names_of(call_parameters(fn))[0])
-    for node in function_nodes(fn):
-        callee = own.get(getattr(getattr(node, "func", None), "id", ""))
-        splat = [k.value.id for k in getattr(node, "keywords", ())
-                 if k.arg is None and isinstance(k.value, ast.Name) and k.value.id in names]
-        settings = _settings(callee, len(node.args) + len(node.keywords) - 1) if splat else None
-        out.update({splat[0]: settings} if settings is not None and inspect.isfunction(callee) else {})
-    return out
+    names, own = set(names_of(call_parameters(fn))[0]), getattr(fn, "__globals__", {})
+    found = {name: _settings(own.get(callee), before.count(","))
+             for callee, before, name in SPLAT.findall(source_text(fn)) if name in names}
+    return {name: settings for name, settings in found.items() if settings}
+
+
+SPLAT = re.compile(r"\b(\w+)\(([^()]*?)\*\*(\w+)\s*\)")  # f(a, b, **name): f, "a, b, ", name
+SETTING_OF = {alias: key for key, aliases in reversed(SCHEDULE_ARGS.items()) for alias in aliases}
 
 
 def _settings(callee: Any, given: int) -> dict[str, Any] | None:
-    """The callee's parameters after the `given` a call names, those without a default, each a value
-    of SETTING_VALUES by its name; None where one has none."""
-    left = [p for p in call_parameters(callee)[given:] if p.default is p.empty]
-    keys = [next((k for k, names in SCHEDULE_ARGS.items() if p.name.lower() in names), None) for p in left]
-    return None if None in keys else {p.name: SETTING_VALUES[k] for p, k in zip(left, keys)}
+    """A function's parameters after the `given` a call names, those without a default, each a value of
+    SETTING_VALUES by its name; None where one has none."""
+    params = call_parameters(callee)[given:] if inspect.isfunction(callee) else []
+    keys = {p.name: SETTING_OF.get(p.name.lower()) for p in params if p.default is p.empty}
+    return None if None in keys.values() else {name: SETTING_VALUES[key] for name, key in keys.items()}
 
 
 def token_batch(fn: Any) -> str | None:
@@ -320,9 +317,8 @@ def token_batch(fn: Any) -> str | None:
     token ids it shifts itself where it takes no targets (MiniCPM-style `model(input_ids[:, :-1])`)."""
     found = _argument_used(fn, BATCH_NAMES, r"\b{0}\.(?:chunk|split)\(|torch\.(?:chunk|split)\(\s*{0}\b|"
                                             r"\b{0}\[\s*:\s*,\s*(?::-1|1:)\s*\]")
-    if found or set(_signature(fn)[1]) & set(Y_NAMES):
-        return found
-    return _argument_used(fn, TOKEN_NAMES, r"\b{0}\[\s*:\s*,\s*(?::-1|1:)\s*\]")
+    alone = not set(_signature(fn)[1]) & set(Y_NAMES)  # no targets handed
+    return found or _argument_used(fn, TOKEN_NAMES * alone, r"\b{0}\[\s*:\s*,\s*(?::-1|1:)\s*\]")
 
 
 TOKEN_NAMES = ("input_ids", "tokens", "ids", "token_ids")  # token ids a step shifts itself

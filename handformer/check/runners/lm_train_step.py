@@ -134,10 +134,9 @@ class Step:
         names, required = names_of(params)
         self.model, self.opt = named(names, MODEL_NAMES), named(names, OPTIMIZER_NAMES)
         self.x, self.y, self.lr = named(names, X_NAMES), named(names, Y_NAMES), named(names, LR_NAMES)
-        # the settings it hands its file's schedule (`wsd_lr(step, **sched)`): never a torch scheduler
-        self.settings = schedule_settings(comp.obj)
-        self.sched = named([n for n in names if n not in self.settings], SCHEDULER_NAMES)
-        self.scaler = named(names, SCALER_NAMES)
+        self.sched, self.scaler = named(names, SCHEDULER_NAMES), named(names, SCALER_NAMES)
+        self.settings = schedule_settings(comp.obj)  # what it hands its file's schedule: f(step, **sched)
+        self.sched = None if self.sched in self.settings else self.sched  # settings, not a torch scheduler
         self.accum = named(names, ACCUM_NAMES)  # driven with ACCUM micro-batches
         self.loader = drawn_loader(comp.obj)  # x and y drawn from it: Windows
         self.pair = paired_batch(comp.obj)  # x and y given as one (x, y) batch

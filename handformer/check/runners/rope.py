@@ -95,7 +95,7 @@ def check_rope(comp: Component, ctx: Context) -> ComponentResult:
 
 # the lines that write each pairing: a table repeated pair by pair, or two halves side by side
 PAIRING_LINES = {"interleaved": r"repeat_interleave|stack\(.*flatten|view_as_complex|polar\(",
-                 "half": r"cat\(\s*\(?\s*\w+\s*,\s*\w+|rotate_half|\[\.\.\.,\s*:\s*\w+\s*//\s*2\]"}
+                 "half": r"cat\(\s*[(\[]?\s*\w+\s*,\s*\w+|rotate_half|\[\.\.\.,\s*:\s*\w+\s*//\s*2\]"}
 
 
 def _agreeing(res: ComponentResult, ctx: Context, comp: Component) -> ComponentResult:
@@ -132,8 +132,8 @@ def _first_number(pattern: str, comp: Component) -> tuple[int | None, str | None
 
 def _first_line(pattern: str, comp: Component) -> Text:
     """ " (line N: code)" of the component's first line that matches, in both languages; "" when none."""
-    return next((text(f" (line {n}: {line.strip()})", f"（第 {n} 行：{line.strip()}）")
-                 for n, line in source_lines([comp.obj]) if re.search(pattern, line)), text("", ""))
+    number, code = _first_number(pattern, comp)
+    return text(f" (line {number}: {code})", f"（第 {number} 行：{code}）") if number else text("", "")
 
 
 # --- tables ------------------------------------------------------------------------------------

@@ -91,8 +91,8 @@ def _exponential(floor: float, got: dict[int, float]) -> dict[str, Shape]:
     paper's halvings, 0.5^(progress / h)), its r read from the rate half-way through the decay, where
     that is between the floor and the peak and r ends the decay within 1% of the gap."""
     hi, half = SIZES["max_lr"], float(got.get(HALF_WAY, math.nan))
-    r = ((half - floor) / (hi - floor)) ** 2 if floor < half < hi else math.nan
-    if not r <= 0.01:  # NaN: none
+    r = max((half - floor) / (hi - floor), 0.0) ** 2
+    if not 0 < r <= 0.01:  # NaN: none
         return {}
     words = (f"floor + (max_lr - floor) x {r:.3g}^progress, exponential above the floor",
              f"下限 + (max_lr - 下限) × {r:.3g}^progress，在下限之上指数衰减")
