@@ -138,15 +138,20 @@ def ffn_reading(child: nn.Module, readings: list[list[Slot]]) -> list[Slot]:
 
 @torch.no_grad()
 def _linear_in_up(child: nn.Module, reading: list[Slot]) -> bool:
-    """Whether the smallest module of `child` that holds the reading's FFN gives twice its output with
-    its up projection's output doubled (the gate passes an activation: it does not)."""
+    """Whether the smallest module of `child` that holds the reading's FFN is linear in its up
+    projection's output: f(u) + f(-u) = 2 f(0), a down projection's bias or not (the gate passes an
+    activation: it is not, even ReLU's, which doubling would not tell)."""
     up = next(s.leaf.module for s in reading if s.role == "FFN W_up")
     ffn = smallest_holder(child, {id(s.leaf.module) for s in reading})
     x = torch.randn(2, 3, D, generator=torch.Generator().manual_seed(5)).to(up.weight.dtype)
-    base = fp.first_tensor(ffn(x))
-    with fp.hooked([up.register_forward_hook(lambda module, args, out: 2 * out)]):
-        doubled = fp.first_tensor(ffn(x))
-    return bool(torch.allclose(doubled, 2 * base, rtol=1e-4, atol=1e-6))
+    plus, minus, zero = _scaled(ffn, up, x, 1.0), _scaled(ffn, up, x, -1.0), _scaled(ffn, up, x, 0.0)
+    return bool(torch.allclose(plus + minus, 2 * zero, rtol=1e-4, atol=1e-6))
+
+
+def _scaled(ffn: nn.Module, up: nn.Module, x: torch.Tensor, c: float) -> torch.Tensor:
+    """The FFN's output with its up projection's output times c."""
+    with fp.hooked([up.register_forward_hook(lambda module, args, out: c * out)]):
+        return fp.first_tensor(ffn(x))
 
 
 # OLMo 2's q/k norms over the whole width, inside the block's attention (self_attn.q_norm)
