@@ -1,7 +1,8 @@
 """The warmup-stable-decay schedule (WSD: MiniCPM's, Hugging Face's `get_wsd_schedule`): a linear
 warmup to the peak, the peak held through a stable stage, a short decay down to a floor, the floor
 after it. Its documented variants are searched, never failed: the warmup from the floor (Hugging
-Face, MiniCPM) or from 0, t / T_w or (t + 1) / T_w of the way, and the decay's shape (a straight
+Face, MiniCPM) or from 0, t / T_w of the way (or (t + 1) / T_w where the code writes step + 1),
+and the decay's shape (a straight
 line, half a cosine, 1 - sqrt, MiniCPM's exponential max_lr * (floor / max_lr)^progress, or an
 exponential above the floor, floor + (max_lr - floor) * r^progress, r read from the learner's rates).
 schedule.py reads the learner's schedule; this file is the reference.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections.abc import Callable
 
 from torch import Tensor
@@ -63,9 +65,12 @@ def total(name: str | None) -> int:
 
 HALF_WAY = SIZES["warmup"] + SIZES["stable"] + SIZES["decay"] // 2  # the step half-way through the decay
 WARMUPS = {0: ("t / T_w", "t / T_w"), 1: ("(t + 1) / T_w", "(t + 1) / T_w")}
+# code that counts its step from 1, `(step + 1)`: its warmup (t + 1) / T_w is searched, which a floor of
+# 1 / T_w would otherwise make one with the warmup a step short
+COUNTED = re.compile(r"\(\s*\w+\s*\+\s*1\s*\)")
 
 
-def conventions(floor: float, got: dict[int, float] | None = None,
+def conventions(floor: float, got: dict[int, float] | None = None, counts: tuple[int, ...] = (0,),
                 ) -> tuple[dict[str, Callable[[int, frozenset[str]], float]], dict[str, Text]]:
     """The documented variants to the floor `floor` (a convention each, taking the step and the
     mistakes), and their labels; the exponential decays only to a floor above 0."""
@@ -74,7 +79,7 @@ def conventions(floor: float, got: dict[int, float] | None = None,
     shapes = {name: (SHAPES[name], SHAPE_NAMES[name]) for name in SHAPES if name != "exp" or floor > 0}
     shapes.update(_exponential(floor, got or {}))
     for start, (en, zh) in ((floor, ("from the floor", "从下限开始")), (0.0, ("from 0", "从 0 开始"))):
-        for count, (name, shape) in itertools.product(WARMUPS, shapes.items()):
+        for count, (name, shape) in itertools.product(counts, shapes.items()):
             key = f"{name}:{start}:{count}"
             out[key] = lambda t, f, fn=shape[0], start=start, count=count: wsd(t, floor, start, fn, f, count)
             warm = f", {WARMUPS[count][0]}" * count
