@@ -22,8 +22,8 @@ DIAGNOSES: list[Diagnosis] = [
       "put eps inside the root, as nn.RMSNorm and nn.LayerNorm do: torch.sqrt(ms + eps) or "
       "torch.sqrt(var + eps)",
       "把 eps 放进根号里，与 nn.RMSNorm、nn.LayerNorm 一致：torch.sqrt(ms + eps) 或 torch.sqrt(var + eps)",
-      r"(sqrt\([^()]*(\([^()]*\))?[^()]*\)|\.std\([^)]*\))\s*\+\s*(self\.)?eps",
-      r"\+\s*(self\.)?eps", r"eps"),
+      r"(sqrt\([^()]*(\([^()]*\))?[^()]*\)|\.std\([^)]*\))\s*\+\s*(self\.)?\w*eps",
+      r"\+\s*(self\.)?\w*eps", r"eps"),
     d("norm_no_gain", "the norm's weight (or bias) is not applied", "归一化层的权重（或偏置）没有用上",
       "scale by the learned weight (and, for LayerNorm, add the bias): return self.weight * x_hat "
       "(+ self.bias)",

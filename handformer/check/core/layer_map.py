@@ -12,9 +12,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import D, H
 from handformer.check.core.moe import ffn_readings, outside_moe
 from handformer.check.core.qkv_layouts import kv_width
+from handformer.check.core.score_scale import smallest_holder
 from handformer.check.core.source import source_text
 from handformer.check.core.weights import (
     Gainless,
@@ -132,10 +134,31 @@ GATE_SECOND = re.compile(r"\w+\s*,\s*\w*gate\w*\s*=\s*[\w.()\[\]]*chunk\(\s*2")
 
 
 def ffn_reading(child: nn.Module, readings: list[list[Slot]]) -> list[Slot]:
-    """The FFN reading a layer's mapping takes: the first, but for gate and up fused in one layer, the
-    half its file's code names the gate (OLMo's `x, gate = x.chunk(2, dim=-1)`: the second)."""
-    second = GATE_SECOND.search(source_text(sys.modules.get(type(child).__module__)))
-    return readings[int(readings[0][0].rows is not None and second is not None)]
+    """The FFN reading a layer's mapping takes: for gate and up fused in one layer, the half its file's
+    code names the gate (OLMo's `x, gate = x.chunk(2, dim=-1)`: the second); for two layers, the second
+    order where the FFN's output is linear in its up projection (Qwen's w1 * silu(w2)); else the first."""
+    fused = readings[0][0].rows is not None
+    second = GATE_SECOND.search(source_text(sys.modules.get(type(child).__module__))) if fused else \
+        fp.quietly(lambda: _linear_in_up(child, readings[1]))
+    return readings[int(bool(second))]
+
+
+@torch.no_grad()
+def _linear_in_up(child: nn.Module, reading: list[Slot]) -> bool:
+    """Whether the smallest module of `child` that holds the reading's FFN is linear in its up
+    projection's output: f(u) + f(-u) = 2 f(0), a down projection's bias or not (the gate passes an
+    activation: it is not, even ReLU's, which doubling would not tell)."""
+    up = next(s.leaf.module for s in reading if s.role == "FFN W_up")
+    ffn = smallest_holder(child, {id(s.leaf.module) for s in reading})
+    x = torch.randn(2, 3, D, generator=torch.Generator().manual_seed(5)).to(up.weight.dtype)
+    plus, minus, zero = _scaled(ffn, up, x, 1.0), _scaled(ffn, up, x, -1.0), _scaled(ffn, up, x, 0.0)
+    return bool(torch.allclose(plus + minus, 2 * zero, rtol=1e-4, atol=1e-6))
+
+
+def _scaled(ffn: nn.Module, up: nn.Module, x: torch.Tensor, c: float) -> torch.Tensor:
+    """The FFN's output with its up projection's output times c."""
+    with fp.hooked([up.register_forward_hook(lambda module, args, out: c * out)]):
+        return fp.first_tensor(ffn(x))
 
 
 # OLMo 2's q/k norms over the whole width, inside the block's attention (self_attn.q_norm)

@@ -62,6 +62,7 @@ def either_cos_sin(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dic
                        lambda k: {**k, "cos_sin": tuple(torch.cat([t, t], dim=-1) for t in k["cos_sin"])})
 
 
+Shaping = Callable[[dict[str, Any]], dict[str, Any]]  # the tables (T, Dh) of kwargs as a forward takes them
 SHIFT = 3  # positions every token is moved by in the test of a rotary table's pairing
 # a table's angles (T, Dh/2) over a head: repeated over the two halves (rotate_half's, handformer's), or
 # each repeated in place for pairs (2j, 2j+1) (Cohere's and GPT-J's repeat_interleave)
@@ -70,65 +71,97 @@ TRIG = {"cos": torch.cos, "sin": torch.sin}
 
 
 def paired_tables(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, Any],
-                  names: tuple[str, ...]) -> dict[str, Any]:
-    """kwargs with the (cos, sin) tables under `names` in the pairing the forward rotates by (PAIRINGS),
-    read once (layout["pairs"]) from what RoPE keeps: q·k depends on positions only through their
-    difference, so moving every position by SHIFT leaves the output as it was in the pairing the code
-    rotates by, and moves it in the other. The halves' unless only pairs keep it."""
+                  names: tuple[str, ...], shaped: Shaping) -> dict[str, Any]:
+    """kwargs with the (cos, sin) tables (T, Dh) under `names` in the pairing the forward rotates by
+    (PAIRINGS), then `shaped` as it takes them; the pairing read once (layout["pairs"]) from what RoPE
+    keeps: q·k depends on positions only through their difference, so moving every position by SHIFT
+    leaves the output as it was in the pairing the code rotates by, and moves it in the other. The
+    halves' unless only pairs keep it; unread (the halves') while the forward refuses that shape."""
     if "pairs" not in layout:
-        layout["pairs"] = _moved(fn, args, kwargs, names, False) and not _moved(fn, args, kwargs, names, True)
-    return _retabled(kwargs, names, 0, layout["pairs"])
+        halves, pairs = (_moved(fn, args, kwargs, names, p, shaped) for p in (False, True))
+        if {halves, pairs} == {None}:
+            return shaped(_retabled(kwargs, names, 0, False))
+        layout["pairs"] = halves is not False and pairs is False
+    return shaped(_retabled(kwargs, names, 0, layout["pairs"]))
 
 
-def _moved(fn: Any, args: list[Any], kwargs: dict[str, Any], names: tuple[str, ...], pairs: bool) -> bool:
+def _moved(fn: Any, args: list[Any], kwargs: dict[str, Any], names: tuple[str, ...], pairs: bool,
+           shaped: Shaping) -> bool | None:
+    """Whether moving every position by SHIFT moves the output, in this pairing; None where the
+    forward refuses the tables so shaped."""
     try:
-        a, b = (fp.first_tensor(fn(*args, **_retabled(kwargs, names, shift, pairs))) for shift in (0, SHIFT))
+        a, b = (fp.first_tensor(fn(*args, **shaped(_retabled(kwargs, names, shift, pairs))))
+                for shift in (0, SHIFT))
     except Exception:  # noqa: BLE001 - a form it refuses: its own tries report it
-        return True
+        return None
     return fp.max_error(a, b) > 1e-9
 
 
 def _retabled(kwargs: dict[str, Any], names: tuple[str, ...], shift: int, pairs: bool) -> dict[str, Any]:
-    """kwargs with each table under `names` rebuilt for positions shift .. shift + T - 1."""
+    """kwargs with each table (T, Dh) under `names` rebuilt for positions shift .. shift + T - 1."""
     return {**kwargs, **{name: _table(kwargs[name], name, shift, pairs) for name in names}}
 
 
 def _table(t: Any, name: str, shift: int, pairs: bool) -> Any:
-    """A cos or sin table (..., T, Dh), or Hugging Face's (cos, sin) pair, rebuilt so."""
+    """A cos or sin table (T, Dh), or Hugging Face's (cos, sin) pair, rebuilt so."""
     if name == "position_embeddings":
         return _table(t[0], "cos", shift, pairs), _table(t[1], "sin", shift, pairs)
     angles = PAIRINGS[pairs](V.rope_angles(t.size(-2), t.size(-1), offset=shift))  # (T, Dh)
     return TRIG[name](angles).to(t.dtype).expand(t.shape)
 
 
-def either_cos_sin_layout(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool],
+def either_shape(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, Any],
+                 names: tuple[str, ...], shapes: tuple[Shaping, ...]) -> Any:
+    """fn(*args, **kwargs), its (cos, sin) tables (T, Dh) under `names` paired as it rotates
+    (paired_tables) in the first of `shapes` it takes; the shape that ran is kept (layout["shape"]: a
+    later error is theirs; not at one position, where every shape broadcasts and either pairing
+    keeps the output). When none runs, the first one's error is raised."""
+    layout = layout if fp.first_tensor(kwargs[names[0]]).size(-2) > 1 else dict(layout)
+    if layout.get("shape") is not None:
+        return fn(*args, **paired_tables(fn, args, kwargs, layout, names, shapes[layout["shape"]]))
+    first = None
+    for i, shaped in enumerate(shapes):
+        try:
+            out = fn(*args, **paired_tables(fn, args, kwargs, layout, names, shaped))
+        except Exception as err:  # noqa: BLE001 - theirs, unless a later shape runs
+            first = first or err
+            continue
+        layout["shape"] = i
+        return out
+    raise first  # type: ignore[misc]
+
+
+def _shaped(names: tuple[str, ...], form: Callable[[Tensor], Tensor], order: int = 1) -> Shaping:
+    """The kwargs with each table (T, Dh) under `names` (or in the (cos, sin) pair there) reshaped by
+    `form`; order -1: the pair handed as (sin, cos) (GPT-J's)."""
+    def shaped(kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {**kwargs, **{name: tuple(map(form, kwargs[name][::order])) if isinstance(kwargs[name], tuple)
+                             else form(kwargs[name]) for name in names}}
+    return shaped
+
+
+def _cos_sin_shapes(names: tuple[str, ...], B: int) -> tuple[Shaping, ...]:
+    """The shapes a forward may take its (cos, sin) tables (T, Dh) in: minimind's and Raschka's
+    (T, Dh); Hugging Face's (B, T, Dh) (the heads' axis unsqueezed inside); Qwen's (1, T, 1, Dh) for
+    queries (B, T, H, Dh); GPT-J's (sin, cos) of one angle a pair, (B, T, Dh/2) each."""
+    return (_shaped(names, lambda t: t), _shaped(names, lambda t: t[None].expand(B, -1, -1)),
+            _shaped(names, lambda t: t[None, :, None]),
+            _shaped(names, lambda t: t[None, :, :t.size(-1) // 2].expand(B, -1, -1), order=-1))
+
+
+def either_cos_sin_layout(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, Any],
                           B: int) -> Any:
-    """A forward handed (cos, sin) as position_embeddings: minimind's (T, Dh) tables, else Hugging
-    Face's (B, T, Dh), else GPT-J's (sin, cos) of one angle a pair, (B, T, Dh/2) each; the layout that
-    runs is kept (layout["batched"], layout["sin_first"]). When none runs, the first one's error is
-    raised."""
-    def hugging_face(*a: Any, **k: Any) -> Any:
-        return either_form(fn, list(a), k, layout, "batched", lambda k: {**k, "position_embeddings": tuple(
-            t[None].expand(B, -1, -1) for t in k["position_embeddings"])}, keep_first=True)
-
-    def gptj(k: dict[str, Any]) -> dict[str, Any]:
-        cos, sin = k["position_embeddings"]  # (T, Dh) each, the angles repeated over the two halves
-        halves = (t[None, :, :t.size(-1) // 2].expand(B, -1, -1) for t in (sin, cos))  # (B, T, Dh/2) each
-        return {**k, "position_embeddings": tuple(halves)}
-    kwargs = paired_tables(fn, args, kwargs, layout, ("position_embeddings",))
-    return either_form(hugging_face, args, kwargs, layout, "sin_first", gptj, keep_first=True)
+    """A forward handed (cos, sin) as position_embeddings, in the shape it takes (_cos_sin_shapes)."""
+    names = ("position_embeddings",)
+    return either_shape(fn, args, kwargs, layout, names, _cos_sin_shapes(names, B))
 
 
-def either_cos_sin_tables(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool],
+def either_cos_sin_tables(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, Any],
                           B: int) -> Any:
-    """A forward handed cos and sin as two arguments: Raschka's (T, Dh) tables, else Hugging Face's
-    (B, T, Dh) (Gemma's forward(x, cos, sin, mask), which unsqueezes the heads' axis); the layout
-    that runs is kept (layout["batched"]). When neither runs, their error with the first is raised."""
-    kwargs = paired_tables(fn, args, kwargs, layout, tuple(n for n in ("cos", "sin") if n in kwargs))
-    return either_form(fn, args, kwargs, layout, "batched", lambda k: {
-        **k, **{n: k[n][None].expand(B, -1, -1) for n in {"cos", "sin"} & k.keys()}},  # (B, T, Dh) each
-        keep_first=True)
-
+    """A forward handed cos and sin as two arguments (Raschka's; Gemma's forward(x, cos, sin, mask)),
+    in the shape it takes (_cos_sin_shapes; the pair's order as its names say)."""
+    names = tuple(sorted({"cos", "sin"} & kwargs.keys()))
+    return either_shape(fn, args, kwargs, layout, names, _cos_sin_shapes(names, B)[:3])
 
 
 def alibi_argument(B: int, H: int, S: int, dtype: torch.dtype) -> Tensor:
@@ -289,16 +322,24 @@ TABLE_ALIASES = ("freqs_complex", "pos_cis", "rotary_pos_emb")
 COMPLEX_TABLE_NAMES = ("freqs_cis", "freqs", *TABLE_ALIASES, "rope_cache")  # ChatGLM's apply function's
 
 
+# the names Qwen's (cos, sin) pair goes by besides Hugging Face's position_embeddings (a required argument)
+PAIR_ALIASES = ("rotary_pos_emb",)
+
+
 def renamed_table(fn: Any, params: list[inspect.Parameter], owner: Any = None,
                   ) -> tuple[Any, list[inspect.Parameter]]:
     """fn and its parameters, a rotary table named as in TABLE_ALIASES (Umar Jamil's freqs_complex,
-    minimind's pos_cis, ChatGLM's rotary_pos_emb) called freqs_cis as check names it; fn and params as
-    they are otherwise, or where the file of `owner` (fn's own by default) unpacks that argument as a
-    pair (Qwen's `cos, sin = rotary_pos_emb`: no table)."""
+    minimind's pos_cis, ChatGLM's rotary_pos_emb) called freqs_cis as check names it; where the file of
+    `owner` (fn's own by default) unpacks that argument as a pair (Qwen's `cos, sin = rotary_pos_emb`), a
+    required one is called position_embeddings instead; fn and params as they are otherwise."""
     module = sys.modules.get(getattr(owner or fn, "__module__", None) or "")
-    alias = next((p.name for p in params if p.name in TABLE_ALIASES and not re.search(
-        rf"^\s*\w+\s*,\s*\w+\s*=\s*{p.name}\s*(#.*)?$", source_text(module), re.M)), None)
-    return renamed(fn, params, alias, "freqs_cis")
+    pairs = {p.name for p in params if p.name in PAIR_ALIASES and re.search(
+        rf"^\s*\w+\s*,\s*\w+\s*=\s*{p.name}\s*(#.*)?$", source_text(module), re.M)}
+    alias = next((p.name for p in params if p.name in TABLE_ALIASES and p.name not in pairs), None)
+    fn, params = renamed(fn, params, alias, "freqs_cis")
+    pair = next((p.name for p in params if p.name in pairs and p.default is p.empty), None)
+    return renamed(fn, params, pair if "position_embeddings" not in {p.name for p in params} else None,
+                   "position_embeddings")
 
 
 def renamed(fn: Any, params: list[inspect.Parameter], alias: str | None, name: str,

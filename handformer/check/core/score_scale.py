@@ -15,6 +15,7 @@ configured, never a factor found alone.
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from collections import ChainMap
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from torch import nn
 
 from handformer.check.core.discovery import WIDTH_WORDS, size_of
 from handformer.check.core.result import Text, text
-from handformer.check.core.sizes import is_number
+from handformer.check.core.sizes import D, is_number
 from handformer.check.core.source import source_text
 from handformer.check.core.weights import leaves, of_kind
 
@@ -52,7 +53,7 @@ def configured_settings(module: nn.Module) -> dict[str, float]:
     cls = type(module)
     words = set(re.findall(r"\w+", source_text(getattr(cls, "forward", cls))))
     params = list(inspect.signature(cls.__init__).parameters)[1:]
-    held = [vars(v) for v in vars(module).values() if hasattr(v, "__dict__")]  # a config, a namespace
+    held = _configs(module)  # a config, a namespace
     own = {name: getattr(module, name, None) for name, rhs in ASSIGNED.findall(source_text(cls.__init__))
            if _from_a_setting(rhs, params)}
     return {name: float(value) for name, value in ChainMap(own, *held).items() if _factor(name, value, words)}
@@ -77,9 +78,30 @@ def _factor(name: str, value: Any, words: set[str]) -> bool:
 
 def model_factors(module: nn.Module) -> list[float]:
     """The factors a model's code may apply from its settings, in any of its own classes: each
-    setting's value, or its inverse for a setting a documented family divides by (DIVIDED_BY)."""
-    return [v ** DIVIDED_BY.get(name, 1) for sub in module.modules()
-            if type(sub).__module__.startswith("learner_") for name, v in configured_settings(sub).items()]
+    setting's value, or its inverse for a setting a documented family divides by (DIVIDED_BY); and
+    μP's base width over the model's, check's d_model (MiniCPM's logits / (hidden_size / dim_model_base))."""
+    own = [sub for sub in module.modules() if type(sub).__module__.startswith("learner_")]
+    return [v ** DIVIDED_BY.get(name, 1) for sub in own for name, v in configured_settings(sub).items()] + [
+        base / D for sub in own for base in _held(sub, BASE_WIDTH.fullmatch)]
+
+
+def _configs(module: nn.Module) -> list[dict[str, Any]]:
+    """The attributes of each object with attributes the module holds (a config, a namespace)."""
+    return [vars(v) for v in vars(module).values() if hasattr(v, "__dict__")]
+
+
+def _held(module: nn.Module, test: Any) -> set[float]:
+    """The positive numbers the module, or a config it holds, keeps under a name `test` accepts."""
+    return {float(v) for name, v in ChainMap(vars(module), *_configs(module)).items()
+            if test(name) and is_number(v) and v > 0}
+
+
+# a μP base width (MiniCPM's dim_model_base, a base_width): "base" and a width word
+BASE_WIDTH = re.compile(r"(?i)(?=(.*_)?base(_|$))(?=(.*_)?(dim|width|size|hidden)(_|$)).*")
+
+
+def _layer_count(name: str) -> bool:
+    return size_of(name) == "n_layers"
 
 
 @dataclass(frozen=True)
@@ -98,10 +120,12 @@ PLAIN = Form()  # a layer that takes no number from its settings
 def layer_forms(module: nn.Module, attn: list[Any]) -> list[Form]:
     """The plain form, then each configured scale of the attention (the smallest submodule holding
     its projections `attn`, slots) with each configured number of the layer itself as the residual
-    multiplier."""
+    multiplier, or that number over the square root of the layer count it holds (MiniCPM's
+    scale_depth / sqrt(num_hidden_layers))."""
     holder = smallest_holder(module, {id(s.leaf.module) for s in attn if s.leaf.kind == "linear"}) or module
     scales = configured_scales(holder) * (holder is not module)
     residuals = set(configured_scales(module)) - set(scales)
+    residuals |= {r / math.sqrt(n) for r in residuals for n in _held(module, _layer_count)}  # MiniCPM's
     return [Form(scale, residual) for scale in (None, *scales) for residual in (1.0, *sorted(residuals))]
 
 

@@ -273,7 +273,7 @@ def lm_step(fn: Any) -> bool:
     _, names, required = _signature(fn)
     windows = (LOADER_NAMES,) if drawn_loader(fn) else (X_NAMES, Y_NAMES)
     tokens = token_batch(fn) or keyed_batch(fn)
-    windows = (BATCH_NAMES,) if paired_batch(fn) or tokens else windows
+    windows = (BATCH_NAMES + TOKEN_NAMES,) if paired_batch(fn) or tokens else windows
     groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, *windows)
     if not _takes_each(names, groups):
         groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES)  # its windows drawn from its file's get_batch
@@ -281,15 +281,47 @@ def lm_step(fn: Any) -> bool:
             return False
     rest = required - set().union(*groups, LR_NAMES, ACCUM_NAMES, SCHEDULER_NAMES)
     # nanoGPT's train_step(model, optimizer, X, Y, iter_num, cfg): the iteration and a configuration
-    rest -= set(SCHEDULE_STEP_NAMES) | set(_config_fields(fn, rest))
+    rest -= set(SCHEDULE_STEP_NAMES) | set(_config_fields(fn, rest)) | set(schedule_settings(fn))
     return not rest and (tokens is not None or not SHIFT.search(source_text(fn)))
+
+
+# what a schedule's settings are handed where a step hands them on (schedule_settings): a few short stages
+SETTING_VALUES = {"max_lr": 0.02, "min_lr": 0.002, "init_lr": 0.0, "warmup": 2, "stable": 2, "decay": 4,
+                  "total": 10, "d_model": 64, "factor": 1.0}
+
+
+def schedule_settings(fn: Any) -> dict[str, dict[str, Any]]:
+    """The arguments fn hands on as the keyword arguments of a schedule of its file (MiniCPM-style
+    `lr = wsd_lr(step, **sched)`), each with the settings that fill it (_settings)."""
+    names, own = set(names_of(call_parameters(fn))[0]), getattr(fn, "__globals__", {})
+    found = {name: _settings(own.get(callee), before.count(","))
+             for callee, before, name in SPLAT.findall(source_text(fn)) if name in names}
+    return {name: settings for name, settings in found.items() if settings}
+
+
+SPLAT = re.compile(r"\b(\w+)\(([^()]*?)\*\*(\w+)\s*\)")  # f(a, b, **name): f, "a, b, ", name
+SETTING_OF = {alias: key for key, aliases in reversed(SCHEDULE_ARGS.items()) for alias in aliases}
+
+
+def _settings(callee: Any, given: int) -> dict[str, Any] | None:
+    """A function's parameters after the `given` a call names, those without a default, each a value of
+    SETTING_VALUES by its name; None where one has none."""
+    params = call_parameters(callee)[given:] if inspect.isfunction(callee) else []
+    keys = {p.name: SETTING_OF.get(p.name.lower()) for p in params if p.default is p.empty}
+    return None if None in keys.values() else {name: SETTING_VALUES[key] for name, key in keys.items()}
 
 
 def token_batch(fn: Any) -> str | None:
     """The batch a step takes as one tensor of token windows (B, T + 1) that it cuts into micro-batches
-    or shifts itself (`batch.chunk(accum)`, `batch[:, :-1]`): inputs and targets are made from it."""
-    return _argument_used(fn, BATCH_NAMES, r"\b{0}\.(?:chunk|split)\(|torch\.(?:chunk|split)\(\s*{0}\b|"
-                                           r"\b{0}\[\s*:\s*,\s*(?::-1|1:)\s*\]")
+    or shifts itself (`batch.chunk(accum)`, `batch[:, :-1]`): inputs and targets are made from it; or
+    token ids it shifts itself where it takes no targets (MiniCPM-style `model(input_ids[:, :-1])`)."""
+    found = _argument_used(fn, BATCH_NAMES, r"\b{0}\.(?:chunk|split)\(|torch\.(?:chunk|split)\(\s*{0}\b|"
+                                            r"\b{0}\[\s*:\s*,\s*(?::-1|1:)\s*\]")
+    alone = not set(_signature(fn)[1]) & set(Y_NAMES)  # no targets handed
+    return found or _argument_used(fn, TOKEN_NAMES * alone, r"\b{0}\[\s*:\s*,\s*(?::-1|1:)\s*\]")
+
+
+TOKEN_NAMES = ("input_ids", "tokens", "ids", "token_ids")  # token ids a step shifts itself
 
 
 def drawn_loader(fn: Any) -> str | None:

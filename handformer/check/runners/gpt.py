@@ -545,10 +545,14 @@ def _configured_factors(call: Caller, m: GPTMap, idx: Tensor) -> tuple[float | N
     other = (idx + 1) % VOCAB
     handed = _handed(call, m, idx) - _handed(call, m, other)  # (B, T, D): the positions cancel
     embed = configured_ratio(handed, m.wte.weight[idx] - m.wte.weight[other], factors)
-    if m.head is None:  # a forward that multiplies by the embedding: no head to read the logits' factor at
+    if m.head is None and m.ln_f is None:  # nothing to read the logits' factor at
         return embed, None
-    heads = [torch.zeros(())]  # what the head gives, once it is called (a head never called: no factor)
-    handle = m.head.module.register_forward_hook(lambda _, args, out: heads.append(out))
+    # what the head gives, once it is called; a forward that multiplies by the embedding (F.linear(x,
+    # wte.weight)): the final norm's output times the embedding (a module never called: no factor)
+    heads = [torch.zeros(())]
+    hooked, read = (m.head.module, lambda out: out) if m.head is not None else (
+        m.ln_f.leaf.module, lambda out: out @ m.wte.weight.T)
+    handle = hooked.register_forward_hook(lambda _, args, out: heads.append(read(out)))
     with fp.hooked([handle]):
         logits = call(idx)[0]
     head = heads[-1].transpose(0, 1) if call.first and heads[-1].dim() == 3 else heads[-1]  # (T, B, V)

@@ -1070,9 +1070,11 @@ def form_notes(form: Form) -> list[Text]:
     notes = [scale_note(form.scale)] if form.scale else []
     return notes + [text(
         f"each sublayer's output times {form.residual:g} before the add, a value your layer takes from its "
-        "settings (Granite's residual_multiplier): a convention, compared so",
+        "settings (Granite's residual_multiplier, MiniCPM's scale_depth / sqrt(num_hidden_layers)): a "
+        "convention, compared so",
         f"每个子层的输出先乘以 {form.residual:g} 再相加，这是你的层从配置里读出的值（Granite 的 "
-        "residual_multiplier）：这是约定，按它比较")] * (form.residual != 1.0)
+        "residual_multiplier，MiniCPM 的 scale_depth / sqrt(num_hidden_layers)）：这是约定，按它比较")
+    ] * (form.residual != 1.0)
 
 
 def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str, rope: str | None,

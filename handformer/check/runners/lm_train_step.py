@@ -60,6 +60,7 @@ from handformer.check.core.signatures import (
     drawn_loader,
     kind_of,
     paired_batch,
+    schedule_settings,
     token_batch,
 )
 from handformer.check.core.source import config_reads, functions_called, locate, source_lines, source_text
@@ -134,6 +135,8 @@ class Step:
         self.model, self.opt = named(names, MODEL_NAMES), named(names, OPTIMIZER_NAMES)
         self.x, self.y, self.lr = named(names, X_NAMES), named(names, Y_NAMES), named(names, LR_NAMES)
         self.sched, self.scaler = named(names, SCHEDULER_NAMES), named(names, SCALER_NAMES)
+        self.settings = schedule_settings(comp.obj)  # what it hands its file's schedule: f(step, **sched)
+        self.sched = None if self.sched in self.settings else self.sched  # settings, not a torch scheduler
         self.accum = named(names, ACCUM_NAMES)  # driven with ACCUM micro-batches
         self.loader = drawn_loader(comp.obj)  # x and y drawn from it: Windows
         self.pair = paired_batch(comp.obj)  # x and y given as one (x, y) batch
@@ -143,7 +146,7 @@ class Step:
         self.drawn = None if handed else drawn_global(comp.obj)  # x and y from a function of its file
         self.drawn_calls: list[Call] = []  # the arguments the step called that function with, each call
         known = {self.model, self.opt, self.x, self.y, self.lr, self.sched, self.scaler, self.accum,
-                 self.loader, self.pair, self.tokens, self.keyed and self.keyed.name}
+                 self.loader, self.pair, self.tokens, self.keyed and self.keyed.name, *self.settings}
         rest = [n for n in required if n not in known]
         self.count = named(rest, SCHEDULE_STEP_NAMES)  # the iteration (nanoGPT's iter_num): 0, then 1
         # or how many steps a loop of them runs (build-nanogpt's train(..., steps): range(steps)): 1 a call
@@ -197,6 +200,7 @@ class Step:
                  self.accum: lambda: ACCUM, self.count: lambda: max(bool(self.loops), len(self.seen) % 2),
                  self.config: self._config}
         kwargs.update({name: make() for name, make in given.items() if name})
+        kwargs.update({name: dict(settings) for name, settings in self.settings.items()})
         stand_in = {self.drawn: Drawn(self, Windows(x, y, parts))} if self.drawn else {}
         stand_in.update({self.held: ACCUM} if self.held else {})
         with globals_set(self.ctx.module, stand_in):

@@ -514,12 +514,14 @@ ACT_WORDS = {"relu": r"(?i)relu", "gelu": r"(?i)gelu", "silu": r"(?i)silu|swish|
 def wrong_branch_findings(ctx: Context, comp: Component, slots: list[Slot], matched: float) -> list[Finding]:
     """A gated FFN's activation on the branch named up, the one named gate unactivated; or, of two
     projections numbered alike, on the later one (Meta's w3, Raschka's fc2): the first is the gate, as
-    the GLU paper's W before V, Llama's w1, T5's wi_0."""
+    the GLU paper's W before V, Llama's w1, T5's wi_0; the later one where the checkpoint's names say
+    so (LATER_GATE: Qwen's w2)."""
     by = {s.role: s.leaf.name.split(".")[-1].lower() for s in slots}
     gate, up = by["FFN W_gate"], by["FFN W_up"]
     swapped = "gate" not in gate and ("up" in gate or "gate" in up)
     numbered = NUMBERED.fullmatch(f"{gate} {up}")  # one stem, two numbers
-    if not (swapped or numbered and int(numbered[2]) > int(numbered[3])):
+    later_gate = set(by.values()) in LATER_GATE
+    if not (swapped or numbered and (int(numbered[2]) > int(numbered[3])) != later_gate):
         return []
     number, code = locate("gated_activation_wrong_branch", source_lines(ctx.objects(comp, "ffn")))
     return [Finding("gated_activation_wrong_branch", text(
@@ -529,6 +531,9 @@ def wrong_branch_findings(ctx: Context, comp: Component, slots: list[Slot], matc
         f"（名字表明它是 up 投影）上，而名为门控的 {up} 没有经过激活"), number, code)]
 
 
+# the projections of a checkpoint whose numbered pair gates with the later one: Qwen's (first
+# generation) MLP, c_proj(w1(x) * F.silu(w2(x)))
+LATER_GATE = ({"w1", "w2", "c_proj"},)
 NUMBERED = re.compile(r"(?P<stem>\D*?)_?(\d+) (?P=stem)_?(\d+)")  # two projections named by number: w3 w1
 # what a norm's mapping names, by (without parameters, with a bias)
 NORM_PARTS = {(False, True): ": weight, bias", (False, False): ": weight",

@@ -32,7 +32,7 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, error_text, finish, forward_names, shape_of
 from handformer.check.core.discovery import Component, DiscoveryError, argument_keys
 from handformer.check.core.localize_kinds import localize_rope_table, localize_rotation, note_departure
-from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.rope_tables import COMPLEX_TABLE_NAMES
 from handformer.check.core.rotary import stated_base
 from handformer.check.core.source import locate, source_lines
@@ -71,8 +71,9 @@ ANGLE_NAMES = ("pos", "freqs", "angles", "pos_emb", "rotary_pos_emb")
 
 
 def _tensor_names(names: list[str]) -> list[str]:
-    """The (at most two) argument names that take the queries and keys (t beside a table of angles)."""
-    allowed = TENSOR_NAMES + ("t",) * _takes(names, ANGLE_NAMES)
+    """The (at most two) argument names that take the queries and keys (t beside a table of angles, or
+    beside cos and sin: Qwen's apply_rotary_pos_emb(t, cos, sin))."""
+    allowed = TENSOR_NAMES + ("t",) * (_takes(names, ANGLE_NAMES) or {"cos", "sin"} <= set(names))
     return [n for n in names if n in allowed][:2]
 
 
@@ -96,7 +97,7 @@ def check_rope(comp: Component, ctx: Context) -> ComponentResult:
 
 # the lines that write each pairing: a table repeated pair by pair, or two halves side by side
 PAIRING_LINES = {"interleaved": r"repeat_interleave|stack\(.*flatten|view_as_complex|polar\(",
-                 "half": r"cat\(\s*\(?\s*\w+\s*,\s*\w+|rotate_half|\[\.\.\.,\s*:\s*\w+\s*//\s*2\]"}
+                 "half": r"cat\(\s*[(\[]?\s*\w+\s*,\s*\w+|rotate_half|\[\.\.\.,\s*:\s*\w+\s*//\s*2\]"}
 
 
 def _agreeing(res: ComponentResult, ctx: Context, comp: Component) -> ComponentResult:
@@ -109,11 +110,14 @@ def _agreeing(res: ComponentResult, ctx: Context, comp: Component) -> ComponentR
     if other is None:
         return res
     theirs, at = pairing[id(other.convention)], _first_line(PAIRING_LINES[mine], comp)
-    res.checks.append(Check(text(
-        f"pairs the same dimensions as your {other.name}: yours {PAIRING_WORDS[mine][0]}, "
-        f"{other.name}'s {PAIRING_WORDS[theirs][0]}, so together they rotate the wrong pairs{at['en']}",
-        f"与你的 {other.name} 配对方式一致：你的是{PAIRING_WORDS[mine][1]}，{other.name} 的是"
-        f"{PAIRING_WORDS[theirs][1]}，合在一起旋转的维度对不上{at['zh']}"), False))
+    said = text(f"yours {PAIRING_WORDS[mine][0]}, {other.name}'s {PAIRING_WORDS[theirs][0]}, so together "
+                "they rotate the wrong pairs",
+                f"你的是{PAIRING_WORDS[mine][1]}，{other.name} 的是{PAIRING_WORDS[theirs][1]}，"
+                "合在一起旋转的维度对不上")
+    res.checks.append(Check(text(f"pairs the same dimensions as your {other.name}: {said['en']}{at['en']}",
+                                 f"与你的 {other.name} 配对方式一致：{said['zh']}{at['zh']}"), False))
+    number, code = _first_number(PAIRING_LINES[mine], comp)
+    res.findings += [Finding(DEPARTS, said, number, code)] * bool(number)
     return finish(res)
 
 
@@ -122,10 +126,16 @@ PAIRING_WORDS = {"half": ("(j, j + d/2), half-split", " (j, j + d/2) 对半配�
                  "interleaved": ("(2j, 2j+1), interleaved", " (2j, 2j+1) 交错配对")}
 
 
+def _first_number(pattern: str, comp: Component) -> tuple[int | None, str | None]:
+    """The number and text of the component's first line that matches; (None, None) when none."""
+    return next(((n, line.strip()) for n, line in source_lines([comp.obj]) if re.search(pattern, line)),
+                (None, None))
+
+
 def _first_line(pattern: str, comp: Component) -> Text:
     """ " (line N: code)" of the component's first line that matches, in both languages; "" when none."""
-    return next((text(f" (line {n}: {line.strip()})", f"（第 {n} 行：{line.strip()}）")
-                 for n, line in source_lines([comp.obj]) if re.search(pattern, line)), text("", ""))
+    number, code = _first_number(pattern, comp)
+    return text(f" (line {number}: {code})", f"（第 {number} 行：{code}）") if number else text("", "")
 
 
 # --- tables ------------------------------------------------------------------------------------

@@ -645,7 +645,8 @@ def _wsd_conventions(sched: Schedule, got: dict[int, Any],
                      ) -> tuple[dict[str, Convention], dict[str, Text], tuple[str, ...]]:
     """WSD's variants to its floor (where it takes none, its value at the last step)."""
     floor = sched.sizes["min_lr"] if sched.reads("min_lr") else got[max(sched.steps)]
-    return (*W.conventions(floor), W.FLAGS)
+    counted = W.COUNTED.search(source_text(sched.comp.obj))  # its code counts the step from 1: (step + 1)
+    return (*W.conventions(floor, got, (0, 1)[:1 + bool(counted)]), W.FLAGS)
 
 
 PAPER_LABELS = {

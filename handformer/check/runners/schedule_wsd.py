@@ -1,14 +1,18 @@
 """The warmup-stable-decay schedule (WSD: MiniCPM's, Hugging Face's `get_wsd_schedule`): a linear
 warmup to the peak, the peak held through a stable stage, a short decay down to a floor, the floor
 after it. Its documented variants are searched, never failed: the warmup from the floor (Hugging
-Face, MiniCPM) or from 0, and the decay's shape (a straight line, half a cosine, 1 - sqrt, or
-MiniCPM's exponential max_lr * (floor / max_lr)^progress). schedule.py reads the learner's schedule;
-this file is the reference.
+Face, MiniCPM) or from 0, t / T_w of the way (or (t + 1) / T_w where the code writes step + 1),
+and the decay's shape (a straight
+line, half a cosine, 1 - sqrt, MiniCPM's exponential max_lr * (floor / max_lr)^progress, or an
+exponential above the floor, floor + (max_lr - floor) * r^progress, r read from the learner's rates).
+schedule.py reads the learner's schedule; this file is the reference.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import re
 from collections.abc import Callable
 
 from torch import Tensor
@@ -35,19 +39,21 @@ SHAPE_NAMES = {"linear": ("a straight line", "直线"), "cosine": ("half a cosin
                        "max_lr × (floor / max_lr)^progress（MiniCPM）")}
 
 
-def wsd(t: int, floor: float, start: float, shape: str, flags: frozenset[str] = frozenset()) -> float:
-    """The rate at step t: from `start` (the floor, or 0) up to max_lr over the warmup, max_lr through
-    the stable stage, down to `floor` along `shape` over the decay, `floor` after it; with the warmup
-    off by one when flagged."""
+def wsd(t: int, floor: float, start: float, shape: Callable[[float, float, float], float],
+        flags: frozenset[str] = frozenset(), count: int = 0) -> float:
+    """The rate at step t: from `start` (the floor, or 0) up to max_lr over the warmup, (t + count) /
+    T_w of the way (count 1: the peak one step early, max_lr / T_w at step 0), max_lr through the
+    stable stage, down to `floor` along `shape` over the decay, `floor` after it; with the warmup off
+    by one when flagged."""
     hi, warmup = SIZES["max_lr"], SIZES["warmup"]
     w = V.warmup_with(warmup, flags)
     stable_end = warmup + SIZES["stable"]
     if t < w:
-        return start + (hi - start) * t / w
+        return start + (hi - start) * (t + count) / w
     if t < stable_end:
         return hi
     progress = min((t - stable_end) / SIZES["decay"], 1.0)
-    return SHAPES[shape](progress, hi, floor)
+    return shape(progress, hi, floor)
 
 
 def total(name: str | None) -> int:
@@ -57,18 +63,45 @@ def total(name: str | None) -> int:
     return decay if str(name).lower() in SCHEDULE_ARGS["decay"] else SIZES["warmup"] + SIZES["stable"] + decay
 
 
-def conventions(floor: float) -> tuple[dict[str, Callable[[int, frozenset[str]], float]], dict[str, Text]]:
+HALF_WAY = SIZES["warmup"] + SIZES["stable"] + SIZES["decay"] // 2  # the step half-way through the decay
+WARMUPS = {0: ("t / T_w", "t / T_w"), 1: ("(t + 1) / T_w", "(t + 1) / T_w")}
+# code that counts its step from 1, `(step + 1)`: its warmup (t + 1) / T_w is searched, which a floor of
+# 1 / T_w would otherwise make one with the warmup a step short
+COUNTED = re.compile(r"\(\s*\w+\s*\+\s*1\s*\)")
+
+
+def conventions(floor: float, got: dict[int, float] | None = None, counts: tuple[int, ...] = (0,),
+                ) -> tuple[dict[str, Callable[[int, frozenset[str]], float]], dict[str, Text]]:
     """The documented variants to the floor `floor` (a convention each, taking the step and the
-    mistakes), and their labels; the exponential decay only to a floor above 0."""
+    mistakes), and their labels; the exponential decays only to a floor above 0."""
     out: dict[str, Callable[[int, frozenset[str]], float]] = {}
     labels: dict[str, Text] = {}
+    shapes = {name: (SHAPES[name], SHAPE_NAMES[name]) for name in SHAPES if name != "exp" or floor > 0}
+    shapes.update(_exponential(floor, got or {}))
     for start, (en, zh) in ((floor, ("from the floor", "从下限开始")), (0.0, ("from 0", "从 0 开始"))):
-        for shape in (s for s in SHAPES if s != "exp" or floor > 0):
-            key = f"{shape}:{start}"
-            out[key] = lambda t, f, shape=shape, start=start: wsd(t, floor, start, shape, f)
-            labels[key] = text(f"WSD: warmup {en}, the decay {SHAPE_NAMES[shape][0]}",
-                               f"WSD：预热{zh}，衰减为{SHAPE_NAMES[shape][1]}")
+        for count, (name, shape) in itertools.product(counts, shapes.items()):
+            key = f"{name}:{start}:{count}"
+            out[key] = lambda t, f, fn=shape[0], start=start, count=count: wsd(t, floor, start, fn, f, count)
+            warm = f", {WARMUPS[count][0]}" * count
+            labels[key] = text(f"WSD: warmup {en}{warm}, the decay {shape[1][0]}",
+                               f"WSD：预热{zh}{warm}，衰减为{shape[1][1]}")
     return out, labels
+
+
+Shape = tuple[Callable[[float, float, float], float], tuple[str, str]]  # the decay, and its words
+
+
+def _exponential(floor: float, got: dict[int, float]) -> dict[str, Shape]:
+    """The decay exponential above the floor, floor + (max_lr - floor) * r^progress (the MiniCPM
+    paper's halvings, 0.5^(progress / h)), its r read from the rate half-way through the decay, where
+    that is between the floor and the peak and r ends the decay within 1% of the gap."""
+    hi, half = SIZES["max_lr"], float(got.get(HALF_WAY, math.nan))
+    r = max((half - floor) / (hi - floor), 0.0) ** 2
+    if not 0 < r <= 0.01:  # NaN: none
+        return {}
+    words = (f"floor + (max_lr - floor) x {r:.3g}^progress, exponential above the floor",
+             f"下限 + (max_lr - 下限) × {r:.3g}^progress，在下限之上指数衰减")
+    return {"exp-floor": (lambda p, hi, lo: lo + (hi - lo) * r ** p, words)}
 
 
 def sub_steps(s: Tensor, rates: Tensor) -> list[tuple[str, Tensor]]:
