@@ -87,7 +87,7 @@ def test_rotary_pos_emb_is_a_table_unless_the_file_unpacks_it_as_a_pair():
     _, params = renamed_table(glm.SelfAttention.forward, forward_parameters(glm.SelfAttention.forward))
     assert "freqs_cis" in [p.name for p in params]
     _, params = renamed_table(qwen.rotated, forward_parameters(qwen.rotated))
-    assert [p.name for p in params] == ["hidden_states", "rotary_pos_emb"]
+    assert [p.name for p in params] == ["hidden_states", "position_embeddings"]  # Hugging Face's (cos, sin) name
 
 
 def load_fixture(folder: str, name: str):
