@@ -188,6 +188,7 @@ class Component:
     obj: Any  # the class or function
     found_by: str = "name"  # "name", "signature": a free function found by what it does (signatures.py),
     # or "structure": a model found by what it builds, "methods": a tokenizer by its methods
+    switched: str = ""  # a constructor switch built on (x-transformers' FeedForward(..., glu=True))
 
 
 def find_components(module: types.ModuleType, overrides: dict[str, str] | None = None,
@@ -213,7 +214,37 @@ def find_components(module: types.ModuleType, overrides: dict[str, str] | None =
                 found.append(Component(kind, cls.__name__, cls))
         else:
             found = [c for c in found if c.kind != kind] + [Component(kind, f"{name} (adapter)", fn)]
+    found += _switched_on(found, wanted)
     return sorted(_without_bases(_without_dispatchers(found)), key=lambda c: KINDS.index(c.kind))
+
+
+def _switched_on(found: list[Component], wanted: set[str]) -> list[Component]:
+    """An attention checked as multi-head attention whose constructor's causal switch is off by default
+    (x-transformers' Attention(dim, ..., causal=False), which its Decoder builds with causal=True): checked
+    again with it on, as causal self-attention, so that the code only that switch runs is checked too."""
+    causal = {id(c.obj) for c in found if c.kind == "causal_attention"}
+    classes = [c for c in found if inspect.isclass(c.obj)]
+    return [Component("causal_attention", c.name, c.obj, c.found_by) for c in classes
+            if c.kind == "mha" and "causal_attention" in wanted and id(c.obj) not in causal
+            and causal_switch_off(c.obj)] + [
+        Component("ffn", f"{c.name}({switch}=True)", c.obj, c.found_by, switch) for c in classes
+        if c.kind == "ffn" for switch in gate_switches_off(c.obj)[:1]]
+
+
+def causal_switch_off(cls: type) -> bool:
+    """Whether a constructor takes a causal switch (`causal`, `is_causal`) that is off by default."""
+    return any(SWITCHES.get(p.name) == "causal" and p.name != "mask" and p.default is False
+               for p in init_parameters(cls))
+
+
+GATE_WORDS = {"glu", "gated", "swiglu", "geglu"}
+
+
+def gate_switches_off(cls: type) -> list[str]:
+    """An FFN constructor's switches to a gated form that are off by default (`glu=False`, `ff_glu`,
+    `use_swiglu`)."""
+    return [p.name for p in init_parameters(cls)
+            if p.default is False and set(p.name.lower().split("_")) & GATE_WORDS]
 
 
 def _without_dispatchers(found: list[Component]) -> list[Component]:
@@ -914,7 +945,9 @@ def build(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any] = NO_PARTS)
     sizes = with_head_size(sizes)
     for p in init_parameters(target):
         key = keys.get(p.name) or SWITCHES.get(p.name)
-        if key in sizes:
+        if p.name == sizes.get("switched"):
+            kwargs[p.name] = True
+        elif key in sizes:
             kwargs[p.name] = sizes[key]
         elif (config := make_config(target, p, sizes)) is not None:
             kwargs[p.name] = config

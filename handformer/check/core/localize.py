@@ -97,7 +97,8 @@ class _Tracer:
             if isinstance(value, Tensor) and _changed(before[0].get(name), value):
                 self.record(frame, before[1], name, value, not before[0])
             elif type(value) in (int, float) and numbers.get(name, (0, None))[1] != value:
-                numbers[name] = (before[1], value)  # a size read from a shape: `d_k = q.size(-1)`
+                # a size read from a shape: `d_k = q.size(-1)`; an argument, at the line that handed it
+                numbers[name] = (before[1] if before[0] else self.caller(frame) or before[1], value)
                 self.steps += [Step(before[1], name, _number(value), None, not before[0],
                                     numbers=dict(numbers))] * self.scalars  # a schedule's numbers
         held = {k: _snapshot(v) for k, v in seen.items()}

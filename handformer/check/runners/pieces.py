@@ -515,18 +515,33 @@ def wrong_branch_findings(ctx: Context, comp: Component, slots: list[Slot], matc
     """A gated FFN's activation on the branch named up, the one named gate unactivated; or, of two
     projections numbered alike, on the later one (Meta's w3, Raschka's fc2): the first is the gate, as
     the GLU paper's W before V, Llama's w1, T5's wi_0."""
+    lines = source_lines(ctx.objects(comp, "ffn"))
     by = {s.role: s.leaf.name.split(".")[-1].lower() for s in slots}
+    by.update(_halves_named(slots, lines))
     gate, up = by["FFN W_gate"], by["FFN W_up"]
     swapped = "gate" not in gate and ("up" in gate or "gate" in up)
     numbered = NUMBERED.fullmatch(f"{gate} {up}")  # one stem, two numbers
     if not (swapped or numbered and int(numbered[2]) > int(numbered[3])):
         return []
-    number, code = locate("gated_activation_wrong_branch", source_lines(ctx.objects(comp, "ffn")))
+    number, code = locate("gated_activation_wrong_branch", lines)
     return [Finding("gated_activation_wrong_branch", text(
         f"your output equals down(act({gate}(x)) * {up}(x)) (to {matched:.1e}): the activation is on "
         f"{gate}, the branch named as the up projection, and {up} (named as the gate) is not activated",
         f"你的输出等于 down(act({gate}(x)) * {up}(x))（误差 {matched:.1e}）：激活函数作用在了 {gate}"
         f"（名字表明它是 up 投影）上，而名为门控的 {up} 没有经过激活"), number, code)]
+
+
+def _halves_named(slots: list[Slot], lines: list[tuple[int, str]]) -> dict[str, str]:
+    """Gate and up as the two halves of one projection (x-transformers' GLU: `x, gate =
+    self.proj(x).chunk(2, dim=-1)`): each role by the name its half is unpacked to; none where the
+    code unpacks that projection nowhere."""
+    halves = [s for s in slots if s.role in ("FFN W_gate", "FFN W_up") and isinstance(s.rows, slice)]
+    if len(halves) != 2 or halves[0].leaf is not halves[1].leaf:
+        return {}
+    attribute = re.escape(halves[0].leaf.name.split(".")[-1])
+    unpacked = re.compile(rf"^\s*(\w+)\s*,\s*(\w+)\s*=.*\b{attribute}\b.*\b(chunk|split)\(")
+    names = next((m.group(1, 2) for _, line in lines if (m := unpacked.match(line))), None)
+    return {s.role: names[s.rows.start > 0].lower() for s in halves} if names else {}
 
 
 NUMBERED = re.compile(r"(?P<stem>\D*?)_?(\d+) (?P=stem)_?(\d+)")  # two projections named by number: w3 w1
