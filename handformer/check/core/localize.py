@@ -644,17 +644,33 @@ def _wrong_operand(before: list[Step], step: Step, views: list[View], filename: 
         for held, meant in zip(holds, set(wants) - set(holds)):
             form = text(f"`{op.name}` holds {held} where the sum wants {meant}",
                         f"`{op.name}` 存的是{view_zh(held)}，这里的和需要的是{view_zh(meant)}")
+            form.update(dict.fromkeys(("mistake",) * _normed_residual(held, meant), "residual_from_normed"))
             both = f"{statement(filename, op.line)} / line {step.line}: {statement(filename, step.line)}"
             return Departure(op.line, op.name, both, form)
     return None
 
 
+def _normed_residual(held: str, meant: str) -> bool:
+    """Whether an operand of a residual sum holds a sublayer's norm where the stream it normed was meant
+    (the input x, or x after a sublayer): residual_from_normed, in any placement (GPT-J's parallel
+    block adds `hidden_states` after it was normed)."""
+    return held.startswith("the norm before") and (meant == "the input x" or meant.startswith("x + "))
+
+
 def _added_names(filename: str, line: int) -> set[str]:
-    """The names a statement starting at `line` adds (`x = x + shortcut`: x, shortcut)."""
+    """The names a statement starting at `line` adds (`x = x + shortcut`: x, shortcut; Phi's `return
+    attn + ffn + hidden_states`: all three)."""
     tree = parsed_file(filename)
-    sums = [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno == line]
-    return {n.id for s in sums if isinstance(s, ast.BinOp) and isinstance(s.op, ast.Add)
-            for n in (s.left, s.right) if isinstance(n, ast.Name)}
+    sums = [n.value for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.Return)) and n.lineno == line]
+    terms = [t for s in sums for t in _summed(s)]
+    return {t.id for t in terms if isinstance(t, ast.Name)}
+
+
+def _summed(node: Any) -> list[Any]:
+    """The terms of a sum (`a + b + c`: a, b, c); the node alone where it is no sum."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _summed(node.left) + _summed(node.right)
+    return [node]
 
 
 def traced(found: Departure, steps: list[Step], filename: str, views: list[View] = ()) -> Departure:

@@ -29,7 +29,7 @@ from handformer.check.core.context import (
     shape_of,
 )
 from handformer.check.core.conventions import file_masks_where_true
-from handformer.check.core.discovery import Component, argument_keys, own_objects
+from handformer.check.core.discovery import Component, argument_keys, defined_here, own_objects
 from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import (
     localize_causal_mask,
@@ -474,6 +474,18 @@ def _by_gemma(ctx: Context, class_name: str, gated: bool) -> str | None:
     return "gelu_tanh" if GEMMA.search(code) else None
 
 
+def _by_own_tanh_gelu(ctx: Context, class_name: str, gated: bool) -> str | None:
+    """The tanh GELU, for an FFN in a file that writes the tanh GELU out itself (GPT-2's `gelu_new`:
+    tanh and its 0.044715) as a function or class that no line of the file uses: the GELU the file
+    meant, left unused."""
+    code = re.sub(r"#.*", "", Path(ctx.path).read_text(encoding="utf-8"))  # comments left out
+    written = [name for name, obj in defined_here(ctx.module).items()
+               if TANH_GELU.search(source_text(obj)) and "gelu" in name.lower()]
+    unused = [n for n in written if len(re.findall(rf"\b{re.escape(n)}\b", code)) == 1]  # its `def` alone
+    return "gelu_tanh" if unused else None
+
+
+TANH_GELU = re.compile(r"tanh[\s\S]*0\.044715|0\.044715[\s\S]*tanh")
 GEMMA = re.compile(r"\bclass\s+Gemma|\bGemma\w*Config\b")
 # where the code promises an FFN's activation, the first that speaks: a Gemma model's GeGLU (the tanh
 # GELU), its class name (SwiGLU: SiLU, GEGLU: GELU), the attribute that holds it, a GPT-2 model's
@@ -482,6 +494,8 @@ PROMISES = ((_by_gemma, "the file's Gemma model (Gemma's MLP uses the tanh GELU)
              "文件里的 Gemma 模型（Gemma 的 MLP 用 tanh 近似的 GELU）"),
             (_by_class_name, "its class name", "它的类名"),
             (_by_attribute, "the attribute that holds it", "存放它的属性名"),
+            (_by_own_tanh_gelu, "the tanh GELU your file writes out and never uses",
+             "你的文件自己写了却没用上的 tanh 近似 GELU"),
             (_by_gpt2, "the file's GPT-2 model (GPT-2's MLP uses GELU)",
              "文件里的 GPT-2 模型（GPT-2 的 MLP 用 GELU）"))
 
