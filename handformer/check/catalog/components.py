@@ -20,7 +20,7 @@ DIAGNOSES: list[Diagnosis] = [
       r"^\s*(self\.)?\w*scal\w*\s*=.*(\*\*\s*\(?\s*-\s*1(\.0*)?\b(?![.\d])|\b1(\.0*)?\s*/\s*[\w.]*"
       r"(head_dim|head_size|d_head|d_k)\b(?!\s*\*\*))",
       # a divisor kept for later as the head width itself (GPT-J's `self.scale_attn = torch.tensor(head_dim)`)
-      r"^\s*(self\.)?\w*scal\w*\s*=\s*(torch\.tensor\(|float\()?\s*(self\.)?\w*"
+      r"^\s*(self\.)?\w*(scal|factor|divis)\w*\s*=\s*(torch\.tensor\(|float\()?\s*(self\.)?\w*"
       r"(head_dim|head_size|d_head|d_k)\b(?!\s*\*\*)",
       r"scores\s*="),
     d("softmax_wrong_dim", "the softmax runs over the wrong dimension",
@@ -196,9 +196,10 @@ LINE_FORMS: dict[tuple[str, str], dict[str, str]] = {  # (name, form found) -> {
     # encode's merge order in the form found: the line that picks the pair (GPT-2's bpe(): max( for min()
     ("bpe_encode_merge_order", "latest"): {"latest": r"\bmax\(.*(?:merge|rank)"},
     ("bpe_encode_merge_order", "reversed"): {"reversed": r"reversed\(|\[::-1\]"},
-    # an attention's own causal mask inverted: the line that fills the scores with it
+    # an attention's own causal mask inverted: the line that builds its triangle, else the one that fills
+    # the scores with it
     ("mask_inverted", "causal"): {
-        "causal": r"(masked_fill|where)\(.*\b\w*(causal|tril|triu|subsequent|future|ahead)\w*"},
+        "causal": r"\b(tril|triu)\(|(masked_fill|where)\(.*\b\w*(causal|subsequent|future|ahead)\w*"},
     ("scale_by_dk", ""): {
         "sqrt_d_model": rf"^(?=.*(@|matmul|einsum|bmm|scor|att|wei)).*(/\s*(math\.|np\.|torch\.)?sqrt\("
                         rf"\s*{WIDTH}\s*\)|/\s*\(?\s*{WIDTH}\s*\*\*\s*0?\.5|\*\s*{WIDTH}\s*\*\*\s*\(?-0?\.5|"

@@ -158,7 +158,7 @@ class Context:
         float64 (for comparisons), else as built (for the tutorial-size shape check). A module with
         lazy layers (d2l's nn.LazyLinear) is first run once by `warmup`, which gives them shapes."""
         sizes = {**dict.fromkeys(("theta",) * (comp.kind not in OWN_BASE), REFERENCE_THETA), **sizes,
-                 **({"switched": comp.switched} if comp.switched else {})}
+                 "switched": comp.switched}
         if sizes.get("n_kv_heads"):  # as many as heads where the file's attention is ungrouped
             sizes = {**sizes, "n_kv_heads": self.kv_heads(sizes["n_kv_heads"], sizes.get("n_heads", H))}
         module = self.learner.call("__init__", build, comp.obj, sizes, self.parts(sizes))

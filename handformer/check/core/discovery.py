@@ -218,33 +218,28 @@ def find_components(module: types.ModuleType, overrides: dict[str, str] | None =
     return sorted(_without_bases(_without_dispatchers(found)), key=lambda c: KINDS.index(c.kind))
 
 
+# the kinds checked again with a constructor switch on that is off by default, by the words of its name:
+# (the kind found, the kind it is checked as with the switch on, the words, how the report names it)
+SWITCHED_ON = (("mha", "causal_attention", {"causal"}, "{name}"),
+               ("ffn", "ffn", {"glu", "gated", "swiglu", "geglu"}, "{name}({switch}=True)"))
+
+
 def _switched_on(found: list[Component], wanted: set[str]) -> list[Component]:
-    """An attention checked as multi-head attention whose constructor's causal switch is off by default
-    (x-transformers' Attention(dim, ..., causal=False), which its Decoder builds with causal=True): checked
-    again with it on, as causal self-attention, so that the code only that switch runs is checked too."""
+    """A class whose constructor switch, off by default, turns on code its forward runs only then: an
+    attention's causal mask (x-transformers' Attention(dim, ..., causal=False), which its Decoder builds
+    with causal=True), checked again as causal self-attention; an FFN's gated form (`glu=False`), checked
+    again as `FeedForward(glu=True)`. Not where the file's causal attention is that class already."""
     causal = {id(c.obj) for c in found if c.kind == "causal_attention"}
-    classes = [c for c in found if inspect.isclass(c.obj)]
-    return [Component("causal_attention", c.name, c.obj, c.found_by) for c in classes
-            if c.kind == "mha" and "causal_attention" in wanted and id(c.obj) not in causal
-            and causal_switch_off(c.obj)] + [
-        Component("ffn", f"{c.name}({switch}=True)", c.obj, c.found_by, switch) for c in classes
-        if c.kind == "ffn" for switch in gate_switches_off(c.obj)[:1]]
+    return [Component(checked, shown.format(name=c.name, switch=switch), c.obj, c.found_by, switch)
+            for kind, checked, words, shown in SWITCHED_ON if checked in wanted
+            for c in found if id(c.obj) not in causal for switch in _switches_off(c, kind, words)]
 
 
-def causal_switch_off(cls: type) -> bool:
-    """Whether a constructor takes a causal switch (`causal`, `is_causal`) that is off by default."""
-    return any(SWITCHES.get(p.name) == "causal" and p.name != "mask" and p.default is False
-               for p in init_parameters(cls))
-
-
-GATE_WORDS = {"glu", "gated", "swiglu", "geglu"}
-
-
-def gate_switches_off(cls: type) -> list[str]:
-    """An FFN constructor's switches to a gated form that are off by default (`glu=False`, `ff_glu`,
-    `use_swiglu`)."""
-    return [p.name for p in init_parameters(cls)
-            if p.default is False and set(p.name.lower().split("_")) & GATE_WORDS]
+def _switches_off(c: Component, kind: str, words: set[str]) -> list[str]:
+    """The first constructor argument of a class found as `kind` whose name has one of `words` and whose
+    default is False (none for a function, or a class found as another kind)."""
+    params = init_parameters(c.obj) * (c.kind == kind and inspect.isclass(c.obj))
+    return [p.name for p in params if p.default is False and set(p.name.lower().split("_")) & words][:1]
 
 
 def _without_dispatchers(found: list[Component]) -> list[Component]:

@@ -98,7 +98,7 @@ class _Tracer:
                 self.record(frame, before[1], name, value, not before[0])
             elif type(value) in (int, float) and numbers.get(name, (0, None))[1] != value:
                 # a size read from a shape: `d_k = q.size(-1)`; an argument, at the line that handed it
-                numbers[name] = (before[1] if before[0] else self.caller(frame) or before[1], value)
+                numbers[name] = ((self.caller(frame) or before[1], before[1])[bool(before[0])], value)
                 self.steps += [Step(before[1], name, _number(value), None, not before[0],
                                     numbers=dict(numbers))] * self.scalars  # a schedule's numbers
         held = {k: _snapshot(v) for k, v in seen.items()}
@@ -654,7 +654,7 @@ def _normed_residual(held: str, meant: str) -> bool:
     """Whether an operand of a residual sum holds a sublayer's norm where the stream it normed was meant
     (the input x, or x after a sublayer): residual_from_normed, in any placement (GPT-J's parallel
     block adds `hidden_states` after it was normed)."""
-    return held.startswith("the norm before") and (meant == "the input x" or meant.startswith("x + "))
+    return held.startswith("the norm before") and meant.startswith(("the input x", "x + "))
 
 
 def _added_names(filename: str, line: int) -> set[str]:
@@ -668,7 +668,7 @@ def _added_names(filename: str, line: int) -> set[str]:
 
 def _summed(node: Any) -> list[Any]:
     """The terms of a sum (`a + b + c`: a, b, c); the node alone where it is no sum."""
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+    if isinstance(getattr(node, "op", None), ast.Add):  # a BinOp's (an expression has no AugAssign)
         return _summed(node.left) + _summed(node.right)
     return [node]
 

@@ -479,10 +479,10 @@ def _by_own_tanh_gelu(ctx: Context, class_name: str, gated: bool) -> str | None:
     tanh and its 0.044715) as a function or class that no line of the file uses: the GELU the file
     meant, left unused."""
     code = re.sub(r"#.*", "", Path(ctx.path).read_text(encoding="utf-8"))  # comments left out
-    written = [name for name, obj in defined_here(ctx.module).items()
-               if TANH_GELU.search(source_text(obj)) and "gelu" in name.lower()]
-    unused = [n for n in written if len(re.findall(rf"\b{re.escape(n)}\b", code)) == 1]  # its `def` alone
-    return "gelu_tanh" if unused else None
+    unused = [name for name, obj in defined_here(ctx.module).items() if "gelu" in name.lower()
+              and TANH_GELU.search(source_text(obj))
+              and len(re.findall(rf"\b{name}\b", code)) == 1]  # named once: its `def`
+    return {True: "gelu_tanh"}.get(bool(unused))
 
 
 TANH_GELU = re.compile(r"tanh[\s\S]*0\.044715|0\.044715[\s\S]*tanh")
@@ -549,13 +549,12 @@ def _halves_named(slots: list[Slot], lines: list[tuple[int, str]]) -> dict[str, 
     """Gate and up as the two halves of one projection (x-transformers' GLU: `x, gate =
     self.proj(x).chunk(2, dim=-1)`): each role by the name its half is unpacked to; none where the
     code unpacks that projection nowhere."""
-    halves = [s for s in slots if s.role in ("FFN W_gate", "FFN W_up") and isinstance(s.rows, slice)]
-    if len(halves) != 2 or halves[0].leaf is not halves[1].leaf:
-        return {}
-    attribute = re.escape(halves[0].leaf.name.split(".")[-1])
+    halves = [s for s in slots[:2] if isinstance(s.rows, slice)]  # gate and up, each a slice of one leaf
+    one = len({id(s.leaf) for s in halves}) == 1 == len(halves) - 1  # two halves of one projection
+    attribute = halves[0].leaf.name.split(".")[-1] if one else "(?!)"  # (?!): no line
     unpacked = re.compile(rf"^\s*(\w+)\s*,\s*(\w+)\s*=.*\b{attribute}\b.*\b(chunk|split)\(")
-    names = next((m.group(1, 2) for _, line in lines if (m := unpacked.match(line))), None)
-    return {s.role: names[s.rows.start > 0].lower() for s in halves} if names else {}
+    names = [m.group(1, 2) for _, line in lines if (m := unpacked.match(line))][:1]
+    return {s.role: pair[s.rows.start > 0].lower() for s in halves for pair in names}
 
 
 NUMBERED = re.compile(r"(?P<stem>\D*?)_?(\d+) (?P=stem)_?(\d+)")  # two projections named by number: w3 w1
