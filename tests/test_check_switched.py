@@ -5,7 +5,8 @@
 - MPT's style: a forward whose `is_causal` defaults to True is causal by what it says, so its own
   causal mask built the wrong way round, or heads merged without a transpose, are named;
 - GPT-NeoX's parallel block: the normed stream added as the residual (a return's three-term sum), a
-  norm factor kept as the head width, an exact GELU beside the file's own unused tanh GELU.
+  norm factor kept as the head width, an exact GELU beside the file's own unused tanh GELU;
+- Falcon's multi-query helper that returns q, k, v as slices of one fused tensor, k and v swapped there.
 
 Each correct file passes whole; each plant FAILs, named, at its line.
 """
@@ -40,12 +41,15 @@ PLANTS = {
         "residual_from_normed", "hidden_states = self.input_layernorm(hidden_states)"),
     "scale": ("parallel_block.py", [("self.norm_factor = math.sqrt(self.head_size)", "self.norm_factor = self.head_size")],
               ["causal_attention"], "scale_by_dk", "self.norm_factor = self.head_size"),
+    "kv_swapped": ("multiquery.py", [("return fused[..., :-2, :], fused[..., [-2], :], fused[..., [-1], :]",
+                                      "return fused[..., :-2, :], fused[..., [-1], :], fused[..., [-2], :]")],
+                   ["causal_attention"], "kv_swapped", "return fused[..., :-2, :], fused[..., [-1], :]"),
     "gelu": ("parallel_block.py", [("self.dense_4h_to_h(new_gelu(", "self.dense_4h_to_h(F.gelu(")], ["ffn"],
              "ffn_wrong_activation", "F.gelu(self.dense_h_to_4h(x))"),
 }
 
 
-@pytest.fixture(scope="module", params=["correct.py", "fused_causal.py", "parallel_block.py"])
+@pytest.fixture(scope="module", params=["correct.py", "fused_causal.py", "parallel_block.py", "multiquery.py"])
 def correct(request):
     return check_file(str(FOLDER / request.param))
 
