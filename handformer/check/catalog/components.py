@@ -71,8 +71,8 @@ DIAGNOSES: list[Diagnosis] = [
       r"\bv\s*,\s*k\s*=.*split",
       # the keys read from the value's slot of a fused q | k | v (InternLM2's wqkv groups: [..., -1, :])
       r"\bk(ey)?\w*\s*=\s*\w+\[(?:[^\]]*,\s*)?(?:2|-1)\s*(?:,\s*:\s*)?\]", r"w_?v\(",
-      # a helper that returns q, k, v as slices of a fused tensor, k from the last slot and v from the one
-      # before (Falcon's multi-query `_split_heads`: `return x[..., :-2, :], x[..., [-1], :], x[..., [-2], :]`)
+      # a helper that returns q, k, v as slices of a fused tensor, k from the last slot and v from the
+      # one before (Falcon's multi-query `_split_heads`: `return x[..., :-2, :], x[..., [-1], :], ...`)
       r"^\s*return\s+\w+\[.*?,\s*\w+\[.*?-1.*?,\s*\w+\[.*?-2"),
     d("no_residual", "a residual connection is missing", "缺少残差连接",
       "add the sublayer's input back: x = norm(x + dropout(sublayer(x)))",
