@@ -547,12 +547,13 @@ def wrong_branch_findings(ctx: Context, comp: Component, slots: list[Slot], matc
 
 def _halves_named(slots: list[Slot], lines: list[tuple[int, str]]) -> dict[str, str]:
     """Gate and up as the two halves of one projection (x-transformers' GLU: `x, gate =
-    self.proj(x).chunk(2, dim=-1)`): each role by the name its half is unpacked to; none where the
-    code unpacks that projection nowhere."""
+    self.proj(x).chunk(2, dim=-1)`): each role by the name its half is unpacked to, where one of the
+    names says gate (halves named `x1, x2` say nothing of which is meant); none where the code unpacks
+    that projection nowhere."""
     halves = [s for s in slots[:2] if isinstance(s.rows, slice)]  # gate and up, each a slice of one leaf
     one = len({id(s.leaf) for s in halves}) == 1 == len(halves) - 1  # two halves of one projection
     attribute = halves[0].leaf.name.split(".")[-1] if one else "(?!)"  # (?!): no line
-    unpacked = re.compile(rf"^\s*(\w+)\s*,\s*(\w+)\s*=.*\b{attribute}\b.*\b(chunk|split)\(")
+    unpacked = re.compile(rf"^(?=[^=]*gate)\s*(\w+)\s*,\s*(\w+)\s*=.*\b{attribute}\b.*\b(chunk|split)\(")
     names = [m.group(1, 2) for _, line in lines if (m := unpacked.match(line))][:1]
     return {s.role: pair[s.rows.start > 0].lower() for s in halves for pair in names}
 
