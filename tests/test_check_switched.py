@@ -3,7 +3,8 @@
 - lucidrains' style: an attention whose causal mask is a constructor switch off by default, and an FFN
   whose gated form is one, are checked again with the switch on (the decoder turns them on);
 - MPT's style: a forward whose `is_causal` defaults to True is causal by what it says, so its own
-  causal mask built the wrong way round, or heads merged without a transpose, are named;
+  causal mask built the wrong way round, or heads merged without a transpose, are named; ALiBi's slopes
+  from a head index that starts at 0 depart at that line;
 - GPT-NeoX's parallel block: the normed stream added as the residual (a return's three-term sum), a
   norm factor kept as the head width, an exact GELU beside the file's own unused tanh GELU;
 - Falcon's multi-query helper that returns q, k, v as slices of one fused tensor, k and v swapped there.
@@ -34,6 +35,8 @@ PLANTS = {
                  "mask_inverted", "blocked = torch.ones("),
     "concat": ("fused_causal.py", [("return out.transpose(1, 2).reshape(b, t, -1)", "return out.reshape(b, t, -1)")],
                ["mha"], "concat_no_transpose", "return out.reshape(b, t, -1)"),
+    "slopes": ("fused_causal.py", [("torch.arange(1, n_heads + 1,", "torch.arange(0, n_heads,")], ["alibi_slopes"],
+               "departs", "torch.arange(0, n_heads,"),
     "residual": ("parallel_block.py", [
         ("normed = self.input_layernorm(hidden_states)", "hidden_states = self.input_layernorm(hidden_states)"),
         ("return self.attention(normed) + self.mlp(normed) + hidden_states",
