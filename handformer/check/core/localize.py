@@ -98,7 +98,8 @@ class _Tracer:
                 self.record(frame, before[1], name, value, not before[0])
             elif type(value) in (int, float) and numbers.get(name, (0, None))[1] != value:
                 # a size read from a shape: `d_k = q.size(-1)`; an argument, at the line that handed it
-                numbers[name] = ((self.caller(frame) or before[1], before[1])[bool(before[0])], value)
+                handed = not before[0] and name in frame.f_code.co_varnames[:frame.f_code.co_argcount]
+                numbers[name] = ((before[1], self.caller(frame) or before[1])[handed], value)
                 self.steps += [Step(before[1], name, _number(value), None, not before[0],
                                     numbers=dict(numbers))] * self.scalars  # a schedule's numbers
         held = {k: _snapshot(v) for k, v in seen.items()}
