@@ -237,8 +237,11 @@ def _switched_on(found: list[Component], wanted: set[str]) -> list[Component]:
 
 def _switches_off(c: Component, kind: str, words: set[str]) -> list[str]:
     """The first constructor argument of a class found as `kind` whose name has one of `words` and whose
-    default is False (none for a function, or a class found as another kind)."""
-    params = init_parameters(c.obj) * (c.kind == kind and inspect.isclass(c.obj))
+    default is False (none for a function, a class found as another kind, or one whose constructor takes
+    the activation: labml's FeedForward(..., activation=nn.ReLU(), is_gated=False), whose gated form
+    gates with what its caller hands, not with its default)."""
+    names = " ".join(p.name.lower() for p in init_parameters(c.obj))
+    params = init_parameters(c.obj) * (c.kind == kind and inspect.isclass(c.obj) and "act" not in names)
     return [p.name for p in params if p.default is False and set(p.name.lower().split("_")) & words][:1]
 
 
