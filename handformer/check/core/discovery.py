@@ -220,8 +220,8 @@ def find_components(module: types.ModuleType, overrides: dict[str, str] | None =
 
 # the kinds checked again with a constructor switch on that is off by default, by the words of its name:
 # (the kind found, the kind it is checked as with the switch on, the words, how the report names it)
-SWITCHED_ON = (("mha", "causal_attention", {"causal"}, "{name}"),
-               ("ffn", "ffn", {"glu", "gated", "swiglu", "geglu"}, "{name}({switch}=True)"))
+CHECKED_SWITCHED_ON = (("mha", "causal_attention", {"causal"}, "{name}"),
+                       ("ffn", "ffn", {"glu", "gated", "swiglu", "geglu"}, "{name}({switch}=True)"))
 
 
 def _switched_on(found: list[Component], wanted: set[str]) -> list[Component]:
@@ -231,7 +231,7 @@ def _switched_on(found: list[Component], wanted: set[str]) -> list[Component]:
     again as `FeedForward(glu=True)`. Not where the file's causal attention is that class already."""
     causal = {id(c.obj) for c in found if c.kind == "causal_attention"}
     return [Component(checked, shown.format(name=c.name, switch=switch), c.obj, c.found_by, switch)
-            for kind, checked, words, shown in SWITCHED_ON if checked in wanted
+            for kind, checked, words, shown in CHECKED_SWITCHED_ON if checked in wanted
             for c in found if id(c.obj) not in causal for switch in _switches_off(c, kind, words)]
 
 

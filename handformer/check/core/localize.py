@@ -638,6 +638,7 @@ def _wrong_operand(before: list[Step], step: Step, views: list[View], filename: 
     line written wrong)."""
     added = _added_names(filename, step.line)
     latest = {s.name: s for s in before if s.name in added}  # each operand's latest binding
+    latest = {name: s for name, s in latest.items() if not s.given}  # an argument was bound by no line
     for op in latest.values():
         holds = [what for what, r in views if same(op.value, r)][:1]
         wants = [what for what, r in views if r.shape == op.value.shape
