@@ -35,7 +35,7 @@ def from_normed():
 
 def test_the_mlp_and_block_handed_residual_and_alibi_are_checked_and_pass(correct):
     status = {c.name: c.status for c in correct.components}
-    assert status == {"BloomAttention": "pass", "BloomMLP": "pass", "BloomBlock": "pass",
+    assert status == {"BloomAttention": "pass", "alibi_slopes": "pass", "BloomMLP": "pass", "BloomBlock": "pass",
                       "BloomForCausalLM": "not_checked"}, format_report(correct)
 
 

@@ -41,11 +41,11 @@ def quoted(result, name):
 def test_bloom_attention_passes_and_a_softmax_over_queries_fails(tmp_path):
     source = FIXTURES / "learners_bloom" / "correct.py"
     result = check_file(str(source))
-    assert statuses(result) == {"BloomAttention": "pass"}, format_report(result)
+    assert statuses(result) == {"BloomAttention": "pass", "alibi_slopes": "pass"}, format_report(result)
     wrong = edited_copy(tmp_path, source, [("weights = F.softmax(scores, dim=-1)",
                                              "weights = F.softmax(scores, dim=-2)")])
     planted = check_file(wrong)
-    assert statuses(planted) == {"BloomAttention": "fail"}, format_report(planted)
+    assert statuses(planted) == {"BloomAttention": "fail", "alibi_slopes": "pass"}, format_report(planted)
     assert ("softmax_wrong_dim", "weights = F.softmax(scores, dim=-2)") in quoted(planted, "BloomAttention")
 
 

@@ -19,6 +19,9 @@ DIAGNOSES: list[Diagnosis] = [
       # a scale kept for later as the head width's inverse (`self.scale = head_dim**-1`)
       r"^\s*(self\.)?\w*scal\w*\s*=.*(\*\*\s*\(?\s*-\s*1(\.0*)?\b(?![.\d])|\b1(\.0*)?\s*/\s*[\w.]*"
       r"(head_dim|head_size|d_head|d_k)\b(?!\s*\*\*))",
+      # a divisor kept for later as the head width itself (GPT-J's `self.scale_attn = torch.tensor(head_dim)`)
+      r"^\s*(self\.)?\w*(scal|factor|divis)\w*\s*=\s*(torch\.tensor\(|float\()?\s*(self\.)?\w*"
+      r"(head_dim|head_size|d_head|d_k)\b(?!\s*\*\*)",
       r"scores\s*="),
     d("softmax_wrong_dim", "the softmax runs over the wrong dimension",
       "softmax 作用在了错误的维度上",
@@ -67,7 +70,10 @@ DIAGNOSES: list[Diagnosis] = [
       r"\bK\b\s*=.*w_?v|\bk\b\s*=.*w_?v|key(?!_value)\w*\s*=.*(w_v|v_proj|\bvalue)", r"(?i)keys\s*=.*\bw_v\(",
       r"\bv\s*,\s*k\s*=.*split",
       # the keys read from the value's slot of a fused q | k | v (InternLM2's wqkv groups: [..., -1, :])
-      r"\bk(ey)?\w*\s*=\s*\w+\[(?:[^\]]*,\s*)?(?:2|-1)\s*(?:,\s*:\s*)?\]", r"w_?v\("),
+      r"\bk(ey)?\w*\s*=\s*\w+\[(?:[^\]]*,\s*)?(?:2|-1)\s*(?:,\s*:\s*)?\]", r"w_?v\(",
+      # a helper that returns q, k, v as slices of a fused tensor, k from the last slot and v from the
+      # one before (Falcon's multi-query `_split_heads`: `return x[..., :-2, :], x[..., [-1], :], ...`)
+      r"^\s*return\s+\w+\[.*?,\s*\w+\[.*?-1.*?,\s*\w+\[.*?-2"),
     d("no_residual", "a residual connection is missing", "缺少残差连接",
       "add the sublayer's input back: x = norm(x + dropout(sublayer(x)))",
       "把子层输入加回来：x = norm(x + dropout(sublayer(x)))",
@@ -198,6 +204,10 @@ LINE_FORMS: dict[tuple[str, str], dict[str, str]] = {  # (name, form found) -> {
     # encode's merge order in the form found: the line that picks the pair (GPT-2's bpe(): max( for min()
     ("bpe_encode_merge_order", "latest"): {"latest": r"\bmax\(.*(?:merge|rank)"},
     ("bpe_encode_merge_order", "reversed"): {"reversed": r"reversed\(|\[::-1\]"},
+    # an attention's own causal mask inverted: the line that builds its triangle, else the one that fills
+    # the scores with it
+    ("mask_inverted", "causal"): {
+        "causal": r"\b(tril|triu)\(|(masked_fill|where)\(.*\b\w*(causal|subsequent|future|ahead)\w*"},
     ("scale_by_dk", ""): {
         "sqrt_d_model": rf"^(?=.*(@|matmul|einsum|bmm|scor|att|wei)).*(/\s*(math\.|np\.|torch\.)?sqrt\("
                         rf"\s*{WIDTH}\s*\)|/\s*\(?\s*{WIDTH}\s*\*\*\s*0?\.5|\*\s*{WIDTH}\s*\*\*\s*\(?-0?\.5|"

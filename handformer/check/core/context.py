@@ -157,7 +157,8 @@ class Context:
         """The learner's module, built with matched arguments, eval mode; `checked`: scrambled and
         float64 (for comparisons), else as built (for the tutorial-size shape check). A module with
         lazy layers (d2l's nn.LazyLinear) is first run once by `warmup`, which gives them shapes."""
-        sizes = {**dict.fromkeys(("theta",) * (comp.kind not in OWN_BASE), REFERENCE_THETA), **sizes}
+        sizes = {**dict.fromkeys(("theta",) * (comp.kind not in OWN_BASE), REFERENCE_THETA), **sizes,
+                 "switched": comp.switched}
         if sizes.get("n_kv_heads"):  # as many as heads where the file's attention is ungrouped
             sizes = {**sizes, "n_kv_heads": self.kv_heads(sizes["n_kv_heads"], sizes.get("n_heads", H))}
         module = self.learner.call("__init__", build, comp.obj, sizes, self.parts(sizes))
@@ -411,6 +412,9 @@ FORMS: dict[str, dict[str, tuple[str, str]]] = {
                                      "频率是 base^(2j/d)，漏了取倒数：应为 base^(-2j/d)")},
     "causal_off_by_one": {"no_self": ("a token does not see itself", "token 看不到自己"),
                           "sees_next": ("a token sees the next one", "token 看到了下一个位置")},
+    "mask_inverted": {"causal": ("its own causal mask inverted: a token sees the later ones, not itself nor "
+                                 "the earlier ones", "它自己的因果掩码用反了：token 看得到后面的位置，"
+                                 "看不到自己和前面的位置")},
     "mask_after_softmax": {"zero": ("weights zeroed after the softmax", "softmax 之后把权重置零"),
                            "neg": ("-1e9 written into the weights", "把 -1e9 写进了权重")},
     "pe_wrong_frequency": {"pair_index": ("10000^(i/d) instead of 10000^(2i/d)",

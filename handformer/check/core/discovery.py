@@ -196,6 +196,7 @@ class Component:
     obj: Any  # the class or function
     found_by: str = "name"  # "name", "signature": a free function found by what it does (signatures.py),
     # or "structure": a model found by what it builds, "methods": a tokenizer by its methods
+    switched: str = ""  # a constructor switch built on (x-transformers' FeedForward(..., glu=True))
 
 
 def find_components(module: types.ModuleType, overrides: dict[str, str] | None = None,
@@ -221,7 +222,35 @@ def find_components(module: types.ModuleType, overrides: dict[str, str] | None =
                 found.append(Component(kind, cls.__name__, cls))
         else:
             found = [c for c in found if c.kind != kind] + [Component(kind, f"{name} (adapter)", fn)]
+    found += _switched_on(found, wanted)
     return sorted(_without_bases(_without_dispatchers(found)), key=lambda c: KINDS.index(c.kind))
+
+
+# the kinds checked again with a constructor switch on that is off by default, by the words of its name:
+# (the kind found, the kind it is checked as with the switch on, the words, how the report names it)
+CHECKED_SWITCHED_ON = (("mha", "causal_attention", {"causal"}, "{name}"),
+                       ("ffn", "ffn", {"glu", "gated", "swiglu", "geglu"}, "{name}({switch}=True)"))
+
+
+def _switched_on(found: list[Component], wanted: set[str]) -> list[Component]:
+    """A class whose constructor switch, off by default, turns on code its forward runs only then: an
+    attention's causal mask (x-transformers' Attention(dim, ..., causal=False), which its Decoder builds
+    with causal=True), checked again as causal self-attention; an FFN's gated form (`glu=False`), checked
+    again as `FeedForward(glu=True)`. Not where the file's causal attention is that class already."""
+    causal = {id(c.obj) for c in found if c.kind == "causal_attention"}
+    return [Component(checked, shown.format(name=c.name, switch=switch), c.obj, c.found_by, switch)
+            for kind, checked, words, shown in CHECKED_SWITCHED_ON if checked in wanted
+            for c in found if id(c.obj) not in causal for switch in _switches_off(c, kind, words)]
+
+
+def _switches_off(c: Component, kind: str, words: set[str]) -> list[str]:
+    """The first constructor argument of a class found as `kind` whose name has one of `words` and whose
+    default is False (none for a function, a class found as another kind, or one whose constructor takes
+    the activation: labml's FeedForward(..., activation=nn.ReLU(), is_gated=False), whose gated form
+    gates with what its caller hands, not with its default)."""
+    names = " ".join(p.name.lower() for p in init_parameters(c.obj))
+    params = init_parameters(c.obj) * (c.kind == kind and inspect.isclass(c.obj) and "act" not in names)
+    return [p.name for p in params if p.default is False and set(p.name.lower().split("_")) & words][:1]
 
 
 def _without_dispatchers(found: list[Component]) -> list[Component]:
@@ -926,7 +955,9 @@ def build(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any] = NO_PARTS)
     sizes = with_head_size(sizes)
     for p in init_parameters(target):
         key = keys.get(p.name) or SWITCHES.get(p.name)
-        if key in sizes:
+        if p.name == sizes.get("switched"):
+            kwargs[p.name] = True
+        elif key in sizes:
             kwargs[p.name] = sizes[key]
         elif (config := make_config(target, p, sizes)) is not None:
             kwargs[p.name] = config

@@ -97,7 +97,9 @@ class _Tracer:
             if isinstance(value, Tensor) and _changed(before[0].get(name), value):
                 self.record(frame, before[1], name, value, not before[0])
             elif type(value) in (int, float) and numbers.get(name, (0, None))[1] != value:
-                numbers[name] = (before[1], value)  # a size read from a shape: `d_k = q.size(-1)`
+                # a size read from a shape: `d_k = q.size(-1)`; an argument, at the line that handed it
+                handed = not before[0] and name in frame.f_code.co_varnames[:frame.f_code.co_argcount]
+                numbers[name] = ((before[1], self.caller(frame) or before[1])[handed], value)
                 self.steps += [Step(before[1], name, _number(value), None, not before[0],
                                     numbers=dict(numbers))] * self.scalars  # a schedule's numbers
         held = {k: _snapshot(v) for k, v in seen.items()}
@@ -636,6 +638,7 @@ def _wrong_operand(before: list[Step], step: Step, views: list[View], filename: 
     line written wrong)."""
     added = _added_names(filename, step.line)
     latest = {s.name: s for s in before if s.name in added}  # each operand's latest binding
+    latest = {name: s for name, s in latest.items() if not s.given}  # an argument was bound by no line
     for op in latest.values():
         holds = [what for what, r in views if same(op.value, r)][:1]
         wants = [what for what, r in views if r.shape == op.value.shape
@@ -643,17 +646,33 @@ def _wrong_operand(before: list[Step], step: Step, views: list[View], filename: 
         for held, meant in zip(holds, set(wants) - set(holds)):
             form = text(f"`{op.name}` holds {held} where the sum wants {meant}",
                         f"`{op.name}` 存的是{view_zh(held)}，这里的和需要的是{view_zh(meant)}")
+            form.update(dict.fromkeys(("mistake",) * _normed_residual(held, meant), "residual_from_normed"))
             both = f"{statement(filename, op.line)} / line {step.line}: {statement(filename, step.line)}"
             return Departure(op.line, op.name, both, form)
     return None
 
 
+def _normed_residual(held: str, meant: str) -> bool:
+    """Whether an operand of a residual sum holds a sublayer's norm where the stream it normed was meant
+    (the input x, or x after a sublayer): residual_from_normed, in any placement (GPT-J's parallel
+    block adds `hidden_states` after it was normed)."""
+    return held.startswith("the norm before") and meant.startswith(("the input x", "x + "))
+
+
 def _added_names(filename: str, line: int) -> set[str]:
-    """The names a statement starting at `line` adds (`x = x + shortcut`: x, shortcut)."""
+    """The names a statement starting at `line` adds (`x = x + shortcut`: x, shortcut; Phi's `return
+    attn + ffn + hidden_states`: all three)."""
     tree = parsed_file(filename)
-    sums = [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno == line]
-    return {n.id for s in sums if isinstance(s, ast.BinOp) and isinstance(s.op, ast.Add)
-            for n in (s.left, s.right) if isinstance(n, ast.Name)}
+    sums = [n.value for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.Return)) and n.lineno == line]
+    terms = [t for s in sums for t in _summed(s)]
+    return {t.id for t in terms if isinstance(t, ast.Name)}
+
+
+def _summed(node: Any) -> list[Any]:
+    """The terms of a sum (`a + b + c`: a, b, c); the node alone where it is no sum."""
+    if isinstance(getattr(node, "op", None), ast.Add):  # a BinOp's (an expression has no AugAssign)
+        return _summed(node.left) + _summed(node.right)
+    return [node]
 
 
 def traced(found: Departure, steps: list[Step], filename: str, views: list[View] = ()) -> Departure:

@@ -68,7 +68,7 @@ def applied_keep(keep: Tensor | None, flags: Flags, n_heads: int = 1) -> Tensor 
         B = keep.size(0)
         order = torch.arange(B * n_heads) % B  # flat row b * H + h gets the mask of batch row ...
         keep = keep[order].reshape(B, n_heads, *keep.shape[2:])  # (B, H, T|1, S)
-    if has(flags, "mask_inverted") is not None:
+    if has(flags, "mask_inverted") not in (None, "causal"):  # causal: the causal mask alone (causal_keep)
         return ~keep
     return keep
 
@@ -536,10 +536,12 @@ def add_norm(w: NormWeights, x: Tensor, y: Tensor, flags: Flags = frozenset()) -
 
 
 def causal_keep(T: int, flags: Flags = frozenset(), device: torch.device | None = None) -> Tensor:
-    """(T, T) bool, True where query t may see key s: s <= t; off by one on request."""
+    """(T, T) bool, True where query t may see key s: s <= t; off by one, or inverted
+    (mask_inverted:causal, an attention's own causal mask built the wrong way round), on request."""
     form = has(flags, "causal_off_by_one")
     diagonal = {"no_self": -1, "sees_next": 1}.get(form, 0)
-    return torch.ones(T, T, dtype=torch.bool, device=device).tril(diagonal)
+    keep = torch.ones(T, T, dtype=torch.bool, device=device).tril(diagonal)
+    return ~keep if has(flags, "mask_inverted") == "causal" else keep  # the mask's own inversion
 
 
 def _interleaved(sines: Tensor, cosines: Tensor) -> Tensor:

@@ -682,7 +682,7 @@ def score_biases(comp: Component, slots: list[Slot]) -> tuple[str | None, ...]:
     handed = _alibi_handed(comp.obj, list(takes.values()))  # a bias it must be handed, ALiBi's
     alibi = ("alibi",) * bool(ALIBI_WORDS.search(source) or handed)
     given = set(takes) & set(BIAS_ARGUMENTS) - {handed}
-    return table + alibi + ("unscaled", None) * (bool(given) > bool(table))
+    return table + alibi + (None, "unscaled") * (bool(given) > bool(table))
 
 
 def positions_inside(comp: Component, c: Caller, slots: list[Slot]) -> tuple[str | None, ...]:
@@ -772,7 +772,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     n_kv_heads = n_kv_heads or kv_heads_of(slots, heads)
     res.mapping = [s.describe() for s in slots]
     _sequence_first(res, ctx, c)
-    causal_inside = _causal_inside(res, ctx, c, sizes["causal"])
+    causal_inside = _causal_inside(res, ctx, c, sizes["causal"], module)
     has_o = _head_notes(res, comp, c, slots, causal_inside, heads, source_text(ctx.module))
     probe = MHAProbe(ctx, c, x, _one_mask_first(c, _conventions(ctx, module, c)), causal_inside, heads)
     probe.window = window = _window_inside(res, ctx, c, module) if causal_inside else None
@@ -919,19 +919,24 @@ def visible_call(c: Caller, conv: str) -> Callable[..., Any]:
     return call
 
 
-def _causal_inside(res: ComponentResult, ctx: Context, c: Caller, causal_inside: bool) -> bool:
+def _causal_inside(res: ComponentResult, ctx: Context, c: Caller, causal_inside: bool,
+                   module: nn.Module) -> bool:
     """Causal inside: said so by its kind, or a self-attention that is causal given no mask
-    (minimind's is_causal=True), noted. One that requires its mask and is not causal without it
-    (litgpt's forward(x, cos, sin, mask)) is handed its causal mask by its caller: checked with masks."""
+    (minimind's is_causal=True), or whose forward's causal switch is on by default (MPT's
+    forward(x, ..., is_causal=True): causal by what it says, however its mask came out), noted. One
+    that requires its mask and is not causal without it (litgpt's forward(x, cos, sin, mask)) is
+    handed its causal mask by its caller: checked with masks."""
     if causal_inside and c.required and not behaves_causal(ctx, c, D):
         res.notes.append(MASK_FROM_CALLER)
         return False
-    if causal_inside or c.n_inputs != 1 or not behaves_causal(ctx, c, D):
+    if causal_inside or c.n_inputs != 1:
         return causal_inside
-    res.notes.append(text("with no mask it is causal (changing token 3 leaves outputs 0..2 "
-                          "unchanged): checked as causal self-attention",
-                          "不给掩码时它是因果的（改变位置 3 的 token，位置 0..2 的输出不变）："
-                          "按因果自注意力检查"))
+    if behaves_causal(ctx, c, D):
+        res.notes.append(CAUSAL_WITHOUT_MASK)
+    elif switched_causal(module):
+        res.notes.append(CAUSAL_BY_SWITCH)
+    else:
+        return False
     return True
 
 
@@ -943,6 +948,20 @@ def _window_inside(res: ComponentResult, ctx: Context, c: Caller, module: nn.Mod
     if reach:
         window_found(res, module, reach)
     return reach
+
+
+def switched_causal(module: nn.Module) -> bool:
+    """Whether its forward's causal switch (`is_causal`, `causal`) is on by default."""
+    return any(p.name in ("is_causal", "causal") and p.default is True for p in forward_parameters(module))
+
+
+CAUSAL_WITHOUT_MASK = text("with no mask it is causal (changing token 3 leaves outputs 0..2 unchanged): "
+                           "checked as causal self-attention",
+                           "不给掩码时它是因果的（改变位置 3 的 token，位置 0..2 的输出不变）："
+                           "按因果自注意力检查")
+CAUSAL_BY_SWITCH = text("its forward's causal switch is on by default (is_causal=True): checked as causal "
+                        "self-attention",
+                        "它的 forward 的因果开关默认打开（is_causal=True）：按因果自注意力检查")
 
 
 MASK_FROM_CALLER = text("its forward requires a mask and is not causal without one: its caller hands the "
@@ -1098,7 +1117,7 @@ def _universe(c: Caller, has_o: bool, n_kv_heads: int | None, causal_inside: boo
     if causal_inside:
         dropped = ("mask_after_softmax",) + (() if c.takes_mask else ("mask_hides_queries",))
         universe = tuple(f for f in universe if f.split(":")[0] not in dropped)
-        universe += ("causal_off_by_one:no_self", "causal_off_by_one:sees_next")
+        universe += ("causal_off_by_one:no_self", "causal_off_by_one:sees_next", "mask_inverted:causal")
     return universe
 
 

@@ -29,7 +29,7 @@ from handformer.check.core.context import (
     shape_of,
 )
 from handformer.check.core.conventions import file_masks_where_true
-from handformer.check.core.discovery import Component, argument_keys, own_objects
+from handformer.check.core.discovery import Component, argument_keys, defined_here, own_objects
 from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import (
     localize_causal_mask,
@@ -474,6 +474,18 @@ def _by_gemma(ctx: Context, class_name: str, gated: bool) -> str | None:
     return "gelu_tanh" if GEMMA.search(code) else None
 
 
+def _by_own_tanh_gelu(ctx: Context, class_name: str, gated: bool) -> str | None:
+    """The tanh GELU, for an FFN in a file that writes the tanh GELU out itself (GPT-2's `gelu_new`:
+    tanh and its 0.044715) as a function or class that no line of the file uses: the GELU the file
+    meant, left unused."""
+    code = re.sub(r"#.*", "", Path(ctx.path).read_text(encoding="utf-8"))  # comments left out
+    unused = [name for name, obj in defined_here(ctx.module).items() if "gelu" in name.lower()
+              and TANH_GELU.search(source_text(obj))
+              and len(re.findall(rf"\b{name}\b", code)) == 1]  # named once: its `def`
+    return {True: "gelu_tanh"}.get(bool(unused))
+
+
+TANH_GELU = re.compile(r"tanh[\s\S]*0\.044715|0\.044715[\s\S]*tanh")
 GEMMA = re.compile(r"\bclass\s+Gemma|\bGemma\w*Config\b")
 # where the code promises an FFN's activation, the first that speaks: a Gemma model's GeGLU (the tanh
 # GELU), its class name (SwiGLU: SiLU, GEGLU: GELU), the attribute that holds it, a GPT-2 model's
@@ -482,6 +494,8 @@ PROMISES = ((_by_gemma, "the file's Gemma model (Gemma's MLP uses the tanh GELU)
              "文件里的 Gemma 模型（Gemma 的 MLP 用 tanh 近似的 GELU）"),
             (_by_class_name, "its class name", "它的类名"),
             (_by_attribute, "the attribute that holds it", "存放它的属性名"),
+            (_by_own_tanh_gelu, "the tanh GELU your file writes out and never uses",
+             "你的文件自己写了却没用上的 tanh 近似 GELU"),
             (_by_gpt2, "the file's GPT-2 model (GPT-2's MLP uses GELU)",
              "文件里的 GPT-2 模型（GPT-2 的 MLP 用 GELU）"))
 
@@ -516,14 +530,16 @@ def wrong_branch_findings(ctx: Context, comp: Component, slots: list[Slot], matc
     projections numbered alike, on the later one (Meta's w3, Raschka's fc2): the first is the gate, as
     the GLU paper's W before V, Llama's w1, T5's wi_0; the later one where the checkpoint's names say
     so (LATER_GATE: Qwen's w2)."""
+    lines = source_lines(ctx.objects(comp, "ffn"))
     by = {s.role: s.leaf.name.split(".")[-1].lower() for s in slots}
+    by.update(_halves_named(slots, lines))
     gate, up = by["FFN W_gate"], by["FFN W_up"]
     swapped = "gate" not in gate and ("up" in gate or "gate" in up)
     numbered = NUMBERED.fullmatch(f"{gate} {up}")  # one stem, two numbers
     later_gate = set(by.values()) in LATER_GATE
     if not (swapped or numbered and (int(numbered[2]) > int(numbered[3])) != later_gate):
         return []
-    number, code = locate("gated_activation_wrong_branch", source_lines(ctx.objects(comp, "ffn")))
+    number, code = locate("gated_activation_wrong_branch", lines)
     return [Finding("gated_activation_wrong_branch", text(
         f"your output equals down(act({gate}(x)) * {up}(x)) (to {matched:.1e}): the activation is on "
         f"{gate}, the branch named as the up projection, and {up} (named as the gate) is not activated",
@@ -534,6 +550,21 @@ def wrong_branch_findings(ctx: Context, comp: Component, slots: list[Slot], matc
 # the projections of a checkpoint whose numbered pair gates with the later one: Qwen's (first
 # generation) MLP, c_proj(w1(x) * F.silu(w2(x)))
 LATER_GATE = ({"w1", "w2", "c_proj"},)
+
+
+def _halves_named(slots: list[Slot], lines: list[tuple[int, str]]) -> dict[str, str]:
+    """Gate and up as the two halves of one projection (x-transformers' GLU: `x, gate =
+    self.proj(x).chunk(2, dim=-1)`): each role by the name its half is unpacked to, where one of the
+    names says gate (halves named `x1, x2` say nothing of which is meant); none where the code unpacks
+    that projection nowhere."""
+    halves = [s for s in slots[:2] if isinstance(s.rows, slice)]  # gate and up, each a slice of one leaf
+    one = len({id(s.leaf) for s in halves}) == 1 == len(halves) - 1  # two halves of one projection
+    attribute = halves[0].leaf.name.split(".")[-1] if one else "(?!)"  # (?!): no line
+    unpacked = re.compile(rf"^(?=[^=]*gate)\s*(\w+)\s*,\s*(\w+)\s*=.*\b{attribute}\b.*\b(chunk|split)\(")
+    names = [m.group(1, 2) for _, line in lines if (m := unpacked.match(line))][:1]
+    return {s.role: pair[s.rows.start > 0].lower() for s in halves for pair in names}
+
+
 NUMBERED = re.compile(r"(?P<stem>\D*?)_?(\d+) (?P=stem)_?(\d+)")  # two projections named by number: w3 w1
 # what a norm's mapping names, by (without parameters, with a bias)
 NORM_PARTS = {(False, True): ": weight, bias", (False, False): ": weight",
