@@ -46,6 +46,9 @@ PROMPT_NAMES = ("idx", "input_ids", "prompt", "prompt_ids", "tokens", "context",
                 "prompt_tokens", "start_ids", "inputs", "prompts")
 COUNT_NAMES = ("max_new_tokens", "max_tokens", "n_new", "num_tokens", "new_tokens", "steps", "length",
                "max_length", "n", "num_new_tokens", "max_gen_len", "n_tokens")
+# a generation loop's end-of-sequence id
+EOS_NAMES = ("eos", "eos_id", "eos_token", "eos_token_id", "eos_idx", "end_token", "end_id", "stop_token",
+             "end_symbol", "stop_id")
 # a generation loop's attention mask (1 = real token, 0 = pad) and padding id
 MASK_ARG_NAMES = ("attention_mask", "attn_mask", "padding_mask", "pad_mask", "mask")
 PAD_NAMES = ("pad_token_id", "pad_id", "pad_idx", "pad_token", "pad", "padding_idx")

@@ -34,6 +34,7 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import (
     CONTEXT_NAMES,
     COUNT_NAMES,
+    EOS_NAMES,
     MASK_ARG_NAMES,
     MODEL_NAMES,
     PAD_NAMES,
@@ -60,8 +61,6 @@ SHORT, LONG = 4, 7  # new tokens after a prompt of 3: within the block size, and
 
 CACHE_NAMES = ("past_key_values", "past", "cache", "kv_cache", "layer_past", "past_kv", "kv")
 POSITION_NAMES = ("start_pos", "pos", "offset", "start", "position")
-EOS_NAMES = ("eos", "eos_id", "eos_token", "eos_token_id", "eos_idx", "end_token", "end_id", "stop_token",
-             "end_symbol", "stop_id")
 
 
 TOP_K_NAMES = ("top_k", "topk", "k")
