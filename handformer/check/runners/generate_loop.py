@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import (
+    CACHE_SWITCH_NAMES,
     CONTEXT_NAMES,
     COUNT_NAMES,
     EOS_NAMES,
@@ -270,9 +271,10 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
     kwargs: dict[str, Any] = {}
     roles = ((MODEL_NAMES, model.target), (PROMPT_NAMES, ids), (COUNT_NAMES, n),
              (CONTEXT_NAMES, model.context), (PROCESSOR_NAMES, NoProcessors()))  # each argument's, by name
-    # and where it has no default: an EOS no model makes, a padding id, a mask of real tokens only
+    # and where it has no default: an EOS no model makes, a padding id, a mask of real tokens only, the
+    # model's cache on
     ones = torch.ones_like(torch.as_tensor(ids)) if _rectangular(ids) else None  # (a ragged list: none)
-    needed = ((EOS_NAMES, NEVER), (PAD_NAMES, PAD_ID), (MASK_ARG_NAMES, ones))
+    needed = ((EOS_NAMES, NEVER), (PAD_NAMES, PAD_ID), (MASK_ARG_NAMES, ones), (CACHE_SWITCH_NAMES, True))
     by_name, if_needed = _by_names(roles[::-1]), _by_names(needed)  # the first role that names it
     extra = extra or {}
     for i, p in enumerate(forward_parameters(comp.obj)):
