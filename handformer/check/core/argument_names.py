@@ -115,6 +115,7 @@ SCHEDULE_ARGS: dict[str, tuple[str, ...]] = {
         "warmup_updates",
         "w",
         "warmup_t",  # timm's, with t_initial
+        "t_w",  # CS336's handout: get_lr_cosine_schedule(t, alpha_max, alpha_min, T_w, T_c)
     ),
     "max_lr": (
         "max_learning_rate",
@@ -152,6 +153,7 @@ SCHEDULE_ARGS: dict[str, tuple[str, ...]] = {
         "decay_iters",
         "total",
         "t_initial",
+        "t_c",  # CS336's handout's cosine annealing end
     ),
 }
 
