@@ -187,7 +187,8 @@ class LanguageModel(nn.Module):
 RETURNS: dict[str, Callable[[Tensor, CacheToken | None], Any]] = {
     "tensor": lambda logits, cache: logits, "tuple": lambda logits, cache: (logits, cache),
     "unbatched": lambda logits, cache: logits,  # (T, V) for the (T,) ids of one sequence
-    "object": lambda logits, cache: types.SimpleNamespace(logits=logits, past_key_values=cache, loss=None)}
+    "object": lambda logits, cache: types.SimpleNamespace(logits=logits, past_key_values=cache, loss=None),
+    "loss_first": lambda logits, cache: (None, logits, cache)}  # (loss, logits, presents): a GPT-2 port's
 
 
 def _cache_asked(cache: CacheToken | None, kwargs: dict[str, Any]) -> bool:
@@ -260,6 +261,8 @@ def styles_read(fn: Any) -> tuple[str, ...]:
     elif re.search(r"\w+\s*,\s*\w+\s*=\s*(self|model|\w+)\s*\(", source):
         order.remove("tuple")
         order.insert(0, "tuple")
+    if re.search(r"\w+\s*,\s*\w*logit\w*\s*,\s*\w+\s*=\s*(self|model|\w+)\s*\(", source):
+        order.insert(0, "loss_first")  # `_, logits, presents = model(...)`
     return tuple(order)
 
 
