@@ -7,7 +7,6 @@ theirs to grade). `--component kind=Name` points a kind at any other name.
 
 from __future__ import annotations
 
-import ast
 import builtins
 import dataclasses
 import enum
@@ -25,7 +24,7 @@ from handformer.check.core.argument_names import call_parameters, input_roles, r
 from handformer.check.core.hosts import host_arguments
 from handformer.check.core.kinds import KINDS_TABLE
 from handformer.check.core.size_roles import with_roles
-from handformer.check.core.source import config_reads, function_nodes, module_reads, source_text
+from handformer.check.core.source import code_text, config_reads, module_reads, source_text
 
 NAMES: dict[str, tuple[str, ...]] = {k.name: k.names for k in KINDS_TABLE}  # kind -> names, in order
 TABLED = {n for k in KINDS_TABLE for n in k.names}  # every name of every kind
@@ -694,7 +693,8 @@ def own_objects(module: types.ModuleType) -> dict[str, Any]:
     for name, cls in [(n, o) for n, o in own.items() if inspect.isclass(o)]:
         for attr, member in vars(cls).items():
             function = getattr(member, "__func__", member) if isinstance(member, staticmethod) else None
-            function = member if attr.startswith("generate") and _repeats(member, cls, own) else function
+            function = member if attr.startswith("generate") and inspect.isfunction(member) and _repeats(
+                member, cls, own) else function
             if inspect.isfunction(function):
                 own[f"{name}.{attr}"] = function
     return own
@@ -704,14 +704,12 @@ def _repeats(method: Any, cls: type, own: dict[str, Any]) -> bool:
     """A generation method: one that loops (for, while) or hands on to a function of the file or a
     method of its class that may; not the Annotated Transformer's Transformer.generate(x), its
     output layer's log-softmax, a step a loss is computed on."""
-    if not inspect.isfunction(method):
-        return False
-    nodes = function_nodes(method)
-    called = {n.func.id if isinstance(n.func, ast.Name) else n.func.attr for n in nodes
-              if isinstance(n, ast.Call) and isinstance(n.func, (ast.Name, ast.Attribute))}
-    methods = {a for a, m in vars(cls).items() if inspect.isfunction(m) and m is not method}
-    return not nodes or any(isinstance(n, (ast.For, ast.While)) for n in nodes) or bool(
-        called & (methods | set(own)))
+    code = code_text(method)
+    called = set(re.findall(r"(\w+)\s*\(", code)) - {method.__name__}
+    return bool(LOOPS.search(code) or called & (set(vars(cls)) | set(own)))
+
+
+LOOPS = re.compile(r"^\s*(for|while)\b", re.M)
 
 
 def defined_names(module: types.ModuleType) -> list[str]:
@@ -929,7 +927,7 @@ def build(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any] = NO_PARTS)
     try:
         return _build_matched(cls, sizes, parts)
     except DiscoveryError:
-        handed = host_arguments(cls, sizes, build, argument_keys) if cls not in ADAPTERS else None
+        handed = host_arguments(cls, sizes, build, argument_keys)
         if handed is None:
             raise
         return _build_matched(cls, sizes, parts, handed)

@@ -9,88 +9,70 @@ the component with them where it cannot fill an argument itself.
 from __future__ import annotations
 
 import ast
-import contextlib
 import inspect
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch.nn as nn
 
 from handformer.check.core.source import code_text, function_nodes
 
-_HOSTING: set[Any] = set()  # the classes whose host is being built (a host's own host is not searched)
+HOSTED = "hosted"  # in the sizes a host is built with: no host is searched for the host's own parts
 # the sizes a host takes that no component is built with (a model's vocabularies, its depth)
-HOST_SIZES = {"src_vocab": 29, "tgt_vocab": 31, "n_layers": 2}
+HOST_SIZES = {"src_vocab": 29, "tgt_vocab": 31, "n_layers": 2, HOSTED: True}
 
 
 def host_arguments(cls: type, sizes: dict[str, Any], build: Callable[[Any, dict[str, Any]], Any],
                    keys: Callable[[Any], dict[str, str | None]]) -> dict[str, Any] | None:
     """The arguments the first of `cls`'s hosts that builds at `sizes` hands to `cls` (`build`
-    matches a host's arguments, `keys` says which size each stands for); None where none does."""
-    if cls in _HOSTING:
-        return None
-    with _hosting(cls):
-        for host in hosts(cls):
-            if "d_model" not in keys(host).values():  # a builder with its own fixed sizes
-                continue
-            with _recorded(cls) as calls:
-                try:
-                    build(host, {**HOST_SIZES, **sizes})
-                except Exception:  # a host that does not build here is passed over, as if not written
-                    continue
-            if calls:
-                return calls[0]
+    matches a host's arguments, `keys` says which size each stands for: a builder that takes no
+    model width has its own sizes, and is passed over); None where none does."""
+    hosted = {**HOST_SIZES, **sizes}
+    for host in [h for h in hosts(cls) if HOSTED not in sizes and "d_model" in keys(h).values()]:
+        calls = _calls_building(host, cls, hosted, build)
+        if calls:
+            return calls[0]
     return None
 
 
-@contextlib.contextmanager
-def _recorded(cls: type) -> Iterator[list[dict[str, Any]]]:
-    """The arguments of each call of cls(...) while the block runs, by name (a subclass's left out)."""
+def _calls_building(host: Any, cls: type, sizes: dict[str, Any], build: Callable[..., Any],
+                    ) -> list[dict[str, Any]]:
+    """The arguments of each call of cls(...) while `host` is built, by name; none where it does not
+    build here (a host that raises is passed over, as if not written)."""
     calls: list[dict[str, Any]] = []
     own, init = cls.__dict__.get("__init__"), cls.__init__
     signature = inspect.signature(init)
 
     def recording(self: Any, *args: Any, **kwargs: Any) -> None:
-        with contextlib.suppress(TypeError):  # a call that does not fit raises in the learner's own init
-            if type(self) is cls:
-                calls.append(dict(list(signature.bind(self, *args, **kwargs).arguments.items())[1:]))
+        calls.append(dict(list(signature.bind(self, *args, **kwargs).arguments.items())[1:]))
         init(self, *args, **kwargs)
 
     cls.__init__ = recording  # type: ignore[misc]
     try:
-        yield calls
+        build(host, sizes)
+    except Exception:  # (a call that does not fit its signature raises in `bind`, as in their init)
+        calls.clear()
     finally:
-        if own is None:
+        if own is None:  # its parent's, inherited
             del cls.__init__
         else:
             cls.__init__ = own  # type: ignore[misc]
-
-
-@contextlib.contextmanager
-def _hosting(cls: type) -> Iterator[None]:
-    _HOSTING.add(cls)
-    try:
-        yield
-    finally:
-        _HOSTING.discard(cls)
+    return calls
 
 
 def hosts(cls: type) -> list[Any]:
     """The learner's builder functions (those that return a call) and module classes, of the file
     that defines `cls`, whose code calls `cls` by name: builders first, as the learner's own recipe."""
-    module = sys.modules.get(cls.__module__)
-    own = [obj for obj in vars(module).values() if getattr(obj, "__module__", None) == cls.__module__
-           and obj is not cls] if module else []
-    builders = [f for f in own if inspect.isfunction(f) and _returns_call(f) and _calls(f, cls)]
-    models = [c for c in own if inspect.isclass(c) and issubclass(c, nn.Module) and _calls(c, cls)]
-    return builders + models
+    module = getattr(sys.modules.get(cls.__module__), "__dict__", {})
+    found = [obj for obj in module.values() if getattr(obj, "__module__", None) == cls.__module__
+             and f"{cls.__name__}(" in code_text(obj) and _builds(obj)]
+    return sorted(found, key=inspect.isclass)
 
 
-def _calls(obj: Any, cls: type) -> bool:
-    return f"{cls.__name__}(" in code_text(obj)
-
-
-def _returns_call(fn: Any) -> bool:
-    """A function whose `return` hands back a call (a constructor's): a builder, not a training loop."""
-    return any(isinstance(n, ast.Return) and isinstance(n.value, ast.Call) for n in function_nodes(fn))
+def _builds(obj: Any) -> bool:
+    """A module class, or a function whose `return` hands back a call (a constructor's): a builder,
+    not a training loop."""
+    if isinstance(obj, type):
+        return issubclass(obj, nn.Module)
+    return any(isinstance(n, ast.Return) and isinstance(n.value, ast.Call) for n in function_nodes(obj))

@@ -507,8 +507,8 @@ def _vocab_head(module: nn.Module) -> nn.Module | None:
     """The model's one output layer of its own, d_model to the target vocabulary, where its forward
     returns the decoder's states and another method applies it (the Annotated Transformer's
     generator, under another name)."""
-    heads = [m for m in module.children() if isinstance(m, nn.Linear) and (m.in_features, m.out_features) == (
-        D, TGT_V)]
+    widths = {m: (getattr(m, "in_features", 0), getattr(m, "out_features", 0)) for m in module.children()}
+    heads = [m for m, (d_in, d_out) in widths.items() if (d_in, d_out) == (D, TGT_V)]
     return heads[0] if len(heads) == 1 else None
 
 
