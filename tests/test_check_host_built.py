@@ -1,6 +1,7 @@
 """Parts check builds as the learner's own code builds them, and loops it drives as they are written:
 torchtune's layers that take their projections, rotary table and norms as arguments, wired up by a
-builder function (fixtures/learners_torchtune_parts); the Annotated Transformer's layers handed an FFN
+builder function, and its recipe's train_step(model, optimizer, loss_fn, tokens, labels) that moves
+the labels on by one itself (fixtures/learners_torchtune_parts); the Annotated Transformer's layers handed an FFN
 written inline as an nn.Sequential by the model's constructor, whose generate(h) is its output layer's
 log-softmax, no loop (fixtures/learners_inline_ffn); a GPT-2 port whose forward returns (loss, logits,
 presents), a greedy loop with a required use_cache switch, a greedy_search(model, ids, max_new_tokens,
@@ -21,7 +22,7 @@ from handformer.check.core.report import format_report
 FIXTURES = Path(__file__).parent / "fixtures"
 EXPECTED = {  # the folder -> each component's status in its correct.py
     "learners_torchtune_parts": {"MultiHeadAttention": "pass", "FeedForward": "pass", "RMSNorm": "pass",
-                                 "TransformerSelfAttentionLayer": "pass"},
+                                 "TransformerSelfAttentionLayer": "pass", "train_step": "pass"},
     "learners_inline_ffn": {"MultiHeadedAttention": "pass", "EncoderLayer": "pass", "DecoderLayer": "pass",
                             "Seq2Seq": "pass"},
     "learners_lm_loops": {"Attention": "pass", "Block": "pass", "TinyGPT": "pass", "greedy": "pass",
@@ -49,6 +50,11 @@ PLANTS = {  # (the folder, the kinds checked, the edit, the finding's name, the 
                                  ("torch.arange(0, dim, 2).float() / dim))",
                                   "torch.arange(0, dim, 1)[: dim // 2].float() / dim))"),
                                  "rope_wrong_base", "line 26: inv_freq = 1.0 / (base ** (torch.arange(0, dim, 1)"),
+    # torchtune's recipe step, train_step(model, optimizer, loss_fn, tokens, labels): labels moved on here
+    "torchtune_clip_after_step": ("learners_torchtune_parts", ["lm_train_step"],
+                                  ("    nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n    optimizer.step()\n",
+                                   "    optimizer.step()\n    nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n"),
+                                  "train_step_clip_after_step", "line 142: nn.utils.clip_grad_norm_"),
     "inline_ffn_no_residual": ("learners_inline_ffn", ["encoder_layer"],
                                ("return self.norm2(x + self.drop(self.feed_forward(x)))",
                                 "return self.norm2(self.drop(self.feed_forward(x)))"),

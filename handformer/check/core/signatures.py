@@ -263,7 +263,10 @@ def returns_function(fn: Any) -> bool:
         re.search(rf"\breturn\s+{name}\s*(#|$)", code, re.M) for name in inner)
 
 
-SHIFT = re.compile(r"\[\s*:\s*,\s*(:-1|1:)\s*\]")  # tgt[:, :-1], tgt[:, 1:]
+DECODER_INPUT = re.compile(r"\[\s*:\s*,\s*:-1\s*\]")  # an encoder-decoder's tgt[:, :-1]
+# labels a language model's step moves on by one itself (torchtune's recipe: labels[..., 1:]), scored
+# with the loss it is handed (loss_fn)
+LABELS_MOVED = re.compile(r"\[\s*(\.\.\.|:)\s*,\s*1\s*:\s*\]")
 
 
 def lm_step(fn: Any) -> bool:
@@ -284,7 +287,10 @@ def lm_step(fn: Any) -> bool:
     rest = required - set().union(*groups, LR_NAMES, ACCUM_NAMES, SCHEDULER_NAMES)
     # nanoGPT's train_step(model, optimizer, X, Y, iter_num, cfg): the iteration and a configuration
     rest -= set(SCHEDULE_STEP_NAMES) | set(_config_fields(fn, rest))
-    return not rest and (tokens is not None or not SHIFT.search(source_text(fn)))
+    source = source_text(fn)
+    if LABELS_MOVED.search(source):
+        rest -= set(CRITERION_NAMES)
+    return not rest and (tokens is not None or not DECODER_INPUT.search(source))
 
 
 def token_batch(fn: Any) -> str | None:

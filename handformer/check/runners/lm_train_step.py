@@ -36,6 +36,7 @@ from torch import Tensor
 from handformer.check.core.argument_names import (
     ACCUM_NAMES,
     CLIP_NAMES,
+    CRITERION_NAMES,
     LR_NAMES,
     SCHEDULE_ARGS,
     SCHEDULE_STEP_NAMES,
@@ -56,6 +57,7 @@ from handformer.check.core.keyed_batch import keyed_batch
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.signatures import (
+    LABELS_MOVED,
     drawn_global,
     drawn_loader,
     kind_of,
@@ -135,6 +137,11 @@ class Step:
         self.x, self.y, self.lr = named(names, X_NAMES), named(names, Y_NAMES), named(names, LR_NAMES)
         self.sched, self.scaler = named(names, SCHEDULER_NAMES), named(names, SCALER_NAMES)
         self.accum = named(names, ACCUM_NAMES)  # driven with ACCUM micro-batches
+        self.criterion = named(names, CRITERION_NAMES)  # handed a cross-entropy that ignores -100
+        # labels it moves on by one itself (torchtune's recipe: labels[..., 1:]): x and y both handed the
+        # (B, T + 1) windows, whose last position's logits it scores against no label
+        moved = rf"\b{self.y}\s*{LABELS_MOVED.pattern}"
+        self.shifts = bool(self.y and re.search(moved, source_text(comp.obj)))
         self.loader = drawn_loader(comp.obj)  # x and y drawn from it: Windows
         self.pair = paired_batch(comp.obj)  # x and y given as one (x, y) batch
         self.tokens = token_batch(comp.obj)  # x and y cut from one (B, T + 1) tensor of windows
@@ -143,7 +150,7 @@ class Step:
         self.drawn = None if handed else drawn_global(comp.obj)  # x and y from a function of its file
         self.drawn_calls: list[Call] = []  # the arguments the step called that function with, each call
         known = {self.model, self.opt, self.x, self.y, self.lr, self.sched, self.scaler, self.accum,
-                 self.loader, self.pair, self.tokens, self.keyed and self.keyed.name}
+                 self.criterion, self.loader, self.pair, self.tokens, self.keyed and self.keyed.name}
         rest = [n for n in required if n not in known]
         self.count = named(rest, SCHEDULE_STEP_NAMES)  # the iteration (nanoGPT's iter_num): 0, then 1
         # or how many steps a loop of them runs (build-nanogpt's train(..., steps): range(steps)): 1 a call
@@ -189,7 +196,10 @@ class Step:
     def __call__(self, model: nn.Module, opt: torch.optim.Optimizer, x: Tensor, y: Tensor, lr: float) -> Any:
         kwargs: dict[str, Any] = {self.model: model, self.opt: opt}
         parts = self.rows // BATCH  # ACCUM micro-batches, or the one batch
-        given = {self.x: x.clone, self.y: y.clone, self.loader: lambda: Windows(x, y, parts),
+        windows = torch.cat([x, y[:, -1:]], dim=1)  # (B, T + 1)
+        pair = (windows.clone, windows.clone) if self.shifts else (x.clone, y.clone)
+        given = {self.x: pair[0], self.y: pair[1], self.loader: lambda: Windows(x, y, parts),
+                 self.criterion: lambda: nn.CrossEntropyLoss(ignore_index=-100),
                  self.pair: lambda: (x.clone(), y.clone()),
                  self.tokens: lambda: torch.cat([x, y[:, -1:]], dim=1),  # (B, T + 1)
                  self.keyed and self.keyed.name: lambda: self.keyed.filled(torch.cat([x, y[:, -1:]], dim=1)),
