@@ -126,6 +126,12 @@ def reference_step(model: nn.Module, opt: torch.optim.Optimizer, x: Tensor, y: T
     update(model, opt, clip if clipped else None, clip_after, lr if set_lr else None)
 
 
+def moves_labels(fn: Any, y: str | None) -> bool:
+    """Whether the step moves its labels `y` on by one itself (torchtune's recipe: labels[..., 1:]);
+    handed the (B, T + 1) windows as x and y, it scores the last position's logits against no label."""
+    return bool(y and re.search(rf"\b{y}\s*{LABELS_MOVED.pattern}", source_text(fn)))
+
+
 class Step:
     """How to call the learner's step: model, x, y, optimizer and the learning rate, by name."""
 
@@ -138,10 +144,7 @@ class Step:
         self.sched, self.scaler = named(names, SCHEDULER_NAMES), named(names, SCALER_NAMES)
         self.accum = named(names, ACCUM_NAMES)  # driven with ACCUM micro-batches
         self.criterion = named(names, CRITERION_NAMES)  # handed a cross-entropy that ignores -100
-        # labels it moves on by one itself (torchtune's recipe: labels[..., 1:]): x and y both handed the
-        # (B, T + 1) windows, whose last position's logits it scores against no label
-        moved = rf"\b{self.y}\s*{LABELS_MOVED.pattern}"
-        self.shifts = bool(self.y and re.search(moved, source_text(comp.obj)))
+        self.shifts = moves_labels(comp.obj, self.y)  # x and y both handed the (B, T + 1) windows
         self.loader = drawn_loader(comp.obj)  # x and y drawn from it: Windows
         self.pair = paired_batch(comp.obj)  # x and y given as one (x, y) batch
         self.tokens = token_batch(comp.obj)  # x and y cut from one (B, T + 1) tensor of windows
