@@ -704,8 +704,8 @@ def _repeats(method: Any, cls: type, own: dict[str, Any]) -> bool:
     """A generation method: one that loops (for, while) or hands on to a function of the file or a
     method of its class that may; not the Annotated Transformer's Transformer.generate(x), its
     output layer's log-softmax, a step a loss is computed on."""
-    code = code_text(method)
-    called = set(re.findall(r"(\w+)\s*\(", code)) - {method.__name__}
+    code = code_text(method).partition(":")[2]  # (its `def` line left out)
+    called = set(re.findall(r"(\w+)\s*\(", code))
     return bool(LOOPS.search(code) or called & (set(vars(cls)) | set(own)))
 
 
