@@ -782,9 +782,13 @@ def test_annotated_transformer_style(tmp_path):
 
 
 def test_unmatched_constructor_argument_gets_help(tmp_path):
+    """The attention alone, no layer of the file that builds it (where one does, check builds it with
+    the arguments that layer hands it: tests/test_check_host_built.py)."""
     path = tmp_path / "odd.py"
-    path.write_text(CORRECT.read_text().replace("def __init__(self, d_model, num_heads):",
-                                                "def __init__(self, width, num_heads):").replace(
+    text = CORRECT.read_text()
+    alone = text[:text.index("\nclass ", text.index("class MultiHeadAttention") + 1)]
+    path.write_text(alone.replace("def __init__(self, d_model, num_heads):",
+                                  "def __init__(self, width, num_heads):").replace(
         "assert d_model % num_heads == 0", "d_model = width"))
     result = check_file(str(path), only=["mha"])
     err = result.components[0].error

@@ -175,7 +175,8 @@ DIAGNOSES: list[Diagnosis] = [
 
 WIDTH = (r"((self|config|cfg|args|params)\.)?"
          r"(d_model|d_out|emb_dim|n_embd|embed_dim|hidden_size|hidden_dim|num_hiddens|dim|C)\b")
-UNSUMMED = r"^\s*(?!({0})\w*\s*=)\w+\s*=(?![^#]*\+)\s*(self\.)?\w*drop\w*\(\s*(self\.)?({0})\b"
+UNSUMMED = (r"^\s*(?!({0})\w*\s*=)(\w+\s*=(?![^#]*\+)\s*(self\.)?\w*drop\w*\(\s*(self\.)?({0})\b"
+            r"|(\w+\s*=|return)\s*({0})\w*\s*(#.*)?$)")  # or its output's name alone (`out = mlp_out`)
 # forms that give one output at check's sizes, told apart by the learner's line: dividing the scores
 # by sqrt(d_model) (a width, or heads times head width) is dividing by d_k when d_k = 4 = sqrt(16)
 # a sublayer's output added to the stream on a line of its own (Hugging Face's Gemma 2: `hidden_states =

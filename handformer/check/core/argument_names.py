@@ -46,6 +46,12 @@ PROMPT_NAMES = ("idx", "input_ids", "prompt", "prompt_ids", "tokens", "context",
                 "prompt_tokens", "start_ids", "inputs", "prompts")
 COUNT_NAMES = ("max_new_tokens", "max_tokens", "n_new", "num_tokens", "new_tokens", "steps", "length",
                "max_length", "n", "num_new_tokens", "max_gen_len", "n_tokens")
+# a generation loop's end-of-sequence id
+EOS_NAMES = ("eos", "eos_id", "eos_token", "eos_token_id", "eos_idx", "end_token", "end_id", "stop_token",
+             "end_symbol", "stop_id")
+# a generation loop's switch for its model's KV cache, on where it has no default (the cached path is
+# the one a mask or position offset gets wrong; the model's own check runs it uncached)
+CACHE_SWITCH_NAMES = ("use_cache", "use_kv_cache", "cached", "with_cache")
 # a generation loop's attention mask (1 = real token, 0 = pad) and padding id
 MASK_ARG_NAMES = ("attention_mask", "attn_mask", "padding_mask", "pad_mask", "mask")
 PAD_NAMES = ("pad_token_id", "pad_id", "pad_idx", "pad_token", "pad", "padding_idx")
@@ -109,6 +115,7 @@ SCHEDULE_ARGS: dict[str, tuple[str, ...]] = {
         "warmup_updates",
         "w",
         "warmup_t",  # timm's, with t_initial
+        "t_w",  # CS336's handout: get_lr_cosine_schedule(t, alpha_max, alpha_min, T_w, T_c)
     ),
     "max_lr": (
         "max_learning_rate",
@@ -146,6 +153,7 @@ SCHEDULE_ARGS: dict[str, tuple[str, ...]] = {
         "decay_iters",
         "total",
         "t_initial",
+        "t_c",  # CS336's handout's cosine annealing end
     ),
 }
 

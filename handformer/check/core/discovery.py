@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from handformer.check.core.argument_names import call_parameters, input_roles, readable_parameters
+from handformer.check.core.hosts import host_arguments
 from handformer.check.core.kinds import KINDS_TABLE
 from handformer.check.core.size_roles import with_roles
-from handformer.check.core.source import config_reads, module_reads, source_text
+from handformer.check.core.source import code_text, config_reads, module_reads, source_text
 
 NAMES: dict[str, tuple[str, ...]] = {k.name: k.names for k in KINDS_TABLE}  # kind -> names, in order
 TABLED = {n for k in KINDS_TABLE for n in k.names}  # every name of every kind
@@ -733,10 +734,23 @@ def own_objects(module: types.ModuleType) -> dict[str, Any]:
     for name, cls in [(n, o) for n, o in own.items() if inspect.isclass(o)]:
         for attr, member in vars(cls).items():
             function = getattr(member, "__func__", member) if isinstance(member, staticmethod) else None
-            function = member if attr.startswith("generate") and inspect.isfunction(member) else function
+            function = member if attr.startswith("generate") and inspect.isfunction(member) and _repeats(
+                member, cls, own) else function
             if inspect.isfunction(function):
                 own[f"{name}.{attr}"] = function
     return own
+
+
+def _repeats(method: Any, cls: type, own: dict[str, Any]) -> bool:
+    """A generation method: one that loops (for, while) or hands on to a function of the file or a
+    method of its class that may; not the Annotated Transformer's Transformer.generate(x), its
+    output layer's log-softmax, a step a loss is computed on."""
+    code = code_text(method).partition(":")[2]  # (its `def` line left out)
+    called = set(re.findall(r"(\w+)\s*\(", code))
+    return bool(LOOPS.search(code) or called & (set(vars(cls)) | set(own)))
+
+
+LOOPS = re.compile(r"^\s*(for|while)\b", re.M)
 
 
 def defined_names(module: types.ModuleType) -> list[str]:
@@ -948,7 +962,21 @@ NO_PARTS: Mapping[str, Any] = types.MappingProxyType({})  # a constructor built 
 def build(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any] = NO_PARTS) -> Any:
     """cls(**arguments matched by name). `parts` builds learner modules passed as arguments
     (the Annotated Transformer's EncoderLayer(size, self_attn, feed_forward, dropout)). A class with
-    an adapter (make_<kind> in the adapters file) is built by it, its arguments matched the same way."""
+    an adapter (make_<kind> in the adapters file) is built by it, its arguments matched the same way.
+    A class whose arguments check cannot fill is taken from inside a host of the learner's file that
+    builds it (hosts.py: torchtune's llama3_tiny() for its MultiHeadAttention(q_proj=..., ...))."""
+    try:
+        return _build_matched(cls, sizes, parts)
+    except DiscoveryError:
+        handed = host_arguments(cls, sizes, build, argument_keys)
+        if handed is None:
+            raise
+        return _build_matched(cls, sizes, parts, handed)
+
+
+def _build_matched(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any],
+                   handed: Mapping[str, Any] = NO_PARTS) -> Any:
+    """cls(**arguments matched by name); what check cannot fill, the arguments a host `handed` it."""
     target = ADAPTERS.get(cls, cls)
     kwargs = {}
     keys = argument_keys(target)
@@ -965,6 +993,8 @@ def build(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any] = NO_PARTS)
             kwargs[p.name] = REQUIRED_FIXED[p.name.lower()]
         elif p.default is False and "relative" in p.name.lower():  # T5's has_relative_attention_bias
             kwargs[p.name] = True  # built with its relative-position table, which the check then grades
+        elif p.name in handed:  # torchtune's q_proj=nn.Linear(...), as the learner's builder makes it
+            kwargs[p.name] = handed[p.name]
         elif p.default is not p.empty:  # Gemma's RMSNorm(..., add_unit_offset=True): no part, its default
             continue
         elif (choice := plain_choice(p, target)) is not None:

@@ -31,11 +31,13 @@ from handformer.check.core.argument_names import (
     ACCUM_NAMES,
     BATCH_NAMES,
     BEAM_NAMES,
+    CACHE_SWITCH_NAMES,
     CLIP_NAMES,
     CONTEXT_NAMES,
     COUNT_NAMES,
     CRITERION_NAMES,
     DECODING_NAMES,
+    EOS_NAMES,
     GENERATOR_NAMES,
     K_NAMES,
     LOADER_NAMES,
@@ -261,7 +263,10 @@ def returns_function(fn: Any) -> bool:
         re.search(rf"\breturn\s+{name}\s*(#|$)", code, re.M) for name in inner)
 
 
-SHIFT = re.compile(r"\[\s*:\s*,\s*(:-1|1:)\s*\]")  # tgt[:, :-1], tgt[:, 1:]
+DECODER_INPUT = re.compile(r"\[\s*:\s*,\s*:-1\s*\]")  # an encoder-decoder's tgt[:, :-1]
+# labels a language model's step moves on by one itself (torchtune's recipe: labels[..., 1:]), scored
+# with the loss it is handed (loss_fn)
+LABELS_MOVED = re.compile(r"\[\s*(\.\.\.|:)\s*,\s*1\s*:\s*\]")
 
 
 def lm_step(fn: Any) -> bool:
@@ -282,7 +287,10 @@ def lm_step(fn: Any) -> bool:
     rest = required - set().union(*groups, LR_NAMES, ACCUM_NAMES, SCHEDULER_NAMES)
     # nanoGPT's train_step(model, optimizer, X, Y, iter_num, cfg): the iteration and a configuration
     rest -= set(SCHEDULE_STEP_NAMES) | set(_config_fields(fn, rest)) | set(schedule_settings(fn))
-    return not rest and (tokens is not None or not SHIFT.search(source_text(fn)))
+    source = source_text(fn)
+    if LABELS_MOVED.search(source):
+        rest -= set(CRITERION_NAMES)
+    return not rest and (tokens is not None or not DECODER_INPUT.search(source))
 
 
 # what a schedule's settings are handed where a step hands them on (schedule_settings): a few short stages
@@ -370,7 +378,8 @@ LOOP_KINDS = (
     ("beam_search", GENERATE_MODEL, [PROMPT_NAMES, BEAM_WIDTH],
      (GENERATE_MODEL, PROMPT_NAMES, COUNT_NAMES, BEAM_WIDTH, BEAM_NAMES["end"], BEAM_NAMES["alpha"])),
     ("generate", GENERATE_MODEL, [PROMPT_NAMES, COUNT_NAMES], (GENERATE_MODEL, PROMPT_NAMES, COUNT_NAMES,
-                                                               CONTEXT_NAMES, PROCESSOR_NAMES)),
+                                                               CONTEXT_NAMES, PROCESSOR_NAMES, EOS_NAMES,
+                                                               CACHE_SWITCH_NAMES)),
     ("train_epoch", (), [STEP_MODEL_NAMES, OPTIMIZER_NAMES, LOADER_NAMES], (*STEP, LOADER_NAMES)),
     ("train_step", (), [STEP_MODEL_NAMES, OPTIMIZER_NAMES, BATCH_NAMES], STEP_BATCH),
     ("train_step", (), [STEP_MODEL_NAMES, OPTIMIZER_NAMES, SRC_NAMES, TGT_NAMES], STEP_BATCH),

@@ -647,12 +647,14 @@ def _dropout_kwargs(cls: type) -> dict[str, float]:
 # --- multi-head attention -----------------------------------------------------------------------
 
 
-def rope_settings(comp: Component, c: Caller) -> tuple[str | None, ...]:
+def rope_settings(comp: Component, c: Caller, module: nn.Module) -> tuple[str | None, ...]:
     """Where the learner's attention may apply rotary positions: given Meta's freqs_cis, pairs are
-    interleaved; otherwise, if its source speaks of rotary positions, either layout (or none)."""
+    interleaved; otherwise, if its source or that of a class it holds (torchtune's pos_embeddings, a
+    RotaryPositionalEmbeddings handed in) speaks of rotary positions, either layout (or none)."""
     if c.rope_table:
         return ("interleaved",)
-    source = source_text(comp.obj).lower()
+    held = {type(sub) for sub in module.modules() if type(sub).__module__ == comp.obj.__module__}
+    source = "".join(map(source_text, [comp.obj, *held])).lower()
     if re.search(r"def forward\([^)]*\bcos_sin\b", source):  # nanochat's: rotated either way
         return ("half", "swapped")
     if re.search(r"def forward\([^)]*\bfreqs_cos\b", source):  # llama2.c's: one angle a pair
@@ -685,11 +687,12 @@ def score_biases(comp: Component, slots: list[Slot]) -> tuple[str | None, ...]:
     return table + alibi + (None, "unscaled") * (bool(given) > bool(table))
 
 
-def positions_inside(comp: Component, c: Caller, slots: list[Slot]) -> tuple[str | None, ...]:
+def positions_inside(comp: Component, c: Caller, slots: list[Slot], module: nn.Module,
+                     ) -> tuple[str | None, ...]:
     """The readings of the positions inside the attention the search tries: its score biases (`None`
     among them: none), else none, then the rotary layouts its source allows."""
     biases = score_biases(comp, slots)
-    return (biases or (None,)) + tuple(r for r in rope_settings(comp, c) if r is not None)
+    return (biases or (None,)) + tuple(r for r in rope_settings(comp, c, module) if r is not None)
 
 
 def softcaps(module: nn.Module, named: str = "") -> tuple[float, ...]:
@@ -787,7 +790,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
         raise
     facts = {"probe": probe, "rows": probe.rows, "takes_mask": c.takes_mask, "slots": slots,
              "universe": _universe(c, has_o, n_kv_heads, causal_inside), "n_kv_heads": n_kv_heads,
-             "ropes": positions_inside(comp, c, slots), "caps": softcaps(module),
+             "ropes": positions_inside(comp, c, slots, module), "caps": softcaps(module),
              "scales": configured_scales(module),
              "setup": Setup(module, slots, c, "", causal_inside, n_kv_heads, None, heads, window=window)}
     return Subject(probe.run, [], module, facts)
@@ -881,7 +884,7 @@ def _mha_localized(res: ComponentResult, ctx: Context, comp: Component, subject:
     s, p = subject.facts["setup"], subject.facts["probe"]
     w = dataclasses.replace(mha_weights(s.slots, s.heads, s.n_kv_heads, s.rope), softcap=s.softcap,
                             scale=s.scale)
-    guarded(res, lambda: note_attention_departure(res, comp, _localizer_runs(comp, s.c, s.conv, s.rope, p),
+    guarded(res, lambda: note_attention_departure(res, comp, _localizer_runs(comp, s, p),
                                                   w, s.causal_inside))
 
 
@@ -899,13 +902,14 @@ MHA = Probe(                                # built by check_mha: the module, it
 )
 
 
-def _localizer_runs(comp: Component, c: Caller, conv: str, rope: str | None, probe: MHAProbe,
+def _localizer_runs(comp: Component, s: Setup, probe: MHAProbe,
                     ) -> list[tuple[Callable[..., Any], str | None]]:
     """The ways the localizer runs the learner's attention: with an all-visible mask in each
-    convention (the one found first) and, when the search found no rotary layout, each layout."""
-    ropes = (rope,) if rope else rope_settings(comp, c)  # (a score bias is found whenever it is there)
-    convs = (conv,) + tuple(cv for cv in probe.convs if cv != conv) if c.takes_mask else (conv,)
-    return [(visible_call(c, cv), r) for cv in convs for r in ropes]
+    convention (the one found first) and, when the search found no rotary layout, each layout (a
+    score bias is found whenever it is there)."""
+    ropes = (s.rope,) if s.rope else rope_settings(comp, s.c, s.module)
+    convs = (s.conv,) + tuple(cv for cv in probe.convs if cv != s.conv) if s.c.takes_mask else (s.conv,)
+    return [(visible_call(s.c, cv), r) for cv in convs for r in ropes]
 
 
 def visible_call(c: Caller, conv: str) -> Callable[..., Any]:

@@ -32,8 +32,10 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import (
+    CACHE_SWITCH_NAMES,
     CONTEXT_NAMES,
     COUNT_NAMES,
+    EOS_NAMES,
     MASK_ARG_NAMES,
     MODEL_NAMES,
     PAD_NAMES,
@@ -60,8 +62,6 @@ SHORT, LONG = 4, 7  # new tokens after a prompt of 3: within the block size, and
 
 CACHE_NAMES = ("past_key_values", "past", "cache", "kv_cache", "layer_past", "past_kv", "kv")
 POSITION_NAMES = ("start_pos", "pos", "offset", "start", "position")
-EOS_NAMES = ("eos", "eos_id", "eos_token", "eos_token_id", "eos_idx", "end_token", "end_id", "stop_token",
-             "end_symbol", "stop_id")
 
 
 TOP_K_NAMES = ("top_k", "topk", "k")
@@ -187,7 +187,8 @@ class LanguageModel(nn.Module):
 RETURNS: dict[str, Callable[[Tensor, CacheToken | None], Any]] = {
     "tensor": lambda logits, cache: logits, "tuple": lambda logits, cache: (logits, cache),
     "unbatched": lambda logits, cache: logits,  # (T, V) for the (T,) ids of one sequence
-    "object": lambda logits, cache: types.SimpleNamespace(logits=logits, past_key_values=cache, loss=None)}
+    "object": lambda logits, cache: types.SimpleNamespace(logits=logits, past_key_values=cache, loss=None),
+    "loss_first": lambda logits, cache: (None, logits, cache)}  # (loss, logits, presents): a GPT-2 port's
 
 
 def _cache_asked(cache: CacheToken | None, kwargs: dict[str, Any]) -> bool:
@@ -260,6 +261,8 @@ def styles_read(fn: Any) -> tuple[str, ...]:
     elif re.search(r"\w+\s*,\s*\w+\s*=\s*(self|model|\w+)\s*\(", source):
         order.remove("tuple")
         order.insert(0, "tuple")
+    if re.search(r"\w+\s*,\s*\w*logit\w*\s*,\s*\w+\s*=\s*(self|model|\w+)\s*\(", source):
+        order.insert(0, "loss_first")  # `_, logits, presents = model(...)`
     return tuple(order)
 
 
@@ -271,9 +274,10 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
     kwargs: dict[str, Any] = {}
     roles = ((MODEL_NAMES, model.target), (PROMPT_NAMES, ids), (COUNT_NAMES, n),
              (CONTEXT_NAMES, model.context), (PROCESSOR_NAMES, NoProcessors()))  # each argument's, by name
-    # and where it has no default: an EOS no model makes, a padding id, a mask of real tokens only
+    # and where it has no default: an EOS no model makes, a padding id, a mask of real tokens only, the
+    # model's cache on
     ones = torch.ones_like(torch.as_tensor(ids)) if _rectangular(ids) else None  # (a ragged list: none)
-    needed = ((EOS_NAMES, NEVER), (PAD_NAMES, PAD_ID), (MASK_ARG_NAMES, ones))
+    needed = ((EOS_NAMES, NEVER), (PAD_NAMES, PAD_ID), (MASK_ARG_NAMES, ones), (CACHE_SWITCH_NAMES, True))
     by_name, if_needed = _by_names(roles[::-1]), _by_names(needed)  # the first role that names it
     extra = extra or {}
     for i, p in enumerate(forward_parameters(comp.obj)):

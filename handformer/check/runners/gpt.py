@@ -1233,7 +1233,8 @@ def _returned_runs(ctx: Context, module: nn.Module, idx: Tensor) -> list[tuple[A
     def run(ids: Tensor, past: Any) -> Any:
         out = ctx.learner.call("forward", module, ids, **{arg: past, **asked})
         assert isinstance(out, tuple) and out[1] is not None  # noqa: S101  (logits and its presents)
-        held[:] = [out[1]]
+        # the presents: after the logits (a (loss, logits, presents) tuple: the one that is no tensor)
+        held[:] = [next((o for o in out[1:] if not isinstance(o, (Tensor, type(None)))), out[1])]
         return out
     return [(lambda: run(idx[:, :5], None), 0, 5), (lambda: run(idx[:, 5:], held[0]), 5, idx.size(1))]
 

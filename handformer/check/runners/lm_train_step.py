@@ -36,6 +36,7 @@ from torch import Tensor
 from handformer.check.core.argument_names import (
     ACCUM_NAMES,
     CLIP_NAMES,
+    CRITERION_NAMES,
     LR_NAMES,
     SCHEDULE_ARGS,
     SCHEDULE_STEP_NAMES,
@@ -56,6 +57,7 @@ from handformer.check.core.keyed_batch import keyed_batch
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.signatures import (
+    LABELS_MOVED,
     drawn_global,
     drawn_loader,
     kind_of,
@@ -125,6 +127,12 @@ def reference_step(model: nn.Module, opt: torch.optim.Optimizer, x: Tensor, y: T
     update(model, opt, clip if clipped else None, clip_after, lr if set_lr else None)
 
 
+def moves_labels(fn: Any, y: str | None) -> bool:
+    """Whether the step moves its labels `y` on by one itself (torchtune's recipe: labels[..., 1:]);
+    handed the (B, T + 1) windows as x and y, it scores the last position's logits against no label."""
+    return bool(y and re.search(rf"\b{y}\s*{LABELS_MOVED.pattern}", source_text(fn)))
+
+
 class Step:
     """How to call the learner's step: model, x, y, optimizer and the learning rate, by name."""
 
@@ -138,6 +146,8 @@ class Step:
         self.settings = schedule_settings(comp.obj)  # what it hands its file's schedule: f(step, **sched)
         self.sched = None if self.sched in self.settings else self.sched  # settings, not a torch scheduler
         self.accum = named(names, ACCUM_NAMES)  # driven with ACCUM micro-batches
+        self.criterion = named(names, CRITERION_NAMES)  # handed a cross-entropy that ignores -100
+        self.shifts = moves_labels(comp.obj, self.y)  # x and y both handed the (B, T + 1) windows
         self.loader = drawn_loader(comp.obj)  # x and y drawn from it: Windows
         self.pair = paired_batch(comp.obj)  # x and y given as one (x, y) batch
         self.tokens = token_batch(comp.obj)  # x and y cut from one (B, T + 1) tensor of windows
@@ -146,7 +156,8 @@ class Step:
         self.drawn = None if handed else drawn_global(comp.obj)  # x and y from a function of its file
         self.drawn_calls: list[Call] = []  # the arguments the step called that function with, each call
         known = {self.model, self.opt, self.x, self.y, self.lr, self.sched, self.scaler, self.accum,
-                 self.loader, self.pair, self.tokens, self.keyed and self.keyed.name, *self.settings}
+                 self.criterion, self.loader, self.pair, self.tokens, self.keyed and self.keyed.name,
+                 *self.settings}
         rest = [n for n in required if n not in known]
         self.count = named(rest, SCHEDULE_STEP_NAMES)  # the iteration (nanoGPT's iter_num): 0, then 1
         # or how many steps a loop of them runs (build-nanogpt's train(..., steps): range(steps)): 1 a call
@@ -192,7 +203,10 @@ class Step:
     def __call__(self, model: nn.Module, opt: torch.optim.Optimizer, x: Tensor, y: Tensor, lr: float) -> Any:
         kwargs: dict[str, Any] = {self.model: model, self.opt: opt}
         parts = self.rows // BATCH  # ACCUM micro-batches, or the one batch
-        given = {self.x: x.clone, self.y: y.clone, self.loader: lambda: Windows(x, y, parts),
+        windows = torch.cat([x, y[:, -1:]], dim=1)  # (B, T + 1)
+        pair = (windows.clone, windows.clone) if self.shifts else (x.clone, y.clone)
+        given = {self.x: pair[0], self.y: pair[1], self.loader: lambda: Windows(x, y, parts),
+                 self.criterion: lambda: nn.CrossEntropyLoss(ignore_index=-100),
                  self.pair: lambda: (x.clone(), y.clone()),
                  self.tokens: lambda: torch.cat([x, y[:, -1:]], dim=1),  # (B, T + 1)
                  self.keyed and self.keyed.name: lambda: self.keyed.filled(torch.cat([x, y[:, -1:]], dim=1)),

@@ -498,10 +498,19 @@ class Caller:
         out, flat = fp.first_tensor(raw, 3), fp.first_tensor(raw, 2)
         if out is None and flat is not None and flat.size(0) == tgt.numel():  # jadore801120's view(-1, V)
             out = flat.reshape(*tgt.shape, -1)  # (B * T, V) -> (B, T, V)
-        generator = getattr(self.module, "generator", None)
+        generator = getattr(self.module, "generator", None) or _vocab_head(self.module)
         if out is not None and out.size(-1) == D and D != TGT_V and callable(generator):
             out = fp.first_tensor(self.ctx.learner.call("forward", generator, out), 3)
         return out
+
+
+def _vocab_head(module: nn.Module) -> nn.Module | None:
+    """The model's one output layer of its own, d_model to the target vocabulary, where its forward
+    returns the decoder's states and another method applies it (the Annotated Transformer's
+    generator, under another name)."""
+    widths = {m: (getattr(m, "in_features", 0), getattr(m, "out_features", 0)) for m in module.children()}
+    heads = [m for m, (d_in, d_out) in widths.items() if (d_in, d_out) == (D, TGT_V)]
+    return heads[0] if len(heads) == 1 else None
 
 
 LENGTHS_NOTE = text("forward(enc_X, dec_X, *args) was handed the source's valid lengths (d2l) and run in "
