@@ -148,13 +148,7 @@ class Step:
         self.accum = named(names, ACCUM_NAMES)  # driven with ACCUM micro-batches
         self.criterion = named(names, CRITERION_NAMES)  # handed a cross-entropy that ignores -100
         self.shifts = moves_labels(comp.obj, self.y)  # x and y both handed the (B, T + 1) windows
-        self.loader = drawn_loader(comp.obj)  # x and y drawn from it: Windows
-        self.pair = paired_batch(comp.obj)  # x and y given as one (x, y) batch
-        self.tokens = token_batch(comp.obj)  # x and y cut from one (B, T + 1) tensor of windows
-        self.keyed = keyed_batch(comp.obj)  # or from a dict of them ({"input_ids": ..., "labels": ...})
-        handed = self.x and self.y or self.loader or self.pair or self.tokens or self.keyed
-        self.drawn = None if handed else drawn_global(comp.obj)  # x and y from a function of its file
-        self.drawn_calls: list[Call] = []  # the arguments the step called that function with, each call
+        handed = self._batches(comp)
         known = {self.model, self.opt, self.x, self.y, self.lr, self.sched, self.scaler, self.accum,
                  self.criterion, self.loader, self.pair, self.tokens, self.keyed and self.keyed.name,
                  *self.settings}
@@ -179,6 +173,18 @@ class Step:
         defaults = {p.name: p.default for p in params}  # clip_grad_norm_(..., max_norm): its default
         own = source_text(comp.obj)
         self.clip = self._config_clip() if "clip" in self.fields else clip_norm(own, defaults)
+
+    def _batches(self, comp: Component) -> Any:
+        """Where x and y come from, each way a step takes them; what hands them (None: drawn by a function
+        of its file, or nowhere)."""
+        self.loader = drawn_loader(comp.obj)  # x and y drawn from it: Windows
+        self.pair = paired_batch(comp.obj)  # x and y given as one (x, y) batch
+        self.tokens = token_batch(comp.obj)  # x and y cut from one (B, T + 1) tensor of windows
+        self.keyed = keyed_batch(comp.obj)  # or from a dict of them ({"input_ids": ..., "labels": ...})
+        handed = self.x and self.y or self.loader or self.pair or self.tokens or self.keyed
+        self.drawn = None if handed else drawn_global(comp.obj)  # x and y from a function of its file
+        self.drawn_calls: list[Call] = []  # the arguments the step called that function with, each call
+        return handed
 
     def _config(self) -> Any:
         """The learner's configuration at its defaults, with ACCUM micro-steps."""
