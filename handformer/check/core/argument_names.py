@@ -51,6 +51,9 @@ MASK_ARG_NAMES = ("attention_mask", "attn_mask", "padding_mask", "pad_mask", "ma
 PAD_NAMES = ("pad_token_id", "pad_id", "pad_idx", "pad_token", "pad", "padding_idx")
 CONTEXT_NAMES = ("context_size", "block_size", "context_length", "max_seq_len", "max_context", "ctx_len",
                  "window", "context_window", "ctx", "max_ctx", "context_len", "max_context_length")
+# a generation loop's switch of its model's KV cache, set where it has no default (the cached path is
+# the one to check: the uncached one is the model's own forward, checked with the model)
+CACHE_SWITCH_NAMES = ("use_cache", "use_kv_cache", "with_cache", "kv_cache_enabled")
 
 # train_step.py
 STEP_MODEL_NAMES = ("model", "net", "transformer", "m")

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import (
+    CACHE_SWITCH_NAMES,
     CONTEXT_NAMES,
     COUNT_NAMES,
     MASK_ARG_NAMES,
@@ -186,6 +187,7 @@ class LanguageModel(nn.Module):
 # what a call of the model returns, in each style a learner's loop unpacks
 RETURNS: dict[str, Callable[[Tensor, CacheToken | None], Any]] = {
     "tensor": lambda logits, cache: logits, "tuple": lambda logits, cache: (logits, cache),
+    "loss_first": lambda logits, cache: (None, logits, cache),  # Hugging Face's (loss, logits, presents)
     "unbatched": lambda logits, cache: logits,  # (T, V) for the (T,) ids of one sequence
     "object": lambda logits, cache: types.SimpleNamespace(logits=logits, past_key_values=cache, loss=None)}
 
@@ -249,18 +251,15 @@ def greedy(model: CausalLM, ids: Tensor, n: int) -> Tensor:
 # --- calling the learner's generate ---------------------------------------------------------------
 
 def styles_read(fn: Any) -> tuple[str, ...]:
-    """What the learner's loop unpacks: a (logits, loss) tuple, `.logits`, or a tensor; the one their
-    source shows first, then the others; last, a tensor (T, V) for the ids (T,) of one sequence (a loop
-    of gpt-oss's, whose model takes no batch)."""
+    """What the learner's loop unpacks: a (logits, loss) tuple, `.logits`, a tensor, or three things
+    (Hugging Face's (loss, logits, presents)); the one their source shows first, then the others; last,
+    a tensor (T, V) for the ids (T,) of one sequence (a loop of gpt-oss's, whose model takes no batch)."""
     source = source_text(fn)
-    order = ["tensor", "tuple", "object", "unbatched"]
-    if re.search(r"\.logits\b", source):
-        order.remove("object")
-        order.insert(0, "object")
-    elif re.search(r"\w+\s*,\s*\w+\s*=\s*(self|model|\w+)\s*\(", source):
-        order.remove("tuple")
-        order.insert(0, "tuple")
-    return tuple(order)
+    order = ["tensor", "tuple", "object", "unbatched", "loss_first"]
+    unpacked = r"\w+\s*,\s*\w+\s*=\s*(self|model|\w+)\s*\("
+    shown = next((style for style, code in (("object", r"\.logits\b"), ("loss_first", r"\w+\s*,\s*" + unpacked),
+                                            ("tuple", unpacked)) if re.search(code, source)), None)
+    return tuple(sorted(order, key=lambda style: style != shown))
 
 
 def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tensor, n: int,
@@ -271,9 +270,10 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
     kwargs: dict[str, Any] = {}
     roles = ((MODEL_NAMES, model.target), (PROMPT_NAMES, ids), (COUNT_NAMES, n),
              (CONTEXT_NAMES, model.context), (PROCESSOR_NAMES, NoProcessors()))  # each argument's, by name
-    # and where it has no default: an EOS no model makes, a padding id, a mask of real tokens only
+    # and where it has no default: an EOS no model makes, a padding id, a mask of real tokens only, the
+    # KV cache on
     ones = torch.ones_like(torch.as_tensor(ids)) if _rectangular(ids) else None  # (a ragged list: none)
-    needed = ((EOS_NAMES, NEVER), (PAD_NAMES, PAD_ID), (MASK_ARG_NAMES, ones))
+    needed = ((EOS_NAMES, NEVER), (PAD_NAMES, PAD_ID), (MASK_ARG_NAMES, ones), (CACHE_SWITCH_NAMES, True))
     by_name, if_needed = _by_names(roles[::-1]), _by_names(needed)  # the first role that names it
     extra = extra or {}
     for i, p in enumerate(forward_parameters(comp.obj)):
