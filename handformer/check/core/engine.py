@@ -265,6 +265,11 @@ FOUND_BY = {
                   "forward takes (one sequence of ids), not by its name",
                   "按它构造的部件（词嵌入和一列块）和 forward 接受的参数"
                   "（一个 id 序列）认作{}，不是按名字"),
+    "decoder_structure": ("found as a {} by what it builds (token embeddings, then a list of blocks) and "
+                          "what its forward takes (the ids, the encoder's output, a cache that defaults to "
+                          "None), not by its name",
+                          "按它构造的部件（词嵌入和一列块）和 forward 接受的参数（id、编码器的输出、"
+                          "默认为 None 的缓存）认作{}，不是按名字"),
     "mask_code": ("found as a {} by what its code computes (named as a mask, it builds a triangle of "
                   "positions, or reads padding), not by its name alone",
                   "按它的代码算的东西认作{}（名字说是掩码，代码构造位置的三角形，或读取填充），"

@@ -113,6 +113,8 @@ KINDS_TABLE: tuple[Kind, ...] = (
     Kind("kv_cache", ("CachedLlama", "LlamaWithCache", "CachedGPT", "GPTWithCache", "CachedTransformer",
                       "CachedLM", "CachedDecoder"),
          "model with a KV cache", "带 KV 缓存的模型", "kv_cache:check_kv_cache"),
+    Kind("cached_decoder", (), "decoder with a KV cache (encoder-decoder)", "带 KV 缓存的解码器（编码器-解码器）",
+         "cached_decoder:check_cached_decoder"),  # found by what it builds and takes (discovery.py)
     Kind("llama2c", ("load_llama2c", "load_llama2c_model", "from_llama2c", "read_llama2c_model",
                      "load_stories", "load_checkpoint_llama2c"),
          "llama2.c checkpoint in your model", "装进你的模型的 llama2.c 权重", "llama2c:check_llama2c"),
