@@ -113,7 +113,8 @@ KINDS_TABLE: tuple[Kind, ...] = (
     Kind("kv_cache", ("CachedLlama", "LlamaWithCache", "CachedGPT", "GPTWithCache", "CachedTransformer",
                       "CachedLM", "CachedDecoder"),
          "model with a KV cache", "带 KV 缓存的模型", "kv_cache:check_kv_cache"),
-    Kind("cached_decoder", (), "decoder with a KV cache (encoder-decoder)", "带 KV 缓存的解码器（编码器-解码器）",
+    Kind("cached_decoder", (), "decoder with a KV cache (encoder-decoder)",
+         "带 KV 缓存的解码器（编码器-解码器）",
          "cached_decoder:check_cached_decoder"),  # found by what it builds and takes (discovery.py)
     Kind("llama2c", ("load_llama2c", "load_llama2c_model", "from_llama2c", "read_llama2c_model",
                      "load_stories", "load_checkpoint_llama2c"),
@@ -168,7 +169,8 @@ KINDS_TABLE: tuple[Kind, ...] = (
                          "beam_search_batch", "batched_beam_search"),
          "beam search", "束搜索", "beam:check_beam_search"),
     Kind("speculative", ("speculative_sampling", "speculative_decoding", "speculative_decode",
-                         "speculative_generate", "speculative_sample", "speculative_generation", "spec_decode"),
+                         "speculative_generate", "speculative_sample", "speculative_generation",
+                         "spec_decode"),
          "speculative sampling", "投机采样（speculative sampling）", "speculative:check_speculative"),
     Kind("optimizer", ("AdamW", "Adam", "AdamWOptimizer", "MyAdamW", "ManualAdamW", "SimpleAdamW"),
          "optimizer (AdamW by hand)", "优化器（手写的 AdamW）", "optimizer:check_optimizer"),
@@ -179,6 +181,8 @@ KINDS_TABLE: tuple[Kind, ...] = (
     Kind("train_step", ("train_step", "training_step", "train_batch", "train_one_step", "train_on_batch",
                         "step_fn", "fit_batch", "run_train_step"),
          "training step", "训练一步", "train_step:check_train_step"),
+    Kind("lightning", (), "Lightning module's training step", "Lightning 模块的训练一步",
+         "lightning:check_lightning"),  # found by its training_step and configure_optimizers (lightning.py)
     Kind("train_epoch", ("train_epoch", "train_one_epoch", "run_train_epoch", "fit_epoch", "epoch_train",
                          "train_loop"),
          "training epoch", "训练一个 epoch", "train_step:check_train_epoch"),

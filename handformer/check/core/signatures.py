@@ -338,8 +338,8 @@ LOOP_KINDS = (
     # a decoder-only model's beam search: a prompt and a beam width, no start symbol
     ("beam_search", GENERATE_MODEL, [PROMPT_NAMES, BEAM_WIDTH],
      (GENERATE_MODEL, PROMPT_NAMES, COUNT_NAMES, BEAM_WIDTH, BEAM_NAMES["end"], BEAM_NAMES["alpha"])),
-    ("generate", GENERATE_MODEL, [PROMPT_NAMES, COUNT_NAMES], (GENERATE_MODEL, PROMPT_NAMES, COUNT_NAMES,
-                                                               CONTEXT_NAMES, PROCESSOR_NAMES, CACHE_SWITCH_NAMES)),
+    ("generate", GENERATE_MODEL, [PROMPT_NAMES, COUNT_NAMES],
+     (GENERATE_MODEL, PROMPT_NAMES, COUNT_NAMES, CONTEXT_NAMES, PROCESSOR_NAMES, CACHE_SWITCH_NAMES)),
     ("train_epoch", (), [STEP_MODEL_NAMES, OPTIMIZER_NAMES, LOADER_NAMES], (*STEP, LOADER_NAMES)),
     ("train_step", (), [STEP_MODEL_NAMES, OPTIMIZER_NAMES, BATCH_NAMES], STEP_BATCH),
     ("train_step", (), [STEP_MODEL_NAMES, OPTIMIZER_NAMES, SRC_NAMES, TGT_NAMES], STEP_BATCH),
@@ -488,7 +488,8 @@ def written_for_one_row(fn: Any, probs: bool, options: dict[str, Any]) -> bool:
 DRAWS = 4  # calls of a function of logits, each from its own seed: a sampler gives the argmax in all rarely
 
 
-def _draws(call: Callable[..., Tensor | None], fn: Any, rows: Tensor, options: dict[str, Any]) -> list[Tensor | None]:
+def _draws(call: Callable[..., Tensor | None], fn: Any, rows: Tensor, options: dict[str, Any],
+           ) -> list[Tensor | None]:
     """DRAWS calls, each from a seed of its own (every call forks the generator and puts it back, so
     calls from one state draw alike: a sampler would then look greedy a quarter of the time), the
     generator put back after."""

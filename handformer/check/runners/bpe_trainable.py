@@ -77,12 +77,13 @@ def _registered(tok: Any, ctx: Context, vocab: dict[int, bytes]) -> list[str]:
     them, text -> id (minbpe's `register_special_tokens({"<|endoftext|>": 100257})`), with ids past its
     vocabulary; none where it has no such method. The longer is handed first: minbpe's encode tries
     them in the dict's order, which the learner did not choose."""
-    register = next((getattr(tok, name) for name in dir(tok) if "register" in name and "special" in name
-                     and callable(getattr(tok, name)) and len(call_parameters(getattr(tok, name))) == 1), None)
+    methods = [getattr(tok, name) for name in dir(tok) if "register" in name and "special" in name]
+    register = next((m for m in methods if callable(m) and len(call_parameters(m)) == 1), None)
     if register is None:
         return []
     first = max(vocab, default=255) + 1
-    ctx.learner.call("register_special_tokens", register, {s: first + i for i, s in enumerate(SPECIALS[::-1])})
+    ids = {s: first + i for i, s in enumerate(SPECIALS[::-1])}
+    ctx.learner.call("register_special_tokens", register, ids)
     return list(SPECIALS)
 
 

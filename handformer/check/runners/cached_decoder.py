@@ -44,20 +44,21 @@ def check_cached_decoder(comp: Component, ctx: Context) -> ComponentResult:
               for n in memory_args}
 
     def call(ids: Tensor, cache: Any = None) -> Any:
-        return ctx.learner.call("forward", module, ids, **memory, **({cache_arg: cache} if cache is not None else {}))
+        handed = {cache_arg: cache} if cache is not None else {}
+        return ctx.learner.call("forward", module, ids, **memory, **handed)
 
     with torch.no_grad(), fp.dropout_off():
         whole = fp.first_tensor(call(idx), 3)
         cached = _cached_logits(call, idx)
     if cached is None:
         res.status = NOT_CHECKED
-        res.error = LearnerError("mapping", f"{comp.name}.forward neither filled the dict handed as {cache_arg} "
-                                 "nor returned a cache after its logits", "forward")
+        res.error = LearnerError("mapping", f"{comp.name}.forward neither filled the dict handed as "
+                                 f"{cache_arg} nor returned a cache after its logits", "forward")
         return finish(res)
     err = fp.max_error(cached, whole[:, PREFILL:] if whole is not None else None)
     res.max_abs_error = err
-    res.checks.append(Check(text(f"the KV cache: tokens {PREFILL}..{T - 1} fed one at a time after 0..{PREFILL - 1} "
-                                 "give the logits of the whole sequence",
+    res.checks.append(Check(text(f"the KV cache: tokens {PREFILL}..{T - 1} fed one at a time after "
+                                 f"0..{PREFILL - 1} give the logits of the whole sequence",
                                  f"KV 缓存：先给位置 0..{PREFILL - 1}，再逐个给位置 {PREFILL}..{T - 1}，"
                                  "logits 与整句一次算出的相同"), err < TOL, error_text(err)))
     if err >= TOL:
@@ -65,7 +66,10 @@ def check_cached_decoder(comp: Component, ctx: Context) -> ComponentResult:
     return finish(res)
 
 
-def _runs(call: Callable[..., Any], idx: Tensor) -> tuple[list[tuple[Callable[[], Any], int, int]], list[Any]]:
+Runs = list[tuple[Callable[[], Any], int, int]]  # each call, with the positions it covers
+
+
+def _runs(call: Callable[..., Any], idx: Tensor) -> tuple[Runs, list[Any]]:
     """The calls through one cache (a fresh dict): the prefill, then each token alone, with the
     positions each covers; a cache handed back after the logits is handed to the next call. Returns
     them and the list that holds the cache."""

@@ -257,8 +257,8 @@ def styles_read(fn: Any) -> tuple[str, ...]:
     source = source_text(fn)
     order = ["tensor", "tuple", "object", "unbatched", "loss_first"]
     unpacked = r"\w+\s*,\s*\w+\s*=\s*(self|model|\w+)\s*\("
-    shown = next((style for style, code in (("object", r"\.logits\b"), ("loss_first", r"\w+\s*,\s*" + unpacked),
-                                            ("tuple", unpacked)) if re.search(code, source)), None)
+    shows = (("object", r"\.logits\b"), ("loss_first", r"\w+\s*,\s*" + unpacked), ("tuple", unpacked))
+    shown = next((style for style, code in shows if re.search(code, source)), None)
     return tuple(sorted(order, key=lambda style: style != shown))
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from handformer.check.catalog.base import DEPARTS
 from handformer.check.core.argument_names import COUNT_NAMES, PROMPT_NAMES
@@ -43,7 +43,8 @@ ROLE_WORDS = (("draft", ("draft", "approx", "small", "assist", "m_q", "mq")),
               ("gamma", ("gamma", "lookahead", "num_draft", "n_draft", "draft_len", "speculative", "k")))
 # a line that subtracts one distribution from the other inside a max (or clamp, relu): the residual;
 # matched with what its brackets index left out (p[0, n + i - 1] - q[...] is p[] - q[])
-RESIDUAL_LINE = (r"(max\w*|clamp\w*|relu|maximum)\s*\(.*[\w\]]\s*-\s*\w", r"\([\w\[\]. ]+-[\w\[\]. ]+\)\s*\.clamp")
+RESIDUAL_LINE = (r"(max\w*|clamp\w*|relu|maximum)\s*\(.*[\w\]]\s*-\s*\w",
+                 r"\([\w\[\]. ]+-[\w\[\]. ]+\)\s*\.clamp")
 INDEXED = re.compile(r"\[[^\[\]]*\]")
 
 
@@ -70,8 +71,8 @@ def _role(name: str) -> str | None:
     if low in COUNT_NAMES + ("max_len", "n"):
         return "count"
     # a short word is the whole name (mq, k), a longer one part of it (approx_model)
-    return next((role for role, words in ROLE_WORDS if any(w == low or (len(w) > 3 and w in low) for w in words)),
-                None)
+    return next((role for role, words in ROLE_WORDS
+                 if any(w == low or (len(w) > 3 and w in low) for w in words)), None)
 
 
 def _arguments(fn: Callable[..., Any], draft: nn.Module, target: nn.Module) -> dict[str, Any]:
@@ -112,7 +113,8 @@ def check_speculative(comp: Component, ctx: Context) -> ComponentResult:
             runs[draft_step] = _tokens(ctx.learner.call("forward", comp.obj, **args))
     for draft_step, (en, zh) in ((1, ("a draft that agrees with the target: every proposal accepted, each "
                                       "round ending with the target's token",
-                                      "draft 与 target 一致：每个候选都被接受，每一轮最后再加 target 的 token")),
+                                      "draft 与 target 一致：每个候选都被接受，"
+                                      "每一轮最后再加 target 的 token")),
                                  (2, ("a draft that disagrees: each proposal rejected, the token drawn from "
                                       "the residual max(0, q_target - p_draft) is the target's",
                                       "draft 与 target 不一致：每个候选都被拒绝，从残差 max(0, q_target - "
@@ -138,7 +140,8 @@ def _follows(ids: list[int] | None, step: int) -> tuple[bool, list[int] | None]:
 def _residual_finding(res: ComponentResult, ctx: Context, comp: Component, ids: list[int]) -> None:
     """Every token of the disagreeing run is the draft's: the residual is max(0, p_draft - q_target)."""
     lines = source_lines(ctx.objects(comp))
-    number, _ = first_line(RESIDUAL_LINE, [(n, INDEXED.sub("[]", INDEXED.sub("[]", line))) for n, line in lines])
+    bare = [(n, INDEXED.sub("[]", INDEXED.sub("[]", line))) for n, line in lines]
+    number, _ = first_line(RESIDUAL_LINE, bare)
     code = dict(lines)[number].strip() if number is not None else None
     new = ids[PROMPT.size(1):]
     res.findings.append(Finding(DEPARTS, text(
@@ -147,7 +150,7 @@ def _residual_finding(res: ComponentResult, ctx: Context, comp: Component, ids: 
         "max(0, p_draft - q_target), the distributions subtracted the wrong way round "
         "(it must be max(0, q_target - p_draft), normalized)",
         f"拒绝之后它抽到的是 draft 的 token：draft 确定给出 t + 2、target 确定给出 t + 1 时，它的 "
-        f"{len(new)} 个 token {new} 全是 draft 的；它抽样用的残差是 max(0, p_draft - q_target)，两个分布减反了"
-        "（应为 max(0, q_target - p_draft)，再归一化）"), number, code))
+        f"{len(new)} 个 token {new} 全是 draft 的；它抽样用的残差是 max(0, p_draft - q_target)，"
+        "两个分布减反了（应为 max(0, q_target - p_draft)，再归一化）"), number, code))
 
 
