@@ -550,7 +550,7 @@ def _discover(module: types.ModuleType, result: FileResult, adapters: str | None
         return None
     if not components:
         names = ", ".join(defined_names(module)) or "nothing"
-        examples = ", ".join(ns[0] for ns in NAMES.values())
+        examples = ", ".join(ns[0] for ns in NAMES.values() if ns)
         result.error = LearnerError(
             "nothing_found", f"found no component to check; the file defines: {names}. handformer finds "
             f"components by name, one example a kind: {examples}", "discovery",
