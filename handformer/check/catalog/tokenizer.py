@@ -71,7 +71,7 @@ DIAGNOSES: list[Diagnosis] = [
         "own id",
         "先在特殊 token 处把文本切开（带捕获组的 regex.split），每个特殊 token 直接输出它自己的 id",
         # a piece of text looked up in the table keyed by id (decode's lookup of an id is right)
-        r"\bif\s+(?!(?:i|idx|id|ids|token_id|tid)\b)\w+\s+in\s+(?:self\.)?\w*(?:inverse|id_to|itos)\w*",
+        r"\bif\s+(?!(?:i|idx|id|ids|token_id|tid)\b)\w+\s+in\s+(?:self\.)?\w*(?:inverse|id_to|itos|by_id|id2)\w*",
         r"=\s*\[\s*text\s*\]",
         r"special",
     ),

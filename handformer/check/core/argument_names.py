@@ -57,6 +57,9 @@ MASK_ARG_NAMES = ("attention_mask", "attn_mask", "padding_mask", "pad_mask", "ma
 PAD_NAMES = ("pad_token_id", "pad_id", "pad_idx", "pad_token", "pad", "padding_idx")
 CONTEXT_NAMES = ("context_size", "block_size", "context_length", "max_seq_len", "max_context", "ctx_len",
                  "window", "context_window", "ctx", "max_ctx", "context_len", "max_context_length")
+# a generation loop's switch of its model's KV cache, set where it has no default (the cached path is
+# the one to check: the uncached one is the model's own forward, checked with the model)
+CACHE_SWITCH_NAMES = ("use_cache", "use_kv_cache", "with_cache", "kv_cache_enabled")
 
 # train_step.py
 STEP_MODEL_NAMES = ("model", "net", "transformer", "m")
@@ -128,7 +131,9 @@ SCHEDULE_ARGS: dict[str, tuple[str, ...]] = {
         "alpha_max",
         "max_learning_rate",
     ),
-    "min_lr": ("min_learning_rate", "min_lr", "lr_min", "final_lr", "alpha_min", "end_lr"),
+    # a floor given as a fraction of the peak is the floor itself: check's peak is 1
+    "min_lr": ("min_learning_rate", "min_lr", "lr_min", "final_lr", "alpha_min", "end_lr", "min_lr_ratio",
+               "min_lr_factor", "final_lr_ratio", "lr_min_ratio", "min_ratio"),
     # where an inverse square root schedule's warmup starts (fairseq's warmup_init_lr)
     "init_lr": ("warmup_init_lr", "init_lr", "initial_lr", "warmup_start_lr", "start_lr"),
     # a warmup-stable-decay schedule's stage at the peak (MiniCPM's, Hugging Face's get_wsd_schedule)

@@ -345,7 +345,20 @@ def _by_structure(own: dict[str, Any], taken: set[str], wanted: set[str]) -> lis
     in the table's order, then its logits processors."""
     free = {name: obj for name, obj in own.items() if name not in taken and "." not in name}
     return [Component(kind, name, obj, how) for kind, how, test in STRUCTURES if kind in wanted
-            for name, obj in free.items() if test(name, obj)] + _processors(own, taken, wanted)
+            for name, obj in free.items() if test(name, obj)] + _processors(own, taken, wanted) + _lightning(
+        free, wanted)
+
+
+def _lightning(free: dict[str, Any], wanted: set[str]) -> list[Component]:
+    """The learner's Lightning modules (lightning.py): each one's training step, and the schedule its
+    configure_optimizers builds, where it builds one."""
+    from handformer.check.core.lightning import configured_schedule, lightning_module, schedules
+
+    found = [(name, cls) for name, cls in free.items() if lightning_module(cls)]
+    steps = [Component("lightning", name, cls, "lightning") for name, cls in found if "lightning" in wanted]
+    made = [(f"{name}.configure_optimizers", configured_schedule(cls)) for name, cls in found
+            if "schedule" in wanted and schedules(cls)]
+    return steps + [Component("schedule", name, make, "configured") for name, make in made]
 
 
 def _structured_model(name: str, obj: Any) -> bool:
@@ -357,9 +370,32 @@ def _structured_model(name: str, obj: Any) -> bool:
     ) and _decoder_model(obj)
 
 
+# what an encoder's output is called where a decoder takes it (Whisper's xa, PyTorch's memory)
+MEMORY_WORDS = ("xa", "memory", "enc", "audio", "feature", "context", "cross")
+
+
+def cached_decoder_parts(cls: Any) -> tuple[str, list[str]] | None:
+    """(its cache argument, the encoder outputs it requires) of an encoder-decoder's decoder that takes
+    a KV cache (Whisper's `TextDecoder.forward(x, xa, kv_cache=None)`): a class that builds token
+    embeddings, then a list of blocks, whose forward takes the ids first, a cache that defaults to None,
+    and requires nothing else but encoder outputs; else None."""
+    if not inspect.isclass(cls) or not MODEL_PARTS.search(source_text(vars(cls).get("__init__", ""))):
+        return None
+    params = list(_forward_parameters(cls).values())[2:]  # after self and the ids
+    cache = next((p.name for p in params
+                  if p.default is None and re.search("past|cache", p.name.lower())), None)
+    required = [p.name for p in params
+                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    memory = [n for n in required if any(w in n.lower() for w in MEMORY_WORDS)]
+    return (cache, memory) if cache and memory and memory == required else None
+
+
 # (the kind, how it was found, the test on a name and its object) of the kinds found by their structure:
-# decoder-only models, tokenizers that train themselves (minbpe's classes), optimizers written by hand
+# decoder-only models, tokenizers that train themselves (minbpe's classes), optimizers written by hand,
+# encoder-decoders' decoders that take a KV cache
 STRUCTURES = (("gpt", "structure", _structured_model),
+              ("cached_decoder", "decoder_structure",
+               lambda name, obj: cached_decoder_parts(obj) is not None),
               ("bpe_tokenizer", "methods",
                lambda name, obj: trains_itself(obj) or trains_itself(obj, GPT2_METHODS)),
               ("optimizer", "optimizer", lambda name, obj: steps_parameters(obj)))

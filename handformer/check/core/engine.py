@@ -265,6 +265,20 @@ FOUND_BY = {
                   "forward takes (one sequence of ids), not by its name",
                   "按它构造的部件（词嵌入和一列块）和 forward 接受的参数"
                   "（一个 id 序列）认作{}，不是按名字"),
+    "decoder_structure": ("found as a {} by what it builds (token embeddings, then a list of blocks) and "
+                          "what its forward takes (the ids, the encoder's output, a cache that defaults to "
+                          "None), not by its name",
+                          "按它构造的部件（词嵌入和一列块）和 forward 接受的参数（id、编码器的输出、"
+                          "默认为 None 的缓存）认作{}，不是按名字"),
+    "lightning": ("found as a {} by its methods (training_step and configure_optimizers, a Lightning "
+                  "module's), not by its name",
+                  "按它的方法（training_step 和 configure_optimizers，Lightning 模块的写法）"
+                  "认作{}，不是按名字"),
+    "configured": ("found as a {} by what its configure_optimizers builds: its scheduler stepped, and its "
+                   "optimizer's rate over its base rate read at each step (the module built with the "
+                   "schedule's settings its constructor takes)",
+                   "按它的 configure_optimizers 构造的东西认作{}：逐步调用它的调度器，"
+                   "每一步读它的优化器的学习率除以基础学习率（模块用构造函数接受的调度设置来构建）"),
     "mask_code": ("found as a {} by what its code computes (named as a mask, it builds a triangle of "
                   "positions, or reads padding), not by its name alone",
                   "按它的代码算的东西认作{}（名字说是掩码，代码构造位置的三角形，或读取填充），"
@@ -536,7 +550,7 @@ def _discover(module: types.ModuleType, result: FileResult, adapters: str | None
         return None
     if not components:
         names = ", ".join(defined_names(module)) or "nothing"
-        examples = ", ".join(ns[0] for ns in NAMES.values())
+        examples = ", ".join(ns[0] for ns in NAMES.values() if ns)
         result.error = LearnerError(
             "nothing_found", f"found no component to check; the file defines: {names}. handformer finds "
             f"components by name, one example a kind: {examples}", "discovery",

@@ -417,7 +417,7 @@ def _logits_kind(fn: Any, params: list[inspect.Parameter], names: list[str], req
     # one 1-D row's code may run on a batch, mixing its rows (llama.cpp's min-p, a softmax over dim 0):
     # what it does is read row by row
     call = _by_row if rows_apart(fn) else _call
-    outs = [call(fn, rows, options) for _ in range(2)]
+    outs = _draws(call, fn, rows, options)
     if any(out is None for out in outs):
         return None
     out = outs[0]
@@ -523,6 +523,22 @@ def written_for_one_row(fn: Any, probs: bool, options: dict[str, Any]) -> bool:
     out, error = _attempt(fn, rows, options)
     numbers = "probability tensor" in str(error)  # a batch's own NaN or negative probabilities: a batch step
     return out is None and not numbers and _by_row(fn, rows, options) is not None
+
+
+DRAWS = 4  # calls of a function of logits, each from its own seed: a sampler gives the argmax in all rarely
+
+
+def _draws(call: Callable[..., Tensor | None], fn: Any, rows: Tensor, options: dict[str, Any],
+           ) -> list[Tensor | None]:
+    """DRAWS calls, each from a seed of its own (every call forks the generator and puts it back, so
+    calls from one state draw alike: a sampler would then look greedy a quarter of the time), the
+    generator put back after."""
+    outs = []
+    with torch.random.fork_rng(devices=[]):
+        for seed in range(DRAWS):
+            torch.manual_seed(seed)
+            outs.append(call(fn, rows, options))
+    return outs
 
 
 def _by_row(fn: Any, rows: Tensor, options: dict[str, Any]) -> Tensor | None:

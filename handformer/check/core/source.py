@@ -516,6 +516,24 @@ def functions_called(fn: Any) -> list[types.FunctionType]:
     return list(filter(inspect.isfunction, module_reads(fn)))
 
 
+def methods_called(fn: Any) -> list[types.FunctionType]:
+    """The methods of its own class a method calls as `self.name(...)` (a Lightning module's
+    configure_optimizers calls its lr_at), and those they call in turn; none for a free function."""
+    fn = inspect.unwrap(fn)
+    module = sys.modules.get(getattr(fn, "__module__", ""))
+    owner = getattr(module, getattr(fn, "__qualname__", "").rpartition(".")[0], None)
+    if not inspect.isclass(owner):
+        return []
+    out: list[types.FunctionType] = []
+    todo = [fn]
+    while todo:
+        names = re.findall(r"\bself\.(\w+)\s*\(", source_text(todo.pop()))
+        found = [f for f in (vars(owner).get(n) for n in dict.fromkeys(names)) if inspect.isfunction(f)]
+        todo += [f for f in found if f not in out and f is not fn]
+        out += [f for f in found if f not in out and f is not fn]
+    return out
+
+
 def config_reads(cls: Any, name: str) -> tuple[set[str], set[str]]:
     """(the keys `name["key"]` and the attributes `name.attr`) that `cls.__init__` reads from its
     argument `name`: how it takes its configuration, from its source."""

@@ -61,14 +61,38 @@ def check_trainable(comp: Component, ctx: Context) -> ComponentResult:
         size = kwargs.get("vocab_size", VOCAB_SIZE + 1)
         ref_merges = R.train(CORPUS, size, specials)[1]
         bpe.compare_merges(res, merges, ref_merges, specials, lines, ("smaller", "first", *bpe.SHOWN_RULES))
+        coded = specials or _registered(tok, ctx, vocab)
         held = _special_ids(tok)
         vocab |= dict(zip(held.values(), map(str.encode, held)))
-        specials_held = set(map(str.encode, specials)) <= set(vocab.values())
+        specials_held = set(map(str.encode, coded)) <= set(vocab.values())
         if merges in _tie_conventions(ref_merges, size, specials) and specials_held:
             codec = bpe_codec.Codec.__new__(bpe_codec.Codec)
-            codec.comp, codec.ctx, codec.encode_fn, codec.decode_fn = comp, ctx, tok.encode, tok.decode
-            bpe_codec.grade_codec(res, codec, vocab, merges, specials, lines)
+            codec.comp, codec.ctx, codec.encode_fn, codec.decode_fn = comp, ctx, _encoding(tok), tok.decode
+            bpe_codec.grade_codec(res, codec, vocab, merges, coded, lines)
     return finish(res)
+
+
+def _registered(tok: Any, ctx: Context, vocab: dict[int, bytes]) -> list[str]:
+    """The special tokens handed to a tokenizer trained without them through its method that registers
+    them, text -> id (minbpe's `register_special_tokens({"<|endoftext|>": 100257})`), with ids past its
+    vocabulary; none where it has no such method. The longer is handed first: minbpe's encode tries
+    them in the dict's order, which the learner did not choose."""
+    methods = [getattr(tok, name) for name in dir(tok) if "register" in name and "special" in name]
+    register = next((m for m in methods if callable(m) and len(call_parameters(m)) == 1), None)
+    if register is None:
+        return []
+    first = max(vocab, default=255) + 1
+    ids = {s: first + i for i, s in enumerate(SPECIALS[::-1])}
+    ctx.learner.call("register_special_tokens", register, ids)
+    return list(SPECIALS)
+
+
+def _encoding(tok: Any) -> Any:
+    """The tokenizer's encode, with every special token allowed where it takes tiktoken's
+    `allowed_special` (minbpe's, whose default refuses a text that holds one)."""
+    if "allowed_special" not in inspect.signature(tok.encode).parameters:
+        return tok.encode
+    return lambda text: tok.encode(text, allowed_special="all")
 
 
 def _tie_conventions(ref_merges: list[R.Pair], size: int, specials: list[str]) -> list[list[R.Pair]]:

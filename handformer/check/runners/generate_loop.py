@@ -186,9 +186,9 @@ class LanguageModel(nn.Module):
 # what a call of the model returns, in each style a learner's loop unpacks
 RETURNS: dict[str, Callable[[Tensor, CacheToken | None], Any]] = {
     "tensor": lambda logits, cache: logits, "tuple": lambda logits, cache: (logits, cache),
+    "loss_first": lambda logits, cache: (None, logits, cache),  # Hugging Face's (loss, logits, presents)
     "unbatched": lambda logits, cache: logits,  # (T, V) for the (T,) ids of one sequence
-    "object": lambda logits, cache: types.SimpleNamespace(logits=logits, past_key_values=cache, loss=None),
-    "loss_first": lambda logits, cache: (None, logits, cache)}  # (loss, logits, presents): a GPT-2 port's
+    "object": lambda logits, cache: types.SimpleNamespace(logits=logits, past_key_values=cache, loss=None)}
 
 
 def _cache_asked(cache: CacheToken | None, kwargs: dict[str, Any]) -> bool:
@@ -250,20 +250,15 @@ def greedy(model: CausalLM, ids: Tensor, n: int) -> Tensor:
 # --- calling the learner's generate ---------------------------------------------------------------
 
 def styles_read(fn: Any) -> tuple[str, ...]:
-    """What the learner's loop unpacks: a (logits, loss) tuple, `.logits`, or a tensor; the one their
-    source shows first, then the others; last, a tensor (T, V) for the ids (T,) of one sequence (a loop
-    of gpt-oss's, whose model takes no batch)."""
+    """What the learner's loop unpacks: a (logits, loss) tuple, `.logits`, a tensor, or three things
+    (Hugging Face's (loss, logits, presents)); the one their source shows first, then the others; last,
+    a tensor (T, V) for the ids (T,) of one sequence (a loop of gpt-oss's, whose model takes no batch)."""
     source = source_text(fn)
-    order = ["tensor", "tuple", "object", "unbatched"]
-    if re.search(r"\.logits\b", source):
-        order.remove("object")
-        order.insert(0, "object")
-    elif re.search(r"\w+\s*,\s*\w+\s*=\s*(self|model|\w+)\s*\(", source):
-        order.remove("tuple")
-        order.insert(0, "tuple")
-    if re.search(r"\w+\s*,\s*\w*logit\w*\s*,\s*\w+\s*=\s*(self|model|\w+)\s*\(", source):
-        order.insert(0, "loss_first")  # `_, logits, presents = model(...)`
-    return tuple(order)
+    order = ["tensor", "tuple", "object", "unbatched", "loss_first"]
+    unpacked = r"\w+\s*,\s*\w+\s*=\s*(self|model|\w+)\s*\("
+    shows = (("object", r"\.logits\b"), ("loss_first", r"\w+\s*,\s*" + unpacked), ("tuple", unpacked))
+    shown = next((style for style, code in shows if re.search(code, source)), None)
+    return tuple(sorted(order, key=lambda style: style != shown))
 
 
 def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tensor, n: int,

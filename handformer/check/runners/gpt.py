@@ -1221,9 +1221,10 @@ def _returned_cache(res: ComponentResult, ctx: Context, comp: Component, m: GPTM
 
 
 def _returned_runs(ctx: Context, module: nn.Module, idx: Tensor) -> list[tuple[Any, int, int]]:
-    """The calls on tokens 0..4, then on 5.. handed the cache the first returned, with use_cache=True
-    where it takes that (its cache argument defaulting to None; StableLM's returns its cache always),
-    each with the positions it covers; raises where it takes or returns none."""
+    """The calls on tokens 0..4, then on 5.. handed the cache the first returned (the first thing it
+    returns after the logits that is no tensor, else the second), with use_cache=True where it takes
+    that (its cache argument defaulting to None; StableLM's returns its cache always), each with the
+    positions it covers; raises where it takes or returns none."""
     names = {p.name: p.default for p in forward_parameters(module)}
     arg = named([n for n, default in names.items() if default is None], CACHE_ARGS)
     assert arg is not None  # noqa: S101  (quietly: no cache check)
@@ -1233,8 +1234,8 @@ def _returned_runs(ctx: Context, module: nn.Module, idx: Tensor) -> list[tuple[A
     def run(ids: Tensor, past: Any) -> Any:
         out = ctx.learner.call("forward", module, ids, **{arg: past, **asked})
         assert isinstance(out, tuple) and out[1] is not None  # noqa: S101  (logits and its presents)
-        # the presents: after the logits (a (loss, logits, presents) tuple: the one that is no tensor)
-        held[:] = [next((o for o in out[1:] if not isinstance(o, (Tensor, type(None)))), out[1])]
+        # the presents after the logits, or after (loss, logits) (Hugging Face's tuple with labels)
+        held[:] = [next((o for o in out[1:] if o is not None and not isinstance(o, Tensor)), out[1])]
         return out
     return [(lambda: run(idx[:, :5], None), 0, 5), (lambda: run(idx[:, 5:], held[0]), 5, idx.size(1))]
 

@@ -43,6 +43,7 @@ from handformer.check.core.source import (
     functions_called,
     global_reads,
     locate,
+    methods_called,
     source_lines,
     source_text,
 )
@@ -350,8 +351,9 @@ COSINE_CODE = re.compile(r"(?i)\bcos")  # math.cos, torch.cos, CosineAnnealingLR
 
 
 def _reached_source(fn: Any) -> str:
-    """The source of a schedule and of the file's functions it calls (a lambda's helper)."""
-    return source_text(fn) + "".join(map(source_text, functions_called(fn)))
+    """The source of a schedule and of the file's functions it calls (a lambda's helper), and of the
+    methods of its class it calls (a Lightning module's lr_at)."""
+    return source_text(fn) + "".join(map(source_text, functions_called(fn) + methods_called(fn)))
 
 
 def _family(settings: dict[str, str | None], rest: list[str], fn: Any) -> str | None:
