@@ -117,7 +117,9 @@ def _agreeing(res: ComponentResult, ctx: Context, comp: Component) -> ComponentR
     res.checks.append(Check(text(f"pairs the same dimensions as your {other.name}: {said['en']}{at['en']}",
                                  f"与你的 {other.name} 配对方式一致：{said['zh']}{at['zh']}"), False))
     number, code = _first_number(PAIRING_LINES[mine], comp)
-    res.findings += [Finding(DEPARTS, said, number, code)] * bool(number)
+    # one finding a line: where the localized first departure already quotes it, that one says it
+    quoted = {None, *(f.line for f in res.findings)}
+    res.findings += [Finding(DEPARTS, said, number, code)] * (number not in quoted)
     return finish(res)
 
 
