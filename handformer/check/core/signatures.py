@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import inspect
 import io
+import itertools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -417,16 +418,14 @@ def _logits_kind(fn: Any, params: list[inspect.Parameter], names: list[str], req
     # one 1-D row's code may run on a batch, mixing its rows (llama.cpp's min-p, a softmax over dim 0):
     # what it does is read row by row
     call = _by_row if rows_apart(fn) else _call
-    outs = _draws(call, fn, rows, options)
-    if any(out is None for out in outs):
+    out = call(fn, rows, options)
+    if out is None:
         return None
-    out = outs[0]
     if not out.is_floating_point():
         ids = out.reshape(-1)
         if ids.numel() != rows.size(0) or not bool(((ids >= 0) & (ids < rows.size(1))).all()):
             return None
-        greedy = not takes and all(torch.equal(o.reshape(-1), rows.argmax(-1)) for o in outs)
-        return "greedy" if greedy else "sample"
+        return "greedy" if not takes and _always_argmax(fn, call, probs) else "sample"
     if out.shape != rows.shape:
         return None
     if _filtered(rows, out, probs):
@@ -434,6 +433,18 @@ def _logits_kind(fn: Any, params: list[inspect.Parameter], names: list[str], req
     if set(takes) == {"temperature"} and _scaled(rows, out):
         return "temperature"
     return None
+
+
+# 32 copies of ROWS: a sampler draws the argmax of all 64 rows with chance 0.45^32 x 0.56^32, below
+# 1e-19 (of ROWS alone, with chance 0.25: a sampler read as greedy choice would FAIL its check)
+ARGMAX_ROWS = ROWS.repeat(32, 1)
+
+
+def _always_argmax(fn: Any, call: Callable[..., Tensor | None], probs: bool) -> bool:
+    """Whether fn, given no option, picks the argmax of every row of ARGMAX_ROWS: greedy choice, not a
+    sampler."""
+    out = call(fn, _as_given(ARGMAX_ROWS, probs), {})
+    return out is not None and torch.equal(out.reshape(-1), ARGMAX_ROWS.argmax(-1))
 
 
 def _options(params: list[inspect.Parameter]) -> dict[str, str]:
@@ -525,22 +536,6 @@ def written_for_one_row(fn: Any, probs: bool, options: dict[str, Any]) -> bool:
     return out is None and not numbers and _by_row(fn, rows, options) is not None
 
 
-DRAWS = 4  # calls of a function of logits, each from its own seed: a sampler gives the argmax in all rarely
-
-
-def _draws(call: Callable[..., Tensor | None], fn: Any, rows: Tensor, options: dict[str, Any],
-           ) -> list[Tensor | None]:
-    """DRAWS calls, each from a seed of its own (every call forks the generator and puts it back, so
-    calls from one state draw alike: a sampler would then look greedy a quarter of the time), the
-    generator put back after."""
-    outs = []
-    with torch.random.fork_rng(devices=[]):
-        for seed in range(DRAWS):
-            torch.manual_seed(seed)
-            outs.append(call(fn, rows, options))
-    return outs
-
-
 def _by_row(fn: Any, rows: Tensor, options: dict[str, Any]) -> Tensor | None:
     """fn called on each 1-D row, its outputs (tensors, or token ids) stacked; None when a call raises
     or returns something else."""
@@ -557,12 +552,17 @@ def _call(fn: Any, rows: Tensor, options: dict[str, Any]) -> Tensor | None:
     return _attempt(fn, rows, options)[0]
 
 
+# each probe call's seed: a sampler draws the same on every run, and apart on rows called one by one
+PROBE_SEEDS = itertools.count()
+
+
 def _attempt(fn: Any, rows: Tensor, options: dict[str, Any]) -> tuple[Tensor | None, BaseException | None]:
     """_call's output, with the exception the call raised (None when it ran, or was not called)."""
     if "_exit" in source_text(fn):
         return None, None
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]), contextlib.redirect_stdout(io.StringIO()):
+            torch.default_generator.manual_seed(next(PROBE_SEEDS))
             out = fn(rows.clone(), **options)
     except (Exception, SystemExit) as error:  # noqa: BLE001  (not a function of this kind; its own check says why)
         return None, error
