@@ -57,7 +57,8 @@ def test_samplers_and_greedy_choice_are_told_apart_whatever_the_global_seed(tmp_
     for seed in range(12):
         torch.manual_seed(seed)
         found = {c.name: c.kind for module in modules for c in find_components(module)}
-        assert found == {**KINDS, "top_k_top_p_filter": "top_p", "sample": "sample"}, seed
+        assert found == {**KINDS, "top_k_top_p_filter": "top_p", "sample": "sample",
+                         "speculative_sampling": "speculative"}, seed
 
 
 def test_rows_called_one_by_one_draw_apart():
@@ -79,10 +80,11 @@ def checked():
 
 def test_the_speculative_sampling_notes_pass(checked):
     """The Chinese blog's speculative sampling helpers: `sample(probs)` is graded as a sampling step
-    by its draws and passes, and so does the combined filter."""
+    by its draws and passes, and so do the combined filter and the speculative loop."""
     result = checked["correct"]
     assert {(c.kind, c.name, c.status) for c in result.components} == {
-        ("top_p", "top_k_top_p_filter", "pass"), ("sample", "sample", "pass")}, format_report(result)
+        ("top_p", "top_k_top_p_filter", "pass"), ("sample", "sample", "pass"),
+        ("speculative", "speculative_sampling", "pass")}, format_report(result)
 
 
 def test_the_top_k_off_by_one_still_fails(checked):
