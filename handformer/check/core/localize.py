@@ -664,8 +664,7 @@ def _added_names(filename: str, line: int) -> set[str]:
     attn + ffn + hidden_states`: all three)."""
     tree = parsed_file(filename)
     sums = [n.value for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.Return)) and n.lineno == line]
-    terms = [t for s in sums for t in _summed(s)]
-    return {t.id for t in terms if isinstance(t, ast.Name)}
+    return {t.id for s in sums for t in _summed(s) if isinstance(t, ast.Name)}
 
 
 def _summed(node: Any) -> list[Any]:
