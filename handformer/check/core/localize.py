@@ -126,8 +126,8 @@ class _Tracer:
             self.steps.append(Step(line, name, _copy(value), self.caller(frame), given, numbers=numbers))
         elif value.dtype in self.constants:
             key, kept = (id(frame), name), _copy(value)
-            last = self.steps[self.last[key]] if key in self.last else None
-            if last is not None and last.value.shape != kept.shape:  # a new value under the name, not a write
+            # a new value under the name (its shape another), not a write
+            if key in self.last and self.steps[self.last[key]].value.shape != kept.shape:
                 self.built[key] = []
             else:
                 self.dropped.add(self.last.get(key, -1))
