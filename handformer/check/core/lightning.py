@@ -102,10 +102,8 @@ def _optimizer_and_scheduler(value: Any) -> tuple[torch.optim.Optimizer, Any]:
 
 
 def _leaves(value: Any) -> Iterator[Any]:
-    if isinstance(value, dict):
-        for v in value.values():
-            yield from _leaves(v)
-    elif isinstance(value, (list, tuple)):
+    value = list(value.values()) if isinstance(value, dict) else value
+    if isinstance(value, (list, tuple)):
         for v in value:
             yield from _leaves(v)
     else:

@@ -126,8 +126,8 @@ class _Tracer:
             self.steps.append(Step(line, name, _copy(value), self.caller(frame), given, numbers=numbers))
         elif value.dtype in self.constants:
             key, kept = (id(frame), name), _copy(value)
-            last = self.steps[self.last[key]] if key in self.last else None
-            if last is not None and last.value.shape != kept.shape:  # a new value under the name, not a write
+            # a new value under the name (its shape another), not a write
+            if key in self.last and self.steps[self.last[key]].value.shape != kept.shape:
                 self.built[key] = []
             else:
                 self.dropped.add(self.last.get(key, -1))
@@ -664,8 +664,7 @@ def _added_names(filename: str, line: int) -> set[str]:
     attn + ffn + hidden_states`: all three)."""
     tree = parsed_file(filename)
     sums = [n.value for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.Return)) and n.lineno == line]
-    terms = [t for s in sums for t in _summed(s)]
-    return {t.id for t in terms if isinstance(t, ast.Name)}
+    return {t.id for s in sums for t in _summed(s) if isinstance(t, ast.Name)}
 
 
 def _summed(node: Any) -> list[Any]:

@@ -529,8 +529,9 @@ def methods_called(fn: Any) -> list[types.FunctionType]:
     while todo:
         names = re.findall(r"\bself\.(\w+)\s*\(", source_text(todo.pop()))
         found = [f for f in (vars(owner).get(n) for n in dict.fromkeys(names)) if inspect.isfunction(f)]
-        todo += [f for f in found if f not in out and f is not fn]
-        out += [f for f in found if f not in out and f is not fn]
+        new = [f for f in found if f not in out and f is not fn]
+        todo += new
+        out += new
     return out
 
 

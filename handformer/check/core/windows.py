@@ -28,8 +28,7 @@ def window_inputs(fn: Any, params: list[inspect.Parameter]) -> dict[str, Any]:
     """{name: a window over the whole sequence} for each parameter after the first that names a
     window and has no default."""
     names = [p.name for p in params[1:] if p.default is p.empty and "window" in p.name.lower()]
-    owner = inspect.getmodule(fn.forward if hasattr(fn, "forward") else fn)
-    file = source_text(owner) if owner is not None else ""
+    file = source_text(inspect.getmodule(getattr(fn, "forward", fn)))  # "" where it has no module
     return {n: (WIDE, 0) if re.search(rf"\b{n}\[0\]|\(left,\s*right\)", file) else WIDE for n in names}
 
 

@@ -68,6 +68,8 @@ TOP_K_NAMES = ("top_k", "topk", "k")
 # how many continuations a loop samples for each prompt (nanoGPT's sample.py: num_samples)
 SAMPLES_NAMES = ("num_samples", "n_samples", "num_return_sequences", "num_sequences", "samples")
 NEVER = -1  # an EOS id no model generates
+# (the names of a default fixed, the largest value kept, the value it is set to) of `fixed_defaults`
+FIXED_DEFAULTS = ((EOS_NAMES, float("-inf"), NEVER), (TOP_K_NAMES, VOCAB, VOCAB), (SAMPLES_NAMES, 1, 1))
 
 
 class StandInTokenizer:
@@ -382,17 +384,8 @@ def fixed_defaults(fn: Any) -> dict[str, int]:
     (top_k=50) to the vocabulary's size, which keeps every token as 50 does in a real one; the number
     of samples drawn for each prompt (nanoGPT's sample.py num_samples=10) to 1, one continuation a
     prompt as every check asks for."""
-    out = {}
-    for p in forward_parameters(fn):
-        if not is_number(p.default, int):
-            continue
-        if p.name.lower() in EOS_NAMES:
-            out[p.name] = NEVER
-        elif p.name.lower() in TOP_K_NAMES and p.default > VOCAB:
-            out[p.name] = VOCAB
-        elif p.name.lower() in SAMPLES_NAMES and p.default > 1:
-            out[p.name] = 1
-    return out
+    return {p.name: value for p in forward_parameters(fn) if is_number(p.default, int)
+            for names, above, value in FIXED_DEFAULTS if p.name.lower() in names and p.default > above}
 
 
 def defaults_note(fn: Any) -> Text | None:

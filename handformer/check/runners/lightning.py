@@ -75,12 +75,12 @@ FORMS = (("(tokens,)", lambda t: (t,)), ("(x, y)", lambda t: (t[:, :-1].contiguo
 def _driven(ctx: Context, comp: Component, module: nn.Module, tokens: Tensor) -> tuple[str, Tensor]:
     """(the batch's form, the loss) of the first form its training_step runs on; their first
     exception where it runs on none."""
-    failure: fp.LearnerFailure | None = None
+    failures: list[fp.LearnerFailure] = []
     for label, form in FORMS:
         try:
             out = ctx.learner.call("forward", module.training_step, form(tokens.clone()), 0)
         except fp.LearnerFailure as err:
-            failure = failure or err
+            failures.append(err)
             continue
         loss = out.get("loss") if isinstance(out, dict) else out
         if isinstance(loss, Tensor) and loss.numel() == 1:
@@ -90,7 +90,7 @@ def _driven(ctx: Context, comp: Component, module: nn.Module, tokens: Tensor) ->
                              "with \"loss\"): not compared",
                              zh=f"{comp.name}.training_step 返回了 {kind}，不是损失（张量，或带 \"loss\" 的 "
                                 "dict）：无法比较")
-    error = failure.error.message if failure is not None else ""
+    error = failures[0].error.message  # every form raised
     raise DiscoveryError(f"{comp.name}.training_step ran on none of the batches check hands it "
                          f"({', '.join(label for label, _ in FORMS)}): {error}",
                          zh=f"{comp.name}.training_step 在 check 给的几种 batch（"
@@ -118,8 +118,7 @@ def _targets_line(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]
         assigned = re.compile(rf"^\s*(\(?\s*\w+\s*,\s*)*{target.group(1)}\s*(,[^=]*)?\)?\s*=[^=]")
         found = [(n, s.strip()) for n, s in lines[:i] if assigned.match(s.split("#")[0])]
         if found:  # unpacked beside the inputs (x, y = batch): the call picked the wrong one
-            return lines[i][0] if "," in found[-1][1].split("=")[0] else found[-1][0], (
-                lines[i][1].strip() if "," in found[-1][1].split("=")[0] else found[-1][1])
+            return (lines[i][0], lines[i][1].strip()) if "," in found[-1][1].split("=")[0] else found[-1]
     return None, None
 
 

@@ -315,22 +315,29 @@ def _sequence_first(helper: Helper) -> Any:
         return None
 
 
+def _pair(res: ComponentResult, ctx: Context, comp: Component, helper: Helper, out: Any) -> Any:
+    """The (src_mask, tgt_mask) a helper of both masks returns: read sequence-first, or from torch.nn's
+    form, where it gives them so (with a note)."""
+    if not _torch_form(out) and _torch_form(flipped := _sequence_first(helper)):
+        out = flipped
+        res.notes.append(SEQUENCE_FIRST_NOTE)
+    if _torch_form(out):
+        out = _from_torch(out)
+        res.notes.append(TORCH_FORM_NOTE)
+    if not isinstance(out, (tuple, list)) or len(out) < 2:
+        raise ctx.learner.fail("forward", f"{comp.name} returned {type(out).__name__}; expected "
+                               "(src_mask, tgt_mask)",
+                               f"{comp.name} 返回了 {type(out).__name__}；应当返回 (src_mask, tgt_mask)")
+    return out
+
+
 def check_mask_helper(comp: Component, ctx: Context) -> ComponentResult:
     """The mask helper, as the MASK_HELPER probe states it for each mask it makes."""
     res = ctx.result(comp)
     helper = Helper(comp, ctx)
     out = helper()
-    if helper.makes == "both" and not _torch_form(out) and _torch_form(flipped := _sequence_first(helper)):
-        out = flipped
-        res.notes.append(SEQUENCE_FIRST_NOTE)
-    if helper.makes == "both" and _torch_form(out):
-        out = _from_torch(out)
-        res.notes.append(TORCH_FORM_NOTE)
-    if helper.makes == "both" and (not isinstance(out, (tuple, list)) or len(out) < 2):
-        raise ctx.learner.fail("forward", f"{comp.name} returned {type(out).__name__}; expected "
-                               "(src_mask, tgt_mask)",
-                               f"{comp.name} 返回了 {type(out).__name__}；应当返回 (src_mask, tgt_mask)")
-    masks = zip(("src", "tgt"), out) if helper.makes == "both" else ((helper.makes, out),)
+    masks = zip(("src", "tgt"), _pair(res, ctx, comp, helper, out)) if helper.makes == "both" else (
+        (helper.makes, out),)
     # torch.nn's four masks are read as keeps already
     where_true = TORCH_FORM_NOTE not in res.notes and file_masks_where_true(source_text(ctx.module))
     for which, mask in masks:

@@ -169,10 +169,9 @@ def read_table(out: Any, rows: int, dh: int = DH) -> Table | None:
         if cos.shape != sin.shape or cos.dim() == 0 or cos.size(-1) not in (dh, dh // 2):
             return None
         cos, sin = cos.reshape(-1, cos.size(-1))[:rows], sin.reshape(-1, sin.size(-1))[:rows]
-        if cos.size(-1) == dh // 2 and _halves_equal(cos, sin):  # partial rotary: a half table of Dh/2
-            return Table(cos[:, : dh // 4], sin[:, : dh // 4], "half")
-        if cos.size(-1) == dh // 2:
-            return Table(cos, sin, "unknown")
+        if cos.size(-1) == dh // 2:  # its halves equal: partial rotary, a half table of Dh/2
+            return Table(cos[:, : dh // 4], sin[:, : dh // 4], "half") if _halves_equal(cos, sin) else Table(
+                cos, sin, "unknown")
         if torch.allclose(cos[:, : dh // 2], cos[:, dh // 2:], atol=TOL):
             return Table(cos[:, : dh // 2], sin[:, : dh // 2], "half")
         return Table(cos[:, 0::2], sin[:, 0::2], "interleaved")

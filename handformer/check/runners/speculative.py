@@ -64,15 +64,16 @@ class Certain(nn.Module):
         return styles.get(self.style, logits)
 
 
+# the roles of the names a loop's prompt and its count go by, the whole name
+EXACT_ROLES = {**dict.fromkeys(PROMPT_NAMES + ("prefix", "x", "input_ids"), "prompt"),
+               **dict.fromkeys(COUNT_NAMES + ("max_len", "n"), "count")}
+
+
 def _role(name: str) -> str | None:
     low = name.lower()
-    if low in PROMPT_NAMES + ("prefix", "x", "input_ids"):
-        return "prompt"
-    if low in COUNT_NAMES + ("max_len", "n"):
-        return "count"
     # a short word is the whole name (mq, k), a longer one part of it (approx_model)
-    return next((role for role, words in ROLE_WORDS
-                 if any(w == low or (len(w) > 3 and w in low) for w in words)), None)
+    return EXACT_ROLES.get(low, next((role for role, words in ROLE_WORDS
+                                      if any(w == low or (len(w) > 3 and w in low) for w in words)), None))
 
 
 def _arguments(fn: Callable[..., Any], draft: nn.Module, target: nn.Module) -> dict[str, Any]:
