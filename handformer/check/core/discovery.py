@@ -356,7 +356,8 @@ def _lightning(free: dict[str, Any], wanted: set[str]) -> list[Component]:
 
     found = [(name, cls) for name, cls in free.items() if lightning_module(cls)]
     steps = [Component("lightning", name, cls, "lightning") for name, cls in found if "lightning" in wanted]
-    made = [(f"{name}.configure_optimizers", configured_schedule(cls)) for name, cls in found
+    made = [(f"{name}.configure_optimizers", configured_schedule(cls, build, DiscoveryError))
+            for name, cls in found
             if "schedule" in wanted and schedules(cls)]
     return steps + [Component("schedule", name, make, "configured") for name, make in made]
 

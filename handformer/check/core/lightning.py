@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from handformer.check.core.discovery import DiscoveryError, build
 from handformer.check.core.source import code_text, methods_called
 
 LIGHTNING_METHODS = ("training_step", "configure_optimizers")
@@ -42,11 +41,14 @@ def schedules(cls: type) -> bool:
     return bool(SCHEDULER_CODE.search(code_text(cls.configure_optimizers)))
 
 
-def configured_schedule(cls: type) -> Callable[..., Any]:
+def configured_schedule(cls: type, build: Callable[..., Any], refused: type[Exception],
+                        ) -> Callable[..., Any]:
     """`make(optimizer, **settings)`: the scheduler configure_optimizers builds, read as a multiplier
-    on `optimizer`. It takes the optimizer, then the constructor's arguments that default to numbers
-    and that configure_optimizers (or a method it calls) reads as `self.<name>`; it reads as
-    configure_optimizers (its source, its file, what it reads) for the schedule runner."""
+    on `optimizer`; the module made by discovery's `build` (handed in, as discovery imports this
+    module), `refused` (its DiscoveryError) raised where no scheduler comes back. It takes the
+    optimizer, then the constructor's arguments that default to numbers and that configure_optimizers
+    (or a method it calls) reads as `self.<name>`; it reads as configure_optimizers (its source, its
+    file, what it reads) for the schedule runner."""
     read = set(re.findall(r"\bself\.(\w+)", "".join(map(code_text, [cls.configure_optimizers, *methods_called(
         cls.configure_optimizers)]))))  # the settings it reads, not the model's sizes
     settings = [p.replace(kind=p.KEYWORD_ONLY) for p in inspect.signature(cls).parameters.values()
@@ -56,7 +58,7 @@ def configured_schedule(cls: type) -> Callable[..., Any]:
         module = build(functools.partial(cls, **values), SIZES)
         own, scheduler = _optimizer_and_scheduler(module.configure_optimizers())
         if scheduler is None or own is None:
-            raise DiscoveryError(f"{cls.__name__}.configure_optimizers returned no learning-rate scheduler "
+            raise refused(f"{cls.__name__}.configure_optimizers returned no learning-rate scheduler "
                                  "on an optimizer",
                                  zh=f"{cls.__name__}.configure_optimizers 没有返回建在优化器上的学习率调度器")
         return Multiplier(optimizer, own, scheduler)
