@@ -107,6 +107,14 @@ def first_tensor(value: Any, ndim: int | None = None) -> Tensor | None:
     return next((t for t in items if isinstance(t, Tensor) and (ndim is None or t.dim() == ndim)), None)
 
 
+def returned_cache(value: Any, default: Any = None) -> Any:
+    """The cache a learner's call hands back after its logits: the first thing after a tuple's first
+    item that is neither a tensor nor None ((logits, presents), Hugging Face's (loss, logits, presents));
+    `default` where there is none."""
+    after = value[1:] if isinstance(value, tuple) else ()
+    return next((o for o in after if o is not None and not isinstance(o, Tensor)), default)
+
+
 def reads_one_mask(run: Callable[[Tensor, Tensor | None], Any], x: Tensor, convs: Sequence[str]) -> bool:
     """Whether a learner's module reads its mask as one for the whole batch (Baichuan's attention puts a
     batch axis in front of its (H, T, S) ALiBi mask): handed every key visible in the first of `convs`

@@ -77,8 +77,7 @@ def _runs(call: Callable[..., Any], idx: Tensor) -> tuple[Runs, list[Any]]:
 
     def run(a: int, b: int) -> Any:
         out = call(idx[:, a:b], held[0])
-        after = out[1:] if isinstance(out, tuple) else ()
-        held[0] = next((o for o in after if o is not None and not isinstance(o, Tensor)), held[0])
+        held[0] = fp.returned_cache(out, held[0])
         return out
     spans = [(0, PREFILL)] + [(t, t + 1) for t in range(PREFILL, T)]
     return [(lambda a=a, b=b: run(a, b), a, b) for a, b in spans], held

@@ -1235,7 +1235,7 @@ def _returned_runs(ctx: Context, module: nn.Module, idx: Tensor) -> list[tuple[A
         out = ctx.learner.call("forward", module, ids, **{arg: past, **asked})
         assert isinstance(out, tuple) and out[1] is not None  # noqa: S101  (logits and its presents)
         # the presents after the logits, or after (loss, logits) (Hugging Face's tuple with labels)
-        held[:] = [next((o for o in out[1:] if o is not None and not isinstance(o, Tensor)), out[1])]
+        held[:] = [fp.returned_cache(out, out[1])]
         return out
     return [(lambda: run(idx[:, :5], None), 0, 5), (lambda: run(idx[:, 5:], held[0]), 5, idx.size(1))]
 
