@@ -50,7 +50,7 @@ DIAGNOSES: list[Diagnosis] = [
       "调度里某个指数的符号反了",
       "lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5): every exponent is negative",
       "lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)：每个指数都是负的",
-      r"\*\*\s*\(?\s*\+?\s*[01]?\.5\b", r"\*\*"),
+      r"\*\*\s*\(?\s*\+?\s*[01]?\.5\b", r"\*\*", r"sqrt\("),
     d("schedule_no_d_model", "the d_model^-0.5 factor is missing", "缺少 d_model^-0.5 这个因子",
       "multiply by d_model ** -0.5: the peak learning rate shrinks as the model grows",
       "乘上 d_model ** -0.5：模型越宽，峰值学习率越小",

@@ -51,6 +51,7 @@ from handformer.check.core.argument_names import (
     PROMPT_NAMES,
     SCHEDULE_ARGS,
     SCHEDULE_STEP_NAMES,
+    SCALER_NAMES,
     SCHEDULER_NAMES,
     SRC_NAMES,
     STEP_MODEL_NAMES,
@@ -149,7 +150,7 @@ def _inverse_sqrt(fn: Any, names: list[str], required: set[str]) -> bool:
     base_lr, warmup)`): the step first, a warmup among the settings, and an inverse square root in its
     code."""
     known = set().union(*SCHEDULE_ARGS.values())
-    return (bool(names) and names[0] in SCHEDULE_STEP_NAMES and required - {names[0]} <= known
+    return (bool(names) and names[0] in SCHEDULE_FIRST and required - {names[0]} <= known
             and _takes_each(names[1:], [SCHEDULE_ARGS["warmup"]])
             and bool(INVERSE_SQRT_CODE.search(source_text(fn))))
 
@@ -277,7 +278,7 @@ def lm_step(fn: Any) -> bool:
     never shifts a target itself (an encoder-decoder's step feeds tgt[:, :-1]) unless it cuts its
     windows from one batch (token_batch, keyed_batch)."""
     _, names, required = _signature(fn)
-    windows = (LOADER_NAMES,) if drawn_loader(fn) else (X_NAMES, Y_NAMES)
+    windows = (LOADER_NAMES,) if drawn_loader(fn) or iterated_loader(fn) else (X_NAMES, Y_NAMES)
     tokens = token_batch(fn) or keyed_batch(fn)
     windows = (BATCH_NAMES + TOKEN_NAMES,) if paired_batch(fn) or tokens else windows
     groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, *windows)
@@ -285,7 +286,7 @@ def lm_step(fn: Any) -> bool:
         groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES)  # its windows drawn from its file's get_batch
         if not (_takes_each(names, groups) and drawn_global(fn)):
             return False
-    rest = required - set().union(*groups, LR_NAMES, ACCUM_NAMES, SCHEDULER_NAMES)
+    rest = required - set().union(*groups, LR_NAMES, ACCUM_NAMES, SCHEDULER_NAMES, SCALER_NAMES, CLIP_NAMES)
     # nanoGPT's train_step(model, optimizer, X, Y, iter_num, cfg): the iteration and a configuration
     rest -= set(SCHEDULE_STEP_NAMES) | set(_config_fields(fn, rest)) | set(schedule_settings(fn))
     source = source_text(fn)
@@ -337,6 +338,25 @@ def drawn_loader(fn: Any) -> str | None:
     """The loader a step draws its (x, y) windows from one at a time (build-nanogpt's
     `x, y = train_loader.next_batch()`, `next(data_iter)`), not one it iterates over (an epoch)."""
     return _argument_used(fn, LOADER_NAMES, r"\b{0}\.next_batch\(|\bnext\(\s*{0}\b")
+
+
+def iterated_loader(fn: Any) -> str | None:
+    """The loader an epoch of a language model's steps iterates over, its (x, y) windows handed to the
+    model together (`for step, (x, y) in enumerate(loader): _, loss = model(x, y)`: nanoGPT's forward
+    scores its own targets), micro-batches to accumulate; a classifier's model takes its inputs alone."""
+    code = source_text(fn)
+    return next((p.name for p in _signature(fn)[0] if p.name.lower() in LOADER_NAMES
+                 and any(re.search(rf"\b\w+\(\s*{x}\s*,\s*(?:\w+\s*=\s*)?{y}\s*\)", code)
+                         for x, y in WINDOWS_LOOP.findall(_loops_over(code, p.name)))), None)
+
+
+WINDOWS_LOOP = re.compile(r"for\s+(?:\w+\s*,\s*)?\(?\s*(\w+)\s*,\s*(\w+)\s*\)?\s+in\b")
+
+
+def _loops_over(code: str, loader: str) -> str:
+    """The heads of the for-loops of `code` over `loader` (or enumerate(loader)), one a line."""
+    heads = re.findall(rf"(?m)^\s*(for\s[^\n]*\bin\s+(?:enumerate\(\s*)?{re.escape(loader)}\b)", code)
+    return "\n".join(heads)
 
 
 def drawn_global(fn: Any) -> str | None:

@@ -60,6 +60,7 @@ from handformer.check.core.signatures import (
     LABELS_MOVED,
     drawn_global,
     drawn_loader,
+    iterated_loader,
     kind_of,
     paired_batch,
     schedule_settings,
@@ -146,10 +147,11 @@ class Step:
         self.settings = schedule_settings(comp.obj)  # what it hands its file's schedule: f(step, **sched)
         self.sched = None if self.sched in self.settings else self.sched  # settings, not a torch scheduler
         self.accum = named(names, ACCUM_NAMES)  # driven with ACCUM micro-batches
+        self.clip_arg = named(names, CLIP_NAMES)  # the norm it clips at, handed its clip_norm reading
         self.criterion = named(names, CRITERION_NAMES)  # handed a cross-entropy that ignores -100
         self.shifts = moves_labels(comp.obj, self.y)  # x and y both handed the (B, T + 1) windows
         handed = self._batches(comp)
-        known = {self.model, self.opt, self.x, self.y, self.lr, self.sched, self.scaler, self.accum,
+        known = {self.model, self.opt, self.x, self.y, self.lr, self.sched, self.scaler, self.accum, self.clip_arg,
                  self.criterion, self.loader, self.pair, self.tokens, self.keyed and self.keyed.name,
                  *self.settings}
         rest = [n for n in required if n not in known]
@@ -178,6 +180,8 @@ class Step:
         """Where x and y come from, each way a step takes them; what hands them (None: drawn by a function
         of its file, or nowhere)."""
         self.loader = drawn_loader(comp.obj)  # x and y drawn from it: Windows
+        self.epoch = None if self.loader else iterated_loader(comp.obj)  # or iterated over: its micro-batches
+        self.loader = self.loader or self.epoch
         self.pair = paired_batch(comp.obj)  # x and y given as one (x, y) batch
         self.tokens = token_batch(comp.obj)  # x and y cut from one (B, T + 1) tensor of windows
         self.keyed = keyed_batch(comp.obj)  # or from a dict of them ({"input_ids": ..., "labels": ...})
@@ -211,13 +215,14 @@ class Step:
         parts = self.rows // BATCH  # ACCUM micro-batches, or the one batch
         windows = torch.cat([x, y[:, -1:]], dim=1)  # (B, T + 1)
         pair = (windows.clone, windows.clone) if self.shifts else (x.clone, y.clone)
-        given = {self.x: pair[0], self.y: pair[1], self.loader: lambda: Windows(x, y, parts),
+        windows = Windows(x, y, parts)
+        given = {self.x: pair[0], self.y: pair[1], self.loader: lambda: windows.parts if self.epoch else windows,
                  self.criterion: lambda: nn.CrossEntropyLoss(ignore_index=-100),
                  self.pair: lambda: (x.clone(), y.clone()),
                  self.tokens: lambda: torch.cat([x, y[:, -1:]], dim=1),  # (B, T + 1)
                  self.keyed and self.keyed.name: lambda: self.keyed.filled(torch.cat([x, y[:, -1:]], dim=1)),
                  self.lr: lambda: lr, self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler,
-                 self.accum: lambda: ACCUM, self.count: lambda: max(bool(self.loops), len(self.seen) % 2),
+                 self.accum: lambda: ACCUM, self.clip_arg: lambda: self.clip or 1.0, self.count: lambda: max(bool(self.loops), len(self.seen) % 2),
                  self.config: self._config}
         kwargs.update({name: make() for name, make in given.items() if name})
         kwargs.update({name: dict(settings) for name, settings in self.settings.items()})
