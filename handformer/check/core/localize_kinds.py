@@ -38,6 +38,7 @@ from handformer.check.core.localize import (
     latest_departure,
     over_axes,
     place_findings,
+    rotate_every_two,
     rotate_half,
     statement,
     trace_steps,
@@ -278,21 +279,32 @@ def localize_add_norm(call: Callable[[Tensor, Tensor], Any], module: nn.Module, 
     return first_departure(steps, views, filename, {"d_model": x.size(-1)}, forms=forms)
 
 
+def _turn_views(name: str, t: Tensor, angles: Tensor, turn: str, turned: Callable[[Tensor], Tensor],
+                ) -> list[View]:
+    """A rotation's sub-steps on t (B, H, T, Dh) with each dimension's angle (T, Dh): t turned a quarter
+    within its pairs, t·cos and that turn·sin."""
+    return [(f"{turn}({name})", turned(t)), (f"{name}·cos", t * angles.cos()),
+            (f"{turn}({name})·sin", turned(t) * angles.sin())]
+
+
 def rotation_views(q: Tensor, k: Tensor, layout: str) -> list[View]:
     """The rotation's sub-steps on queries and keys (B, H, T, Dh) at positions 0 .. T-1: each
     input, (half-split) rotate_half of it, it times cos, rotate_half of it times sin, and it rotated;
     each also in Meta's layout (B, T, H, Dh)."""
     T, Dh = q.shape[-2:]
     angles = V.rope_angles(T, Dh)  # (T, Dh/2)
-    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()  # (T, Dh)
-    views = []
+    pairs = angles.repeat_interleave(2, -1)  # (T, Dh): 2j and 2j + 1 turn by angle j
+    views = [("cos, each angle twice in a row", pairs.cos()), ("sin, each angle twice in a row", pairs.sin()),
+             ("the table: the sines, then the cosines", torch.cat([angles.sin(), angles.cos()], -1))
+             ] if layout == "interleaved" else []
     for name, t in (("q", q), ("k", k)):
         views.append((name, t))
         if layout == "half":
-            views += [(f"rotate_half({name})", rotate_half(t)), (f"{name}·cos", t * cos),
-                      (f"rotate_half({name})·sin", rotate_half(t) * sin)]
+            views += _turn_views(name, t, torch.cat([angles, angles], -1), "rotate_half", rotate_half)
+        if layout == "interleaved":  # RoFormer's: stack([-x[..., 1::2], x[..., ::2]], -1)
+            views += _turn_views(name, t, pairs, "rotate_every_two", rotate_every_two)
         views.append((f"{name} rotated ({layout} pairs)", V.rotary(t, layout)))
-    return views + [(f"{name} (B, T, H, Dh)", t.transpose(1, 2)) for name, t in views]
+    return views + [(f"{name} (B, T, H, Dh)", t.transpose(1, 2)) for name, t in views if t.dim() == 4]
 
 
 def localize_rotation(run: Callable[[Tensor, Tensor], Any], fn: Any, q: Tensor, k: Tensor, layout: str,
@@ -303,7 +315,8 @@ def localize_rotation(run: Callable[[Tensor, Tensor], Any], fn: Any, q: Tensor, 
     if not filename:
         return None
     q, k = q.clone().requires_grad_(), k.clone().requires_grad_()
-    steps = trace_steps(lambda: run(q, k), filename)
+    # interleaved: the tables its code builds from the one handed are steps too (RoFormer's sin_pos)
+    steps = trace_steps(lambda: run(q, k), filename, constants=layout == "interleaved")
     sizes = {"d_k": q.size(-1), "T": q.size(-2)}
     views = rotation_views(q.detach(), k.detach(), layout)
     ends = [(name, t) for name, t in views if " rotated " in name]

@@ -35,7 +35,7 @@ from handformer.check.core.localize_kinds import localize_rope_table, localize_r
 from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.rope_tables import COMPLEX_TABLE_NAMES
 from handformer.check.core.rotary import stated_base
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.reference import variants as V
 
 B, H, T, DH, P, THETA, OFFSET = 2, 3, 5, 16, 64, 10000.0, 3
@@ -52,7 +52,7 @@ THETA_NAMES = ("theta", "base", "rope_theta", "rope_base")
 ID_NAMES = ("position_ids", "positions", "pos_ids")
 OFFSET_ARGS = (*OFFSET_NAMES, "position_ids")  # a module told where its positions start
 TENSOR_NAMES = ("x", "q", "k", "xq", "xk", "query", "key", "input", "hidden", "tensor", "queries", "keys",
-                "hidden_states")
+                "hidden_states", "query_layer", "key_layer")  # the last two: Hugging Face BERT's
 
 
 def _takes(names: list[str], aliases: tuple[str, ...]) -> bool:
@@ -67,7 +67,7 @@ def _filled(names: list[str], values: dict[str, Any]) -> dict[str, Any]:
 
 # a table of angles (lucidrains': RotaryEmbedding returns cat(freqs, freqs), apply_rotary_pos_emb(pos, t)
 # takes their cos and sin itself), beside a tensor that may then be called t
-ANGLE_NAMES = ("pos", "freqs", "angles", "pos_emb", "rotary_pos_emb")
+ANGLE_NAMES = ("pos", "freqs", "angles", "pos_emb", "rotary_pos_emb", "sinusoidal_pos")  # the last: RoFormer's
 
 
 def _tensor_names(names: list[str]) -> list[str]:
@@ -364,7 +364,9 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
             "layout of the rotary table",
             f"不论旋转表怎样排布，{comp.name} 都没有返回形状为 {tuple(q.shape)} 的旋转后的 query 和 key")
     if best is None and first[2] in ANGLE_VIEWS:  # the angles were a guess from an argument's name
-        raise DiscoveryError(*GUESSED_ANGLES)
+        first = _stated_table(ctx, fn, names, tensors, q, k)  # unless its code says what the table holds
+        if first is None:
+            raise DiscoveryError(*GUESSED_ANGLES)
     layout, meta, shape, rot, out, found = best if best else (*first, None)
     _layout_convention(res, rot)
     res.notes += [INPUT_NOTES[meta]] if meta in INPUT_NOTES else []
@@ -416,17 +418,26 @@ def _search_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensor
         rot = COMPLEX.get(layout, layout)
         first = first or (layout, meta, shape, rot, out)
         found = fp.search(out, lambda fl, rot=rot: _rotated(q, k, len(tensors), rot, 0, fl),
-                          ("rope_rotation_sign",), None, 1)
+                          ROTATION_SIGNS[:1 + 2 * (len(tensors) > 1)], None, 1)
         if found is not None and not found[0]:
             return failure, (layout, meta, shape, rot, out, found), first
         named = named or ((layout, meta, shape, rot, out, found) if found is not None else None)
     return failure, named, first
 
 
+# the rotation turned the other way: both, or the queries or the keys alone
+ROTATION_SIGNS = ("rope_rotation_sign", "rope_rotation_sign:q", "rope_rotation_sign:k")
+
+
 def _rotated(q: Tensor, k: Tensor, n: int, layout: str, offset: int = 0, flags: V.Flags = frozenset(),
              theta: float = THETA) -> Tensor:
-    """The expected output, stacked: (n, B, H, T, Dh)."""
-    return torch.stack([V.rotary(t, layout, offset, flags, theta) for t in (q, k)[:n]])
+    """The expected output, stacked: (n, B, H, T, Dh). rope_rotation_sign:q (or :k) turns that one
+    alone the other way (its own rotate_half's minus on the wrong element)."""
+    side = V.has(flags, "rope_rotation_sign")
+    rest = flags - {f"rope_rotation_sign:{side}"}
+    own = {name: rest | {"rope_rotation_sign"} if side == name else rest for name in "qk"} if side else {}
+    return torch.stack([V.rotary(t, layout, offset, own.get(name, flags), theta)
+                        for name, t in zip("qk", (q, k)[:n])])
 
 
 # the positions handed as position_ids: (B, T), Hugging Face's; (T,), a function that builds its own table
@@ -461,6 +472,27 @@ GUESSED_ANGLES = (
 ANGLE_VIEWS = {"angles": lambda t: t, "angles_4d": lambda t: t.reshape(1, 1, T, DH),
                "sin_cos_pairs": lambda t: torch.stack(_sin_cos(t), -1).flatten(1),
                "sin_cos_halves": lambda t: torch.cat(_sin_cos(t), -1)}
+
+
+# a table its code splits into its sines and its cosines (Hugging Face's RoFormer: `sin, cos =
+# sinusoidal_pos.chunk(2, dim=-1)`): the sines, then the cosines
+SPLIT_TABLE = r"(\w+)\s*,\s*(\w+)\s*=\s*(?:torch\.chunk\(\s*{0}\s*,|{0}\.chunk\()\s*2\b"
+
+
+def _stated_table(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: list[str], q: Tensor,
+                  k: Tensor) -> tuple[str, bool, str, str, Tensor] | None:
+    """Where no rotation matched a table handed for an argument named for the angles: the table its own
+    code says it takes (SPLIT_TABLE: the sines then the cosines), with the pairing (half or interleaved)
+    its output comes nearest; None where its code says nothing of it (the table was a guess)."""
+    code = source_text(fn)
+    split = [m for n in names if n in ANGLE_NAMES for m in re.findall(SPLIT_TABLE.format(re.escape(n)), code)]
+    if not any("sin" in first and "cos" in second for first, second in split):
+        return None
+    runs = [(layout, False, "sin_cos_halves", layout,
+             _run_apply(ctx, fn, names, tensors, q, k, layout, False, "sin_cos_halves", 0))
+            for layout in ("interleaved",)]
+    ran = [r for r in runs if r[4] is not None]
+    return min(ran, key=lambda r: fp.max_error(r[4], _rotated(q, k, len(tensors), r[3])), default=None)
 
 
 def _sin_cos(angles: Tensor) -> tuple[Tensor, Tensor]:
