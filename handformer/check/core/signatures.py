@@ -44,6 +44,7 @@ from handformer.check.core.argument_names import (
     LOADER_NAMES,
     LOGITS_NAMES,
     LR_NAMES,
+    MIN_P_NAMES,
     MODEL_NAMES,
     OPTIMIZER_NAMES,
     P_NAMES,
@@ -70,7 +71,7 @@ from handformer.check.core.special_ids import DEVICE_NAMES
 
 ROWS = torch.tensor([[2.0, 1.2, 0.8, 0.3, 0.0, -0.4, -1.0, -1.6],
                      [0.5, 2.5, -0.3, 1.1, 0.9, -2.0, 0.2, -0.7]])  # (B, V) logits, no ties
-OPTION_VALUES = {"top_k": 3, "top_p": 0.8, "temperature": 0.7}
+OPTION_VALUES = {"top_k": 3, "top_p": 0.8, "temperature": 0.7, "min_p": 0.1}
 
 
 def _signature(fn: Any) -> tuple[list[inspect.Parameter], list[str], set[str]]:
@@ -469,7 +470,7 @@ def _always_argmax(fn: Any, call: Callable[..., Tensor | None], probs: bool) -> 
 
 def _options(params: list[inspect.Parameter]) -> dict[str, str]:
     """The filters a function of logits takes after them, by their names: {"top_k": "k", ...}."""
-    options = {"top_k": K_NAMES, "top_p": P_NAMES, "temperature": TEMPERATURE_NAMES}
+    options = {"top_k": K_NAMES, "top_p": P_NAMES, "temperature": TEMPERATURE_NAMES, "min_p": MIN_P_NAMES}
     return {key: name for key, aliases in options.items()
             if (name := named([p.name for p in params[1:]], aliases))}
 
@@ -483,7 +484,7 @@ def _filter_kind(rows: Tensor, out: Tensor, takes: dict[str, str]) -> str | None
     kept = torch.isfinite(out) & (out > -1e8)
     if takes.get("top_p") == "p" and torch.equal(kept, min_p):  # a plain p, never one named top_p
         return "min_p"
-    return next((k for k in ("top_p", "top_k") if k in takes), None)
+    return next((k for k in ("top_p", "top_k", "min_p") if k in takes), None)
 
 
 def once_per_function(probe: Callable[[Any], bool]) -> Callable[[Any], bool]:

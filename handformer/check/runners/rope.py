@@ -205,6 +205,9 @@ def _frequencies(table: Table) -> Tensor:
     return torch.atan2(table.sin[1], table.cos[1]) if table.cos.size(0) > 1 else table.cos[0] * math.nan
 
 
+POSITIVE_TOL = 1e-2  # angles up to P * theta^(2j/d) in float32: their cos and sin only this close
+
+
 def _base_finding(res: ComponentResult, ctx: Context, comp: Component, table: Table, theta: float) -> None:
     """rope_wrong_base when the angles are pos * f_j with f_j another frequency than theta^(-2j/d):
     the effective base b (from f_1 = b^(-2/d)), or the exponent j/d (pairs not doubled)."""
@@ -218,6 +221,9 @@ def _base_finding(res: ComponentResult, ctx: Context, comp: Component, table: Ta
         form, en, zh = "exponent", "the exponent is j/d, not 2j/d", "指数用了 j/d，而不是 2j/d"
     elif math.isfinite(base) and fp.max_error(got, base ** (-2 * j / d)) < 1e-4:
         form, en, zh = "base", f"the base is {base:.6g}, not {theta:g}", f"底数是 {base:.6g}，不是 {theta:g}"
+    elif _table_error(table, theta=theta, flags=frozenset({"rope_wrong_base:positive"})) < POSITIVE_TOL:
+        form, en, zh = "positive", "theta^(2j/d), the reciprocal left out", "用了 theta^(2j/d)，漏了取倒数"
+        got = theta ** (2 * j / d)  # its angles wrap past pi at position 1: these are what it computed
     else:
         return
     number, code = locate("rope_wrong_base", source_lines(ctx.objects(comp, "rope")))
