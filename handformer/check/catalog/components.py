@@ -39,7 +39,7 @@ DIAGNOSES: list[Diagnosis] = [
       # BERT's additive mask: + (1 - mask) * -10000, the mask maybe named attention_mask
       r"\w*mask\w*\b.*\*\s*-\s*\d|-\s*\d[\d.e]*\s*\*.*\w*mask",
       # or times the dtype's lowest value (Hugging Face's: (1.0 - mask) * torch.finfo(dtype).min)
-      r"\w*mask\w*\b.*\*\s*(?:torch\.)?finfo\(|finfo\([^)]*\)\.min\s*\*.*\w*mask",
+      r"\*\s*(?:torch\.)?finfo\([^)]*\)\.min|finfo\([^)]*\)\.min\s*\*",
       # a padding mask's polarity: ids compared with the pad id (`seq_k.eq(0)`, `src != pad_idx`)
       r"\.(?:eq|ne)\(\s*(?:0|\w*pad\w*)\s*\)|[=!]=\s*(?:0|[\w.]*pad\w*)\b",
       r"^(?!\s*(?:def|if|elif) ).*\bmask\b", r"mask"),
