@@ -59,7 +59,9 @@ DIAGNOSES: list[Diagnosis] = [
       "余弦从步 0 开始算，而不是从预热结束开始",
       "progress = (t - warmup) / (total - warmup), so the decay starts at max_lr right after the warmup",
       "progress = (t - warmup) / (total - warmup)，这样预热一结束就从 max_lr 开始衰减",
-      r"(progress|ratio|decay_ratio)\s*=", r"cos\(", r"math\.pi"),
+      r"(progress|ratio|decay_ratio)\s*=",
+      r"/\s*\(?\s*(?:float\(\s*)?(?:max\(\s*1\s*,\s*)?[\w.]+\s*-\s*[\w.]*warm",  # over (total - warmup)
+      r"cos\(", r"math\.pi"),
     d("cosine_no_floor", "past the end of the cosine the learning rate rises again",
       "余弦结束之后学习率又升了回去",
       "after step total return min_lr (the cosine's second half would climb back to max_lr)",
