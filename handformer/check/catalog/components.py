@@ -214,7 +214,7 @@ LINE_FORMS: dict[tuple[str, str], dict[str, str]] = {  # (name, form found) -> {
     # the scores with it
     ("mask_inverted", "causal"): {
         "causal": r"\b(tril|triu)\(|(masked_fill|where)\(.*\b\w*(causal|subsequent|future|ahead)\w*"},
-    # the queries (or keys) alone rotated the other way: their own rotate_half, its minus on the second element
+    # the queries (or keys) alone rotated the other way: their own turn, its minus on the second element
     ("rope_rotation_sign", "q"): {"q": ROTATE_PLUS_MINUS.format(r"q|xq|query\w*|queries")},
     ("rope_rotation_sign", "k"): {"k": ROTATE_PLUS_MINUS.format(r"k|xk|key\w*|keys")},
     ("scale_by_dk", ""): {

@@ -50,9 +50,9 @@ from handformer.check.core.argument_names import (
     P_NAMES,
     PROBS_NAMES,
     PROMPT_NAMES,
+    SCALER_NAMES,
     SCHEDULE_ARGS,
     SCHEDULE_STEP_NAMES,
-    SCALER_NAMES,
     SCHEDULER_NAMES,
     SRC_NAMES,
     STEP_MODEL_NAMES,
@@ -345,19 +345,12 @@ def iterated_loader(fn: Any) -> str | None:
     """The loader an epoch of a language model's steps iterates over, its (x, y) windows handed to the
     model together (`for step, (x, y) in enumerate(loader): _, loss = model(x, y)`: nanoGPT's forward
     scores its own targets), micro-batches to accumulate; a classifier's model takes its inputs alone."""
-    code = source_text(fn)
-    return next((p.name for p in _signature(fn)[0] if p.name.lower() in LOADER_NAMES
-                 and any(re.search(rf"\b\w+\(\s*{x}\s*,\s*(?:\w+\s*=\s*)?{y}\s*\)", code)
-                         for x, y in WINDOWS_LOOP.findall(_loops_over(code, p.name)))), None)
+    return _argument_used(fn, LOADER_NAMES, WINDOWS_LOOP)
 
 
-WINDOWS_LOOP = re.compile(r"for\s+(?:\w+\s*,\s*)?\(?\s*(\w+)\s*,\s*(\w+)\s*\)?\s+in\b")
-
-
-def _loops_over(code: str, loader: str) -> str:
-    """The heads of the for-loops of `code` over `loader` (or enumerate(loader)), one a line."""
-    heads = re.findall(rf"(?m)^\s*(for\s[^\n]*\bin\s+(?:enumerate\(\s*)?{re.escape(loader)}\b)", code)
-    return "\n".join(heads)
+# `for i, (x, y) in enumerate({0})` (or `for x, y in {0}`), then a call handed x and y: model(x, y)
+WINDOWS_LOOP = (r"for\s+(?:\w+\s*,\s*)?\(?\s*(\w+)\s*,\s*(\w+)\s*\)?\s+in\s+(?:enumerate\(\s*)?{0}\b"
+                r"[\s\S]*\b\w+\(\s*\1\s*,\s*(?:\w+\s*=\s*)?\2\s*\)")
 
 
 def drawn_global(fn: Any) -> str | None:

@@ -67,7 +67,8 @@ def _filled(names: list[str], values: dict[str, Any]) -> dict[str, Any]:
 
 # a table of angles (lucidrains': RotaryEmbedding returns cat(freqs, freqs), apply_rotary_pos_emb(pos, t)
 # takes their cos and sin itself), beside a tensor that may then be called t
-ANGLE_NAMES = ("pos", "freqs", "angles", "pos_emb", "rotary_pos_emb", "sinusoidal_pos")  # the last: RoFormer's
+ANGLE_NAMES = ("pos", "freqs", "angles", "pos_emb", "rotary_pos_emb",
+               "sinusoidal_pos")  # RoFormer's
 
 
 def _tensor_names(names: list[str]) -> list[str]:
@@ -431,19 +432,19 @@ def _search_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensor
     return failure, named, first
 
 
-# the rotation turned the other way: both, or the queries or the keys alone
-ROTATION_SIGNS = ("rope_rotation_sign", "rope_rotation_sign:q", "rope_rotation_sign:k")
+# the rotation turned the other way: both, or the queries or the keys alone (which of them turn back)
+ONE_SIDE = {"rope_rotation_sign:q": (True, False), "rope_rotation_sign:k": (False, True)}
+ROTATION_SIGNS = ("rope_rotation_sign", *ONE_SIDE)
 
 
 def _rotated(q: Tensor, k: Tensor, n: int, layout: str, offset: int = 0, flags: V.Flags = frozenset(),
              theta: float = THETA) -> Tensor:
     """The expected output, stacked: (n, B, H, T, Dh). rope_rotation_sign:q (or :k) turns that one
     alone the other way (its own rotate_half's minus on the wrong element)."""
-    side = V.has(flags, "rope_rotation_sign")
-    rest = flags - {f"rope_rotation_sign:{side}"}
-    own = {name: rest | {"rope_rotation_sign"} if side == name else rest for name in "qk"} if side else {}
-    return torch.stack([V.rotary(t, layout, offset, own.get(name, flags), theta)
-                        for name, t in zip("qk", (q, k)[:n])])
+    side = next(iter(flags & ONE_SIDE.keys()), None)
+    rest, turned = flags - {side}, ONE_SIDE.get(side, (False, False))
+    return torch.stack([V.rotary(t, layout, offset, rest | {"rope_rotation_sign"} if back else rest, theta)
+                        for t, back in zip((q, k)[:n], turned)])
 
 
 # the positions handed as position_ids: (B, T), Hugging Face's; (T,), a function that builds its own table
@@ -482,23 +483,19 @@ ANGLE_VIEWS = {"angles": lambda t: t, "angles_4d": lambda t: t.reshape(1, 1, T, 
 
 # a table its code splits into its sines and its cosines (Hugging Face's RoFormer: `sin, cos =
 # sinusoidal_pos.chunk(2, dim=-1)`): the sines, then the cosines
-SPLIT_TABLE = r"(\w+)\s*,\s*(\w+)\s*=\s*(?:torch\.chunk\(\s*{0}\s*,|{0}\.chunk\()\s*2\b"
+SPLIT_TABLE = r"\w*sin\w*\s*,\s*\w*cos\w*\s*=\s*(?:torch\.chunk\(\s*{0}\s*,|{0}\.chunk\()\s*2\b"
 
 
 def _stated_table(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: list[str], q: Tensor,
                   k: Tensor) -> tuple[str, bool, str, str, Tensor] | None:
     """Where no rotation matched a table handed for an argument named for the angles: the table its own
-    code says it takes (SPLIT_TABLE: the sines then the cosines), with the pairing (half or interleaved)
-    its output comes nearest; None where its code says nothing of it (the table was a guess)."""
+    code says it takes (SPLIT_TABLE: the sines then the cosines), compared with the interleaved pairs
+    (Hugging Face RoFormer's); None where its code says nothing of it (the table was a guess)."""
     code = source_text(fn)
-    split = [m for n in names if n in ANGLE_NAMES for m in re.findall(SPLIT_TABLE.format(re.escape(n)), code)]
-    if not any("sin" in first and "cos" in second for first, second in split):
-        return None
-    runs = [(layout, False, "sin_cos_halves", layout,
-             _run_apply(ctx, fn, names, tensors, q, k, layout, False, "sin_cos_halves", 0))
-            for layout in ("interleaved",)]
-    ran = [r for r in runs if r[4] is not None]
-    return min(ran, key=lambda r: fp.max_error(r[4], _rotated(q, k, len(tensors), r[3])), default=None)
+    said = [n for n in names if n in ANGLE_NAMES and re.search(SPLIT_TABLE.format(re.escape(n)), code)]
+    attempt = ("interleaved", False, "sin_cos_halves")
+    out = _run_apply(ctx, fn, names, tensors, q, k, *attempt, 0) if said else None
+    return None if out is None else (*attempt, "interleaved", out)
 
 
 def _sin_cos(angles: Tensor) -> tuple[Tensor, Tensor]:
