@@ -4,8 +4,9 @@ TOP_P (its temperature 1, its switch to sampling on), its model's logits handed 
 them, and `torch.multinomial` answering the likeliest token while it records the probabilities it was
 handed (generate_temperature.recorded_draws). Each row must keep as many tokens as top-p's nucleus of
 the logits: the most likely ones until their mass reaches TOP_P, the token that crosses it kept
-(counts, not places: Meta's sample_top_p samples from them sorted). A loop that takes another filter
-whose setting is on by default (a top-k of 50) is not probed: its kept tokens are both filters'.
+(counts, not places: Meta's sample_top_p samples from them sorted). A repetition penalty it takes is
+handed 1 (none); a loop that takes another filter whose setting is on by default (a top-k of 50) is not
+probed: its kept tokens are both filters'.
 
 Shape legend: B prompts, V vocabulary.
 """
@@ -26,6 +27,7 @@ from handformer.check.runners.sampling import top_p_keep
 TOP_P = 0.6
 CROSSING = frozenset({"top_p_drops_crossing:le"})  # the token that crosses p dropped (cum <= p kept)
 OFF = (None, 0, 0.0)  # another filter's default that leaves it off
+REPEAT_NAMES = ("repetition_penalty", "rep_penalty", "repeat_penalty")  # handed 1: no penalty
 
 
 def _options(comp: Any) -> dict[str, Any] | None:
@@ -34,8 +36,9 @@ def _options(comp: Any) -> dict[str, Any] | None:
     defaults = {p.name: p.default for p in forward_parameters(comp.obj)}
     names = list(defaults)
     top_p, other = named(names, P_NAMES), defaults.get(named(names, K_NAMES + MIN_P_NAMES))
-    options = {top_p: TOP_P, named(names, TEMPERATURE_NAMES): 1.0, **sampling_on(comp.obj)}
-    options.pop(None, None)  # no temperature taken
+    options = {top_p: TOP_P, named(names, TEMPERATURE_NAMES): 1.0, named(names, REPEAT_NAMES): 1.0,
+               **sampling_on(comp.obj)}
+    options.pop(None, None)  # no temperature or penalty taken
     return options if top_p in options and other in OFF else None
 
 
