@@ -186,9 +186,10 @@ UNSUMMED = (r"^\s*(?!({0})\w*\s*=)(\w+\s*=(?![^#]*\+)\s*(self\.)?\w*drop\w*\(\s*
 # forms here, where the call's line does not add it itself
 ADDED_AFTER = {("sandwich_norm_missing", "attn"), ("sandwich_norm_missing", "ffn")}
 PLAIN_ADD = r"^\s*\w+\s*=\s*\w+\s*\+\s*\w+\s*$"
-# [x2, -x1]: the minus on the second element (an element may index: q[..., 1::2])
-ROTATE_PLUS_MINUS = r"(?:stack|cat)\(\s*[(\[]\s*(?!-){1}*\b(?:{0})\b{1}*,\s*-".replace(
-    "{1}", r"(?:[^,\[\]]|\[[^\]]*\])")
+# [x2, -x1]: the minus on the second element (an element may index: q[..., 1::2]); or Meta's complex
+# product with the table conjugated (`xk_ * freqs_cis.conj()`)
+ROTATE_PLUS_MINUS = (r"(?:stack|cat)\(\s*[(\[]\s*(?!-){1}*\b(?:{0})\b{1}*,\s*-"
+                     r"|\b(?:{0})_?\b[^=\n]*\.conj\(").replace("{1}", r"(?:[^,\[\]]|\[[^\]]*\])")
 LINE_FORMS: dict[tuple[str, str], dict[str, str]] = {  # (name, form found) -> {form shown: its line}
     # the sublayer whose norm after it is missing: the line that keeps its output un-normed
     ("sandwich_norm_missing", "attn"): {"attn": SUBLAYER_CALL.format("self_attn|attn|attention")},
