@@ -226,9 +226,6 @@ APPLY_PLANTS = {
     "half_q_halved": ("learners_llm", "return q * cos + rotate_half(q) * sin,",
                       "return (q * cos + rotate_half(q) * sin) / 2,", "`return[0]` at line",
                       "q rotated (half pairs) times a constant factor 0.5 = 1/2"),
-    "meta_keys_conjugated": ("learners_llama", "xk_out = torch.view_as_real(xk_ * freqs_cis).flatten(3)",
-                             "xk_out = torch.view_as_real(xk_ * freqs_cis.conj()).flatten(3)", "`xk_out` at line",
-                             None),
     # a result that is its input, never rotated: judged as the result, at the line that left it as is
     "half_q_returned_as_is": ("learners_llm", "return q * cos + rotate_half(q) * sin,", "return q,",
                               "`return[0]` at line", "it is q: the steps after it are left out"),
@@ -256,6 +253,22 @@ def test_unnamed_mistake_in_a_rotary_apply_function_is_localized(tmp_path, name)
     assert form is None or form in note["en"], report
     quoted = [ln.strip() for ln in source.splitlines() if len(ln.strip()) > 20 and ln.strip() in note["en"]]
     assert quoted == [planted]
+
+
+def test_keys_alone_turned_the_other_way_are_named_at_their_line(tmp_path):
+    """Meta's keys times the conjugated table turn back while the queries turn forward:
+    rope_rotation_sign in its keys' form, at the line that conjugates."""
+    correct = (FIXTURES / "learners_llama" / "correct.py").read_text()
+    old = "xk_out = torch.view_as_real(xk_ * freqs_cis).flatten(3)"
+    new = "xk_out = torch.view_as_real(xk_ * freqs_cis.conj()).flatten(3)"
+    source = correct.replace(old, new)
+    number = next(i + 1 for i, ln in enumerate(source.splitlines()) if new in ln)
+    path = tmp_path / "learner.py"
+    path.write_text(source)
+    result = check_file(str(path), only=["rope"])
+    (failed,) = [c for c in result.components if c.status == "fail"]
+    assert [(f.name, f.form, f.line) for f in failed.findings] == [("rope_rotation_sign", "k", number)], (
+        format_report(result))
 
 
 # The line of a catalogued mistake, in the forms learners write it: (diagnosis, the form found, their

@@ -38,6 +38,8 @@ DIAGNOSES: list[Diagnosis] = [
       r"\w*mask\w*\s*[=!]=\s*[01]\b",  # a mask function's `return subsequent_mask == 0`, turned
       # BERT's additive mask: + (1 - mask) * -10000, the mask maybe named attention_mask
       r"\w*mask\w*\b.*\*\s*-\s*\d|-\s*\d[\d.e]*\s*\*.*\w*mask",
+      # or times the dtype's lowest value (Hugging Face's: (1.0 - mask) * torch.finfo(dtype).min)
+      r"\*\s*(?:torch\.)?finfo\([^)]*\)\.min|finfo\([^)]*\)\.min\s*\*",
       # a padding mask's polarity: ids compared with the pad id (`seq_k.eq(0)`, `src != pad_idx`)
       r"\.(?:eq|ne)\(\s*(?:0|\w*pad\w*)\s*\)|[=!]=\s*(?:0|[\w.]*pad\w*)\b",
       r"^(?!\s*(?:def|if|elif) ).*\bmask\b", r"mask"),
@@ -184,6 +186,10 @@ UNSUMMED = (r"^\s*(?!({0})\w*\s*=)(\w+\s*=(?![^#]*\+)\s*(self\.)?\w*drop\w*\(\s*
 # forms here, where the call's line does not add it itself
 ADDED_AFTER = {("sandwich_norm_missing", "attn"), ("sandwich_norm_missing", "ffn")}
 PLAIN_ADD = r"^\s*\w+\s*=\s*\w+\s*\+\s*\w+\s*$"
+# [x2, -x1]: the minus on the second element (an element may index: q[..., 1::2]); or Meta's complex
+# product with the table conjugated (`xk_ * freqs_cis.conj()`)
+ROTATE_PLUS_MINUS = (r"(?:stack|cat)\(\s*[(\[]\s*(?!-){1}*\b(?:{0})\b{1}*,\s*-"
+                     r"|\b(?:{0})_?\b[^=\n]*\.conj\(").replace("{1}", r"(?:[^,\[\]]|\[[^\]]*\])")
 LINE_FORMS: dict[tuple[str, str], dict[str, str]] = {  # (name, form found) -> {form shown: its line}
     # the sublayer whose norm after it is missing: the line that keeps its output un-normed
     ("sandwich_norm_missing", "attn"): {"attn": SUBLAYER_CALL.format("self_attn|attn|attention")},
@@ -209,6 +215,9 @@ LINE_FORMS: dict[tuple[str, str], dict[str, str]] = {  # (name, form found) -> {
     # the scores with it
     ("mask_inverted", "causal"): {
         "causal": r"\b(tril|triu)\(|(masked_fill|where)\(.*\b\w*(causal|subsequent|future|ahead)\w*"},
+    # the queries (or keys) alone rotated the other way: their own turn, its minus on the second element
+    ("rope_rotation_sign", "q"): {"q": ROTATE_PLUS_MINUS.format(r"q|xq|query\w*|queries")},
+    ("rope_rotation_sign", "k"): {"k": ROTATE_PLUS_MINUS.format(r"k|xk|key\w*|keys")},
     ("scale_by_dk", ""): {
         "sqrt_d_model": rf"^(?=.*(@|matmul|einsum|bmm|scor|att|wei)).*(/\s*(math\.|np\.|torch\.)?sqrt\("
                         rf"\s*{WIDTH}\s*\)|/\s*\(?\s*{WIDTH}\s*\*\*\s*0?\.5|\*\s*{WIDTH}\s*\*\*\s*\(?-0?\.5|"

@@ -55,7 +55,7 @@ KINDS_TABLE: tuple[Kind, ...] = (
          "causal self-attention", "因果自注意力", "attention:check_causal_attention"),
     Kind("rope", ("apply_rotary_emb", "apply_rotary_pos_emb", "apply_rotary", "apply_rope",
                   "precompute_freqs_cis", "RotaryEmbedding", "RotaryPositionalEmbedding",
-                  "RotaryPositionEmbedding", "RoPE"),
+                  "RotaryPositionEmbedding", "RoPE", "apply_rotary_position_embeddings"),
          "rotary position embedding (RoPE)", "旋转位置编码（RoPE）", "rope:check_rope"),
     Kind("rope_scaling", ("apply_scaling", "apply_rope_scaling", "llama3_scale_freqs", "llama3_rope_scaling",
                           "scale_rope_frequencies", "apply_llama3_scaling"),

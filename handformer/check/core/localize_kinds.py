@@ -38,6 +38,7 @@ from handformer.check.core.localize import (
     latest_departure,
     over_axes,
     place_findings,
+    rotate_every_two,
     rotate_half,
     statement,
     trace_steps,
@@ -278,21 +279,39 @@ def localize_add_norm(call: Callable[[Tensor, Tensor], Any], module: nn.Module, 
     return first_departure(steps, views, filename, {"d_model": x.size(-1)}, forms=forms)
 
 
+# a layout -> its quarter turn within the pairs (named as the tutorials name it) and each dimension's
+# angle (T, Dh) from the pairs' (T, Dh/2); RoFormer's turn: stack([-x[..., 1::2], x[..., ::2]], -1)
+TURNS = {"half": ("rotate_half", rotate_half, lambda a: torch.cat([a, a], -1)),
+         "interleaved": ("rotate_every_two", rotate_every_two, lambda a: a.repeat_interleave(2, -1))}
+# the tables an interleaved rotation's code builds on the way, from the pairs' angles (T, Dh/2)
+TABLE_VIEWS = {"interleaved": lambda a: [
+    ("cos, each angle twice in a row", a.repeat_interleave(2, -1).cos()),
+    ("sin, each angle twice in a row", a.repeat_interleave(2, -1).sin()),
+    ("the table: the sines, then the cosines", torch.cat([a.sin(), a.cos()], -1))]}
+
+
+def _turn_views(name: str, t: Tensor, angles: Tensor, layout: str) -> list[View]:
+    """A rotation's sub-steps on t (B, H, T, Dh) at the pairs' angles (T, Dh/2): t turned a quarter
+    within its pairs, t·cos and that turn·sin (none for a layout of no such steps)."""
+    turn, turned, spread = TURNS.get(layout, ("", None, None))
+    return [(f"{turn}({name})", turned(t)), (f"{name}·cos", t * spread(angles).cos()),
+            (f"{turn}({name})·sin", turned(t) * spread(angles).sin())] if turned else []
+
+
 def rotation_views(q: Tensor, k: Tensor, layout: str) -> list[View]:
     """The rotation's sub-steps on queries and keys (B, H, T, Dh) at positions 0 .. T-1: each
-    input, (half-split) rotate_half of it, it times cos, rotate_half of it times sin, and it rotated;
-    each also in Meta's layout (B, T, H, Dh)."""
+    input, its quarter turn within the pairs (rotate_half, rotate_every_two), it times cos, that turn
+    times sin, and it rotated; each also in Meta's layout (B, T, H, Dh); then the tables an interleaved
+    rotation builds (T, Dh)."""
     T, Dh = q.shape[-2:]
     angles = V.rope_angles(T, Dh)  # (T, Dh/2)
-    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()  # (T, Dh)
     views = []
     for name, t in (("q", q), ("k", k)):
         views.append((name, t))
-        if layout == "half":
-            views += [(f"rotate_half({name})", rotate_half(t)), (f"{name}·cos", t * cos),
-                      (f"rotate_half({name})·sin", rotate_half(t) * sin)]
+        views += _turn_views(name, t, angles, layout)
         views.append((f"{name} rotated ({layout} pairs)", V.rotary(t, layout)))
-    return views + [(f"{name} (B, T, H, Dh)", t.transpose(1, 2)) for name, t in views]
+    tables = TABLE_VIEWS.get(layout, lambda a: [])(angles)  # (T, Dh) each
+    return views + [(f"{name} (B, T, H, Dh)", t.transpose(1, 2)) for name, t in views] + tables
 
 
 def localize_rotation(run: Callable[[Tensor, Tensor], Any], fn: Any, q: Tensor, k: Tensor, layout: str,
@@ -303,7 +322,8 @@ def localize_rotation(run: Callable[[Tensor, Tensor], Any], fn: Any, q: Tensor, 
     if not filename:
         return None
     q, k = q.clone().requires_grad_(), k.clone().requires_grad_()
-    steps = trace_steps(lambda: run(q, k), filename)
+    # interleaved: the tables its code builds from the one handed are steps too (RoFormer's sin_pos)
+    steps = trace_steps(lambda: run(q, k), filename, constants=layout == "interleaved")
     sizes = {"d_k": q.size(-1), "T": q.size(-2)}
     views = rotation_views(q.detach(), k.detach(), layout)
     ends = [(name, t) for name, t in views if " rotated " in name]

@@ -44,11 +44,13 @@ from handformer.check.core.argument_names import (
     LOADER_NAMES,
     LOGITS_NAMES,
     LR_NAMES,
+    MIN_P_NAMES,
     MODEL_NAMES,
     OPTIMIZER_NAMES,
     P_NAMES,
     PROBS_NAMES,
     PROMPT_NAMES,
+    SCALER_NAMES,
     SCHEDULE_ARGS,
     SCHEDULE_STEP_NAMES,
     SCHEDULER_NAMES,
@@ -69,7 +71,7 @@ from handformer.check.core.special_ids import DEVICE_NAMES
 
 ROWS = torch.tensor([[2.0, 1.2, 0.8, 0.3, 0.0, -0.4, -1.0, -1.6],
                      [0.5, 2.5, -0.3, 1.1, 0.9, -2.0, 0.2, -0.7]])  # (B, V) logits, no ties
-OPTION_VALUES = {"top_k": 3, "top_p": 0.8, "temperature": 0.7}
+OPTION_VALUES = {"top_k": 3, "top_p": 0.8, "temperature": 0.7, "min_p": 0.1}
 
 
 def _signature(fn: Any) -> tuple[list[inspect.Parameter], list[str], set[str]]:
@@ -149,7 +151,7 @@ def _inverse_sqrt(fn: Any, names: list[str], required: set[str]) -> bool:
     base_lr, warmup)`): the step first, a warmup among the settings, and an inverse square root in its
     code."""
     known = set().union(*SCHEDULE_ARGS.values())
-    return (bool(names) and names[0] in SCHEDULE_STEP_NAMES and required - {names[0]} <= known
+    return (bool(names) and names[0] in SCHEDULE_FIRST and required - {names[0]} <= known
             and _takes_each(names[1:], [SCHEDULE_ARGS["warmup"]])
             and bool(INVERSE_SQRT_CODE.search(source_text(fn))))
 
@@ -277,7 +279,7 @@ def lm_step(fn: Any) -> bool:
     never shifts a target itself (an encoder-decoder's step feeds tgt[:, :-1]) unless it cuts its
     windows from one batch (token_batch, keyed_batch)."""
     _, names, required = _signature(fn)
-    windows = (LOADER_NAMES,) if drawn_loader(fn) else (X_NAMES, Y_NAMES)
+    windows = (LOADER_NAMES,) if drawn_loader(fn) or iterated_loader(fn) else (X_NAMES, Y_NAMES)
     tokens = token_batch(fn) or keyed_batch(fn)
     windows = (BATCH_NAMES + TOKEN_NAMES,) if paired_batch(fn) or tokens else windows
     groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, *windows)
@@ -285,7 +287,7 @@ def lm_step(fn: Any) -> bool:
         groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES)  # its windows drawn from its file's get_batch
         if not (_takes_each(names, groups) and drawn_global(fn)):
             return False
-    rest = required - set().union(*groups, LR_NAMES, ACCUM_NAMES, SCHEDULER_NAMES)
+    rest = required - set().union(*groups, LR_NAMES, ACCUM_NAMES, SCHEDULER_NAMES, SCALER_NAMES, CLIP_NAMES)
     # nanoGPT's train_step(model, optimizer, X, Y, iter_num, cfg): the iteration and a configuration
     rest -= set(SCHEDULE_STEP_NAMES) | set(_config_fields(fn, rest)) | set(schedule_settings(fn))
     source = source_text(fn)
@@ -337,6 +339,18 @@ def drawn_loader(fn: Any) -> str | None:
     """The loader a step draws its (x, y) windows from one at a time (build-nanogpt's
     `x, y = train_loader.next_batch()`, `next(data_iter)`), not one it iterates over (an epoch)."""
     return _argument_used(fn, LOADER_NAMES, r"\b{0}\.next_batch\(|\bnext\(\s*{0}\b")
+
+
+def iterated_loader(fn: Any) -> str | None:
+    """The loader an epoch of a language model's steps iterates over, its (x, y) windows handed to the
+    model together (`for step, (x, y) in enumerate(loader): _, loss = model(x, y)`: nanoGPT's forward
+    scores its own targets), micro-batches to accumulate; a classifier's model takes its inputs alone."""
+    return _argument_used(fn, LOADER_NAMES, WINDOWS_LOOP)
+
+
+# `for i, (x, y) in enumerate({0})` (or `for x, y in {0}`), then a call handed x and y: model(x, y)
+WINDOWS_LOOP = (r"for\s+(?:\w+\s*,\s*)?\(?\s*(\w+)\s*,\s*(\w+)\s*\)?\s+in\s+(?:enumerate\(\s*)?{0}\b"
+                r"[\s\S]*\b\w+\(\s*\1\s*,\s*(?:\w+\s*=\s*)?\2\s*\)")
 
 
 def drawn_global(fn: Any) -> str | None:
@@ -449,7 +463,7 @@ def _always_argmax(fn: Any, call: Callable[..., Tensor | None], probs: bool) -> 
 
 def _options(params: list[inspect.Parameter]) -> dict[str, str]:
     """The filters a function of logits takes after them, by their names: {"top_k": "k", ...}."""
-    options = {"top_k": K_NAMES, "top_p": P_NAMES, "temperature": TEMPERATURE_NAMES}
+    options = {"top_k": K_NAMES, "top_p": P_NAMES, "temperature": TEMPERATURE_NAMES, "min_p": MIN_P_NAMES}
     return {key: name for key, aliases in options.items()
             if (name := named([p.name for p in params[1:]], aliases))}
 
@@ -463,7 +477,7 @@ def _filter_kind(rows: Tensor, out: Tensor, takes: dict[str, str]) -> str | None
     kept = torch.isfinite(out) & (out > -1e8)
     if takes.get("top_p") == "p" and torch.equal(kept, min_p):  # a plain p, never one named top_p
         return "min_p"
-    return next((k for k in ("top_p", "top_k") if k in takes), None)
+    return next((k for k in ("top_p", "top_k", "min_p") if k in takes), None)
 
 
 def once_per_function(probe: Callable[[Any], bool]) -> Callable[[Any], bool]:

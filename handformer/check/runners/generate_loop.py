@@ -50,6 +50,7 @@ from handformer.check.core.result import Check, ComponentResult, Finding, Text, 
 from handformer.check.core.sizes import is_number
 from handformer.check.core.source import locate, locate_form, source_lines, source_text
 from handformer.check.runners.generate_temperature import SOFT, check_temperature
+from handformer.check.runners.generate_top_p import check_top_p
 from handformer.check.runners.localize_generate import default_temperature, generate_views, localize_generate
 from handformer.config import CausalLMConfig
 from handformer.families import build_causal_lm
@@ -485,6 +486,7 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
         else:
             res.notes.append(NO_BLOCK_NOTE)
     check_temperature(res, ctx, comp, driver, short, run_generate)
+    check_top_p(res, ctx, comp, driver, short, run_generate)
     _ending(res, ctx, comp, driver, tried)
 
 

@@ -46,7 +46,7 @@ def recorded_draws(seen: list[Tensor], soft: list[bool]) -> Iterator[None]:
         soft[0] = False
 
 
-class _Afresh:
+class Afresh:
     """A loop's driver whose every new model (each return style run_generate tries) clears the draws
     recorded: those of the try that ran are the ones read (a try that raised after a draw, such as an
     unbatched loop handed (1, T, V) logits, leaves none)."""
@@ -90,7 +90,7 @@ def check_temperature(res: ComponentResult, ctx: Context, comp: Any, driver: Any
     B, as_list = short.prompt.size(0), short.as_list
     with recorded_draws(seen, SOFT):
         options = {name: TEMPERATURE, **sampling_on(comp.obj)}
-        run = run_generate(ctx, comp, _Afresh(driver, seen), 1, B, as_list, options)
+        run = run_generate(ctx, comp, Afresh(driver, seen), 1, B, as_list, options)
         logits = driver.logits(run.prompt)[:, -1].double()  # (B, V)
     if not seen or seen[0].shape[-1] != logits.size(-1):  # it never sampled, or sampled a subset
         return

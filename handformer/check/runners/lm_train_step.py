@@ -26,6 +26,7 @@ import copy
 import dataclasses
 import itertools
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -60,6 +61,7 @@ from handformer.check.core.signatures import (
     LABELS_MOVED,
     drawn_global,
     drawn_loader,
+    iterated_loader,
     kind_of,
     paired_batch,
     schedule_settings,
@@ -146,12 +148,13 @@ class Step:
         self.settings = schedule_settings(comp.obj)  # what it hands its file's schedule: f(step, **sched)
         self.sched = None if self.sched in self.settings else self.sched  # settings, not a torch scheduler
         self.accum = named(names, ACCUM_NAMES)  # driven with ACCUM micro-batches
+        self.clip_arg = named(names, CLIP_NAMES)  # the norm it clips at, handed its clip_norm reading
         self.criterion = named(names, CRITERION_NAMES)  # handed a cross-entropy that ignores -100
         self.shifts = moves_labels(comp.obj, self.y)  # x and y both handed the (B, T + 1) windows
         handed = self._batches(comp)
         known = {self.model, self.opt, self.x, self.y, self.lr, self.sched, self.scaler, self.accum,
-                 self.criterion, self.loader, self.pair, self.tokens, self.keyed and self.keyed.name,
-                 *self.settings}
+                 self.clip_arg, self.criterion, self.loader, self.pair, self.tokens,
+                 self.keyed and self.keyed.name, *self.settings}
         rest = [n for n in required if n not in known]
         self.count = named(rest, SCHEDULE_STEP_NAMES)  # the iteration (nanoGPT's iter_num): 0, then 1
         # or how many steps a loop of them runs (build-nanogpt's train(..., steps): range(steps)): 1 a call
@@ -177,7 +180,8 @@ class Step:
     def _batches(self, comp: Component) -> Any:
         """Where x and y come from, each way a step takes them; what hands them (None: drawn by a function
         of its file, or nowhere)."""
-        self.loader = drawn_loader(comp.obj)  # x and y drawn from it: Windows
+        # x and y drawn from it, or iterated over in an epoch (one step's micro-batches): Windows
+        self.loader = drawn_loader(comp.obj) or iterated_loader(comp.obj)
         self.pair = paired_batch(comp.obj)  # x and y given as one (x, y) batch
         self.tokens = token_batch(comp.obj)  # x and y cut from one (B, T + 1) tensor of windows
         self.keyed = keyed_batch(comp.obj)  # or from a dict of them ({"input_ids": ..., "labels": ...})
@@ -217,7 +221,8 @@ class Step:
                  self.tokens: lambda: torch.cat([x, y[:, -1:]], dim=1),  # (B, T + 1)
                  self.keyed and self.keyed.name: lambda: self.keyed.filled(torch.cat([x, y[:, -1:]], dim=1)),
                  self.lr: lambda: lr, self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler,
-                 self.accum: lambda: ACCUM, self.count: lambda: max(bool(self.loops), len(self.seen) % 2),
+                 self.accum: lambda: ACCUM, self.clip_arg: lambda: self.clip,
+                 self.count: lambda: max(bool(self.loops), len(self.seen) % 2),
                  self.config: self._config}
         kwargs.update({name: make() for name, make in given.items() if name})
         kwargs.update({name: dict(settings) for name, settings in self.settings.items()})
@@ -255,8 +260,11 @@ class Windows:
 
     __next__ = next_batch
 
-    def __iter__(self) -> Windows:
-        return self
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        return iter(self.parts)  # an epoch's loop: its micro-batches once
+
+    def __len__(self) -> int:
+        return len(self.parts)
 
 
 def _step_config(fn: Any, candidates: list[str]) -> tuple[str | None, dict[str, str]]:

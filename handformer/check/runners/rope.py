@@ -35,7 +35,7 @@ from handformer.check.core.localize_kinds import localize_rope_table, localize_r
 from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.rope_tables import COMPLEX_TABLE_NAMES
 from handformer.check.core.rotary import stated_base
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.reference import variants as V
 
 B, H, T, DH, P, THETA, OFFSET = 2, 3, 5, 16, 64, 10000.0, 3
@@ -52,7 +52,7 @@ THETA_NAMES = ("theta", "base", "rope_theta", "rope_base")
 ID_NAMES = ("position_ids", "positions", "pos_ids")
 OFFSET_ARGS = (*OFFSET_NAMES, "position_ids")  # a module told where its positions start
 TENSOR_NAMES = ("x", "q", "k", "xq", "xk", "query", "key", "input", "hidden", "tensor", "queries", "keys",
-                "hidden_states")
+                "hidden_states", "query_layer", "key_layer")  # the last two: Hugging Face BERT's
 
 
 def _takes(names: list[str], aliases: tuple[str, ...]) -> bool:
@@ -67,7 +67,8 @@ def _filled(names: list[str], values: dict[str, Any]) -> dict[str, Any]:
 
 # a table of angles (lucidrains': RotaryEmbedding returns cat(freqs, freqs), apply_rotary_pos_emb(pos, t)
 # takes their cos and sin itself), beside a tensor that may then be called t
-ANGLE_NAMES = ("pos", "freqs", "angles", "pos_emb", "rotary_pos_emb")
+ANGLE_NAMES = ("pos", "freqs", "angles", "pos_emb", "rotary_pos_emb",
+               "sinusoidal_pos")  # RoFormer's
 
 
 def _tensor_names(names: list[str]) -> list[str]:
@@ -205,6 +206,9 @@ def _frequencies(table: Table) -> Tensor:
     return torch.atan2(table.sin[1], table.cos[1]) if table.cos.size(0) > 1 else table.cos[0] * math.nan
 
 
+POSITIVE_TOL = 1e-2  # angles up to P * theta^(2j/d) in float32: their cos and sin only this close
+
+
 def _base_finding(res: ComponentResult, ctx: Context, comp: Component, table: Table, theta: float) -> None:
     """rope_wrong_base when the angles are pos * f_j with f_j another frequency than theta^(-2j/d):
     the effective base b (from f_1 = b^(-2/d)), or the exponent j/d (pairs not doubled)."""
@@ -218,6 +222,9 @@ def _base_finding(res: ComponentResult, ctx: Context, comp: Component, table: Ta
         form, en, zh = "exponent", "the exponent is j/d, not 2j/d", "指数用了 j/d，而不是 2j/d"
     elif math.isfinite(base) and fp.max_error(got, base ** (-2 * j / d)) < 1e-4:
         form, en, zh = "base", f"the base is {base:.6g}, not {theta:g}", f"底数是 {base:.6g}，不是 {theta:g}"
+    elif _table_error(table, theta=theta, flags=frozenset({"rope_wrong_base:positive"})) < POSITIVE_TOL:
+        form, en, zh = "positive", "theta^(2j/d), the reciprocal left out", "用了 theta^(2j/d)，漏了取倒数"
+        got = theta ** (2 * j / d)  # its angles wrap past pi at position 1: these are what it computed
     else:
         return
     number, code = locate("rope_wrong_base", source_lines(ctx.objects(comp, "rope")))
@@ -364,7 +371,9 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
             "layout of the rotary table",
             f"不论旋转表怎样排布，{comp.name} 都没有返回形状为 {tuple(q.shape)} 的旋转后的 query 和 key")
     if best is None and first[2] in ANGLE_VIEWS:  # the angles were a guess from an argument's name
-        raise DiscoveryError(*GUESSED_ANGLES)
+        first = _stated_table(ctx, fn, names, tensors, q, k)  # unless its code says what the table holds
+        if first is None:
+            raise DiscoveryError(*GUESSED_ANGLES)
     layout, meta, shape, rot, out, found = best if best else (*first, None)
     _layout_convention(res, rot)
     res.notes += [INPUT_NOTES[meta]] if meta in INPUT_NOTES else []
@@ -416,17 +425,26 @@ def _search_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensor
         rot = COMPLEX.get(layout, layout)
         first = first or (layout, meta, shape, rot, out)
         found = fp.search(out, lambda fl, rot=rot: _rotated(q, k, len(tensors), rot, 0, fl),
-                          ("rope_rotation_sign",), None, 1)
+                          ROTATION_SIGNS[:1 + 2 * (len(tensors) > 1)], None, 1)
         if found is not None and not found[0]:
             return failure, (layout, meta, shape, rot, out, found), first
         named = named or ((layout, meta, shape, rot, out, found) if found is not None else None)
     return failure, named, first
 
 
+# the rotation turned the other way: both, or the queries or the keys alone (which of them turn back)
+ONE_SIDE = {"rope_rotation_sign:q": (True, False), "rope_rotation_sign:k": (False, True)}
+ROTATION_SIGNS = ("rope_rotation_sign", *ONE_SIDE)
+
+
 def _rotated(q: Tensor, k: Tensor, n: int, layout: str, offset: int = 0, flags: V.Flags = frozenset(),
              theta: float = THETA) -> Tensor:
-    """The expected output, stacked: (n, B, H, T, Dh)."""
-    return torch.stack([V.rotary(t, layout, offset, flags, theta) for t in (q, k)[:n]])
+    """The expected output, stacked: (n, B, H, T, Dh). rope_rotation_sign:q (or :k) turns that one
+    alone the other way (its own rotate_half's minus on the wrong element)."""
+    side = next(iter(flags & ONE_SIDE.keys()), None)
+    rest, turned = flags - {side}, ONE_SIDE.get(side, (False, False))
+    return torch.stack([V.rotary(t, layout, offset, rest | {"rope_rotation_sign"} if back else rest, theta)
+                        for t, back in zip((q, k)[:n], turned)])
 
 
 # the positions handed as position_ids: (B, T), Hugging Face's; (T,), a function that builds its own table
@@ -461,6 +479,23 @@ GUESSED_ANGLES = (
 ANGLE_VIEWS = {"angles": lambda t: t, "angles_4d": lambda t: t.reshape(1, 1, T, DH),
                "sin_cos_pairs": lambda t: torch.stack(_sin_cos(t), -1).flatten(1),
                "sin_cos_halves": lambda t: torch.cat(_sin_cos(t), -1)}
+
+
+# a table its code splits into its sines and its cosines (Hugging Face's RoFormer: `sin, cos =
+# sinusoidal_pos.chunk(2, dim=-1)`): the sines, then the cosines
+SPLIT_TABLE = r"\w*sin\w*\s*,\s*\w*cos\w*\s*=\s*(?:torch\.chunk\(\s*{0}\s*,|{0}\.chunk\()\s*2\b"
+
+
+def _stated_table(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: list[str], q: Tensor,
+                  k: Tensor) -> tuple[str, bool, str, str, Tensor] | None:
+    """Where no rotation matched a table handed for an argument named for the angles: the table its own
+    code says it takes (SPLIT_TABLE: the sines then the cosines), compared with the interleaved pairs
+    (Hugging Face RoFormer's); None where its code says nothing of it (the table was a guess)."""
+    code = source_text(fn)
+    said = [n for n in names if n in ANGLE_NAMES and re.search(SPLIT_TABLE.format(re.escape(n)), code)]
+    attempt = ("interleaved", False, "sin_cos_halves")
+    out = _run_apply(ctx, fn, names, tensors, q, k, *attempt, 0) if said else None
+    return None if out is None else (*attempt, "interleaved", out)
 
 
 def _sin_cos(angles: Tensor) -> tuple[Tensor, Tensor]:

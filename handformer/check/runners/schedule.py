@@ -108,6 +108,7 @@ COSINE_FLAGS = (
     "schedule_warmup_off_by_one:early",
     "schedule_warmup_off_by_one:late",
     "cosine_from_step_zero",
+    "cosine_from_step_zero:end",
     "cosine_no_floor",
     "cosine_min_lr_ignored",
 )
@@ -121,6 +122,8 @@ def paper(
     sign = dict.fromkeys([V.has(flags, "schedule_exponent_sign")], -1.0)  # the exponent flipped: -1
     w = V.warmup_with(warmup, flags)
     step_term = n ** (-0.5 * sign.get("step", 1.0))
+    if "ratio" in sign:  # sqrt(n / T_w) for sqrt(T_w / n) after the warmup: n^0.5 * T_w^-1 for n^-0.5
+        step_term = n ** 0.5 / w
     warm_term = n * w ** (-1.5 * sign.get("warmup", 1.0))
     scale = 1.0 if "schedule_no_d_model" in flags else d_model ** (-0.5 * sign.get("d_model", 1.0))
     return factor * scale * min(step_term, warm_term)
@@ -154,8 +157,9 @@ def cosine(
     n = t + a if throughout else t
     if (n <= w) if throughout else (t < w):
         return max_lr * (t + a) / (w + b)
-    start = 0 if "cosine_from_step_zero" in flags else w
-    progress = (n - start) / (total - start)
+    zero = V.has(flags, "cosine_from_step_zero")  # "end": the decay's length kept, total - warmup
+    start = w if zero is None else 0
+    progress = (n - start) / (total - (w if zero == "end" else start))
     if progress > 1 and "cosine_no_floor" not in flags:
         return min_lr
     left = 1.0 - progress if linear else 0.5 * (1.0 + math.cos(math.pi * progress))  # 1 down to 0
@@ -691,7 +695,8 @@ INVERSE_SQRT_LABELS = {
                  "（fairseq 的 warmup_init_lr）"),
 }
 INVERSE_SQRT_FLAGS = ("schedule_warmup_off_by_one:early", "schedule_warmup_off_by_one:late",
-                      "schedule_exponent_sign:step", "schedule_exponent_sign:warmup")
+                      "schedule_exponent_sign:step", "schedule_exponent_sign:warmup",
+                      "schedule_exponent_sign:ratio")
 
 
 def _inverse_sqrt_conventions(sched: Schedule, got: dict[int, Any],

@@ -1,0 +1,77 @@
+"""The top-p of a sampling loop (`generate(input_ids, max_new_tokens, temperature=1.0, top_p=0.9)`, a
+model's own method as Hugging Face ports write it): driven once more for one new token at top_p =
+TOP_P (its temperature 1, its switch to sampling on), its model's logits handed as the model gives
+them, and `torch.multinomial` answering the likeliest token while it records the probabilities it was
+handed (generate_temperature.recorded_draws). Each row must keep as many tokens as top-p's nucleus of
+the logits: the most likely ones until their mass reaches TOP_P, the token that crosses it kept
+(counts, not places: Meta's sample_top_p samples from them sorted). A repetition penalty it takes is
+handed 1 (none); a loop that takes another filter whose setting is on by default (a top-k of 50) is not
+probed: its kept tokens are both filters'.
+
+Shape legend: B prompts, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from handformer.check.core.argument_names import K_NAMES, MIN_P_NAMES, P_NAMES, TEMPERATURE_NAMES, named
+from handformer.check.core.context import Context, forward_parameters
+from handformer.check.core.result import Check, ComponentResult, Finding, text
+from handformer.check.core.source import locate, source_lines
+from handformer.check.runners.generate_temperature import SOFT, Afresh, recorded_draws, sampling_on
+from handformer.check.runners.sampling import top_p_keep
+
+TOP_P = 0.6
+CROSSING = frozenset({"top_p_drops_crossing:le"})  # the token that crosses p dropped (cum <= p kept)
+OFF = (None, 0, 0.0)  # another filter's default that leaves it off
+REPEAT_NAMES = ("repetition_penalty", "rep_penalty", "repeat_penalty")  # handed 1: no penalty
+
+
+def _options(comp: Any) -> dict[str, Any] | None:
+    """The loop's top-p at TOP_P, its temperature at 1; None where it takes no top-p, or another filter
+    whose default is on."""
+    defaults = {p.name: p.default for p in forward_parameters(comp.obj)}
+    names = list(defaults)
+    top_p, other = named(names, P_NAMES), defaults.get(named(names, K_NAMES + MIN_P_NAMES))
+    options = {top_p: TOP_P, named(names, TEMPERATURE_NAMES): 1.0, named(names, REPEAT_NAMES): 1.0,
+               **sampling_on(comp.obj)}
+    options.pop(None, None)  # no temperature or penalty taken
+    return options if top_p in options and other in OFF else None
+
+
+def _counts(t: torch.Tensor) -> str:
+    return ", ".join(map(str, t.tolist()))
+
+
+def check_top_p(res: ComponentResult, ctx: Context, comp: Any, driver: Any, short: Any,
+                run_generate: Any) -> None:
+    """The probe of the module docstring (generate_loop's run_generate runs the loop); the crossing
+    token dropped is named top_p_drops_crossing."""
+    options = _options(comp)
+    if options is None:
+        return
+    seen: list[torch.Tensor] = []
+    B = short.prompt.size(0)
+    with recorded_draws(seen, SOFT):
+        run = run_generate(ctx, comp, Afresh(driver, seen), 1, B, short.as_list, options)
+        logits = driver.logits(run.prompt)[:, -1].double()  # (B, V)
+    if not seen or seen[0].shape[-1] != logits.size(-1):  # it never sampled, or sampled a subset
+        return
+    kept = (seen[0].reshape(-1, logits.size(-1))[:B] > 0).sum(-1)  # (B,) tokens each row keeps
+    right = top_p_keep(logits, TOP_P).sum(-1)  # (B,)
+    res.checks.append(Check(text(f"top_p={TOP_P}: it samples from the most likely tokens until their mass "
+                                 f"reaches {TOP_P}, the token that crosses it kept",
+                                 f"top_p={TOP_P}：它从概率最高、累计概率达到 {TOP_P} 的 token 中采样，"
+                                 "越过阈值的那个 token 也保留"), torch.equal(kept, right),
+                            text(f"it keeps {_counts(kept)} tokens; top-p keeps {_counts(right)}",
+                                 f"它保留了 {_counts(kept)} 个 token；top-p 应保留 {_counts(right)} 个")))
+    if torch.equal(kept, top_p_keep(logits, TOP_P, CROSSING).sum(-1)) and not torch.equal(kept, right):
+        number, code = locate("top_p_drops_crossing", source_lines(ctx.objects(comp, "top_p", "sample")))
+        res.findings.append(Finding("top_p_drops_crossing", text(
+            f"at top_p={TOP_P} your loop keeps {_counts(kept)} tokens: those whose cumulative probability "
+            f"stays within {TOP_P}, the token that crosses it dropped",
+            f"top_p={TOP_P} 时你的循环保留了 {_counts(kept)} 个 token：只保留累计概率不超过 {TOP_P} 的，"
+            "越过阈值的那个 token 被去掉了"), number, code))
