@@ -366,7 +366,9 @@ def _pairs(rope: str) -> tuple[str, str]:
 
 # parallel blocks (GPT-J's, GPT-NeoX's, Falcon's, Phi's), as the convention says them (en, zh)
 BLOCK_WORDS = {"parallel": ("parallel blocks, x + attn(norm(x)) + ffn(norm(x))",
-                            "并行 Block，x + attn(norm(x)) + ffn(norm(x))")}
+                            "并行 Block，x + attn(norm(x)) + ffn(norm(x))"),
+               "reordered": ("blocks norming each sublayer's output, x + norm(f(x)) (OLMo 2's)",
+                             "Block 对每个子层的输出归一化，x + norm(f(x))（OLMo 2 的写法）")}
 
 
 POSITION_OFFSET_NOTE = text(
@@ -381,7 +383,7 @@ HEAD_WORDS = {True: ("tied to the token embedding", "与词嵌入共享权重"),
 BIAS_WORDS = {True: (", with a bias", "，有偏置"), False: ("", "")}
 SCALED_WORDS = {True: ("; token embeddings times sqrt(d_model)", "；词嵌入乘以 sqrt(d_model)"),
                 False: ("", "")}
-PLACEMENTS = ("pre", "post", "parallel")  # the blocks' placements the search tries, in this order
+PLACEMENTS = ("pre", "post", "parallel", "reordered")  # the blocks' placements the search tries, in order
 BY_NORMS = {4: ("sandwich",)}  # four norms a block: Gemma 2/3's, the one placement they are read in
 # handformer's norms of a block with two (one a sublayer) or four (Gemma 2/3's sandwich: before and
 # after each sublayer)
@@ -573,8 +575,10 @@ def _with_embed_norm(hf: CausalLM, m: GPTMap) -> CausalLM:
 
 
 def _qk_norm(m: GPTMap) -> str:
-    """"head" when the learner's attentions norm each query and key head (QK-norm), else "none"."""
-    return "head" if any(s.role == "q_norm" for s in m.blocks[0].attn[0]) else "none"
+    """"head" when the learner's attentions norm each query and key head (QK-norm), "width" when
+    they norm all the heads together (OLMo 2's q_norm as wide as the queries), else "none"."""
+    q_norms = [s.leaf.weight.numel() for s in m.blocks[0].attn[0] if s.role == "q_norm"]
+    return "none" if not q_norms else "head" if q_norms[0] == D // H else "width"
 
 
 def keep_of(T: int, flags: frozenset[str]) -> Tensor:
