@@ -782,7 +782,21 @@ def _vectors_in(comp: Component, ctx: Context, res: ComponentResult, module: nn.
     if any(p.default is p.empty for p in forward_parameters(module)[1:]):
         raise unstacked
     x = fp.randn(2, 8, D, seed=3)  # (B, T, D)
-    return check_stack(comp, res, module, lambda: ctx.learner.call("forward", module, x), unstacked)
+    handed = _kept_mask(module, x)
+    return check_stack(comp, res, module, lambda: ctx.learner.call("forward", module, x, **handed), unstacked)
+
+
+def _kept_mask(module: nn.Module, x: Tensor) -> dict[str, Tensor]:
+    """What a stack of vectors is handed besides them: nothing where it runs on them alone, else a mask
+    of ones under its mask argument's name (DistilBERT's Transformer(x, attn_mask=None), whose layers
+    read the mask whatever its default): 1 = keep in Hugging Face's convention; nothing where the
+    output is then not finite (a convention that reads 1 as hidden), the stack left unchecked."""
+    names = [p.name for p in forward_parameters(module)[1:] if "mask" in p.name.lower()]
+    if not names or fp.quietly(lambda: module(x)) is not None:
+        return {}
+    handed = {names[0]: torch.ones(x.shape[:2], dtype=torch.long)}  # (B, T)
+    out = fp.first_tensor(fp.quietly(lambda: module(x, **handed)))
+    return handed if out is not None and bool(out.isfinite().all()) else {}
 
 
 def _held_backbone(comp: Component) -> DiscoveryError:
