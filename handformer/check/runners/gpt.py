@@ -206,6 +206,7 @@ def map_gpt(module: nn.Module) -> GPTMap:
         raise MappingError(en, zh=zh)
     if any("alibi" in forward_names(child) for _, child in layers):
         raise MappingError(NO_ALIBI[0], zh=NO_ALIBI[1])
+    _one_ffn_kind(blocks)
     outer = outside(module, [child for _, child in layers])
     embeds = of_kind(outer, "embedding")
     wte = next((e for e in embeds if e.weight.size(0) == VOCAB), None)
@@ -231,6 +232,23 @@ def map_gpt(module: nn.Module) -> GPTMap:
     if wpe is None:
         m.ropes, m.theta, m.table_theta = _rotary(module)
     return m
+
+
+def _one_ffn_kind(blocks: list[LayerMap]) -> None:
+    """MappingError where the blocks' feed-forward networks are not read alike (nanoMoE's mixture of
+    experts in every other block, a dense FFN in the rest): handformer's CausalLM has one in every block."""
+    def kind(block: LayerMap) -> tuple[Any, ...]:
+        return tuple((s.role, tuple(s.weight().shape)) for s in block.ffn)
+
+    apart = [i for i, block in enumerate(blocks) if kind(block) != kind(blocks[0])]
+    if apart:
+        raise MappingError(f"the feed-forward network of block {apart[0]} is not built as block 0's (a "
+                           "mixture of experts in some blocks, one network in others?); handformer's "
+                           "CausalLM has the same one in every block, so the model is not compared; its "
+                           "layers are checked on their own",
+                           zh=f"Block {apart[0]} 的前馈网络和 Block 0 的结构不同（有的 Block 用混合专家，"
+                              "有的用一个网络？）；handformer 的 CausalLM 每个 Block 用同一种，"
+                              "所以不比较整个模型；它的各层单独检查")
 
 
 EMBED_NORM = re.compile(r"(?<![\w.])(?:F\.)?(\w+)\(\s*self\.[\w.\[\]\"']*(wte|emb|tok)")
