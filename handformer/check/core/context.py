@@ -641,20 +641,14 @@ def random_draw(run: Callable[[], Tensor | None]) -> tuple[int, str] | None:
     dropout off, the draw in its class's source; None where dropout alone is random."""
     seen: list[list[tuple[nn.Module, Tensor | None]]] = [[], []]
     for seed, calls in zip((3, 4), seen):
-        hook = nn.modules.module.register_module_forward_hook(
-            lambda m, args, out, calls=calls: calls.append((m, fp.first_tensor(out))))
         torch.manual_seed(seed)
-        try:
-            with fp.dropout_off():
-                fp.quietly(run)
-        finally:
-            hook.remove()
-    apart = (m for (m, a), (_, b) in zip(*seen)
-             if a is not None and b is not None and a.shape == b.shape and not torch.equal(a, b))
-    first = next(apart, None)
-    if first is None:
-        return None
-    lines = source_lines([type(first)])
+        record = nn.modules.module.register_module_forward_hook(
+            lambda m, args, out, calls=calls: calls.append((m, fp.first_tensor(out))))
+        with fp.hooked([record]), fp.dropout_off():
+            fp.quietly(run)
+    # (a module that returns no tensor, or another shape each run, is inf apart: not the one)
+    first = next((m for (m, a), (_, b) in zip(*seen) if 0 < fp.max_error(a, b) < math.inf), None)
+    lines = source_lines([type(first)])  # none for no module
     number, code = first_line([RANDOM_DRAW.pattern], lines)
     return None if number is None else _guard(number, str(code), lines)
 
@@ -662,13 +656,11 @@ def random_draw(run: Callable[[], Tensor | None]) -> tuple[int, str] | None:
 def _guard(number: int, code: str, lines: list[tuple[int, str]]) -> tuple[int, str]:
     """The `if` a draw at line `number` sits under (its condition lets it run in eval mode: nanoMoE's
     `if self.use_noisy_top_k:` with no `and self.training`), else the draw's line itself."""
-    raw = dict(lines)[number]
-    depth = len(raw) - len(raw.lstrip())
-    for above, line in sorted((nl for nl in lines if nl[0] < number), reverse=True):
-        indent = len(line) - len(line.lstrip())
-        if line.strip() and indent < depth:
-            return (above, line.strip()) if line.lstrip().startswith("if ") else (number, code)
-    return number, code
+    raw = dict(lines)
+    depth = len(raw[number]) - len(raw[number].lstrip())
+    # the last line above it that is indented less: the statement it sits in
+    above = [number, *[n for n, line in lines if n < number and re.match(rf" {{0,{depth - 1}}}\S", line)]][-1]
+    return [(number, code), (above, raw[above].strip())][raw[above].lstrip().startswith("if ")]
 
 
 def check_determinism(res: ComponentResult, ctx: Context, comp: Component,

@@ -12,6 +12,7 @@ Shape legend: B batch, T length.
 from __future__ import annotations
 
 import ast
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,8 +42,9 @@ def keyed_batch(fn: Any) -> KeyedBatch | None:
     nodes = function_nodes(fn)
     calls = {len(n.args) + len(n.keywords) for n in nodes
              if getattr(getattr(n, "func", None), "id", None) == model}  # model(...) calls: their arguments
-    helpers = [m for f in functions_called(fn) for m in function_nodes(f)]  # a loss of its file (sft_loss)
-    cuts = {(_value(n.lower), _value(n.upper)) for n in (*nodes, *helpers) if isinstance(n, ast.Slice)}
+    helpers = map(function_nodes, functions_called(fn))  # a loss of its file it calls (sft_loss)
+    cuts = {(_value(n.lower), _value(n.upper)) for n in itertools.chain(nodes, *helpers)
+            if isinstance(n, ast.Slice)}
     found = len(keys) > 1 and calls == {1} and bool({(None, -1), (1, None)} & cuts)
     return KeyedBatch(batch, tuple(keys)) if found else None
 

@@ -519,7 +519,7 @@ def qk_norm_slots(extra: list[Leaf], head_dim: int, width: int = 0) -> list[Slot
 
 def _qk_width(size: int, head_dim: int, width: int) -> bool:
     """A q/k norm's width: one head's, or a whole number of heads up to the queries' width."""
-    return size == head_dim or (size % head_dim == 0 and size <= width)
+    return size in range(head_dim, max(width, head_dim) + 1, head_dim)
 
 
 def qk_norm_weights(slot: Slot) -> V.NormWeights:

@@ -237,18 +237,14 @@ def map_gpt(module: nn.Module) -> GPTMap:
 def _one_ffn_kind(blocks: list[LayerMap]) -> None:
     """MappingError where the blocks' feed-forward networks are not read alike (nanoMoE's mixture of
     experts in every other block, a dense FFN in the rest): handformer's CausalLM has one in every block."""
-    def kind(block: LayerMap) -> tuple[Any, ...]:
-        return tuple((s.role, tuple(s.weight().shape)) for s in block.ffn)
-
-    apart = [i for i, block in enumerate(blocks) if kind(block) != kind(blocks[0])]
-    if apart:
-        raise MappingError(f"the feed-forward network of block {apart[0]} is not built as block 0's (a "
-                           "mixture of experts in some blocks, one network in others?); handformer's "
-                           "CausalLM has the same one in every block, so the model is not compared; its "
-                           "layers are checked on their own",
-                           zh=f"Block {apart[0]} 的前馈网络和 Block 0 的结构不同（有的 Block 用混合专家，"
-                              "有的用一个网络？）；handformer 的 CausalLM 每个 Block 用同一种，"
-                              "所以不比较整个模型；它的各层单独检查")
+    if len({tuple((s.role, tuple(s.weight().shape)) for s in block.ffn) for block in blocks}) > 1:
+        raise MappingError("its blocks' feed-forward networks are not all built alike (a mixture of experts "
+                           "in some blocks, one network in others?); handformer's CausalLM has the same "
+                           "one in every block, so the model is not compared; its layers are checked on "
+                           "their own",
+                           zh="它各 Block 的前馈网络结构不全相同（有的 Block 用混合专家，有的用一个网络？）；"
+                              "handformer 的 CausalLM 每个 Block 用同一种，所以不比较整个模型；"
+                              "它的各层单独检查")
 
 
 EMBED_NORM = re.compile(r"(?<![\w.])(?:F\.)?(\w+)\(\s*self\.[\w.\[\]\"']*(wte|emb|tok)")
@@ -595,8 +591,8 @@ def _with_embed_norm(hf: CausalLM, m: GPTMap) -> CausalLM:
 def _qk_norm(m: GPTMap) -> str:
     """"head" when the learner's attentions norm each query and key head (QK-norm), "width" when
     they norm all the heads together (OLMo 2's q_norm as wide as the queries), else "none"."""
-    q_norms = [s.leaf.weight.numel() for s in m.blocks[0].attn[0] if s.role == "q_norm"]
-    return "none" if not q_norms else "head" if q_norms[0] == D // H else "width"
+    widths = frozenset(s.leaf.weight.numel() for s in m.blocks[0].attn[0] if s.role == "q_norm")
+    return {frozenset(): "none", frozenset({D // H}): "head"}.get(widths, "width")
 
 
 def keep_of(T: int, flags: frozenset[str]) -> Tensor:
@@ -809,12 +805,12 @@ def _kept_mask(module: nn.Module, x: Tensor) -> dict[str, Tensor]:
     of ones under its mask argument's name (DistilBERT's Transformer(x, attn_mask=None), whose layers
     read the mask whatever its default): 1 = keep in Hugging Face's convention; nothing where the
     output is then not finite (a convention that reads 1 as hidden), the stack left unchecked."""
-    names = [p.name for p in forward_parameters(module)[1:] if "mask" in p.name.lower()]
-    if not names or fp.quietly(lambda: module(x)) is not None:
+    names = [p.name for p in forward_parameters(module)[1:] if "mask" in p.name.lower()][:1]
+    if fp.quietly(lambda: module(x)) is not None:
         return {}
-    handed = {names[0]: torch.ones(x.shape[:2], dtype=torch.long)}  # (B, T)
-    out = fp.first_tensor(fp.quietly(lambda: module(x, **handed)))
-    return handed if out is not None and bool(out.isfinite().all()) else {}
+    handed = {name: torch.ones(x.shape[:2], dtype=torch.long) for name in names}  # (B, T)
+    finite = fp.quietly(lambda: bool(fp.first_tensor(module(x, **handed)).isfinite().all()))
+    return handed if finite else {}
 
 
 def _held_backbone(comp: Component) -> DiscoveryError:
