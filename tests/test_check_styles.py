@@ -664,7 +664,8 @@ NORM_THEN_ROTATE = ("        q, k = self.q_norm(q), self.k_norm(k)\n"
 
 def test_an_attention_with_qk_norm_is_compared_with_handformers_qk_norm(tmp_path):
     """q_norm and k_norm of width head_dim (Qwen3's QK-norm) are the reference's q/k norms, not
-    parameters it lacks; normed after the rotation fails, named; norms of another width are not mapped."""
+    parameters it lacks; normed after the rotation fails, named; norms as wide as all the heads (OLMo 2's,
+    k_norm as wide as the key heads) are compared before the split."""
     path = tmp_path / "qk_norm.py"
     path.write_text(QK_NORM.replace("{norm_then_rotate}", NORM_THEN_ROTATE))
     (comp,) = check_file(str(path)).components
@@ -680,8 +681,9 @@ def test_an_attention_with_qk_norm_is_compared_with_handformers_qk_norm(tmp_path
         whole = whole.replace(f"{name}_norm = nn.RMSNorm(self.head_dim", f"{name}_norm = nn.RMSNorm({width}")
         whole = whole.replace(f"self.{name}_proj(x).view", f"self.{name}_norm(self.{name}_proj(x)).view")
     path.write_text(whole)
-    (comp,) = check_file(str(path)).components
-    assert comp.status == "not_checked" and "q_norm (16,), k_norm (8,)" in comp.error.message, format_report(check_file(str(path)))
+    (comp,) = check_file(str(path)).components  # k_norm as wide as the key heads (8): compared so
+    assert comp.status == "pass" and comp.mapping[-2:] == ["q_norm -> q_norm", "k_norm -> k_norm"], (
+        format_report(check_file(str(path))))
 
 
 def test_a_start_pos_given_one_a_batch_row_is_handed_so(tmp_path):

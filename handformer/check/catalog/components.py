@@ -34,8 +34,8 @@ DIAGNOSES: list[Diagnosis] = [
       "style bool mask, True = masked, run again with --mask-convention torch)",
       "屏蔽掩码为 0 的位置：scores.masked_fill(mask == 0, -1e9)（若使用 torch.nn 的布尔掩码约定，"
       "True = 屏蔽，请加 --mask-convention torch 重新检查）",
+      r"\w*mask\w*\s*[=!]=\s*[01]\b",  # a mask compared with 0 or 1 (`return subsequent_mask == 0`, turned)
       r"masked_fill", r"\w+\[\s*~?\s*keep\s*\]\s*=",
-      r"\w*mask\w*\s*[=!]=\s*[01]\b",  # a mask function's `return subsequent_mask == 0`, turned
       # BERT's additive mask: + (1 - mask) * -10000, the mask maybe named attention_mask
       r"\w*mask\w*\b.*\*\s*-\s*\d|-\s*\d[\d.e]*\s*\*.*\w*mask",
       # or times the dtype's lowest value (Hugging Face's: (1.0 - mask) * torch.finfo(dtype).min)

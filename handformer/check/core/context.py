@@ -615,12 +615,52 @@ def dropout_finding(ctx: Context, comp: Component, run: Callable[[], Tensor | No
     torch.manual_seed(4)
     c = run()
     diff = fp.max_error(a, c)  # inf when the third run returns nothing or another shape
+    drawn = random_draw(run)
+    if drawn is not None:
+        return Finding("dropout_in_eval", text(
+            f"in eval mode two runs on the same input differ by up to {diff:.3g}, with dropout turned off "
+            "too: a random draw that is not a dropout runs in eval mode (draw it only in training: if "
+            "self.training)", f"eval 模式下同一输入两次运行最多相差 {diff:.3g}，关掉 dropout 也一样："
+            "不是 dropout 的随机抽样在 eval 模式下也在运行（只在训练时抽样：if self.training）"), *drawn)
     number, code = locate("dropout_in_eval", source_lines(ctx.objects(comp, *kinds)))
     return Finding("dropout_in_eval", text(
         f"in eval mode two runs on the same input differ by up to {diff:.3g}; with the same random "
         "seed they agree, so randomness (dropout) is still on",
         f"eval 模式下同一输入两次运行最多相差 {diff:.3g}；固定随机种子后结果一致，说明随机性（dropout）"
         "仍然开着"), number, code)
+
+
+# a random draw in a forward: torch.randn_like(logits), torch.rand(...), x.normal_(), torch.multinomial
+RANDOM_DRAW = re.compile(r"\b(?:randn|rand|randint|randperm|multinomial|bernoulli|normal)(?:_like)?\(|"
+                         r"\.(?:normal_|uniform_|bernoulli_|exponential_)\(")
+
+
+def random_draw(run: Callable[[], Tensor | None]) -> tuple[int, str] | None:
+    """The line of a random draw other than dropout that makes eval runs differ (nanoMoE's noisy
+    gating left on): the first module call whose output differs between two runs with other seeds and
+    dropout off, the draw in its class's source; None where dropout alone is random."""
+    seen: list[list[tuple[nn.Module, Tensor | None]]] = [[], []]
+    for seed, calls in zip((3, 4), seen):
+        torch.manual_seed(seed)
+        record = nn.modules.module.register_module_forward_hook(
+            lambda m, args, out, calls=calls: calls.append((m, fp.first_tensor(out))))
+        with fp.hooked([record]), fp.dropout_off():
+            fp.quietly(run)
+    # (a module that returns no tensor, or another shape each run, is inf apart: not the one)
+    first = next((m for (m, a), (_, b) in zip(*seen) if 0 < fp.max_error(a, b) < math.inf), None)
+    lines = source_lines([type(first)])  # none for no module
+    number, code = first_line([RANDOM_DRAW.pattern], lines)
+    return None if number is None else _guard(number, str(code), lines)
+
+
+def _guard(number: int, code: str, lines: list[tuple[int, str]]) -> tuple[int, str]:
+    """The `if` a draw at line `number` sits under (its condition lets it run in eval mode: nanoMoE's
+    `if self.use_noisy_top_k:` with no `and self.training`), else the draw's line itself."""
+    raw = dict(lines)
+    depth = len(raw[number]) - len(raw[number].lstrip())
+    # the last line above it that is indented less: the statement it sits in
+    above = [number, *[n for n, line in lines if n < number and re.match(rf" {{0,{depth - 1}}}\S", line)]][-1]
+    return [(number, code), (above, raw[above].strip())][raw[above].lstrip().startswith("if ")]
 
 
 def check_determinism(res: ComponentResult, ctx: Context, comp: Component,

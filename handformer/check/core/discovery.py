@@ -685,6 +685,7 @@ CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("decoder_layer", lambda c: decoder_only(c, POSITION_EXTRAS), "block"),
     # found by its ending (Llama3Model's "Model"): what its forward takes says
     ("gpt", lambda c: c.__name__ not in NAMES["gpt"] and not decoder_only(c), "transformer"),
+    ("gpt", lambda c: encoder_only_model(c), "encoder_model"),  # DistilBertForMaskedLM: nothing causal
     ("mha", lambda c: causal_inside(c), "causal_attention"),  # Raschka's, Karpathy's: forward(x)
     ("mha", lambda c: reads_kv_heads(c), "gqa"),
     # a block of a mixture-of-experts model named for its FFN (MoEBlock: attention, then the experts)
@@ -731,9 +732,22 @@ def encoder_block(cls: Any) -> bool:
     defaults = {p.default for p in _forward_parameters(cls).values() if "mask" in p.name.lower()}
     if defaults and None not in defaults or set(_forward_parameters(cls)) & DECODING_EXTRAS:
         return False
+    return nothing_causal(cls)
+
+
+def nothing_causal(cls: Any) -> bool:
+    """Whether nothing in the class's file is causal: no tril, triu, is_causal=True, causal,
+    subsequent or look-ahead mask."""
     source = source_text(_module_of(cls))
     return bool(source) and not CAUSAL_WORDS.search(source) and not re.search(r"subsequent|look_?ahead",
                                                                                source)
+
+
+def encoder_only_model(cls: Any) -> bool:
+    """A model of one sequence of token ids (found by its name as a GPT: DistilBertForMaskedLM,
+    DistilBertModel) that takes Hugging Face's attention_mask and whose file is causal nowhere: every
+    token sees every other, an encoder-only model (BERT's kin), not a decoder-only one."""
+    return "attention_mask" in _forward_parameters(cls) and nothing_causal(cls)
 
 
 def takes_keys_apart(cls: Any) -> bool:

@@ -3,7 +3,8 @@
 and the labels itself (`logits[..., :-1, :]`, `labels[..., 1:]`): every key but a mask holds the
 same (B, T + 1) windows of text, a mask holds ones. Read from the step's source: the keys it reads
 of its batch argument, a model called on one sequence alone, and a slice that drops the first or
-the last position (an encoder-decoder's step calls its model on the source and the target).
+the last position, in the step or in a function of its file it calls (an SFT tutorial's
+sft_loss(logits, labels)); an encoder-decoder's step calls its model on the source and the target.
 
 Shape legend: B batch, T length.
 """
@@ -11,6 +12,7 @@ Shape legend: B batch, T length.
 from __future__ import annotations
 
 import ast
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +20,7 @@ import torch
 from torch import Tensor
 
 from handformer.check.core.argument_names import BATCH_NAMES, STEP_MODEL_NAMES, named, readable_parameters
-from handformer.check.core.source import config_reads, function_nodes, source_text
+from handformer.check.core.source import config_reads, function_nodes, functions_called, source_text
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,9 @@ def keyed_batch(fn: Any) -> KeyedBatch | None:
     nodes = function_nodes(fn)
     calls = {len(n.args) + len(n.keywords) for n in nodes
              if getattr(getattr(n, "func", None), "id", None) == model}  # model(...) calls: their arguments
-    cuts = {(_value(n.lower), _value(n.upper)) for n in nodes if isinstance(n, ast.Slice)}
+    helpers = map(function_nodes, functions_called(fn))  # a loss of its file it calls (sft_loss)
+    cuts = {(_value(n.lower), _value(n.upper)) for n in itertools.chain(nodes, *helpers)
+            if isinstance(n, ast.Slice)}
     found = len(keys) > 1 and calls == {1} and bool({(None, -1), (1, None)} & cuts)
     return KeyedBatch(batch, tuple(keys)) if found else None
 

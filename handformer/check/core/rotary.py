@@ -38,15 +38,16 @@ def interleaved_to_half_(hf: nn.Module, heads: int = H, swapped: bool = False) -
     order = torch.cat([torch.arange(0, Dh, 2), torch.arange(1, Dh, 2)])  # (Dh,): evens, then odds
     if swapped:
         order = torch.cat([torch.arange(Dh // 2, Dh), torch.arange(0, Dh // 2)])  # (Dh,): second half first
+    def rows(width: int) -> Tensor:  # (width,): each head's dims in that order
+        return (torch.arange(width // Dh)[:, None] * Dh + order).reshape(-1)
+
     for proj in (hf.q_proj, hf.k_proj):
-        heads = proj.weight.size(0) // Dh
-        rows = (torch.arange(heads)[:, None] * Dh + order).reshape(-1)  # (heads * Dh,)
-        proj.weight.copy_(proj.weight[rows])
+        proj.weight.copy_(proj.weight[rows(proj.weight.size(0))])
         if proj.bias is not None:
-            proj.bias.copy_(proj.bias[rows])
-    for norm in (hf.q_norm, hf.k_norm):  # QK-norm: each head's gains in the same order
+            proj.bias.copy_(proj.bias[rows(proj.bias.size(0))])
+    for norm in (hf.q_norm, hf.k_norm):  # QK-norm: the gains of each head (or of all, OLMo 2's) in that order
         if getattr(norm, "weight", None) is not None:
-            norm.weight.copy_(norm.weight[order])
+            norm.weight.copy_(norm.weight[rows(norm.weight.size(0))])
 
 
 def turned_width(rope: str, head_dim: int) -> int:

@@ -325,11 +325,13 @@ def _settings(callee: Any, given: int) -> dict[str, Any] | None:
 def token_batch(fn: Any) -> str | None:
     """The batch a step takes as one tensor of token windows (B, T + 1) that it cuts into micro-batches
     or shifts itself (`batch.chunk(accum)`, `batch[:, :-1]`): inputs and targets are made from it; or
-    token ids it shifts itself where it takes no targets (MiniCPM-style `model(input_ids[:, :-1])`)."""
+    token ids it shifts itself where it takes no targets (MiniCPM-style `model(input_ids[:, :-1])`), or
+    hands its model as the labels too (Hugging Face's `model(input_ids, labels=input_ids)`)."""
     found = _argument_used(fn, BATCH_NAMES, r"\b{0}\.(?:chunk|split)\(|torch\.(?:chunk|split)\(\s*{0}\b|"
                                             r"\b{0}\[\s*:\s*,\s*(?::-1|1:)\s*\]")
     alone = not set(_signature(fn)[1]) & set(Y_NAMES)  # no targets handed
-    return found or _argument_used(fn, TOKEN_NAMES * alone, r"\b{0}\[\s*:\s*,\s*(?::-1|1:)\s*\]")
+    return found or _argument_used(fn, TOKEN_NAMES * alone, r"\b{0}\[\s*:\s*,\s*(?::-1|1:)\s*\]|"
+                                                            r"\blabels\s*=\s*{0}\b")
 
 
 TOKEN_NAMES = ("input_ids", "tokens", "ids", "token_ids")  # token ids a step shifts itself

@@ -503,9 +503,9 @@ _QK_NAMES = {"q_norm": re.compile(r"(q|query)_?(norm|layernorm|ln|rmsnorm)"),
 
 def qk_norm_slots(extra: list[Leaf], head_dim: int, width: int = 0) -> list[Slot]:
     """An attention's parameters besides its projections as QK-norm: exactly two norms named like
-    q_norm and k_norm (q_layernorm, query_norm) of width head_dim, or both as wide as the queries
-    (`width`: OLMo-2's, over all heads together); else none."""
-    kinds = {(x.kind, x.weight.size(0) in (head_dim, width)) for x in extra}
+    q_norm and k_norm (q_layernorm, query_norm) of width head_dim, or as wide as all their heads
+    together (OLMo-2's: the queries' `width`, the keys' Hkv * head_dim); else none."""
+    kinds = {(x.kind, _qk_width(x.weight.size(0), head_dim, width)) for x in extra}
     if len(extra) != 2 or kinds != {("norm", True)}:
         return []
     slots = []
@@ -515,6 +515,11 @@ def qk_norm_slots(extra: list[Leaf], head_dim: int, width: int = 0) -> list[Slot
             return []
         slots.append(Slot(role, hits[0]))
     return slots
+
+
+def _qk_width(size: int, head_dim: int, width: int) -> bool:
+    """A q/k norm's width: one head's, or a whole number of heads up to the queries' width."""
+    return size in range(head_dim, max(width, head_dim) + 1, head_dim)
 
 
 def qk_norm_weights(slot: Slot) -> V.NormWeights:

@@ -33,7 +33,9 @@ def batches(rows: int = BATCH) -> list[tuple[Tensor, Tensor]]:
 
 class Logits(nn.Module):
     """handformer's model as the learner's step sees it: `model(x)` returns the logits (B, T, V);
-    `model(x, y)` (nanoGPT's `logits, loss = model(X, Y)`) returns them with the cross-entropy."""
+    `model(x, y)` (nanoGPT's `logits, loss = model(X, Y)`) returns them with the cross-entropy;
+    `model(x, labels=x)` (Hugging Face's labels, the inputs themselves) with the cross-entropy of each
+    position against the next token, as a model that shifts its labels computes it."""
 
     def __init__(self, model: CausalLM) -> None:
         super().__init__()
@@ -45,6 +47,8 @@ class Logits(nn.Module):
         targets = next((a for a in list(args) + list(kwargs.values()) if isinstance(a, Tensor)), None)
         if targets is None:
             return logits
+        if kwargs.get("labels") is x:  # labels=x (the ids handed as both): the model shifts them
+            logits, targets = logits[:, :-1], targets[:, 1:]  # (B, T - 1, V), (B, T - 1)
         return logits, F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
 
 
