@@ -19,10 +19,10 @@ import torch
 
 from handformer.check.core.argument_names import K_NAMES, MIN_P_NAMES, P_NAMES, TEMPERATURE_NAMES, named
 from handformer.check.core.context import Context, forward_parameters
+from handformer.check.core.nucleus import top_p_keep
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.runners.generate_temperature import SOFT, Afresh, recorded_draws, sampling_on
-from handformer.check.runners.sampling import top_p_keep
 
 TOP_P = 0.6
 CROSSING = frozenset({"top_p_drops_crossing:le"})  # the token that crosses p dropped (cum <= p kept)

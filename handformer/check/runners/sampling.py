@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,6 +50,7 @@ from handformer.check.core.localize_kinds import (
     localize_top_p,
     note_departure,
 )
+from handformer.check.core.nucleus import EQUALITY, TOP_P_FLAGS, top_p_keep
 from handformer.check.core.processors import PROCESSOR_NAMES, NoProcessors
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.signatures import leading_tensor, rows_apart, takes_one_row
@@ -497,29 +497,6 @@ def _ties(res: ComponentResult, call: Caller, logits: Tensor) -> None:
 # rows of dyadic probabilities: their cumulative sums are exact in float64 (the equality case)
 DYADIC = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.0078125],
                       dtype=torch.float64)
-
-
-def top_p_keep(logits: Tensor, p: float, flags: frozenset[str] = frozenset()) -> Tensor:
-    """The tokens top-p keeps (bool, like logits), exactly (no tolerance), by the rule the flags name
-    (TOP_P_RULES); top_p_empty_set: no guard for the most likely token, which follows the rule's
-    comparison on its own cumulative sum (the set may be empty)."""
-    probs, order = torch.sort(torch.softmax(logits, -1), dim=-1, descending=True, stable=True)
-    cum = probs.cumsum(-1)
-    rule = min(flags & TOP_P_RULES.keys(), key=list(TOP_P_RULES).index, default="")  # the first flagged
-    on_cum, keeps = TOP_P_RULES[rule]
-    keep = keeps(cum if on_cum else cum - probs, p)  # cum - probs: the probability ranked above a token
-    keep[..., 0] = keeps(cum[..., 0], p) if "top_p_empty_set" in flags else True
-    return torch.zeros_like(keep).scatter(-1, order, keep)
-
-
-EQUALITY = "top_p_extra_at_equality"  # a flag of the search only: a convention, never a finding
-# the rule a top-p keeps tokens by: (compared on the cumulative sum? else on the mass ranked above a token,
-# the comparison with p): the reference's (mass above < p), then the classic mistakes: the crossing token
-# dropped (cum <= p, or cum < p), one more kept at equality (mass above <= p)
-TOP_P_RULES = {"": (False, operator.lt), "top_p_drops_crossing:le": (True, operator.le),
-               "top_p_drops_crossing:lt": (True, operator.lt), EQUALITY: (False, operator.le)}
-TOP_P_FLAGS = ("top_p_drops_crossing:le", "top_p_drops_crossing:lt", EQUALITY,
-               "top_p_empty_set")
 
 
 def _top_p_departure(res: ComponentResult, ctx: Context, comp: Component, call: Caller, kept: list[Tensor],
