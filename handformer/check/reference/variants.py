@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from handformer.check.reference.remembered import remembered
+
 Linear = tuple[Tensor, Tensor | None]  # (weight (out, in), bias (out,) or None)
 Flags = frozenset[str]
 
@@ -211,10 +213,26 @@ def repeat_kv(x: Tensor, n_rep: int, flags: Flags = frozenset()) -> Tensor:
     return x.repeat_interleave(n_rep, dim=1)  # (B, H, S, Dh): heads 0, 0, 1, 1, ...
 
 
+# the mistakes an attention reads (multi_head_attention and what it calls; tests pin it from their code):
+# a layer's other mistakes leave its answer as it is, so a search remembers one answer for all of them
+ATTENTION_READS = frozenset({
+    "kv_swapped", "split_no_transpose", "qk_norm_after_rope", "rope_no_offset", "rope_wrong_base",
+    "rope_rotation_sign", "kv_repeat_order", "sink_not_in_softmax", "no_scaling", "scale_by_dk",
+    "mask_not_applied", "mask_hides_queries", "mask_repeat_order", "mask_inverted", "mask_after_softmax",
+    "nan_on_masked_rows", "softmax_wrong_dim", "concat_no_transpose", "no_output_projection"})
+
+
 def multi_head_attention(w: MHAWeights, xq: Tensor, xk: Tensor, xv: Tensor, keep: Tensor | None,
                          flags: Flags = frozenset(), offset: int = 0) -> tuple[Tensor, Tensor]:
     """(B, T, D) queries, (B, S, D) keys and values -> ((B, T, D), weights (B, H, T, S)).
     offset: the position of the first query and key (for rotary positions)."""
+    read = frozenset(f for f in flags if f.partition(":")[0] in ATTENTION_READS)
+    return _multi_head_attention(w, xq, xk, xv, keep, read, offset)
+
+
+@remembered
+def _multi_head_attention(w: MHAWeights, xq: Tensor, xk: Tensor, xv: Tensor, keep: Tensor | None,
+                          flags: Flags, offset: int) -> tuple[Tensor, Tensor]:
     B, T, _ = xq.shape
     wk, wv = (w.v, w.k) if has(flags, "kv_swapped") is not None else (w.k, w.v)
     n_kv = w.n_kv_heads or w.n_heads
@@ -376,6 +394,7 @@ class NormWeights:
     offset: bool = False  # the weight is 1 + the learner's (Gemma's gain kept as an offset from one)
 
 
+@remembered
 def norm(w: NormWeights, x: Tensor, flags: Flags | None = None) -> Tensor:
     """LayerNorm or RMSNorm over the last dimension, with the norm's mistakes: the Annotated
     Transformer's unbiased std + eps (or the unbiased variance inside the root), eps outside the

@@ -122,6 +122,7 @@ from handformer.check.core.weights import (
 from handformer.check.core.windows import own_window, window_found, window_inputs, window_keep, window_note
 from handformer.check.reference import variants as V
 from handformer.check.reference.parallel import as_parallel_
+from handformer.check.reference.remembered import remembering
 from handformer.check.runners.attention import (
     PAD_BUMP,
     PAD_KEYS,
@@ -1034,7 +1035,8 @@ def _search(layer: Layer, ctx: Context, run: Callable[[str], Tensor | None], inp
         w = layer.weights(slots, act, placement, rope, form)
         return fp.search(outputs[conv], lambda flags: _compute(layer, w, inp, flags),
                          responsive(outputs, _flags(layer, w)), rows, most, least)
-    found = fp.search_settings(settings, search_one, fewest=True)
+    with remembering():  # the attention of each reading computed once for all the readings that share it
+        found = fp.search_settings(settings, search_one, fewest=True)
     return None if found is None else (found[0][0], *found[0][1], found[1], found[2])
 
 
