@@ -709,6 +709,30 @@ def norm_slots(norms: list[Leaf], count: int, names: list[str], what: str,
     return [Slot(f"norm {i + 1} ({n})", leaf) for i, (n, leaf) in enumerate(zip(names, norms))]
 
 
+def by_sublayer(norms: list[Leaf], sublayers: list[list[Slot]]) -> list[Leaf]:
+    """A layer's norms in the order of the sublayers whose modules hold them, where one does (ALBERT's
+    attention.LayerNorm, defined after the layer's own norm; BERT's attention.output.LayerNorm): a norm
+    goes with the sublayer whose weights share the longest module path with it; the others keep their
+    definition order in the places left. Unchanged where the counts differ or two claim one place."""
+    owner = {id(n): _holder(n, sublayers) for n in norms}
+    claimed = [i for i in owner.values() if i is not None]
+    if len(norms) != len(sublayers) or len(set(claimed)) < len(claimed):
+        return norms
+    placed = {owner[id(n)]: n for n in norms if owner[id(n)] is not None}
+    rest = iter(n for n in norms if owner[id(n)] is None)
+    return [placed[i] if i in placed else next(rest) for i in range(len(sublayers))]
+
+
+def _holder(norm: Leaf, sublayers: list[list[Slot]]) -> int | None:
+    """The one sublayer whose weights share the longest module path with the norm; None on a tie."""
+    def shared(name: str) -> int:
+        a, b = norm.name.split(".")[:-1], name.split(".")[:-1]
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    depths = [max((shared(s.leaf.name) for s in slots), default=-1) for slots in sublayers]
+    best = max(depths, default=-1)
+    return depths.index(best) if depths.count(best) == 1 else None
+
+
 FFN_NORM_WORDS = re.compile("ffn|mlp|feed_forward|feedforward|post_attention")
 FFN_WORDS = re.compile("ffn|mlp|feed|ff_|_ff")
 
