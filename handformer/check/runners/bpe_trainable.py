@@ -138,7 +138,8 @@ def _special_ids(tok: Any) -> dict[str, int]:
     return next(filter(lambda v: bpe.typed(v, str, int) and set(v) <= set(SPECIALS), vars(tok).values()), {})
 
 
-def _trained_on(comp: Component, ctx: Context, kwargs: dict[str, Any], lines: list[str]) -> tuple[Any, list[Any]]:
+def _trained_on(comp: Component, ctx: Context, kwargs: dict[str, Any], lines: list[str],
+                ) -> tuple[Any, list[Any]]:
     """A fresh instance trained on `lines` (handed where the text was) with `kwargs`, and its merges; a
     train(text) that takes one string and refuses a list is handed the lines joined by spaces, which
     SentencePiece's ▁ cuts into the same words."""

@@ -719,8 +719,10 @@ class Caller:
         logits, first = fp.first_tensor(items, 3), fp.first_tensor(items[:1], 2)
         if logits is None and first is not None:
             logits = _flat_logits(first, idx)
-        # the loss: the one number it returns (Hugging Face's (loss, logits, presents)), else a tensor second
-        return logits, fp.first_tensor([fp.first_tensor(items, 0), *items[1:2]])
+        # the loss: the one number it returns (Hugging Face's (loss, logits, presents)), else a tensor of one
+        # element second (not the hidden states a model returns beside its logits for contrastive search)
+        second = [t for t in items[1:2] if isinstance(t, Tensor) and t.numel() == 1]
+        return logits, fp.first_tensor([fp.first_tensor(items, 0), *second])
 
 
 def _flat_logits(first: Tensor, idx: Tensor) -> Tensor | None:

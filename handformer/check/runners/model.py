@@ -449,7 +449,8 @@ class Caller:
         # model on torch.nn's attention takes them as torch.nn does, or as the tutorials' keep-masks
         # that it turns into torch.nn's itself
         self.forms, self.fallback = MASK_FORMS[holds_torch_attention(module)]
-        if HF_IDS & {p.name for p in forward_parameters(self.forward)}:  # HF's (input_ids, attention_mask, ...)
+        # HF's forward(input_ids, attention_mask, decoder_input_ids, ...): ids and masks by name
+        if HF_IDS & {p.name for p in forward_parameters(self.forward)}:
             self.forms, self.fallback = ("hf",), "hf"
         # d2l's forward(enc_X, dec_X, *args): the source's valid lengths as its one more argument
         lengths = {True: "lens"}.get(_takes_rest(self.forward), self.fallback)
