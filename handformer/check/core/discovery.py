@@ -492,6 +492,7 @@ def _by_signature(own: dict[str, Any], taken: set[str], wanted: set[str], pointe
 SUFFIXES: dict[str, tuple[str, ...]] = {"block": ("Block", "Layer"), "decoder_layer": ("DecoderLayer",),
                                         "encoder_layer": ("EncoderLayer",),  # BartEncoderLayer
                                         "gpt": ("ForCausalLM", "LanguageModel", "LM", "Model"),
+                                        "encoder_model": ("Model",),  # AlbertModel: token types, no causal LM
                                         "mha": ("Attention",), "ffn": ("MLP", "Mlp", "FeedForward"),
                                         "rmsnorm": ("RMSNorm",), "rope": ("RotaryEmbedding",),
                                         # Mixtral's MixtralSparseMoeBlock, Qwen-MoE's Qwen2MoeSparseMoeBlock
@@ -596,7 +597,7 @@ def transformer_lm(cls: Any) -> bool:
 
 
 SUFFIX_TESTS: dict[str, Callable[[Any], bool]] = {"mha": computes_attention,
-                                                  "gpt": transformer_lm,
+                                                  "gpt": transformer_lm, "encoder_model": encoder_only,
                                                   "block": lambda c: not part_of_a_block(c)}
 # a class named ...Layer is a block when its __init__ builds an attention and an FFN (GPT-NeoX's GPTNeoXLayer;
 # Hugging Face BERT's BertLayer, whose FFN's first linear is its `intermediate`)
