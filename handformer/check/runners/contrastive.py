@@ -62,8 +62,8 @@ class Recorder:
 
 def _alpha_line(fn: Any) -> tuple[int | None, str | None]:
     """The line of the loop that weighs the candidates' probabilities against their similarity: the
-    first after its `def` that reads alpha on the right of an `=`."""
-    return first_line([r"=.*\balpha\b"], source_lines([fn])[1:])
+    first after its `def` that reads alpha (penalty_alpha) on the right of an `=`."""
+    return first_line([r"=.*alpha"], source_lines([fn])[1:])
 
 
 @dataclass

@@ -141,12 +141,14 @@ class ModelMap:
 
 def _table(module: nn.Module) -> Tensor | None:
     """The learner's sinusoidal table as it stored it (a float32 buffer: handformer uses its values,
-    so that rounding is not taken for a difference); None when no buffer is the paper's table."""
+    so that rounding is not taken for a difference); None when no buffer is the paper's table, or
+    the paper's sines and cosines in another layout of its features (Marian's and fairseq's: the sines
+    in the first half, the cosines in the second), a convention."""
+    tables = [sinusoidal_table(MAX_LEN, D)] + [V.sinusoidal(MAX_LEN, D, layout=k) for k in V.PE_LAYOUTS]
     for buf in module.buffers():
         if buf.dim() >= 2 and buf.size(-1) == D and buf.is_floating_point() and buf[..., 0, :].numel() == D:
             table = buf.reshape(-1, buf.size(-2), D)[0]  # (L, D)
-            paper = sinusoidal_table(MAX_LEN, D)
-            if table.size(0) >= MAX_LEN and fp.max_error(table[:MAX_LEN], paper) < 1e-5:
+            if table.size(0) >= MAX_LEN and any(fp.max_error(table[:MAX_LEN], t) < 1e-5 for t in tables):
                 return table[:MAX_LEN].double()
     return None
 
