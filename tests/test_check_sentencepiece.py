@@ -1,7 +1,8 @@
 """A SentencePiece-style BPE (fixtures/learners_sentencepiece/): train(text) takes one string (it is
 handed the fixture's lines joined by spaces, which ▁ cuts into the same words), unseen characters fall
-back to byte pieces; correct, it passes; decoding each byte piece on its own and merging the pair
-learnt last first are each named at their line."""
+back to byte pieces; correct, it passes; decoding each byte piece on its own, merging the pair learnt
+last first and keeping the space the ▁ in front of the text decodes to are each reported at their
+line."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
 
 HERE = Path(__file__).parent / "fixtures" / "learners_sentencepiece"
-PLANTS = {"decode_per_byte.py": ("bpe_decode_per_token", 83), "latest_merge_first.py": ("bpe_encode_merge_order", 65)}
+PLANTS = {"decode_per_byte.py": ("bpe_decode_per_token", 83), "latest_merge_first.py": ("bpe_encode_merge_order", 65),
+          "space_kept.py": ("departs", 87)}
 
 
 @pytest.fixture(scope="module", params=["correct.py", *PLANTS])

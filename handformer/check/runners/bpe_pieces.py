@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from handformer.check.core.context import Context
-from handformer.check.core.result import ComponentResult, Finding, failed_check, text
-from handformer.check.core.source import locate, locate_form
+from handformer.check.core.result import DEPARTS, ComponentResult, Finding, failed_check, text
+from handformer.check.core.source import first_line, locate, locate_form, source_lines
 from handformer.check.core.weights import MappingError
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import DOCUMENTS, VOCAB_SIZE
@@ -77,11 +77,12 @@ def _round_trip(res: ComponentResult, ctx: Context, tok: Any, merges: list[tuple
     encode = lambda line, order: [p for w in _words_of(line)  # noqa: E731
                                   for p in ENCODERS.get(order, R.encode_word)(w, ranks, order)]
     made = {order: [seen(encode(line, order)) for line in LINES] for order in ORDERS}
-    ours, bad = [], []
+    ours, bad, backs = [], [], []
     for line, want in zip(LINES, made["rank"]):
         ids = ctx.learner.call("encode", tok.encode, line)
         ours.append(list(ids) if piece_of else len(ids))
-        if (ctx.learner.call("decode", tok.decode, ids), len(ids)) != (line, len(want) if piece_of else want):
+        backs.append(ctx.learner.call("decode", tok.decode, ids))
+        if (backs[-1], len(ids)) != (line, len(want) if piece_of else want):
             bad.append((line, len(ids), len(want) if piece_of else want))
     res.checks.append(failed_check(text(
         f"decode(encode(line)) gives each of the {len(LINES)} lines back, in as many ids as its merges "
@@ -89,6 +90,19 @@ def _round_trip(res: ComponentResult, ctx: Context, tok: Any, merges: list[tuple
         "id 数等于按合并（先学到的先用）切出的片段数"), not bad, lambda: text(
         f"{bad[0][0][:40]!r}: {bad[0][1]} ids, {bad[0][2]} pieces", f"{bad[0][0][:40]!r}：{bad[0][1]} 个 id，"
         f"{bad[0][2]} 个片段")))
+    _order_finding(res, made, ours, bool(bad), lines)
+    if bad and backs == [" " + line for line in LINES]:  # the ▁ put in front of the text, kept
+        res.findings.append(Finding(DEPARTS, KEPT_SPACE, *first_line([r"^\s*return\b"], source_lines(
+            [tok.decode])[::-1])))
+
+
+KEPT_SPACE = text("decode gives each line back with a space in front: the ▁ put before the text is not "
+                  "taken off", "decode 还原的每一行前面都多了一个空格：加在文本前面的 ▁ 没有去掉")
+
+
+def _order_finding(res: ComponentResult, made: dict[str, list[Any]], ours: list[Any], bad: bool,
+                   lines: list[tuple[int, str]]) -> None:
+    """bpe_encode_merge_order where the encode's pieces (or counts) on every line are another order's."""
     order = next((o for o in ORDERS[1:] if bad and made[o] == ours != made["rank"]), None)
     if order is not None:
         order = order.removesuffix("_one")
