@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -714,23 +715,20 @@ def by_sublayer(norms: list[Leaf], sublayers: list[list[Slot]]) -> list[Leaf]:
     attention.LayerNorm, defined after the layer's own norm; BERT's attention.output.LayerNorm): a norm
     goes with the sublayer whose weights share the longest module path with it; the others keep their
     definition order in the places left. Unchanged where the counts differ or two claim one place."""
-    owner = {id(n): _holder(n, sublayers) for n in norms}
-    claimed = [i for i in owner.values() if i is not None]
-    if len(norms) != len(sublayers) or len(set(claimed)) < len(claimed):
+    owners = [_holder(n, sublayers) for n in norms]
+    free = iter(i for i in range(len(sublayers)) if i not in owners)
+    places = [next(free, -1) if i is None else i for i in owners]
+    if sorted(places) != list(range(len(sublayers))):
         return norms
-    placed = {owner[id(n)]: n for n in norms if owner[id(n)] is not None}
-    rest = iter(n for n in norms if owner[id(n)] is None)
-    return [placed[i] if i in placed else next(rest) for i in range(len(sublayers))]
+    return [norms[places.index(i)] for i in range(len(sublayers))]
 
 
 def _holder(norm: Leaf, sublayers: list[list[Slot]]) -> int | None:
     """The one sublayer whose weights share the longest module path with the norm; None on a tie."""
-    def shared(name: str) -> int:
-        a, b = norm.name.split(".")[:-1], name.split(".")[:-1]
-        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    depths = [max((shared(s.leaf.name) for s in slots), default=-1) for slots in sublayers]
-    best = max(depths, default=-1)
-    return depths.index(best) if depths.count(best) == 1 else None
+    path = norm.name.split(".")[:-1]
+    depths = [max(len(os.path.commonprefix([path, s.leaf.name.split(".")[:-1]])) for s in slots)
+              for slots in sublayers]
+    return depths.index(max(depths)) if depths.count(max(depths)) == 1 else None
 
 
 FFN_NORM_WORDS = re.compile("ffn|mlp|feed_forward|feedforward|post_attention")

@@ -72,26 +72,19 @@ def _round_trip(res: ComponentResult, ctx: Context, tok: Any, merges: list[tuple
     pieces (or their counts, without a vocabulary to read them by) are those of another order of the
     merges on every line, that mistake named."""
     ranks = {pair: r for r, pair in enumerate(merges)}
-    piece_of = _piece_of(tok)
-    seen = lambda pieces: [piece_of.get(p) for p in pieces] if piece_of else len(pieces)  # noqa: E731  (ids)
-    encode = lambda line, order: [p for w in _words_of(line)  # noqa: E731
-                                  for p in ENCODERS.get(order, R.encode_word)(w, ranks, order)]
-    made = {order: [seen(encode(line, order)) for line in LINES] for order in ORDERS}
-    ours, bad, backs = [], [], []
-    for line, want in zip(LINES, made["rank"]):
-        ids = ctx.learner.call("encode", tok.encode, line)
-        ours.append(list(ids) if piece_of else len(ids))
-        backs.append(ctx.learner.call("decode", tok.decode, ids))
-        if (backs[-1], len(ids)) != (line, len(want) if piece_of else want):
-            bad.append((line, len(ids), len(want) if piece_of else want))
+    made = {order: [_pieces(line, ranks, order) for line in LINES] for order in ORDERS}
+    ours = [list(ctx.learner.call("encode", tok.encode, line)) for line in LINES]
+    backs = [ctx.learner.call("decode", tok.decode, ids) for ids in ours]
+    bad = [(line, len(ids), len(want)) for line, ids, want, back in zip(LINES, ours, made["rank"], backs)
+           if (back, len(ids)) != (line, len(want))]
     res.checks.append(failed_check(text(
         f"decode(encode(line)) gives each of the {len(LINES)} lines back, in as many ids as its merges "
         "(the earliest learnt first) make pieces", f"decode(encode(line)) 还原 {len(LINES)} 行中的每一行，"
         "id 数等于按合并（先学到的先用）切出的片段数"), not bad, lambda: text(
         f"{bad[0][0][:40]!r}: {bad[0][1]} ids, {bad[0][2]} pieces", f"{bad[0][0][:40]!r}：{bad[0][1]} 个 id，"
         f"{bad[0][2]} 个片段")))
-    _order_finding(res, made, ours, bool(bad), lines)
-    if bad and backs == [" " + line for line in LINES]:  # the ▁ put in front of the text, kept
+    _order_finding(res, made, ours, _piece_of(tok), lines)
+    if backs == [f" {line}" for line in LINES]:  # the ▁ put in front of the text, kept
         res.findings.append(Finding(DEPARTS, KEPT_SPACE, *first_line([r"^\s*return\b"], source_lines(
             [tok.decode])[::-1])))
 
@@ -100,10 +93,12 @@ KEPT_SPACE = text("decode gives each line back with a space in front: the ▁ pu
                   "taken off", "decode 还原的每一行前面都多了一个空格：加在文本前面的 ▁ 没有去掉")
 
 
-def _order_finding(res: ComponentResult, made: dict[str, list[Any]], ours: list[Any], bad: bool,
-                   lines: list[tuple[int, str]]) -> None:
-    """bpe_encode_merge_order where the encode's pieces (or counts) on every line are another order's."""
-    order = next((o for o in ORDERS[1:] if bad and made[o] == ours != made["rank"]), None)
+def _order_finding(res: ComponentResult, made: dict[str, list[list[str]]], ours: list[list[int]],
+                   piece_of: dict[str, int], lines: list[tuple[int, str]]) -> None:
+    """bpe_encode_merge_order where the encode's pieces (its ids read by `piece_of`) on every line are
+    another order's, not the reference's."""
+    ids = {o: [[piece_of.get(p) for p in pieces] for pieces in made[o]] for o in ORDERS}
+    order = next((o for o in ORDERS[1:] if ids[o] == ours != ids["rank"]), None)
     if order is not None:
         order = order.removesuffix("_one")
         en, zh = ORDER_FORMS[order]
@@ -113,13 +108,15 @@ def _order_finding(res: ComponentResult, made: dict[str, list[Any]], ours: list[
             *locate_form("bpe_encode_merge_order", order, lines)[1:], order))
 
 
-def _piece_of(tok: Any) -> dict[Any, Any]:
-    """piece -> id, the tokenizer's vocabulary as it holds it (a dict of pieces to ids, or a list of
-    pieces), the largest; empty where it holds none."""
-    held = list(vars(tok).values())
-    found = [{p: i for i, p in enumerate(v)} for v in held if isinstance(v, list) and bpe.typed(v, int, str)]
-    found += [v for v in held if bpe.typed(v, str, int)]
-    return max(found, key=len, default={})
+def _piece_of(tok: Any) -> dict[str, int]:
+    """piece -> id, the largest dict of pieces to ids the tokenizer holds; empty where it holds none."""
+    return max(filter(lambda v: bpe.typed(v, str, int), vars(tok).values()), key=len, default={})
+
+
+def _pieces(line: str, ranks: dict[tuple[str, str], int], order: str) -> list[str]:
+    """The line's pieces, its words merged in `order` (ORDERS)."""
+    encode = ENCODERS.get(order, R.encode_word)
+    return [piece for word in _words_of(line) for piece in encode(word, ranks, order)]
 
 
 # the reference's order first, then the mistakes': latest_one is latest one occurrence at a time, the
@@ -140,6 +137,7 @@ def _latest_one(word: tuple[str, ...], ranks: dict[tuple[str, str], int], order:
 ENCODERS = {"latest_one": _latest_one}
 BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # SentencePiece's byte-fallback pieces, <0x00> .. <0xFF>
 UNSEEN = "Ω ✓ 한국 Ωmega ✓✓"  # characters the fixture's lines never hold: each must fall back to bytes
+PER_BYTE = re.sub(r"[^ mega]", lambda c: "\ufffd" * len(c[0].encode()), UNSEEN)  # each byte decoded alone
 
 
 def byte_fallback(res: ComponentResult, ctx: Context, tok: Any, lines: list[tuple[int, str]]) -> None:
@@ -152,8 +150,7 @@ def byte_fallback(res: ComponentResult, ctx: Context, tok: Any, lines: list[tupl
         f"characters never seen in training come back through the byte pieces: decode(encode({UNSEEN!r}))",
         f"训练时没见过的字经字节片段还原：decode(encode({UNSEEN!r}))"), back == UNSEEN,
         lambda: text(f"{back!r}", f"得到 {back!r}")))
-    per_byte = "".join(c if c in "".join(LINES) else "\ufffd" * len(c.encode()) for c in UNSEEN)
-    if back != UNSEEN and back == per_byte:
+    if back == PER_BYTE:
         res.findings.append(Finding("bpe_decode_per_token", text(
             f"your decode gives {back!r}: one U+FFFD for each byte of each character never seen, each byte "
             "piece turned into text on its own",

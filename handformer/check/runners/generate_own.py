@@ -346,8 +346,8 @@ def check_generate(comp: Component, ctx: Context) -> ComponentResult:
     (generate_own.py), else through the stand-in."""
     res = ctx.result(comp)
     with own_driver(ctx, comp) as own:
-        found = contrastive.read_contrastive(ctx, comp, own.module) if own and not own.holder else None
-        if own and found:  # contrastive search: neither greedy nor sampling (contrastive.py)
+        found = own and not own.holder and contrastive.read_contrastive(ctx, comp, own.module)
+        if found:  # contrastive search: neither greedy nor sampling (contrastive.py)
             contrastive.check_contrastive(res, ctx, comp, own.module, found, own.name)
             return finish(res)
         driver = own or StandIn()

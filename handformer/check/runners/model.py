@@ -452,7 +452,7 @@ class Caller:
         # that it turns into torch.nn's itself
         self.forms, self.fallback = MASK_FORMS[holds_torch_attention(module)]
         # HF's forward(input_ids, attention_mask, decoder_input_ids, ...): ids and masks by name
-        if HF_IDS & {p.name for p in forward_parameters(self.forward)}:
+        if HF_IDS <= {p.name for p in forward_parameters(self.forward)}:
             self.forms, self.fallback = ("hf",), "hf"
         # d2l's forward(enc_X, dec_X, *args): the source's valid lengths as its one more argument
         lengths = {True: "lens"}.get(_takes_rest(self.forward), self.fallback)
@@ -484,9 +484,8 @@ class Caller:
         """HF's forward(input_ids, attention_mask, decoder_input_ids, decoder_attention_mask): the ids by
         name, each mask a padding mask (B, S) or (B, T), 1 = token, of the side its name says (the
         decoder builds its causal mask itself)."""
-        ids = [p.name for p in forward_parameters(self.forward) if "mask" not in p.name.lower()][:2]
         masks = {name: ((tgt if "decoder" in name.lower() else src) != PAD).long() for name in self.masks}
-        return self.forward(**dict(zip(ids, (src, tgt))), **masks)
+        return self.forward(input_ids=src, decoder_input_ids=tgt, **masks)
 
     def _with_lengths(self, src: Tensor, tgt: Tensor) -> Any:
         """d2l's forward(enc_X, dec_X, *args): the source's valid lengths (B,) as its one more argument,
@@ -576,7 +575,7 @@ LAYOUTS: dict[int | str, tuple[Callable[[Tensor], Tensor], Callable[[Any], Any]]
 # by whether a model holds torch.nn's attention: the mask forms its Caller tries, and the one it falls back to
 MASK_FORMS: dict[bool, tuple[tuple[int | str, ...], int | str]] = {
     True: (("torch", "torch_first", -4, -3), "torch"), False: ((4,), 3)}
-HF_IDS = {"decoder_input_ids", "decoder_attention_mask"}  # in a forward's arguments: HF's seq2seq forward
+HF_IDS = {"input_ids", "decoder_input_ids"}  # a forward's arguments: Hugging Face's seq2seq forward
 MASK_DTYPE = {True: torch.bool, False: torch.long}  # the tutorials' masks: bool (a negative rank) or 0/1 int
 # the mask form each of the learner's models took when its Caller first ran it: the form its decoding
 # functions hand it

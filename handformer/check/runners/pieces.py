@@ -232,9 +232,8 @@ def built_activation(name: str) -> str:
 
 def plain_activation_(module: torch.nn.Module, name: str) -> torch.nn.Module:
     """`module` (a reference built with built_activation(name)) with `name` in each plain FeedForward."""
-    for ffn in module.modules() if name in BUILT_AS else ():
-        if type(ffn) is FeedForward:
-            ffn.act, ffn.activation = V.ACTIVATIONS[name], name
+    for ffn in filter(lambda m: type(m) is FeedForward and name in BUILT_AS, module.modules()):
+        ffn.act, ffn.activation = V.ACTIVATIONS[name], name
     return module
 # what a gated FFN's class name promises: SwiGLU is SiLU-gated, GEGLU GELU-gated
 NAMED_ACTIVATION = (("swiglu", "silu"), ("silu", "silu"), ("swish", "silu"), ("geglu", "gelu"),
