@@ -16,6 +16,7 @@ Shape legend: B batch, T tokens so far, V vocabulary, C the hidden width, k cand
 
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -73,7 +74,11 @@ class Read:
 
 def read_contrastive(ctx: Any, comp: Component, module: nn.Module) -> Read | None:
     """The loop's k and alpha where it is contrastive search on `module` (its second call's rows are
-    each first-call row k times, each with one of its k likeliest tokens appended); None otherwise."""
+    each first-call row k times, each with one of its k likeliest tokens appended); None otherwise.
+    Run on a copy: a cache the model keeps inside must stay empty for the checks after."""
+    module = fp.quietly(lambda: copy.deepcopy(module))
+    if module is None:
+        return None
     recorder = Recorder(module)
     try:
         fp.quietly(lambda: call_generate(ctx, comp, recorder, prompts(2), 1))
