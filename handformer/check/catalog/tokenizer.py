@@ -110,6 +110,7 @@ DIAGNOSES: list[Diagnosis] = [
         '先把所有 id 的字节拼起来，再解码一次：b"".join(vocab[i] for i in ids).decode("utf-8", '
         'errors="replace")',
         r"join\(.*decode\(",
+        r"\.decode\(",  # a call, not decode's `def decode(`
         r"decode\(",
     ),
     d(

@@ -24,6 +24,7 @@ from handformer.check.core.weights import (
     MappingError,
     Slot,
     attention_slots,
+    by_sublayer,
     leaves,
     norm_slots,
     of_kind,
@@ -125,6 +126,7 @@ def map_layer(path: str, child: nn.Module, F_width: int, kv: int | None = None) 
     norms = norms or gainless_norms(child, len(names))
     if len(norms) == 1:
         norms = norms * len(names)
+    norms = by_sublayer(norms, [*attn, ffn])
     slots = norm_slots(norms, len(names), names, path, sandwich=not decoder)  # (Gemma's four: a block's)
     return LayerMap(path, decoder, attn, ffn, slots)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -712,6 +713,27 @@ def norm_slots(norms: list[Leaf], count: int, names: list[str], what: str,
     if names[-1] == "FFN":  # gpt-fast defines ffn_norm before attention_norm: the FFN's norm goes last
         norms = sorted(norms, key=lambda leaf: bool(FFN_NORM_WORDS.search(leaf.name.lower())))
     return [Slot(f"norm {i + 1} ({n})", leaf) for i, (n, leaf) in enumerate(zip(names, norms))]
+
+
+def by_sublayer(norms: list[Leaf], sublayers: list[list[Slot]]) -> list[Leaf]:
+    """A layer's norms in the order of the sublayers whose modules hold them, where one does (ALBERT's
+    attention.LayerNorm, defined after the layer's own norm; BERT's attention.output.LayerNorm): a norm
+    goes with the sublayer whose weights share the longest module path with it; the others keep their
+    definition order in the places left. Unchanged where the counts differ or two claim one place."""
+    owners = [_holder(n, sublayers) for n in norms]
+    free = iter(i for i in range(len(sublayers)) if i not in owners)
+    places = [next(free, -1) if i is None else i for i in owners]
+    if sorted(places) != list(range(len(sublayers))):
+        return norms
+    return [norms[places.index(i)] for i in range(len(sublayers))]
+
+
+def _holder(norm: Leaf, sublayers: list[list[Slot]]) -> int | None:
+    """The one sublayer whose weights share the longest module path with the norm; None on a tie."""
+    path = norm.name.split(".")[:-1]
+    depths = [max(len(os.path.commonprefix([path, s.leaf.name.split(".")[:-1]])) for s in slots)
+              for slots in sublayers]
+    return depths.index(max(depths)) if depths.count(max(depths)) == 1 else None
 
 
 FFN_NORM_WORDS = re.compile("ffn|mlp|feed_forward|feedforward|post_attention")

@@ -15,10 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 from handformer.check.core.context import Context
-from handformer.check.core.result import ComponentResult, failed_check, text
+from handformer.check.core.result import DEPARTS, ComponentResult, Finding, failed_check, text
+from handformer.check.core.source import first_line, locate, locate_form, source_lines
 from handformer.check.core.weights import MappingError
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import DOCUMENTS, VOCAB_SIZE
+from handformer.check.runners import bpe
+from handformer.check.runners.bpe_codec import ORDER_FORMS
 
 SPACE = "\u2581"  # ▁: SentencePiece's mark of a space
 LINES = "\n".join(DOCUMENTS).splitlines()
@@ -41,7 +44,7 @@ def sentencepiece_words(lines: list[str]) -> Counter[tuple[str, ...]]:
 
 
 def check_pieces(res: ComponentResult, ctx: Context, train: Callable[[list[str]], tuple[Any, list[Any]]],
-                 merges: list[tuple[str, str]]) -> None:
+                 merges: list[tuple[str, str]], lines: list[tuple[int, str]]) -> None:
     """A tokenizer whose `merges` (learnt from the fixture's text) are pairs of characters: a fresh one
     trained on the fixture's lines (`train`), its merges replayed on them, then its encode and decode
     on each line."""
@@ -59,25 +62,102 @@ def check_pieces(res: ComponentResult, ctx: Context, train: Callable[[list[str]]
         "每一次都是（按词频计数的）出现最多的一对"), step is None, lambda: text(
         f"merge {step}, {merges[step]}, is not a most frequent pair once the merges before it are applied",
         f"合并 {step}（从 0 数）{merges[step]} 在应用它之前的合并后，不是出现最多的一对")))
-    _round_trip(res, ctx, tok, merges)
+    _round_trip(res, ctx, tok, merges, lines)
+    byte_fallback(res, ctx, tok, lines)
 
 
-def _round_trip(res: ComponentResult, ctx: Context, tok: Any, merges: list[tuple[str, str]]) -> None:
-    """decode(encode(line)) == line, in as many ids as the merges applied by rank make pieces."""
+def _round_trip(res: ComponentResult, ctx: Context, tok: Any, merges: list[tuple[str, str]],
+                lines: list[tuple[int, str]]) -> None:
+    """decode(encode(line)) == line, in as many ids as the merges applied by rank make pieces; where its
+    pieces (or their counts, without a vocabulary to read them by) are those of another order of the
+    merges on every line, that mistake named."""
     ranks = {pair: r for r, pair in enumerate(merges)}
-    bad = []
-    for line in LINES:
-        ids = ctx.learner.call("encode", tok.encode, line)
-        pieces = sum(len(R.encode_word(w, ranks)) for w in _words_of(line))
-        if (ctx.learner.call("decode", tok.decode, ids), len(ids)) != (line, pieces):
-            bad.append((line, len(ids), pieces))
+    made = {order: [_pieces(line, ranks, order) for line in LINES] for order in ORDERS}
+    ours = [list(ctx.learner.call("encode", tok.encode, line)) for line in LINES]
+    backs = [ctx.learner.call("decode", tok.decode, ids) for ids in ours]
+    bad = [(line, len(ids), len(want)) for line, ids, want, back in zip(LINES, ours, made["rank"], backs)
+           if (back, len(ids)) != (line, len(want))]
     res.checks.append(failed_check(text(
         f"decode(encode(line)) gives each of the {len(LINES)} lines back, in as many ids as its merges "
         "(the earliest learnt first) make pieces", f"decode(encode(line)) 还原 {len(LINES)} 行中的每一行，"
         "id 数等于按合并（先学到的先用）切出的片段数"), not bad, lambda: text(
         f"{bad[0][0][:40]!r}: {bad[0][1]} ids, {bad[0][2]} pieces", f"{bad[0][0][:40]!r}：{bad[0][1]} 个 id，"
         f"{bad[0][2]} 个片段")))
+    _order_finding(res, made, ours, _piece_of(tok), lines)
+    if backs == [f" {line}" for line in LINES]:  # the ▁ put in front of the text, kept
+        res.findings.append(Finding(DEPARTS, KEPT_SPACE, *first_line([r"^\s*return\b"], source_lines(
+            [tok.decode])[::-1])))
+
+
+KEPT_SPACE = text("decode gives each line back with a space in front: the ▁ put before the text is not "
+                  "taken off", "decode 还原的每一行前面都多了一个空格：加在文本前面的 ▁ 没有去掉")
+
+
+def _order_finding(res: ComponentResult, made: dict[str, list[list[str]]], ours: list[list[int]],
+                   piece_of: dict[str, int], lines: list[tuple[int, str]]) -> None:
+    """bpe_encode_merge_order where the encode's pieces (its ids read by `piece_of`) on every line are
+    another order's, not the reference's."""
+    ids = {o: [[piece_of.get(p) for p in pieces] for pieces in made[o]] for o in ORDERS}
+    order = next((o for o in ORDERS[1:] if ids[o] == ours != ids["rank"]), None)
+    if order is not None:
+        order = order.removesuffix("_one")
+        en, zh = ORDER_FORMS[order]
+        res.findings.append(Finding("bpe_encode_merge_order", text(
+            f"on each of the {len(LINES)} lines your encode gives the pieces the merges make when {en}",
+            f"在全部 {len(LINES)} 行上，你的 encode 给出的片段都是这样合并切出的：{zh}"),
+            *locate_form("bpe_encode_merge_order", order, lines)[1:], order))
+
+
+def _piece_of(tok: Any) -> dict[str, int]:
+    """piece -> id, the largest dict of pieces to ids the tokenizer holds; empty where it holds none."""
+    return max(filter(lambda v: bpe.typed(v, str, int), vars(tok).values()), key=len, default={})
+
+
+def _pieces(line: str, ranks: dict[tuple[str, str], int], order: str) -> list[str]:
+    """The line's pieces, its words merged in `order` (ORDERS)."""
+    encode = ENCODERS.get(order, R.encode_word)
+    return [piece for word in _words_of(line) for piece in encode(word, ranks, order)]
+
+
+# the reference's order first, then the mistakes': latest_one is latest one occurrence at a time, the
+# rightmost first (max over (rank, position))
+ORDERS = ("rank", "leftmost", "latest", "latest_one", "reversed")
+
+
+def _latest_one(word: tuple[str, ...], ranks: dict[tuple[str, str], int], order: str) -> list[str]:
+    """The word's pieces with the pair of highest rank merged first, at its rightmost place, again
+    until no pair has a rank."""
+    pieces = list(word)
+    while found := [(ranks[p], i) for i, p in enumerate(zip(pieces, pieces[1:])) if p in ranks]:
+        _, i = max(found)
+        pieces[i:i + 2] = [pieces[i] + pieces[i + 1]]
+    return pieces
+
+
+ENCODERS = {"latest_one": _latest_one}
+BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # SentencePiece's byte-fallback pieces, <0x00> .. <0xFF>
+UNSEEN = "Ω ✓ 한국 Ωmega ✓✓"  # characters the fixture's lines never hold: each must fall back to bytes
+PER_BYTE = re.sub(r"[^ mega]", lambda c: "\ufffd" * len(c[0].encode()), UNSEEN)  # each byte decoded alone
+
+
+def byte_fallback(res: ComponentResult, ctx: Context, tok: Any, lines: list[tuple[int, str]]) -> None:
+    """A tokenizer that holds the 256 byte pieces: a text of characters it never saw comes back from
+    decode(encode(text)); each piece decoded on its own (U+FFFD for each byte) is bpe_decode_per_token."""
+    if not any(len(BYTE_PIECE.findall(repr(v))) >= 256 for v in vars(tok).values()):
+        return
+    back = ctx.learner.call("decode", tok.decode, ctx.learner.call("encode", tok.encode, UNSEEN))
+    res.checks.append(failed_check(text(
+        f"characters never seen in training come back through the byte pieces: decode(encode({UNSEEN!r}))",
+        f"训练时没见过的字经字节片段还原：decode(encode({UNSEEN!r}))"), back == UNSEEN,
+        lambda: text(f"{back!r}", f"得到 {back!r}")))
+    if back == PER_BYTE:
+        res.findings.append(Finding("bpe_decode_per_token", text(
+            f"your decode gives {back!r}: one U+FFFD for each byte of each character never seen, each byte "
+            "piece turned into text on its own",
+            f"你的 decode 得到 {back!r}：没见过的字每个字节一个 U+FFFD，每个字节片段被单独转成了文本"),
+            *locate("bpe_decode_per_token", lines)))
 
 
 def _words_of(line: str) -> list[tuple[str, ...]]:
-    return list(sentencepiece_words([line]).elements())
+    """The line's words as SentencePiece cuts them, in order."""
+    return [tuple(w) for w in re.split(f"(?={SPACE})", SPACE + line.replace(" ", SPACE)) if w]

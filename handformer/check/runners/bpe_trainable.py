@@ -51,11 +51,11 @@ def check_trainable(comp: Component, ctx: Context) -> ComponentResult:
     with bpe.deadline(bpe.FIXTURE_LIMIT):
         ctx.learner.call("train", tok.train, **kwargs)
     vocab, merges = _learnt(tok)
+    lines = source_lines(ctx.objects(comp))
     if bpe_pieces.character_merges(merges):  # SentencePiece's BPE on characters: no byte-level reference
-        bpe_pieces.check_pieces(res, ctx, lambda lines: _trained_on(comp, ctx, kwargs, lines), merges)
+        bpe_pieces.check_pieces(res, ctx, lambda text: _trained_on(comp, ctx, kwargs, text), merges, lines)
         return finish(res)
     split, pattern = _splitter(tok, comp, ctx)
-    lines = source_lines(ctx.objects(comp))
     _split_note(res, ctx, pattern)
     with R.split_by(split):
         size = kwargs.get("vocab_size", VOCAB_SIZE + 1)
@@ -138,8 +138,18 @@ def _special_ids(tok: Any) -> dict[str, int]:
     return next(filter(lambda v: bpe.typed(v, str, int) and set(v) <= set(SPECIALS), vars(tok).values()), {})
 
 
-def _trained_on(comp: Component, ctx: Context, kwargs: dict[str, Any], corpus: Any) -> tuple[Any, list[Any]]:
-    """A fresh instance trained on `corpus` (handed where the text was) with `kwargs`, and its merges."""
+def _trained_on(comp: Component, ctx: Context, kwargs: dict[str, Any], lines: list[str],
+                ) -> tuple[Any, list[Any]]:
+    """A fresh instance trained on `lines` (handed where the text was) with `kwargs`, and its merges; a
+    train(text) that takes one string and refuses a list is handed the lines joined by spaces, which
+    SentencePiece's ▁ cuts into the same words."""
+    try:
+        return _trained(comp, ctx, kwargs, lines)
+    except fp.LearnerFailure:
+        return _trained(comp, ctx, kwargs, " ".join(lines))
+
+
+def _trained(comp: Component, ctx: Context, kwargs: dict[str, Any], corpus: Any) -> tuple[Any, list[Any]]:
     tok = ctx.learner.call("__init__", comp.obj)
     name = next(n for n, role in _roles(tok.train).items() if role == "text")
     with bpe.deadline(bpe.FIXTURE_LIMIT):

@@ -19,8 +19,8 @@ from torch import Tensor, nn
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, check_determinism, error_text, finish, forward_names
 from handformer.check.core.discovery import Component
-from handformer.check.core.result import Check, ComponentResult, Finding, text
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, text
+from handformer.check.core.source import first_line, locate, source_lines
 
 B, T, REAL = 2, 6, 4  # row 1 holds REAL tokens, then padding
 MASK_NAME = "attention_mask"  # Hugging Face's name, whose convention is 1 = a real token
@@ -41,23 +41,56 @@ def check_encoder_model(comp: Component, ctx: Context) -> ComponentResult:
     keep = torch.ones(B, T, dtype=torch.long)
     keep[1, REAL:] = 0
 
-    def run(tokens: Tensor, mask: Tensor = keep) -> Tensor | None:
+    def call(tokens: Tensor, mask: Tensor = keep) -> Any:
         kwargs: dict[str, Any] = {mask_name: mask} if mask_name else {}
-        return fp.first_tensor(ctx.learner.call("forward", module, tokens, **kwargs), 3)
+        return ctx.learner.call("forward", module, tokens, **kwargs)
+
+    def run(tokens: Tensor, mask: Tensor = keep) -> Tensor | None:
+        return fp.first_tensor(call(tokens, mask), 3)
 
     with torch.no_grad():
         check_determinism(res, ctx, comp, lambda: run(ids), "encoder_layer", "mha")
         if mask_name and not res.has("dropout_in_eval"):  # a model that draws noise: no padding to read
             _padding(res, ctx, comp, run, ids, keep)
+            if all(c.ok for c in res.checks):  # (a mask read inverted moves the pooled output too)
+                _pooled_padding(res, lambda tokens: fp.first_tensor(call(tokens), 2), ids,
+                                source_lines([getattr(comp.obj, "forward", comp.obj)]))
     return finish(res)
+
+
+def _other_padding(ids: Tensor) -> Tensor:
+    """The ids with other ids, in the table's range, in row 1's padded places."""
+    other = ids.clone()
+    other[1, REAL:] = (ids[1, REAL:] % (int(ids.max()) - 1)) + 1
+    return other
+
+
+def _pooled_padding(res: ComponentResult, pooled: Any, ids: Tensor, lines: list[tuple[int, str]]) -> None:
+    """The pooled output (B, D) it returns beside the sequence's (BertModel's pooler on [CLS]), where it
+    returns one: the padded row's does not move when only its padded tokens change; where it does, the
+    line of its forward that computes it."""
+    mine = pooled(ids)
+    if mine is None:
+        return
+    err = fp.max_error(mine[1:2], pooled(_other_padding(ids))[1:2])
+    res.checks.append(Check(text("padding invariance of the pooled output: changing a row's padded tokens "
+                                 "leaves its pooled output unchanged (a pooler reads a real token: BERT's "
+                                 "first, [CLS])", "池化输出的填充不变性：改变某行填充位置的 token，该行的池化"
+                                 "输出不变（池化读的是真实 token：BERT 读第一个，[CLS]）"),
+                            err < 1e-6, error_text(err)))
+    if err >= 1e-6:
+        res.findings.append(Finding(DEPARTS, text(
+            f"the padded row's pooled output moves by {err:.3g} when only its padded tokens change: the "
+            "pooler reads a padded position (the last one?), not the first token",
+            f"只改变填充位置的 token，该行的池化输出就变了 {err:.3g}：池化读的是填充位置（最后一个？），"
+            "而不是第一个 token"), *first_line([r"\bpool\w*\s*=", "pool"], lines)))
 
 
 def _padding(res: ComponentResult, ctx: Context, comp: Component, run: Any, ids: Tensor, keep: Tensor,
              ) -> None:
     """The real tokens' outputs with other ids in the padded places; mask_inverted where they move,
     and do not once the mask handed is the other way round (it hides what the model was told is real)."""
-    other = ids.clone()
-    other[1, REAL:] = (ids[1, REAL:] % (int(ids.max()) - 1)) + 1  # other ids, in the table's range
+    other = _other_padding(ids)
     err, inverted = (fp.max_error(run(ids, m)[1, :REAL], run(other, m)[1, :REAL]) for m in (keep, 1 - keep))
     res.checks.append(Check(text("padding invariance: with attention_mask (1 = a real token), changing the "
                                  "padded tokens changes no real token's output",

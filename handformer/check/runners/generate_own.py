@@ -37,6 +37,7 @@ from handformer.check.core.context import (
 )
 from handformer.check.core.discovery import Component, own_objects
 from handformer.check.core.result import DIFFERS, NOT_CHECKED, PASS, ComponentResult, Text, text
+from handformer.check.runners import contrastive
 from handformer.check.runners.generate_loop import (
     BLOCK,
     CACHE_NAMES,
@@ -345,6 +346,10 @@ def check_generate(comp: Component, ctx: Context) -> ComponentResult:
     (generate_own.py), else through the stand-in."""
     res = ctx.result(comp)
     with own_driver(ctx, comp) as own:
+        found = own and not own.holder and contrastive.read_contrastive(ctx, comp, own.module)
+        if found:  # contrastive search: neither greedy nor sampling (contrastive.py)
+            contrastive.check_contrastive(res, ctx, comp, own.module, found, own.name)
+            return finish(res)
         driver = own or StandIn()
         res.driven = driver.driven()
         check_with(res, ctx, comp, driver)

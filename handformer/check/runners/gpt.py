@@ -107,7 +107,13 @@ from handformer.check.runners.kv_cache import CACHE_ARGS, CACHE_METHODS
 from handformer.check.runners.localize_cache import cache_departure
 from handformer.check.runners.model import as_written_, computes_sqrt, exact_norms_
 from handformer.check.runners.model_loss import unshifted_finding
-from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, OFFSET_NOTE
+from handformer.check.runners.pieces import (
+    FFN_ACTIVATIONS,
+    HF_NAME,
+    OFFSET_NOTE,
+    built_activation,
+    plain_activation_,
+)
 from handformer.check.runners.stack import check_stack
 from handformer.config import CausalLMConfig, FamilyConfig
 from handformer.families import build_causal_lm
@@ -440,10 +446,10 @@ def _family(m: GPTMap, ch: Choices) -> FamilyConfig:
 
 
 def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
-    first = learner_norm(m.blocks[0].norms[0])
+    first, act = learner_norm(m.blocks[0].norms[0]), HF_NAME[(is_gated(m.blocks[0].ffn), ch.activation)]
     cfg = CausalLMConfig.gpt2_style(
         vocab_size=VOCAB, d_model=D, n_heads=H, d_ff=m.blocks[0].ffn[0].weight().size(0),
-        n_layers=len(m.blocks), dropout=0.0, activation=HF_NAME[(is_gated(m.blocks[0].ffn), ch.activation)],
+        n_layers=len(m.blocks), dropout=0.0, activation=built_activation(act),
         norm_placement=HF_PLACEMENT.get(ch.placement, ch.placement),
         norm=first.kind, norm_eps=positive_eps(first.eps),  # LayerNorm or RMSNorm, as theirs
         position=m.added or ("rope" if rotary(ch.rope) else "none"), rope_theta=m.theta,
@@ -452,7 +458,7 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
         n_kv_heads=m.n_kv_heads, qk_norm=_qk_norm(m), scale_embeddings=m.scaled,
         moe=moe_config(m.blocks[0].ffn), **_window_settings(m.windows),  # MoE; Mistral's, gpt-oss's windows
         family=_family(m, ch))
-    hf = build_causal_lm(cfg)  # (a GPT-2 style config: the plain CausalLM)
+    hf = plain_activation_(build_causal_lm(cfg), act)  # (a GPT-2 style config: the plain CausalLM)
     if m.bias:
         hf.lm_head = nn.Linear(D, VOCAB, bias=True)
         if m.tied:
@@ -729,8 +735,10 @@ class Caller:
         logits, first = fp.first_tensor(items, 3), fp.first_tensor(items[:1], 2)
         if logits is None and first is not None:
             logits = _flat_logits(first, idx)
-        # the loss: the one number it returns (Hugging Face's (loss, logits, presents)), else a tensor second
-        return logits, fp.first_tensor([fp.first_tensor(items, 0), *items[1:2]])
+        # the loss: the one number it returns (Hugging Face's (loss, logits, presents)), else a tensor of one
+        # element second (not the hidden states a model returns beside its logits for contrastive search)
+        second = [t for t in items[1:2] if getattr(t, "numel", int)() == 1]
+        return logits, fp.first_tensor([fp.first_tensor(items, 0), *second])
 
 
 def _flat_logits(first: Tensor, idx: Tensor) -> Tensor | None:

@@ -102,6 +102,7 @@ from handformer.check.core.weights import (
     MappingError,
     Slot,
     attention_slots,
+    by_sublayer,
     copy_ffn,
     copy_weights,
     ffn_weights,
@@ -135,7 +136,14 @@ from handformer.check.runners.attention import (
     softcap_note,
 )
 from handformer.check.runners.generate_loop import CACHE_NAMES
-from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, OFFSET_NOTE, ffn_name_findings
+from handformer.check.runners.pieces import (
+    FFN_ACTIVATIONS,
+    HF_NAME,
+    OFFSET_NOTE,
+    built_activation,
+    ffn_name_findings,
+    plain_activation_,
+)
 from handformer.config import BlockConfig
 from handformer.families.gemma import SandwichBlock
 from handformer.families.granite import GraniteBlock
@@ -240,6 +248,7 @@ class Layer:
         names, roles = kind.sublayers
         norms = norms or gainless_norms(self.module, len(names))  # nanochat's norm(x), a function
         self.shared = len(norms) == 1  # one norm for every sublayer
+        norms = by_sublayer(norms, [*self.attn, self.ffn_candidates[0]])
         self.norm_slots = norm_slots(norms * len(names) if self.shared else norms, len(names), roles,
                                      self.comp.name, sandwich=kind.causal_block)
         self.placements = SANDWICH.get((len(self.norm_slots), len(names)), kind.placements)
@@ -1087,11 +1096,11 @@ def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str, rope: s
     first = layer.norm_ws[0]
     cfg = BlockConfig(d_model=D, n_heads=H, n_kv_heads=layer.n_kv_heads, d_ff=slots[0].weight().size(0),
                       moe=moe_config(slots),
-                      dropout=0.0, activation=HF_NAME[(gated, act)],
+                      dropout=0.0, activation=built_activation(HF_NAME[(gated, act)]),
                       norm="rmsnorm" if first.kind == "rmsnorm" else "layernorm",
                       norm_placement=HF_PLACEMENT.get(placement, placement), norm_eps=positive_eps(first.eps),
                       bias=True)
-    hf = layer.kind.reference(cfg).double().eval()
+    hf = plain_activation_(layer.kind.reference(cfg), HF_NAME[(gated, act)]).double().eval()
     as_parallel_([hf] * (placement == "parallel"), [layer.shared])  # GPT-J's, Falcon's, Phi's: both read x
     hf = PLACED.get(placement, lambda hf, cfg: hf)(hf, cfg)
     hf.self_attn = handformer_attention(layer.attn[0], layer.n_kv_heads, rope, softcap=layer.cap,

@@ -64,9 +64,11 @@ from handformer.check.core.localize import View
 from handformer.check.core.localize_kinds import localize_model, module_views, note_departure
 from handformer.check.core.result import (
     DRIVER,
+    NOT_CHECKED,
     Check,
     ComponentResult,
     Finding,
+    LearnerError,
     Text,
     text,
 )
@@ -85,7 +87,7 @@ from handformer.check.core.weights import (
     scramble_,
 )
 from handformer.check.reference import variants as V
-from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME
+from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, built_activation, plain_activation_
 from handformer.check.runners.seq2seq_stacks import build_from_stacks
 from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
@@ -139,12 +141,14 @@ class ModelMap:
 
 def _table(module: nn.Module) -> Tensor | None:
     """The learner's sinusoidal table as it stored it (a float32 buffer: handformer uses its values,
-    so that rounding is not taken for a difference); None when no buffer is the paper's table."""
+    so that rounding is not taken for a difference); None when no buffer is the paper's table, or
+    the paper's sines and cosines in another layout of its features (Marian's and fairseq's: the sines
+    in the first half, the cosines in the second), a convention."""
+    tables = [sinusoidal_table(MAX_LEN, D)] + [V.sinusoidal(MAX_LEN, D, layout=k) for k in V.PE_LAYOUTS]
     for buf in module.buffers():
         if buf.dim() >= 2 and buf.size(-1) == D and buf.is_floating_point() and buf[..., 0, :].numel() == D:
             table = buf.reshape(-1, buf.size(-2), D)[0]  # (L, D)
-            paper = sinusoidal_table(MAX_LEN, D)
-            if table.size(0) >= MAX_LEN and fp.max_error(table[:MAX_LEN], paper) < 1e-5:
+            if table.size(0) >= MAX_LEN and any(fp.max_error(table[:MAX_LEN], t) < 1e-5 for t in tables):
                 return table[:MAX_LEN].double()
     return None
 
@@ -253,11 +257,12 @@ def _reference_model(m: ModelMap, ch: Choices) -> Seq2SeqTransformer:
     cfg = Seq2SeqConfig(
         src_vocab_size=SRC_V, tgt_vocab_size=TGT_V, d_model=D, n_heads=H,
         d_ff=m.encoder[0].ffn[0].weight().size(0), n_encoder_layers=len(m.encoder),
-        n_decoder_layers=len(m.decoder), dropout=0.0, activation=HF_NAME[(gated, ch.activation)],
+        n_decoder_layers=len(m.decoder), dropout=0.0,
+        activation=built_activation(HF_NAME[(gated, ch.activation)]),
         norm=first.kind, norm_placement=ch.placement,  # LayerNorm or RMSNorm, as theirs
         norm_eps=positive_eps(first.eps), position=position, max_positions=max_positions,
         scale_embeddings=ch.scale, tie_output=ch.tied(m), pad_id=PAD, bias=True)
-    hf = SidedSeq2Seq(cfg)
+    hf = plain_activation_(SidedSeq2Seq(cfg), HF_NAME[(gated, ch.activation)])
     if ch.bias(m):
         hf.generator = nn.Linear(D, TGT_V, bias=True)
         if ch.tied(m):
@@ -446,6 +451,9 @@ class Caller:
         # model on torch.nn's attention takes them as torch.nn does, or as the tutorials' keep-masks
         # that it turns into torch.nn's itself
         self.forms, self.fallback = MASK_FORMS[holds_torch_attention(module)]
+        # HF's forward(input_ids, attention_mask, decoder_input_ids, ...): ids and masks by name
+        if HF_IDS <= {p.name for p in forward_parameters(self.forward)}:
+            self.forms, self.fallback = ("hf",), "hf"
         # d2l's forward(enc_X, dec_X, *args): the source's valid lengths as its one more argument
         lengths = {True: "lens"}.get(_takes_rest(self.forward), self.fallback)
         self.rank: int | str | None = None if self.masks else lengths
@@ -460,6 +468,8 @@ class Caller:
             return back(self.forward(into(src), into(tgt), **masks))
         if rank == "lens":
             return self._with_lengths(src, tgt)
+        if rank == "hf":
+            return self._hf(src, tgt)
         kwargs = {}
         for name in self.masks:
             if names_source(name):
@@ -469,6 +479,13 @@ class Caller:
             keep = keep[:, 0] if abs(int(rank)) == 3 else keep  # (B, 1, S) or (B, T, T) at rank 3
             kwargs[name] = keep.to(MASK_DTYPE[int(rank) < 0])
         return self.forward(src, tgt, **kwargs)
+
+    def _hf(self, src: Tensor, tgt: Tensor) -> Any:
+        """HF's forward(input_ids, attention_mask, decoder_input_ids, decoder_attention_mask): the ids by
+        name, each mask a padding mask (B, S) or (B, T), 1 = token, of the side its name says (the
+        decoder builds its causal mask itself)."""
+        masks = {name: ((tgt if "decoder" in name.lower() else src) != PAD).long() for name in self.masks}
+        return self.forward(input_ids=src, decoder_input_ids=tgt, **masks)
 
     def _with_lengths(self, src: Tensor, tgt: Tensor) -> Any:
         """d2l's forward(enc_X, dec_X, *args): the source's valid lengths (B,) as its one more argument,
@@ -558,6 +575,7 @@ LAYOUTS: dict[int | str, tuple[Callable[[Tensor], Tensor], Callable[[Any], Any]]
 # by whether a model holds torch.nn's attention: the mask forms its Caller tries, and the one it falls back to
 MASK_FORMS: dict[bool, tuple[tuple[int | str, ...], int | str]] = {
     True: (("torch", "torch_first", -4, -3), "torch"), False: ((4,), 3)}
+HF_IDS = {"input_ids", "decoder_input_ids"}  # a forward's arguments: Hugging Face's seq2seq forward
 MASK_DTYPE = {True: torch.bool, False: torch.long}  # the tutorials' masks: bool (a negative rank) or 0/1 int
 # the mask form each of the learner's models took when its Caller first ran it: the form its decoding
 # functions hand it
@@ -570,7 +588,8 @@ def source_mask(model: Any, src: Tensor) -> Tensor:
     took the tutorials' keep-masks, else the tutorials' (B, 1, S), 1 = may attend."""
     form = TAKEN_FORM.get(model, MASK_FORMS[holds_torch_attention(model)][1])
     nothing = lambda: torch_mask("src_mask", src, src)  # noqa: E731  (S, S): nothing masked
-    masks = {"torch": nothing, "torch_first": nothing, -4: lambda: (src != PAD)[:, None, None, :]}
+    masks = {"torch": nothing, "torch_first": nothing, -4: lambda: (src != PAD)[:, None, None, :],
+             "hf": lambda: (src != PAD).long()}  # HF's attention_mask: (B, S), 1 = token
     return masks.get(form, lambda: (src != PAD)[:, None, :])()  # (B, 1, 1, S) or (B, 1, S) keep-masks
 
 
@@ -801,6 +820,8 @@ def check_model(comp: Component, ctx: Context) -> ComponentResult:
     tables = [p.shape for p in module.parameters() if p.dim() == 2]  # none: a starter not written yet
     if tables and not any(rows in (cols, 3 * cols) for rows, cols in tables):
         return _no_attention(res)  # no square projection (nor a fused (3n, n) one) at any width
+    if tables and not any(TGT_V in shape for shape in tables):
+        return _one_vocabulary(res)
     call = Caller(module, ctx)
     builds_masks = not call.masks
     res.notes += [LENGTHS_NOTE] * (call.rank == "lens")
@@ -842,6 +863,19 @@ def _no_attention(res: ComponentResult) -> ComponentResult:
                           "它没有注意力（没有方阵投影，也没有 (3n, n) 的合并投影）：是训练循环驱动的小模型，"
                           "不是 Transformer；不用 Transformer 的输入运行，也不和 handformer 的 "
                           "Seq2SeqTransformer 比较"))
+    return finish(res)
+
+
+def _one_vocabulary(res: ComponentResult) -> ComponentResult:
+    """A model built with one vocabulary for both sides (Marian's and BART's shared embedding and
+    head): NOT CHECKED, since the comparison hands it a target vocabulary of another size."""
+    res.status = NOT_CHECKED
+    res.error = LearnerError(
+        "mapping", f"it has one vocabulary for both sides (no table or layer of {TGT_V} rows: check builds "
+        f"it with a target vocabulary of {TGT_V} tokens beside a source one of {SRC_V}); handformer's "
+        "Seq2SeqTransformer is compared with two", "__init__",
+        message_zh=f"它的两端共用一个词表（没有 {TGT_V} 行的表或层：check 构造时给目标端 {TGT_V} 个词、"
+                   f"源端 {SRC_V} 个）；handformer 的 Seq2SeqTransformer 按两个词表比较")
     return finish(res)
 
 

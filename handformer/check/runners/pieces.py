@@ -216,10 +216,25 @@ MASK_OBSERVED = {
         "位置 t 看到了 0..t+1，多看了一个未来位置（T={T} 时行 2 为 {row}，应为 {want}）")}
 
 
-FFN_ACTIVATIONS = {False: ("relu", "gelu", "gelu_tanh", "relu2"), True: ("silu", "gelu", "gelu_tanh")}
+FFN_ACTIVATIONS = {False: ("relu", "gelu", "gelu_tanh", "relu2", "silu"), True: ("silu", "gelu", "gelu_tanh")}
 HF_NAME = {(False, "relu"): "relu", (False, "gelu"): "gelu", (False, "gelu_tanh"): "gelu_tanh",
            (True, "silu"): "swiglu", (True, "gelu"): "geglu", (True, "gelu_tanh"): "geglu_tanh",
-           (False, "relu2"): "relu2"}
+           (False, "relu2"): "relu2", (False, "silu"): "silu"}
+# the plain activations handformer's FeedForward has not (BART's and Marian's swish, SiLU without a
+# gate): the reference is built with the one named here, then handed the learner's (plain_activation_)
+BUILT_AS = {"silu": "gelu"}
+
+
+def built_activation(name: str) -> str:
+    """The activation handformer's reference is built with for `name` (an HF_NAME value)."""
+    return BUILT_AS.get(name, name)
+
+
+def plain_activation_(module: torch.nn.Module, name: str) -> torch.nn.Module:
+    """`module` (a reference built with built_activation(name)) with `name` in each plain FeedForward."""
+    for ffn in filter(lambda m: type(m) is FeedForward and name in BUILT_AS, module.modules()):
+        ffn.act, ffn.activation = V.ACTIVATIONS[name], name
+    return module
 # what a gated FFN's class name promises: SwiGLU is SiLU-gated, GEGLU GELU-gated
 NAMED_ACTIVATION = (("swiglu", "silu"), ("silu", "silu"), ("swish", "silu"), ("geglu", "gelu"),
                     ("gelu", "gelu"))
@@ -384,7 +399,7 @@ def _position_moved(bumped: Tensor | None, out: Tensor) -> float:
 
 def _compare_ffn(res: ComponentResult, ctx: Context, run: Callable[[Tensor], Tensor | None],
                  slots: list[Slot], name: str, width: int, reading: Around) -> None:
-    hf = FeedForward(D, width, name).double()
+    hf = plain_activation_(FeedForward(D, width, built_activation(name)).double(), name)
     copy_ffn(hf, slots)
     reference = reading.module(hf)  # with the residual and norm a sublayer holds (jadore801120's)
     res.notes += reading.notes()

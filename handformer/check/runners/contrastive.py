@@ -1,0 +1,165 @@
+"""A generation loop that is contrastive search (Su et al., 2022), read from what it does, graded
+against a reference of it on the learner's own model.
+
+At each step contrastive search takes the k likeliest next tokens, runs the model once more on the
+context with each candidate appended (a batch of B * k rows), and picks the candidate v that
+maximises (1 - alpha) * p(v) - alpha * max_j cos(h_v, h_j): h_v the candidate's last hidden state,
+h_j the context's. A loop is read as one when its second call to the model is that batch: each row
+of the first call's ids k times (row-major), each with one of its k likeliest tokens appended. Its
+hidden states are those the model returns beside its logits (TinyGPT's `return logits, hidden`);
+alpha is the one argument named for it. Neither greedy decoding nor a sampling loop is its
+reference: its tokens are compared with this module's contrastive search on the same model, its
+logits left as they are.
+
+Shape legend: B batch, T tokens so far, V vocabulary, C the hidden width, k candidates.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.argument_names import readable_parameters
+from handformer.check.core.discovery import Component
+from handformer.check.core.result import (
+    DEPARTS,
+    NOT_CHECKED,
+    Check,
+    ComponentResult,
+    Finding,
+    LearnerError,
+    text,
+)
+from handformer.check.core.source import first_line, source_lines
+from handformer.check.runners.generate_loop import BLOCK, VOCAB, call_generate, new_tokens, prompts
+
+STEPS = 4  # new tokens: 3 + 4 (+ 1 candidate) stays within the block of BLOCK tokens
+
+
+class Recorder:
+    """The learner's module as their loop is handed it (`target`), its forward wrapped to record the
+    ids of every call, its outputs unchanged."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module, self.target, self.context, self.calls = module, module, BLOCK, []
+        original = module.forward
+
+        def forward(*args: Any, **kwargs: Any) -> Any:  # the ids of each call recorded
+            self.calls += [v.clone() for v in [*args, *kwargs.values()][:1] if isinstance(v, Tensor)]
+            return original(*args, **kwargs)
+        module.forward = functools.wraps(original)(forward)
+
+    def close(self) -> None:
+        vars(self.module).pop("forward", None)
+
+
+def _alpha_line(fn: Any) -> tuple[int | None, str | None]:
+    """The line of the loop that weighs the candidates' probabilities against their similarity: the
+    first after its `def` that reads alpha (penalty_alpha) on the right of an `=`."""
+    return first_line([r"=.*alpha"], source_lines([fn])[1:])
+
+
+@dataclass
+class Read:
+    k: int  # the candidates each step
+    alpha: float | None  # the argument named for it; None: none found
+
+
+def read_contrastive(ctx: Any, comp: Component, module: nn.Module) -> Read | None:
+    """The loop's k and alpha where it is contrastive search on `module` (its second call's rows are
+    each first-call row k times, each with one of its k likeliest tokens appended); None otherwise.
+    Run on a copy: a cache the model keeps inside must stay empty for the checks after."""
+    module = fp.quietly(lambda: copy.deepcopy(module))
+    if module is None:
+        return None
+    recorder = Recorder(module)
+    try:
+        fp.quietly(lambda: call_generate(ctx, comp, recorder, prompts(2), 1))
+    finally:
+        recorder.close()
+    first, second = (recorder.calls + [torch.zeros(1, 0)] * 2)[:2]  # (B, T) and (B * k, T + 1) ids
+    k = second.size(0) // first.size(0)
+    top = fp.quietly(lambda: _outputs(module, first)[0][:, -1].topk(k, dim=-1).indices)  # (B, k)
+    expected = fp.quietly(lambda: torch.cat([first.repeat_interleave(k, 0), top.reshape(-1, 1)], 1))
+    # k = 1 would be greedy decoding calling its model again on the token it chose
+    return Read(k, _alpha(comp.obj)) if k > 1 and fp.max_error(expected, second) == 0.0 else None
+
+
+def _alpha(fn: Any) -> float | None:
+    """The default of the loop's one argument named for alpha (alpha, penalty_alpha)."""
+    found = [p.default for p in readable_parameters(fn) if "alpha" in p.name.lower()]
+    return found[0] if len(found) == 1 and isinstance(found[0], float) else None
+
+
+@torch.no_grad()
+def _outputs(module: nn.Module, ids: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    """(logits (B, T, V), last hidden states (B, T, C)) as the model returns them: its first two
+    tensors of three axes (`return logits, hidden`); None for what it does not return."""
+    out = module(ids)
+    items = out if isinstance(out, (tuple, list)) else [out]
+    wide = [t for t in items if fp.first_tensor([t], 3) is not None] + [None, None]
+    return wide[0], wide[1]
+
+
+@torch.no_grad()
+def reference(module: nn.Module, ids: Tensor, n: int, k: int, alpha: float, sign: float = -1.0) -> Tensor:
+    """n tokens of contrastive search after ids (B, T): the new tokens (B, n); `sign` +1: the mistake of
+    adding the degeneration penalty."""
+    start = ids.size(1)
+    for _ in range(n):
+        logits, hidden = _outputs(module, ids)  # (B, T, V), (B, T, C)
+        probs, top = logits[:, -1].softmax(-1).topk(k, dim=-1)  # (B, k) each
+        candidates = torch.cat([ids.repeat_interleave(k, 0), top.reshape(-1, 1)], 1)  # (B * k, T + 1)
+        h = _outputs(module, candidates)[1][:, -1]  # (B * k, C)
+        context = hidden.repeat_interleave(k, 0)  # (B * k, T, C)
+        similar = F.cosine_similarity(context, h[:, None], dim=-1).amax(-1).view(-1, k)  # (B, k)
+        best = ((1 - alpha) * probs + sign * alpha * similar).argmax(-1, keepdim=True)  # (B, 1)
+        ids = torch.cat([ids, top.gather(1, best)], 1)
+    return ids[:, start:]
+
+
+def check_contrastive(res: ComponentResult, ctx: Any, comp: Component, module: nn.Module, found: Read,
+                      name: str) -> None:
+    """Its tokens for two prompts against the reference's, with its k and alpha; NOT CHECKED where
+    the model returns no hidden states or no argument names alpha."""
+    res.driven = text(f"your own {name}, built with vocab_size {VOCAB} and block size {BLOCK}, its logits "
+                      "as they are (contrastive search is neither greedy nor sampling)",
+                      f"你自己的 {name}，按 vocab_size {VOCAB}、block size {BLOCK} 构建，logits 保持原样"
+                      "（对比搜索既不是贪心解码也不是采样）")
+    ids = prompts(2)
+    if found.alpha is None or _outputs(module, ids)[1] is None:
+        res.status = NOT_CHECKED
+        res.error = LearnerError("mapping", f"{comp.name} is contrastive search (k = {found.k}), but "
+                                 "check reads no alpha from its arguments or no hidden states from your "
+                                 "model's output (logits, hidden)", "forward",
+                                 message_zh=f"{comp.name} 是对比搜索（k = {found.k}），但 check 从它的参数里"
+                                            "读不到 alpha，或从模型输出 (logits, hidden) 里读不到隐藏状态")
+        return
+    want = reference(module, ids, STEPS, found.k, found.alpha)
+    recorder = Recorder(module)
+    try:
+        got = new_tokens(call_generate(ctx, comp, recorder, ids.clone(), STEPS), ids, STEPS)
+    finally:
+        recorder.close()
+    shown, ok = getattr(got, "tolist", lambda: None)(), fp.max_error(got, want) == 0.0
+    res.checks.append(Check(text(
+        f"2 prompts, {STEPS} new tokens: the tokens of contrastive search (k = {found.k}, alpha = "
+        f"{found.alpha:g}: argmax of (1 - alpha) p(v) - alpha max cos(h_v, h_context)) {want.tolist()}",
+        f"2 个提示词、{STEPS} 个新 token：对比搜索（k = {found.k}，alpha = {found.alpha:g}：取 "
+        f"(1 - alpha) p(v) - alpha max cos(h_v, h_context) 最大者）的 token {want.tolist()}"),
+        ok, text(f"got {shown}", f"得到 {shown}")))
+    added = reference(module, ids, STEPS, found.k, found.alpha, sign=1.0)
+    if not ok and fp.max_error(got, added) == 0.0:
+        res.findings.append(Finding(DEPARTS, ADDED, *_alpha_line(comp.obj)))
+
+
+ADDED = text("your tokens are those of contrastive search with the degeneration penalty added, not "
+             "subtracted: candidates like the context are preferred",
+             "你的 token 是把退化惩罚加上（而不是减去）时对比搜索的结果：与上下文相似的候选反而被优先选中")
