@@ -492,7 +492,7 @@ def _by_signature(own: dict[str, Any], taken: set[str], wanted: set[str], pointe
 SUFFIXES: dict[str, tuple[str, ...]] = {"block": ("Block", "Layer"), "decoder_layer": ("DecoderLayer",),
                                         "encoder_layer": ("EncoderLayer",),  # BartEncoderLayer
                                         "gpt": ("ForCausalLM", "LanguageModel", "LM", "Model"),
-                                        "encoder_model": ("Model",),  # RoFormerModel, AlbertModel: token types
+                                        "encoder_model": ("Model",),  # RoFormerModel, AlbertModel: segments
                                         "mha": ("Attention",), "ffn": ("MLP", "Mlp", "FeedForward"),
                                         "rmsnorm": ("RMSNorm",), "rope": ("RotaryEmbedding",),
                                         # Mixtral's MixtralSparseMoeBlock, Qwen-MoE's Qwen2MoeSparseMoeBlock
