@@ -108,8 +108,9 @@ from handformer.check.runners.localize_cache import cache_departure
 from handformer.check.runners.model import as_written_, computes_sqrt, exact_norms_
 from handformer.check.runners.model_loss import unshifted_finding
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, OFFSET_NOTE
+from handformer.check.runners.rope_scaling import model_scaling, scaling_words
 from handformer.check.runners.stack import check_stack
-from handformer.config import CausalLMConfig, FamilyConfig
+from handformer.config import CausalLMConfig, FamilyConfig, Llama3RopeScaling
 from handformer.families import build_causal_lm
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.kv_cache import NO_CACHE
@@ -141,6 +142,7 @@ class GPTMap:
     ropes: tuple[str | None, ...] = (None,)  # rotary layouts to try: "half", "interleaved"
     theta: float = 10000.0  # the rotary base read from the learner's model
     table_theta: float | None = None  # the base of its tables, when it is not the one its config names
+    rope_scaling: Llama3RopeScaling | None = None  # Llama 3.1's scaling of the rotary frequencies
     built: dict[Any, CausalLM] = field(default_factory=dict)  # handformer's, by choices
     embed_norm: Leaf | None = None  # nanochat's norm of the token embeddings, a function without gains
     attn_softcap: float | None = None  # the attention scores soft-capped (Gemma 2's)
@@ -230,6 +232,8 @@ def map_gpt(module: nn.Module) -> GPTMap:
     m.offset = OPT_OFFSET if wpe is not None and wpe.weight.size(0) == BLOCK + OPT_OFFSET else 0
     if wpe is None:
         m.ropes, m.theta, m.table_theta = _rotary(module)
+        m.rope_scaling = model_scaling(module, m.theta, D // H)  # Llama 3.1's, read from its tables
+        m.table_theta = None if m.rope_scaling else m.table_theta
     return m
 
 
@@ -316,6 +320,9 @@ class Choices:
                           else (f"rotary positions ({_pairs(self.rope)[0]}, base {m.theta:.0f})",
                                 f"旋转位置编码（{_pairs(self.rope)[1]}，底数 {m.theta:.0f}）"))
         pos_en, pos_zh = pos_en + SCALED_WORDS[m.scaled][0], pos_zh + SCALED_WORDS[m.scaled][1]
+        if m.rope_scaling is not None:
+            said = scaling_words(m.rope_scaling)
+            pos_en, pos_zh = pos_en + said["en"], pos_zh + said["zh"]
         if m.n_kv_heads:
             pos_en += f"; grouped-query attention ({H} heads, {m.n_kv_heads} key/value heads)"
             pos_zh += f"；分组查询注意力（{H} 个头，{m.n_kv_heads} 个键/值头）"
@@ -431,6 +438,7 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
         norm_placement=HF_PLACEMENT.get(ch.placement, ch.placement),
         norm=first.kind, norm_eps=positive_eps(first.eps),  # LayerNorm or RMSNorm, as theirs
         position=m.added or ("rope" if rotary(ch.rope) else "none"), rope_theta=m.theta,
+        rope_scaling=m.rope_scaling,  # Llama 3.1's, where its tables show it
         rope_fraction=turned_width(rotary(ch.rope) or "", D // H) / (D // H),  # partial rotary: "half:2"
         max_positions=m.wpe.weight.size(0) - m.offset if m.wpe is not None else BLOCK, tie_embeddings=m.tied,
         n_kv_heads=m.n_kv_heads, qk_norm=_qk_norm(m), scale_embeddings=m.scaled,
@@ -1203,12 +1211,19 @@ def _returned_cache(res: ComponentResult, ctx: Context, comp: Component, m: GPTM
     """Hugging Face's cache: forward(ids, past_key_values=None, use_cache=False) returning (logits,
     presents); tokens 5.. handed the presents of 0..4 give the logits of the whole sequence; rotary
     positions counted from 0 again instead (rope_no_offset) are named, at the line where the cached
-    path parts. Nothing where it returns no cache it takes back."""
-    runs = fp.quietly(lambda: _returned_runs(ctx, call.module, idx))
-    step = fp.quietly(lambda: fp.first_tensor([run() for run, _, _ in runs][-1], 3))
-    err = fp.max_error(step, fp.quietly(lambda: call(idx)[0][:, 5:]))  # (inf: no cache)
+    path parts. Nothing where it returns no cache it takes back. Tokens handed one at a time, as
+    generation feeds them, where several at once differ (ChatGLM's builds its causal mask only where
+    query and key lengths are equal: new tokens handed together see each other both ways), noted."""
+    whole = fp.quietly(lambda: call(idx)[0][:, 5:])
+    runs = fp.quietly(lambda: _returned_runs(ctx, call.module, idx, [0, 5, idx.size(1)]))
+    step = _stepped(runs)
+    err = fp.max_error(step, whole)  # (inf: no cache)
     if err == math.inf:
         return
+    if err >= 1e-5:
+        singly = fp.max_error(_stepped(fp.quietly(
+            lambda: _returned_runs(ctx, call.module, idx, [0, *range(5, idx.size(1) + 1)]))), whole)
+        err, res.notes = (singly, [*res.notes, ONE_AT_A_TIME]) if singly < 1e-5 else (err, res.notes)
     res.checks.append(Check(text("the KV cache it returns: tokens 5..7 handed the cache of 0..4 give the "
                                  "logits of the whole sequence",
                                  "它返回的 KV 缓存：位置 5..7 带上 0..4 的缓存，logits 与整句一次算出的相同"),
@@ -1220,11 +1235,25 @@ def _returned_cache(res: ComponentResult, ctx: Context, comp: Component, m: GPTM
     note_departure(res, lambda: cache_departure(lambda: call(idx), runs, idx.size(1), ctx.path))
 
 
-def _returned_runs(ctx: Context, module: nn.Module, idx: Tensor) -> list[tuple[Any, int, int]]:
-    """The calls on tokens 0..4, then on 5.. handed the cache the first returned (the first thing it
-    returns after the logits that is no tensor, else the second), with use_cache=True where it takes
-    that (its cache argument defaulting to None; StableLM's returns its cache always), each with the
-    positions it covers; raises where it takes or returns none."""
+def _stepped(runs: list[tuple[Any, int, int]] | None) -> Tensor | None:
+    """The logits of every run after the first, in order (None where one gives none)."""
+    return fp.quietly(lambda: torch.cat([fp.first_tensor(run(), 3) for run, _, _ in runs][1:], 1))
+
+
+ONE_AT_A_TIME = text(
+    "the KV cache it returns is checked with tokens 5.. handed one at a time, as generation feeds them: "
+    "handed together, they give other logits (so does ChatGLM's, which builds its causal mask only where "
+    "the query and key lengths are equal)",
+    "它返回的 KV 缓存按生成时的方式检查：位置 5 以后的 token 一次给一个。一起给时，logits 不同"
+    "（ChatGLM 也是这样：它只在 query 和 key 长度相同时才构造因果掩码）")
+
+
+def _returned_runs(ctx: Context, module: nn.Module, idx: Tensor, cuts: list[int],
+                   ) -> list[tuple[Any, int, int]]:
+    """The calls on the spans between `cuts`, each after the first handed the cache the one before
+    returned (the first thing it returns after the logits that is no tensor, else the second), with
+    use_cache=True where it takes that (its cache argument defaulting to None; StableLM's returns its
+    cache always), each with the positions it covers; raises where it takes or returns none."""
     names = {p.name: p.default for p in forward_parameters(module)}
     arg = named([n for n, default in names.items() if default is None], CACHE_ARGS)
     assert arg is not None  # noqa: S101  (quietly: no cache check)
@@ -1237,7 +1266,7 @@ def _returned_runs(ctx: Context, module: nn.Module, idx: Tensor) -> list[tuple[A
         # the presents after the logits, or after (loss, logits) (Hugging Face's tuple with labels)
         held[:] = [fp.returned_cache(out, out[1])]
         return out
-    return [(lambda: run(idx[:, :5], None), 0, 5), (lambda: run(idx[:, 5:], held[0]), 5, idx.size(1))]
+    return [(lambda a=a, b=b: run(idx[:, a:b], held[0] if a else None), a, b) for a, b in zip(cuts, cuts[1:])]
 
 
 def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor) -> None:

@@ -392,7 +392,7 @@ def _apply_attempts(names: list[str], complex_table: bool, offsets: bool) -> lis
     shapes = ("4d", "btd", *from0, "td") + tuple(POSITION_IDS) * ("position_ids" in names)
     attempts = [(layout, meta, shape) for layout in (COMPLEX if complex_table else ("half", "interleaved"))
                 for meta in (False, True, *["first"] * complex_table)  # ChatGLM's sequence-first
-                for shape in (("4d", "real") if layout in COMPLEX else shapes)]
+                for shape in (("4d", *REAL_TABLES) if layout in COMPLEX else shapes)]
     if not complex_table:  # nanochat's cos, sin (1, T, 1, Dh/2) on halves, rotated either way
         attempts += QUARTER + PAIR_TD + PAIR_BTD
     if _takes(names, ANGLE_NAMES):  # the angles themselves, (T, Dh) or (1, 1, T, Dh), either pairing
@@ -481,9 +481,8 @@ def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: 
     if layout in COMPLEX:
         angles = V.rope_angles(T, DH, THETA, offset)  # (T, Dh/2)
         table = torch.polar(torch.ones_like(angles), angles)  # (T, Dh/2) complex
-        # "real": gpt-fast's table, the complex one as (T, Dh/2, 2) real pairs (cos, sin)
-        kwargs[next(n for n in names if n in COMPLEX_TABLE_NAMES)] = (
-            torch.view_as_real(table) if shape == "real" else table)
+        name = next(n for n in names if n in COMPLEX_TABLE_NAMES)
+        kwargs[name] = REAL_TABLES.get(shape, lambda t: t)(table)
     else:
         whole = shape in ("from0", *POSITION_IDS)  # the table from position 0, indexed by their code
         cos, sin = reference_tables(P, layout) if whole else reference_tables(T, layout, offset)
@@ -497,6 +496,11 @@ def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: 
     kwargs |= dict.fromkeys(OFFSET_NAMES, offset) | dict.fromkeys(THETA_NAMES, THETA)  # those it takes
     raw = _call_offset(ctx, fn, {n: v for n, v in kwargs.items() if n in names})
     return _stacked(raw, len(tensors), q.shape, meta)
+
+
+# the complex table (T, Dh/2) as real pairs (cos, sin): gpt-fast's (T, Dh/2, 2); GLM-4's, indexed by
+# position ids, (1, T, Dh/2, 2)
+REAL_TABLES = {"real": torch.view_as_real, "real_batched": lambda t: torch.view_as_real(t)[None]}
 
 
 # the axes of the (B, H, T, Dh) inputs an apply function is handed, by its reading: as they are, Meta's

@@ -16,11 +16,13 @@ from __future__ import annotations
 import re
 
 import torch
+from torch import nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, error_text, finish, forward_parameters
-from handformer.check.core.discovery import Component, cannot_fill
-from handformer.check.core.result import Check, ComponentResult, text
+from handformer.check.core.discovery import CONFIG_NAMES, Component, cannot_fill
+from handformer.check.core.result import Check, ComponentResult, Text, text
+from handformer.check.core.rotary import module_tables, table_frequencies
 from handformer.check.core.source import source_text
 from handformer.config import Llama3RopeScaling
 from handformer.nn.positions import llama3_inv_freq
@@ -53,19 +55,18 @@ def written_settings(fn: object) -> Llama3RopeScaling:
 def check_rope_scaling(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     rest = [p.name for p in forward_parameters(comp.obj)[1:] if p.default is p.empty]
-    cannot_fill(comp.name, rest, (), [comp.name], "freqs", (
+    configs = [name for name in rest if name in CONFIG_NAMES]  # apply_llama3_scaling(freqs, config)
+    cannot_fill(comp.name, [name for name in rest if name not in configs], (), [comp.name], "freqs", (
         "the scaling takes the frequencies alone, its settings with defaults or written inside",
         "缩放只接收频率，设置要么有默认值，要么写在函数里"))
     freqs = frequencies()
-    settings = written_settings(comp.obj)
+    settings = Llama3RopeScaling() if configs else written_settings(comp.obj)  # handed: Meta's
     handed = {p.name: _meta_dict(settings) for p in forward_parameters(comp.obj)[1:]  # gpt-fast's
               if p.default is None and "scal" in p.name}  # apply_rope_scaling(freqs, rope_scaling=None)
+    handed |= dict.fromkeys(configs, Settings(_meta_dict(settings)))
     out = torch.as_tensor(ctx.learner.call("forward", comp.obj, freqs.clone(), **handed)).double()
     err = res.max_abs_error = fp.max_error(out / freqs, llama3_inv_freq(freqs, settings) / freqs)
-    shown = (f"scale_factor {settings.factor:g}, low_freq_factor {settings.low_freq_factor:g}, "
-             f"high_freq_factor {settings.high_freq_factor:g}, "
-             f"old_context_len {settings.original_max_positions:g}")
-    res.notes.append(text(f"settings read from your code: {shown}", f"从你的代码读出的设置：{shown}"))
+    res.notes.append(_settings_note(settings, bool(configs)))
     res.checks.append(Check(text("a Llama 3 head's 64 frequencies: the long wavelengths divided by the scale "
                                  "factor, the short ones kept, those between blended as Llama 3.1's "
                                  "(compared as the ratio to each frequency)",
@@ -75,7 +76,78 @@ def check_rope_scaling(comp: Component, ctx: Context) -> ComponentResult:
     return finish(res)
 
 
+def _settings_note(settings: Llama3RopeScaling, handed: bool) -> Text:
+    """The settings it was compared at: read from its code, or handed in a config (Meta's)."""
+    shown = (f"scale_factor {settings.factor:g}, low_freq_factor {settings.low_freq_factor:g}, "
+             f"high_freq_factor {settings.high_freq_factor:g}, "
+             f"old_context_len {settings.original_max_positions:g}")
+    if handed:
+        return text(f"settings handed in its config (Meta's): {shown}",
+                    f"通过 config 传入的设置（Meta 的）：{shown}")
+    return text(f"settings read from your code: {shown}", f"从你的代码读出的设置：{shown}")
+
+
 def _meta_dict(settings: Llama3RopeScaling) -> dict[str, float | str]:
     """The settings as a Hugging Face config's rope_scaling dict, every name of SETTINGS a key."""
     values = {name: getattr(settings, field) for field, names in SETTINGS.items() for name in names}
     return {**values, "rope_type": "llama3"}
+
+
+class Settings(dict):
+    """A config handed to a scaling that reads its settings from one: each name of SETTINGS (and
+    rope_scaling, the same as a dict) as an attribute or a key."""
+
+    def __getattr__(self, name: str) -> object:
+        if name == "rope_scaling":
+            return dict(self)
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def model_scaling(module: nn.Module, base: float, head_dim: int) -> Llama3RopeScaling | None:
+    """Llama 3.1's scaling that a model's own rotary tables show: their frequencies are llama3_inv_freq
+    of base^(-2j/Dh) at the settings its config names (factor, low_freq_factor, ..., or a rope_scaling
+    dict), else at Meta's; None where they are the plain ones, or no settings explain them."""
+    got = table_frequencies(module_tables(module), head_dim)
+    plain = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (F,)
+    if got is None or _same(got, plain):
+        return None
+    return next((s for s in _configured(module) if _same(got, llama3_inv_freq(plain, s))), None)
+
+
+def _same(got: torch.Tensor, freqs: torch.Tensor) -> bool:
+    """Whether the frequencies read back (ascending) are these, to float32's precision."""
+    return bool(torch.allclose(got, freqs.sort().values, rtol=1e-4, atol=0))
+
+
+def _configured(module: nn.Module) -> list[Llama3RopeScaling]:
+    """The scaling settings a model's config (or its rope_scaling dict) names, then Meta's."""
+    found = []
+    for sub in module.modules():
+        for obj in [sub, *(v for v in vars(sub).values() if not isinstance(v, (torch.Tensor, nn.Module)))]:
+            found += filter(None, map(_settings_in, (obj, _value(obj, "rope_scaling"))))
+    return [*found, Llama3RopeScaling()]
+
+
+def _settings_in(holder: object) -> Llama3RopeScaling | None:
+    """The settings a config or a dict names (Meta's for those it does not); None where it names no factor."""
+    values = {}
+    for field, names in SETTINGS.items():
+        numbers = [x for x in map(lambda n: _value(holder, n), names)
+                   if isinstance(x, (int, float)) and not isinstance(x, bool)]
+        values.update({field: numbers[0]} if numbers else {})
+    return Llama3RopeScaling(**values) if "factor" in values else None
+
+
+def _value(obj: object, name: str) -> object:
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+
+
+def scaling_words(s: Llama3RopeScaling) -> Text:
+    """A model's Llama 3.1 scaling, as its convention says it."""
+    shown = (f"factor {s.factor:g}, low_freq_factor {s.low_freq_factor:g}, "
+             f"high_freq_factor {s.high_freq_factor:g}, original context {s.original_max_positions:g}")
+    return text(f"; Llama 3.1's rotary frequency scaling, read from its tables ({shown})",
+                f"；Llama 3.1 的旋转频率缩放，从它的表读出（{shown}）")
