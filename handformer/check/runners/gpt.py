@@ -62,6 +62,7 @@ from handformer.check.core.layer_map import (
     map_layer,
     output_head,
     outside,
+    rows_normed,
 )
 from handformer.check.core.localize_kinds import localize_model, module_views, note_departure
 from handformer.check.core.moe import moe_config, moe_note
@@ -143,6 +144,7 @@ class GPTMap:
     theta: float = 10000.0  # the rotary base read from the learner's model
     table_theta: float | None = None  # the base of its tables, when it is not the one its config names
     rope_scaling: Llama3RopeScaling | None = None  # Llama 3.1's scaling of the rotary frequencies
+    normed_head: bool = False  # the head's rows L2-normalised before the product (Baichuan 2's NormHead)
     built: dict[Any, CausalLM] = field(default_factory=dict)  # handformer's, by choices
     embed_norm: Leaf | None = None  # nanochat's norm of the token embeddings, a function without gains
     attn_softcap: float | None = None  # the attention scores soft-capped (Gemma 2's)
@@ -231,10 +233,17 @@ def map_gpt(module: nn.Module) -> GPTMap:
     # OPT's (fairseq's) learned positions: a table of max_len + 2 rows, position p at row p + 2
     m.offset = OPT_OFFSET if wpe is not None and wpe.weight.size(0) == BLOCK + OPT_OFFSET else 0
     if wpe is None:
-        m.ropes, m.theta, m.table_theta = _rotary(module)
-        m.rope_scaling = model_scaling(module, m.theta, D // H)  # Llama 3.1's, read from its tables
-        m.table_theta = None if m.rope_scaling else m.table_theta
+        _rotary_(m, module)
+    m.normed_head = head is not None and not tied and rows_normed(head)  # Baichuan 2's NormHead
     return m
+
+
+def _rotary_(m: GPTMap, module: nn.Module) -> None:
+    """The rotary settings of a model without learned positions: its layouts, base, its tables' base
+    where that is another, and Llama 3.1's scaling where its tables show it."""
+    m.ropes, m.theta, m.table_theta = _rotary(module)
+    m.rope_scaling = model_scaling(module, m.theta, D // H)
+    m.table_theta = None if m.rope_scaling else m.table_theta
 
 
 EMBED_NORM = re.compile(r"(?<![\w.])(?:F\.)?(\w+)\(\s*self\.[\w.\[\]\"']*(wte|emb|tok)")
@@ -314,7 +323,8 @@ class Choices:
     form: Form = PLAIN  # the numbers its blocks take from their settings (Granite's multipliers)
 
     def describe(self, m: GPTMap) -> Text:
-        head_en, head_zh = (HEAD_WORDS[m.tied][i] + BIAS_WORDS[m.bias][i] for i in (0, 1))
+        head_en, head_zh = (HEAD_WORDS[m.tied][i] + BIAS_WORDS[m.bias][i] + NORMED_WORDS[m.normed_head][i]
+                            for i in (0, 1))
         pos_en, pos_zh = (ADDED_WORDS[m.added] if m.added is not None
                           else TERM_WORDS.get(self.rope, NO_POSITIONS) if not rotary(self.rope)
                           else (f"rotary positions ({_pairs(self.rope)[0]}, base {m.theta:.0f})",
@@ -386,6 +396,8 @@ ADDED_WORDS = {"learned": ("learned positions", "可学习的位置编码"),
                "sinusoidal": ("sinusoidal positions", "正弦位置编码")}
 HEAD_WORDS = {True: ("tied to the token embedding", "与词嵌入共享权重"), False: ("separate", "独立的权重")}
 BIAS_WORDS = {True: (", with a bias", "，有偏置"), False: ("", "")}
+NORMED_WORDS = {True: (", each row L2-normalised before the product (Baichuan 2's NormHead)",
+                       "，相乘前每一行先做 L2 归一化（百川 2 的 NormHead）"), False: ("", "")}
 SCALED_WORDS = {True: ("; token embeddings times sqrt(d_model)", "；词嵌入乘以 sqrt(d_model)"),
                 False: ("", "")}
 PLACEMENTS = ("pre", "post", "parallel")  # the blocks' placements the search tries, in this order
@@ -456,6 +468,8 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
             hf.positions.weight.copy_(m.wpe.weight[m.offset:])
         if m.head is not None:
             copy_weights(hf.lm_head, Slot("head", m.head))
+        if m.normed_head:
+            hf.lm_head.weight.copy_(F.normalize(hf.lm_head.weight, dim=-1))
     _copy_blocks_(hf, m, ch)
     written = []
     for target, block in zip(hf.layers, m.blocks):
@@ -909,17 +923,19 @@ def _held_note(m: GPTMap) -> list[Text]:
 
 def _softcap(call: Caller, m: GPTMap, idx: Tensor) -> float | None:
     """The cap c of logits soft-capped as c * tanh(logits / c) (Gemma 2's, nanochat's), read as the
-    largest logit when the head's weights are made huge; None when they grow with it."""
+    largest logit when the head's weights are made huge; None when they grow with it, or do not move
+    at all (a head that normalises its rows, Baichuan 2's NormHead: the weights' scale cancels)."""
     weight = (m.head or m.wte).weight  # a forward that multiplies by the embedding: it
     kept = weight.detach().clone()
     weight.data.mul_(1e6)
     try:
-        top = call(idx)[0].abs().max().nan_to_num(math.inf).item()  # NaN: no cap
+        logits = call(idx)[0]
+        top = logits.abs().max().nan_to_num(math.inf).item()  # NaN: no cap
     except fp.LearnerFailure:  # its code refuses weights so large: no cap read
-        top = math.inf
+        top = logits = math.inf
     finally:
         weight.data.copy_(kept)
-    return round(top, 6) if top < 1e4 else None
+    return round(top, 6) if top < 1e4 and fp.max_error(logits, call(idx)[0]) > 1e-6 else None
 
 
 def _not_compared(res: ComponentResult, m: GPTMap) -> None:

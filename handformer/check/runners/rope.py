@@ -17,6 +17,7 @@ Shape legend: B batch, H heads, T length, Dh head dim (d), P positions of a tabl
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 import re
@@ -92,7 +93,20 @@ def check_rope(comp: Component, ctx: Context) -> ComponentResult:
     names = forward_names(comp.obj)
     if _takes(names[:1], DIM_NAMES) or not _tensor_names(names):
         return _agreeing(_check_table_function(comp, ctx), ctx, comp)
-    return _agreeing(_check_apply(comp, ctx, comp.obj, names), ctx, comp)
+    return _agreeing(_check_apply(comp, ctx, *_unsuffixed(comp.obj, names)), ctx, comp)
+
+
+def _unsuffixed(fn: Callable[..., Any], names: list[str]) -> tuple[Callable[..., Any], list[str]]:
+    """fn and its argument names, one written with a trailing underscore (Baichuan's
+    apply_rotary_pos_emb(q, k, cos_, sin_, position_ids)) called by its plain name."""
+    plain = {n.rstrip("_"): n for n in names if n.endswith("_") and n.strip("_") and n.rstrip("_") not in names}
+    if not plain:
+        return fn, names
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **{plain.get(k, k): v for k, v in kwargs.items()})
+    return call, [n.rstrip("_") if n.rstrip("_") in plain else n for n in names]
 
 
 # the lines that write each pairing: a table repeated pair by pair, or two halves side by side
