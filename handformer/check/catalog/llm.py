@@ -88,6 +88,7 @@ DIAGNOSES: list[Diagnosis] = [
       "除以选出的权重之和：topk_weight / topk_weight.sum(dim=-1, keepdim=True)",
       r"/.*\b(scores|probs|gates|routing_weights|logits|router_probs)\w*\.sum\(",
       r"^(?!.*\btopk_weight\.sum).*=\s*\b(scores|probs|gates|routing_weights)\w*\.sum\(",
+      r"\bif\b.*\b(norm_topk_prob|normalize)\b",  # the condition that reads the setting
       r"\bnorm_topk_prob\b|\bnormalize\b"),
     d("sink_not_in_softmax", "the attention sinks do not join the softmax (gpt-oss's sink logit is one more "
       "key of each head's softmax)", "注意力 sink 没有参与 softmax（gpt-oss 的 sink logit 是每个头的 softmax "

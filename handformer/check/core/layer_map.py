@@ -83,8 +83,8 @@ def rows_normed(head: Leaf) -> bool:
     with torch.no_grad():
         out = fp.quietly(lambda: head.module(torch.eye(weight.size(1), dtype=weight.dtype)))  # (D, V)
     normed = torch.nn.functional.normalize(weight, dim=-1)
-    return (isinstance(out, torch.Tensor) and out.shape == weight.T.shape and fp.max_error(out.T, normed) < 1e-6
-            and fp.max_error(normed, weight) > 1e-6)
+    return (isinstance(out, torch.Tensor) and out.shape == weight.T.shape
+            and fp.max_error(out.T, normed) < 1e-6 < fp.max_error(normed, weight))
 
 
 def output_head(outer: list[Leaf], vocab: int, embed: Leaf, more: list[Leaf], what: tuple[str, str],

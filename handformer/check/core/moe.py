@@ -37,15 +37,23 @@ GATED = ("silu", "gelu", "gelu_tanh")  # the experts' activations tried (SwiGLU,
 
 
 def moe_parts(module: nn.Module) -> tuple[Leaf, str, nn.ModuleList] | None:
-    """The router (a child nn.Linear(D, E)) and the name and list of the E experts beside it; None
-    for a module that holds no such pair."""
+    """The router (a child nn.Linear(D, E), or a gate module of its own that holds one (E, D) weight:
+    DeepSeek's MoEGate) and the name and list of the E experts beside it; None for a module that
+    holds no such pair."""
     children = dict(module.named_children())
-    routers = {tuple(c.weight.shape): n for n, c in children.items() if isinstance(c, nn.Linear)}
+    routers = {tuple(c.weight.shape): n for n, c in children.items() if _router_like(c)}
     found = [(routers[(len(c), D)], n, c) for n, c in children.items()
              if isinstance(c, nn.ModuleList) and (len(c), D) in routers]
     router, name, experts = (found or [(None, "", None)])[0]
     return None if router is None else (Leaf(router, "linear", children[router], children[router].weight,
-                                             children[router].bias), name, experts)
+                                             getattr(children[router], "bias", None)), name, experts)
+
+
+def _router_like(child: nn.Module) -> bool:
+    """An nn.Linear, or a module whose parameters are one matrix `weight` and at most a bias beside it."""
+    params = dict(child.named_parameters())
+    return isinstance(child, nn.Linear) or (getattr(params.get("weight"), "dim", int)() == 2 and all(
+        name == "weight" or (name == "bias" and p.dim() == 1) for name, p in params.items()))
 
 
 def find_moe(module: nn.Module) -> tuple[str, nn.Module] | None:
