@@ -145,6 +145,8 @@ DIAGNOSES: list[Diagnosis] = [
       "rotate_half(x) = torch.cat((-x2, x1), dim=-1)，其中 x1, x2 = x.chunk(2, dim=-1)；表里用角度本身，"
       "不要取负：torch.polar(torch.ones_like(freqs), freqs)",
       r"cat\(\s*[\(\[]\s*x2\s*,\s*-\s*x1", r"polar\([^,]*,\s*-",  # Meta's table of -angles
+      # ChatGLM's pairs: x0 * cos + x1 * sin, where x0 * cos - x1 * sin is meant
+      r"\[\.\.\.,\s*0\]\s*\*\s*\w+\[\.\.\.,\s*0\]\s*\+",
       r"stack\(", r"cat\("),
     d("kv_repeat_order", "the key/value heads are repeated in the wrong order (repeat where "
       "repeat_interleave is meant)", "键/值头的复制顺序错了（该用 repeat_interleave 的地方用了 repeat）",

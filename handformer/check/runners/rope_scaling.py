@@ -13,6 +13,7 @@ Shape legend: F frequencies (Dh / 2).
 
 from __future__ import annotations
 
+import math
 import re
 
 import torch
@@ -21,9 +22,9 @@ from torch import nn
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, error_text, finish, forward_parameters
 from handformer.check.core.discovery import CONFIG_NAMES, Component, cannot_fill
-from handformer.check.core.result import Check, ComponentResult, Text, text
+from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.rotary import module_tables, table_frequencies
-from handformer.check.core.source import source_text
+from handformer.check.core.source import first_line, source_lines, source_text
 from handformer.config import Llama3RopeScaling
 from handformer.nn.positions import llama3_inv_freq
 
@@ -73,7 +74,38 @@ def check_rope_scaling(comp: Component, ctx: Context) -> ComponentResult:
                                  "Llama 3 一个头的 64 个频率：长波长的除以缩放系数，短波长的保持不变，"
                                  "中间的按 Llama 3.1 的方式插值（按与原频率之比比较）"),
                             err < 1e-6, error_text(err)))
+    res.findings += _band_departs(comp, out / freqs, llama3_inv_freq(freqs, settings) / freqs, settings)
     return finish(res)
+
+
+# each band of wavelengths (long, between, short), in words and the lines that write its frequencies:
+# Meta's `freq / scale_factor` (none of the blend's words), the blend `(1 - smooth) * ...`, the kept one
+BANDS = (
+    (("longer than old_context_len / low_freq_factor (divided by the scale factor)",
+      "长于 old_context_len / low_freq_factor（除以缩放系数）"),
+     (r"^(?!.*smooth)(?!.*_freq_factor).*\bfreq\w*\s*[*/]\s*[\w.]*factor\b",)),
+    (("between the two bounds (blended)", "介于两个界限之间（插值）"),
+     (r"\(\s*1\.?0?\s*-\s*smooth", r"smooth\w*\s*\*", r"smooth\w*\s*=")),
+    (("shorter than old_context_len / high_freq_factor (kept)",
+      "短于 old_context_len / high_freq_factor（保持不变）"),
+     (r"high_freq_wavelen",)),
+)
+
+
+def _band_departs(comp: Component, got: torch.Tensor, want: torch.Tensor, settings: Llama3RopeScaling,
+                  ) -> list[Finding]:
+    """Where the scaled frequencies (as ratios to each frequency) part from Llama 3.1's: the first band
+    of wavelengths that departs, at the line that writes it; none where every band is right."""
+    wavelen, context = 2 * math.pi / frequencies(), settings.original_max_positions  # (F,)
+    long, short = wavelen > context / settings.low_freq_factor, wavelen < context / settings.high_freq_factor
+    masks = (long, ~long & ~short, short)
+    bad = next((i for i, m in enumerate(masks) if fp.max_error(got[m], want[m]) >= 1e-6), None)
+    if bad is None:
+        return []
+    (en, zh), patterns = BANDS[bad]
+    number, code = first_line(list(patterns), source_lines([comp.obj]))
+    return [Finding(DEPARTS, text(f"the frequencies whose wavelength is {en} are not Llama 3.1's",
+                                  f"波长{zh}的那些频率与 Llama 3.1 的不同"), number, code)]
 
 
 def _settings_note(settings: Llama3RopeScaling, handed: bool) -> Text:
