@@ -445,7 +445,8 @@ def _rotated(q: Tensor, k: Tensor, n: int, layout: str, offset: int = 0, flags: 
 
 
 # the positions handed as position_ids: (B, T), Hugging Face's; (T,), a function that builds its own table
-POSITION_IDS = {"by_id": lambda ids: ids[None].expand(B, T), "by_id_t": lambda ids: ids}
+POSITION_IDS = {"by_id": lambda ids: ids[None].expand(B, T), "by_id_t": lambda ids: ids,
+                "by_id_4d": lambda ids: ids[None].expand(B, T)}  # Baichuan's cached (1, 1, P, Dh) tables
 # a complex table -> the pairs it rotates: Meta's view_as_complex(x.reshape(..., -1, 2)) pairs 2j with
 # 2j + 1; Gemma's view_as_complex(torch.stack(torch.chunk(x, 2, -1), -1)) pairs j with j + Dh/2
 COMPLEX = {"pairs": "interleaved", "pairs_half": "half"}
@@ -462,6 +463,7 @@ TABLE_VIEWS = {  # a (T, Dh) table as each shape hands it (the others as it is)
     "btd": lambda t, meta: t[None].expand(B, T, DH),
     "pair_td": lambda t, meta: t[:, ::2],  # llama2.c's freqs_cos (T, Dh/2): one angle an interleaved pair
     "pair_btd": lambda t, meta: t[None, :, ::2].expand(B, T, DH // 2),  # GPT-J's (B, T, Dh/2)
+    "by_id_4d": lambda t, meta: t[None, None],  # (1, 1, P, Dh), indexed cos_[0, 0][position_ids]
 }
 GUESSED_ANGLES = (
     "check handed the rotary table argument the angles themselves (what its name most often holds) and no "
