@@ -387,8 +387,8 @@ def model_reference(m: LatentModel, idx: Tensor, flags: V.Flags = frozenset(), r
     keep = torch.ones(idx.size(1), idx.size(1), dtype=torch.bool).tril()
     act = m.blocks[0].readings[reading][1]  # each block's reading of that activation (a dense FFN's, an MoE's)
     for b in m.blocks:
-        x = block_reference(b, x, keep, flags, next((i for i, r in enumerate(b.readings) if r[1] == act), 0),
-                            layout)
+        own = next((i for i, r in enumerate(b.readings) if r[1] == act), 0)
+        x = block_reference(b, x, keep, flags, own, layout)
     x = V.norm(m.norm, x) if m.norm is not None else x
     return V.linear(x, m.head if m.head is not None else (m.embed, None))
 
