@@ -200,15 +200,9 @@ def masks_where_true(source: str, name: str | None) -> bool:
 
 def _given_only(source: str, m: str) -> str:
     """The source without the blocks under `if <name> is None` (the mask the code builds when none is
-    handed); m: the name, escaped."""
-    lines, kept, block = source.splitlines(), [], None  # block: the indent of the `if` being left out
-    for line in lines:
-        indent = len(line) - len(line.lstrip())
-        if block is not None and (indent > block or not line.strip()):
-            continue
-        block = indent if re.match(rf"\s*if\s+{m}\s+is\s+None\b.*:\s*(#.*)?$", line) else None
-        kept.append(line)
-    return "\n".join(kept)
+    handed): the `if` line and the lines indented deeper or blank after it; m: the name, escaped."""
+    block = rf"^([ \t]*)if\s+{m}\s+is\s+None\b[^\n]*:[ \t]*(?:#[^\n]*)?\n(?:(?:\1[ \t]+[^\n]*|[ \t]*)\n)*"
+    return re.sub(block, "", source + "\n", flags=re.M)
 
 
 def file_masks_where_true(source: str) -> bool:

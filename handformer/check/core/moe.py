@@ -52,10 +52,9 @@ def moe_parts(module: nn.Module) -> tuple[Leaf, str, nn.ModuleList] | None:
 def _router_like(child: nn.Module) -> bool:
     """An nn.Linear, or a module of the learner's (no torch.nn layer: an nn.Embedding is none) whose
     parameters are one matrix `weight` and at most a bias beside it."""
-    params = dict(child.named_parameters())
-    own = not type(child).__module__.startswith("torch.")
-    return isinstance(child, nn.Linear) or own and (getattr(params.get("weight"), "dim", int)() == 2 and all(
-        name == "weight" or (name == "bias" and p.dim() == 1) for name, p in params.items()))
+    ranks = {name: p.dim() for name, p in child.named_parameters()}
+    return isinstance(child, nn.Linear) or (not type(child).__module__.startswith("torch.")
+                                            and ranks in ({"weight": 2}, {"weight": 2, "bias": 1}))
 
 
 def find_moe(module: nn.Module) -> tuple[str, nn.Module] | None:

@@ -462,14 +462,7 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
         if m.tied:
             hf.lm_head.weight = hf.embed.weight
     hf = hf.double().eval()
-    with torch.no_grad():
-        hf.embed.weight.copy_(m.wte.weight)
-        if m.wpe is not None:
-            hf.positions.weight.copy_(m.wpe.weight[m.offset:])
-        if m.head is not None:
-            copy_weights(hf.lm_head, Slot("head", m.head))
-        if m.normed_head:
-            hf.lm_head.weight.copy_(F.normalize(hf.lm_head.weight, dim=-1))
+    _copy_outer_(hf, m)
     _copy_blocks_(hf, m, ch)
     written = []
     for target, block in zip(hf.layers, m.blocks):
@@ -485,6 +478,21 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     as_parallel_(list(hf.layers) * (ch.placement == "parallel"),  # GPT-J's, GPT-NeoX's, Falcon's, Phi's
                  [len({id(s.leaf) for s in block.norms}) == 1 for block in m.blocks])  # one norm: shared
     return _with_embed_norm(hf, m)
+
+
+@torch.no_grad()
+def _copy_outer_(hf: CausalLM, m: GPTMap) -> None:
+    """The learner's embeddings and head into the reference's (the head's rows L2-normalised where
+    the learner's head normalises them: Baichuan 2's NormHead)."""
+    hf.embed.weight.copy_(m.wte.weight)
+    if m.wpe is not None:
+        hf.positions.weight.copy_(m.wpe.weight[m.offset:])
+    if m.head is not None:
+        copy_weights(hf.lm_head, Slot("head", m.head))
+    hf.lm_head.weight.copy_(HEAD_ROWS[m.normed_head](hf.lm_head.weight))
+
+
+HEAD_ROWS = {False: lambda w: w, True: lambda w: F.normalize(w, dim=-1)}  # the head's weight as it multiplies
 
 
 def _window_settings(windows: tuple[int | None, ...]) -> dict[str, Any]:
@@ -1236,10 +1244,10 @@ def _returned_cache(res: ComponentResult, ctx: Context, comp: Component, m: GPTM
     err = fp.max_error(step, whole)  # (inf: no cache)
     if err == math.inf:
         return
-    if err >= 1e-5:
-        singly = fp.max_error(_stepped(fp.quietly(
-            lambda: _returned_runs(ctx, call.module, idx, [0, *range(5, idx.size(1) + 1)]))), whole)
-        err, res.notes = (singly, [*res.notes, ONE_AT_A_TIME]) if singly < 1e-5 else (err, res.notes)
+    singly = [0, *range(5, idx.size(1) + 1)]  # (computed only where the tokens handed together differ)
+    if err >= 1e-5 > (one := fp.max_error(_stepped(fp.quietly(
+            lambda: _returned_runs(ctx, call.module, idx, singly))), whole)):
+        err, res.notes = one, [*res.notes, ONE_AT_A_TIME]
     res.checks.append(Check(text("the KV cache it returns: tokens 5..7 handed the cache of 0..4 give the "
                                  "logits of the whole sequence",
                                  "它返回的 KV 缓存：位置 5..7 带上 0..4 的缓存，logits 与整句一次算出的相同"),
@@ -1274,7 +1282,7 @@ def _returned_runs(ctx: Context, module: nn.Module, idx: Tensor, cuts: list[int]
     arg = named([n for n, default in names.items() if default is None], CACHE_ARGS)
     assert arg is not None  # noqa: S101  (quietly: no cache check)
     asked = {"use_cache": True} if "use_cache" in names else {}
-    held: list[Any] = []
+    held: list[Any] = [None]  # the cache the last call returned (none before the first)
 
     def run(ids: Tensor, past: Any) -> Any:
         out = ctx.learner.call("forward", module, ids, **{arg: past, **asked})
@@ -1282,7 +1290,7 @@ def _returned_runs(ctx: Context, module: nn.Module, idx: Tensor, cuts: list[int]
         # the presents after the logits, or after (loss, logits) (Hugging Face's tuple with labels)
         held[:] = [fp.returned_cache(out, out[1])]
         return out
-    return [(lambda a=a, b=b: run(idx[:, a:b], held[0] if a else None), a, b) for a, b in zip(cuts, cuts[1:])]
+    return [(lambda a=a, b=b: run(idx[:, a:b], held[0]), a, b) for a, b in zip(cuts, cuts[1:])]
 
 
 def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor) -> None:

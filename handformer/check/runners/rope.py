@@ -99,10 +99,7 @@ def check_rope(comp: Component, ctx: Context) -> ComponentResult:
 def _unsuffixed(fn: Callable[..., Any], names: list[str]) -> tuple[Callable[..., Any], list[str]]:
     """fn and its argument names, one written with a trailing underscore (Baichuan's
     apply_rotary_pos_emb(q, k, cos_, sin_, position_ids)) called by its plain name."""
-    plain = {n.rstrip("_"): n for n in names
-             if n.endswith("_") and n.strip("_") and n.rstrip("_") not in names}
-    if not plain:
-        return fn, names
+    plain = {n.rstrip("_"): n for n in names if n.endswith("_") and n.rstrip("_") not in names}
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -56,15 +57,15 @@ def written_settings(fn: object) -> Llama3RopeScaling:
 def check_rope_scaling(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     rest = [p.name for p in forward_parameters(comp.obj)[1:] if p.default is p.empty]
-    configs = [name for name in rest if name in CONFIG_NAMES]  # apply_llama3_scaling(freqs, config)
-    cannot_fill(comp.name, [name for name in rest if name not in configs], (), [comp.name], "freqs", (
+    configs = set(rest) & set(CONFIG_NAMES)  # apply_llama3_scaling(freqs, config)
+    cannot_fill(comp.name, [*filter(lambda name: name not in configs, rest)], (), [comp.name], "freqs", (
         "the scaling takes the frequencies alone, its settings with defaults or written inside",
         "缩放只接收频率，设置要么有默认值，要么写在函数里"))
     freqs = frequencies()
     settings = Llama3RopeScaling() if configs else written_settings(comp.obj)  # handed: Meta's
     handed = {p.name: _meta_dict(settings) for p in forward_parameters(comp.obj)[1:]  # gpt-fast's
               if p.default is None and "scal" in p.name}  # apply_rope_scaling(freqs, rope_scaling=None)
-    handed |= dict.fromkeys(configs, Settings(_meta_dict(settings)))
+    handed |= dict.fromkeys(configs, Settings(**_meta_dict(settings), rope_scaling=_meta_dict(settings)))
     out = torch.as_tensor(ctx.learner.call("forward", comp.obj, freqs.clone(), **handed)).double()
     err = res.max_abs_error = fp.max_error(out / freqs, llama3_inv_freq(freqs, settings) / freqs)
     res.notes.append(_settings_note(settings, bool(configs)))
@@ -125,17 +126,12 @@ def _meta_dict(settings: Llama3RopeScaling) -> dict[str, float | str]:
     return {**values, "rope_type": "llama3"}
 
 
-class Settings(dict):
+class Settings(SimpleNamespace):
     """A config handed to a scaling that reads its settings from one: each name of SETTINGS (and
-    rope_scaling, the same as a dict) as an attribute or a key."""
+    rope_scaling, a dict of them) as an attribute or a key."""
 
-    def __getattr__(self, name: str) -> object:
-        if name == "rope_scaling":
-            return dict(self)
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
+    def __getitem__(self, name: str) -> object:
+        return getattr(self, name)
 
 
 def model_scaling(module: nn.Module, base: float, head_dim: int) -> Llama3RopeScaling | None:
@@ -155,22 +151,23 @@ def _same(got: torch.Tensor, freqs: torch.Tensor) -> bool:
 
 
 def _configured(module: nn.Module) -> list[Llama3RopeScaling]:
-    """The scaling settings a model's config (or its rope_scaling dict) names, then Meta's."""
-    found = []
-    for sub in module.modules():
-        for obj in [sub, *(v for v in vars(sub).values() if not isinstance(v, (torch.Tensor, nn.Module)))]:
-            found += filter(None, map(_settings_in, (obj, _value(obj, "rope_scaling"))))
-    return [*found, Llama3RopeScaling()]
+    """The scaling settings the config of a module of the model (or its rope_scaling dict) names, then
+    Meta's."""
+    configs = [getattr(sub, "config", None) for sub in module.modules()]
+    holders = [*configs, *map(lambda config: _value(config, "rope_scaling"), configs)]
+    return [*filter(None, map(_settings_in, holders)), Llama3RopeScaling()]
 
 
 def _settings_in(holder: object) -> Llama3RopeScaling | None:
     """The settings a config or a dict names (Meta's for those it does not); None where it names no factor."""
-    values = {}
-    for field, names in SETTINGS.items():
-        numbers = [x for x in map(lambda n: _value(holder, n), names)
-                   if isinstance(x, (int, float)) and not isinstance(x, bool)]
-        values.update({field: numbers[0]} if numbers else {})
-    return Llama3RopeScaling(**values) if "factor" in values else None
+    values = {field: _number(holder, names) for field, names in SETTINGS.items()}
+    named = {field: value for field, value in values.items() if value is not None}
+    return Llama3RopeScaling(**named) if "factor" in named else None
+
+
+def _number(holder: object, names: tuple[str, ...]) -> float | None:
+    """The first number (no bool) that the holder gives under one of these names."""
+    return next(filter(lambda x: type(x) in (int, float), map(lambda n: _value(holder, n), names)), None)
 
 
 def _value(obj: object, name: str) -> object:
