@@ -196,7 +196,7 @@ def table_frequencies(tables: list[Tensor], head_dim: int) -> Tensor | None:
     (a complex table, or a sine table whose row 0 is all zeros: a cosine's is too flat near 0 to say)."""
     for t in tables:
         angles = t[1].angle() if t.is_complex() else t[1].double().asin() if t[0].abs().max() == 0 else None
-        distinct = None if angles is None else torch.unique(angles.abs())
+        distinct = None if angles is None else torch.unique(angles.abs().double())
         if distinct is not None and distinct.numel() == head_dim // 2:
             return distinct
     return None
