@@ -110,8 +110,7 @@ FIXED: dict[str, Any] = {"i": 0, "layer_idx": 0, "layer_id": 0, "layer_index": 0
                          "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
                          "n_activated_experts": 2, "n_expert_groups": 1, "n_limited_groups": 1,
                          "n_group": 1, "topk_group": 1, "norm_topk_prob": True, "scoring_func": "softmax",
-                         "score_func": "softmax", "routed_scaling_factor": 1.0, "route_scale": 1.0,
-                         "first_k_dense_replace": 0}
+                         "routed_scaling_factor": 1.0, "first_k_dense_replace": 0}
 # fixed values for a dict config alone (Raschka's cfg["num_experts"] = 0: one FFN); a config class keeps
 # its own (Mixtral's MoEArgs: num_experts = 4, checked against handformer's MixtureOfExperts)
 DICT_ONLY = ("num_experts",)

@@ -45,10 +45,8 @@ def _coefficients(seen: list[Observed] | None) -> list[float]:
 
 
 def _holds(seen: list[Observed], form: int, c: float) -> bool:
-    """Whether c > 0 makes every batch's extra c times its term of this form (an extra below 1e-6, the
-    cross-entropy's rounding, is none)."""
-    return c > 0 and abs(seen[0][0]) >= 1e-6 and all(abs(extra - c * terms[form]) < 1e-6
-                                                      for extra, terms in seen)
+    """Whether c > 0 makes every batch's extra c times its term of this form."""
+    return c > 0 and all(abs(extra - c * terms[form]) < 1e-6 for extra, terms in seen)
 
 
 def _observed(moe: MoEConfig, hf: Any, loss_of: Callable[[Tensor, Tensor], Any], ids: Tensor,

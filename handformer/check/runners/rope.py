@@ -100,6 +100,8 @@ def _unsuffixed(fn: Callable[..., Any], names: list[str]) -> tuple[Callable[...,
     """fn and its argument names, one written with a trailing underscore (Baichuan's
     apply_rotary_pos_emb(q, k, cos_, sin_, position_ids)) called by its plain name."""
     plain = {n.rstrip("_"): n for n in names if n.endswith("_") and n.rstrip("_") not in names}
+    if not plain:  # fn itself, which the localizer traces
+        return fn, names
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
