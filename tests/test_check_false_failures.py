@@ -73,7 +73,8 @@ def moe():
 
 
 def test_a_shared_expert_and_the_balancing_loss_are_compared(moe):
-    assert statuses(moe) == {"CausalAttention": "pass", "SwiGLU": "pass", "Block": "pass", "MoEGPT": "pass"}, \
+    assert statuses(moe) == {"CausalAttention": "pass", "SwiGLU": "pass", "SharedMoE": "pass", "Block": "pass",
+                             "MoEGPT": "pass"}, \
         format_report(moe)
     model = next(c for c in moe.components if c.name == "MoEGPT")
     assert any("0.01 times the load-balancing loss" in n["en"] for n in model.notes), model.notes

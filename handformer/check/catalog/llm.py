@@ -88,6 +88,7 @@ DIAGNOSES: list[Diagnosis] = [
       "除以选出的权重之和：topk_weight / topk_weight.sum(dim=-1, keepdim=True)",
       r"/.*\b(scores|probs|gates|routing_weights|logits|router_probs)\w*\.sum\(",
       r"^(?!.*\btopk_weight\.sum).*=\s*\b(scores|probs|gates|routing_weights)\w*\.sum\(",
+      r"\bif\b.*\b(norm_topk_prob|normalize)\b",  # the condition that reads the setting
       r"\bnorm_topk_prob\b|\bnormalize\b"),
     d("sink_not_in_softmax", "the attention sinks do not join the softmax (gpt-oss's sink logit is one more "
       "key of each head's softmax)", "注意力 sink 没有参与 softmax（gpt-oss 的 sink logit 是每个头的 softmax "
@@ -144,6 +145,8 @@ DIAGNOSES: list[Diagnosis] = [
       "rotate_half(x) = torch.cat((-x2, x1), dim=-1)，其中 x1, x2 = x.chunk(2, dim=-1)；表里用角度本身，"
       "不要取负：torch.polar(torch.ones_like(freqs), freqs)",
       r"cat\(\s*[\(\[]\s*x2\s*,\s*-\s*x1", r"polar\([^,]*,\s*-",  # Meta's table of -angles
+      # ChatGLM's pairs: x0 * cos + x1 * sin, where x0 * cos - x1 * sin is meant
+      r"\[\.\.\.,\s*0\]\s*\*\s*\w+\[\.\.\.,\s*0\]\s*\+",
       r"stack\(", r"cat\("),
     d("kv_repeat_order", "the key/value heads are repeated in the wrong order (repeat where "
       "repeat_interleave is meant)", "键/值头的复制顺序错了（该用 repeat_interleave 的地方用了 repeat）",

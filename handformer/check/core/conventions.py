@@ -187,13 +187,22 @@ RESHAPED = (r"(?:\[[^\]]*\]|\.(?:bool|unsqueeze|view|reshape|expand|expand_as|to
 def masks_where_true(source: str, name: str | None) -> bool:
     """Whether code fills where its mask is True (`scores.masked_fill(mask[:n, :n], -inf)`, Raschka's
     causal mask of ones above the diagonal): torch.nn's True = masked, read from the source, tried
-    first; a mask compared with 0 or inverted (`mask == 0`, `~mask`) reads the other way."""
+    first; a mask compared with 0 or inverted (`mask == 0`, `~mask`) reads the other way, unless it is
+    the mask the code builds for itself when none is given (ChatGLM's `if attention_mask is None:` a
+    causal mask of ones, then `attention_mask = ~attention_mask`): that says nothing of the one handed."""
     if not name:
         return False
     m = re.escape(name)
     direct = re.search(rf"masked_fill_?\(\s*{m}({RESHAPED})*\s*,", source)
-    inverted = re.search(rf"{m}\s*==\s*0|~\s*{m}|logical_not\(\s*{m}", source)
+    inverted = re.search(rf"{m}\s*==\s*0|~\s*{m}|logical_not\(\s*{m}", _given_only(source, m))
     return bool(direct or scaled_by_large_negative(source, m)) and not inverted
+
+
+def _given_only(source: str, m: str) -> str:
+    """The source without the blocks under `if <name> is None` (the mask the code builds when none is
+    handed): the `if` line and the lines indented deeper or blank after it; m: the name, escaped."""
+    block = rf"^([ \t]*)if\s+{m}\s+is\s+None\b[^\n]*:[ \t]*(?:#[^\n]*)?\n(?:(?:\1[ \t]+[^\n]*|[ \t]*)\n)*"
+    return re.sub(block, "", source + "\n", flags=re.M)
 
 
 def file_masks_where_true(source: str) -> bool:

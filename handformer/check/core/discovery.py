@@ -103,10 +103,14 @@ FIXED: dict[str, Any] = {"i": 0, "layer_idx": 0, "layer_id": 0, "layer_index": 0
                          # width as every real model's (0.25 of 4 would turn 1)
                          "rotary_pct": 0.5, "partial_rotary_factor": 0.5,
                          # a mixture of experts' config (minimind's, DeepSeek's), for its MoE layer
-                         # built alone: 4 experts, 2 a token, renormalized, one shared
+                         # built alone: 4 experts, 2 a token, renormalized, one shared, one group
+                         # (DeepSeek's inference names and its Hugging Face ones), a softmax of the
+                         # router's scores unscaled (DeepSeek-V2-Lite's: handformer's router), in every
+                         # layer (Hugging Face's first_k_dense_replace: no dense layer first)
                          "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
                          "n_activated_experts": 2, "n_expert_groups": 1, "n_limited_groups": 1,
-                         "norm_topk_prob": True}
+                         "n_group": 1, "topk_group": 1, "norm_topk_prob": True, "scoring_func": "softmax",
+                         "routed_scaling_factor": 1.0, "first_k_dense_replace": 0}
 # fixed values for a dict config alone (Raschka's cfg["num_experts"] = 0: one FFN); a config class keeps
 # its own (Mixtral's MoEArgs: num_experts = 4, checked against handformer's MixtureOfExperts)
 DICT_ONLY = ("num_experts",)
@@ -497,7 +501,7 @@ SUFFIXES: dict[str, tuple[str, ...]] = {"block": ("Block", "Layer"), "decoder_la
                                         "rmsnorm": ("RMSNorm",), "rope": ("RotaryEmbedding",),
                                         # Mixtral's MixtralSparseMoeBlock, Qwen-MoE's Qwen2MoeSparseMoeBlock
                                         "moe": ("SparseMoeBlock", "SparseMoEBlock", "MoeBlock", "MoEBlock",
-                                                "MoeLayer", "MoELayer")}
+                                                "MoeLayer", "MoELayer", "MoE")}  # DeepSeek's DeepseekMoE
 # what a block's __init__ builds and a mixture of experts' never does: an attention
 BUILDS_ATTENTION = re.compile(r"(?i)\battn|attention")
 # an encoder's or decoder's block has its own kind; a mixture of experts is no FFN to compare
@@ -598,7 +602,8 @@ def transformer_lm(cls: Any) -> bool:
 
 SUFFIX_TESTS: dict[str, Callable[[Any], bool]] = {"mha": computes_attention,
                                                   "gpt": transformer_lm, "encoder_model": encoder_only,
-                                                  "block": lambda c: not part_of_a_block(c)}
+                                                  "block": lambda c: not part_of_a_block(c),
+                                                  "moe": lambda c: not _decoder_model(c)}  # no ...MoE model
 # a class named ...Layer is a block when its __init__ builds an attention and an FFN (GPT-NeoX's GPTNeoXLayer;
 # Hugging Face BERT's BertLayer, whose FFN's first linear is its `intermediate`)
 LAYER_PARTS = re.compile(r"(?=[\s\S]*(attn|attention))(?=[\s\S]*(mlp|ffn|feed_?forward|intermediate))", re.I)

@@ -37,15 +37,24 @@ GATED = ("silu", "gelu", "gelu_tanh")  # the experts' activations tried (SwiGLU,
 
 
 def moe_parts(module: nn.Module) -> tuple[Leaf, str, nn.ModuleList] | None:
-    """The router (a child nn.Linear(D, E)) and the name and list of the E experts beside it; None
-    for a module that holds no such pair."""
+    """The router (a child nn.Linear(D, E), or a gate module of its own that holds one (E, D) weight:
+    DeepSeek's MoEGate) and the name and list of the E experts beside it; None for a module that
+    holds no such pair."""
     children = dict(module.named_children())
-    routers = {tuple(c.weight.shape): n for n, c in children.items() if isinstance(c, nn.Linear)}
+    routers = {tuple(c.weight.shape): n for n, c in children.items() if _router_like(c)}
     found = [(routers[(len(c), D)], n, c) for n, c in children.items()
              if isinstance(c, nn.ModuleList) and (len(c), D) in routers]
     router, name, experts = (found or [(None, "", None)])[0]
     return None if router is None else (Leaf(router, "linear", children[router], children[router].weight,
-                                             children[router].bias), name, experts)
+                                             getattr(children[router], "bias", None)), name, experts)
+
+
+def _router_like(child: nn.Module) -> bool:
+    """An nn.Linear, or a module of the learner's (no torch.nn layer: an nn.Embedding is none) whose
+    parameters are one matrix `weight` and at most a bias beside it."""
+    ranks = {name: p.dim() for name, p in child.named_parameters()}
+    return isinstance(child, nn.Linear) or (not type(child).__module__.startswith("torch.")
+                                            and ranks in ({"weight": 2}, {"weight": 2, "bias": 1}))
 
 
 def find_moe(module: nn.Module) -> tuple[str, nn.Module] | None:
@@ -151,6 +160,17 @@ def _routed(moe: nn.Module, readings: list[list[list[Slot]]], router: Leaf, shar
     tried = [([*itertools.chain(*(r[order] for r in readings + shared)),
                RouterSlot("router", router, None, "", E, k, norm, len(shared))], act)
              for order, act, k, norm in settings]
-    return next((slots for slots, act in tried
-                 if fp.max_error(out, V.feed_forward(ffn_weights(slots, act), x)) < 1e-6),
-                tried[2 * (min(2, E) - 1)][0])  # (order 0, silu, k = 2, renormalized)
+    found = [slots for slots, act in tried
+             if fp.max_error(out, V.feed_forward(ffn_weights(slots, act), x)) < 1e-6]
+    if not found and not isinstance(router.module, nn.Linear):
+        raise MappingError(OWN_GATE[0], zh=OWN_GATE[1])  # (its own MoE check names what departs)
+    return [*found, tried[2 * (min(2, E) - 1)][0]][0]  # else: order 0, silu, k = 2, renormalized
+
+
+# a gate module of its own (DeepSeek's Gate, MoEGate) whose output no reading of handformer's gives
+OWN_GATE = ("its mixture of experts routes through a gate of its own whose output no routing handformer's "
+            "MixtureOfExperts has gives (a score function, a scale or groups of experts besides the "
+            "softmax's top k): not compared on its blocks; the mixture of experts is checked on its own",
+            "它的混合专家经过它自己的门控模块，输出不是 handformer 的 MixtureOfExperts 的任何一种路由"
+            "（softmax 前 k 个之外，还有别的得分函数、缩放系数或专家分组）："
+            "不在 Block 上比较；混合专家单独检查")

@@ -42,8 +42,15 @@ def either_form(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[s
 
 def either_table(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool], B: int) -> Any:
     """fn(*args, **kwargs) with kwargs["freqs_cis"] complex, or as real pairs when the complex one is
-    refused (once the complex one ran, an error is theirs); when neither runs, the complex one's."""
-    return either_form(fn, args, kwargs, layout, "real_table",
+    refused (once the complex one ran, an error is theirs): (T, Dh/2, 2), else with a batch axis in
+    front, (1, T, Dh/2, 2) (GLM-4's apply function views its rope_cache (-1, 1, T, Dh/2, 2)); when none
+    runs, the complex one's."""
+    def run(*a: Any, **k: Any) -> Any:
+        if k["freqs_cis"].is_complex():
+            return fn(*a, **k)
+        return either_form(fn, list(a), k, layout, "batched_table",
+                           lambda k: {**k, "freqs_cis": k["freqs_cis"][None]})  # (1, T, Dh/2, 2)
+    return either_form(run, args, kwargs, layout, "real_table",
                        lambda k: {**k, "freqs_cis": torch.view_as_real(k["freqs_cis"])}, keep_first=True)
 
 

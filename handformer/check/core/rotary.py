@@ -192,6 +192,17 @@ def table_base(tables: list[Tensor], head_dim: int) -> float | None:
     return None
 
 
+def table_frequencies(tables: list[Tensor], head_dim: int) -> Tensor | None:
+    """The Dh/2 frequencies of the learner's rotary tables, ascending, read back from position 1's angles
+    (a complex table, or a sine table whose row 0 is all zeros: a cosine's is too flat near 0 to say)."""
+    for t in tables:
+        angles = t[1].angle() if t.is_complex() else t[1].double().asin() if t[0].abs().max() == 0 else None
+        distinct = None if angles is None else torch.unique(angles.abs().double())
+        if distinct is not None and distinct.numel() == head_dim // 2:
+            return distinct
+    return None
+
+
 def module_tables(module: nn.Module) -> list[Tensor]:
     """The 2-D tables a module and its children hold, buffers or tensor attributes (not a bool mask)."""
     return [t for sub in module.modules() for t in [*sub.buffers(recurse=False), *vars(sub).values()]

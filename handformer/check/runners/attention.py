@@ -192,7 +192,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
 
     def call(xq: Tensor, xk: Tensor, xv: Tensor, mask: Tensor | None) -> Any:
         args = [{"q": xq, "k": xk, "v": xv}[r] for r in roles]
-        if mask is None and required and state.get("visible"):  # Raschka's forward(x, mask, cos, sin)
+        if mask is None and required and state.get("visible") and not state.get("none"):  # Raschka's
             everything = torch.ones(xq.size(0), 1, xq.size(-2), xk.size(-2), dtype=torch.bool)  # T, S
             mask = fp.mask_like(run_mask(everything, state["visible"], xq.size(0)), xq)
         kwargs: dict[str, Any] = {**fixed, **({masks[0].name: mask} if masks else {})}
@@ -935,8 +935,9 @@ def _causal_inside(res: ComponentResult, ctx: Context, c: Caller, causal_inside:
         return False
     if causal_inside or c.n_inputs != 1:
         return causal_inside
-    if behaves_causal(ctx, c, D):
+    if behaves_causal(ctx, c, D):  # handed None where a case has no mask (ChatGLM's builds its own then)
         res.notes.append(CAUSAL_WITHOUT_MASK)
+        c.state["none"] = c.required
     elif switched_causal(module):
         res.notes.append(CAUSAL_BY_SWITCH)
     else:

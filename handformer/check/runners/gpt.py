@@ -62,6 +62,7 @@ from handformer.check.core.layer_map import (
     map_layer,
     output_head,
     outside,
+    rows_normed,
 )
 from handformer.check.core.localize_kinds import localize_model, module_views, note_departure
 from handformer.check.core.moe import moe_config, moe_note
@@ -114,8 +115,9 @@ from handformer.check.runners.pieces import (
     built_activation,
     plain_activation_,
 )
+from handformer.check.runners.rope_scaling import model_scaling, scaling_words
 from handformer.check.runners.stack import check_stack
-from handformer.config import CausalLMConfig, FamilyConfig
+from handformer.config import CausalLMConfig, FamilyConfig, Llama3RopeScaling
 from handformer.families import build_causal_lm
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.kv_cache import NO_CACHE
@@ -147,6 +149,8 @@ class GPTMap:
     ropes: tuple[str | None, ...] = (None,)  # rotary layouts to try: "half", "interleaved"
     theta: float = 10000.0  # the rotary base read from the learner's model
     table_theta: float | None = None  # the base of its tables, when it is not the one its config names
+    rope_scaling: Llama3RopeScaling | None = None  # Llama 3.1's scaling of the rotary frequencies
+    normed_head: bool = False  # the head's rows L2-normalised before the product (Baichuan 2's NormHead)
     built: dict[Any, CausalLM] = field(default_factory=dict)  # handformer's, by choices
     embed_norm: Leaf | None = None  # nanochat's norm of the token embeddings, a function without gains
     attn_softcap: float | None = None  # the attention scores soft-capped (Gemma 2's)
@@ -236,7 +240,8 @@ def map_gpt(module: nn.Module) -> GPTMap:
     # OPT's (fairseq's) learned positions: a table of max_len + 2 rows, position p at row p + 2
     m.offset = OPT_OFFSET if wpe is not None and wpe.weight.size(0) == BLOCK + OPT_OFFSET else 0
     if wpe is None:
-        m.ropes, m.theta, m.table_theta = _rotary(module)
+        _rotary_(m, module)
+    m.normed_head = head is not None and not tied and rows_normed(head)  # Baichuan 2's NormHead
     return m
 
 
@@ -251,6 +256,14 @@ def _one_ffn_kind(blocks: list[LayerMap]) -> None:
                            zh="它各 Block 的前馈网络结构不全相同（有的 Block 用混合专家，有的用一个网络？）；"
                               "handformer 的 CausalLM 每个 Block 用同一种，所以不比较整个模型；"
                               "它的各层单独检查")
+
+
+def _rotary_(m: GPTMap, module: nn.Module) -> None:
+    """The rotary settings of a model without learned positions: its layouts, base, its tables' base
+    where that is another, and Llama 3.1's scaling where its tables show it."""
+    m.ropes, m.theta, m.table_theta = _rotary(module)
+    m.rope_scaling = model_scaling(module, m.theta, D // H)
+    m.table_theta = None if m.rope_scaling else m.table_theta
 
 
 EMBED_NORM = re.compile(r"(?<![\w.])(?:F\.)?(\w+)\(\s*self\.[\w.\[\]\"']*(wte|emb|tok)")
@@ -330,12 +343,16 @@ class Choices:
     form: Form = PLAIN  # the numbers its blocks take from their settings (Granite's multipliers)
 
     def describe(self, m: GPTMap) -> Text:
-        head_en, head_zh = (HEAD_WORDS[m.tied][i] + BIAS_WORDS[m.bias][i] for i in (0, 1))
+        head_en, head_zh = (HEAD_WORDS[m.tied][i] + BIAS_WORDS[m.bias][i] + NORMED_WORDS[m.normed_head][i]
+                            for i in (0, 1))
         pos_en, pos_zh = (ADDED_WORDS[m.added] if m.added is not None
                           else TERM_WORDS.get(self.rope, NO_POSITIONS) if not rotary(self.rope)
                           else (f"rotary positions ({_pairs(self.rope)[0]}, base {m.theta:.0f})",
                                 f"旋转位置编码（{_pairs(self.rope)[1]}，底数 {m.theta:.0f}）"))
         pos_en, pos_zh = pos_en + SCALED_WORDS[m.scaled][0], pos_zh + SCALED_WORDS[m.scaled][1]
+        if m.rope_scaling is not None:
+            said = scaling_words(m.rope_scaling)
+            pos_en, pos_zh = pos_en + said["en"], pos_zh + said["zh"]
         if m.n_kv_heads:
             pos_en += f"; grouped-query attention ({H} heads, {m.n_kv_heads} key/value heads)"
             pos_zh += f"；分组查询注意力（{H} 个头，{m.n_kv_heads} 个键/值头）"
@@ -401,6 +418,8 @@ ADDED_WORDS = {"learned": ("learned positions", "可学习的位置编码"),
                "sinusoidal": ("sinusoidal positions", "正弦位置编码")}
 HEAD_WORDS = {True: ("tied to the token embedding", "与词嵌入共享权重"), False: ("separate", "独立的权重")}
 BIAS_WORDS = {True: (", with a bias", "，有偏置"), False: ("", "")}
+NORMED_WORDS = {True: (", each row L2-normalised before the product (Baichuan 2's NormHead)",
+                       "，相乘前每一行先做 L2 归一化（百川 2 的 NormHead）"), False: ("", "")}
 SCALED_WORDS = {True: ("; token embeddings times sqrt(d_model)", "；词嵌入乘以 sqrt(d_model)"),
                 False: ("", "")}
 PLACEMENTS = ("pre", "post", "parallel", "reordered")  # the blocks' placements the search tries, in order
@@ -453,6 +472,7 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
         norm_placement=HF_PLACEMENT.get(ch.placement, ch.placement),
         norm=first.kind, norm_eps=positive_eps(first.eps),  # LayerNorm or RMSNorm, as theirs
         position=m.added or ("rope" if rotary(ch.rope) else "none"), rope_theta=m.theta,
+        rope_scaling=m.rope_scaling,  # Llama 3.1's, where its tables show it
         rope_fraction=turned_width(rotary(ch.rope) or "", D // H) / (D // H),  # partial rotary: "half:2"
         max_positions=m.wpe.weight.size(0) - m.offset if m.wpe is not None else BLOCK, tie_embeddings=m.tied,
         n_kv_heads=m.n_kv_heads, qk_norm=_qk_norm(m), scale_embeddings=m.scaled,
@@ -464,12 +484,7 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
         if m.tied:
             hf.lm_head.weight = hf.embed.weight
     hf = hf.double().eval()
-    with torch.no_grad():
-        hf.embed.weight.copy_(m.wte.weight)
-        if m.wpe is not None:
-            hf.positions.weight.copy_(m.wpe.weight[m.offset:])
-        if m.head is not None:
-            copy_weights(hf.lm_head, Slot("head", m.head))
+    _copy_outer_(hf, m)
     _copy_blocks_(hf, m, ch)
     written = []
     for target, block in zip(hf.layers, m.blocks):
@@ -485,6 +500,21 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     as_parallel_(list(hf.layers) * (ch.placement == "parallel"),  # GPT-J's, GPT-NeoX's, Falcon's, Phi's
                  [len({id(s.leaf) for s in block.norms}) == 1 for block in m.blocks])  # one norm: shared
     return _with_embed_norm(hf, m)
+
+
+@torch.no_grad()
+def _copy_outer_(hf: CausalLM, m: GPTMap) -> None:
+    """The learner's embeddings and head into the reference's (the head's rows L2-normalised where
+    the learner's head normalises them: Baichuan 2's NormHead)."""
+    hf.embed.weight.copy_(m.wte.weight)
+    if m.wpe is not None:
+        hf.positions.weight.copy_(m.wpe.weight[m.offset:])
+    if m.head is not None:
+        copy_weights(hf.lm_head, Slot("head", m.head))
+    hf.lm_head.weight.copy_(HEAD_ROWS[m.normed_head](hf.lm_head.weight))
+
+
+HEAD_ROWS = {False: lambda w: w, True: lambda w: F.normalize(w, dim=-1)}  # the head's weight as it multiplies
 
 
 def _window_settings(windows: tuple[int | None, ...]) -> dict[str, Any]:
@@ -941,17 +971,19 @@ def _held_note(m: GPTMap) -> list[Text]:
 
 def _softcap(call: Caller, m: GPTMap, idx: Tensor) -> float | None:
     """The cap c of logits soft-capped as c * tanh(logits / c) (Gemma 2's, nanochat's), read as the
-    largest logit when the head's weights are made huge; None when they grow with it."""
+    largest logit when the head's weights are made huge; None when they grow with it, or do not move
+    at all (a head that normalises its rows, Baichuan 2's NormHead: the weights' scale cancels)."""
     weight = (m.head or m.wte).weight  # a forward that multiplies by the embedding: it
     kept = weight.detach().clone()
     weight.data.mul_(1e6)
     try:
-        top = call(idx)[0].abs().max().nan_to_num(math.inf).item()  # NaN: no cap
+        logits = call(idx)[0]
+        top = logits.abs().max().nan_to_num(math.inf).item()  # NaN: no cap
     except fp.LearnerFailure:  # its code refuses weights so large: no cap read
-        top = math.inf
+        top = logits = math.inf
     finally:
         weight.data.copy_(kept)
-    return round(top, 6) if top < 1e4 else None
+    return round(top, 6) if top < 1e4 and fp.max_error(logits, call(idx)[0]) > 1e-6 else None
 
 
 def _not_compared(res: ComponentResult, m: GPTMap) -> None:
@@ -1249,12 +1281,20 @@ def _returned_cache(res: ComponentResult, ctx: Context, comp: Component, m: GPTM
     """Hugging Face's cache: forward(ids, past_key_values=None, use_cache=False) returning (logits,
     presents); tokens 5.. handed the presents of 0..4 give the logits of the whole sequence; rotary
     positions counted from 0 again instead (rope_no_offset) are named, at the line where the cached
-    path parts. Nothing where it returns no cache it takes back."""
-    runs = fp.quietly(lambda: _returned_runs(ctx, call.module, idx))
-    step = fp.quietly(lambda: fp.first_tensor([run() for run, _, _ in runs][-1], 3))
-    err = fp.max_error(step, fp.quietly(lambda: call(idx)[0][:, 5:]))  # (inf: no cache)
+    path parts. Nothing where it returns no cache it takes back. Tokens handed one at a time, as
+    generation feeds them, where several at once differ (ChatGLM's builds its causal mask only where
+    query and key lengths are equal: new tokens handed together see each other both ways), noted."""
+    whole = fp.quietly(lambda: call(idx)[0][:, 5:])
+    runs = fp.quietly(lambda: _returned_runs(ctx, call.module, idx, [0, 5, idx.size(1)]))
+    step = _stepped(runs)
+    err = fp.max_error(step, whole)  # (inf: no cache)
     if err == math.inf:
         return
+    singly = [0, *range(5, idx.size(1) + 1)]  # (computed only where the tokens handed together differ)
+    file = source_text(sys.modules[type(call.module).__module__])
+    if err >= 1e-5 and EQUAL_LENGTHS_ONLY.search(file) and 1e-5 > (one := fp.max_error(_stepped(fp.quietly(
+            lambda: _returned_runs(ctx, call.module, idx, singly))), whole)):
+        err, res.notes = one, [*res.notes, ONE_AT_A_TIME]
     res.checks.append(Check(text("the KV cache it returns: tokens 5..7 handed the cache of 0..4 give the "
                                  "logits of the whole sequence",
                                  "它返回的 KV 缓存：位置 5..7 带上 0..4 的缓存，logits 与整句一次算出的相同"),
@@ -1266,11 +1306,27 @@ def _returned_cache(res: ComponentResult, ctx: Context, comp: Component, m: GPTM
     note_departure(res, lambda: cache_departure(lambda: call(idx), runs, idx.size(1), ctx.path))
 
 
-def _returned_runs(ctx: Context, module: nn.Module, idx: Tensor) -> list[tuple[Any, int, int]]:
-    """The calls on tokens 0..4, then on 5.. handed the cache the first returned (the first thing it
-    returns after the logits that is no tensor, else the second), with use_cache=True where it takes
-    that (its cache argument defaulting to None; StableLM's returns its cache always), each with the
-    positions it covers; raises where it takes or returns none."""
+def _stepped(runs: list[tuple[Any, int, int]] | None) -> Tensor | None:
+    """The logits of every run after the first, in order (None where one gives none)."""
+    return fp.quietly(lambda: torch.cat([fp.first_tensor(run(), 3) for run, _, _ in runs][1:], 1))
+
+
+# a causal mask built only where no mask is handed and the query and key lengths are equal (ChatGLM's)
+EQUAL_LENGTHS_ONLY = re.compile(r"if\s+\w*mask\w*\s+is\s+None\s+and\s+\w+\s*==\s*\w+")
+ONE_AT_A_TIME = text(
+    "the KV cache it returns is checked with tokens 5.. handed one at a time, as generation feeds them: "
+    "handed together, they give other logits (so does ChatGLM's, which builds its causal mask only where "
+    "the query and key lengths are equal)",
+    "它返回的 KV 缓存按生成时的方式检查：位置 5 以后的 token 一次给一个。一起给时，logits 不同"
+    "（ChatGLM 也是这样：它只在 query 和 key 长度相同时才构造因果掩码）")
+
+
+def _returned_runs(ctx: Context, module: nn.Module, idx: Tensor, cuts: list[int],
+                   ) -> list[tuple[Any, int, int]]:
+    """The calls on the spans between `cuts`, each after the first handed the cache the one before
+    returned (the first thing it returns after the logits that is no tensor, else the second), with
+    use_cache=True where it takes that (its cache argument defaulting to None; StableLM's returns its
+    cache always), each with the positions it covers; raises where it takes or returns none."""
     names = {p.name: p.default for p in forward_parameters(module)}
     arg = named([n for n, default in names.items() if default is None], CACHE_ARGS)
     assert arg is not None  # noqa: S101  (quietly: no cache check)
@@ -1283,7 +1339,7 @@ def _returned_runs(ctx: Context, module: nn.Module, idx: Tensor) -> list[tuple[A
         # the presents after the logits, or after (loss, logits) (Hugging Face's tuple with labels)
         held[:] = [fp.returned_cache(out, out[1])]
         return out
-    return [(lambda: run(idx[:, :5], None), 0, 5), (lambda: run(idx[:, 5:], held[0]), 5, idx.size(1))]
+    return [(lambda a=a, b=b: run(idx[:, a:b], held[0] if a else None), a, b) for a, b in zip(cuts, cuts[1:])]
 
 
 def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor) -> None:

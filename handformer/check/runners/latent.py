@@ -385,8 +385,10 @@ def model_reference(m: LatentModel, idx: Tensor, flags: V.Flags = frozenset(), r
     """The logits (B, T, V) of the model on latent attention, causal."""
     x = m.embed[idx]  # (B, T, D)
     keep = torch.ones(idx.size(1), idx.size(1), dtype=torch.bool).tril()
+    act = m.blocks[0].readings[reading][1]  # each block reads its FFN (dense, or MoE) with that activation
     for b in m.blocks:
-        x = block_reference(b, x, keep, flags, reading, layout)
+        own = next((i for i, r in enumerate(b.readings) if r[1] == act), 0)
+        x = block_reference(b, x, keep, flags, own, layout)
     x = V.norm(m.norm, x) if m.norm is not None else x
     return V.linear(x, m.head if m.head is not None else (m.embed, None))
 

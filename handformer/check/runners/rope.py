@@ -17,6 +17,7 @@ Shape legend: B batch, H heads, T length, Dh head dim (d), P positions of a tabl
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 import re
@@ -93,7 +94,20 @@ def check_rope(comp: Component, ctx: Context) -> ComponentResult:
     names = forward_names(comp.obj)
     if _takes(names[:1], DIM_NAMES) or not _tensor_names(names):
         return _agreeing(_check_table_function(comp, ctx), ctx, comp)
-    return _agreeing(_check_apply(comp, ctx, comp.obj, names), ctx, comp)
+    return _agreeing(_check_apply(comp, ctx, *_unsuffixed(comp.obj, names)), ctx, comp)
+
+
+def _unsuffixed(fn: Callable[..., Any], names: list[str]) -> tuple[Callable[..., Any], list[str]]:
+    """fn and its argument names, one written with a trailing underscore (Baichuan's
+    apply_rotary_pos_emb(q, k, cos_, sin_, position_ids)) called by its plain name."""
+    plain = {n.rstrip("_"): n for n in names if n.endswith("_") and n.rstrip("_") not in names}
+    if not plain:  # fn itself, which the localizer traces
+        return fn, names
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **{plain.get(k, k): v for k, v in kwargs.items()})
+    return call, [n.rstrip("_") if n.rstrip("_") in plain else n for n in names]
 
 
 # the lines that write each pairing: a table repeated pair by pair, or two halves side by side
@@ -401,7 +415,7 @@ def _apply_attempts(names: list[str], complex_table: bool, offsets: bool) -> lis
     shapes = ("4d", "btd", *from0, "td") + tuple(POSITION_IDS) * ("position_ids" in names)
     attempts = [(layout, meta, shape) for layout in (COMPLEX if complex_table else ("half", "interleaved"))
                 for meta in (False, True, *["first"] * complex_table)  # ChatGLM's sequence-first
-                for shape in (("4d", "real") if layout in COMPLEX else shapes)]
+                for shape in (("4d", *REAL_TABLES) if layout in COMPLEX else shapes)]
     if not complex_table:  # nanochat's cos, sin (1, T, 1, Dh/2) on halves, rotated either way
         attempts += QUARTER + PAIR_TD + PAIR_BTD
     if _takes(names, ANGLE_NAMES):  # the angles themselves, (T, Dh) or (1, 1, T, Dh), either pairing
@@ -448,7 +462,8 @@ def _rotated(q: Tensor, k: Tensor, n: int, layout: str, offset: int = 0, flags: 
 
 
 # the positions handed as position_ids: (B, T), Hugging Face's; (T,), a function that builds its own table
-POSITION_IDS = {"by_id": lambda ids: ids[None].expand(B, T), "by_id_t": lambda ids: ids}
+POSITION_IDS = {"by_id": lambda ids: ids[None].expand(B, T), "by_id_t": lambda ids: ids,
+                "by_id_4d": lambda ids: ids[None].expand(B, T)}  # Baichuan's cached (1, 1, P, Dh) tables
 # a complex table -> the pairs it rotates: Meta's view_as_complex(x.reshape(..., -1, 2)) pairs 2j with
 # 2j + 1; Gemma's view_as_complex(torch.stack(torch.chunk(x, 2, -1), -1)) pairs j with j + Dh/2
 COMPLEX = {"pairs": "interleaved", "pairs_half": "half"}
@@ -465,6 +480,7 @@ TABLE_VIEWS = {  # a (T, Dh) table as each shape hands it (the others as it is)
     "btd": lambda t, meta: t[None].expand(B, T, DH),
     "pair_td": lambda t, meta: t[:, ::2],  # llama2.c's freqs_cos (T, Dh/2): one angle an interleaved pair
     "pair_btd": lambda t, meta: t[None, :, ::2].expand(B, T, DH // 2),  # GPT-J's (B, T, Dh/2)
+    "by_id_4d": lambda t, meta: t[None, None],  # (1, 1, P, Dh), indexed cos_[0, 0][position_ids]
 }
 GUESSED_ANGLES = (
     "check handed the rotary table argument the angles themselves (what its name most often holds) and no "
@@ -516,9 +532,8 @@ def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: 
     if layout in COMPLEX:
         angles = V.rope_angles(T, DH, THETA, offset)  # (T, Dh/2)
         table = torch.polar(torch.ones_like(angles), angles)  # (T, Dh/2) complex
-        # "real": gpt-fast's table, the complex one as (T, Dh/2, 2) real pairs (cos, sin)
-        kwargs[next(n for n in names if n in COMPLEX_TABLE_NAMES)] = (
-            torch.view_as_real(table) if shape == "real" else table)
+        name = next(n for n in names if n in COMPLEX_TABLE_NAMES)
+        kwargs[name] = REAL_TABLES.get(shape, lambda t: t)(table)
     else:
         whole = shape in ("from0", *POSITION_IDS)  # the table from position 0, indexed by their code
         cos, sin = reference_tables(P, layout) if whole else reference_tables(T, layout, offset)
@@ -532,6 +547,11 @@ def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: 
     kwargs |= dict.fromkeys(OFFSET_NAMES, offset) | dict.fromkeys(THETA_NAMES, THETA)  # those it takes
     raw = _call_offset(ctx, fn, {n: v for n, v in kwargs.items() if n in names})
     return _stacked(raw, len(tensors), q.shape, meta)
+
+
+# the complex table (T, Dh/2) as real pairs (cos, sin): gpt-fast's (T, Dh/2, 2); GLM-4's, indexed by
+# position ids, (1, T, Dh/2, 2)
+REAL_TABLES = {"real": torch.view_as_real, "real_batched": lambda t: torch.view_as_real(t)[None]}
 
 
 # the axes of the (B, H, T, Dh) inputs an apply function is handed, by its reading: as they are, Meta's
