@@ -664,7 +664,7 @@ SAME_FAMILY = (("greedy_decode", "beam_search", "generate"),
                ("top_k", "top_p", "min_p", "sample", "temperature", "greedy"))
 FAMILY_OF = {kind: family for family in SAME_FAMILY for kind in family}  # the families are apart
 
-CAUSAL_WORDS = re.compile(r"\btril\b|\btriu\b|is_causal\s*=\s*True|causal")
+CAUSAL_WORDS = re.compile(r"\btri[lu]_?\b|is_causal\s*=\s*True|causal")  # tril_: ChatGLM's in-place
 
 
 TOKEN_EXTRAS = ("start_pos", "targets", "target", "labels", "y", "position_ids", "positions", "pos")
