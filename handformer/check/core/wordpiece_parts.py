@@ -27,9 +27,10 @@ WORD_ARGUMENTS = re.compile(r"w|word.*")  # an encoder of one word takes it so
 
 def _own(obj: Any) -> dict[str, Any]:
     """The classes and functions of the object's file."""
-    module = vars(sys.modules.get(getattr(obj, "__module__", ""), sys))
-    return {n: o for n, o in module.items() if isinstance(o, (types.FunctionType, type))
-            and o.__module__ == obj.__module__}
+    name = getattr(obj, "__module__", None)
+    module = vars(sys.modules.get(name or "", sys))
+    return {n: o for n, o in module.items()
+            if isinstance(o, (types.FunctionType, type)) and o.__module__ == name}
 
 
 def writes_wordpiece(obj: Any) -> bool:
