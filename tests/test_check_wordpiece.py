@@ -25,6 +25,12 @@ ZH_PLANTS = {  # file -> (diagnosis, form, the line planted)
 }
 
 
+BERT = FIXTURES / "learners_wordpiece_bert" / "correct.py"
+BERT_SHORTEST = [("                end = len(chars)\n", "                end = start + 1\n"),
+                 ("                while start < end:\n", "                while end <= len(chars):\n"),
+                 ("                    end -= 1\n", "                    end += 1\n")]
+
+
 @pytest.fixture(scope="module", params=["learners_wordpiece", "learners_wordpiece_zh"])
 def correct(request):
     return check_file(str(FIXTURES / request.param / "correct.py"))
@@ -36,6 +42,29 @@ def test_a_correct_wordpiece_passes_with_every_part_checked(correct):
     names = " ".join(c.name["en"] for c in tok.checks)
     assert "tokens learnt" in names and "reference's pieces" in names and "words back" in names
     assert all(c.ok for c in tok.checks) and "counted first" in tok.convention["en"]
+
+
+@pytest.fixture(scope="module", params=["correct", "shortest"])
+def bert(request, tmp_path_factory):
+    """BERT's tokenization.py as a reader rewrites it (no trainer: its classes built on a vocabulary),
+    and the same with its WordpieceTokenizer taking the shortest piece first."""
+    source = BERT.read_text()
+    for old, new in BERT_SHORTEST * (request.param == "shortest"):
+        source = source.replace(old, new)
+    path = tmp_path_factory.mktemp("bert") / "tokenization.py"
+    path.write_text(source)
+    return request.param, check_file(str(path))
+
+
+def test_bert_s_tokenizers_built_on_a_vocabulary_are_graded_on_it(bert):
+    name, result = bert
+    by_name = {c.name: c for c in result.components}
+    assert set(by_name) == {"WordpieceTokenizer", "FullTokenizer"}, format_report(result)
+    if name == "correct":
+        assert {c.status for c in by_name.values()} == {"pass"}, format_report(result)
+        return
+    for tok in by_name.values():  # FullTokenizer runs the WordpieceTokenizer too
+        assert [(f.name, f.code) for f in tok.findings] == [("wordpiece_shortest_match", "end += 1")]
 
 
 @pytest.fixture(scope="module", params=sorted(ZH_PLANTS))

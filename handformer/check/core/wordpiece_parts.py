@@ -41,14 +41,21 @@ def writes_wordpiece(obj: Any) -> bool:
 
 
 def wordpiece_trainer(obj: Any) -> bool:
-    """A function of a corpus and a size that writes "##", or a class with train, encode and decode
-    methods that does (no torch module: its train() is the mode switch)."""
+    """A function of a corpus and a size that writes "##", or a tokenizer class that does
+    (`_tokenizer_class`; no torch module: its train() is the mode switch)."""
     if inspect.isclass(obj):
-        methods = all(callable(getattr(obj, m, None)) for m in TOKENIZER_METHODS)
-        return methods and "torch.nn" not in str(inspect.getmro(obj)) and writes_wordpiece(obj)
+        return _tokenizer_class(obj) and "torch.nn" not in str(inspect.getmro(obj)) and writes_wordpiece(obj)
     named = inspect.isfunction(obj) and TRAINER.search(obj.__name__)
     sized = any(SIZED.search(p.name) for p in _parameters(obj)[1:])
     return bool(named and sized and writes_wordpiece(obj))
+
+
+def _tokenizer_class(cls: type) -> bool:
+    """A class with train, encode and decode methods, or one built on a vocabulary with a method that
+    encodes and none that trains (BERT's WordpieceTokenizer(vocab, unk_token), FullTokenizer(vocab_file))."""
+    trains = all(callable(getattr(cls, m, None)) for m in TOKENIZER_METHODS)
+    handed = any(map(ENCODER.search, dir(cls))) and any("vocab" in p.name.lower() for p in _parameters(cls))
+    return trains or (handed and not hasattr(cls, "train"))
 
 
 def _parameters(fn: Any) -> list[inspect.Parameter]:

@@ -153,13 +153,16 @@ def tokenize(text: str, vocab: set[str], flags: frozenset[str] = frozenset(), un
     return [p for w in words for p in encode_word(w, vocab, flags, unk=unk)]
 
 
+# the pieces joined by spaces, then each "##" after a space: glued on (BERT's), or with a mistake
+DECODES: dict[str, Callable[[str], str]] = {
+    "": lambda text: text.replace(" " + PREFIX, ""),
+    "spaced": lambda text: text.replace(" " + PREFIX, " "),  # every piece a word
+    "kept": lambda text: text,  # the pieces as they are
+    "glued_kept": lambda text: text.replace(" " + PREFIX, PREFIX),  # glued on with their "##"
+}
+
+
 def decode(pieces: list[str], flags: frozenset[str] = frozenset()) -> str:
-    """The pieces as text: a piece with "##" glued onto the word before it, words between spaces."""
-    words: list[str] = []
-    for p in pieces:
-        shown = p if flags & {"kept", "glued_kept"} else p.removeprefix(PREFIX)
-        if p.startswith(PREFIX) and words and not flags & {"spaced", "kept"}:
-            words[-1] += shown
-        else:
-            words.append(shown)
-    return " ".join(words)
+    """The pieces as text: a piece with "##" glued onto the word before it, words between spaces (one
+    mistake of DECODES at most)."""
+    return DECODES[next(iter(flags), "")](" ".join(pieces))

@@ -19,6 +19,7 @@ from handformer.check.core.argument_names import call_parameters
 from handformer.check.core.context import Context
 from handformer.check.core.discovery import Component, DiscoveryError, own_objects
 from handformer.check.core.weights import MappingError
+from handformer.check.reference import wordpiece_reference as R
 from handformer.check.runners.bpe import argument_role
 
 SPECIAL = re.compile(r"\[[A-Za-z_]+\]|<[^<>\s]+>")  # [UNK], [CLS], <pad>
@@ -27,8 +28,8 @@ SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 PIECES_TAKEN = re.compile(r"^(?!.*id).*(token|piece)")  # a decoder's first argument that takes pieces
 # what an encoder's or decoder's other arguments are handed, by a word of their name: the table id ->
 # token, the vocabulary, the unknown token
-GIVEN = (("inv", "inverse"), ("id_to", "inverse"), ("itos", "inverse"), ("id2", "inverse"),
-         ("vocab", "vocab"), ("unk", "unk"))
+GIVEN = (("file", "file"), ("path", "file"), ("inv", "inverse"), ("id_to", "inverse"), ("itos", "inverse"),
+         ("id2", "inverse"), ("vocab", "vocab"), ("unk", "unk"))
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Parts:
     handed: set[str] = field(default_factory=set)
     encoders: list[tuple[str, Callable[..., Any], bool]] = field(default_factory=list)
     decode: tuple[str, Callable[..., Any]] | None = None
+    trained: bool = True  # False: built on the reference's vocabulary, nothing trained
 
     @property
     def unk(self) -> str:
@@ -63,7 +65,8 @@ def parts(comp: Component, ctx: Context, corpus: list[str], vocab_size: int) -> 
     """Train the learner's tokenizer and find its encoders and decoder: the functions of its file beside
     a trainer function, a class's methods."""
     if inspect.isclass(comp.obj):
-        return _trained_class(comp, ctx, corpus, vocab_size)
+        build = _trained_class if hasattr(comp.obj, "train") else _handed_class
+        return build(comp, ctx, corpus, vocab_size)
     handed: set[str] = set()
     vocab = _vocab_of(_train(ctx, comp.obj, corpus, vocab_size, handed))
     return _coders(Parts(_ordered(vocab), vocab, handed), own_objects(ctx.module), (comp.obj,))
@@ -82,6 +85,30 @@ def _trained_class(comp: Component, ctx: Context, corpus: list[str], vocab_size:
                            "dict，或含 \"##\" 片段的 token 列表）")
     methods = {n: getattr(tok, n) for n in dir(type(tok)) if not n.startswith("_")}
     return _coders(Parts(_ordered(vocab), vocab, handed), methods, ())
+
+
+def _handed_class(comp: Component, ctx: Context, corpus: list[str], vocab_size: int) -> Parts:
+    """A WordPiece encoder built on a vocabulary (BERT's WordpieceTokenizer(vocab, unk_token), its
+    FullTokenizer(vocab_file)): handed the reference's, trained on the corpus, as a dict token -> id or
+    a file of one token a line."""
+    tokens = reference_tokens(corpus, vocab_size)
+    vocab = dict(zip(tokens, range(len(tokens))))
+    tok = Parts(tokens, vocab, trained=False)
+    build = _bound(comp.obj, tok, skip=0)
+    if build is None:
+        raise DiscoveryError(f"cannot build {comp.name}: handformer passes its vocabulary (vocab, a dict "
+                             "token -> id, or vocab_file) and unk_token", zh=f"构造不了 {comp.name}："
+                             "handformer 传入词表（vocab，token -> id 的 dict，或 vocab_file）和 unk_token")
+    built = ctx.learner.call("__init__", build)
+    methods = {n: getattr(built, n) for n in dir(type(built)) if not n.startswith("_")}
+    return _coders(tok, methods, ())
+
+
+def reference_tokens(corpus: list[str], vocab_size: int) -> list[str]:
+    """The reference's vocabulary: the special tokens, the characters, then the tokens learnt."""
+    alphabet = sorted({s for w in R.word_freqs(corpus) for s in R.spell(w)})
+    learnt = dict.fromkeys(R.joined(*p) for p in R.train(corpus, vocab_size))
+    return [*SPECIALS, *alphabet, *learnt][:vocab_size]
 
 
 def _coders(tok: Parts, own: dict[str, Any], skip: tuple[Any, ...]) -> Parts:
@@ -125,9 +152,9 @@ def _kwargs(fn: Callable[..., Any], corpus: list[str], vocab_size: int, handed: 
     return {name: values[role] for name, role in roles.items() if role in values}
 
 
-def _written(corpus: list[str]) -> str:
+def _written(lines: list[str]) -> str:
     path = os.path.join(tempfile.mkdtemp(prefix="handformer-wordpiece-"), "corpus.txt")
-    Path(path).write_text("\n".join(corpus), encoding="utf-8")
+    Path(path).write_text("\n".join(lines), encoding="utf-8")
     return path
 
 
@@ -156,11 +183,12 @@ def _vocab_of(out: Any) -> Any:
     return vocab
 
 
-def _bound(fn: Callable[..., Any], tok: Parts) -> Callable[..., Any] | None:
-    """The function called on its first argument alone, its other arguments handed by name (GIVEN); None
-    when it requires one that none of them is."""
-    values = {"inverse": dict(enumerate(tok.tokens)), "vocab": tok.vocab, "unk": tok.unk}
-    roles = {p: next((r for w, r in GIVEN if w in p.name.lower()), None) for p in call_parameters(fn)[1:]}
+def _bound(fn: Callable[..., Any], tok: Parts, skip: int = 1) -> Callable[..., Any] | None:
+    """The function called on its first argument alone (with `skip` 1), its other arguments handed by
+    name (GIVEN); None when it requires one that none of them is."""
+    values = {"inverse": dict(enumerate(tok.tokens)), "vocab": tok.vocab, "unk": tok.unk,
+              "file": _written(tok.tokens)}
+    roles = {p: next((r for w, r in GIVEN if w in p.name.lower()), None) for p in call_parameters(fn)[skip:]}
     if any(r is None and p.default is p.empty for p, r in roles.items()):
         return None
     return functools.partial(fn, **{p.name: values[r] for p, r in roles.items() if r is not None})
