@@ -54,8 +54,9 @@ def _tokenizer_class(cls: type) -> bool:
     """A class with train, encode and decode methods, or one built on a vocabulary with a method that
     encodes and none that trains (BERT's WordpieceTokenizer(vocab, unk_token), FullTokenizer(vocab_file))."""
     trains = all(callable(getattr(cls, m, None)) for m in TOKENIZER_METHODS)
-    handed = any(map(ENCODER.search, dir(cls))) and any("vocab" in p.name.lower() for p in _parameters(cls))
-    return trains or (handed and not hasattr(cls, "train"))
+    handed = not hasattr(cls, "train") and any(map(ENCODER.search, dir(cls))) and any(
+        "vocab" in p.name.lower() for p in _parameters(cls))
+    return trains or handed
 
 
 def _parameters(fn: Any) -> list[inspect.Parameter]:

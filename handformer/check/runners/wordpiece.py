@@ -224,8 +224,5 @@ def _line(name: str, fn: Any, ctx: Context, comp: Component) -> tuple[int | None
     fn = getattr(fn, "__func__", fn)
     near = [fn, *functions_called(fn), *methods_called(fn)]
     patterns = WORDPIECE_LINES.get(name, CATALOG[name].patterns)
-    for tier in (source_lines(near), source_lines(ctx.objects(comp))):
-        number, code = first_line(patterns, tier)
-        if number is not None:
-            return number, code
-    return None, None
+    found = [first_line(patterns, tier) for tier in (source_lines(near), source_lines(ctx.objects(comp)))]
+    return min(found, key=lambda line: line[0] is None)  # the first tier's, where it finds one

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from handformer.check.core import fingerprint as fp
 from handformer.check.core import wordpiece_parts as W
 from handformer.check.core.argument_names import call_parameters
 from handformer.check.core.context import Context
@@ -50,9 +51,14 @@ class Parts:
         return next(filter(UNKNOWN.fullmatch, self.tokens), "[UNK]")
 
     def pieces(self, out: Any) -> Any:
-        """An encoder's output as pieces: its ids read through the vocabulary, its pieces as they are."""
+        """An encoder's output as pieces: its ids read through the vocabulary, its pieces as they are; the
+        special tokens it adds around them ([CLS], [SEP], padding) left out, [UNK] kept."""
+        if not isinstance(out, (list, tuple)):
+            return out
         by_id = dict(enumerate(self.tokens))
-        return [by_id.get(i, i) for i in out] if isinstance(out, (list, tuple)) else out
+        read = fp.quietly(lambda: [by_id.get(i, i) for i in out]) or out  # an id's token, a piece as it is
+        added = {*filter(SPECIAL.fullmatch, self.tokens), *SPECIALS} - {self.unk}
+        return [t for t in read if str(t) not in added]
 
     def handed_pieces(self, decode: Callable[..., Any], pieces: list[str]) -> list[Any]:
         """What the decoder takes: ids, unless its first argument names tokens or pieces."""
