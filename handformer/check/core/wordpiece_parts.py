@@ -17,7 +17,8 @@ from handformer.check.core.source import global_reads, reachable, source_text
 
 CONTINUATION = re.compile(r"""['"]##""")  # a string that starts with "##" (an f-string's too)
 SIZED = re.compile(r"vocab|size|merge", re.I)  # a trainer's argument that says how much to learn
-TRAINER = re.compile(r"train|fit|learn|build_vocab", re.I)  # train_wordpiece, fit_wordpiece, learn_vocab
+# train_wordpiece, fit_wordpiece, learn_vocab, build_wordpiece_vocab
+TRAINER = re.compile(r"train|fit|learn|(build|make|create).*vocab", re.I)
 TOKENIZER_METHODS = ("train", "encode", "decode")
 # an encoder's name (encode_word, tokenize, wordpiece_tokenize; not pre_tokenize), a decoder's
 ENCODER = re.compile(r"^(?!_*pre)(?!.*(decode|detokeniz)).*(encode|tokeniz)", re.I)

@@ -99,7 +99,7 @@ def _grade_training(res: ComponentResult, ctx: Context, comp: Component, tok: P.
                            "nothing learnt to compare",
                            zh="训练后它的词表里没有两个字符以上的 token：没有学到的东西可比较")
     n = len(learnt)
-    ref = list(dict.fromkeys(R.joined(*p) for p in R.train(CORPUS, n + 20)))[:n]
+    ref = list(dict.fromkeys(itertools.starmap(R.joined, R.train(CORPUS, n + 20))))[:n]
     said = text(f"the {n} tokens learnt on the fixture corpus equal the reference's, in order",
                 f"测试语料上学到的 {n} 个 token 与参考实现一致，顺序也一致")
     res.checks.append(Check(said, learnt == ref))
@@ -209,7 +209,7 @@ def _grade_max_chars(res: ComponentResult, ctx: Context, tok: P.Parts, name: str
     res.checks.append(failed_check(
         text(f"{name}(..., {limit}={MAX_CHARS}) gives {LONG!r} ({len(LONG)} characters) as {tok.unk}, and "
              f"not {LONG[:-2]!r}", f"{name}(..., {limit}={MAX_CHARS}) 把 {LONG!r}（{len(LONG)} 个字符）切成 "
-             f"{tok.unk}，{LONG[:-2]!r} 不是"), long == [tok.unk] and fits != [tok.unk],
+             f"{tok.unk}，{LONG[:-2]!r} 不是"), long == [tok.unk] != fits,
         lambda: text(f"yours: {long} and {fits}", f"你的：{long} 和 {fits}")))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import os
 import re
 import tempfile
@@ -29,6 +30,10 @@ SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 PIECES_TAKEN = re.compile(r"^(?!.*id).*(token|piece)")  # a decoder's first argument that takes pieces
 # what an encoder's or decoder's other arguments are handed, by a word of their name: the table id ->
 # token, the vocabulary, the unknown token
+# a trainer's arguments whose role is not a BPE trainer's: the words counted already (the Hugging Face
+# course's word_freqs); a vocabulary to start from, no size
+OWN_ROLES = ((re.compile(r"(?i)\w*(freq|count)\w*"), "freqs"),
+             (re.compile(r"(?i)vocab|vocabulary|vocab_dict"), "-"))
 GIVEN = (("file", "file"), ("path", "file"), ("inv", "inverse"), ("id_to", "inverse"), ("itos", "inverse"),
          ("id2", "inverse"), ("vocab", "vocab"), ("unk", "unk"))
 
@@ -112,8 +117,8 @@ def _handed_class(comp: Component, ctx: Context, corpus: list[str], vocab_size: 
 
 def reference_tokens(corpus: list[str], vocab_size: int) -> list[str]:
     """The reference's vocabulary: the special tokens, the characters, then the tokens learnt."""
-    alphabet = sorted({s for w in R.word_freqs(corpus) for s in R.spell(w)})
-    learnt = dict.fromkeys(R.joined(*p) for p in R.train(corpus, vocab_size))
+    alphabet = sorted(set(itertools.chain.from_iterable(map(R.spell, R.word_freqs(corpus)))))
+    learnt = dict.fromkeys(itertools.starmap(R.joined, R.train(corpus, vocab_size)))
     return [*SPECIALS, *alphabet, *learnt][:vocab_size]
 
 
@@ -145,8 +150,9 @@ def _kwargs(fn: Callable[..., Any], corpus: list[str], vocab_size: int, handed: 
     """Each argument by its role (bpe.argument_role); the roles that say a size noted in `handed`."""
     params = call_parameters(fn)
     values = {"text": corpus, "path": _written(corpus), "vocab_size": vocab_size, "merges": vocab_size // 2,
-              "special": list(SPECIALS)}
-    roles = {p.name: argument_role(p.name, first=first_is_corpus and i == 0) for i, p in enumerate(params)}
+              "special": list(SPECIALS), "freqs": R.word_freqs(corpus)}
+    roles = {p.name: next((r for pattern, r in OWN_ROLES if pattern.fullmatch(p.name)), None)
+             or argument_role(p.name, first=first_is_corpus and i == 0) for i, p in enumerate(params)}
     unfilled = [p.name for p in params if roles[p.name] not in values and p.default is p.empty]
     if unfilled:
         shown = getattr(fn, "__qualname__", fn)
