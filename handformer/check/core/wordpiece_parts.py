@@ -15,7 +15,8 @@ from typing import Any
 from handformer.check.core.argument_names import call_parameters
 from handformer.check.core.source import global_reads, reachable, source_text
 
-CONTINUATION = re.compile(r"""['"]##""")  # a string that starts with "##" (an f-string's too)
+# the string "##" (f"##{c}" too); not a banner ("#####") or a heading ("## Results") a script prints
+CONTINUATION = re.compile(r"""['"]##['"{]""")
 SIZED = re.compile(r"vocab|size|merge", re.I)  # a trainer's argument that says how much to learn
 # train_wordpiece, fit_wordpiece, learn_vocab, build_wordpiece_vocab
 TRAINER = re.compile(r"train|fit|learn|(build|make|create).*vocab", re.I)
