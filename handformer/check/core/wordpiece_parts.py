@@ -38,7 +38,7 @@ def _own(obj: Any) -> dict[str, Any]:
 def writes_wordpiece(obj: Any) -> bool:
     """Whether the object, or a class or function of its file that it reaches, writes "##"."""
     own = _own(obj)
-    reached = reachable([obj], lambda o: {own[n] for n in global_reads(o) if n in own})
+    reached = reachable([obj], lambda o: set(map(own.get, global_reads(o) & own.keys())))
     return any(CONTINUATION.search(source_text(o)) for o in reached)
 
 

@@ -15,7 +15,9 @@ decode `spaced` (every piece a word), `kept` (the pieces joined by spaces as the
 
 from __future__ import annotations
 
+import itertools
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable
 from fractions import Fraction
 
@@ -35,11 +37,7 @@ Pair = tuple[str, str]
 
 def word_freqs(texts: Iterable[str], cut: str = "words") -> dict[str, int]:
     """Each word of the texts with how often it occurs, in the order the words first occur."""
-    freqs: dict[str, int] = {}
-    for t in texts:
-        for w in CUTS[cut](t):
-            freqs[w] = freqs.get(w, 0) + 1
-    return freqs
+    return dict(Counter(itertools.chain.from_iterable(map(CUTS[cut], texts))))
 
 
 def spell(word: str, prefix: bool = True) -> list[str]:

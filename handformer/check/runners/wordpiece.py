@@ -1,7 +1,8 @@
 """The runner of a WordPiece tokenizer (BERT's): a trainer written as free functions
 (`train_wordpiece(corpus, vocab_size)` with an encoder of a word, one of a text, and a decoder beside
-it), or a class with train, encode and decode methods; found by its code's "##"
-(core/wordpiece_parts.py).
+it), a class with train, encode and decode methods, or a class built on a vocabulary with no trainer
+(BERT's WordpieceTokenizer(vocab), FullTokenizer(vocab_file): built on the reference's); found by its
+code's "##" (core/wordpiece_parts.py).
 
 It is trained on the fixture corpus below; the tokens it learns (its vocabulary in id order, less the
 characters and the special tokens) are compared with the reference's (reference/wordpiece_reference.py,
@@ -39,7 +40,7 @@ CORPUS = [
 ]
 VOCAB_SIZE = 120
 # the words encoded one by one: seen, unseen, one with a character never inside a word ("q": [UNK]
-# after a piece), one with a character never seen ("j"), one of MAX_CHARS + 1 characters
+# after a piece), one with a character never seen ("j"); LONG has MAX_CHARS + 2 characters
 WORDS = ("tokenizer", "hugging", "pieces", "scores", "unquiet", "jug", "understood", "the", "a")
 # the texts decoded, and encoded without their punctuation (an encoder may cut its text by spaces alone:
 # BERT's WordpieceTokenizer runs after the tokenizer that cuts the punctuation off)
@@ -164,7 +165,8 @@ def _grade_decoder(res: ComponentResult, ctx: Context, comp: Component, tok: P.P
     punctuation mark may be cleaned up)."""
     name, decode = tok.decode
     vocab = set(tok.tokens)
-    pieces = [p for p in (R.tokenize(t, vocab, unk=tok.unk) for t in TEXTS + WORDS) if tok.unk not in p]
+    encoded = map(lambda t: R.tokenize(t, vocab, unk=tok.unk), TEXTS + WORDS)
+    pieces = list(filter(lambda p: tok.unk not in p, encoded))  # the words it cannot split left out
     yours = [_spaced(ctx.learner.call(name, decode, tok.handed_pieces(decode, p))) for p in pieces]
     said = text(f"{name} gives the words back from their pieces (a \"##\" piece glued onto the word before "
                 f"it) on {len(pieces)} inputs", f"{name} 在 {len(pieces)} 个输入上把片段还原成词（\"##\" "
