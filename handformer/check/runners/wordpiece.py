@@ -21,14 +21,25 @@ from collections.abc import Callable
 from typing import Any
 
 from handformer.check.catalog.tokenizer import WORDPIECE_LINES
+from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, finish
 from handformer.check.core.discovery import Component
-from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, Text, failed_check, text
+from handformer.check.core.result import (
+    DIFFERS,
+    Check,
+    ComponentResult,
+    Finding,
+    LearnerError,
+    Text,
+    failed_check,
+    text,
+)
 from handformer.check.core.source import first_line, functions_called, methods_called, source_lines
 from handformer.check.core.weights import MappingError
 from handformer.check.reference import wordpiece_reference as R
 from handformer.check.reference.diagnoses import CATALOG
 from handformer.check.runners import wordpiece_calls as P
+from handformer.check.runners.bpe import TrainerTimeout, deadline
 
 CORPUS = [
     "the quick tokenizer splits words into pieces, and the pieces into smaller pieces.",
@@ -47,6 +58,7 @@ WORDS = ("tokenizer", "hugging", "pieces", "scores", "unquiet", "jug", "understo
 TEXTS = ("the tokenizer keeps hugging pieces, not words!", "unknown scores: often the best pair.")
 SPOKEN = tuple(re.sub(r"[^\w\s]", "", t) for t in TEXTS)
 MAX_CHARS, LONG = 8, "tokenizers"
+LIMIT = 10.0  # seconds for all of it: only a loop that never ends comes near
 # (cut, score, "##") of a trainer that the replay explains, and its diagnosis and form
 TRAIN_MISTAKES = (("whitespace", "score", True, "bpe_merges_across_pretokens", "whitespace"),
                   ("text", "score", True, "bpe_merges_across_pretokens", "text"),
@@ -68,6 +80,19 @@ Reference = Callable[[frozenset[str]], list[Any]]  # the reference's outputs wit
 
 
 def check_wordpiece(comp: Component, ctx: Context) -> ComponentResult:
+    """The kind's runner; a loop of the learner's that never ends stopped after LIMIT seconds."""
+    try:
+        with deadline(LIMIT):
+            return _check(comp, ctx)
+    except TrainerTimeout:
+        raise fp.LearnerFailure(LearnerError(
+            "timeout", f"training, encode and decode did not finish within {LIMIT:g} s: a loop that never "
+            "ends (a position that never moves on?)", "encode",
+            message_zh=f"训练、encode 和 decode 在 {LIMIT:g} 秒内没有结束：循环停不下来"
+                       "（位置一直没有前进？）")) from None
+
+
+def _check(comp: Component, ctx: Context) -> ComponentResult:
     """Train on the fixture corpus, compare the tokens learnt, then grade its encoders and decoder
     with its own vocabulary."""
     res = ctx.result(comp)
