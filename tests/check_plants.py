@@ -51,7 +51,7 @@ FAMILIES = {"tutorial": FIXTURES / "learners", "llm": FIXTURES / "learners_llm",
             "deepseek": FIXTURES / "learners_deepseek",
             "adamw": FIXTURES / "learners_adamw",
             "llama_batch": FIXTURES / "learners_llama_batch", "llama_kv": FIXTURES / "learners_llama_kv",
-            "moe": FIXTURES / "learners_moe"}
+            "moe": FIXTURES / "learners_moe", "wordpiece": FIXTURES / "learners_wordpiece"}
 
 TUTORIAL_PLANTS: dict[str, Plant] = {
     "no_scaling": Plant("no_scaling", "sdpa", [("k.transpose(-2, -1)) / math.sqrt(d_k)", "k.transpose(-2, -1))")]),
@@ -434,6 +434,29 @@ BPE_PLANTS: dict[str, Plant] = {
         ('return data.decode("utf-8", errors="replace")', 'return data.decode("utf-8")')], "bpe"),
 }
 
+WORDPIECE_PLANTS: dict[str, Plant] = {
+    "wordpiece_pair_score": Plant("wordpiece_pair_score", "wordpiece", [
+        ("return {pair: freq / (symbol_freqs[pair[0]] * symbol_freqs[pair[1]])\n                for pair, freq in "
+         "pair_freqs.items()}", "return {pair: freq for pair, freq in pair_freqs.items()}")], "wordpiece"),
+    "wordpiece_across_words": Plant("bpe_merges_across_pretokens", "wordpiece", [
+        ('return re.findall(r"\\w+|[^\\w\\s]", text)', "return text.split()")], "wordpiece"),
+    # ties to the greater pair: a convention, not a mistake
+    "wordpiece_ties_greater": Plant(None, "wordpiece", [
+        ("best = max(scores, key=scores.get)", "best = max(scores, key=lambda pair: (scores[pair], pair))")],
+        "wordpiece"),
+    "wordpiece_shortest_match": Plant("wordpiece_shortest_match", "wordpiece", [
+        ("            end = len(word)\n", "            end = start + 1\n"),
+        ("            while start < end:\n", "            while end <= len(word):\n"),
+        ("                end -= 1\n", "                end += 1\n")], "wordpiece"),
+    "wordpiece_missing_prefix": Plant("wordpiece_missing_prefix", "wordpiece", [
+        ('                if start > 0:\n                    candidate = "##" + candidate\n', "")], "wordpiece"),
+    "wordpiece_unk_piece": Plant("wordpiece_unk_piece", "wordpiece", [
+        ("            if piece is None:\n                return [self.unk_token]\n",
+         "            if piece is None:\n                return pieces + [self.unk_token]\n")], "wordpiece"),
+    "wordpiece_decode_continuation": Plant("wordpiece_decode_continuation", "wordpiece", [
+        ('return text.replace(" ##", "")', 'return text.replace("##", "")')], "wordpiece"),
+}
+
 CACHE_UPDATE = "        k, v = cache.update(layer, k, v)  # (B, S, Hkv, Dh): the cached tokens, then these\n"
 CACHE_PLANTS: dict[str, Plant] = {
     "kv_rope_no_offset": Plant("rope_no_offset", "kv_cache", [("freqs_cis[start:start + T])", "freqs_cis[:T])")],
@@ -553,7 +576,7 @@ MOE_PLANTS: dict[str, Plant] = {
 PLANTS: dict[str, Plant] = {**TUTORIAL_PLANTS, **LLM_PLANTS, **STYLE_PLANTS, **SAMPLING_PLANTS, **TRAINING_PLANTS,
                             **ASSEMBLY_PLANTS, **MODEL_PLANTS, **GPT_PLANTS, **LOOP_PLANTS, **BPE_PLANTS,
                             **CACHE_PLANTS, **QK_PLANTS, **ADAMW_PLANTS, **FAMILY_PLANTS,
-                            **BATCH_PLANTS, **MOE_PLANTS}
+                            **BATCH_PLANTS, **MOE_PLANTS, **WORDPIECE_PLANTS}
 
 # Pairs of plants that are three mistakes: nanoGPT fills with -inf, so a softmax over the queries, or
 # a mask over them, brings NaN rows (nan_on_masked_rows) with it, and with a second mistake in the
@@ -617,6 +640,8 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("adamw_no_bias_correction", "adamw_coupled_weight_decay"), ("adamw_eps_inside_sqrt", "adamw_beta2_for_m"),
     ("kv_cache_write_offset", "kv_cache_read_range"), ("batch_prefix_refed", "batch_prompt_overwritten"),
     ("batch_prefix_refed", "batch_reads_padding"), ("batch_prefix_refed", "batch_eos_in_prompt"),
+    ("wordpiece_pair_score", "wordpiece_shortest_match"), ("wordpiece_missing_prefix", "wordpiece_decode_continuation"),
+    ("wordpiece_unk_piece", "wordpiece_across_words"),
 ]
 
 

@@ -80,7 +80,8 @@ def test_the_docs_count_of_mutants_is_the_mutants():
              10: ("ten", "十"), 11: ("eleven", "十一"), 12: ("twelve", "十二"), 13: ("thirteen", "十三"),
              14: ("fourteen", "十四"), 15: ("fifteen", "十五"), 16: ("sixteen", "十六"),
              17: ("seventeen", "十七"),
-             18: ("eighteen", "十八"), 19: ("nineteen", "十九"), 20: ("twenty", "二十")}[len(FILES)]
+             18: ("eighteen", "十八"), 19: ("nineteen", "十九"), 20: ("twenty", "二十"),
+             21: ("twenty-one", "二十一")}[len(FILES)]
     assert f"{total} mutants of the\n{words[0]} files, a seeded {DEFAULT} of them in the default run" in en
     assert f"{words[1]}个文件共 {total} 个变异体，默认测试里按固定种子抽 {DEFAULT} 个" in zh
 

@@ -1,4 +1,5 @@
-"""The diagnoses of the tokenizer chapter: a byte-level BPE trainer, its encoder and its decoder."""
+"""The diagnoses of the tokenizer chapter: a byte-level BPE trainer, its encoder and its decoder; a
+WordPiece trainer, its encoder and its decoder (BERT's)."""
 
 from handformer.check.catalog.base import Diagnosis, d
 
@@ -7,9 +8,11 @@ DIAGNOSES: list[Diagnosis] = [
         "bpe_merges_across_pretokens",
         "merges cross pre-token boundaries: the text is not split by the pre-tokenizer first",
         "合并跨过了预分词的边界：文本没有先用预分词切开",
-        "split each piece of text with GPT-2's pattern first (regex.finditer(PAT, text)) and count pairs "
-        "only inside each pre-token, in training and in encode",
-        "先用 GPT-2 的正则把每段文本切成预分词（regex.finditer(PAT, text)），训练和 encode 都只在"
+        "split each piece of text with the pre-tokenizer first (GPT-2's pattern for a byte-level BPE: "
+        "regex.finditer(PAT, text); for WordPiece the words and each punctuation mark: re.findall(r\"\\w+|"
+        "[^\\w\\s]\", text)) and count pairs only inside each pre-token, in training and in encode",
+        "先用预分词把每段文本切开（字节级 BPE 用 GPT-2 的正则：regex.finditer(PAT, text)；WordPiece 切成"
+        "单词，每个标点单独一个：re.findall(r\"\\w+|[^\\w\\s]\", text)），训练和 encode 都只在"
         "一个预分词内部数相邻的对",
         r"for \w+ in \[\s*\w+\s*\]\s*:",  # `for token in [text]:` the whole text one pre-token
         r"for \w+ in (?!match)\w+\.encode\(",
@@ -124,3 +127,76 @@ DIAGNOSES: list[Diagnosis] = [
         r"\.decode\(",
     ),
 ]
+
+WORDPIECE_DIAGNOSES: list[Diagnosis] = [
+    d(
+        "wordpiece_pair_score",
+        "the pair score is not freq(pair) / (freq(first) * freq(second))",
+        "一对的得分不是 freq(pair) / (freq(first) * freq(second))",
+        "score each pair by its frequency divided by the product of its two parts' frequencies, all counted "
+        "with each word's frequency: pair_freq / (freq[a] * freq[b]); merge the best score, not the most "
+        "frequent pair",
+        "每一对的得分是它的次数除以两部分各自次数的乘积，都按词频计数：pair_freq / (freq[a] * freq[b])；"
+        "合并得分最高的一对，而不是出现最多的一对",
+        r"/\s*\(?\s*(self\.)?\w*freq\w*\[",
+        r"\{\s*\w+\s*:\s*\w*freq\w*\s+for\b",  # a table of scores that are the frequencies
+        r"max\(.*freq",
+        r"/.*freq",
+        r"score",
+    ),
+    d(
+        "wordpiece_shortest_match",
+        "encode takes the shortest piece of the vocabulary first, not the longest",
+        "encode 先取词表里最短的片段，而不是最长的",
+        "at each position try the whole rest of the word first and shorten it by one until a piece of the "
+        "vocabulary matches: end = len(word), then end -= 1",
+        "在每个位置先试剩下的整段，再每次缩短一个字符，直到词表里有这个片段：end = len(word)，然后 end -= 1",
+        r"range\(\s*\w+\s*\+\s*1",
+        r"\bend\s*\+=\s*1",
+        r"\bend\s*=\s*\w+\s*\+\s*1",
+        r"while.*\bend\b",
+    ),
+    d(
+        "wordpiece_missing_prefix",
+        'the pieces inside a word are looked up or learnt without their "##" prefix',
+        "词中间的片段查词表（或训练）时没有加 \"##\" 前缀",
+        'a piece that does not start its word is "##" + the piece: substr = "##" + word[start:end] when '
+        'start > 0; in training spell a word as [word[0]] + ["##" + c for c in word[1:]]',
+        '不在词首的片段要写成 "##" + 片段：start > 0 时 substr = "##" + word[start:end]；训练时把词拆成 '
+        '[word[0]] + ["##" + c for c in word[1:]]',
+        r"\w+\s*=\s*\w+\[\s*\w+\s*:\s*\w+\s*\]\s*$",
+        r"\[\s*\w+\s*:\s*\w+\s*\]",
+        r"list\(\s*\w+\s*\)",
+        r"in\s+(self\.)?\w*vocab",
+    ),
+    d(
+        "wordpiece_unk_piece",
+        "a word that cannot be split keeps pieces beside [UNK], instead of becoming [UNK] whole",
+        "切不开的词留下了 [UNK] 之外的片段，而不是整个词变成 [UNK]",
+        "when no piece of the vocabulary matches at some position, the whole word is [UNK]: return "
+        "[unk_token] (BERT's is_bad)",
+        "某个位置上词表里没有能匹配的片段时，整个词就是 [UNK]：return [unk_token]（BERT 的 is_bad）",
+        r"\+\s*\[\s*(self\.)?\w*unk",
+        r"(append|extend)\(\s*\[?\s*(self\.)?\w*unk",
+        r"(?i)unk",
+    ),
+    d(
+        "wordpiece_decode_continuation",
+        'decode does not glue a "##" piece onto the word before it',
+        'decode 没有把 "##" 开头的片段接到前一个词上',
+        'a piece that starts with "##" goes onto the last word without its "##": words[-1] += token[2:]; the '
+        "words are joined with spaces",
+        '以 "##" 开头的片段去掉 "##" 后接到最后一个词上：words[-1] += token[2:]；词与词之间用空格连接',
+        r"append\(\s*\w+\[\s*2\s*:",
+        r"append\(\s*\w+\.(removeprefix|lstrip)\(",
+        r"\[\s*-1\s*\]\s*\+=\s*\w+\s*$",  # words[-1] += token: the "##" glued on with it
+        r"replace\(\s*['\"]\s*$",  # replace("##", ...): a line is read up to its first "#"
+        r"append\(",
+        r"join\(",
+    ),
+]
+DIAGNOSES += WORDPIECE_DIAGNOSES
+# where a WordPiece trainer or encoder cuts its text by spaces alone (`for word in text.split():`), the
+# line the BPE's mistake of the same name is quoted at in a WordPiece file
+WORDPIECE_LINES = {"bpe_merges_across_pretokens": (r"\.split\(\s*\)", r"for \w+ in \[\s*\w+\s*\]\s*:",
+                                                   r"for \w+ in \w+\s*:")}

@@ -25,6 +25,7 @@ from handformer.check.core.hosts import host_arguments
 from handformer.check.core.kinds import KINDS_TABLE
 from handformer.check.core.size_roles import with_roles
 from handformer.check.core.source import code_text, config_reads, module_reads, source_text
+from handformer.check.core.wordpiece_parts import wordpiece_trainer, writes_wordpiece
 
 NAMES: dict[str, tuple[str, ...]] = {k.name: k.names for k in KINDS_TABLE}  # kind -> names, in order
 TABLED = {n for k in KINDS_TABLE for n in k.names}  # every name of every kind
@@ -337,6 +338,7 @@ def _named(kind: str, names: tuple[str, ...], own: dict[str, Any], overrides: di
     return [(n, refine(kind, own[n])) for n in _matching(names, own, kind) if n not in named]
 
 
+BPE_KINDS = ("bpe", "bpe_tokenizer")  # kinds whose names a WordPiece file may use too
 # what a decoder-only model's __init__ builds, whatever its name (AI2's OLMo): token embeddings and a
 # list of blocks
 TOKENIZER_METHODS = ("train", "encode", "decode")  # a tokenizer that trains itself, whatever its name
@@ -401,8 +403,9 @@ def cached_decoder_parts(cls: Any) -> tuple[str, list[str]] | None:
 STRUCTURES = (("gpt", "structure", _structured_model),
               ("cached_decoder", "decoder_structure",
                lambda name, obj: cached_decoder_parts(obj) is not None),
-              ("bpe_tokenizer", "methods",
-               lambda name, obj: trains_itself(obj) or trains_itself(obj, GPT2_METHODS)),
+              ("wordpiece", "wordpiece_code", lambda name, obj: wordpiece_trainer(obj)),
+              ("bpe_tokenizer", "methods", lambda name, obj: (
+                  trains_itself(obj) or trains_itself(obj, GPT2_METHODS)) and not writes_wordpiece(obj)),
               ("optimizer", "optimizer", lambda name, obj: steps_parameters(obj)))
 
 
@@ -630,7 +633,11 @@ def _decoder_model(cls: Any) -> bool:
 def refine(kind: str, obj: Any) -> str:
     """The kind a found name is checked as, by what the class or function does (CLASS_RULES): a
     multi-head attention built with a number of key/value heads (Llama's `Attention(dim, n_heads,
-    n_kv_heads)`) is grouped-query attention."""
+    n_kv_heads)`) is grouped-query attention. A BPE name on WordPiece code (`train_tokenizer`, a
+    `Tokenizer` class, `encode`) is the WordPiece tokenizer where it trains one, else none of its own
+    (an encode or decode beside the trainer, checked with it)."""
+    if kind in BPE_KINDS and writes_wordpiece(obj):
+        return "wordpiece" if wordpiece_trainer(obj) else ""
     if inspect.isfunction(obj):
         return _refine_function(kind, obj)
     return next((to for name, test, to in CLASS_RULES if name == kind and test(obj)), kind)

@@ -289,6 +289,11 @@ FOUND_BY = {
                   "zero_grad、代码里开平方根）"),
     "methods": ("found as a {} by its methods (encode and decode, with train or bpe), not by its name",
                 "按它的方法（encode 和 decode，加上 train 或 bpe）认作{}，不是按名字"),
+    "wordpiece_code": ("found as a {} by what its code writes (the \"##\" of a piece inside a word) "
+                       "and what it takes (a corpus and a size, or a vocabulary) or has (train, encode and "
+                       "decode), not by its name",
+                       "按它的代码写的东西（词中间片段的 \"##\"）和它接受的参数（语料和大小，或词表）或它的"
+                       "方法（train、encode 和 decode）认作 {}，不是按名字"),
     "schedule_class": ("found as a {} by what it is: a class built with the schedule's settings whose "
                        "__call__ takes the step (the TensorFlow tutorial's CustomSchedule), or built on the "
                        "optimizer with a step(epoch) that sets its rate (timm's schedulers: built on an SGD "

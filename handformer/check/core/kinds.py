@@ -199,6 +199,8 @@ KINDS_TABLE: tuple[Kind, ...] = (
     Kind("bpe_tokenizer", ("Tokenizer", "BPETokenizer", "BpeTokenizer", "ByteLevelBPETokenizer",
                            "BPE", "bpe_encode", "encode_bpe", "encode"),
          "BPE encoder and decoder", "BPE 编码与解码", "bpe_trainable:check_tokenizer"),
+    Kind("wordpiece", ("train_wordpiece", "wordpiece_train", "train_wordpiece_tokenizer", "learn_wordpiece"),
+         "WordPiece tokenizer", "WordPiece 分词器", "wordpiece:check_wordpiece"),  # also found by its code
 )
 
 KINDS_BY_NAME = {k.name: k for k in KINDS_TABLE}
