@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from handformer.check.runners.bpe import TrainerTimeout, deadline
+from handformer.check.core.deadline import TrainerTimeout, deadline
 from handformer.tasks.post.rewards import RewardTimeout
 from handformer.tasks.post.rewards import time_limit as reward_limit
 from handformer.time_limit import time_limit

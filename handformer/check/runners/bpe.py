@@ -17,7 +17,6 @@ that does not end on the fixture corpus is stopped too, a timeout error.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import os
 import re
@@ -32,6 +31,7 @@ import regex
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, call_parameters, finish
+from handformer.check.core.deadline import TrainerTimeout, deadline
 from handformer.check.core.discovery import Component, DiscoveryError, own_objects
 from handformer.check.core.result import (
     DIFFERS,
@@ -52,7 +52,6 @@ from handformer.check.reference.bpe_corpus import (
     VOCAB_SIZE,
     timing_corpus,
 )
-from handformer.time_limit import time_limit
 
 PATH_NAMES = (
     "input_path",
@@ -94,17 +93,6 @@ CUT_DIAGNOSES = {
     "specials_trained": "bpe_special_tokens_merged",
     "across_pretokens": "bpe_merges_across_pretokens",
 }
-
-
-class TrainerTimeout(BaseException):  # noqa: N818  (not an Exception: their `except Exception` cannot eat it)
-    """The learner's trainer ran past its limit."""
-
-
-def deadline(seconds: float) -> contextlib.AbstractContextManager[None]:
-    """Raise TrainerTimeout in the learner's code after `seconds`, keeping a timer the caller runs
-    (handformer/time_limit.py). In a thread other than the main one there is no timer, and the
-    sandbox's limit of the whole step is what stops a runaway trainer."""
-    return time_limit(seconds, TrainerTimeout)
 
 
 @cache

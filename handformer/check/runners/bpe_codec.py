@@ -20,12 +20,13 @@ from typing import Any
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, finish
+from handformer.check.core.deadline import TrainerTimeout, deadline
 from handformer.check.core.discovery import Component, DiscoveryError, own_objects
 from handformer.check.core.result import Check, ComponentResult, Finding, LearnerError, failed_check, text
 from handformer.check.core.source import locate, locate_form, source_lines
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import SPECIAL
-from handformer.check.runners.bpe import TrainerTimeout, deadline, own_splitter, reference_fixture
+from handformer.check.runners.bpe import own_splitter, reference_fixture
 
 # a codec argument's role by the words in its name, tried in order
 ROLE_WORDS = ((("special",), "special"), (("rank",), "ranks"), (("merge",), "merges"),

@@ -23,6 +23,7 @@ from typing import Any
 from handformer.check.catalog.tokenizer import WORDPIECE_LINES
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, finish
+from handformer.check.core.deadline import TrainerTimeout, deadline
 from handformer.check.core.discovery import Component
 from handformer.check.core.result import (
     DIFFERS,
@@ -39,7 +40,6 @@ from handformer.check.core.weights import MappingError
 from handformer.check.reference import wordpiece_reference as R
 from handformer.check.reference.diagnoses import CATALOG
 from handformer.check.runners import wordpiece_calls as P
-from handformer.check.runners.bpe import TrainerTimeout, deadline
 
 CORPUS = [
     "the quick tokenizer splits words into pieces, and the pieces into smaller pieces.",
