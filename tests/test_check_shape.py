@@ -32,8 +32,9 @@ LIMIT = 40
 # an additive attention's inputs as tables, and the BPE trainer's tests that were never true gone took
 # it to 261.1; the kinds for Lightning modules, speculative sampling, cached decoders and ALiBi slopes,
 # and components built from the arguments a host of the file hands them, brought it up to 263.1: the
-# issue's target, the package's density (about 258), is not met; held at 262.9, where it stands.
-DENSITY_RATCHET = 262.9
+# issue's target, the package's density (about 258), is not met; a WordPiece kind written at about 248
+# took it to 262.6, where it is held.
+DENSITY_RATCHET = 262.6
 
 
 @functools.cache
