@@ -238,14 +238,19 @@ def test_ctrl_c_in_prepare_says_the_same_command_goes_on(tmp_path, monkeypatch, 
     assert "keeps its finished shards; run the same command again" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda d: d, "is a folder: give the .py file"),
-    (lambda d: d / "notes.txt", "is not a Python file (.py)"),
-    (lambda d: d / "missing.py", "no such file"),
+@pytest.mark.parametrize("make, lang, message", [
+    (lambda d: d, "en", "is a folder: give the .py file"),
+    (lambda d: d / "notes.txt", "en", "is not a Python file (.py)"),
+    (lambda d: d / "missing.py", "en", "no such file"),
+    (lambda d: d / "utf16.py", "en", "it holds NUL bytes (a binary file, or text saved as UTF-16?)"),
+    (lambda d: d, "zh", "是文件夹：请给出定义组件的 .py 文件"),
+    (lambda d: d / "missing.py", "zh", "没有这个文件"),
+    (lambda d: d / "utf16.py", "zh", "里面有 NUL 字节"),
 ])
-def test_check_given_no_python_file_is_a_usage_error_naming_the_fix(tmp_path, capsys, make, message):
+def test_check_given_no_python_file_is_a_usage_error_naming_the_fix(tmp_path, capsys, make, lang, message):
     (tmp_path / "notes.txt").write_text("attention notes\n")
-    assert main(["check", str(make(tmp_path))]) == 2
+    (tmp_path / "utf16.py").write_text("import torch\n", encoding="utf-16")  # Notepad's "Unicode"
+    assert main(["check", str(make(tmp_path)), "--lang", lang]) == 2
     assert message in capsys.readouterr().err
 
 

@@ -26,18 +26,27 @@ def parse_components(values: list[str]) -> tuple[dict[str, str], list[str]]:
     return overrides, only
 
 
-def learner_file(path: str) -> str:
-    """The learner's file as an absolute path, or an error that says what to give instead."""
-    given = Path(path)
+def learner_file(path: str, lang: str = "en") -> str:
+    """The learner's file as an absolute path, or an error in their language that says what to give
+    instead."""
+    given, zh = Path(path), lang == "zh"
     if given.is_dir():
-        raise FileNotFoundError(f"{path} is a folder: give the .py file that defines your components, "
-                                f"e.g. handformer check {given / 'model.py'}")
+        example = f"handformer check {given / 'model.py'}"
+        raise FileNotFoundError(f"{path} 是文件夹：请给出定义组件的 .py 文件，例如 {example}"
+                                if zh else f"{path} is a folder: give the .py file that defines your "
+                                f"components, e.g. {example}")
     if not given.is_file():
         refuse_non_file(given, "a Python file", "give the .py file that defines your components")
-        raise FileNotFoundError(f"{path}: no such file")
+        raise FileNotFoundError(f"{path}：没有这个文件" if zh else f"{path}: no such file")
     if given.suffix != ".py":
-        raise ValueError(f"{path} is not a Python file (.py): check imports the file as Python. For a "
+        raise ValueError(f"{path} 不是 Python 文件（.py）：check 把文件当作 Python 导入。笔记本请先导出代码："
+                         f"jupyter nbconvert --to script {given.name}" if zh else
+                         f"{path} is not a Python file (.py): check imports the file as Python. For a "
                          f"notebook, save its code first: jupyter nbconvert --to script {given.name}")
+    if b"\0" in given.read_bytes():  # UTF-16 (Notepad's "Unicode") or a binary file
+        raise ValueError(f"{path} 不是 Python 源码：里面有 NUL 字节（二进制文件，或者存成了 UTF-16？）；"
+                         "请存成 UTF-8 文本" if zh else f"{path} is not Python source: it holds NUL bytes "
+                         "(a binary file, or text saved as UTF-16?); save it as UTF-8 text")
     return path
 
 
@@ -64,13 +73,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     convention = None if args.mask_convention == "auto" else args.mask_convention
     if args.own_process:  # it has imported torch and nothing of theirs: its copy forks the child
         zygote.fork_here()
-    result = check_in_child(learner_file(path), overrides, only, convention, args.time_limit,
+    lang = args.lang or default_language()
+    result = check_in_child(learner_file(path, lang), overrides, only, convention, args.time_limit,
                             args.memory_limit, args.adapters)
     result.path = path  # as the learner typed it
     if args.json:
         sys.stdout.write(to_json(result) + "\n")
     else:
-        sys.stdout.write(format_report(result, args.lang or default_language(), args.time_limit,
+        sys.stdout.write(format_report(result, lang, args.time_limit,
                                        args.memory_limit))
     return exit_code(result)
 
