@@ -67,6 +67,16 @@ def test_bert_s_tokenizers_built_on_a_vocabulary_are_graded_on_it(bert):
         assert [(f.name, f.code) for f in tok.findings] == [("wordpiece_shortest_match", "end += 1")]
 
 
+def test_a_vocabulary_handed_back_sorted_differs_by_convention_and_never_fails(tmp_path):
+    """`enumerate(sorted(vocab))`: the tokens learnt are the reference's, their order lost (DIFFERS)."""
+    source = (FIXTURES / "learners_wordpiece" / "correct.py").read_text()
+    assert "enumerate(vocab)}" in source
+    path = tmp_path / "sorted_vocab.py"
+    path.write_text(source.replace("enumerate(vocab)}", "enumerate(sorted(vocab))}"))
+    (tok,) = check_file(str(path)).components
+    assert tok.status == "differs" and "comes back sorted" in tok.convention["en"], tok
+
+
 @pytest.fixture(scope="module", params=sorted(ZH_PLANTS))
 def planted(request):
     return request.param, check_file(str(ZH / f"{request.param}.py"))

@@ -139,11 +139,28 @@ def _grade_training(res: ComponentResult, ctx: Context, comp: Component, tok: P.
                               "course's `if max_score < score`)", "出现并列时取最先数到的一对（参考实现的"
                               "规则，Hugging Face 课程的 `if max_score < score`）")
         return
+    if learnt == sorted(learnt):
+        return _sorted_vocabulary(res, learnt, ref)
     first = next(i for i, (a, b) in enumerate(zip(learnt, ref)) if a != b)
     res.checks[0].detail = text(f"first difference at token {first}: yours {learnt[first]!r}, the "
                                 f"reference's {ref[first]!r}", f"第一处不同在 token {first}（从 0 数）："
                                 f"你的是 {learnt[first]!r}，参考实现是 {ref[first]!r}")
     _explain_training(res, ctx, comp, learnt, first)
+
+
+def _sorted_vocabulary(res: ComponentResult, learnt: list[str], ref: list[str]) -> None:
+    """A vocabulary handed back sorted (`sorted(vocab)`): the order its tokens were learnt in is lost.
+    The reference's tokens are a convention (DIFFERS); other tokens are not checked, since ties broken
+    another way change which tokens are learnt and the lost order cannot be replayed."""
+    if set(learnt) != set(ref):
+        raise MappingError("its vocabulary comes back sorted, so the order its tokens were learnt in is "
+                           "lost and cannot be replayed, and its tokens are not the reference's: keep the "
+                           "tokens in the order they are learnt (ids in merge order)",
+                           zh="它的词表按排序返回，学到 token 的顺序丢了，无法重放，而且 token 与参考实现"
+                              "不同：请按学到的顺序保存 token（id 按合并顺序）")
+    res.checks[0].ok, res.status = True, DIFFERS
+    res.convention = text("the vocabulary comes back sorted: the reference's tokens, the order they were "
+                          "learnt in not kept", "词表按排序返回：token 与参考实现相同，学到的顺序没有保留")
 
 
 def _explain_training(res: ComponentResult, ctx: Context, comp: Component, learnt: list[str], first: int,
