@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from check_results import planted_copy
 
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
@@ -27,10 +28,7 @@ def correct():
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
-    path = tmp_path_factory.mktemp("gpt2_past") / "planted.py"
-    assert WRITTEN in CORRECT.read_text()
-    path.write_text(CORRECT.read_text().replace(WRITTEN, PLANT))
-    return check_file(str(path))
+    return planted_copy(CORRECT, tmp_path_factory.mktemp("gpt2_past"), "planted", (WRITTEN, PLANT))
 
 
 def test_the_returned_cache_and_the_cached_loop_pass(correct):

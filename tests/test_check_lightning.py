@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from check_results import planted_copy
 
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
@@ -31,10 +32,8 @@ def correct():
 @pytest.fixture(scope="module", params=sorted(PLANTS))
 def planted(request, tmp_path_factory):
     written, plant, failing = PLANTS[request.param]
-    path = tmp_path_factory.mktemp("lightning") / f"{request.param}.py"
-    assert written in CORRECT.read_text()
-    path.write_text(CORRECT.read_text().replace(written, plant))
-    return request.param, plant, failing, check_file(str(path))
+    folder = tmp_path_factory.mktemp("lightning")
+    return request.param, plant, failing, planted_copy(CORRECT, folder, request.param, (written, plant))
 
 
 def test_the_training_step_and_the_configured_schedule_pass(correct):

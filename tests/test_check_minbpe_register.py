@@ -7,6 +7,7 @@ at that line."""
 from pathlib import Path
 
 import pytest
+from check_results import planted_copy
 
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
@@ -22,10 +23,7 @@ def correct():
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
-    path = tmp_path_factory.mktemp("minbpe_register") / "planted.py"
-    assert WRITTEN in CORRECT.read_text()
-    path.write_text(CORRECT.read_text().replace(WRITTEN, PLANT))
-    return check_file(str(path))
+    return planted_copy(CORRECT, tmp_path_factory.mktemp("minbpe_register"), "planted", (WRITTEN, PLANT))
 
 
 def test_registered_special_tokens_are_graded(correct):

@@ -19,30 +19,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from check_results import checked, component, named, statuses
 
 from handformer.check.core.context import forward_parameters
-from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
 from handformer.check.core.rope_tables import renamed_table
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FIXTURES = Path(__file__).parent / "fixtures"
-
-
-def checked(folder: str, name: str = "correct", only: list[str] | None = None):
-    return check_file(str(FIXTURES / folder / f"{name}.py"), only=only)
-
-
-def statuses(result):
-    return {c.name: c.status for c in result.components}
-
-
-def component(result, name):
-    return next(c for c in result.components if c.name == name)
-
-
-def named(result, name):
-    return [(f.name, f.code) for f in component(result, name).findings]
 
 
 @pytest.fixture(scope="module")

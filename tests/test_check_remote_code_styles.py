@@ -15,31 +15,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from check_results import checked, component, notes, statuses
 
-from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-FIXTURES = Path(__file__).parent / "fixtures"
-
-
-def checked(folder: str, name: str = "correct", only: list[str] | None = None):
-    return check_file(str(FIXTURES / folder / f"{name}.py"), only=only)
-
-
-def statuses(result):
-    return {c.name: c.status for c in result.components}
-
-
-def component(result, name):
-    return next(c for c in result.components if c.name == name)
-
-
-def notes(result, name):
-    return " ".join(n["en"] for n in component(result, name).notes)
 
 
 def named(result, name):

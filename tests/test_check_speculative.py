@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from check_results import planted_copy
 
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
@@ -31,10 +32,8 @@ def correct():
 @pytest.fixture(scope="module", params=sorted(PLANTS))
 def planted(request, tmp_path_factory):
     written, plant, quoted = PLANTS[request.param]
-    path = tmp_path_factory.mktemp("speculative") / f"{request.param}.py"
-    assert written in CORRECT.read_text()
-    path.write_text(CORRECT.read_text().replace(written, plant))
-    return plant, quoted, check_file(str(path))
+    folder = tmp_path_factory.mktemp("speculative")
+    return plant, quoted, planted_copy(CORRECT, folder, request.param, (written, plant))
 
 
 def test_speculative_decoding_and_its_sampler_pass(correct):
