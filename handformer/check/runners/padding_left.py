@@ -7,8 +7,9 @@ not move when only the padded tokens change (whatever positions the model gives 
 absolute, rotary or read from the mask). Where they move while the mask does change the padded places'
 own logits and leaves the row without padding as a run with no padding marked gives it, the mask hid the
 padded queries instead of the padded keys (mask_hides_queries). A forward that raises on the mask,
-gives NaN on the real tokens, or reads the mask the other way round (1 = padding: then the probe passes
-with the mask inverted) is not judged here.
+gives NaN on the real tokens, reads the mask the other way round (1 = padding: then the probe passes
+with the mask inverted), or never reads it (its logits the same with no padding marked) is not judged
+here.
 
 Shape legend: B batch, T tokens, V vocabulary.
 """
@@ -50,6 +51,8 @@ def left_padding(res: ComponentResult, ctx: Context, comp: Component, module: nn
         if err >= TOL else None
     if inverted is not None and fp.max_error(inverted[0][1, PADS:], inverted[1][1, PADS:]) < TOL:
         return  # it reads the mask as 1 = padding: a convention of its own
+    if inverted is not None and fp.max_error(runs[0], inverted[2]) < TOL:
+        return  # it takes the mask and never reads it: nothing to judge its padding by
     res.checks.append(Check(text(
         f"left padding: with attention_mask (1 = a real token) and {PADS} padded places at the start of a "
         "row, changing the padded tokens changes no real token's logits",
