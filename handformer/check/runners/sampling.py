@@ -51,6 +51,7 @@ from handformer.check.core.localize_kinds import (
     localize_filter,
     localize_min_p,
     localize_top_p,
+    localize_truncation,
     note_departure,
 )
 from handformer.check.core.nucleus import EQUALITY, TOP_P_FLAGS, top_p_keep
@@ -702,9 +703,23 @@ def _truncation(kind: str, option: str, values: tuple[float, float, float], rule
         check=text(f"keeps the tokens whose probability is at least {rule['en']} ({option} = "
                    f"{', '.join(map(str, values))})",
                    f"保留概率不低于 {rule['zh']} 的 token（{option} = {'、'.join(map(str, values))}）"),
-        steps=())
+        steps=(_truncation_departure,))
 
 
+def _truncation_departure(res: ComponentResult, ctx: Context, comp: Component, call: Caller,
+                          kept: list[Tensor], wrong: int) -> None:
+    """Where a truncation filter that keeps wrong tokens first parts from its sub-steps (on the
+    second case)."""
+    if not wrong:
+        return
+    kind = comp.kind
+    logits, value = TRUNCATIONS[kind].cases()[1]
+    threshold = THRESHOLDS[kind](torch.softmax(logits.double(), -1), value)
+    note_departure(res, lambda: localize_truncation(lambda x: call(x, **{kind: value}), comp.obj, logits,
+                                                    threshold, {OPTION_WORDS[kind]: value}))
+
+
+OPTION_WORDS = {"epsilon_cut": "epsilon", "eta_cut": "epsilon", "top_a": "top_a"}
 TRUNCATIONS = {
     "epsilon_cut": _truncation("epsilon_cut", "epsilon", (0.02, 0.1, 0.3), text("epsilon", "epsilon")),
     "eta_cut": _truncation("eta_cut", "epsilon", (0.02, 0.1, 0.3), text(
