@@ -28,6 +28,8 @@ def test_the_cached_attention_model_and_beam_search_pass():
 
 @pytest.mark.parametrize(("plant", "only", "name", "line"), [
     ("beam_eos_not_emitted", ["gpt", "beam_search"], "beam_eos_not_emitted", 85),
+    # the finished hypothesis stored as the prefix before EOS, in a list of another name: its line
+    ("finalized_without_eos", ["gpt", "beam_search"], "beam_eos_not_emitted", 85),
     # the search alone: its model, not checked in this run, is built and drives it
     ("first_position", ["beam_search"], "beam_one_not_greedy", 76)])
 def test_a_planted_search_is_named_at_its_line(plant: str, only: list[str], name: str, line: int):

@@ -62,7 +62,9 @@ DIAGNOSES: list[Diagnosis] = [
     d("beam_eos_not_emitted", "the beam search returns the best hypothesis without its EOS",
       "束搜索返回的最优假设没有 EOS", "keep EOS in the finished hypothesis: finished.append((score, tokens))",
       "已结束的假设要保留 EOS：finished.append((score, tokens))",
-      r"\[:-1\]", r"finished\w*\.append", r"return"),
+      r"\[:-1\]", r"finished\w*\.append",
+      # a finished hypothesis stored (Hugging Face's BeamHypotheses: hyps[b].add(tokens, score))
+      r"\b\w*(hyp|finish|final|complete|ended)\w*(\[[^]]*\])?\.(append|add)\(", r"return"),
     d("beam_finished_extended", "finished hypotheses stay in the beam and are extended",
       "已结束的假设还留在束里，继续被扩展",
       "a hypothesis that emitted EOS leaves the beam: only the other candidates (elif) become live beams",

@@ -169,6 +169,11 @@ SAMPLE_SWITCH_NAMES = ("do_sample", "sample", "sampling", "use_sampling", "stoch
 K_NAMES = ("k", "top_k", "topk")
 P_NAMES = ("p", "top_p", "topp", "nucleus")
 MIN_P_NAMES = ("min_p", "minp", "p_min", "min_prob", "min_p_ratio")
+# the truncation samplers of Hewitt et al. (epsilon and eta: Hugging Face's EpsilonLogitsWarper(epsilon),
+# EtaLogitsWarper(epsilon)) and KoboldAI's top-a
+EPSILON_NAMES = ("epsilon", "epsilon_cutoff", "eps_cutoff")
+ETA_NAMES = ("epsilon", "eta_cutoff")
+TOP_A_NAMES = ("top_a", "topa")
 GENERATOR_NAMES = ("generator", "rng", "gen")
 LOGITS_NAMES = ("logits", "scores", "x", "logit", "z", "inputs", "input")
 PROBS_NAMES = ("probs", "probabilities", "prob", "p_dist", "dist", "distribution")

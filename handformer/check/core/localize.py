@@ -367,7 +367,10 @@ NAMES_ZH = {
     "the causal mask (1 where key s <= query t)": "因果掩码（键 s <= 查询 t 处为 1）",
     "the future keys (1 where key s > query t)": "未来的键（键 s > 查询 t 处为 1）",
     "the additive causal mask (0 where key s <= query t, -inf after)":
-        "加性因果掩码（键 s <= 查询 t 处为 0，之后为 -inf）"}
+        "加性因果掩码（键 s <= 查询 t 处为 0，之后为 -inf）",
+    "the entropy of each row (nats)": "每一行的熵（nat）", "the threshold": "阈值",
+    "the tokens removed (1 = removed)": "被去掉的 token（1 = 去掉）", "the tokens kept": "保留的 token",
+    "the filtered logits": "过滤后的 logits", "the largest probability of each row": "每一行的最大概率"}
 
 
 @functools.lru_cache(maxsize=4096)

@@ -584,6 +584,27 @@ def localize_min_p(call: Callable[[Tensor], Any], fn: Any, logits: Tensor, min_p
     return first_departure(steps, views, filename, {"V": logits.size(-1)}, forms=forms)
 
 
+def localize_truncation(call: Callable[[Tensor], Any], fn: Any, logits: Tensor, threshold: Tensor,
+                        setting: dict[str, float]) -> Departure | None:
+    """Run the learner's truncation filter (epsilon, eta, top-a: `call(logits)`) traced; the first step
+    that is none of its sub-steps: the probabilities, the entropy and the largest probability of each
+    row, the threshold (`threshold`, (rows, 1)), the tokens removed or kept, the filtered logits;
+    `setting` its name and value, a factor a difference may be."""
+    filename = inspect.getsourcefile(fn)
+    x = logits.float().requires_grad_()
+    probs = torch.softmax(logits.double(), -1)  # (rows, V)
+    entropy = -(probs * probs.log()).sum(-1)  # (rows,)
+    removed = probs < threshold
+    views = [("the probabilities", probs), ("the log-probabilities", probs.log()),
+             ("the entropy of each row (nats)", entropy),
+             ("the largest probability of each row", probs.amax(-1, keepdim=True)),
+             ("the threshold", threshold), ("the tokens removed (1 = removed)", removed.double()),
+             ("the tokens kept", (~removed).double()),
+             ("the filtered logits", logits.double().masked_fill(removed, -math.inf))]
+    steps = trace_steps(lambda: call(x), filename, constants=(torch.bool,))
+    return first_departure(steps, views, filename, {"V": logits.size(-1), **setting})
+
+
 def top_p_axes(logits: Tensor) -> list[Form]:
     """Top-p's sub-steps along the vocabulary (the sort, the softmax, the running sum) taken along
     another axis of logits (rows, V)."""

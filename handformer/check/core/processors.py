@@ -11,16 +11,20 @@ Shape legend: B rows, V vocabulary.
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from handformer.check.core.argument_names import (
+    EPSILON_NAMES,
+    ETA_NAMES,
     K_NAMES,
     MIN_P_NAMES,
     P_NAMES,
     TEMPERATURE_NAMES,
+    TOP_A_NAMES,
     call_parameters,
     named,
     names_of,
@@ -29,7 +33,10 @@ from handformer.check.core.argument_names import (
 # a processor's setting by its name -> the filter it is checked as
 SETTINGS = {"temperature": TEMPERATURE_NAMES, "top_k": K_NAMES, "top_p": P_NAMES, "min_p": MIN_P_NAMES,
             # Hugging Face's RepetitionPenaltyLogitsProcessor(penalty): it reads the ids it is handed
-            "repetition_penalty": ("penalty", "repetition_penalty", "rep_penalty", "repeat_penalty")}
+            "repetition_penalty": ("penalty", "repetition_penalty", "rep_penalty", "repeat_penalty"),
+            # Hugging Face's EpsilonLogitsWarper(epsilon) and EtaLogitsWarper(epsilon): one setting's name
+            # for two filters, told apart by the word of the class's name (Eta, Epsilon)
+            "epsilon_cut": EPSILON_NAMES, "eta_cut": ETA_NAMES, "top_a": TOP_A_NAMES}
 READS_IDS = ("repetition_penalty",)  # the filters whose function takes the ids after the logits
 # what a processor's second argument is called (not a plain x: a layer's `__call__(self, ctx, x)`)
 SCORES_NAMES = ("scores", "logits", "logit", "next_token_scores", "next_token_logits")
@@ -59,6 +66,8 @@ def processor_setting(cls: Any) -> tuple[str, str]:
         return NONE
     names, required = names_of(params)
     found = [(kind, name) for kind, aliases in SETTINGS.items() if (name := named(names, aliases))]
+    words = {w.lower() for w in re.findall(r"[A-Z]?[a-z]+", cls.__name__)}
+    found = [f for f in found if f[0].split("_")[0] in words] if len(found) > 1 else found
     return found[0] if len(found) == 1 and set(required) <= {found[0][1]} else NONE
 
 

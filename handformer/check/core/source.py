@@ -127,6 +127,22 @@ def function_nodes(obj: Any) -> tuple[ast.AST, ...]:
         return ()
 
 
+def strided_loop(objs: Any) -> bool:
+    """Whether the code of the first `objs.near` objects (a component's own and what it reads) loops
+    in strides, `for start in range(0, N, block_size)`: a sequence walked in tiles or chunks."""
+    near = list(objs)[:getattr(objs, "near", len(objs))]
+    return any(_strided(node) for obj in near for node in function_nodes(obj))
+
+
+def _strided(node: ast.AST) -> bool:
+    """A `for` over range(start, stop, step) whose step is not the literal 1."""
+    call = getattr(node, "iter", None) if isinstance(node, ast.For) else None
+    if not (isinstance(call, ast.Call) and getattr(call.func, "id", "") == "range" and len(call.args) == 3):
+        return False
+    step = call.args[2]
+    return not (isinstance(step, ast.Constant) and step.value in (1, -1))
+
+
 @functools.lru_cache(maxsize=8)
 def parsed_file(filename: str) -> ast.Module:
     """The learner's file parsed once (a file check imported: it parses); the trees are only read."""

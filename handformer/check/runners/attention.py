@@ -105,7 +105,14 @@ from handformer.check.core.rotary import (
     rope_tables,
 )
 from handformer.check.core.score_scale import configured_scales, scale_note
-from handformer.check.core.source import code_text, first_line, locate, source_lines, source_text
+from handformer.check.core.source import (
+    code_text,
+    first_line,
+    locate,
+    source_lines,
+    source_text,
+    strided_loop,
+)
 from handformer.check.core.sublayer import grade_sublayer, sublayer_parts
 from handformer.check.core.weights import (
     QK_NORM_ROLES,
@@ -1328,6 +1335,8 @@ def _properties(res: ComponentResult, ctx: Context, comp: Component, s: Setup) -
     _key_padding_alone(res, ctx, s)
     if s.rope is None and s.n_kv_heads is None and s.heads == H:
         _at_distinct_sizes(res, ctx, comp, s)
+        if strided_loop(ctx.objects(comp)):
+            _across_tiles(res, ctx, comp, s)
     has_o = any(sl.role.endswith("W_O") for sl in s.slots)
     w = mha_weights(s.slots, s.heads)
     if has_o and not s.causal_inside and s.n_kv_heads is None and s.rope is None and w.qk_norm is None:
@@ -1425,6 +1434,55 @@ def _at_distinct_sizes(res: ComponentResult, ctx: Context, comp: Component, s: S
         f"{DISTINCT_T} 个 token：没有两个尺寸相等）时仍与 handformer 一致"), err < 1e-5, error_text(err)))
     if err >= 1e-5 and turned == dh * bool(s.rope):  # the reference's rotary as at check's sizes
         _localized_distinct(res, comp, c, s, slots)
+
+
+# (the context size it is built with, the tokens it is run on): a loop over the sequence in tiles whose
+# size is the context size (FlashAttention's block_size) runs over 3 tiles, the last one short; one whose
+# tile size is its own default (16 or 32) runs over 2 or more at 61 tokens, the last one short too
+TILE_RUNS = ((4, 11), (MAX_LEN, MAX_LEN - 3))
+
+
+def _across_tiles(res: ComponentResult, ctx: Context, comp: Component, s: Setup) -> None:
+    """An attention whose code loops over the sequence in strides (tiled attention with an online
+    softmax), built again and run on more tokens than one tile holds, not a multiple of it, and compared
+    with handformer's on the same weights; nothing is said where no such run can be built or run."""
+    runs = [r for r in (_tiled_run(ctx, comp, s, *run) for run in TILE_RUNS) if r is not None]
+    if not runs:
+        return
+    err, c, slots = max(runs, key=lambda r: r[0])
+    res.checks.append(Check(text(
+        f"its loop over the sequence in strides, run over several tiles (built with a context of "
+        f"{TILE_RUNS[0][0]} on {TILE_RUNS[0][1]} tokens, and on {TILE_RUNS[1][1]} tokens): it still matches "
+        "handformer's", f"它按步长遍历序列的循环跨过多个分块时（上下文按 {TILE_RUNS[0][0]} 构建、输入 "
+        f"{TILE_RUNS[0][1]} 个 token，以及输入 {TILE_RUNS[1][1]} 个 token）仍与 handformer 一致"),
+        err < 1e-5, error_text(err)))
+    if err >= 1e-5 and not res.has(DEPARTS):  # where it first parts from the reference over the tiles
+        w = mha_weights(slots, H, None, None)
+        note_departure(res, lambda: localize_attention([(visible_call(c, s.conv), None)], w,
+                                                       inspect.getsourcefile(comp.obj), s.causal_inside))
+
+
+def _tiled_run(ctx: Context, comp: Component, s: Setup, context: int, T: int,
+               ) -> tuple[float, Caller, list[Slot]] | None:
+    """(the largest difference from handformer's, its caller, its slots) of the attention built with
+    `context` as its context size and run on T tokens; None where it cannot be built, mapped or run so."""
+    sizes = {**ctx_sizes(), "max_len": context, "causal": s.causal_inside}
+    x = fp.randn(2, T, D, seed=8)
+    try:
+        with ctx.sizes_set(comp, sizes):
+            module = ctx.build(comp, sizes, warmup=lambda m: caller(m).call(x, x, x, None))
+            c = caller(module)
+            c.state.update(s.c.state)  # the convention of a mask it requires
+            out = fp.first_tensor(ctx.learner.call("forward", c.call, x, x, x, None), 3)
+        linears, qk_norms = _projections(comp, module, H)
+        one = x[:, :1]
+        find_layouts_(module, lambda: fp.first_tensor(c.call(one, one, one, None), 3), D, D // H)
+        slots = attention_slots(linears, D, 1, comp.name)[0] + qk_norms
+    except (fp.LearnerFailure, MappingError):
+        return None
+    hf = handformer_attention(slots, kv_heads_of(slots, H), heads=H, softcap=s.softcap)
+    mask = window_keep(T, s.window)[None, None] if s.causal_inside else None
+    return (fp.max_error(out, hf(x, x, x, mask, need_weights=True)[0]), c, slots) if out is not None else None
 
 
 def _localized_distinct(res: ComponentResult, comp: Component, c: Caller, s: Setup, slots: list[Slot],

@@ -108,6 +108,7 @@ from handformer.check.runners.kv_cache import CACHE_ARGS, CACHE_METHODS
 from handformer.check.runners.localize_cache import cache_departure
 from handformer.check.runners.model import as_written_, computes_sqrt, exact_norms_
 from handformer.check.runners.model_loss import unshifted_finding
+from handformer.check.runners.padding_left import MASK_NAME, left_padding
 from handformer.check.runners.pieces import (
     FFN_ACTIVATIONS,
     HF_NAME,
@@ -677,6 +678,7 @@ class Caller:
         self.returned: Any = None  # what forward gave back last, for a message
         self.stepwise = False  # Umar Jamil's forward asserts one token at a time: driven so, once known
         self.unbatched = False
+        self.extra: dict[str, Any] = {}  # more arguments for its forward (a padding mask)
         self.unbatched = self._one_sequence()  # gpt-oss's forward(x): (T,) ids -> (T, V), no batch
         # PyTorch's nn.Transformer tutorial: (T, B) ids in, (T, B, V) logits out
         self.first = reads_sequence_first(ctx, lambda ids: self.module(ids), torch.randint(0, 9, (2, 7)))
@@ -744,6 +746,7 @@ class Caller:
             rows = [fp.first_tensor(self.ctx.learner.call("forward", self.module, row), 2) for row in idx]
             return fp.quietly(lambda: torch.stack(rows)), None
         kwargs: dict[str, Any] = {self.target: targets} if self.target and targets is not None else {}
+        kwargs.update(self.extra)
         if self.start or start:  # DeepSeek's start_pos=0: handed where it is not 0
             kwargs[self.position] = start
         if self.positions:
@@ -1105,6 +1108,8 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
     if loss is not None and not last_only:
         _loss(res, comp, hf(idx).logits, loss, targets, _balance(res, m, hf, call, idx, targets))
     _causality(res, call, idx)
+    if not (call.stepwise or call.unbatched or call.first or call.mask_form or last_only):
+        left_padding(res, ctx, comp, call.module, lambda ids, keep: _padded(call, ids, keep), idx)
     if call.stepwise:
         res.notes.append(text(f"its forward takes one token at a time: driven so, token t at {call.start} = "
                               "t, through its own KV cache, and compared position by position",
@@ -1472,6 +1477,15 @@ def _tied_despite_config(res: ComponentResult, ctx: Context, comp: Component, m:
             f"{tuple(m.wte.weight.shape)} matrix)", f"config.{field_name.group(1)} 为 False，"
             f"{m.head.name}.weight 却就是 {m.wte.name}.weight（同一个 {tuple(m.wte.weight.shape)} 矩阵）"),
             number, code))
+
+
+def _padded(call: Caller, idx: Tensor, keep: Tensor) -> Tensor | None:
+    """The logits of idx with its padding mask handed as attention_mask."""
+    call.extra = {MASK_NAME: keep}
+    try:
+        return call(idx)[0]
+    finally:
+        call.extra = {}
 
 
 def _causality(res: ComponentResult, call: Caller, idx: Tensor) -> None:

@@ -26,6 +26,8 @@ from torch import Tensor
 from handformer.check.core import fingerprint as fp
 from handformer.check.core import stats
 from handformer.check.core.argument_names import (  # noqa: F401
+    EPSILON_NAMES,
+    ETA_NAMES,
     GENERATOR_NAMES,
     K_NAMES,
     LOGITS_NAMES,
@@ -33,6 +35,7 @@ from handformer.check.core.argument_names import (  # noqa: F401
     P_NAMES,
     PROBS_NAMES,
     TEMPERATURE_NAMES,
+    TOP_A_NAMES,
 )
 from handformer.check.core.context import (
     Context,
@@ -48,6 +51,7 @@ from handformer.check.core.localize_kinds import (
     localize_filter,
     localize_min_p,
     localize_top_p,
+    localize_truncation,
     note_departure,
 )
 from handformer.check.core.nucleus import EQUALITY, TOP_P_FLAGS, top_p_keep
@@ -105,7 +109,7 @@ class Caller:
 
     def _settings_object(self, kwargs: dict[str, Any], vocab: int) -> None:
         """The settings dataclass built from the options that are its fields, every other filter off."""
-        off = {"top_k": vocab, "top_p": 1.0, "temperature": 1.0, "min_p": 0.0}
+        off = {"top_k": vocab, **OFF}
         given = {name: off[key] for key, names in OPTIONS.items() for name in self.fields
                  if name.lower() in names}
         given.update({name: kwargs.pop(name) for name in self.fields if name in kwargs})
@@ -121,7 +125,7 @@ class Caller:
                 kwargs[name] = value
             elif key != "generator" and len(self.names) > 1 and not kwargs:
                 kwargs[self.names[1]] = value  # their second argument, whatever its name
-        off = {"top_k": logits.size(-1), "top_p": 1.0, "temperature": 1.0, "min_p": 0.0}
+        off = {"top_k": logits.size(-1), **OFF}
         for key, name in self.required.items():
             kwargs.setdefault(name, off[key])
         kwargs.update({name: NoProcessors() for name in self.processors})
@@ -170,7 +174,10 @@ def called_by_row(comp: Component, ctx: Context) -> bool:
 
 
 # the filters a sampling function may take, by the names learners give them
-OPTIONS = {"top_k": K_NAMES, "top_p": P_NAMES, "temperature": TEMPERATURE_NAMES, "min_p": MIN_P_NAMES}
+OPTIONS = {"top_k": K_NAMES, "top_p": P_NAMES, "temperature": TEMPERATURE_NAMES, "min_p": MIN_P_NAMES,
+           "epsilon_cut": EPSILON_NAMES, "eta_cut": ETA_NAMES, "top_a": TOP_A_NAMES}
+# each filter's setting that filters nothing
+OFF = {"top_p": 1.0, "temperature": 1.0, "min_p": 0.0, "epsilon_cut": 0.0, "eta_cut": 0.0, "top_a": 0.0}
 
 
 @dataclass(frozen=True)
@@ -658,6 +665,83 @@ MIN_P = Filter(
 def check_min_p(comp: Component, ctx: Context) -> ComponentResult:
     """The min-p filter, as the MIN_P filter states it."""
     return check_filter(MIN_P, comp, ctx)
+
+
+# --- the truncation samplers: epsilon, eta (Hewitt et al. 2022, Hugging Face's warpers), top-a ----------
+
+def _entropy(probs: Tensor) -> Tensor:
+    """The entropy of each row, in nats (B, 1)."""
+    return -(probs * probs.clamp_min(1e-300).log()).sum(-1, keepdim=True)
+
+
+# the threshold each keeps a token's probability above, of the row's probabilities and its setting
+THRESHOLDS = {
+    "epsilon_cut": lambda probs, eps: torch.full_like(probs[..., :1], eps),
+    "eta_cut": lambda probs, eps: torch.minimum(torch.tensor(eps).double(),
+                                                math.sqrt(eps) * torch.exp(-_entropy(probs))),
+    "top_a": lambda probs, a: a * probs.amax(-1, keepdim=True) ** 2,
+}
+
+
+def truncation_keep(kind: str) -> Callable[[Tensor, float, frozenset[str]], Tensor]:
+    """The tokens the truncation sampler `kind` keeps (bool, like logits): probability >= its threshold;
+    top_kept: the most likely token kept whatever the rule (Hugging Face's min_tokens_to_keep = 1)."""
+    def keep(logits: Tensor, value: float, flags: frozenset[str] = frozenset()) -> Tensor:
+        probs = torch.softmax(logits.double(), -1)
+        top = probs == probs.amax(-1, keepdim=True)
+        return (probs >= THRESHOLDS[kind](probs, value)) | (top & ("top_kept" in flags))
+    return keep
+
+
+def _truncation(kind: str, option: str, values: tuple[float, float, float], rule: Text) -> Filter:
+    """The filter of a truncation sampler, on the test logits at three settings."""
+    return Filter(
+        option=kind, cases=lambda: [(test_logits(), values[0]), (test_logits(), values[1]),
+                                    (test_logits(seed=1), values[2])],
+        keep=truncation_keep(kind), universe=("top_kept",), conventions=frozenset({"top_kept"}),
+        observed=lambda flag, kept: text("", ""), notes=lambda conventions, kept: [],
+        check=text(f"keeps the tokens whose probability is at least {rule['en']} ({option} = "
+                   f"{', '.join(map(str, values))})",
+                   f"保留概率不低于 {rule['zh']} 的 token（{option} = {'、'.join(map(str, values))}）"),
+        steps=(_truncation_departure,))
+
+
+def _truncation_departure(res: ComponentResult, ctx: Context, comp: Component, call: Caller,
+                          kept: list[Tensor], wrong: int) -> None:
+    """Where a truncation filter that keeps wrong tokens first parts from its sub-steps (on the
+    second case)."""
+    if not wrong:
+        return
+    kind = comp.kind
+    logits, value = TRUNCATIONS[kind].cases()[1]
+    threshold = THRESHOLDS[kind](torch.softmax(logits.double(), -1), value)
+    note_departure(res, lambda: localize_truncation(lambda x: call(x, **{kind: value}), comp.obj, logits,
+                                                    threshold, {OPTION_WORDS[kind]: value}))
+
+
+OPTION_WORDS = {"epsilon_cut": "epsilon", "eta_cut": "epsilon", "top_a": "top_a"}
+TRUNCATIONS = {
+    "epsilon_cut": _truncation("epsilon_cut", "epsilon", (0.02, 0.1, 0.3), text("epsilon", "epsilon")),
+    "eta_cut": _truncation("eta_cut", "epsilon", (0.02, 0.1, 0.3), text(
+        "eta = min(epsilon, sqrt(epsilon) x exp(-entropy))", "eta = min(epsilon, sqrt(epsilon) × exp(-熵))")),
+    "top_a": _truncation("top_a", "top_a", (0.2, 0.5, 1.0), text(
+        "top_a x the most likely token's probability squared", "top_a × 最可能 token 概率的平方")),
+}
+
+
+def check_epsilon_cut(comp: Component, ctx: Context) -> ComponentResult:
+    """Epsilon sampling: the tokens of probability at least epsilon."""
+    return check_filter(TRUNCATIONS["epsilon_cut"], comp, ctx)
+
+
+def check_eta_cut(comp: Component, ctx: Context) -> ComponentResult:
+    """Eta sampling: the tokens of probability at least min(epsilon, sqrt(epsilon) exp(-entropy))."""
+    return check_filter(TRUNCATIONS["eta_cut"], comp, ctx)
+
+
+def check_top_a(comp: Component, ctx: Context) -> ComponentResult:
+    """Top-a: the tokens of probability at least top_a x the largest probability squared."""
+    return check_filter(TRUNCATIONS["top_a"], comp, ctx)
 
 
 # --- greedy ---------------------------------------------------------------------------------------
