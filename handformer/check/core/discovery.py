@@ -432,7 +432,8 @@ def _processors(own: dict[str, Any], taken: set[str], wanted: set[str]) -> list[
         if fn is not None and "schedule" in wanted]
 
 
-OPTIMIZER_CODE = re.compile(r"\bsqrt\b")  # an adaptive update divides by a root of the second moment
+# an adaptive update divides by a root of the second moment; Lion's takes the sign of its momentum
+OPTIMIZER_CODE = re.compile(r"\bsqrt\b|\bsign_?\(")
 
 
 ADAM_SETTINGS = {"betas", "beta1", "b1", "beta_1"}  # what an Adam's constructor takes (its moments' rates)
@@ -451,7 +452,16 @@ def steps_parameters(obj: Any) -> bool:
     if issubclass(obj, torch.optim.Optimizer):
         return not obj.__module__.startswith("torch")  # torch's own, imported into the file: not theirs
     methods = all(callable(getattr(obj, m, None)) for m in ("step", "zero_grad"))
-    return methods and bool(OPTIMIZER_CODE.search(source_text(obj)))
+    return methods and bool(OPTIMIZER_CODE.search(with_helpers(obj)))
+
+
+def with_helpers(obj: Any) -> str:
+    """The source of a class with that of each function of its file its code calls by name (an
+    optimizer's step that hands each parameter to an `update_fn` written beside it)."""
+    own = source_text(obj)
+    module = vars(inspect.getmodule(obj) or inspect)
+    called = [module.get(name) for name in dict.fromkeys(re.findall(r"\b(\w+)\(", own))]
+    return own + "".join(source_text(f) for f in called if inspect.isfunction(f))
 
 
 ADAM_CODE = re.compile(r"\bbeta\w*\b[^\n]*\n(?s:.*)\bsqrt\b")  # a beta's moment, then its square root

@@ -1,0 +1,134 @@
+"""The runner of a sign-momentum optimizer written by hand: Lion (Chen et al. 2023, "Symbolic Discovery
+of Optimization Algorithms"), told from AdamW by its constructor: betas and no eps (no root to guard).
+
+Its update is standard: c = beta1 * m + (1 - beta1) * g, the weights decayed apart from the gradient
+(p *= 1 - lr * weight_decay), p -= lr * sign(c), and only then the momentum m = beta2 * m + (1 - beta2)
+* g. Built with SETTINGS, stepped STEPS times on two float64 parameters whose gradients are set
+before each step, the parameters after each step are compared with that rule. Where they part, the
+step that first parts is run again, traced, and the first line whose value is none of the rule's
+sub-steps is quoted.
+
+Shape legend: two parameters, (3, 4) and (4,).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from handformer.check.core.context import Context, error_text, finish
+from handformer.check.core.discovery import Component, with_helpers
+from handformer.check.core.localize import View, first_departure, trace_steps
+from handformer.check.core.localize_kinds import note_departure
+from handformer.check.core.result import Check, ComponentResult, text
+
+# beta1 and beta2 apart, so a swap shows in the sign; the decay large enough to show where it goes
+SETTINGS = {"lr": 0.1, "beta1": 0.8, "beta2": 0.3, "weight_decay": 0.5}
+STEPS, TOL = 6, 1e-9
+
+
+def lion_step(p: Tensor, m: Tensor, g: Tensor, settings: dict[str, float] = SETTINGS) -> list[View]:
+    """One parameter's Lion update, each sub-step a view; the last two: the new parameter and momentum."""
+    lr, b1, b2, wd = settings.values()
+    decayed = p * (1 - lr * wd)
+    c = b1 * m + (1 - b1) * g
+    new = decayed - lr * c.sign()
+    return [("the parameter", p), ("the gradient", g), ("the momentum", m), ("the weights decayed", decayed),
+            ("beta1 * m + (1 - beta1) * g", c), ("its sign", c.sign()), ("lr times it", lr * c.sign()),
+            ("the weight decay term", lr * wd * p), ("the update with the decay", lr * (c.sign() + wd * p)),
+            ("the new parameter", new), ("the new momentum", b2 * m + (1 - b2) * g)]
+
+
+def lion(start: list[Tensor], grads: list[list[Tensor]]) -> tuple[Tensor, list[list[tuple[Tensor, Tensor]]]]:
+    """The parameters after each step, (STEPS, N), and each step's (parameter, momentum) before it."""
+    params, moments = list(start), [torch.zeros_like(p) for p in start]
+    out, states = [], []
+    for step_grads in grads:
+        states.append(list(zip(params, moments)))
+        views = [lion_step(p, m, g) for p, m, g in zip(params, moments, step_grads)]
+        params, moments = [v[-2][1] for v in views], [v[-1][1] for v in views]
+        out.append(torch.cat([p.flatten() for p in params]))
+    return torch.stack(out), states
+
+
+def takes_lion(cls: Any) -> bool:
+    """A sign-momentum optimizer: its constructor takes betas and no eps, its code takes a sign (an
+    optimizer with betas and no root that updates otherwise is no Lion: NOT CHECKED, not compared)."""
+    names = {n.lower() for n in inspect.signature(cls).parameters}
+    signs = re.search(r"\bsign_?\(", with_helpers(cls)) is not None
+    return signs and bool(names & {"betas", "beta1", "b1"}) and not names & {"eps", "epsilon"}
+
+
+def settings_arguments(cls: Any) -> dict[str, Any]:
+    """SETTINGS under the constructor's names (betas as a pair where it takes them)."""
+    names = {n.lower(): n for n in inspect.signature(cls).parameters}
+    out = {names[k]: v for k, v in SETTINGS.items() if k in names}
+    betas = {names["betas"]: (SETTINGS["beta1"], SETTINGS["beta2"])} if "betas" in names else {}
+    decay = next((names[n] for n in ("weight_decay", "wd") if n in names), None)
+    return out | betas | ({decay: SETTINGS["weight_decay"]} if decay else {})
+
+
+def check_lion(comp: Component, ctx: Context, build: Any) -> ComponentResult:
+    """The learner's optimizer (`build(params)` makes it) against Lion's rule, step by step."""
+    res = ctx.result(comp)
+    start, grads = _data()
+    got = _stepped(ctx, build, start, grads, STEPS)
+    want, states = lion(start, grads)
+    err = float((got - want).abs().max().nan_to_num(float("inf")))
+    res.max_abs_error = err
+    shown = ", ".join(f"{k} {v:g}" for k, v in SETTINGS.items())
+    res.checks.append(Check(
+        text(f"the parameters after each of {STEPS} steps equal Lion's: the weights decayed, then "
+             f"lr * sign(beta1 * m + (1 - beta1) * g), then m = beta2 * m + (1 - beta2) * g ({shown})",
+             f"{STEPS} 步中每一步之后的参数都等于 Lion 的：先衰减权重，再减 lr * sign(beta1 * m + "
+             f"(1 - beta1) * g)，最后 m = beta2 * m + (1 - beta2) * g（{shown}）"),
+        err < TOL, error_text(err)))
+    if err >= TOL:
+        at = int(((got - want).abs() > TOL).any(-1).float().argmax())  # the first step that parts
+        note_departure(res, lambda: _localize(comp, ctx, build, (start, grads), at, states))
+    return finish(res)
+
+
+def _data() -> tuple[list[Tensor], list[list[Tensor]]]:
+    """Two parameters and their gradients at each step (seeded, float64)."""
+    gen = torch.Generator().manual_seed(0)
+    start = [torch.randn(shape, generator=gen, dtype=torch.float64) for shape in ((3, 4), (4,))]
+    grads = [[torch.randn(p.shape, generator=gen, dtype=torch.float64) for p in start] for _ in range(STEPS)]
+    return start, grads
+
+
+def _stepped(ctx: Context, build: Any, start: list[Tensor], grads: list[list[Tensor]], steps: int,
+             traced: tuple[int, ...] = (), into: list[Any] | None = None) -> Tensor:
+    """The learner's optimizer built on copies of `start`, stepped `steps` times, the steps numbered
+    in `traced` (from 0) traced into `into`. The parameters after each step, (steps, N)."""
+    params = [nn.Parameter(p.clone()) for p in start]
+    opt = build(params)
+    filename = inspect.getsourcefile(type(opt))
+    out = []
+    for n, step_grads in enumerate(grads[:steps]):
+        for p, g in zip(params, step_grads):
+            p.grad = g.clone()
+        run = lambda: ctx.learner.call("forward", opt.step)  # noqa: E731
+        # every write, in place too (`exp_avg.mul_(beta2)`): an optimizer's state changes so
+        if n in traced:
+            into.extend(trace_steps(run, filename, None, (), constants=True, every=True))
+        else:
+            run()
+        out.append(torch.cat([p.detach().flatten() for p in params]))
+    return torch.stack(out)
+
+
+def _localize(comp: Component, ctx: Context, build: Any, data: tuple[list[Tensor], list[list[Tensor]]],
+              at: int, states: list[list[tuple[Tensor, Tensor]]]) -> Any:
+    """The step that first parts (`at`) and the one before it (where a momentum written wrong is
+    written) traced: the first line whose value is none of Lion's sub-steps from the parameters and
+    momenta the rule holds before each."""
+    (start, grads), steps = data, []
+    traced = tuple(range(max(at - 1, 0), at + 1))
+    _stepped(ctx, build, start, grads, at + 1, traced, steps)
+    views = [v for n in traced for (p, m), g in zip(states[n], grads[n]) for v in lion_step(p, m, g)]
+    return first_departure(steps, views, inspect.getsourcefile(comp.obj), {"lr": SETTINGS["lr"]})
