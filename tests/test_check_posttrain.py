@@ -39,3 +39,8 @@ def test_each_plant_fails_quoting_its_line(planted, plant, name, quoted):
     comp = component(planted[plant], name)
     assert comp.status == "fail"
     assert [f.code.strip() for f in comp.findings] == [quoted]
+
+
+def test_lion_under_other_names_passes_and_another_sign_rule_is_not_checked():
+    result = checked("learners_posttrain", "sign_optimizers")
+    assert statuses(result) == {"Lion": "pass", "SophiaLike": "not_checked"}

@@ -43,33 +43,51 @@ def lion_step(p: Tensor, m: Tensor, g: Tensor, settings: dict[str, float] = SETT
             ("the new parameter", new), ("the new momentum", b2 * m + (1 - b2) * g)]
 
 
-def lion(start: list[Tensor], grads: list[list[Tensor]]) -> tuple[Tensor, list[list[tuple[Tensor, Tensor]]]]:
+def lion(start: list[Tensor], grads: list[list[Tensor]], settings: dict[str, float],
+         ) -> tuple[Tensor, list[list[tuple[Tensor, Tensor]]]]:
     """The parameters after each step, (STEPS, N), and each step's (parameter, momentum) before it."""
     params, moments = list(start), [torch.zeros_like(p) for p in start]
     out, states = [], []
     for step_grads in grads:
         states.append(list(zip(params, moments)))
-        views = [lion_step(p, m, g) for p, m, g in zip(params, moments, step_grads)]
+        views = [lion_step(p, m, g, settings) for p, m, g in zip(params, moments, step_grads)]
         params, moments = [v[-2][1] for v in views], [v[-1][1] for v in views]
         out.append(torch.cat([p.flatten() for p in params]))
     return torch.stack(out), states
 
 
+LION_NAMES = {"lr", "learning_rate", "betas", "beta1", "beta2", "b1", "b2", "weight_decay", "wd"}
+
+
 def takes_lion(cls: Any) -> bool:
-    """A sign-momentum optimizer: its constructor takes betas and no eps, its code takes a sign (an
-    optimizer with betas and no root that updates otherwise is no Lion: NOT CHECKED, not compared)."""
-    names = {n.lower() for n in inspect.signature(cls).parameters}
+    """A sign-momentum optimizer: its constructor takes betas and no other setting (no eps: no root to
+    guard; switches aside), its code takes a sign (an optimizer with betas that updates otherwise is no
+    Lion: NOT CHECKED, not compared)."""
+    params = list(inspect.signature(cls).parameters.values())[1:]  # after the parameters
+    names = {p.name.lower() for p in params}
+    # a setting of its own besides Lion's (Sophia's rho and its Hessian): another rule; switches are kept
+    own = [p for p in params if p.name.lower() not in LION_NAMES and p.kind < p.VAR_KEYWORD
+           and p.kind != p.VAR_POSITIONAL and not isinstance(p.default, (bool, type(None)))]
     signs = re.search(r"\bsign_?\(", with_helpers(cls)) is not None
-    return signs and bool(names & {"betas", "beta1", "b1"}) and not names & {"eps", "epsilon"}
+    return signs and bool(names & {"betas", "beta1", "b1"}) and not own
+
+
+ALIASES = {"lr": "learning_rate", "beta1": "b1", "beta2": "b2", "weight_decay": "wd"}
+
+
+def taken(cls: Any) -> dict[str, float]:
+    """SETTINGS, with no weight decay where the constructor takes none."""
+    names = {n.lower() for n in inspect.signature(cls).parameters}
+    return SETTINGS | {"weight_decay": SETTINGS["weight_decay"] * bool(names & {"weight_decay", "wd"})}
 
 
 def settings_arguments(cls: Any) -> dict[str, Any]:
     """SETTINGS under the constructor's names (betas as a pair where it takes them)."""
     names = {n.lower(): n for n in inspect.signature(cls).parameters}
-    out = {names[k]: v for k, v in SETTINGS.items() if k in names}
+    names |= {key: names[alias] for key, alias in ALIASES.items() if alias in names and key not in names}
+    out = {names[k]: v for k, v in taken(cls).items() if k in names}
     betas = {names["betas"]: (SETTINGS["beta1"], SETTINGS["beta2"])} if "betas" in names else {}
-    decay = next((names[n] for n in ("weight_decay", "wd") if n in names), None)
-    return out | betas | ({decay: SETTINGS["weight_decay"]} if decay else {})
+    return out | betas
 
 
 def check_lion(comp: Component, ctx: Context, build: Any) -> ComponentResult:
@@ -77,10 +95,11 @@ def check_lion(comp: Component, ctx: Context, build: Any) -> ComponentResult:
     res = ctx.result(comp)
     start, grads = _data()
     got = _stepped(ctx, build, start, grads, STEPS)
-    want, states = lion(start, grads)
+    settings = taken(comp.obj)
+    want, states = lion(start, grads, settings)
     err = float((got - want).abs().max().nan_to_num(float("inf")))
     res.max_abs_error = err
-    shown = ", ".join(f"{k} {v:g}" for k, v in SETTINGS.items())
+    shown = ", ".join(f"{k} {v:g}" for k, v in settings.items())
     res.checks.append(Check(
         text(f"the parameters after each of {STEPS} steps equal Lion's: the weights decayed, then "
              f"lr * sign(beta1 * m + (1 - beta1) * g), then m = beta2 * m + (1 - beta2) * g ({shown})",
@@ -89,7 +108,7 @@ def check_lion(comp: Component, ctx: Context, build: Any) -> ComponentResult:
         err < TOL, error_text(err)))
     if err >= TOL:
         at = int(((got - want).abs() > TOL).any(-1).float().argmax())  # the first step that parts
-        note_departure(res, lambda: _localize(comp, ctx, build, (start, grads), at, states))
+        note_departure(res, lambda: _localize(comp, ctx, build, (start, grads), at, (states, settings)))
     return finish(res)
 
 
@@ -123,12 +142,14 @@ def _stepped(ctx: Context, build: Any, start: list[Tensor], grads: list[list[Ten
 
 
 def _localize(comp: Component, ctx: Context, build: Any, data: tuple[list[Tensor], list[list[Tensor]]],
-              at: int, states: list[list[tuple[Tensor, Tensor]]]) -> Any:
+              at: int, held: tuple[list[list[tuple[Tensor, Tensor]]], dict[str, float]]) -> Any:
     """The step that first parts (`at`) and the one before it (where a momentum written wrong is
     written) traced: the first line whose value is none of Lion's sub-steps from the parameters and
     momenta the rule holds before each."""
     (start, grads), steps = data, []
     traced = tuple(range(max(at - 1, 0), at + 1))
     _stepped(ctx, build, start, grads, at + 1, traced, steps)
-    views = [v for n in traced for (p, m), g in zip(states[n], grads[n]) for v in lion_step(p, m, g)]
+    states, settings = held
+    views = [v for n in traced for (p, m), g in zip(states[n], grads[n])
+             for v in lion_step(p, m, g, settings)]
     return first_departure(steps, views, inspect.getsourcefile(comp.obj), {"lr": SETTINGS["lr"]})
