@@ -43,16 +43,15 @@ def lion_step(p: Tensor, m: Tensor, g: Tensor, settings: dict[str, float] = SETT
             ("the new parameter", new), ("the new momentum", b2 * m + (1 - b2) * g)]
 
 
-def lion(start: list[Tensor], grads: list[list[Tensor]], settings: dict[str, float],
-         ) -> tuple[Tensor, list[list[tuple[Tensor, Tensor]]]]:
-    """The parameters after each step, (STEPS, N), and each step's (parameter, momentum) before it."""
-    params, moments = list(start), [torch.zeros_like(p) for p in start]
-    out, states = [], []
-    for step_grads in grads:
-        states.append(list(zip(params, moments)))
-        views = [lion_step(p, m, g, settings) for p, m, g in zip(params, moments, step_grads)]
-        params, moments = [v[-2][1] for v in views], [v[-1][1] for v in views]
-        out.append(torch.cat([p.flatten() for p in params]))
+def lion(start: Tensor, grads: Tensor, settings: dict[str, float],
+         ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+    """The parameters after each step, (STEPS, N), and each step's (parameters, momenta) before it,
+    all parameters as one vector (Lion's update is elementwise)."""
+    p, m, out, states = start, torch.zeros_like(start), [], []
+    for g in grads:
+        states.append((p, m))
+        *_, (_, p), (_, m) = lion_step(p, m, g, settings)
+        out.append(p)
     return torch.stack(out), states
 
 
@@ -66,12 +65,13 @@ def takes_lion(cls: Any) -> bool:
     params = list(inspect.signature(cls).parameters.values())[1:]  # after the parameters
     names = {p.name.lower() for p in params}
     # a setting of its own besides Lion's (Sophia's rho and its Hessian): another rule; switches are kept
-    own = [p for p in params if p.name.lower() not in LION_NAMES and p.kind < p.VAR_KEYWORD
-           and p.kind != p.VAR_POSITIONAL and not isinstance(p.default, (bool, type(None)))]
+    own = [p for p in params if p.kind in SETTING_KINDS and type(p.default) not in (bool, type(None))
+           and p.name.lower() not in LION_NAMES]
     signs = re.search(r"\bsign_?\(", with_helpers(cls)) is not None
     return signs and bool(names & {"betas", "beta1", "b1"}) and not own
 
 
+SETTING_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 ALIASES = {"lr": "learning_rate", "beta1": "b1", "beta2": "b2", "weight_decay": "wd"}
 
 
@@ -84,7 +84,7 @@ def taken(cls: Any) -> dict[str, float]:
 def settings_arguments(cls: Any) -> dict[str, Any]:
     """SETTINGS under the constructor's names (betas as a pair where it takes them)."""
     names = {n.lower(): n for n in inspect.signature(cls).parameters}
-    names |= {key: names[alias] for key, alias in ALIASES.items() if alias in names and key not in names}
+    names = {key: names[alias] for key, alias in ALIASES.items() if alias in names} | names
     out = {names[k]: v for k, v in taken(cls).items() if k in names}
     betas = {names["betas"]: (SETTINGS["beta1"], SETTINGS["beta2"])} if "betas" in names else {}
     return out | betas
@@ -94,7 +94,7 @@ def check_lion(comp: Component, ctx: Context, build: Any) -> ComponentResult:
     """The learner's optimizer (`build(params)` makes it) against Lion's rule, step by step."""
     res = ctx.result(comp)
     start, grads = _data()
-    got = _stepped(ctx, build, start, grads, STEPS)
+    got = _stepped(ctx, build, start, grads, STEPS, (), [])
     settings = taken(comp.obj)
     want, states = lion(start, grads, settings)
     err = float((got - want).abs().max().nan_to_num(float("inf")))
@@ -112,37 +112,46 @@ def check_lion(comp: Component, ctx: Context, build: Any) -> ComponentResult:
     return finish(res)
 
 
-def _data() -> tuple[list[Tensor], list[list[Tensor]]]:
-    """Two parameters and their gradients at each step (seeded, float64)."""
+SHAPES = ((3, 4), (4,))  # the two parameters, as one vector of 16 numbers in the reference
+
+
+def _data() -> tuple[Tensor, Tensor]:
+    """The parameters (16,) and their gradients at each step (STEPS, 16) (seeded, float64)."""
     gen = torch.Generator().manual_seed(0)
-    start = [torch.randn(shape, generator=gen, dtype=torch.float64) for shape in ((3, 4), (4,))]
-    grads = [[torch.randn(p.shape, generator=gen, dtype=torch.float64) for p in start] for _ in range(STEPS)]
-    return start, grads
+    return torch.randn(16, generator=gen, dtype=torch.float64), torch.randn(STEPS, 16, generator=gen,
+                                                                             dtype=torch.float64)
 
 
-def _stepped(ctx: Context, build: Any, start: list[Tensor], grads: list[list[Tensor]], steps: int,
-             traced: tuple[int, ...] = (), into: list[Any] | None = None) -> Tensor:
-    """The learner's optimizer built on copies of `start`, stepped `steps` times, the steps numbered
-    in `traced` (from 0) traced into `into`. The parameters after each step, (steps, N)."""
-    params = [nn.Parameter(p.clone()) for p in start]
-    opt = build(params)
+def _shaped(flat: Tensor) -> list[Tensor]:
+    """One vector of 16 as the two parameters, (3, 4) and (4,)."""
+    return [part.reshape(shape) for part, shape in zip(flat.split([12, 4]), SHAPES)]
+
+
+def _stepped(ctx: Context, build: Any, start: Tensor, grads: Tensor, steps: int,
+             traced: tuple[int, ...], into: list[Any]) -> Tensor:
+    """The learner's optimizer built on the two parameters of `start`, stepped `steps` times, the steps
+    numbered in `traced` (from 0) traced into `into`. The parameters after each step, (steps, 16)."""
+    params = list(map(nn.Parameter, _shaped(start.clone())))
+    opt, out = build(params), []
     filename = inspect.getsourcefile(type(opt))
-    out = []
-    for n, step_grads in enumerate(grads[:steps]):
-        for p, g in zip(params, step_grads):
-            p.grad = g.clone()
-        run = lambda: ctx.learner.call("forward", opt.step)  # noqa: E731
+    for n, flat in enumerate(grads[:steps]):
+        for p, g in zip(params, _shaped(flat.clone())):
+            p.grad = g
         # every write, in place too (`exp_avg.mul_(beta2)`): an optimizer's state changes so
-        if n in traced:
-            into.extend(trace_steps(run, filename, None, (), constants=True, every=True))
-        else:
-            run()
+        steps_of = trace_steps if n in traced else _untraced
+        into.extend(steps_of(lambda: ctx.learner.call("forward", opt.step), filename, None, (),
+                                     constants=True, every=True))
         out.append(torch.cat([p.detach().flatten() for p in params]))
     return torch.stack(out)
 
 
-def _localize(comp: Component, ctx: Context, build: Any, data: tuple[list[Tensor], list[list[Tensor]]],
-              at: int, held: tuple[list[list[tuple[Tensor, Tensor]]], dict[str, float]]) -> Any:
+def _untraced(run: Any, *args: Any, **kwargs: Any) -> list[Any]:
+    run()
+    return []
+
+
+def _localize(comp: Component, ctx: Context, build: Any, data: tuple[Tensor, Tensor], at: int,
+              held: tuple[list[tuple[Tensor, Tensor]], dict[str, float]]) -> Any:
     """The step that first parts (`at`) and the one before it (where a momentum written wrong is
     written) traced: the first line whose value is none of Lion's sub-steps from the parameters and
     momenta the rule holds before each."""
@@ -150,6 +159,6 @@ def _localize(comp: Component, ctx: Context, build: Any, data: tuple[list[Tensor
     traced = tuple(range(max(at - 1, 0), at + 1))
     _stepped(ctx, build, start, grads, at + 1, traced, steps)
     states, settings = held
-    views = [v for n in traced for (p, m), g in zip(states[n], grads[n])
-             for v in lion_step(p, m, g, settings)]
+    flat = [v for n in traced for v in lion_step(*states[n], grads[n], settings)]
+    views = [(what, part) for what, v in flat for part in _shaped(v)]  # each parameter's
     return first_departure(steps, views, inspect.getsourcefile(comp.obj), {"lr": SETTINGS["lr"]})

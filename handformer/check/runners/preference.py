@@ -47,9 +47,8 @@ def _given(fn: Any, labels: Tensor) -> tuple[Tensor, ...]:
     """What the function is handed besides the logits: the labels with -100 where none counts, or,
     where it requires a third argument (a loss mask, 1 on the tokens that count, as DPO trainers
     build from the response), the labels all real tokens and that mask beside them."""
-    required = [p.name for p in forward_parameters(fn)
-                if p.default is p.empty and p.kind <= p.POSITIONAL_OR_KEYWORD]
-    if len(required) < 3 or "mask" not in required[2].lower():  # an ignore_index, a pad id: no mask
+    third = ([p.name for p in forward_parameters(fn) if p.default is p.empty] + [""] * 3)[2]
+    if "mask" not in third.lower():  # none, or an ignore_index, a pad id: no mask
         return (labels,)
     keep = labels != IGNORE
     filled = torch.where(keep, labels, torch.arange(labels.numel()).reshape(labels.shape) % V)

@@ -19,6 +19,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import ONE_CYCLE_ARGS as ARGS
 from handformer.check.core.context import Context, finish
@@ -46,15 +48,15 @@ SHAPES: dict[str, Callable[[float, float, float], float]] = {
     "cosine": lambda a, b, p: b + (a - b) / 2.0 * (math.cos(math.pi * p) + 1),
     "linear": lambda a, b, p: a + (b - a) * p,
 }
+READ_SHAPES = {True: ("cosine",), False: ("linear", "cosine")}  # by whether the code computes a cos
 SHAPE_WORDS = {"cosine": ("half a cosine each", "半个余弦"), "linear": ("a straight line each", "直线")}
 
 
 def takes_one_cycle(fn: Any) -> dict[str, str] | None:
     """The names it takes the warmup's fraction and the peak's divisors under (key -> name), where it
     takes all three; else None."""
-    names = [p.name for p in inspect.signature(fn).parameters.values()]
-    lowered = {n.lower(): n for n in names}
-    found = {key: next((lowered[a] for a in aliases if a in lowered), None) for key, aliases in ARGS.items()}
+    lowered = {n.lower(): n for n in inspect.signature(fn).parameters}
+    found = {key: lowered.get(max(lowered.keys() & set(names), default="")) for key, names in ARGS.items()}
     return found if all(found.values()) else None  # type: ignore[return-value]
 
 
@@ -64,7 +66,7 @@ def one_cycle(t: float, convention: str, shape: str, mistake: str = "") -> float
     peak_at, end_at, _ = CONVENTIONS[convention]
     total, hi = SIZES["total"], SIZES["max_lr"]
     low = hi / SIZES["div"]
-    floor = low / SIZES["final_div"] if floored else 0.0
+    floor = low / SIZES["final_div"] * floored  # 0 where the floor is left out
     peak = SIZES["fraction"] * total + peak_at + shift
     end = total + end_at
     if t <= peak:
@@ -78,7 +80,7 @@ def check_one_cycle(comp: Component, ctx: Context, step_name: str, names: dict[s
     res = ctx.result(comp)
     given = {names[k]: v for k, v in SIZES.items() if k in names}
     got = {s: float(ctx.learner.call("forward", comp.obj, **{step_name: s}, **given)) for s in STEPS}
-    shapes = ("cosine",) if re.search(r"(?i)\bcos", reached) else ("linear", "cosine")
+    shapes = READ_SHAPES[re.search(r"(?i)\bcos", reached) is not None]
     readings = list(itertools.product(MISTAKES, CONVENTIONS, shapes))
     errors = {r: _error(got, r) for r in readings}
     mistake, convention, shape = min(readings, key=lambda r: (errors[r] >= fp.REL_TOL, bool(r[0]), errors[r]))
@@ -90,8 +92,8 @@ def check_one_cycle(comp: Component, ctx: Context, step_name: str, names: dict[s
              f"anneal {SHAPE_WORDS[shape][0]})",
              f"步 {steps} 的学习率等于单周期调度（{shown}；预热和退火都是{SHAPE_WORDS[shape][1]}）"),
         right < fp.REL_TOL, text(f"largest relative difference {right:.2e}", f"最大相对误差 {right:.2e}")))
-    res.convention = CONVENTIONS[convention][2] if right < fp.REL_TOL else None
-    if right >= fp.REL_TOL and mistake and errors[(mistake, convention, shape)] < fp.REL_TOL:
+    res.convention = (None, CONVENTIONS[convention][2])[right < fp.REL_TOL]
+    if errors[(mistake, convention, shape)] < fp.REL_TOL <= right:  # a mistake explains it, nothing else
         res.findings.append(_finding(comp, mistake.split(":")[0], names["fraction"], right))
     return finish(res)
 
@@ -99,11 +101,9 @@ def check_one_cycle(comp: Component, ctx: Context, step_name: str, names: dict[s
 def _error(got: dict[int, float], reading: tuple[str, str, str]) -> float:
     """The largest relative difference of the learner's rates from one reading's (inf: not finite)."""
     mistake, convention, shape = reading
-    worst = 0.0
-    for s, value in got.items():
-        want = one_cycle(s, convention, shape, mistake)
-        worst = max(worst, abs(value - want) / max(abs(want), 1e-12) if math.isfinite(value) else math.inf)
-    return worst
+    want = torch.tensor([one_cycle(s, convention, shape, mistake) for s in got], dtype=torch.float64)
+    value = torch.tensor(list(got.values()), dtype=torch.float64)
+    return float(((value - want).abs() / want.abs().clamp(min=1e-12)).nan_to_num(math.inf).max())
 
 
 def _finding(comp: Component, name: str, fraction: str, error: float) -> Finding:
