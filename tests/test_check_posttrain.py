@@ -4,9 +4,11 @@ plain class with a helper update, and a small classifier MLP that is no FFN subl
 passes whole; each planted copy FAILs quoting its line."""
 
 import pytest
+import torch
 from check_results import FIXTURES, checked, component, planted_copy, statuses
 
 from handformer.check.core.report import exit_code
+from handformer.check.runners.lion import takes_lion
 
 SOURCE = FIXTURES / "learners_posttrain" / "correct.py"
 INTERPOLATION = "update = exp_avg.clone().lerp_(grad, 1.0 - beta1).sign_()"
@@ -41,6 +43,20 @@ def test_each_plant_fails_quoting_its_line(planted, plant, name, quoted):
     assert [f.code.strip() for f in comp.findings] == [quoted]
 
 
-def test_lion_under_other_names_passes_and_another_sign_rule_is_not_checked():
-    result = checked("learners_posttrain", "sign_optimizers")
-    assert statuses(result) == {"Lion": "pass", "SophiaLike": "not_checked"}
+def test_lion_under_other_names_passes():
+    assert statuses(checked("learners_posttrain", "sign_optimizers")) == {"Lion": "pass"}
+
+
+class SophiaLike(torch.optim.Optimizer):
+    """Betas, no eps, a sign in its update, and a setting of its own (rho): another rule than Lion's."""
+
+    def __init__(self, params, lr=1e-4, betas=(0.965, 0.99), rho=0.04, weight_decay=0.1):
+        super().__init__(params, dict(lr=lr, betas=betas, rho=rho, weight_decay=weight_decay))
+
+    def step(self):
+        for p in self.param_groups[0]["params"]:
+            p.add_(p.grad.sign(), alpha=-self.param_groups[0]["lr"])
+
+
+def test_a_sign_rule_with_a_setting_of_its_own_is_not_taken_for_lion():
+    assert takes_lion(SophiaLike) is False
