@@ -102,6 +102,10 @@ SCHEDULE_STEP_NAMES = (
     "i",
     "iter_num",
 )
+# a one-cycle schedule's (torch's OneCycleLR): its warmup as a fraction of the run, its peak's divisors
+ONE_CYCLE_ARGS: dict[str, tuple[str, ...]] = {
+    "fraction": ("pct_start", "warmup_pct", "pct_warmup", "warmup_frac", "warmup_fraction", "pct"),
+    "div": ("div_factor", "div", "initial_div"), "final_div": ("final_div_factor", "final_div")}
 SCHEDULE_ARGS: dict[str, tuple[str, ...]] = {
     "d_model": ("d_model", "model_size", "dim", "hidden_size", "d", "n_embd", "model_dim", "size", "d_embed"),
     "factor": ("factor", "scale", "lr_factor", "multiplier", "lr_mult", "k", "lr_mul", "lr_multiplier",

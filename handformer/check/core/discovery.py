@@ -432,7 +432,8 @@ def _processors(own: dict[str, Any], taken: set[str], wanted: set[str]) -> list[
         if fn is not None and "schedule" in wanted]
 
 
-OPTIMIZER_CODE = re.compile(r"\bsqrt\b")  # an adaptive update divides by a root of the second moment
+# an adaptive update divides by a root of the second moment; Lion's takes the sign of its momentum
+OPTIMIZER_CODE = re.compile(r"\bsqrt\b|\bsign_?\(")
 
 
 ADAM_SETTINGS = {"betas", "beta1", "b1", "beta_1"}  # what an Adam's constructor takes (its moments' rates)
@@ -451,7 +452,16 @@ def steps_parameters(obj: Any) -> bool:
     if issubclass(obj, torch.optim.Optimizer):
         return not obj.__module__.startswith("torch")  # torch's own, imported into the file: not theirs
     methods = all(callable(getattr(obj, m, None)) for m in ("step", "zero_grad"))
-    return methods and bool(OPTIMIZER_CODE.search(source_text(obj)))
+    return methods and bool(OPTIMIZER_CODE.search(with_helpers(obj)))
+
+
+def with_helpers(obj: Any) -> str:
+    """The source of a class with that of each function of its file its code calls by name (an
+    optimizer's step that hands each parameter to an `update_fn` written beside it)."""
+    own = source_text(obj)
+    module = vars(inspect.getmodule(obj) or inspect)
+    called = [module.get(name) for name in dict.fromkeys(re.findall(r"\b(\w+)\(", own))]
+    return own + "".join(source_text(f) for f in called if inspect.isfunction(f))
 
 
 ADAM_CODE = re.compile(r"\bbeta\w*\b[^\n]*\n(?s:.*)\bsqrt\b")  # a beta's moment, then its square root
@@ -606,10 +616,28 @@ def transformer_lm(cls: Any) -> bool:
 SUFFIX_TESTS: dict[str, Callable[[Any], bool]] = {"mha": computes_attention,
                                                   "gpt": transformer_lm, "encoder_model": encoder_only,
                                                   "block": lambda c: not part_of_a_block(c),
-                                                  "moe": lambda c: not _decoder_model(c)}  # no ...MoE model
+                                                  "moe": lambda c: not _decoder_model(c),  # no ...MoE model
+                                                  "ffn": lambda c: not maps_elsewhere(c)}
 # a class named ...Layer is a block when its __init__ builds an attention and an FFN (GPT-NeoX's GPTNeoXLayer;
 # Hugging Face BERT's BertLayer, whose FFN's first linear is its `intermediate`)
 LAYER_PARTS = re.compile(r"(?=[\s\S]*(attn|attention))(?=[\s\S]*(mlp|ffn|feed_?forward|intermediate))", re.I)
+
+
+LINEAR_SIZES = re.compile(r"\bLinear\(\s*(\w+)\s*,\s*(\w+)\s*[,)]")  # nn.Linear(d_in, d_out...
+
+
+def maps_elsewhere(cls: Any) -> bool:
+    """A stack of linear layers whose output width is not its input width at the constructor's own
+    defaults (`TinyMLP(d_in=8, d_hidden=32, n_classes=3)`: 8 features to 3 classes): a small model of
+    its own, never a sublayer whose output is added back to the stream it reads. A width the defaults
+    do not give (timm's `out_features=None`, meaning the input's) decides nothing."""
+    init = vars(cls).get("__init__", "")
+    sizes = LINEAR_SIZES.findall(source_text(init))
+    if len(sizes) < 2 or not callable(init):
+        return False
+    defaults = {p.name: p.default for p in inspect.signature(init).parameters.values()}
+    first, last = defaults.get(sizes[0][0]), defaults.get(sizes[-1][1])
+    return type(first) is int and type(last) is int and first != last
 
 
 def _suffixed(name: str, obj: Any, suffixes: tuple[str, ...]) -> bool:

@@ -46,6 +46,7 @@ from handformer.check.core.argument_names import (
     LR_NAMES,
     MIN_P_NAMES,
     MODEL_NAMES,
+    ONE_CYCLE_ARGS,
     OPTIMIZER_NAMES,
     P_NAMES,
     PROBS_NAMES,
@@ -139,8 +140,11 @@ def _schedule(names: list[str], required: set[str]) -> bool:
     settings = SCHEDULE_ARGS
     known = set().union(*settings.values())
     has = lambda key: _takes_each(names[1:], [settings[key]])  # noqa: E731
+    # a warmup of its own, or one-cycle's: a fraction of the run, from and to divisors of the peak
+    cycle = _takes_each(names[1:], list(ONE_CYCLE_ARGS.values())) and has("total")
+    ends = has("d_model") or has("total") or has("min_lr") or has("stable")
     return (bool(names) and names[0] in SCHEDULE_FIRST and required - {names[0]} <= known
-            and has("warmup") and (has("d_model") or has("total") or has("min_lr") or has("stable")))
+            and (has("warmup") or cycle) and ends)
 
 
 INVERSE_SQRT_CODE = re.compile(r"\*\*\s*\(?\s*-\s*0?\.5|\bsqrt\b|rsqrt")

@@ -27,6 +27,7 @@ from handformer.check.core.context import Context, finish
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
+from handformer.check.runners import lion
 
 # each apart, so a swap shows; eps large beside sqrt(v), so where it is added shows
 SETTINGS = {"lr": 0.1, "beta1": 0.8, "beta2": 0.9, "eps": 0.05, "weight_decay": 0.5}
@@ -152,6 +153,9 @@ def _stepped(comp: Component, ctx: Context, start: list[Tensor], grads: list[lis
 def check_optimizer(comp: Component, ctx: Context) -> ComponentResult:
     """A hand-written AdamW against AdamW's update under each convention; the mistakes that reproduce it
     named at their line."""
+    if lion.takes_lion(comp.obj):
+        settings = lion.settings_arguments(comp.obj)
+        return lion.check_lion(comp, ctx, lambda ps: ctx.learner.call("__init__", comp.obj, ps, **settings))
     res = ComponentResult(comp.kind, comp.name)
     start, grads = _data()
     got, settings = _stepped(comp, ctx, start, grads), settings_taken(comp.obj)

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from handformer.check.core.context import Context, error_text, finish, forward_names, forward_parameters
 from handformer.check.core.discovery import Component
-from handformer.check.core.localize import View, first_departure, trace_steps
+from handformer.check.core.localize import View, first_departure, over_axes, trace_steps
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, text
 from handformer.tasks.post.logprobs import token_logprobs
@@ -43,11 +43,23 @@ def _logits_and_labels() -> tuple[Tensor, Tensor]:
     return logits, labels
 
 
-def logps_views(logits: Tensor, labels: Tensor) -> list[View]:
+def _given(fn: Any, labels: Tensor) -> tuple[Tensor, ...]:
+    """What the function is handed besides the logits: the labels with -100 where none counts, or,
+    where it requires a third argument (a loss mask, 1 on the tokens that count, as DPO trainers
+    build from the response), the labels all real tokens and that mask beside them."""
+    third = ([p.name for p in forward_parameters(fn) if p.default is p.empty] + [""] * 3)[2]
+    if "mask" not in third.lower():  # none, or an ignore_index, a pad id: no mask
+        return (labels,)
+    keep = labels != IGNORE
+    filled = torch.where(keep, labels, torch.arange(labels.numel()).reshape(labels.shape) % V)
+    return filled, keep.long()
+
+
+def logps_views(logits: Tensor, labels: Tensor, mask: Tensor | None = None) -> list[View]:
     """The reference's steps: the shifted labels and logits, the mask, the log-softmax, the picked
-    log-probabilities, masked, summed."""
+    log-probabilities, masked, summed (the mask given beside the labels where one is)."""
     shifted, cut = labels[:, 1:], logits[:, :-1]  # (B, T - 1), (B, T - 1, V)
-    keep = shifted != IGNORE
+    keep = shifted != IGNORE if mask is None else mask[:, 1:].bool()
     picked = cut.log_softmax(-1).gather(-1, shifted.clamp(min=0)[..., None]).squeeze(-1)  # (B, T - 1)
     return [("the labels from position 1", shifted), ("the logits but the last", cut), ("the mask", keep),
             ("the labels, masked ones 0", shifted.masked_fill(~keep, 0)),
@@ -58,23 +70,28 @@ def logps_views(logits: Tensor, labels: Tensor) -> list[View]:
 def check_sequence_logps(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     logits, labels = _logits_and_labels()
-    call = lambda lg: ctx.learner.call("forward", comp.obj, lg, labels.clone())  # noqa: E731
+    given = _given(comp.obj, labels)
+    call = lambda lg: ctx.learner.call("forward", comp.obj, lg, *(t.clone() for t in given))  # noqa: E731
     got = torch.as_tensor(call(logits.clone())).double().reshape(-1)
     total = token_logprobs(logits[:, :-1], labels[:, 1:]).double().sum(-1)  # (B,)
     counts = (labels[:, 1:] != IGNORE).sum(-1)
     mean = got.shape == total.shape and torch.allclose(got, total / counts, atol=TOL)
-    want = total / counts if mean else total
-    err = _largest(got, want)
+    err = _largest(got, total / counts if mean else total)
     res.max_abs_error = err
     res.notes += [text("it returns the mean over each row's labels (average_log_prob): compared so",
                        "它返回每行标签的平均值（average_log_prob）：按此比较")] * bool(mean)
-    res.checks.append(Check(text(f"each row's log-probability of its labels (the labels one position on, "
-                                 f"{IGNORE} left out) equals handformer's token_logprobs summed",
-                                 f"每行标签的 log 概率（标签错后一位，去掉 {IGNORE}）与 handformer 的 "
-                                 "token_logprobs 之和一致"), err < TOL, error_text(err)))
+    res.notes += [text("it takes a loss mask beside the labels (1 on the tokens that count): handed one",
+                       "它在标签之外还接受损失掩码（计入的 token 为 1）：传入了掩码")] * (len(given) - 1)
+    res.checks.append(Check(LOGPS_CHECK, err < TOL, error_text(err)))
     if err >= TOL:
-        note_departure(res, lambda: _localize(comp, call, logits, logps_views(logits, labels)))
+        note_departure(res, lambda: _localize(comp, call, logits, logps_views(logits, *given)))
     return finish(res)
+
+
+LOGPS_CHECK = text(f"each row's log-probability of its labels (the labels one position on, {IGNORE} or "
+                   "masked ones left out) equals handformer's token_logprobs summed",
+                   f"每行标签的 log 概率（标签错后一位，去掉 {IGNORE} 或被掩码的）与 handformer 的 "
+                   "token_logprobs 之和一致")
 
 
 def _largest(got: Tensor, want: Tensor) -> float:
@@ -85,8 +102,12 @@ def _largest(got: Tensor, want: Tensor) -> float:
 
 def _localize(comp: Component, call: Any, given: Tensor, views: list[View]) -> Any:
     filename = inspect.getsourcefile(comp.obj)
-    steps = trace_steps(lambda: call(given.clone()), filename, None, (), constants=CONSTANTS)
-    return first_departure(steps, views, filename, {"B": B, "T": T, "V": V})
+    # the logits as the input the steps depend on, so the value returned is a step too
+    steps = trace_steps(lambda: call(given.clone().requires_grad_()), filename, None, (), constants=CONSTANTS)
+    cut = given[:, :-1]  # the log-softmax over another axis than the vocabulary's: named
+    forms = [(form | {"mistake": "softmax_wrong_dim"}, r)
+             for form, r in over_axes("the log-softmax", "log-softmax", cut.log_softmax, cut.dim())]
+    return first_departure(steps, views, filename, {"B": B, "T": T, "V": V}, ends=views[-1:], forms=forms)
 
 
 def _logps() -> dict[str, Tensor]:

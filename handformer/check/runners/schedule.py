@@ -48,6 +48,7 @@ from handformer.check.core.source import (
     source_text,
 )
 from handformer.check.reference import variants as V
+from handformer.check.runners import schedule_onecycle as one_cycle
 from handformer.check.runners import schedule_timm as timm
 from handformer.check.runners import schedule_wsd as W
 from handformer.check.runners.localize_schedule import localize_schedule
@@ -427,6 +428,10 @@ def check_schedule(comp: Component, ctx: Context) -> ComponentResult:
     """The learning-rate schedule, as the SCHEDULE probe states it (NO_WARMUP: a cosine that takes
     no warmup)."""
     sched = Schedule(comp, ctx)
+    cycle = one_cycle.takes_one_cycle(comp.obj)
+    if cycle and sched.step_name and all(sched.args.get(k) for k in ("total", "max_lr")):
+        names = cycle | {k: sched.args[k] for k in ("total", "max_lr")}
+        return one_cycle.check_one_cycle(comp, ctx, sched.step_name, names, _reached_source(comp.obj))
     return run_probe(NO_WARMUP if sched.family == "cosine" and not sched.reads("warmup") else SCHEDULE,
                      comp, ctx)
 
