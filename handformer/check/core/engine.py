@@ -35,6 +35,7 @@ from handformer.check.core.discovery import (
 from handformer.check.core.grouping import UNGROUPED_NOTE, ungrouped_by_default
 from handformer.check.core.kinds import KINDS_BY_NAME
 from handformer.check.core.localize import commented_out
+from handformer.check.core.own_width import other_width
 from handformer.check.core.passed_in import passed_in
 from handformer.check.core.precision import float64_kept
 from handformer.check.core.result import (
@@ -190,14 +191,15 @@ def _nothing_found(comp: Component, ctx: Context, result: ComponentResult, error
     raises on a plain input it accepts (`raises_alone`): then their exception."""
     if not_implemented(comp, error):
         result.status = TODO
-    elif needs_skipped(error, ctx.skipped) or cannot_check(error) or method_on_stand_in(comp, result):
+    elif (needs_skipped(error, ctx.skipped) or cannot_check(error) or method_on_stand_in(comp, result)
+          or guessed_input(comp, error)):
         theirs = None
         if error.kind == "mapping":
             with ctx.hyperparameters(comp):
                 theirs = raises_alone(comp, ctx)
         if theirs is not None:  # their forward raises on a plain input it accepts: their exception
             result.error = theirs
-        else:
+        if theirs is None or other_width(comp, ctx, theirs):  # (unless it takes another width, and runs)
             result.status, result.adapter = NOT_CHECKED, adapter_hint(comp)
 
 
@@ -392,6 +394,30 @@ def method_on_stand_in(comp: Component, result: ComponentResult) -> bool:
     if "." not in comp.name or error.kind != "exception" or not driven_by_stand_in(result):
         return False
     error.kind = "stand_in"
+    return True
+
+
+# how a component found by what it does, not by a name its kind tables hold, may be found (FOUND_BY)
+GUESSED = ("signature", "mask_code", "methods")
+# the exceptions that say an argument was not of the form the code takes (a tensor where it reads an
+# int, a tuple where it reads a dict), not a computation that went wrong
+FORM_ERRORS = ("TypeError", "ValueError", "AttributeError", "KeyError")
+
+
+def guessed_input(comp: Component, error: LearnerError) -> bool:
+    """A component whose kind check guessed from what it does (GUESSED) and whose code refused the form
+    of check's input (FORM_ERRORS: T5's span-noise mask `random_spans_noise_mask(length)` handed a
+    tensor, a loop reading dict batches handed tuples): the guess of what it is, or of how it is called,
+    may be check's mistake, never a failure of theirs (a cannot_call, said so)."""
+    if comp.found_by not in GUESSED or error.kind != "exception":
+        return False
+    if not error.message.startswith(FORM_ERRORS):
+        return False
+    error.kind = "cannot_call"
+    error.message_zh = (f"检查程序是按它做的事猜出它的类型的，它的代码不接受检查程序给的输入的形式，"
+                        f"也许它不是这一类组件，或者不是这样调用的（原文：{error.message}）")
+    error.message = (f"check guessed its kind from what it does, and its code refused the form of "
+                     f"check's input: it may be no such component, or be called otherwise ({error.message})")
     return True
 
 

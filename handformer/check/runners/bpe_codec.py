@@ -27,6 +27,7 @@ from handformer.check.core.source import locate, locate_form, source_lines
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import SPECIAL
 from handformer.check.runners.bpe import own_splitter, reference_fixture
+from handformer.check.runners.bpe_alphabet import encoder_in, own_alphabet, own_vocab, written_in
 
 # a codec argument's role by the words in its name, tried in order
 ROLE_WORDS = ((("special",), "special"), (("rank",), "ranks"), (("merge",), "merges"),
@@ -100,8 +101,14 @@ class Codec:
                        "ranks": ranks, **R.shown_inputs(vocab, merges)}
         if "encoder" in inspect.signature(comp.obj).parameters:  # GPT-2's Encoder(encoder, bpe_merges)
             self.values["merges"] = self.values["shown_merges"]
+        alphabet = own_alphabet(comp.obj, ctx.module) if inspect.isclass(comp.obj) else None
+        if alphabet is not None:  # its bytes shown in characters of its own: merges and encoder so written
+            self.values.update(merges=written_in(alphabet, merges), encoder=encoder_in(alphabet, vocab))
+        self.own_ids: dict[int, bytes] | None = None  # the ids it gave itself, built from merges alone
         if inspect.isclass(comp.obj):
             obj = ctx.learner.call("__init__", comp.obj, **self._kwargs(comp.obj.__init__, skip=1))
+            if alphabet is not None and not self.roles & {"vocab", "encoder", "ranks", "special"}:
+                self.own_ids = own_vocab(obj, alphabet, merges)
             for method in ("encode", "decode"):
                 if not callable(getattr(obj, method, None)):
                     raise ctx.learner.fail(
@@ -188,6 +195,7 @@ def _check_codec(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     vocab, merges, specials = tokenizer_inputs()
     codec, split = Codec(comp, ctx), own_splitter(comp, ctx)
+    vocab = codec.own_ids or vocab
     if "special" not in codec.roles:
         specials = []
         res.notes.append(text("your encoder takes no special tokens: graded without them (the special "
