@@ -199,7 +199,8 @@ def _nothing_found(comp: Component, ctx: Context, result: ComponentResult, error
                 theirs = raises_alone(comp, ctx)
         if theirs is not None:  # their forward raises on a plain input it accepts: their exception
             result.error = theirs
-        if theirs is None or other_width(comp, ctx, theirs):  # (unless it takes another width, and runs)
+        # NOT CHECKED unless their exception is theirs: at another width their layer runs (own_width.py)
+        if theirs is None or other_width(comp, ctx, theirs, plain_run):
             result.status, result.adapter = NOT_CHECKED, adapter_hint(comp)
 
 
@@ -355,13 +356,21 @@ def raises_alone(comp: Component, ctx: Context) -> LearnerError | None:
         module = build(comp.obj, SIZES, ctx.parts(SIZES))
     except Exception:  # noqa: BLE001  (cannot be built: nothing to say about it)
         return None
-    c = caller(module.float())  # in one dtype: gpt-oss builds its layers in bfloat16, its norms in float32
-    if c.mask_name in _required(module):  # a mask it requires, in a form check does not know: no plain input
+    module = module.float()  # in one dtype: gpt-oss builds its layers in bfloat16, its norms in float32
+    if caller(module).mask_name in _required(module):  # a mask it requires, in a form check does not know
         return None
-    # an attention is called as q = k = v with no mask; any other part on its input alone
-    run = (lambda x: c.call(x, x, x, None)) if comp.kind in ("mha", "gqa", "causal_attention") else module
+    run = plain_run(comp, module)
     errors = [_raised(lambda x=x: run(x), ctx.path) for x in _plain_inputs(D)]
     return errors[0] if all(errors) else None  # one layout it takes runs: its own is not an error
+
+
+def plain_run(comp: Component, module: nn.Module) -> Callable[[torch.Tensor], Any]:
+    """How a layer is called on one plain input: an attention as q = k = v with no mask; any other part
+    on its input alone."""
+    from handformer.check.runners.attention import caller
+
+    c = caller(module)
+    return (lambda x: c.call(x, x, x, None)) if comp.kind in ("mha", "gqa", "causal_attention") else module
 
 
 def _plain_inputs(d: int) -> list[torch.Tensor]:
@@ -409,15 +418,20 @@ def guessed_input(comp: Component, error: LearnerError) -> bool:
     of check's input (FORM_ERRORS: T5's span-noise mask `random_spans_noise_mask(length)` handed a
     tensor, a loop reading dict batches handed tuples): the guess of what it is, or of how it is called,
     may be check's mistake, never a failure of theirs (a cannot_call, said so)."""
-    if comp.found_by not in GUESSED or error.kind != "exception":
-        return False
-    if not error.message.startswith(FORM_ERRORS):
-        return False
-    error.kind = "cannot_call"
-    error.message_zh = (f"检查程序是按它做的事猜出它的类型的，它的代码不接受检查程序给的输入的形式，"
-                        f"也许它不是这一类组件，或者不是这样调用的（原文：{error.message}）")
-    error.message = (f"check guessed its kind from what it does, and its code refused the form of "
-                     f"check's input: it may be no such component, or be called otherwise ({error.message})")
+    guessed = comp.found_by in GUESSED and error.kind == "exception" and error.message.startswith(FORM_ERRORS)
+    return guessed and _cannot_call(error, GUESSED_WHY, GUESSED_WHY_ZH)
+
+
+GUESSED_WHY = ("check guessed its kind from what it does, and its code refused the form of check's input: "
+               "it may be no such component, or be called otherwise")
+GUESSED_WHY_ZH = ("检查程序是按它做的事猜出它的类型的，它的代码不接受检查程序给的输入的形式，"
+                  "也许它不是这一类组件，或者不是这样调用的")
+
+
+def _cannot_call(error: LearnerError, en: str, zh: str) -> bool:
+    """The error made check's: a cannot_call that says why (`en`, `zh`) before the exception's text."""
+    error.kind, error.message_zh = "cannot_call", f"{zh}（原文：{error.message}）"
+    error.message = f"{en} ({error.message})"
     return True
 
 

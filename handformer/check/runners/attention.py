@@ -216,14 +216,14 @@ def _residual_inputs(params: list[inspect.Parameter]) -> dict[str, Tensor]:
 def _bias_inputs(params: list[inspect.Parameter]) -> dict[str, Tensor]:
     """The score bias a forward must be handed by its caller (T5's forward(x, kv, position_bias, mask),
     the bias table held by the model): zero (a 0-dim tensor), so that the scores are its own alone."""
-    return dict.fromkeys([p.name for p in params if is_bias_argument(p.name) and p.default is p.empty],
-                         torch.zeros(()))
+    required = [p.name for p in params if p.default is p.empty]
+    return dict.fromkeys(filter(is_bias_argument, required), torch.zeros(()))
 
 
 def is_bias_argument(name: str) -> bool:
-    """A forward argument named for a bias its scores take from the caller (`position_bias`, T5's
-    `self_bias`), as no weight of a layer's is: one of BIAS_ARGUMENTS or a name ending in `_bias`."""
-    return name.lower() in BIAS_ARGUMENTS or name.lower().endswith("_bias")
+    """A forward argument named for a bias its scores take from the caller (T5's `position_bias`, MPT's
+    `attn_bias`, `rel_pos_bias`), as no weight of a layer's is: its name ends in bias."""
+    return name.lower().endswith("bias")
 
 
 def _alibi_handed(fn: Any, params: list[inspect.Parameter]) -> str | None:
@@ -675,12 +675,6 @@ def rope_settings(comp: Component, c: Caller, module: nn.Module) -> tuple[str | 
     tables = re.search(r"def forward\([^)]*\bcos\b[^)]*\bsin\b", source)  # Raschka's (x, mask, cos, sin)
     spoken = tables or ROPE_WORDS.search(source)
     return (None, "half", "interleaved", *partial_layouts(D // H)) if spoken else (None,)
-
-
-# the forward arguments that take a positional term for the scores from the attention's caller (T5's
-# position_bias, handed down from the layer that holds the table): learned, as T5's, not ALiBi's
-BIAS_ARGUMENTS = ("position_bias", "pos_bias", "rel_pos_bias", "relative_position_bias", "attn_bias",
-                  "attention_bias")
 
 
 def score_biases(comp: Component, slots: list[Slot]) -> tuple[str | None, ...]:

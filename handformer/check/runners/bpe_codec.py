@@ -101,14 +101,9 @@ class Codec:
                        "ranks": ranks, **R.shown_inputs(vocab, merges)}
         if "encoder" in inspect.signature(comp.obj).parameters:  # GPT-2's Encoder(encoder, bpe_merges)
             self.values["merges"] = self.values["shown_merges"]
-        alphabet = own_alphabet(comp.obj, ctx.module) if inspect.isclass(comp.obj) else None
-        if alphabet is not None:  # its bytes shown in characters of its own: merges and encoder so written
-            self.values.update(merges=written_in(alphabet, merges), encoder=encoder_in(alphabet, vocab))
-        self.own_ids: dict[int, bytes] | None = None  # the ids it gave itself, built from merges alone
+        self.vocab = vocab  # the ids it is graded with: the reference's, or its own (built from merges alone)
         if inspect.isclass(comp.obj):
-            obj = ctx.learner.call("__init__", comp.obj, **self._kwargs(comp.obj.__init__, skip=1))
-            if alphabet is not None and not self.roles & {"vocab", "encoder", "ranks", "special"}:
-                self.own_ids = own_vocab(obj, alphabet, merges)
+            obj = self._built(comp, ctx, vocab, merges)
             for method in ("encode", "decode"):
                 if not callable(getattr(obj, method, None)):
                     raise ctx.learner.fail(
@@ -132,6 +127,18 @@ class Codec:
             self._kwargs(comp.obj, first="")  # what encode is handed, known before it runs
             self.encode_fn = lambda s: comp.obj(**self._kwargs(comp.obj, first=s))
             self.decode_fn = lambda ids: decode(**self._kwargs(decode, first=ids))
+
+    def _built(self, comp: Component, ctx: Context, vocab: dict[int, bytes], merges: list[R.Pair]) -> Any:
+        """The class built with the inputs it takes; over a byte alphabet of its own (bpe_alphabet.py),
+        handed them in it, and graded with its own ids where it is handed no vocabulary."""
+        alphabet = own_alphabet(comp.obj, ctx.module)
+        if alphabet is None:
+            return ctx.learner.call("__init__", comp.obj, **self._kwargs(comp.obj.__init__, skip=1))
+        self.values.update(merges=written_in(alphabet, merges), encoder=encoder_in(alphabet, vocab))
+        obj = ctx.learner.call("__init__", comp.obj, **self._kwargs(comp.obj.__init__, skip=1))
+        if not self.roles & {"vocab", "encoder", "ranks", "special"}:
+            self.vocab = own_vocab(obj, alphabet, merges, vocab)
+        return obj
 
     def _kwargs(self, fn: Callable[..., Any], skip: int = 0, first: Any = None) -> dict[str, Any]:
         params = [
@@ -195,7 +202,7 @@ def _check_codec(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     vocab, merges, specials = tokenizer_inputs()
     codec, split = Codec(comp, ctx), own_splitter(comp, ctx)
-    vocab = codec.own_ids or vocab
+    vocab = codec.vocab
     if "special" not in codec.roles:
         specials = []
         res.notes.append(text("your encoder takes no special tokens: graded without them (the special "

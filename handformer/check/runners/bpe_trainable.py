@@ -13,6 +13,7 @@ reference's encoding with the learner's own vocabulary and merges.
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any
 
 import regex
@@ -77,7 +78,7 @@ def _merges_held(tok: Any, merges: list[R.Pair]) -> None:
     """Trained, a BPE tokenizer holds its merges; one that holds no pairs and no attribute named for
     merges or ranks builds its vocabulary otherwise (a Unigram model's pieces and their probabilities,
     WordPiece's): not a BPE tokenizer, so no BPE reference applies (check cannot grade it)."""
-    if merges or any(word in name.lower() for name in vars(tok) for word in ("merge", "rank")):
+    if merges or re.search("merge|rank", " ".join(vars(tok)), re.I):
         return
     raise fp.LearnerFailure(LearnerError(
         "cannot_call", "trained, it holds no merges (no pairs of tokens, no attribute named for merges or "
@@ -201,12 +202,14 @@ def _learnt(tok: Any) -> tuple[dict[int, bytes], list[R.Pair]]:
     return vocab, [(vocab.get(a, a), vocab.get(b, b)) for a, b in pairs]  # ids -> bytes
 
 
+TOKEN_PAIRS = {(bytes, bytes), (str, str), (int, int)}  # a merge's two tokens: bytes, strings or ids
+
+
 def _token_pairs(value: Any) -> bool:
-    """A list of merges: pairs of two tokens of one type (bytes, strings or ids), not the (piece,
-    score) rows a Unigram model holds."""
-    return bpe.typed(value, int, tuple) and all(
-        len(pair) == 2 and type(pair[0]) is type(pair[1]) and isinstance(pair[0], (bytes, str, int))
-        for pair in (value.values() if isinstance(value, dict) else value))
+    """A list of merges: pairs of two tokens of one type (TOKEN_PAIRS), not the (piece, score) rows a
+    Unigram model holds."""
+    kinds = fp.quietly(lambda: {(type(a), type(b)) for _, (a, b) in bpe.ITEMS[type(value)](value)})
+    return bpe.typed(value, int, tuple) and bool(kinds) and kinds <= TOKEN_PAIRS
 
 
 def _byte_level(held: list[Any], pairs: list[R.Pair]) -> tuple[dict[int, bytes], list[R.Pair]]:
