@@ -677,6 +677,13 @@ def rope_settings(comp: Component, c: Caller, module: nn.Module) -> tuple[str | 
     return (None, "half", "interleaved", *partial_layouts(D // H)) if spoken else (None,)
 
 
+# the forward arguments that take a positional term for the scores from the attention's caller (T5's
+# position_bias, handed down from the layer that holds the table), even where they default to None;
+# any other required one named for a bias is one too (`_bias_inputs`)
+BIAS_ARGUMENTS = ("position_bias", "pos_bias", "rel_pos_bias", "relative_position_bias", "attn_bias",
+                  "attention_bias")
+
+
 def score_biases(comp: Component, slots: list[Slot]) -> tuple[str | None, ...]:
     """The positional terms the learner's scores may take, by what the attention holds and is handed:
     T5's learned relative-position bias where it holds the table (a bidirectional encoder's, or a
@@ -690,7 +697,7 @@ def score_biases(comp: Component, slots: list[Slot]) -> tuple[str | None, ...]:
     takes = inspect.signature(getattr(comp.obj, "forward", comp.obj)).parameters  # (a class: its forward's)
     handed = _alibi_handed(comp.obj, list(takes.values()))  # a bias it must be handed, ALiBi's
     alibi = ("alibi",) * bool(ALIBI_WORDS.search(source) or handed)
-    given = set(filter(is_bias_argument, takes)) - {handed}
+    given = (set(takes) & set(BIAS_ARGUMENTS) | set(_bias_inputs(list(takes.values())))) - {handed}
     return table + alibi + (None, "unscaled") * (bool(given) > bool(table))
 
 
