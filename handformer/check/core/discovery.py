@@ -1000,9 +1000,12 @@ def required_windows(own: type, sizes: dict[str, Any]) -> dict[str, Any]:
 def paired_hidden(values: dict[str, Any], names: set[str], sizes: dict[str, Any]) -> dict[str, Any]:
     """The config's values with hidden_dim (hidden_size, hidden) the FFN's width where the config also
     names the width another way and names no FFN width (Meta's and llama2.c's ModelArgs: dim and
-    hidden_dim); else, as Hugging Face's hidden_size, the width itself."""
+    hidden_dim); the width itself where it names no other width (Hugging Face's hidden_size, a
+    config's `hidden` beside its FFN's `ffn`), as a constructor's arguments are read (argument_keys)."""
     paired = {n for n in names if n.lower() in HIDDEN_WHEN_PAIRED}
     widths = {n for n in names if n.lower() in ARGUMENTS["d_model"]} - paired
+    if paired and not widths and sizes.get("d_model"):
+        return {**values, **dict.fromkeys(paired, sizes["d_model"])}
     if not paired or not widths or (names - paired) & set(ARGUMENTS["d_ff"]) or not sizes.get("d_ff"):
         return values
     return {**values, **dict.fromkeys(paired, sizes["d_ff"])}

@@ -35,6 +35,7 @@ from handformer.check.core.discovery import (
 from handformer.check.core.grouping import UNGROUPED_NOTE, ungrouped_by_default
 from handformer.check.core.kinds import KINDS_BY_NAME
 from handformer.check.core.localize import commented_out
+from handformer.check.core.own_width import other_width
 from handformer.check.core.passed_in import passed_in
 from handformer.check.core.precision import float64_kept
 from handformer.check.core.result import (
@@ -190,14 +191,16 @@ def _nothing_found(comp: Component, ctx: Context, result: ComponentResult, error
     raises on a plain input it accepts (`raises_alone`): then their exception."""
     if not_implemented(comp, error):
         result.status = TODO
-    elif needs_skipped(error, ctx.skipped) or cannot_check(error) or method_on_stand_in(comp, result):
+    elif (needs_skipped(error, ctx.skipped) or cannot_check(error) or method_on_stand_in(comp, result)
+          or guessed_input(comp, error)):
         theirs = None
         if error.kind == "mapping":
             with ctx.hyperparameters(comp):
                 theirs = raises_alone(comp, ctx)
         if theirs is not None:  # their forward raises on a plain input it accepts: their exception
             result.error = theirs
-        else:
+        # NOT CHECKED unless their exception is theirs: at another width their layer runs (own_width.py)
+        if theirs is None or other_width(comp, ctx, theirs, plain_run):
             result.status, result.adapter = NOT_CHECKED, adapter_hint(comp)
 
 
@@ -353,13 +356,21 @@ def raises_alone(comp: Component, ctx: Context) -> LearnerError | None:
         module = build(comp.obj, SIZES, ctx.parts(SIZES))
     except Exception:  # noqa: BLE001  (cannot be built: nothing to say about it)
         return None
-    c = caller(module.float())  # in one dtype: gpt-oss builds its layers in bfloat16, its norms in float32
-    if c.mask_name in _required(module):  # a mask it requires, in a form check does not know: no plain input
+    module = module.float()  # in one dtype: gpt-oss builds its layers in bfloat16, its norms in float32
+    if caller(module).mask_name in _required(module):  # a mask it requires, in a form check does not know
         return None
-    # an attention is called as q = k = v with no mask; any other part on its input alone
-    run = (lambda x: c.call(x, x, x, None)) if comp.kind in ("mha", "gqa", "causal_attention") else module
+    run = plain_run(comp, module)
     errors = [_raised(lambda x=x: run(x), ctx.path) for x in _plain_inputs(D)]
     return errors[0] if all(errors) else None  # one layout it takes runs: its own is not an error
+
+
+def plain_run(comp: Component, module: nn.Module) -> Callable[[torch.Tensor], Any]:
+    """How a layer is called on one plain input: an attention as q = k = v with no mask; any other part
+    on its input alone."""
+    from handformer.check.runners.attention import caller
+
+    c = caller(module)
+    return (lambda x: c.call(x, x, x, None)) if comp.kind in ("mha", "gqa", "causal_attention") else module
 
 
 def _plain_inputs(d: int) -> list[torch.Tensor]:
@@ -392,6 +403,35 @@ def method_on_stand_in(comp: Component, result: ComponentResult) -> bool:
     if "." not in comp.name or error.kind != "exception" or not driven_by_stand_in(result):
         return False
     error.kind = "stand_in"
+    return True
+
+
+# how a component found by what it does, not by a name its kind tables hold, may be found (FOUND_BY)
+GUESSED = ("signature", "mask_code", "methods")
+# the exceptions that say an argument was not of the form the code takes (a tensor where it reads an
+# int, a tuple where it reads a dict), not a computation that went wrong
+FORM_ERRORS = ("TypeError", "ValueError", "AttributeError", "KeyError")
+
+
+def guessed_input(comp: Component, error: LearnerError) -> bool:
+    """A component whose kind check guessed from what it does (GUESSED) and whose code refused the form
+    of check's input (FORM_ERRORS: T5's span-noise mask `random_spans_noise_mask(length)` handed a
+    tensor, a loop reading dict batches handed tuples): the guess of what it is, or of how it is called,
+    may be check's mistake, never a failure of theirs (a cannot_call, said so)."""
+    guessed = comp.found_by in GUESSED and error.kind == "exception" and error.message.startswith(FORM_ERRORS)
+    return guessed and _cannot_call(error, GUESSED_WHY, GUESSED_WHY_ZH)
+
+
+GUESSED_WHY = ("check guessed its kind from what it does, and its code refused the form of check's input: "
+               "it may be no such component, or be called otherwise")
+GUESSED_WHY_ZH = ("检查程序是按它做的事猜出它的类型的，它的代码不接受检查程序给的输入的形式，"
+                  "也许它不是这一类组件，或者不是这样调用的")
+
+
+def _cannot_call(error: LearnerError, en: str, zh: str) -> bool:
+    """The error made check's: a cannot_call that says why (`en`, `zh`) before the exception's text."""
+    error.kind, error.message_zh = "cannot_call", f"{zh}（原文：{error.message}）"
+    error.message = f"{en} ({error.message})"
     return True
 
 

@@ -100,9 +100,11 @@ SCORE_BIAS_NOTES = {
                       "sqrt(d_k)（T5 把缩放并进了初始化）：这是约定，按它比较"),
     "unscaled": text("its forward takes a positional bias for the scores from its caller (T5's "
                      "position_bias) and its scores are not divided by sqrt(d_k), T5's convention (the scale "
-                     "folded into the initialization): compared so, with the bias left at its default",
+                     "folded into the initialization): compared so, with the bias left at its default (zero "
+                     "where it has none)",
                      "它的 forward 从调用者接收加到分数上的位置偏置（T5 的 position_bias），分数不除以 "
-                     "sqrt(d_k)，这是 T5 的约定（缩放并进了初始化）：按它比较，偏置取默认值"),
+                     "sqrt(d_k)，这是 T5 的约定（缩放并进了初始化）：按它比较，"
+                     "偏置取默认值（没有默认值时取 0）"),
 }
 
 

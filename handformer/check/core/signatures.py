@@ -105,7 +105,7 @@ def kind_of(fn: Any) -> str | None:
 # padding (a pad id it takes or reads)
 # positions against positions
 TRIANGLE_CODE = re.compile(r"\b(tril|triu)\b|arange\([^\n]*[<>]=?[^\n]*arange\(")
-PAD_CODE = re.compile(r"(?i)pad")
+PAD_CODE = re.compile(r"(?i)pad(?!\s*\()")  # a pad id or padding, not a call padding an array (np.pad)
 
 
 def mask_kind(fn: Any) -> str | None:

@@ -182,7 +182,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
              "sin", "cos_sin", "freqs_cos", "freqs_sin", "alibi"}
     # nanochat's value embedding `ve`: None; its window_size: one over the whole sequence
     fixed = {**dict.fromkeys(optional_inputs(fn, params, extra)), **window_inputs(fn, params),
-             **_residual_inputs(params)}
+             **_residual_inputs(params), **_bias_inputs(params)}
     first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in {*extra, *fixed}
                         or isinstance(p.default, (int, float, str)) or is_cache_argument(p)
                         or i > 0 and optional_extra(p)),
@@ -220,11 +220,24 @@ def _residual_inputs(params: list[inspect.Parameter]) -> dict[str, Tensor]:
     return dict.fromkeys(names, torch.zeros(()))
 
 
+def _bias_inputs(params: list[inspect.Parameter]) -> dict[str, Tensor]:
+    """The score bias a forward must be handed by its caller (T5's forward(x, kv, position_bias, mask),
+    the bias table held by the model): zero (a 0-dim tensor), so that the scores are its own alone."""
+    required = [p.name for p in params if p.default is p.empty]
+    return dict.fromkeys(filter(is_bias_argument, required), torch.zeros(()))
+
+
+def is_bias_argument(name: str) -> bool:
+    """A forward argument named for a bias its scores take from the caller (T5's `position_bias`, MPT's
+    `attn_bias`, `rel_pos_bias`), as no weight of a layer's is: its name ends in bias."""
+    return name.lower().endswith("bias")
+
+
 def _alibi_handed(fn: Any, params: list[inspect.Parameter]) -> str | None:
     """The score bias its caller must hand (no default: MPT's forward(x, attn_bias)) where its source
     speaks of ALiBi: handed ALiBi's term as an `alibi` argument is; None otherwise."""
     source = source_text(type(fn) if isinstance(fn, nn.Module) else fn).lower()
-    names = [p.name for p in params if p.name in BIAS_ARGUMENTS and p.default is p.empty
+    names = [p.name for p in params if is_bias_argument(p.name) and p.default is p.empty
              and ALIBI_WORDS.search(source)]
     return (names + [None])[0]
 
@@ -672,7 +685,8 @@ def rope_settings(comp: Component, c: Caller, module: nn.Module) -> tuple[str | 
 
 
 # the forward arguments that take a positional term for the scores from the attention's caller (T5's
-# position_bias, handed down from the layer that holds the table): learned, as T5's, not ALiBi's
+# position_bias, handed down from the layer that holds the table), even where they default to None;
+# any other required one named for a bias is one too (`_bias_inputs`)
 BIAS_ARGUMENTS = ("position_bias", "pos_bias", "rel_pos_bias", "relative_position_bias", "attn_bias",
                   "attention_bias")
 
@@ -690,7 +704,7 @@ def score_biases(comp: Component, slots: list[Slot]) -> tuple[str | None, ...]:
     takes = inspect.signature(getattr(comp.obj, "forward", comp.obj)).parameters  # (a class: its forward's)
     handed = _alibi_handed(comp.obj, list(takes.values()))  # a bias it must be handed, ALiBi's
     alibi = ("alibi",) * bool(ALIBI_WORDS.search(source) or handed)
-    given = set(takes) & set(BIAS_ARGUMENTS) - {handed}
+    given = (set(takes) & set(BIAS_ARGUMENTS) | set(_bias_inputs(list(takes.values())))) - {handed}
     return table + alibi + (None, "unscaled") * (bool(given) > bool(table))
 
 

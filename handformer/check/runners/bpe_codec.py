@@ -27,6 +27,7 @@ from handformer.check.core.source import locate, locate_form, source_lines
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import SPECIAL
 from handformer.check.runners.bpe import own_splitter, reference_fixture
+from handformer.check.runners.bpe_alphabet import encoder_in, own_alphabet, own_vocab, written_in
 
 # a codec argument's role by the words in its name, tried in order
 ROLE_WORDS = ((("special",), "special"), (("rank",), "ranks"), (("merge",), "merges"),
@@ -100,8 +101,9 @@ class Codec:
                        "ranks": ranks, **R.shown_inputs(vocab, merges)}
         if "encoder" in inspect.signature(comp.obj).parameters:  # GPT-2's Encoder(encoder, bpe_merges)
             self.values["merges"] = self.values["shown_merges"]
+        self.vocab = vocab  # the ids it is graded with: the reference's, or its own (built from merges alone)
         if inspect.isclass(comp.obj):
-            obj = ctx.learner.call("__init__", comp.obj, **self._kwargs(comp.obj.__init__, skip=1))
+            obj = self._built(comp, ctx, vocab, merges)
             for method in ("encode", "decode"):
                 if not callable(getattr(obj, method, None)):
                     raise ctx.learner.fail(
@@ -125,6 +127,18 @@ class Codec:
             self._kwargs(comp.obj, first="")  # what encode is handed, known before it runs
             self.encode_fn = lambda s: comp.obj(**self._kwargs(comp.obj, first=s))
             self.decode_fn = lambda ids: decode(**self._kwargs(decode, first=ids))
+
+    def _built(self, comp: Component, ctx: Context, vocab: dict[int, bytes], merges: list[R.Pair]) -> Any:
+        """The class built with the inputs it takes; over a byte alphabet of its own (bpe_alphabet.py),
+        handed them in it, and graded with its own ids where it is handed no vocabulary."""
+        alphabet = own_alphabet(comp.obj, ctx.module)
+        if alphabet is None:
+            return ctx.learner.call("__init__", comp.obj, **self._kwargs(comp.obj.__init__, skip=1))
+        self.values.update(merges=written_in(alphabet, merges), encoder=encoder_in(alphabet, vocab))
+        obj = ctx.learner.call("__init__", comp.obj, **self._kwargs(comp.obj.__init__, skip=1))
+        if not self.roles & {"vocab", "encoder", "ranks", "special"}:
+            self.vocab = own_vocab(obj, alphabet, merges, vocab)
+        return obj
 
     def _kwargs(self, fn: Callable[..., Any], skip: int = 0, first: Any = None) -> dict[str, Any]:
         params = [
@@ -188,6 +202,7 @@ def _check_codec(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     vocab, merges, specials = tokenizer_inputs()
     codec, split = Codec(comp, ctx), own_splitter(comp, ctx)
+    vocab = codec.vocab
     if "special" not in codec.roles:
         specials = []
         res.notes.append(text("your encoder takes no special tokens: graded without them (the special "

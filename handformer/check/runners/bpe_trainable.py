@@ -13,6 +13,7 @@ reference's encoding with the learner's own vocabulary and merges.
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any
 
 import regex
@@ -21,7 +22,7 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import call_parameters
 from handformer.check.core.context import Context, finish
 from handformer.check.core.discovery import Component, own_objects, trains_itself
-from handformer.check.core.result import Check, ComponentResult, text
+from handformer.check.core.result import Check, ComponentResult, LearnerError, text
 from handformer.check.core.source import global_reads, reachable, source_lines, source_text
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import CORPUS, SPECIAL, VOCAB_SIZE
@@ -51,6 +52,7 @@ def check_trainable(comp: Component, ctx: Context) -> ComponentResult:
     with bpe.deadline(bpe.FIXTURE_LIMIT):
         ctx.learner.call("train", tok.train, **kwargs)
     vocab, merges = _learnt(tok)
+    _merges_held(tok, merges)
     lines = source_lines(ctx.objects(comp))
     if bpe_pieces.character_merges(merges):  # SentencePiece's BPE on characters: no byte-level reference
         bpe_pieces.check_pieces(res, ctx, lambda text: _trained_on(comp, ctx, kwargs, text), merges, lines)
@@ -70,6 +72,20 @@ def check_trainable(comp: Component, ctx: Context) -> ComponentResult:
             codec.comp, codec.ctx, codec.encode_fn, codec.decode_fn = comp, ctx, _encoding(tok), tok.decode
             bpe_codec.grade_codec(res, codec, vocab, merges, coded, lines)
     return finish(res)
+
+
+def _merges_held(tok: Any, merges: list[R.Pair]) -> None:
+    """Trained, a BPE tokenizer holds its merges; one that holds no pairs and no attribute named for
+    merges or ranks builds its vocabulary otherwise (a Unigram model's pieces and their probabilities,
+    WordPiece's): not a BPE tokenizer, so no BPE reference applies (check cannot grade it)."""
+    if merges or re.search("merge|rank", " ".join(vars(tok)), re.I):
+        return
+    raise fp.LearnerFailure(LearnerError(
+        "cannot_call", "trained, it holds no merges (no pairs of tokens, no attribute named for merges or "
+        "ranks): its vocabulary is not built by BPE merges (a Unigram model's, WordPiece's?), and check "
+        "has no reference for it", "train",
+        message_zh="训练之后它不含合并规则（没有 token 对，也没有以 merges 或 ranks 命名的属性）："
+                   "它的词表不是由 BPE 合并得到的（Unigram 模型？WordPiece？），检查程序没有它的参考实现"))
 
 
 def _registered(tok: Any, ctx: Context, vocab: dict[int, bytes]) -> list[str]:
@@ -180,10 +196,20 @@ def _learnt(tok: Any) -> tuple[dict[int, bytes], list[R.Pair]]:
     held = list(vars(tok).values())
     vocab = next(filter(lambda v: bpe.typed(v, int, bytes), held), {})
     ranked = [sorted(v, key=v.__getitem__) for v in filter(lambda v: bpe.typed(v, tuple, int), held)]
-    pairs = next(iter(ranked + list(filter(lambda v: bpe.typed(v, int, tuple), held))), [])
+    pairs = next(iter(ranked + list(filter(_token_pairs, held))), [])
     if bpe_pieces.character_merges(pairs) and set("".join(map("".join, pairs))) <= R.BYTE_OF.keys():
         return _byte_level(held, pairs)
     return vocab, [(vocab.get(a, a), vocab.get(b, b)) for a, b in pairs]  # ids -> bytes
+
+
+TOKEN_PAIRS = {(bytes, bytes), (str, str), (int, int)}  # a merge's two tokens: bytes, strings or ids
+
+
+def _token_pairs(value: Any) -> bool:
+    """A list of merges: pairs of two tokens of one type (TOKEN_PAIRS), not the (piece, score) rows a
+    Unigram model holds."""
+    kinds = fp.quietly(lambda: {(type(a), type(b)) for _, (a, b) in bpe.ITEMS[type(value)](value)})
+    return bpe.typed(value, int, tuple) and bool(kinds) and kinds <= TOKEN_PAIRS
 
 
 def _byte_level(held: list[Any], pairs: list[R.Pair]) -> tuple[dict[int, bytes], list[R.Pair]]:
