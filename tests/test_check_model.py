@@ -124,8 +124,10 @@ def test_the_beam_reference_is_handformers_beam_search():
 
         limits = DecodeLimits(BOS, EOS, PAD, max_len_a=0, max_len_b=MAX_LEN - 1)
         (theirs,) = beam_search(Adapter(), src, limits, beam_size=2, length_penalty=1.0, use_cache=False)
-        ours = reference(steered, base.encode(src), 2, MAX_LEN - 1, 1.0, "eos")
+        memory = base.encode(src)
+        ours = reference(steered, memory, 2, MAX_LEN - 1, 1.0, "eos")
         assert ours[1:] == theirs and ours[-1] == EOS
+        assert reference(steered, memory, 2, MAX_LEN - 1, 1.0, "eos") is ours  # searched once a model
 
 
 def test_beam_search_without_a_transformer_of_its_own_runs_on_handformers_model(tmp_path):

@@ -28,14 +28,16 @@ pytestmark = pytest.mark.usefixtures("one_thread", "short_bpe_limits")
 def short_bpe_limits(monkeypatch):
     """A BPE trainer or codec a mutation made endless is stopped after 1 s, not 10 (the correct
     trainer takes a few hundredths of a second on the fixture corpus), and on the timing corpus after
-    0.5 s (slow is not wrong): the report is what is tested here, the limits are
-    tests/test_check_bpe.py's."""
+    0.5 s (slow is not wrong); a WordPiece tokenizer's loop made endless after 1 s, not 10: the report
+    is what is tested here, the limits are tests/test_check_bpe.py's and tests/test_check_wordpiece.py's."""
     import handformer.check.runners.bpe as bpe
     import handformer.check.runners.bpe_codec as codec
+    import handformer.check.runners.wordpiece as wordpiece
 
     monkeypatch.setattr(bpe, "FIXTURE_LIMIT", 1.0)
     monkeypatch.setattr(bpe, "CEILING", 0.5)
     monkeypatch.setattr(codec, "CODEC_LIMIT", 1.0)
+    monkeypatch.setattr(wordpiece, "LIMIT", 1.0)
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = [correct_file(f) for f in FAMILIES]

@@ -24,6 +24,7 @@ _memo: dict[Any, tuple[Any, Any]] | None = None  # key -> (what it keys by, kept
 _fields: dict[int, tuple[Any, Any]] = {}  # id of a dataclass keyed -> (it, kept alive; its key)
 
 F = TypeVar("F", bound=Callable[..., Any])
+PLAIN = frozenset({bool, int, float, str, type(None), frozenset})  # keyed by their value, as they are
 
 
 @contextlib.contextmanager
@@ -41,6 +42,8 @@ def _key(value: Any, held: list[Any]) -> Any:
     """What a call reads of one argument: a tensor's storage and view, a dataclass's fields (keyed once
     for the memo's life: a search builds its weights and never changes them), else the value itself;
     every tensor and dataclass keyed is kept in `held`."""
+    if type(value) in PLAIN:  # most arguments of a search: its flags, sizes and switches
+        return value
     if isinstance(value, Tensor):
         held.append(value)
         return Tensor, value.data_ptr(), value.shape, value.stride(), value.dtype, value._version

@@ -135,7 +135,18 @@ def penalty(n: int, conv: str, alpha: float) -> float:
 
 def reference(model: Steered, memory: Tensor, K: int, steps: int, alpha: float, conv: str,
               flags: frozenset[str] = frozenset()) -> list[int]:
-    """The best hypothesis (BOS first) of handformer's rules; `flags` plant the named mistakes."""
+    """The best hypothesis (BOS first) of handformer's rules; `flags` plant the named mistakes. The
+    search's convention, penalty and mistakes are tried on one model many times over: each search is
+    run once a model (its log-probabilities are cached by prefix, so a search run again decodes
+    nothing and answers the same) and kept with it, the memory it read held alive with it."""
+    key = id(memory), K, steps, alpha, conv, flags
+    if key not in model.searches:
+        model.searches[key] = memory, _searched(model, memory, K, steps, alpha, conv, flags)
+    return model.searches[key][1]
+
+
+def _searched(model: Steered, memory: Tensor, K: int, steps: int, alpha: float, conv: str,
+              flags: frozenset[str]) -> list[int]:
     def logp(tokens: list[int]) -> list[float]:
         return model.logprobs(memory, tokens[1:])
 

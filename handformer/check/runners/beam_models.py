@@ -64,6 +64,7 @@ class Steered(nn.Module):
         self.out: Tensor | None = None
         self.decoded: list[list[int]] = []
         self.cache: dict[tuple[int, ...], list[float]] = {}  # the reference's log-probabilities by prefix
+        self.searches: dict[tuple[Any, ...], tuple[Tensor, list[int]]] = {}  # the reference's searches
 
     @property
     def handed(self) -> Any:
