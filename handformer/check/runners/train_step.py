@@ -60,7 +60,7 @@ from handformer.check.core.context import (
     named,
     names_of,
 )
-from handformer.check.core.discovery import Component, DiscoveryError, cannot_fill, own_objects
+from handformer.check.core.discovery import Component, DiscoveryError, cannot_fill, own_objects, size_of
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines, source_text
@@ -73,6 +73,9 @@ from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
 
 PAD, V, LR = 0, 11, 0.5
+# the stand-in model's sizes (tiny_model), by the size an argument's name stands for
+STAND_IN_SIZES = {"d_model": 8, "n_heads": 2, "d_ff": 16, "n_layers": 1, "src_vocab": V, "tgt_vocab": V,
+                  "pad_id": PAD}
 
 ACCUM = 2  # micro-batches a step is asked to accumulate, when it takes their number
 
@@ -268,8 +271,10 @@ class Step:
                                                        for key in ("loader", "batch", "src", "tgt"))
         # the update count a step sets its rate from (fairseq's num_updates): 1, then 2
         self.count = named([n for n in required if n not in self.names[:1]], SCHEDULE_STEP_NAMES)
+        # a size the step reads to set its rate (an epoch's noam_lr(step, d_model, warmup)): the stand-in's
+        self.sizes = {n: STAND_IN_SIZES[size_of(n)] for n in required if size_of(n) in STAND_IN_SIZES}
         known = {self.model, self.opt, self.criterion, self.batch, self.src, self.tgt, self.accum,
-                 self.loader, self.sched, self.scaler, self.count, self.clip_arg}
+                 self.loader, self.sched, self.scaler, self.count, self.clip_arg, *self.sizes}
         data = self.loader or self.batch or (self.src and self.tgt)  # an epoch's loader, a step's batch
         what, en, zh = TAKES[epoch]
         found = self.model and self.opt and data
@@ -292,6 +297,7 @@ class Step:
         self.scale = 1.0  # the logits' factor in both steps (unclipped_scale: clipping out of reach)
         self.per_token = False  # handformer's step divides a summed loss by the real tokens (per_token_step)
         self.rates: list[tuple[float, float]] = []  # the optimizer's rate before and after each call
+        self.read_rates: list[float] = []  # the rate the optimizer held at each of its updates
         self.set_before = True  # the step sets its rate before its update (else after: the next step's)
         self.first = False  # the batches handed sequence-first, (S, B) and (T, B) (laid_out)
 
@@ -341,7 +347,7 @@ class Step:
     def _call(self, model: nn.Module, opt: torch.optim.Optimizer, data: dict[str, Any]) -> Any:
         """Their step or epoch on the model, the optimizer, the data, and the criterion and the
         accumulation count when it takes them."""
-        kwargs: dict[str, Any] = {self.model: model, self.opt: opt, **data}
+        kwargs: dict[str, Any] = {self.model: model, self.opt: opt, **data, **self.sizes}
         given = {self.criterion: self.make_criterion, self.accum: lambda: ACCUM,
                  self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler,
                  self.count: lambda: len(self.rates) % 2 + 1, self.clip_arg: lambda: self.clip}
@@ -357,8 +363,8 @@ class Step:
         """The rate each of the last two updates used, where the step sets it from its update count:
         the one it set (before its update), or the one in place when it was called (a rate set after
         the update is the next step's); None each where it takes no count."""
-        if not self.count:
-            return [None, None]
+        if not self.count:  # a rate it sets itself all the same (an epoch's noam_lr): the one each update read
+            return self.read_rates[-2:] if len(self.read_rates) == 2 else [None, None]
         return [pair[int(self.set_before)] for pair in self.rates[-2:]]
 
     def uses_own_criterion(self) -> bool:
@@ -479,6 +485,8 @@ def _drive(step: Step, base: Seq2SeqTransformer) -> Drive:
     model = Recorded(copy.deepcopy(base), step.outputs, step.first).eval()
     model.scale = step.scale
     opt = torch.optim.SGD(model.parameters(), lr=LR)
+    step.read_rates = []
+    opt.register_step_pre_hook(lambda o, *_: step.read_rates.append(float(o.param_groups[0]["lr"])))
     got = []
     if step.epoch:
         step.run_epoch(model, opt, batches())
