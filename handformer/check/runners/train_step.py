@@ -62,12 +62,13 @@ from handformer.check.core.context import (
 )
 from handformer.check.core.discovery import Component, DiscoveryError, cannot_fill, own_objects, size_of
 from handformer.check.core.localize_kinds import note_departure
-from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.core.result import FAIL, PASS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.core.step_updates import largest_difference, largest_differences, parameters_of, update
 from handformer.check.runners.classifier_step import check_classifier_step
 from handformer.check.runners.classifier_step import roles as classifier_roles
 from handformer.check.runners.localize_train import localize_train_step
+from handformer.check.runners.own_classifier_step import check_own_classifier_step, step_reads
 from handformer.check.runners.step_parts import calls_with_norm, own_batch, own_loss_compute
 from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
@@ -363,7 +364,7 @@ class Step:
         """The rate each of the last two updates used, where the step sets it from its update count:
         the one it set (before its update), or the one in place when it was called (a rate set after
         the update is the next step's); None each where it takes no count."""
-        if not self.count:  # a rate it sets itself all the same (an epoch's noam_lr): the one each update read
+        if not self.count:  # a rate it sets itself all the same (an epoch's noam_lr): each update's
             return self.read_rates[-2:] if len(self.read_rates) == 2 else [None, None]
         return [pair[int(self.set_before)] for pair in self.rates[-2:]]
 
@@ -549,6 +550,9 @@ def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
     classifier = None if epoch else classifier_roles(comp.obj)
     if classifier:  # train_step(model, images, labels, optimizer): model(images) -> (B, C) logits
         return check_classifier_step(comp, ctx, classifier, clip_norm(source_text(comp.obj), {}))
+    own = None if epoch else _on_own_classifier(comp, ctx)
+    if own:  # train_step(model, batch, optimizer) on the file's classifier, the batch read by key
+        return own
     res = ctx.result(comp)
     step = Step(comp, ctx, epoch)
     base = tiny_model()
@@ -573,6 +577,21 @@ def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
     if not all(c.ok for c in res.checks) and not _named(res):
         res.notes.append(NO_MISTAKE_NOTE)
     return finish(res)
+
+
+def _on_own_classifier(comp: Component, ctx: Context) -> ComponentResult | None:
+    """The step run on the file's own classifier (own_classifier_step.py) where it takes (model, optimizer,
+    batch) and reads the batch by key or field, and the file's classifier was built and run by its own
+    check (passing or failing: both steps drive the same model); else None."""
+    from handformer.check.runners.classifier import CLASSES, CLASSIFIER_SIZES, check_classifier
+
+    reads = step_reads(comp.obj)
+    classifier = ctx.components.get("classifier")
+    ran = classifier and getattr(ctx.checked(classifier, check_classifier), "status", None) in (PASS, FAIL)
+    if reads is None or not ran:
+        return None
+    base = ctx.build(classifier, CLASSIFIER_SIZES)
+    return check_own_classifier_step(comp, ctx, reads, base, CLASSES, clip_norm(source_text(comp.obj), {}))
 
 
 NO_MISTAKE_NOTE = text("no known mistake (or pair of them) reproduces your parameters; see the checks",
