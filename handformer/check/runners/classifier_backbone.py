@@ -20,7 +20,8 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, check_determinism, error_text, forward_names
-from handformer.check.core.result import Check, ComponentResult, text
+from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, text
+from handformer.check.core.source import first_line, source_lines
 from handformer.check.core.weights import MappingError
 
 B, T, REAL = 2, 6, 4  # row 1 holds REAL tokens, then padding
@@ -62,10 +63,19 @@ class Seen:
             h.remove()
 
 
-def pooled_candidates(out: Any) -> list[Tensor]:
-    """What a head may read of the encoder's output: a (B, D) pooled output, the first token's states."""
+def pooled_candidates(out: Any, keep: Tensor) -> dict[str, Tensor]:
+    """What a head may read of the encoder's output, by what it is: a (B, D) pooled output, the first
+    token's states, the states whole (the head pools them: RoBERTa's), their mean over the real tokens
+    or over all."""
     pooled, states = fp.first_tensor(out, 2), fp.first_tensor(out, 3)
-    return [t for t in (pooled, None if states is None else states[:, 0]) if t is not None]
+    found = {"the pooled output": pooled}
+    if states is not None:
+        weights = keep[..., None].to(states.dtype)  # (B, T, 1)
+        found.update({"the first token's states": states[:, 0],
+                      "the states whole (the head pools them)": states,
+                      "the mean over the real tokens": (states * weights).sum(1) / weights.sum(1),
+                      "the mean over the tokens": states.mean(1)})
+    return {k: t for k, t in found.items() if t is not None}
 
 
 def check_backbone_classifier(res: ComponentResult, ctx: Context, comp: Any, module: nn.Module,
@@ -85,27 +95,32 @@ def check_backbone_classifier(res: ComponentResult, ctx: Context, comp: Any, mod
         given = {mask: keep} if mask else {}
         return ctx.learner.call("forward", module, tokens, **given, **extra)
 
-    logits = lambda out: next((t for t in _tensors(out) if t.dim() == 2 and t.size(-1) == classes), None)  # noqa: E731
+    logits = lambda out: next((t for t in tensors_of(out) if t.dim() == 2 and t.size(-1) == classes), None)  # noqa: E731
     with torch.no_grad():
         check_determinism(res, ctx, comp, lambda: logits(run(ids)), "encoder_model", "encoder_layer", "mha")
         if res.has("dropout_in_eval"):
             return
-        _reads_pooled(res, encoder, head, lambda: logits(run(ids)), classes)
+        _reads_pooled(res, encoder, head, lambda: logits(run(ids)), classes, keep)
         if mask:
             _padding(res, lambda tokens: logits(run(tokens)), ids)
+            if not res.checks[-1].ok:
+                _mask_dropped(res, module, encoder, lambda: run(ids))
         label = next((n for n in LABEL_NAMES if n in names), None)
         if label:
             _loss(res, lambda y: run(ids, **{label: y}), logits, classes)
 
 
-def _tensors(out: Any) -> list[Tensor]:
-    items = [out] if isinstance(out, Tensor) else list(out) if isinstance(out, (tuple, list)) else []
+def tensors_of(out: Any) -> list[Tensor]:
+    """The tensors a model returns: itself, a tuple's or a dict's ({"loss": ..., "logits": ...})."""
+    items = [out] if isinstance(out, Tensor) else list(out.values() if isinstance(out, dict) else out) \
+        if isinstance(out, (tuple, list, dict)) else []
     return [t for t in items if isinstance(t, Tensor)]
 
 
 def _reads_pooled(res: ComponentResult, encoder: nn.Module, head: list[nn.Module], run: Any,
-                  classes: int) -> None:
-    """The logits are (B, C) and the head's input is what the encoder pooled."""
+                  classes: int, keep: Tensor) -> None:
+    """The logits are (B, C); which of the encoder's outputs the head reads, a note (a pooling of
+    another kind is no mistake: a head reading a padded position fails the padding check)."""
     seen = Seen(encoder, head)
     try:
         out = run()
@@ -114,11 +129,17 @@ def _reads_pooled(res: ComponentResult, encoder: nn.Module, head: list[nn.Module
     res.checks.append(Check(text(f"logits of shape (B, C) = ({B}, {classes})", f"logits 形状为 (B, C) = "
                                                                                 f"({B}, {classes})"),
                             out is not None and tuple(out.shape) == (B, classes)))
-    reads = seen.read is not None and any(t.shape == seen.read.shape and fp.max_error(t, seen.read) < fp.TOL
-                                          for t in pooled_candidates(seen.out))
-    res.checks.append(Check(text("the head reads the encoder's pooled output (its pooler's, or the first "
-                                 "token's states)", "分类头读的是编码器的池化输出（pooler 的，或第一个 token "
-                                 "的隐藏状态）"), reads))
+    read = seen.read
+    reads = [k for k, t in pooled_candidates(seen.out, keep).items()
+             if read is not None and t.shape == read.shape and fp.max_error(t, read) < fp.TOL]
+    res.notes += [text(f"the head reads the encoder's output: {reads[0]}",
+                       f"分类头读的是编码器的输出：{READS_ZH[reads[0]]}")][:len(reads)]
+
+
+READS_ZH = {"the pooled output": "池化输出", "the first token's states": "第一个 token 的隐藏状态",
+            "the states whole (the head pools them)": "整个隐藏状态序列（由分类头自己池化）",
+            "the mean over the real tokens": "真实 token 上的平均",
+            "the mean over the tokens": "所有 token 上的平均"}
 
 
 def _padding(res: ComponentResult, run: Any, ids: Tensor) -> None:
@@ -135,12 +156,31 @@ PADDING = text("padding invariance: with attention_mask (1 = a real token), chan
                "该行的 logits 不变")
 
 
+def _mask_dropped(res: ComponentResult, module: nn.Module, encoder: nn.Module, run: Any) -> None:
+    """The encoder called with the ids alone (no tensor beside them: the mask handed to forward, or one
+    made of it, never reaches it): the line that calls it."""
+    handed: list[Any] = []
+    hook = encoder.register_forward_pre_hook(lambda _m, args, kw: handed.extend([*args, *kw.values()]),
+                                             with_kwargs=True)
+    try:
+        run()
+    finally:
+        hook.remove()
+    if sum(isinstance(a, Tensor) for a in handed) != 1:
+        return
+    attr = next(n for n, m in module.named_children() if m is encoder)
+    number, code = first_line([rf"\b{attr}\s*\("], source_lines([type(module).forward]))
+    res.findings.append(Finding(DEPARTS, text(
+        f"the attention_mask handed to forward never reaches self.{attr}: the encoder attends to the padding",
+        f"传给 forward 的 attention_mask 没有传到 self.{attr}：编码器会注意到填充"), number, code))
+
+
 def _loss(res: ComponentResult, run: Any, logits: Any, classes: int) -> None:
     """Handed labels, the loss it returns (a scalar beside the logits) is their cross-entropy."""
     labels = torch.arange(B) % classes
     out = run(labels)
     scores = logits(out)
-    loss = next((t for t in _tensors(out) if t.dim() == 0), None)
+    loss = next((t for t in tensors_of(out) if t.dim() == 0), None)
     if scores is None or loss is None:
         return
     err = abs(float(loss) - float(F.cross_entropy(scores, labels)))

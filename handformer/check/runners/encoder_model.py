@@ -20,10 +20,13 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, check_determinism, error_text, finish, forward_names
 from handformer.check.core.discovery import Component
 from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, text
+from handformer.check.core.sizes import SIZES
 from handformer.check.core.source import first_line, locate, source_lines
 from handformer.check.reference.diagnoses import CATALOG
 
 B, T, REAL = 2, 6, 4  # row 1 holds REAL tokens, then padding
+# a vocabulary, depth and length for a constructor (or config) that takes them (RobertaModel(vocab_size, ...))
+ENCODER_SIZES = {**SIZES, "src_vocab": 29, "n_layers": 2, "max_len": 16}
 MASK_NAME = "attention_mask"  # Hugging Face's name, whose convention is 1 = a real token
 
 
@@ -36,7 +39,7 @@ def _ids(module: nn.Module) -> Tensor:
 
 def check_encoder_model(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
-    module = ctx.build(comp)
+    module = ctx.build(comp, ENCODER_SIZES)
     ids = _ids(module)
     mask_name = MASK_NAME if MASK_NAME in forward_names(module) else None
     keep = torch.ones(B, T, dtype=torch.long)

@@ -87,6 +87,7 @@ from handformer.check.core.weights import (
     scramble_,
 )
 from handformer.check.reference import variants as V
+from handformer.check.runners.model_pad import check_pad_given, takes_pad
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, built_activation, plain_activation_
 from handformer.check.runners.seq2seq_stacks import build_from_stacks
 from handformer.config import Seq2SeqConfig
@@ -847,6 +848,8 @@ def check_model(comp: Component, ctx: Context) -> ComponentResult:
             res.mapping = m.describe()
             _compare(res, ctx, comp, module, call, m, out, src, tgt, builds_masks)
         guarded(res, lambda: _properties(res, call))
+        if builds_masks and not by_factory and takes_pad(comp):  # its own masks, from the pad id given
+            guarded(res, lambda: check_pad_given(res, ctx, comp, MODEL_SIZES))
     seen: list[Any] = []  # a learner's code that raises on S != T fails "runs on every shape" once
     res.checks = [c for c in res.checks if not (c in seen or seen.append(c))]
     return finish(res)

@@ -38,6 +38,7 @@ from handformer.check.core.discovery import Component
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.core.step_updates import largest_difference, parameters_of, update
+from handformer.check.runners.classifier_backbone import tensors_of
 
 B, T, REAL, LR, TOL = 2, 6, 4, 0.1, 1e-9
 LABEL_WORDS = ("label", "target", "y")
@@ -81,7 +82,7 @@ def own_loss(model: nn.Module, batch: dict[str, Tensor], classes: int) -> Tensor
     given = {k: v for k, v in batch.items() if k in names}
     ids = [v for k, v in batch.items() if v.dim() == 2 and "mask" not in k.lower() and k not in given][:1]
     out = model(*ids, **given)
-    items = [out] if isinstance(out, Tensor) else [t for t in out if isinstance(t, Tensor)]
+    items = tensors_of(out)
     loss = next((t for t in items if t.dim() == 0), None)
     logits = next((t for t in items if t.dim() == 2 and t.size(-1) == classes), None)
     return loss if loss is not None else F.cross_entropy(logits, labels)
@@ -97,6 +98,7 @@ def _steps(step: Any, base: nn.Module, keys: list[str], rows: int, classes: int)
     out = []
     with fp.dropout_off():
         for seed in (1, 2):
+            torch.manual_seed(seed)  # a dropout dropout_off cannot reach (torch's fused attention): the same
             step(model, opt, batch_values(keys, rows, classes, seed))
             out.append(parameters_of(model))
     return model, out
