@@ -2,8 +2,9 @@
 a RoBERTa fine-tuning style and a fairseq-like translation style, none copied): a classifier holding an
 encoder model and a head module is checked from its outputs, and a step that reads its batch by key is
 driven on that classifier; a translation model given its pad id builds its own masks from it (checked
-again with pad id 3), its vocabularies named encoder_vocab / decoder_vocab, and an epoch that sets its
-rate from embed_dim is driven with the stand-in's width. Each correct file passes every component; a
+again with pad id 3), its vocabularies named encoder_vocab / decoder_vocab (or one joined dictionary,
+compared with the target's vocabulary on both sides), and an epoch that sets its rate from embed_dim is
+driven with the stand-in's width. Each correct file passes every component; a
 planted mistake fails quoting its line."""
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def roberta():
 
 @pytest.fixture(scope="module")
 def fairseq():
-    return {name: checked("learners_fairseq_masks", name) for name in ("correct", "p_pad_zero")}
+    return {name: checked("learners_fairseq_masks", name) for name in ("correct", "p_pad_zero", "shared")}
 
 
 def test_roberta_head_correct_passes_every_component(roberta):
@@ -49,6 +50,11 @@ def test_fairseq_like_model_epoch_and_greedy_pass(fairseq):
                                             "train_one_epoch": "pass"}
 
 
+def test_one_joined_dictionary_is_compared_and_decoded(fairseq):
+    assert statuses(fairseq["shared"]) == {"TranslationModel": "pass", "greedy_decode": "pass"}
+    assert "tied to the target embedding" in component(fairseq["shared"], "TranslationModel").convention["en"]
+
+
 def test_pad_id_written_as_zero_is_named(fairseq):
     model = component(fairseq["p_pad_zero"], "TranslationModel")
     assert model.status == "fail"
@@ -57,6 +63,6 @@ def test_pad_id_written_as_zero_is_named(fairseq):
 
 @pytest.mark.parametrize(("name", "size"), [("trg_vocab", "tgt_vocab"), ("decoder_vocab", "tgt_vocab"),
                                             ("encoder_vocab", "src_vocab"), ("target_vocab_len", "tgt_vocab"),
-                                            ("type_vocab_size", None)])
+                                            ("dictionary_size", "src_vocab"), ("type_vocab_size", None)])
 def test_vocabulary_named_by_its_side(name, size):
     assert size_of(name) == size

@@ -163,7 +163,7 @@ FFN_WORDS = {"ffn", "ff", "mlp", "feedforward", "intermediate", "filter"}  # fil
 WIDTH_WORDS = {"dim", "size", "hidden", "width"}
 # a vocabulary's side (trg_vocab, target_vocab_len, decoder_vocab): the target's, else the source's; a
 # name of other words is another table's (type_vocab_size: BERT's token types)
-VOCAB_WORDS = {"vocab", "voc", "vocabulary"}
+VOCAB_WORDS = {"vocab", "voc", "vocabulary", "dictionary"}  # dictionary: fairseq's joined one
 TARGET_WORDS = {"tgt", "trg", "target", "dec", "decoder", "output", "out"}
 SIDE_WORDS = VOCAB_WORDS | TARGET_WORDS | {"src", "source", "enc", "encoder", "input", "in", "size", "len",
                                            "num", "n"}

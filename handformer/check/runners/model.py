@@ -866,7 +866,8 @@ def check_model(comp: Component, ctx: Context) -> ComponentResult:
             _compare(res, ctx, comp, module, call, m, out, src, tgt, builds_masks)
         guarded(res, lambda: _properties(res, call))
         if builds_masks and not by_factory and takes_pad(comp):  # its own masks, from the pad id given
-            guarded(res, lambda: check_pad_given(res, ctx, comp, MODEL_SIZES))
+            sizes = {**MODEL_SIZES, "src_vocab": TGT_V} if one_vocabulary(module) else MODEL_SIZES
+            guarded(res, lambda: check_pad_given(res, ctx, comp, sizes))
     seen: list[Any] = []  # a learner's code that raises on S != T fails "runs on every shape" once
     res.checks = [c for c in res.checks if not (c in seen or seen.append(c))]
     return finish(res)
