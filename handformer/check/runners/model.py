@@ -783,16 +783,21 @@ def build_model(comp: Component, ctx: Context) -> tuple[nn.Module, bool]:
     where it has one vocabulary: Marian's and BART's shared table), or (the Annotated Transformer's
     EncoderDecoder(encoder, decoder, src_embed, tgt_embed, generator)) by the file's factory."""
     module, by_factory = _built(comp, ctx, MODEL_SIZES)
-    if by_factory or not one_vocabulary(module) or not any(True for _ in module.parameters()):
+    shapes = [p.shape for p in module.parameters()]
+    if by_factory or not shapes or any(TGT_V in s for s in shapes):
         return module, by_factory
-    return _built(comp, ctx, {**MODEL_SIZES, "src_vocab": TGT_V})
+    module, by_factory = _built(comp, ctx, {**MODEL_SIZES, "src_vocab": TGT_V})
+    SHARED.add(module)
+    return module, by_factory
+
+
+# the models built with the target's vocabulary on both sides (built_model: no table of its size at first)
+SHARED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
 def one_vocabulary(module: nn.Module) -> bool:
-    """Whether the model holds tables or layers of one of the two vocabularies only (one table for both
-    sides, built with the source's size or the target's)."""
-    shapes = [p.shape for p in module.parameters()]
-    return not (any(SRC_V in s for s in shapes) and any(TGT_V in s for s in shapes))
+    """Whether the model was built with one vocabulary for both sides, the target's (build_model)."""
+    return module in SHARED
 
 
 def _built(comp: Component, ctx: Context, sizes: dict[str, Any]) -> tuple[nn.Module, bool]:
