@@ -795,6 +795,20 @@ def build_model(comp: Component, ctx: Context) -> tuple[nn.Module, bool]:
 SHARED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
+def _reference_free(res: ComponentResult, ctx: Context, comp: Component, module: nn.Module, call: Caller,
+                    own_masks: bool) -> None:
+    """The checks without a reference (_properties), and of a model that builds its own masks from the
+    pad id it is given, that pad id (model_pad.py)."""
+    guarded(res, lambda: _properties(res, call))
+    if own_masks and takes_pad(comp):
+        guarded(res, lambda: check_pad_given(res, ctx, comp, built_sizes(module)))
+
+
+def built_sizes(module: nn.Module) -> dict[str, Any]:
+    """The sizes the model was built with (build_model)."""
+    return {**MODEL_SIZES, "src_vocab": TGT_V} if one_vocabulary(module) else MODEL_SIZES
+
+
 def one_vocabulary(module: nn.Module) -> bool:
     """Whether the model was built with one vocabulary for both sides, the target's (build_model)."""
     return module in SHARED
@@ -869,10 +883,7 @@ def check_model(comp: Component, ctx: Context) -> ComponentResult:
         if m is not None:
             res.mapping = m.describe()
             _compare(res, ctx, comp, module, call, m, out, src, tgt, builds_masks)
-        guarded(res, lambda: _properties(res, call))
-        if builds_masks and not by_factory and takes_pad(comp):  # its own masks, from the pad id given
-            sizes = {**MODEL_SIZES, "src_vocab": TGT_V} if one_vocabulary(module) else MODEL_SIZES
-            guarded(res, lambda: check_pad_given(res, ctx, comp, sizes))
+        _reference_free(res, ctx, comp, module, call, builds_masks and not by_factory)
     seen: list[Any] = []  # a learner's code that raises on S != T fails "runs on every shape" once
     res.checks = [c for c in res.checks if not (c in seen or seen.append(c))]
     return finish(res)

@@ -74,9 +74,9 @@ from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
 
 PAD, V, LR = 0, 11, 0.5
-# the stand-in model's sizes (tiny_model), by the size an argument's name stands for
-STAND_IN_SIZES = {"d_model": 8, "n_heads": 2, "d_ff": 16, "n_layers": 1, "src_vocab": V, "tgt_vocab": V,
-                  "pad_id": PAD}
+# the stand-in model's widths (tiny_model), by the size an argument's name stands for (a vocabulary
+# argument may be a tokenizer's: not filled)
+STAND_IN_SIZES = {"d_model": 8, "n_heads": 2, "d_ff": 16}
 
 ACCUM = 2  # micro-batches a step is asked to accumulate, when it takes their number
 
@@ -272,10 +272,8 @@ class Step:
                                                        for key in ("loader", "batch", "src", "tgt"))
         # the update count a step sets its rate from (fairseq's num_updates): 1, then 2
         self.count = named([n for n in required if n not in self.names[:1]], SCHEDULE_STEP_NAMES)
-        # a size the step reads to set its rate (an epoch's noam_lr(step, d_model, warmup)): the stand-in's
-        self.sizes = {n: STAND_IN_SIZES[size_of(n)] for n in required if size_of(n) in STAND_IN_SIZES}
         known = {self.model, self.opt, self.criterion, self.batch, self.src, self.tgt, self.accum,
-                 self.loader, self.sched, self.scaler, self.count, self.clip_arg, *self.sizes}
+                 self.loader, self.sched, self.scaler, self.count, self.clip_arg, *self.sizes(required)}
         data = self.loader or self.batch or (self.src and self.tgt)  # an epoch's loader, a step's batch
         what, en, zh = TAKES[epoch]
         found = self.model and self.opt and data
@@ -298,7 +296,6 @@ class Step:
         self.scale = 1.0  # the logits' factor in both steps (unclipped_scale: clipping out of reach)
         self.per_token = False  # handformer's step divides a summed loss by the real tokens (per_token_step)
         self.rates: list[tuple[float, float]] = []  # the optimizer's rate before and after each call
-        self.read_rates: list[float] = []  # the rate the optimizer held at each of its updates
         self.set_before = True  # the step sets its rate before its update (else after: the next step's)
         self.first = False  # the batches handed sequence-first, (S, B) and (T, B) (laid_out)
 
@@ -310,6 +307,12 @@ class Step:
         self.loss_compute = calls_with_norm(self.source, str(self.criterion))  # None: no call of that name
         if self.loss_compute and self.criterion_name is None:
             self.make_criterion = lambda: TokenCrossEntropy(ignore_index=PAD, reduction="sum")
+
+    def sizes(self, names: list[str] | None = None) -> dict[str, int]:
+        """The stand-in's width for each required argument that names one (an epoch's
+        noam_lr(step, d_model, warmup) sets its rate from it)."""
+        names = names if names is not None else names_of(forward_parameters(self.comp.obj))[1]
+        return {n: STAND_IN_SIZES[size_of(n)] for n in names if size_of(n) in STAND_IN_SIZES}
 
     def laid(self, ids: Tensor) -> Tensor:
         """Ids (B, L) as the step is handed them: (L, B) for a sequence-first step."""
@@ -348,7 +351,7 @@ class Step:
     def _call(self, model: nn.Module, opt: torch.optim.Optimizer, data: dict[str, Any]) -> Any:
         """Their step or epoch on the model, the optimizer, the data, and the criterion and the
         accumulation count when it takes them."""
-        kwargs: dict[str, Any] = {self.model: model, self.opt: opt, **data, **self.sizes}
+        kwargs: dict[str, Any] = {self.model: model, self.opt: opt, **data, **self.sizes()}
         given = {self.criterion: self.make_criterion, self.accum: lambda: ACCUM,
                  self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler,
                  self.count: lambda: len(self.rates) % 2 + 1, self.clip_arg: lambda: self.clip}
@@ -486,7 +489,7 @@ def _drive(step: Step, base: Seq2SeqTransformer) -> Drive:
     model = Recorded(copy.deepcopy(base), step.outputs, step.first).eval()
     model.scale = step.scale
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    step.read_rates = []
+    step.read_rates: list[float] = []  # the rate the optimizer held at each of its updates
     opt.register_step_pre_hook(lambda o, *_: step.read_rates.append(float(o.param_groups[0]["lr"])))
     got = []
     if step.epoch:
