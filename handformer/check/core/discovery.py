@@ -161,6 +161,12 @@ SIZE_OF = {alias: key for key, aliases in reversed(ARGUMENTS.items()) for alias 
 # count of heads, or an FFN's width (a word of the FFN and a word of a width)
 FFN_WORDS = {"ffn", "ff", "mlp", "feedforward", "intermediate", "filter"}  # filter: tensor2tensor's
 WIDTH_WORDS = {"dim", "size", "hidden", "width"}
+# a vocabulary's side (trg_vocab, target_vocab_len, decoder_vocab): the target's, else the source's; a
+# name of other words is another table's (type_vocab_size: BERT's token types)
+VOCAB_WORDS = {"vocab", "voc", "vocabulary", "dictionary"}  # dictionary: fairseq's joined one
+TARGET_WORDS = {"tgt", "trg", "target", "dec", "decoder", "output", "out"}
+SIDE_WORDS = VOCAB_WORDS | TARGET_WORDS | {"src", "source", "enc", "encoder", "input", "in", "size", "len",
+                                           "num", "n"}
 
 
 def size_of(name: str) -> str | None:
@@ -171,6 +177,8 @@ def size_of(name: str) -> str | None:
         by_words = "n_kv_heads" if words & {"kv", "key", "value"} else "n_heads"
     elif words & FFN_WORDS and words & WIDTH_WORDS:
         by_words = "d_ff"
+    elif words & VOCAB_WORDS and words <= SIDE_WORDS:
+        by_words = "tgt_vocab" if words & TARGET_WORDS else "src_vocab"
     return SIZE_OF.get(name.lower(), by_words)
 
 

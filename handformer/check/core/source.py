@@ -206,6 +206,15 @@ def _shift_commented_out(lines: list[tuple[int, str]]) -> tuple[int | None, str 
     return found[0] if found else (None, None)
 
 
+COMMENTED_ZERO_GRAD = re.compile(r"\s*#\s*[\w.]+\.zero_grad\(")
+
+
+def _zero_grad_commented_out(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+    """The step's zero_grad call commented out (`# optimizer.zero_grad()`): the line it was removed from."""
+    found = [(n, line.strip()) for n, line in lines if COMMENTED_ZERO_GRAD.match(line)]
+    return found[0] if found else (None, None)
+
+
 def _concat_and_its_input(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
     """The line that flattens the heads without a transpose (`x = x.contiguous().view(B, T, D)`) and,
     when the tensor it flattens was made on an earlier line of the same function (`x = weights @ v`),
@@ -311,7 +320,8 @@ LINE_FINDERS = {"shared_norm": _second_norm_call, "top_p_drops_crossing": _shift
                 "concat_no_transpose": _concat_and_its_input,
                 "no_output_projection": _projection_left_out, "cosine_min_lr_ignored": _cosine_without_floor,
                 "pe_wrong_frequency": _frequencies_and_their_factor, "pre_norm": _both_norm_lines,
-                "decoder_masks_swapped": _masks_passed_swapped}
+                "decoder_masks_swapped": _masks_passed_swapped,
+                "train_step_no_zero_grad": _zero_grad_commented_out}
 
 
 def first_pattern_matches(name: str, code: str, form: str = "") -> bool:

@@ -25,7 +25,7 @@ from handformer.check.core.context import SIZES, Context
 from handformer.check.core.result import DIFFERS, FAIL, PASS
 from handformer.check.core.weights import MappingError
 from handformer.check.runners.beam_models import BOS, Steered, Table, started
-from handformer.check.runners.model import TAKEN_FORM, TGT_V, map_model
+from handformer.check.runners.model import TAKEN_FORM, TGT_V, map_model, one_vocabulary
 
 TIE = 1e-6  # the network's share of the steered logits: ties broken, nothing else
 
@@ -187,7 +187,7 @@ def own_name(ctx: Context, module: nn.Module) -> str:
 def first_decoder_layer(module: nn.Module) -> nn.Module | None:
     """The learner's model's first decoder layer, as its map names it; None when it cannot be mapped."""
     try:
-        return module.get_submodule(map_model(module, SIZES["d_ff"]).decoder[0].name)
+        return module.get_submodule(map_model(module, SIZES["d_ff"], one_vocabulary(module)).decoder[0].name)
     except MappingError:
         return None
 

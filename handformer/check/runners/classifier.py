@@ -28,6 +28,7 @@ from handformer.check.core.localize import Departure, add_departure, same
 from handformer.check.core.result import Check, ComponentResult, text
 from handformer.check.core.sizes import SIZES
 from handformer.check.core.weights import MappingError
+from handformer.check.runners.classifier_backbone import check_backbone_classifier
 
 VOCAB, CLASSES, LENGTH = 29, 3, 16
 CLASSIFIER_SIZES = {**SIZES, "src_vocab": VOCAB, "n_layers": 2, "max_len": LENGTH, "n_classes": CLASSES}
@@ -126,7 +127,10 @@ def check_classifier(comp: Component, ctx: Context) -> ComponentResult:
     torch.manual_seed(0)
     # as built, not scrambled: a [CLS] vector is no leaf of handformer's weight map
     module = ctx.build(comp, CLASSIFIER_SIZES, checked=False)
-    m = map_classifier(module)
+    try:
+        m = map_classifier(module)
+    except MappingError as not_flat:
+        return _on_backbone(res, ctx, comp, module, not_flat)
     res.mapping = m.describe()
     ids = torch.randint(1, VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
     run = lambda x: ctx.learner.call("forward", module, x)  # noqa: E731
@@ -145,6 +149,17 @@ def check_classifier(comp: Component, ctx: Context) -> ComponentResult:
         if err >= fp.TOL:
             _localize(res, module, m, ids, rec.seen)
         _padding(res, run, ids)
+    return finish(res)
+
+
+def _on_backbone(res: ComponentResult, ctx: Context, comp: Component, module: nn.Module,
+                 not_flat: MappingError) -> ComponentResult:
+    """A classifier on an encoder model of its own (classifier_backbone.py); else NOT CHECKED with
+    why its parts are not a classifier's."""
+    try:
+        check_backbone_classifier(res, ctx, comp, module, CLASSES)
+    except MappingError:
+        raise not_flat from None
     return finish(res)
 
 

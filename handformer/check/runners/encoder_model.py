@@ -20,9 +20,13 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, check_determinism, error_text, finish, forward_names
 from handformer.check.core.discovery import Component
 from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, text
+from handformer.check.core.sizes import SIZES
 from handformer.check.core.source import first_line, locate, source_lines
+from handformer.check.reference.diagnoses import CATALOG
 
 B, T, REAL = 2, 6, 4  # row 1 holds REAL tokens, then padding
+# a vocabulary, depth and length for a constructor (or config) that takes them (RobertaModel(vocab_size, ...))
+ENCODER_SIZES = {**SIZES, "src_vocab": 29, "n_layers": 2, "max_len": 16}
 MASK_NAME = "attention_mask"  # Hugging Face's name, whose convention is 1 = a real token
 
 
@@ -35,7 +39,7 @@ def _ids(module: nn.Module) -> Tensor:
 
 def check_encoder_model(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
-    module = ctx.build(comp)
+    module = ctx.build(comp, ENCODER_SIZES)
     ids = _ids(module)
     mask_name = MASK_NAME if MASK_NAME in forward_names(module) else None
     keep = torch.ones(B, T, dtype=torch.long)
@@ -96,6 +100,8 @@ def _padding(res: ComponentResult, ctx: Context, comp: Component, run: Any, ids:
                                  "padded tokens changes no real token's output",
                                  "填充不变性：给定 attention_mask（1 = 真实 token），改变填充位置的 "
                                  "token 不改变任何真实 token 的输出"), err < 1e-6, error_text(err)))
+    if err >= 1e-6 and inverted >= 1e-6:
+        _mask_unread(res, ctx, comp, run, ids, keep)
     if err >= 1e-6 and inverted < 1e-6:
         number, code = locate("mask_inverted", source_lines(ctx.objects(comp)))
         res.findings.append(Finding("mask_inverted", text(
@@ -103,3 +109,21 @@ def _padding(res: ComponentResult, ctx: Context, comp: Component, run: Any, ids:
             f"{inverted:.1e} with the mask handed the other way round: the mask is read inverted",
             f"只改变填充位置的 token，真实 token 的输出就变了 {err:.3g}；把掩码反过来传入时只变 "
             f"{inverted:.1e}：掩码被反着用了"), number, code))
+
+
+QUERY_AXIS = CATALOG["mask_hides_queries"].patterns[:4]  # the mask's padding laid on the query axis
+
+
+def _mask_unread(res: ComponentResult, ctx: Context, comp: Component, run: Any, ids: Tensor, keep: Tensor,
+                 ) -> None:
+    """mask_hides_queries where the mask moves no real token's output (handed all ones instead, they
+    stay) and the model's code lays it on the query axis (mask[:, None, :, None]): a padded query row
+    gets the same score added to every key, which the softmax takes away."""
+    unread = fp.max_error(run(ids, keep)[1, :REAL], run(ids, torch.ones_like(keep))[1, :REAL]) < 1e-9
+    number, code = first_line(QUERY_AXIS, source_lines(ctx.objects(comp)))
+    if unread and number is not None:
+        res.findings.append(Finding("mask_hides_queries", text(
+            "the padding mask moves no real token's output (all ones gives the same), and it is laid on the "
+            "query axis: every padded key stays visible",
+            "填充掩码不改变任何真实 token 的输出（全 1 的掩码结果一样），而且它加在查询的维度上："
+            "每个填充键仍然可见"), number, code))

@@ -87,6 +87,7 @@ from handformer.check.core.weights import (
     scramble_,
 )
 from handformer.check.reference import variants as V
+from handformer.check.runners.model_pad import check_pad_given, takes_pad
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, built_activation, plain_activation_
 from handformer.check.runners.seq2seq_stacks import build_from_stacks
 from handformer.config import Seq2SeqConfig
@@ -153,8 +154,9 @@ def _table(module: nn.Module) -> Tensor | None:
     return None
 
 
-def map_model(module: nn.Module, F_width: int) -> ModelMap:
-    """The learner's model as handformer's parts; MappingError says what does not fit."""
+def map_model(module: nn.Module, F_width: int, shared: bool = False) -> ModelMap:
+    """The learner's model as handformer's parts (`shared`: one table of the target's rows for both
+    sides); MappingError says what does not fit."""
     layers = layer_modules(module)
     mapped = [map_layer(path, child, F_width) for path, child in layers]
     encoder, decoder = [m for m in mapped if not m.decoder], [m for m in mapped if m.decoder]
@@ -169,14 +171,15 @@ def map_model(module: nn.Module, F_width: int) -> ModelMap:
     outer = outside(module, [child for _, child in layers])
     embeds = of_kind(outer, "embedding")
     by_rows = {leaf.weight.size(0): leaf for leaf in reversed(embeds)}
-    if SRC_V not in by_rows or TGT_V not in by_rows:
+    by_rows[SRC_V] = by_rows[TGT_V] if shared and TGT_V in by_rows else by_rows.get(SRC_V)
+    if by_rows[SRC_V] is None or TGT_V not in by_rows:
         found = [(e.name, tuple(e.weight.shape)) for e in embeds]
         raise MappingError(f"expected nn.Embedding(src_vocab={SRC_V}, d_model) and nn.Embedding(tgt_vocab="
                            f"{TGT_V}, d_model); found {found}",
                            zh=f"应当有 nn.Embedding(src_vocab={SRC_V}, d_model) 和 "
                               f"nn.Embedding(tgt_vocab={TGT_V}, d_model)；实际找到 {found}")
     src, tgt = by_rows[SRC_V], by_rows[TGT_V]
-    others = [e for e in embeds if e is not src and e is not tgt]
+    others = [e for e in embeds if e.weight is not src.weight and e.weight is not tgt.weight]
     # a learned table for each side, of one shape: the encoder's first (built first), then the decoder's
     sided = len(others) > 1 and others[0].weight.shape == others[1].weight.shape
     out, tied, bias = output_head(outer, TGT_V, tgt, others[1 + sided:], (
@@ -255,7 +258,7 @@ def _reference_model(m: ModelMap, ch: Choices) -> Seq2SeqTransformer:
     position, max_positions = (("learned", m.positions.weight.size(0)) if m.positions is not None
                                else ("sinusoidal", MAX_LEN))
     cfg = Seq2SeqConfig(
-        src_vocab_size=SRC_V, tgt_vocab_size=TGT_V, d_model=D, n_heads=H,
+        src_vocab_size=m.src_embed.weight.size(0), tgt_vocab_size=TGT_V, d_model=D, n_heads=H,
         d_ff=m.encoder[0].ffn[0].weight().size(0), n_encoder_layers=len(m.encoder),
         n_decoder_layers=len(m.decoder), dropout=0.0,
         activation=built_activation(HF_NAME[(gated, ch.activation)]),
@@ -776,12 +779,46 @@ def _decode_role(name: str) -> str:
 
 
 def build_model(comp: Component, ctx: Context) -> tuple[nn.Module, bool]:
-    """The learner's model built from its constructor, or (the Annotated Transformer's
+    """The learner's model built from its constructor (with the target's vocabulary on both sides
+    where it has one vocabulary: Marian's and BART's shared table), or (the Annotated Transformer's
     EncoderDecoder(encoder, decoder, src_embed, tgt_embed, generator)) by the file's factory."""
+    module, by_factory = _built(comp, ctx, MODEL_SIZES)
+    shapes = [p.shape for p in module.parameters()]
+    if by_factory or not shapes or any(TGT_V in s for s in shapes):
+        return module, by_factory
+    module, by_factory = _built(comp, ctx, {**MODEL_SIZES, "src_vocab": TGT_V})
+    SHARED.add(module)
+    return module, by_factory
+
+
+# the models built with the target's vocabulary on both sides (built_model: no table of its size at first)
+SHARED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+def _reference_free(res: ComponentResult, ctx: Context, comp: Component, module: nn.Module, call: Caller,
+                    own_masks: bool) -> None:
+    """The checks without a reference (_properties), and of a model that builds its own masks from the
+    pad id it is given, that pad id (model_pad.py)."""
+    guarded(res, lambda: _properties(res, call))
+    if own_masks and takes_pad(comp):
+        guarded(res, lambda: check_pad_given(res, ctx, comp, built_sizes(module)))
+
+
+def built_sizes(module: nn.Module) -> dict[str, Any]:
+    """The sizes the model was built with (build_model)."""
+    return {**MODEL_SIZES, "src_vocab": TGT_V} if one_vocabulary(module) else MODEL_SIZES
+
+
+def one_vocabulary(module: nn.Module) -> bool:
+    """Whether the model was built with one vocabulary for both sides, the target's (build_model)."""
+    return module in SHARED
+
+
+def _built(comp: Component, ctx: Context, sizes: dict[str, Any]) -> tuple[nn.Module, bool]:
     src, tgt = inputs(6, 6, [0, 2], [1, 0], seed=0)
     warmup = lambda m: Caller(m, ctx)(src, tgt)  # noqa: E731  (lazy layers get their shapes: d2l's)
     try:
-        return ctx.build(comp, MODEL_SIZES, warmup=warmup), False
+        return ctx.build(comp, sizes, warmup=warmup), False
     except DiscoveryError:
         factory = model_factory(comp, ctx)
         if not inspect.isfunction(factory):
@@ -838,7 +875,7 @@ def check_model(comp: Component, ctx: Context) -> ComponentResult:
         if not finite:  # no variant computes NaN: nothing to search
             return finish(res)
         try:
-            m = map_model(module, SIZES["d_ff"])
+            m = map_model(module, SIZES["d_ff"], one_vocabulary(module))
         except MappingError as err:
             res.notes.append(text(f"not compared with handformer's Seq2SeqTransformer: {err}",
                                   f"没有与 handformer 的 Seq2SeqTransformer 比较：{err.zh or err}"))
@@ -846,7 +883,7 @@ def check_model(comp: Component, ctx: Context) -> ComponentResult:
         if m is not None:
             res.mapping = m.describe()
             _compare(res, ctx, comp, module, call, m, out, src, tgt, builds_masks)
-        guarded(res, lambda: _properties(res, call))
+        _reference_free(res, ctx, comp, module, call, builds_masks and not by_factory)
     seen: list[Any] = []  # a learner's code that raises on S != T fails "runs on every shape" once
     res.checks = [c for c in res.checks if not (c in seen or seen.append(c))]
     return finish(res)

@@ -60,19 +60,23 @@ from handformer.check.core.context import (
     named,
     names_of,
 )
-from handformer.check.core.discovery import Component, DiscoveryError, cannot_fill, own_objects
+from handformer.check.core.discovery import Component, DiscoveryError, cannot_fill, own_objects, size_of
 from handformer.check.core.localize_kinds import note_departure
-from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.core.result import FAIL, PASS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.core.step_updates import largest_difference, largest_differences, parameters_of, update
 from handformer.check.runners.classifier_step import check_classifier_step
 from handformer.check.runners.classifier_step import roles as classifier_roles
 from handformer.check.runners.localize_train import localize_train_step
+from handformer.check.runners.own_classifier_step import check_own_classifier_step, step_reads
 from handformer.check.runners.step_parts import calls_with_norm, own_batch, own_loss_compute
 from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
 
 PAD, V, LR = 0, 11, 0.5
+# the stand-in model's widths (tiny_model), by the size an argument's name stands for (a vocabulary
+# argument may be a tokenizer's: not filled)
+STAND_IN_SIZES = {"d_model": 8, "n_heads": 2, "d_ff": 16}
 
 ACCUM = 2  # micro-batches a step is asked to accumulate, when it takes their number
 
@@ -269,7 +273,7 @@ class Step:
         # the update count a step sets its rate from (fairseq's num_updates): 1, then 2
         self.count = named([n for n in required if n not in self.names[:1]], SCHEDULE_STEP_NAMES)
         known = {self.model, self.opt, self.criterion, self.batch, self.src, self.tgt, self.accum,
-                 self.loader, self.sched, self.scaler, self.count, self.clip_arg}
+                 self.loader, self.sched, self.scaler, self.count, self.clip_arg, *self.sizes(required)}
         data = self.loader or self.batch or (self.src and self.tgt)  # an epoch's loader, a step's batch
         what, en, zh = TAKES[epoch]
         found = self.model and self.opt and data
@@ -303,6 +307,12 @@ class Step:
         self.loss_compute = calls_with_norm(self.source, str(self.criterion))  # None: no call of that name
         if self.loss_compute and self.criterion_name is None:
             self.make_criterion = lambda: TokenCrossEntropy(ignore_index=PAD, reduction="sum")
+
+    def sizes(self, names: list[str] | None = None) -> dict[str, int]:
+        """The stand-in's width for each required argument that names one (an epoch's
+        noam_lr(step, d_model, warmup) sets its rate from it)."""
+        names = names if names is not None else names_of(forward_parameters(self.comp.obj))[1]
+        return {n: STAND_IN_SIZES[size_of(n)] for n in names if size_of(n) in STAND_IN_SIZES}
 
     def laid(self, ids: Tensor) -> Tensor:
         """Ids (B, L) as the step is handed them: (L, B) for a sequence-first step."""
@@ -341,7 +351,7 @@ class Step:
     def _call(self, model: nn.Module, opt: torch.optim.Optimizer, data: dict[str, Any]) -> Any:
         """Their step or epoch on the model, the optimizer, the data, and the criterion and the
         accumulation count when it takes them."""
-        kwargs: dict[str, Any] = {self.model: model, self.opt: opt, **data}
+        kwargs: dict[str, Any] = {self.model: model, self.opt: opt, **data, **self.sizes()}
         given = {self.criterion: self.make_criterion, self.accum: lambda: ACCUM,
                  self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler,
                  self.count: lambda: len(self.rates) % 2 + 1, self.clip_arg: lambda: self.clip}
@@ -357,8 +367,8 @@ class Step:
         """The rate each of the last two updates used, where the step sets it from its update count:
         the one it set (before its update), or the one in place when it was called (a rate set after
         the update is the next step's); None each where it takes no count."""
-        if not self.count:
-            return [None, None]
+        if not self.count:  # a rate it sets itself all the same (an epoch's noam_lr): each update's
+            return self.read_rates[-2:] if len(self.read_rates) == 2 else [None, None]
         return [pair[int(self.set_before)] for pair in self.rates[-2:]]
 
     def uses_own_criterion(self) -> bool:
@@ -479,6 +489,8 @@ def _drive(step: Step, base: Seq2SeqTransformer) -> Drive:
     model = Recorded(copy.deepcopy(base), step.outputs, step.first).eval()
     model.scale = step.scale
     opt = torch.optim.SGD(model.parameters(), lr=LR)
+    step.read_rates: list[float] = []  # the rate the optimizer held at each of its updates
+    opt.register_step_pre_hook(lambda o, *_: step.read_rates.append(float(o.param_groups[0]["lr"])))
     got = []
     if step.epoch:
         step.run_epoch(model, opt, batches())
@@ -541,6 +553,9 @@ def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
     classifier = None if epoch else classifier_roles(comp.obj)
     if classifier:  # train_step(model, images, labels, optimizer): model(images) -> (B, C) logits
         return check_classifier_step(comp, ctx, classifier, clip_norm(source_text(comp.obj), {}))
+    own = None if epoch else _on_own_classifier(comp, ctx)
+    if own:  # train_step(model, batch, optimizer) on the file's classifier, the batch read by key
+        return own
     res = ctx.result(comp)
     step = Step(comp, ctx, epoch)
     base = tiny_model()
@@ -565,6 +580,21 @@ def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
     if not all(c.ok for c in res.checks) and not _named(res):
         res.notes.append(NO_MISTAKE_NOTE)
     return finish(res)
+
+
+def _on_own_classifier(comp: Component, ctx: Context) -> ComponentResult | None:
+    """The step run on the file's own classifier (own_classifier_step.py) where it takes (model, optimizer,
+    batch) and reads the batch by key or field, and the file's classifier was built and run by its own
+    check (passing or failing: both steps drive the same model); else None."""
+    from handformer.check.runners.classifier import CLASSES, CLASSIFIER_SIZES, check_classifier
+
+    reads = step_reads(comp.obj)
+    classifier = ctx.components.get("classifier")
+    ran = classifier and getattr(ctx.checked(classifier, check_classifier), "status", None) in (PASS, FAIL)
+    if reads is None or not ran:
+        return None
+    base = ctx.build(classifier, CLASSIFIER_SIZES)
+    return check_own_classifier_step(comp, ctx, reads, base, CLASSES, clip_norm(source_text(comp.obj), {}))
 
 
 NO_MISTAKE_NOTE = text("no known mistake (or pair of them) reproduces your parameters; see the checks",
