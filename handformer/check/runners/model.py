@@ -801,7 +801,7 @@ def _reference_free(res: ComponentResult, ctx: Context, comp: Component, module:
     pad id it is given, that pad id (model_pad.py)."""
     guarded(res, lambda: _properties(res, call))
     if own_masks and takes_pad(comp):
-        guarded(res, lambda: check_pad_given(res, ctx, comp, built_sizes(module)))
+        guarded(res, lambda: check_pad_given(res, ctx, comp, built_sizes(module), Caller, inputs))
 
 
 def built_sizes(module: nn.Module) -> dict[str, Any]:

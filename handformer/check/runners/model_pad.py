@@ -9,6 +9,7 @@ Shape legend: B batch, S source length, T target length.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,10 +32,10 @@ def takes_pad(comp: Component) -> bool:
     return any(size_of(name) == "pad_id" for name in params)
 
 
-def check_pad_given(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[str, Any]) -> None:
-    """The model built with pad id OTHER_PAD: its source padded with it changes no logit."""
-    from handformer.check.runners.model import Caller, inputs
-
+def check_pad_given(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[str, Any],
+                    Caller: Callable, inputs: Callable) -> None:
+    """The model built with pad id OTHER_PAD: its source padded with it changes no logit. Caller and
+    inputs are the model runner's (handed in, so this room imports nothing back from it)."""
     src, tgt = inputs(7, 5, [0, 0], [0, 0], seed=2)
     src[src == OTHER_PAD], tgt[tgt == OTHER_PAD] = OTHER_PAD + 1, OTHER_PAD + 1  # the pad only where padded
     longer = torch.cat([src, torch.full((2, 3), OTHER_PAD)], dim=1)  # (B, S + 3)
