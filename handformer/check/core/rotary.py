@@ -164,7 +164,7 @@ def score_biases_inside(module: nn.Module, sources: list[str]) -> tuple[str, ...
     return ("t5", "t5_causal") * table + ("alibi",) * alibi
 
 
-BASE_NAMES = ("rope_theta", "theta", "rope_base", "base", "rotary_base")
+BASE_NAMES = ("rope_theta", "theta", "rope_base", "base", "rotary_base", "rotary_emb_base")
 
 
 def named_base(module: nn.Module) -> float | None:
@@ -201,6 +201,31 @@ def table_frequencies(tables: list[Tensor], head_dim: int) -> Tensor | None:
         if distinct is not None and distinct.numel() == head_dim // 2:
             return distinct
     return None
+
+
+def turned_base(module: nn.Module) -> float | None:
+    """The rotary base of the tables a module and its children hold, read back from their frequencies
+    whatever width they turn (a partial rotary's too): Hugging Face's 1-D inv_freq, theta^(-2j/d) for
+    j < d/2, or position 1's angles of a complex or sine table; None where none holds two or more
+    frequencies that start at 1 and fall geometrically (Llama 3.1's scaled ones do not), or where they
+    show two bases."""
+    held = [t for sub in module.modules() for t in [*sub.buffers(recurse=False), *vars(sub).values()]]
+    vectors = [t.double() for t in held if isinstance(t, Tensor) and t.dim() == 1 and t.is_floating_point()]
+    angles = [t[1].angle() if t.is_complex() else t[1].double().asin() for t in module_tables(module)
+              if t.is_complex() or t[0].abs().max() == 0]
+    bases = {_geometric_base(torch.unique(f.abs())) for f in [*vectors, *angles] if f.numel() >= 2} - {None}
+    return bases.pop() if len(bases) == 1 else None  # two bases (Gemma 3's local and global): not said
+
+
+def _geometric_base(freqs: Tensor) -> float | None:
+    """The base b of n frequencies b^(-j/n), j < n (the pairs of a width 2n), in any order; None where
+    they are not those of a base."""
+    n, ordered = freqs.numel(), freqs.sort(descending=True).values
+    if n < 2 or abs(float(ordered[0]) - 1) > 1e-4 or not 0 < float(ordered[1]) < 1:
+        return None
+    base = float(ordered[1]) ** -n
+    expected = base ** (-torch.arange(n, dtype=torch.float64) / n)
+    return float(f"{base:.3g}") if (ordered - expected).abs().max() < 1e-4 else None
 
 
 def module_tables(module: nn.Module) -> list[Tensor]:
