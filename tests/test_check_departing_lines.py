@@ -2,7 +2,8 @@
 check's heads are too narrow to show: tests/fixtures/learners_neox_zh/correct.py (a GPT-NeoX decoder
 written as a Chinese tutorial: partial rotary over half of each head, its config's rotary_emb_base
 50000, inv_freq its only table) and planted copies of two other styles' fixtures (gpt-oss's real-form
-rotation, Hugging Face's Llama RMSNorm)."""
+rotation, Hugging Face's Llama RMSNorm); tests/fixtures/learners_window_zh/correct.py (a small GPT whose
+attention masks keys window or more positions back, the distance compared with the setting)."""
 
 from __future__ import annotations
 
@@ -86,3 +87,21 @@ def test_rmsnorm_without_root_quoted_at_its_division_by_a_named_epsilon(folder):
     result = _planted(folder, source, "rms_no_sqrt", ["rmsnorm"],
                       (written, "return self.weight * hidden_states / (variance + self.variance_epsilon)"))
     assert _finding(result, "LlamaRMSNorm")[:2] == ("rmsnorm_no_sqrt", _line_of(source, written))
+
+
+WINDOWED = FIXTURES / "learners_window_zh" / "correct.py"
+FAR = "blocked = (dist < 0) | (dist >= self.window)"
+
+
+def test_window_of_its_config_passes():
+    result = check_file(str(WINDOWED), only=["gpt"])
+    assert component(result, "WindowGPT").status == "pass", format_report(result)
+
+
+def test_window_one_too_wide_quotes_the_comparison_with_the_setting(folder):
+    """`dist > self.window` where `>=` is meant: each token sees window + 1; the line that compares
+    with the setting (`>= self.window`, `<= sliding_window`: an attribute, an operator of two
+    characters) is quoted."""
+    result = _planted(folder, WINDOWED, "window_too_wide", ["gpt"],
+                      (FAR, "blocked = (dist < 0) | (dist > self.window)"))
+    assert _finding(result, "WindowGPT")[1] == _line_of(WINDOWED, FAR)
