@@ -124,3 +124,11 @@ def test_residual_copied_after_the_norm_quotes_the_copy_and_the_norm(folder):
     name, line, code = _finding(result, "Block")
     assert (name, line) == ("residual_from_normed", _line_of(WINDOWED, written) + 1)
     assert f"line {line - 1}: x = self.ln_2(x)" in code
+
+
+def test_router_softmax_over_the_tokens_is_named(folder):
+    """minimind's gate with the softmax over the (N, E) logits' tokens (dim=0), not the experts."""
+    source = FIXTURES / "learners_moe" / "correct.py"
+    written = "scores = logits.softmax(dim=-1)"
+    result = _planted(folder, source, "router_over_tokens", ["moe"], (written, "scores = logits.softmax(dim=0)"))
+    assert _finding(result, "MOEFeedForward")[:2] == ("softmax_wrong_dim", _line_of(source, written))
