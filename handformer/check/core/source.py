@@ -260,15 +260,6 @@ def _residual_kept_after_norm(lines: list[tuple[int, str]]) -> tuple[int | None,
     return None, None
 
 
-def _norm_after_rotation(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
-    """The first line after the first rotary call (`cos, sin = self.rotary_emb(...)`, `q, k =
-    apply_rotary_pos_emb(...)`) in its function that norms the queries or keys (`q = self.q_norm(q)`,
-    `query_states, key_states = self._qk_norm(query_states, key_states)`): the norm moved after it."""
-    rotated = [n for n, line in _code_lines(lines) if re.search(ROTARY_CALL, line.split("#")[0])]
-    found = (_nearest(lines, n, QK_NORMED, 1) for n in sorted(rotated))  # a constructor's call has none after
-    return next(((n, later.strip()) for n, later in found if n is not None), (None, None))
-
-
 def _concat_and_its_input(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
     """The line that flattens the heads without a transpose (`x = x.contiguous().view(B, T, D)`) and,
     when the tensor it flattens was made on an earlier line of the same function (`x = weights @ v`),
@@ -373,9 +364,6 @@ BASE_DEFAULT = re.compile(r"\b(?:base|theta|rope_theta|rope_base)\s*(?::\s*\w+\s
 BASE_WORD = re.compile(r"(?i)base|theta")
 # a product with the sine (`x2 * sin`, `sin * x1`, `rotate_half(q) * sin[..., :d]`)
 SINE_PRODUCT = r"\*\s*(\w+\.)?sin\b|\bsin\w*(\[[^]]*\])?\s*\*"
-# a call of a rotary function or module, and a line that norms queries or keys (its call's name says norm)
-ROTARY_CALL = r"(?i)\b\w*(rotary|rope)\w*\("
-QK_NORMED = r"(?i).*\w*norm\w*\(.*\b(q|k|xq|xk|query\w*|key\w*|queries|keys)\b"
 # a line that copies one name to another (`residual = hidden_states`)
 PLAIN_COPY = re.compile(r"\s*([A-Za-z_]\w*)\s*=\s*([A-Za-z_]\w*)\s*$")
 # a line that binds one name to a norm's output: `normed = self.final_layernorm(h)`, `x = self.ln_f(x)`
@@ -385,7 +373,7 @@ COMMENTED_SHIFT = re.compile(r"\s*#\s*[\w.]+\[\s*\.\.\.\s*,\s*1\s*:\s*\]\s*=\s*"
 # diagnoses whose line is found by more than a pattern of one line
 LINE_FINDERS = {"shared_norm": _second_norm_call, "top_p_drops_crossing": _shift_commented_out,
                 "final_norm_missing": _norm_never_read, "rope_rotation_sign": _sine_lines,
-                "residual_from_normed": _residual_kept_after_norm, "qk_norm_after_rope": _norm_after_rotation,
+                "residual_from_normed": _residual_kept_after_norm,
                 "concat_no_transpose": _concat_and_its_input,
                 "no_output_projection": _projection_left_out, "cosine_min_lr_ignored": _cosine_without_floor,
                 "pe_wrong_frequency": _frequencies_and_their_factor, "pre_norm": _both_norm_lines,
