@@ -248,18 +248,6 @@ def _sine_lines(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
     return with_second(number, code, *_nearest(lines, number, rf".*({SINE_PRODUCT})", 1))
 
 
-def _residual_kept_after_norm(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
-    """The line that keeps the residual as a plain copy (`residual = hidden_states`) of a name the line
-    before it in its function bound to a norm's output (`hidden_states = self.ffn_norm(hidden_states)`),
-    quoted with that line: the skip path then carries the normed input."""
-    for number, line in _code_lines(lines):
-        copy = PLAIN_COPY.match(line.split("#")[0])
-        n, bound = _nearest(lines, number, r"\s*\w", -1) if copy else (None, "")
-        if n is not None and (norm := NORM_BOUND.match(bound.split("#")[0])) and norm[1] == copy[2]:
-            return with_second(number, line.strip(), n, bound)
-    return None, None
-
-
 def _concat_and_its_input(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
     """The line that flattens the heads without a transpose (`x = x.contiguous().view(B, T, D)`) and,
     when the tensor it flattens was made on an earlier line of the same function (`x = weights @ v`),
@@ -364,8 +352,6 @@ BASE_DEFAULT = re.compile(r"\b(?:base|theta|rope_theta|rope_base)\s*(?::\s*\w+\s
 BASE_WORD = re.compile(r"(?i)base|theta")
 # a product with the sine (`x2 * sin`, `sin * x1`, `rotate_half(q) * sin[..., :d]`)
 SINE_PRODUCT = r"\*\s*(\w+\.)?sin\b|\bsin\w*(\[[^]]*\])?\s*\*"
-# a line that copies one name to another (`residual = hidden_states`)
-PLAIN_COPY = re.compile(r"\s*([A-Za-z_]\w*)\s*=\s*([A-Za-z_]\w*)\s*$")
 # a line that binds one name to a norm's output: `normed = self.final_layernorm(h)`, `x = self.ln_f(x)`
 NORM_BOUND = re.compile(r"(?i)\s*([A-Za-z_]\w*)\s*=\s*self\.[\w.]*(?:norm|ln)\w*\(")
 COMMENTED_SHIFT = re.compile(r"\s*#\s*[\w.]+\[\s*\.\.\.\s*,\s*1\s*:\s*\]\s*=\s*"
@@ -373,7 +359,6 @@ COMMENTED_SHIFT = re.compile(r"\s*#\s*[\w.]+\[\s*\.\.\.\s*,\s*1\s*:\s*\]\s*=\s*"
 # diagnoses whose line is found by more than a pattern of one line
 LINE_FINDERS = {"shared_norm": _second_norm_call, "top_p_drops_crossing": _shift_commented_out,
                 "final_norm_missing": _norm_never_read, "rope_rotation_sign": _sine_lines,
-                "residual_from_normed": _residual_kept_after_norm,
                 "concat_no_transpose": _concat_and_its_input,
                 "no_output_projection": _projection_left_out, "cosine_min_lr_ignored": _cosine_without_floor,
                 "pe_wrong_frequency": _frequencies_and_their_factor, "pre_norm": _both_norm_lines,
