@@ -107,16 +107,6 @@ def test_window_one_too_wide_quotes_the_comparison_with_the_setting(folder):
     assert _finding(result, "WindowGPT")[1] == _line_of(WINDOWED, FAR)
 
 
-def test_top_p_that_drops_a_certain_token_is_named_from_the_tensor_prompt(folder):
-    """A top-p that drops the crossing token drops a certain one too: the loop raises on every prompt.
-    The failure reported is the tensor prompt's, not the list of ints' (a list has no slicing by
-    [:, -n:]), so the filter's mistake is named at its line."""
-    written = "sorted_probs[(cum - sorted_probs) > top_p] = 0.0"
-    result = _planted(folder, NEOX, "top_p_drops", ["generate"], (written, "sorted_probs[cum > top_p] = 0.0"))
-    found = {(f.name, f.line) for f in component(result, "NeoXForCausalLM.generate").findings}
-    assert ("top_p_drops_crossing", _line_of(NEOX, written)) in found, format_report(result)
-
-
 def test_router_softmax_over_the_tokens_is_named(folder):
     """minimind's gate with the softmax over the (N, E) logits' tokens (dim=0), not the experts."""
     source = FIXTURES / "learners_moe" / "correct.py"

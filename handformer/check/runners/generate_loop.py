@@ -448,11 +448,6 @@ class StandIn:
                     "(logits, loss) 元组或 .logits）")
 
 
-def _theirs(run: Run) -> bool:
-    """Whether the run failed in the learner's code (not in check's stand-in)."""
-    return run.out is None and run.failure is not None and run.failure.error.kind != "stand_in"
-
-
 def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any) -> None:
     note = defaults_note(comp.obj)
     res.notes += [note] if note else []
@@ -460,10 +455,7 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
     for B, as_list in ((1, False), (1, True)):  # a loop written for one prompt, maybe a list of ints
         if short.out is not None or _named(short):
             break
-        again = run_generate(ctx, comp, driver, SHORT, B, as_list)
-        # a list of ints that fails in their code too says less than the tensor's failure (a list has
-        # no `.shape`); the stand-in's failure is kept (it could not serve their loop)
-        short = again if not as_list or not _theirs(again) or _named(again) else short
+        short = run_generate(ctx, comp, driver, SHORT, B, as_list)
     if short.out is None and not _named(first) and first.failure is not None and (
             first.failure.error.kind == "stand_in" or _own_method(comp, driver)):
         raise first.failure  # the stand-in could not serve their loop: not a prompt shape of theirs
