@@ -204,28 +204,24 @@ def table_frequencies(tables: list[Tensor], head_dim: int) -> Tensor | None:
 
 
 def turned_base(module: nn.Module) -> float | None:
-    """The rotary base of the tables a module and its children hold, read back from their frequencies
-    whatever width they turn (a partial rotary's too): Hugging Face's 1-D inv_freq, theta^(-2j/d) for
-    j < d/2, or position 1's angles of a complex or sine table; None where none holds two or more
-    frequencies that start at 1 and fall geometrically (Llama 3.1's scaled ones do not), or where they
-    show two bases."""
-    held = [t for sub in module.modules() for t in [*sub.buffers(recurse=False), *vars(sub).values()]]
-    vectors = [t.double() for t in held if isinstance(t, Tensor) and t.dim() == 1 and t.is_floating_point()]
-    angles = [t[1].angle() if t.is_complex() else t[1].double().asin() for t in module_tables(module)
-              if t.is_complex() or t[0].abs().max() == 0]
-    bases = {_geometric_base(torch.unique(f.abs())) for f in [*vectors, *angles] if f.numel() >= 2} - {None}
-    return bases.pop() if len(bases) == 1 else None  # two bases (Gemma 3's local and global): not said
+    """The rotary base of the 1-D inverse frequencies a module and its children hold as buffers
+    (Hugging Face's inv_freq, theta^(-2j/d) for j < d/2, d the width it turns, a partial rotary's
+    too), read back from them; None where none holds two or more that start at 1 and fall
+    geometrically (Llama 3.1's scaled ones do not), or where they show two bases (Gemma 3's)."""
+    bases = {_geometric_base(torch.unique(t.double().abs()))
+             for t in module.buffers() if t.dim() == 1} - {None}
+    return bases.pop() if len(bases) == 1 else None
 
 
 def _geometric_base(freqs: Tensor) -> float | None:
     """The base b of n frequencies b^(-j/n), j < n (the pairs of a width 2n), in any order; None where
     they are not those of a base."""
     n, ordered = freqs.numel(), freqs.sort(descending=True).values
-    if n < 2 or abs(float(ordered[0]) - 1) > 1e-4 or not 0 < float(ordered[1]) < 1:
+    ratio = float(ordered[min(1, n - 1)])  # f_1 = b^(-1/n): f_j = ratio^j
+    expected = ratio ** torch.arange(n, dtype=torch.float64)
+    if n < 2 or not 0 < ratio < 1 or (ordered - expected).abs().max() > 1e-4:
         return None
-    base = float(ordered[1]) ** -n
-    expected = base ** (-torch.arange(n, dtype=torch.float64) / n)
-    return float(f"{base:.3g}") if (ordered - expected).abs().max() < 1e-4 else None
+    return float(f"{ratio ** -n:.3g}")
 
 
 def module_tables(module: nn.Module) -> list[Tensor]:

@@ -201,51 +201,15 @@ def _norm_never_read(lines: list[tuple[int, str]]) -> tuple[int | None, str | No
 
 
 def base_not_handed(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
-    """The first call of a class or function whose `def` takes the rotary base with a default (`def
-    __init__(self, dim, base=10000)`) that hands it no base (`RotaryEmbedding(self.head_dim, ...)`): where
-    the base a config names is left out and the default used. A statement of several lines is quoted by
-    its first line and its next; None where no call leaves the base out."""
-    code = _code_lines(lines)
-    takers = {_defined_name(code, n, line) for n, line in code
-              if HEADER.match(line) and BASE_DEFAULT.search(line)}
-    calls = re.compile(rf"\b({'|'.join(takers)})\(") if takers else None
-    for number, line in code:
-        statement = _statement(number, dict(lines))
-        if calls and not HEADER.match(line) and calls.search(line.split("#")[0]) \
-                and not BASE_WORD.search(" ".join(statement)):
-            after = statement[1] if len(statement) > 1 else ""
-            return with_second(number, line.strip(), number + 1 if after else None, after)
+    """The first line that builds a rotary module or table into an attribute (`self.rotary_emb =
+    RotaryEmbedding(self.head_dim, ...)`, `self.freqs_cis = precompute_freqs_cis(...)`) and hands it
+    no base nor the whole config, its next line read too where its brackets stay open: where the base
+    a config names is left out and the default used. None where none does."""
+    for number, line in _code_lines(lines):
+        after = dict(lines).get(number + 1, "") * (_depth(line) > 0)  # a statement that goes on
+        if UNHANDED.match(line.split("#")[0] + after.split("#")[0]):
+            return with_second(number, line.strip(), (number + 1) * bool(after), after)
     return None, None
-
-
-def _defined_name(code: list[tuple[int, str]], number: int, header: str) -> str:
-    """The name a call uses for what a `def` line defines: its class's for an __init__, else its own."""
-    if re.match(r"\s*def\s+__init__\b", header):
-        owners = [(n, m[1]) for n, line in code if n < number and (m := re.match(r"\s*class\s+(\w+)", line))]
-        return max(owners)[1] if owners else "__init__"
-    return re.match(r"\s*(?:async\s+)?def\s+(\w+)", header)[1]
-
-
-def _statement(number: int, lines: dict[int, str]) -> list[str]:
-    """The code of the statement that opens on line `number` (each line's comment left out), through the
-    line that closes its brackets."""
-    found, depth = [], 0
-    while number in lines and (not found or depth > 0):
-        found.append(lines[number].split("#")[0].strip())
-        depth, number = depth + _depth(lines[number]), number + 1
-    return found
-
-
-def _sine_lines(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
-    """The line its telling patterns find (rotate_half's cat((x2, -x1)), a table of -angles); else the
-    first line that multiplies by the sine and the next one in its function that does (a real form's
-    two rows, `x1 * cos - x2 * sin`, `x1 * sin + x2 * cos`: the sign is wrong on one of them); else
-    the diagnosis' other lines."""
-    told = first_line(CATALOG["rope_rotation_sign"].patterns[:3], lines)
-    number, code = told if told[0] is not None else first_line([SINE_PRODUCT], lines)
-    if number is None or told[0] is not None:
-        return number, code
-    return with_second(number, code, *_nearest(lines, number, rf".*({SINE_PRODUCT})", 1))
 
 
 def _concat_and_its_input(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
@@ -346,19 +310,18 @@ HEADS_MERGED = r"\bcat\(|transpose\(|permute\(|einsum\(|\w\s*@\s*\w|matmul\(|sca
 # the name a line flattens (`x.contiguous().view(`), on a line quoted alone
 RESHAPED = re.compile(r"^(?!.* / line ).*?\b(\w+)(?:\.contiguous\(\))?\.(?:view|reshape)\(")
 NORM_CALL = re.compile(r"(?i)self\.(\w*(?:norm|ln)\w*)\(")
-# a def's rotary base with a number for its default (`base=10000`, `theta: float = 10000.0`), and a word
-# that hands one (`base=config.rope_theta`, `self.rope_theta`)
-BASE_DEFAULT = re.compile(r"\b(?:base|theta|rope_theta|rope_base)\s*(?::\s*\w+\s*)?=\s*[\d._]+(?:e\d+)?")
-BASE_WORD = re.compile(r"(?i)base|theta")
-# a product with the sine (`x2 * sin`, `sin * x1`, `rotate_half(q) * sin[..., :d]`)
-SINE_PRODUCT = r"\*\s*(\w+\.)?sin\b|\bsin\w*(\[[^]]*\])?\s*\*"
+# a line that builds a rotary module or table into an attribute and hands it no base (`base=`,
+# `theta`), nor the whole config (`Rotary(config)`)
+UNHANDED = re.compile(r"(?i)\s*self\.\w+\s*=\s*[\w.]*(rotary|rope|freqs)\w*\("
+                      r"(?!.*(base|theta|\bconfig\s*[,)]))")
 # a line that binds one name to a norm's output: `normed = self.final_layernorm(h)`, `x = self.ln_f(x)`
 NORM_BOUND = re.compile(r"(?i)\s*([A-Za-z_]\w*)\s*=\s*self\.[\w.]*(?:norm|ln)\w*\(")
 COMMENTED_SHIFT = re.compile(r"\s*#\s*[\w.]+\[\s*\.\.\.\s*,\s*1\s*:\s*\]\s*=\s*"
                              r"[\w.]+\[\s*\.\.\.\s*,\s*:\s*-1\s*\]")
 # diagnoses whose line is found by more than a pattern of one line
-LINE_FINDERS = {"shared_norm": _second_norm_call, "top_p_drops_crossing": _shift_commented_out,
-                "final_norm_missing": _norm_never_read, "rope_rotation_sign": _sine_lines,
+LINE_FINDERS = {"shared_norm": _second_norm_call, "rope_wrong_base": base_not_handed,
+                "top_p_drops_crossing": _shift_commented_out,
+                "final_norm_missing": _norm_never_read,
                 "concat_no_transpose": _concat_and_its_input,
                 "no_output_projection": _projection_left_out, "cosine_min_lr_ignored": _cosine_without_floor,
                 "pe_wrong_frequency": _frequencies_and_their_factor, "pre_norm": _both_norm_lines,

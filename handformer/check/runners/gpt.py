@@ -80,7 +80,7 @@ from handformer.check.core.result import (
 )
 from handformer.check.core.rotary import interleaved_to_half_, partial_layouts, turned_width
 from handformer.check.core.score_scale import PLAIN, Form, layer_forms, model_factors
-from handformer.check.core.source import base_not_handed, locate, source_lines, source_text
+from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.core.weights import (
     Leaf,
     MappingError,
@@ -317,7 +317,7 @@ def _rotary(module: nn.Module) -> tuple[tuple[str | None, ...], float, float | N
     """The rotary layouts to try (Meta's complex freqs_cis: interleaved first), the base (the one the
     learner's config names, rope_theta; else read back from its tables; else 10000), and the base of
     its tables when that is another (rope_wrong_base: the config's base not handed to the tables)."""
-    from handformer.check.core.rotary import module_tables, named_base, rope_layouts, table_base, turned_base
+    from handformer.check.core.rotary import module_tables, named_base, rope_layouts, table_base
 
     if any(re.search(r"def forward\([^)]*\bcos_sin\b", source_text(type(sub))) for sub in module.modules()
            if type(sub).__module__.startswith("learner_")):  # nanochat's halves, rotated either way
@@ -330,7 +330,7 @@ def _rotary(module: nn.Module) -> tuple[tuple[str | None, ...], float, float | N
     ropes = ("interleaved", "half", None, *partial) if any(t.is_complex() for t in tables) else (
         "half", "interleaved", None, *partial)
     named = named_base(module)
-    table = table_base(tables, D // H) or turned_base(module)  # Hugging Face's inv_freq alone, too
+    table = table_base(tables, D // H)
     if named is None:
         return ropes, table or 10000.0, None
     return ropes, named, table if table is not None and abs(table / named - 1) > 1e-3 else None
@@ -917,7 +917,6 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
         _read_conventions(call, m, idx)
         _tied_despite_config(res, ctx, comp, m)
         _compare(res, ctx, comp, m, call, out, loss, idx, targets, last_only)
-        _base_at_width(res, ctx, comp, m, module)
         _not_compared(res, m)
     return finish(res)
 
@@ -936,8 +935,7 @@ def _base_at_width(res: ComponentResult, ctx: Context, comp: Component, m: GPTMa
     if (named is None or m.table_theta is not None or m.rope_scaling is not None
             or not any(map(rotary, m.ropes)) or turned_base(module) is not None):
         return
-    wide = fp.quietly(lambda: ctx.build(comp, {**gpt_sizes(ctx), "d_model": WIDE_D}))
-    seen = turned_base(wide) if isinstance(wide, nn.Module) else None
+    seen = fp.quietly(lambda: turned_base(ctx.build(comp, {**gpt_sizes(ctx), "d_model": WIDE_D})))
     if seen is None or abs(seen / named - 1) < 1e-3:
         return
     said = text(f"built with d_model {WIDE_D} (heads of {WIDE_D // H}), your rotary tables turn by base "
@@ -950,7 +948,7 @@ def _base_at_width(res: ComponentResult, ctx: Context, comp: Component, m: GPTMa
                                  "旋转位置表使用配置给出的底数（在更宽的头上读取：check 的头只有 4 维时，"
                                  "部分旋转只转一对维度，任何底数结果都一样）"), False, said))
     lines = source_lines(ctx.objects(comp, "causal_attention", "block"))
-    res.findings.append(Finding("rope_wrong_base", said, *_located("rope_wrong_base", lines)))
+    res.findings.append(Finding("rope_wrong_base", said, *locate("rope_wrong_base", lines)))
 
 
 def _latent_model(res: ComponentResult, ctx: Context, comp: Component, call: Caller, out: Tensor,
@@ -1124,6 +1122,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
         ch = _found(res, ctx, comp, m, call.module, out, idx, found, last_only)
     hf = reference_model(m, ch)
     _norm_findings(res, ctx, comp, m)
+    _base_at_width(res, ctx, comp, m, call.module)
     errors = []
     for i, (B2, T2) in enumerate([(3, 5), (1, 1), (2, BLOCK)]):
         x = torch.randint(0, VOCAB, (B2, T2), generator=torch.Generator().manual_seed(10 + i))
@@ -1248,7 +1247,7 @@ def _found(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, modul
     lines = source_lines(ctx.objects(comp, "causal_attention", "block", "causal_mask"))
     for flag in sorted(flags):
         name, _, form = flag.partition(":")
-        number, code = _located(flag, lines)
+        number, code = locate(name, lines)
         res.findings.append(Finding(name, text(
             f"your logits equal the model's with this mistake (max abs difference {matched:.1e}); they "
             f"differ from the correct ones by {correct:.3g}",
@@ -1256,14 +1255,6 @@ def _found(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, modul
             f"{correct:.3g}"), number, code, form))
     _scale_unused(res, ctx, comp, m, module, out, found, idx, last_only)
     return ch
-
-
-def _located(flag: str, lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
-    """The line of a mistake found in the logits: for the base the config names that the tables do not
-    use (the plain rope_wrong_base, from the tables read), the call that leaves the base out, where one
-    does; else the diagnosis' line."""
-    number, code = base_not_handed(lines) if flag == "rope_wrong_base" else (None, None)
-    return (number, code) if number is not None else locate(flag.partition(":")[0], lines)
 
 
 def _cached(res: ComponentResult, ctx: Context, comp: Component, call: Caller, hf: CausalLM | None,

@@ -17,7 +17,6 @@ Shape legend: N tokens (B * T), D d_model, E experts, K experts a token.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -73,23 +72,16 @@ def _setting(module: nn.Module, names: tuple[str, ...], kinds: tuple[type, ...] 
 
 
 def mixture(x: Tensor, router: Tensor, experts: list[Any], shared: list[Any], k: int, normalize: bool,
-            scale: float = 1.0, over_tokens: bool = False) -> Tensor:
+            scale: float = 1.0) -> Tensor:
     """The reference: softmax(x W_r^T) over the experts, the top k of each token, renormalized when
     `normalize`, times the routing scale, weighting the experts' outputs; plus each shared expert's.
-    x (B, T, D). over_tokens: the softmax over the batch's B * T tokens instead (softmax_wrong_dim)."""
-    logits = x @ router.T  # (B, T, E)
-    scores = torch.softmax(logits.flatten(0, -2), dim=0).view_as(logits) if over_tokens else \
-        torch.softmax(logits, dim=-1)
+    x (B, T, D)."""
+    scores = torch.softmax(x @ router.T, dim=-1)  # (B, T, E)
     weights, chosen = scores.topk(k, dim=-1)  # (B, T, K)
     weights = (weights / weights.sum(-1, keepdim=True) if normalize else weights) * scale
     outs = torch.stack([expert(x) for expert in experts], dim=-2)  # (B, T, E, D)
     picked = outs.gather(-2, chosen[..., None].expand(*chosen.shape, outs.size(-1)))  # (B, T, K, D)
     return (weights[..., None] * picked).sum(-2) + sum(s(x) for s in shared)
-
-
-MIXTURE_CHECK = text("each token through its top experts by the router's softmax, their outputs weighted and "
-                     "summed (plus the shared experts')",
-                     "每个 token 经过路由 softmax 得分最高的专家，输出加权求和（再加上共享专家的输出）")
 
 
 def check_moe(comp: Component, ctx: Context) -> ComponentResult:
@@ -116,7 +108,11 @@ def check_moe(comp: Component, ctx: Context) -> ComponentResult:
     res.notes.append(_read_as(len(experts), k, norm, len(shared)))
     res.notes += [text(f"the routed experts' weights times {scale:g} (its routing scale)",
                        f"路由专家的权重乘以 {scale:g}（它的路由缩放系数）")] * (scale != 1.0)
-    res.checks.append(Check(MIXTURE_CHECK, err < TOL, error_text(err)))
+    res.checks.append(Check(text("each token through its top experts by the router's softmax, their outputs "
+                                 "weighted and summed (plus the shared experts')",
+                                 "每个 token 经过路由 softmax 得分最高的专家，输出加权求和"
+                                 "（再加上共享专家的输出）"),
+                            err < TOL, error_text(err)))
     if err >= TOL and norm and errors[k, False] < TOL:
         number, code = locate("moe_weights_not_renormalized", source_lines(ctx.objects(comp)))
         res.findings.append(Finding("moe_weights_not_renormalized", text(
@@ -126,24 +122,7 @@ def check_moe(comp: Component, ctx: Context) -> ComponentResult:
             "而它的设置要求重新归一化"),
             number, code))
     res.findings += _branch_findings(ctx, comp, module, err)
-    res.findings += _router_axis(ctx, comp, out, err >= TOL and not res.findings, lambda renormed: mixture(
-        x, router, list(experts), shared, k, renormed, scale, over_tokens=True))
     return finish(res)
-
-
-@torch.no_grad()
-def _router_axis(ctx: Context, comp: Component, out: Tensor, failed: bool,
-                 over_tokens: Callable[[bool], Tensor]) -> list[Finding]:
-    """softmax_wrong_dim where the output failed and is a mixture whose router softmax runs over the
-    batch's tokens (the (B * T, E) logits' dim 0), not over the experts: `over_tokens(renormalized)`."""
-    err = min(fp.max_error(out, over_tokens(each)) for each in (True, False)) if failed else 0.0
-    if not failed or err >= TOL:
-        return []
-    number, code = locate("softmax_wrong_dim", source_lines(ctx.objects(comp)))
-    return [Finding("softmax_wrong_dim", text(
-        f"your output is the mixture whose router softmax runs over the tokens, not the experts (to "
-        f"{err:.1e})",
-        f"你的输出等于路由 softmax 沿 token 而不是沿专家计算时的混合结果（误差 {err:.1e}）"), number, code)]
 
 
 def _branch_findings(ctx: Context, comp: Component, module: nn.Module, err: float) -> list[Finding]:
