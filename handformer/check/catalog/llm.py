@@ -16,7 +16,7 @@ DIAGNOSES: list[Diagnosis] = [
       "RMSNorm 除以的是均方，没有开平方",
       "divide by the root of the mean square: x / torch.sqrt(ms + eps), or x * torch.rsqrt(ms + eps)",
       "应除以均方的平方根：x / torch.sqrt(ms + eps)，或 x * torch.rsqrt(ms + eps)",
-      r"/\s*\(\s*\w+\s*\+\s*(self\.)?eps", r"mean\(", r"eps"),
+      r"/\s*\(\s*\w+\s*\+\s*(self\.)?\w*eps", r"mean\(", r"eps"),
     d("norm_eps_outside_sqrt", "eps is added outside the square root",
       "eps 加在了平方根外面",
       "put eps inside the root, as nn.RMSNorm and nn.LayerNorm do: torch.sqrt(ms + eps) or "

@@ -166,7 +166,7 @@ def score_biases_inside(module: nn.Module, sources: list[str]) -> tuple[str, ...
     return ("t5", "t5_causal") * table + ("alibi",) * alibi
 
 
-BASE_NAMES = ("rope_theta", "theta", "rope_base", "base", "rotary_base")
+BASE_NAMES = ("rope_theta", "theta", "rope_base", "base", "rotary_base", "rotary_emb_base")
 
 
 def named_base(module: nn.Module) -> float | None:
@@ -203,6 +203,27 @@ def table_frequencies(tables: list[Tensor], head_dim: int) -> Tensor | None:
         if distinct is not None and distinct.numel() == head_dim // 2:
             return distinct
     return None
+
+
+def turned_base(module: nn.Module) -> float | None:
+    """The rotary base of the 1-D inverse frequencies a module and its children hold as buffers
+    (Hugging Face's inv_freq, theta^(-2j/d) for j < d/2, d the width it turns, a partial rotary's
+    too), read back from them; None where none holds two or more that start at 1 and fall
+    geometrically (Llama 3.1's scaled ones do not), or where they show two bases (Gemma 3's)."""
+    bases = {_geometric_base(torch.unique(t.double().abs()))
+             for t in module.buffers() if t.dim() == 1} - {None}
+    return bases.pop() if len(bases) == 1 else None
+
+
+def _geometric_base(freqs: Tensor) -> float | None:
+    """The base b of n frequencies b^(-j/n), j < n (the pairs of a width 2n), in any order; None where
+    they are not those of a base."""
+    n, ordered = freqs.numel(), freqs.sort(descending=True).values
+    ratio = float(ordered[min(1, n - 1)])  # f_1 = b^(-1/n): f_j = ratio^j
+    expected = ratio ** torch.arange(n, dtype=torch.float64)
+    if n < 2 or not 0 < ratio < 1 or (ordered - expected).abs().max() > 1e-4:
+        return None
+    return float(f"{ratio ** -n:.3g}")
 
 
 def module_tables(module: nn.Module) -> list[Tensor]:

@@ -215,6 +215,28 @@ def _zero_grad_commented_out(lines: list[tuple[int, str]]) -> tuple[int | None, 
     return found[0] if found else (None, None)
 
 
+def _norm_never_read(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+    """The line that binds a norm's output to a name no later line of the same function reads
+    (`normed = self.norm(h)`, then `logits = self.lm_head(h)`): the norm computed, its result dropped."""
+    for number, line in _code_lines(lines):
+        bound = NORM_BOUND.match(line.split("#")[0])
+        if bound and _nearest(lines, number, rf".*\b{bound[1]}\b", 1)[0] is None:
+            return number, line.strip()
+    return None, None
+
+
+def base_not_handed(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+    """The first line that builds a rotary module or table into an attribute (`self.rotary_emb =
+    RotaryEmbedding(self.head_dim, ...)`, `self.freqs_cis = precompute_freqs_cis(...)`) and hands it
+    no base nor the whole config, its next line read too where its brackets stay open: where the base
+    a config names is left out and the default used. None where none does."""
+    for number, line in _code_lines(lines):
+        after = dict(lines).get(number + 1, "") * (_depth(line) > 0)  # a statement that goes on
+        if UNHANDED.match(line.split("#")[0] + after.split("#")[0]):
+            return with_second(number, line.strip(), (number + 1) * bool(after), after)
+    return None, None
+
+
 def _concat_and_its_input(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
     """The line that flattens the heads without a transpose (`x = x.contiguous().view(B, T, D)`) and,
     when the tensor it flattens was made on an earlier line of the same function (`x = weights @ v`),
@@ -313,10 +335,18 @@ HEADS_MERGED = r"\bcat\(|transpose\(|permute\(|einsum\(|\w\s*@\s*\w|matmul\(|sca
 # the name a line flattens (`x.contiguous().view(`), on a line quoted alone
 RESHAPED = re.compile(r"^(?!.* / line ).*?\b(\w+)(?:\.contiguous\(\))?\.(?:view|reshape)\(")
 NORM_CALL = re.compile(r"(?i)self\.(\w*(?:norm|ln)\w*)\(")
+# a line that builds a rotary module or table into an attribute and hands it no base (`base=`,
+# `theta`), nor the whole config (`Rotary(config)`)
+UNHANDED = re.compile(r"(?i)\s*self\.\w+\s*=\s*[\w.]*(rotary|rope|freqs)\w*\("
+                      r"(?!.*(base|theta|\bconfig\s*[,)]))")
+# a line that binds one name to a norm's output: `normed = self.final_layernorm(h)`, `x = self.ln_f(x)`
+NORM_BOUND = re.compile(r"(?i)\s*([A-Za-z_]\w*)\s*=\s*self\.[\w.]*(?:norm|ln)\w*\(")
 COMMENTED_SHIFT = re.compile(r"\s*#\s*[\w.]+\[\s*\.\.\.\s*,\s*1\s*:\s*\]\s*=\s*"
                              r"[\w.]+\[\s*\.\.\.\s*,\s*:\s*-1\s*\]")
 # diagnoses whose line is found by more than a pattern of one line
-LINE_FINDERS = {"shared_norm": _second_norm_call, "top_p_drops_crossing": _shift_commented_out,
+LINE_FINDERS = {"shared_norm": _second_norm_call, "rope_wrong_base": base_not_handed,
+                "top_p_drops_crossing": _shift_commented_out,
+                "final_norm_missing": _norm_never_read,
                 "concat_no_transpose": _concat_and_its_input,
                 "no_output_projection": _projection_left_out, "cosine_min_lr_ignored": _cosine_without_floor,
                 "pe_wrong_frequency": _frequencies_and_their_factor, "pre_norm": _both_norm_lines,

@@ -101,4 +101,4 @@ def declared_window(res: ComponentResult, module: nn.Module, reach: int) -> None
 
 
 # the line that bands the mask: a tril or triu by the window, else a comparison with it
-WINDOW_LINES = (r"(tril|triu)\(.*window|window.*(tril|triu)\(", r"window\w*\s*[<>+-]|[<>+-]\s*\w*window")
+WINDOW_LINES = (r"(tril|triu)\(.*window|window.*(tril|triu)\(", r"window\w*\s*[<>+-]|[<>+-]=?\s*[\w.]*window")

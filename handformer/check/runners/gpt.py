@@ -924,6 +924,36 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     return finish(res)
 
 
+WIDE_D = 4 * D  # the d_model of a second build: heads of 16, where a partial rotary turns several pairs
+
+
+def _base_at_width(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, module: nn.Module) -> None:
+    """rope_wrong_base where check's heads of 4 cannot show it: a partial rotary that turns one pair of
+    each (Persimmon's half) turns it at frequency 1 whatever the base. The model is built again with
+    d_model 64 and its tables' base read back; one other than the base its config names is that base
+    not handed to the tables (the default used)."""
+    from handformer.check.core.rotary import named_base, turned_base
+
+    named = named_base(module)
+    if (named is None or m.table_theta is not None or m.rope_scaling is not None
+            or not any(map(rotary, m.ropes)) or turned_base(module) is not None):
+        return
+    seen = fp.quietly(lambda: turned_base(ctx.build(comp, {**gpt_sizes(ctx), "d_model": WIDE_D})))
+    if seen is None or abs(seen / named - 1) < 1e-3:
+        return
+    said = text(f"built with d_model {WIDE_D} (heads of {WIDE_D // H}), your rotary tables turn by base "
+                f"{seen:g}, though your config names {named:g}",
+                f"按 d_model {WIDE_D}（每个头 {WIDE_D // H} 维）构造时，你的旋转位置表用的底数是 {seen:g}，"
+                f"而配置写的是 {named:g}")
+    res.checks.append(Check(text("the rotary tables turn by the base the config names (read at a wider "
+                                 "head: at check's heads of 4 a partial rotary turns one pair, the same at "
+                                 "any base)",
+                                 "旋转位置表使用配置给出的底数（在更宽的头上读取：check 的头只有 4 维时，"
+                                 "部分旋转只转一对维度，任何底数结果都一样）"), False, said))
+    lines = source_lines(ctx.objects(comp, "causal_attention", "block"))
+    res.findings.append(Finding("rope_wrong_base", said, *locate("rope_wrong_base", lines)))
+
+
 def _latent_model(res: ComponentResult, ctx: Context, comp: Component, call: Caller, out: Tensor,
                   lm: latent.LatentModel, idx: Tensor) -> ComponentResult:
     """DeepSeek's model on latent attention against the reference, then through the KV cache its
@@ -1095,6 +1125,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
         ch = _found(res, ctx, comp, m, call.module, out, idx, found, last_only)
     hf = reference_model(m, ch)
     _norm_findings(res, ctx, comp, m)
+    _base_at_width(res, ctx, comp, m, call.module)
     errors = []
     for i, (B2, T2) in enumerate([(3, 5), (1, 1), (2, BLOCK)]):
         x = torch.randint(0, VOCAB, (B2, T2), generator=torch.Generator().manual_seed(10 + i))
