@@ -954,6 +954,8 @@ def _causal_inside(res: ComponentResult, ctx: Context, c: Caller, causal_inside:
     if behaves_causal(ctx, c, D):  # handed None where a case has no mask (ChatGLM's builds its own then)
         res.notes.append(CAUSAL_WITHOUT_MASK)
         c.state["none"] = c.required
+    elif c.required and causal_with_keys_kept(ctx, c, D):  # its padding mask required, its causal one inside
+        res.notes.append(CAUSAL_WITH_KEYS_KEPT)
     elif switched_causal(module):
         res.notes.append(CAUSAL_BY_SWITCH)
     else:
@@ -980,6 +982,11 @@ CAUSAL_WITHOUT_MASK = text("with no mask it is causal (changing token 3 leaves o
                            "checked as causal self-attention",
                            "不给掩码时它是因果的（改变位置 3 的 token，位置 0..2 的输出不变）："
                            "按因果自注意力检查")
+CAUSAL_WITH_KEYS_KEPT = text("it requires a padding mask of its keys (B, S), and handed one that hides none "
+                             "it is causal: checked as causal self-attention, its padding handed as that "
+                             "mask",
+                             "它必须传入键的填充掩码 (B, S)，传入不遮任何键的掩码时它是因果的：按因果自注意力"
+                             "检查，填充用这个掩码传入")
 CAUSAL_BY_SWITCH = text("its forward's causal switch is on by default (is_causal=True): checked as causal "
                         "self-attention",
                         "它的 forward 的因果开关默认打开（is_causal=True）：按因果自注意力检查")
