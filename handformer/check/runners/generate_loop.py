@@ -476,8 +476,7 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
         raise ctx.learner.fail("forward", f"{comp.name} returned no token ids for a prompt of 3 tokens and "
                                f"max_new_tokens={SHORT}",
                                f"提示为 3 个 token、max_new_tokens={SHORT} 时，{comp.name} 没有返回 token id")
-    short = _total_length(res, ctx, comp, driver, short)
-    B = short.prompt.size(0)
+    B = (short := _total_length(res, ctx, comp, driver, short)).prompt.size(0)  # its count read as it counts
     if B == 1:
         en, zh = (", given as a list of ints", "，提示词是整数列表") if short.as_list else ("", "")
         res.notes.append(text(f"it generates for one prompt at a time (a batch of 2 failed){en}",
