@@ -10,13 +10,14 @@ handformer's keys and values held constant, and pass it so when they agree."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from handformer.check.core.result import text
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.result import ComponentResult, text
 
 KV_PROJECTIONS = ("k_proj", "v_proj")  # handformer's MultiHeadAttention's key and value projections
 
@@ -24,11 +25,10 @@ KV_PROJECTIONS = ("k_proj", "v_proj")  # handformer's MultiHeadAttention's key a
 def kept_tensors(module: nn.Module) -> dict[str, Tensor]:
     """The tensors a module and its children hold that are not parameters: buffers, and tensors set
     as plain attributes (`self.cache_k = torch.zeros(...)`), by their dotted names."""
-    kept = {name: t for name, t in module.named_buffers()}
+    kept = dict(module.named_buffers())
     for prefix, child in module.named_modules():
-        for key, value in vars(child).items():
-            if isinstance(value, Tensor) and not isinstance(value, nn.Parameter):
-                kept[f"{prefix}.{key}".lstrip(".")] = value
+        kept |= {f"{prefix}.{key}".lstrip("."): value for key, value in vars(child).items()
+                 if isinstance(value, Tensor)}  # (parameters are held in child._parameters)
     return kept
 
 
@@ -42,21 +42,30 @@ def snapshot(module: Any) -> dict[str, Tensor]:
 def written(module: Any, before: dict[str, Tensor]) -> bool:
     """Whether the module's kept tensors changed since `before` (a cache written, or set anew)."""
     now = snapshot(module)
-    return now.keys() != before.keys() or any(
-        now[k].shape != before[k].shape or not torch.equal(now[k], before[k]) for k in now)
+    return not (now.keys() == before.keys() and all(torch.equal(now[k], before[k]) for k in now))
 
 
 @contextlib.contextmanager
 def keys_held(hf: nn.Module) -> Iterator[None]:
     """handformer's module with the outputs of every key and value projection detached, as a KV
     cache without gradients holds them."""
-    hooks = [m.register_forward_hook(lambda _m, _i, out: out.detach()) for name, m in hf.named_modules()
-             if name.split(".")[-1] in KV_PROJECTIONS]
-    try:
+    with fp.hooked([m.register_forward_hook(lambda _m, _i, out: out.detach())
+                    for name, m in hf.named_modules() if name.split(".")[-1] in KV_PROJECTIONS]):
         yield
-    finally:
-        for hook in hooks:
-            hook.remove()
+
+
+def gradient_error(res: ComponentResult, grads: Callable[[bool], float], kept: bool, hf: nn.Module) -> float:
+    """The gradients' largest difference from handformer's, `grads(retain)` (retain: the learner's
+    graph kept for another comparison); where they depart and the module wrote the tensors it keeps in
+    that call (`kept`: a KV cache), the difference from handformer's with its keys and values held
+    constant (`keys_held`), noted when that is what agrees."""
+    err = grads(kept)
+    if err < 1e-5 or not kept:
+        return err
+    with keys_held(hf):
+        held = grads(False)
+    res.notes += [HELD_NOTE] * (held < 1e-5)
+    return min(err, held)
 
 
 HELD_NOTE = text("it writes its keys and values into a cache it keeps (a tensor of its own, written in "

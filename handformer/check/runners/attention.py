@@ -71,7 +71,7 @@ from handformer.check.core.context import (
 from handformer.check.core.conventions import SEQUENCE_FIRST_CONVENTIONS, SHARED
 from handformer.check.core.discovery import Component, computes_attention, reads_kv_heads
 from handformer.check.core.fused_qkv import find_layouts_
-from handformer.check.core.kept_state import HELD_NOTE, keys_held, snapshot, written
+from handformer.check.core.kept_state import gradient_error, snapshot, written
 from handformer.check.core.layer_map import Gainless, gainless_qk
 from handformer.check.core.localize import (
     localize_attention,
@@ -1304,8 +1304,8 @@ def _compare_mha(res: ComponentResult, ctx: Context, comp: Component, s: Setup) 
             # gradients on the first case, where every query sees a key (a row of -inf gives NaN
             # gradients in torch.nn's convention, which spread to the weights' gradients)
             if out.shape == ref.shape and i == 0:
-                again = functools.partial(hf, xq, xkv, xkv, mask, need_weights=True, rope=rope)
-                grad_errors.append(_grad_error(res, (out, xq, rows), s, hf, written(s.module, before), again))
+                grads = functools.partial(_grads_again, (out, xq, rows, mask, xkv, rope), s, hf)
+                grad_errors.append(gradient_error(res, grads, written(s.module, before), hf))
     res.max_abs_error = max(errors)
     res.checks.append(Check(text(f"matches handformer's MultiHeadAttention on {len(errors)} outputs",
                                  f"在 {len(errors)} 组输出上与 handformer 的 MultiHeadAttention 一致"),
@@ -1316,19 +1316,11 @@ def _compare_mha(res: ComponentResult, ctx: Context, comp: Component, s: Setup) 
                                 max(grad_errors) < 1e-5, error_text(max(grad_errors))))
 
 
-def _grad_error(res: ComponentResult, got: tuple[Tensor, Tensor, Tensor | None], s: Setup, hf: nn.Module,
-                kept: bool, reference: Callable[[], tuple[Tensor, Any]]) -> float:
-    """The gradients' largest difference (`_grads`) from handformer's on got = (out, xq, rows); where
-    they depart and the module wrote the tensors it keeps in that call (a KV cache), from handformer's
-    with its keys and values held constant (kept_state.keys_held), noted when that is what agrees."""
-    out, xq, rows = got
-    err = _grads(out, reference()[0], xq, rows, s, hf, retain=kept)
-    if err < 1e-5 or not kept:
-        return err
-    with keys_held(hf):
-        held = _grads(out, reference()[0], xq, rows, s, hf)
-    res.notes += [HELD_NOTE] * (held < 1e-5)
-    return min(err, held)
+def _grads_again(run: tuple[Any, ...], s: Setup, hf: nn.Module, retain: bool) -> float:
+    """`_grads` on run = (out, xq, rows, mask, xkv, rope), handformer's output computed again (with its
+    keys and values held, inside kept_state.keys_held)."""
+    out, xq, rows, mask, xkv, rope = run
+    return _grads(out, hf(xq, xkv, xkv, mask, rope=rope)[0], xq, rows, s, hf, retain)
 
 
 def _grads(out: Tensor, ref: Tensor, xq: Tensor, rows: Tensor | None, s: Setup, hf: nn.Module,

@@ -305,9 +305,7 @@ TOTAL_COUNTS: weakref.WeakSet[Any] = weakref.WeakSet()
 
 def prompt_length(ids: Any) -> int:
     """The prompt's length: a (B, T) tensor's T, a list of ints', the longest of lists'."""
-    if isinstance(ids, Tensor):
-        return ids.size(-1)
-    return len(ids) if fp.token_list(ids) else max(map(len, ids), default=0)
+    return torch.as_tensor(ids).size(-1) if _rectangular(ids) else max(map(len, ids))
 
 
 def _rectangular(ids: Any) -> bool:

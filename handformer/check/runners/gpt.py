@@ -883,7 +883,6 @@ def _backbone(comp: Component, ctx: Context, module: nn.Module, out: Tensor | No
 def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     module = ctx.build(comp, gpt_sizes(ctx))
-    # a reward model's scores (B,), or vectors a stack of blocks returns
     stacked = check_scores(res, ctx, comp, module, VOCAB) or _vectors_in(comp, ctx, res, module)
     if stacked is not None:
         return stacked

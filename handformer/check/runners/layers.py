@@ -71,7 +71,7 @@ from handformer.check.core.context import (
 from handformer.check.core.conventions import ONE_ATTN_MASK, SEQUENCE_FIRST_CONVENTIONS, SHARED
 from handformer.check.core.discovery import MEMORY_NAMES, NAMES, Component, argument_keys
 from handformer.check.core.fused_qkv import find_layouts_
-from handformer.check.core.kept_state import HELD_NOTE, keys_held, snapshot, written
+from handformer.check.core.kept_state import gradient_error, snapshot, written
 from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
 from handformer.check.core.localize_kinds import localize_add_norm, note_departure
 from handformer.check.core.moe import ffn_readings, moe_config, moe_note, outside_moe
@@ -1177,7 +1177,8 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
             MASKED_ROWS[_torch_rows(layer, conv)](res, out, rows, layer.comp, ctx)
             if i == 0 and out is not None and out.shape == ref.shape and not layer.stepwise:
                 again = functools.partial(layer.kind.handformer, hf, x, memory, src_keep, tgt_keep, rope)
-                grad_err = _grad_error(res, (layer, hf, x, out), written(layer.module, before), again)
+                grads = functools.partial(_grads_again, (layer, hf, x, out), again)
+                grad_err = gradient_error(res, grads, written(layer.module, before), hf)
     res.max_abs_error = max(errors, default=None)
     name = layer.kind.reference.__name__
     n = len(errors)
@@ -1193,20 +1194,11 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
                             error_text(grad_err)))
 
 
-def _grad_error(res: ComponentResult, got: tuple[Layer, nn.Module, Tensor, Tensor], kept: bool,
-                reference: Callable[[], Tensor]) -> float:
-    """The gradients' largest difference (`_grads`) from handformer's on got = (layer, hf, x, out);
-    where they depart and the block wrote the tensors it keeps in that call (its attention's KV cache),
-    from handformer's with its keys and values held constant (kept_state.keys_held), noted when that
-    is what agrees."""
-    layer, hf, x, out = got
-    err = _grads(layer, hf, x, out, reference(), retain=kept)
-    if err < 1e-5 or not kept:
-        return err
-    with keys_held(hf):
-        held = _grads(layer, hf, x, out, reference())
-    res.notes += [HELD_NOTE] * (held < 1e-5)
-    return min(err, held)
+def _grads_again(run: tuple[Layer, nn.Module, Tensor, Tensor], reference: Callable[[], Tensor],
+                 retain: bool) -> float:
+    """`_grads` on run = (layer, hf, x, out), handformer's output computed again by `reference` (with its
+    keys and values held, inside kept_state.keys_held)."""
+    return _grads(*run, reference(), retain)
 
 
 def _grads(layer: Layer, hf: nn.Module, x: Tensor, out: Tensor, ref: Tensor, retain: bool = False) -> float:

@@ -24,13 +24,12 @@ REAL, T = 5, 8  # the padded sequence's real tokens, then padding (id 0) to T
 def scores(module: nn.Module, ctx: Context, ids: Tensor, mask: Tensor) -> Tensor | None:
     """Its scores (B,) for ids (B, t) and a mask (B, t) of 1 = real token; None where it gives none."""
     try:
-        with torch.no_grad():
-            out = fp.first_tensor(ctx.learner.call("forward", module, ids, mask))
+        out = fp.first_tensor(ctx.learner.call("forward", module, ids, mask))
     except fp.LearnerFailure:
         return None
     if out is None or not out.is_floating_point() or out.shape not in ((ids.size(0),), (ids.size(0), 1)):
         return None
-    return out.reshape(-1)
+    return out.detach().reshape(-1)
 
 
 def check_scores(res: ComponentResult, ctx: Context, comp: Component, module: nn.Module,

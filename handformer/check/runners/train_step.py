@@ -597,7 +597,7 @@ def _guessed(res: ComponentResult, step: Step) -> ComponentResult:
     a target (a preference pair's chosen_ids and rejected_ids): check filled them by guess, so the
     departure may be its own guess: NOT CHECKED, saying so."""
     said = ", ".join(step.guessed())
-    res.findings, res.checks, res.max_abs_error = [], [c for c in res.checks if c.ok], None
+    res.findings = []  # its failed check stays: a departure from what check guessed
     res.status = NOT_CHECKED
     res.error = LearnerError("cannot_call", f"its batch holds {said}, which name neither a source nor a "
                              "target: check filled them by guess, and cannot tell what your step computes "
