@@ -71,6 +71,7 @@ from handformer.check.core.context import (
 from handformer.check.core.conventions import SEQUENCE_FIRST_CONVENTIONS, SHARED
 from handformer.check.core.discovery import Component, computes_attention, reads_kv_heads
 from handformer.check.core.fused_qkv import find_layouts_
+from handformer.check.core.kept_state import gradient_error, snapshot, written
 from handformer.check.core.layer_map import Gainless, gainless_qk
 from handformer.check.core.localize import (
     localize_attention,
@@ -743,8 +744,23 @@ def behaves_causal(ctx: Context, c: Caller, width: int) -> bool:
     x = fp.randn(1, 5, width, seed=7)
     bumped = x.clone()
     bumped[:, 3] += 1.0
+    return _causal_given(ctx, c, x, bumped, None)
+
+
+def causal_with_keys_kept(ctx: Context, c: Caller, width: int) -> bool:
+    """Whether an attention that requires its mask is causal when handed a padding mask that hides
+    no key, ones (B, S), as float then as bool: a keys-only mask its caller hands (a reward model's
+    forward(x, attention_mask), its causal mask built inside), not the causal mask itself."""
+    x = fp.randn(1, 5, width, seed=7)
+    bumped = x.clone()
+    bumped[:, 3] += 1.0
+    return any(_causal_given(ctx, c, x, bumped, torch.ones(1, 5, dtype=dtype))
+               for dtype in (x.dtype, torch.bool))
+
+
+def _causal_given(ctx: Context, c: Caller, x: Tensor, bumped: Tensor, mask: Tensor | None) -> bool:
     try:
-        a, b = (fp.first_tensor(ctx.learner.call("forward", c.call, v, v, v, None), 3) for v in (x, bumped))
+        a, b = (fp.first_tensor(ctx.learner.call("forward", c.call, v, v, v, mask), 3) for v in (x, bumped))
     except fp.LearnerFailure:
         return False
     return causal_outputs(a, b)
@@ -951,7 +967,7 @@ def _causal_inside(res: ComponentResult, ctx: Context, c: Caller, causal_inside:
     forward(x, ..., is_causal=True): causal by what it says, however its mask came out), noted. One
     that requires its mask and is not causal without it (litgpt's forward(x, cos, sin, mask)) is
     handed its causal mask by its caller: checked with masks."""
-    if causal_inside and c.required and not behaves_causal(ctx, c, D):
+    if causal_inside and c.required and not (behaves_causal(ctx, c, D) or causal_with_keys_kept(ctx, c, D)):
         res.notes.append(MASK_FROM_CALLER)
         return False
     if causal_inside or c.n_inputs != 1:
@@ -959,6 +975,8 @@ def _causal_inside(res: ComponentResult, ctx: Context, c: Caller, causal_inside:
     if behaves_causal(ctx, c, D):  # handed None where a case has no mask (ChatGLM's builds its own then)
         res.notes.append(CAUSAL_WITHOUT_MASK)
         c.state["none"] = c.required
+    elif c.required and causal_with_keys_kept(ctx, c, D):  # its padding mask required, its causal one inside
+        res.notes.append(CAUSAL_WITH_KEYS_KEPT)
     elif switched_causal(module):
         res.notes.append(CAUSAL_BY_SWITCH)
     else:
@@ -985,6 +1003,11 @@ CAUSAL_WITHOUT_MASK = text("with no mask it is causal (changing token 3 leaves o
                            "checked as causal self-attention",
                            "不给掩码时它是因果的（改变位置 3 的 token，位置 0..2 的输出不变）："
                            "按因果自注意力检查")
+CAUSAL_WITH_KEYS_KEPT = text("it requires a padding mask of its keys (B, S), and handed one that hides none "
+                             "it is causal: checked as causal self-attention, its padding handed as that "
+                             "mask",
+                             "它必须传入键的填充掩码 (B, S)，传入不遮任何键的掩码时它是因果的：按因果自注意力"
+                             "检查，填充用这个掩码传入")
 CAUSAL_BY_SWITCH = text("its forward's causal switch is on by default (is_causal=True): checked as causal "
                         "self-attention",
                         "它的 forward 的因果开关默认打开（is_causal=True）：按因果自注意力检查")
@@ -1282,6 +1305,7 @@ def _compare_mha(res: ComponentResult, ctx: Context, comp: Component, s: Setup) 
                               scale=s.scale)
     errors, grad_errors = [], []
     cases = _cases(s)
+    before = snapshot(s.module)
     for i, (label, B, T, S, given, mask) in enumerate(cases):
         xq = fp.randn(B, T, D, seed=10 + i).requires_grad_()
         xkv = xq if S == T and "cross" not in label else fp.randn(B, S, D, seed=20 + i).requires_grad_()
@@ -1301,7 +1325,8 @@ def _compare_mha(res: ComponentResult, ctx: Context, comp: Component, s: Setup) 
             # gradients on the first case, where every query sees a key (a row of -inf gives NaN
             # gradients in torch.nn's convention, which spread to the weights' gradients)
             if out.shape == ref.shape and i == 0:
-                grad_errors.append(_grads(out, ref, xq, rows, s, hf))
+                grads = functools.partial(_grads_again, (out, xq, rows, mask, xkv, rope), s, hf)
+                grad_errors.append(gradient_error(res, grads, written(s.module, before), hf))
     res.max_abs_error = max(errors)
     res.checks.append(Check(text(f"matches handformer's MultiHeadAttention on {len(errors)} outputs",
                                  f"在 {len(errors)} 组输出上与 handformer 的 MultiHeadAttention 一致"),
@@ -1312,15 +1337,24 @@ def _compare_mha(res: ComponentResult, ctx: Context, comp: Component, s: Setup) 
                                 max(grad_errors) < 1e-5, error_text(max(grad_errors))))
 
 
-def _grads(out: Tensor, ref: Tensor, xq: Tensor, rows: Tensor | None, s: Setup, hf: nn.Module) -> float:
+def _grads_again(run: tuple[Any, ...], s: Setup, hf: nn.Module, retain: bool) -> float:
+    """`_grads` on run = (out, xq, rows, mask, xkv, rope), handformer's output computed again (with its
+    keys and values held, inside kept_state.keys_held)."""
+    out, xq, rows, mask, xkv, rope = run
+    return _grads(out, hf(xq, xkv, xkv, mask, rope=rope)[0], xq, rows, s, hf, retain)
+
+
+def _grads(out: Tensor, ref: Tensor, xq: Tensor, rows: Tensor | None, s: Setup, hf: nn.Module,
+           retain: bool = False) -> float:
     """The largest difference of the input's and the projections' gradients (the input's only when
-    handformer's W_Q and W_K rows were permuted for interleaved rotary pairs)."""
+    handformer's W_Q and W_K rows were permuted for interleaved rotary pairs); `retain`: out's graph kept
+    for another comparison."""
     B, T = xq.shape[:2]
     g = fp.randn(*out.shape, seed=99)
     sel = rows.reshape(B, T, 1) if rows is not None else 1.0
     slots = [sl for sl in s.slots if not isinstance(sl.leaf, Gainless)]  # a function's norm has no weight
     params = [xq] + [p for sl in slots for p in sl.leaf.tensors()]
-    flat = torch.autograd.grad((out * g * sel).sum(), params, allow_unused=True)
+    flat = torch.autograd.grad((out * g * sel).sum(), params, allow_unused=True, retain_graph=retain)
     mine, i = [flat[0]], 1
     for sl in slots:  # heads kept as single-head modules: their gradients stacked as their weights are
         n = len(sl.leaf.tensors())

@@ -23,6 +23,7 @@ from __future__ import annotations
 import inspect
 import re
 import types
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -270,6 +271,7 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
     position up to the first one left to its default: `self` of a method cannot go by name)."""
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
+    n += prompt_length(ids) * (comp.obj in TOTAL_COUNTS)  # Hugging Face's max_length: prompt included
     roles = ((MODEL_NAMES, model.target), (PROMPT_NAMES, ids), (COUNT_NAMES, n),
              (CONTEXT_NAMES, model.context), (PROCESSOR_NAMES, NoProcessors()))  # each argument's, by name
     # and where it has no default: an EOS no model makes, a padding id, a mask of real tokens only, the
@@ -295,6 +297,15 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
         else:
             args.append(value)
     return ctx.learner.call("forward", drained(comp.obj), *args, **kwargs)
+
+
+# the loops whose count is read as the total length, prompt included (`_total_length`)
+TOTAL_COUNTS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def prompt_length(ids: Any) -> int:
+    """The prompt's length: a (B, T) tensor's T, a list of ints', the longest of lists'."""
+    return torch.as_tensor(ids).size(-1) if _rectangular(ids) else max(map(len, ids))
 
 
 def _rectangular(ids: Any) -> bool:
@@ -463,7 +474,7 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
         raise ctx.learner.fail("forward", f"{comp.name} returned no token ids for a prompt of 3 tokens and "
                                f"max_new_tokens={SHORT}",
                                f"提示为 3 个 token、max_new_tokens={SHORT} 时，{comp.name} 没有返回 token id")
-    B = short.prompt.size(0)
+    B = (short := _total_length(res, ctx, comp, driver, short)).prompt.size(0)  # its count read as it counts
     if B == 1:
         en, zh = (", given as a list of ints", "，提示词是整数列表") if short.as_list else ("", "")
         res.notes.append(text(f"it generates for one prompt at a time (a batch of 2 failed){en}",
@@ -488,6 +499,27 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
     check_temperature(res, ctx, comp, driver, short, run_generate)
     check_top_p(res, ctx, comp, driver, short, run_generate)
     _ending(res, ctx, comp, driver, tried)
+
+
+def _total_length(res: ComponentResult, ctx: Context, comp: Component, driver: Any, short: Run) -> Run:
+    """A loop whose count, by a name that does not say new tokens (max_length), is the total length,
+    prompt included (Hugging Face's max_length): asked for SHORT tokens it gave SHORT - T after a prompt
+    of T. Read so (TOTAL_COUNTS) where, handed T + SHORT, it gives SHORT; noted. Else `short`."""
+    name = next((p.name for p in forward_parameters(comp.obj) if p.name.lower() in COUNT_NAMES), "new")
+    T = short.prompt.size(1)
+    if short.out is None or short.out.size(1) != SHORT - T or "new" in name.lower():
+        return short
+    TOTAL_COUNTS.add(comp.obj)
+    again = run_generate(ctx, comp, driver, SHORT, short.prompt.size(0), short.as_list)
+    if again.out is None or again.out.size(1) != SHORT:
+        TOTAL_COUNTS.discard(comp.obj)
+        return short
+    res.notes.append(text(f"its {name} counts the prompt too (Hugging Face's max_length): asked for {SHORT} "
+                          f"it gave only {SHORT - T} after a prompt of {T}, so it is handed the prompt's "
+                          "length plus the new tokens",
+                          f"它的 {name} 把提示词也算进去（Hugging Face 的 max_length）：要 {SHORT} 个时，"
+                          f"提示词 {T} 个之后只给了 {SHORT - T} 个，所以传入提示词长度加新 token 数"))
+    return again
 
 
 def _own_method(comp: Component, driver: Any) -> bool:

@@ -282,9 +282,12 @@ def own_driver(ctx: Context, comp: Component) -> Iterator[OwnDriver | None]:
         yield None
         return
     # a model that decodes with a KV cache or start_pos runs to its max_len, which is not a block its
-    # loop must crop to: built long enough for every check's tokens
+    # loop must crop to, nor is the length of a table it computes (rotary angles, a causal mask): built
+    # long enough for every check's tokens; a learned position table is a block to crop to
     cached = inspect.isclass(model_comp.obj) and bool(_cache_parameters(model_comp.obj.forward))
-    sizes = {**gpt_sizes(ctx), "src_vocab": VOCAB, "max_len": CACHED_LEN if cached else BLOCK}
+    sizes = {**gpt_sizes(ctx), "src_vocab": VOCAB, "max_len": BLOCK}
+    long = cached or not learned_positions(ctx, model_comp, sizes)
+    sizes["max_len"] = CACHED_LEN if long else BLOCK
     dtype = torch.get_default_dtype()
     with globals_set(ctx.module, module_sizes(ctx.module, model_comp, sizes)):
         torch.set_default_dtype(torch.float64)  # their model float64 here: a cache it allocates must be too
@@ -292,6 +295,24 @@ def own_driver(ctx: Context, comp: Component) -> Iterator[OwnDriver | None]:
             yield _build(ctx, model_comp, sizes, _engine_class(ctx, comp))
         finally:
             torch.set_default_dtype(dtype)
+
+
+def learned_positions(ctx: Context, model_comp: Component, sizes: dict[str, Any]) -> bool:
+    """Whether the model's parameters grow with its max_len (a learned position table: nanoGPT's wpe
+    cannot embed a position past it, so a loop must crop its context); not where only its buffers do
+    (rotary angles, a causal mask: tables of a function of the position, computed to that length).
+    Read by building it at two lengths; a model that cannot be built is taken to have one."""
+    partial, shapes = ctx.partial, []
+    for max_len in (BLOCK, CACHED_LEN):
+        at = {**sizes, "max_len": max_len}
+        try:
+            with globals_set(ctx.module, module_sizes(ctx.module, model_comp, at)):
+                shapes.append([tuple(p.shape) for p in ctx.build(model_comp, at).parameters()])
+        except Exception:  # noqa: BLE001  (not built here: _build says why, or the stand-in drives the loop)
+            return True
+        finally:
+            ctx.partial = partial
+    return shapes[0] != shapes[1]
 
 
 def _cache_parameters(forward: Any) -> set[str]:

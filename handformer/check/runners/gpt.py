@@ -117,6 +117,7 @@ from handformer.check.runners.pieces import (
     plain_activation_,
 )
 from handformer.check.runners.rope_scaling import model_scaling, scaling_words
+from handformer.check.runners.sequence_score import check_scores
 from handformer.check.runners.stack import check_stack
 from handformer.config import CausalLMConfig, FamilyConfig, Llama3RopeScaling
 from handformer.families import build_causal_lm
@@ -885,7 +886,7 @@ def _backbone(comp: Component, ctx: Context, module: nn.Module, out: Tensor | No
 def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     module = ctx.build(comp, gpt_sizes(ctx))
-    stacked = _vectors_in(comp, ctx, res, module)
+    stacked = check_scores(res, ctx, comp, module, VOCAB) or _vectors_in(comp, ctx, res, module)
     if stacked is not None:
         return stacked
     _setup_caches(comp, module, ctx)

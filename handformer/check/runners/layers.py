@@ -71,6 +71,7 @@ from handformer.check.core.context import (
 from handformer.check.core.conventions import ONE_ATTN_MASK, SEQUENCE_FIRST_CONVENTIONS, SHARED
 from handformer.check.core.discovery import MEMORY_NAMES, NAMES, Component, argument_keys
 from handformer.check.core.fused_qkv import find_layouts_
+from handformer.check.core.kept_state import gradient_error, snapshot, written
 from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
 from handformer.check.core.localize_kinds import localize_add_norm, note_departure
 from handformer.check.core.moe import ffn_readings, moe_config, moe_note, outside_moe
@@ -189,6 +190,7 @@ class Layer:
     first = False  # it reads its stream sequence-first, (T, B, D) (found by _check_layer)
     window = 2 ** 31  # the sliding window of a causal mask it builds itself (Mistral's), measured; else none
     unbatched = False  # it takes one sequence (T, D), no batch (gpt-oss's): driven sequence by sequence
+    kept: tuple[str, bool] | None = None  # its required padding mask, handed as ones (name, bool or float)
 
     def __init__(self, comp: Component, ctx: Context, kind: LayerKind) -> None:
         self.comp, self.ctx, self.kind = comp, ctx, kind
@@ -389,7 +391,9 @@ class Layer:
         heads = x.size(-1) // self.head_dim  # H, or the tutorial's 8 at its d_model 512
         alibi = {"alibi": alibi_argument(x.size(0), heads, x.size(1), x.dtype)} if self.alibi else {}
         positions = position_kwargs(self.extra, *x.shape[:2], self.head_dim, x.dtype)
-        return {**dict.fromkeys(self.optional), **positions, **self.windows, **self.more, **alibi}
+        kept = {self.kept[0]: torch.ones(x.shape[:2], dtype=torch.bool if self.kept[1] else x.dtype)
+                } if self.kept else {}  # (B, T): every token real
+        return {**dict.fromkeys(self.optional), **positions, **self.windows, **self.more, **alibi, **kept}
 
     def weights(self, slots: list[Slot], act: str, placement: str, rope: str | None = None,
                 form: Form = PLAIN) -> V.LayerWeights:
@@ -597,6 +601,23 @@ def causal_without_its_mask_(layer: Layer) -> bool:
     return True
 
 
+def causal_with_keys_kept_(layer: Layer) -> bool:
+    """Whether the layer is a decoder-only block that requires a padding mask of its keys (B, S) and is
+    causal handed one that hides none (a reward model's Block.forward(x, attention_mask), its causal
+    mask built inside): then it is driven as a block that builds its own causal mask, handed that
+    mask of real tokens only, ones as float or else as bool (`Layer.kept`)."""
+    if not (layer.causal_block and layer.required_mask and len(layer.masks) == 1):
+        return False
+    masks = layer.masks
+    layer.masks, layer.takes_mask = [], False
+    for as_bool in (False, True):
+        layer.kept = (masks[0], as_bool)
+        if _runs_causal(layer):
+            return True
+    layer.masks, layer.takes_mask, layer.kept = masks, True, None
+    return False
+
+
 def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     layer = Layer(comp, ctx, KINDS[comp.kind])
@@ -759,12 +780,15 @@ def _runs_causal(layer: Layer) -> bool:
             a, b = (fp.first_tensor(layer.call(v, v, None, None), 3) for v in (x, y))
     except Exception:  # noqa: BLE001 - their error: the checks run it with a mask and report it
         return False
-    return a is not None and a.shape == x.shape and causal_outputs(a, b)
+    # token 3 reaches token 4 too: the rows of a block that reads (T, B, D) as (B, T, D) never mix
+    return (a is not None and a.shape == x.shape and not torch.allclose(a[:, 4], b[:, 4])
+            and causal_outputs(a, b))
 
 
 def _mask_inside(res: ComponentResult, layer: Layer) -> None:
     """A block causal with no mask is checked as one that builds its own, in its window if any."""
     res.notes += [CAUSAL_INSIDE_NOTE] * causal_without_its_mask_(layer)
+    res.notes += [KEYS_KEPT_NOTE] * (not layer.masks_itself and causal_with_keys_kept_(layer))
     _sliding_window(res, layer)
 
 
@@ -790,6 +814,11 @@ def _own_causal(layer: Layer, T: int, flags: frozenset[str] = frozenset()) -> Te
     return window_keep(T, layer.window, frozenset(flags) & CAUSAL_FORMS)
 
 
+KEYS_KEPT_NOTE = text("it requires a padding mask of its keys (B, S) and is causal handed one that hides "
+                      "none: checked as a block that builds its own causal mask, handed a mask of real "
+                      "tokens only (padding is checked with its attention)",
+                      "它必须传入键的填充掩码 (B, S)，传入不遮任何键的掩码时它是因果的：按自己构造因果掩码的"
+                      "块检查，传入的掩码全是真实 token（填充在它的注意力里检查）")
 CAUSAL_INSIDE_NOTE = text("with no mask it is causal (changing token 3 leaves outputs 0..2 unchanged): "
                           "checked as a block that builds its own causal mask, its mask argument left out",
                           "不给掩码时它是因果的（改变位置 3 的 token，位置 0..2 的输出不变）：按自己构造因果"
@@ -1131,7 +1160,7 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
     """Against handformer's EncoderLayer / DecoderLayer / DecoderOnlyBlock on several shapes."""
     hf = _hf_layer(layer, slots, act, placement, rope, form)
     cases = [(2, 5, 7, [0, 0], [0, 0]), (3, 4, 9, [0, 3, 9], [0, 1, 0]), (1, 1, 3, [0], [0])]
-    errors, grad_err = [], 0.0
+    errors, grad_err, before = [], 0.0, snapshot(layer.module)
     for i, (B, T, S, src_pad, tgt_pad) in enumerate(cases):
         if not layer.decoder:
             S = T
@@ -1149,7 +1178,9 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
             errors.append(fp.max_error(out, ref, rows))
             MASKED_ROWS[_torch_rows(layer, conv)](res, out, rows, layer.comp, ctx)
             if i == 0 and out is not None and out.shape == ref.shape and not layer.stepwise:
-                grad_err = _grads(layer, hf, x, out, ref)
+                again = functools.partial(layer.kind.handformer, hf, x, memory, src_keep, tgt_keep, rope)
+                grads = functools.partial(_grads_again, (layer, hf, x, out), again)
+                grad_err = gradient_error(res, grads, written(layer.module, before), hf)
     res.max_abs_error = max(errors, default=None)
     name = layer.kind.reference.__name__
     n = len(errors)
@@ -1165,12 +1196,21 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
                             error_text(grad_err)))
 
 
-def _grads(layer: Layer, hf: nn.Module, x: Tensor, out: Tensor, ref: Tensor) -> float:
-    """The input's and the first norm's gradients against handformer's (a function's norm: none)."""
+def _grads_again(run: tuple[Layer, nn.Module, Tensor, Tensor], reference: Callable[[], Tensor],
+                 retain: bool) -> float:
+    """`_grads` on run = (layer, hf, x, out), handformer's output computed again by `reference` (with its
+    keys and values held, inside kept_state.keys_held)."""
+    return _grads(*run, reference(), retain)
+
+
+def _grads(layer: Layer, hf: nn.Module, x: Tensor, out: Tensor, ref: Tensor, retain: bool = False) -> float:
+    """The input's and the first norm's gradients against handformer's (a function's norm: none);
+    `retain`: out's graph kept for another comparison."""
     g = fp.randn(*ref.shape, seed=5)
     gains = [] if isinstance(layer.norm_slots[0].leaf, Gainless) else [
         (layer.norm_slots[0].leaf.weight, hf.attn_norm.weight)]
-    mine = torch.autograd.grad((out * g).sum(), [x] + [a for a, _ in gains], allow_unused=True)
+    mine = torch.autograd.grad((out * g).sum(), [x] + [a for a, _ in gains], allow_unused=True,
+                               retain_graph=retain)
     theirs = torch.autograd.grad((ref * g).sum(), [x] + [b for _, b in gains])
     return grads_error(list(zip(mine, theirs)))
 

@@ -62,7 +62,17 @@ from handformer.check.core.context import (
 )
 from handformer.check.core.discovery import Component, DiscoveryError, cannot_fill, own_objects, size_of
 from handformer.check.core.localize_kinds import note_departure
-from handformer.check.core.result import FAIL, PASS, Check, ComponentResult, Finding, Text, text
+from handformer.check.core.result import (
+    FAIL,
+    NOT_CHECKED,
+    PASS,
+    Check,
+    ComponentResult,
+    Finding,
+    LearnerError,
+    Text,
+    text,
+)
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.core.step_updates import largest_difference, largest_differences, parameters_of, update
 from handformer.check.runners.classifier_step import check_classifier_step
@@ -339,6 +349,21 @@ class Step:
             return types.SimpleNamespace(**values) if fields else values
         return (src.clone(), tgt.clone())
 
+    def guessed(self) -> list[str]:
+        """The batch's fields or keys the step reads (not those of the file's own batch class) that name
+        neither a source, a target nor a mask: each handed the target by guess."""
+        if not self.batch:
+            return []
+        name = re.escape(self.batch)
+        fields = re.findall(rf"\b{name}\.(\w+)", self.source)
+        if fields and own_batch(self.ctx, self.comp.obj, fields, *batches()[0], PAD) is not None:
+            return []
+        read = re.findall(rf"\b{name}\.(\w+)\b(?!\s*\()", self.source) or re.findall(
+            rf"\b{name}\[[\"'](\w+)[\"']\]", self.source)  # its fields, not its methods (.to())
+        known = SRC_NAMES + TGT_NAMES + ("input", "label", "src", "tgt", "trg", "target")
+        return list(dict.fromkeys(n for n in read
+                                  if "mask" not in n.lower() and not n.lower().startswith(known)))
+
     def __call__(self, model: nn.Module, opt: torch.optim.Optimizer, src: Tensor, tgt: Tensor) -> Any:
         data = ({self.batch: self._batch(src, tgt)} if self.batch
                 else {self.src: self.laid(src), self.tgt: self.laid(tgt)})
@@ -578,6 +603,8 @@ def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
         if step.clip is not None and not _named(res):  # a loss scale clipping hid, or no mistake named
             _unclipped(res, ctx, comp, step, base)
     if not all(c.ok for c in res.checks) and not _named(res):
+        if step.guessed() and not res.named():
+            return _guessed(res, step)
         res.notes.append(NO_MISTAKE_NOTE)
     return finish(res)
 
@@ -595,6 +622,23 @@ def _on_own_classifier(comp: Component, ctx: Context) -> ComponentResult | None:
         return None
     base = ctx.build(classifier, CLASSIFIER_SIZES)
     return check_own_classifier_step(comp, ctx, reads, base, CLASSES, clip_norm(source_text(comp.obj), {}))
+
+
+def _guessed(res: ComponentResult, step: Step) -> ComponentResult:
+    """A step that departs, no mistake named, whose batch holds fields that name neither a source nor
+    a target (a preference pair's chosen_ids and rejected_ids): check filled them by guess, so the
+    departure may be its own guess: NOT CHECKED, saying so."""
+    said = ", ".join(step.guessed())
+    res.findings = []  # its failed check stays: a departure from what check guessed
+    res.status = NOT_CHECKED
+    res.error = LearnerError("cannot_call", f"its batch holds {said}, which name neither a source nor a "
+                             "target: check filled them by guess, and cannot tell what your step computes "
+                             "from them (another objective than next-token cross-entropy?), so its update "
+                             "was not compared", "forward",
+                             message_zh=f"它的 batch 里有 {said}，既不是源序列也不是目标序列：检查只能猜着"
+                             "填，无法知道你的一步用它们算什么（不是下一个 token 的交叉熵？），所以没有比较"
+                             "它的更新")
+    return finish(res)
 
 
 NO_MISTAKE_NOTE = text("no known mistake (or pair of them) reproduces your parameters; see the checks",
