@@ -3,73 +3,68 @@ is looked for where their code runs: a tiled attention's mask line, not the same
 reference function beside it that the module never calls (a `use_flash` path taken, the other not).
 
     with recording(path):            # check_component: the component built, driven, graded
-        ... first_line(...)          # lines that ran first (ran_first), then the others
+        ... first_line(...)          # lines that ran first (ran_first), then all
 
 Only lines inside a function are judged (a class body or the module's own code ran on import, where
 no record was kept). A statement ran when any line of it did (a call over two lines reports its
-second). While another tracer is on (the localizer's, a coverage tool's) nothing is recorded, and with
-nothing recorded every line counts as run: the order of the lines stays as it was.
+second). While another tracer is on (a coverage tool's) nothing is recorded; with nothing recorded
+no line is known to have run, and the lines are searched as they come.
 """
 
 from __future__ import annotations
 
 import ast
-import contextlib
 import functools
 import linecache
 import sys
-from collections.abc import Iterator
 from typing import Any
 
-_RAN: list[tuple[str, set[int]]] = []  # (file, its lines that ran), the innermost component's last
+# (file, its lines that ran) of the component being checked, the innermost last; at the bottom none
+_RAN: list[tuple[str, set[int]]] = [("", set())]
+FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 def _line(frame: Any, event: str, arg: Any) -> Any:
-    if event == "line" and _RAN and frame.f_code.co_filename == _RAN[-1][0]:
-        _RAN[-1][1].add(frame.f_lineno)
+    _RAN[-1][1].add(frame.f_lineno)
     return _line
 
 
 def _call(frame: Any, event: str, arg: Any) -> Any:
-    return _line if _RAN and frame.f_code.co_filename == _RAN[-1][0] else None
+    return _line if frame.f_code.co_filename == _RAN[-1][0] else None  # the learner's frames alone
 
 
-@contextlib.contextmanager
-def recording(path: str) -> Iterator[None]:
+class recording:  # noqa: N801  (a context manager, read as `with recording(path):`)
     """Record the lines of `path` that run in the block (its frames alone are traced line by line);
     a component checked inside another's check records its own."""
-    old = sys.gettrace()
-    _RAN.append((path, set()))
-    if old is None:
-        sys.settrace(_call)
-    try:
-        yield
-    finally:
-        if old is None:
-            sys.settrace(None)
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __enter__(self) -> None:
+        self.old = sys.gettrace()  # None, or ours (a component checked in another's check)
+        _RAN.append(({None: self.path, _call: self.path}.get(self.old, ""), set()))
+        sys.settrace(self.old or _call)
+
+    def __exit__(self, *exc: object) -> None:
+        sys.settrace(self.old)
         _RAN.pop()
 
 
-def never_ran(lines: list[tuple[int, str]]) -> set[int]:
-    """The numbers among `lines` of statements inside a function of the file being recorded that did
-    not run while it was; none when nothing is recorded."""
-    if not _RAN or not _RAN[-1][1]:
-        return set()
+def ran_first(*tiers: list[tuple[int, str]]) -> list[list[tuple[int, str]]]:
+    """The tiers of (line number, text) with only the lines known to have run (or outside every
+    function: they ran on import), then the tiers whole."""
     path, ran = _RAN[-1]
     spans = _statement_spans(path)
-    return {n for n, _ in lines if n in spans and not ran & spans[n]}
+    return [[nl for nl in tier if ran & spans.get(nl[0], ran)] for tier in tiers] + list(tiers)
 
 
 @functools.lru_cache(maxsize=8)
 def _statement_spans(path: str) -> dict[int, frozenset[int]]:
     """Each line inside a function of the file -> the lines of the innermost statement holding it."""
-    try:
-        tree = ast.parse("".join(linecache.getlines(path)))
-    except (SyntaxError, ValueError):
-        return {}
+    tree = ast.parse("".join(linecache.getlines(path)))
+    functions = [f for f in ast.walk(tree) if isinstance(f, FUNCTIONS)]
+    statements = [s for f in functions for s in ast.walk(f) if isinstance(s, ast.stmt)]
     spans: dict[int, frozenset[int]] = {}
-    bodies = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    statements = [s for f in bodies for b in f.body for s in ast.walk(b) if isinstance(s, ast.stmt)]
     for stmt in sorted(statements, key=lambda s: s.end_lineno - s.lineno, reverse=True):
         lines = frozenset(range(stmt.lineno, stmt.end_lineno + 1))
         spans.update(dict.fromkeys(lines, lines))  # the smaller statements last: the innermost kept

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from handformer.check.catalog.components import ADDED_AFTER, LINE_FORMS, PLAIN_ADD
-from handformer.check.core.ran_lines import never_ran
+from handformer.check.core.ran_lines import ran_first
 from handformer.check.core.result import LearnerError
 from handformer.check.reference.diagnoses import CATALOG
 
@@ -176,19 +176,12 @@ def locate(name: str, lines: list[tuple[int, str]]) -> tuple[int | None, str | N
     trying patterns in order; comments and docstrings are skipped. In the lines' `near` ones first
     (the component's own code and what it reads), then in all; lines that ran while check drove the
     component before lines that never did (ran_lines.py)."""
-    for tier in _ran_first(getattr(lines, "near", []), lines):  # the component's own code first
+    for tier in ran_first(getattr(lines, "near", []), lines):  # the component's own code first
         number, code = LINE_FINDERS.get(name, _nowhere)(tier)
         number, code = (number, code) if number is not None else first_line(CATALOG[name].patterns, tier)
         if number is not None:
             return number, code
     return None, None
-
-
-def _ran_first(*tiers: list[tuple[int, str]]) -> list[list[tuple[int, str]]]:
-    """The tiers of lines with the lines that never ran left out, then the tiers whole; the tiers
-    alone where no line is known not to have run."""
-    gone = never_ran([nl for tier in tiers for nl in tier])
-    return [[nl for nl in tier if nl[0] not in gone] for tier in tiers] + list(tiers) if gone else list(tiers)
 
 
 def _nowhere(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
@@ -366,12 +359,12 @@ def first_line(patterns: Iterable[str], lines: list[tuple[int, str]]) -> tuple[i
     code_lines = _code_lines(lines)  # a `def` or `class` line last: a name there is rarely the mistake
     code_lines = sorted(code_lines, key=lambda nl: bool(HEADER.match(nl[1])))
     patterns = list(patterns)
-    for tier in _ran_first(code_lines):
+    for tier in ran_first(code_lines):
         for pattern in patterns:
             regex = re.compile(pattern)
-            found = next(((n, line) for n, line in tier if regex.search(line.split("#")[0])), None)
-            if found is not None:
-                return found[0], _with_continuation(*found, dict(lines))
+            for number, line in tier:
+                if regex.search(line.split("#")[0]):
+                    return number, _with_continuation(number, line, dict(lines))
     return None, None
 
 
