@@ -1,14 +1,15 @@
-"""The lines of the learner's file that ran while check drove one component, so that a mistake's line
-is looked for where their code runs: a tiled attention's mask line, not the same-looking line of a
-reference function beside it that the module never calls (a `use_flash` path taken, the other not).
+"""The functions of the learner's file that ran while check drove one component, so that a mistake's
+line is looked for where their code runs: a tiled attention's mask line, not the same-looking line of
+a reference function beside it that the module never calls (a `use_flash` path taken, the other not).
 
     with recording(path):            # check_component: the component built, driven, graded
-        ... first_line(...)          # lines that ran first (ran_first), then all
+        with traced(): fn(...)       # Learner.call: their code, the first few calls
+        ... first_line(...)          # lines of functions that ran first (ran_first), then all
 
-Only lines inside a function are judged (a class body or the module's own code ran on import, where
-no record was kept). A statement ran when any line of it did (a call over two lines reports its
-second). While another tracer is on (a coverage tool's) nothing is recorded; with nothing recorded
-no line is known to have run, and the lines are searched as they come.
+Calls are recorded, not lines, and only in the first calls into their code (a tracer makes Python run
+about twice as slow: a tokenizer's trainer). Only lines inside a function are judged: a class body or
+the module's own code ran on import. With nothing recorded no line is known to have run, and the
+lines are searched as they come.
 """
 
 from __future__ import annotations
@@ -17,55 +18,76 @@ import ast
 import functools
 import linecache
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
-# (file, its lines that ran) of the component being checked, the innermost last; at the bottom none
-_RAN: list[tuple[str, set[int]]] = [("", set())]
+TRACED_CALLS = 3  # of the learner's code a component's check makes (Learner.call), the first traced
+
+
+@dataclass
+class _Record:
+    path: str  # the learner's file
+    ran: set[int] = field(default_factory=set)  # the lines its functions that ran start on
+    calls_left: int = TRACED_CALLS
+
+
+_RAN = [_Record("", calls_left=0)]  # the component being checked last; at the bottom none
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
-def _line(frame: Any, event: str, arg: Any) -> Any:
-    _RAN[-1][1].add(frame.f_lineno)
-    return _line
-
-
-def _call(frame: Any, event: str, arg: Any) -> Any:
-    return _line if frame.f_code.co_filename == _RAN[-1][0] else None  # the learner's frames alone
+def _call(frame: Any, event: str, arg: Any) -> None:
+    """Each call of a function of the learner's file, by the line its definition starts on; no line
+    events are asked for."""
+    code = frame.f_code
+    if code.co_filename == _RAN[-1].path:
+        _RAN[-1].ran.add(code.co_firstlineno)
 
 
 class recording:  # noqa: N801  (a context manager, read as `with recording(path):`)
-    """Record the lines of `path` that run in the block (its frames alone are traced line by line);
-    a component checked inside another's check records its own."""
+    """The functions of `path` that run in the block are recorded while `traced` (one component's
+    check; a component checked inside another's records its own)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
 
     def __enter__(self) -> None:
-        self.old = sys.gettrace()  # None, or ours (a component checked in another's check)
-        _RAN.append(({None: self.path, _call: self.path}.get(self.old, ""), set()))
-        sys.settrace(self.old or _call)
+        _RAN.append(_Record(self.path))
+
+    def __exit__(self, *exc: object) -> None:
+        _RAN.pop()
+
+
+class traced:  # noqa: N801  (a context manager, read as `with traced():`)
+    """Record the calls of the learner's functions in the block: one of the first TRACED_CALLS calls
+    into their code a component's check makes (their code traced costs twice its time), where no
+    other tracer is on (the localizer's, a coverage tool's)."""
+
+    def __enter__(self) -> None:
+        self.old, top = sys.gettrace(), _RAN[-1]
+        on = self.old is None and top.calls_left > 0
+        top.calls_left -= on
+        sys.settrace(_call if on else self.old)
 
     def __exit__(self, *exc: object) -> None:
         sys.settrace(self.old)
-        _RAN.pop()
 
 
 def ran_first(*tiers: list[tuple[int, str]]) -> list[list[tuple[int, str]]]:
     """The tiers of (line number, text) with only the lines known to have run (or outside every
     function: they ran on import), then the tiers whole."""
-    path, ran = _RAN[-1]
+    path, ran = _RAN[-1].path, _RAN[-1].ran
     spans = _statement_spans(path)
     return [[nl for nl in tier if ran & spans.get(nl[0], ran)] for tier in tiers] + list(tiers)
 
 
 @functools.lru_cache(maxsize=8)
 def _statement_spans(path: str) -> dict[int, frozenset[int]]:
-    """Each line inside a function of the file -> the lines of the innermost statement holding it."""
+    """Each line inside a function of the file -> the line the innermost function holding it starts
+    on (its first decorator's, as its code object counts it)."""
     tree = ast.parse("".join(linecache.getlines(path)))
     functions = [f for f in ast.walk(tree) if isinstance(f, FUNCTIONS)]
-    statements = [s for f in functions for s in ast.walk(f) if isinstance(s, ast.stmt)]
     spans: dict[int, frozenset[int]] = {}
-    for stmt in sorted(statements, key=lambda s: s.end_lineno - s.lineno, reverse=True):
-        lines = frozenset(range(stmt.lineno, stmt.end_lineno + 1))
-        spans.update(dict.fromkeys(lines, lines))  # the smaller statements last: the innermost kept
+    for f in sorted(functions, key=lambda f: f.end_lineno - f.lineno, reverse=True):
+        start = frozenset({(f.decorator_list or [f])[0].lineno})
+        spans.update(dict.fromkeys(range(f.lineno, f.end_lineno + 1), start))  # the innermost kept
     return spans
