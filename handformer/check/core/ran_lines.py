@@ -76,18 +76,18 @@ def ran_first(*tiers: list[tuple[int, str]]) -> list[list[tuple[int, str]]]:
     """The tiers of (line number, text) with only the lines known to have run (or outside every
     function: they ran on import), then the tiers whole."""
     path, ran = _RAN[-1].path, _RAN[-1].ran
-    spans = _statement_spans(path)
-    return [[nl for nl in tier if ran & spans.get(nl[0], ran)] for tier in tiers] + list(tiers)
+    starts = _function_starts(path)
+    return [[nl for nl in tier if ran & starts.get(nl[0], ran)] for tier in tiers] + list(tiers)
 
 
 @functools.lru_cache(maxsize=8)
-def _statement_spans(path: str) -> dict[int, frozenset[int]]:
+def _function_starts(path: str) -> dict[int, frozenset[int]]:
     """Each line inside a function of the file -> the line the innermost function holding it starts
     on (its first decorator's, as its code object counts it)."""
     tree = ast.parse("".join(linecache.getlines(path)))
     functions = [f for f in ast.walk(tree) if isinstance(f, FUNCTIONS)]
-    spans: dict[int, frozenset[int]] = {}
+    starts: dict[int, frozenset[int]] = {}
     for f in sorted(functions, key=lambda f: f.end_lineno - f.lineno, reverse=True):
         start = frozenset({(f.decorator_list or [f])[0].lineno})
-        spans.update(dict.fromkeys(range(f.lineno, f.end_lineno + 1), start))  # the innermost kept
-    return spans
+        starts.update(dict.fromkeys(range(f.lineno, f.end_lineno + 1), start))  # the innermost kept
+    return starts
