@@ -73,21 +73,27 @@ class traced:  # noqa: N801  (a context manager, read as `with traced():`)
 
 
 def ran_first(*tiers: list[tuple[int, str]]) -> list[list[tuple[int, str]]]:
-    """The tiers of (line number, text) with only the lines known to have run (or outside every
-    function: they ran on import), then the tiers whole."""
+    """The tiers of (line number, text) without the lines of functions that did not run although a
+    function that ran names them (`naive_attention` beside the tiled call the forward took), then the
+    tiers whole. A function no recorded call names may have run unrecorded: it is kept."""
     path, ran = _RAN[-1].path, _RAN[-1].ran
-    starts = _function_starts(path)
-    return [[nl for nl in tier if ran & starts.get(nl[0], ran)] for tier in tiers] + list(tiers)
+    inner, names = _functions(path)
+    named = set().union(*(names[start][1] for start in ran if start in names))
+    skipped = {start for start, (name, _) in names.items() if start not in ran and name in named}
+    return [[nl for nl in tier if inner.get(nl[0]) not in skipped] for tier in tiers] + list(tiers)
 
 
 @functools.lru_cache(maxsize=8)
-def _function_starts(path: str) -> dict[int, frozenset[int]]:
-    """Each line inside a function of the file -> the line the innermost function holding it starts
-    on (its first decorator's, as its code object counts it)."""
+def _functions(path: str) -> tuple[dict[int, int], dict[int, tuple[str, frozenset[str]]]]:
+    """Each line inside a function of the file -> the line the innermost function holding it starts on
+    (its first decorator's, as its code object counts it); and each function's start -> its name and
+    the names its code reads (`naive_attention(`, `self.attend(`)."""
     tree = ast.parse("".join(linecache.getlines(path)))
     functions = [f for f in ast.walk(tree) if isinstance(f, FUNCTIONS)]
-    starts: dict[int, frozenset[int]] = {}
+    inner: dict[int, int] = {}
+    names: dict[int, tuple[str, frozenset[str]]] = {}
     for f in sorted(functions, key=lambda f: f.end_lineno - f.lineno, reverse=True):
-        start = frozenset({(f.decorator_list or [f])[0].lineno})
-        starts.update(dict.fromkeys(range(f.lineno, f.end_lineno + 1), start))  # the innermost kept
-    return starts
+        start = (f.decorator_list or [f])[0].lineno
+        inner.update(dict.fromkeys(range(f.lineno, f.end_lineno + 1), start))  # the innermost kept
+        names[start] = f.name, frozenset(getattr(n, "id", getattr(n, "attr", "")) for n in ast.walk(f))
+    return inner, names
