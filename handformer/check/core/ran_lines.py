@@ -4,12 +4,13 @@ a reference function beside it that the module never calls (a `use_flash` path t
 
     with recording(path):            # check_component: the component built, driven, graded
         with traced(): fn(...)       # Learner.call: their code, the first few calls
-        ... first_line(...)          # lines of functions that ran first (ran_first), then all
+        ... first_line(...)          # lines of functions that did not run last (ran_first)
 
 Calls are recorded, not lines, and only in the first calls into their code (a tracer makes Python run
-about twice as slow: a tokenizer's trainer). Only lines inside a function are judged: a class body or
-the module's own code ran on import. With nothing recorded no line is known to have run, and the
-lines are searched as they come.
+about twice as slow: a tokenizer's trainer). A function counts as not run only when a function that
+ran names it (a call, `self.attend`) and it was not recorded: a function nothing recorded names (a
+decoding loop driven outside those calls) is never taken for one that did not run. Lines outside
+every function (a class body) are always kept.
 """
 
 from __future__ import annotations
