@@ -31,7 +31,6 @@ from handformer.check.core.conventions import (  # noqa: F401  (the runners' one
     is_lengths_name,
 )
 from handformer.check.core.discovery import DiscoveryError
-from handformer.check.core.ran_lines import traced
 from handformer.check.core.result import LearnerError
 from handformer.check.core.source import learner_error
 
@@ -56,8 +55,7 @@ class Learner:
 
     def call(self, where: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
-            with traced():  # the functions of their file that run (ran_lines.py)
-                out = fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
         except (LearnerFailure, DiscoveryError):
             raise  # ours: their constructor's arguments could not be matched
         except (Exception, SystemExit) as err:  # their code (sys.exit too): a finding, never a crash of ours

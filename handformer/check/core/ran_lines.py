@@ -3,14 +3,11 @@ line is looked for where their code runs: a tiled attention's mask line, not the
 a reference function beside it that the module never calls (a `use_flash` path taken, the other not).
 
     with recording(path):            # check_component: the component built, driven, graded
-        with traced(): fn(...)       # Learner.call: their code, the first few calls
         ... first_line(...)          # lines of functions that did not run last (ran_first)
 
-Calls are recorded, not lines, and only in the first calls into their code (a tracer makes Python run
-about twice as slow: a tokenizer's trainer). A function counts as not run only when a function that
-ran names it (a call, `self.attend`) and it was not recorded: a function nothing recorded names (a
-decoding loop driven outside those calls) is never taken for one that did not run. Lines outside
-every function (a class body) are always kept.
+Calls are recorded, not lines (line events would cost a tokenizer's trainer most of its time again).
+A function counts as not run only when a function that ran names it (a call, `self.attend`) and it
+was not recorded. Lines outside every function (a class body) are always kept.
 """
 
 from __future__ import annotations
@@ -22,17 +19,14 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-TRACED_CALLS = 3  # of the learner's code a component's check makes (Learner.call), the first traced
-
 
 @dataclass
 class _Record:
     path: str  # the learner's file
     ran: set[int] = field(default_factory=set)  # the lines its functions that ran start on
-    calls_left: int = TRACED_CALLS
 
 
-_RAN = [_Record("", calls_left=0)]  # the component being checked last; at the bottom none
+_RAN = [_Record("")]  # the component being checked last; at the bottom none
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
@@ -45,32 +39,20 @@ def _call(frame: Any, event: str, arg: Any) -> None:
 
 
 class recording:  # noqa: N801  (a context manager, read as `with recording(path):`)
-    """The functions of `path` that run in the block are recorded while `traced` (one component's
-    check; a component checked inside another's records its own)."""
+    """Record the functions of `path` that run in the block (one component's check; a component
+    checked inside another's records its own), where no other tracer is on (a coverage tool's)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
 
     def __enter__(self) -> None:
-        _RAN.append(_Record(self.path))
-
-    def __exit__(self, *exc: object) -> None:
-        _RAN.pop()
-
-
-class traced:  # noqa: N801  (a context manager, read as `with traced():`)
-    """Record the calls of the learner's functions in the block: one of the first TRACED_CALLS calls
-    into their code a component's check makes (their code traced costs twice its time), where no
-    other tracer is on (the localizer's, a coverage tool's)."""
-
-    def __enter__(self) -> None:
-        self.old, top = sys.gettrace(), _RAN[-1]
-        on = self.old is None and top.calls_left > 0
-        top.calls_left -= on
-        sys.settrace(_call if on else self.old)
+        self.old = sys.gettrace()  # None, or ours (a component checked in another's check)
+        _RAN.append(_Record({None: self.path, _call: self.path}.get(self.old, "")))
+        sys.settrace(self.old or _call)
 
     def __exit__(self, *exc: object) -> None:
         sys.settrace(self.old)
+        _RAN.pop()
 
 
 def ran_first(*tiers: list[tuple[int, str]]) -> list[list[tuple[int, str]]]:
