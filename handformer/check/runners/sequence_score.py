@@ -50,7 +50,7 @@ def check_scores(res: ComponentResult, ctx: Context, comp: Component, module: nn
     err = fp.max_error(padded[1:], alone)
     res.max_abs_error = err
     said = text(f"a sequence of {REAL} tokens padded on the right to {T} (the padding masked) scores as it "
-                "does unpadded", f"{REAL} 个 token 的序列在右边填充到 {T} 个（填充被掩码遮住），"
+                "does unpadded", f"{REAL} 个 token 的序列在右边填充到 {T} 个（填充被掩码屏蔽），"
                 "得分与不填充时相同")
     res.checks.append(Check(said, err < 1e-5, error_text(err)))
     if err < 1e-5:
