@@ -38,7 +38,6 @@ from handformer.check.core.localize import commented_out
 from handformer.check.core.own_width import other_width
 from handformer.check.core.passed_in import passed_in
 from handformer.check.core.precision import float64_kept
-from handformer.check.core.ran_lines import recording
 from handformer.check.core.result import (
     DEPARTS,
     DIFFERS,
@@ -150,11 +149,6 @@ def import_definitions(path: str) -> tuple[types.ModuleType, list[str]]:
 
 
 def check_component(comp: Component, ctx: Context) -> ComponentResult:
-    with recording(ctx.path):  # the lines that ran: a mistake's line is looked for there first
-        return _check_component(comp, ctx)
-
-
-def _check_component(comp: Component, ctx: Context) -> ComponentResult:
     ctx.partial = None
     ctx.learner.calls = ctx.learner.nan_calls = 0
     result = _run_checked(comp, ctx)

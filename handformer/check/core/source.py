@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from handformer.check.catalog.components import ADDED_AFTER, LINE_FORMS, PLAIN_ADD
-from handformer.check.core.ran_lines import ran_first
 from handformer.check.core.result import LearnerError
 from handformer.check.reference.diagnoses import CATALOG
 
@@ -174,9 +173,8 @@ def _visit(node: ast.AST, prefix: str, starts: dict[str, int]) -> None:
 def locate(name: str, lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
     """The line LINE_FINDERS finds for the diagnosis, else the first line matching its patterns,
     trying patterns in order; comments and docstrings are skipped. In the lines' `near` ones first
-    (the component's own code and what it reads), then in all; lines that ran while check drove the
-    component before lines that never did (ran_lines.py)."""
-    for tier in ran_first(getattr(lines, "near", []), lines):  # the component's own code first
+    (the component's own code and what it reads), then in all."""
+    for tier in (getattr(lines, "near", []), lines):  # the component's own code first
         number, code = LINE_FINDERS.get(name, _nowhere)(tier)
         number, code = (number, code) if number is not None else first_line(CATALOG[name].patterns, tier)
         if number is not None:
@@ -395,16 +393,14 @@ STRING_OPENS = re.compile(r"[rRbBuU]{0,2}(\"{3}|'{3})")
 
 def first_line(patterns: Iterable[str], lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
     """The first code line the patterns find, trying them in order (comments and docstrings
-    skipped), and its text; in the lines that ran first (ran_lines.py), then in all."""
+    skipped), and its text."""
     code_lines = _code_lines(lines)  # a `def` or `class` line last: a name there is rarely the mistake
     code_lines = sorted(code_lines, key=lambda nl: bool(HEADER.match(nl[1])))
-    patterns = list(patterns)
-    for tier in ran_first(code_lines):
-        for pattern in patterns:
-            regex = re.compile(pattern)
-            for number, line in tier:
-                if regex.search(line.split("#")[0]):
-                    return number, _with_continuation(number, line, dict(lines))
+    for pattern in patterns:
+        regex = re.compile(pattern)
+        for number, line in code_lines:
+            if regex.search(line.split("#")[0]):
+                return number, _with_continuation(number, line, dict(lines))
     return None, None
 
 
