@@ -159,13 +159,14 @@ REQUIRED_FIXED = {**FIXED, "theta": 10000.0, "rope_theta": 10000.0}
 # num_experts, top_k)): 4 experts, 2 a token, as a config of one is built (FIXED)
 MOE_REQUIRED = {"num_experts": 4, "n_experts": 4, "num_local_experts": 4, "top_k": 2, "k": 2,
                 "experts_per_token": 2, "num_experts_per_tok": 2}
+EXPERT_COUNTS = {"num_experts", "n_experts", "num_local_experts"}
 
 
 def moe_counts(cls: Any) -> dict[str, Any]:
     """MOE_REQUIRED for a constructor that requires a count of experts; none for any other (a top_k
     filter's TopKWarper(top_k) keeps its own)."""
-    required = [p.name.lower() for p in init_parameters(cls) if p.default is p.empty]
-    return dict(MOE_REQUIRED) if any("expert" in name and name in MOE_REQUIRED for name in required) else {}
+    required = {p.name.lower() for p in init_parameters(cls) if p.default is p.empty}
+    return dict(MOE_REQUIRED) if required & EXPERT_COUNTS else {}
 
 
 # an argument's name (lower case) -> the size it stands for: the first key of ARGUMENTS that lists it
@@ -730,7 +731,9 @@ POSITION_EXTRAS = TOKEN_EXTRAS + ("freqs_cis", "freqs_complex", "pos_cis", "freq
                                   "sin", "cos_sin", "position_embeddings", "input_pos", "rope", "rotary_emb",
                                   "rotary_pos_emb",  # ChatGLM's cache (T, Dh/2, 2)
                                   # a KV cache handed in, and where to write it (gemma_pytorch's)
-                                  "kv_cache", "cache", "past_key_value", "layer_past", "kv_write_indices")
+                                  "kv_cache", "cache", "past_key_value", "layer_past", "kv_write_indices",
+                                  # the index of its layer in that cache (mistral-src's layer_id)
+                                  "layer_id", "layer_idx", "layer")
 
 
 # what only a decoding layer's forward takes: a KV cache, and where its new tokens start

@@ -41,7 +41,8 @@ def moe_parts(module: nn.Module) -> tuple[Leaf, str, nn.ModuleList] | None:
     DeepSeek's MoEGate) and the name and list of the E experts beside it; None for a module that
     holds no such pair."""
     children = dict(module.named_children())
-    routers = {tuple(r[0][1].weight.shape): (n, r[0]) for n, c in children.items() if (r := router_linears(c))}
+    found_routers = ((n, router_linears(c)) for n, c in children.items())
+    routers = {tuple(r[0][1].weight.shape): (n, r[0]) for n, r in found_routers if r}
     found = [(routers[(len(c), D)], n, c) for n, c in children.items()
              if isinstance(c, nn.ModuleList) and (len(c), D) in routers]
     router, name, experts = (found or [(None, "", None)])[0]
@@ -61,10 +62,10 @@ def router_linears(child: nn.Module) -> list[tuple[str, nn.Module]]:
     own = not type(child).__module__.startswith("torch.")
     if isinstance(child, nn.Linear) or own and ranks in ({"weight": 2}, {"weight": 2, "bias": 1}):
         return [("", child)]
-    linears = [(n, m) for n, m in child.named_children() if isinstance(m, nn.Linear)]
-    shapes = {tuple(m.weight.shape) for _, m in linears}
-    whole = sum(p.numel() for _, m in linears for p in m.parameters()) == sum(p.numel() for p in child.parameters())
-    return linears if own and len(shapes) == 1 and whole and linears else []
+    kinds = {type(m) for m in child.children()}  # nn.Linear alone, all of one shape, nothing held beside
+    shapes = {tuple(p.shape) for p in child.parameters() if p.dim() == 2}
+    alone = own and kinds == {nn.Linear} and len(shapes) == 1 and not list(child.parameters(recurse=False))
+    return list(child.named_children()) * alone
 
 
 def find_moe(module: nn.Module) -> tuple[str, nn.Module] | None:

@@ -95,13 +95,13 @@ class PromptTokenizer(StandInTokenizer):
 
     def __init__(self, ids: Any) -> None:
         rows = torch.as_tensor(ids).tolist()
-        self.prompt = rows[0] if len(rows) == 1 and isinstance(rows[0], list) else rows
+        self.prompt = rows[0] if len(rows) == 1 else rows  # (one prompt of 3 ids: its list)
 
     def encode(self, text: Any, *args: Any, **kwargs: Any) -> list[Any]:
         return list(self.prompt)
 
     def decode(self, ids: Any, *args: Any, **kwargs: Any) -> list[int]:
-        return [int(i) for i in torch.as_tensor(ids).reshape(-1)]
+        return torch.as_tensor(ids).reshape(-1).tolist()
 
     def __getattr__(self, name: str) -> int:
         if name.endswith(("_id", "_token_id", "_idx")):
@@ -192,23 +192,16 @@ class LanguageModel(nn.Module):
             raise TypeError(f"the stand-in model cannot fill a cache object of your own ({own}); check "
                             "generate with your model in the same file, or write the adapter")
         B, T = ids.shape
-        if cache is not None:
-            prior_ids, prior_pos = cache.ids.expand(B, -1), cache.positions.expand(B, -1)
-        elif start is not None:  # Meta: the tokens at positions 0 .. start_pos - 1 are the ones fed before
-            stream = self.stream if self.stream is not None else ids[:, :0]
-            prior_ids = stream[:, :start]
-            prior_pos = torch.arange(prior_ids.size(1))[None].expand(B, -1)
-        else:
-            prior_ids = prior_pos = ids[:, :0]
+        prior_ids, prior_pos = self._prior(ids, cache, start)
         pads = _padding(ids, args, kwargs)  # a cached step's mask is longer than its ids: none
-        positions = None if positions is None else positions.expand(B, T)  # (a row (1, T) for every sequence)
         if positions is None:
             first = start if start is not None else prior_ids.size(1)
             positions = torch.arange(first, first + T)[None].expand(B, T)
             positions = positions if pads is None else (pads.cumsum(-1) - 1).clamp(min=0)  # left padding
-        full_ids, full_pos = torch.cat([prior_ids, ids], 1), torch.cat([prior_pos, positions.long()], 1)
+        positions = positions.long().expand(B, T)  # (one row (1, T) handed for every sequence)
+        full_ids, full_pos = torch.cat([prior_ids, ids], 1), torch.cat([prior_pos, positions], 1)
         cached = cache is not None or start is not None
-        self.calls.append(Call(ids, prior_ids.size(1), positions.long(), cached, start))
+        self.calls.append(Call(ids, prior_ids.size(1), positions, cached, start))
         if full_ids.size(1) > self.block_size or int(full_pos.max()) >= self.block_size:
             raise ContextTooLong(f"Cannot forward sequence of length {full_ids.size(1)}, block size is only "
                                  f"{self.block_size}")
@@ -219,9 +212,20 @@ class LanguageModel(nn.Module):
             logits = out.logits[:, -T:]  # (B, T, V)
         logits = (logits - logits.amax(-1, keepdim=True)) * (1.0 if SOFT[0] else PEAK)
         new_cache = CacheToken(full_ids, full_pos) if _cache_asked(cache, kwargs) else None
-        if cache is not None and self.style in FILLED_IN_PLACE:  # no cache comes back: the one handed fills
-            cache.hold(full_ids, full_pos)
+        if self.style in FILLED_IN_PLACE:  # no cache comes back: the one handed (if any) fills
+            getattr(cache, "hold", lambda *held: None)(full_ids, full_pos)
         return RETURNS[self.style](logits[0] if one & (self.style == "unbatched") else logits, new_cache)
+
+    def _prior(self, ids: Tensor, cache: CacheToken | None, start: int | None) -> tuple[Tensor, Tensor]:
+        """The ids and positions (B, S) seen before this call's: the cache's, or Meta's tokens at
+        positions 0 .. start_pos - 1 (the ones fed before), or none."""
+        B = ids.size(0)
+        if cache is not None:
+            return cache.ids.expand(B, -1), cache.positions.expand(B, -1)
+        if start is not None:
+            stream = self.stream if self.stream is not None else ids[:, :0]
+            return stream[:, :start], torch.arange(stream[:, :start].size(1))[None].expand(B, -1)
+        return ids[:, :0], ids[:, :0]
 
 
 # what a call of the model returns, in each style a learner's loop unpacks

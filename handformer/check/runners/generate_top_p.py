@@ -31,17 +31,17 @@ REPEAT_NAMES = ("repetition_penalty", "rep_penalty", "repeat_penalty")  # handed
 
 
 def _options(comp: Any) -> dict[str, Any] | None:
-    """The loop's top-p at TOP_P, its temperature at 1, a top-k on by default (Qwen's chat loop's
-    top_k=20) handed the whole vocabulary (it keeps every token, whether the loop tests k > 0 or k
-    is not None); None where it takes no top-p, or another filter whose default is on (a min-p)."""
+    """The loop's top-p at TOP_P, its temperature at 1, a top-k it takes (on by default in Qwen's chat
+    loop: top_k=20) the whole vocabulary (it keeps every token, whether the loop tests k > 0 or k is
+    not None); None where it takes no top-p, or a min-p on by default."""
     from handformer.check.runners.generate_loop import VOCAB  # (that module imports this one)
 
     defaults = {p.name: p.default for p in forward_parameters(comp.obj)}
     names = list(defaults)
-    top_p, top_k = named(names, P_NAMES), named(names, K_NAMES)
+    top_p = named(names, P_NAMES)
     options = {top_p: TOP_P, named(names, TEMPERATURE_NAMES): 1.0, named(names, REPEAT_NAMES): 1.0,
-               top_k: VOCAB if defaults.get(top_k) not in OFF else None, **sampling_on(comp.obj)}
-    options = {k: v for k, v in options.items() if k is not None and v is not None}  # those it takes
+               named(names, K_NAMES): VOCAB, **sampling_on(comp.obj)}
+    options.pop(None, None)  # no temperature, penalty or top-k taken
     return options if top_p in options and defaults.get(named(names, MIN_P_NAMES)) in OFF else None
 
 

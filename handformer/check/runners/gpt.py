@@ -319,7 +319,13 @@ def _rotary(module: nn.Module) -> tuple[tuple[str | None, ...], float, float | N
     """The rotary layouts to try (Meta's complex freqs_cis: interleaved first), the base (the one the
     learner's config names, rope_theta; else read back from its tables; else 10000), and the base of
     its tables when that is another (rope_wrong_base: the config's base not handed to the tables)."""
-    from handformer.check.core.rotary import frequency_base, module_tables, named_base, rope_layouts, table_base
+    from handformer.check.core.rotary import (
+        frequency_base,
+        module_tables,
+        named_base,
+        rope_layouts,
+        table_base,
+    )
 
     if any(re.search(r"def forward\([^)]*\bcos_sin\b", source_text(type(sub))) for sub in module.modules()
            if type(sub).__module__.startswith("learner_")):  # nanochat's halves, rotated either way
@@ -734,8 +740,9 @@ class Caller:
 
     def with_cache(self, idx: Tensor, start: int, cache: Any) -> Tensor | None:
         """The logits (B, T, V) of idx at positions start.., through the cache handed in."""
-        kwargs = {self.position: start, self.cache_arg: cache} if self.position else {
-            self.positions: torch.arange(start, start + idx.size(1)), self.cache_arg: cache}  # (T,)
+        kwargs = {self.position: start, self.positions: torch.arange(start, start + idx.size(1)),  # (T,)
+                  self.cache_arg: cache}
+        kwargs.pop(None, None)  # (it takes start_pos, or the positions)
         return fp.first_tensor(self.ctx.learner.call("forward", self.module, idx, **kwargs), 3)
 
     def _steps(self, idx: Tensor, start: int) -> tuple[Tensor | None, Tensor | None]:
@@ -755,8 +762,8 @@ class Caller:
             kwargs[self.position] = start
         if self.positions:
             kwargs[self.positions] = torch.arange(start, start + idx.size(1))  # (T,)
-        if self.fresh and self.cache_arg not in kwargs:
-            kwargs[self.cache_arg] = made_cache(self.ctx, self.fresh[1], idx.size(0))
+        if self.fresh:
+            kwargs[self.cache_arg] = made_cache(self.ctx, self.fresh[1], idx.size(0), self.module)
         if self.mask_form:  # the causal mask its caller builds, in the form it takes
             dtype = next(self.module.parameters()).dtype
             kwargs[self.mask_name] = self.mask_form(torch.ones(idx.size(1), idx.size(1)).tril().bool(), dtype)
@@ -1386,13 +1393,15 @@ def _returned_runs(ctx: Context, call: Caller, idx: Tensor, cuts: list[int],
     held: list[Any] = []
 
     def run(ids: Tensor, past: Any, start: int) -> Any:
-        placed = {call.position: start} if call.position and start else {}
-        out = ctx.learner.call("forward", module, ids, **{arg: past, **asked, **placed})
+        kwargs = {arg: past, **asked, call.position: start}
+        kwargs.pop(None, None)  # (no start position taken)
+        out = ctx.learner.call("forward", module, ids, **kwargs)
         assert isinstance(out, tuple) and out[1] is not None  # noqa: S101  (logits and its presents)
         # the presents after the logits, or after (loss, logits) (Hugging Face's tuple with labels)
         held[:] = [fp.returned_cache(out, out[1])]
         return out
-    return [(lambda a=a, b=b: run(idx[:, a:b], held[0] if a else None, a), a, b) for a, b in zip(cuts, cuts[1:])]
+    spans = list(zip(cuts, cuts[1:]))
+    return [(lambda a=a, b=b: run(idx[:, a:b], held[0] if a else None, a), a, b) for a, b in spans]
 
 
 def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor) -> None:
@@ -1401,7 +1410,8 @@ def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor)
     cache read on one token only, mistral-src's), through one cache give the logits of the whole
     sequence without it; where not, the line where the cached path parts."""
     make = cache_maker(call.module)
-    if None in (make, call.position or call.positions, call.cache_arg):
+    position = call.position or call.positions
+    if None in (make, position, call.cache_arg):
         return
     B, T = idx.shape
 
@@ -1411,20 +1421,20 @@ def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor)
     whole = fp.quietly(lambda: call(idx)[0])
     for cuts in ([0, 5, T], [0, *range(5, T + 1)]):
         got = fp.quietly(lambda cuts=cuts: torch.cat([run() for run, _, _ in runs(
-            made_cache(ctx, make[1], B), cuts)], 1))
+            made_cache(ctx, make[1], B, call.module), cuts)], 1))
         err = fp.max_error(got, whole)  # (inf: no logits through the cache)
         if err < 1e-5:
             break
     if err == math.inf:
         return
-    steps, position = CUT_WORDS[len(cuts) == 3], call.position or call.positions
+    steps = CUT_WORDS[len(cuts) == 3]
     res.checks.append(Check(text(f"through its cache ({make[0]}): tokens 0..4, then 5..7 {steps[0]} from "
                                  f"{position}=5, give the logits of the whole sequence",
                                  f"经过它的缓存（{make[0]}）：先给位置 0..4，再从 {position}=5 起"
                                  f"{steps[1]}位置 5..7，logits 与整句一次算出的相同"), err < 1e-5,
                             error_text(err)))
     if err >= 1e-5:
-        fresh = made_cache(ctx, make[1], B)
+        fresh = made_cache(ctx, make[1], B, call.module)
         note_departure(res, lambda: cache_departure(lambda: call(idx), runs(fresh, cuts), T, ctx.path))
 
 
@@ -1448,15 +1458,13 @@ def cache_maker(module: nn.Module) -> tuple[str, Callable[[int], Any]] | None:
     return None
 
 
-def made_cache(ctx: Context, make: Callable[..., Any], B: int) -> Any:
+def made_cache(ctx: Context, make: Callable[..., Any], B: int, model: nn.Module) -> Any:
     """A fresh cache of its maker, handed the batch size where it takes an argument (a Llama 2 chat
-    model's new_cache(batch_size)), else none (mistral-src's model.new_cache(), sized by its config)."""
-    takes = fp.quietly(lambda: [p for p in inspect.signature(make).parameters.values()
-                                if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)])
-    cache = ctx.learner.call("__init__", make, *[B][:1 if takes is None else len(takes)])
-    dtype = next(make.__self__.parameters()).dtype if isinstance(getattr(make, "__self__", None), nn.Module) \
-        else None  # (a class's maker casts its own: _made_as)
-    return cache if dtype is None else _cast(cache, dtype)
+    model's new_cache(batch_size)), else none (mistral-src's model.new_cache(), sized by its config),
+    its float tensors in the model's dtype."""
+    takes = len(inspect.signature(make).parameters)
+    cache = ctx.learner.call("__init__", make, *[B][:takes])
+    return _cast(cache, next(model.parameters()).dtype)
 
 
 def _cache_arguments(cls: Any, file: Any) -> list[str]:

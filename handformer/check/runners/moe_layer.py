@@ -59,12 +59,13 @@ def _parts(module: nn.Module) -> tuple[nn.ModuleList, list[tuple[Tensor, Tensor 
 
 
 def _routers(child: nn.Module, E: int) -> list[tuple[Tensor, Tensor | None]]:
-    """The router weights (E, D), each with its bias, a child holds as its own parameter (nn.Linear(D, E)'s, MoEGate's),
-    else those of the nn.Linear(D, E) layers a router of the learner's is made of (makeMoE's noisy
+    """The router weights (E, D), each with its bias, a child holds: its own parameter (MoEGate's), or
+    an nn.Linear(D, E)'s, itself or one of those a router of the learner's is made of (makeMoE's noisy
     router: its routing linear, and a noise linear that eval mode does not read)."""
-    bias = child.bias if isinstance(child, nn.Linear) else None  # (DeepSeek's gate bias only picks experts)
-    own = [(p, bias) for p in child.parameters(recurse=False) if tuple(p.shape) == (E, D)]
-    return own or [(m.weight, m.bias) for _, m in router_linears(child) if tuple(m.weight.shape) == (E, D)]
+    # its own parameters read without a bias (DeepSeek's gate bias only picks experts), its linears' with
+    found = [(p, None) for p in child.parameters(recurse=False)] + [
+        (m.weight, getattr(m, "bias", None)) for _, m in router_linears(child)]
+    return [(w, b) for w, b in found if tuple(w.shape) == (E, D)]
 
 
 def _setting(module: nn.Module, names: tuple[str, ...], kinds: tuple[type, ...] = (bool, int),
@@ -103,9 +104,9 @@ def check_moe(comp: Component, ctx: Context) -> ComponentResult:
     with torch.no_grad():
         out = fp.first_tensor(ctx.learner.call("forward", module, x), 3)
         scale = float(_setting(module, SCALE_SETTINGS, (int, float), 1.0))
+        settings = itertools.product([k] if k else range(1, len(experts) + 1), (True, False))
         readings = {(kk, norm): min((mixture(x, r, list(experts), shared, kk, norm, scale) for r in routers),
-                                    key=lambda ref: fp.max_error(out, ref))
-                    for kk, norm in itertools.product([k] if k else range(1, len(experts) + 1), (True, False))}
+                                    key=lambda ref: fp.max_error(out, ref)) for kk, norm in settings}
     errors = {key: fp.max_error(out, ref) for key, ref in readings.items()}
     allowed = [key for key in errors if key[1] in NORMS[normalize]]
     k, norm = min(allowed, key=errors.get)
