@@ -790,11 +790,15 @@ MEMORY_NAMES = ("encoder_hidden_states", "memory", "enc_output", "enc_outputs", 
 
 def encoder_block(cls: Any) -> bool:
     """A block (by its name: TransformerBlock) that is an encoder layer by what it does: its mask is
-    optional, or it takes none (timm's ViT Block.forward(x)), and nothing in its file is causal (no
+    optional, or required where it takes the stream and the mask alone (ELECTRA's BertLayer(x,
+    attention_mask)), or it takes none (timm's ViT Block.forward(x)), and nothing in its file is causal (no
     tril, triu, is_causal=True or causal mask), so with no mask every token sees every other, as in
     the paper's encoder. One that takes a KV cache or where its tokens start (mistral-src's
     TransformerBlock(x, cos, sin, mask, cache, start_pos)) decodes: a decoder-only block."""
-    if set(_forward_parameters(cls)) & DECODING_EXTRAS:
+    params = _forward_parameters(cls)
+    masks = [p.default for p in params.values() if "mask" in p.name.lower()]
+    # a mask it requires beside more than its stream (mistral-src's block(x, freqs_cis, positions, mask))
+    if set(params) & DECODING_EXTRAS or len(params) > 3 and inspect.Parameter.empty in masks:
         return False
     return nothing_causal(cls)
 

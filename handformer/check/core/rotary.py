@@ -198,7 +198,7 @@ def frequency_base(module: nn.Module, head_dim: int) -> float | None:
     """The base of a rotary module's inverse frequencies, a 1-D buffer of Dh/2 values theta^(-2j/Dh)
     from 1 down (Hugging Face's inv_freq, built from a config the model does not keep), read back from
     the second; None where it holds none."""
-    for t in (b for sub in module.modules() for b in sub.buffers(recurse=False)):
+    for t in module.buffers():
         if t.dim() == 1 and t.numel() == head_dim // 2 > 1 and t.is_floating_point() and t[0] == 1 \
                 and bool((t[1:] < t[:-1]).all()) and t[1] > 0:
             return float(f"{float(t[1]) ** -(head_dim / 2):.3g}")

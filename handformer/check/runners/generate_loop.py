@@ -403,7 +403,7 @@ def new_tokens(out: Any, prompt: Tensor, n: int) -> Tensor | None:
 
 def _scores(value: Any) -> bool:
     """Whether a value a generate returns is float scores (the log-probabilities of its tokens)."""
-    return isinstance(value, Tensor) and value.is_floating_point()
+    return getattr(value, "is_floating_point", lambda: False)()  # (a float tensor; not None, not ids)
 
 
 @dataclass
