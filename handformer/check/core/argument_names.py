@@ -44,6 +44,9 @@ DECODING_NAMES = {
 MODEL_NAMES = ("model", "self", "net", "m", "lm", "gpt")
 PROMPT_NAMES = ("idx", "input_ids", "prompt", "prompt_ids", "tokens", "context", "ids", "x", "input",
                 "prompt_tokens", "start_ids", "inputs", "prompts")
+# a chat loop's tokenizer and the conversation it encodes (Qwen's chat(model, tokenizer, messages))
+TOKENIZER_NAMES = ("tokenizer", "tok", "enc", "encoder", "tokeniser")
+MESSAGE_NAMES = ("messages", "conversation", "history", "dialog", "chat", "msgs")
 COUNT_NAMES = ("max_new_tokens", "max_tokens", "n_new", "num_tokens", "new_tokens", "steps", "length",
                "max_length", "n", "num_new_tokens", "max_gen_len", "n_tokens")
 # a generation loop's end-of-sequence id

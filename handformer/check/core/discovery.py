@@ -155,6 +155,20 @@ FIXED.update(dict.fromkeys(ARGUMENTS["eps"], 1e-5))
 # a constructor's required argument alone, never a config field (a config keeps its own base): RoPE's
 # base in CS336's TransformerBlock(d_model, num_heads, d_ff, max_seq_len, theta)
 REQUIRED_FIXED = {**FIXED, "theta": 10000.0, "rope_theta": 10000.0}
+# a mixture of experts' constructor that requires its count of experts (makeMoE's SparseMoE(n_embed,
+# num_experts, top_k)): 4 experts, 2 a token, as a config of one is built (FIXED)
+MOE_REQUIRED = {"num_experts": 4, "n_experts": 4, "num_local_experts": 4, "top_k": 2, "k": 2,
+                "experts_per_token": 2, "num_experts_per_tok": 2}
+EXPERT_COUNTS = {"num_experts", "n_experts", "num_local_experts"}
+
+
+def moe_counts(cls: Any) -> dict[str, Any]:
+    """MOE_REQUIRED for a constructor that requires a count of experts; none for any other (a top_k
+    filter's TopKWarper(top_k) keeps its own)."""
+    required = {p.name.lower() for p in init_parameters(cls) if p.default is p.empty}
+    return dict(MOE_REQUIRED) if required & EXPERT_COUNTS else {}
+
+
 # an argument's name (lower case) -> the size it stands for: the first key of ARGUMENTS that lists it
 SIZE_OF = {alias: key for key, aliases in reversed(ARGUMENTS.items()) for alias in aliases}
 # the words of a name no table lists that say a size (fairseq's attention_heads, ffn_embed_dim): a
@@ -710,13 +724,16 @@ FAMILY_OF = {kind: family for family in SAME_FAMILY for kind in family}  # the f
 CAUSAL_WORDS = re.compile(r"\btri[lu]_?\b|is_causal\s*=\s*True|causal")  # tril_: ChatGLM's in-place
 
 
-TOKEN_EXTRAS = ("start_pos", "targets", "target", "labels", "y", "position_ids", "positions", "pos")
+TOKEN_EXTRAS = ("start_pos", "targets", "target", "labels", "y", "position_ids", "positions", "pos",
+                "cache", "kv_cache")  # a KV cache it requires (mistral-src's forward(ids, positions, cache))
 # what a decoder-only layer's forward takes besides its one stream: the rotary tables and positions
 POSITION_EXTRAS = TOKEN_EXTRAS + ("freqs_cis", "freqs_complex", "pos_cis", "freqs_cos", "freqs_sin", "cos",
                                   "sin", "cos_sin", "position_embeddings", "input_pos", "rope", "rotary_emb",
                                   "rotary_pos_emb",  # ChatGLM's cache (T, Dh/2, 2)
                                   # a KV cache handed in, and where to write it (gemma_pytorch's)
-                                  "kv_cache", "cache", "past_key_value", "layer_past", "kv_write_indices")
+                                  "kv_cache", "cache", "past_key_value", "layer_past", "kv_write_indices",
+                                  # the index of its layer in that cache (mistral-src's layer_id)
+                                  "layer_id", "layer_idx", "layer")
 
 
 # what only a decoding layer's forward takes: a KV cache, and where its new tokens start
@@ -773,12 +790,15 @@ MEMORY_NAMES = ("encoder_hidden_states", "memory", "enc_output", "enc_outputs", 
 
 def encoder_block(cls: Any) -> bool:
     """A block (by its name: TransformerBlock) that is an encoder layer by what it does: its mask is
-    optional, or it takes none (timm's ViT Block.forward(x)), and nothing in its file is causal (no
+    optional, or required where it takes the stream and the mask alone (ELECTRA's BertLayer(x,
+    attention_mask)), or it takes none (timm's ViT Block.forward(x)), and nothing in its file is causal (no
     tril, triu, is_causal=True or causal mask), so with no mask every token sees every other, as in
     the paper's encoder. One that takes a KV cache or where its tokens start (mistral-src's
     TransformerBlock(x, cos, sin, mask, cache, start_pos)) decodes: a decoder-only block."""
-    defaults = {p.default for p in _forward_parameters(cls).values() if "mask" in p.name.lower()}
-    if defaults and None not in defaults or set(_forward_parameters(cls)) & DECODING_EXTRAS:
+    params = _forward_parameters(cls)
+    masks = [p.default for p in params.values() if "mask" in p.name.lower()]
+    # a mask it requires beside more than its stream (mistral-src's block(x, freqs_cis, positions, mask))
+    if set(params) & DECODING_EXTRAS or len(params) > 3 and inspect.Parameter.empty in masks:
         return False
     return nothing_causal(cls)
 
@@ -1084,6 +1104,7 @@ def _build_matched(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any],
     kwargs = {}
     keys = argument_keys(target)
     sizes = with_head_size(sizes)
+    fixed = {**REQUIRED_FIXED, **moe_counts(target)}
     for p in init_parameters(target):
         key = keys.get(p.name) or SWITCHES.get(p.name)
         if p.name == sizes.get("switched"):
@@ -1092,8 +1113,8 @@ def _build_matched(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any],
             kwargs[p.name] = sizes[key]
         elif (config := make_config(target, p, sizes)) is not None:
             kwargs[p.name] = config
-        elif p.name.lower() in REQUIRED_FIXED and (p.default is p.empty or p.name.lower() in SWITCHED_ON):
-            kwargs[p.name] = REQUIRED_FIXED[p.name.lower()]
+        elif p.name.lower() in fixed and (p.default is p.empty or p.name.lower() in SWITCHED_ON):
+            kwargs[p.name] = fixed[p.name.lower()]
         elif p.default is False and "relative" in p.name.lower():  # T5's has_relative_attention_bias
             kwargs[p.name] = True  # built with its relative-position table, which the check then grades
         elif p.name in handed:  # torchtune's q_proj=nn.Linear(...), as the learner's builder makes it

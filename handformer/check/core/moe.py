@@ -41,20 +41,31 @@ def moe_parts(module: nn.Module) -> tuple[Leaf, str, nn.ModuleList] | None:
     DeepSeek's MoEGate) and the name and list of the E experts beside it; None for a module that
     holds no such pair."""
     children = dict(module.named_children())
-    routers = {tuple(c.weight.shape): n for n, c in children.items() if _router_like(c)}
+    found_routers = ((n, router_linears(c)) for n, c in children.items())
+    routers = {tuple(r[0][1].weight.shape): (n, r[0]) for n, r in found_routers if r}
     found = [(routers[(len(c), D)], n, c) for n, c in children.items()
              if isinstance(c, nn.ModuleList) and (len(c), D) in routers]
     router, name, experts = (found or [(None, "", None)])[0]
-    return None if router is None else (Leaf(router, "linear", children[router], children[router].weight,
-                                             getattr(children[router], "bias", None)), name, experts)
+    if router is None:
+        return None
+    path, linear = _joined(router[0], router[1][0]), router[1][1]
+    return Leaf(path, "linear", linear, linear.weight, getattr(linear, "bias", None)), name, experts
 
 
-def _router_like(child: nn.Module) -> bool:
-    """An nn.Linear, or a module of the learner's (no torch.nn layer: an nn.Embedding is none) whose
-    parameters are one matrix `weight` and at most a bias beside it."""
+def router_linears(child: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The routers a child may be, with their paths inside it: itself where it is an nn.Linear or a
+    module of the learner's (no torch.nn layer: an nn.Embedding is none) whose parameters are one
+    matrix `weight` and at most a bias beside it; else, for a router of the learner's made of
+    nn.Linear(D, E) layers alone (makeMoE's noisy top-k router: a routing linear and a noise linear
+    that only training reads), each of them; none for anything else."""
     ranks = {name: p.dim() for name, p in child.named_parameters()}
-    return isinstance(child, nn.Linear) or (not type(child).__module__.startswith("torch.")
-                                            and ranks in ({"weight": 2}, {"weight": 2, "bias": 1}))
+    own = not type(child).__module__.startswith("torch.")
+    if isinstance(child, nn.Linear) or own and ranks in ({"weight": 2}, {"weight": 2, "bias": 1}):
+        return [("", child)]
+    kinds = {type(m) for m in child.children()}  # nn.Linear alone, all of one shape, nothing held beside
+    shapes = {tuple(p.shape) for p in child.parameters() if p.dim() == 2}
+    alone = own and kinds == {nn.Linear} and len(shapes) == 1 and not list(child.parameters(recurse=False))
+    return list(child.named_children()) * alone
 
 
 def find_moe(module: nn.Module) -> tuple[str, nn.Module] | None:
@@ -90,9 +101,12 @@ def moe_slots(path: str, moe: nn.Module, what: str, label: str) -> list[Slot]:
                            "handformer's MixtureOfExperts has (SwiGLU experts, Mixtral's)",
                            zh=f"{what}：它的专家不是无偏置的门控前馈网络，而 handformer 的 MixtureOfExperts "
                               "用的是这种专家（SwiGLU，Mixtral 的写法）")
-    shared = _shared(path, moe, (list_name, router.name), what, label)
-    router = Leaf(_joined(label, path, router.name), "linear", router.module, router.weight, router.bias)
-    return _routed(moe, readings, router, shared)
+    child = router.name.split(".")[0]
+    shared = _shared(path, moe, (list_name, child), what, label)
+    linears = router_linears(getattr(moe, child))
+    routers = [Leaf(_joined(label, path, child, name), "linear", m, m.weight, getattr(m, "bias", None))
+               for name, m in linears]
+    return _routed(moe, readings, routers, shared)
 
 
 def _shared(path: str, moe: nn.Module, taken: tuple[str, str], what: str, label: str) -> list[list[Slot]]:
@@ -147,22 +161,22 @@ def moe_note(slots: list[Slot]) -> list[Text]:
                  "与 handformer 的 MixtureOfExperts 比较")]
 
 
-def _routed(moe: nn.Module, readings: list[list[list[Slot]]], router: Leaf, shared: list[list[list[Slot]]],
-            ) -> list[Slot]:
-    """The slots in the reading (gate order, top_k, renormalized or not) that computes the learner's
-    output, a shared expert's after the routed ones'; where none does (a mistake), the first gate
-    order, 2 experts a token, renormalized."""
+def _routed(moe: nn.Module, readings: list[list[list[Slot]]], routers: list[Leaf],
+            shared: list[list[list[Slot]]]) -> list[Slot]:
+    """The slots in the reading (router, gate order, top_k, renormalized or not) that computes the
+    learner's output, a shared expert's after the routed ones'; where none does (a mistake), the first
+    router and gate order, 2 experts a token, renormalized."""
     x = fp.randn(2, 5, D, seed=4)  # (B, T, D)
     # (None where the learner's module raises: its block's check runs it and says so)
     out = fp.first_tensor(fp.quietly(lambda: moe(x)), 3)
     E = len(readings)
-    settings = itertools.product(range(len(readings[0])), GATED, range(1, E + 1), (True, False))
+    settings = itertools.product(routers, range(len(readings[0])), GATED, range(1, E + 1), (True, False))
     tried = [([*itertools.chain(*(r[order] for r in readings + shared)),
                RouterSlot("router", router, None, "", E, k, norm, len(shared))], act)
-             for order, act, k, norm in settings]
+             for router, order, act, k, norm in settings]
     found = [slots for slots, act in tried
              if fp.max_error(out, V.feed_forward(ffn_weights(slots, act), x)) < 1e-6]
-    if not found and not isinstance(router.module, nn.Linear):
+    if not found and not isinstance(routers[0].module, nn.Linear):
         raise MappingError(OWN_GATE[0], zh=OWN_GATE[1])  # (its own MoE check names what departs)
     return [*found, tried[2 * (min(2, E) - 1)][0]][0]  # else: order 0, silu, k = 2, renormalized
 

@@ -194,6 +194,17 @@ def table_base(tables: list[Tensor], head_dim: int) -> float | None:
     return None
 
 
+def frequency_base(module: nn.Module, head_dim: int) -> float | None:
+    """The base of a rotary module's inverse frequencies, a 1-D buffer of Dh/2 values theta^(-2j/Dh)
+    from 1 down (Hugging Face's inv_freq, built from a config the model does not keep), read back from
+    the second; None where it holds none."""
+    for t in module.buffers():
+        if t.dim() == 1 and t.numel() == head_dim // 2 > 1 and t.is_floating_point() and t[0] == 1 \
+                and bool((t[1:] < t[:-1]).all()) and t[1] > 0:
+            return float(f"{float(t[1]) ** -(head_dim / 2):.3g}")
+    return None
+
+
 def table_frequencies(tables: list[Tensor], head_dim: int) -> Tensor | None:
     """The Dh/2 frequencies of the learner's rotary tables, ascending, read back from position 1's angles
     (a complex table, or a sine table whose row 0 is all zeros: a cosine's is too flat near 0 to say)."""

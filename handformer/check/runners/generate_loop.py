@@ -38,9 +38,11 @@ from handformer.check.core.argument_names import (
     COUNT_NAMES,
     EOS_NAMES,
     MASK_ARG_NAMES,
+    MESSAGE_NAMES,
     MODEL_NAMES,
     PAD_NAMES,
     PROMPT_NAMES,
+    TOKENIZER_NAMES,
 )
 from handformer.check.core.context import Context, forward_names, forward_parameters, named, raised_at
 from handformer.check.core.discovery import Component, DiscoveryError
@@ -85,6 +87,32 @@ class StandInTokenizer:
     special_tokens: dict[str, int] = {}
 
 
+class PromptTokenizer(StandInTokenizer):
+    """A chat loop's tokenizer: whatever text its chat template makes of the conversation encodes to
+    check's prompt (one list of ids, or a list of them for several), ids decode to themselves (so that
+    what the loop returns is the tokens it generated), and every special id it reads (im_end_id) is
+    one no model generates."""
+
+    def __init__(self, ids: Any) -> None:
+        rows = torch.as_tensor(ids).tolist()
+        self.prompt = rows[0] if len(rows) == 1 else rows  # (one prompt of 3 ids: its list)
+
+    def encode(self, text: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        return list(self.prompt)
+
+    def decode(self, ids: Any, *args: Any, **kwargs: Any) -> list[int]:
+        return torch.as_tensor(ids).reshape(-1).tolist()
+
+    def __getattr__(self, name: str) -> int:
+        if name.endswith(("_id", "_token_id", "_idx")):
+            return NEVER
+        raise AttributeError(name)
+
+
+# the conversation a chat loop is handed (its ids are the tokenizer's: PromptTokenizer)
+CONVERSATION = ({"role": "user", "content": "hi"},)
+
+
 PAD_ID = 0  # the padding id a loop is handed: no prompt holds it
 
 
@@ -107,6 +135,12 @@ class CacheToken:
     @property
     def length(self) -> int:
         return self.ids.size(1)
+
+    def hold(self, ids: Tensor, positions: Tensor) -> None:
+        """Hold these ids and positions from now on: a cache the model fills in place (mistral-src's
+        rolling cache, made by model.new_cache() and never handed back), where a call returns none."""
+        object.__setattr__(self, "ids", ids)
+        object.__setattr__(self, "positions", positions)
 
 
 @dataclass
@@ -158,22 +192,16 @@ class LanguageModel(nn.Module):
             raise TypeError(f"the stand-in model cannot fill a cache object of your own ({own}); check "
                             "generate with your model in the same file, or write the adapter")
         B, T = ids.shape
-        if cache is not None:
-            prior_ids, prior_pos = cache.ids.expand(B, -1), cache.positions.expand(B, -1)
-        elif start is not None:  # Meta: the tokens at positions 0 .. start_pos - 1 are the ones fed before
-            stream = self.stream if self.stream is not None else ids[:, :0]
-            prior_ids = stream[:, :start]
-            prior_pos = torch.arange(prior_ids.size(1))[None].expand(B, -1)
-        else:
-            prior_ids = prior_pos = ids[:, :0]
+        prior_ids, prior_pos = self._prior(ids, cache, start)
         pads = _padding(ids, args, kwargs)  # a cached step's mask is longer than its ids: none
         if positions is None:
             first = start if start is not None else prior_ids.size(1)
             positions = torch.arange(first, first + T)[None].expand(B, T)
             positions = positions if pads is None else (pads.cumsum(-1) - 1).clamp(min=0)  # left padding
-        full_ids, full_pos = torch.cat([prior_ids, ids], 1), torch.cat([prior_pos, positions.long()], 1)
+        positions = positions.long().expand(B, T)  # (one row (1, T) handed for every sequence)
+        full_ids, full_pos = torch.cat([prior_ids, ids], 1), torch.cat([prior_pos, positions], 1)
         cached = cache is not None or start is not None
-        self.calls.append(Call(ids, prior_ids.size(1), positions.long(), cached, start))
+        self.calls.append(Call(ids, prior_ids.size(1), positions, cached, start))
         if full_ids.size(1) > self.block_size or int(full_pos.max()) >= self.block_size:
             raise ContextTooLong(f"Cannot forward sequence of length {full_ids.size(1)}, block size is only "
                                  f"{self.block_size}")
@@ -184,7 +212,20 @@ class LanguageModel(nn.Module):
             logits = out.logits[:, -T:]  # (B, T, V)
         logits = (logits - logits.amax(-1, keepdim=True)) * (1.0 if SOFT[0] else PEAK)
         new_cache = CacheToken(full_ids, full_pos) if _cache_asked(cache, kwargs) else None
+        if self.style in FILLED_IN_PLACE:  # no cache comes back: the one handed (if any) fills
+            getattr(cache, "hold", lambda *held: None)(full_ids, full_pos)
         return RETURNS[self.style](logits[0] if one & (self.style == "unbatched") else logits, new_cache)
+
+    def _prior(self, ids: Tensor, cache: CacheToken | None, start: int | None) -> tuple[Tensor, Tensor]:
+        """The ids and positions (B, S) seen before this call's: the cache's, or Meta's tokens at
+        positions 0 .. start_pos - 1 (the ones fed before), or none."""
+        B = ids.size(0)
+        if cache is not None:
+            return cache.ids.expand(B, -1), cache.positions.expand(B, -1)
+        if start is not None:
+            stream = self.stream if self.stream is not None else ids[:, :0]
+            return stream[:, :start], torch.arange(stream[:, :start].size(1))[None].expand(B, -1)
+        return ids[:, :0], ids[:, :0]
 
 
 # what a call of the model returns, in each style a learner's loop unpacks
@@ -193,6 +234,10 @@ RETURNS: dict[str, Callable[[Tensor, CacheToken | None], Any]] = {
     "loss_first": lambda logits, cache: (None, logits, cache),  # Hugging Face's (loss, logits, presents)
     "unbatched": lambda logits, cache: logits,  # (T, V) for the (T,) ids of one sequence
     "object": lambda logits, cache: types.SimpleNamespace(logits=logits, past_key_values=cache, loss=None)}
+
+
+# the styles whose call returns logits alone: a cache handed in can only be filled where it is
+FILLED_IN_PLACE = ("tensor", "unbatched")
 
 
 def _cache_asked(cache: CacheToken | None, kwargs: dict[str, Any]) -> bool:
@@ -216,7 +261,16 @@ def _cache_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Cac
     given = [v for k, v in kwargs.items() if k in POSITION_NAMES] + list(args)  # by name first
     start = next((v for v in given if is_number(v, int)), None)
     positions = kwargs.get("position_ids")
-    return cache, start, positions if isinstance(positions, Tensor) else None
+    if not isinstance(positions, Tensor):  # mistral-src's model(ids, positions, cache): one row (T,)
+        positions = next((v[None] for v in args if _position_row(v)), None)
+    return cache, start, positions
+
+
+def _position_row(value: Any) -> bool:
+    """Whether a value handed to the model is one row of positions (T,): integers counting up by one
+    (a prompt's 0..T-1, or the one position of a decoding step)."""
+    return isinstance(value, Tensor) and value.dim() == 1 and not value.is_floating_point() \
+        and value.numel() > 0 and bool((value.diff() == 1).all()) and int(value[0]) >= 0
 
 
 def known_model() -> CausalLM:
@@ -273,7 +327,8 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
     kwargs: dict[str, Any] = {}
     n += prompt_length(ids) * (comp.obj in TOTAL_COUNTS)  # Hugging Face's max_length: prompt included
     roles = ((MODEL_NAMES, model.target), (PROMPT_NAMES, ids), (COUNT_NAMES, n),
-             (CONTEXT_NAMES, model.context), (PROCESSOR_NAMES, NoProcessors()))  # each argument's, by name
+             (CONTEXT_NAMES, model.context), (PROCESSOR_NAMES, NoProcessors()),  # each argument's, by name
+             (TOKENIZER_NAMES, PromptTokenizer(ids)), (MESSAGE_NAMES, [dict(m) for m in CONVERSATION]))
     # and where it has no default: an EOS no model makes, a padding id, a mask of real tokens only, the
     # model's cache on
     ones = torch.ones_like(torch.as_tensor(ids)) if _rectangular(ids) else None  # (a ragged list: none)
@@ -328,8 +383,9 @@ def new_tokens(out: Any, prompt: Tensor, n: int) -> Tensor | None:
     """The tokens a generate returned after the prompt, (B, n'), from (B, T + n) ids (nanoGPT), (B, n)
     new ones, or lists of them."""
     B, T = prompt.shape
-    if isinstance(out, tuple) and len(out) == 2 and out[1] is None:
-        out = out[0]  # Meta's (tokens, logprobs) with logprobs=False: (tokens, None)
+    if isinstance(out, tuple) and len(out) == 2 and (out[1] is None or _scores(out[1])) \
+            and not _scores(out[0]):
+        out = out[0]  # Meta's (tokens, logprobs): (tokens, None) with logprobs=False
     if fp.token_list(out) and out:  # a non-empty list of ids: one sequence
         out = [out]
     if isinstance(out, (list, tuple)) and out and all(isinstance(v, (list, tuple, Tensor)) for v in out):
@@ -343,6 +399,11 @@ def new_tokens(out: Any, prompt: Tensor, n: int) -> Tensor | None:
     if out.size(1) >= T and torch.equal(out[:, :T], prompt):
         return out[:, T:]
     return out
+
+
+def _scores(value: Any) -> bool:
+    """Whether a value a generate returns is float scores (the log-probabilities of its tokens)."""
+    return getattr(value, "is_floating_point", lambda: False)()  # (a float tensor; not None, not ids)
 
 
 @dataclass

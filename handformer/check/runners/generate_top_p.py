@@ -5,8 +5,8 @@ them, and `torch.multinomial` answering the likeliest token while it records the
 handed (generate_temperature.recorded_draws). Each row must keep as many tokens as top-p's nucleus of
 the logits: the most likely ones until their mass reaches TOP_P, the token that crosses it kept
 (counts, not places: Meta's sample_top_p samples from them sorted). A repetition penalty it takes is
-handed 1 (none); a loop that takes another filter whose setting is on by default (a top-k of 50) is not
-probed: its kept tokens are both filters'.
+handed 1 (none), a top-k on by default the whole vocabulary (it then keeps every token); a loop whose
+min-p is on by default is not probed: its kept tokens are both filters'.
 
 Shape legend: B prompts, V vocabulary.
 """
@@ -31,15 +31,18 @@ REPEAT_NAMES = ("repetition_penalty", "rep_penalty", "repeat_penalty")  # handed
 
 
 def _options(comp: Any) -> dict[str, Any] | None:
-    """The loop's top-p at TOP_P, its temperature at 1; None where it takes no top-p, or another filter
-    whose default is on."""
+    """The loop's top-p at TOP_P, its temperature at 1, a top-k it takes (on by default in Qwen's chat
+    loop: top_k=20) the whole vocabulary (it keeps every token, whether the loop tests k > 0 or k is
+    not None); None where it takes no top-p, or a min-p on by default."""
+    from handformer.check.runners.generate_loop import VOCAB  # (that module imports this one)
+
     defaults = {p.name: p.default for p in forward_parameters(comp.obj)}
     names = list(defaults)
-    top_p, other = named(names, P_NAMES), defaults.get(named(names, K_NAMES + MIN_P_NAMES))
+    top_p = named(names, P_NAMES)
     options = {top_p: TOP_P, named(names, TEMPERATURE_NAMES): 1.0, named(names, REPEAT_NAMES): 1.0,
-               **sampling_on(comp.obj)}
-    options.pop(None, None)  # no temperature or penalty taken
-    return options if top_p in options and other in OFF else None
+               named(names, K_NAMES): VOCAB, **sampling_on(comp.obj)}
+    options.pop(None, None)  # no temperature, penalty or top-k taken
+    return options if top_p in options and defaults.get(named(names, MIN_P_NAMES)) in OFF else None
 
 
 def _counts(t: torch.Tensor) -> str:

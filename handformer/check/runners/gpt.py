@@ -319,7 +319,13 @@ def _rotary(module: nn.Module) -> tuple[tuple[str | None, ...], float, float | N
     """The rotary layouts to try (Meta's complex freqs_cis: interleaved first), the base (the one the
     learner's config names, rope_theta; else read back from its tables; else 10000), and the base of
     its tables when that is another (rope_wrong_base: the config's base not handed to the tables)."""
-    from handformer.check.core.rotary import module_tables, named_base, rope_layouts, table_base
+    from handformer.check.core.rotary import (
+        frequency_base,
+        module_tables,
+        named_base,
+        rope_layouts,
+        table_base,
+    )
 
     if any(re.search(r"def forward\([^)]*\bcos_sin\b", source_text(type(sub))) for sub in module.modules()
            if type(sub).__module__.startswith("learner_")):  # nanochat's halves, rotated either way
@@ -332,7 +338,7 @@ def _rotary(module: nn.Module) -> tuple[tuple[str | None, ...], float, float | N
     ropes = ("interleaved", "half", None, *partial) if any(t.is_complex() for t in tables) else (
         "half", "interleaved", None, *partial)
     named = named_base(module)
-    table = table_base(tables, D // H)
+    table = table_base(tables, D // H) or frequency_base(module, D // H)
     if named is None:
         return ropes, table or 10000.0, None
     return ropes, named, table if table is not None and abs(table / named - 1) > 1e-3 else None
@@ -675,6 +681,8 @@ class Caller:
         # Mistral's forward(input_ids, positions): the positions it requires, one row (T,)
         self.positions = named(required, ("positions",))
         self.cache_arg = named(names, CACHE_ARGS)
+        # mistral-src's forward(input_ids, positions, cache): a fresh cache of its maker for every call
+        self.fresh = cache_maker(module) if self.cache_arg in required else None
 
         self.returned: Any = None  # what forward gave back last, for a message
         self.stepwise = False  # Umar Jamil's forward asserts one token at a time: driven so, once known
@@ -732,7 +740,9 @@ class Caller:
 
     def with_cache(self, idx: Tensor, start: int, cache: Any) -> Tensor | None:
         """The logits (B, T, V) of idx at positions start.., through the cache handed in."""
-        kwargs = {self.position: start, self.cache_arg: cache}
+        kwargs = {self.position: start, self.positions: torch.arange(start, start + idx.size(1)),  # (T,)
+                  self.cache_arg: cache}
+        kwargs.pop(None, None)  # (it takes start_pos, or the positions)
         return fp.first_tensor(self.ctx.learner.call("forward", self.module, idx, **kwargs), 3)
 
     def _steps(self, idx: Tensor, start: int) -> tuple[Tensor | None, Tensor | None]:
@@ -752,6 +762,8 @@ class Caller:
             kwargs[self.position] = start
         if self.positions:
             kwargs[self.positions] = torch.arange(start, start + idx.size(1))  # (T,)
+        if self.fresh:
+            kwargs[self.cache_arg] = made_cache(self.ctx, self.fresh[1], idx.size(0), self.module)
         if self.mask_form:  # the causal mask its caller builds, in the form it takes
             dtype = next(self.module.parameters()).dtype
             kwargs[self.mask_name] = self.mask_form(torch.ones(idx.size(1), idx.size(1)).tril().bool(), dtype)
@@ -1329,7 +1341,7 @@ def _returned_cache(res: ComponentResult, ctx: Context, comp: Component, m: GPTM
     generation feeds them, where several at once differ (ChatGLM's builds its causal mask only where
     query and key lengths are equal: new tokens handed together see each other both ways), noted."""
     whole = fp.quietly(lambda: call(idx)[0][:, 5:])
-    runs = fp.quietly(lambda: _returned_runs(ctx, call.module, idx, [0, 5, idx.size(1)]))
+    runs = fp.quietly(lambda: _returned_runs(ctx, call, idx, [0, 5, idx.size(1)]))
     step = _stepped(runs)
     err = fp.max_error(step, whole)  # (inf: no cache)
     if err == math.inf:
@@ -1337,7 +1349,7 @@ def _returned_cache(res: ComponentResult, ctx: Context, comp: Component, m: GPTM
     singly = [0, *range(5, idx.size(1) + 1)]  # (computed only where the tokens handed together differ)
     file = source_text(sys.modules[type(call.module).__module__])
     if err >= 1e-5 and EQUAL_LENGTHS_ONLY.search(file) and 1e-5 > (one := fp.max_error(_stepped(fp.quietly(
-            lambda: _returned_runs(ctx, call.module, idx, singly))), whole)):
+            lambda: _returned_runs(ctx, call, idx, singly))), whole)):
         err, res.notes = one, [*res.notes, ONE_AT_A_TIME]
     res.checks.append(Check(text("the KV cache it returns: tokens 5..7 handed the cache of 0..4 give the "
                                  "logits of the whole sequence",
@@ -1365,25 +1377,31 @@ ONE_AT_A_TIME = text(
     "（ChatGLM 也是这样：它只在 query 和 key 长度相同时才构造因果掩码）")
 
 
-def _returned_runs(ctx: Context, module: nn.Module, idx: Tensor, cuts: list[int],
+def _returned_runs(ctx: Context, call: Caller, idx: Tensor, cuts: list[int],
                    ) -> list[tuple[Any, int, int]]:
     """The calls on the spans between `cuts`, each after the first handed the cache the one before
     returned (the first thing it returns after the logits that is no tensor, else the second), with
     use_cache=True where it takes that (its cache argument defaulting to None; StableLM's returns its
-    cache always), each with the positions it covers; raises where it takes or returns none."""
+    cache always) and the span's first position where it takes one (a GPT-2 tutorial's
+    forward(idx, past_key_values=None, start_pos=0)), each with the positions it covers; raises where
+    it takes or returns none."""
+    module = call.module
     names = {p.name: p.default for p in forward_parameters(module)}
     arg = named([n for n, default in names.items() if default is None], CACHE_ARGS)
     assert arg is not None  # noqa: S101  (quietly: no cache check)
     asked = {"use_cache": True} if "use_cache" in names else {}
     held: list[Any] = []
 
-    def run(ids: Tensor, past: Any) -> Any:
-        out = ctx.learner.call("forward", module, ids, **{arg: past, **asked})
+    def run(ids: Tensor, past: Any, start: int) -> Any:
+        kwargs = {arg: past, **asked, call.position: start}
+        kwargs.pop(None, None)  # (no start position taken)
+        out = ctx.learner.call("forward", module, ids, **kwargs)
         assert isinstance(out, tuple) and out[1] is not None  # noqa: S101  (logits and its presents)
         # the presents after the logits, or after (loss, logits) (Hugging Face's tuple with labels)
         held[:] = [fp.returned_cache(out, out[1])]
         return out
-    return [(lambda a=a, b=b: run(idx[:, a:b], held[0] if a else None), a, b) for a, b in zip(cuts, cuts[1:])]
+    spans = list(zip(cuts, cuts[1:]))
+    return [(lambda a=a, b=b: run(idx[:, a:b], held[0] if a else None, a), a, b) for a, b in spans]
 
 
 def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor) -> None:
@@ -1392,7 +1410,8 @@ def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor)
     cache read on one token only, mistral-src's), through one cache give the logits of the whole
     sequence without it; where not, the line where the cached path parts."""
     make = cache_maker(call.module)
-    if None in (make, call.position, call.cache_arg):
+    position = call.position or call.positions
+    if None in (make, position, call.cache_arg):
         return
     B, T = idx.shape
 
@@ -1402,7 +1421,7 @@ def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor)
     whole = fp.quietly(lambda: call(idx)[0])
     for cuts in ([0, 5, T], [0, *range(5, T + 1)]):
         got = fp.quietly(lambda cuts=cuts: torch.cat([run() for run, _, _ in runs(
-            ctx.learner.call("__init__", make[1], B), cuts)], 1))  # its maker asks for the batch size
+            made_cache(ctx, make[1], B, call.module), cuts)], 1))
         err = fp.max_error(got, whole)  # (inf: no logits through the cache)
         if err < 1e-5:
             break
@@ -1410,12 +1429,12 @@ def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor)
         return
     steps = CUT_WORDS[len(cuts) == 3]
     res.checks.append(Check(text(f"through its cache ({make[0]}): tokens 0..4, then 5..7 {steps[0]} from "
-                                 f"{call.position}=5, give the logits of the whole sequence",
-                                 f"经过它的缓存（{make[0]}）：先给位置 0..4，再从 {call.position}=5 起"
+                                 f"{position}=5, give the logits of the whole sequence",
+                                 f"经过它的缓存（{make[0]}）：先给位置 0..4，再从 {position}=5 起"
                                  f"{steps[1]}位置 5..7，logits 与整句一次算出的相同"), err < 1e-5,
                             error_text(err)))
     if err >= 1e-5:
-        fresh = ctx.learner.call("__init__", make[1], B)
+        fresh = made_cache(ctx, make[1], B, call.module)
         note_departure(res, lambda: cache_departure(lambda: call(idx), runs(fresh, cuts), T, ctx.path))
 
 
@@ -1439,6 +1458,15 @@ def cache_maker(module: nn.Module) -> tuple[str, Callable[[int], Any]] | None:
     return None
 
 
+def made_cache(ctx: Context, make: Callable[..., Any], B: int, model: nn.Module) -> Any:
+    """A fresh cache of its maker, handed the batch size where it takes an argument (a Llama 2 chat
+    model's new_cache(batch_size)), else none (mistral-src's model.new_cache(), sized by its config),
+    its float tensors in the model's dtype."""
+    takes = len(inspect.signature(make).parameters)
+    cache = ctx.learner.call("__init__", make, *[B][:takes])
+    return _cast(cache, next(model.parameters()).dtype)
+
+
 def _cache_arguments(cls: Any, file: Any) -> list[str]:
     """The arguments without a default of a class of the learner's file (not a module) named for a
     cache, if exactly two; else none."""
@@ -1450,7 +1478,11 @@ def _cache_arguments(cls: Any, file: Any) -> list[str]:
 
 def _made_as(cls: type, config: Any, dtype: torch.dtype, batch: int) -> Any:
     """cls(config, batch), its float tensors (held alone or in a list, one a layer) in `dtype`."""
-    cache = cls(config, batch)
+    return _cast(cls(config, batch), dtype)
+
+
+def _cast(cache: Any, dtype: torch.dtype) -> Any:
+    """The cache, its float tensors (held alone or in a list, one a layer) in `dtype`."""
     for name, value in vars(cache).items():
         setattr(cache, name, list(map(functools.partial(_floats_as, dtype=dtype), value))
                 if isinstance(value, list) else _floats_as(value, dtype))

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, D, error_text, finish
 from handformer.check.core.discovery import Component, DiscoveryError
-from handformer.check.core.moe import moe_slots
+from handformer.check.core.moe import moe_slots, router_linears
 from handformer.check.core.result import (
     Check,
     ComponentResult,
@@ -46,21 +46,26 @@ NORM_SETTINGS = ("norm_topk_prob", "normalize", "renormalize", "norm_topk", "rou
 SCALE_SETTINGS = ("route_scale", "routed_scaling_factor", "routing_scale")
 
 
-def _parts(module: nn.Module) -> tuple[nn.ModuleList, Tensor, list[nn.Module]]:
-    """Its experts (the child nn.ModuleList), its router's weight (E, D), and its other children with
-    parameters: the shared experts."""
+def _parts(module: nn.Module) -> tuple[nn.ModuleList, list[tuple[Tensor, Tensor | None]], list[nn.Module]]:
+    """Its experts (the child nn.ModuleList), the weights (E, D) its router may route by, and its
+    other children with parameters: the shared experts."""
     children = dict(module.named_children())
     experts = next(c for c in children.values() if isinstance(c, nn.ModuleList))
     E = len(experts)
-    gate = next(c for c in children.values() if _router(c, E) is not None)
+    gate = next(c for c in children.values() if _routers(c, E))
     shared = [c for c in children.values()
               if c is not experts and c is not gate and next(c.parameters(), None) is not None]
-    return experts, _router(gate, E), shared
+    return experts, _routers(gate, E), shared
 
 
-def _router(child: nn.Module, E: int) -> Tensor | None:
-    """The router weight (E, D) a child holds as its own parameter (nn.Linear(D, E)'s, MoEGate's)."""
-    return next((p for p in child.parameters(recurse=False) if tuple(p.shape) == (E, D)), None)
+def _routers(child: nn.Module, E: int) -> list[tuple[Tensor, Tensor | None]]:
+    """The router weights (E, D), each with its bias, a child holds: its own parameter (MoEGate's), or
+    an nn.Linear(D, E)'s, itself or one of those a router of the learner's is made of (makeMoE's noisy
+    router: its routing linear, and a noise linear that eval mode does not read)."""
+    # its own parameters read without a bias (DeepSeek's gate bias only picks experts), its linears' with
+    found = [(p, None) for p in child.parameters(recurse=False)] + [
+        (m.weight, getattr(m, "bias", None)) for _, m in router_linears(child)]
+    return [(w, b) for w, b in found if tuple(w.shape) == (E, D)]
 
 
 def _setting(module: nn.Module, names: tuple[str, ...], kinds: tuple[type, ...] = (bool, int),
@@ -71,12 +76,12 @@ def _setting(module: nn.Module, names: tuple[str, ...], kinds: tuple[type, ...] 
     return next(found, default)
 
 
-def mixture(x: Tensor, router: Tensor, experts: list[Any], shared: list[Any], k: int, normalize: bool,
-            scale: float = 1.0) -> Tensor:
-    """The reference: softmax(x W_r^T) over the experts, the top k of each token, renormalized when
-    `normalize`, times the routing scale, weighting the experts' outputs; plus each shared expert's.
-    x (B, T, D)."""
-    scores = torch.softmax(x @ router.T, dim=-1)  # (B, T, E)
+def mixture(x: Tensor, router: tuple[Tensor, Tensor | None], experts: list[Any], shared: list[Any], k: int,
+            normalize: bool, scale: float = 1.0) -> Tensor:
+    """The reference: softmax(x W_r^T + b_r) over the experts, the top k of each token, renormalized
+    when `normalize`, times the routing scale, weighting the experts' outputs; plus each shared
+    expert's. x (B, T, D); the router's bias b_r where it has one."""
+    scores = torch.softmax(torch.nn.functional.linear(x, *router), dim=-1)  # (B, T, E)
     weights, chosen = scores.topk(k, dim=-1)  # (B, T, K)
     weights = (weights / weights.sum(-1, keepdim=True) if normalize else weights) * scale
     outs = torch.stack([expert(x) for expert in experts], dim=-2)  # (B, T, E, D)
@@ -87,7 +92,7 @@ def mixture(x: Tensor, router: Tensor, experts: list[Any], shared: list[Any], k:
 def check_moe(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     module = ctx.build(comp)
-    experts, router, shared = ctx.learner.call("__init__", _parts, module)
+    experts, routers, shared = ctx.learner.call("__init__", _parts, module)
     x = fp.randn(2, 5, D, seed=4)  # (B, T, D)
     k, normalize = _setting(module, TOP_K_SETTINGS), _setting(module, NORM_SETTINGS)
     if not experts or (k or 0) > len(experts):  # check's sizes gave it no experts, or fewer than its k
@@ -99,8 +104,9 @@ def check_moe(comp: Component, ctx: Context) -> ComponentResult:
     with torch.no_grad():
         out = fp.first_tensor(ctx.learner.call("forward", module, x), 3)
         scale = float(_setting(module, SCALE_SETTINGS, (int, float), 1.0))
-        readings = {(kk, norm): mixture(x, router, list(experts), shared, kk, norm, scale) for kk, norm in
-                    itertools.product([k] if k else range(1, len(experts) + 1), (True, False))}
+        settings = itertools.product([k] if k else range(1, len(experts) + 1), (True, False))
+        readings = {(kk, norm): min((mixture(x, r, list(experts), shared, kk, norm, scale) for r in routers),
+                                    key=lambda ref: fp.max_error(out, ref)) for kk, norm in settings}
     errors = {key: fp.max_error(out, ref) for key, ref in readings.items()}
     allowed = [key for key in errors if key[1] in NORMS[normalize]]
     k, norm = min(allowed, key=errors.get)
