@@ -294,6 +294,7 @@ def _unmerged(
         return
     wrote, name = _writes(ctx, unmerge, unmerge, base), unmerge.__name__
     err = float((base.weight.detach() - weight).abs().max())
+    res.max_abs_error = max(res.max_abs_error or 0.0, err)
     said = text(f"after {name}(), the Linear's weight is W again", f"{name}() 之后 Linear 的权重回到 W")
     res.checks.append(Check(said, err < TOL, None if err < TOL else error_text(err)))
     if err >= TOL:
@@ -322,6 +323,7 @@ def _same(
     said: Text,
 ) -> None:
     err = float((_out(ctx, module, x) - y).abs().max())
+    res.max_abs_error = max(res.max_abs_error or 0.0, err)
     res.checks.append(Check(said, err < TOL * 10, None if err < TOL * 10 else error_text(err)))
     if err >= TOL * 10:
         res.findings.append(_at(fn, wrote, text(f"the output moved by {err:.3g}", f"输出变了 {err:.3g}")))
