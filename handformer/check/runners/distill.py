@@ -87,6 +87,10 @@ class Loss:
             ),
         )
 
+    def T(self, given: float) -> float:
+        """The temperature the loss softens by: the one given, 1 where it takes none."""
+        return given if self.roles["T"] else 1.0
+
     def __call__(self, given: dict[str, Any]) -> Tensor:
         kwargs = {self.roles[r]: v for r, v in given.items() if self.roles.get(r)}
         init = {k: v for k, v in kwargs.items() if k in self.init}
@@ -133,9 +137,11 @@ Reading = tuple[str, bool, str, Any]  # direction, times T^2, the weights' words
 
 
 def _readings(roles: dict[str, str | None], name: str) -> list[Reading]:
-    """Every convention its arguments allow: T^2 required beside a hard term, either alone."""
+    """Every convention its arguments allow: T^2 required in a distillation loss (Hinton's), either in a
+    divergence returned alone (`forward_kl(student, teacher, mask, T)`, scaled by its caller)."""
     labels = roles["labels"] is not None
-    squares = (True,) if labels or roles["T"] is None else (True, False)
+    alone = roles["T"] is not None and not labels and not re.search(r"(?i)distill|kd", name)  # a divergence
+    squares = (True, False) if alone else (True,)
     weights = WEIGHTS[labels, roles["alpha"] is not None]
     return [(d, sq, w, f) for d, sq, (w, f) in itertools.product(_directions(name), squares, weights)]
 
@@ -186,7 +192,7 @@ def check_distill(comp: Component, ctx: Context) -> ComponentResult:
     loss = Loss(comp, ctx)
     x = _inputs(loss.roles["mask"] is not None)
     got = torch.stack([loss(_given(x, T, a)).double() for T, a in SETTINGS])
-    want = lambda r: torch.stack([views(x, T, a, r)[-1][1] for T, a in SETTINGS])  # noqa: E731
+    want = lambda r: torch.stack([views(x, loss.T(T), a, r)[-1][1] for T, a in SETTINGS])  # noqa: E731
     errors = [(fp.relative_error(got, want(r)), r) for r in _readings(loss.roles, comp.name)]
     err, reading = min(errors, key=lambda e: e[0])
     ok = err < fp.REL_TOL
@@ -230,6 +236,7 @@ def _localize(comp: Component, loss: Loss, x: dict[str, Tensor], readings: list[
     filename = inspect.getsourcefile(fn)
     traced = {**_given(x, T, alpha), **{k: x[k].clone().requires_grad_() for k in ("student", "teacher")}}
     steps = trace_steps(lambda: loss(traced), filename, None, (), constants=True)
+    T = loss.T(T)
     z_dim = x["student"].dim()
     forms = [
         (form | {"mistake": "softmax_wrong_dim"}, r)

@@ -252,7 +252,9 @@ def check_z_loss(comp: Component, ctx: Context) -> ComponentResult:
     unit = torch.stack([z_views(x, r, 1.0)[-1][1] for (x, _), r in zip(batches, real)])
     own = float(got[0] / unit[0]) if not roles["coef"] else None
     scale = torch.tensor(COEFS if own is None else (own, own), dtype=torch.float64)
-    said = _z_said(bool(roles["targets"]), own)
+    summed = unit * torch.stack([r.sum() for r in real])  # a sum over the targets (Mesh TF's), not a mean
+    how, unit = min((("mean", unit), ("sum", summed)), key=lambda u: fp.relative_error(got, scale * u[1]))
+    said = _z_said(bool(roles["targets"]), own, how)
     (x, y), c = batches[-1], float(scale[-1])
     call = lambda t: _call(ctx, comp, roles, logits=t, targets=y.clone(), ignore=ignore, coef=coefs[-1])  # noqa: E731
     return _judge(
@@ -265,7 +267,7 @@ def check_z_loss(comp: Component, ctx: Context) -> ComponentResult:
     )
 
 
-def _z_said(targets: bool, own: float | None) -> Text:
+def _z_said(targets: bool, own: float | None, how: str) -> Text:
     over, over_zh = ("real targets", "真实目标") if targets else ("rows", "所有行")
     at, at_zh = (
         (f" at c = {COEFS[0]:g}, {COEFS[1]:g}", f"，c = {COEFS[0]:g}、{COEFS[1]:g}")
@@ -274,8 +276,9 @@ def _z_said(targets: bool, own: float | None) -> Text:
               f"，c = {own:.4g} 在一批上读出，在第二批上成立")
     )
     return text(
-        f"the z-loss equals c * mean(logsumexp(logits)^2) over the {over}{at}",
-        f"z-loss 等于 c * mean(logsumexp(logits)^2)（对{over_zh}求平均）{at_zh}",
+        f"the z-loss equals c * {how}(logsumexp(logits)^2) over the {over}{at}",
+        f"z-loss 等于 c * {how}(logsumexp(logits)^2)（对{over_zh}求{dict(mean='平均', sum='和')[how]}）"
+        f"{at_zh}",
     )
 
 
