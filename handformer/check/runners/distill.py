@@ -168,7 +168,7 @@ def views(x: dict[str, Tensor], T: float, alpha: float, reading: Reading) -> lis
         ("the student's softmax", ls.exp()),
         ("the student's log-softmax", ls),
         ("the KL's terms p (log p - log q)", each),
-        ("the KL of each row", kl),
+        ("the KL of each row", kl), ("the real-token mask", real),
         ("the KL, padding zeroed", kl * real),
         ("the KL summed", (kl * real).sum()),
     ]
