@@ -319,7 +319,9 @@ def _shift_departs(
         lambda: ctx.learner.call(
             "forward",
             comp.obj,
-            **{roles["logits"]: logits.clone().requires_grad_(), roles["targets"]: labels.clone()},
+            # the labels as floats that need a gradient too: what is made of them is traced, a tuple's too
+            **{roles["logits"]: logits.clone().requires_grad_(),
+               roles["targets"]: labels.double().requires_grad_()},
         ),
         filename,
         None,
