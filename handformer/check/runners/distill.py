@@ -41,7 +41,7 @@ ROLES: dict[str, str] = {
     "T": r"^(T|temperature|temp|tau|Temperature|kd_T|T_kd|kd_temperature|temperature_kd|t_kd)$",
     "teacher": r"(?i)teacher|^tea|^t_|_t$|^t$|^tch|_tch$|^soft_?targets?$",
     "student": r"(?i)student|^stu|^s_|_s$|^s$|^outputs?$|^logits$|^y_?pred|^preds?$|^y_hat$",
-    "labels": r"(?i)^(labels?|targets?|y|y_true|hard_labels|true_labels|gt|gold)$",
+    "labels": r"(?i)(^|_)(labels?|targets?)$|^(y|y_true|gt|gold)$",  # DistilBERT's lm_labels too
     "alpha": r"(?i)^(alpha|kd_alpha|alpha_kd|kd_weight|soft_weight|lambda_kd|kd_ratio|distill_weight)$",
     "mask": r"(?i)mask",
 }
