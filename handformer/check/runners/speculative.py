@@ -141,7 +141,7 @@ def _steps(ids: list[int] | None) -> set[int]:
 
 # a line that takes the smaller of 1 and a ratio of probabilities (min, clamp(max=1), minimum), else
 # one that compares a draw with a ratio: the acceptance test
-ACCEPT_LINE = (r"(min|clamp|minimum)\w*\s*\(.*\w\s*/\s*\w", r"[<>]=?.*\w\s*/\s*\w")
+ACCEPT_LINE = (r"(min|clamp|minimum)\w*\s*\(.*[\w\]]\s*/\s*\w", r"[<>]=?.*[\w\]]\s*/\s*\w")
 
 
 def _accepted_finding(res: ComponentResult, ctx: Context, comp: Component, ids: list[int]) -> None:
