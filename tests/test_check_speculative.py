@@ -2,7 +2,8 @@
 q the draft, p the target). It is driven with two stand-in models certain of their next token, so its
 tokens are known whatever it draws: a draft that agrees is always accepted, one that disagrees always
 rejected and replaced by the target's token. A residual subtracted the wrong way round gives the
-draft's tokens and FAILs at the line that subtracts; an acceptance ratio turned over FAILs too. The
+draft's tokens and FAILs at the line that subtracts; an acceptance ratio turned over accepts the
+draft's tokens and ends each round with the target's, and FAILs at the line that takes the ratio. The
 file's `sample(probs)` (torch.multinomial) is a sampling step every time, never greedy."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ PLANTS = {  # name -> (the line as written, the line planted, the line quoted or
     "residual_swapped": ("residual = torch.clamp(p[0, n + i - 1] - q[0, n + i - 1], min=0.0)",
                          "residual = torch.clamp(q[0, n + i - 1] - p[0, n + i - 1], min=0.0)", True),
     "ratio_turned_over": ("torch.clamp(p[0, n + i - 1, x] / q[0, n + i - 1, x], max=1.0)",
-                          "torch.clamp(q[0, n + i - 1, x] / p[0, n + i - 1, x], max=1.0)", False),
+                          "torch.clamp(q[0, n + i - 1, x] / p[0, n + i - 1, x], max=1.0)", True),
 }
 
 
@@ -48,4 +49,4 @@ def test_a_wrong_acceptance_or_residual_fails(planted):
     plant, quoted, result = planted
     spec = next(c for c in result.components if c.name == "speculative_decoding")
     assert spec.status == "fail", format_report(result)
-    assert any(f.code == plant for f in spec.findings) == quoted, format_report(result)
+    assert any(plant in (f.code or "") for f in spec.findings) == quoted, format_report(result)

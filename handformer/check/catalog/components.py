@@ -143,7 +143,7 @@ DIAGNOSES: list[Diagnosis] = [
       "填充掩码把填充 id 写死成了 0（没有用传入的 pad id）",
       "compare with the pad id you are given: (ids != pad_idx), not (ids != 0)",
       "和传入的填充 id 比较：(ids != pad_idx)，而不是 (ids != 0)",
-      r"[!=]=\s*0\b", r"\.(?:eq|ne)\(\s*0\s*\)", r"mask"),
+      r"[!=]=\s*0\b", r"\.(?:eq|ne)\(\s*0\s*\)", r"[<>]\s*0(?![.\w])", r"mask"),
     d("mask_combined_with_or", "padding and the causal part are combined the wrong way",
       "填充掩码和因果掩码组合错了",
       "a key is seen only when it is real and not in the future: pad_keep & causal_keep (with torch.nn's "

@@ -680,6 +680,13 @@ def _decoder_model(cls: Any) -> bool:
     return bool(MODEL_PARTS.search(built)) and decoder_only(cls) and not encoder_only(cls)
 
 
+# kinds of a function of tensors alone (logits, labels): a function of theirs of one of these names that
+# takes a model, a data loader or a dataset is something else (an evaluation loop), none of these kinds
+TENSORS_ONLY = ("distill", "chunked_ce", "z_loss", "lm_shift", "perplexity", "penalties", "no_repeat_ngram",
+                "min_length")
+MODEL_WORD = re.compile(r"(?i)model|loader|dataset|^(net|m|lm|gpt|data|batch)$")
+
+
 def refine(kind: str, obj: Any) -> str:
     """The kind a found name is checked as, by what the class or function does (CLASS_RULES): a
     multi-head attention built with a number of key/value heads (Llama's `Attention(dim, n_heads,
@@ -698,6 +705,8 @@ def _refine_function(kind: str, obj: Any) -> str:
     SAME_FAMILY is the kind of the family that its signature and a call say."""
     from handformer.check.core.signatures import kind_of, lm_step
 
+    if kind in TENSORS_ONLY and any(MODEL_WORD.search(p) for p in inspect.signature(obj).parameters):
+        return ""  # `perplexity(model, loader)`: an evaluation loop, not the function of logits
     if kind in ("train_step", "lm_train_step") and writes_adam(obj):
         return "adam_step"
     if kind == "train_step":
@@ -753,6 +762,8 @@ CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("gpt", lambda c: encoder_only_model(c), "encoder_model"),  # DistilBertForMaskedLM: nothing causal
     ("mha", lambda c: causal_inside(c), "causal_attention"),  # Raschka's, Karpathy's: forward(x)
     ("mha", lambda c: reads_kv_heads(c), "gqa"),
+    # a LoRA class that wraps a whole model (`LoRA(model, r)`): no layer to check on its own
+    ("lora", lambda c: any(MODEL_WORD.search(p) for p in inspect.signature(c.__init__).parameters), ""),
     # a block of a mixture-of-experts model named for its FFN (MoEBlock: attention, then the experts)
     ("moe", lambda c: bool(BUILDS_ATTENTION.search(source_text(vars(c).get("__init__", "")))), "block"),
     # a Batch that builds no masks of the Annotated Transformer's (a dataset's record): not checked

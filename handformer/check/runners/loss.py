@@ -210,9 +210,9 @@ class Loss:
         init = {name: value for name, value in given if name in self.init_names}
         return init, {name: value for name, value in given if name not in {*init, None}}
 
-    def __call__(self, logp: Tensor, targets: Tensor, eps: float) -> Any:
+    def __call__(self, logp: Tensor, targets: Tensor, eps: float, pad: int = PAD) -> Any:
         def call(x: Tensor, y: Tensor) -> Any:
-            init, options = self.options(eps)
+            init, options = self.options(eps, pad)
             kwargs: dict[str, Any] = {self.input: x.clone(), self.target: y.clone(), **options}
             kwargs.update({self.lengths: torch.tensor(LENGTHS)} if self.lengths else {})
             kwargs.update({name: part() for name, part in self.parts.items()})
@@ -370,9 +370,34 @@ def _unexplained(res: ComponentResult, ctx: Context, comp: Component, subject: S
                                               PAD))
 
 
+RELABEL = torch.tensor([3, 1, 2, 0, 4, 5, 6])  # ids 0 and 3 swapped: the pad is 3, a real target 0
+
+
+def _relabelled(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found) -> None:
+    """The step that, for a correct loss handed its pad id, relabels the vocabulary (the pad id 3, a
+    real token id 0, the log-probabilities' columns swapped alike): cross-entropy is the same, so the
+    loss must be; a mask written as targets != 0 (or > 0) drops the real 0s and counts the pads."""
+    loss, (logp, targets, smoothings) = subject.module, found.x
+    if found.matched is None or found.flags or loss.pad is None or not subject.facts["padded"]:
+        return
+    pad = int(RELABEL[PAD])
+    got = torch.tensor([_value(ctx, comp, loss(logp[..., RELABEL], RELABEL[targets], eps, pad))
+                        for eps in smoothings], dtype=torch.float64)
+    err = fp.relative_error(got, found.out)
+    ok = err < fp.REL_TOL
+    res.checks.append(Check(text(f"with the vocabulary relabelled (the pad id {pad}, a real token id 0), "
+                                 "the loss is the same",
+                                 f"词表重新编号后（填充 id 为 {pad}，真实 token 的 id 为 0），损失不变"), ok))
+    res.findings += [] if ok else [_finding(ctx, comp, "mask_pad_id", text(
+        f"relabelled, the loss is {got[-1]:.5g}, not {found.out[-1]:.5g}: the real targets of id 0 are "
+        f"left out or the pads of id {pad} counted",
+        f"重新编号后损失是 {got[-1]:.5g}，不是 {found.out[-1]:.5g}：id 为 0 的真实目标被去掉了，"
+        f"或者 id 为 {pad} 的填充被算了进去"))]
+
+
 def _values_step(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found) -> None:
     res.notes.append(_values(found))
-    res.max_abs_error = 0.0 if found.matched is not None and not found.flags else None
+    res.max_abs_error = 0.0 if found.matched is not None and not found.flags and not res.findings else None
 
 
 # the mistakes searched, by whether the loss takes flattened inputs (then no batch to take a mean over)
@@ -383,7 +408,7 @@ LOSS = Probe(
     shape=lambda ctx, comp, s, x, out: None,  # one number per smoothing: _value refuses anything else
     reference=_reference,                   # handformer's cross-entropy in a convention, with mistakes
     universe=lambda s: UNIVERSE[s.module.flat],
-    steps=(_flat_note, _unexplained, _values_step),
+    steps=(_flat_note, _unexplained, _relabelled, _values_step),
     error=fp.relative_error, tol=fp.REL_TOL, deterministic=False,
 )
 

@@ -127,7 +127,38 @@ def check_speculative(comp: Component, ctx: Context) -> ComponentResult:
                                 text(f"got {got}", f"实际得到 {got}")))
     if not res.checks[1].ok and _follows(runs[2], 2)[0]:
         _residual_finding(res, ctx, comp, runs[2])
+    elif not res.checks[1].ok and _steps(runs[2]) == {1, 2}:
+        _accepted_finding(res, ctx, comp, runs[2])
     return finish(res)
+
+
+def _steps(ids: list[int] | None) -> set[int]:
+    """The steps (mod V) from each token to the next, the prompt's last one on."""
+    T = PROMPT.size(1)
+    new = (ids or [])[T - 1:]
+    return {(b - a) % V for a, b in zip(new, new[1:])}
+
+
+# a line that takes the smaller of 1 and a ratio of probabilities (min, clamp(max=1), minimum), else
+# one that compares a draw with a ratio: the acceptance test
+ACCEPT_LINE = (r"(min|clamp|minimum)\w*\s*\(.*[\w\]]\s*/\s*\w", r"[<>]=?.*[\w\]]\s*/\s*\w")
+
+
+def _accepted_finding(res: ComponentResult, ctx: Context, comp: Component, ids: list[int]) -> None:
+    """The disagreeing run accepts the draft's proposals (t + 2) and ends each round with the target's
+    (t + 1): it accepts a token the target gives probability 0, the ratio inverted (p_draft / q_target)."""
+    lines = source_lines(ctx.objects(comp))
+    bare = [(n, INDEXED.sub("[]", INDEXED.sub("[]", line))) for n, line in lines]
+    number, _ = first_line(ACCEPT_LINE, bare)
+    code = dict(lines)[number].strip() if number is not None else None
+    res.findings.append(Finding(DEPARTS, text(
+        "it accepts the draft's proposals that the target gives probability 0 (tokens "
+        f"{ids[PROMPT.size(1):]}: t + 2 from the draft, then t + 1 where a round ends): the acceptance is "
+        "min(1, p_draft / q_target), "
+        "the ratio inverted (it must be min(1, q_target / p_draft))",
+        f"它接受了 target 给出概率为 0 的 draft 候选（token {ids[PROMPT.size(1):]}：draft 的 t + 2，"
+        "每轮最后是 t + 1）：接受概率写成了 min(1, p_draft / q_target)，比值反了"
+        "（应为 min(1, q_target / p_draft)）"), number, code))
 
 
 def _follows(ids: list[int] | None, step: int) -> tuple[bool, list[int] | None]:
