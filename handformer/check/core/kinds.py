@@ -71,6 +71,7 @@ KINDS_TABLE: tuple[Kind, ...] = (
                  "FeedForwardBlock",  # Umar Jamil's
                  "PositionwiseFeedforwardLayer",  # bentrevett's
                  "PoswiseFeedForwardNet",  # graykode's nlp-tutorial, which the Chinese tutorials copy
+                 "PositionwiseFF",  # Transformer-XL's (kimiyoung/transformer-xl), its norm inside
                  "前馈网络", "前馈层", "位置前馈网络"),
          "position-wise feed-forward network", "逐位置前馈网络", "pieces:check_ffn"),
     Kind("moe", ("MOEFeedForward", "MoEFeedForward", "MoE", "MoELayer", "MoeLayer", "SparseMoE",
