@@ -633,7 +633,10 @@ def first_departure(steps: list[Step], views: list[View], filename: str, sizes: 
     step = _origin(steps, found) if ends else steps[found]
     departure = _wrong_operand(steps[:found], step, views, filename) or _departure(
         step, views, filename, sizes, pre, terms, forms)
-    return traced(departure, steps, filename, views)
+    # a helper's argument that departs as it is handed over (`masked_mean(torch.min(a, b), mask)`): the
+    # calling line made it, the helper never ran a line on it
+    handed = step.given and step.caller is not None and departure.called_from is not None
+    return traced(replace(departure, shared=handed), steps, filename, views)
 
 
 def _wrong_operand(before: list[Step], step: Step, views: list[View], filename: str) -> Departure | None:
@@ -692,7 +695,7 @@ def _shared(found: Departure, steps: list[Step], filename: str, views: list[View
     """A departure in a helper whose line gave the reference's value in another call (one norm class
     for q and for k): the helper is right, the line that calls it is quoted (`k = self.q_norm(k)`)."""
     right = {steps[i].line for i in _right_calls(steps, layouts(views, steps))}
-    return replace(found, shared=bool(found.called_from) and found.line in right)
+    return replace(found, shared=found.shared or bool(found.called_from) and found.line in right)
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,0 +1,212 @@
+"""Runners of PPO's two computations as RLHF trainers write them (TRL's PPOTrainer, OpenRLHF's
+loss functions, CleanRL's loop): generalized advantage estimation, `compute_gae(values, rewards, mask,
+gamma, lam)` returning the advantages (maybe whitened) and the returns, and the clipped surrogate
+policy loss, `ppo_policy_loss(logprobs, old_logprobs, advantages, mask, cliprange)`.
+
+Each is handed random inputs by the roles its parameters' names say (every token real where it takes
+a mask, so that no masking convention matters) and compared with the formulas: GAE's backward
+recursion A_t = delta_t + gamma * lam * A_{t+1}, delta_t = r_t + gamma * V_{t+1} - V_t (no value after
+the last token), returns A + V; the loss max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)) averaged,
+ratio = exp(logprobs - old_logprobs). Where they differ, the first line whose value is none of the
+reference's steps is quoted. A parameter whose role its name does not say leaves it NOT CHECKED.
+
+Shape legend: B rows (sequences), T tokens.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from handformer.check.core.context import Context, error_text, finish, forward_parameters
+from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.localize import View, first_departure, trace_steps
+from handformer.check.core.localize_kinds import note_departure
+from handformer.check.core.result import Check, ComponentResult, text
+
+B, T, TOL = 3, 6, 1e-5
+GAMMA, LAM, CLIP = 0.9, 0.8, 0.2
+CLIPS = (0.2, 0.1, 0.3)  # the ranges tried where the loss takes none: the ones trainers default to
+# a parameter's role by the words of its name, tried in order (old before the new log-probabilities)
+GAE_ROLES = (("gamma", ("gamma", "discount")), ("lam", ("lam", "lmbda", "lambd", "gae_lambda")),
+             ("mask", ("mask",)), ("values", ("value", "vpred")), ("rewards", ("reward",)))
+LOSS_ROLES = (("clip", ("clip", "eps")), ("mask", ("mask",)), ("old", ("old",)),
+              ("advantages", ("adv",)), ("logprobs", ("logp", "log_p", "logprob", "log_prob")))
+
+
+def _role(name: str, roles: tuple[tuple[str, tuple[str, ...]], ...]) -> str | None:
+    lowered = name.lower()
+    return next((role for role, words in roles if any(w in lowered for w in words)), None)
+
+
+def _arguments(comp: Component, roles: tuple[tuple[str, tuple[str, ...]], ...], given: dict[str, Any],
+               ) -> dict[str, str]:
+    """The role of each argument check hands, by the parameter's name; a required parameter of no
+    role leaves the function NOT CHECKED (check cannot say what to hand it)."""
+    out = {}
+    for p in forward_parameters(comp.obj):
+        role = _role(p.name, roles)
+        if role in given:
+            out[p.name] = role
+        elif p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise DiscoveryError(
+                f"{comp.name}: cannot fill the argument '{p.name}'; it takes, by their names, "
+                f"{', '.join(r for r, _ in roles)}", f"{comp.name}：无法填写参数 '{p.name}'；"
+                f"它按参数名接受 {', '.join(r for r, _ in roles)}")
+    return out
+
+
+def _handed(comp: Component, roles: dict[str, str], role: str) -> None:
+    """NOT CHECKED where the function takes no parameter for a constant check must know (GAE's gamma,
+    lam): the value it uses is written inside it."""
+    if role not in roles.values():
+        raise DiscoveryError(f"{comp.name}: it takes no {role}: check cannot know the one it uses",
+                             f"{comp.name}：它不接受 {role} 参数：check 无法知道它用的值")
+
+
+def _tensors(out: Any) -> list[Tensor]:
+    items = out if isinstance(out, (tuple, list)) else [out]
+    return [t.detach().double() for t in items if isinstance(t, Tensor)]
+
+
+def gae_steps(values: Tensor, rewards: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+    """The TD errors delta (B, T) and GAE's advantages (B, T), by the backward recursion."""
+    nxt = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], dim=1)  # no value after the last
+    deltas = rewards + gamma * nxt - values
+    adv, last = torch.zeros_like(deltas), torch.zeros_like(deltas[:, 0])
+    for t in reversed(range(deltas.size(1))):
+        last = deltas[:, t] + gamma * lam * last
+        adv[:, t] = last
+    return deltas, adv
+
+
+def whitened(x: Tensor) -> list[Tensor]:
+    """x less its mean over its variance's square root, the variance unbiased (TRL's masked_whiten) or not."""
+    return [(x - x.mean()) / (x.var(unbiased=u) + 1e-8).sqrt() for u in (True, False)]
+
+
+def gae_views(values: Tensor, rewards: Tensor, gamma: float, lam: float) -> list[View]:
+    deltas, adv = gae_steps(values, rewards, gamma, lam)
+    columns = [(f"{name} at token {t}", x[:, t]) for t in range(T) for name, x in
+               (("the value", values), ("the reward", rewards), ("delta", deltas), ("the advantage", adv))]
+    return [("the values", values), ("the rewards", rewards), ("the next values", deltas - rewards + values),
+            ("the TD errors", deltas), *columns, ("the advantages", adv), ("the returns", adv + values),
+            *[("the whitened advantages", w) for w in whitened(adv)]]
+
+
+def _gae_inputs() -> dict[str, Any]:
+    g = torch.Generator().manual_seed(7)
+    return {"values": torch.randn(B, T, generator=g, dtype=torch.float64),
+            "rewards": torch.randn(B, T, generator=g, dtype=torch.float64),
+            "mask": torch.ones(B, T, dtype=torch.float64), "gamma": GAMMA, "lam": LAM}
+
+
+def _gae_error(outs: list[Tensor], values: Tensor, rewards: Tensor, gamma: float, lam: float) -> float:
+    """How far the outputs are from the advantages (plain or whitened) and, where it returns a second
+    tensor, from the returns A + V too."""
+    adv = gae_steps(values, rewards, gamma, lam)[1]
+    wanted = [[adv, *whitened(adv)], [adv + values]][:len(outs[:2])]
+    return max((min(_apart(t, w) for t in outs for w in forms) for forms in wanted), default=float("inf"))
+
+
+def _apart(got: Tensor, want: Tensor) -> float:
+    return (got - want).abs().max().item() if got.shape == want.shape else float("inf")
+
+
+def check_gae(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    given = _gae_inputs()
+    roles = _arguments(comp, GAE_ROLES, given)
+    for role in ("gamma", "lam", "values", "rewards"):
+        _handed(comp, roles, role)
+    values, rewards = given["values"], given["rewards"]
+
+    def call(layout: Callable[[Tensor], Tensor], v: Tensor = values, r: Tensor = rewards) -> Any:
+        handed = {**given, "values": v, "rewards": r}
+        return ctx.learner.call("forward", comp.obj, **{
+            n: layout(handed[role]) if isinstance(handed[role], Tensor) else handed[role] for n, role in roles.items()})
+
+    errors = [_gae_error([layout(t) for t in _tensors(call(layout))], values, rewards, GAMMA, LAM)
+              for layout in (_same, _time_major)]
+    err = min(errors)
+    res.max_abs_error = err
+    res.notes += [TIME_MAJOR] * (errors[1] < errors[0])
+    res.checks.append(Check(text(
+        f"gamma={GAMMA:g}, lam={LAM:g}: the advantages (plain or whitened) and the returns equal GAE's backward "
+        "recursion A_t = delta_t + gamma * lam * A_(t+1), delta_t = r_t + gamma * V_(t+1) - V_t, returns A + V",
+        f"gamma={GAMMA:g}，lam={LAM:g}：优势（原样或白化后）与回报和 GAE 的反向递推一致："
+        "A_t = delta_t + gamma * lam * A_(t+1)，delta_t = r_t + gamma * V_(t+1) - V_t，回报 A + V"),
+        err < TOL, error_text(err)))
+    if err >= TOL:
+        views = gae_views(values, rewards, GAMMA, LAM)
+        note_departure(res, lambda: _localize(comp, lambda v, r: call(_same, v, r), (values, rewards), views))
+    return finish(res)
+
+
+TIME_MAJOR = text("it takes its inputs time first, (T, B): compared so", "它的输入时间维在前，(T, B)：按此比较")
+
+
+def _same(x: Tensor) -> Tensor:
+    return x
+
+
+def _time_major(x: Tensor) -> Tensor:
+    return x.T if x.dim() == 2 else x
+
+
+def policy_views(logprobs: Tensor, old: Tensor, adv: Tensor, clip: float) -> list[View]:
+    ratio = (logprobs - old).exp()
+    clipped = ratio.clamp(1 - clip, 1 + clip)
+    per = torch.max(-adv * ratio, -adv * clipped)
+    return [("the log-ratio", logprobs - old), ("the ratio", ratio), ("the clipped ratio", clipped),
+            ("ratio * A", ratio * adv), ("clipped ratio * A", clipped * adv), ("-A * ratio", -adv * ratio),
+            ("-A * clipped ratio", -adv * clipped), ("the smaller surrogate", -per), ("the token losses", per),
+            ("each row's mean", per.mean(-1)), ("the loss", per.mean())]
+
+
+def _loss_inputs() -> dict[str, Any]:
+    g = torch.Generator().manual_seed(11)
+    logprobs = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
+    old = logprobs + (torch.rand(B, T, generator=g, dtype=torch.float64) - 0.5)  # ratios of 0.6 to 1.6
+    return {"logprobs": logprobs, "old": old, "advantages": torch.randn(B, T, generator=g, dtype=torch.float64),
+            "mask": torch.ones(B, T, dtype=torch.float64), "clip": CLIP}
+
+
+def check_policy_loss(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    given = _loss_inputs()
+    roles = _arguments(comp, LOSS_ROLES, given)
+    for role in ("logprobs", "old", "advantages"):
+        _handed(comp, roles, role)
+    clips = (CLIP,) if "clip" in roles.values() else CLIPS
+    lp, old, adv = given["logprobs"], given["old"], given["advantages"]
+
+    def call(x: Tensor) -> Any:
+        handed = {**given, "logprobs": x}
+        return ctx.learner.call("forward", comp.obj, **{
+            n: handed[role].clone() if isinstance(handed[role], Tensor) else handed[role] for n, role in roles.items()})
+
+    got = _tensors(call(lp))[:1]
+    errors = {clip: min((_apart(g.reshape(v.shape) if g.numel() == v.numel() else g, v)
+                         for g in got for _, v in policy_views(lp, old, adv, clip)[-3:]), default=float("inf"))
+              for clip in clips}
+    clip = min(errors, key=errors.get)
+    res.max_abs_error = err = errors[clip]
+    res.checks.append(Check(text(
+        f"eps={clip:g}: the loss equals PPO's clipped surrogate, max(-A * ratio, -A * clip(ratio, 1 - eps, "
+        "1 + eps)) averaged, ratio = exp(logprobs - old_logprobs)",
+        f"eps={clip:g}：损失与 PPO 的裁剪代理目标一致：max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)) "
+        "取平均，ratio = exp(logprobs - old_logprobs)"), err < TOL, error_text(err)))
+    if err >= TOL:
+        note_departure(res, lambda: _localize(comp, call, (lp,), policy_views(lp, old, adv, clip)))
+    return finish(res)
+
+
+def _localize(comp: Component, call: Callable[..., Any], inputs: tuple[Tensor, ...], views: list[View]) -> Any:
+    filename = inspect.getsourcefile(comp.obj)
+    steps = trace_steps(lambda: call(*(x.clone().requires_grad_() for x in inputs)), filename, None, ())
+    return first_departure(steps, views, filename, {"B": B, "T": T})
