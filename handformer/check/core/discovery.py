@@ -352,9 +352,11 @@ BPE_KINDS = ("bpe", "bpe_tokenizer")  # kinds whose names a WordPiece file may u
 TOKENIZER_METHODS = ("train", "encode", "decode")  # a tokenizer that trains itself, whatever its name
 GPT2_METHODS = ("bpe", "encode", "decode")  # GPT-2's encoder.py Encoder, handed its vocabulary and merges
 MODEL_PARTS = re.compile(r"nn\.Embedding\(.*nn\.ModuleList\(", re.S)
-# torch.nn's own stack as the list of blocks (nn.TransformerEncoder(layer, n)): a decoder-only model
-# where the class makes a causal mask for it, an encoder (a classifier's, BERT's) where it makes none
-TORCH_STACK = re.compile(r"nn\.Embedding\(.*nn\.Transformer(?:Encoder|Decoder)\(", re.S)
+# torch.nn's own encoder stack as the list of blocks (nn.TransformerEncoder(layer, n)): a decoder-only
+# model where the class makes a causal mask for it, an encoder (a classifier's, BERT's) where it makes
+# none (its decoder stack cross-attends to a memory: no decoder-only model to compare)
+TORCH_STACK = re.compile(r"nn\.Embedding\(.*nn\.TransformerEncoder\(", re.S)
+MAKES_CAUSAL = re.compile(r"\btri[lu]_?\(|is_causal\s*=\s*True|subsequent_mask\(")
 
 
 def _by_structure(own: dict[str, Any], taken: set[str], wanted: set[str]) -> list[Component]:
@@ -666,7 +668,7 @@ def _decoder_model(cls: Any) -> bool:
     """A decoder-only model by its embedding and list of blocks and its forward of one id sequence
     (DecoderLM: the word Decoder in its name is no seq2seq decoder)."""
     built = source_text(vars(cls).get("__init__", ""))
-    stack = MODEL_PARTS.search(built) or TORCH_STACK.search(built) and CAUSAL_WORDS.search(source_text(cls))
+    stack = MODEL_PARTS.search(built) or TORCH_STACK.search(built) and MAKES_CAUSAL.search(source_text(cls))
     return bool(stack) and decoder_only(cls) and not encoder_only(cls)
 
 

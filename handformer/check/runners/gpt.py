@@ -686,7 +686,7 @@ class Caller:
         self.first = reads_sequence_first(ctx, lambda ids: self.module(ids), torch.randint(0, 9, (2, 7)))
         self.mask_name, self.mask_form = next(filter(is_mask_name, names), None), None
         self.mask_form = self.mask_name and self._causal_form()
-        self.padding = not self.mask_form and self.mask_name in required and self._takes_padding()
+        self.padding = not self.mask_form and MASK_NAME in required and self._takes_padding()
 
     def _one_sequence(self) -> bool:
         """Whether forward refuses a batch of ids (B, T) but gives (T, V) logits for one sequence (T,)."""
@@ -715,8 +715,8 @@ class Caller:
         return None
 
     def _takes_padding(self) -> bool:
-        """Whether its forward, refusing to run without its mask, runs on a padding mask (B, T) of ones
-        (1 = a real token) for B = 2 and T = 7: a causal mask (T, T) handed so would not broadcast."""
+        """Whether its forward, refusing to run without Hugging Face's attention_mask (1 = a real token),
+        runs on one of ones (B, T) for B = 2 and T = 7: a causal mask (T, T) handed so would not broadcast."""
         self.padding = True
         ids = torch.randint(0, 9, (2, 7), generator=torch.Generator().manual_seed(3))
         out = fp.quietly(lambda: self(ids)[0])
@@ -765,8 +765,8 @@ class Caller:
         if self.mask_form:  # the causal mask its caller builds, in the form it takes
             dtype = next(self.module.parameters()).dtype
             kwargs[self.mask_name] = self.mask_form(torch.ones(idx.size(1), idx.size(1)).tril().bool(), dtype)
-        if self.padding and self.mask_name not in kwargs:  # no padding: every token real
-            kwargs[self.mask_name] = torch.ones(idx.shape, dtype=torch.long)
+        if self.padding and MASK_NAME not in kwargs:  # no padding: every token real
+            kwargs[MASK_NAME] = torch.ones(idx.shape, dtype=torch.long)
         if self.first:
             return batch_first(self.ctx.learner.call("forward", self.module, idx.T, **kwargs)), None
         raw = self.ctx.learner.call("forward", self.module, idx, **kwargs)

@@ -93,8 +93,10 @@ def gae_views(values: Tensor, rewards: Tensor, gamma: float, lam: float) -> list
     deltas, adv = gae_steps(values, rewards, gamma, lam)
     columns = [(f"{name} at token {t}", x[:, t]) for t in range(T) for name, x in
                (("the value", values), ("the reward", rewards), ("delta", deltas), ("the advantage", adv))]
+    # the advantages filled in place from the last token back (CleanRL's `advantages[t] = lastgaelam`)
+    filled = [(f"the advantages from token {t} on", adv * (torch.arange(T) >= t)) for t in range(T)]
     return [("the values", values), ("the rewards", rewards), ("the next values", deltas - rewards + values),
-            ("the TD errors", deltas), *columns, ("the advantages", adv), ("the returns", adv + values),
+            ("the TD errors", deltas), *columns, *filled, ("the returns", adv + values),
             *[("the whitened advantages", w) for w in whitened(adv)]]
 
 
@@ -130,11 +132,11 @@ def check_gae(comp: Component, ctx: Context) -> ComponentResult:
         return ctx.learner.call("forward", comp.obj, **{
             n: layout(handed[role]) if isinstance(handed[role], Tensor) else handed[role] for n, role in roles.items()})
 
-    errors = [_gae_error([layout(t) for t in _tensors(call(layout))], values, rewards, GAMMA, LAM)
-              for layout in (_same, _time_major)]
-    err = min(errors)
-    res.max_abs_error = err
-    res.notes += [TIME_MAJOR] * (errors[1] < errors[0])
+    errors = {layout: _gae_error([layout(t) for t in _tensors(call(layout))], values, rewards, GAMMA, LAM)
+              for layout in (_same, _time_major)}
+    layout = min(errors, key=errors.get)  # its layout: the one that explains it best
+    res.max_abs_error = err = errors[layout]
+    res.notes += [TIME_MAJOR] * (layout is _time_major)
     res.checks.append(Check(text(
         f"gamma={GAMMA:g}, lam={LAM:g}: the advantages (plain or whitened) and the returns equal GAE's backward "
         "recursion A_t = delta_t + gamma * lam * A_(t+1), delta_t = r_t + gamma * V_(t+1) - V_t, returns A + V",
@@ -142,8 +144,8 @@ def check_gae(comp: Component, ctx: Context) -> ComponentResult:
         "A_t = delta_t + gamma * lam * A_(t+1)，delta_t = r_t + gamma * V_(t+1) - V_t，回报 A + V"),
         err < TOL, error_text(err)))
     if err >= TOL:
-        views = gae_views(values, rewards, GAMMA, LAM)
-        note_departure(res, lambda: _localize(comp, lambda v, r: call(_same, v, r), (values, rewards), views))
+        views = [(what, layout(v)) for what, v in gae_views(values, rewards, GAMMA, LAM)]
+        note_departure(res, lambda: _localize(comp, lambda v, r: call(layout, v, r), (values, rewards), views))
     return finish(res)
 
 
