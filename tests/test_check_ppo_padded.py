@@ -120,8 +120,8 @@ def test_a_model_that_requires_attention_mask_is_driven_with_one_of_ones(padded)
 
 
 @pytest.mark.parametrize("edit, name, line", [
-    ((".triu(1)  # True", ".triu(2)  # True"), "causal_off_by_one", 37),
-    (("labels[:, 1:].reshape(-1)", "labels[:, :-1].reshape(-1)"), "train_step_no_shift", 60)])
+    ((".triu(1)  # True", ".triu(2)  # True"), "causal_off_by_one", 38),
+    (("labels[:, 1:].reshape(-1)", "labels[:, :-1].reshape(-1)"), "train_step_no_shift", 61)])
 def test_its_planted_mistakes_fail_at_their_lines(tmp_path, edit, name, line):
     result = check_file(edited_copy(tmp_path, PADDED, [edit]), only=["gpt"])
     assert [f[:2] for f in _findings(result, "ChatLM")] == [(name, line)], format_report(result)

@@ -68,6 +68,17 @@ def _handed(comp: Component, roles: dict[str, str], role: str) -> None:
                              f"{comp.name}：它不接受 {role} 参数：check 无法知道它用的值")
 
 
+def _caller(ctx: Context, comp: Component, roles: dict[str, str], given: dict[str, Any],
+            layout: Callable[[Tensor], Tensor] = lambda x: x) -> Callable[..., Any]:
+    """Their function called with each argument by its role, the tensors copied and laid out; roles
+    given as keywords replace the inputs (the ones the localizer traces)."""
+    def call(**over: Tensor) -> Any:
+        handed = {**given, **over}
+        laid = {r: layout(x.clone()) if isinstance(x, Tensor) else x for r, x in handed.items()}
+        return ctx.learner.call("forward", comp.obj, **{n: laid[r] for n, r in roles.items()})
+    return call
+
+
 def _tensors(out: Any) -> list[Tensor]:
     items = out if isinstance(out, (tuple, list)) else [out]
     return [t.detach().double() for t in items if isinstance(t, Tensor)]
@@ -126,30 +137,30 @@ def check_gae(comp: Component, ctx: Context) -> ComponentResult:
     for role in ("gamma", "lam", "values", "rewards"):
         _handed(comp, roles, role)
     values, rewards = given["values"], given["rewards"]
-
-    def call(layout: Callable[[Tensor], Tensor], v: Tensor = values, r: Tensor = rewards) -> Any:
-        handed = {**given, "values": v, "rewards": r}
-        return ctx.learner.call("forward", comp.obj, **{
-            n: layout(handed[role]) if isinstance(handed[role], Tensor) else handed[role] for n, role in roles.items()})
-
-    errors = {layout: _gae_error([layout(t) for t in _tensors(call(layout))], values, rewards, GAMMA, LAM)
-              for layout in (_same, _time_major)}
+    calls = {layout: _caller(ctx, comp, roles, given, layout) for layout in (_same, _time_major)}
+    errors = {layout: _gae_error([layout(t) for t in _tensors(call())], values, rewards, GAMMA, LAM)
+              for layout, call in calls.items()}
     layout = min(errors, key=errors.get)  # its layout: the one that explains it best
     res.max_abs_error = err = errors[layout]
     res.notes += [TIME_MAJOR] * (layout is _time_major)
-    res.checks.append(Check(text(
-        f"gamma={GAMMA:g}, lam={LAM:g}: the advantages (plain or whitened) and the returns equal GAE's backward "
-        "recursion A_t = delta_t + gamma * lam * A_(t+1), delta_t = r_t + gamma * V_(t+1) - V_t, returns A + V",
-        f"gamma={GAMMA:g}，lam={LAM:g}：优势（原样或白化后）与回报和 GAE 的反向递推一致："
-        "A_t = delta_t + gamma * lam * A_(t+1)，delta_t = r_t + gamma * V_(t+1) - V_t，回报 A + V"),
-        err < TOL, error_text(err)))
+    res.checks.append(Check(GAE_CHECK, err < TOL, error_text(err)))
     if err >= TOL:
         views = [(what, layout(v)) for what, v in gae_views(values, rewards, GAMMA, LAM)]
-        note_departure(res, lambda: _localize(comp, lambda v, r: call(layout, v, r), (values, rewards), views))
+        traced = {"values": values, "rewards": rewards}
+        note_departure(res, lambda: _localize(comp, calls[layout], traced, views))
     return finish(res)
 
 
-TIME_MAJOR = text("it takes its inputs time first, (T, B): compared so", "它的输入时间维在前，(T, B)：按此比较")
+GAE_CHECK = text(
+    f"gamma={GAMMA:g}, lam={LAM:g}: the advantages (plain or whitened) and the returns equal GAE's "
+    "backward recursion A_t = delta_t + gamma * lam * A_(t+1), delta_t = r_t + gamma * V_(t+1) - V_t, "
+    "returns A + V",
+    f"gamma={GAMMA:g}，lam={LAM:g}：优势（原样或白化后）与回报和 GAE 的反向递推一致："
+    "A_t = delta_t + gamma * lam * A_(t+1)，delta_t = r_t + gamma * V_(t+1) - V_t，回报 A + V")
+
+
+TIME_MAJOR = text("it takes its inputs time first, (T, B): compared so",
+                  "它的输入时间维在前，(T, B)：按此比较")
 
 
 def _same(x: Tensor) -> Tensor:
@@ -166,16 +177,17 @@ def policy_views(logprobs: Tensor, old: Tensor, adv: Tensor, clip: float) -> lis
     per = torch.max(-adv * ratio, -adv * clipped)
     return [("the log-ratio", logprobs - old), ("the ratio", ratio), ("the clipped ratio", clipped),
             ("ratio * A", ratio * adv), ("clipped ratio * A", clipped * adv), ("-A * ratio", -adv * ratio),
-            ("-A * clipped ratio", -adv * clipped), ("the smaller surrogate", -per), ("the token losses", per),
-            ("each row's mean", per.mean(-1)), ("the loss", per.mean())]
+            ("-A * clipped ratio", -adv * clipped), ("the smaller surrogate", -per),
+            ("the token losses", per), ("each row's mean", per.mean(-1)), ("the loss", per.mean())]
 
 
 def _loss_inputs() -> dict[str, Any]:
     g = torch.Generator().manual_seed(11)
     logprobs = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
     old = logprobs + (torch.rand(B, T, generator=g, dtype=torch.float64) - 0.5)  # ratios of 0.6 to 1.6
-    return {"logprobs": logprobs, "old": old, "advantages": torch.randn(B, T, generator=g, dtype=torch.float64),
-            "mask": torch.ones(B, T, dtype=torch.float64), "clip": CLIP}
+    adv = torch.randn(B, T, generator=g, dtype=torch.float64)
+    mask = torch.ones(B, T, dtype=torch.float64)
+    return {"logprobs": logprobs, "old": old, "advantages": adv, "mask": mask, "clip": CLIP}
 
 
 def check_policy_loss(comp: Component, ctx: Context) -> ComponentResult:
@@ -186,15 +198,10 @@ def check_policy_loss(comp: Component, ctx: Context) -> ComponentResult:
         _handed(comp, roles, role)
     clips = (CLIP,) if "clip" in roles.values() else CLIPS
     lp, old, adv = given["logprobs"], given["old"], given["advantages"]
-
-    def call(x: Tensor) -> Any:
-        handed = {**given, "logprobs": x}
-        return ctx.learner.call("forward", comp.obj, **{
-            n: handed[role].clone() if isinstance(handed[role], Tensor) else handed[role] for n, role in roles.items()})
-
-    got = _tensors(call(lp))[:1]
-    errors = {clip: min((_apart(g.reshape(v.shape) if g.numel() == v.numel() else g, v)
-                         for g in got for _, v in policy_views(lp, old, adv, clip)[-3:]), default=float("inf"))
+    call = _caller(ctx, comp, roles, given)
+    got = _tensors(call())[:1]
+    errors = {clip: min((_apart(g.reshape(v.shape) if g.numel() == v.numel() else g, v) for g in got
+                         for _, v in policy_views(lp, old, adv, clip)[-3:]), default=float("inf"))
               for clip in clips}
     clip = min(errors, key=errors.get)
     res.max_abs_error = err = errors[clip]
@@ -204,11 +211,12 @@ def check_policy_loss(comp: Component, ctx: Context) -> ComponentResult:
         f"eps={clip:g}：损失与 PPO 的裁剪代理目标一致：max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)) "
         "取平均，ratio = exp(logprobs - old_logprobs)"), err < TOL, error_text(err)))
     if err >= TOL:
-        note_departure(res, lambda: _localize(comp, call, (lp,), policy_views(lp, old, adv, clip)))
+        note_departure(res, lambda: _localize(comp, call, {"logprobs": lp}, policy_views(lp, old, adv, clip)))
     return finish(res)
 
 
-def _localize(comp: Component, call: Callable[..., Any], inputs: tuple[Tensor, ...], views: list[View]) -> Any:
+def _localize(comp: Component, call: Callable[..., Any], inputs: dict[str, Tensor], views: list[View]) -> Any:
+    """The first line whose value is none of the reference's steps, the inputs traced."""
     filename = inspect.getsourcefile(comp.obj)
-    steps = trace_steps(lambda: call(*(x.clone().requires_grad_() for x in inputs)), filename, None, ())
+    steps = trace_steps(lambda: call(**{r: x.clone().requires_grad_() for r, x in inputs.items()}), filename)
     return first_departure(steps, views, filename, {"B": B, "T": T})
