@@ -336,7 +336,17 @@ VIEWS_ZH = [(r"(.+), reshaped to (.+)", lambda m: f"{view_zh(m[1])}（形状改�
             (r"the norm (before|after) the (.+)", lambda m: f"{SUBLAYERS_ZH.get(m[2], m[2])}"
              f"{SIDES_ZH[m[1]]}的归一化"),
             (r"the (.+)'s output", lambda m: f"{SUBLAYERS_ZH.get(m[1], m[1])}的输出"),
-            (r"x \+ (.+) \(the residual sum\)", lambda m: f"x + {SUBLAYERS_ZH.get(m[1], m[1])}（残差和）")]
+            (r"x \+ (.+) \(the residual sum\)", lambda m: f"x + {SUBLAYERS_ZH.get(m[1], m[1])}（残差和）"),
+            (r"(the value|the reward|delta|the advantage) at token (\d+)",
+             lambda m: f"位置 {m[2]} 的{PPO_ZH.get(m[1], m[1])}"),
+            (r"the advantages from token (\d+) on", r"从位置 \1 起的优势")]
+# PPO's steps (runners/ppo.py), in Chinese
+PPO_ZH = {"the value": "价值", "the reward": "奖励", "delta": "delta", "the advantage": "优势",
+          "the values": "价值", "the rewards": "奖励", "the next values": "下一步的价值",
+          "the TD errors": "TD 误差 delta", "the returns": "回报 A + V", "the whitened advantages": "白化后的优势",
+          "the log-ratio": "对数比 logprobs - old_logprobs", "the ratio": "比值 ratio",
+          "the clipped ratio": "裁剪后的 ratio", "the smaller surrogate": "较小的代理目标",
+          "the token losses": "每个 token 的损失", "each row's mean": "每行的均值", "the loss": "损失"}
 SIDES_ZH = {"before": "之前", "after": "之后", "source": "源", "target": "目标", "encoder": "编码器",
             "decoder": "解码器"}
 SUBLAYERS_ZH = {"self-attention": "自注意力", "cross-attention": "交叉注意力", "FFN": "前馈网络"}
@@ -377,8 +387,8 @@ NAMES_ZH = {
 def view_zh(name: str) -> str:
     """An intermediate result's name in Chinese; a name that is code, or not known, as it is
     (remembered: a layer's localization names each of its steps for every form it tries)."""
-    if name in NAMES_ZH:
-        return NAMES_ZH[name]
+    if name in NAMES_ZH or name in PPO_ZH:
+        return NAMES_ZH.get(name) or PPO_ZH[name]
     for pattern, zh in VIEWS_ZH:
         m = re.fullmatch(pattern, name)
         if m:  # "{}": the groups, a side (source, encoder, ...) in Chinese
