@@ -343,7 +343,8 @@ VIEWS_ZH = [(r"(.+), reshaped to (.+)", lambda m: f"{view_zh(m[1])}（形状改�
 # PPO's steps (runners/ppo.py), in Chinese
 PPO_ZH = {"the value": "价值", "the reward": "奖励", "delta": "delta", "the advantage": "优势",
           "the values": "价值", "the rewards": "奖励", "the next values": "下一步的价值",
-          "the TD errors": "TD 误差 delta", "the returns": "回报 A + V", "the whitened advantages": "白化后的优势",
+          "the TD errors": "TD 误差 delta", "the returns": "回报 A + V",
+          "the whitened advantages": "白化后的优势",
           "the log-ratio": "对数比 logprobs - old_logprobs", "the ratio": "比值 ratio",
           "the clipped ratio": "裁剪后的 ratio", "the smaller surrogate": "较小的代理目标",
           "the token losses": "每个 token 的损失", "each row's mean": "每行的均值", "the loss": "损失"}
