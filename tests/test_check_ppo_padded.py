@@ -131,3 +131,26 @@ def test_an_encoder_whose_positions_never_reach_it_is_pe_missing_at_the_sum(tmp_
     assert _statuses(check_file(str(ENCODER))) == {"EncoderOnlyModel": "pass"}
     result = check_file(edited_copy(tmp_path, ENCODER, [("x = word_emb + pos_emb", "x = word_emb")]))
     assert _findings(result, "EncoderOnlyModel") == [("pe_missing", 19, "x = word_emb")], format_report(result)
+
+
+ZERO_GAIN = '''import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.scale = nn.Parameter(torch.zeros(dim))  # stored as scale - 1
+
+    def forward(self, x):
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return x * self.scale
+'''
+
+
+def test_a_gain_built_at_zero_and_applied_as_it_is_is_quoted_at_its_line(tmp_path):
+    path = tmp_path / "norm.py"
+    path.write_text(ZERO_GAIN, encoding="utf-8")
+    (norm,) = check_file(str(path), only=["rmsnorm"]).components
+    assert norm.status == "fail" and [(f.line, f.code) for f in norm.findings] == [(13, "return x * self.scale")]

@@ -39,7 +39,7 @@ from handformer.check.core.localize_kinds import (
 )
 from handformer.check.core.norm_inside import Around, norms_around, readings_around, take_out_leading_norm
 from handformer.check.core.probe import Found, Probe, Subject, localize_step, name_findings, run_probe
-from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
+from handformer.check.core.result import DEPARTS, DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.sizes import SIZES
 from handformer.check.core.source import first_line, locate, source_lines, source_text
 from handformer.check.core.weights import (
@@ -657,11 +657,13 @@ def _norm_as_built(res: ComponentResult, ctx: Context, comp: Component, subject:
     most, gain = fp.max_error(a, a * 0), zero.replace("|", ", ")
     en, zh = (f"; line {number} multiplies by it: {code}", f"；第 {number} 行乘以它：{code}") if number else (
         "", "")
-    res.checks.append(Check(AS_BUILT, False, text(
+    said = text(
         f"built as {comp.name}(...) is, it gives the same output ({most:.3g} at most) for any input: its "
         f"gain ({gain}) starts at zero{en} (a gain kept as an offset from one is applied as 1 + weight)",
         f"按 {comp.name}(...) 刚构建的样子，任何输入的输出都相同（最大 {most:.3g}）：增益（{gain}）初始为 0"
-        f"{zh}（按相对 1 的偏移存放的增益应当以 1 + weight 使用）")))
+        f"{zh}（按相对 1 的偏移存放的增益应当以 1 + weight 使用）")
+    res.checks.append(Check(AS_BUILT, False, said))
+    res.findings += [Finding(DEPARTS, said, number, code)] * bool(number)
 
 
 # what the report says of the eps of a norm that keeps none: read from what it computes, or the default
