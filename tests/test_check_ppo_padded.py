@@ -154,3 +154,23 @@ def test_a_gain_built_at_zero_and_applied_as_it_is_is_quoted_at_its_line(tmp_pat
     path.write_text(ZERO_GAIN, encoding="utf-8")
     (norm,) = check_file(str(path), only=["rmsnorm"]).components
     assert norm.status == "fail" and [(f.line, f.code) for f in norm.findings] == [(13, "return x * self.scale")]
+
+
+# Hugging Face Mistral's way: a window mask that sees window + 1 keys, True = may attend, handed back
+# beside the causal one
+WINDOWED = '''import torch
+
+
+def build_attention_masks(seq_len, window):
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
+    too_far = torch.ones(seq_len, seq_len, dtype=torch.bool).tril(diagonal=-window - 1)
+    return causal, causal & ~too_far
+'''
+
+
+@pytest.mark.parametrize("edit, status", [(None, "pass"), (("causal & ~too_far", "~too_far"), "fail")])
+def test_a_mask_function_handed_a_window_gives_the_causal_mask_and_a_window(tmp_path, edit, status):
+    path = tmp_path / "masks.py"
+    path.write_text(WINDOWED if edit is None else WINDOWED.replace(*edit), encoding="utf-8")
+    (masks,) = check_file(str(path)).components
+    assert (masks.kind, masks.status) == ("causal_mask", status), format_report(check_file(str(path)))

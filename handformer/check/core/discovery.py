@@ -688,12 +688,14 @@ def refine(kind: str, obj: Any) -> str:
 def _refine_function(kind: str, obj: Any) -> str:
     """A training step that takes the windows x and y is a decoder-only model's; a function of
     SAME_FAMILY is the kind of the family that its signature and a call say."""
-    from handformer.check.core.signatures import kind_of, lm_step
+    from handformer.check.core.signatures import kind_of, lm_step, mask_kind
 
     if kind in ("train_step", "lm_train_step") and writes_adam(obj):
         return "adam_step"
     if kind == "train_step":
         return "lm_train_step" if lm_step(obj) else kind
+    if kind == "mask_helper" and mask_kind(obj) == "causal_mask":  # Gemma 2's make_masks(q_len, ...): no pad
+        return "causal_mask"
     family = FAMILY_OF.get(kind, ())
     said = kind_of(obj) if family else None
     # a `sample(model, input_ids, processors, max_new_tokens)` that takes a model is a generation loop

@@ -87,7 +87,10 @@ def _convention(mask: Tensor, forced: str | None, where_true: bool) -> str:
 CAUSAL_SIZES = (1, 5, 8)  # the lengths the mask is asked for
 # what a causal mask function's required arguments are handed, by their names (any other: the length);
 # Hugging Face's kin: make_causal_mask(bsz, tgt_len, dtype), OPT's make_causal_mask(attention_mask, dtype)
-MASK_ARGUMENTS = ((re.compile("dtype"), lambda T: torch.float32), (re.compile("device"), lambda T: "cpu"),
+# a window (Gemma 2's make_masks(q_len, sliding_window, dtype, device)): the length itself, so that every
+# mask it makes is the causal one; the windows are compared apart (_windows_compared)
+MASK_ARGUMENTS = ((re.compile("window"), lambda T: T),
+                  (re.compile("dtype"), lambda T: torch.float32), (re.compile("device"), lambda T: "cpu"),
                   (re.compile(r"bsz|batch|^bs?$"), lambda T: 1),  # a batch of one
                   (re.compile(r"mask|ids|^(x|inputs?|tokens|idx|seq|tgt|trg|target)$"),
                    lambda T: torch.ones(1, T, dtype=torch.long)))  # (1, T): every token real
@@ -142,13 +145,50 @@ SHAPED_NOTE = text("it reads the length from a tensor's size (fairseq's buffered
 
 def _causal_raw(ctx: Context, comp: Component, T: int, shaped: bool) -> Tensor:
     """The learner's mask for length T as (T, T); a failure when it is not T * T entries."""
-    raw = ctx.learner.call("forward", comp.obj, *mask_arguments(comp.obj, T, shaped))
+    raw = _first_mask(ctx.learner.call("forward", comp.obj, *mask_arguments(comp.obj, T, shaped)))
     if isinstance(raw, Tensor) and raw.numel() == T * T:
         return raw.reshape(T, T)  # (T, T) or (1, T, T) -> (T, T)
     got = tuple(raw.shape) if isinstance(raw, Tensor) else type(raw).__name__
     raise ctx.learner.fail("forward", f"{comp.name}({T}) returned {got}, expected a ({T}, {T}) mask "
                            f"(or (1, {T}, {T}))",
                            f"{comp.name}({T}) 返回了 {got}，应当是 ({T}, {T}) 的掩码（或 (1, {T}, {T})）")
+
+
+def _first_mask(raw: Any) -> Any:
+    """The mask of what a mask function returns: the first of the masks it returns together (Gemma 2's
+    global and sliding-window masks, one mask each when its window is the whole length)."""
+    return next((t for t in raw if isinstance(t, Tensor)), raw) if isinstance(raw, (tuple, list)) else raw
+
+
+WINDOW, WINDOW_T = 3, 8
+
+
+def _windows_compared(res: ComponentResult, ctx: Context, comp: Component, subject: Subject,
+                      found: Found) -> None:
+    """The step for a mask function that takes a window: handed WINDOW at length WINDOW_T, each mask
+    it returns is the causal one or the windowed one, query t seeing its last WINDOW keys (Gemma 2's
+    `i - j < sliding_window`) or WINDOW + 1 (Hugging Face Mistral's), and one of them is windowed."""
+    plain = mask_arguments(comp.obj, WINDOW_T, subject.facts["shaped"])
+    args = [WINDOW if "window" in p.name.lower() else a for p, a in zip(forward_parameters(comp.obj), plain)]
+    if args == plain or found.named:
+        return
+    raw = ctx.learner.call("forward", comp.obj, *args)
+    read = READ_KEEP[subject.facts["convention"]]
+    masks = [read(t.reshape(WINDOW_T, WINDOW_T)) for t in (raw if isinstance(raw, (tuple, list)) else [raw])
+             if isinstance(t, Tensor) and t.numel() == WINDOW_T ** 2]
+    causal = V.causal_keep(WINDOW_T)
+    windows = {0: causal, **{w: causal & ~causal.tril(-w) for w in (WINDOW, WINDOW + 1)}}
+    seen = [next((w for w, keep in windows.items() if torch.equal(m, keep)), None) for m in masks]
+    ok = None not in seen and any(seen)
+    res.checks.append(Check(text(
+        f"handed the window {WINDOW} at T = {WINDOW_T}: each mask is the causal one or a window (query t "
+        "sees its last keys), and one is windowed",
+        f"传入窗口 {WINDOW}、T = {WINDOW_T} 时：每个掩码要么是因果掩码，要么是滑动窗口（位置 t 只看最近的"
+        "几个键），并且有一个是窗口掩码"), ok,
+        text(f"the masks see {seen} keys back (0: all)", f"各掩码向前看的键数为 {seen}（0：全部）")))
+    if ok:
+        res.notes.append(text(f"its window of {WINDOW} lets each query see {max(seen)} keys",
+                              f"它的窗口 {WINDOW} 让每个查询看到 {max(seen)} 个键"))
 
 
 def _causal_reference(w: None, sizes: tuple[int, ...], flags: frozenset[str]) -> Tensor:
@@ -184,7 +224,7 @@ CAUSAL_MASK = Probe(
     shape=lambda ctx, comp, s, x, out: None,  # each mask's size is checked as it is read
     reference=_causal_reference,
     universe=lambda s: CAUSAL_FLAGS,
-    steps=(_causal_compared, localize_step(
+    steps=(_causal_compared, _windows_compared, localize_step(
         lambda s, found: localize_causal_mask(s.module, mask_arguments(s.module, 5, s.facts["shaped"]), 5))),
     depth=1, deterministic=False,
 )
