@@ -174,3 +174,13 @@ def test_a_mask_function_handed_a_window_gives_the_causal_mask_and_a_window(tmp_
     path.write_text(WINDOWED if edit is None else WINDOWED.replace(*edit), encoding="utf-8")
     (masks,) = check_file(str(path)).components
     assert (masks.kind, masks.status) == ("causal_mask", status), format_report(check_file(str(path)))
+
+
+def test_a_policy_loss_of_one_advantage_a_sequence_is_compared_so(tmp_path):
+    """GRPO's: the advantages (B,) spread over each sequence's tokens."""
+    path = tmp_path / "grpo.py"
+    path.write_text("import torch\n\n\ndef clipped_policy_loss(logp, old_logp, advantages, eps=0.2):\n"
+                    "    ratio = torch.exp(logp - old_logp)\n    a = advantages.unsqueeze(1)\n"
+                    "    return -torch.min(ratio * a, ratio.clamp(1 - eps, 1 + eps) * a).mean()\n", encoding="utf-8")
+    (loss,) = check_file(str(path)).components
+    assert loss.status == "pass" and any("(B,)" in n["en"] for n in loss.notes), loss.notes

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, error_text, finish, forward_parameters
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize import View, first_departure, trace_steps
@@ -138,8 +139,8 @@ def check_gae(comp: Component, ctx: Context) -> ComponentResult:
         _handed(comp, roles, role)
     values, rewards = given["values"], given["rewards"]
     calls = {layout: _caller(ctx, comp, roles, given, layout) for layout in (_same, _time_major)}
-    errors = {layout: _gae_error([layout(t) for t in _tensors(call())], values, rewards, GAMMA, LAM)
-              for layout, call in calls.items()}
+    errors = {layout: _gae_error([layout(t) for t in _tensors(out)], values, rewards, GAMMA, LAM)
+              for layout, out in _outputs(calls).items()}
     layout = min(errors, key=errors.get)  # its layout: the one that explains it best
     res.max_abs_error = err = errors[layout]
     res.notes += [TIME_MAJOR] * (layout is _time_major)
@@ -149,6 +150,13 @@ def check_gae(comp: Component, ctx: Context) -> ComponentResult:
         traced = {"values": values, "rewards": rewards}
         note_departure(res, lambda: _localize(comp, calls[layout], traced, views))
     return finish(res)
+
+
+def _outputs(calls: dict[Callable[[Tensor], Tensor], Callable[..., Any]]) -> dict[Any, Any]:
+    """What it returns in each layout its code runs in; the learner's exception where it runs in none."""
+    outs = {layout: out for layout, out in ((layout, fp.quietly(call)) for layout, call in calls.items())
+            if out is not None}
+    return outs or {_same: next(iter(calls.values()))()}  # raises again, as their error
 
 
 GAE_CHECK = text(
@@ -197,22 +205,44 @@ def check_policy_loss(comp: Component, ctx: Context) -> ComponentResult:
     for role in ("logprobs", "old", "advantages"):
         _handed(comp, roles, role)
     clips = (CLIP,) if "clip" in roles.values() else CLIPS
-    lp, old, adv = given["logprobs"], given["old"], given["advantages"]
-    call = _caller(ctx, comp, roles, given)
-    got = _tensors(call())[:1]
-    errors = {clip: min((_apart(g.reshape(v.shape) if g.numel() == v.numel() else g, v) for g in got
-                         for _, v in policy_views(lp, old, adv, clip)[-3:]), default=float("inf"))
-              for clip in clips}
-    clip = min(errors, key=errors.get)
-    res.max_abs_error = err = errors[clip]
+    lp, old = given["logprobs"], given["old"]
+    tried = [(clip, adv, _policy_error(ctx, comp, roles, {**given, "advantages": adv}, clip))
+             for adv in _advantage_forms(given["advantages"]) for clip in clips]
+    clip, adv, (err, call) = min(tried, key=lambda t: t[2][0])
+    res.max_abs_error = err
+    res.notes += [PER_SEQUENCE] * (adv.dim() == 1)
     res.checks.append(Check(text(
         f"eps={clip:g}: the loss equals PPO's clipped surrogate, max(-A * ratio, -A * clip(ratio, 1 - eps, "
         "1 + eps)) averaged, ratio = exp(logprobs - old_logprobs)",
         f"eps={clip:g}：损失与 PPO 的裁剪代理目标一致：max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)) "
         "取平均，ratio = exp(logprobs - old_logprobs)"), err < TOL, error_text(err)))
     if err >= TOL:
-        note_departure(res, lambda: _localize(comp, call, {"logprobs": lp}, policy_views(lp, old, adv, clip)))
+        views = policy_views(lp, old, adv[:, None] if adv.dim() == 1 else adv, clip)
+        note_departure(res, lambda: _localize(comp, call, {"logprobs": lp}, views))
     return finish(res)
+
+
+PER_SEQUENCE = text("it takes one advantage a sequence (B,), spread over its tokens: compared so",
+                    "它的优势是每个序列一个 (B,)，铺到序列的每个 token 上：按此比较")
+
+
+def _advantage_forms(adv: Tensor) -> list[Tensor]:
+    """The advantages a token (B, T), then one a sequence (B,) (GRPO's, spread over its tokens)."""
+    return [adv, adv[:, 0]]
+
+
+def _policy_error(ctx: Context, comp: Component, roles: dict[str, str], given: dict[str, Any], clip: float,
+                  ) -> tuple[float, Callable[..., Any]]:
+    """How far its loss is from the reference's (its loss, token losses or rows' means) with these
+    inputs and range, and the call that gave it; inf where it raises on them (the token form raises
+    again: their error)."""
+    call = _caller(ctx, comp, roles, given)
+    adv = given["advantages"]
+    out = call() if adv.dim() == 2 else fp.quietly(call)
+    views = policy_views(given["logprobs"], given["old"], adv[:, None] if adv.dim() == 1 else adv, clip)
+    errors = [_apart(g.reshape(v.shape) if g.numel() == v.numel() else g, v)
+              for g in _tensors(out)[:1] for _, v in views[-3:]]
+    return min(errors, default=float("inf")), call
 
 
 def _localize(comp: Component, call: Callable[..., Any], inputs: dict[str, Tensor], views: list[View]) -> Any:
