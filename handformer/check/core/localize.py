@@ -382,14 +382,15 @@ NAMES_ZH = {
     "the entropy of each row (nats)": "每一行的熵（nat）", "the threshold": "阈值",
     "the tokens removed (1 = removed)": "被去掉的 token（1 = 去掉）", "the tokens kept": "保留的 token",
     "the filtered logits": "过滤后的 logits", "the largest probability of each row": "每一行的最大概率"}
+NAMES_ZH.update(PPO_ZH)
 
 
 @functools.lru_cache(maxsize=4096)
 def view_zh(name: str) -> str:
     """An intermediate result's name in Chinese; a name that is code, or not known, as it is
     (remembered: a layer's localization names each of its steps for every form it tries)."""
-    if name in NAMES_ZH or name in PPO_ZH:
-        return NAMES_ZH.get(name) or PPO_ZH[name]
+    if name in NAMES_ZH:
+        return NAMES_ZH[name]
     for pattern, zh in VIEWS_ZH:
         m = re.fullmatch(pattern, name)
         if m:  # "{}": the groups, a side (source, encoder, ...) in Chinese
@@ -646,7 +647,7 @@ def first_departure(steps: list[Step], views: list[View], filename: str, sizes: 
         step, views, filename, sizes, pre, terms, forms)
     # a helper's argument that departs as it is handed over (`masked_mean(torch.min(a, b), mask)`): the
     # calling line made it, the helper never ran a line on it
-    handed = step.given and step.caller is not None and departure.called_from is not None
+    handed = step.given and departure.called_from is not None
     return traced(replace(departure, shared=handed), steps, filename, views)
 
 

@@ -227,7 +227,7 @@ def _norm_never_read(lines: list[tuple[int, str]]) -> tuple[int | None, str | No
 
 # a name bound to positions' embedding (`position_embeddings = self.position_embeddings(position_ids)`,
 # `pos_emb = self.wpe(pos)`), not the positions themselves (`pos = torch.arange(T)`)
-POSITION_BOUND = re.compile(r"(?i)\s*(\w*pos\w*)\s*=(?!=)[^#]*\(")
+POSITION_BOUND = re.compile(r"(?i)\s*(\w*pos\w*)\s*=(?!=)(?![^#]*arange)[^#]*\(")
 # a line that reads an embedding by a plain name (`inputs_embeds + token_type_embeddings`, nanoGPT's
 # `self.transformer.drop(tok_emb)`), not one that looks one up (`self.token_type_embeddings(...)`)
 EMBEDDINGS_READ = r"(?i)[^=#]*=[^#]*(?<![.\w])\w*emb\w*\b(?!\s*\()"
@@ -240,7 +240,7 @@ def _position_never_read(lines: list[tuple[int, str]]) -> tuple[int | None, str 
     self.transformer.drop(tok_emb)`), else the binding line. None where every such name is read."""
     for number, line in _code_lines(lines):
         bound = POSITION_BOUND.match(line.split("#")[0])
-        if bound and "arange" not in line and _nearest(lines, number, rf".*\b{bound[1]}\b", 1)[0] is None:
+        if bound and _nearest(lines, number, rf".*\b{bound[1]}\b", 1)[0] is None:
             reads, code = _nearest(lines, number, EMBEDDINGS_READ, 1)
             return (reads, code.strip()) if reads is not None else (number, line.strip())
     return None, None

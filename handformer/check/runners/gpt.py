@@ -765,8 +765,8 @@ class Caller:
         if self.mask_form:  # the causal mask its caller builds, in the form it takes
             dtype = next(self.module.parameters()).dtype
             kwargs[self.mask_name] = self.mask_form(torch.ones(idx.size(1), idx.size(1)).tril().bool(), dtype)
-        if self.padding and MASK_NAME not in kwargs:  # no padding: every token real
-            kwargs[MASK_NAME] = torch.ones(idx.shape, dtype=torch.long)
+        if self.padding:  # no padding (every token real), unless a padding mask is handed
+            kwargs.setdefault(MASK_NAME, torch.ones(idx.shape, dtype=torch.long))
         if self.first:
             return batch_first(self.ctx.learner.call("forward", self.module, idx.T, **kwargs)), None
         raw = self.ctx.learner.call("forward", self.module, idx, **kwargs)

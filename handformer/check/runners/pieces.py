@@ -145,19 +145,14 @@ SHAPED_NOTE = text("it reads the length from a tensor's size (fairseq's buffered
 
 def _causal_raw(ctx: Context, comp: Component, T: int, shaped: bool) -> Tensor:
     """The learner's mask for length T as (T, T); a failure when it is not T * T entries."""
-    raw = _first_mask(ctx.learner.call("forward", comp.obj, *mask_arguments(comp.obj, T, shaped)))
-    if isinstance(raw, Tensor) and raw.numel() == T * T:
-        return raw.reshape(T, T)  # (T, T) or (1, T, T) -> (T, T)
+    raw = ctx.learner.call("forward", comp.obj, *mask_arguments(comp.obj, T, shaped))
+    masks = _masks(raw, T)  # the first, where it returns several (Gemma 2's global and windowed ones)
+    if masks:
+        return masks[0].reshape(T, T)  # (T, T) or (1, T, T) -> (T, T)
     got = tuple(raw.shape) if isinstance(raw, Tensor) else type(raw).__name__
     raise ctx.learner.fail("forward", f"{comp.name}({T}) returned {got}, expected a ({T}, {T}) mask "
                            f"(or (1, {T}, {T}))",
                            f"{comp.name}({T}) 返回了 {got}，应当是 ({T}, {T}) 的掩码（或 (1, {T}, {T})）")
-
-
-def _first_mask(raw: Any) -> Any:
-    """The mask of what a mask function returns: the first of the masks it returns together (Gemma 2's
-    global and sliding-window masks, one mask each when its window is the whole length)."""
-    return next((t for t in raw if isinstance(t, Tensor)), raw) if isinstance(raw, (tuple, list)) else raw
 
 
 WINDOW, WINDOW_T = 3, 8
@@ -166,29 +161,36 @@ WINDOW, WINDOW_T = 3, 8
 def _windows_compared(res: ComponentResult, ctx: Context, comp: Component, subject: Subject,
                       found: Found) -> None:
     """The step for a mask function that takes a window: handed WINDOW at length WINDOW_T, each mask
-    it returns is the causal one or the windowed one, query t seeing its last WINDOW keys (Gemma 2's
+    it returns is the causal one or a window, query t seeing its last WINDOW keys (Gemma 2's
     `i - j < sliding_window`) or WINDOW + 1 (Hugging Face Mistral's), and one of them is windowed."""
     plain = mask_arguments(comp.obj, WINDOW_T, subject.facts["shaped"])
-    args = [WINDOW if "window" in p.name.lower() else a for p, a in zip(forward_parameters(comp.obj), plain)]
-    if args == plain or found.named:
+    params = forward_parameters(comp.obj)
+    windowed = [WINDOW if "window" in p.name.lower() else a for p, a in zip(params, plain)]
+    if windowed == plain or found.named:
         return
-    raw = ctx.learner.call("forward", comp.obj, *args)
+    raw = ctx.learner.call("forward", comp.obj, *windowed)
     read = READ_KEEP[subject.facts["convention"]]
-    masks = [read(t.reshape(WINDOW_T, WINDOW_T)) for t in (raw if isinstance(raw, (tuple, list)) else [raw])
-             if isinstance(t, Tensor) and t.numel() == WINDOW_T ** 2]
-    causal = V.causal_keep(WINDOW_T)
-    windows = {0: causal, **{w: causal & ~causal.tril(-w) for w in (WINDOW, WINDOW + 1)}}
-    seen = [next((w for w, keep in windows.items() if torch.equal(m, keep)), None) for m in masks]
-    ok = None not in seen and any(seen)
+    masks = [read(t.reshape(WINDOW_T, WINDOW_T)).bool() for t in _masks(raw, WINDOW_T)]
+    seen = [int(m[-1].sum()) for m in masks]  # the keys the last query sees: T for the causal mask
+    causal, least = V.causal_keep(WINDOW_T), min(seen, default=0)
+    ok = all(torch.equal(m, causal & ~causal.tril(-w)) for m, w in zip(masks, seen)) and least in WINDOWS
     res.checks.append(Check(text(
         f"handed the window {WINDOW} at T = {WINDOW_T}: each mask is the causal one or a window (query t "
         "sees its last keys), and one is windowed",
         f"传入窗口 {WINDOW}、T = {WINDOW_T} 时：每个掩码要么是因果掩码，要么是滑动窗口（位置 t 只看最近的"
         "几个键），并且有一个是窗口掩码"), ok,
-        text(f"the masks see {seen} keys back (0: all)", f"各掩码向前看的键数为 {seen}（0：全部）")))
-    if ok:
-        res.notes.append(text(f"its window of {WINDOW} lets each query see {max(seen)} keys",
-                              f"它的窗口 {WINDOW} 让每个查询看到 {max(seen)} 个键"))
+        text(f"the last query of each mask sees {seen} keys", f"各掩码最后一个查询看到的键数为 {seen}")))
+    res.notes += [text(f"its window of {WINDOW} lets each query see {least} keys",
+                       f"它的窗口 {WINDOW} 让每个查询看到 {least} 个键")] * ok
+
+
+WINDOWS = (WINDOW, WINDOW + 1)  # the keys a query sees in a window of WINDOW, as either convention counts
+
+
+def _masks(raw: Any, T: int) -> list[Tensor]:
+    """The (T, T) masks (or (1, T, T), ...) among what a mask function returns: it, or each of a tuple."""
+    items = raw if isinstance(raw, (tuple, list)) else [raw]
+    return [t for t in items if isinstance(t, Tensor) and t.numel() == T * T]
 
 
 def _causal_reference(w: None, sizes: tuple[int, ...], flags: frozenset[str]) -> Tensor:

@@ -16,6 +16,7 @@ Shape legend: B rows (sequences), T tokens.
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -33,40 +34,35 @@ B, T, TOL = 3, 6, 1e-5
 GAMMA, LAM, CLIP = 0.9, 0.8, 0.2
 CLIPS = (0.2, 0.1, 0.3)  # the ranges tried where the loss takes none: the ones trainers default to
 # a parameter's role by the words of its name, tried in order (old before the new log-probabilities)
-GAE_ROLES = (("gamma", ("gamma", "discount")), ("lam", ("lam", "lmbda", "lambd", "gae_lambda")),
-             ("mask", ("mask",)), ("values", ("value", "vpred")), ("rewards", ("reward",)))
-LOSS_ROLES = (("clip", ("clip", "eps")), ("mask", ("mask",)), ("old", ("old",)),
-              ("advantages", ("adv",)), ("logprobs", ("logp", "log_p", "logprob", "log_prob")))
+GAE_ROLES = {"gamma": "gamma|discount", "lam": "lam|lmbda|lambd", "mask": "mask", "values": "value|vpred",
+             "rewards": "reward"}
+LOSS_ROLES = {"clip": "clip|eps", "mask": "mask", "old": "old", "advantages": "adv",
+              "logprobs": "logp|log_p|logprob|log_prob"}
 
 
-def _role(name: str, roles: tuple[tuple[str, tuple[str, ...]], ...]) -> str | None:
-    lowered = name.lower()
-    return next((role for role, words in roles if any(w in lowered for w in words)), None)
+def _role(name: str, roles: dict[str, str]) -> str | None:
+    return next((role for role, words in roles.items() if re.search(words, name, re.I)), None)
 
 
-def _arguments(comp: Component, roles: tuple[tuple[str, tuple[str, ...]], ...], given: dict[str, Any],
+def _arguments(comp: Component, roles: dict[str, str], given: dict[str, Any], needed: tuple[str, ...],
                ) -> dict[str, str]:
     """The role of each argument check hands, by the parameter's name; a required parameter of no
-    role leaves the function NOT CHECKED (check cannot say what to hand it)."""
-    out = {}
+    role leaves the function NOT CHECKED (check cannot say what to hand it), and so does one that takes
+    no parameter for a role `needed` (GAE's gamma: the value it uses is written inside it)."""
+    out, said = {}, ", ".join(roles)
     for p in forward_parameters(comp.obj):
         role = _role(p.name, roles)
         if role in given:
             out[p.name] = role
         elif p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             raise DiscoveryError(
-                f"{comp.name}: cannot fill the argument '{p.name}'; it takes, by their names, "
-                f"{', '.join(r for r, _ in roles)}", f"{comp.name}：无法填写参数 '{p.name}'；"
-                f"它按参数名接受 {', '.join(r for r, _ in roles)}")
+                f"{comp.name}: cannot fill the argument '{p.name}'; it takes, by their names, {said}",
+                f"{comp.name}：无法填写参数 '{p.name}'；它按参数名接受 {said}")
+    missing = ", ".join(sorted(set(needed) - set(out.values())))
+    if missing:
+        raise DiscoveryError(f"{comp.name}: it takes no {missing}: check cannot know what it uses",
+                             f"{comp.name}：它不接受 {missing} 参数：check 无法知道它用的值")
     return out
-
-
-def _handed(comp: Component, roles: dict[str, str], role: str) -> None:
-    """NOT CHECKED where the function takes no parameter for a constant check must know (GAE's gamma,
-    lam): the value it uses is written inside it."""
-    if role not in roles.values():
-        raise DiscoveryError(f"{comp.name}: it takes no {role}: check cannot know the one it uses",
-                             f"{comp.name}：它不接受 {role} 参数：check 无法知道它用的值")
 
 
 def _caller(ctx: Context, comp: Component, roles: dict[str, str], given: dict[str, Any],
@@ -109,7 +105,7 @@ def gae_views(values: Tensor, rewards: Tensor, gamma: float, lam: float) -> list
     filled = [(f"the advantages from token {t} on", adv * (torch.arange(T) >= t)) for t in range(T)]
     return [("the values", values), ("the rewards", rewards), ("the next values", deltas - rewards + values),
             ("the TD errors", deltas), *columns, *filled, ("the returns", adv + values),
-            *[("the whitened advantages", w) for w in whitened(adv)]]
+            *zip(["the whitened advantages"] * 2, whitened(adv))]
 
 
 def _gae_inputs() -> dict[str, Any]:
@@ -134,9 +130,7 @@ def _apart(got: Tensor, want: Tensor) -> float:
 def check_gae(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     given = _gae_inputs()
-    roles = _arguments(comp, GAE_ROLES, given)
-    for role in ("gamma", "lam", "values", "rewards"):
-        _handed(comp, roles, role)
+    roles = _arguments(comp, GAE_ROLES, given, ("gamma", "lam", "values", "rewards"))
     values, rewards = given["values"], given["rewards"]
     calls = {layout: _caller(ctx, comp, roles, given, layout) for layout in (_same, _time_major)}
     errors = {layout: _gae_error([layout(t) for t in _tensors(out)], values, rewards, GAMMA, LAM)
@@ -201,23 +195,21 @@ def _loss_inputs() -> dict[str, Any]:
 def check_policy_loss(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     given = _loss_inputs()
-    roles = _arguments(comp, LOSS_ROLES, given)
-    for role in ("logprobs", "old", "advantages"):
-        _handed(comp, roles, role)
+    roles = _arguments(comp, LOSS_ROLES, given, ("logprobs", "old", "advantages"))
     clips = (CLIP,) if "clip" in roles.values() else CLIPS
     lp, old = given["logprobs"], given["old"]
-    tried = [(clip, adv, _policy_error(ctx, comp, roles, {**given, "advantages": adv}, clip))
-             for adv in _advantage_forms(given["advantages"]) for clip in clips]
+    tried = [(clip, spread, _policy_error(ctx, comp, roles, {**given, "advantages": adv}, spread, clip))
+             for adv, spread in _advantage_forms(given["advantages"]) for clip in clips]
     clip, adv, (err, call) = min(tried, key=lambda t: t[2][0])
     res.max_abs_error = err
-    res.notes += [PER_SEQUENCE] * (adv.dim() == 1)
+    res.notes += [PER_SEQUENCE] * (tried[0][1] is not adv)
     res.checks.append(Check(text(
         f"eps={clip:g}: the loss equals PPO's clipped surrogate, max(-A * ratio, -A * clip(ratio, 1 - eps, "
         "1 + eps)) averaged, ratio = exp(logprobs - old_logprobs)",
         f"eps={clip:g}：损失与 PPO 的裁剪代理目标一致：max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)) "
         "取平均，ratio = exp(logprobs - old_logprobs)"), err < TOL, error_text(err)))
     if err >= TOL:
-        views = policy_views(lp, old, adv[:, None] if adv.dim() == 1 else adv, clip)
+        views = policy_views(lp, old, adv, clip)
         note_departure(res, lambda: _localize(comp, call, {"logprobs": lp}, views))
     return finish(res)
 
@@ -226,20 +218,20 @@ PER_SEQUENCE = text("it takes one advantage a sequence (B,), spread over its tok
                     "它的优势是每个序列一个 (B,)，铺到序列的每个 token 上：按此比较")
 
 
-def _advantage_forms(adv: Tensor) -> list[Tensor]:
-    """The advantages a token (B, T), then one a sequence (B,) (GRPO's, spread over its tokens)."""
-    return [adv, adv[:, 0]]
+def _advantage_forms(adv: Tensor) -> list[tuple[Tensor, Tensor]]:
+    """(handed, as each token sees them): the advantages a token (B, T), then one a sequence (B,)
+    (GRPO's, spread over its tokens)."""
+    return [(adv, adv), (adv[:, 0], adv[:, :1].expand_as(adv))]
 
 
-def _policy_error(ctx: Context, comp: Component, roles: dict[str, str], given: dict[str, Any], clip: float,
-                  ) -> tuple[float, Callable[..., Any]]:
+def _policy_error(ctx: Context, comp: Component, roles: dict[str, str], given: dict[str, Any], spread: Tensor,
+                  clip: float) -> tuple[float, Callable[..., Any]]:
     """How far its loss is from the reference's (its loss, token losses or rows' means) with these
     inputs and range, and the call that gave it; inf where it raises on them (the token form raises
     again: their error)."""
     call = _caller(ctx, comp, roles, given)
-    adv = given["advantages"]
-    out = call() if adv.dim() == 2 else fp.quietly(call)
-    views = policy_views(given["logprobs"], given["old"], adv[:, None] if adv.dim() == 1 else adv, clip)
+    out = fp.quietly(call) if spread is not given["advantages"] else call()  # per token: their error raised
+    views = policy_views(given["logprobs"], given["old"], spread, clip)
     errors = [_apart(g.reshape(v.shape) if g.numel() == v.numel() else g, v)
               for g in _tensors(out)[:1] for _, v in views[-3:]]
     return min(errors, default=float("inf")), call
