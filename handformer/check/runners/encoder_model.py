@@ -60,8 +60,9 @@ def check_encoder_model(comp: Component, ctx: Context) -> ComponentResult:
             if all(c.ok for c in res.checks):  # (a mask read inverted moves the pooled output too)
                 _pooled_padding(res, lambda tokens: fp.first_tensor(call(tokens), 2), ids,
                                 source_lines([getattr(comp.obj, "forward", comp.obj)]))
-        with fp.dropout_off():
-            _order(res, ctx, comp, lambda tokens: run(tokens, torch.ones_like(keep)), ids)
+        if all(c.ok for c in res.checks):  # a mask read inverted hides every token handed as real
+            with fp.dropout_off():
+                _order(res, ctx, comp, lambda tokens: run(tokens, torch.ones_like(keep)), ids)
     return finish(res)
 
 
