@@ -366,6 +366,11 @@ BPE_KINDS = ("bpe", "bpe_tokenizer")  # kinds whose names a WordPiece file may u
 TOKENIZER_METHODS = ("train", "encode", "decode")  # a tokenizer that trains itself, whatever its name
 GPT2_METHODS = ("bpe", "encode", "decode")  # GPT-2's encoder.py Encoder, handed its vocabulary and merges
 MODEL_PARTS = re.compile(r"nn\.Embedding\(.*nn\.ModuleList\(", re.S)
+# torch.nn's own encoder stack as the list of blocks (nn.TransformerEncoder(layer, n)): a decoder-only
+# model where the class makes a causal mask for it, an encoder (a classifier's, BERT's) where it makes
+# none (its decoder stack cross-attends to a memory: no decoder-only model to compare)
+TORCH_STACK = re.compile(r"nn\.Embedding\(.*nn\.TransformerEncoder\(", re.S)
+MAKES_CAUSAL = re.compile(r"\btri[lu]_?\(|is_causal\s*=\s*True|subsequent_mask\(")
 
 
 def _by_structure(own: dict[str, Any], taken: set[str], wanted: set[str]) -> list[Component]:
@@ -677,7 +682,8 @@ def _decoder_model(cls: Any) -> bool:
     """A decoder-only model by its embedding and list of blocks and its forward of one id sequence
     (DecoderLM: the word Decoder in its name is no seq2seq decoder)."""
     built = source_text(vars(cls).get("__init__", ""))
-    return bool(MODEL_PARTS.search(built)) and decoder_only(cls) and not encoder_only(cls)
+    stack = MODEL_PARTS.search(built) or TORCH_STACK.search(built) and MAKES_CAUSAL.search(source_text(cls))
+    return bool(stack) and decoder_only(cls) and not encoder_only(cls)
 
 
 # kinds of a function of tensors alone (logits, labels): a function of theirs of one of these names that
@@ -703,7 +709,7 @@ def refine(kind: str, obj: Any) -> str:
 def _refine_function(kind: str, obj: Any) -> str:
     """A training step that takes the windows x and y is a decoder-only model's; a function of
     SAME_FAMILY is the kind of the family that its signature and a call say."""
-    from handformer.check.core.signatures import kind_of, lm_step
+    from handformer.check.core.signatures import kind_of, lm_step, mask_kind
 
     if kind in TENSORS_ONLY and any(MODEL_WORD.search(p) for p in inspect.signature(obj).parameters):
         return ""  # `perplexity(model, loader)`: an evaluation loop, not the function of logits
@@ -711,6 +717,8 @@ def _refine_function(kind: str, obj: Any) -> str:
         return "adam_step"
     if kind == "train_step":
         return "lm_train_step" if lm_step(obj) else kind
+    if kind == "mask_helper" and mask_kind(obj) == "causal_mask":  # Gemma 2's make_masks(q_len, ...): no pad
+        return "causal_mask"
     family = FAMILY_OF.get(kind, ())
     said = kind_of(obj) if family else None
     # a `sample(model, input_ids, processors, max_new_tokens)` that takes a model is a generation loop

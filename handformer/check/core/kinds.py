@@ -71,6 +71,7 @@ KINDS_TABLE: tuple[Kind, ...] = (
                  "FeedForwardBlock",  # Umar Jamil's
                  "PositionwiseFeedforwardLayer",  # bentrevett's
                  "PoswiseFeedForwardNet",  # graykode's nlp-tutorial, which the Chinese tutorials copy
+                 "PositionwiseFF",  # Transformer-XL's (kimiyoung/transformer-xl), its norm inside
                  "前馈网络", "前馈层", "位置前馈网络"),
          "position-wise feed-forward network", "逐位置前馈网络", "pieces:check_ffn"),
     Kind("moe", ("MOEFeedForward", "MoEFeedForward", "MoE", "MoELayer", "MoeLayer", "SparseMoE",
@@ -208,6 +209,14 @@ KINDS_TABLE: tuple[Kind, ...] = (
          "sequence log-probability (DPO)", "序列的 log 概率（DPO）", "preference:check_sequence_logps"),
     Kind("dpo_loss", ("dpo_loss", "preference_loss", "compute_dpo_loss", "dpo_loss_fn"),
          "DPO loss", "DPO 损失", "preference:check_dpo_loss"),
+    Kind("gae", ("compute_gae", "gae", "compute_advantages", "get_advantages_and_returns", "calc_gae",
+                 "compute_gae_advantages", "generalized_advantage_estimation", "gae_advantages",
+                 "compute_advantages_and_returns", "estimate_advantages"),
+         "generalized advantage estimation (PPO)", "广义优势估计 GAE（PPO）", "ppo:check_gae"),
+    Kind("ppo_policy_loss", ("ppo_policy_loss", "policy_loss", "clipped_surrogate_loss", "ppo_clip_loss",
+                             "compute_policy_loss", "clipped_policy_loss", "ppo_actor_loss", "actor_loss",
+                             "surrogate_loss", "ppo_surrogate_loss"),
+         "PPO's clipped policy loss", "PPO 的裁剪策略损失", "ppo:check_policy_loss"),
     Kind("greedy_decode", ("greedy_decode", "greedy_search", "greedy_decoding", "decode_greedy",
                            "greedy_translate", "translate_greedy"),
          "greedy decoding (encoder-decoder)", "贪心解码（编码器-解码器）", "decoding:check_greedy_decode"),

@@ -336,7 +336,18 @@ VIEWS_ZH = [(r"(.+), reshaped to (.+)", lambda m: f"{view_zh(m[1])}（形状改�
             (r"the norm (before|after) the (.+)", lambda m: f"{SUBLAYERS_ZH.get(m[2], m[2])}"
              f"{SIDES_ZH[m[1]]}的归一化"),
             (r"the (.+)'s output", lambda m: f"{SUBLAYERS_ZH.get(m[1], m[1])}的输出"),
-            (r"x \+ (.+) \(the residual sum\)", lambda m: f"x + {SUBLAYERS_ZH.get(m[1], m[1])}（残差和）")]
+            (r"x \+ (.+) \(the residual sum\)", lambda m: f"x + {SUBLAYERS_ZH.get(m[1], m[1])}（残差和）"),
+            (r"(the value|the reward|delta|the advantage) at token (\d+)",
+             lambda m: f"位置 {m[2]} 的{PPO_ZH.get(m[1], m[1])}"),
+            (r"the advantages from token (\d+) on", r"从位置 \1 起的优势")]
+# PPO's steps (runners/ppo.py), in Chinese
+PPO_ZH = {"the value": "价值", "the reward": "奖励", "delta": "delta", "the advantage": "优势",
+          "the values": "价值", "the rewards": "奖励", "the next values": "下一步的价值",
+          "the TD errors": "TD 误差 delta", "the returns": "回报 A + V",
+          "the whitened advantages": "白化后的优势",
+          "the log-ratio": "对数比 logprobs - old_logprobs", "the ratio": "比值 ratio",
+          "the clipped ratio": "裁剪后的 ratio", "the smaller surrogate": "较小的代理目标",
+          "the token losses": "每个 token 的损失", "each row's mean": "每行的均值", "the loss": "损失"}
 SIDES_ZH = {"before": "之前", "after": "之后", "source": "源", "target": "目标", "encoder": "编码器",
             "decoder": "解码器"}
 SUBLAYERS_ZH = {"self-attention": "自注意力", "cross-attention": "交叉注意力", "FFN": "前馈网络"}
@@ -371,6 +382,7 @@ NAMES_ZH = {
     "the entropy of each row (nats)": "每一行的熵（nat）", "the threshold": "阈值",
     "the tokens removed (1 = removed)": "被去掉的 token（1 = 去掉）", "the tokens kept": "保留的 token",
     "the filtered logits": "过滤后的 logits", "the largest probability of each row": "每一行的最大概率"}
+NAMES_ZH.update(PPO_ZH)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -633,7 +645,10 @@ def first_departure(steps: list[Step], views: list[View], filename: str, sizes: 
     step = _origin(steps, found) if ends else steps[found]
     departure = _wrong_operand(steps[:found], step, views, filename) or _departure(
         step, views, filename, sizes, pre, terms, forms)
-    return traced(departure, steps, filename, views)
+    # a helper's argument that departs as it is handed over (`masked_mean(torch.min(a, b), mask)`): the
+    # calling line made it, the helper never ran a line on it
+    handed = step.given and departure.called_from is not None
+    return traced(replace(departure, shared=handed), steps, filename, views)
 
 
 def _wrong_operand(before: list[Step], step: Step, views: list[View], filename: str) -> Departure | None:
@@ -692,7 +707,7 @@ def _shared(found: Departure, steps: list[Step], filename: str, views: list[View
     """A departure in a helper whose line gave the reference's value in another call (one norm class
     for q and for k): the helper is right, the line that calls it is quoted (`k = self.q_norm(k)`)."""
     right = {steps[i].line for i in _right_calls(steps, layouts(views, steps))}
-    return replace(found, shared=bool(found.called_from) and found.line in right)
+    return replace(found, shared=found.shared or bool(found.called_from) and found.line in right)
 
 
 @functools.lru_cache(maxsize=8)

@@ -106,7 +106,9 @@ def kind_of(fn: Any) -> str | None:
 # what a mask function computes: a triangle of positions (tril, triu, or positions compared), and
 # padding (a pad id it takes or reads)
 # positions against positions
-TRIANGLE_CODE = re.compile(r"\b(tril|triu)\b|arange\([^\n]*[<>]=?[^\n]*arange\(")
+TRIANGLE_CODE = re.compile(r"\b(tril|triu)\b|arange\([^\n]*[<>]=?[^\n]*arange\("
+                           # two position rows bound apart, then compared (Gemma 2's `causal = j <= i`)
+                           r"|arange\([\s\S]*arange\([\s\S]*\n\s*\w+\s*=\s*\w+\s*[<>]=?\s*\w+\s*(#.*)?\n")
 PAD_CODE = re.compile(r"(?i)pad(?!\s*\()")  # a pad id or padding, not a call padding an array (np.pad)
 
 

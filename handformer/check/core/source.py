@@ -225,6 +225,27 @@ def _norm_never_read(lines: list[tuple[int, str]]) -> tuple[int | None, str | No
     return None, None
 
 
+# a name bound to positions' embedding (`position_embeddings = self.position_embeddings(position_ids)`,
+# `pos_emb = self.wpe(pos)`), not the positions themselves (`pos = torch.arange(T)`)
+POSITION_BOUND = re.compile(r"(?i)\s*(\w*pos\w*)\s*=(?!=)(?![^#]*arange)[^#]*\(")
+# a line that reads an embedding by a plain name (`inputs_embeds + token_type_embeddings`, nanoGPT's
+# `self.transformer.drop(tok_emb)`), not one that looks one up (`self.token_type_embeddings(...)`)
+EMBEDDINGS_READ = r"(?i)[^=#]*=[^#]*(?<![.\w])\w*emb\w*\b(?!\s*\()"
+
+
+def _position_never_read(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+    """Where the positions' embedding, bound to a name no later line of its function reads
+    (`position_embeddings = ...`), should have been added: the next line of that function that reads
+    an embedding by name (`embeddings = inputs_embeds + token_type_embeddings`, nanoGPT's `x =
+    self.transformer.drop(tok_emb)`), else the binding line. None where every such name is read."""
+    for number, line in _code_lines(lines):
+        bound = POSITION_BOUND.match(line.split("#")[0])
+        if bound and _nearest(lines, number, rf".*\b{bound[1]}\b", 1)[0] is None:
+            reads, code = _nearest(lines, number, EMBEDDINGS_READ, 1)
+            return (reads, code.strip()) if reads is not None else (number, line.strip())
+    return None, None
+
+
 def base_not_handed(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
     """The first line that builds a rotary module or table into an attribute (`self.rotary_emb =
     RotaryEmbedding(self.head_dim, ...)`, `self.freqs_cis = precompute_freqs_cis(...)`) and hands it
@@ -351,7 +372,7 @@ LINE_FINDERS = {"shared_norm": _second_norm_call, "rope_wrong_base": base_not_ha
                 "no_output_projection": _projection_left_out, "cosine_min_lr_ignored": _cosine_without_floor,
                 "pe_wrong_frequency": _frequencies_and_their_factor, "pre_norm": _both_norm_lines,
                 "decoder_masks_swapped": _masks_passed_swapped,
-                "train_step_no_zero_grad": _zero_grad_commented_out}
+                "train_step_no_zero_grad": _zero_grad_commented_out, "pe_missing": _position_never_read}
 
 
 def first_pattern_matches(name: str, code: str, form: str = "") -> bool:

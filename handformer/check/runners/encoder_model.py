@@ -11,6 +11,7 @@ Shape legend: B batch, T tokens, D width.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -59,7 +60,29 @@ def check_encoder_model(comp: Component, ctx: Context) -> ComponentResult:
             if all(c.ok for c in res.checks):  # (a mask read inverted moves the pooled output too)
                 _pooled_padding(res, lambda tokens: fp.first_tensor(call(tokens), 2), ids,
                                 source_lines([getattr(comp.obj, "forward", comp.obj)]))
+        if all(c.ok for c in res.checks):  # a mask read inverted hides every token handed as real
+            with fp.dropout_off():
+                _order(res, ctx, comp, lambda tokens: run(tokens, torch.ones_like(keep)), ids)
     return finish(res)
+
+
+def _order(res: ComponentResult, ctx: Context, comp: Component, run: Any, ids: Tensor) -> None:
+    """pe_missing where swapping two tokens only swaps their outputs (the model sees a bag of tokens:
+    no position reaches it) while its code makes positions (a name with pos in it): built, never
+    added. A model that makes none is left alone (no reference says it must)."""
+    order = [2, 1, 0, *range(3, T)]  # tokens 0 and 2 swapped
+    mine, theirs = run(ids), run(ids[:, order])
+    moved = fp.quietly(lambda: fp.max_error(mine[:, order], theirs))  # None: no outputs to compare
+    lines = source_lines(ctx.objects(comp))
+    code = "".join(c.split("#")[0] for _, c in lines)
+    if moved is None or moved >= 1e-6 or not re.search(r"(?i)pos", code):
+        return
+    number, code = locate("pe_missing", lines)
+    res.findings.append(Finding("pe_missing", text(
+        "swapping tokens 0 and 2 only swaps their outputs: no position reaches the model (a bag of tokens), "
+        "though its code makes positions",
+        "交换位置 0 和位置 2 的 token，输出只是跟着交换：模型里没有任何位置信息（词袋），"
+        "可它的代码算了位置"), number, code))
 
 
 def _other_padding(ids: Tensor) -> Tensor:

@@ -688,11 +688,13 @@ class Caller:
         self.stepwise = False  # Umar Jamil's forward asserts one token at a time: driven so, once known
         self.unbatched = False
         self.extra: dict[str, Any] = {}  # more arguments for its forward (a padding mask)
+        self.padding = False  # Hugging Face's forward(input_ids, attention_mask): a (B, T) mask of ones
         self.unbatched = self._one_sequence()  # gpt-oss's forward(x): (T,) ids -> (T, V), no batch
         # PyTorch's nn.Transformer tutorial: (T, B) ids in, (T, B, V) logits out
         self.first = reads_sequence_first(ctx, lambda ids: self.module(ids), torch.randint(0, 9, (2, 7)))
         self.mask_name, self.mask_form = next(filter(is_mask_name, names), None), None
         self.mask_form = self.mask_name and self._causal_form()
+        self.padding = not self.mask_form and MASK_NAME in required and self._takes_padding()
 
     def _one_sequence(self) -> bool:
         """Whether forward refuses a batch of ids (B, T) but gives (T, V) logits for one sequence (T,)."""
@@ -719,6 +721,14 @@ class Caller:
                     and torch.equal(a[:, :3], b[:, :3]) and not torch.equal(a[:, 3:], b[:, 3:]):
                 return form
         return None
+
+    def _takes_padding(self) -> bool:
+        """Whether its forward, refusing to run without Hugging Face's attention_mask (1 = a real token),
+        runs on one of ones (B, T) for B = 2 and T = 7: a causal mask (T, T) handed so would not broadcast."""
+        self.padding = True
+        ids = torch.randint(0, 9, (2, 7), generator=torch.Generator().manual_seed(3))
+        out = fp.quietly(lambda: self(ids)[0])
+        return tuple(getattr(out, "shape", ())[:2]) == (2, 7)
 
     def __call__(self, idx: Tensor, targets: Tensor | None = None, start: int = 0,
                  ) -> tuple[Tensor | None, Tensor | None]:
@@ -767,6 +777,8 @@ class Caller:
         if self.mask_form:  # the causal mask its caller builds, in the form it takes
             dtype = next(self.module.parameters()).dtype
             kwargs[self.mask_name] = self.mask_form(torch.ones(idx.size(1), idx.size(1)).tril().bool(), dtype)
+        if self.padding:  # no padding (every token real), unless a padding mask is handed
+            kwargs.setdefault(MASK_NAME, torch.ones(idx.shape, dtype=torch.long))
         if self.first:
             return batch_first(self.ctx.learner.call("forward", self.module, idx.T, **kwargs)), None
         raw = self.ctx.learner.call("forward", self.module, idx, **kwargs)

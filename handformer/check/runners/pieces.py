@@ -39,7 +39,7 @@ from handformer.check.core.localize_kinds import (
 )
 from handformer.check.core.norm_inside import Around, norms_around, readings_around, take_out_leading_norm
 from handformer.check.core.probe import Found, Probe, Subject, localize_step, name_findings, run_probe
-from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
+from handformer.check.core.result import DEPARTS, DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.sizes import SIZES
 from handformer.check.core.source import first_line, locate, source_lines, source_text
 from handformer.check.core.weights import (
@@ -87,7 +87,10 @@ def _convention(mask: Tensor, forced: str | None, where_true: bool) -> str:
 CAUSAL_SIZES = (1, 5, 8)  # the lengths the mask is asked for
 # what a causal mask function's required arguments are handed, by their names (any other: the length);
 # Hugging Face's kin: make_causal_mask(bsz, tgt_len, dtype), OPT's make_causal_mask(attention_mask, dtype)
-MASK_ARGUMENTS = ((re.compile("dtype"), lambda T: torch.float32), (re.compile("device"), lambda T: "cpu"),
+# a window (Gemma 2's make_masks(q_len, sliding_window, dtype, device)): the length itself, so that every
+# mask it makes is the causal one; the windows are compared apart (_windows_compared)
+MASK_ARGUMENTS = ((re.compile("window"), lambda T: T),
+                  (re.compile("dtype"), lambda T: torch.float32), (re.compile("device"), lambda T: "cpu"),
                   (re.compile(r"bsz|batch|^bs?$"), lambda T: 1),  # a batch of one
                   (re.compile(r"mask|ids|^(x|inputs?|tokens|idx|seq|tgt|trg|target)$"),
                    lambda T: torch.ones(1, T, dtype=torch.long)))  # (1, T): every token real
@@ -143,12 +146,51 @@ SHAPED_NOTE = text("it reads the length from a tensor's size (fairseq's buffered
 def _causal_raw(ctx: Context, comp: Component, T: int, shaped: bool) -> Tensor:
     """The learner's mask for length T as (T, T); a failure when it is not T * T entries."""
     raw = ctx.learner.call("forward", comp.obj, *mask_arguments(comp.obj, T, shaped))
-    if isinstance(raw, Tensor) and raw.numel() == T * T:
-        return raw.reshape(T, T)  # (T, T) or (1, T, T) -> (T, T)
+    masks = _masks(raw, T)  # the first, where it returns several (Gemma 2's global and windowed ones)
+    if masks:
+        return masks[0].reshape(T, T)  # (T, T) or (1, T, T) -> (T, T)
     got = tuple(raw.shape) if isinstance(raw, Tensor) else type(raw).__name__
     raise ctx.learner.fail("forward", f"{comp.name}({T}) returned {got}, expected a ({T}, {T}) mask "
                            f"(or (1, {T}, {T}))",
                            f"{comp.name}({T}) 返回了 {got}，应当是 ({T}, {T}) 的掩码（或 (1, {T}, {T})）")
+
+
+WINDOW, WINDOW_T = 3, 8
+
+
+def _windows_compared(res: ComponentResult, ctx: Context, comp: Component, subject: Subject,
+                      found: Found) -> None:
+    """The step for a mask function that takes a window: handed WINDOW at length WINDOW_T, each mask
+    it returns is the causal one or a window, query t seeing its last WINDOW keys (Gemma 2's
+    `i - j < sliding_window`) or WINDOW + 1 (Hugging Face Mistral's), and one of them is windowed."""
+    plain = mask_arguments(comp.obj, WINDOW_T, subject.facts["shaped"])
+    params = forward_parameters(comp.obj)
+    windowed = [WINDOW if "window" in p.name.lower() else a for p, a in zip(params, plain)]
+    if windowed == plain or found.named:
+        return
+    raw = ctx.learner.call("forward", comp.obj, *windowed)
+    read = READ_KEEP[subject.facts["convention"]]
+    masks = [read(t.reshape(WINDOW_T, WINDOW_T)).bool() for t in _masks(raw, WINDOW_T)]
+    seen = [int(m[-1].sum()) for m in masks]  # the keys the last query sees: T for the causal mask
+    causal, least = V.causal_keep(WINDOW_T), min(seen, default=0)
+    ok = all(torch.equal(m, causal & ~causal.tril(-w)) for m, w in zip(masks, seen)) and least in WINDOWS
+    res.checks.append(Check(text(
+        f"handed the window {WINDOW} at T = {WINDOW_T}: each mask is the causal one or a window (query t "
+        "sees its last keys), and one is windowed",
+        f"传入窗口 {WINDOW}、T = {WINDOW_T} 时：每个掩码要么是因果掩码，要么是滑动窗口（位置 t 只看最近的"
+        "几个键），并且有一个是窗口掩码"), ok,
+        text(f"the last query of each mask sees {seen} keys", f"各掩码最后一个查询看到的键数为 {seen}")))
+    res.notes += [text(f"its window of {WINDOW} lets each query see {least} keys",
+                       f"它的窗口 {WINDOW} 让每个查询看到 {least} 个键")] * ok
+
+
+WINDOWS = (WINDOW, WINDOW + 1)  # the keys a query sees in a window of WINDOW, as either convention counts
+
+
+def _masks(raw: Any, T: int) -> list[Tensor]:
+    """The (T, T) masks (or (1, T, T), ...) among what a mask function returns: it, or each of a tuple."""
+    items = raw if isinstance(raw, (tuple, list)) else [raw]
+    return [t for t in items if isinstance(t, Tensor) and t.numel() == T * T]
 
 
 def _causal_reference(w: None, sizes: tuple[int, ...], flags: frozenset[str]) -> Tensor:
@@ -184,7 +226,7 @@ CAUSAL_MASK = Probe(
     shape=lambda ctx, comp, s, x, out: None,  # each mask's size is checked as it is read
     reference=_causal_reference,
     universe=lambda s: CAUSAL_FLAGS,
-    steps=(_causal_compared, localize_step(
+    steps=(_causal_compared, _windows_compared, localize_step(
         lambda s, found: localize_causal_mask(s.module, mask_arguments(s.module, 5, s.facts["shaped"]), 5))),
     depth=1, deterministic=False,
 )
@@ -657,11 +699,13 @@ def _norm_as_built(res: ComponentResult, ctx: Context, comp: Component, subject:
     most, gain = fp.max_error(a, a * 0), zero.replace("|", ", ")
     en, zh = (f"; line {number} multiplies by it: {code}", f"；第 {number} 行乘以它：{code}") if number else (
         "", "")
-    res.checks.append(Check(AS_BUILT, False, text(
+    said = text(
         f"built as {comp.name}(...) is, it gives the same output ({most:.3g} at most) for any input: its "
         f"gain ({gain}) starts at zero{en} (a gain kept as an offset from one is applied as 1 + weight)",
         f"按 {comp.name}(...) 刚构建的样子，任何输入的输出都相同（最大 {most:.3g}）：增益（{gain}）初始为 0"
-        f"{zh}（按相对 1 的偏移存放的增益应当以 1 + weight 使用）")))
+        f"{zh}（按相对 1 的偏移存放的增益应当以 1 + weight 使用）")
+    res.checks.append(Check(AS_BUILT, False, said))
+    res.findings += [Finding(DEPARTS, said, number, code)] * bool(number)
 
 
 # what the report says of the eps of a norm that keeps none: read from what it computes, or the default
