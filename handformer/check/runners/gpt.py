@@ -22,7 +22,7 @@ import math
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
+from handformer.check.core.block_order import call_order, order_note
 from handformer.check.core.context import (
     DRIVER_NOTE,
     SEQUENCE_FIRST,
@@ -165,6 +166,7 @@ class GPTMap:
     embed_factor: float | None = None  # token embeddings times a configured number (Granite's)
     logit_factor: float | None = None  # logits times a configured number (Cohere's logit_scale, 1 / Granite's
     # logits_scaling)
+    order: tuple[int, ...] | None = None  # the blocks in the order the model calls them, where it reuses one
 
     def describe(self) -> list[str]:
         rows = [f"{self.wte.name} -> token embedding"]
@@ -468,6 +470,7 @@ def _family(m: GPTMap, ch: Choices) -> FamilyConfig:
 
 
 def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
+    m = _in_call_order(m)
     first, act = learner_norm(m.blocks[0].norms[0]), HF_NAME[(is_gated(m.blocks[0].ffn), ch.activation)]
     cfg = CausalLMConfig.gpt2_style(
         vocab_size=VOCAB, d_model=D, n_heads=H, d_ff=m.blocks[0].ffn[0].weight().size(0),
@@ -503,6 +506,15 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     as_parallel_(list(hf.layers) * (ch.placement == "parallel"),  # GPT-J's, GPT-NeoX's, Falcon's, Phi's
                  [len({id(s.leaf) for s in block.norms}) == 1 for block in m.blocks])  # one norm: shared
     return _with_embed_norm(hf, m)
+
+
+def _in_call_order(m: GPTMap) -> GPTMap:
+    """The map with its blocks as the learner's model calls them (block_order.py), one reference layer
+    for each call; as it is where each block is called once."""
+    if m.order is None:
+        return m
+    windows = tuple(m.windows[i] for i in m.order) if m.windows else m.windows
+    return replace(m, blocks=[m.blocks[i] for i in m.order], windows=windows)
 
 
 @torch.no_grad()
@@ -973,6 +985,7 @@ def _read_conventions(call: Caller, m: GPTMap, idx: Tensor) -> None:
     m.softcap = _softcap(call, m, idx)
     m.attn_softcap = attention_cap(call.module)
     m.embed_factor, m.logit_factor = _configured_factors(call, m, idx)
+    m.order = call_order([call.module.get_submodule(b.name) for b in m.blocks], lambda: call(idx))
 
 
 def _unmapped(res: ComponentResult, module: nn.Module, call: Caller, idx: Tensor,
@@ -1129,6 +1142,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
     forms = layer_forms(call.module.get_submodule(m.blocks[0].name), m.blocks[0].attn[0])
     placements = BY_NORMS.get(len(m.blocks[0].norms), PLACEMENTS)
     _windows_measured(res, call, m)
+    res.notes += [order_note(m.order)] if m.order else []
     settings = [Choices(p, a, r, f) for f in forms for r in m.ropes for p in placements
                 for a in FFN_ACTIVATIONS[gated]]
     found = _search(m, out, idx, settings, last_only)
