@@ -19,9 +19,13 @@ from handformer.check.core.result import Text, text
 
 def call_order(blocks: Sequence[nn.Module], run: Callable[[], Any]) -> tuple[int, ...] | None:
     """The indices of `blocks` in the order `run` calls them, where every block is called and some
-    block more than once; None otherwise (one call each, in any order: compared as built)."""
+    block more than once; None otherwise (one call each, in any order: compared as built), and where
+    one module stands at two places of the list (ALBERT's [block] * n: its places are the calls)."""
+    if len({id(block) for block in blocks}) < len(blocks):
+        return None
     called: list[int] = []
-    hooks = [block.register_forward_pre_hook(lambda *_, i=i: called.append(i)) for i, block in enumerate(blocks)]
+    hooks = [block.register_forward_pre_hook(lambda *_, i=i: called.append(i))
+             for i, block in enumerate(blocks)]
     try:
         run()
     finally:
