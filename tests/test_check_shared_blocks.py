@@ -8,7 +8,9 @@ a plant in each that must still fail:
   sequence of its blocks (block_order.py); a loop that leaves a block out still fails;
 - an encoder layer whose bool padding mask is True = hidden, filled by the functional
   torch.masked_fill(scores, mask, value), read as torch.nn's convention; the same file written with
-  torch.where(mask, scores, min), True = keep, read the other way.
+  torch.where(mask, scores, min), True = keep, read the other way;
+- a block whose fused projection its comment states as [q | v | k] (CodeGen's shards are so): its rows
+  read in that order; split as q, k, v there, kv_swapped.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 PALM = FIXTURES / "learners_palm_mqa" / "correct.py"
 LOOPED = FIXTURES / "learners_looped_gpt" / "correct.py"
 HIDE = FIXTURES / "learners_hide_mask" / "correct.py"
+VALUE_FIRST = FIXTURES / "learners_value_first" / "correct.py"
 FILL = "            scores = torch.masked_fill(scores, pad_mask, torch.finfo(scores.dtype).min)\n"
 
 
@@ -108,3 +111,24 @@ def test_a_bool_padding_mask_read_as_the_code_fills_it(name, request):
 def test_a_plant_beside_a_mask_that_hides_where_true_fails(hide_wrong_axis):
     assert statuses(hide_wrong_axis)["SelfAttention"] == "fail", format_report(hide_wrong_axis)
     assert "softmax_wrong_dim" in [f.name for f in component(hide_wrong_axis, "SelfAttention").findings]
+
+
+@pytest.fixture(scope="module")
+def value_first():
+    return check_file(str(VALUE_FIRST))
+
+
+@pytest.fixture(scope="module")
+def value_first_swapped(tmp_path_factory):
+    return check_file(edited_copy(tmp_path_factory.mktemp("swapped"), VALUE_FIRST, [(
+        "q, v, k = self.qvk(x).chunk(3, dim=-1)", "q, k, v = self.qvk(x).chunk(3, dim=-1)")]))
+
+
+def test_a_fused_projection_stated_as_q_v_k_is_read_so(value_first):
+    assert set(statuses(value_first).values()) == {"pass"}, format_report(value_first)
+    assert "qvk[v of [q | v | k]] -> W_V" in component(value_first, "FusedCausalAttention").mapping
+
+
+def test_split_against_its_stated_order_is_kv_swapped_at_the_split(value_first_swapped):
+    found = [(f.name, f.code) for f in component(value_first_swapped, "FusedCausalAttention").findings]
+    assert found == [("kv_swapped", "q, k, v = self.qvk(x).chunk(3, dim=-1)")], format_report(value_first_swapped)
