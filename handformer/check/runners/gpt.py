@@ -43,7 +43,6 @@ from handformer.check.core.context import (
     drives_only,
     error_text,
     finish,
-    forward_names,
     forward_parameters,
     is_mask_name,
     logits_shape,
@@ -195,13 +194,6 @@ NO_BLOCKS = {
 }
 
 
-# why a model whose blocks take ALiBi's term (BLOOM's block(x, alibi, mask)) is not compared
-NO_ALIBI = ("its blocks are handed ALiBi's term (BLOOM's block(x, alibi, mask)): the model is not compared "
-            "with handformer's; its attention, MLP and blocks are checked alone",
-            "它的 Block 以参数接收 ALiBi 项（BLOOM 的 `block(x, alibi, mask)`）："
-            "整个模型不和 handformer 的比较；它的注意力、MLP 和 Block 单独检查")
-
-
 def _mapped_blocks(layers: list[tuple[str, nn.Module]], kv: int | None) -> list[LayerMap]:
     return [map_layer(path, child, SIZES["d_ff"], kv) for path, child in layers]
 
@@ -230,6 +222,7 @@ def map_gpt(module: nn.Module) -> GPTMap:
     wpe = next((e for e in embeds if e is not wte and e.weight.shape[0] != VOCAB and e.weight.shape[1] == D),
                None)
     norms = of_kind(outer, "norm")
+    embed_norm, norms = _embedding_norm(module, norms, layers)
     head, tied, bias = output_head(outer, VOCAB, wte, norms[1:], (
         "parameters outside the blocks that a GPT does not have", "Block 之外有 GPT 没有的参数"))
     n_kv = n_kv or kv_heads_of(blocks[0].attn[0], H)  # a fused multi-query projection: its shape says
@@ -238,7 +231,7 @@ def map_gpt(module: nn.Module) -> GPTMap:
     mapped = {id(s.leaf.weight) for b in blocks for s in b.attn[0]}  # (gpt-oss's sinks: mapped)
     m.held = [e for e in embeds if e not in (wte, wpe)] + [
         x for x in of_kind(leaves(module), "scalar") if id(x.weight) not in mapped]
-    m.embed_norm = _embed_norm(module, blocks)
+    m.embed_norm = embed_norm or _embed_norm(module, blocks)
     # OPT's (fairseq's) learned positions: a table of max_len + 2 rows, position p at row p + 2
     m.offset = OPT_OFFSET if wpe is not None and wpe.weight.size(0) == BLOCK + OPT_OFFSET else 0
     if wpe is None:
@@ -248,11 +241,9 @@ def map_gpt(module: nn.Module) -> GPTMap:
 
 
 def _comparable(layers: list[tuple[str, nn.Module]], blocks: list[LayerMap]) -> None:
-    """MappingError where handformer's CausalLM cannot be the reference: ALiBi inside the blocks, or the
-    blocks' feed-forward networks not read alike (nanoMoE's mixture of experts in every other block, a
-    dense FFN in the rest): handformer's CausalLM has one in every block."""
-    if any("alibi" in forward_names(child) for _, child in layers):
-        raise MappingError(NO_ALIBI[0], zh=NO_ALIBI[1])
+    """MappingError where handformer's CausalLM cannot be the reference: the blocks' feed-forward
+    networks not read alike (nanoMoE's mixture of experts in every other block, a dense FFN in the
+    rest): handformer's CausalLM has one in every block."""
     if len({tuple((s.role, tuple(s.weight().shape)) for s in block.ffn) for block in blocks}) > 1:
         raise MappingError("its blocks' feed-forward networks are not all built alike (a mixture of experts "
                            "in some blocks, one network in others?); handformer's CausalLM has the same "
@@ -272,6 +263,18 @@ def _rotary_(m: GPTMap, module: nn.Module) -> None:
 
 
 EMBED_NORM = re.compile(r"(?<![\w.])(?:F\.)?(\w+)\(\s*self\.[\w.\[\]\"']*(wte|emb|tok)")
+
+
+def _embedding_norm(module: nn.Module, norms: list[Leaf], layers: list[tuple[str, nn.Module]],
+                    ) -> tuple[Leaf | None, list[Leaf]]:
+    """BLOOM's word_embeddings_layernorm: of two norms outside the blocks, one defined before them and
+    one after, the first norms the embeddings (the other is the final norm); (None, norms) otherwise."""
+    paths = [name for name, _ in module.named_modules()]
+    first = paths.index(layers[0][0])
+    before = [n for n in norms if paths.index(n.name.removesuffix(".(self)")) < first]
+    if len(norms) != 2 or len(before) != 1:
+        return None, norms
+    return before[0], [n for n in norms if n is not before[0]]
 
 
 def _embed_norm(module: nn.Module, blocks: list[LayerMap]) -> Leaf | None:
