@@ -13,26 +13,25 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from handformer.check.core.result import Text, text
 
 
-def call_order(blocks: Sequence[nn.Module], run: Callable[[], Any]) -> tuple[int, ...] | None:
+def call_order(blocks: Sequence[nn.Module], run: Callable[[], Any]) -> tuple[int, ...]:
     """The indices of `blocks` in the order `run` calls them, where every block is called and some
-    block more than once; None otherwise (one call each, in any order: compared as built), and where
+    block more than once; () otherwise (one call each, in any order: compared as built), and where
     one module stands at two places of the list (ALBERT's [block] * n: its places are the calls)."""
-    if len({id(block) for block in blocks}) < len(blocks):
-        return None
     called: list[int] = []
     hooks = [block.register_forward_pre_hook(lambda *_, i=i: called.append(i))
              for i, block in enumerate(blocks)]
     try:
         run()
     finally:
-        for hook in hooks:
-            hook.remove()
-    if set(called) != set(range(len(blocks))) or len(called) == len(blocks):
-        return None
+        [*map(RemovableHandle.remove, hooks)]
+    if len(set(map(id, blocks))) < len(blocks) or set(called) != set(range(len(blocks))) \
+            or len(called) == len(blocks):
+        return ()
     return tuple(called)
 
 

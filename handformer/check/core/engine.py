@@ -255,8 +255,7 @@ def _grouped_or_not(comp: Component, ctx: Context) -> ComponentResult:
         except fp.LearnerFailure:
             ctx.own_kv = None
             raise failure from None
-    if ctx.own_kv and ctx.grouped_asked:
-        result.notes.append(KV_NOTES[ctx.own_kv])
+    result.notes += [KV_NOTES.get(ctx.own_kv)] * (bool(ctx.own_kv) & ctx.grouped_asked)
     return result
 
 

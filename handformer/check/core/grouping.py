@@ -61,6 +61,4 @@ def _kv_default(defaults: dict[str, Any]) -> str | None:
     for any other number; None where not named."""
     kv = [defaults[n] for n in ARGUMENTS["n_kv_heads"] if n in defaults]
     heads = [defaults[n] for n in ARGUMENTS["n_heads"] if n in defaults]
-    if not kv:
-        return None
-    return "ungrouped" if kv[:1] == heads[:1] else "one" if kv[0] == 1 else "other"
+    return {1: "one", **dict.fromkeys(heads[:1], "ungrouped")}.get(kv[0], "other") if kv else None

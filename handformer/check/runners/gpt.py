@@ -165,7 +165,7 @@ class GPTMap:
     embed_factor: float | None = None  # token embeddings times a configured number (Granite's)
     logit_factor: float | None = None  # logits times a configured number (Cohere's logit_scale, 1 / Granite's
     # logits_scaling)
-    order: tuple[int, ...] | None = None  # the blocks in the order the model calls them, where it reuses one
+    order: tuple[int, ...] = ()  # the blocks in the order the model calls them, where it reuses one
 
     def describe(self) -> list[str]:
         rows = [f"{self.wte.name} -> token embedding"]
@@ -267,14 +267,14 @@ EMBED_NORM = re.compile(r"(?<![\w.])(?:F\.)?(\w+)\(\s*self\.[\w.\[\]\"']*(wte|em
 
 def _embedding_norm(module: nn.Module, norms: list[Leaf], layers: list[tuple[str, nn.Module]],
                     ) -> tuple[Leaf | None, list[Leaf]]:
-    """BLOOM's word_embeddings_layernorm: of two norms outside the blocks, one defined before them and
-    one after, the first norms the embeddings (the other is the final norm); (None, norms) otherwise."""
-    paths = [name for name, _ in module.named_modules()]
-    first = paths.index(layers[0][0])
-    before = [n for n in norms if paths.index(n.name.removesuffix(".(self)")) < first]
-    if len(norms) != 2 or len(before) != 1:
+    """BLOOM's word_embeddings_layernorm: of two norms outside the blocks (in definition order), one
+    defined before them and one after, the first norms the embeddings (the other is the final norm);
+    (None, norms) otherwise."""
+    paths = list(dict(module.named_modules()))
+    at = [paths.index(n.name.removesuffix(".(self)")) for n in norms]
+    if len(norms) != 2 or not at[0] < paths.index(layers[0][0]) < at[1]:
         return None, norms
-    return before[0], [n for n in norms if n is not before[0]]
+    return norms[0], norms[1:]
 
 
 def _embed_norm(module: nn.Module, blocks: list[LayerMap]) -> Leaf | None:
@@ -514,10 +514,10 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
 def _in_call_order(m: GPTMap) -> GPTMap:
     """The map with its blocks as the learner's model calls them (block_order.py), one reference layer
     for each call; as it is where each block is called once."""
-    if m.order is None:
+    if not m.order:
         return m
-    windows = tuple(m.windows[i] for i in m.order) if m.windows else m.windows
-    return replace(m, blocks=[m.blocks[i] for i in m.order], windows=windows)
+    windows = tuple(map(dict(enumerate(m.windows)).get, m.order))  # (none measured: every key seen)
+    return replace(m, blocks=[*map(m.blocks.__getitem__, m.order)], windows=windows)
 
 
 @torch.no_grad()
@@ -1145,7 +1145,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
     forms = layer_forms(call.module.get_submodule(m.blocks[0].name), m.blocks[0].attn[0])
     placements = BY_NORMS.get(len(m.blocks[0].norms), PLACEMENTS)
     _windows_measured(res, call, m)
-    res.notes += [order_note(m.order)] if m.order else []
+    res.notes += [order_note(m.order)] * bool(m.order)
     settings = [Choices(p, a, r, f) for f in forms for r in m.ropes for p in placements
                 for a in FFN_ACTIVATIONS[gated]]
     found = _search(m, out, idx, settings, last_only)
