@@ -988,7 +988,10 @@ def _read_conventions(call: Caller, m: GPTMap, idx: Tensor) -> None:
     m.softcap = _softcap(call, m, idx)
     m.attn_softcap = attention_cap(call.module)
     m.embed_factor, m.logit_factor = _configured_factors(call, m, idx)
-    m.order = call_order([call.module.get_submodule(b.name) for b in m.blocks], lambda: call(idx))
+    # one call of the model on one token (a model driven a token at a time, or a row at a time, calls
+    # its blocks again for each)
+    blocks = [call.module.get_submodule(b.name) for b in m.blocks]
+    m.order = call_order(blocks, lambda: call._once(idx[:1, :1], None, 0))
 
 
 def _unmapped(res: ComponentResult, module: nn.Module, call: Caller, idx: Tensor,
