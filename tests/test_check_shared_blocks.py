@@ -48,7 +48,8 @@ def palm():
 @pytest.fixture(scope="module")
 def palm_unscaled(tmp_path_factory):
     return check_file(edited_copy(tmp_path_factory.mktemp("unscaled"), PALM, [(
-        "scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)", "scores = q @ k.transpose(-2, -1)")]))
+        "scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)", "scores = q @ k.transpose(-2, -1)")]),
+        only=["causal_attention"])
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ def looped():
 def looped_short(tmp_path_factory):
     """The loop leaves the last block out."""
     return check_file(edited_copy(tmp_path_factory.mktemp("short"), LOOPED, [(
-        "            for block in self.h:", "            for block in self.h[:-1]:")]))
+        "            for block in self.h:", "            for block in self.h[:-1]:")]), only=["gpt"])
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,7 @@ def keep(tmp_path_factory):
 @pytest.fixture(scope="module")
 def hide_wrong_axis(tmp_path_factory):
     return check_file(edited_copy(tmp_path_factory.mktemp("axis"), HIDE, [(
-        "weights = scores.softmax(dim=-1)", "weights = scores.softmax(dim=-2)")]))
+        "weights = scores.softmax(dim=-1)", "weights = scores.softmax(dim=-2)")]), only=["mha"])
 
 
 def test_multi_query_attention_split_for_one_key_head_passes_noted(palm):
@@ -88,7 +89,6 @@ def test_multi_query_attention_split_for_one_key_head_passes_noted(palm):
 def test_multi_query_attention_without_its_scale_fails_at_its_line(palm_unscaled):
     found = [(f.name, f.code) for f in component(palm_unscaled, "MultiQueryAttention").findings]
     assert ("no_scaling", "scores = q @ k.transpose(-2, -1)  # (B, H, T, T)") in found, format_report(palm_unscaled)
-    assert statuses(palm_unscaled)["PaLM"] == "fail"
 
 
 def test_a_model_that_loops_over_its_blocks_passes_noted(looped):
@@ -121,7 +121,8 @@ def value_first():
 @pytest.fixture(scope="module")
 def value_first_swapped(tmp_path_factory):
     return check_file(edited_copy(tmp_path_factory.mktemp("swapped"), VALUE_FIRST, [(
-        "q, v, k = self.qvk(x).chunk(3, dim=-1)", "q, k, v = self.qvk(x).chunk(3, dim=-1)")]))
+        "q, v, k = self.qvk(x).chunk(3, dim=-1)", "q, k, v = self.qvk(x).chunk(3, dim=-1)")]),
+        only=["causal_attention"])
 
 
 def test_a_fused_projection_stated_as_q_v_k_is_read_so(value_first):
