@@ -270,9 +270,9 @@ def _embedding_norm(module: nn.Module, norms: list[Leaf], layers: list[tuple[str
     """BLOOM's word_embeddings_layernorm: of two norms outside the blocks (in definition order), one
     defined before them and one after, the first norms the embeddings (the other is the final norm);
     (None, norms) otherwise."""
-    paths = list(dict(module.named_modules()))
-    at = [paths.index(n.name.removesuffix(".(self)")) for n in norms]
-    if len(norms) != 2 or not at[0] < paths.index(layers[0][0]) < at[1]:
+    place = {id(sub): i for i, sub in enumerate(module.modules())}  # (NaN: a norm none of its modules)
+    at = [place.get(id(n.module), math.nan) for n in norms]
+    if len(norms) != 2 or not at[0] < place[id(layers[0][1])] < at[1]:
         return None, norms
     return norms[0], norms[1:]
 
