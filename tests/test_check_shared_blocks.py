@@ -65,6 +65,14 @@ def looped_short(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def looped_gainless(tmp_path_factory):
+    """A final norm without gains: its leaf names no module path."""
+    return check_file(edited_copy(tmp_path_factory.mktemp("gainless"), LOOPED, [(
+        "self.ln_f = nn.LayerNorm(n_embd)", "self.ln_f = nn.LayerNorm(n_embd, elementwise_affine=False)")]),
+        only=["gpt"])
+
+
+@pytest.fixture(scope="module")
 def hide():
     return check_file(str(HIDE))
 
@@ -94,6 +102,10 @@ def test_multi_query_attention_without_its_scale_fails_at_its_line(palm_unscaled
 def test_a_model_that_loops_over_its_blocks_passes_noted(looped):
     assert set(statuses(looped).values()) == {"pass"}, format_report(looped)
     assert any("in the order 0, 1, 0, 1, 0, 1" in n["en"] for n in component(looped, "LoopedGPT").notes)
+
+
+def test_a_looped_model_with_a_gainless_final_norm_passes(looped_gainless):
+    assert statuses(looped_gainless) == {"LoopedGPT": "pass"}, format_report(looped_gainless)
 
 
 def test_a_loop_that_leaves_a_block_out_fails(looped_short):
