@@ -107,8 +107,9 @@ class Context:
     hyperparameter_note: Text | None = None  # the learner's module-level sizes set for this component
     skipped: list[str] = field(default_factory=list)  # top-level statements of their file not run
     # their attention raises with fewer key/value heads than heads, and their config gives as many
-    # (grouping.py): built with as many from then on; grouped_asked: the component's check asked for fewer
-    ungrouped: bool = False
+    # ("ungrouped") or one ("one", multi-query) (grouping.py): built so from then on; grouped_asked: the
+    # component's check asked for fewer
+    own_kv: str | None = None
     grouped_asked: bool = False
 
     def __post_init__(self) -> None:
@@ -175,9 +176,10 @@ class Context:
 
     def kv_heads(self, n_kv_heads: int, n_heads: int = H) -> int:
         """The key/value heads to build with: `n_kv_heads`, or as many as heads where the file's
-        attention takes no fewer (`ungrouped`); a check that asks for fewer is remembered."""
+        attention takes no fewer (`own_kv` "ungrouped"), one where it takes one alone ("one"); a check
+        that asks for fewer is remembered."""
         self.grouped_asked |= n_kv_heads < n_heads
-        return max(n_kv_heads, n_heads * self.ungrouped)  # ungrouped: as many as heads
+        return {"ungrouped": max(n_kv_heads, n_heads), "one": 1}.get(self.own_kv, n_kv_heads)
 
     @torch.no_grad()
     def materialize(self, comp: Component, module: nn.Module, warmup: Callable[[nn.Module], Any] | None,

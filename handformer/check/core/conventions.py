@@ -193,9 +193,14 @@ def masks_where_true(source: str, name: str | None) -> bool:
     if not name:
         return False
     m = re.escape(name)
-    direct = re.search(rf"masked_fill_?\(\s*{m}({RESHAPED})*\s*,", source)
+    direct = re.search(rf"masked_fill_?\(\s*{m}({RESHAPED})*\s*,|{FUNCTIONAL_FILL}{m}({RESHAPED})*\s*,"
+                       rf"|torch\.where\(\s*{m}({RESHAPED})*\s*,\s*{LARGE_NEGATIVE}", source)
     inverted = re.search(rf"{m}\s*==\s*0|~\s*{m}|logical_not\(\s*{m}", _given_only(source, m))
     return bool(direct or scaled_by_large_negative(source, m)) and not inverted
+
+
+# torch.masked_fill(scores, mask, value): the mask the second argument (BLOOM's)
+FUNCTIONAL_FILL = r"torch\.masked_fill\(\s*(?:[^,()]|\([^()]*\))+,\s*"
 
 
 def _given_only(source: str, m: str) -> str:

@@ -32,7 +32,7 @@ from handformer.check.core.discovery import (
     defined_names,
     find_components,
 )
-from handformer.check.core.grouping import UNGROUPED_NOTE, ungrouped_by_default
+from handformer.check.core.grouping import MULTI_QUERY_NOTE, UNGROUPED_NOTE, kv_heads_by_default
 from handformer.check.core.kinds import KINDS_BY_NAME
 from handformer.check.core.localize import commented_out
 from handformer.check.core.own_width import other_width
@@ -240,22 +240,26 @@ def _run_checked(comp: Component, ctx: Context) -> ComponentResult:
 
 def _grouped_or_not(comp: Component, ctx: Context) -> ComponentResult:
     """The kind's runner; where their code raises built with fewer key/value heads than heads and their
-    file's configuration gives as many (grouping.py), run again with as many, the file's attention
-    taken so from then on, noted; their first exception where it raises again."""
+    file's configuration gives as many, or one (grouping.py), run again so, the file's attention taken
+    so from then on, noted; their first exception where it raises again."""
     ctx.grouped_asked = False
     try:
         result = runner_for(comp.kind)(comp, ctx)
     except fp.LearnerFailure as failure:
-        if ctx.ungrouped or not ctx.grouped_asked or not ungrouped_by_default(ctx.module):
+        own = kv_heads_by_default(ctx.module)
+        if ctx.own_kv or not ctx.grouped_asked or own not in KV_NOTES:
             raise
-        ctx.ungrouped = True
+        ctx.own_kv = own
         try:
             result = runner_for(comp.kind)(comp, ctx)
         except fp.LearnerFailure:
-            ctx.ungrouped = False
+            ctx.own_kv = None
             raise failure from None
-    result.notes += [UNGROUPED_NOTE] * (ctx.ungrouped & ctx.grouped_asked)
+    result.notes += [KV_NOTES.get(ctx.own_kv)] * (bool(ctx.own_kv) & ctx.grouped_asked)
     return result
+
+
+KV_NOTES = {"ungrouped": UNGROUPED_NOTE, "one": MULTI_QUERY_NOTE}  # the file's own key/value heads, noted
 
 
 # how a component that no name found was found: what the report says ({} is the kind)

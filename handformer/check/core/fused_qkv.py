@@ -12,6 +12,7 @@ Shape legend: D d_model, Dh head width.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 
 import torch
@@ -19,6 +20,7 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.qkv_layouts import FOUND, LAYOUTS, kv_width
+from handformer.check.core.source import source_text
 from handformer.check.core.weights import Leaf, fused_among, leaves, of_kind
 
 
@@ -35,7 +37,20 @@ def find_layouts_(module: nn.Module, one_token: Callable[[], Tensor | None], D: 
     before = _quiet(one_token)
     kept = [name for name in LAYOUTS if _unmoved(fused, name, D, head_dim, one_token, before)]
     found = "grouped" if kept == ["grouped"] else "blocks"
-    FOUND.update(dict.fromkeys([leaf.module for leaf in fused], found))
+    FOUND.update(dict.fromkeys([leaf.module for leaf in fused], found + "_vk" * states_value_first(module)))
+
+
+# a comment that states a fused projection's parts as query, value, key: "[q | v | k]", "q, v, k"
+VALUE_FIRST = re.compile(r"#[^\n]*\b(?:q|query)\s*[|,/]\s*(?:v|value)\s*[|,/]\s*(?:k|key)\b", re.I)
+
+
+def states_value_first(module: nn.Module) -> bool:
+    """Whether a class of the learner's in `module` states its fused projection's order as query, value,
+    key in a comment (CodeGen's shards, each holding [q | v | k]): its rows are then read so, and split
+    as [q | k | v] they are kv_swapped. Nothing else tells the two apart: either order computes an
+    attention of random weights."""
+    own = {type(sub) for sub in module.modules() if type(sub).__module__.startswith("learner_")}
+    return any(VALUE_FIRST.search(source_text(cls)) for cls in own)
 
 
 def _quiet(one_token: Callable[[], Tensor | None]) -> Tensor | None:

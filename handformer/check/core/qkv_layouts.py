@@ -5,7 +5,9 @@
     grouped  per key/value head g: [its query heads | k_g | v_g] (GPT-NeoX's per-head [q_h | k_h | v_h]
              when every head has its own key and value; Falcon's new architecture with groups)
 
-and the layout found for each fused layer (check/core/fused_qkv.py finds it).
+and the layout found for each fused layer (check/core/fused_qkv.py finds it); either with its key and
+value parts the other way round ("blocks_vk", "grouped_vk") where the file states that order for it
+(CodeGen's shards, each holding [q | v | k]).
 
 Shape legend: D d_model, Dh head width, kv = n_kv_heads * Dh, R = D + 2 * kv the fused rows.
 """
@@ -33,7 +35,16 @@ def grouped(D: int, kv: int, head_dim: int) -> Rows:
     return rows[:, :n_rep].reshape(-1), rows[:, n_rep].reshape(-1), rows[:, n_rep + 1].reshape(-1)
 
 
+def _value_first(layout: Callable[[int, int, int], Rows]) -> Callable[[int, int, int], Rows]:
+    """The layout with its key and value parts the other way round: [q | v | k]."""
+    def rows(D: int, kv: int, head_dim: int) -> Rows:
+        q, first, second = layout(D, kv, head_dim)
+        return q, second, first
+    return rows
+
+
 LAYOUTS: dict[str, Callable[[int, int, int], Rows]] = {"blocks": _blocks, "grouped": grouped}
+STATED = {"blocks_vk": _value_first(_blocks), "grouped_vk": _value_first(grouped)}  # as the file says
 FOUND: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()  # fused layer -> layout
 
 

@@ -25,7 +25,7 @@ from torch.nn.utils import parametrize
 
 from handformer.check.core import sizes
 from handformer.check.core.fingerprint import quietly
-from handformer.check.core.qkv_layouts import FOUND, grouped, kv_width
+from handformer.check.core.qkv_layouts import FOUND, LAYOUTS, STATED, kv_width
 from handformer.check.core.sizes import H, is_number
 from handformer.check.reference import variants as V
 
@@ -412,9 +412,14 @@ def fused_slots(prefix: str, leaf: Leaf, D: int, head_dim: int) -> list[Slot]:
     if FOUND.get(leaf.module, "blocks") == "blocks":
         edges = [0, D, D + kv, D + 2 * kv]
         return [Slot(f"{prefix}W_{r}", leaf, slice(a, b)) for r, a, b in zip("QKV", edges, edges[1:])]
-    rows = grouped(D, kv, head_dim)
-    return [Slot(f"{prefix}W_{r}", leaf, rows[i], f"{r.lower()} of each [q | k | v] group")
-            for i, r in enumerate("QKV")]
+    layout = FOUND[leaf.module]
+    rows, order = {**LAYOUTS, **STATED}[layout](D, kv, head_dim), GROUP_ORDER.get(layout, "[q | k | v]")
+    return [Slot(f"{prefix}W_{r}", leaf, rows[i], f"{r.lower()} of {order}") for i, r in enumerate("QKV")]
+
+
+# how the report says a layout's rows (blocks: slices, said by their edges)
+GROUP_ORDER = {"grouped": "each [q | k | v] group", "grouped_vk": "each [q | v | k] group",
+               "blocks_vk": "[q | v | k]"}
 
 
 PREFIXES = {1: [""], 2: ["self-attention ", "cross-attention "]}  # by the count of attentions

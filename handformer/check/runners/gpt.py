@@ -22,7 +22,7 @@ import math
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
+from handformer.check.core.block_order import call_order, order_note
 from handformer.check.core.context import (
     DRIVER_NOTE,
     SEQUENCE_FIRST,
@@ -42,7 +43,6 @@ from handformer.check.core.context import (
     drives_only,
     error_text,
     finish,
-    forward_names,
     forward_parameters,
     is_mask_name,
     logits_shape,
@@ -165,6 +165,7 @@ class GPTMap:
     embed_factor: float | None = None  # token embeddings times a configured number (Granite's)
     logit_factor: float | None = None  # logits times a configured number (Cohere's logit_scale, 1 / Granite's
     # logits_scaling)
+    order: tuple[int, ...] = ()  # the blocks in the order the model calls them, where it reuses one
 
     def describe(self) -> list[str]:
         rows = [f"{self.wte.name} -> token embedding"]
@@ -191,13 +192,6 @@ NO_BLOCKS = {
            "Transformer.forward(idx, targets)）：handformer 的 CausalLM 和 Seq2SeqTransformer 都不这样计算；"
            "它的各层单独检查"),
 }
-
-
-# why a model whose blocks take ALiBi's term (BLOOM's block(x, alibi, mask)) is not compared
-NO_ALIBI = ("its blocks are handed ALiBi's term (BLOOM's block(x, alibi, mask)): the model is not compared "
-            "with handformer's; its attention, MLP and blocks are checked alone",
-            "它的 Block 以参数接收 ALiBi 项（BLOOM 的 `block(x, alibi, mask)`）："
-            "整个模型不和 handformer 的比较；它的注意力、MLP 和 Block 单独检查")
 
 
 def _mapped_blocks(layers: list[tuple[str, nn.Module]], kv: int | None) -> list[LayerMap]:
@@ -228,6 +222,7 @@ def map_gpt(module: nn.Module) -> GPTMap:
     wpe = next((e for e in embeds if e is not wte and e.weight.shape[0] != VOCAB and e.weight.shape[1] == D),
                None)
     norms = of_kind(outer, "norm")
+    embed_norm, norms = _embedding_norm(module, norms, layers)
     head, tied, bias = output_head(outer, VOCAB, wte, norms[1:], (
         "parameters outside the blocks that a GPT does not have", "Block 之外有 GPT 没有的参数"))
     n_kv = n_kv or kv_heads_of(blocks[0].attn[0], H)  # a fused multi-query projection: its shape says
@@ -236,7 +231,7 @@ def map_gpt(module: nn.Module) -> GPTMap:
     mapped = {id(s.leaf.weight) for b in blocks for s in b.attn[0]}  # (gpt-oss's sinks: mapped)
     m.held = [e for e in embeds if e not in (wte, wpe)] + [
         x for x in of_kind(leaves(module), "scalar") if id(x.weight) not in mapped]
-    m.embed_norm = _embed_norm(module, blocks)
+    m.embed_norm = embed_norm or _embed_norm(module, blocks)
     # OPT's (fairseq's) learned positions: a table of max_len + 2 rows, position p at row p + 2
     m.offset = OPT_OFFSET if wpe is not None and wpe.weight.size(0) == BLOCK + OPT_OFFSET else 0
     if wpe is None:
@@ -246,11 +241,9 @@ def map_gpt(module: nn.Module) -> GPTMap:
 
 
 def _comparable(layers: list[tuple[str, nn.Module]], blocks: list[LayerMap]) -> None:
-    """MappingError where handformer's CausalLM cannot be the reference: ALiBi inside the blocks, or the
-    blocks' feed-forward networks not read alike (nanoMoE's mixture of experts in every other block, a
-    dense FFN in the rest): handformer's CausalLM has one in every block."""
-    if any("alibi" in forward_names(child) for _, child in layers):
-        raise MappingError(NO_ALIBI[0], zh=NO_ALIBI[1])
+    """MappingError where handformer's CausalLM cannot be the reference: the blocks' feed-forward
+    networks not read alike (nanoMoE's mixture of experts in every other block, a dense FFN in the
+    rest): handformer's CausalLM has one in every block."""
     if len({tuple((s.role, tuple(s.weight().shape)) for s in block.ffn) for block in blocks}) > 1:
         raise MappingError("its blocks' feed-forward networks are not all built alike (a mixture of experts "
                            "in some blocks, one network in others?); handformer's CausalLM has the same "
@@ -270,6 +263,18 @@ def _rotary_(m: GPTMap, module: nn.Module) -> None:
 
 
 EMBED_NORM = re.compile(r"(?<![\w.])(?:F\.)?(\w+)\(\s*self\.[\w.\[\]\"']*(wte|emb|tok)")
+
+
+def _embedding_norm(module: nn.Module, norms: list[Leaf], layers: list[tuple[str, nn.Module]],
+                    ) -> tuple[Leaf | None, list[Leaf]]:
+    """BLOOM's word_embeddings_layernorm: of two norms outside the blocks (in definition order), one
+    defined before them and one after, the first norms the embeddings (the other is the final norm);
+    (None, norms) otherwise."""
+    place = {id(sub): i for i, sub in enumerate(module.modules())}  # (NaN: a norm none of its modules)
+    at = [place.get(id(n.module), math.nan) for n in norms]
+    if len(norms) != 2 or not at[0] < place[id(layers[0][1])] < at[1]:
+        return None, norms
+    return norms[0], norms[1:]
 
 
 def _embed_norm(module: nn.Module, blocks: list[LayerMap]) -> Leaf | None:
@@ -474,6 +479,7 @@ def _family(m: GPTMap, ch: Choices) -> FamilyConfig:
 
 
 def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
+    m = _in_call_order(m)
     first, act = learner_norm(m.blocks[0].norms[0]), HF_NAME[(is_gated(m.blocks[0].ffn), ch.activation)]
     cfg = CausalLMConfig.gpt2_style(
         vocab_size=VOCAB, d_model=D, n_heads=H, d_ff=m.blocks[0].ffn[0].weight().size(0),
@@ -509,6 +515,15 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     as_parallel_(list(hf.layers) * (ch.placement == "parallel"),  # GPT-J's, GPT-NeoX's, Falcon's, Phi's
                  [len({id(s.leaf) for s in block.norms}) == 1 for block in m.blocks])  # one norm: shared
     return _with_embed_norm(hf, m)
+
+
+def _in_call_order(m: GPTMap) -> GPTMap:
+    """The map with its blocks as the learner's model calls them (block_order.py), one reference layer
+    for each call; as it is where each block is called once."""
+    if not m.order:
+        return m
+    windows = tuple(map(dict(enumerate(m.windows)).get, m.order))  # (none measured: every key seen)
+    return replace(m, blocks=[*map(m.blocks.__getitem__, m.order)], windows=windows)
 
 
 @torch.no_grad()
@@ -997,6 +1012,10 @@ def _read_conventions(call: Caller, m: GPTMap, idx: Tensor) -> None:
     m.softcap = _softcap(call, m, idx)
     m.attn_softcap = attention_cap(call.module)
     m.embed_factor, m.logit_factor = _configured_factors(call, m, idx)
+    # one call of the model on one token (a model driven a token at a time, or a row at a time, calls
+    # its blocks again for each)
+    blocks = [call.module.get_submodule(b.name) for b in m.blocks]
+    m.order = call_order(blocks, lambda: call._once(idx[:1, :1], None, 0))
 
 
 def _unmapped(res: ComponentResult, module: nn.Module, call: Caller, idx: Tensor,
@@ -1153,6 +1172,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
     forms = layer_forms(call.module.get_submodule(m.blocks[0].name), m.blocks[0].attn[0])
     placements = BY_NORMS.get(len(m.blocks[0].norms), PLACEMENTS)
     _windows_measured(res, call, m)
+    res.notes += [order_note(m.order)] * bool(m.order)
     settings = [Choices(p, a, r, f) for f in forms for r in m.ropes for p in placements
                 for a in FFN_ACTIVATIONS[gated]]
     found = _search(m, out, idx, settings, last_only)
