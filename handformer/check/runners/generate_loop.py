@@ -52,7 +52,7 @@ from handformer.check.core.processors import PROCESSOR_NAMES, NoProcessors
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.sizes import is_number
 from handformer.check.core.source import locate, locate_form, source_lines, source_text
-from handformer.check.runners.generate_temperature import SOFT, check_temperature
+from handformer.check.runners.generate_temperature import SOFT, VOCAB, check_temperature
 from handformer.check.runners.generate_top_p import check_top_p
 from handformer.check.runners.localize_generate import default_temperature, generate_views, localize_generate
 from handformer.config import CausalLMConfig
@@ -60,7 +60,7 @@ from handformer.families import build_causal_lm
 from handformer.generation.generate import generate as hf_generate
 from handformer.models.causal_lm import CausalLM
 
-VOCAB, BLOCK, SEED = 24, 8, 82
+BLOCK, SEED = 8, 82
 PEAK = 1e4  # logits scale: the most likely token gets all of the probability
 SHORT, LONG = 4, 7  # new tokens after a prompt of 3: within the block size, and past it
 

@@ -26,6 +26,7 @@ from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines
 
 TEMPERATURE = 0.5
+VOCAB = 24  # the stand-in model's vocabulary (generate_loop builds it; generate_top_p hands it as top-k)
 SOFT = [False]  # True while a loop is probed: its model's logits handed as the model gives them
 
 

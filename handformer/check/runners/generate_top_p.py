@@ -22,7 +22,7 @@ from handformer.check.core.context import Context, forward_parameters
 from handformer.check.core.nucleus import top_p_keep
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines
-from handformer.check.runners.generate_temperature import SOFT, Afresh, recorded_draws, sampling_on
+from handformer.check.runners.generate_temperature import SOFT, VOCAB, Afresh, recorded_draws, sampling_on
 
 TOP_P = 0.6
 CROSSING = frozenset({"top_p_drops_crossing:le"})  # the token that crosses p dropped (cum <= p kept)
@@ -34,8 +34,6 @@ def _options(comp: Any) -> dict[str, Any] | None:
     """The loop's top-p at TOP_P, its temperature at 1, a top-k it takes (on by default in Qwen's chat
     loop: top_k=20) the whole vocabulary (it keeps every token, whether the loop tests k > 0 or k is
     not None); None where it takes no top-p, or a min-p on by default."""
-    from handformer.check.runners.generate_loop import VOCAB  # (that module imports this one)
-
     defaults = {p.name: p.default for p in forward_parameters(comp.obj)}
     names = list(defaults)
     top_p = named(names, P_NAMES)
