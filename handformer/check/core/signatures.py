@@ -93,6 +93,8 @@ def kind_of(fn: Any) -> str | None:
     params, names, required = _signature(fn)
     if lm_step(fn):
         return "lm_train_step"
+    if lm_loop(fn):
+        return "lm_train_loop"
     if mask_kind(fn):
         return mask_kind(fn)
     configs = _config_fields(fn, required - set(names[:1]) - set().union(*SCHEDULE_ARGS.values()))
@@ -303,6 +305,19 @@ def lm_step(fn: Any) -> bool:
     return not rest and (tokens is not None or not DECODER_INPUT.search(source))
 
 
+def lm_loop(fn: Any) -> bool:
+    """A language model's training loop that builds the optimizer it steps (nanoGPT's train.py as a
+    function, `optimizer = configure_optimizers(model, ...)`): it takes the model and maybe its data,
+    draws its windows from a function of its file (drawn_global) and backpropagates."""
+    _, names, required = _signature(fn)
+    code = source_text(fn)
+    built = re.search(r"(?m)^\s*(\w*opt\w*)\s*=\s*[\w.]+\(", code)
+    steps = built and re.search(rf"\b{built.group(1)}\.step\(", code) and ".backward(" in code
+    data = set(STEP_MODEL_NAMES + BATCH_NAMES + LOADER_NAMES + TOKEN_NAMES)  # what it may be handed
+    return bool(steps and _takes_each(names, (STEP_MODEL_NAMES,)) and not required - data
+                and not set(names) & set(OPTIMIZER_NAMES) and drawn_global(fn, handed=True))
+
+
 # what a schedule's settings are handed where a step hands them on (schedule_settings): a few short stages
 SETTING_VALUES = {"max_lr": 0.02, "min_lr": 0.002, "init_lr": 0.0, "warmup": 2, "stable": 2, "decay": 4,
                   "total": 10, "d_model": 64, "factor": 1.0}
@@ -372,11 +387,11 @@ WINDOWS_LOOP = (r"for\s+(?:\w+\s*,\s*)?\(?\s*(\w+)\s*,\s*(\w+)\s*\)?\s+in\s+(?:e
                 r"[\s\S]*\b\w+\(\s*\1\s*,\s*(?:\w+\s*=\s*)?\2\s*\)")
 
 
-def drawn_global(fn: Any) -> str | None:
+def drawn_global(fn: Any, handed: bool = False) -> str | None:
     """The function of the step's own file it draws its (x, y) windows from, handed none of the step's
-    arguments (`xb, yb = get_batch('train')` in the Chinese walkthroughs of Karpathy's lecture): its
-    name, or None."""
-    names = {p.name for p in _signature(fn)[0]}
+    arguments (`xb, yb = get_batch('train')` in the Chinese walkthroughs of Karpathy's lecture), or any
+    where `handed` (a loop's `get_batch(data)`: its data is handed on): its name, or None."""
+    names = {p.name for p in _signature(fn)[0]} - {p.name for p in _signature(fn)[0] if handed}
     called = re.findall(r"(?m)^\s*\w+\s*,\s*\w+\s*=\s*(\w+)\(([^()]*)\)", source_text(fn))
     scope = getattr(fn, "__globals__", {})
     own = (n for n, args in called if n not in names and not names & set(re.findall(r"\w+", args))
