@@ -147,9 +147,10 @@ class Loop:
         model = copy.deepcopy(base)
         self.learner_params = list(model.parameters())
         self.run(model)
-        if self.opt is None:
-            raise self.ctx.learner.fail("forward", "your loop ran no optimizer step",
-                                        "你的训练循环一次优化器更新都没有执行")
+        stepped = {id(p) for g in getattr(self.opt, "param_groups", ()) for p in g["params"]}
+        if not 0 < len(stepped & set(map(id, self.learner_params))) == len(stepped):  # none, or others
+            raise self.ctx.learner.fail("forward", "your loop stepped no optimizer of the model handed to it",
+                                        "你的训练循环没有对交给它的模型执行任何一次优化器更新")
         right = self.reference(base)
         return self.after, right, largest_differences(self.after, right)
 
