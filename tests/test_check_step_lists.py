@@ -3,7 +3,8 @@
 of (inp, tgt) pairs under any name and updates once after its loop over them (check hands it that many
 micro-batches); a step that takes a list of optimizers it steps in turn (handed a list holding one); a
 book's pretraining loop, one function with a momentum SGD written by hand, a warmup, accumulation and
-clipping (stopped after two steps, compared with handformer's steps on its own optimizer and rates).
+clipping (stopped after two steps, compared with handformer's steps on its own optimizer and rates), and
+an AMP recipe's loop (AdamW, a LambdaLR, bf16 autocast, a loss scaler that steps the optimizer).
 Each correct file passes; each plant fails, named, at its line."""
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from handformer.check.core.report import exit_code, format_report
 
 FOLDER = Path(__file__).parent / "fixtures" / "learners_step_lists"
 SHARDS, TWO, LOOP = FOLDER / "zh_shards.py", FOLDER / "two_optimizers.py", FOLDER / "own_optimizer_loop.py"
+AMP = FOLDER / "amp_scaler_loop.py"  # AdamW, LambdaLR, autocast, GradScaler: scaler.step(optimizer)
+AMP_CLIP = "        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)\n"
+AMP_UPDATE = "        scaler.step(optimizer)\n"
 CLIP, UPDATE = ("    torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm)  # 先裁剪\n",
                 "    optim.step()  # 再更新\n")
 ZERO = "    for optimizer in optimizers:\n        optimizer.zero_grad(set_to_none=True)\n"
@@ -34,14 +38,17 @@ PLANTS = {
     "loop_clip_after": (LOOP, (LOOP_CLIP + LOOP_UPDATE, LOOP_UPDATE + LOOP_CLIP), "train_step_clip_after_step",
                         "torch.nn.utils.clip_grad_norm_"),
     "loop_no_zero_grad": (LOOP, ("        opt.zero_grad()\n", ""), "train_step_no_zero_grad", "(loss / ACCUM"),
+    "amp_clip_after": (AMP, (AMP_CLIP + AMP_UPDATE, AMP_UPDATE + AMP_CLIP), "train_step_clip_after_step",
+                       "torch.nn.utils.clip_grad_norm_"),
 }
-KINDS = {"shards": "lm_train_step", "two": "lm_train_step", "loop": "lm_train_loop"}
+KINDS = {"shards": "lm_train_step", "two": "lm_train_step", "loop": "lm_train_loop", "amp": "lm_train_loop"}
+CORRECT = {"shards": SHARDS, "two": TWO, "loop": LOOP, "amp": AMP}
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     folder = tmp_path_factory.mktemp("step_lists")
-    out = {"shards": check_file(str(SHARDS)), "two": check_file(str(TWO)), "loop": check_file(str(LOOP))}
+    out = {name: check_file(str(path)) for name, path in CORRECT.items()}
     for name, (path, (old, new), _, _) in PLANTS.items():
         text = path.read_text(encoding="utf-8")
         assert old in text

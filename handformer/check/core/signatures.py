@@ -312,7 +312,8 @@ def lm_loop(fn: Any) -> bool:
     _, names, required = _signature(fn)
     code = source_text(fn)
     built = re.search(r"(?m)^\s*(\w*opt\w*)\s*=\s*[\w.]+\(", code)
-    steps = built and re.search(rf"\b{built.group(1)}\.step\(", code) and ".backward(" in code
+    opt = built and built.group(1)  # stepped itself, or by a loss scaler: scaler.step(optimizer)
+    steps = opt and re.search(rf"\b{opt}\.step\(|\.step\(\s*{opt}\s*\)", code) and ".backward(" in code
     data = set(STEP_MODEL_NAMES + BATCH_NAMES + LOADER_NAMES + TOKEN_NAMES)  # what it may be handed
     return bool(steps and _takes_each(names, (STEP_MODEL_NAMES,)) and not required - data
                 and not set(names) & set(OPTIMIZER_NAMES) and drawn_global(fn, handed=True))

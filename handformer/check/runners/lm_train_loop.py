@@ -41,11 +41,14 @@ from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.signatures import drawn_global
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.core.step_updates import largest_differences, parameters_of
-from handformer.check.runners.lm_train_step import MISTAKES, TOL, reference_step
+from handformer.check.runners.lm_train_step import MISTAKES, reference_step
 from handformer.check.runners.step_model import BATCH, VOCAB, batches, tiny_model
 from handformer.check.runners.train_step import (
     ACCUM,
+    FLOAT32,
+    FLOAT32_NOTE,
     PROBE_SCALE,
+    TOLERANCE,
     UNDER_CLIP,
     clip_norm,
     clip_note,
@@ -89,6 +92,7 @@ class Loop:
         self.rows = BATCH * ACCUM if self.held else BATCH
         numbers = {k: v for k, v in vars(ctx.module).items() if type(v) in (int, float)}
         self.clip = clip_norm(source_text(comp.obj), numbers)  # clip_grad_norm_(..., grad_clip): its global
+        self.tol = TOLERANCE[bool(FLOAT32.search(source_text(comp.obj)))]  # logits.float(): float32's
         self.opt: Any = None
         self.rates: list[list[float]] = []
         self.after: list[list[Tensor]] = []
@@ -166,9 +170,9 @@ def check_lm_train_loop(comp: Component, ctx: Context) -> ComponentResult:
             f"your loop's own {name} at the rates it set: the parameters after its first {len(got)} steps "
             "equal handformer's steps on the same batches",
             f"你的循环自己的 {name}，用它设置的学习率：前 {len(got)} 步之后的参数都与 handformer 的"
-            "训练一步在同样 batch 上的结果一致"), max(errs) < TOL, error_text(max(errs))))
+            "训练一步在同样 batch 上的结果一致"), max(errs) < loop.tol, error_text(max(errs))))
         _notes(res, loop, name)
-        if max(errs) >= TOL:
+        if max(errs) >= loop.tol:
             _search(res, comp, loop, base, got)
         for side in ("under", "over") * (loop.clip is not None):
             if not res.findings:
@@ -201,8 +205,8 @@ def _rescaled(res: ComponentResult, comp: Component, loop: Loop, base: Any, side
         f"with the gradients {en} the clipping norm {loop.clip:g} (the logits scaled by {scaled.scale:.1e}), "
         f"the parameters still equal handformer's: {says}",
         f"梯度{zh}裁剪范数 {loop.clip:g} 时（logits 乘以 {scaled.scale:.1e}），参数仍与 handformer 的一致："
-        f"{says_zh}"), max(errs) < TOL, error_text(max(errs))))
-    if max(errs) >= TOL:
+        f"{says_zh}"), max(errs) < loop.tol, error_text(max(errs))))
+    if max(errs) >= loop.tol:
         res.notes += [factor_note(scaled, got[0], right[0])] * (side == "under")
         _search(res, comp, loop, scaled, got)
 
@@ -216,7 +220,7 @@ def _search(res: ComponentResult, comp: Component, loop: Loop, base: Any, got: l
     for combo in (c for n in (1, 2) for c in itertools.combinations(names, n)):
         theirs = loop.reference(base, **{k: v for name in combo for k, v in MISTAKES[name].items()})
         off = max(largest_differences(got, theirs))
-        if off >= TOL:
+        if off >= loop.tol:
             continue
         for name in combo:
             quoted = name != "train_step_no_shift"  # the labels' line: none the patterns find
@@ -234,6 +238,7 @@ def _notes(res: ComponentResult, loop: Loop, name: str) -> None:
         f"and handformer's steps used the same optimizer at the rates yours set (by step, by group: {rates})",
         f"你的循环自己构建优化器（{name}）并设置学习率；跑完两次更新后被停下，handformer 的每一步用同样的"
         f"优化器和你设置的学习率（按步、按参数组：{rates}）"))
+    res.notes += [FLOAT32_NOTE] * (loop.tol > min(TOLERANCE.values()))
     if loop.clip is not None:
         res.notes.append(clip_note(loop.clip))
     if loop.held:
