@@ -67,6 +67,8 @@ CACHE_SWITCH_NAMES = ("use_cache", "use_kv_cache", "with_cache", "kv_cache_enabl
 # train_step.py
 STEP_MODEL_NAMES = ("model", "net", "transformer", "m")
 OPTIMIZER_NAMES = ("optimizer", "opt", "optim")
+# a step handed its optimizers as a list it steps in turn (the speedrun's Adam and Muon): handed [optimizer]
+OPTIMIZER_LIST_NAMES = ("optimizers", "opts", "optims", "optimizer_list")
 SCHEDULER_NAMES = ("scheduler", "lr_scheduler", "sched", "schedule", "lr_sched", "scheduler_fn")
 SCALER_NAMES = ("scaler", "grad_scaler", "amp_scaler", "loss_scaler", "gradscaler")
 CRITERION_NAMES = ("criterion", "loss_fn", "loss_func", "loss_compute", "compute_loss", "loss_function",

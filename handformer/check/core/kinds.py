@@ -234,6 +234,8 @@ KINDS_TABLE: tuple[Kind, ...] = (
          "自己写 AdamW 更新的训练一步", "adam_step:check_adam_step"),
     Kind("lm_train_step", ("lm_train_step", "train_lm_step", "gpt_train_step", "lm_step", "lm_training_step"),
          "language model's training step", "语言模型的训练一步", "lm_train_step:check_lm_train_step"),
+    Kind("lm_train_loop", (), "language model's training loop", "语言模型的训练循环",
+         "lm_train_loop:check_lm_train_loop"),  # found by what it does (signatures.lm_loop)
     Kind("train_step", ("train_step", "training_step", "train_batch", "train_one_step", "train_on_batch",
                         "step_fn", "fit_batch", "run_train_step"),
          "training step", "训练一步", "train_step:check_train_step"),

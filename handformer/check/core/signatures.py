@@ -48,6 +48,7 @@ from handformer.check.core.argument_names import (
     MIN_P_NAMES,
     MODEL_NAMES,
     ONE_CYCLE_ARGS,
+    OPTIMIZER_LIST_NAMES,
     OPTIMIZER_NAMES,
     P_NAMES,
     PROBS_NAMES,
@@ -94,6 +95,8 @@ def kind_of(fn: Any) -> str | None:
     params, names, required = _signature(fn)
     if lm_step(fn):
         return "lm_train_step"
+    if lm_loop(fn):
+        return "lm_train_loop"
     if mask_kind(fn):
         return mask_kind(fn)
     configs = _config_fields(fn, required - set(names[:1]) - set().union(*SCHEDULE_ARGS.values()))
@@ -287,12 +290,14 @@ def lm_step(fn: Any) -> bool:
     never shifts a target itself (an encoder-decoder's step feeds tgt[:, :-1]) unless it cuts its
     windows from one batch (token_batch, keyed_batch)."""
     _, names, required = _signature(fn)
-    windows = (LOADER_NAMES,) if drawn_loader(fn) or iterated_loader(fn) else (X_NAMES, Y_NAMES)
+    loader = drawn_loader(fn) or iterated_loader(fn)
+    windows = ((loader.lower(),),) if loader else (X_NAMES, Y_NAMES)
     tokens = token_batch(fn) or keyed_batch(fn)
     windows = (BATCH_NAMES + TOKEN_NAMES,) if paired_batch(fn) or tokens else windows
-    groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, *windows)
+    optimizers = OPTIMIZER_NAMES + OPTIMIZER_LIST_NAMES
+    groups = (STEP_MODEL_NAMES, optimizers, *windows)
     if not _takes_each(names, groups):
-        groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES)  # its windows drawn from its file's get_batch
+        groups = (STEP_MODEL_NAMES, optimizers)  # its windows drawn from its file's get_batch
         if not (_takes_each(names, groups) and drawn_global(fn)):
             return False
     rest = required - set().union(*groups, LR_NAMES, ACCUM_NAMES, SCHEDULER_NAMES, SCALER_NAMES, CLIP_NAMES)
@@ -302,6 +307,20 @@ def lm_step(fn: Any) -> bool:
     if LABELS_MOVED.search(source):
         rest -= set(CRITERION_NAMES)
     return not rest and (tokens is not None or not DECODER_INPUT.search(source))
+
+
+def lm_loop(fn: Any) -> bool:
+    """A language model's training loop that builds the optimizer it steps (nanoGPT's train.py as a
+    function, `optimizer = configure_optimizers(model, ...)`): it takes the model and maybe its data,
+    draws its windows from a function of its file (drawn_global) and backpropagates."""
+    _, names, required = _signature(fn)
+    code = source_text(fn)
+    built = re.search(r"(?m)^\s*(\w*opt\w*)\s*=\s*[\w.]+\(", code)
+    opt = built and built.group(1)  # stepped itself, or by a loss scaler: scaler.step(optimizer)
+    steps = opt and re.search(rf"\b{opt}\.step\(|\.step\(\s*{opt}\s*\)", code) and ".backward(" in code
+    data = set(STEP_MODEL_NAMES + BATCH_NAMES + LOADER_NAMES + TOKEN_NAMES)  # what it may be handed
+    return bool(steps and _takes_each(names, (STEP_MODEL_NAMES,)) and not required - data
+                and not set(names) & set(OPTIMIZER_NAMES) and drawn_global(fn, handed=True))
 
 
 # what a schedule's settings are handed where a step hands them on (schedule_settings): a few short stages
@@ -354,8 +373,18 @@ def drawn_loader(fn: Any) -> str | None:
 def iterated_loader(fn: Any) -> str | None:
     """The loader an epoch of a language model's steps iterates over, its (x, y) windows handed to the
     model together (`for step, (x, y) in enumerate(loader): _, loss = model(x, y)`: nanoGPT's forward
-    scores its own targets), micro-batches to accumulate; a classifier's model takes its inputs alone."""
-    return _argument_used(fn, LOADER_NAMES, WINDOWS_LOOP)
+    scores its own targets), micro-batches to accumulate (`for x, y in micro_batches:`, whatever the
+    argument's name: the loop says what it is); a classifier's model takes its inputs alone."""
+    return _argument_used(fn, None, WINDOWS_LOOP)
+
+
+def accumulated_loader(fn: Any) -> str | None:
+    """The iterated loader of a step that updates once after its loop over it (the optimizer's step
+    written outside the loop's body): one step's micro-batches, their gradients accumulated."""
+    loader, code = iterated_loader(fn), source_text(fn)
+    loop = loader and re.search(rf"(?m)^([ \t]*)for\b[^\n]*\bin\s+(?:enumerate\(\s*)?{loader}\b", code)
+    update = re.search(r"(?m)^([ \t]*)(?:\w+\.)*\w*opt\w*\.step\(", code)
+    return loader if loop and update and len(update.group(1)) <= len(loop.group(1)) else None
 
 
 # `for i, (x, y) in enumerate({0})` (or `for x, y in {0}`), then a call handed x and y: model(x, y)
@@ -363,11 +392,11 @@ WINDOWS_LOOP = (r"for\s+(?:\w+\s*,\s*)?\(?\s*(\w+)\s*,\s*(\w+)\s*\)?\s+in\s+(?:e
                 r"[\s\S]*\b\w+\(\s*\1\s*,\s*(?:\w+\s*=\s*)?\2\s*\)")
 
 
-def drawn_global(fn: Any) -> str | None:
+def drawn_global(fn: Any, handed: bool = False) -> str | None:
     """The function of the step's own file it draws its (x, y) windows from, handed none of the step's
-    arguments (`xb, yb = get_batch('train')` in the Chinese walkthroughs of Karpathy's lecture): its
-    name, or None."""
-    names = {p.name for p in _signature(fn)[0]}
+    arguments (`xb, yb = get_batch('train')` in the Chinese walkthroughs of Karpathy's lecture), or any
+    where `handed` (a loop's `get_batch(data)`: its data is handed on): its name, or None."""
+    names = {p.name for p in _signature(fn)[0]} - {p.name for p in _signature(fn)[0] if handed}
     called = re.findall(r"(?m)^\s*\w+\s*,\s*\w+\s*=\s*(\w+)\(([^()]*)\)", source_text(fn))
     scope = getattr(fn, "__globals__", {})
     own = (n for n, args in called if n not in names and not names & set(re.findall(r"\w+", args))
@@ -377,14 +406,14 @@ def drawn_global(fn: Any) -> str | None:
 
 def paired_batch(fn: Any) -> str | None:
     """The batch a step unpacks into its two windows (`X, Y = batch`, nanoGPT's get_batch pair)."""
-    return _argument_used(fn, BATCH_NAMES, r"(?m)^\s*\w+\s*,\s*\w+\s*=\s*{0}\s*$")
+    return _argument_used(fn, BATCH_NAMES, r"(?m)^\s*\w+\s*,\s*\w+\s*=\s*{0}\s*(?:#.*)?$")
 
 
-def _argument_used(fn: Any, aliases: tuple[str, ...], pattern: str) -> str | None:
-    """The first argument of fn named as one of `aliases` that its code uses as `pattern` says
-    (`{0}`: the argument's name); None where none is."""
+def _argument_used(fn: Any, aliases: tuple[str, ...] | None, pattern: str) -> str | None:
+    """The first argument of fn named as one of `aliases` (None: any) that its code uses as `pattern`
+    says (`{0}`: the argument's name); None where none is."""
     code = source_text(fn)
-    return next((p.name for p in _signature(fn)[0] if p.name.lower() in aliases
+    return next((p.name for p in _signature(fn)[0] if (aliases is None or p.name.lower() in aliases)
                  and re.search(pattern.format(p.name), code)), None)
 
 

@@ -39,6 +39,7 @@ from handformer.check.core.argument_names import (
     CLIP_NAMES,
     CRITERION_NAMES,
     LR_NAMES,
+    OPTIMIZER_LIST_NAMES,
     SCHEDULE_ARGS,
     SCHEDULE_STEP_NAMES,
     X_NAMES,
@@ -59,6 +60,7 @@ from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.signatures import (
     LABELS_MOVED,
+    accumulated_loader,
     drawn_global,
     drawn_loader,
     iterated_loader,
@@ -142,7 +144,8 @@ class Step:
         self.comp, self.ctx = comp, ctx
         params = forward_parameters(comp.obj)
         names, required = names_of(params)
-        self.model, self.opt = named(names, MODEL_NAMES), named(names, OPTIMIZER_NAMES)
+        self.model, self.opt = named(names, MODEL_NAMES), named(names, OPTIMIZER_NAMES + OPTIMIZER_LIST_NAMES)
+        self.listed = self.opt if str(self.opt).lower() in OPTIMIZER_LIST_NAMES else None  # given [opt]
         self.x, self.y, self.lr = named(names, X_NAMES), named(names, Y_NAMES), named(names, LR_NAMES)
         self.sched, self.scaler = named(names, SCHEDULER_NAMES), named(names, SCALER_NAMES)
         self.settings = schedule_settings(comp.obj)  # what it hands its file's schedule: f(step, **sched)
@@ -152,6 +155,7 @@ class Step:
         self.criterion = named(names, CRITERION_NAMES)  # handed a cross-entropy that ignores -100
         self.shifts = moves_labels(comp.obj, self.y)  # x and y both handed the (B, T + 1) windows
         handed = self._batches(comp)
+        self.accum = None if self.accum == self.loader else self.accum  # micro_batches: the list, not a count
         known = {self.model, self.opt, self.x, self.y, self.lr, self.sched, self.scaler, self.accum,
                  self.clip_arg, self.criterion, self.loader, self.pair, self.tokens,
                  self.keyed and self.keyed.name, *self.settings}
@@ -164,7 +168,7 @@ class Step:
         # what sets the micro-steps: an argument, a field, or a global of its file it reads (grad_accum_steps)
         self.held = named([n for n in comp.obj.__code__.co_names if type(vars(ctx.module).get(n)) is int],
                           ACCUM_NAMES) if handed or self.drawn else None
-        self.micro = self.accum or self.fields.get("accum") or self.held
+        self.micro = self.accum or self.fields.get("accum") or self.held or accumulated_loader(comp.obj)
         self.rows = BATCH * ACCUM if self.micro else BATCH  # windows a batch: BATCH a micro-batch
         self.seen: list[float] = []  # the rate the learner's step left in the optimizer, each call
         found = self.model and self.opt and (handed or self.drawn)
@@ -211,7 +215,7 @@ class Step:
         return not self.lr and bool(set(self.seen) - {OPT_LR})
 
     def __call__(self, model: nn.Module, opt: torch.optim.Optimizer, x: Tensor, y: Tensor, lr: float) -> Any:
-        kwargs: dict[str, Any] = {self.model: model, self.opt: opt}
+        kwargs: dict[str, Any] = {self.model: model, self.opt: [opt] if self.listed else opt}
         parts = self.rows // BATCH  # ACCUM micro-batches, or the one batch
         windows = torch.cat([x, y[:, -1:]], dim=1)  # (B, T + 1)
         pair = (windows.clone, windows.clone) if self.shifts else (x.clone, y.clone)
@@ -374,11 +378,17 @@ def _notes(res: ComponentResult, step: Step) -> None:
     if step.clip is not None:
         res.notes.append(clip_note(step.clip))
     res.notes += [SCHEDULER_NOTE] * bool(step.sched) + [SCALER_NOTE] * bool(step.scaler)
+    if step.listed:
+        res.notes.append(text(f"your step takes a list of optimizers ({step.listed}): it was handed a list "
+                              "holding the one AdamW of handformer's step",
+                              f"你的一步接受一组优化器（{step.listed}）：交给它的列表里只有 handformer "
+                              "那一步用的 AdamW"))
     if step.micro:
         rows = step.rows
-        res.notes.append(text(f"{step.micro}={ACCUM}: each batch of {rows} windows in {ACCUM} micro-batches "
+        said = f"{step.micro}={ACCUM}" if step.micro != step.loader else f"{step.micro}, a list of {ACCUM}"
+        res.notes.append(text(f"{said}: each batch of {rows} windows in {ACCUM} micro-batches "
                               "(split along the batch), their gradients accumulated before one update",
-                              f"{step.micro}={ACCUM}：每个 {rows} 个窗口的 batch 沿 batch 维分成 {ACCUM} 个 "
+                              f"{said}：每个 {rows} 个窗口的 batch 沿 batch 维分成 {ACCUM} 个 "
                               "micro-batch，梯度累加后更新一次"))
     if step.own_rate():
         rates = f"{step.seen[0]:.4g}, {step.seen[1]:.4g}"

@@ -132,8 +132,10 @@ def clip_norm(source: str, defaults: dict[str, Any]) -> float | None:
 
 
 def clips_after_step(source: str) -> bool:
-    """Whether a step's source clips the gradients after the optimizer's step (in the order written)."""
-    clip, step = re.search(r"clip\w*grad|grad\w*clip", source), re.search(r"\bopt\w*\.step\(", source)
+    """Whether a step's source clips the gradients after the optimizer's step (in the order written; a
+    loss scaler's `scaler.step(optimizer)` is the optimizer's)."""
+    clip = re.search(r"clip\w*grad|grad\w*clip", source)
+    step = re.search(r"\bopt\w*\.step\(|\.step\(\s*opt\w*\s*\)", source)
     return bool(clip and step and clip.start() > step.start())
 
 
