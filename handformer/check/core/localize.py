@@ -737,20 +737,19 @@ def _reduced(t: Tensor, views: list[View], reductions: Reductions | None = None)
     entries (the reference reduces over d_model or the keys, dim=-1): a reduction over the wrong axis,
     its shape none of the views'. The first of `Reductions.tried` that t equals, in their order; an
     error met before it (a mean of a whole-number view) is raised, as computing it in turn would."""
-    tried, rows, table = (reductions or Reductions(views)).tried(t.shape)
-    hits = _same_each(t.reshape(-1), table).tolist() if table is not None else []
-    for (words, error), row in zip(tried, rows):
+    tried, table = (reductions or Reductions(views)).tried(t.shape)
+    hits = [*_same_each(t.reshape(-1), table).tolist(), False]  # row -1: a reduction of another shape
+    for (what, how, how_zh, where, where_zh), error, row in tried:
         if error is not None:
             raise error
-        if row is not None and hits[row]:
-            what, how, how_zh, where, where_zh = words
+        if hits[row]:
             return text(f"{how} of {what} over {where}; the reference reduces over dim=-1",
                         f"{view_zh(what)} 的{how_zh}是在{where_zh}求的；参考在最后一个轴 dim=-1 上求")
     return None
 
 
-# (the words of each reduction tried, the error computing it raised), each one's row or None, the rows
-Tried = tuple[list[tuple[tuple[str, ...], Exception | None]], list[int | None], Tensor | None]
+# (the words of each reduction tried, the error computing it raised, its row or -1), the rows
+Tried = tuple[list[tuple[tuple[str, ...], Exception | None, int]], Tensor]
 
 
 class Reductions:
@@ -758,8 +757,8 @@ class Reductions:
     against the same views (a function's steps are many, its reference's views few), in this order:
     each view, each of REDUCTIONS, keepdim or not, each axis whose reduction has that shape (every axis
     of an empty or a whole-number view, where a reduction may raise). `tried(shape)`: ((words, the
-    error computing it raised), ...), each one's row in the table or None (another shape), the table
-    (rows, entries) in float64."""
+    error computing it raised, its row in the table or -1), ...) and the table, a row of float64 for
+    each reduction of that shape."""
 
     def __init__(self, views: list[View]) -> None:
         self.views, self.by_shape = views, {}
@@ -770,24 +769,26 @@ class Reductions:
         return self.by_shape[shape]
 
     def _tried(self, shape: torch.Size) -> Tried:
-        tried, rows, values = [], [], []
+        tried, rows = [], [torch.empty(0, shape.numel(), dtype=torch.float64)]
         for (what, r), (how, how_zh, op), keep in itertools.product(self.views, REDUCTIONS, (True, False)):
             every, by_shape = _axes(r.shape, keep)
-            axes = by_shape.get(shape, []) if r.is_floating_point() and r.numel() else every
-            for dim, where, where_zh, _ in axes:
-                value, error = _reduction(op, r, dim, keep)
-                rows.append(len(values) if error is None and value.shape == shape else None)
-                values += [] if rows[-1] is None else [value.reshape(-1).double()]
-                tried.append(((what, how, how_zh, where, where_zh), error))
-        return tried, rows, torch.stack(values) if values else None
+            for dim, where, where_zh, _ in by_shape.get(shape, []) if r.is_floating_point() and r.numel() \
+                    else every:
+                row, error = _reduction(op, r, dim, keep, shape)
+                tried.append(((what, how, how_zh, where, where_zh), error, len(rows) - 1 if row else -1))
+                rows += row
+        return tried, torch.cat(rows)
 
 
-def _reduction(op: Callable[..., Tensor], r: Tensor, dim: Any, keep: bool) -> tuple[Any, Exception | None]:
-    """(op(r, dim, keepdim), None), or (None, the error it raised)."""
+def _reduction(op: Callable[..., Tensor], r: Tensor, dim: Any, keep: bool, shape: torch.Size,
+               ) -> tuple[list[Tensor], Exception | None]:
+    """([op(r, dim, keepdim) as a row of float64] where it has `shape`, else []; None), or ([], the error
+    it raised)."""
     try:
-        return op(r, dim=dim, keepdim=keep), None
+        value = op(r, dim=dim, keepdim=keep)
     except Exception as err:  # noqa: BLE001 - raised by `_reduced` in its turn, as the loop did
-        return None, err
+        return [], err
+    return [value.double().flatten().unsqueeze(0)][:value.shape == shape], None
 
 
 Axis = tuple[Any, str, str, torch.Size]  # (dim, the axis said in English and in Chinese, the shape it gives)

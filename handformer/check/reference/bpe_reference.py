@@ -75,14 +75,15 @@ KEPT: dict[tuple[Any, ...], Trained] = {}
 def kept(train_fn: Callable[..., Trained], *args: Any) -> Trained:
     """train_fn(*args) under the pre-tokenizer in force, trained once a process for each one that is a
     compiled pattern (re's or regex's) or a function of handformer's own (a test run checks many
-    tokenizers on the fixture corpus); a copy of it. A learner's own function is run each time."""
+    tokenizers on the fixture corpus); a copy of it. A learner's own function is run each time. The
+    arguments are a key: the special tokens a tuple."""
     findall = PRETOKEN.findall
     owner = getattr(findall, "__self__", None)
     split = (type(owner), owner.pattern, owner.flags) if type(owner) in PATTERN_TYPES else (
         findall if getattr(findall, "__module__", "").startswith("handformer.") else None)
     if split is None:
         return train_fn(*args)
-    key = (train_fn, split, *(tuple(a) if isinstance(a, list) else a for a in args))
+    key = (train_fn, split, *args)
     if key not in KEPT:
         KEPT[key] = train_fn(*args)
     vocab, merges = KEPT[key]
