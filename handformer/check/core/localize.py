@@ -721,10 +721,10 @@ def _top_level(filename: str) -> tuple[tuple[int, int], ...]:
 def _departure_at(steps: list[Step], views: list[View], ends: list[View] = ()) -> int | None:
     views = layouts(views, steps)
     shapes = {r.shape for _, r in views}
-    right = _right_calls(steps, views)
+    right, reductions = _right_calls(steps, views), Reductions(views)
     return next((i for i, step in enumerate(steps) if not _input(step) and i not in right and (
         step.value.shape in shapes and not any(same(step.value, r) for _, r in _judged_by(step, views, ends))
-        or step.value.shape not in shapes and _reduced(step.value, views))), None)
+        or step.value.shape not in shapes and _reduced(step.value, views, reductions))), None)
 
 
 def _right_calls(steps: list[Step], views: list[View]) -> set[int]:
@@ -747,19 +747,63 @@ REDUCTIONS = (("the mean", "均值", torch.mean), ("the sum", "和", torch.sum),
               ("the maximum", "最大值", torch.amax))
 
 
-def _reduced(t: Tensor, views: list[View]) -> Text | None:
+def _reduced(t: Tensor, views: list[View], reductions: Reductions | None = None) -> Text | None:
     """t is a mean, a sum or a maximum of a view over an axis other than the last, or over all its
     entries (the reference reduces over d_model or the keys, dim=-1): a reduction over the wrong axis,
-    its shape none of the views'. Only the axes whose reduction has t's shape are computed (same()
-    compares shapes first), except on an empty or a whole-number view, where a reduction may raise."""
-    for (what, r), (how, how_zh, op), keep in itertools.product(views, REDUCTIONS, (True, False)):
-        every, by_shape = _axes(r.shape, keep)
-        tried = by_shape.get(t.shape, []) if all((r.is_floating_point(), r.numel())) else every
-        for dim, where, where_zh, _ in tried:
-            if same(t, op(r, dim=dim, keepdim=keep)):
-                return text(f"{how} of {what} over {where}; the reference reduces over dim=-1",
-                            f"{view_zh(what)} 的{how_zh}是在{where_zh}求的；参考在最后一个轴 dim=-1 上求")
+    its shape none of the views'. The first of `Reductions.tried` that t equals, in their order; an
+    error met before it (a mean of a whole-number view) is raised, as computing it in turn would."""
+    tried, table = (reductions or Reductions(views)).tried(t.shape)
+    hits = [*_same_each(t.reshape(-1), table).tolist(), False]  # row -1: a reduction of another shape
+    for (what, how, how_zh, where, where_zh), error, row in tried:
+        if error is not None:
+            raise error
+        if hits[row]:
+            return text(f"{how} of {what} over {where}; the reference reduces over dim=-1",
+                        f"{view_zh(what)} 的{how_zh}是在{where_zh}求的；参考在最后一个轴 dim=-1 上求")
     return None
+
+
+# (the words of each reduction tried, the error computing it raised, its row or -1), the rows
+Tried = tuple[list[tuple[tuple[str, ...], Exception | None, int]], Tensor]
+
+
+class Reductions:
+    """The reductions `_reduced` tries for a value of each shape, computed once for all the steps judged
+    against the same views (a function's steps are many, its reference's views few), in this order:
+    each view, each of REDUCTIONS, keepdim or not, each axis whose reduction has that shape (every axis
+    of an empty or a whole-number view, where a reduction may raise). `tried(shape)`: ((words, the
+    error computing it raised, its row in the table or -1), ...) and the table, a row of float64 for
+    each reduction of that shape."""
+
+    def __init__(self, views: list[View]) -> None:
+        self.views, self.by_shape = views, {}
+
+    def tried(self, shape: torch.Size) -> Tried:
+        if shape not in self.by_shape:
+            self.by_shape[shape] = self._tried(shape)
+        return self.by_shape[shape]
+
+    def _tried(self, shape: torch.Size) -> Tried:
+        tried, rows = [], [torch.empty(0, shape.numel(), dtype=torch.float64)]
+        for (what, r), (how, how_zh, op), keep in itertools.product(self.views, REDUCTIONS, (True, False)):
+            every, by_shape = _axes(r.shape, keep)
+            for dim, where, where_zh, _ in by_shape.get(shape, []) if r.is_floating_point() and r.numel() \
+                    else every:
+                row, error = _reduction(op, r, dim, keep, shape)
+                tried.append(((what, how, how_zh, where, where_zh), error, len(rows) - 1 if row else -1))
+                rows += row
+        return tried, torch.cat(rows)
+
+
+def _reduction(op: Callable[..., Tensor], r: Tensor, dim: Any, keep: bool, shape: torch.Size,
+               ) -> tuple[list[Tensor], Exception | None]:
+    """([op(r, dim, keepdim) as a row of float64] where it has `shape`, else []; None), or ([], the error
+    it raised)."""
+    try:
+        value = op(r, dim=dim, keepdim=keep)
+    except Exception as err:  # noqa: BLE001 - raised by `_reduced` in its turn, as the loop did
+        return [], err
+    return [value.double().flatten().unsqueeze(0)][:value.shape == shape], None
 
 
 Axis = tuple[Any, str, str, torch.Size]  # (dim, the axis said in English and in Chinese, the shape it gives)

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import re
 import types
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import regex
 
@@ -65,6 +67,27 @@ def split_by(pattern: str | Callable[[str], list[str]]) -> Iterator[None]:
 
 Pair = tuple[bytes, bytes]
 Word = tuple[bytes, ...]
+PATTERN_TYPES = (re.Pattern, type(PRETOKEN))  # compiled by `re` or by `regex`: their findall is pure
+Trained = tuple[dict[int, bytes], list[Pair]]  # (vocab, merges)
+KEPT: dict[tuple[Any, ...], Trained] = {}
+
+
+def kept(train_fn: Callable[..., Trained], *args: Any) -> Trained:
+    """train_fn(*args) under the pre-tokenizer in force, trained once a process for each one that is a
+    compiled pattern (re's or regex's) or a function of handformer's own (a test run checks many
+    tokenizers on the fixture corpus); a copy of it. A learner's own function is run each time. The
+    arguments are a key: the special tokens a tuple."""
+    findall = PRETOKEN.findall
+    owner = getattr(findall, "__self__", None)
+    split = (type(owner), owner.pattern, owner.flags) if type(owner) in PATTERN_TYPES else (
+        findall if getattr(findall, "__module__", "").startswith("handformer.") else None)
+    if split is None:
+        return train_fn(*args)
+    key = (train_fn, split, *args)
+    if key not in KEPT:
+        KEPT[key] = train_fn(*args)
+    vocab, merges = KEPT[key]
+    return dict(vocab), list(merges)
 
 
 def split_specials(text: str, specials: Iterable[str], longest_first: bool = True) -> list[str]:

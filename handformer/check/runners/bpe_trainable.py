@@ -61,7 +61,7 @@ def check_trainable(comp: Component, ctx: Context) -> ComponentResult:
     _split_note(res, ctx, pattern)
     with R.split_by(split):
         size = kwargs.get("vocab_size", VOCAB_SIZE + 1)
-        ref_merges = R.train(CORPUS, size, specials)[1]
+        ref_merges = R.kept(R.train, CORPUS, size, tuple(specials))[1]
         bpe.compare_merges(res, merges, ref_merges, specials, lines, ("smaller", "first", *bpe.SHOWN_RULES))
         coded = specials or _registered(tok, ctx, vocab)
         held = _special_ids(tok)
@@ -115,8 +115,8 @@ def _tie_conventions(ref_merges: list[R.Pair], size: int, specials: list[str]) -
     """The merges under each tie rule that is a convention for a tokenizer class: the reference's (to
     the greater pair), to the smaller, and to the pair counted first (minbpe's max(stats,
     key=stats.get), every pair recounted after each merge)."""
-    first = R.train_naive(CORPUS, size, specials, frozenset({"ties_first_seen"}))[1]
-    return [ref_merges, R.train(CORPUS, size, specials, smaller=True)[1], first]
+    first = R.kept(R.train_naive, CORPUS, size, tuple(specials), frozenset({"ties_first_seen"}))[1]
+    return [ref_merges, R.kept(R.train, CORPUS, size, tuple(specials), True)[1], first]
 
 
 def _split_note(res: ComponentResult, ctx: Context, pattern: str | None) -> None:
@@ -230,8 +230,12 @@ def _splitter(tok: Any, comp: Component, ctx: Context) -> tuple[Any, str | None]
         lambda: regex.compile(held["pattern"]))
     if _cuts(compiled):  # minbpe's base class holds pattern = "" (none)
         return compiled.findall, compiled.pattern
-    whole = (lambda piece: [piece]), None  # no pre-tokenizer: each piece between special tokens is one word
-    return whole if never_splits(comp.obj, ctx) else (R.GPT2_PATTERN, R.GPT2_PATTERN)
+    return (_whole, None) if never_splits(comp.obj, ctx) else (R.GPT2_PATTERN, R.GPT2_PATTERN)
+
+
+def _whole(piece: str) -> list[str]:
+    """No pre-tokenizer: each piece between special tokens is one word."""
+    return [piece]
 
 
 def never_splits(cls: type, ctx: Context) -> bool:
