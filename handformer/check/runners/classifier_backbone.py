@@ -78,6 +78,7 @@ def pooled_candidates(out: Any, keep: Tensor) -> dict[str, Tensor]:
     return {k: t for k, t in found.items() if t is not None}
 
 
+@torch.no_grad()
 def check_backbone_classifier(res: ComponentResult, ctx: Context, comp: Any, module: nn.Module,
                               classes: int) -> None:
     """The checks of a classifier on an encoder of its own (the module docstring's)."""
@@ -96,18 +97,17 @@ def check_backbone_classifier(res: ComponentResult, ctx: Context, comp: Any, mod
         return ctx.learner.call("forward", module, tokens, **given, **extra)
 
     logits = lambda out: next((t for t in tensors_of(out) if t.dim() == 2 and t.size(-1) == classes), None)  # noqa: E731
-    with torch.no_grad():
-        check_determinism(res, ctx, comp, lambda: logits(run(ids)), "encoder_model", "encoder_layer", "mha")
-        if res.has("dropout_in_eval"):
-            return
-        _reads_pooled(res, encoder, head, lambda: logits(run(ids)), classes, keep)
-        if mask:
-            _padding(res, lambda tokens: logits(run(tokens)), ids)
-            if not res.checks[-1].ok:
-                _mask_dropped(res, module, encoder, lambda: run(ids))
-        label = next((n for n in LABEL_NAMES if n in names), None)
-        if label:
-            _loss(res, lambda y: run(ids, **{label: y}), logits, classes)
+    check_determinism(res, ctx, comp, lambda: logits(run(ids)), "encoder_model", "encoder_layer", "mha")
+    if res.has("dropout_in_eval"):
+        return
+    _reads_pooled(res, encoder, head, lambda: logits(run(ids)), classes, keep)
+    if mask:
+        _padding(res, lambda tokens: logits(run(tokens)), ids)
+        if not res.checks[-1].ok:
+            _mask_dropped(res, module, encoder, lambda: run(ids))
+    label = next((n for n in LABEL_NAMES if n in names), None)
+    if label:
+        _loss(res, lambda y: run(ids, **{label: y}), logits, classes)
 
 
 def tensors_of(out: Any) -> list[Tensor]:
