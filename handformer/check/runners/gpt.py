@@ -42,6 +42,7 @@ from handformer.check.core.context import (
     drives_only,
     error_text,
     finish,
+    forward_defaults,
     forward_names,
     forward_parameters,
     is_mask_name,
@@ -1371,7 +1372,7 @@ def _returned_runs(ctx: Context, module: nn.Module, idx: Tensor, cuts: list[int]
     returned (the first thing it returns after the logits that is no tensor, else the second), with
     use_cache=True where it takes that (its cache argument defaulting to None; StableLM's returns its
     cache always), each with the positions it covers; raises where it takes or returns none."""
-    names = {p.name: p.default for p in forward_parameters(module)}
+    names = forward_defaults(module)
     arg = named([n for n, default in names.items() if default is None], CACHE_ARGS)
     assert arg is not None  # noqa: S101  (quietly: no cache check)
     asked = {"use_cache": True} if "use_cache" in names else {}
