@@ -606,7 +606,7 @@ def _top_k_of(comp: Component, run: Run) -> int:
     """The k the run's top-k filter keeps: the one it was given, else its parameter's default (1:
     none, or no number)."""
     given = {**forward_defaults(comp.obj), **(run.extra or {})}
-    k = next((v for name, v in given.items() if name.lower() in TOP_K_NAMES), None)
+    k = given.get(named(list(given), TOP_K_NAMES))
     return k if isinstance(k, int) and not isinstance(k, bool) and 0 < k < VOCAB else 1
 
 
