@@ -23,6 +23,7 @@ from handformer.check.core.context import Context, check_determinism, error_text
 from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, text
 from handformer.check.core.source import first_line, source_lines
 from handformer.check.core.weights import MappingError
+from handformer.check.runners.encoder_model import encoder_ids
 
 B, T, REAL = 2, 6, 4  # row 1 holds REAL tokens, then padding
 MASK_NAMES = ("attention_mask", "mask", "attn_mask", "padding_mask")  # 1 = a real token
@@ -85,8 +86,7 @@ def check_backbone_classifier(res: ComponentResult, ctx: Context, comp: Any, mod
     encoder, head = backbone_parts(module, classes)
     res.mapping = [f"{n} -> {'encoder' if m is encoder else 'head'}" for n, m in module.named_children()
                    if m is encoder or m in head]
-    rows = next(m.num_embeddings for m in encoder.modules() if isinstance(m, nn.Embedding))
-    ids = torch.randint(1, rows, (B, T), generator=torch.Generator().manual_seed(3))
+    ids = encoder_ids(encoder)
     names = forward_names(module)
     mask = next((n for n in MASK_NAMES if n in names), None)
     keep = torch.ones(B, T, dtype=torch.long)
