@@ -525,6 +525,12 @@ def forward_names(module: Any) -> list[str]:
     return [p.name for p in forward_parameters(module)]
 
 
+def forward_defaults(module: Any) -> dict[str, Any]:
+    """Each parameter a call of the module's forward (or of the function) names -> its default
+    (`inspect.Parameter.empty` where it has none)."""
+    return {p.name: p.default for p in forward_parameters(module)}
+
+
 def is_cache_argument(p: inspect.Parameter) -> bool:
     """A KV cache the forward takes and does without when handed nothing (nanoGPT's kin:
     forward(x, layer_past=None), Hugging Face's past_key_value=None): never an input to fill."""

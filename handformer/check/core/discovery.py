@@ -22,13 +22,12 @@ from typing import Any
 
 from handformer.check.core.argument_names import call_parameters, input_roles, readable_parameters
 from handformer.check.core.hosts import host_arguments
-from handformer.check.core.kinds import KINDS_TABLE
+from handformer.check.core.kinds import KINDS_TABLE, TABLED
 from handformer.check.core.size_roles import with_roles
 from handformer.check.core.source import code_text, config_reads, module_reads, source_text
 from handformer.check.core.wordpiece_parts import wordpiece_trainer, writes_wordpiece
 
 NAMES: dict[str, tuple[str, ...]] = {k.name: k.names for k in KINDS_TABLE}  # kind -> names, in order
-TABLED = {n for k in KINDS_TABLE for n in k.names}  # every name of every kind
 KINDS = tuple(NAMES)
 DESCRIPTIONS = {k.name: k.en for k in KINDS_TABLE}
 

@@ -259,3 +259,4 @@ KINDS_TABLE: tuple[Kind, ...] = (
 )
 
 KINDS_BY_NAME = {k.name: k for k in KINDS_TABLE}
+TABLED = {n for k in KINDS_TABLE for n in k.names}  # every name of every kind

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.check.core.fingerprint import first_tensor, hooked, quietly
-from handformer.check.core.kinds import KINDS_TABLE
+from handformer.check.core.kinds import TABLED
 from handformer.check.core.result import DEPARTS, ComponentResult, Finding, Text, text
 from handformer.check.core.source import (
     first_pattern_matches,
@@ -931,7 +931,7 @@ def fed_wrong(part: tuple[nn.Module, tuple[Any, ...], dict[str, Any]], views: li
 
 def graded(module: nn.Module) -> bool:
     """A part check grades on its own, by its name (its report says whether it departs)."""
-    return type(module).__name__ in {n for k in KINDS_TABLE for n in k.names}
+    return type(module).__name__ in TABLED
 
 
 def statement(filename: str, line: int, whole: bool = True) -> str:

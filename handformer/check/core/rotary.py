@@ -182,15 +182,11 @@ def named_base(module: nn.Module) -> float | None:
 
 
 def table_base(tables: list[Tensor], head_dim: int) -> float | None:
-    """The base of the learner's rotary tables, read back from position 1's angles (a complex table, or a
-    sine table whose row 0 is all zeros)."""
+    """The base of the learner's rotary tables, read back from position 1's angles (`_frequencies`)."""
     for t in tables:
-        angles = t[1].angle() if t.is_complex() else t[1].double().asin() if t[0].abs().max() == 0 else None
-        if angles is None:
-            continue
-        distinct = sorted(set(angles.abs().tolist()), reverse=True)
-        if len(distinct) == head_dim // 2 and abs(distinct[0] - 1) < 1e-4 and distinct[1] > 0:
-            return float(f"{distinct[1] ** -(head_dim / 2):.3g}")  # pair j turns by theta^(-2j/Dh)
+        freqs = _frequencies(t, head_dim)
+        if freqs is not None and abs(float(freqs[-1]) - 1) < 1e-4 and freqs[-2] > 0:
+            return float(f"{float(freqs[-2]) ** -(head_dim / 2):.3g}")  # pair j turns by theta^(-2j/Dh)
     return None
 
 
@@ -206,14 +202,23 @@ def frequency_base(module: nn.Module, head_dim: int) -> float | None:
 
 
 def table_frequencies(tables: list[Tensor], head_dim: int) -> Tensor | None:
-    """The Dh/2 frequencies of the learner's rotary tables, ascending, read back from position 1's angles
-    (a complex table, or a sine table whose row 0 is all zeros: a cosine's is too flat near 0 to say)."""
-    for t in tables:
-        angles = t[1].angle() if t.is_complex() else t[1].double().asin() if t[0].abs().max() == 0 else None
-        distinct = None if angles is None else torch.unique(angles.abs().double())
-        if distinct is not None and distinct.numel() == head_dim // 2:
-            return distinct
-    return None
+    """The Dh/2 frequencies of the first of the learner's rotary tables that shows them (`_frequencies`)."""
+    found = (_frequencies(t, head_dim) for t in tables)
+    return next((f for f in found if f is not None), None)
+
+
+def _frequencies(table: Tensor, head_dim: int) -> Tensor | None:
+    """The Dh/2 frequencies of a rotary table, ascending, read back from position 1's angles (a complex
+    table, or a sine table whose row 0 is all zeros: a cosine's is too flat near 0 to say); None where
+    it shows another count."""
+    if table.is_complex():
+        angles = table[1].angle()
+    elif table[0].abs().max() == 0:
+        angles = table[1].double().asin()
+    else:
+        return None
+    distinct = torch.unique(angles.abs().double())
+    return distinct if distinct.numel() == head_dim // 2 else None
 
 
 def turned_base(module: nn.Module) -> float | None:

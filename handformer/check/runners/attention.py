@@ -49,6 +49,7 @@ from handformer.check.core.context import (
     file_masks_keep,
     finish,
     first_working,
+    forward_defaults,
     forward_parameters,
     grads_error,
     guarded,
@@ -161,7 +162,7 @@ def _switched(fn: Any) -> Any:
     """A free function called as its own file calls it (tiny-universe's attention(q, k, v,
     dropout_module=None, is_causal=False, mask=None)): a module it calls that defaults to None is
     nn.Identity() (dropout, off), and its causal switch is on exactly when it is given a mask."""
-    defaults = {p.name: p.default for p in forward_parameters(fn)}
+    defaults = forward_defaults(fn)
     modules = [n for n in re.findall(r"\b(\w+)\(", source_text(fn)) if defaults.get(n, 0) is None]
     switch = ("is_causal",) * (defaults.get("is_causal") is False)
 

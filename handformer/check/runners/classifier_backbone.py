@@ -23,6 +23,7 @@ from handformer.check.core.context import Context, check_determinism, error_text
 from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, text
 from handformer.check.core.source import first_line, source_lines
 from handformer.check.core.weights import MappingError
+from handformer.check.runners.encoder_model import encoder_ids
 
 B, T, REAL = 2, 6, 4  # row 1 holds REAL tokens, then padding
 MASK_NAMES = ("attention_mask", "mask", "attn_mask", "padding_mask")  # 1 = a real token
@@ -78,14 +79,14 @@ def pooled_candidates(out: Any, keep: Tensor) -> dict[str, Tensor]:
     return {k: t for k, t in found.items() if t is not None}
 
 
+@torch.no_grad()
 def check_backbone_classifier(res: ComponentResult, ctx: Context, comp: Any, module: nn.Module,
                               classes: int) -> None:
     """The checks of a classifier on an encoder of its own (the module docstring's)."""
     encoder, head = backbone_parts(module, classes)
     res.mapping = [f"{n} -> {'encoder' if m is encoder else 'head'}" for n, m in module.named_children()
                    if m is encoder or m in head]
-    rows = next(m.num_embeddings for m in encoder.modules() if isinstance(m, nn.Embedding))
-    ids = torch.randint(1, rows, (B, T), generator=torch.Generator().manual_seed(3))
+    ids = encoder_ids(encoder)
     names = forward_names(module)
     mask = next((n for n in MASK_NAMES if n in names), None)
     keep = torch.ones(B, T, dtype=torch.long)
@@ -96,18 +97,17 @@ def check_backbone_classifier(res: ComponentResult, ctx: Context, comp: Any, mod
         return ctx.learner.call("forward", module, tokens, **given, **extra)
 
     logits = lambda out: next((t for t in tensors_of(out) if t.dim() == 2 and t.size(-1) == classes), None)  # noqa: E731
-    with torch.no_grad():
-        check_determinism(res, ctx, comp, lambda: logits(run(ids)), "encoder_model", "encoder_layer", "mha")
-        if res.has("dropout_in_eval"):
-            return
-        _reads_pooled(res, encoder, head, lambda: logits(run(ids)), classes, keep)
-        if mask:
-            _padding(res, lambda tokens: logits(run(tokens)), ids)
-            if not res.checks[-1].ok:
-                _mask_dropped(res, module, encoder, lambda: run(ids))
-        label = next((n for n in LABEL_NAMES if n in names), None)
-        if label:
-            _loss(res, lambda y: run(ids, **{label: y}), logits, classes)
+    check_determinism(res, ctx, comp, lambda: logits(run(ids)), "encoder_model", "encoder_layer", "mha")
+    if res.has("dropout_in_eval"):
+        return
+    _reads_pooled(res, encoder, head, lambda: logits(run(ids)), classes, keep)
+    if mask:
+        _padding(res, lambda tokens: logits(run(tokens)), ids)
+        if not res.checks[-1].ok:
+            _mask_dropped(res, module, encoder, lambda: run(ids))
+    label = next((n for n in LABEL_NAMES if n in names), None)
+    if label:
+        _loss(res, lambda y: run(ids, **{label: y}), logits, classes)
 
 
 def tensors_of(out: Any) -> list[Tensor]:

@@ -31,7 +31,7 @@ ENCODER_SIZES = {**SIZES, "src_vocab": 29, "n_layers": 2, "max_len": 16}
 MASK_NAME = "attention_mask"  # Hugging Face's name, whose convention is 1 = a real token
 
 
-def _ids(module: nn.Module) -> Tensor:
+def encoder_ids(module: nn.Module) -> Tensor:
     """(B, T) ids its first embedding (the word embeddings, built first as Hugging Face's are) can
     look up."""
     rows = next(m.num_embeddings for m in module.modules() if isinstance(m, nn.Embedding))
@@ -41,7 +41,7 @@ def _ids(module: nn.Module) -> Tensor:
 def check_encoder_model(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     module = ctx.build(comp, ENCODER_SIZES)
-    ids = _ids(module)
+    ids = encoder_ids(module)
     mask_name = MASK_NAME if MASK_NAME in forward_names(module) else None
     keep = torch.ones(B, T, dtype=torch.long)
     keep[1, REAL:] = 0

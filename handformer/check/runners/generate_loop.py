@@ -44,7 +44,14 @@ from handformer.check.core.argument_names import (
     PROMPT_NAMES,
     TOKENIZER_NAMES,
 )
-from handformer.check.core.context import Context, forward_names, forward_parameters, named, raised_at
+from handformer.check.core.context import (
+    Context,
+    forward_defaults,
+    forward_names,
+    forward_parameters,
+    named,
+    raised_at,
+)
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import note_departure
@@ -566,7 +573,7 @@ def _total_length(res: ComponentResult, ctx: Context, comp: Component, driver: A
     """A loop whose count, by a name that does not say new tokens (max_length), is the total length,
     prompt included (Hugging Face's max_length): asked for SHORT tokens it gave SHORT - T after a prompt
     of T. Read so (TOTAL_COUNTS) where, handed T + SHORT, it gives SHORT; noted. Else `short`."""
-    name = next((p.name for p in forward_parameters(comp.obj) if p.name.lower() in COUNT_NAMES), "new")
+    name = named(forward_names(comp.obj), COUNT_NAMES) or "new"
     T = short.prompt.size(1)
     if short.out is None or short.out.size(1) != SHORT - T or "new" in name.lower():
         return short
@@ -594,7 +601,7 @@ def _top_one(res: ComponentResult, ctx: Context, comp: Component, driver: Any, s
     """A loop that takes a top-k driven again with top_k = 1: the one token it keeps is the likeliest,
     so its tokens are greedy's (a filter that drops the k-th token keeps none); the run, judged. A loop
     whose top-k serves one prompt at a time (Raschka's `logits < top_logits[:, -1]`) is judged so."""
-    name = next((p.name for p in forward_parameters(comp.obj) if p.name.lower() in TOP_K_NAMES), None)
+    name = named(forward_names(comp.obj), TOP_K_NAMES)
     if name is None or short.out is None:
         return []
     for B in dict.fromkeys((short.prompt.size(0), 1)):
@@ -659,8 +666,8 @@ def _localize(ctx: Context, comp: Component, driver: Any, run: Run, expected: Te
 def _top_k_of(comp: Component, run: Run) -> int:
     """The k the run's top-k filter keeps: the one it was given, else its parameter's default (1:
     none, or no number)."""
-    given = {**{p.name: p.default for p in forward_parameters(comp.obj)}, **(run.extra or {})}
-    k = next((v for name, v in given.items() if name.lower() in TOP_K_NAMES), None)
+    given = {**forward_defaults(comp.obj), **(run.extra or {})}
+    k = given.get(named(list(given), TOP_K_NAMES))
     return k if isinstance(k, int) and not isinstance(k, bool) and 0 < k < VOCAB else 1
 
 

@@ -20,8 +20,8 @@ from unittest import mock
 import torch
 from torch import Tensor
 
-from handformer.check.core.argument_names import SAMPLE_SWITCH_NAMES, TEMPERATURE_NAMES
-from handformer.check.core.context import Context, forward_parameters
+from handformer.check.core.argument_names import SAMPLE_SWITCH_NAMES, TEMPERATURE_NAMES, named
+from handformer.check.core.context import Context, forward_names, forward_parameters
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines
 
@@ -84,7 +84,7 @@ def check_temperature(res: ComponentResult, ctx: Context, comp: Any, driver: Any
     """The probe of the module docstring, when the loop takes a temperature and samples with
     torch.multinomial (generate_loop's run_generate runs it); a difference is named in the form the
     probabilities take."""
-    name = next((p.name for p in forward_parameters(comp.obj) if p.name.lower() in TEMPERATURE_NAMES), None)
+    name = named(forward_names(comp.obj), TEMPERATURE_NAMES)
     if name is None:
         return
     seen: list[Tensor] = []

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from handformer.check.core.argument_names import K_NAMES, MIN_P_NAMES, P_NAMES, TEMPERATURE_NAMES, named
-from handformer.check.core.context import Context, forward_parameters
+from handformer.check.core.context import Context, forward_defaults
 from handformer.check.core.nucleus import top_p_keep
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines
@@ -34,7 +34,7 @@ def _options(comp: Any) -> dict[str, Any] | None:
     """The loop's top-p at TOP_P, its temperature at 1, a top-k it takes (on by default in Qwen's chat
     loop: top_k=20) the whole vocabulary (it keeps every token, whether the loop tests k > 0 or k is
     not None); None where it takes no top-p, or a min-p on by default."""
-    defaults = {p.name: p.default for p in forward_parameters(comp.obj)}
+    defaults = forward_defaults(comp.obj)
     names = list(defaults)
     top_p = named(names, P_NAMES)
     options = {top_p: TOP_P, named(names, TEMPERATURE_NAMES): 1.0, named(names, REPEAT_NAMES): 1.0,

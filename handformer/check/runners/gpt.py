@@ -43,6 +43,8 @@ from handformer.check.core.context import (
     drives_only,
     error_text,
     finish,
+    forward_defaults,
+    forward_names,
     forward_parameters,
     is_mask_name,
     logits_shape,
@@ -1418,7 +1420,7 @@ def _returned_runs(ctx: Context, call: Caller, idx: Tensor, cuts: list[int],
     forward(idx, past_key_values=None, start_pos=0)), each with the positions it covers; raises where
     it takes or returns none."""
     module = call.module
-    names = {p.name: p.default for p in forward_parameters(module)}
+    names = forward_defaults(module)
     arg = named([n for n, default in names.items() if default is None], CACHE_ARGS)
     assert arg is not None  # noqa: S101  (quietly: no cache check)
     asked = {"use_cache": True} if "use_cache" in names else {}

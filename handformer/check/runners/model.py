@@ -51,6 +51,7 @@ from handformer.check.core.context import (
     check_determinism,
     error_text,
     finish,
+    forward_names,
     forward_parameters,
     guarded,
     holds_torch_attention,
@@ -455,7 +456,7 @@ class Caller:
         # that it turns into torch.nn's itself
         self.forms, self.fallback = MASK_FORMS[holds_torch_attention(module)]
         # HF's forward(input_ids, attention_mask, decoder_input_ids, ...): ids and masks by name
-        if HF_IDS <= {p.name for p in forward_parameters(self.forward)}:
+        if HF_IDS <= set(forward_names(self.forward)):
             self.forms, self.fallback = ("hf",), "hf"
         # d2l's forward(enc_X, dec_X, *args): the source's valid lengths as its one more argument
         lengths = {True: "lens"}.get(_takes_rest(self.forward), self.fallback)

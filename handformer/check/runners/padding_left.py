@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.context import Context, error_text, forward_parameters
+from handformer.check.core.context import Context, error_text, forward_names
 from handformer.check.core.discovery import Component
 from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines
@@ -37,7 +37,7 @@ def left_padding(res: ComponentResult, ctx: Context, comp: Component, module: nn
                  run: Callable[[Tensor, Tensor], Any], idx: Tensor) -> None:
     """The left-padding probe on idx (B, T), `run(ids, attention_mask)` giving the logits (B, T, V);
     nothing where the forward takes no attention_mask or the probe cannot be judged."""
-    if MASK_NAME not in [p.name for p in forward_parameters(module)] or idx.size(1) <= PADS + 1:
+    if MASK_NAME not in forward_names(module) or idx.size(1) <= PADS + 1:
         return
     keep = torch.ones_like(idx)
     keep[1, :PADS] = 0

@@ -36,6 +36,7 @@ from handformer.check.core.argument_names import (  # noqa: F401
     PROBS_NAMES,
     TEMPERATURE_NAMES,
     TOP_A_NAMES,
+    named,
 )
 from handformer.check.core.context import (
     Context,
@@ -105,7 +106,7 @@ class Caller:
         self.processors = [n for n in self.names if n.lower() in PROCESSOR_NAMES]
 
     def find(self, names: tuple[str, ...]) -> str | None:
-        return next((n for n in self.names[1:] + self.fields if n.lower() in names), None)
+        return named(self.names[1:] + self.fields, names)
 
     def _settings_object(self, kwargs: dict[str, Any], vocab: int) -> None:
         """The settings dataclass built from the options that are its fields, every other filter off."""
