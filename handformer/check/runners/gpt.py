@@ -44,7 +44,6 @@ from handformer.check.core.context import (
     error_text,
     finish,
     forward_defaults,
-    forward_names,
     forward_parameters,
     is_mask_name,
     logits_shape,
