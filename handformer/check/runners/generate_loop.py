@@ -101,7 +101,7 @@ class PromptTokenizer(StandInTokenizer):
     one no model generates."""
 
     def __init__(self, ids: Any) -> None:
-        rows = torch.as_tensor(ids).tolist()
+        rows = ids.tolist() if isinstance(ids, Tensor) else list(ids)  # (a ragged list of prompts: as it is)
         self.prompt = rows[0] if len(rows) == 1 else rows  # (one prompt of 3 ids: its list)
 
     def encode(self, text: Any, *args: Any, **kwargs: Any) -> list[Any]:

@@ -378,8 +378,8 @@ def _relabelled(res: ComponentResult, ctx: Context, comp: Component, subject: Su
     real token id 0, the log-probabilities' columns swapped alike): cross-entropy is the same, so the
     loss must be; a mask written as targets != 0 (or > 0) drops the real 0s and counts the pads."""
     loss, (logp, targets, smoothings) = subject.module, found.x
-    if found.matched is None or found.flags or loss.pad is None or not subject.facts["padded"]:
-        return
+    if found.matched is None or found.flags or loss.pad is None or not subject.facts["padded"] or loss.parts:
+        return  # (stand-ins handed for its generator or criterion hold the pad id 0 themselves)
     pad = int(RELABEL[PAD])
     got = torch.tensor([_value(ctx, comp, loss(logp[..., RELABEL], RELABEL[targets], eps, pad))
                         for eps in smoothings], dtype=torch.float64)
