@@ -106,7 +106,18 @@ def moe_slots(path: str, moe: nn.Module, what: str, label: str) -> list[Slot]:
     linears = router_linears(getattr(moe, child))
     routers = [Leaf(_joined(label, path, child, name), "linear", m, m.weight, getattr(m, "bias", None))
                for name, m in linears]
-    return _routed(moe, readings, routers, shared)
+    slots = _routed(moe, readings, routers, shared)
+    if isinstance(slots, str):  # no reading computes its output, and it holds parts none reads
+        raise MappingError(f"{what}: {UNREAD[0]} ({slots})", zh=f"{what}：{UNREAD[1]}（{slots}）")
+    return slots
+
+
+# a mixture of experts with parts handformer's reading leaves out (Qwen2-MoE's shared_expert_gate, a
+# sigmoid scaling the shared expert) whose output no reading gives: a mistake, or those parts
+UNREAD = ("its mixture of experts holds parts handformer's reading of it (router, experts, an unweighted "
+          "shared expert) leaves out, and no reading without them gives its output: not compared",
+          "它的混合专家里有 handformer 的读法（路由、专家、不加权的共享专家）没有用到的部分，"
+          "不用这些部分的读法都给不出它的输出：不比较")
 
 
 def _shared(path: str, moe: nn.Module, taken: tuple[str, str], what: str, label: str) -> list[list[Slot]]:
@@ -178,7 +189,20 @@ def _routed(moe: nn.Module, readings: list[list[list[Slot]]], routers: list[Leaf
              if fp.max_error(out, V.feed_forward(ffn_weights(slots, act), x)) < 1e-6]
     if not found and not isinstance(routers[0].module, nn.Linear):
         raise MappingError(OWN_GATE[0], zh=OWN_GATE[1])  # (its own MoE check names what departs)
+    unread = _unread(moe, readings, routers, shared)
+    if not found and unread:
+        return ", ".join(unread)
     return [*found, tried[2 * (min(2, E) - 1)][0]][0]  # else: order 0, silu, k = 2, renormalized
+
+
+def _unread(moe: nn.Module, readings: list[list[list[Slot]]], routers: list[Leaf],
+            shared: list[list[list[Slot]]]) -> list[str]:
+    """The modules (dotted names) holding parameters of the mixture that no expert, shared expert or
+    router reading holds (Qwen2-MoE's shared_expert_gate)."""
+    leaves_read = [slot.leaf for group in readings + shared for order in group for slot in order] + routers
+    held = {id(t) for leaf in leaves_read for t in (leaf.weight, leaf.bias) if t is not None}
+    unread = (name.rpartition(".")[0] or name for name, p in moe.named_parameters() if id(p) not in held)
+    return sorted(set(unread))
 
 
 # a gate module of its own (DeepSeek's Gate, MoEGate) whose output no reading of handformer's gives

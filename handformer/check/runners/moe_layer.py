@@ -53,9 +53,22 @@ def _parts(module: nn.Module) -> tuple[nn.ModuleList, list[tuple[Tensor, Tensor 
     experts = next(c for c in children.values() if isinstance(c, nn.ModuleList))
     E = len(experts)
     gate = next(c for c in children.values() if _routers(c, E))
-    shared = [c for c in children.values()
-              if c is not experts and c is not gate and next(c.parameters(), None) is not None]
-    return experts, _routers(gate, E), shared
+    rest = [c for c in children.values()
+            if c is not experts and c is not gate and next(c.parameters(), None) is not None]
+    scale = [c for c in rest if isinstance(c, nn.Linear) and c.out_features == 1][:1]  # shared_expert_gate
+    return experts, _routers(gate, E), [ScaledShared(c, *scale) for c in rest if c not in scale]
+
+
+class ScaledShared(nn.Module):
+    """A shared expert, scaled by sigmoid(g x) where the mixture holds a Linear(D, 1) g beside it
+    (Qwen2-MoE's shared_expert_gate); as it is where it holds none (DeepSeek's)."""
+
+    def __init__(self, expert: nn.Module, gate: nn.Module | None = None) -> None:
+        super().__init__()
+        self.expert, self.gate = expert, gate
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.expert(x) * (1.0 if self.gate is None else torch.sigmoid(self.gate(x)))  # (B, T, D)
 
 
 def _routers(child: nn.Module, E: int) -> list[tuple[Tensor, Tensor | None]]:
