@@ -173,10 +173,11 @@ def moe_note(slots: list[Slot]) -> list[Text]:
 
 
 def _routed(moe: nn.Module, readings: list[list[list[Slot]]], routers: list[Leaf],
-            shared: list[list[list[Slot]]]) -> list[Slot]:
+            shared: list[list[list[Slot]]]) -> list[Slot] | str:
     """The slots in the reading (router, gate order, top_k, renormalized or not) that computes the
     learner's output, a shared expert's after the routed ones'; where none does (a mistake), the first
-    router and gate order, 2 experts a token, renormalized."""
+    router and gate order, 2 experts a token, renormalized; where none does and it holds parameters no
+    reading holds, their modules' names (not compared)."""
     x = fp.randn(2, 5, D, seed=4)  # (B, T, D)
     # (None where the learner's module raises: its block's check runs it and says so)
     out = fp.first_tensor(fp.quietly(lambda: moe(x)), 3)
