@@ -190,8 +190,7 @@ def _routed(moe: nn.Module, readings: list[list[list[Slot]]], routers: list[Leaf
              if fp.max_error(out, V.feed_forward(ffn_weights(slots, act), x)) < 1e-6]
     if not found and not isinstance(routers[0].module, nn.Linear):
         raise MappingError(OWN_GATE[0], zh=OWN_GATE[1])  # (its own MoE check names what departs)
-    unread = _unread(moe, readings, routers, shared)
-    if not found and unread:
+    if not found and (unread := _unread(moe, readings, routers, shared)):
         return ", ".join(unread)
     return [*found, tried[2 * (min(2, E) - 1)][0]][0]  # else: order 0, silu, k = 2, renormalized
 
