@@ -712,15 +712,32 @@ def _long(res: ComponentResult, ctx: Context, comp: Component, driver: Any, B: i
                               f"超过块长 {BLOCK} 个 token 时它用自己的 assert 或 raise 拒绝"
                               f"（{long.failure.error.message}）：这是明说的限制，不是错误"))
         return Run(long.label, long.model, long.prompt, long.n), expected
-    if cropped is not None and long.out is not None and torch.equal(long.out, cropped) and not torch.equal(
-            cropped, expected):
-        expected = cropped
-        res.notes.append(text(f"it crops the context to the last {BLOCK} tokens, which your model does not "
-                              "need (it has no position table of that size): a choice",
-                              f"它把上下文裁剪到最后 {BLOCK} 个 token，而你的模型并不需要（它没有这么大的"
-                              "位置表）：这是一种选择"))
+    expected = _past_block(res, long, expected, cropped)
     _judge(res, ctx, comp, long, expected)
     return long, expected
+
+
+CROPPED_NOTE = text(f"it crops the context to the last {BLOCK} tokens, which your model does not need "
+                    "(it has no position table of that size): a choice",
+                    f"它把上下文裁剪到最后 {BLOCK} 个 token，而你的模型并不需要"
+                    "（它没有这么大的位置表）：这是一种选择")
+FULL_NOTE = text(f"it stops once the context holds the block's {BLOCK} tokens instead of cropping it "
+                 "(as Hugging Face's generate stops at max_length): a convention",
+                 f"上下文到了块长 {BLOCK} 个 token 时它就停下，而不是裁剪上下文"
+                 "（和 Hugging Face 的 generate 在 max_length 处停下一样）：这是一种约定")
+
+
+def _past_block(res: ComponentResult, long: Run, expected: Tensor, cropped: Tensor | None) -> Tensor:
+    """The tokens a run past the block size is judged against: handformer's greedy ones, or the
+    convention it matches (noted): the context cropped where the model needs no crop, or the loop
+    stopped once the context is full (the new tokens that fill it, no more)."""
+    full = expected[:, :max(BLOCK - long.prompt.size(-1), 0)]  # (B, BLOCK - T)
+    for tokens, note in ((cropped, CROPPED_NOTE), (full, FULL_NOTE)):
+        if tokens is not None and long.out is not None and torch.equal(long.out, tokens) and not torch.equal(
+                tokens, expected):
+            res.notes.append(note)
+            return tokens
+    return expected
 
 
 def refused(comp: Component, run: Run) -> bool:
