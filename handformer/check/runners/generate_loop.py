@@ -463,13 +463,40 @@ def fixed_defaults(fn: Any) -> dict[str, int]:
     it was never told is EOS (the EOS check sets its own); a top-k larger than the vocabulary
     (top_k=50) to the vocabulary's size, which keeps every token as 50 does in a real one; the number
     of samples drawn for each prompt (nanoGPT's sample.py num_samples=10) to 1, one continuation a
-    prompt as every check asks for."""
+    prompt as every check asks for. And a StreamingLLM cache's window widened (`kept_whole`)."""
     return {p.name: value for p in forward_parameters(fn) if is_number(p.default, int)
-            for names, above, value in FIXED_DEFAULTS if p.name.lower() in names and p.default > above}
+            for names, above, value in FIXED_DEFAULTS if p.name.lower() in names and p.default > above
+            } | kept_whole(fn)
+
+
+# a StreamingLLM loop's window of recent tokens (beside its attention sinks), by name, and what it is set to
+WINDOW_NAMES = ("window", "window_size", "recent", "recent_size", "recent_window", "window_length",
+                "cache_size", "max_cache_len", "max_cache_size", "kv_window")
+WIDE = 4 * BLOCK
+
+
+def kept_whole(fn: Any) -> dict[str, int]:
+    """The window of a loop whose cache keeps attention sinks and the most recent tokens (a parameter
+    named for sinks: n_sink, sink_size, ...), set wide enough that its cache drops nothing in check's
+    runs: full-context greedy decoding is then its reference, and its cache and positions are checked
+    as they are; what it drops past the window is not."""
+    params = forward_parameters(fn)
+    sinks = any("sink" in p.name.lower() for p in params)
+    return {p.name: WIDE for p in params if sinks and p.name.lower() in WINDOW_NAMES}
+
+
+def sinks_note(fn: Any) -> list[Text]:
+    """What check set a StreamingLLM loop's window to, and what it leaves unchecked."""
+    said = ", ".join(f"{k}={v}" for k, v in kept_whole(fn).items())
+    return [text(f"its cache keeps attention sinks and a window of recent tokens: run with {said}, so that "
+                 "it drops nothing and its tokens are full-context decoding's; what it drops past the window "
+                 "is not compared",
+                 f"它的缓存保留注意力汇聚点（attention sinks）和最近的一段窗口：运行时设 {said}，"
+                 "这样什么都不丢，token 就是完整上下文解码的结果；超出窗口时丢掉的部分不做比较")] * bool(said)
 
 
 def defaults_note(fn: Any) -> Text | None:
-    fixed = fixed_defaults(fn)
+    fixed = {k: v for k, v in fixed_defaults(fn).items() if k not in kept_whole(fn)}
     if not fixed:
         return None
     said = ", ".join(f"{k}={v}" for k, v in fixed.items())
@@ -529,7 +556,7 @@ class StandIn:
 
 def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any) -> None:
     note = defaults_note(comp.obj)
-    res.notes += [note] if note else []
+    res.notes += ([note] if note else []) + sinks_note(comp.obj)
     short = first = run_generate(ctx, comp, driver, SHORT, 2)
     for B, as_list in ((1, False), (1, True)):  # a loop written for one prompt, maybe a list of ints
         if short.out is not None or _named(short):
