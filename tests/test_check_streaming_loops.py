@@ -4,8 +4,9 @@
   that its cache drops nothing in check's runs (noted): it passes; the whole prefix fed again with the
   cache, and the cache not passed back, fail at their lines.
 - batched greedy generation with left padding (fixtures/learners_left_pad_batch/): positions from the
-  cumulative sum of the mask, each row stopped at its own EOS and padded after it. It passes; positions
-  that ignore the padding, and finished rows not padded, fail."""
+  cumulative sum of the mask, each row stopped at its own EOS and padded after it. It passes, also
+  when it never breaks early (a finished row padded to max_new_tokens: padding, not tokens after EOS);
+  positions that ignore the padding, and finished rows not padded, fail."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ FILES = {"learners_attention_sinks/correct": ("pass", []),
          "learners_attention_sinks/prefix_refed": ("fail", [118]),
          "learners_attention_sinks/cache_not_passed": ("fail", [118]),
          "learners_left_pad_batch/correct": ("pass", []),
+         "learners_left_pad_batch/correct_no_break": ("pass", []),
          "learners_left_pad_batch/positions_ignore_padding": ("fail", []),
          "learners_left_pad_batch/finished_rows_not_padded": ("fail", [])}
 

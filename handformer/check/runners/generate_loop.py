@@ -779,7 +779,9 @@ def _eos(res: ComponentResult, ctx: Context, comp: Component, driver: Any, short
          ) -> None:
     """A loop with an EOS parameter is given as EOS the token the model makes likeliest at a step
     (the first new token not seen before it): it must stop there (EOS kept, EOS repeated after it
-    read as padding, or EOS left out). A loop with no EOS parameter is not charged."""
+    read as padding, or EOS left out). A loop that takes a padding id is given one the model does not
+    make here: a finished row filled with it to max_new_tokens (a batched loop that never breaks) has
+    stopped too. A loop with no EOS parameter is not charged."""
     eos_name = named(forward_names(comp.obj), EOS_NAMES)
     if eos_name is None:
         return
@@ -787,12 +789,14 @@ def _eos(res: ComponentResult, ctx: Context, comp: Component, driver: Any, short
     k = next((i for i in range(1, len(seen) - 1) if seen[i] not in seen[:i]), None)
     if k is None:
         return
-    eos = int(reference[k])
-    run = run_generate(ctx, comp, driver, SHORT, 1, short.as_list, {eos_name: eos})
+    eos, pad = int(reference[k]), min(set(range(VOCAB)) - set(seen))  # (a padding id it does not make)
+    pad_name = named(forward_names(comp.obj), PAD_NAMES)
+    given = {name: value for name, value in ((eos_name, eos), (pad_name, pad)) if name}
+    run = run_generate(ctx, comp, driver, SHORT, 1, short.as_list, given)
     want = reference[:k + 1].tolist()
     got = run.out[0].tolist() if run.out is not None else None
     dropped = got == want[:k]  # stopped before appending EOS (Raschka's loop): a convention
-    stopped = dropped or (got is not None and got[:k + 1] == want and all(t == eos for t in got[k + 1:]))
+    stopped = dropped or (got is not None and got[:k + 1] == want and set(got[k + 1:]) <= {eos, pad})
     if dropped:
         res.notes.append(text(f"at EOS ({eos_name}={eos}) it stops without appending EOS, a convention",
                               f"遇到 EOS（{eos_name}={eos}）时它不把 EOS 加进结果就停下，这是一种约定"))
