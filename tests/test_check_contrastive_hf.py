@@ -2,7 +2,10 @@
 its model returns an output with `.logits` and, asked by `output_hidden_states=True`, `.hidden_states`,
 and its `max_length` counts the prompt. It is read as contrastive search all the same (its second call
 is each row k times, each with one of its k likeliest tokens appended) and passes; the penalty added
-and the similarities averaged (in a helper it calls) fail, each at its line."""
+and the similarities averaged (in a helper it calls) fail, each at its line. The candidates fed
+candidate-major (`repeat`), or alone with the cache expanded (Hugging Face's cached search), are read
+too and pass; a search in a form not read (its candidates sorted by id) calls the model on more rows
+than prompts and is NOT CHECKED, with that reason, never FAIL."""
 
 from __future__ import annotations
 
@@ -33,6 +36,22 @@ def test_an_hf_style_contrastive_search_passes(correct):
     search = next(c for c in correct.components if c.name == "contrastive_search")
     assert "contrastive search (k = 4, alpha = 0.6" in search.checks[0].name["en"], format_report(correct)
     assert any("max_length" in n["en"] for n in search.notes), format_report(correct)
+
+
+@pytest.fixture(scope="module", params=["correct_candidate_major", "correct_cached", "correct_sorted_candidates"])
+def other_form(request):
+    return request.param, check_file(str(HERE / f"{request.param}.py"), only=["generate"])
+
+
+def test_other_forms_pass_or_are_not_checked(other_form):
+    name, result = other_form
+    search = next(c for c in result.components if c.name == "contrastive_search")
+    if name == "correct_sorted_candidates":
+        assert search.status == "not_checked" and "8 rows for 2 prompts" in search.error.message, \
+            format_report(result)
+    else:
+        assert search.status == "pass" and "contrastive search (k = 4" in search.checks[0].name["en"], \
+            format_report(result)
 
 
 def test_a_planted_mistake_fails_at_its_line(planted):

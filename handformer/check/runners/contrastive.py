@@ -87,6 +87,7 @@ def _calls(ctx: Any, comp: Component, module: nn.Module, n: int) -> list[Tensor]
 def read_contrastive(ctx: Any, comp: Component, module: nn.Module) -> Read | None:
     """The loop's k and alpha where it is contrastive search on `module` (its second call's rows are
     each first-call row k times, each with one of its k likeliest tokens appended); None otherwise.
+    The second call may feed the candidates alone, with the first call's cache expanded k times.
     A loop that makes no second call for one new token is asked for one past the prompt's length:
     its count is the total length (Hugging Face's max_length), read so from then on (TOTAL_COUNTS).
     Run on a copy: a cache the model keeps inside must stay empty for the checks after."""
@@ -98,9 +99,13 @@ def read_contrastive(ctx: Any, comp: Component, module: nn.Module) -> Read | Non
     first, second = (calls + [torch.zeros(1, 0)] * 2)[:2]  # (B, T) and (B * k, T + 1) ids
     k = second.size(0) // first.size(0)
     top = fp.quietly(lambda: _outputs(module, first)[0][:, -1].topk(k, dim=-1).indices)  # (B, k)
-    expected = fp.quietly(lambda: torch.cat([first.repeat_interleave(k, 0), top.reshape(-1, 1)], 1))
+    # each row k times, row-major (repeat_interleave) or candidate-major (repeat: candidate j of every row),
+    # or the candidates alone, fed with the cache expanded (Hugging Face's contrastive search)
+    layouts = (lambda: torch.cat([first.repeat_interleave(k, 0), top.reshape(-1, 1)], 1),
+               lambda: torch.cat([first.repeat(k, 1), top.t().reshape(-1, 1)], 1),
+               lambda: top.reshape(-1, 1), lambda: top.t().reshape(-1, 1))
     # k = 1 would be greedy decoding calling its model again on the token it chose
-    if k < 2 or fp.max_error(expected, second) != 0.0:
+    if k < 2 or all(fp.max_error(fp.quietly(batch), second) != 0.0 for batch in layouts):
         return None
     if len(_calls(ctx, comp, module, 1)) < 2:  # its count includes the prompt
         TOTAL_COUNTS.add(comp.obj)

@@ -56,7 +56,7 @@ from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.processors import PROCESSOR_NAMES, NoProcessors
-from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.core.result import Check, ComponentResult, Finding, LearnerError, Text, text
 from handformer.check.core.sizes import is_number
 from handformer.check.core.source import locate, locate_form, source_lines, source_text
 from handformer.check.runners.generate_temperature import SOFT, VOCAB, check_temperature
@@ -555,8 +555,7 @@ class StandIn:
 
 
 def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any) -> None:
-    note = defaults_note(comp.obj)
-    res.notes += ([note] if note else []) + sinks_note(comp.obj)
+    res.notes += [note for note in [defaults_note(comp.obj)] if note] + sinks_note(comp.obj)
     short = first = run_generate(ctx, comp, driver, SHORT, 2)
     for B, as_list in ((1, False), (1, True)):  # a loop written for one prompt, maybe a list of ints
         if short.out is not None or _named(short):
@@ -575,6 +574,7 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
         res.notes.append(text(f"it generates for one prompt at a time (a batch of 2 failed){en}",
                               f"它一次只能为一个提示词生成（2 个一批时失败了）{zh}"))
     reference = driver.reference(B, SHORT)
+    _no_search(comp, short, reference)  # a search greedy decoding does not judge: NOT CHECKED, never FAIL
     _judge(res, ctx, comp, short, reference)
     tried = [(short, reference)]  # the runs and the tokens each is judged against
     if any(c.cached for c in short.model.calls):
@@ -594,6 +594,25 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
     check_temperature(res, ctx, comp, driver, short, run_generate)
     check_top_p(res, ctx, comp, driver, short, run_generate)
     _ending(res, ctx, comp, driver, tried)
+
+
+def _no_search(comp: Component, run: Run, reference: Tensor) -> None:
+    """NOT CHECKED (a cannot_call) where the loop calls the model on more rows than it was given prompts:
+    a search over candidates or beams (contrastive search in a form not read as one, a beam search
+    in a generate), whose tokens greedy decoding is no reference for (asked where they differ from
+    greedy decoding's, or the loop called the model too often: a search calls it more than once a
+    token)."""
+    B, rows = run.prompt.size(0), max((c.ids.size(0) for c in run.model.calls), default=0)
+    if rows > B and (run.out is None or not torch.equal(run.out, reference)):
+        said = {"name": comp.name, "rows": rows, "B": B}
+        raise fp.LearnerFailure(LearnerError("cannot_call", SEARCH.format(**said), "forward",
+                                             message_zh=SEARCH_ZH.format(**said)))
+
+
+SEARCH = ("{name} calls the model on {rows} rows for {B} prompts: a search over candidates (contrastive "
+          "search, beams) in a form check does not read, so greedy decoding is not its reference")
+SEARCH_ZH = ("{name} 对 {B} 个提示词用 {rows} 行调用模型：这是对候选的搜索（对比搜索、束搜索），"
+             "check 读不出它的写法，贪心解码不是它的参考")
 
 
 def _total_length(res: ComponentResult, ctx: Context, comp: Component, driver: Any, short: Run) -> Run:
