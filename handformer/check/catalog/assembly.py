@@ -88,6 +88,8 @@ DIAGNOSES: list[Diagnosis] = [
       "候选的得分是它所在假设的得分加上新 token 的对数概率：candidates.append((score + log_prob, tokens + "
       "[token]))（批量写法：log_probs + beam_scores[:, None]）",
       r"^\s*\w*(scores?|cand)\w*\s*=\s*\w*log_?probs?\w*(\[[^]]*\])?\s*(#.*)?$",
+      # a batched search's scores the log-softmax alone: `scores = F.log_softmax(logits, dim=-1)`
+      r"^\s*\w*(scores?|cand)\w*\s*=\s*[\w.]*log_softmax\((?:[^()]|\([^()]*\))*\)(\[[^]]*\])?\s*(#.*)?$",
       r"\.append\(\(\s*\w*log_?probs?\w*\s*,",
       # the tokens first, then the new token's log-probability alone: `append((tokens + [idx], lp))`
       r"\.append\(\(.*,\s*\w*(\blp|log_?probs?|logp)\w*\s*\)\)",

@@ -381,7 +381,10 @@ NAMES_ZH = {
         "加性因果掩码（键 s <= 查询 t 处为 0，之后为 -inf）",
     "the entropy of each row (nats)": "每一行的熵（nat）", "the threshold": "阈值",
     "the tokens removed (1 = removed)": "被去掉的 token（1 = 去掉）", "the tokens kept": "保留的 token",
-    "the filtered logits": "过滤后的 logits", "the largest probability of each row": "每一行的最大概率"}
+    "the filtered logits": "过滤后的 logits", "the largest probability of each row": "每一行的最大概率",
+    "each surprisal's distance from the entropy": "每个 token 的惊异度与熵的距离",
+    "the distances sorted": "排好序的距离", "the probabilities in that order": "按这个顺序排列的概率",
+    "their running sum": "它们的累加和"}
 NAMES_ZH.update(PPO_ZH)
 
 

@@ -605,6 +605,31 @@ def localize_truncation(call: Callable[[Tensor], Any], fn: Any, logits: Tensor, 
     return first_departure(steps, views, filename, {"V": logits.size(-1), **setting})
 
 
+def localize_typical(call: Callable[[Tensor], Any], fn: Any, logits: Tensor, mass: float) -> Departure | None:
+    """Run the learner's typical filter (`call(logits)`) traced; the first step that is none of its
+    sub-steps: the log-probabilities, the entropy of each row, each surprisal's distance from it, those
+    distances sorted, the probabilities in that order and their running sum, the tokens removed or kept,
+    the filtered logits."""
+    filename = inspect.getsourcefile(fn)
+    x = logits.float().requires_grad_()
+    logp = torch.log_softmax(logits.double(), -1)  # (rows, V)
+    entropy = -(logp.exp() * logp).sum(-1, keepdim=True)  # (rows, 1)
+    distance = (-logp - entropy).abs()
+    ranked, order = distance.sort(-1)
+    mass_so_far = logp.exp().gather(-1, order).cumsum(-1)
+    last = (mass_so_far < mass).sum(-1, keepdim=True).clamp(max=logits.size(-1) - 1)
+    removed = distance > ranked.gather(-1, last)
+    views = [("the log-probabilities", logp), ("the probabilities", logp.exp()),
+             ("the entropy of each row (nats)", entropy),
+             ("each surprisal's distance from the entropy", distance), ("the distances sorted", ranked),
+             ("the probabilities in that order", logp.exp().gather(-1, order)),
+             ("their running sum", mass_so_far), ("the tokens removed (1 = removed)", removed.double()),
+             ("the tokens kept", (~removed).double()),
+             ("the filtered logits", logits.double().masked_fill(removed, -math.inf))]
+    steps = trace_steps(lambda: call(x), filename, constants=(torch.bool,))
+    return first_departure(steps, views, filename, {"V": logits.size(-1), "mass": mass})
+
+
 def top_p_axes(logits: Tensor) -> list[Form]:
     """Top-p's sub-steps along the vocabulary (the sort, the softmax, the running sum) taken along
     another axis of logits (rows, V)."""

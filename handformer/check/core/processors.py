@@ -25,6 +25,7 @@ from handformer.check.core.argument_names import (
     P_NAMES,
     TEMPERATURE_NAMES,
     TOP_A_NAMES,
+    TYPICAL_NAMES,
     call_parameters,
     named,
     names_of,
@@ -36,7 +37,8 @@ SETTINGS = {"temperature": TEMPERATURE_NAMES, "top_k": K_NAMES, "top_p": P_NAMES
             "repetition_penalty": ("penalty", "repetition_penalty", "rep_penalty", "repeat_penalty"),
             # Hugging Face's EpsilonLogitsWarper(epsilon) and EtaLogitsWarper(epsilon): one setting's name
             # for two filters, told apart by the word of the class's name (Eta, Epsilon)
-            "epsilon_cut": EPSILON_NAMES, "eta_cut": ETA_NAMES, "top_a": TOP_A_NAMES}
+            "epsilon_cut": EPSILON_NAMES, "eta_cut": ETA_NAMES, "top_a": TOP_A_NAMES,
+            "typical": TYPICAL_NAMES}  # Hugging Face's TypicalLogitsWarper(mass)
 READS_IDS = ("repetition_penalty",)  # the filters whose function takes the ids after the logits
 # what a processor's second argument is called (not a plain x: a layer's `__call__(self, ctx, x)`)
 SCORES_NAMES = ("scores", "logits", "logit", "next_token_scores", "next_token_logits")

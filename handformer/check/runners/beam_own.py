@@ -94,8 +94,10 @@ class OwnSteered(Steered):
 
     def _states(self, _m: nn.Module, _inp: Any, out: Any) -> None:
         """The decoder's output states (N, L, D), the last ones computed: which position a row handed
-        to the output layer alone is (a search that reads out[:, 0] instead of out[:, -1])."""
-        shape = tuple(out.shape) if isinstance(out, Tensor) else ()
+        to the output layer alone is (a search that reads out[:, 0] instead of out[:, -1]). A nested
+        tensor (nn.TransformerEncoder's fast path over a padded source in eval mode) has no shape: it is
+        an encoder's output, never the decoder's states."""
+        shape = tuple(out.shape) if isinstance(out, Tensor) and not out.is_nested else ()
         if self.ys is not None and shape[-1:] == (SIZES["d_model"],) and len(shape) == 3:  # read first: cheap
             out = self._batch_first(out)
             if out.shape[:2] == self.ys.shape:

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import readable_parameters
+from handformer.check.core.context import forward_names
 from handformer.check.core.discovery import Component
 from handformer.check.core.result import (
     DEPARTS,
@@ -37,8 +38,15 @@ from handformer.check.core.result import (
     LearnerError,
     text,
 )
-from handformer.check.core.source import first_line, source_lines
-from handformer.check.runners.generate_loop import BLOCK, VOCAB, call_generate, new_tokens, prompts
+from handformer.check.core.source import first_line, functions_called, source_lines
+from handformer.check.runners.generate_loop import (
+    BLOCK,
+    TOTAL_COUNTS,
+    VOCAB,
+    call_generate,
+    new_tokens,
+    prompts,
+)
 
 STEPS = 4  # new tokens: 3 + 4 (+ 1 candidate) stays within the block of BLOCK tokens
 
@@ -60,36 +68,48 @@ class Recorder:
         vars(self.module).pop("forward", None)
 
 
-def _alpha_line(fn: Any) -> tuple[int | None, str | None]:
-    """The line of the loop that weighs the candidates' probabilities against their similarity: the
-    first after its `def` that reads alpha (penalty_alpha) on the right of an `=`."""
-    return first_line([r"=.*alpha"], source_lines([fn])[1:])
-
-
 @dataclass
 class Read:
     k: int  # the candidates each step
     alpha: float | None  # the argument named for it; None: none found
 
 
+def _calls(ctx: Any, comp: Component, module: nn.Module, n: int) -> list[Tensor]:
+    """The ids of each call the loop makes to `module` for two prompts and a count of n."""
+    recorder = Recorder(module)
+    try:
+        fp.quietly(lambda: call_generate(ctx, comp, recorder, prompts(2), n))
+    finally:
+        recorder.close()
+    return recorder.calls
+
+
 def read_contrastive(ctx: Any, comp: Component, module: nn.Module) -> Read | None:
     """The loop's k and alpha where it is contrastive search on `module` (its second call's rows are
     each first-call row k times, each with one of its k likeliest tokens appended); None otherwise.
+    The second call may feed the candidates alone, with the first call's cache expanded k times.
+    A loop that makes no second call for one new token is asked for one past the prompt's length:
+    its count is the total length (Hugging Face's max_length), read so from then on (TOTAL_COUNTS).
     Run on a copy: a cache the model keeps inside must stay empty for the checks after."""
     module = fp.quietly(lambda: copy.deepcopy(module))
     if module is None:
         return None
-    recorder = Recorder(module)
-    try:
-        fp.quietly(lambda: call_generate(ctx, comp, recorder, prompts(2), 1))
-    finally:
-        recorder.close()
-    first, second = (recorder.calls + [torch.zeros(1, 0)] * 2)[:2]  # (B, T) and (B * k, T + 1) ids
+    calls, total = _calls(ctx, comp, module, 1), 1 + prompts(2).size(1)
+    calls = calls if len(calls) > 1 else _calls(ctx, comp, module, total)
+    first, second = (calls + [torch.zeros(1, 0)] * 2)[:2]  # (B, T) and (B * k, T + 1) ids
     k = second.size(0) // first.size(0)
     top = fp.quietly(lambda: _outputs(module, first)[0][:, -1].topk(k, dim=-1).indices)  # (B, k)
-    expected = fp.quietly(lambda: torch.cat([first.repeat_interleave(k, 0), top.reshape(-1, 1)], 1))
+    # each row k times, row-major (repeat_interleave) or candidate-major (repeat: candidate j of every row),
+    # or the candidates alone, fed with the cache expanded (Hugging Face's contrastive search)
+    layouts = (lambda: torch.cat([first.repeat_interleave(k, 0), top.reshape(-1, 1)], 1),
+               lambda: torch.cat([first.repeat(k, 1), top.t().reshape(-1, 1)], 1),
+               lambda: top.reshape(-1, 1), lambda: top.t().reshape(-1, 1))
     # k = 1 would be greedy decoding calling its model again on the token it chose
-    return Read(k, _alpha(comp.obj)) if k > 1 and fp.max_error(expected, second) == 0.0 else None
+    if k < 2 or all(fp.max_error(fp.quietly(batch), second) != 0.0 for batch in layouts):
+        return None
+    if len(_calls(ctx, comp, module, 1)) < 2:  # its count includes the prompt
+        TOTAL_COUNTS.add(comp.obj)
+    return Read(k, _alpha(comp.obj))
 
 
 def _alpha(fn: Any) -> float | None:
@@ -101,17 +121,24 @@ def _alpha(fn: Any) -> float | None:
 @torch.no_grad()
 def _outputs(module: nn.Module, ids: Tensor) -> tuple[Tensor | None, Tensor | None]:
     """(logits (B, T, V), last hidden states (B, T, C)) as the model returns them: its first two
-    tensors of three axes (`return logits, hidden`); None for what it does not return."""
-    out = module(ids)
+    tensors of three axes (`return logits, hidden`), or an output's `.logits` and the last of its
+    `.hidden_states` (Hugging Face's, asked for by `output_hidden_states=True` where its forward takes
+    it); None for what it does not return."""
+    asked = {"output_hidden_states": True} if "output_hidden_states" in forward_names(module) else {}
+    out = module(ids, **asked)
+    if hasattr(out, "logits"):
+        hidden = getattr(out, "hidden_states", None) or [getattr(out, "last_hidden_state", None)]
+        return out.logits, hidden[-1]
     items = out if isinstance(out, (tuple, list)) else [out]
     wide = [t for t in items if fp.first_tensor([t], 3) is not None] + [None, None]
     return wide[0], wide[1]
 
 
 @torch.no_grad()
-def reference(module: nn.Module, ids: Tensor, n: int, k: int, alpha: float, sign: float = -1.0) -> Tensor:
+def reference(module: nn.Module, ids: Tensor, n: int, k: int, alpha: float, sign: float = -1.0,
+              reduce: str = "amax") -> Tensor:
     """n tokens of contrastive search after ids (B, T): the new tokens (B, n); `sign` +1: the mistake of
-    adding the degeneration penalty."""
+    adding the degeneration penalty; `reduce` "mean": of averaging the similarities, not their max."""
     start = ids.size(1)
     for _ in range(n):
         logits, hidden = _outputs(module, ids)  # (B, T, V), (B, T, C)
@@ -119,7 +146,7 @@ def reference(module: nn.Module, ids: Tensor, n: int, k: int, alpha: float, sign
         candidates = torch.cat([ids.repeat_interleave(k, 0), top.reshape(-1, 1)], 1)  # (B * k, T + 1)
         h = _outputs(module, candidates)[1][:, -1]  # (B * k, C)
         context = hidden.repeat_interleave(k, 0)  # (B * k, T, C)
-        similar = F.cosine_similarity(context, h[:, None], dim=-1).amax(-1).view(-1, k)  # (B, k)
+        similar = getattr(F.cosine_similarity(context, h[:, None], dim=-1), reduce)(-1).view(-1, k)  # (B, k)
         best = ((1 - alpha) * probs + sign * alpha * similar).argmax(-1, keepdim=True)  # (B, 1)
         ids = torch.cat([ids, top.gather(1, best)], 1)
     return ids[:, start:]
@@ -143,6 +170,8 @@ def check_contrastive(res: ComponentResult, ctx: Any, comp: Component, module: n
                                             "读不到 alpha，或从模型输出 (logits, hidden) 里读不到隐藏状态")
         return
     want = reference(module, ids, STEPS, found.k, found.alpha)
+    if comp.obj in TOTAL_COUNTS:
+        res.notes.append(TOTAL_NOTE)
     recorder = Recorder(module)
     try:
         got = new_tokens(call_generate(ctx, comp, recorder, ids.clone(), STEPS), ids, STEPS)
@@ -155,11 +184,23 @@ def check_contrastive(res: ComponentResult, ctx: Any, comp: Component, module: n
         f"2 个提示词、{STEPS} 个新 token：对比搜索（k = {found.k}，alpha = {found.alpha:g}：取 "
         f"(1 - alpha) p(v) - alpha max cos(h_v, h_context) 最大者）的 token {want.tolist()}"),
         ok, text(f"got {shown}", f"得到 {shown}")))
-    added = reference(module, ids, STEPS, found.k, found.alpha, sign=1.0)
-    if not ok and fp.max_error(got, added) == 0.0:
-        res.findings.append(Finding(DEPARTS, ADDED, *_alpha_line(comp.obj)))
+    lines = source_lines([comp.obj, *functions_called(comp.obj)])[1:]  # the loop's, then its helpers'
+    for sign, reduce, patterns, says in [] if ok else VARIANTS:
+        if fp.max_error(got, reference(module, ids, STEPS, found.k, found.alpha, sign, reduce)) == 0.0:
+            res.findings.append(Finding(DEPARTS, says, *first_line(patterns, lines)))
+            break
 
 
 ADDED = text("your tokens are those of contrastive search with the degeneration penalty added, not "
              "subtracted: candidates like the context are preferred",
              "你的 token 是把退化惩罚加上（而不是减去）时对比搜索的结果：与上下文相似的候选反而被优先选中")
+TOTAL_NOTE = text("its count includes the prompt (Hugging Face's max_length): it is handed the prompt's "
+                  "length plus the new tokens",
+                  "它的长度参数把提示词也算进去（Hugging Face 的 max_length）：传入提示词长度加新 token 数")
+AVERAGED = text("your tokens are those of contrastive search with the degeneration penalty the mean of the "
+                "cosine similarities with the context, not their max",
+                "你的 token 是把退化惩罚取成与上下文余弦相似度的平均值（而不是最大值）时对比搜索的结果")
+# the mistakes read from the tokens: (the penalty's sign, how the similarities are reduced, the patterns of
+# the line to quote, what the finding says)
+VARIANTS = ((1.0, "amax", [r"=.*alpha"], ADDED),
+            (-1.0, "mean", [r"\.mean\(", r"=.*alpha"], AVERAGED))

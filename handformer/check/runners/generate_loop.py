@@ -56,7 +56,7 @@ from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.processors import PROCESSOR_NAMES, NoProcessors
-from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.core.result import Check, ComponentResult, Finding, LearnerError, Text, text
 from handformer.check.core.sizes import is_number
 from handformer.check.core.source import locate, locate_form, source_lines, source_text
 from handformer.check.runners.generate_temperature import SOFT, VOCAB, check_temperature
@@ -463,13 +463,40 @@ def fixed_defaults(fn: Any) -> dict[str, int]:
     it was never told is EOS (the EOS check sets its own); a top-k larger than the vocabulary
     (top_k=50) to the vocabulary's size, which keeps every token as 50 does in a real one; the number
     of samples drawn for each prompt (nanoGPT's sample.py num_samples=10) to 1, one continuation a
-    prompt as every check asks for."""
+    prompt as every check asks for. And a StreamingLLM cache's window widened (`kept_whole`)."""
     return {p.name: value for p in forward_parameters(fn) if is_number(p.default, int)
-            for names, above, value in FIXED_DEFAULTS if p.name.lower() in names and p.default > above}
+            for names, above, value in FIXED_DEFAULTS if p.name.lower() in names and p.default > above
+            } | kept_whole(fn)
+
+
+# a StreamingLLM loop's window of recent tokens (beside its attention sinks), by name, and what it is set to
+WINDOW_NAMES = ("window", "window_size", "recent", "recent_size", "recent_window", "window_length",
+                "cache_size", "max_cache_len", "max_cache_size", "kv_window")
+WIDE = 4 * BLOCK
+
+
+def kept_whole(fn: Any) -> dict[str, int]:
+    """The window of a loop whose cache keeps attention sinks and the most recent tokens (a parameter
+    named for sinks: n_sink, sink_size, ...), set wide enough that its cache drops nothing in check's
+    runs: full-context greedy decoding is then its reference, and its cache and positions are checked
+    as they are; what it drops past the window is not."""
+    params = forward_parameters(fn)
+    sinks = any("sink" in p.name.lower() for p in params)
+    return {p.name: WIDE for p in params if sinks and p.name.lower() in WINDOW_NAMES}
+
+
+def sinks_note(fn: Any) -> list[Text]:
+    """What check set a StreamingLLM loop's window to, and what it leaves unchecked."""
+    said = ", ".join(f"{k}={v}" for k, v in kept_whole(fn).items())
+    return [text(f"its cache keeps attention sinks and a window of recent tokens: run with {said}, so that "
+                 "it drops nothing and its tokens are full-context decoding's; what it drops past the window "
+                 "is not compared",
+                 f"它的缓存保留注意力汇聚点（attention sinks）和最近的一段窗口：运行时设 {said}，"
+                 "这样什么都不丢，token 就是完整上下文解码的结果；超出窗口时丢掉的部分不做比较")] * bool(said)
 
 
 def defaults_note(fn: Any) -> Text | None:
-    fixed = fixed_defaults(fn)
+    fixed = {k: v for k, v in fixed_defaults(fn).items() if k not in kept_whole(fn)}
     if not fixed:
         return None
     said = ", ".join(f"{k}={v}" for k, v in fixed.items())
@@ -528,8 +555,7 @@ class StandIn:
 
 
 def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any) -> None:
-    note = defaults_note(comp.obj)
-    res.notes += [note] if note else []
+    res.notes += [note for note in [defaults_note(comp.obj)] if note] + sinks_note(comp.obj)
     short = first = run_generate(ctx, comp, driver, SHORT, 2)
     for B, as_list in ((1, False), (1, True)):  # a loop written for one prompt, maybe a list of ints
         if short.out is not None or _named(short):
@@ -548,6 +574,7 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
         res.notes.append(text(f"it generates for one prompt at a time (a batch of 2 failed){en}",
                               f"它一次只能为一个提示词生成（2 个一批时失败了）{zh}"))
     reference = driver.reference(B, SHORT)
+    _no_search(comp, short, reference)  # a search greedy decoding does not judge: NOT CHECKED, never FAIL
     _judge(res, ctx, comp, short, reference)
     tried = [(short, reference)]  # the runs and the tokens each is judged against
     if any(c.cached for c in short.model.calls):
@@ -567,6 +594,25 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
     check_temperature(res, ctx, comp, driver, short, run_generate)
     check_top_p(res, ctx, comp, driver, short, run_generate)
     _ending(res, ctx, comp, driver, tried)
+
+
+def _no_search(comp: Component, run: Run, reference: Tensor) -> None:
+    """NOT CHECKED (a cannot_call) where the loop calls the model on more rows than it was given prompts:
+    a search over candidates or beams (contrastive search in a form not read as one, a beam search
+    in a generate), whose tokens greedy decoding is no reference for (asked where they differ from
+    greedy decoding's, or the loop called the model too often: a search calls it more than once a
+    token)."""
+    B, rows = run.prompt.size(0), max((c.ids.size(0) for c in run.model.calls), default=0)
+    if rows > B and (run.out is None or not torch.equal(run.out, reference)):
+        said = {"name": comp.name, "rows": rows, "B": B}
+        raise fp.LearnerFailure(LearnerError("cannot_call", SEARCH.format(**said), "forward",
+                                             message_zh=SEARCH_ZH.format(**said)))
+
+
+SEARCH = ("{name} calls the model on {rows} rows for {B} prompts: a search over candidates (contrastive "
+          "search, beams) in a form check does not read, so greedy decoding is not its reference")
+SEARCH_ZH = ("{name} 对 {B} 个提示词用 {rows} 行调用模型：这是对候选的搜索（对比搜索、束搜索），"
+             "check 读不出它的写法，贪心解码不是它的参考")
 
 
 def _total_length(res: ComponentResult, ctx: Context, comp: Component, driver: Any, short: Run) -> Run:
@@ -712,15 +758,32 @@ def _long(res: ComponentResult, ctx: Context, comp: Component, driver: Any, B: i
                               f"超过块长 {BLOCK} 个 token 时它用自己的 assert 或 raise 拒绝"
                               f"（{long.failure.error.message}）：这是明说的限制，不是错误"))
         return Run(long.label, long.model, long.prompt, long.n), expected
-    if cropped is not None and long.out is not None and torch.equal(long.out, cropped) and not torch.equal(
-            cropped, expected):
-        expected = cropped
-        res.notes.append(text(f"it crops the context to the last {BLOCK} tokens, which your model does not "
-                              "need (it has no position table of that size): a choice",
-                              f"它把上下文裁剪到最后 {BLOCK} 个 token，而你的模型并不需要（它没有这么大的"
-                              "位置表）：这是一种选择"))
+    expected = _past_block(res, long, expected, cropped)
     _judge(res, ctx, comp, long, expected)
     return long, expected
+
+
+CROPPED_NOTE = text(f"it crops the context to the last {BLOCK} tokens, which your model does not need "
+                    "(it has no position table of that size): a choice",
+                    f"它把上下文裁剪到最后 {BLOCK} 个 token，而你的模型并不需要"
+                    "（它没有这么大的位置表）：这是一种选择")
+FULL_NOTE = text(f"it stops once the context holds the block's {BLOCK} tokens instead of cropping it "
+                 "(as Hugging Face's generate stops at max_length): a convention",
+                 f"上下文到了块长 {BLOCK} 个 token 时它就停下，而不是裁剪上下文"
+                 "（和 Hugging Face 的 generate 在 max_length 处停下一样）：这是一种约定")
+
+
+def _past_block(res: ComponentResult, long: Run, expected: Tensor, cropped: Tensor | None) -> Tensor:
+    """The tokens a run past the block size is judged against: handformer's greedy ones, or the
+    convention it matches (noted): the context cropped where the model needs no crop, or the loop
+    stopped once the context is full (the new tokens that fill it, no more)."""
+    full = expected[:, :max(BLOCK - long.prompt.size(-1), 0)]  # (B, BLOCK - T)
+    for tokens, note in ((cropped, CROPPED_NOTE), (full, FULL_NOTE)):
+        if tokens is not None and long.out is not None and torch.equal(long.out, tokens) and not torch.equal(
+                tokens, expected):
+            res.notes.append(note)
+            return tokens
+    return expected
 
 
 def refused(comp: Component, run: Run) -> bool:
@@ -735,7 +798,9 @@ def _eos(res: ComponentResult, ctx: Context, comp: Component, driver: Any, short
          ) -> None:
     """A loop with an EOS parameter is given as EOS the token the model makes likeliest at a step
     (the first new token not seen before it): it must stop there (EOS kept, EOS repeated after it
-    read as padding, or EOS left out). A loop with no EOS parameter is not charged."""
+    read as padding, or EOS left out). A loop that takes a padding id is given one the model does not
+    make here: a finished row filled with it to max_new_tokens (a batched loop that never breaks) has
+    stopped too. A loop with no EOS parameter is not charged."""
     eos_name = named(forward_names(comp.obj), EOS_NAMES)
     if eos_name is None:
         return
@@ -743,12 +808,14 @@ def _eos(res: ComponentResult, ctx: Context, comp: Component, driver: Any, short
     k = next((i for i in range(1, len(seen) - 1) if seen[i] not in seen[:i]), None)
     if k is None:
         return
-    eos = int(reference[k])
-    run = run_generate(ctx, comp, driver, SHORT, 1, short.as_list, {eos_name: eos})
+    eos, pad = int(reference[k]), min(set(range(VOCAB)) - set(seen))  # (a padding id it does not make)
+    pad_name = named(forward_names(comp.obj), PAD_NAMES)
+    given = {name: value for name, value in ((eos_name, eos), (pad_name, pad)) if name}
+    run = run_generate(ctx, comp, driver, SHORT, 1, short.as_list, given)
     want = reference[:k + 1].tolist()
     got = run.out[0].tolist() if run.out is not None else None
     dropped = got == want[:k]  # stopped before appending EOS (Raschka's loop): a convention
-    stopped = dropped or (got is not None and got[:k + 1] == want and all(t == eos for t in got[k + 1:]))
+    stopped = dropped or (got is not None and got[:k + 1] == want and set(got[k + 1:]) <= {eos, pad})
     if dropped:
         res.notes.append(text(f"at EOS ({eos_name}={eos}) it stops without appending EOS, a convention",
                               f"遇到 EOS（{eos_name}={eos}）时它不把 EOS 加进结果就停下，这是一种约定"))

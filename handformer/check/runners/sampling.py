@@ -36,6 +36,7 @@ from handformer.check.core.argument_names import (  # noqa: F401
     PROBS_NAMES,
     TEMPERATURE_NAMES,
     TOP_A_NAMES,
+    TYPICAL_NAMES,
     named,
 )
 from handformer.check.core.context import (
@@ -53,6 +54,7 @@ from handformer.check.core.localize_kinds import (
     localize_min_p,
     localize_top_p,
     localize_truncation,
+    localize_typical,
     note_departure,
 )
 from handformer.check.core.nucleus import EQUALITY, TOP_P_FLAGS, top_p_keep
@@ -176,9 +178,10 @@ def called_by_row(comp: Component, ctx: Context) -> bool:
 
 # the filters a sampling function may take, by the names learners give them
 OPTIONS = {"top_k": K_NAMES, "top_p": P_NAMES, "temperature": TEMPERATURE_NAMES, "min_p": MIN_P_NAMES,
-           "epsilon_cut": EPSILON_NAMES, "eta_cut": ETA_NAMES, "top_a": TOP_A_NAMES}
+           "epsilon_cut": EPSILON_NAMES, "eta_cut": ETA_NAMES, "top_a": TOP_A_NAMES, "typical": TYPICAL_NAMES}
 # each filter's setting that filters nothing
-OFF = {"top_p": 1.0, "temperature": 1.0, "min_p": 0.0, "epsilon_cut": 0.0, "eta_cut": 0.0, "top_a": 0.0}
+OFF = {"top_p": 1.0, "temperature": 1.0, "min_p": 0.0, "epsilon_cut": 0.0, "eta_cut": 0.0, "top_a": 0.0,
+       "typical": 1.0}
 
 
 @dataclass(frozen=True)
@@ -743,6 +746,51 @@ def check_eta_cut(comp: Component, ctx: Context) -> ComponentResult:
 def check_top_a(comp: Component, ctx: Context) -> ComponentResult:
     """Top-a: the tokens of probability at least top_a x the largest probability squared."""
     return check_filter(TRUNCATIONS["top_a"], comp, ctx)
+
+
+# --- locally typical sampling (Meister et al., 2022; Hugging Face's TypicalLogitsWarper) ---------------
+
+def typical_keep(logits: Tensor, mass: float, flags: frozenset[str] = frozenset()) -> Tensor:
+    """The tokens typical sampling keeps (bool, like logits): ranked by how far their surprisal is from
+    the row's entropy, nearest first, the fewest whose probability reaches `mass`, ties with the last
+    one kept (Hugging Face's `sorted_scores > sorted_scores[last_ind]` removed). The first token always
+    stays, so "top_kept" (min_tokens_to_keep = 1) changes nothing."""
+    distance = typical_distance(logits)  # (rows, V)
+    ranked, order = distance.sort(-1)
+    mass_so_far = torch.softmax(logits.double(), -1).gather(-1, order).cumsum(-1)
+    last = (mass_so_far < mass).sum(-1, keepdim=True).clamp(max=logits.size(-1) - 1)  # (rows, 1)
+    return distance <= ranked.gather(-1, last)
+
+
+def typical_distance(logits: Tensor) -> Tensor:
+    """|-log p - H| of each token: its surprisal's distance from the row's entropy H (nats)."""
+    logp = torch.log_softmax(logits.double(), -1)
+    return (-logp - _entropy(logp.exp())).abs()
+
+
+def _typical_departure(res: ComponentResult, ctx: Context, comp: Component, call: Caller, kept: list[Tensor],
+                       wrong: int) -> None:
+    """Where a typical filter that keeps wrong tokens first parts from its sub-steps (on the second
+    case)."""
+    if wrong:
+        logits, mass = TYPICAL.cases()[1]
+        note_departure(res, lambda: localize_typical(lambda x: call(x, typical=mass), comp.obj, logits, mass))
+
+
+TYPICAL = Filter(
+    option="typical",
+    cases=lambda: [(test_logits(), 0.5), (test_logits(), 0.9), (test_logits(seed=1), 0.2)],
+    keep=typical_keep, universe=("top_kept",), conventions=frozenset({"top_kept"}),
+    observed=lambda flag, kept: text("", ""), notes=lambda conventions, kept: [],
+    check=text("keeps the tokens whose surprisal is nearest the entropy until their probability reaches "
+               "the mass (mass = 0.5, 0.9, 0.2)",
+               "按惊异度与熵的距离从近到远保留 token，直到概率和达到 mass（mass = 0.5、0.9、0.2）"),
+    steps=(_typical_departure,))
+
+
+def check_typical(comp: Component, ctx: Context) -> ComponentResult:
+    """Locally typical sampling, as the TYPICAL filter states it."""
+    return check_filter(TYPICAL, comp, ctx)
 
 
 # --- greedy ---------------------------------------------------------------------------------------
