@@ -279,15 +279,21 @@ def heads_norm(w: NormWeights, x: Tensor) -> Tensor:
     return whole.view(B, T, heads, Dh).transpose(1, 2)  # (B, H, T, Dh)
 
 
-def rope_angles(T: int, Dh: int, theta: float = 10000.0, offset: int = 0, flags: Flags = frozenset(),
+# a rotation's frequencies: those of a base, theta^(-2j/Dh), or the Dh/2 a module holds (a scaled schedule's)
+Frequencies = float | tuple[float, ...]
+
+
+def rope_angles(T: int, Dh: int, theta: Frequencies = 10000.0, offset: int = 0, flags: Flags = frozenset(),
                 dtype: torch.dtype = torch.float64) -> Tensor:
-    """(T, Dh/2) angles pos * theta^(-2j/Dh) of positions offset .. offset + T - 1; the classic
-    mistakes on request (positions from 0 whatever the offset, a wrong exponent)."""
+    """(T, Dh/2) angles pos * theta^(-2j/Dh) of positions offset .. offset + T - 1 (pos * f_j where
+    theta is the frequencies f_j themselves); the classic mistakes on request (positions from 0
+    whatever the offset, a wrong exponent)."""
     start = 0 if has(flags, "rope_no_offset") is not None else offset
     pos = torch.arange(start, start + T, dtype=dtype)[:, None]  # (T, 1)
     two_j = torch.arange(0, Dh, 2, dtype=dtype)  # (Dh/2,): 2j
     j = two_j * EXPONENT_SCALE.get(has(flags, "rope_wrong_base"), 1)
-    return pos * theta ** (-j / Dh)  # (T, Dh/2)
+    held = isinstance(theta, tuple)
+    return pos * (torch.tensor(theta, dtype=dtype) if held else theta ** (-j / Dh))  # (T, Dh/2)
 
 
 # rope_wrong_base's forms: theta^(-j/Dh), the pair index not doubled; theta^(2j/Dh), the reciprocal left out
@@ -300,7 +306,7 @@ ROPE_FORMS = frozenset({"rope_no_offset", "rope_wrong_base:exponent", "rope_wron
 
 
 @functools.lru_cache(maxsize=256)
-def _turns(T: int, Dh: int, theta: float, offset: int, flags: Flags, dtype: torch.dtype, swapped: bool,
+def _turns(T: int, Dh: int, theta: Frequencies, offset: int, flags: Flags, dtype: torch.dtype, swapped: bool,
            ) -> tuple[Tensor, Tensor]:
     """cos and sin of the rotary angles, (T, Dh/2) each (never written to: remembered, since a search
     asks for the same ones under every set of mistakes). swapped: nanochat's halves rotated the
@@ -312,7 +318,7 @@ def _turns(T: int, Dh: int, theta: float, offset: int, flags: Flags, dtype: torc
     return cos, -sin if swapped else sin
 
 
-def rotary(x: Tensor, layout: str, offset: int = 0, flags: Flags = frozenset(), theta: float = 10000.0,
+def rotary(x: Tensor, layout: str, offset: int = 0, flags: Flags = frozenset(), theta: Frequencies = 10000.0,
            ) -> Tensor:
     """(B, H, T, Dh) queries or keys rotated by their positions' angles. "half": dimension j pairs
     with j + Dh/2 (Hugging Face, handformer); "interleaved": 2j with 2j + 1 (Meta's complex
