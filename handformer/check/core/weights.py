@@ -93,6 +93,11 @@ class RouterSlot(Slot):
     top_k: int = 0
     normalize: bool = True
     n_shared: int = 0  # shared experts (DeepSeek's), their slots after the routed experts'
+    shared_gate: Leaf | None = None  # a Linear(D, 1) whose sigmoid scales the shared expert (Qwen2-MoE's)
+
+    def describe(self) -> str:
+        gate = self.shared_gate
+        return super().describe() + ("" if gate is None else f", {gate.name} -> shared expert's gate")
 
 
 BIAS_NAME = re.compile(r"b.*|shift|offset")  # bias, beta, b_2, ...
@@ -595,8 +600,9 @@ def has_down_projection(slots: list[Slot]) -> bool:
 def ffn_weights(slots: list[Slot], activation: str) -> V.FFNWeights | V.MoEWeights:
     if isinstance(slots[-1], RouterSlot):  # a mixture of experts: each expert's slots, then the router
         r = slots[-1]
+        gate = None if r.shared_gate is None else (r.shared_gate.weight, r.shared_gate.bias)
         return V.MoEWeights(r.linear(), [ffn_weights(e, activation) for e in expert_slots(slots)], r.top_k,
-                            r.normalize, [ffn_weights(s, activation) for s in shared_slots(slots)])
+                            r.normalize, [ffn_weights(s, activation) for s in shared_slots(slots)], gate)
     by = {FFN_PARTS[s.role]: s.linear() for s in slots}
     return V.FFNWeights(by["up"], by.get("down"), by.get("gate"), activation)
 
@@ -816,6 +822,17 @@ def _per_expert(slots: list[Slot]) -> list[list[Slot]]:
     return [slots[i * per:(i + 1) * per] for i in range(router.n_experts + router.n_shared)]
 
 
+@torch.no_grad()
+def _copy_shared_gate(target: nn.Module, gate: Leaf | None) -> None:
+    """The learner's shared-expert gate into handformer's; where it has none (DeepSeek's expert added as
+    is), a zero gate, whose sigmoid halves the expert, and its down projection doubled."""
+    if gate is not None:
+        target.gate.weight.copy_(gate.weight)
+        return
+    target.gate.weight.zero_()
+    target.expert.down_proj.weight.mul_(2.0)
+
+
 def copy_ffn(target: nn.Module, slots: list[Slot]) -> None:
     """The learner's FFN matrices (two, or three when gated) into handformer's FeedForward (a missing
     down projection stays as it is: that FFN is compared to fail); a mixture of experts' router and
@@ -824,10 +841,9 @@ def copy_ffn(target: nn.Module, slots: list[Slot]) -> None:
         copy_weights(target.router, slots[-1])
         for expert, own in zip(target.experts, expert_slots(slots), strict=True):
             copy_ffn(expert, own)
-        for own in shared_slots(slots):  # handformer's sigmoid(gate x) * expert(x): a zero gate halves it
+        for own in shared_slots(slots):  # handformer's sigmoid(gate x) * expert(x)
             copy_ffn(target.shared_expert.expert, own)
-            target.shared_expert.gate.weight.data.zero_()
-            target.shared_expert.expert.down_proj.weight.data.mul_(2.0)
+            _copy_shared_gate(target.shared_expert, slots[-1].shared_gate)
         return
     projections = ffn_parameters(target)
     for slot in slots:

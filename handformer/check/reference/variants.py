@@ -356,20 +356,23 @@ class MoEWeights:
     experts: list[FFNWeights]
     top_k: int
     normalize: bool
-    shared: list[FFNWeights] = field(default_factory=list)  # experts every token goes through, unweighted
+    shared: list[FFNWeights] = field(default_factory=list)  # experts every token goes through
+    shared_gate: Linear | None = None  # sigmoid(x g^T) scales the shared expert (Qwen2-MoE's); None: as is
 
 
 def mixture_of_experts(w: MoEWeights, x: Tensor, flags: Flags = frozenset()) -> Tensor:
     """(B, T, D) -> (B, T, D): softmax of the router's logits, each token's top_k experts, their
-    weights renormalized (`normalize`), the weighted sum of those experts' outputs, as
+    weights renormalized (`normalize`), the weighted sum of those experts' outputs plus the shared
+    expert's (scaled by its sigmoid gate where it has one), as
     handformer.nn.moe.MixtureOfExperts; the experts' own mistakes from `flags`."""
     probs = torch.softmax(linear(x, w.router), dim=-1)  # (B, T, E)
     weights, chosen = probs.topk(w.top_k, dim=-1)  # (B, T, k) each
     weights = weights / weights.sum(-1, keepdim=True) ** w.normalize  # (to the power False: divided by 1)
     outs = torch.stack([feed_forward(e, x, flags) for e in w.experts], dim=-2)  # (B, T, E, D)
     picked = outs.gather(-2, chosen[..., None].expand(*chosen.shape, outs.size(-1)))  # (B, T, k, D)
-    shared = sum(feed_forward(s, x, flags) for s in w.shared)  # every token's, unweighted (0: none)
-    return (weights[..., None] * picked).sum(-2) + shared  # (B, T, D)
+    shared = sum(feed_forward(s, x, flags) for s in w.shared)  # every token's (0: none)
+    scale = 1.0 if w.shared_gate is None else torch.sigmoid(linear(x, w.shared_gate))  # (B, T, 1)
+    return (weights[..., None] * picked).sum(-2) + scale * shared  # (B, T, D)
 
 
 def feed_forward(w: FFNWeights | MoEWeights, x: Tensor, flags: Flags = frozenset()) -> Tensor:
