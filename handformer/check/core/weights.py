@@ -488,6 +488,33 @@ def relative_bias_slots(extra: list[Leaf], n_heads: int) -> list[Slot]:
     return [Slot(RELATIVE_ROLE, tables[0])] if len(extra) == 1 == len(tables) else []
 
 
+RELATIVE_WORDS = re.compile(r"(?i)rel|pos|dist")  # a table's name that speaks of positions
+
+
+def relative_tables(found: list[Leaf], head_dim: int) -> list[Leaf]:
+    """Shaw et al.'s relative-position tables a^K, a^V among an attention's parameters: matrices of
+    2k + 1 rows (one a distance j - i clipped to [-k, k]) and head_dim columns, named for positions
+    (T5's bias has an even count of buckets, one value a head)."""
+    return [x for x in found if x.weight.dim() == 2 and x.weight.size(0) % 2 == 1
+            and x.weight.size(1) == head_dim and RELATIVE_WORDS.search(x.name)]
+
+
+def refuse_relative_tables(found: list[Leaf], head_dim: int) -> None:
+    """MappingError naming Shaw et al.'s relative-position tables where an attention (or the layer
+    around it) holds them: no reference of handformer's has their term, so it is not compared."""
+    if tables := relative_tables(found, head_dim):
+        shown = shapes_text(tables)
+        raise MappingError(RELATIVE_TABLES[0].format(shown), zh=RELATIVE_TABLES[1].format(shown))
+
+
+RELATIVE_TABLES = (
+    "its attention holds relative-position tables ({}): a row for each distance j - i clipped to [-k, k], "
+    "added to the keys (and the values) as Shaw et al.'s a_ij^K and a_ij^V; handformer's MultiHeadAttention "
+    "has no such term, so it is not compared",
+    "它的注意力里有相对位置表（{}）：每个截断到 [-k, k] 的距离 j - i 一行，按 Shaw 等人的 a_ij^K、a_ij^V "
+    "加到键（和值）上；handformer 的 MultiHeadAttention 没有这一项，所以不比较")
+
+
 SINKS_ROLE = "sinks"  # gpt-oss's attention sinks: one learned logit a head, joined to each softmax
 SINK_NAME = re.compile(r"(attn_|attention_)?sinks?")
 

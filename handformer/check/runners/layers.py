@@ -116,6 +116,7 @@ from handformer.check.core.weights import (
     norm_weights,
     of_kind,
     positive_eps,
+    refuse_relative_tables,
     relative_bias_slots,
     shapes_text,
     sink_slots,
@@ -220,6 +221,7 @@ class Layer:
         self.module = ctx.build(comp, self.sizes, warmup=lambda m: self._warmup(m, x))
         self.unbatched = _one_sequence(self, x)
         found = leaves(self.module)
+        refuse_relative_tables(found, D // H)  # Shaw's a^K, a^V: no term of the reference's
         self.cap = attention_cap(self.module)  # Gemma 2's scores soft-capped, read from its setting
         linears = split_attention_ffn(of_kind(found, "linear"), D, D // H)
         names = self.sublayers = kind.sublayers[0]
