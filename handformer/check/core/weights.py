@@ -499,12 +499,14 @@ def relative_tables(found: list[Leaf], head_dim: int) -> list[Leaf]:
             and x.weight.size(1) == head_dim and RELATIVE_WORDS.search(x.name)]
 
 
-def refuse_relative_tables(found: list[Leaf], head_dim: int) -> None:
-    """MappingError naming Shaw et al.'s relative-position tables where an attention (or the layer
-    around it) holds them: no reference of handformer's has their term, so it is not compared."""
+def no_relative_tables(found: list[Leaf], head_dim: int) -> list[Leaf]:
+    """An attention's (or its layer's) leaves, where none is one of Shaw et al.'s relative-position
+    tables; MappingError naming them where it holds some: no reference of handformer's has their term,
+    so it is not compared."""
     if tables := relative_tables(found, head_dim):
         shown = shapes_text(tables)
         raise MappingError(RELATIVE_TABLES[0].format(shown), zh=RELATIVE_TABLES[1].format(shown))
+    return found
 
 
 RELATIVE_TABLES = (

@@ -126,9 +126,9 @@ from handformer.check.core.weights import (
     kv_heads_of,
     leaves,
     mha_weights,
+    no_relative_tables,
     of_kind,
     qk_norm_slots,
-    refuse_relative_tables,
     relative_bias_slots,
     shapes_text,
 )
@@ -1057,8 +1057,7 @@ def _post_norm_out(res: ComponentResult, ctx: Context, comp: Component, module: 
 def _projections(comp: Component, module: nn.Module, heads: int) -> tuple[list[Any], list[Slot]]:
     """The attention's linear layers, and its q/k norms (QK-norm, Qwen3's) as slots; any other
     parameter is not in the reference."""
-    found = leaves(module)
-    refuse_relative_tables(found, D // heads)  # Shaw's a^K, a^V: no term of the reference's
+    found = no_relative_tables(leaves(module), D // heads)  # Shaw's a^K, a^V: no term of the reference's
     extra = [leaf for leaf in found if leaf.kind != "linear"]
     qk_norms = qk_norm_slots(extra, D // heads, D) or relative_bias_slots(extra, heads)
     if extra and not qk_norms:

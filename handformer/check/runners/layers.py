@@ -112,11 +112,11 @@ from handformer.check.core.weights import (
     kv_heads_of,
     leaves,
     mha_weights,
+    no_relative_tables,
     norm_slots,
     norm_weights,
     of_kind,
     positive_eps,
-    refuse_relative_tables,
     relative_bias_slots,
     shapes_text,
     sink_slots,
@@ -220,8 +220,7 @@ class Layer:
         x = torch.randn(2, 3, D)
         self.module = ctx.build(comp, self.sizes, warmup=lambda m: self._warmup(m, x))
         self.unbatched = _one_sequence(self, x)
-        found = leaves(self.module)
-        refuse_relative_tables(found, D // H)  # Shaw's a^K, a^V: no term of the reference's
+        found = no_relative_tables(leaves(self.module), D // H)  # Shaw's a^K, a^V: no reference has them
         self.cap = attention_cap(self.module)  # Gemma 2's scores soft-capped, read from its setting
         linears = split_attention_ffn(of_kind(found, "linear"), D, D // H)
         names = self.sublayers = kind.sublayers[0]
