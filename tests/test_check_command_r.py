@@ -2,7 +2,9 @@
 block from one bias-free LayerNorm, interleaved rotary pairs, the head tied to the embedding, logits
 times logit_scale, kept as a float (correct.py, hf_style.py: Hugging Face's early modeling_cohere, the
 rotary module inside the attention and handed position_ids) or as a one-number buffer
-(buffer_scale.py). Plants: the logits divided by the scale, the MLP handed the un-normed input."""
+(buffer_scale.py). Command R+'s per-head q/k LayerNorm gains (qk_norm_per_head.py), which no reference
+holds, leave attention, layer and model NOT CHECKED, never FAIL. Plants: the logits divided by the
+scale, the MLP handed the un-normed input."""
 
 from __future__ import annotations
 
@@ -47,3 +49,11 @@ def test_mlp_of_the_unnormed_input_fails_at_its_line():
     result = checked(FOLDER, "mlp_unnormed", only=["block"])
     assert named(result, "ParallelBlock") == [("departs", "return x + self.self_attn(h) + self.mlp(x)")], (
         format_report(result))
+
+
+def test_per_head_qk_norm_gains_are_named_not_failed():
+    result = checked(FOLDER, "qk_norm_per_head", only=["gqa", "block", "gpt"])
+    assert statuses(result) == {"CohereAttention": "not_checked", "repeat_kv": "pass",
+                                "CohereDecoderLayer": "not_checked", "CohereForCausalLM": "not_checked"}, (
+        format_report(result))
+    assert "a gain for each head (q_norm (4, 4), k_norm (2, 4))" in component(result, "CohereAttention").error.message

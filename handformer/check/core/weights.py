@@ -499,22 +499,44 @@ def relative_tables(found: list[Leaf], head_dim: int) -> list[Leaf]:
             and x.weight.size(1) == head_dim and RELATIVE_WORDS.search(x.name)]
 
 
-def no_relative_tables(found: list[Leaf], head_dim: int) -> list[Leaf]:
-    """An attention's (or its layer's) leaves, where none is one of Shaw et al.'s relative-position
-    tables; MappingError naming them where it holds some: no reference of handformer's has their term,
-    so it is not compared."""
-    if tables := relative_tables(found, head_dim):
-        shown = shapes_text(tables)
-        raise MappingError(RELATIVE_TABLES[0].format(shown), zh=RELATIVE_TABLES[1].format(shown))
-    return found
-
-
 RELATIVE_TABLES = (
     "its attention holds relative-position tables ({}): a row for each distance j - i clipped to [-k, k], "
     "added to the keys (and the values) as Shaw et al.'s a_ij^K and a_ij^V; handformer's MultiHeadAttention "
     "has no such term, so it is not compared",
     "它的注意力里有相对位置表（{}）：每个截断到 [-k, k] 的距离 j - i 一行，按 Shaw 等人的 a_ij^K、a_ij^V "
     "加到键（和值）上；handformer 的 MultiHeadAttention 没有这一项，所以不比较")
+
+
+# q_norm, k_layernorm, query_ln: a norm of queries or keys
+QK_NORM_NAME = re.compile(r"(?i)(q|k|query|key)_?(norm|layernorm|ln)")
+
+
+def per_head_norms(found: list[Leaf], head_dim: int) -> list[Leaf]:
+    """q/k norms that hold a gain for each head, (heads, head_dim) (Command R+'s LayerNorm over
+    (num_heads, head_dim))."""
+    return [x for x in found if x.weight.dim() == 2 and x.weight.size(1) == head_dim
+            and QK_NORM_NAME.fullmatch(x.name.split(".")[-1])]
+
+
+PER_HEAD_GAINS = (
+    "its query and key norms hold a gain for each head ({}), as Command R+'s per-head LayerNorm; "
+    "handformer's QK-norm has one gain of head_dim shared by every head (or one as wide as all of them), "
+    "so it is not compared",
+    "它的 query、key 归一化每个头各有一组增益（{}），和 Command R+ 按头做的 LayerNorm 一样；handformer 的 "
+    "QK-norm 所有头共用一组 head_dim 的增益（或者一组和所有头一样宽的），所以不比较")
+# the parts of an attention no reference of handformer's holds: how each is found, and what is said
+UNREFERENCED = ((relative_tables, RELATIVE_TABLES), (per_head_norms, PER_HEAD_GAINS))
+
+
+def no_unreferenced_parts(found: list[Leaf], head_dim: int) -> list[Leaf]:
+    """An attention's (or its layer's) leaves, where none is a part no reference has (`UNREFERENCED`:
+    Shaw et al.'s relative-position tables, per-head q/k norm gains); else MappingError naming them,
+    so it is not compared."""
+    for find, (en, zh) in UNREFERENCED:
+        if parts := find(found, head_dim):
+            shown = shapes_text(parts)
+            raise MappingError(en.format(shown), zh=zh.format(shown))
+    return found
 
 
 SINKS_ROLE = "sinks"  # gpt-oss's attention sinks: one learned logit a head, joined to each softmax
