@@ -2,7 +2,8 @@
 in two layouts: Hugging Face's LlamaRotaryEmbedding (inv_freq, a config's rope_scaling dict, (cos, sin)
 for position_ids) and torchtune's Llama3ScaledRoPE (a `theta` buffer, its settings as attributes,
 interleaved pairs rotated in place). The rotation is checked with the frequencies held, the frequencies
-apart against the known schedules; a plant in the blend fails at its line, never rope_wrong_base."""
+apart against the known schedules; a plant in the blend fails at its line, never rope_wrong_base. A
+module with position interpolation ("linear", its config not kept) is read from its frequencies alone."""
 
 from __future__ import annotations
 
@@ -60,3 +61,10 @@ def test_torchtune_blend_swapped_fails_at_its_line():
     assert named(planted, "Llama3ScaledRoPE") == [
         ("departs", "new_freqs.append((1 - smooth) * freq + smooth * freq / self.scale_factor)")], (
         format_report(planted))
+
+
+def test_linear_scaling_read_from_the_frequencies_alone():
+    result = checked("learners_llama31_rotary", "linear_scaling", only=["rope"])
+    assert statuses(result) == {"LinearScalingRotaryEmbedding": "pass"}, format_report(result)
+    checks = " ".join(c.name["en"] for c in component(result, "LinearScalingRotaryEmbedding").checks)
+    assert "linear (position interpolation) rotary frequency scaling (factor 4)" in checks

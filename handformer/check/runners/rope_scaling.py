@@ -166,10 +166,14 @@ def frequency_buffer(module: nn.Module, width: int) -> torch.Tensor | None:
 
 
 def scheduled(got: torch.Tensor, module: nn.Module, base: float, width: int) -> RopeScaling | None:
-    """The known schedule (settings its config names, else Meta's llama3) whose frequencies at this
-    base are the ones held; None where none is."""
+    """The known schedule (settings its config names, else Meta's llama3; linear at the one factor
+    that divides every frequency) whose frequencies at this base are the ones held; None where none is."""
     plain = 1.0 / base ** (torch.arange(0, width, 2, dtype=torch.float64) / width)  # (F,)
-    return next((s for s in _configured(module) if _same(got, SCHEDULES[type(s)](plain, s, base))), None)
+    ratio = plain.sort().values / got  # (F,): one factor over all of them: linear, read from them
+    factor = float(ratio.mean())  # (position interpolation slows every frequency: a factor above 1)
+    linear = [LinearRopeScaling(round(factor, 6))] * bool(ratio.std() < 1e-5 * factor and factor > 1)
+    candidates = [*_configured(module), *linear]
+    return next((s for s in candidates if _same(got, SCHEDULES[type(s)](plain, s, base))), None)
 
 
 def model_scaling(module: nn.Module, base: float, head_dim: int) -> RopeScaling | None:
