@@ -55,7 +55,7 @@ def llama3():
 
 def test_llama3_scaling_read_from_the_tables_and_handed_a_config(llama3):
     assert set(statuses(llama3).values()) == {"pass"}, format_report(llama3)
-    assert "Llama 3.1's rotary frequency scaling, read from its tables (factor 32" in (
+    assert "Llama 3.1's rotary frequency scaling (factor 32" in (
         component(llama3, "Llama").convention["en"])
     assert "handed in its config" in notes(llama3, "apply_llama3_scaling")
 

@@ -537,7 +537,8 @@ SUFFIXES: dict[str, tuple[str, ...]] = {"block": ("Block", "Layer"), "decoder_la
                                         "gpt": ("ForCausalLM", "LanguageModel", "LM", "Model"),
                                         "encoder_model": ("Model",),  # RoFormerModel, AlbertModel: segments
                                         "mha": ("Attention",), "ffn": ("MLP", "Mlp", "FeedForward"),
-                                        "rmsnorm": ("RMSNorm",), "rope": ("RotaryEmbedding",),
+                                        # torchtune's Llama3ScaledRoPE
+                                        "rmsnorm": ("RMSNorm",), "rope": ("RotaryEmbedding", "RoPE"),
                                         # Mixtral's MixtralSparseMoeBlock, Qwen-MoE's Qwen2MoeSparseMoeBlock
                                         "moe": ("SparseMoeBlock", "SparseMoEBlock", "MoeBlock", "MoEBlock",
                                                 "MoeLayer", "MoELayer", "MoE")}  # DeepSeek's DeepseekMoE

@@ -26,6 +26,7 @@ from handformer.check.core.weights import (
     attention_slots,
     by_sublayer,
     leaves,
+    no_unreferenced_parts,
     norm_slots,
     of_kind,
     qk_norm_slots,
@@ -124,7 +125,7 @@ SUBLAYERS = {False: ["self-attention", "FFN"], True: ["self-attention", "cross-a
 
 def map_layer(path: str, child: nn.Module, F_width: int, kv: int | None = None) -> LayerMap:
     """The layer's slots; `kv`: the width of its key and value projections (grouped-query attention)."""
-    found = prefixed(leaves(child), path)
+    found = no_unreferenced_parts(prefixed(leaves(child), path), D // H)  # Shaw's tables, per-head q/k gains
     linears = _split(of_kind(found, "linear"))
     # a cross-attention's projections besides its own; never an expert's (Qwen3-MoE's at d_ff = d_model)
     decoder = projection_width([tuple(x.weight.shape) for x in outside_moe(child, linears)]) >= 7

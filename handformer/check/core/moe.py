@@ -106,7 +106,10 @@ def moe_slots(path: str, moe: nn.Module, what: str, label: str) -> list[Slot]:
     linears = router_linears(getattr(moe, child))
     routers = [Leaf(_joined(label, path, child, name), "linear", m, m.weight, getattr(m, "bias", None))
                for name, m in linears]
-    slots = _routed(moe, readings, routers, shared)
+    gates = [Leaf(_joined(label, path, name), "linear", c, c.weight, c.bias)  # Qwen2-MoE's shared_expert_gate
+             for name, c in moe.named_children()
+             if isinstance(c, nn.Linear) and (c.out_features, c.in_features) == (1, D)]
+    slots = _routed(moe, readings, routers, shared, gates[:1] if shared else [])
     if isinstance(slots, str):  # no reading computes its output, and it holds parts none reads
         raise MappingError(f"{what}: {UNREAD[0]} ({slots})", zh=f"{what}：{UNREAD[1]}（{slots}）")
     return slots
@@ -153,7 +156,10 @@ def moe_config(slots: list[Slot]) -> MoEConfig | None:
 
 
 SHARED_WORDS = {False: ("", ""), True: (" and a shared expert every token goes through",
-                                       "，另有一个所有 token 都经过的共享专家")}
+                                       "，另有一个所有 token 都经过的共享专家"),
+                "gated": (" and a shared expert every token goes through, scaled by the sigmoid of its own "
+                          "gate Linear(D, 1) (Qwen2-MoE's)", "，另有一个所有 token 都经过的共享专家，"
+                          "乘以它自己的门 Linear(D, 1) 的 sigmoid（Qwen2-MoE 的写法）")}
 
 
 @torch.no_grad()
@@ -164,7 +170,7 @@ def moe_note(slots: list[Slot]) -> list[Text]:
         return []
     renorm = ("their weights renormalized to sum to 1", "权重重新归一化到和为 1") if r.normalize else (
         "their weights as the softmax gave them", "权重保持 softmax 给出的值")
-    shared = SHARED_WORDS[bool(r.n_shared)]
+    shared = SHARED_WORDS["gated" if r.shared_gate is not None else bool(r.n_shared)]
     return [text(f"its feed-forward network is a sparse mixture of {r.n_experts} experts, each token "
                  f"through its top {r.top_k}, {renorm[0]}{shared[0]}: compared with handformer's "
                  "MixtureOfExperts", f"它的前馈网络是 {r.n_experts} 个专家的稀疏混合，"
@@ -173,26 +179,29 @@ def moe_note(slots: list[Slot]) -> list[Text]:
 
 
 def _routed(moe: nn.Module, readings: list[list[list[Slot]]], routers: list[Leaf],
-            shared: list[list[list[Slot]]]) -> list[Slot] | str:
-    """The slots in the reading (router, gate order, top_k, renormalized or not) that computes the
-    learner's output, a shared expert's after the routed ones'; where none does (a mistake), the first
-    router and gate order, 2 experts a token, renormalized; where none does and it holds parameters no
+            shared: list[list[list[Slot]]], gates: list[Leaf]) -> list[Slot] | str:
+    """The slots in the reading (router, gate order, top_k, renormalized or not, the shared expert
+    behind its sigmoid gate or not where it holds one) that computes the learner's output, a shared
+    expert's after the routed ones'; where none does (a mistake), the first router and gate order, 2
+    experts a token, renormalized, the shared gate read; where none does and it holds parameters no
     reading holds, their modules' names (not compared)."""
     x = fp.randn(2, 5, D, seed=4)  # (B, T, D)
     # (None where the learner's module raises: its block's check runs it and says so)
     out = fp.first_tensor(fp.quietly(lambda: moe(x)), 3)
-    E = len(readings)
-    settings = itertools.product(routers, range(len(readings[0])), GATED, range(1, E + 1), (True, False))
+    E, scaled = len(readings), [*gates, None]
+    settings = itertools.product(routers, range(len(readings[0])), GATED, range(1, E + 1), (True, False),
+                                 scaled)
     tried = [([*itertools.chain(*(r[order] for r in readings + shared)),
-               RouterSlot("router", router, None, "", E, k, norm, len(shared))], act)
-             for router, order, act, k, norm in settings]
+               RouterSlot("router", router, None, "", E, k, norm, len(shared), gate)], act)
+             for router, order, act, k, norm, gate in settings]
     found = [slots for slots, act in tried
              if fp.max_error(out, V.feed_forward(ffn_weights(slots, act), x)) < 1e-6]
     if not found and not isinstance(routers[0].module, nn.Linear):
         raise MappingError(OWN_GATE[0], zh=OWN_GATE[1])  # (its own MoE check names what departs)
-    if not found and (unread := _unread(moe, readings, routers, shared)):
+    if not found and (unread := _unread(moe, readings, routers + gates, shared)):
         return ", ".join(unread)
-    return [*found, tried[2 * (min(2, E) - 1)][0]][0]  # else: order 0, silu, k = 2, renormalized
+    # else: order 0, silu, k = 2, renormalized, the shared gate read
+    return [*found, tried[2 * (min(2, E) - 1) * len(scaled)][0]][0]
 
 
 def _unread(moe: nn.Module, readings: list[list[list[Slot]]], routers: list[Leaf],

@@ -226,12 +226,12 @@ def turned_base(module: nn.Module) -> float | None:
     (Hugging Face's inv_freq, theta^(-2j/d) for j < d/2, d the width it turns, a partial rotary's
     too), read back from them; None where none holds two or more that start at 1 and fall
     geometrically (Llama 3.1's scaled ones do not), or where they show two bases (Gemma 3's)."""
-    bases = {_geometric_base(torch.unique(t.double().abs()))
+    bases = {geometric_base(torch.unique(t.double().abs()))
              for t in module.buffers() if t.dim() == 1} - {None}
     return bases.pop() if len(bases) == 1 else None
 
 
-def _geometric_base(freqs: Tensor) -> float | None:
+def geometric_base(freqs: Tensor) -> float | None:
     """The base b of n frequencies b^(-j/n), j < n (the pairs of a width 2n), in any order; None where
     they are not those of a base."""
     n, ordered = freqs.numel(), freqs.sort(descending=True).values

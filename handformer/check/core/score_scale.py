@@ -21,7 +21,7 @@ from collections import ChainMap
 from dataclasses import dataclass
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 from handformer.check.core.discovery import WIDTH_WORDS, size_of
 from handformer.check.core.result import Text, text
@@ -38,6 +38,14 @@ NOT_FACTORS = WIDTH_WORDS | {"head", "heads", "embd", "model", "vocab", "layers"
 # (handformer.families.granite's ScaledHead: the logits / logits_scaling)
 DIVIDED_BY = {"logits_scaling": -1}  # the power of the setting's value that multiplies
 ASSIGNED = re.compile(r"self\.(\w+)\s*=\s*([^\n#]+)")  # self.NAME = what it is set from
+# register_buffer("NAME", what it is set from)
+REGISTERED = re.compile(r"register_buffer\(\s*[\"'](\w+)[\"']\s*,\s*([^\n#]+)")
+
+
+def _scalar(value: Any) -> Any:
+    """A one-number floating tensor (a buffer, a parameter) as its number; anything else as it is."""
+    single = isinstance(value, Tensor) and value.numel() == 1 and value.is_floating_point()
+    return float(value.detach()) if single else value
 
 
 def configured_scales(module: nn.Module) -> tuple[float, ...]:
@@ -47,14 +55,17 @@ def configured_scales(module: nn.Module) -> tuple[float, ...]:
 
 def configured_settings(module: nn.Module) -> dict[str, float]:
     """name -> value of each positive number its forward reads by name that the module holds, set in
-    its constructor from a setting (`self.scaling = config.attention_multiplier`, `cfg.x ** -0.5`), or
+    its constructor from a setting (`self.scaling = config.attention_multiplier`, `cfg.x ** -0.5`; a
+    one-number tensor too, a buffer registered so or a parameter: `torch.tensor(logit_scale)`), or
     that a config it holds has (Granite's
     `logits / self.config.logits_scaling`); none that says a size or another kind of setting."""
     cls = type(module)
     words = set(re.findall(r"\w+", source_text(getattr(cls, "forward", cls))))
     params = list(inspect.signature(cls.__init__).parameters)[1:]
     held = _configs(module)  # a config, a namespace
-    own = {name: getattr(module, name, None) for name, rhs in ASSIGNED.findall(source_text(cls.__init__))
+    init = source_text(cls.__init__)
+    own = {name: _scalar(getattr(module, name, None)) for name, rhs in [*ASSIGNED.findall(init),
+                                                                        *REGISTERED.findall(init)]
            if _from_a_setting(rhs, params)}
     return {name: float(value) for name, value in ChainMap(own, *held).items() if _factor(name, value, words)}
 

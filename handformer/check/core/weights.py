@@ -93,6 +93,11 @@ class RouterSlot(Slot):
     top_k: int = 0
     normalize: bool = True
     n_shared: int = 0  # shared experts (DeepSeek's), their slots after the routed experts'
+    shared_gate: Leaf | None = None  # a Linear(D, 1) whose sigmoid scales the shared expert (Qwen2-MoE's)
+
+    def describe(self) -> str:
+        gate = self.shared_gate
+        return super().describe() + ("" if gate is None else f", {gate.name} -> shared expert's gate")
 
 
 BIAS_NAME = re.compile(r"b.*|shift|offset")  # bias, beta, b_2, ...
@@ -483,6 +488,57 @@ def relative_bias_slots(extra: list[Leaf], n_heads: int) -> list[Slot]:
     return [Slot(RELATIVE_ROLE, tables[0])] if len(extra) == 1 == len(tables) else []
 
 
+RELATIVE_WORDS = re.compile(r"(?i)rel|pos|dist")  # a table's name that speaks of positions
+
+
+def relative_tables(found: list[Leaf], head_dim: int) -> list[Leaf]:
+    """Shaw et al.'s relative-position tables a^K, a^V among an attention's parameters: matrices of
+    2k + 1 rows (one a distance j - i clipped to [-k, k]) and head_dim columns, named for positions
+    (T5's bias has an even count of buckets, one value a head)."""
+    return [x for x in found if x.weight.dim() == 2 and x.weight.size(0) % 2 == 1
+            and x.weight.size(1) == head_dim and RELATIVE_WORDS.search(x.name)]
+
+
+RELATIVE_TABLES = (
+    "its attention holds relative-position tables ({}): a row for each distance j - i clipped to [-k, k], "
+    "added to the keys (and the values) as Shaw et al.'s a_ij^K and a_ij^V; handformer's MultiHeadAttention "
+    "has no such term, so it is not compared",
+    "它的注意力里有相对位置表（{}）：每个截断到 [-k, k] 的距离 j - i 一行，按 Shaw 等人的 a_ij^K、a_ij^V "
+    "加到键（和值）上；handformer 的 MultiHeadAttention 没有这一项，所以不比较")
+
+
+# q_norm, k_layernorm, query_ln: a norm of queries or keys
+QK_NORM_NAME = re.compile(r"(?i)(q|k|query|key)_?(norm|layernorm|ln)")
+
+
+def per_head_norms(found: list[Leaf], head_dim: int) -> list[Leaf]:
+    """q/k norms that hold a gain for each head, (heads, head_dim) (Command R+'s LayerNorm over
+    (num_heads, head_dim))."""
+    return [x for x in found if x.weight.dim() == 2 and x.weight.size(1) == head_dim
+            and QK_NORM_NAME.fullmatch(x.name.split(".")[-1])]
+
+
+PER_HEAD_GAINS = (
+    "its query and key norms hold a gain for each head ({}), as Command R+'s per-head LayerNorm; "
+    "handformer's QK-norm has one gain of head_dim shared by every head (or one as wide as all of them), "
+    "so it is not compared",
+    "它的 query、key 归一化每个头各有一组增益（{}），和 Command R+ 按头做的 LayerNorm 一样；handformer 的 "
+    "QK-norm 所有头共用一组 head_dim 的增益（或者一组和所有头一样宽的），所以不比较")
+# the parts of an attention no reference of handformer's holds: how each is found, and what is said
+UNREFERENCED = ((relative_tables, RELATIVE_TABLES), (per_head_norms, PER_HEAD_GAINS))
+
+
+def no_unreferenced_parts(found: list[Leaf], head_dim: int) -> list[Leaf]:
+    """An attention's (or its layer's) leaves, where none is a part no reference has (`UNREFERENCED`:
+    Shaw et al.'s relative-position tables, per-head q/k norm gains); else MappingError naming them,
+    so it is not compared."""
+    for find, (en, zh) in UNREFERENCED:
+        if parts := find(found, head_dim):
+            shown = shapes_text(parts)
+            raise MappingError(en.format(shown), zh=zh.format(shown))
+    return found
+
+
 SINKS_ROLE = "sinks"  # gpt-oss's attention sinks: one learned logit a head, joined to each softmax
 SINK_NAME = re.compile(r"(attn_|attention_)?sinks?")
 
@@ -595,8 +651,9 @@ def has_down_projection(slots: list[Slot]) -> bool:
 def ffn_weights(slots: list[Slot], activation: str) -> V.FFNWeights | V.MoEWeights:
     if isinstance(slots[-1], RouterSlot):  # a mixture of experts: each expert's slots, then the router
         r = slots[-1]
+        gate = None if r.shared_gate is None else (r.shared_gate.weight, r.shared_gate.bias)
         return V.MoEWeights(r.linear(), [ffn_weights(e, activation) for e in expert_slots(slots)], r.top_k,
-                            r.normalize, [ffn_weights(s, activation) for s in shared_slots(slots)])
+                            r.normalize, [ffn_weights(s, activation) for s in shared_slots(slots)], gate)
     by = {FFN_PARTS[s.role]: s.linear() for s in slots}
     return V.FFNWeights(by["up"], by.get("down"), by.get("gate"), activation)
 
@@ -816,6 +873,17 @@ def _per_expert(slots: list[Slot]) -> list[list[Slot]]:
     return [slots[i * per:(i + 1) * per] for i in range(router.n_experts + router.n_shared)]
 
 
+@torch.no_grad()
+def _copy_shared_gate(target: nn.Module, gate: Leaf | None) -> None:
+    """The learner's shared-expert gate into handformer's; where it has none (DeepSeek's expert added as
+    is), a zero gate, whose sigmoid halves the expert, and its down projection doubled."""
+    if gate is not None:
+        target.gate.weight.copy_(gate.weight)
+        return
+    target.gate.weight.zero_()
+    target.expert.down_proj.weight.mul_(2.0)
+
+
 def copy_ffn(target: nn.Module, slots: list[Slot]) -> None:
     """The learner's FFN matrices (two, or three when gated) into handformer's FeedForward (a missing
     down projection stays as it is: that FFN is compared to fail); a mixture of experts' router and
@@ -824,10 +892,9 @@ def copy_ffn(target: nn.Module, slots: list[Slot]) -> None:
         copy_weights(target.router, slots[-1])
         for expert, own in zip(target.experts, expert_slots(slots), strict=True):
             copy_ffn(expert, own)
-        for own in shared_slots(slots):  # handformer's sigmoid(gate x) * expert(x): a zero gate halves it
+        for own in shared_slots(slots):  # handformer's sigmoid(gate x) * expert(x)
             copy_ffn(target.shared_expert.expert, own)
-            target.shared_expert.gate.weight.data.zero_()
-            target.shared_expert.expert.down_proj.weight.data.mul_(2.0)
+            _copy_shared_gate(target.shared_expert, slots[-1].shared_gate)
         return
     projections = ffn_parameters(target)
     for slot in slots:

@@ -279,15 +279,21 @@ def heads_norm(w: NormWeights, x: Tensor) -> Tensor:
     return whole.view(B, T, heads, Dh).transpose(1, 2)  # (B, H, T, Dh)
 
 
-def rope_angles(T: int, Dh: int, theta: float = 10000.0, offset: int = 0, flags: Flags = frozenset(),
+# a rotation's frequencies: those of a base, theta^(-2j/Dh), or the Dh/2 a module holds (a scaled schedule's)
+Frequencies = float | tuple[float, ...]
+
+
+def rope_angles(T: int, Dh: int, theta: Frequencies = 10000.0, offset: int = 0, flags: Flags = frozenset(),
                 dtype: torch.dtype = torch.float64) -> Tensor:
-    """(T, Dh/2) angles pos * theta^(-2j/Dh) of positions offset .. offset + T - 1; the classic
-    mistakes on request (positions from 0 whatever the offset, a wrong exponent)."""
+    """(T, Dh/2) angles pos * theta^(-2j/Dh) of positions offset .. offset + T - 1 (pos * f_j where
+    theta is the frequencies f_j themselves); the classic mistakes on request (positions from 0
+    whatever the offset, a wrong exponent)."""
     start = 0 if has(flags, "rope_no_offset") is not None else offset
     pos = torch.arange(start, start + T, dtype=dtype)[:, None]  # (T, 1)
     two_j = torch.arange(0, Dh, 2, dtype=dtype)  # (Dh/2,): 2j
     j = two_j * EXPONENT_SCALE.get(has(flags, "rope_wrong_base"), 1)
-    return pos * theta ** (-j / Dh)  # (T, Dh/2)
+    held = isinstance(theta, tuple)
+    return pos * (torch.tensor(theta, dtype=dtype) if held else theta ** (-j / Dh))  # (T, Dh/2)
 
 
 # rope_wrong_base's forms: theta^(-j/Dh), the pair index not doubled; theta^(2j/Dh), the reciprocal left out
@@ -300,7 +306,7 @@ ROPE_FORMS = frozenset({"rope_no_offset", "rope_wrong_base:exponent", "rope_wron
 
 
 @functools.lru_cache(maxsize=256)
-def _turns(T: int, Dh: int, theta: float, offset: int, flags: Flags, dtype: torch.dtype, swapped: bool,
+def _turns(T: int, Dh: int, theta: Frequencies, offset: int, flags: Flags, dtype: torch.dtype, swapped: bool,
            ) -> tuple[Tensor, Tensor]:
     """cos and sin of the rotary angles, (T, Dh/2) each (never written to: remembered, since a search
     asks for the same ones under every set of mistakes). swapped: nanochat's halves rotated the
@@ -312,7 +318,7 @@ def _turns(T: int, Dh: int, theta: float, offset: int, flags: Flags, dtype: torc
     return cos, -sin if swapped else sin
 
 
-def rotary(x: Tensor, layout: str, offset: int = 0, flags: Flags = frozenset(), theta: float = 10000.0,
+def rotary(x: Tensor, layout: str, offset: int = 0, flags: Flags = frozenset(), theta: Frequencies = 10000.0,
            ) -> Tensor:
     """(B, H, T, Dh) queries or keys rotated by their positions' angles. "half": dimension j pairs
     with j + Dh/2 (Hugging Face, handformer); "interleaved": 2j with 2j + 1 (Meta's complex
@@ -350,20 +356,23 @@ class MoEWeights:
     experts: list[FFNWeights]
     top_k: int
     normalize: bool
-    shared: list[FFNWeights] = field(default_factory=list)  # experts every token goes through, unweighted
+    shared: list[FFNWeights] = field(default_factory=list)  # experts every token goes through
+    shared_gate: Linear | None = None  # sigmoid(x g^T) scales the shared expert (Qwen2-MoE's); None: as is
 
 
 def mixture_of_experts(w: MoEWeights, x: Tensor, flags: Flags = frozenset()) -> Tensor:
     """(B, T, D) -> (B, T, D): softmax of the router's logits, each token's top_k experts, their
-    weights renormalized (`normalize`), the weighted sum of those experts' outputs, as
+    weights renormalized (`normalize`), the weighted sum of those experts' outputs plus the shared
+    expert's (scaled by its sigmoid gate where it has one), as
     handformer.nn.moe.MixtureOfExperts; the experts' own mistakes from `flags`."""
     probs = torch.softmax(linear(x, w.router), dim=-1)  # (B, T, E)
     weights, chosen = probs.topk(w.top_k, dim=-1)  # (B, T, k) each
     weights = weights / weights.sum(-1, keepdim=True) ** w.normalize  # (to the power False: divided by 1)
     outs = torch.stack([feed_forward(e, x, flags) for e in w.experts], dim=-2)  # (B, T, E, D)
     picked = outs.gather(-2, chosen[..., None].expand(*chosen.shape, outs.size(-1)))  # (B, T, k, D)
-    shared = sum(feed_forward(s, x, flags) for s in w.shared)  # every token's, unweighted (0: none)
-    return (weights[..., None] * picked).sum(-2) + shared  # (B, T, D)
+    shared = sum(feed_forward(s, x, flags) for s in w.shared)  # every token's (0: none)
+    scale = 1.0 if w.shared_gate is None else torch.sigmoid(linear(x, w.shared_gate))  # (B, T, 1)
+    return (weights[..., None] * picked).sum(-2) + scale * shared  # (B, T, D)
 
 
 def feed_forward(w: FFNWeights | MoEWeights, x: Tensor, flags: Flags = frozenset()) -> Tensor:

@@ -126,6 +126,7 @@ from handformer.check.core.weights import (
     kv_heads_of,
     leaves,
     mha_weights,
+    no_unreferenced_parts,
     of_kind,
     qk_norm_slots,
     relative_bias_slots,
@@ -1056,7 +1057,7 @@ def _post_norm_out(res: ComponentResult, ctx: Context, comp: Component, module: 
 def _projections(comp: Component, module: nn.Module, heads: int) -> tuple[list[Any], list[Slot]]:
     """The attention's linear layers, and its q/k norms (QK-norm, Qwen3's) as slots; any other
     parameter is not in the reference."""
-    found = leaves(module)
+    found = no_unreferenced_parts(leaves(module), D // heads)  # Shaw's tables, per-head q/k gains
     extra = [leaf for leaf in found if leaf.kind != "linear"]
     qk_norms = qk_norm_slots(extra, D // heads, D) or relative_bias_slots(extra, heads)
     if extra and not qk_norms:

@@ -117,7 +117,13 @@ from handformer.check.runners.pieces import (
     built_activation,
     plain_activation_,
 )
-from handformer.check.runners.rope_scaling import model_scaling, scaling_words
+from handformer.check.runners.rope_scaling import (
+    UNEXPLAINED,
+    model_scaling,
+    named_schedule,
+    scaling_words,
+    unexplained,
+)
 from handformer.check.runners.sequence_score import check_scores
 from handformer.check.runners.stack import check_stack
 from handformer.config import CausalLMConfig, FamilyConfig, Llama3RopeScaling
@@ -259,7 +265,11 @@ def _rotary_(m: GPTMap, module: nn.Module) -> None:
     """The rotary settings of a model without learned positions: its layouts, base, its tables' base
     where that is another, and Llama 3.1's scaling where its tables show it."""
     m.ropes, m.theta, m.table_theta = _rotary(module)
-    m.rope_scaling = model_scaling(module, m.theta, D // H)
+    # frequencies that no schedule explains, in a file that names one: that one (the code departs from it)
+    m.rope_scaling = model_scaling(module, m.theta, D // H) or (
+        named_schedule(module) if m.table_theta is not None else None)
+    if unexplained(module, m.theta, D // H):
+        raise MappingError(UNEXPLAINED["en"], zh=UNEXPLAINED["zh"])
     m.table_theta = None if m.rope_scaling else m.table_theta
 
 
@@ -488,7 +498,7 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
         norm_placement=HF_PLACEMENT.get(ch.placement, ch.placement),
         norm=first.kind, norm_eps=positive_eps(first.eps),  # LayerNorm or RMSNorm, as theirs
         position=m.added or ("rope" if rotary(ch.rope) else "none"), rope_theta=m.theta,
-        rope_scaling=m.rope_scaling,  # Llama 3.1's, where its tables show it
+        rope_scaling=m.rope_scaling if rotary(ch.rope) else None,  # the schedule its frequencies show
         rope_fraction=turned_width(rotary(ch.rope) or "", D // H) / (D // H),  # partial rotary: "half:2"
         max_positions=m.wpe.weight.size(0) - m.offset if m.wpe is not None else BLOCK, tie_embeddings=m.tied,
         n_kv_heads=m.n_kv_heads, qk_norm=_qk_norm(m), scale_embeddings=m.scaled,

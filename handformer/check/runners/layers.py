@@ -112,6 +112,7 @@ from handformer.check.core.weights import (
     kv_heads_of,
     leaves,
     mha_weights,
+    no_unreferenced_parts,
     norm_slots,
     norm_weights,
     of_kind,
@@ -219,7 +220,7 @@ class Layer:
         x = torch.randn(2, 3, D)
         self.module = ctx.build(comp, self.sizes, warmup=lambda m: self._warmup(m, x))
         self.unbatched = _one_sequence(self, x)
-        found = leaves(self.module)
+        found = no_unreferenced_parts(leaves(self.module), D // H)  # Shaw's tables, per-head q/k gains
         self.cap = attention_cap(self.module)  # Gemma 2's scores soft-capped, read from its setting
         linears = split_attention_ffn(of_kind(found, "linear"), D, D // H)
         names = self.sublayers = kind.sublayers[0]

@@ -35,9 +35,19 @@ from handformer.check.core.discovery import Component, DiscoveryError, argument_
 from handformer.check.core.localize_kinds import localize_rope_table, localize_rotation, note_departure
 from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.rope_tables import COMPLEX_TABLE_NAMES
-from handformer.check.core.rotary import stated_base
-from handformer.check.core.source import locate, source_lines, source_text
+from handformer.check.core.rotary import geometric_base, stated_base
+from handformer.check.core.source import first_line, locate, source_lines, source_text
+from handformer.check.core.weights import MappingError
 from handformer.check.reference import variants as V
+from handformer.check.runners.rope_scaling import (
+    SCHEDULES,
+    band_departs,
+    frequency_buffer,
+    named_schedule,
+    schedule_words,
+    scheduled,
+)
+from handformer.config import Llama3RopeScaling
 
 B, H, T, DH, P, THETA, OFFSET = 2, 3, 5, 16, 64, 10000.0, 3
 TOL = 1e-5  # float32 tables: angles up to P rad
@@ -208,7 +218,8 @@ def _angles(out: Any, dh: int) -> bool:
     return shaped and out.is_floating_point() and bool((out[..., 0, :] == 0).all())
 
 
-def _table_error(table: Table, offset: int = 0, theta: float = THETA, flags: V.Flags = frozenset()) -> float:
+def _table_error(table: Table, offset: int = 0, theta: V.Frequencies = THETA, flags: V.Flags = frozenset(),
+                 ) -> float:
     """The table against pos * theta^(-2j/d), d twice its pairs (the width it turns: Dh, or less)."""
     d = 2 * table.cos.size(-1)
     angles = V.rope_angles(table.cos.size(0), d, theta, offset, flags)  # (P, d/2)
@@ -452,7 +463,7 @@ ROTATION_SIGNS = ("rope_rotation_sign", *ONE_SIDE)
 
 
 def _rotated(q: Tensor, k: Tensor, n: int, layout: str, offset: int = 0, flags: V.Flags = frozenset(),
-             theta: float = THETA) -> Tensor:
+             theta: V.Frequencies = THETA) -> Tensor:
     """The expected output, stacked: (n, B, H, T, Dh). rope_rotation_sign:q (or :k) turns that one
     alone the other way (its own rotate_half's minus on the wrong element)."""
     side = next(iter(flags & ONE_SIDE.keys()), None)
@@ -657,7 +668,7 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
 
     raw = fp.quietly(call) if tensors else _table_of(call, names, ids)  # (a rotation: other layouts below)
     table = read_table(raw, T)
-    theta = _own_base(res, comp, module)
+    theta = _own_schedule(res, ctx, comp, module, _own_base(res, comp, module))
     # OLMo's forward(q, k) returns the rotated (q, k): shaped as its inputs, not a (cos, sin) table
     if table is not None and not (tensors and _stacked(raw, len(tensors), q.shape) is not None):
         return _module_table(res, ctx, comp, call, table, names, theta)
@@ -708,16 +719,71 @@ def _own_base(res: ComponentResult, comp: Component, module: Any) -> float:
     return theta
 
 
+def _own_schedule(res: ComponentResult, ctx: Context, comp: Component, module: Any, theta: float,
+                  ) -> V.Frequencies:
+    """The frequencies a module that holds its own (inv_freq) turns by: theta's plain ones, or one
+    base's other ones or their reciprocals (rope_wrong_base, found on its table), compared at theta;
+    else those it holds, checked apart against the known schedule they are (Llama 3.1's, linear, YaRN:
+    runners/rope_scaling.py) or the one its file names (a departure found at its line).
+    Raises the MappingError of frequencies neither explains (never compared with plain RoPE)."""
+    got = frequency_buffer(module, DH)  # (its tables are what is checked)
+    plain = 1.0 / theta ** (torch.arange(0, DH, 2, dtype=torch.float64) / DH)  # (Dh/2,): pair j's
+    one_base = geometric_base(got) or geometric_base(1 / got) if got is not None else None  # (or growing)
+    if got is None or torch.allclose(got, plain.sort().values, rtol=1e-4) or one_base is not None:
+        return theta
+    schedule = scheduled(got, module, theta, DH) or named_schedule(module)
+    if schedule is None:
+        raise MappingError(OWN_UNEXPLAINED["en"], zh=OWN_UNEXPLAINED["zh"])
+    held = got.flip(0)  # (Dh/2,): pair j's, the fastest first
+    want = SCHEDULES[type(schedule)](plain, schedule, theta)
+    err, said = fp.max_error(held / plain, want / plain), schedule_words(schedule)
+    res.checks.append(Check(text(f"the frequencies it holds are base {theta:g}'s with {said['en']} (compared "
+                                 "as the ratio to each)",
+                                 f"它保存的频率是底数 {theta:g} 的频率经过{said['zh']}"
+                                 "（按与原频率之比比较）"),
+                            err < 1e-6, error_text(err)))
+    if err >= 1e-6:
+        res.findings += _schedule_departs(source_lines(ctx.objects(comp, "rope")), plain, held, schedule)
+    return tuple(held.tolist())
+
+
+def _schedule_departs(lines: list[tuple[int, str]], plain: Tensor, held: Tensor, schedule: Any,
+                      ) -> list[Finding]:
+    """Where the frequencies held part from their schedule's: Llama 3.1's by band of wavelengths, the
+    others at the first line that writes a frequency."""
+    if isinstance(schedule, Llama3RopeScaling):
+        return band_departs(lines, plain, held, schedule)
+    number, code = first_line([r"freq\w*\s*="], lines)
+    return [Finding(DEPARTS, text("the frequencies it holds are not those of the schedule its config names",
+                                  "它保存的频率与配置所写方案的频率不同"), number, code)]
+
+
+OWN_UNEXPLAINED = text(
+    "the frequencies it holds (inv_freq) are neither theta^(-2j/d) of one base nor a known scaling of them "
+    "(linear, llama3, YaRN at the settings its config names), so its rotation is not compared; a config "
+    "with rope_scaling {\"rope_type\": ..., \"factor\": ...} that names its schedule lets check read them",
+    "它保存的频率（inv_freq）既不是某个底数的 theta^(-2j/d)，也不是已知的缩放（线性、llama3、按配置设置的 "
+    "YaRN），所以不比较它的旋转；在配置里写上 rope_scaling {\"rope_type\": ..., \"factor\": ...} "
+    "说明它的方案，check 就能读出")
+
+
+def _angle_words(theta: V.Frequencies) -> tuple[str, str]:
+    """The angles a table is compared with, as a check says them: of a base, or of the frequencies held."""
+    return ("pos * f_j (f_j the frequencies it holds)", "pos * f_j（f_j 为它保存的频率）") if isinstance(
+        theta, tuple) else ("pos * theta^(-2j/d)", "pos * theta^(-2j/d)")
+
+
 def _module_table(res: ComponentResult, ctx: Context, comp: Component, call: Callable[..., Any], table: Any,
-                  names: list[str], theta: float = THETA) -> ComponentResult:
+                  names: list[str], theta: V.Frequencies = THETA) -> ComponentResult:
     """A module whose forward returns the table: checked as a table, with its offset if it takes one."""
     _layout_convention(res, table.layout)
-    _base_finding(res, ctx, comp, table, theta)
+    if not isinstance(theta, tuple):  # (frequencies of a schedule: checked where they were read)
+        _base_finding(res, ctx, comp, table, theta)
     err = _table_error(table, theta=theta)
     res.max_abs_error = err
-    rows = table.cos.size(0)
-    res.checks.append(Check(text(f"the table's angles are pos * theta^(-2j/d) for {rows} positions",
-                                 f"表中 {rows} 个位置的角度为 pos * theta^(-2j/d)"), err < TOL,
+    rows, (en, zh) = table.cos.size(0), _angle_words(theta)
+    res.checks.append(Check(text(f"the table's angles are {en} for {rows} positions",
+                                 f"表中 {rows} 个位置的角度为 {zh}"), err < TOL,
                             error_text(err)))
     if _takes(names, (*OFFSET_ARGS, *ID_NAMES)):  # (positions: a table's module alone is handed them)
         _table_offset_check(res, ctx, comp, call)
@@ -727,7 +793,7 @@ def _module_table(res: ComponentResult, ctx: Context, comp: Component, call: Cal
 MODULE_MISTAKES = ("rope_rotation_sign", "rope_wrong_base:exponent")  # a module's base is its own or given
 
 
-def _module_layout(out: Tensor | None, q: Tensor, k: Tensor, n: int, theta: float = THETA,
+def _module_layout(out: Tensor | None, q: Tensor, k: Tensor, n: int, theta: V.Frequencies = THETA,
                    ) -> tuple[str, Any] | None:
     """The pairs' layout whose rotation (or its sign flipped) the module's output is, else None."""
     for layout in ("half", "interleaved"):
@@ -757,8 +823,8 @@ READINGS = {"": None, "meta": META_INPUTS,  # the inputs each reading hands the 
                            "输入形状为 (T, H, Dh)，一次一个序列，token 在 dim 0，与 gpt-oss 相同")}
 
 
-def _module_reading(ctx: Context, call: Callable[..., Any], n: int, q: Tensor, k: Tensor, theta: float,
-                    ) -> tuple[str, Tensor | None, tuple[str, Any] | None]:
+def _module_reading(ctx: Context, call: Callable[..., Any], n: int, q: Tensor, k: Tensor,
+                    theta: V.Frequencies) -> tuple[str, Tensor | None, tuple[str, Any] | None]:
     """(the reading of its inputs, the output, its layout): (B, H, T, Dh) first; Meta's (B, T, H, Dh)
     or one sequence (T, H, Dh) (gpt-oss's RotaryEmbedding reads its tokens from dim 0) where the
     first gives no rotation."""
@@ -772,7 +838,7 @@ def _module_reading(ctx: Context, call: Callable[..., Any], n: int, q: Tensor, k
 
 
 def _rotated_module(res: ComponentResult, ctx: Context, comp: Component, call: Callable[..., Any], n: int,
-                    q: Tensor, k: Tensor, names: list[str], theta: float = THETA) -> ComponentResult:
+                    q: Tensor, k: Tensor, names: list[str], theta: V.Frequencies = THETA) -> ComponentResult:
     reading, out, best = _module_reading(ctx, call, n, q, k, theta)
 
     def run(offset: int) -> Tensor | None:

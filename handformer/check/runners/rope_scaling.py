@@ -13,6 +13,7 @@ Shape legend: F frequencies (Dh / 2).
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 from types import SimpleNamespace
@@ -24,10 +25,10 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, error_text, finish, forward_parameters
 from handformer.check.core.discovery import CONFIG_NAMES, Component, cannot_fill
 from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, Text, text
-from handformer.check.core.rotary import module_tables, table_frequencies
+from handformer.check.core.rotary import geometric_base, module_tables, table_frequencies
 from handformer.check.core.source import first_line, source_lines, source_text
-from handformer.config import Llama3RopeScaling
-from handformer.nn.positions import llama3_inv_freq
+from handformer.config import LinearRopeScaling, Llama3RopeScaling, RopeScaling, YarnRopeScaling
+from handformer.nn.positions import llama3_inv_freq, yarn_inv_freq
 
 # each setting of Llama3RopeScaling, by the names Meta's and Hugging Face's code give it
 SETTINGS = {"factor": ("scale_factor", "factor", "scaling_factor"),
@@ -75,7 +76,7 @@ def check_rope_scaling(comp: Component, ctx: Context) -> ComponentResult:
                                  "Llama 3 一个头的 64 个频率：长波长的除以缩放系数，短波长的保持不变，"
                                  "中间的按 Llama 3.1 的方式插值（按与原频率之比比较）"),
                             err < 1e-6, error_text(err)))
-    res.findings += _band_departs(comp, out / freqs, llama3_inv_freq(freqs, settings) / freqs, settings)
+    res.findings += band_departs(source_lines([comp.obj]), freqs, out, settings)
     return finish(res)
 
 
@@ -93,18 +94,20 @@ BANDS = (
 )
 
 
-def _band_departs(comp: Component, got: torch.Tensor, want: torch.Tensor, settings: Llama3RopeScaling,
-                  ) -> list[Finding]:
-    """Where the scaled frequencies (as ratios to each frequency) part from Llama 3.1's: the first band
-    of wavelengths that departs, at the line that writes it; none where every band is right."""
-    wavelen, context = 2 * math.pi / frequencies(), settings.original_max_positions  # (F,)
+def band_departs(lines: list[tuple[int, str]], freqs: torch.Tensor, got: torch.Tensor,
+                 settings: Llama3RopeScaling) -> list[Finding]:
+    """Where frequencies scaled from `freqs` (pair j's first) part from Llama 3.1's (compared as ratios
+    to each): the first band of wavelengths that departs, at the line of `lines` that writes it; none
+    where every band is right."""
+    wavelen, context = 2 * math.pi / freqs, settings.original_max_positions  # (F,)
     long, short = wavelen > context / settings.low_freq_factor, wavelen < context / settings.high_freq_factor
+    ratio, want = got / freqs, llama3_inv_freq(freqs, settings) / freqs  # (F,) each
     masks = (long, ~long & ~short, short)
-    bad = next((i for i, m in enumerate(masks) if fp.max_error(got[m], want[m]) >= 1e-6), None)
+    bad = next((i for i, m in enumerate(masks) if fp.max_error(ratio[m], want[m]) >= 1e-6), None)
     if bad is None:
         return []
     (en, zh), patterns = BANDS[bad]
-    number, code = first_line(list(patterns), source_lines([comp.obj]))
+    number, code = first_line(list(patterns), lines)
     return [Finding(DEPARTS, text(f"the frequencies whose wavelength is {en} are not Llama 3.1's",
                                   f"波长{zh}的那些频率与 Llama 3.1 的不同"), number, code)]
 
@@ -134,15 +137,68 @@ class Settings(SimpleNamespace):
         return getattr(self, name)
 
 
-def model_scaling(module: nn.Module, base: float, head_dim: int) -> Llama3RopeScaling | None:
-    """Llama 3.1's scaling that a model's own rotary tables show: their frequencies are llama3_inv_freq
-    of base^(-2j/Dh) at the settings its config names (factor, low_freq_factor, ..., or a rope_scaling
-    dict), else at Meta's; None where they are the plain ones, or no settings explain them."""
-    got = table_frequencies(module_tables(module), head_dim)
+# each known schedule of rotary frequencies past the plain theta^(-2j/Dh), by the type of its settings:
+# the frequencies (F,) it makes of the plain ones of a base (Hugging Face's "dynamic" NTK holds the plain
+# ones within the original context, the only one check's tables reach)
+SCHEDULES = {Llama3RopeScaling: lambda plain, s, base: llama3_inv_freq(plain, s),
+             LinearRopeScaling: lambda plain, s, base: plain / s.factor,
+             YarnRopeScaling: lambda plain, s, base: yarn_inv_freq(2 * plain.numel(), base, s).double()}
+SCHEDULE_WORDS = {Llama3RopeScaling: ("Llama 3.1's", "Llama 3.1 的"), LinearRopeScaling: (
+    "linear (position interpolation)", "线性（位置插值）"), YarnRopeScaling: ("YaRN's", "YaRN 的")}
+FREQUENCY_NAMES = re.compile("freq|theta", re.I)
+
+
+def held_frequencies(module: nn.Module, width: int) -> torch.Tensor | None:
+    """The width/2 rotary frequencies a module holds, ascending: read back from its tables, else its
+    `frequency_buffer`; None where it holds neither."""
+    got = table_frequencies(module_tables(module), width)
+    return got if got is not None else frequency_buffer(module, width)
+
+
+def frequency_buffer(module: nn.Module, width: int) -> torch.Tensor | None:
+    """The width/2 positive rotary frequencies a module holds as a 1-D buffer or tensor attribute named
+    for them (Hugging Face's inv_freq, torchtune's theta), ascending; None where it holds none."""
+    named = [pair for sub in module.modules()
+             for pair in [*sub.named_buffers(recurse=False), *vars(sub).items()]]
+    held = [t for name, t in named if isinstance(t, torch.Tensor) and FREQUENCY_NAMES.search(name)
+            and t.dim() == 1 and t.numel() == width // 2 and t.is_floating_point() and bool((t > 0).all())]
+    return held[0].double().sort().values if held else None
+
+
+def scheduled(got: torch.Tensor, module: nn.Module, base: float, width: int) -> RopeScaling | None:
+    """The known schedule (settings its config names, else Meta's llama3; linear at the one factor
+    that divides every frequency) whose frequencies at this base are the ones held; None where none is."""
+    plain = 1.0 / base ** (torch.arange(0, width, 2, dtype=torch.float64) / width)  # (F,)
+    ratio = plain.sort().values / got  # (F,): one factor over all of them: linear, read from them
+    factor = float(ratio.mean())  # (position interpolation slows every frequency: a factor above 1)
+    linear = [LinearRopeScaling(round(factor, 6))] * bool(ratio.std() < 1e-5 * factor and factor > 1)
+    candidates = [*_configured(module), *linear]
+    return next((s for s in candidates if _same(got, SCHEDULES[type(s)](plain, s, base))), None)
+
+
+def model_scaling(module: nn.Module, base: float, head_dim: int) -> RopeScaling | None:
+    """The scaling of the rotary frequencies that a model's own tables or inv_freq show (llama3, linear,
+    YaRN: `SCHEDULES`); None where they are the plain ones of its base, or none explains them."""
+    got = held_frequencies(module, head_dim)
     plain = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (F,)
-    if got is None or _same(got, plain):
-        return None
-    return next((s for s in _configured(module) if _same(got, llama3_inv_freq(plain, s))), None)
+    return None if got is None or _same(got, plain) else scheduled(got, module, base, head_dim)
+
+
+UNEXPLAINED = text(
+    "its rotary frequencies are neither theta^(-2j/d) of one base nor a known scaling of them (linear, "
+    "llama3, YaRN at the settings its config names), so the model is not compared; a config with "
+    "rope_scaling {\"rope_type\": ..., \"factor\": ...} that names its schedule lets check read them",
+    "它的旋转频率既不是某个底数的 theta^(-2j/d)，也不是已知的缩放（线性、llama3、按配置设置的 YaRN），"
+    "所以不比较整个模型；在配置里写上 rope_scaling {\"rope_type\": ..., \"factor\": ...} 说明它的方案，"
+    "check 就能读出")
+
+
+def unexplained(module: nn.Module, base: float, head_dim: int) -> bool:
+    """Whether a model holds rotary frequencies that are neither those of one base (the plain ones, or
+    rope_wrong_base's another) nor a known schedule's: nothing check can compare them with."""
+    got = held_frequencies(module, head_dim)
+    return got is not None and got.numel() > 1 and geometric_base(got) is None and model_scaling(
+        module, base, head_dim) is None
 
 
 def _same(got: torch.Tensor, freqs: torch.Tensor) -> bool:
@@ -150,12 +206,12 @@ def _same(got: torch.Tensor, freqs: torch.Tensor) -> bool:
     return bool(torch.allclose(got, freqs.sort().values, rtol=1e-4, atol=0))
 
 
-def _configured(module: nn.Module) -> list[Llama3RopeScaling]:
-    """The scaling settings the config of a module of the model (or its rope_scaling dict) names, then
-    Meta's."""
+def _configured(module: nn.Module) -> list[RopeScaling]:
+    """The scaling settings the config of a module of the model (or its rope_scaling dict, or the module
+    itself: torchtune's self.scale_factor) names, each known schedule at them, then Meta's llama3."""
     configs = [getattr(sub, "config", None) for sub in module.modules()]
-    holders = [*configs, *map(lambda config: _value(config, "rope_scaling"), configs)]
-    return [*filter(None, map(_settings_in, holders)), Llama3RopeScaling()]
+    holders = [*configs, *map(lambda config: _value(config, "rope_scaling"), configs), *module.modules()]
+    return [*filter(None, (kind(h) for h in holders for kind in KINDS)), Llama3RopeScaling()]
 
 
 def _settings_in(holder: object) -> Llama3RopeScaling | None:
@@ -163,6 +219,41 @@ def _settings_in(holder: object) -> Llama3RopeScaling | None:
     values = {field: _number(holder, names) for field, names in SETTINGS.items()}
     named = {field: value for field, value in values.items() if value is not None}
     return Llama3RopeScaling(**named) if "factor" in named else None
+
+
+def _linear_in(holder: object) -> LinearRopeScaling | None:
+    """Position interpolation at the factor a config or a dict names; None where it names none."""
+    factor = _number(holder, SETTINGS["factor"])
+    return LinearRopeScaling(factor) if factor is not None else None
+
+
+def _yarn_in(holder: object) -> YarnRopeScaling | None:
+    """YaRN at the factor, original context and betas a config or a dict names (transformers' defaults
+    for the betas); None where it names no factor."""
+    names = {"factor": SETTINGS["factor"], "original_max_positions": SETTINGS["original_max_positions"],
+             "beta_fast": ("beta_fast",), "beta_slow": ("beta_slow",)}
+    values = {field: _number(holder, keys) for field, keys in names.items()}
+    named = {field: value for field, value in values.items() if value is not None}
+    return YarnRopeScaling(**named) if "factor" in named else None
+
+
+KINDS = (_settings_in, _linear_in, _yarn_in)
+# the schedule a rope_scaling dict names by its rope_type (or type)
+NAMED = {"llama3": Llama3RopeScaling, "linear": LinearRopeScaling, "yarn": YarnRopeScaling}
+OWN_SETTINGS = {"low_freq_factor": "llama3", "beta_fast": "yarn"}  # a setting that only one schedule has
+
+
+def named_schedule(module: nn.Module) -> RopeScaling | None:
+    """The schedule a module's file names by its rope_type (a rope_scaling dict of its config, else a
+    quoted "llama3", "linear" or "yarn" in its source, else a setting only one schedule has, held by
+    one of its modules), at the settings its configs name; None where none names a known one."""
+    dicts = [_value(getattr(sub, "config", None), "rope_scaling") for sub in module.modules()]
+    types = [str(_value(d, "rope_type") or _value(d, "type")) for d in dicts if isinstance(d, dict)]
+    types += re.findall(r"[\"'](llama3|linear|yarn)[\"']", source_text(inspect.getmodule(type(module))))
+    types += [name for sub in module.modules() for setting, name in OWN_SETTINGS.items()
+              if hasattr(sub, setting)]
+    kind = next((NAMED[t] for t in types if t in NAMED), None)
+    return next((s for s in _configured(module) if type(s) is kind), None)
 
 
 def _number(holder: object, names: tuple[str, ...]) -> float | None:
@@ -174,9 +265,22 @@ def _value(obj: object, name: str) -> object:
     return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
 
 
-def scaling_words(s: Llama3RopeScaling) -> Text:
-    """A model's Llama 3.1 scaling, as its convention says it."""
-    shown = (f"factor {s.factor:g}, low_freq_factor {s.low_freq_factor:g}, "
-             f"high_freq_factor {s.high_freq_factor:g}, original context {s.original_max_positions:g}")
-    return text(f"; Llama 3.1's rotary frequency scaling, read from its tables ({shown})",
-                f"；Llama 3.1 的旋转频率缩放，从它的表读出（{shown}）")
+def scaling_words(s: RopeScaling) -> Text:
+    """A model's scaling of its rotary frequencies, as its convention says it."""
+    said = schedule_words(s)
+    return text(f"; {said['en']}, read from the frequencies it holds", f"；{said['zh']}，从它保存的频率读出")
+
+
+def schedule_words(s: RopeScaling) -> Text:
+    """A schedule of rotary frequencies and its settings, in words."""
+    en, zh = SCHEDULE_WORDS[type(s)]
+    shown = ", ".join(f"{SHOWN.get(f, f)} {getattr(s, f):g}" for f in SHOWN_FIELDS[type(s)])
+    return text(f"{en} rotary frequency scaling ({shown})", f"{zh}旋转频率缩放（{shown}）")
+
+
+# the settings of each schedule a report shows, and the names it shows them by
+SHOWN_FIELDS = {Llama3RopeScaling: ("factor", "low_freq_factor", "high_freq_factor",
+                                    "original_max_positions"),
+                LinearRopeScaling: ("factor",),
+                YarnRopeScaling: ("factor", "original_max_positions", "beta_fast", "beta_slow")}
+SHOWN = {"original_max_positions": "original context"}
