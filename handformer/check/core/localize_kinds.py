@@ -40,6 +40,7 @@ from handformer.check.core.localize import (
     place_findings,
     rotate_every_two,
     rotate_half,
+    same,
     statement,
     trace_steps,
     view_zh,
@@ -472,6 +473,20 @@ def module_views(run: Callable[[], Any], module: nn.Module, words: dict[str, str
     with hooked(handles), torch.no_grad():
         run()
     return out
+
+
+def made_at(run: Callable[[], Any], module: nn.Module, value: Tensor) -> tuple[int, str] | None:
+    """The line of the module's own code (its class's methods) that first made `value`, what `run()`
+    returns from it (a model's logits): where the head is applied to the stream. None where no line of
+    that code made it (a helper class of theirs made it: its calling line is the part's step)."""
+    cls = type(module)
+    filename = inspect.getsourcefile(cls)
+    code = {f.__code__ for f in vars(cls).values() if inspect.isfunction(f)}
+    steps = trace_steps(run, filename, code, _children(module))
+    flat = value.detach().double().reshape(-1)  # (N,): the logits however the caller shaped them
+    step = next((s for s in steps if not s.given and s.value.numel() == flat.numel()
+                 and same(s.value.reshape(-1), flat)), None)
+    return step and (step.line, statement(filename, step.line))
 
 
 def localize_model(run: Callable[[], Any], module: nn.Module, readings: list[list[View]], depth: int = 4,
