@@ -23,8 +23,9 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.context import Context, D, error_text, finish
+from handformer.check.core.context import Context, D, check_determinism, error_text, finish
 from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.moe import moe_slots, router_linears
 from handformer.check.core.result import (
     Check,
@@ -35,6 +36,7 @@ from handformer.check.core.result import (
 )
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.weights import expert_slots
+from handformer.check.runners.localize_moe import localize_moe, moe_views
 from handformer.check.runners.pieces import wrong_branch_findings
 
 TOP_K_SETTINGS = ("top_k", "num_experts_per_tok", "n_activated_experts", "experts_per_token", "k")
@@ -141,7 +143,26 @@ def check_moe(comp: Component, ctx: Context) -> ComponentResult:
             "而它的设置要求重新归一化"),
             number, code))
     res.findings += _branch_findings(ctx, comp, module, err)
+    _localized(res, ctx, comp, module, x, (experts, routers, shared), allowed, scale)
     return finish(res)
+
+
+def _localized(res: ComponentResult, ctx: Context, comp: Component, module: nn.Module, x: Tensor,
+               parts: tuple[Any, list[Any], list[Any]], settings: list[tuple[int, bool]], scale: float,
+               ) -> None:
+    """Eval mode is deterministic (a noisy router's draw left on in eval: dropout_in_eval, at its
+    line); where the mixture differs, the line where it first parts from the reference, read with
+    each router and each setting its own allow (localize_moe.py)."""
+    check_determinism(res, ctx, comp, lambda: fp.first_tensor(ctx.learner.call("forward", module, x), 3))
+    experts, routers, shared = parts
+
+    def localize() -> Any:
+        with torch.no_grad():
+            readings = [moe_views(x, r, list(experts), shared, k, norm, scale)
+                        for r, (k, norm) in itertools.product(routers, settings)]
+        return localize_moe(module, x, readings, {k for k, _ in settings} - {len(experts)})
+    if res.max_abs_error >= TOL:
+        note_departure(res, localize)
 
 
 def _branch_findings(ctx: Context, comp: Component, module: nn.Module, err: float) -> list[Finding]:
