@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from handformer.check.core.fingerprint import hooked, quietly
 from handformer.check.core.localize import Departure, Step, View, latest_departure, trace_steps
-from handformer.check.core.localize_kinds import _children
+from handformer.check.core.localize_kinds import traced_parts
 
 
 def moe_views(x: Tensor, router: tuple[Tensor, Tensor | None], experts: list[Any], shared: list[Any], k: int,
@@ -88,7 +88,7 @@ def _departure_in(run: Callable[[], Any], module: nn.Module, readings: list[list
     down `depth` parts."""
     code = {f.__code__ for f in vars(type(module)).values() if inspect.isfunction(f)}
     calls: dict[int, tuple[nn.Module, Any, dict[str, Any]]] = {}  # line -> the part called there
-    parts = _children(module)
+    parts = traced_parts(module)
     with hooked([m.register_forward_hook(_called(calls, filename), with_kwargs=True) for _, m in parts]):
         steps = trace_steps(run, filename, code, parts)
     D = readings[0][0][1].size(-1)  # the input x (B, T, D), each reading's first view

@@ -126,9 +126,7 @@ def check_moe(comp: Component, ctx: Context) -> ComponentResult:
     allowed = [key for key in errors if key[1] in NORMS[normalize]]
     k, norm = min(allowed, key=errors.get)
     err = res.max_abs_error = errors[k, norm]
-    res.notes.append(_read_as(len(experts), k, norm, len(shared)))
-    res.notes += [text(f"the routed experts' weights times {scale:g} (its routing scale)",
-                       f"路由专家的权重乘以 {scale:g}（它的路由缩放系数）")] * (scale != 1.0)
+    res.notes += _read_as(len(experts), k, norm, len(shared), scale)
     res.checks.append(Check(text("each token through its top experts by the router's softmax, their outputs "
                                  "weighted and summed (plus the shared experts')",
                                  "每个 token 经过路由 softmax 得分最高的专家，输出加权求和"
@@ -172,8 +170,12 @@ def _branch_findings(ctx: Context, comp: Component, module: nn.Module, err: floa
     return wrong_branch_findings(ctx, comp, expert_slots(slots)[0], err) if slots and err < TOL else []
 
 
-def _read_as(E: int, k: int, normalize: bool, shared: int) -> Text:
+def _read_as(E: int, k: int, normalize: bool, shared: int, scale: float) -> list[Text]:
+    """The notes on how the mixture was read: its experts, top k, renormalization, shared experts, and
+    its routing scale where it is not 1."""
     renorm = ("their weights renormalized to sum to 1", "权重重新归一化到和为 1") if normalize else (
         "their weights as the softmax gave them", "权重保持 softmax 给出的值")
-    return text(f"{E} experts, each token through its top {k}, {renorm[0]}; {shared} shared expert(s)",
-                f"{E} 个专家，每个 token 经过得分最高的 {k} 个，{renorm[1]}；共享专家 {shared} 个")
+    return [text(f"{E} experts, each token through its top {k}, {renorm[0]}; {shared} shared expert(s)",
+                 f"{E} 个专家，每个 token 经过得分最高的 {k} 个，{renorm[1]}；共享专家 {shared} 个")] + [
+        text(f"the routed experts' weights times {scale:g} (its routing scale)",
+             f"路由专家的权重乘以 {scale:g}（它的路由缩放系数）")] * (scale != 1.0)
