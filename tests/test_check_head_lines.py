@@ -6,19 +6,25 @@ Face's Llama and MiniMind (`logits = self.lm_head(hidden_states)`); lucidrains' 
 
 from __future__ import annotations
 
-import pytest
-from check_results import checked
+from pathlib import Path
 
+import pytest
+
+from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(scope="module", params=[("learners_hf", "LlamaForCausalLM"),
                                         ("learners_minimind", "MiniMindForCausalLM")])
-def planted(request):
+def planted(request, tmp_path_factory):
+    """The fixture checked as a copy in a folder of its own (no fixture folder put on sys.path)."""
     folder, name = request.param
-    return checked(folder, "final_norm_missing", only=["gpt"]), name
+    path = tmp_path_factory.mktemp("head") / "final_norm_missing.py"
+    path.write_text((FIXTURES / folder / "final_norm_missing.py").read_text())
+    return check_file(str(path), only=["gpt"]), name
 
 
 def test_final_norm_missing_is_quoted_where_the_head_meets_the_stream(planted):

@@ -33,8 +33,11 @@ PLANTED = {  # file -> (the mixture's name, the diagnosis, the text of the plant
 
 
 @pytest.fixture(scope="module", params=sorted(PLANTED))
-def planted(request):
-    path = FIXTURES / f"{request.param}.py"
+def planted(request, tmp_path_factory):
+    """The fixture checked as a copy in a folder of its own: a fixture folder put on sys.path first
+    would hand its correct.py to another test's `from correct import ...`."""
+    path = tmp_path_factory.mktemp("moe") / f"{Path(request.param).name}.py"
+    path.write_text((FIXTURES / f"{request.param}.py").read_text())
     return check_file(str(path), only=["moe"]), path.read_text().splitlines(), PLANTED[request.param]
 
 
