@@ -42,6 +42,7 @@ SECONDS = {
     "test_check_family_scales.py": 10, "test_check_local_windows.py": 6, "test_check_family_masks.py": 5,
     "test_check_caches_routers.py": 5, "test_check_shape.py": 4,
     "test_check_command_r.py": 10, "test_check_rope_schedules.py": 8, "test_check_gated_shared_expert.py": 8,
+    "test_check_moe_departs.py": 5, "test_check_head_lines.py": 4,
 }
 
 

@@ -40,9 +40,9 @@ def test_palm_model_of_wrapped_parallel_blocks_is_compared(palm):
     assert "parallel blocks" in component(palm, "PaLM").convention["en"]
 
 
-def test_palm_model_plant_fails_at_its_final_norm():
+def test_palm_model_plant_fails_at_the_line_that_applies_its_head():
     planted = checked("learners_palm_model", "no_final_norm", only=["gpt"])
-    assert named(planted, "PaLM") == [("final_norm_missing", "self.norm = RMSNorm(dim)")], format_report(planted)
+    assert named(planted, "PaLM") == [("final_norm_missing", "return self.to_logits(x)")], format_report(planted)
 
 
 @pytest.fixture(scope="module")

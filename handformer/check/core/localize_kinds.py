@@ -40,6 +40,7 @@ from handformer.check.core.localize import (
     place_findings,
     rotate_every_two,
     rotate_half,
+    same,
     statement,
     trace_steps,
     view_zh,
@@ -77,13 +78,13 @@ def _within(localize: Localize) -> Departure | None:
         return localize()
 
 
-def _children(module: nn.Module, prefix: str = "self") -> list[tuple[str, nn.Module]]:
+def traced_parts(module: nn.Module, prefix: str = "self") -> list[tuple[str, nn.Module]]:
     """The module's parts whose outputs are sub-steps: its children (and the items of a list or dict
     of them, nested too: litgpt's `transformer.h`), not dropout (the identity in eval mode)."""
     out = []
     for name, child in module.named_children():
         if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
-            out += _children(child, f"{prefix}.{name}")
+            out += traced_parts(child, f"{prefix}.{name}")
         elif not isinstance(child, nn.Dropout):
             out.append((f"{prefix}.{name}", child))
     return out
@@ -234,7 +235,7 @@ def localize_layer(layer: Any, readings: list[V.LayerWeights]) -> Departure | No
     keep = V.causal_keep(T)[None, None] if layer.masks_itself else None
     filename, code = _source(layer.module)
     layer.call(x, memory, None, None)  # the forms its tables take found first, outside the trace
-    steps = trace_steps(lambda: layer.call(x, memory, None, None), filename, code, _children(layer.module))
+    steps = trace_steps(lambda: layer.call(x, memory, None, None), filename, code, traced_parts(layer.module))
     views = [layer_views(w, x.detach(), memory, keep) for w in readings]
     sizes = {"d_model": x.size(-1)}
     forms = [form for w, v in zip(readings, views) for form in layer_norm_forms(w, v)]
@@ -474,6 +475,20 @@ def module_views(run: Callable[[], Any], module: nn.Module, words: dict[str, str
     return out
 
 
+def made_at(run: Callable[[], Any], module: nn.Module, value: Tensor) -> tuple[int, str] | None:
+    """The line of the module's own code (its class's methods) that first made `value`, what `run()`
+    returns from it (a model's logits): where the head is applied to the stream. None where no line of
+    that code made it (a helper class of theirs made it: its calling line is the part's step)."""
+    cls = type(module)
+    filename = inspect.getsourcefile(cls)
+    code = {f.__code__ for f in vars(cls).values() if inspect.isfunction(f)}
+    steps = trace_steps(run, filename, code, traced_parts(module))
+    flat = value.detach().double().reshape(-1)  # (N,): the logits however the caller shaped them
+    step = next((s for s in steps if not s.given and s.value.numel() == flat.numel()
+                 and same(s.value.reshape(-1), flat)), None)
+    return step and (step.line, statement(filename, step.line))
+
+
 def localize_model(run: Callable[[], Any], module: nn.Module, readings: list[list[View]], depth: int = 4,
                    filename: str | None = None, constants: tuple[torch.dtype, ...] = (),
                    graded_part: bool = False) -> Departure | None:
@@ -488,7 +503,7 @@ def localize_model(run: Callable[[], Any], module: nn.Module, readings: list[lis
     cls = type(module)
     filename = filename or inspect.getsourcefile(cls)
     code = {f.__code__ for f in vars(cls).values() if inspect.isfunction(f)}
-    steps = trace_steps(run, filename, code, _children(module), constants)
+    steps = trace_steps(run, filename, code, traced_parts(module), constants)
     steps[:] = [s for s in steps if s.value.flatten().diff().ne(0).any()]  # not one value (a mask of ones)
     D = next(t for _, t in readings[0] if t.dim() >= 3).size(-1)  # (B, T, D): not the positions (T,)
     found = latest_departure(steps, readings, filename, {"d_model": D})

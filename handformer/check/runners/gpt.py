@@ -65,7 +65,7 @@ from handformer.check.core.layer_map import (
     outside,
     rows_normed,
 )
-from handformer.check.core.localize_kinds import localize_model, module_views, note_departure
+from handformer.check.core.localize_kinds import localize_model, made_at, module_views, note_departure
 from handformer.check.core.moe import moe_config, moe_note
 from handformer.check.core.reference_attention import handformer_attention, with_sinks
 from handformer.check.core.result import (
@@ -81,7 +81,13 @@ from handformer.check.core.result import (
 )
 from handformer.check.core.rotary import interleaved_to_half_, partial_layouts, turned_width
 from handformer.check.core.score_scale import PLAIN, Form, layer_forms, model_factors
-from handformer.check.core.source import locate, source_lines, source_text
+from handformer.check.core.source import (
+    LINE_FINDERS,
+    first_pattern_matches,
+    locate,
+    source_lines,
+    source_text,
+)
 from handformer.check.core.weights import (
     Leaf,
     MappingError,
@@ -1192,7 +1198,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
         ch = settings[0]
         _localize(res, m, call, idx, settings)
     else:
-        ch = _found(res, ctx, comp, m, call.module, out, idx, found, last_only)
+        ch = _found(res, ctx, comp, m, call, out, idx, found, last_only)
     hf = reference_model(m, ch)
     _norm_findings(res, ctx, comp, m)
     _base_at_width(res, ctx, comp, m, call.module)
@@ -1301,7 +1307,7 @@ def _search(m: GPTMap, out: Tensor, idx: Tensor, settings: list[Choices], last_o
 FEWEST_MISTAKES = {"reordered": 1}
 
 
-def _found(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, module: nn.Module, out: Tensor,
+def _found(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, call: Caller, out: Tensor,
            idx: Tensor, found: tuple[Choices, frozenset[str], float], last_only: bool) -> Choices:
     """The choices found as the convention; each mistake named with how far it is from right; the
     choices."""
@@ -1320,8 +1326,25 @@ def _found(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, modul
             f"differ from the correct ones by {correct:.3g}",
             f"你的 logits 与带有这个错误的模型一致（最大绝对误差 {matched:.1e}），与正确结果相差 "
             f"{correct:.3g}"), number, code, form))
-    _scale_unused(res, ctx, comp, m, module, out, found, idx, last_only)
+    _head_lines(res, call, idx, out, lines)
+    _scale_unused(res, ctx, comp, m, call.module, out, found, idx, last_only)
     return ch
+
+
+# the mistakes seen where the stack's output meets the head (the final norm left out of `self.lm_head(h)`)
+HEAD_LINES = ("final_norm_missing",)
+
+
+def _head_lines(res: ComponentResult, call: Caller, idx: Tensor, out: Tensor, lines: list[tuple[int, str]],
+                ) -> None:
+    """A finding of HEAD_LINES that a guess of its patterns placed (`self.norm = RMSNorm(dim)` in
+    __init__, a `return logits`), not its first pattern nor its line finder (a norm's output never
+    read): quoted at the line of the model's forward that made the logits."""
+    unsure = [f for f in res.findings if f.name in HEAD_LINES and f.line != LINE_FINDERS[f.name](lines)[0]
+              and not first_pattern_matches(f.name, f.code or "")]
+    made = unsure and fp.quietly(lambda: made_at(lambda: call(idx), call.module, out))
+    for finding in unsure * bool(made):
+        finding.line, finding.code = made
 
 
 def _cached(res: ComponentResult, ctx: Context, comp: Component, call: Caller, hf: CausalLM | None,

@@ -23,8 +23,9 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.context import Context, D, error_text, finish
+from handformer.check.core.context import Context, D, check_determinism, error_text, finish
 from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.moe import moe_slots, router_linears
 from handformer.check.core.result import (
     Check,
@@ -35,6 +36,7 @@ from handformer.check.core.result import (
 )
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.weights import expert_slots
+from handformer.check.runners.localize_moe import localize_moe, moe_views
 from handformer.check.runners.pieces import wrong_branch_findings
 
 TOP_K_SETTINGS = ("top_k", "num_experts_per_tok", "n_activated_experts", "experts_per_token", "k")
@@ -124,9 +126,7 @@ def check_moe(comp: Component, ctx: Context) -> ComponentResult:
     allowed = [key for key in errors if key[1] in NORMS[normalize]]
     k, norm = min(allowed, key=errors.get)
     err = res.max_abs_error = errors[k, norm]
-    res.notes.append(_read_as(len(experts), k, norm, len(shared)))
-    res.notes += [text(f"the routed experts' weights times {scale:g} (its routing scale)",
-                       f"路由专家的权重乘以 {scale:g}（它的路由缩放系数）")] * (scale != 1.0)
+    res.notes += _read_as(len(experts), k, norm, len(shared), scale)
     res.checks.append(Check(text("each token through its top experts by the router's softmax, their outputs "
                                  "weighted and summed (plus the shared experts')",
                                  "每个 token 经过路由 softmax 得分最高的专家，输出加权求和"
@@ -141,7 +141,26 @@ def check_moe(comp: Component, ctx: Context) -> ComponentResult:
             "而它的设置要求重新归一化"),
             number, code))
     res.findings += _branch_findings(ctx, comp, module, err)
+    _localized(res, ctx, comp, module, x, (experts, routers, shared), allowed, scale)
     return finish(res)
+
+
+def _localized(res: ComponentResult, ctx: Context, comp: Component, module: nn.Module, x: Tensor,
+               parts: tuple[Any, list[Any], list[Any]], settings: list[tuple[int, bool]], scale: float,
+               ) -> None:
+    """Eval mode is deterministic (a noisy router's draw left on in eval: dropout_in_eval, at its
+    line); where the mixture differs, the line where it first parts from the reference, read with
+    each router and each setting its own allow (localize_moe.py)."""
+    check_determinism(res, ctx, comp, lambda: fp.first_tensor(ctx.learner.call("forward", module, x), 3))
+    experts, routers, shared = parts
+
+    def localize() -> Any:
+        with torch.no_grad():
+            readings = [moe_views(x, r, list(experts), shared, k, norm, scale)
+                        for r, (k, norm) in itertools.product(routers, settings)]
+        return localize_moe(module, x, readings, {k for k, _ in settings} - {len(experts)})
+    if res.max_abs_error >= TOL:
+        note_departure(res, localize)
 
 
 def _branch_findings(ctx: Context, comp: Component, module: nn.Module, err: float) -> list[Finding]:
@@ -151,8 +170,12 @@ def _branch_findings(ctx: Context, comp: Component, module: nn.Module, err: floa
     return wrong_branch_findings(ctx, comp, expert_slots(slots)[0], err) if slots and err < TOL else []
 
 
-def _read_as(E: int, k: int, normalize: bool, shared: int) -> Text:
+def _read_as(E: int, k: int, normalize: bool, shared: int, scale: float) -> list[Text]:
+    """The notes on how the mixture was read: its experts, top k, renormalization, shared experts, and
+    its routing scale where it is not 1."""
     renorm = ("their weights renormalized to sum to 1", "权重重新归一化到和为 1") if normalize else (
         "their weights as the softmax gave them", "权重保持 softmax 给出的值")
-    return text(f"{E} experts, each token through its top {k}, {renorm[0]}; {shared} shared expert(s)",
-                f"{E} 个专家，每个 token 经过得分最高的 {k} 个，{renorm[1]}；共享专家 {shared} 个")
+    return [text(f"{E} experts, each token through its top {k}, {renorm[0]}; {shared} shared expert(s)",
+                 f"{E} 个专家，每个 token 经过得分最高的 {k} 个，{renorm[1]}；共享专家 {shared} 个")] + [
+        text(f"the routed experts' weights times {scale:g} (its routing scale)",
+             f"路由专家的权重乘以 {scale:g}（它的路由缩放系数）")] * (scale != 1.0)
