@@ -90,10 +90,21 @@ def import_learner(path: str) -> types.ModuleType:
     return module
 
 
+LEARNER_FOLDERS: set[str] = set()  # the folders learners' files were imported from, in this process
+
+
 def importable(folder: Path) -> None:
-    """The folder on sys.path (first), where it is not yet."""
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
+    """The folder first on sys.path, and the neighbours imported from another learner's folder
+    forgotten: two folders that each hold a `correct.py` (checked one after the other in one
+    process, as the tests do) never hand each other's modules to `from correct import ...`."""
+    others = LEARNER_FOLDERS - {str(folder)}
+    for name, module in list(sys.modules.items()):
+        if str(Path(getattr(module, "__file__", None) or "/").parent) in others:
+            del sys.modules[name]
+    LEARNER_FOLDERS.add(str(folder))
+    if str(folder) in sys.path:
+        sys.path.remove(str(folder))
+    sys.path.insert(0, str(folder))
 
 
 def in_package(module: types.ModuleType, path: str) -> None:
