@@ -268,6 +268,18 @@ def test_a_formula_in_a_comment_is_no_statement_turned_off(tmp_path):
     assert res.findings[0].line == 3
 
 
+def test_the_statement_that_does_nothing_is_read_in_the_innermost_function_around_the_finding(tmp_path):
+    """Each function's idle statements are read once a file: the finding moves to the nearest one of the
+    innermost function around its line (a function nested in it included; never one of another)."""
+    path = tmp_path / "learner.py"
+    path.write_text("def loss(x, t):\n    t == 0\n\n    def inner(y):\n        y * 2\n        return y\n"
+                    "    x == 3\n    return inner(x) - t\n\n\ndef other(z):\n    z == 1\n    return z\n")
+    found = [Finding("smoothing_on_pad", text("", ""), n, "") for n in (6, 3, 13)]
+    res = ComponentResult("loss", "loss", findings=found)
+    commented_out(res, str(path))
+    assert [(f.line, f.code) for f in res.findings] == [(5, "y * 2"), (2, "t == 0"), (12, "z == 1")]
+
+
 def test_a_maximum_over_the_batch_axis_is_quoted_where_it_is_taken(tmp_path):
     """min-p's top probability taken over dim=0: a (1, V) tensor, no view's shape; it is the maximum of
     the probabilities over the wrong axis, the line that takes it departs."""

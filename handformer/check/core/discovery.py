@@ -572,11 +572,14 @@ def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> li
     """The learner's names among `names`, in that order (see `_stands_for`); then their classes whose
     name ends as this kind's do (SUFFIXES)."""
     out = []
+    # the only names a table's name can stand for or carry a version of: looked through once, not once
+    # a table name (a kind's table holds dozens, and every check looks up every kind's)
+    dotted, numbered = [n for n in own if "." in n], [n for n in own if n[-1:].isdigit()]
     for name in names:
         # the name, or a sampling step's name made private (Meta's `_sample_top_p`, a helper of its loop)
         out += [name] * (name in own) + [f"_{name}"] * (f"_{name}" in own) * (kind in PRIVATE_KINDS)
-        out += sorted(n for n in own if "." in n and _stands_for(name, n))
-        out += sorted(n for n in own if _versioned(name).fullmatch(n))
+        out += sorted(n for n in dotted if _stands_for(name, n))
+        out += sorted(n for n in numbered if _versioned(name).fullmatch(n))
     out += sorted(n for n, o in own.items() if inspect.isclass(o) and n not in TABLED and n not in out
                   and _suffixed(n, o, SUFFIXES.get(kind, ("\0",))) and SUFFIX_TESTS.get(kind, bool)(o))
     if any(n.endswith(("ForCausalLM", "LMHeadModel")) for n in own):  # Hugging Face's XModel is the backbone

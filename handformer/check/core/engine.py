@@ -606,7 +606,8 @@ def _discover(module: types.ModuleType, result: FileResult, adapters: str | None
     try:
         found = adapter_functions(load_adapters(adapters, path), module)
         components = find_components(module, overrides, only, found)
-        everything = find_components(module, overrides, None, found)
+        # every component is what `only` finds when it names no kind: found once
+        everything = components if only is None else find_components(module, overrides, None, found)
     except DiscoveryError as err:  # --component names something the file does not define
         result.error = LearnerError("discovery", str(err), "discovery",
                                     message_zh=f"--component 有误：{err.zh or err}")

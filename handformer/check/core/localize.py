@@ -1269,13 +1269,18 @@ def commented_out(res: ComponentResult, filename: str) -> None:
 def _no_effect(filename: str, line: int) -> tuple[int, str] | None:
     """A statement in the function around `line` that does nothing (`true_dist[:, self.padding_idx] ==
     0`, an assignment with `==` for `=`; see `_idle`), the nearest: (its line, its text)."""
-    tree = parsed_file(filename)
-    functions = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)]
-    around = [f for f in functions if f.lineno <= line <= f.end_lineno]
-    inner = max(around, key=lambda f: f.lineno, default=ast.Module(body=[], type_ignores=[]))
-    idle = [n.lineno for n in ast.walk(inner) if _idle(n)]
+    around = [f for f in _idle_statements(parsed_file(filename)) if f[0] <= line <= f[1]]
+    idle = max(around, key=lambda f: f[0], default=(0, 0, ()))[2]
     return min(((n, linecache.getline(filename, n).strip()) for n in idle), key=lambda nc: abs(nc[0] - line),
                default=None)
+
+
+@functools.lru_cache(maxsize=8)
+def _idle_statements(tree: ast.Module) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
+    """(first line, last line, the lines of its statements that do nothing) of each function of a parsed
+    file: walked once a file, not once a finding (a check of a file with many findings asks often)."""
+    return tuple((f.lineno, f.end_lineno or f.lineno, tuple(n.lineno for n in ast.walk(f) if _idle(n)))
+                 for f in ast.walk(tree) if isinstance(f, ast.FunctionDef))
 
 
 def _idle(node: ast.AST) -> bool:
