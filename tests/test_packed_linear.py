@@ -17,7 +17,13 @@ from handformer.config import CausalLMConfig
 from handformer.data.special_tokens import SpecialTokens
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.generate import generate
-from handformer.inference.packed_linear import PackedLinear, pack_linears, packing_available, unpack_linears
+from handformer.inference.packed_linear import (
+    PackedLinear,
+    pack_linears,
+    packing_available,
+    packs_dtype,
+    unpack_linears,
+)
 from handformer.inference.prepare import PLAIN_ENV, prepare_for_decoding
 from handformer.inference.quant import Int8Linear, quantize_linears
 from handformer.inference.threads import default_threads
@@ -79,16 +85,22 @@ def test_training_a_packed_layer_is_refused_with_the_fix():
         packed(torch.randn(1, 100))
 
 
-def test_bf16_weights_pack_and_other_dtypes_are_refused():
+def test_bf16_weights_pack_where_the_cpu_can_and_other_dtypes_are_refused():
+    with pytest.raises(ValueError, match="fp32 or bf16 CPU weights"):
+        PackedLinear(torch.zeros(4, 4, dtype=torch.float16), None)
     linear = _linear().to(torch.bfloat16)
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():  # an AVX2-only CPU: a clear error, no traceback
+        with pytest.raises(ValueError, match="cannot pack torch.bfloat16 weights.*nn.Linear"):
+            PackedLinear.from_linear(linear)
+        assert not packs_dtype(torch.bfloat16) and pack_linears(nn.Sequential(linear), min_bytes=0) == []
+        return
     packed = PackedLinear.from_linear(linear)
     x = torch.randn(3, 100, dtype=torch.bfloat16)
     expected = F.linear(x.float(), linear.weight.float(), linear.bias.float())
     torch.testing.assert_close(packed(x).float(), expected, rtol=2e-2, atol=2e-2)  # bf16 outputs
     assert packed(x).dtype == torch.bfloat16 and packed(x.float()).dtype == torch.float32
     assert torch.equal(packed.weight, linear.weight) and packed.to_linear().weight.dtype == torch.bfloat16
-    with pytest.raises(ValueError, match="fp32 or bf16 CPU weights"):
-        PackedLinear(torch.zeros(4, 4, dtype=torch.float16), None)
+    assert packs_dtype(torch.bfloat16)
 
 
 def _model(tied=True, preset="gpt2", vocab=300):

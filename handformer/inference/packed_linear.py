@@ -63,6 +63,17 @@ def packing_available(device: torch.device | str = "cpu") -> bool:
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
+def _reorder(weight: Tensor, batch_hint: int | None) -> Tensor:
+    """The weight in oneDNN's packed layout; a CPU whose oneDNN cannot pack this dtype (bf16 without
+    AVX512-BF16, AVX-512 BW/VL/DQ or AVX-NE-CONVERT) gets a ValueError that says what to do."""
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
+    except RuntimeError as err:
+        raise ValueError(f"this CPU's oneDNN cannot pack {weight.dtype} weights ({str(err).strip()}); "
+                         "leave the layer an nn.Linear (pack_linears does so by itself) or use fp32 "
+                         "weights") from None
+
+
 class PackedLinear(nn.Module):
     """An `nn.Linear` for inference whose (N, K) fp32 or bf16 weight is stored in oneDNN's packed
     layout. `from_linear(linear)` packs a trained layer; `to_linear()` gives the plain layer back
@@ -80,7 +91,7 @@ class PackedLinear(nn.Module):
         self.batch_hint = batch_hint
         # An opaque oneDNN tensor, not a buffer: `.to()`/`.float()` must not touch it; the state
         # dict gets a plain `weight` instead (see _save_to_state_dict).
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), batch_hint)
+        self.packed = _reorder(weight.detach().contiguous(), batch_hint)
         if bias is None:
             self.bias = None
         else:
