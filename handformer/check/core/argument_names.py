@@ -23,7 +23,9 @@ BEAM_NAMES = {
     "src_mask": ("src_mask", "mask", "source_mask", "src_key_padding_mask"),
     "max_len": ("max_len", "max_length", "maxlen", "max_steps", "max_tgt_len", "length", "max_new_tokens"),
     "start": ("start_symbol", "bos", "bos_idx", "bos_id", "start_idx", "sos_idx", "start_token", "sos",
-              "start_id", "bos_token_id", "start"),
+              "start_id", "bos_token_id", "start",
+              # Hugging Face's encoder-decoders (T5, Marian, Whisper) name the first decoder token so
+              "decoder_start_token_id", "decoder_start_id"),
     "end": ("end_symbol", "eos", "eos_idx", "eos_id", "end_idx", "end_token", "eos_token_id", "end", "stop"),
     "beam": ("beam_size", "beam_width", "k", "num_beams", "beam", "n_beams", "width", "beams"),
     "alpha": ("alpha", "length_penalty", "lp", "len_penalty", "length_alpha", "penalty"),
@@ -36,7 +38,9 @@ DECODING_NAMES = {
     "src_mask": ("src_mask", "mask", "source_mask", "src_key_padding_mask"),
     "max_len": ("max_len", "max_length", "maxlen", "max_steps", "max_new_tokens", "max_tgt_len", "length"),
     "start": ("start_symbol", "bos", "bos_idx", "bos_id", "start_idx", "sos_idx", "start_token", "sos",
-              "start_id", "bos_token_id", "start"),
+              "start_id", "bos_token_id", "start",
+              # Hugging Face's encoder-decoders (T5, Marian, Whisper) name the first decoder token so
+              "decoder_start_token_id", "decoder_start_id"),
     "end": ("end_symbol", "eos", "eos_idx", "eos_id", "end_idx", "end_token", "eos_token_id", "end", "stop"),
 }
 
