@@ -389,7 +389,10 @@ def accumulated_loader(fn: Any) -> str | None:
 
 # `for i, (x, y) in enumerate({0})` (or `for x, y in {0}`), then a call handed x and y: model(x, y)
 WINDOWS_LOOP = (r"for\s+(?:\w+\s*,\s*)?\(?\s*(\w+)\s*,\s*(\w+)\s*\)?\s+in\s+(?:enumerate\(\s*)?{0}\b"
-                r"[\s\S]*\b\w+\(\s*\1\s*,\s*(?:\w+\s*=\s*)?\2\s*\)")
+                r"[\s\S]*\b\w+\(\s*\1\s*(?:,\s*(?:\w+\s*=\s*)?\2\s*\)"
+                # or the model handed x alone, its loss scoring y flattened over the tokens (a language
+                # model's `F.cross_entropy(logits.view(-1, V), y.view(-1))`; a classifier's y is flat)
+                r"|\)[\s\S]*\b\2\.(?:view|reshape)\(\s*-1\s*\))")
 
 
 def drawn_global(fn: Any, handed: bool = False) -> str | None:
