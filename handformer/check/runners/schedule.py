@@ -46,6 +46,7 @@ from handformer.check.core.source import (
     methods_called,
     source_lines,
     source_text,
+    with_called_code,
 )
 from handformer.check.reference import variants as V
 from handformer.check.runners import schedule_onecycle as one_cycle
@@ -656,18 +657,9 @@ def _wsd_conventions(sched: Schedule, got: dict[int, Any],
                      ) -> tuple[dict[str, Convention], dict[str, Text], tuple[str, ...]]:
     """WSD's variants to its floor (where it takes none, its value at the last step)."""
     floor = sched.sizes["min_lr"] if sched.reads("min_lr") else got[max(sched.steps)]
-    counted = W.COUNTED.search(_with_named(sched.comp.obj))  # its code counts the step from 1: (step + 1)
+    counted = W.COUNTED.search(with_called_code(sched.comp.obj))  # it counts the step from 1: (step + 1)
     return (*W.conventions(floor, got, (0, 1, 2)[:1 + 2 * bool(counted)]), W.FLAGS)
 
-
-def _with_named(obj: Any) -> str:
-    """obj's code and that of its file's functions it calls by name (a scheduler factory's LambdaLR of
-    a factor written apart, `LambdaLR(optimizer, wsd_lambda(...))`)."""
-    code = source_text(obj)
-    functions = vars(sys.modules.get(getattr(obj, "__module__", ""), types.ModuleType("none")))
-    called = [fn for name, fn in functions.items()
-              if inspect.isfunction(fn) and fn is not obj and re.search(rf"\b{re.escape(name)}\(", code)]
-    return "\n".join([code, *map(source_text, called)])
 
 
 PAPER_LABELS = {
