@@ -1,6 +1,6 @@
 """One DPO training step in two forms (tests/fixtures/learners_dpo_step/): TRL's concatenated forward of
 chosen and rejected with -100 labels, and Hugging Face-style separate forwards with a loss mask and
-f-string keys, a dict of metrics returned. check drives each with two tiny causal LMs of its own (a
+f-string keys, a dict of metrics returned; a `train_step` that takes a reference model is one too. check drives each with two tiny causal LMs of its own (a
 policy and a frozen reference), an SGD optimizer and a batch whose keys it builds from their words;
 both pass, and a loss without the reference, with the sides swapped or with the rejected ratio added
 FAILs at the line that first departs."""
@@ -23,14 +23,15 @@ PLANTED = {"no_reference": "logits = beta * (pi_chosen - pi_rejected)",
 
 @pytest.fixture(scope="module")
 def checked():
-    return {name: check_file(str(HERE / f"{name}.py")) for name in ("correct", "separate_forwards", *PLANTED)}
+    names = ("correct", "separate_forwards", "named_train_step", *PLANTED)
+    return {name: check_file(str(HERE / f"{name}.py")) for name in names}
 
 
 def step_of(result):
     return next(c for c in result.components if c.kind == "dpo_step")
 
 
-@pytest.mark.parametrize("name", ["correct", "separate_forwards"])
+@pytest.mark.parametrize("name", ["correct", "separate_forwards", "named_train_step"])
 def test_a_correct_dpo_step_passes_every_check(checked, name):
     result = checked[name]
     step = step_of(result)

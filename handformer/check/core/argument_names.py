@@ -77,6 +77,9 @@ SCHEDULER_NAMES = ("scheduler", "lr_scheduler", "sched", "schedule", "lr_sched",
 SCALER_NAMES = ("scaler", "grad_scaler", "amp_scaler", "loss_scaler", "gradscaler")
 CRITERION_NAMES = ("criterion", "loss_fn", "loss_func", "loss_compute", "compute_loss", "loss_function",
                    "criteria")
+# a DPO step's frozen reference model beside its policy (dpo_step.py)
+REFERENCE_MODEL_NAMES = ("ref", "ref_model", "reference", "reference_model", "ref_policy", "ref_net",
+                         "pi_ref", "reference_net")
 BATCH_NAMES = ("batch", "data", "sample", "b", "example")
 LOADER_NAMES = ("loader", "data_loader", "dataloader", "batches", "data_iter", "train_loader", "iterator",
                 "train_dataloader", "train_iter",

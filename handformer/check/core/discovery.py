@@ -20,7 +20,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from handformer.check.core.argument_names import call_parameters, input_roles, readable_parameters
+from handformer.check.core.argument_names import (
+    REFERENCE_MODEL_NAMES,
+    call_parameters,
+    input_roles,
+    readable_parameters,
+)
 from handformer.check.core.hosts import host_arguments
 from handformer.check.core.kinds import KINDS_TABLE, TABLED
 from handformer.check.core.size_roles import with_roles
@@ -714,6 +719,9 @@ def _refine_function(kind: str, obj: Any) -> str:
         return ""  # `perplexity(model, loader)`: an evaluation loop, not the function of logits
     if kind in ("train_step", "lm_train_step") and writes_adam(obj):
         return "adam_step"
+    named = {p.name.lower() for p in readable_parameters(obj)}
+    if kind == "train_step" and named & set(REFERENCE_MODEL_NAMES):
+        return "dpo_step"  # `train_step(policy, ref_model, optimizer, batch)`: a frozen reference beside it
     if kind == "train_step":
         return "lm_train_step" if lm_step(obj) else kind
     if kind == "mask_helper" and mask_kind(obj) == "causal_mask":  # Gemma 2's make_masks(q_len, ...): no pad

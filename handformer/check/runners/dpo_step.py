@@ -26,7 +26,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.argument_names import BATCH_NAMES, OPTIMIZER_NAMES, call_parameters, names_of
+from handformer.check.core.argument_names import (
+    BATCH_NAMES,
+    OPTIMIZER_NAMES,
+    REFERENCE_MODEL_NAMES,
+    call_parameters,
+    names_of,
+)
 from handformer.check.core.context import Context, error_text, finish
 from handformer.check.core.discovery import Component, cannot_fill
 from handformer.check.core.localize import first_departure, trace_steps
@@ -41,8 +47,7 @@ B, PROMPT, REPLY, V, D = 2, 3, 4, 13, 8
 T = PROMPT + REPLY
 BETA, LR, TOL = 0.1, 0.5, 1e-6
 ROLES = {"policy": r"(?i)^(policy|model|policy_model|pi|actor|pi_model|policy_net)$",
-         "reference": r"(?i)^(ref|ref_model|reference|reference_model|ref_policy|ref_net|pi_ref|"
-                      r"reference_net)$",
+         "reference": "(?i)^(" + "|".join(REFERENCE_MODEL_NAMES) + ")$",
          "optimizer": "^(" + "|".join(OPTIMIZER_NAMES) + ")$", "batch": "^(" + "|".join(BATCH_NAMES) + ")$",
          "beta": r"^beta$"}
 TAKES = ("a DPO step takes the policy (policy, model), the frozen reference (ref_model, reference), the "
