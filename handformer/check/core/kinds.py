@@ -121,6 +121,11 @@ KINDS_TABLE: tuple[Kind, ...] = (
     Kind("kv_cache", ("CachedLlama", "LlamaWithCache", "CachedGPT", "GPTWithCache", "CachedTransformer",
                       "CachedLM", "CachedDecoder"),
          "model with a KV cache", "带 KV 缓存的模型", "kv_cache:check_kv_cache"),
+    Kind("memory_decoder", (), "decoder over an encoder's output (encoder-decoder)",
+         "读取编码器输出的解码器（编码器-解码器）",
+         "memory_decoder:check_memory_decoder"),  # found by what it builds and takes (discovery.py)
+    Kind("memory_greedy", (), "greedy decoding over a decoder and an encoder's output",
+         "在解码器和编码器输出上的贪心解码", "memory_decoder:check_memory_greedy"),  # by its arguments
     Kind("cached_decoder", (), "decoder with a KV cache (encoder-decoder)",
          "带 KV 缓存的解码器（编码器-解码器）",
          "cached_decoder:check_cached_decoder"),  # found by what it builds and takes (discovery.py)
