@@ -88,7 +88,11 @@ ACCUM_NAMES = ("accum_steps", "accumulation_steps", "grad_accum_steps", "gradien
                "accum_iter", "accumulate", "n_accum", "grad_accum", "micro_batches", "accum")
 CLIP_NAMES = ("grad_clip", "clip_norm", "max_grad_norm", "clip", "gradient_clip", "clip_grad",
               "grad_clip_norm", "max_norm", "clip_grad_norm", "grad_norm_clip", "clip_value")
-SRC_NAMES = ("src", "source", "x", "src_ids", "inputs", "input_ids")
+SRC_NAMES = ("src", "source", "x", "src_ids", "inputs", "input_ids", "src_tokens")
+# the decoder's input handed apart from the target it is scored on (fairseq's prev_output_tokens): the
+# target shifted right, so the target handed beside it is already the next tokens
+DECODER_INPUT_NAMES = ("prev_output_tokens", "decoder_input", "decoder_input_ids", "tgt_input", "tgt_in",
+                       "trg_input", "dec_input")
 TGT_NAMES = ("tgt", "trg", "target", "y", "tgt_ids", "targets", "labels")
 
 # lm_train_step.py: a decoder-only model's step takes the windows x and y (y is x moved on by one)
@@ -113,6 +117,8 @@ SCHEDULE_STEP_NAMES = (
     "steps",
     "i",
     "iter_num",
+    "num_updates",  # fairseq's update count (its schedulers' step_update(num_updates))
+    "update_num",
 )
 # a one-cycle schedule's (torch's OneCycleLR): its warmup as a fraction of the run, its peak's divisors
 ONE_CYCLE_ARGS: dict[str, tuple[str, ...]] = {
