@@ -278,6 +278,14 @@ TAKES = {True: ("(model, loader, optimizer, criterion)", "epoch", "训练一个 
                  "dict, or src and tgt themselves", "step", "训练一步")}
 
 
+def fed_apart(names: list[str], tgt: str | None) -> tuple[str | None, str | None]:
+    """(the decoder's input handed apart, the target beside it) of a step's arguments: fairseq's
+    (prev_output_tokens, target), (tgt_in, tgt_out); (None, tgt) where it takes no such input."""
+    fed = named(names, DECODER_INPUT_NAMES)
+    tgt = tgt or (named(names, TARGET_OUT_NAMES) if fed else None)
+    return (fed, tgt) if tgt else (None, tgt)
+
+
 class Step:
     """How to call the learner's step (or epoch): its model, batch (a tuple, an object with fields, or a
     dict, as its source reads it), optimizer, criterion and accumulation arguments, by name."""
@@ -287,17 +295,13 @@ class Step:
         params = forward_parameters(comp.obj)
         self.names, required = names_of(params)
         find = lambda aliases: named(self.names, aliases)  # noqa: E731
-        self.model, self.opt = find(MODEL_NAMES), find(OPTIMIZER_NAMES)
-        self.criterion = find(CRITERION_NAMES)
+        self.model, self.opt, self.criterion = find(MODEL_NAMES), find(OPTIMIZER_NAMES), find(CRITERION_NAMES)
         self.accum, self.sched, self.scaler = find(ACCUM_NAMES), find(SCHEDULER_NAMES), find(SCALER_NAMES)
         self.clip_arg = find(CLIP_NAMES)  # the clipping norm it is handed: the one it is read to clip at
         wanted = DATA_ARGUMENTS[epoch]  # an epoch's loader; a step's batch, or src and tgt
         self.loader, self.batch, self.src, self.tgt = (find(wanted.get(key, ()))
                                                        for key in ("loader", "batch", "src", "tgt"))
-        # the decoder's input handed apart (fairseq's prev_output_tokens, a tgt_in), the target beside it
-        self.fed = find(DECODER_INPUT_NAMES) if wanted.get("tgt") else None
-        self.tgt = self.tgt or (find(TARGET_OUT_NAMES) if self.fed else None)
-        self.fed = self.fed if self.tgt else None
+        self.fed, self.tgt = fed_apart(self.names, self.tgt) if not epoch else (None, self.tgt)
         # the update count a step sets its rate from (fairseq's num_updates): 1, then 2
         self.count = named([n for n in required if n not in self.names[:1]], SCHEDULE_STEP_NAMES)
         known = {self.model, self.opt, self.criterion, self.batch, self.src, self.tgt, self.fed, self.accum,
