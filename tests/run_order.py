@@ -40,9 +40,9 @@ SECONDS = {
     "test_check_unbatched_families.py": 23, "test_check_configured.py": 14, "test_check_minbpe.py": 8,
     "test_check_windowed.py": 5, "test_check_components.py": 4, "test_check_quoted_lines.py": 4,
     "test_check_family_scales.py": 10, "test_check_local_windows.py": 6, "test_check_family_masks.py": 5,
-    "test_check_caches_routers.py": 5, "test_check_shape.py": 4, "test_check_t5v11.py": 8,
-    "test_check_wsd_forms.py": 10, "test_check_dpo_step.py": 6, "test_check_memory_decoder.py": 6,
-    "test_check_fairseq_step.py": 5, "test_check_sft_packing.py": 3,
+    "test_check_caches_routers.py": 5, "test_check_shape.py": 4, "test_check_t5v11.py": 10,
+    "test_check_wsd_forms.py": 10, "test_check_dpo_step.py": 8, "test_check_memory_decoder.py": 6,
+    "test_check_fairseq_step.py": 8, "test_check_sft_packing.py": 5,
 }
 
 
