@@ -179,7 +179,9 @@ KINDS_TABLE: tuple[Kind, ...] = (
                       "cosine_schedule", "cosine_lr", "get_cosine_lr", "lr_lambda", "warmup_schedule",
                       "get_learning_rate", "lr_at", "inverse_sqrt_schedule", "transformer_lr",
                       "make_scheduler", "get_scheduler", "build_scheduler", "create_scheduler",
-                      "get_cosine_schedule_with_warmup"),
+                      "get_cosine_schedule_with_warmup",
+                      # fairseq's scheduler classes, stepped by step_update(num_updates)
+                      "InverseSquareRootSchedule", "InverseSquareRootScheduler", "InverseSqrtSchedule"),
          "learning-rate schedule", "学习率调度", "schedule:check_schedule"),
     Kind("loss", ("masked_cross_entropy", "cross_entropy_loss", "cross_entropy", "compute_loss", "loss_fn",
                   "lm_loss", "seq2seq_loss", "label_smoothed_nll_loss", "label_smoothing_loss",

@@ -293,7 +293,8 @@ class Schedule:
         # a LambdaLR's lambda on an optimizer of lr 1 is the schedule, a function of the step: localized
         lam = next(filter(inspect.isfunction, getattr(sched, "lr_lambdas", ())), None)
         self.traced = (lam, lam)
-        if not hasattr(sched, "step"):
+        update = getattr(sched, "step_update", None)  # fairseq's: its rate set from the update count
+        if not hasattr(sched, "step") and update is None:
             raise self.ctx.learner.fail(
                 "__init__",
                 f"{self.comp.name}(optimizer, ...) returned "
@@ -302,10 +303,11 @@ class Schedule:
             )
         out: dict[int, float | BaseException] = {}
         for s in range(max(self.steps + self.past) + 1):
+            _ = update and self.ctx.learner.call("forward", update, s)
             if s in self.steps + self.past:
                 out[s] = float(opt.param_groups[0]["lr"])
             opt.step()
-            self.ctx.learner.call("forward", sched.step)
+            _ = update or self.ctx.learner.call("forward", sched.step)
         path = self.ctx.learner.path  # step 0 raised while the scheduler was built: its value the failure
         out.update((0, fp.LearnerFailure(fp.learner_error(err, path, "__init__"))) for err in raised)
         return out
