@@ -39,6 +39,7 @@ SECONDS = {
     "test_check_built_by_what.py": 1, "test_check_classifier.py": 1, "test_check_minbpe.py": 1,
     "test_time_limit.py": 1,
     "test_check_gnmt_beam_zh.py": 9, "test_check_command_r.py": 10, "test_check_rope_schedules.py": 8, "test_check_gated_shared_expert.py": 8, "test_check_moe_departs.py": 5, "test_check_head_lines.py": 4,
+    "test_check_layouts.py": 13, "test_check_gemma.py": 4, "test_check_classifier.py": 1, "test_check_built_by_what.py": 8, "test_check_functional.py": 2, "test_check_hf_variants.py": 10, "test_check_conventions.py": 4, "test_check_unbatched_families.py": 23, "test_check_configured.py": 14, "test_check_minbpe.py": 8, "test_check_windowed.py": 5, "test_check_components.py": 4, "test_check_quoted_lines.py": 4, "test_check_family_scales.py": 10, "test_check_local_windows.py": 6, "test_check_family_masks.py": 5, "test_check_caches_routers.py": 5, "test_check_shape.py": 4, "test_check_t5v11.py": 10, "test_check_wsd_forms.py": 10, "test_check_dpo_step.py": 8, "test_check_memory_decoder.py": 6, "test_check_fairseq_step.py": 8, "test_check_sft_packing.py": 5,
 }
 
 

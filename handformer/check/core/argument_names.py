@@ -23,7 +23,9 @@ BEAM_NAMES = {
     "src_mask": ("src_mask", "mask", "source_mask", "src_key_padding_mask"),
     "max_len": ("max_len", "max_length", "maxlen", "max_steps", "max_tgt_len", "length", "max_new_tokens"),
     "start": ("start_symbol", "bos", "bos_idx", "bos_id", "start_idx", "sos_idx", "start_token", "sos",
-              "start_id", "bos_token_id", "start"),
+              "start_id", "bos_token_id", "start",
+              # Hugging Face's encoder-decoders (T5, Marian, Whisper) name the first decoder token so
+              "decoder_start_token_id", "decoder_start_id"),
     "end": ("end_symbol", "eos", "eos_idx", "eos_id", "end_idx", "end_token", "eos_token_id", "end", "stop"),
     "beam": ("beam_size", "beam_width", "k", "num_beams", "beam", "n_beams", "width", "beams"),
     "alpha": ("alpha", "length_penalty", "lp", "len_penalty", "length_alpha", "penalty"),
@@ -36,7 +38,9 @@ DECODING_NAMES = {
     "src_mask": ("src_mask", "mask", "source_mask", "src_key_padding_mask"),
     "max_len": ("max_len", "max_length", "maxlen", "max_steps", "max_new_tokens", "max_tgt_len", "length"),
     "start": ("start_symbol", "bos", "bos_idx", "bos_id", "start_idx", "sos_idx", "start_token", "sos",
-              "start_id", "bos_token_id", "start"),
+              "start_id", "bos_token_id", "start",
+              # Hugging Face's encoder-decoders (T5, Marian, Whisper) name the first decoder token so
+              "decoder_start_token_id", "decoder_start_id"),
     "end": ("end_symbol", "eos", "eos_idx", "eos_id", "end_idx", "end_token", "eos_token_id", "end", "stop"),
 }
 
@@ -73,6 +77,9 @@ SCHEDULER_NAMES = ("scheduler", "lr_scheduler", "sched", "schedule", "lr_sched",
 SCALER_NAMES = ("scaler", "grad_scaler", "amp_scaler", "loss_scaler", "gradscaler")
 CRITERION_NAMES = ("criterion", "loss_fn", "loss_func", "loss_compute", "compute_loss", "loss_function",
                    "criteria")
+# a DPO step's frozen reference model beside its policy (dpo_step.py)
+REFERENCE_MODEL_NAMES = ("ref", "ref_model", "reference", "reference_model", "ref_policy", "ref_net",
+                         "pi_ref", "reference_net")
 BATCH_NAMES = ("batch", "data", "sample", "b", "example")
 LOADER_NAMES = ("loader", "data_loader", "dataloader", "batches", "data_iter", "train_loader", "iterator",
                 "train_dataloader", "train_iter",
@@ -81,7 +88,11 @@ ACCUM_NAMES = ("accum_steps", "accumulation_steps", "grad_accum_steps", "gradien
                "accum_iter", "accumulate", "n_accum", "grad_accum", "micro_batches", "accum")
 CLIP_NAMES = ("grad_clip", "clip_norm", "max_grad_norm", "clip", "gradient_clip", "clip_grad",
               "grad_clip_norm", "max_norm", "clip_grad_norm", "grad_norm_clip", "clip_value")
-SRC_NAMES = ("src", "source", "x", "src_ids", "inputs", "input_ids")
+SRC_NAMES = ("src", "source", "x", "src_ids", "inputs", "input_ids", "src_tokens")
+# the decoder's input handed apart from the target it is scored on (fairseq's prev_output_tokens): the
+# target shifted right, so the target handed beside it is already the next tokens
+DECODER_INPUT_NAMES = ("prev_output_tokens", "decoder_input", "decoder_input_ids", "tgt_input", "tgt_in",
+                       "trg_input", "dec_input")
 TGT_NAMES = ("tgt", "trg", "target", "y", "tgt_ids", "targets", "labels")
 
 # lm_train_step.py: a decoder-only model's step takes the windows x and y (y is x moved on by one)
@@ -106,6 +117,8 @@ SCHEDULE_STEP_NAMES = (
     "steps",
     "i",
     "iter_num",
+    "num_updates",  # fairseq's update count (its schedulers' step_update(num_updates))
+    "update_num",
 )
 # a one-cycle schedule's (torch's OneCycleLR): its warmup as a fraction of the run, its peak's divisors
 ONE_CYCLE_ARGS: dict[str, tuple[str, ...]] = {

@@ -20,7 +20,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from handformer.check.core.argument_names import call_parameters, input_roles, readable_parameters
+from handformer.check.core.argument_names import (
+    REFERENCE_MODEL_NAMES,
+    call_parameters,
+    input_roles,
+    readable_parameters,
+)
 from handformer.check.core.hosts import host_arguments
 from handformer.check.core.kinds import KINDS_TABLE, TABLED
 from handformer.check.core.size_roles import with_roles
@@ -423,12 +428,27 @@ def cached_decoder_parts(cls: Any) -> tuple[str, list[str]] | None:
     return (cache, memory) if cache and memory and memory == required else None
 
 
+def memory_decoder_parts(cls: Any) -> list[str] | None:
+    """The encoder outputs an encoder-decoder's decoder without a KV cache requires (Whisper's
+    `TextDecoder.forward(x, xa)`): a class that builds token embeddings, then a list of blocks, whose
+    forward takes the ids first and requires nothing else but encoder outputs; else None."""
+    if not inspect.isclass(cls) or not MODEL_PARTS.search(source_text(vars(cls).get("__init__", ""))):
+        return None
+    params = list(_forward_parameters(cls).values())[2:]  # after self and the ids
+    required = [p.name for p in params
+                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    memory = [n for n in required if any(w in n.lower() for w in MEMORY_WORDS)]
+    return memory if memory and memory == required and cached_decoder_parts(cls) is None else None
+
+
 # (the kind, how it was found, the test on a name and its object) of the kinds found by their structure:
 # decoder-only models, tokenizers that train themselves (minbpe's classes), optimizers written by hand,
 # encoder-decoders' decoders that take a KV cache
 STRUCTURES = (("gpt", "structure", _structured_model),
               ("cached_decoder", "decoder_structure",
                lambda name, obj: cached_decoder_parts(obj) is not None),
+              ("memory_decoder", "memory_structure",
+               lambda name, obj: memory_decoder_parts(obj) is not None),
               ("wordpiece", "wordpiece_code", lambda name, obj: wordpiece_trainer(obj)),
               ("bpe_tokenizer", "methods", lambda name, obj: (
                   trains_itself(obj) or trains_itself(obj, GPT2_METHODS)) and not writes_wordpiece(obj)),
@@ -718,14 +738,30 @@ def _refine_function(kind: str, obj: Any) -> str:
         return ""  # `perplexity(model, loader)`: an evaluation loop, not the function of logits
     if kind in ("train_step", "lm_train_step") and writes_adam(obj):
         return "adam_step"
+    named = {p.name.lower() for p in readable_parameters(obj)}
+    if kind == "train_step" and named & set(REFERENCE_MODEL_NAMES):
+        return "dpo_step"  # `train_step(policy, ref_model, optimizer, batch)`: a frozen reference beside it
     if kind == "train_step":
         return "lm_train_step" if lm_step(obj) else kind
     if kind == "mask_helper" and mask_kind(obj) == "causal_mask":  # Gemma 2's make_masks(q_len, ...): no pad
         return "causal_mask"
+    if kind in ("greedy_decode", "generate") and _loops_over_memory(obj):
+        return "memory_greedy"
     family = FAMILY_OF.get(kind, ())
     said = kind_of(obj) if family else None
     # a `sample(model, input_ids, processors, max_new_tokens)` that takes a model is a generation loop
     return said if said in (*family, "generate") else kind
+
+
+def _loops_over_memory(fn: Any) -> bool:
+    """A decoding loop handed a decoder and the encoder's output (`greedy_decode(decoder,
+    audio_features, sot_sequence, eot)`, Whisper's): its second argument is named as an encoder output."""
+    names = [p.name.lower() for p in readable_parameters(fn)]
+    return len(names) > 1 and any(w in names[1] for w in LOOP_MEMORY_WORDS)
+
+
+# an encoder's output as a decoding loop's second argument (not `context`: a prompt's name)
+LOOP_MEMORY_WORDS = ("xa", "memory", "audio", "feature", "encoder_out", "enc_out", "encoder_hidden")
 
 
 def reads_kv_heads(cls: Any) -> bool:

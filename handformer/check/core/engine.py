@@ -288,6 +288,10 @@ FOUND_BY = {
                           "None), not by its name",
                           "按它构造的部件（词嵌入和一列块）和 forward 接受的参数（id、编码器的输出、"
                           "默认为 None 的缓存）认作{}，不是按名字"),
+    "memory_structure": ("found as a {} by what it builds (token embeddings, then a list of blocks) and "
+                         "what its forward takes (the ids, then the encoder's output), not by its name",
+                         "按它构造的部件（词嵌入和一列块）和 forward 接受的参数（id，然后是编码器的输出）"
+                         "认作{}，不是按名字"),
     "lightning": ("found as a {} by its methods (training_step and configure_optimizers, a Lightning "
                   "module's), not by its name",
                   "按它的方法（training_step 和 configure_optimizers，Lightning 模块的写法）"

@@ -121,6 +121,11 @@ KINDS_TABLE: tuple[Kind, ...] = (
     Kind("kv_cache", ("CachedLlama", "LlamaWithCache", "CachedGPT", "GPTWithCache", "CachedTransformer",
                       "CachedLM", "CachedDecoder"),
          "model with a KV cache", "带 KV 缓存的模型", "kv_cache:check_kv_cache"),
+    Kind("memory_decoder", (), "decoder over an encoder's output (encoder-decoder)",
+         "读取编码器输出的解码器（编码器-解码器）",
+         "memory_decoder:check_memory_decoder"),  # found by what it builds and takes (discovery.py)
+    Kind("memory_greedy", (), "greedy decoding over a decoder and an encoder's output",
+         "在解码器和编码器输出上的贪心解码", "memory_decoder:check_memory_greedy"),  # by its arguments
     Kind("cached_decoder", (), "decoder with a KV cache (encoder-decoder)",
          "带 KV 缓存的解码器（编码器-解码器）",
          "cached_decoder:check_cached_decoder"),  # found by what it builds and takes (discovery.py)
@@ -177,7 +182,9 @@ KINDS_TABLE: tuple[Kind, ...] = (
                       "cosine_schedule", "cosine_lr", "get_cosine_lr", "lr_lambda", "warmup_schedule",
                       "get_learning_rate", "lr_at", "inverse_sqrt_schedule", "transformer_lr",
                       "make_scheduler", "get_scheduler", "build_scheduler", "create_scheduler",
-                      "get_cosine_schedule_with_warmup"),
+                      "get_cosine_schedule_with_warmup",
+                      # fairseq's scheduler classes, stepped by step_update(num_updates)
+                      "InverseSquareRootSchedule", "InverseSquareRootScheduler", "InverseSqrtSchedule"),
          "learning-rate schedule", "学习率调度", "schedule:check_schedule"),
     Kind("loss", ("masked_cross_entropy", "cross_entropy_loss", "cross_entropy", "compute_loss", "loss_fn",
                   "lm_loss", "seq2seq_loss", "label_smoothed_nll_loss", "label_smoothing_loss",
@@ -212,6 +219,9 @@ KINDS_TABLE: tuple[Kind, ...] = (
          "sequence log-probability (DPO)", "序列的 log 概率（DPO）", "preference:check_sequence_logps"),
     Kind("dpo_loss", ("dpo_loss", "preference_loss", "compute_dpo_loss", "dpo_loss_fn"),
          "DPO loss", "DPO 损失", "preference:check_dpo_loss"),
+    Kind("dpo_step", ("dpo_step", "dpo_train_step", "train_dpo_step", "dpo_training_step", "dpo_update",
+                      "dpo_train_batch"),
+         "DPO training step", "DPO 的训练一步", "dpo_step:check_dpo_step"),
     Kind("gae", ("compute_gae", "gae", "compute_advantages", "get_advantages_and_returns", "calc_gae",
                  "compute_gae_advantages", "generalized_advantage_estimation", "gae_advantages",
                  "compute_advantages_and_returns", "estimate_advantages"),

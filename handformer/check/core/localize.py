@@ -98,8 +98,9 @@ class _Tracer:
                 self.record(frame, before[1], name, value, not before[0])
             elif type(value) in (int, float) and numbers.get(name, (0, None))[1] != value:
                 # a size read from a shape: `d_k = q.size(-1)`; an argument, at the line that handed it
+                # (0: handed by check, bound on no line of theirs)
                 handed = not before[0] and name in frame.f_code.co_varnames[:frame.f_code.co_argcount]
-                numbers[name] = ((before[1], self.caller(frame) or before[1])[handed], value)
+                numbers[name] = ((before[1], self.caller(frame) or 0)[handed], value)
                 self.steps += [Step(before[1], name, _number(value), None, not before[0],
                                     numbers=dict(numbers))] * self.scalars  # a schedule's numbers
         held = {k: _snapshot(v) for k, v in seen.items()}
@@ -897,7 +898,7 @@ def _size_source(step: Step, code: str, form: Text | None, sizes: dict[str, floa
     written = {float(n) for n in re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e-?\d+)?", said)}  # `writes 1`
     used = set(re.findall(r"self\.\w+|[A-Za-z_]\w*", code))
     bound = sorted((not _holds_factor(value, form, sizes), line, name) for name, (line, value) in
-                   (step.numbers or {}).items() if name in used and line != step.line and (
+                   (step.numbers or {}).items() if name in used and line not in (0, step.line) and (
                        value in named or _holds_factor(value, form, sizes) or name.startswith("self.")
                        and any(math.isclose(value, n, rel_tol=1e-3) for n in written)))
     return next(((line, name, statement(filename, line, False)) for _, line, name in bound), None)

@@ -39,6 +39,7 @@ def float64_kept() -> Iterator[None]:
     float64, and their float32 softmaxes of float64 scores stay float64, while the block runs; put
     back after it."""
     kept = {(Tensor, "float"): _float_kept, (Tensor, "to"): _to_kept, (torch, "full"): _full_kept,
+            (Tensor, "masked_fill"): _masked_fill_kept,
             **dict.fromkeys(itertools.product((F, torch, Tensor), ("softmax", "log_softmax")), _upcast_kept),
             (F, "scaled_dot_product_attention"): lambda sdpa: _masks_cast(sdpa, {3, "attn_mask"}),
             (F, "multi_head_attention_forward"): lambda f: _masks_cast(f, {"attn_mask", "key_padding_mask"})}
@@ -125,6 +126,20 @@ def _full_kept(full: Callable[..., Tensor]) -> Callable[..., Tensor]:
         if wide and not args and "dtype" not in kwargs and _caller(sys._getframe(1)) == LEARNER:
             kwargs["dtype"] = torch.float64
         return full(size, fill_value, *args, **kwargs)
+
+    return kept
+
+
+def _masked_fill_kept(masked_fill: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """`Tensor.masked_fill` that, called from the learner's file on a float32 tensor with a number
+    float32 cannot hold (`torch.zeros(shape).masked_fill(~keep, torch.finfo(x.dtype).min)` of check's
+    float64 x), fills a float64 copy where it would raise; every other call as written."""
+
+    def kept(self: Tensor, mask: Tensor, value: Any) -> Tensor:
+        wide = isinstance(value, float) and FLOAT32_MAX < abs(value) < math.inf
+        if wide and self.dtype == torch.float32 and _caller(sys._getframe(1)) == LEARNER:
+            self = self.double()
+        return masked_fill(self, mask, value)
 
     return kept
 

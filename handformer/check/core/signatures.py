@@ -112,6 +112,8 @@ def kind_of(fn: Any) -> str | None:
 TRIANGLE_CODE = re.compile(r"\b(tril|triu)\b|arange\([^\n]*[<>]=?[^\n]*arange\("
                            # two position rows bound apart, then compared (Gemma 2's `causal = j <= i`)
                            r"|arange\([\s\S]*arange\([\s\S]*\n\s*\w+\s*=\s*\w+\s*[<>]=?\s*\w+\s*(#.*)?\n")
+# an argument that tells a packed row's documents apart (pieces.DOCUMENTS hands it two documents)
+DOCUMENT_ARGUMENT = re.compile(r"(?i)doc|segment|seq_?id|sample_?id|packed")
 PAD_CODE = re.compile(r"(?i)pad(?!\s*\()")  # a pad id or padding, not a call padding an array (np.pad)
 
 
@@ -124,6 +126,8 @@ def mask_kind(fn: Any) -> str | None:
     code = source_text(fn)
     if "mask" not in name or not inspect.isfunction(fn) or "softmax" in name:
         return None
+    if TRIANGLE_CODE.search(code) and any(DOCUMENT_ARGUMENT.search(n) for n in _signature(fn)[1]):
+        return "causal_mask"  # a document-causal mask of packed rows (its padding a document of its own)
     if PAD_CODE.search(code):
         return "mask_helper"
     return "causal_mask" if TRIANGLE_CODE.search(code) else None
@@ -389,7 +393,10 @@ def accumulated_loader(fn: Any) -> str | None:
 
 # `for i, (x, y) in enumerate({0})` (or `for x, y in {0}`), then a call handed x and y: model(x, y)
 WINDOWS_LOOP = (r"for\s+(?:\w+\s*,\s*)?\(?\s*(\w+)\s*,\s*(\w+)\s*\)?\s+in\s+(?:enumerate\(\s*)?{0}\b"
-                r"[\s\S]*\b\w+\(\s*\1\s*,\s*(?:\w+\s*=\s*)?\2\s*\)")
+                r"[\s\S]*\b\w+\(\s*\1\s*(?:,\s*(?:\w+\s*=\s*)?\2\s*\)"
+                # or the model handed x alone, its loss scoring y flattened over the tokens (a language
+                # model's `F.cross_entropy(logits.view(-1, V), y.view(-1))`; a classifier's y is flat)
+                r"|\)[\s\S]*\b\2\.(?:view|reshape)\(\s*-1\s*\))")
 
 
 def drawn_global(fn: Any, handed: bool = False) -> str | None:

@@ -70,6 +70,13 @@ def source_text(obj: Any) -> str:
     return "".join(line + "\n" for _, line in _lines_of(obj))
 
 
+def with_called_code(obj: Any) -> str:
+    """obj's code and that of its file's functions it reads by name (a scheduler factory's LambdaLR of
+    a factor written apart, `LambdaLR(optimizer, wsd_lambda(...))`; a DPO step's
+    `concatenated_forward(model, batch)`)."""
+    return "\n".join([source_text(obj), *map(source_text, functions_called(obj))])
+
+
 def code_text(obj: Any) -> str:
     """The source of a class or function as `source_text` gives it, its comments and docstrings left
     out: what its code says (a comment that speaks of ALiBi handed in from outside adds no term)."""

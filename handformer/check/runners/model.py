@@ -169,6 +169,7 @@ def map_model(module: nn.Module, F_width: int, shared: bool = False) -> ModelMap
             zh=f"在 nn.ModuleList 或 nn.Sequential 里找到 {len(encoder)} 个编码器层和 {len(decoder)} "
                "个解码器层；编码器-解码器模型把层放在两个列表里（nn.ModuleList([EncoderLayer(...) for _ in "
                "range(num_layers)])，解码器也一样）")
+    _no_relative_tables(layers)
     outer = outside(module, [child for _, child in layers])
     embeds = of_kind(outer, "embedding")
     by_rows = {leaf.weight.size(0): leaf for leaf in reversed(embeds)}
@@ -190,6 +191,21 @@ def map_model(module: nn.Module, F_width: int, shared: bool = False) -> ModelMap
                      out=out, table=_table(module), tied=tied, bias=bias)
     _final_norms(model, of_kind(outer, "norm"))
     return model
+
+
+def _no_relative_tables(layers: list[tuple[str, nn.Module]]) -> None:
+    """MappingError where a layer holds a table of one value a head (T5's relative-position bias,
+    nn.Embedding(buckets, H) in the first layer's self-attention, shared by the others): handformer's
+    Seq2SeqTransformer adds no such bias, so its logits are not the learner's model's to compare."""
+    tables = [f"{path}.{name}" for path, child in layers for name, sub in child.named_modules()
+              if isinstance(sub, nn.Embedding) and sub.embedding_dim == H]
+    if tables:
+        raise MappingError(
+            f"{tables[0]} is a relative-position bias (T5's: a value a head for each bucket of key - query "
+            "distance); handformer's Seq2SeqTransformer adds none, so only the checks that need no reference "
+            "run here, and the attention holding it is compared alone",
+            zh=f"{tables[0]} 是相对位置偏置（T5 的：每个 key - query 距离桶每个头一个值）；handformer 的 "
+               "Seq2SeqTransformer 没有这种偏置，所以这里只做不需要参考实现的检查，含它的注意力单独比较")
 
 
 def _final_norms(model: ModelMap, norms: list[Any]) -> None:

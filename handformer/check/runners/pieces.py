@@ -40,6 +40,7 @@ from handformer.check.core.localize_kinds import (
 from handformer.check.core.norm_inside import Around, norms_around, readings_around, take_out_leading_norm
 from handformer.check.core.probe import Found, Probe, Subject, localize_step, name_findings, run_probe
 from handformer.check.core.result import DEPARTS, DIFFERS, Check, ComponentResult, Finding, text
+from handformer.check.core.signatures import DOCUMENT_ARGUMENT
 from handformer.check.core.sizes import SIZES
 from handformer.check.core.source import first_line, locate, source_lines, source_text
 from handformer.check.core.weights import (
@@ -187,6 +188,37 @@ def _windows_compared(res: ComponentResult, ctx: Context, comp: Component, subje
 WINDOWS = (WINDOW, WINDOW + 1)  # the keys a query sees in a window of WINDOW, as either convention counts
 
 
+# what tells a packed row's documents apart, by the argument's name: a document id for each token, or
+# positions that restart at each document (0..2, then 0..1 for two documents of 3 and 2 tokens)
+DOCUMENTS = ((DOCUMENT_ARGUMENT,
+              lambda T: torch.tensor([[0] * 3 + [1] * (T - 3)])),
+             (re.compile(r"^pos|position"), lambda T: torch.tensor([list(range(3)) + list(range(T - 3))])))
+DOCS_T = 5
+
+
+def _documents_compared(res: ComponentResult, ctx: Context, comp: Component, subject: Subject,
+                        found: Found) -> None:
+    """The step for a mask of packed documents (a document-causal mask): handed two documents of 3 and
+    2 tokens (by document ids, or positions that restart), each query sees the keys of its own
+    document up to itself."""
+    plain = mask_arguments(comp.obj, DOCS_T, subject.facts["shaped"])
+    names = [p.name.lower() for p in forward_parameters(comp.obj)]
+    packed = [next((fill(DOCS_T) for words, fill in DOCUMENTS if words.search(n)), a)
+              for n, a in zip(names, plain)]
+    if all(a is b for a, b in zip(packed, plain)):
+        return
+    raw = ctx.learner.call("forward", comp.obj, *packed)
+    masks = _masks(raw, DOCS_T)
+    keep = READ_KEEP[subject.facts["convention"]](masks[0].reshape(DOCS_T, DOCS_T)).bool() if masks else None
+    want = V.causal_keep(DOCS_T) & torch.block_diag(torch.ones(3, 3), torch.ones(2, 2)).bool()
+    ok = keep is not None and torch.equal(keep, want)
+    rows = "" if keep is None else " ".join("".join(map(str, r.int().tolist())) for r in keep)
+    res.checks.append(Check(text("two packed documents of 3 and 2 tokens: each query sees its own document's "
+                                 "keys up to itself (a document-causal mask)",
+                                 "两个打包在一起的文档（3 个和 2 个 token）：每个查询只看到自己文档里"
+                                 "到它为止的键（文档因果掩码）"), ok, text(f"rows: {rows}", f"各行：{rows}")))
+
+
 def _masks(raw: Any, T: int) -> list[Tensor]:
     """The (T, T) masks (or (1, T, T), ...) among what a mask function returns: it, or each of a tuple."""
     items = raw if isinstance(raw, (tuple, list)) else [raw]
@@ -226,7 +258,7 @@ CAUSAL_MASK = Probe(
     shape=lambda ctx, comp, s, x, out: None,  # each mask's size is checked as it is read
     reference=_causal_reference,
     universe=lambda s: CAUSAL_FLAGS,
-    steps=(_causal_compared, _windows_compared, localize_step(
+    steps=(_causal_compared, _windows_compared, _documents_compared, localize_step(
         lambda s, found: localize_causal_mask(s.module, mask_arguments(s.module, 5, s.facts["shaped"]), 5))),
     depth=1, deterministic=False,
 )

@@ -46,6 +46,7 @@ from handformer.check.core.source import (
     methods_called,
     source_lines,
     source_text,
+    with_called_code,
 )
 from handformer.check.reference import variants as V
 from handformer.check.runners import schedule_onecycle as one_cycle
@@ -292,7 +293,8 @@ class Schedule:
         # a LambdaLR's lambda on an optimizer of lr 1 is the schedule, a function of the step: localized
         lam = next(filter(inspect.isfunction, getattr(sched, "lr_lambdas", ())), None)
         self.traced = (lam, lam)
-        if not hasattr(sched, "step"):
+        update = getattr(sched, "step_update", None)  # fairseq's: its rate set from the update count
+        if not hasattr(sched, "step") and update is None:
             raise self.ctx.learner.fail(
                 "__init__",
                 f"{self.comp.name}(optimizer, ...) returned "
@@ -301,10 +303,11 @@ class Schedule:
             )
         out: dict[int, float | BaseException] = {}
         for s in range(max(self.steps + self.past) + 1):
+            _ = update and self.ctx.learner.call("forward", update, s)
             if s in self.steps + self.past:
                 out[s] = float(opt.param_groups[0]["lr"])
             opt.step()
-            self.ctx.learner.call("forward", sched.step)
+            _ = update or self.ctx.learner.call("forward", sched.step)
         path = self.ctx.learner.path  # step 0 raised while the scheduler was built: its value the failure
         out.update((0, fp.LearnerFailure(fp.learner_error(err, path, "__init__"))) for err in raised)
         return out
@@ -656,8 +659,9 @@ def _wsd_conventions(sched: Schedule, got: dict[int, Any],
                      ) -> tuple[dict[str, Convention], dict[str, Text], tuple[str, ...]]:
     """WSD's variants to its floor (where it takes none, its value at the last step)."""
     floor = sched.sizes["min_lr"] if sched.reads("min_lr") else got[max(sched.steps)]
-    counted = W.COUNTED.search(source_text(sched.comp.obj))  # its code counts the step from 1: (step + 1)
-    return (*W.conventions(floor, got, (0, 1)[:1 + bool(counted)]), W.FLAGS)
+    counted = W.COUNTED.search(with_called_code(sched.comp.obj))  # it counts the step from 1: (step + 1)
+    return (*W.conventions(floor, got, (0, 1, 2)[:1 + 2 * bool(counted)]), W.FLAGS)
+
 
 
 PAPER_LABELS = {

@@ -41,15 +41,17 @@ SHAPE_NAMES = {"linear": ("a straight line", "直线"), "cosine": ("half a cosin
 
 def wsd(t: int, floor: float, start: float, shape: Callable[[float, float, float], float],
         flags: frozenset[str] = frozenset(), count: int = 0) -> float:
-    """The rate at step t: from `start` (the floor, or 0) up to max_lr over the warmup, (t + count) /
-    T_w of the way (count 1: the peak one step early, max_lr / T_w at step 0), max_lr through the
+    """The rate at step t: from `start` (the floor, or 0) up to max_lr over the warmup, in the form
+    WARMUP_FORMS[count] (count 1: (t + 1) / T_w, the peak one step early; 2: nanoGPT's
+    (t + 1) / (T_w + 1)), max_lr through the
     stable stage, down to `floor` along `shape` over the decay, `floor` after it; with the warmup off
     by one when flagged."""
     hi, warmup = SIZES["max_lr"], SIZES["warmup"]
     w = V.warmup_with(warmup, flags)
     stable_end = warmup + SIZES["stable"]
     if t < w:
-        return start + (hi - start) * (t + count) / w
+        shift, widen = WARMUP_FORMS[count]
+        return start + (hi - start) * (t + shift) / (w + widen)
     if t < stable_end:
         return hi
     progress = min((t - stable_end) / SIZES["decay"], 1.0)
@@ -64,7 +66,10 @@ def total(name: str | None) -> int:
 
 
 HALF_WAY = SIZES["warmup"] + SIZES["stable"] + SIZES["decay"] // 2  # the step half-way through the decay
-WARMUPS = {0: ("t / T_w", "t / T_w"), 1: ("(t + 1) / T_w", "(t + 1) / T_w")}
+WARMUPS = {0: ("t / T_w", "t / T_w"), 1: ("(t + 1) / T_w", "(t + 1) / T_w"),
+           2: ("(t + 1) / (T_w + 1) (nanoGPT)", "(t + 1) / (T_w + 1)（nanoGPT）")}
+# each warmup's (shift of t, of T_w) in its ratio: the cosine's three (schedule.COSINE_CONVENTIONS)
+WARMUP_FORMS = {0: (0, 0), 1: (1, 0), 2: (1, 1)}
 # code that counts its step from 1, `(step + 1)`: its warmup (t + 1) / T_w is searched, which a floor of
 # 1 / T_w would otherwise make one with the warmup a step short
 COUNTED = re.compile(r"\(\s*\w+\s*\+\s*1\s*\)")
@@ -82,9 +87,9 @@ def conventions(floor: float, got: dict[int, float] | None = None, counts: tuple
         for count, (name, shape) in itertools.product(counts, shapes.items()):
             key = f"{name}:{start}:{count}"
             out[key] = lambda t, f, fn=shape[0], start=start, count=count: wsd(t, floor, start, fn, f, count)
-            warm = f", {WARMUPS[count][0]}" * count
+            warm, warm_zh = (sep + words if count else "" for sep, words in zip((", ", "，"), WARMUPS[count]))
             labels[key] = text(f"WSD: warmup {en}{warm}, the decay {shape[1][0]}",
-                               f"WSD：预热{zh}{warm}，衰减为{shape[1][1]}")
+                               f"WSD：预热{zh}{warm_zh}，衰减为{shape[1][1]}")
     return out, labels
 
 

@@ -42,6 +42,7 @@ from handformer.check.core.argument_names import (
     BATCH_NAMES,
     CLIP_NAMES,
     CRITERION_NAMES,
+    DECODER_INPUT_NAMES,
     LOADER_NAMES,
     OPTIMIZER_NAMES,
     SCALER_NAMES,
@@ -88,6 +89,8 @@ PAD, V, LR = 0, 11, 0.5
 # argument may be a tokenizer's: not filled)
 STAND_IN_SIZES = {"d_model": 8, "n_heads": 2, "d_ff": 16}
 
+# the next tokens handed beside the decoder's input (`train_step(model, opt, src, tgt_in, tgt_out)`)
+TARGET_OUT_NAMES = ("tgt_out", "tgt_output", "trg_output", "target_output", "tgt_y", "trg_y")
 ACCUM = 2  # micro-batches a step is asked to accumulate, when it takes their number
 
 
@@ -208,10 +211,19 @@ def reference_step(model: nn.Module, opt: torch.optim.Optimizer, src: Tensor, tg
     update(model, opt, clip, clip_after, lr)
 
 
+class ConstantScheduler(torch.optim.lr_scheduler.LambdaLR):
+    """A LambdaLR whose factor is 1 at every step, that also answers fairseq's scheduler calls
+    (`step_update(num_updates)`, `get_lr()`'s number): the rate stays the optimizer's."""
+
+    def step_update(self, num_updates: int) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+
 def constant_scheduler(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
     """The scheduler a step that takes one is handed: a LambdaLR whose factor is 1 at every step, so
-    the learning rate stays the optimizer's whenever the step calls scheduler.step()."""
-    return torch.optim.lr_scheduler.LambdaLR(opt, lambda _step: 1.0)
+    the learning rate stays the optimizer's whenever the step calls scheduler.step() (or fairseq's
+    scheduler.step_update(num_updates))."""
+    return ConstantScheduler(opt, lambda _step: 1.0)
 
 
 def grad_scaler() -> torch.amp.GradScaler:
@@ -266,6 +278,14 @@ TAKES = {True: ("(model, loader, optimizer, criterion)", "epoch", "训练一个 
                  "dict, or src and tgt themselves", "step", "训练一步")}
 
 
+def fed_apart(names: list[str], tgt: str | None) -> tuple[str | None, str | None]:
+    """(the decoder's input handed apart, the target beside it) of a step's arguments: fairseq's
+    (prev_output_tokens, target), (tgt_in, tgt_out); (None, tgt) where it takes no such input."""
+    fed = named(names, DECODER_INPUT_NAMES)
+    tgt = tgt or (named(names, TARGET_OUT_NAMES) if fed else None)
+    return (fed, tgt) if tgt else (None, tgt)
+
+
 class Step:
     """How to call the learner's step (or epoch): its model, batch (a tuple, an object with fields, or a
     dict, as its source reads it), optimizer, criterion and accumulation arguments, by name."""
@@ -275,16 +295,16 @@ class Step:
         params = forward_parameters(comp.obj)
         self.names, required = names_of(params)
         find = lambda aliases: named(self.names, aliases)  # noqa: E731
-        self.model, self.opt = find(MODEL_NAMES), find(OPTIMIZER_NAMES)
-        self.criterion = find(CRITERION_NAMES)
+        self.model, self.opt, self.criterion = find(MODEL_NAMES), find(OPTIMIZER_NAMES), find(CRITERION_NAMES)
         self.accum, self.sched, self.scaler = find(ACCUM_NAMES), find(SCHEDULER_NAMES), find(SCALER_NAMES)
         self.clip_arg = find(CLIP_NAMES)  # the clipping norm it is handed: the one it is read to clip at
         wanted = DATA_ARGUMENTS[epoch]  # an epoch's loader; a step's batch, or src and tgt
         self.loader, self.batch, self.src, self.tgt = (find(wanted.get(key, ()))
                                                        for key in ("loader", "batch", "src", "tgt"))
+        self.fed, self.tgt = fed_apart(self.names, self.tgt) if not epoch else (None, self.tgt)
         # the update count a step sets its rate from (fairseq's num_updates): 1, then 2
         self.count = named([n for n in required if n not in self.names[:1]], SCHEDULE_STEP_NAMES)
-        known = {self.model, self.opt, self.criterion, self.batch, self.src, self.tgt, self.accum,
+        known = {self.model, self.opt, self.criterion, self.batch, self.src, self.tgt, self.fed, self.accum,
                  self.loader, self.sched, self.scaler, self.count, self.clip_arg, *self.sizes(required)}
         data = self.loader or self.batch or (self.src and self.tgt)  # an epoch's loader, a step's batch
         what, en, zh = TAKES[epoch]
@@ -322,9 +342,12 @@ class Step:
 
     def sizes(self, names: list[str] | None = None) -> dict[str, int]:
         """The stand-in's width for each required argument that names one (an epoch's
-        noam_lr(step, d_model, warmup) sets its rate from it)."""
-        names = names if names is not None else names_of(forward_parameters(self.comp.obj))[1]
-        return {n: STAND_IN_SIZES[size_of(n)] for n in names if size_of(n) in STAND_IN_SIZES}
+        noam_lr(step, d_model, warmup) sets its rate from it), and check's pad id for any argument
+        that names the pad (fairseq's `padding_idx=1`: its default is another vocabulary's)."""
+        all_names, required = names_of(forward_parameters(self.comp.obj))
+        names = names if names is not None else required
+        pads = {n: PAD for n in all_names if size_of(n) == "pad_id"}
+        return {**{n: STAND_IN_SIZES[size_of(n)] for n in names if size_of(n) in STAND_IN_SIZES}, **pads}
 
     def laid(self, ids: Tensor) -> Tensor:
         """Ids (B, L) as the step is handed them: (L, B) for a sequence-first step."""
@@ -369,6 +392,8 @@ class Step:
     def __call__(self, model: nn.Module, opt: torch.optim.Optimizer, src: Tensor, tgt: Tensor) -> Any:
         data = ({self.batch: self._batch(src, tgt)} if self.batch
                 else {self.src: self.laid(src), self.tgt: self.laid(tgt)})
+        if self.fed and not self.batch:  # the decoder's input apart (the target shifted right), then the rest
+            data.update({self.fed: self.laid(tgt[:, :-1]), self.tgt: self.laid(tgt[:, 1:])})
         return self._call(model, opt, data)
 
     def run_epoch(self, model: nn.Module, opt: torch.optim.Optimizer, data: list[tuple[Tensor, Tensor]],
