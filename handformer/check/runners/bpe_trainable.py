@@ -26,7 +26,7 @@ from handformer.check.core.result import Check, ComponentResult, LearnerError, t
 from handformer.check.core.source import global_reads, reachable, source_lines, source_text
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import CORPUS, SPECIAL, VOCAB_SIZE
-from handformer.check.runners import bpe, bpe_codec, bpe_pieces
+from handformer.check.runners import bpe, bpe_codec, bpe_pieces, bpe_words
 
 SPECIALS = [SPECIAL, bpe_codec.OVERLAP]  # in this order: the shorter first, so longest-first must be chosen
 
@@ -38,7 +38,10 @@ def trainable(obj: Any) -> bool:
 
 def check_tokenizer(comp: Component, ctx: Context) -> ComponentResult:
     """The kind's runner: a class that trains itself is trained first; any other encoder and decoder
-    is handed the reference's vocabulary and merges (bpe_codec.py)."""
+    is handed the reference's vocabulary and merges (bpe_codec.py); a function of a word-level BPE's file
+    (one that writes </w>), the merges its file's trainer learns (bpe_words.py)."""
+    if not inspect.isclass(comp.obj) and bpe_words.marked(ctx, comp):
+        return bpe_words.check_functions(comp, ctx)
     return (check_trainable if trainable(comp.obj) else bpe_codec.check_bpe_tokenizer)(comp, ctx)
 
 
