@@ -311,10 +311,6 @@ def _splits(fn: Callable[..., Any]) -> bool:
 def check_bpe(comp: Component, ctx: Context) -> ComponentResult:
     """The trainer, graded under its own pre-tokenizer when it calls one of its file's (the
     reference trained so too), else under GPT-2's pattern."""
-    from handformer.check.runners import bpe_words  # it reads this file's argument roles
-
-    if bpe_words.marked(ctx, comp):  # words with an end marker, not bytes
-        return bpe_words.check_trainer(comp, ctx)
     split = own_splitter(comp, ctx)
     if split is None:
         return _check_trainer(comp, ctx, ctx.result(comp), reference_fixture())

@@ -176,6 +176,11 @@ def marked(ctx: Context, comp: Component) -> bool:
     return any(MARKER in code.split("#")[0] for _, code in source_lines(ctx.objects(comp)))
 
 
+def check_any_trainer(comp: Component, ctx: Context) -> ComponentResult:
+    """The BPE trainer kind's runner: a word-level trainer here, a byte-level one by bpe.py."""
+    return (check_trainer if marked(ctx, comp) else bpe.check_bpe)(comp, ctx)
+
+
 def check_trainer(comp: Component, ctx: Context) -> ComponentResult:
     """The merges a word-level trainer function learns from the fixture's lines, replayed on its words."""
     res = ctx.result(comp)
