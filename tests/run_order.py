@@ -25,7 +25,7 @@ SECONDS = {
     "test_llama2c.py": 4, "test_benchmark_baseline.py": 6, "test_post_dpo.py": 4, "test_properties.py": 4,
     "test_beam_vectorized.py": 6, "test_shards.py": 5, "test_static_step.py": 3, "test_c_kernels.py": 1,
     "test_distributed.py": 3, "test_fused_step.py": 3,
-    "test_check_public_styles.py": 14, "test_check_word_bpe.py": 9,
+    "test_check_public_styles.py": 14, "test_check_word_bpe.py": 9, "test_check_global_window.py": 7,
     "test_check_localize.py": 9, "test_lesson_shape.py": 4, "test_post_grpo.py": 4, "test_course_llm.py": 4,
     "test_vnni_kernels.py": 2, "test_new_user.py": 6, "test_zh_terms.py": 3,
     "test_check_hidden.py": 10,
