@@ -1,9 +1,10 @@
 """A BPE trained on words (text cut at spaces, each word's characters, </w> at its end: a symbol of its
 own or glued to the last character), in two styles: a tokenizer class with Chinese comments
 (train(texts, vocab_size), encode to symbol strings) and Sennrich's free functions (learn_bpe(corpus,
-num_merges) over a {"l o w</w>": 5} vocabulary, encode(text, bpe_codes), decode). Both pass with every
-component checked; each plant (three in one file of the class: they are graded apart; pairs counted once per word, merges across words, encode by the latest
-merge, decode dropping </w>) fails at its line."""
+num_merges) over a {"l o w</w>": 5} vocabulary, encode(text, bpe_codes), decode); and one with no
+marker whose train takes a list of texts (it learns nothing from one string). Each passes with every
+component checked; each plant fails at its line: pairs counted once per word, merges across words, and
+in one file of the class (graded apart) a pair count, encode by the latest merge, decode dropping </w>."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 from check_results import checked, named, statuses
 
 FILES = {"zh": ("learners_wordbpe_zh", ("correct", "planted")),
-         "sennrich": ("learners_wordbpe_sennrich", ("correct", "counts_words_once", "merges_across_words"))}
+         "sennrich": ("learners_wordbpe_sennrich", ("correct", "counts_words_once", "merges_across_words")),
+         "plain": ("learners_wordbpe_plain", ("correct",))}
 
 
 @pytest.fixture(scope="module")

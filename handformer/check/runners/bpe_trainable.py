@@ -55,6 +55,8 @@ def check_trainable(comp: Component, ctx: Context) -> ComponentResult:
     with bpe.deadline(bpe.FIXTURE_LIMIT):
         ctx.learner.call("train", tok.train, **kwargs)
     vocab, merges = _learnt(tok)
+    if not merges:  # train(texts) handed one string learns nothing: a character-level BPE handed a list
+        tok, merges = _as_list(comp, ctx, kwargs) or (tok, merges)
     _merges_held(tok, merges)
     lines = source_lines(ctx.objects(comp))
     if bpe_pieces.character_merges(merges):  # SentencePiece's BPE on characters: no byte-level reference
@@ -75,6 +77,14 @@ def check_trainable(comp: Component, ctx: Context) -> ComponentResult:
             codec.comp, codec.ctx, codec.encode_fn, codec.decode_fn = comp, ctx, _encoding(tok), tok.decode
             bpe_codec.grade_codec(res, codec, vocab, merges, coded, lines)
     return finish(res)
+
+
+def _as_list(comp: Component, ctx: Context, kwargs: dict[str, Any]) -> tuple[Any, list[Any]] | None:
+    """A fresh instance trained on the word-level fixture's lines as a list, and the merges of strings it
+    holds; None where it learns none so (or raises)."""
+    tok = fp.quietly(lambda: _trained(comp, ctx, kwargs, bpe_words.LINES)[0])
+    merges = bpe_words.held_merges(tok) if tok is not None else []
+    return (tok, merges) if merges else None
 
 
 def _merges_held(tok: Any, merges: list[R.Pair]) -> None:

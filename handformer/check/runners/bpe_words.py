@@ -53,8 +53,11 @@ def words_of(lines: list[str], cut: str) -> Counter[Word]:
 
 
 def cutting(lines: list[str], merges: list[tuple[str, str]]) -> str | None:
-    """The first cutting under which every merge, applied in order, joins a pair the words hold."""
-    return next((cut for cut in CUTS if _all_held(words_of(lines, cut), merges)), None)
+    """The first cutting under which every merge, applied in order, joins a pair the words hold: one with
+    the end marker where a merge shows it, else none."""
+    marked = any(MARKER in a + b for a, b in merges)
+    cuts = [cut for cut in CUTS if (cut != "plain") == marked]
+    return next((cut for cut in cuts if _all_held(words_of(lines, cut), merges)), None)
 
 
 def _all_held(words: Counter[Word], merges: list[tuple[str, str]]) -> bool:
@@ -145,18 +148,23 @@ def check_codec(res: ComponentResult, ctx: Context, encode: Callable[[str], Any]
         res.findings.append(Finding("bpe_encode_merge_order", text(
             f"your encode gives the pieces the merges make when {ORDER_FORMS[order][0]}",
             f"你的 encode 给出的片段是这样合并切出的：{ORDER_FORMS[order][1]}"), number, code, form))
-    _check_decode(res, ctx, decode, ours, corpus, lines)
+    _check_decode(res, ctx, decode, ours, corpus, lines, JOINERS[cut])
+
+
+JOINERS = {"marker": " ", "glued": " ", "plain": ""}  # what decode puts between words: no marker, nothing
 
 
 def _check_decode(res: ComponentResult, ctx: Context, decode: Callable[[Any], Any], ours: list[list[Any]],
-                  corpus: list[str], lines: list[tuple[int, str]]) -> None:
-    """decode(encode(line)) is the line's words joined by single spaces (a space left at its end aside)."""
+                  corpus: list[str], lines: list[tuple[int, str]], joiner: str) -> None:
+    """decode(encode(line)) is the line's words joined by single spaces (a space left at its end aside);
+    by nothing where no end marker keeps where a word ends."""
     backs = [ctx.learner.call("decode", decode, ids) for ids in ours]
     bad = next(((back, line) for back, line in zip(backs, corpus)
-                if not isinstance(back, str) or back.rstrip() != " ".join(line.split())), None)
+                if not isinstance(back, str) or back.rstrip() != joiner.join(line.split())), None)
     res.checks.append(failed_check(text(
-        f"decode(encode(line)) gives each of {len(corpus)} lines' words back, one space between them",
-        f"decode(encode(line)) 还原 {len(corpus)} 行中每一行的词，词之间一个空格"), bad is None,
+        f"decode(encode(line)) gives each of {len(corpus)} lines' words back, one space between them (none "
+        "where no end marker keeps where a word ends)", f"decode(encode(line)) 还原 {len(corpus)} 行中每一行"
+        "的词，词之间一个空格（没有词尾标记记住词在哪里结束时，词之间没有空格）"), bad is None,
         lambda: text(f"{bad[0]!r:.60} for {bad[1]!r:.60}", f"{bad[1]!r:.60} 还原成了 {bad[0]!r:.60}")))
     if bad is not None and isinstance(bad[0], str) and bad[0] == "".join(bad[1].split()):
         res.findings.append(Finding(DEPARTS, text(
