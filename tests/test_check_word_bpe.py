@@ -2,7 +2,8 @@
 own or glued to the last character), in two styles: a tokenizer class with Chinese comments
 (train(texts, vocab_size), encode to symbol strings) and Sennrich's free functions (learn_bpe(corpus,
 num_merges) over a {"l o w</w>": 5} vocabulary, encode(text, bpe_codes), decode); and one with no
-marker whose train takes a list of texts (it learns nothing from one string). Each passes with every
+marker whose train takes a list of texts (it learns nothing from one string); and the paper's snippet
+(get_stats and merge_vocab, the loop at the top level: check runs the loop). Each passes with every
 component checked; each plant fails at its line: pairs counted once per word, merges across words, and
 in one file of the class (graded apart) a pair count, encode by the latest merge, decode dropping </w>."""
 
@@ -13,7 +14,8 @@ from check_results import checked, named, statuses
 
 FILES = {"zh": ("learners_wordbpe_zh", ("correct", "planted")),
          "sennrich": ("learners_wordbpe_sennrich", ("correct", "counts_words_once", "merges_across_words")),
-         "plain": ("learners_wordbpe_plain", ("correct",))}
+         "plain": ("learners_wordbpe_plain", ("correct",)),
+         "snippet": ("learners_wordbpe_snippet", ("correct", "pair_counted_once"))}
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +35,7 @@ def test_a_correct_word_level_bpe_passes_with_every_component_checked(results, s
     ("sennrich", "counts_words_once", "learn_bpe", "departs", "pairs[symbols[i], symbols[i + 1]] += 1"),
     ("sennrich", "merges_across_words", "learn_bpe", "bpe_merges_across_pretokens", '" ".join(" ".join([word]'),
     ("sennrich", "merges_across_words", "encode", "bpe_merges_across_pretokens", '" ".join(" ".join([word]'),
+    ("snippet", "pair_counted_once", "get_stats", "departs", "pairs[symbols[i], symbols[i + 1]] = freq"),
 ])
 def test_each_plant_fails_at_its_line(results, style, plant, comp, finding, line):
     result = results[style, plant]

@@ -23,6 +23,7 @@ from typing import Any
 from handformer.check.catalog.tokenizer import WORD_BPE_LINES
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import call_parameters
+from handformer.check.core.bpe_parts import snippet_parts
 from handformer.check.core.context import Context, finish
 from handformer.check.core.discovery import Component, own_objects
 from handformer.check.core.result import DEPARTS, ComponentResult, Finding, failed_check, text
@@ -86,14 +87,17 @@ def check_words(res: ComponentResult, merges: list[tuple[str, str]], corpus: lis
         f"合并 {step}（从 0 数）{merges[step]} 在应用它之前的合并后，不是出现最多的一对")))
     if step is not None:
         once = R.replay(Counter(dict.fromkeys(words, 1)), merges)[0] is None  # type: ignore[arg-type]
-        what = "each word's pairs counted once, not times the word's frequency" if once else \
-            "a pair count differs from the reference's"
-        zh = "每个词的对只数了一次，没有乘以词频" if once else "某个对的计数和参考实现不同"
+        what, zh = COUNTS[once]
         res.findings.append(Finding(DEPARTS, text(f"merge {step} {merges[step]}: {what}", f"合并 {step} "
                                     f"{merges[step]}：{zh}"), *first_line(WORD_BPE_LINES["count"], lines)))
     return cut
 
 
+COUNTS = {  # whether the merges are those of each word counted once: what a departing count says
+    True: ("each word's pairs counted once, not times the word's frequency",
+           "每个词的对只数了一次，没有乘以词频"),
+    False: ("a pair count differs from the reference's", "某个对的计数和参考实现不同"),
+}
 _SHOWN = {"marker": ("</w> a symbol after each", "每个词后面加一个符号 </w>"),
           "glued": ("</w> glued to the last character", "</w> 接在最后一个字符上"),
           "plain": ("no end marker", "没有词尾标记")}
@@ -102,7 +106,7 @@ _SHOWN = {"marker": ("</w> a symbol after each", "每个词后面加一个符号
 def _unexplained(res: ComponentResult, merges: list[tuple[str, str]], lines: list[tuple[int, str]]) -> str:
     """A merge whose left part ends a word joins two words: bpe_merges_across_pretokens; merges no
     cutting explains otherwise: not checked."""
-    across = next((m for m in merges if m[0].endswith(MARKER) or MARKER in m[1][:-len(MARKER)]), None)
+    across = next((m for m in merges if MARKER in (m[0] + m[1]).removesuffix(MARKER)), None)
     if across is None:
         raise MappingError(
             "its merges are pairs of characters that no cutting check knows explains (words cut at spaces, "
@@ -133,17 +137,16 @@ def check_codec(res: ComponentResult, ctx: Context, encode: Callable[[str], Any]
     `piece_of`), then decode(encode(line)) against the line's words joined by single spaces."""
     made = {order: [pieces(line, merges, cut, order) for line in corpus] for order in ORDERS}
     ours = [list(ctx.learner.call("encode", encode, line)) for line in corpus]
-    shown = [[piece_of.get(p, p) if not isinstance(o, str) else p for p, o in zip(want, got)]
-             for want, got in zip(made["rank"], ours)]
-    bad = next(((line, got, want) for line, got, want in zip(corpus, ours, shown) if got != want), None)
+    as_ids = [[piece_of.get(p, p) for p in want] for want in made["rank"]]  # where it gives ids
+    bad = next(((line, got, want) for line, got, want, ids in zip(corpus, ours, made["rank"], as_ids)
+                if got not in (want, ids)), None)
     res.checks.append(failed_check(text(
         f"encode gives each of {len(corpus)} lines as the merges applied by rank (the earliest learnt first) "
         "cut each word", f"encode 对 {len(corpus)} 行中的每一行，都给出按合并次序（先学到的先用）切出的片段"),
         bad is None, lambda: text(f"{bad[0][:30]!r}: yours {bad[1][:8]}, the reference's {bad[2][:8]}",
                                   f"{bad[0][:30]!r}：你的 {bad[1][:8]}，参考实现的 {bad[2][:8]}")))
-    order = next((o for o in ORDERS[1:] if bad and [list(map(str, m)) for m in made[o]] ==
-                  [list(map(str, got)) for got in ours]), None)
-    if order is not None:
+    order = next((o for o in ORDERS if made[o] == ours), "rank")  # the reference's order first
+    if order != "rank":
         form, number, code = locate_form("bpe_encode_merge_order", order, lines)
         res.findings.append(Finding("bpe_encode_merge_order", text(
             f"your encode gives the pieces the merges make when {ORDER_FORMS[order][0]}",
@@ -160,13 +163,13 @@ def _check_decode(res: ComponentResult, ctx: Context, decode: Callable[[Any], An
     by nothing where no end marker keeps where a word ends."""
     backs = [ctx.learner.call("decode", decode, ids) for ids in ours]
     bad = next(((back, line) for back, line in zip(backs, corpus)
-                if not isinstance(back, str) or back.rstrip() != joiner.join(line.split())), None)
+                if str(back).rstrip() != joiner.join(line.split())), None)
     res.checks.append(failed_check(text(
         f"decode(encode(line)) gives each of {len(corpus)} lines' words back, one space between them (none "
         "where no end marker keeps where a word ends)", f"decode(encode(line)) 还原 {len(corpus)} 行中每一行"
         "的词，词之间一个空格（没有词尾标记记住词在哪里结束时，词之间没有空格）"), bad is None,
         lambda: text(f"{bad[0]!r:.60} for {bad[1]!r:.60}", f"{bad[1]!r:.60} 还原成了 {bad[0]!r:.60}")))
-    if bad is not None and isinstance(bad[0], str) and bad[0] == "".join(bad[1].split()):
+    if bad and bad[0] == "".join(bad[1].split()):
         res.findings.append(Finding(DEPARTS, text(
             f"decode joins the words with nothing between them: the end marker {MARKER} is dropped, not "
             "turned into a space", f"decode 把词连在了一起：词尾标记 {MARKER} 被删掉了，没有变成空格"),
@@ -186,14 +189,33 @@ def marked(ctx: Context, comp: Component) -> bool:
 
 def check_any_trainer(comp: Component, ctx: Context) -> ComponentResult:
     """The BPE trainer kind's runner: a word-level trainer here, a byte-level one by bpe.py."""
-    return (check_trainer if marked(ctx, comp) else bpe.check_bpe)(comp, ctx)
+    words = marked(ctx, comp) or snippet_parts(comp.name, comp.obj) is not None
+    return {True: check_trainer, False: bpe.check_bpe}[words](comp, ctx)
 
 
 def check_trainer(comp: Component, ctx: Context) -> ComponentResult:
-    """The merges a word-level trainer function learns from the fixture's lines, replayed on its words."""
+    """The merges a word-level trainer function learns from the fixture's lines (or the paper's loop
+    over its get_stats and merge_vocab learns), replayed on its words."""
     res = ctx.result(comp)
-    check_words(res, trained(ctx, comp.obj), LINES, source_lines(ctx.objects(comp)))
+    parts = snippet_parts(comp.name, comp.obj)
+    merges = trained(ctx, comp.obj) if parts is None else _looped(ctx, *parts)
+    check_words(res, merges, LINES, source_lines(ctx.objects(comp)))
     return finish(res)
+
+
+def _looped(ctx: Context, stats: Any, merge: Any) -> list[tuple[str, str]]:
+    """The paper's loop: MERGES times, the most frequent pair of get_stats(vocab) (the first counted of
+    those tied), then vocab = merge_vocab(pair, vocab); the vocabulary the fixture's words written as the
+    paper's {"l o w </w>": 5}."""
+    vocab = {" ".join(word): n for word, n in words_of(LINES, "marker").items()}
+    merges: list[tuple[str, str]] = []
+    for _ in range(MERGES):
+        pairs = dict(ctx.learner.call("get_stats", stats, vocab))
+        if not pairs:
+            break
+        merges.append(tuple(max(pairs, key=pairs.__getitem__)))  # type: ignore[arg-type]
+        vocab = ctx.learner.call("merge_vocab", merge, merges[-1], vocab)
+    return merges
 
 
 def check_functions(comp: Component, ctx: Context) -> ComponentResult:
@@ -254,12 +276,10 @@ def trained(ctx: Context, fn: Any) -> list[tuple[str, str]]:
 
 
 def _string_merges(value: Any) -> list[tuple[str, str]] | None:
-    """A list of pairs of strings, or a dict of such pairs to their ranks, as a list in rank order."""
-    ranked = isinstance(value, dict) and all(isinstance(r, int) for r in value.values())
-    value = sorted(value, key=value.__getitem__) if ranked else value
-    ok = isinstance(value, (list, tuple)) and bool(value) and all(
-        isinstance(m, (list, tuple)) and len(m) == 2 and all(isinstance(s, str) for s in m) for m in value)
-    return [tuple(m) for m in value] if ok else None  # type: ignore[misc]
+    """A list of pairs of strings, or a dict of such pairs (to their ranks, filled in the order learnt),
+    as a list; None for anything else."""
+    pairs = fp.quietly(lambda: [(a, b) for a, b in value])  # a dict's keys in the order it was filled
+    return pairs if pairs and all(type(a) is type(b) is str for a, b in pairs) else None
 
 
 def held_merges(tok: Any) -> list[tuple[str, str]]:
