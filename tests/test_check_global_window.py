@@ -7,8 +7,12 @@ line."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 from check_results import checked, named, statuses
+
+from handformer.check.core.global_window import global_names
 
 FILES = {("learners_longformer", "correct"), ("learners_longformer", "global_one_way"),
          ("learners_longformer", "window_one_sided"), ("learners_longformer_layer", "correct"),
@@ -43,3 +47,11 @@ def test_each_plant_fails_at_its_line(results, key, comp, line):
     result = results[key]
     assert statuses(result)[comp] == "fail"
     assert any(line in (code or "") for _, code in named(result, comp)), named(result, comp)
+
+
+def test_only_a_mask_of_global_tokens_is_handed_one_not_a_list_of_their_positions():
+    def forward(x, global_attention_mask=None, global_positions=None, is_global_mask=None):
+        return x
+
+    params = list(inspect.signature(forward).parameters.values())
+    assert global_names(params) == ["global_attention_mask", "is_global_mask"]

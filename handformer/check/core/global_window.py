@@ -11,6 +11,7 @@ global tokens is compared with the dense attention under band | global query | g
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
 
 import torch
@@ -34,8 +35,9 @@ SIDES = {"global keys only": KEY_SIDE, "global queries only": QUERY_SIDE}
 
 
 def global_names(params: list[inspect.Parameter]) -> list[str]:
-    """The forward's arguments that mark global tokens (Longformer's global_attention_mask)."""
-    return [p.name for p in params if "global" in p.name.lower()]
+    """The forward's arguments that mark global tokens with a (B, T) mask (Longformer's
+    global_attention_mask); not a list of their positions, which no mask fills."""
+    return [p.name for p in params if {"global", "mask"} <= set(re.findall("[a-z]+", p.name.lower()))]
 
 
 def global_inputs(names: list[str], B: int, T: int, marked: Tensor | None = None) -> dict[str, Tensor]:
