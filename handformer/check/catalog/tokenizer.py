@@ -200,3 +200,11 @@ DIAGNOSES += WORDPIECE_DIAGNOSES
 # line the BPE's mistake of the same name is quoted at in a WordPiece file
 WORDPIECE_LINES = {"bpe_merges_across_pretokens": (r"\.split\(\s*\)", r"for \w+ in \[\s*\w+\s*\]\s*:",
                                                    r"for \w+ in \w+\s*:")}
+# the lines a word-level BPE's findings are quoted at (runners/bpe_words.py): its pair count, its joins
+# across words (pairs counted over the whole text), its decode
+WORD_BPE_LINES = {
+    "count": (r"pair.*\+=\s*1\s*$", r"pair.*\+=", r"\+=\s*1\s*$", r"\+=", r"pair\w*\[.*\]\s*=[^=]",
+              r"Counter\("),
+    "bpe_merges_across_pretokens": (r"\.join\(.*\)\.split\(\s*\)", r"\.split\(\s*\)", r"zip\("),
+    "decode": (r"replace\([^)]*</w>", r"</w>", r"^\s*return\b"),
+}

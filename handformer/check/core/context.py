@@ -549,9 +549,10 @@ ADDITIVE_MASK_NAME = re.compile(r"bias|\w+_(?:attention|attn)_bias")
 
 def is_mask_name(name: str) -> bool:
     """A parameter that takes the mask: its name says mask or what it keeps, or valid lengths (d2l's
-    valid_lens), or it is the scores' additive bias (tensor2tensor's)."""
+    valid_lens), or it is the scores' additive bias (tensor2tensor's); not Longformer's
+    global_attention_mask, which marks tokens (global_window.py)."""
     lowered = name.lower()
-    return ("mask" in lowered or lowered in KEEP_NAMES or is_lengths_name(name)
+    return ("mask" in lowered and "global" not in lowered or lowered in KEEP_NAMES or is_lengths_name(name)
             or bool(ADDITIVE_MASK_NAME.fullmatch(lowered)))
 
 

@@ -26,6 +26,7 @@ from handformer.check.core.argument_names import (
     input_roles,
     readable_parameters,
 )
+from handformer.check.core.bpe_parts import snippet_parts
 from handformer.check.core.hosts import host_arguments
 from handformer.check.core.kinds import KINDS_TABLE, TABLED
 from handformer.check.core.size_roles import with_roles
@@ -443,7 +444,7 @@ def memory_decoder_parts(cls: Any) -> list[str] | None:
 
 # (the kind, how it was found, the test on a name and its object) of the kinds found by their structure:
 # decoder-only models, tokenizers that train themselves (minbpe's classes), optimizers written by hand,
-# encoder-decoders' decoders that take a KV cache
+# encoder-decoders' decoders that take a KV cache, Sennrich's get_stats and merge_vocab (bpe_parts.py)
 STRUCTURES = (("gpt", "structure", _structured_model),
               ("cached_decoder", "decoder_structure",
                lambda name, obj: cached_decoder_parts(obj) is not None),
@@ -452,7 +453,8 @@ STRUCTURES = (("gpt", "structure", _structured_model),
               ("wordpiece", "wordpiece_code", lambda name, obj: wordpiece_trainer(obj)),
               ("bpe_tokenizer", "methods", lambda name, obj: (
                   trains_itself(obj) or trains_itself(obj, GPT2_METHODS)) and not writes_wordpiece(obj)),
-              ("optimizer", "optimizer", lambda name, obj: steps_parameters(obj)))
+              ("optimizer", "optimizer", lambda name, obj: steps_parameters(obj)),
+              ("bpe", "snippet", lambda name, obj: snippet_parts(name, obj) is not None))
 
 
 def as_called(obj: Any) -> Any:

@@ -263,7 +263,7 @@ KINDS_TABLE: tuple[Kind, ...] = (
          "generation loop", "生成循环", "generate_own:check_generate"),
     Kind("bpe", ("train_bpe", "bpe_train", "train_bpe_tokenizer", "train_tokenizer", "run_train_bpe",
                  "learn_bpe", "train_byte_level_bpe"),
-         "BPE trainer", "BPE 训练", "bpe:check_bpe"),
+         "BPE trainer", "BPE 训练", "bpe_words:check_any_trainer"),
     Kind("bpe_tokenizer", ("Tokenizer", "BPETokenizer", "BpeTokenizer", "ByteLevelBPETokenizer",
                            "BPE", "bpe_encode", "encode_bpe", "encode"),
          "BPE encoder and decoder", "BPE 编码与解码", "bpe_trainable:check_tokenizer"),

@@ -72,6 +72,7 @@ from handformer.check.core.context import (
 from handformer.check.core.conventions import SEQUENCE_FIRST_CONVENTIONS, SHARED
 from handformer.check.core.discovery import Component, computes_attention, reads_kv_heads
 from handformer.check.core.fused_qkv import find_layouts_
+from handformer.check.core.global_window import check_global, global_inputs, global_names
 from handformer.check.core.kept_state import gradient_error, snapshot, written
 from handformer.check.core.layer_map import Gainless, gainless_qk
 from handformer.check.core.localize import (
@@ -186,7 +187,8 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     # nanochat's value embedding `ve`: None; its window_size: one over the whole sequence
     fixed = {**dict.fromkeys(optional_inputs(fn, params, extra)), **window_inputs(fn, params),
              **_residual_inputs(params), **_bias_inputs(params)}
-    first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in {*extra, *fixed}
+    others = {*extra, *fixed, *(marks := global_names(params))}  # Longformer's global_attention_mask
+    first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in others
                         or isinstance(p.default, (int, float, str)) or is_cache_argument(p)
                         or i > 0 and optional_extra(p)),
                        len(params))  # layer_idx=0, layer_past=None, CS336's token_positions=None: kept
@@ -197,7 +199,6 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     layout: dict[str, bool] = {}  # "batched": Hugging Face's (cos, sin) of (B, T, Dh), once known
     state: dict[str, Any] = {}
     required = bool(masks) and masks[0].default is masks[0].empty
-
     roles = _input_roles([p.name for p in inputs[:n]])
 
     def call(xq: Tensor, xk: Tensor, xv: Tensor, mask: Tensor | None) -> Any:
@@ -209,6 +210,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
         kwargs.update(state.get("more", {}))  # a key_padding_mask given alone, by _key_padding_alone
         B, T = xq.shape[:2]
         kwargs.update(position_kwargs(named - {"alibi"}, B, T, head_dim, xq.dtype))
+        kwargs.update(global_inputs(marks, B, T, state.get("global")))
         kwargs.update({"alibi": alibi_argument(B, xq.size(-1) // head_dim, xk.size(1), xq.dtype)}
                       if "alibi" in named else {})  # BLOOM's model hands each attention its ALiBi term
         return _laid_out(fn, args, kwargs, layout, state)
@@ -788,9 +790,26 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
         return built
     drive(MHA, res, ctx, comp, built)
     guarded(res, lambda: _tutorial_shapes_at_their_sizes(res, ctx, comp, built.facts["probe"].c, sizes))
+    if global_names(forward_parameters(built.module)):
+        guarded(res, lambda: _global_window(res, ctx, comp, built, heads))
     if built.facts["setup"].conv.startswith("torch"):
         _nan_as_torch(res)
     return finish(res)
+
+
+def _global_window(res: ComponentResult, ctx: Context, comp: Component, built: Subject, heads: int) -> None:
+    """Longformer's window and global tokens (global_window.py), once it is graded as a full attention."""
+    c, facts = built.facts["probe"].c, built.facts
+
+    def run(x: Tensor, marked: Tensor) -> Tensor | None:
+        c.state["global"] = marked
+        try:
+            return fp.first_tensor(ctx.learner.call("forward", c.call, x, x, x, None), 3)
+        finally:
+            c.state.pop("global")
+    weights = mha_weights(facts["slots"], heads, facts["n_kv_heads"], None)
+    check_global(res, run, lambda x, keep: V.multi_head_attention(weights, x, x, x, keep)[0], D,
+                 source_lines(ctx.objects(comp)))
 
 
 def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[str, Any],

@@ -4,7 +4,7 @@ characters). Its merges are pairs of strings, so the byte-level reference's merg
 with them; instead its merges are replayed on the fixture's lines cut so: each must be a most frequent
 pair (counted with each word's frequency) once the ones before it are applied, whatever rule breaks
 its ties. Then decode(encode(line)) must give the line back, in as many ids as the merges make pieces.
-A character-level tokenizer whose merges show no ▁ cuts its words some other way: not checked.
+A character-level tokenizer whose merges show no ▁ cuts its words at spaces: bpe_words.py grades it.
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ from typing import Any
 from handformer.check.core.context import Context
 from handformer.check.core.result import DEPARTS, ComponentResult, Finding, failed_check, text
 from handformer.check.core.source import first_line, locate, locate_form, source_lines
-from handformer.check.core.weights import MappingError
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import DOCUMENTS, VOCAB_SIZE
-from handformer.check.runners import bpe
+from handformer.check.runners import bpe, bpe_words
 from handformer.check.runners.bpe_codec import ORDER_FORMS
 
 SPACE = "\u2581"  # ▁: SentencePiece's mark of a space
@@ -48,11 +47,14 @@ def check_pieces(res: ComponentResult, ctx: Context, train: Callable[[list[str]]
     """A tokenizer whose `merges` (learnt from the fixture's text) are pairs of characters: a fresh one
     trained on the fixture's lines (`train`), its merges replayed on them, then its encode and decode
     on each line."""
-    if not any(SPACE in a + b for a, b in merges):
-        raise MappingError("its merges are pairs of characters with no ▁ in any: a character-level BPE "
-                           "that cuts its words in a way check does not know (SentencePiece's ▁ is the one "
-                           "it knows)", zh="它的合并是字符对，但没有一个含 ▁：这种字符级 BPE 的切词方式 "
-                           "check 不认识（它只认识 SentencePiece 的 ▁）")
+    if not any(SPACE in a + b for a, b in merges):  # words cut at spaces, not SentencePiece's
+        tok = train(bpe_words.LINES)[0]
+        merges = bpe_words.held_merges(tok)
+        cut = bpe_words.check_words(res, merges, bpe_words.LINES, lines)
+        if cut:
+            bpe_words.check_codec(res, ctx, tok.encode, tok.decode, merges, cut, bpe_words.LINES, lines,
+                                  _piece_of(tok))
+        return
     tok, merges = train(LINES)
     step, _rule = R.replay(sentencepiece_words(LINES), merges)
     res.checks.append(failed_check(text(

@@ -26,7 +26,7 @@ from handformer.check.core.result import Check, ComponentResult, LearnerError, t
 from handformer.check.core.source import global_reads, reachable, source_lines, source_text
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import CORPUS, SPECIAL, VOCAB_SIZE
-from handformer.check.runners import bpe, bpe_codec, bpe_pieces
+from handformer.check.runners import bpe, bpe_codec, bpe_pieces, bpe_words
 
 SPECIALS = [SPECIAL, bpe_codec.OVERLAP]  # in this order: the shorter first, so longest-first must be chosen
 
@@ -38,7 +38,10 @@ def trainable(obj: Any) -> bool:
 
 def check_tokenizer(comp: Component, ctx: Context) -> ComponentResult:
     """The kind's runner: a class that trains itself is trained first; any other encoder and decoder
-    is handed the reference's vocabulary and merges (bpe_codec.py)."""
+    is handed the reference's vocabulary and merges (bpe_codec.py); a function of a word-level BPE's file
+    (one that writes </w>), the merges its file's trainer learns (bpe_words.py)."""
+    if not inspect.isclass(comp.obj) and bpe_words.marked(ctx, comp):
+        return bpe_words.check_functions(comp, ctx)
     return (check_trainable if trainable(comp.obj) else bpe_codec.check_bpe_tokenizer)(comp, ctx)
 
 
@@ -52,6 +55,8 @@ def check_trainable(comp: Component, ctx: Context) -> ComponentResult:
     with bpe.deadline(bpe.FIXTURE_LIMIT):
         ctx.learner.call("train", tok.train, **kwargs)
     vocab, merges = _learnt(tok)
+    if not merges:  # train(texts) handed one string learns nothing: a character-level BPE handed a list
+        tok, merges = _as_list(comp, ctx, kwargs) or (tok, merges)
     _merges_held(tok, merges)
     lines = source_lines(ctx.objects(comp))
     if bpe_pieces.character_merges(merges):  # SentencePiece's BPE on characters: no byte-level reference
@@ -72,6 +77,14 @@ def check_trainable(comp: Component, ctx: Context) -> ComponentResult:
             codec.comp, codec.ctx, codec.encode_fn, codec.decode_fn = comp, ctx, _encoding(tok), tok.decode
             bpe_codec.grade_codec(res, codec, vocab, merges, coded, lines)
     return finish(res)
+
+
+def _as_list(comp: Component, ctx: Context, kwargs: dict[str, Any]) -> tuple[Any, list[Any]] | None:
+    """A fresh instance trained on the word-level fixture's lines as a list, and the merges of strings it
+    holds; None where it learns none so (or raises)."""
+    tok = fp.quietly(lambda: _trained(comp, ctx, kwargs, bpe_words.LINES)[0])
+    merges = bpe_words.held_merges(tok) if tok is not None else []
+    return (tok, merges) if merges else None
 
 
 def _merges_held(tok: Any, merges: list[R.Pair]) -> None:

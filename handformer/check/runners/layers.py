@@ -71,6 +71,7 @@ from handformer.check.core.context import (
 from handformer.check.core.conventions import ONE_ATTN_MASK, SEQUENCE_FIRST_CONVENTIONS, SHARED
 from handformer.check.core.discovery import MEMORY_NAMES, NAMES, Component, argument_keys
 from handformer.check.core.fused_qkv import find_layouts_
+from handformer.check.core.global_window import check_global, global_inputs, global_names
 from handformer.check.core.kept_state import gradient_error, snapshot, written
 from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
 from handformer.check.core.localize_kinds import localize_add_norm, note_departure
@@ -188,6 +189,7 @@ class Layer:
     """The learner's layer, its mapping, and a uniform call (x, memory, src_keep, tgt_keep)."""
 
     more: dict[str, Any] = {}  # further arguments a check hands the forward (a key_padding_mask alone)
+    marked: Tensor | None = None  # Longformer's global marks (B, T) handed while set; None: all global
     first = False  # it reads its stream sequence-first, (T, B, D) (found by _check_layer)
     window = 2 ** 31  # the sliding window of a causal mask it builds itself (Mistral's), measured; else none
     unbatched = False  # it takes one sequence (T, D), no batch (gpt-oss's): driven sequence by sequence
@@ -394,7 +396,9 @@ class Layer:
         positions = position_kwargs(self.extra, *x.shape[:2], self.head_dim, x.dtype)
         kept = {self.kept[0]: torch.ones(x.shape[:2], dtype=torch.bool if self.kept[1] else x.dtype)
                 } if self.kept else {}  # (B, T): every token real
-        return {**dict.fromkeys(self.optional), **positions, **self.windows, **self.more, **alibi, **kept}
+        marks = global_inputs(global_names(self.params), *x.shape[:2], self.marked)  # Longformer's
+        return {**dict.fromkeys(self.optional), **positions, **self.windows, **self.more, **alibi, **kept,
+                **marks}
 
     def weights(self, slots: list[Slot], act: str, placement: str, rope: str | None = None,
                 form: Form = PLAIN) -> V.LayerWeights:
@@ -649,6 +653,8 @@ def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
         found = _search(layer, ctx, run, inp, search_rows, convs[:1] if own_mask else convs)
         _report_layer(res, layer, ctx, run, inp, search_rows, found, working)
         _key_padding(res, layer, ctx)
+        if global_names(layer.params) and found is not None and not found[6] and not layer.decoder:
+            _global_window(res, ctx, layer, layer.weights(*found[1:6]))  # its reading, no mistake in it
 
     def shapes() -> None:
         with ctx.sizes_set(comp, TUTORIAL):  # their module-level sizes too, at the tutorial's
@@ -656,6 +662,19 @@ def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
 
     guarded(res, shapes)
     return finish(res)
+
+
+def _global_window(res: ComponentResult, ctx: Context, layer: Layer, weights: V.LayerWeights) -> None:
+    """Longformer's window and global tokens in an encoder layer (global_window.py), once it is graded
+    with every token global; the layer's marks handed as `layer.marked` while it runs."""
+    def run(x: Tensor, marked: Tensor) -> Tensor | None:
+        layer.marked = marked
+        try:
+            return fp.first_tensor(ctx.learner.call("forward", layer.call, x, None, None, None), 3)
+        finally:
+            layer.marked = None
+    guarded(res, lambda: check_global(res, run, lambda x, keep: V.encoder_layer(weights, x, keep), D,
+                                      source_lines(ctx.objects(layer.comp))))
 
 
 def _working(res: ComponentResult, layer: Layer, ctx: Context, run: Callable[[str], Tensor | None],
