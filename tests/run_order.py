@@ -41,7 +41,7 @@ SECONDS = {
     "test_check_windowed.py": 5, "test_check_components.py": 4, "test_check_quoted_lines.py": 4,
     "test_check_family_scales.py": 10, "test_check_local_windows.py": 6, "test_check_family_masks.py": 5,
     "test_check_caches_routers.py": 5, "test_check_shape.py": 4,
-    "test_check_rope_positions.py": 7, "test_check_torch_masks.py": 16,
+    "test_check_rope_positions.py": 7, "test_check_torch_masks.py": 16, "test_check_ffn_widths.py": 13,
 }
 
 
