@@ -204,12 +204,7 @@ class Layer:
         # Raschka's forward(x, mask, cos, sin) requires its mask: where a case hands none, every key
         # is visible in the convention found (`visible`, once known)
         self.required_mask = any(is_mask_name(p.name) and p.default is p.empty for p in params)
-        # its key padding masks (B, S), handed apart (none padded, or _key_padding's); the mask handed to
-        # each other it requires (Gemma 2's causal_mask and sliding_mask: it picks one)
-        self.padding = key_padding_masks(comp.obj, self.masks)
-        attn = [m for m in self.masks if m not in self.padding] or self.masks
-        self.handed = attn[:1] + sorted(set(attn[1:]) & set(names_of(params)[1]))
-        self.unpadded = set(names_of(params)[1]) & set(self.padding) - set(self.handed)
+        self.padding, self.handed, self.unpadded = _mask_roles(comp.obj, self.masks, names_of(params)[1])
         self.visible: str | None = None
         self.extra = {p.name for p in params} & LAYER_POSITIONS
         self.optional = optional_inputs(getattr(comp.obj, "forward", comp.obj),  # not self, nor a memory
@@ -420,6 +415,16 @@ def key_padding_masks(obj: Any, masks: list[str]) -> list[str]:
     attn_mask=causal_mask, key_padding_mask=padding_mask))."""
     passed = set(re.findall(PASSED_AS_PADDING, source_text(getattr(obj, "forward", obj))))
     return [m for m in masks if "key_padding_mask" in m or m in passed]
+
+
+def _mask_roles(obj: Any, masks: list[str], required: list[str]) -> tuple[list[str], list[str], set[str]]:
+    """Its key padding masks (B, S), handed apart (`_key_padding`'s); the masks handed the attention's mask
+    (the first, and each other it requires: Gemma 2's causal_mask and sliding_mask, it picks one); the
+    required padding masks handed none padded."""
+    padding = key_padding_masks(obj, masks)
+    attn = [m for m in masks if m not in padding] or masks
+    handed = attn[:1] + sorted(set(attn[1:]) & set(required))
+    return padding, handed, set(required) & set(padding) - set(handed)
 
 
 def _like(mask: Tensor | None, x: Tensor) -> Tensor | None:
