@@ -15,7 +15,8 @@ from handformer.check.core.report import format_report
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 HERE = Path(__file__).parent / "fixtures" / "learners_rope_positions"
-FILES = ("correct", "positions_interleaved", "shift", "exponent_by_one", "shift_ignored", "odd_turned_back")
+FILES = ("correct", "positions_interleaved", "shift", "exponent_by_one", "shift_ignored", "odd_turned_back",
+         "length_argument")
 
 
 @pytest.fixture(scope="module")
@@ -44,3 +45,9 @@ def test_an_uncatalogued_mistake_is_quoted_in_the_learners_file(reports):
     # the stacked pair (line 12) is compared once flattened, at its return (line 13)
     assert [f.line for f in rope.findings] == [13], format_report(reports["odd_turned_back"])
     assert "out.flatten" in format_report(reports["odd_turned_back"])
+
+
+def test_a_length_argument_is_not_taken_for_positions(reports):
+    # apply_rotary(x, seq_len): a length, never handed positions (its own error would read as a failure)
+    (rope,) = reports["length_argument"].components
+    assert rope.status == "not_checked", format_report(reports["length_argument"])
