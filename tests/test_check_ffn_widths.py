@@ -1,7 +1,8 @@
 """`handformer check` on decoder-only models whose FFN is not 4 * d_model wide: blocks on torch's
 nn.TransformerEncoderLayer(dim_feedforward=2 * d_model), and hand-written blocks whose FFN is 3 *
 d_model wide (the rows of a fused q|k|v projection) beside separate projections or a fused c_attn. A
-(F, D) linear that its (D, F) down projection follows is the FFN's; one that the attention's (D, D)
+(F, D) linear beside its (D, F) down projection (before it, or right after it in Meta's w1, w2, w3) is the
+FFN's; one that the attention's (D, D)
 output follows is the fused q|k|v: the block and the model are mapped and pass, and planted mistakes
 fail at their line."""
 
@@ -16,7 +17,7 @@ from handformer.check.core.report import format_report
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 HERE = Path(__file__).parent / "fixtures" / "learners_torch_widths"
-CORRECT = ("correct", "three_wide", "fused_wide")
+CORRECT = ("correct", "three_wide", "fused_wide", "swiglu_meta_order")
 PLANTED = {"final_norm_unused": ("final_norm_missing", 25), "three_wide_unscaled": ("no_scaling", 26),
            "fused_wide_no_residual": ("no_residual", 31)}
 

@@ -49,15 +49,15 @@ FOUND: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()  
 
 
 def ffn_ups(shapes: list[tuple[int, ...]]) -> set[int]:
-    """The positions of the (F, D) linears that an FFN's down projection (D, F) follows, F != D (a
-    gated FFN's gate and up in a row, then its down): an FFN's up projection, never a fused q|k|v
-    projection, whatever F (nn.TransformerEncoderLayer(dim_feedforward=2 * d_model): 2D; or 3D). A
-    fused projection is followed by its attention's output (D, D), not by a (D, F) of its own width."""
+    """The positions of the (F, D) linears beside an FFN's down projection (D, F), F != D (a gated FFN's
+    gate and up in a row, then its down; or Meta's w1, w2, w3: the up right after it): an FFN's up
+    projection, never a fused q|k|v projection, whatever F (nn.TransformerEncoderLayer(dim_feedforward=
+    2 * d_model): 2D; or 3D). A fused projection is followed by its attention's output (D, D)."""
     ups: set[int] = set()
     run: list[int] = []  # the linears of one shape in a row so far
     for i, shape in enumerate(shapes):
-        if run and shape == shapes[run[0]][::-1] and shape[0] != shape[1]:
-            ups |= set(run)
+        if run and shape == shapes[run[0]][::-1] and shape[0] != shape[1]:  # the down projection
+            ups |= set(run) | {j for j in (i + 1,) if j < len(shapes) and shapes[j] == shapes[run[0]]}
         run = [*run, i] if run and shape == shapes[run[0]] else [i]
     return ups
 
