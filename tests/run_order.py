@@ -43,6 +43,7 @@ SECONDS = {
     "test_check_head_lines.py": 4, "test_check_t5v11.py": 10, "test_check_wsd_forms.py": 10,
     "test_check_dpo_step.py": 8, "test_check_memory_decoder.py": 6, "test_check_fairseq_step.py": 8,
     "test_check_sft_packing.py": 5, "test_check_word_bpe.py": 9, "test_check_global_window.py": 7,
+    "test_check_rope_positions.py": 7, "test_check_torch_masks.py": 16, "test_check_ffn_widths.py": 13,
 }
 
 

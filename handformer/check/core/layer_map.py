@@ -15,7 +15,7 @@ from torch import nn
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import D, H
 from handformer.check.core.moe import ffn_readings, outside_moe
-from handformer.check.core.qkv_layouts import kv_width
+from handformer.check.core.qkv_layouts import ffn_ups, kv_width
 from handformer.check.core.score_scale import smallest_holder
 from handformer.check.core.source import source_text
 from handformer.check.core.weights import (
@@ -105,8 +105,14 @@ def output_head(outer: list[Leaf], vocab: int, embed: Leaf, more: list[Leaf], wh
 def layer_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
     """The items of the learner's ModuleLists and Sequentials that hold an attention and an FFN (PaLM's
     two in one projection, fused_attn_ff_proj, read as two)."""
-    return list_items(module, lambda shapes: projection_width(shapes) >= 4 and any(
-        s[1] == D and s[0] > D for s in shapes if s[0] != 3 * D), _split)
+    return list_items(module, lambda shapes: projection_width(shapes) >= 4 and _has_ffn(shapes), _split)
+
+
+def _has_ffn(shapes: list[tuple[int, ...]]) -> bool:
+    """An FFN's up projection (F, D) among the shapes: one wider than D, at 3D only where its down
+    projection follows (else a fused q|k|v projection)."""
+    ups = ffn_ups(shapes)
+    return any(s[1] == D and s[0] > D and (s[0] != 3 * D or i in ups) for i, s in enumerate(shapes))
 
 
 def _split(linears: list[Leaf]) -> list[Leaf]:
@@ -116,8 +122,9 @@ def _split(linears: list[Leaf]) -> list[Leaf]:
 def projection_width(shapes: list[tuple[int, ...]]) -> int:
     """The number of (D, D) projections among the linear layers' weight shapes, a fused (3D, D) one
     (or a multi-query one, (D + 2 kv, D): Falcon's, SantaCoder's) counting three."""
-    return sum(1 if s == (D, D) else 3 if s[1] == D and kv_width(s[0], D, D // H) else 0  # (3D: kv = D)
-               for s in shapes)
+    ups = ffn_ups(shapes)  # an FFN's (2D, D) or (3D, D) up projection: no fused one
+    return sum(1 if s == (D, D) else 3 if s[1] == D and kv_width(s[0], D, D // H) and i not in ups else 0
+               for i, s in enumerate(shapes))  # (3D: kv = D)
 
 
 SUBLAYERS = {False: ["self-attention", "FFN"], True: ["self-attention", "cross-attention", "FFN"]}  # decoder?

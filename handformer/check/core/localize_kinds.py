@@ -319,7 +319,7 @@ def localize_rotation(run: Callable[[Tensor, Tensor], Any], fn: Any, q: Tensor, 
                       ) -> Departure | None:
     """Run the learner's apply function (`run(q, k)`) traced on queries and keys that carry a
     gradient, and find where it parts from the rotation in this layout."""
-    filename = inspect.getsourcefile(fn)
+    filename = inspect.getsourcefile(inspect.unwrap(fn))  # the learner's, not a renaming wrapper's
     if not filename:
         return None
     q, k = q.clone().requires_grad_(), k.clone().requires_grad_()

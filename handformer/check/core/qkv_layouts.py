@@ -48,6 +48,28 @@ STATED = {"blocks_vk": _value_first(_blocks), "grouped_vk": _value_first(grouped
 FOUND: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()  # fused layer -> layout
 
 
+def ffn_ups(shapes: list[tuple[int, ...]]) -> set[int]:
+    """The positions of the (F, D) linears beside an FFN's down projection (D, F), F != D (a gated FFN's
+    gate and up in a row, then its down; or Meta's w1, w2, w3: the up right after it): an FFN's up
+    projection, never a fused q|k|v projection, whatever F (nn.TransformerEncoderLayer(dim_feedforward=
+    2 * d_model): 2D; or 3D). A fused projection is followed by its attention's output (D, D)."""
+    ups: set[int] = set()
+    run: list[int] = []  # the linears of one shape in a row so far
+    for i, shape in enumerate(shapes):
+        if run and shape == shapes[run[0]][::-1] and shape[0] != shape[1]:  # the down projection
+            ups |= set(run) | {j for j in (i + 1,) if j < len(shapes) and shapes[j] == shapes[run[0]]}
+        run = [*run, i] if run and shape == shapes[run[0]] else [i]
+    return ups
+
+
+def fused_before_output(shapes: list[tuple[int, ...]], D: int, head_dim: int) -> set[int]:
+    """The positions of the (D + 2 kv, D) linears that an attention's output projection (D, D)
+    follows: a fused q|k|v projection (nanoGPT's c_attn then c_proj), never an FFN's up projection of
+    that width."""
+    return {i for i, (shape, after) in enumerate(zip(shapes, shapes[1:]))
+            if shape[1:] == (D,) and kv_width(shape[0], D, head_dim) and after == (D, D)}
+
+
 def kv_width(rows: int, D: int, head_dim: int) -> int:
     """kv of a fused (D + 2 kv, D) projection whose key/value heads are whole heads, at most D wide;
     0 for any other shape."""

@@ -25,7 +25,7 @@ from torch.nn.utils import parametrize
 
 from handformer.check.core import sizes
 from handformer.check.core.fingerprint import quietly
-from handformer.check.core.qkv_layouts import FOUND, LAYOUTS, STATED, kv_width
+from handformer.check.core.qkv_layouts import FOUND, LAYOUTS, STATED, ffn_ups, fused_before_output, kv_width
 from handformer.check.core.sizes import H, is_number
 from handformer.check.reference import variants as V
 
@@ -123,6 +123,12 @@ def _role(name: str) -> str | None:
 def of_kind(found: list[Leaf], kind: str) -> list[Leaf]:
     """The leaves of one kind ("linear", "norm", "embedding"), in definition order."""
     return [leaf for leaf in found if leaf.kind == kind]
+
+
+def outside_ffn(linears: list[Leaf]) -> list[Leaf]:
+    """The linears but an FFN's up projections (qkv_layouts.ffn_ups: followed by their down projection)."""
+    ups = ffn_ups([tuple(leaf.weight.shape) for leaf in linears])
+    return [leaf for i, leaf in enumerate(linears) if i not in ups]
 
 
 def with_shape(found: list[Leaf], shape: tuple[int, ...]) -> list[Leaf]:
@@ -357,7 +363,7 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
     ffn = square_ffn(linears, D)
     square = [leaf for leaf in with_shape(linears, (D, D)) if leaf not in ffn]
     # else multi-query (Falcon's n_head + 2 heads) or grouped: kv read from the shape
-    fused = with_shape(linears, (D + 2 * kv, D)) or fused_among(linears, D, head_dim)
+    fused = with_shape(outside_ffn(linears), (D + 2 * kv, D)) or fused_among(linears, D, head_dim)
     prefixes = PREFIXES[count]
     if len(fused) == count:
         outs = square if len(square) == count else [None] * count
@@ -381,7 +387,7 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
 def fused_among(linears: list[Leaf], D: int, head_dim: int, least: int = 0) -> list[Leaf]:
     """The fused query/key/value projections among these linears: (D + 2 kv, D) outside an FFN, kv
     wider than `least` (a head's width: those whose layouts part)."""
-    return [leaf for leaf in linears if leaf.weight.shape[1] == D
+    return [leaf for leaf in outside_ffn(linears) if leaf.weight.shape[1] == D
             and kv_width(leaf.weight.shape[0], D, head_dim) > least and not FFN_PATH.search(f"{leaf.name}.")]
 
 
@@ -594,6 +600,8 @@ def ffn_slots(linears: list[Leaf], D: int, F: int | None, what: str) -> list[lis
     are returned, the runner keeps the one that matches) and (D, F) down. F is read from the shapes
     when None or when no layer has it (nanoGPT's MLP is 4 * n_embd wide whatever d_ff says). An FFN
     without a down projection gets slots without one."""
+    fused = fused_before_output([tuple(leaf.weight.shape) for leaf in linears], D, D // H)
+    linears = [leaf for i, leaf in enumerate(linears) if i not in fused]  # an attention's, no FFN's
     widths = [F] if F else []
     widths += sorted({leaf.weight.size(0) for leaf in linears if leaf.weight.size(1) == D
                       and leaf.weight.size(0) != D} - set(widths))

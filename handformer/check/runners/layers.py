@@ -98,7 +98,7 @@ from handformer.check.core.rope_tables import (
 )
 from handformer.check.core.rotary import rope_layouts, rope_tables
 from handformer.check.core.score_scale import PLAIN, Form, layer_forms, scale_note, smallest_holder
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.core.weights import (
     Leaf,
     MappingError,
@@ -207,8 +207,7 @@ class Layer:
         # Raschka's forward(x, mask, cos, sin) requires its mask: where a case hands none, every key
         # is visible in the convention found (`visible`, once known)
         self.required_mask = any(is_mask_name(p.name) and p.default is p.empty for p in params)
-        # the mask handed to each it requires (Gemma 2's causal_mask and sliding_mask: it picks one)
-        self.handed = self.masks[:1] + sorted(set(self.masks[1:]) & set(names_of(params)[1]))
+        self.padding, self.handed, self.unpadded = _mask_roles(comp.obj, self.masks, names_of(params)[1])
         self.visible: str | None = None
         self.extra = {p.name for p in params} & LAYER_POSITIONS
         self.optional = optional_inputs(getattr(comp.obj, "forward", comp.obj),  # not self, nor a memory
@@ -397,8 +396,9 @@ class Layer:
         kept = {self.kept[0]: torch.ones(x.shape[:2], dtype=torch.bool if self.kept[1] else x.dtype)
                 } if self.kept else {}  # (B, T): every token real
         marks = global_inputs(global_names(self.params), *x.shape[:2], self.marked)  # Longformer's
-        return {**dict.fromkeys(self.optional), **positions, **self.windows, **self.more, **alibi, **kept,
-                **marks}
+        unpadded = dict.fromkeys(self.unpadded, torch.zeros(x.shape[:2], dtype=torch.bool))  # (B, T): none
+        return {**dict.fromkeys(self.optional), **positions, **self.windows, **unpadded, **self.more, **alibi,
+                **kept, **marks}
 
     def weights(self, slots: list[Slot], act: str, placement: str, rope: str | None = None,
                 form: Form = PLAIN) -> V.LayerWeights:
@@ -407,6 +407,28 @@ class Layer:
         return V.LayerWeights(attn, ffn_weights(slots, act), self.norm_ws,
                               mha_weights(self.attn[1], H, self.n_kv_heads) if self.decoder else None,
                               placement, self.sublayers, form.residual)
+
+
+# an argument a forward passes on as torch.nn's key padding mask (B, S), True = padded
+PASSED_AS_PADDING = r"key_padding_mask\s*=\s*(\w+)"
+
+
+def key_padding_masks(obj: Any, masks: list[str]) -> list[str]:
+    """The mask arguments that are a key padding mask (B, S): named so (torch.nn's src_key_padding_mask),
+    or passed on as one (forward(x, causal_mask, padding_mask) calling nn.MultiheadAttention(...,
+    attn_mask=causal_mask, key_padding_mask=padding_mask))."""
+    passed = set(re.findall(PASSED_AS_PADDING, source_text(getattr(obj, "forward", obj))))
+    return [m for m in masks if "key_padding_mask" in m or m in passed]
+
+
+def _mask_roles(obj: Any, masks: list[str], required: list[str]) -> tuple[list[str], list[str], set[str]]:
+    """Its key padding masks (B, S), handed apart (`_key_padding`'s); the masks handed the attention's mask
+    (the first, and each other it requires: Gemma 2's causal_mask and sliding_mask, it picks one); the
+    required padding masks handed none padded."""
+    padding = key_padding_masks(obj, masks)
+    attn = [m for m in masks if m not in padding] or masks
+    handed = attn[:1] + sorted(set(attn[1:]) & set(required))
+    return padding, handed, set(required) & set(padding) - set(handed)
 
 
 def _like(mask: Tensor | None, x: Tensor) -> Tensor | None:
@@ -754,7 +776,7 @@ def _key_padding(res: ComponentResult, layer: Layer, ctx: Context) -> None:
     """Each key_padding_mask the forward takes beside the masks it is handed (torch.nn's names),
     given alone in torch.nn's forms: changing the keys it marks as padding must change no real query's
     output. A layer that ignores it (padding reaching it only through another mask) fails."""
-    names = [n for n in layer.masks if "key_padding_mask" in n and n not in _handed_masks(layer)]
+    names = [n for n in layer.padding if n not in _handed_masks(layer)]
     for name in names:
         stream = _padded_stream(layer, name)
         res.checks.append(key_padding_check(

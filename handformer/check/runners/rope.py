@@ -104,7 +104,7 @@ def check_rope(comp: Component, ctx: Context) -> ComponentResult:
     names = forward_names(comp.obj)
     if _takes(names[:1], DIM_NAMES) or not _tensor_names(names):
         return _agreeing(_check_table_function(comp, ctx), ctx, comp)
-    return _agreeing(_check_apply(comp, ctx, *_unsuffixed(comp.obj, names)), ctx, comp)
+    return _agreeing(_check_apply(comp, ctx, *_positions_by_use(*_unsuffixed(comp.obj, names))), ctx, comp)
 
 
 def _unsuffixed(fn: Callable[..., Any], names: list[str]) -> tuple[Callable[..., Any], list[str]]:
@@ -118,6 +118,34 @@ def _unsuffixed(fn: Callable[..., Any], names: list[str]) -> tuple[Callable[...,
     def call(*args: Any, **kwargs: Any) -> Any:
         return fn(*args, **{plain.get(k, k): v for k, v in kwargs.items()})
     return call, [n.rstrip("_") if n.rstrip("_") in plain else n for n in names]
+
+
+# what an apply function may take its table as: with none of them, it builds its angles from its positions
+HANDED_TABLES = ("cos", "sin", "freqs_cos", "freqs_sin", *COMPLEX_TABLE_NAMES)
+TABLE_ARGS = (*HANDED_TABLES, *ANGLE_NAMES)
+POSITION_ROLES = ("position_ids", "offset")  # (T,) or (B, T) int positions, or where they start
+
+
+def _positions_by_use(fn: Callable[..., Any], names: list[str]) -> tuple[Callable[..., Any], list[str]]:
+    """fn and its argument names, its one required argument beside its tensors and base taken as its
+    positions whatever its name (apply_rope(x, pos, base), rotate(x, positions), rope(x, shift)) where it
+    takes no table: handed position_ids where a call gives them, else the angles its name may stand for
+    (lucidrains' pos), else the offset, so that the attempts find which it accepts (an int tensor of
+    positions, the angles, or an int offset)."""
+    params = inspect.signature(fn).parameters
+    said = (*_tensor_names(names), *THETA_NAMES, *OFFSET_ARGS, *LENGTH_NAMES, *DIM_NAMES)  # no positions
+    rest = [n for n in names if n not in said and params[n].default is inspect.Parameter.empty]
+    if len(rest) != 1 or _takes([n for n in names if n != rest[0]], TABLE_ARGS):
+        return fn, names
+    own = rest[0]
+
+    roles = (POSITION_ROLES[0], own, POSITION_ROLES[1])  # its own name: the angles it may be named for
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        given = [kwargs.pop(role) for role in roles if role in kwargs]
+        return fn(*args, **kwargs, **{own: given[0]})
+    return call, [*names, *POSITION_ROLES]
 
 
 # the lines that write each pairing: a table repeated pair by pair, or two halves side by side
@@ -449,8 +477,9 @@ def _search_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensor
             continue
         rot = COMPLEX.get(layout, layout)
         first = first or (layout, meta, shape, rot, out)
+        own = () if _takes(names, HANDED_TABLES) else OWN_ANGLES  # angles it builds itself: their base too
         found = fp.search(out, lambda fl, rot=rot: _rotated(q, k, len(tensors), rot, 0, fl),
-                          ROTATION_SIGNS[:1 + 2 * (len(tensors) > 1)], None, 1)
+                          (*ROTATION_SIGNS[:1 + 2 * (len(tensors) > 1)], *own), None, 1)
         if found is not None and not found[0]:
             return failure, (layout, meta, shape, rot, out, found), first
         named = named or ((layout, meta, shape, rot, out, found) if found is not None else None)
@@ -460,6 +489,7 @@ def _search_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensor
 # the rotation turned the other way: both, or the queries or the keys alone (which of them turn back)
 ONE_SIDE = {"rope_rotation_sign:q": (True, False), "rope_rotation_sign:k": (False, True)}
 ROTATION_SIGNS = ("rope_rotation_sign", *ONE_SIDE)
+OWN_ANGLES = ("rope_wrong_base:exponent", "rope_wrong_base:positive")  # of a function handed no table
 
 
 def _rotated(q: Tensor, k: Tensor, n: int, layout: str, offset: int = 0, flags: V.Flags = frozenset(),
