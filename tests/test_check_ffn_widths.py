@@ -18,7 +18,7 @@ from handformer.check.core.report import format_report
 pytestmark = pytest.mark.usefixtures("one_thread")
 HERE = Path(__file__).parent / "fixtures" / "learners_torch_widths"
 CORRECT = ("correct", "three_wide", "fused_wide", "swiglu_meta_order")
-PLANTED = {"final_norm_unused": ("final_norm_missing", 25), "three_wide_unscaled": ("no_scaling", 26),
+PLANTED = {"final_norm_unused": ("final_norm_missing", 32), "three_wide_unscaled": ("no_scaling", 26),
            "fused_wide_no_residual": ("no_residual", 31)}
 
 

@@ -438,7 +438,7 @@ def memory_decoder_parts(cls: Any) -> list[str] | None:
     params = list(_forward_parameters(cls).values())[2:]  # after self and the ids
     required = [p.name for p in params
                 if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    memory = [n for n in required if any(w in n.lower() for w in MEMORY_WORDS)]
+    memory = [n for n in required if any(w in n.lower() for w in MEMORY_WORDS) and "mask" not in n.lower()]
     return memory if memory and memory == required and cached_decoder_parts(cls) is None else None
 
 
