@@ -429,6 +429,9 @@ def cached_decoder_parts(cls: Any) -> tuple[str, list[str]] | None:
     return (cache, memory) if cache and memory and memory == required else None
 
 
+NOT_MEMORY = re.compile(r"(?i)mask|input|ids|token")  # enc_inputs, memory_key_padding_mask: not outputs
+
+
 def memory_decoder_parts(cls: Any) -> list[str] | None:
     """The encoder outputs an encoder-decoder's decoder without a KV cache requires (Whisper's
     `TextDecoder.forward(x, xa)`): a class that builds token embeddings, then a list of blocks, whose
@@ -438,7 +441,7 @@ def memory_decoder_parts(cls: Any) -> list[str] | None:
     params = list(_forward_parameters(cls).values())[2:]  # after self and the ids
     required = [p.name for p in params
                 if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    memory = [n for n in required if any(w in n.lower() for w in MEMORY_WORDS) and "mask" not in n.lower()]
+    memory = [n for n in required if any(w in n.lower() for w in MEMORY_WORDS) and not NOT_MEMORY.search(n)]
     return memory if memory and memory == required and cached_decoder_parts(cls) is None else None
 
 

@@ -429,7 +429,7 @@ def method_on_stand_in(comp: Component, result: ComponentResult) -> bool:
 
 
 # how a component found by what it does, not by a name its kind tables hold, may be found (FOUND_BY)
-GUESSED = ("signature", "mask_code", "methods")
+GUESSED = ("signature", "mask_code", "methods", "memory_structure")
 # the exceptions that say an argument was not of the form the code takes (a tensor where it reads an
 # int, a tuple where it reads a dict), not a computation that went wrong
 FORM_ERRORS = ("TypeError", "ValueError", "AttributeError", "KeyError")
