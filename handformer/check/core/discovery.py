@@ -418,26 +418,27 @@ def cached_decoder_parts(cls: Any) -> tuple[str, list[str]] | None:
     a KV cache (Whisper's `TextDecoder.forward(x, xa, kv_cache=None)`): a class that builds token
     embeddings, then a list of blocks, whose forward takes the ids first, a cache that defaults to None,
     and requires nothing else but encoder outputs; else None."""
-    if not inspect.isclass(cls) or not MODEL_PARTS.search(source_text(vars(cls).get("__init__", ""))):
-        return None
-    params = list(_forward_parameters(cls).values())[2:]  # after self and the ids
+    params, required = _decoder_arguments(cls)
     cache = next((p.name for p in params
                   if p.default is None and re.search("past|cache", p.name.lower())), None)
-    required = [p.name for p in params
-                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     memory = [n for n in required if any(w in n.lower() for w in MEMORY_WORDS)]
     return (cache, memory) if cache and memory and memory == required else None
+
+
+def _decoder_arguments(cls: Any) -> tuple[list[inspect.Parameter], list[str]]:
+    """The forward arguments after self and the ids, and the names of those it requires, of a class that
+    builds token embeddings, then a list of blocks; ([], []) for anything else."""
+    built = inspect.isclass(cls) and MODEL_PARTS.search(source_text(vars(cls).get("__init__", "")))
+    params = list(_forward_parameters(cls).values())[2:] if built else []  # after self and the ids
+    return params, [p.name for p in params
+                    if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
 def memory_decoder_parts(cls: Any) -> list[str] | None:
     """The encoder outputs an encoder-decoder's decoder without a KV cache requires (Whisper's
     `TextDecoder.forward(x, xa)`): a class that builds token embeddings, then a list of blocks, whose
     forward takes the ids first and requires nothing else but encoder outputs; else None."""
-    if not inspect.isclass(cls) or not MODEL_PARTS.search(source_text(vars(cls).get("__init__", ""))):
-        return None
-    params = list(_forward_parameters(cls).values())[2:]  # after self and the ids
-    required = [p.name for p in params
-                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    required = _decoder_arguments(cls)[1]
     memory = [n for n in required if any(w in n.lower() for w in MEMORY_WORDS) and "mask" not in n.lower()]
     return memory if memory and memory == required and cached_decoder_parts(cls) is None else None
 

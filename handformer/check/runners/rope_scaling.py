@@ -13,6 +13,7 @@ Shape legend: F frequencies (Dh / 2).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import re
@@ -214,27 +215,21 @@ def _configured(module: nn.Module) -> list[RopeScaling]:
     return [*filter(None, (kind(h) for h in holders for kind in KINDS)), Llama3RopeScaling()]
 
 
-def _settings_in(holder: object) -> Llama3RopeScaling | None:
-    """The settings a config or a dict names (Meta's for those it does not); None where it names no factor."""
-    values = {field: _number(holder, names) for field, names in SETTINGS.items()}
-    named = {field: value for field, value in values.items() if value is not None}
-    return Llama3RopeScaling(**named) if "factor" in named else None
-
-
-def _linear_in(holder: object) -> LinearRopeScaling | None:
-    """Position interpolation at the factor a config or a dict names; None where it names none."""
-    factor = _number(holder, SETTINGS["factor"])
-    return LinearRopeScaling(factor) if factor is not None else None
-
-
-def _yarn_in(holder: object) -> YarnRopeScaling | None:
-    """YaRN at the factor, original context and betas a config or a dict names (transformers' defaults
-    for the betas); None where it names no factor."""
-    names = {"factor": SETTINGS["factor"], "original_max_positions": SETTINGS["original_max_positions"],
-             "beta_fast": ("beta_fast",), "beta_slow": ("beta_slow",)}
+def _named(holder: object, names: dict[str, tuple[str, ...]], kind: type) -> RopeScaling | None:
+    """`kind` at the settings a config or a dict names under `names` (its defaults for the others); None
+    where it names no factor."""
     values = {field: _number(holder, keys) for field, keys in names.items()}
     named = {field: value for field, value in values.items() if value is not None}
-    return YarnRopeScaling(**named) if "factor" in named else None
+    return kind(**named) if "factor" in named else None
+
+
+# the settings of each schedule that a config or a dict may name: Llama 3.1's, position interpolation's
+# factor, YaRN's factor, original context and betas (transformers' defaults for the betas)
+YARN_NAMES = {"factor": SETTINGS["factor"], "original_max_positions": SETTINGS["original_max_positions"],
+              "beta_fast": ("beta_fast",), "beta_slow": ("beta_slow",)}
+_settings_in = functools.partial(_named, names=SETTINGS, kind=Llama3RopeScaling)
+_linear_in = functools.partial(_named, names={"factor": SETTINGS["factor"]}, kind=LinearRopeScaling)
+_yarn_in = functools.partial(_named, names=YARN_NAMES, kind=YarnRopeScaling)
 
 
 KINDS = (_settings_in, _linear_in, _yarn_in)
