@@ -101,6 +101,11 @@ def quietly(run: Callable[[], Any]) -> Any:
         return None
 
 
+def outputs(value: Any) -> list[Any]:
+    """What a learner call returns, as a list: a tuple's or a list's items, else the value alone."""
+    return list(value) if isinstance(value, (tuple, list)) else [value]
+
+
 def first_tensor(value: Any, ndim: int | None = None) -> Tensor | None:
     """The output tensor of a learner call that returns a tensor or a tuple (output, weights)."""
     items = [value] if isinstance(value, Tensor) else value if isinstance(value, (tuple, list)) else ()

@@ -77,7 +77,7 @@ def _caller(ctx: Context, comp: Component, roles: dict[str, str], given: dict[st
 
 
 def _tensors(out: Any) -> list[Tensor]:
-    items = out if isinstance(out, (tuple, list)) else [out]
+    items = fp.outputs(out)
     return [t.detach().double() for t in items if isinstance(t, Tensor)]
 
 

@@ -26,7 +26,7 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, error_text, finish, forward_parameters
 from handformer.check.core.discovery import CONFIG_NAMES, Component, cannot_fill
 from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, Text, text
-from handformer.check.core.rotary import geometric_base, module_tables, table_frequencies
+from handformer.check.core.rotary import field_value, geometric_base, module_tables, table_frequencies
 from handformer.check.core.source import first_line, source_lines, source_text
 from handformer.config import LinearRopeScaling, Llama3RopeScaling, RopeScaling, YarnRopeScaling
 from handformer.nn.positions import llama3_inv_freq, yarn_inv_freq
@@ -211,7 +211,7 @@ def _configured(module: nn.Module) -> list[RopeScaling]:
     """The scaling settings the config of a module of the model (or its rope_scaling dict, or the module
     itself: torchtune's self.scale_factor) names, each known schedule at them, then Meta's llama3."""
     configs = [getattr(sub, "config", None) for sub in module.modules()]
-    holders = [*configs, *map(lambda config: _value(config, "rope_scaling"), configs), *module.modules()]
+    holders = [*configs, *map(lambda config: field_value(config, "rope_scaling"), configs), *module.modules()]
     return [*filter(None, (kind(h) for h in holders for kind in KINDS)), Llama3RopeScaling()]
 
 
@@ -242,8 +242,8 @@ def named_schedule(module: nn.Module) -> RopeScaling | None:
     """The schedule a module's file names by its rope_type (a rope_scaling dict of its config, else a
     quoted "llama3", "linear" or "yarn" in its source, else a setting only one schedule has, held by
     one of its modules), at the settings its configs name; None where none names a known one."""
-    dicts = [_value(getattr(sub, "config", None), "rope_scaling") for sub in module.modules()]
-    types = [str(_value(d, "rope_type") or _value(d, "type")) for d in dicts if isinstance(d, dict)]
+    dicts = [field_value(getattr(sub, "config", None), "rope_scaling") for sub in module.modules()]
+    types = [str(field_value(d, "rope_type") or field_value(d, "type")) for d in dicts if isinstance(d, dict)]
     types += re.findall(r"[\"'](llama3|linear|yarn)[\"']", source_text(inspect.getmodule(type(module))))
     types += [name for sub in module.modules() for setting, name in OWN_SETTINGS.items()
               if hasattr(sub, setting)]
@@ -253,11 +253,7 @@ def named_schedule(module: nn.Module) -> RopeScaling | None:
 
 def _number(holder: object, names: tuple[str, ...]) -> float | None:
     """The first number (no bool) that the holder gives under one of these names."""
-    return next(filter(lambda x: type(x) in (int, float), map(lambda n: _value(holder, n), names)), None)
-
-
-def _value(obj: object, name: str) -> object:
-    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+    return next(filter(lambda x: type(x) in (int, float), map(lambda n: field_value(holder, n), names)), None)
 
 
 def scaling_words(s: RopeScaling) -> Text:
