@@ -509,7 +509,7 @@ def with_helpers(obj: Any) -> str:
     optimizer's step that hands each parameter to an `update_fn` written beside it)."""
     own = source_text(obj)
     module = vars(inspect.getmodule(obj) or inspect)
-    called = [module.get(name) for name in dict.fromkeys(re.findall(r"\b(\w+)\(", own))]
+    called = list(map(module.get, dict.fromkeys(re.findall(r"\b(\w+)\(", own))))
     return own + "".join(source_text(f) for f in called if inspect.isfunction(f))
 
 
@@ -737,7 +737,7 @@ def _refine_function(kind: str, obj: Any) -> str:
     SAME_FAMILY is the kind of the family that its signature and a call say."""
     from handformer.check.core.signatures import kind_of, lm_step, mask_kind
 
-    if kind in TENSORS_ONLY and any(MODEL_WORD.search(p) for p in inspect.signature(obj).parameters):
+    if kind in TENSORS_ONLY and any(map(MODEL_WORD.search, inspect.signature(obj).parameters)):
         return ""  # `perplexity(model, loader)`: an evaluation loop, not the function of logits
     if kind in ("train_step", "lm_train_step") and writes_adam(obj):
         return "adam_step"
@@ -813,7 +813,7 @@ CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("mha", lambda c: causal_inside(c), "causal_attention"),  # Raschka's, Karpathy's: forward(x)
     ("mha", lambda c: reads_kv_heads(c), "gqa"),
     # a LoRA class that wraps a whole model (`LoRA(model, r)`): no layer to check on its own
-    ("lora", lambda c: any(MODEL_WORD.search(p) for p in inspect.signature(c.__init__).parameters), ""),
+    ("lora", lambda c: any(map(MODEL_WORD.search, inspect.signature(c.__init__).parameters)), ""),
     # a block of a mixture-of-experts model named for its FFN (MoEBlock: attention, then the experts)
     ("moe", lambda c: bool(BUILDS_ATTENTION.search(source_text(vars(c).get("__init__", "")))), "block"),
     # a Batch that builds no masks of the Annotated Transformer's (a dataset's record): not checked

@@ -51,7 +51,7 @@ def written_settings(fn: object) -> Llama3RopeScaling:
     found = {}
     for field, names in SETTINGS.items():
         assigned = (re.search(rf"^\s*{n}\s*=\s*([\d.]+)\s*(#|$)", source, re.M) for n in names)
-        values = [defaults.get(n) for n in names] + [float(m.group(1)) for m in assigned if m]
+        values = list(map(defaults.get, names)) + [float(m.group(1)) for m in assigned if m]
         found[field] = next((v for v in values if v is not None), getattr(Llama3RopeScaling, field))
     return Llama3RopeScaling(**found)
 
