@@ -750,7 +750,7 @@ def shape_of(raw: Any) -> str:
     if isinstance(raw, Tensor):
         return f"a tensor of shape {tuple(raw.shape)}"
     if isinstance(raw, (tuple, list)):
-        return "(" + ", ".join(shape_of(r) for r in raw) + ")"
+        return "(" + ", ".join(map(shape_of, raw)) + ")"
     return type(raw).__name__
 
 
@@ -896,7 +896,7 @@ def reads_sequence_first_masked(ctx: Context, run: Callable[[Tensor], Any],
         hand(conv)
         return reads_sequence_first(ctx, run, x)
 
-    first = any(reads(conv) for conv in convs)
+    first = any(map(reads, convs))
     hand(None)
     return first
 

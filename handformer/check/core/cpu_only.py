@@ -50,4 +50,4 @@ class CudaAsCpu(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
-        return func(*[_cpu(a) for a in args], **{k: _cpu(v) for k, v in (kwargs or {}).items()})
+        return func(*map(_cpu, args), **{k: _cpu(v) for k, v in (kwargs or {}).items()})

@@ -418,13 +418,9 @@ def cached_decoder_parts(cls: Any) -> tuple[str, list[str]] | None:
     a KV cache (Whisper's `TextDecoder.forward(x, xa, kv_cache=None)`): a class that builds token
     embeddings, then a list of blocks, whose forward takes the ids first, a cache that defaults to None,
     and requires nothing else but encoder outputs; else None."""
-    if not inspect.isclass(cls) or not MODEL_PARTS.search(source_text(vars(cls).get("__init__", ""))):
-        return None
-    params = list(_forward_parameters(cls).values())[2:]  # after self and the ids
+    params, required = _decoder_arguments(cls)
     cache = next((p.name for p in params
                   if p.default is None and re.search("past|cache", p.name.lower())), None)
-    required = [p.name for p in params
-                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     memory = [n for n in required if any(w in n.lower() for w in MEMORY_WORDS)]
     return (cache, memory) if cache and memory and memory == required else None
 
@@ -432,15 +428,20 @@ def cached_decoder_parts(cls: Any) -> tuple[str, list[str]] | None:
 NOT_MEMORY = re.compile(r"(?i)mask|input|ids|token")  # enc_inputs, memory_key_padding_mask: not outputs
 
 
+def _decoder_arguments(cls: Any) -> tuple[list[inspect.Parameter], list[str]]:
+    """The forward arguments after self and the ids, and the names of those it requires, of a class that
+    builds token embeddings, then a list of blocks; ([], []) for anything else."""
+    built = inspect.isclass(cls) and MODEL_PARTS.search(source_text(vars(cls).get("__init__", "")))
+    params = list(_forward_parameters(cls).values())[2:] if built else []  # after self and the ids
+    return params, [p.name for p in params
+                    if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
 def memory_decoder_parts(cls: Any) -> list[str] | None:
     """The encoder outputs an encoder-decoder's decoder without a KV cache requires (Whisper's
     `TextDecoder.forward(x, xa)`): a class that builds token embeddings, then a list of blocks, whose
     forward takes the ids first and requires nothing else but encoder outputs; else None."""
-    if not inspect.isclass(cls) or not MODEL_PARTS.search(source_text(vars(cls).get("__init__", ""))):
-        return None
-    params = list(_forward_parameters(cls).values())[2:]  # after self and the ids
-    required = [p.name for p in params
-                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    required = _decoder_arguments(cls)[1]
     memory = [n for n in required if any(w in n.lower() for w in MEMORY_WORDS) and not NOT_MEMORY.search(n)]
     return memory if memory and memory == required and cached_decoder_parts(cls) is None else None
 
@@ -511,7 +512,7 @@ def with_helpers(obj: Any) -> str:
     optimizer's step that hands each parameter to an `update_fn` written beside it)."""
     own = source_text(obj)
     module = vars(inspect.getmodule(obj) or inspect)
-    called = [module.get(name) for name in dict.fromkeys(re.findall(r"\b(\w+)\(", own))]
+    called = list(map(module.get, dict.fromkeys(re.findall(r"\b(\w+)\(", own))))
     return own + "".join(source_text(f) for f in called if inspect.isfunction(f))
 
 
@@ -739,7 +740,7 @@ def _refine_function(kind: str, obj: Any) -> str:
     SAME_FAMILY is the kind of the family that its signature and a call say."""
     from handformer.check.core.signatures import kind_of, lm_step, mask_kind
 
-    if kind in TENSORS_ONLY and any(MODEL_WORD.search(p) for p in inspect.signature(obj).parameters):
+    if kind in TENSORS_ONLY and any(map(MODEL_WORD.search, inspect.signature(obj).parameters)):
         return ""  # `perplexity(model, loader)`: an evaluation loop, not the function of logits
     if kind in ("train_step", "lm_train_step") and writes_adam(obj):
         return "adam_step"
@@ -815,7 +816,7 @@ CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("mha", lambda c: causal_inside(c), "causal_attention"),  # Raschka's, Karpathy's: forward(x)
     ("mha", lambda c: reads_kv_heads(c), "gqa"),
     # a LoRA class that wraps a whole model (`LoRA(model, r)`): no layer to check on its own
-    ("lora", lambda c: any(MODEL_WORD.search(p) for p in inspect.signature(c.__init__).parameters), ""),
+    ("lora", lambda c: any(map(MODEL_WORD.search, inspect.signature(c.__init__).parameters)), ""),
     # a block of a mixture-of-experts model named for its FFN (MoEBlock: attention, then the experts)
     ("moe", lambda c: bool(BUILDS_ATTENTION.search(source_text(vars(c).get("__init__", "")))), "block"),
     # a Batch that builds no masks of the Annotated Transformer's (a dataset's record): not checked

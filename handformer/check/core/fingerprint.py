@@ -75,7 +75,7 @@ def _has_nan(value: Any) -> bool:
     if isinstance(value, Tensor):
         return value.is_floating_point() and bool(torch.isnan(value).any())
     if isinstance(value, (tuple, list)):
-        return any(_has_nan(v) for v in value[:8])
+        return any(map(_has_nan, value[:8]))
     return False
 
 
@@ -83,7 +83,7 @@ def one_sequence(out: Any) -> list[int] | None:
     """The token ids of one sequence: a (T,) or (1, T) tensor (or (T, 1), sequence-first), or a list (or
     tuple) of ints; None for anything else."""
     if isinstance(out, Tensor) and out.dim() in (1, 2) and max(out.shape, default=0) == out.numel():
-        return [int(t) for t in out.reshape(-1).tolist()]
+        return list(map(int, out.reshape(-1).tolist()))
     return list(out) if token_list(out) else None
 
 
@@ -99,6 +99,11 @@ def quietly(run: Callable[[], Any]) -> Any:
         return run()
     except Exception:  # noqa: BLE001 - their code, or a reading that does not apply: nothing found
         return None
+
+
+def outputs(value: Any) -> list[Any]:
+    """What a learner call returns, as a list: a tuple's or a list's items, else the value alone."""
+    return list(value) if isinstance(value, (tuple, list)) else [value]
 
 
 def first_tensor(value: Any, ndim: int | None = None) -> Tensor | None:

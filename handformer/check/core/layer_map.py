@@ -221,7 +221,7 @@ def gainless_norm(name: str, kind: str, width: int) -> Gainless:
 def _calls(module: nn.Module, forward_only: bool) -> list[tuple[str, str, Any]]:
     """(function, first argument, class) of the norm-function calls in the learner's class of
     `module` (its forward), or in any learner class inside it (forward_only False)."""
-    owners = [type(module)] if forward_only else [type(m) for m in module.modules()]
+    owners = [type(module)] if forward_only else list(map(type, module.modules()))
     out = []
     for cls in dict.fromkeys(owners):
         if not cls.__module__.startswith("learner_"):

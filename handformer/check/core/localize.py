@@ -895,7 +895,7 @@ def _size_source(step: Step, code: str, form: Text | None, sizes: dict[str, floa
     number that is the whole difference (`_holds_factor`) first."""
     said = (form or {"en": ""})["en"]
     named = {sizes[k] for k in sizes.keys() & set(re.findall(r"[A-Za-z_]\w*", said))}
-    written = {float(n) for n in re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e-?\d+)?", said)}  # `writes 1`
+    written = set(map(float, re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e-?\d+)?", said)))  # `writes 1`
     used = set(re.findall(r"self\.\w+|[A-Za-z_]\w*", code))
     bound = sorted((not _holds_factor(value, form, sizes), line, name) for name, (line, value) in
                    (step.numbers or {}).items() if name in used and line not in (0, step.line) and (

@@ -159,10 +159,16 @@ def norm_views(w: V.NormWeights, x: Tensor) -> list[View]:
     return views
 
 
+def method_codes(cls: type) -> set[Any]:
+    """The code objects of the functions a class defines (its forward and its own helper methods): the
+    frames a trace of its call keeps."""
+    return {f.__code__ for f in vars(cls).values() if inspect.isfunction(f)}
+
+
 def localize_norm(module: nn.Module, w: V.NormWeights, x: Tensor) -> Departure | None:
     """Traced in its forward and its own helper methods (Meta's RMSNorm computes in `_norm(x)`)."""
     filename, _ = _source(module)
-    code = tuple(f.__code__ for f in vars(type(module)).values() if inspect.isfunction(f))
+    code = method_codes(type(module))
     x = x.detach().requires_grad_()
     steps = trace_steps(lambda: module(x), filename, code, _all_parts(module))
     views = norm_views(w, x.detach())
@@ -481,7 +487,7 @@ def made_at(run: Callable[[], Any], module: nn.Module, value: Tensor) -> tuple[i
     that code made it (a helper class of theirs made it: its calling line is the part's step)."""
     cls = type(module)
     filename = inspect.getsourcefile(cls)
-    code = {f.__code__ for f in vars(cls).values() if inspect.isfunction(f)}
+    code = method_codes(cls)
     steps = trace_steps(run, filename, code, traced_parts(module))
     flat = value.detach().double().reshape(-1)  # (N,): the logits however the caller shaped them
     step = next((s for s in steps if not s.given and s.value.numel() == flat.numel()
@@ -502,7 +508,7 @@ def localize_model(run: Callable[[], Any], module: nn.Module, readings: list[lis
     inside the loop), and that line is the outer one."""
     cls = type(module)
     filename = filename or inspect.getsourcefile(cls)
-    code = {f.__code__ for f in vars(cls).values() if inspect.isfunction(f)}
+    code = method_codes(cls)
     steps = trace_steps(run, filename, code, traced_parts(module), constants)
     steps[:] = [s for s in steps if s.value.flatten().diff().ne(0).any()]  # not one value (a mask of ones)
     D = next(t for _, t in readings[0] if t.dim() >= 3).size(-1)  # (B, T, D): not the positions (T,)

@@ -62,7 +62,7 @@ def router_linears(child: nn.Module) -> list[tuple[str, nn.Module]]:
     own = not type(child).__module__.startswith("torch.")
     if isinstance(child, nn.Linear) or own and ranks in ({"weight": 2}, {"weight": 2, "bias": 1}):
         return [("", child)]
-    kinds = {type(m) for m in child.children()}  # nn.Linear alone, all of one shape, nothing held beside
+    kinds = set(map(type, child.children()))  # nn.Linear alone, all of one shape, nothing held beside
     shapes = {tuple(p.shape) for p in child.parameters() if p.dim() == 2}
     alone = own and kinds == {nn.Linear} and len(shapes) == 1 and not list(child.parameters(recurse=False))
     return list(child.named_children()) * alone
@@ -77,7 +77,7 @@ def outside_moe(module: nn.Module, linears: list[Leaf]) -> list[Leaf]:
     """The linears that are no part of the module's mixture of experts (its router, a Linear(D, E),
     is as wide as a grouped key projection where E = n_kv_heads * head_dim): the attention's candidates."""
     found = find_moe(module)
-    inside = set() if found is None else {id(m) for m in found[1].modules()}
+    inside = set() if found is None else set(map(id, found[1].modules()))
     return [leaf for leaf in linears if id(leaf.module) not in inside]
 
 

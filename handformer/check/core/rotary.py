@@ -169,13 +169,18 @@ def score_biases_inside(module: nn.Module, sources: list[str]) -> tuple[str, ...
 BASE_NAMES = ("rope_theta", "theta", "rope_base", "base", "rotary_base", "rotary_emb_base")
 
 
+def field_value(obj: object, name: str) -> object:
+    """A dict's value under `name`, else the object's attribute of that name (None where it has none)."""
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+
+
 def named_base(module: nn.Module) -> float | None:
     """The rotary base a field of the model, of its config, or of its dict config names (rope_theta,
     theta, base: Raschka's cfg["rope_base"])."""
     for sub in module.modules():
         for obj in [sub, *(v for v in vars(sub).values() if not isinstance(v, (Tensor, nn.Module)))]:
             for name in BASE_NAMES:
-                value = obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+                value = field_value(obj, name)
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1:
                     return float(value)
     return None

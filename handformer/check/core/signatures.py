@@ -126,7 +126,7 @@ def mask_kind(fn: Any) -> str | None:
     code = source_text(fn)
     if "mask" not in name or not inspect.isfunction(fn) or "softmax" in name:
         return None
-    if TRIANGLE_CODE.search(code) and any(DOCUMENT_ARGUMENT.search(n) for n in _signature(fn)[1]):
+    if TRIANGLE_CODE.search(code) and any(map(DOCUMENT_ARGUMENT.search, _signature(fn)[1])):
         return "causal_mask"  # a document-causal mask of packed rows (its padding a document of its own)
     if PAD_CODE.search(code):
         return "mask_helper"

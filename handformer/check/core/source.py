@@ -399,7 +399,7 @@ def pattern_rank(name: str, code: str) -> float:
 
 def lines_matching(name: str, lines: list[tuple[int, str]]) -> list[int]:
     """The numbers of the code lines any of the diagnosis' patterns matches."""
-    regexes = [re.compile(p) for p in CATALOG[name].patterns]
+    regexes = list(map(re.compile, CATALOG[name].patterns))
     return [n for n, t in _code_lines(lines) if any(r.search(t.split("#")[0]) for r in regexes)]
 
 

@@ -14,6 +14,12 @@ def parameters_of(model: nn.Module) -> list[Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
+def gradient_norm(loss: Tensor, params: list[Tensor]) -> float:
+    """The norm of the gradient of `loss` over all of `params` (those it does not reach left out)."""
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    return float(torch.stack([g.norm() for g in grads if g is not None]).norm())
+
+
 def largest_difference(a: list[Tensor], b: list[Tensor]) -> float:
     return max(float((x - y).abs().max()) for x, y in zip(a, b))
 

@@ -87,7 +87,7 @@ def sublayer_parts(module: nn.Module, computes_attention: Callable[[Any], bool],
     outside = [m for n, m in module.named_modules() if not (n + ".").startswith(top + ".")]
     norms = [m for m in outside if "norm" in type(m).__name__.lower() and _widths(m) == {width}]
     linears = [m for m in outside if isinstance(m, nn.Linear) and m.weight.shape == (width, width)]
-    counted = [module.get_submodule(n) for n in inner[:1]] + norms + linears
+    counted = list(map(module.get_submodule, inner[:1])) + norms + linears
     whole = inner and len(norms) == 1 and len(linears) < 2 and _size(module) == sum(map(_size, counted))
     return Sublayer(inner[0], norms[0], (linears + [nn.Identity()])[0]) if whole else None
 

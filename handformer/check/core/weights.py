@@ -152,7 +152,7 @@ def single_heads(label: str, sub: nn.Module) -> list[Leaf] | None:
     the heads' weights stacked in head order (what one (d_model, d_model) projection split into heads
     holds), named by their roles; None for any other module."""
     heads = list(sub.children()) if isinstance(sub, nn.ModuleList) else []
-    if len({type(h) for h in heads}) != 1:  # none, or heads of two classes
+    if len(set(map(type, heads))) != 1:  # none, or heads of two classes
         return None
     per = [[(n, m) for n, m in h.named_children() if isinstance(m, nn.Linear)] for h in heads]
     if any(len(p) != 3 or len(list(h.parameters())) != sum(len(list(m.parameters())) for _, m in p)
@@ -307,7 +307,7 @@ def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
         stacked = single_heads(label, sub) if stack_heads else None
         if stacked:
             found += stacked
-            inside |= {id(m) for m in sub.modules()}
+            inside |= set(map(id, sub.modules()))
             continue
         params = _own_parameters(sub)
         found += _parameterless_norm(label, sub, params)
@@ -817,7 +817,7 @@ def sandwich_slots(norms: list[Leaf], names: list[str]) -> list[Slot]:
     def place(leaf: Leaf) -> tuple[bool, bool]:
         name = leaf.name.lower()
         return bool(FFN_WORDS.search(name)), "post" in name or "after" in name
-    if len({place(leaf) for leaf in norms}) == len(norms):
+    if len(set(map(place, norms))) == len(norms):
         norms = sorted(norms, key=place)
     return [Slot(f"norm {i + 1} ({('before', 'after')[i % 2]} {names[i // 2]})", leaf)
             for i, leaf in enumerate(norms)]

@@ -96,7 +96,7 @@ def split_specials(text: str, specials: Iterable[str], longest_first: bool = Tru
     specials = sorted(set(specials), key=len, reverse=longest_first)
     if not specials:
         return [text]
-    return [p for p in regex.split("(" + "|".join(regex.escape(s) for s in specials) + ")", text) if p]
+    return [p for p in regex.split("(" + "|".join(map(regex.escape, specials)) + ")", text) if p]
 
 
 def pretokens(piece: str, flags: frozenset[str]) -> list[str]:
@@ -169,7 +169,7 @@ def train(text: str, vocab_size: int, special_tokens: list[str],
     order = (_Greater, tuple)[smaller]  # the key a min-heap pops first: the greater pair, or the smaller
     vocab = base_vocab(special_tokens)
     counted = pretokenize(text, special_tokens)
-    words, freq = [list(w) for w in counted], list(counted.values())
+    words, freq = list(map(list, counted)), list(counted.values())
     counts, where = _pair_index(words, freq)
     heap = [(-n, order(p), p) for p, n in counts.items()]
     heapq.heapify(heap)

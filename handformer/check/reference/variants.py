@@ -426,7 +426,7 @@ def norm(w: NormWeights, x: Tensor, flags: Flags | None = None) -> Tensor:
         centred = x - x.mean(dims, keepdim=True)
         unbiased = has(flags, "layernorm_unbiased_std")
         var = centred.pow(2).sum(dims, keepdim=True) / (
-            math.prod(x.size(d) for d in dims) - (unbiased is not None))
+            math.prod(map(x.size, dims)) - (unbiased is not None))
         if unbiased == "std" or (unbiased is None and eps_out):
             out = centred / (var.sqrt() + w.eps)  # x.std() + eps: eps outside the root
         else:

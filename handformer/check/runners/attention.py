@@ -1601,7 +1601,7 @@ def key_padding_check(name: str, padded: tuple[str, str],
     """The check of a key_padding_mask `name` given alone, in each of KEY_PADDING_FORMS: changing what it
     marks as padding (`padded`, en and zh) moves no real output (`moved_in(form)`) in the form that
     hides it best."""
-    moved = min(moved_in(form) for form in KEY_PADDING_FORMS)
+    moved = min(map(moved_in, KEY_PADDING_FORMS))
     return Check(text(
         f"{name} alone ((B, S): True = padding as torch.nn takes it, 0 / -inf, or True = keep): "
         f"changing the padded {padded[0]} changes no real output",

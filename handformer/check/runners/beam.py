@@ -465,7 +465,7 @@ def _rows(raw: Any, n: int) -> list[list[int]] | None:
     """The n hypotheses of a batched search (a list of lists or tensors, or an (n, L) tensor)."""
     raw = hypotheses(raw)
     if isinstance(raw, Tensor) and raw.dim() == 2 and raw.size(0) == n:
-        return [[int(t) for t in row.tolist()] for row in raw]
+        return [list(map(int, row.tolist())) for row in raw]
     if isinstance(raw, (list, tuple)) and len(raw) == n and all(
             isinstance(r, (list, tuple, Tensor)) for r in raw):
         out = []
@@ -473,7 +473,7 @@ def _rows(raw: Any, n: int) -> list[list[int]] | None:
             r = r.reshape(-1).tolist() if isinstance(r, Tensor) else list(r)
             if not all(isinstance(t, int) for t in r):
                 return None
-            out.append([int(t) for t in r])
+            out.append(list(map(int, r)))
         return out
     return None
 

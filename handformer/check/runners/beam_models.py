@@ -96,7 +96,7 @@ class Steered(nn.Module):
         out = self.ctx.learner.call("forward", self.base.decode, memory, src_mask, ys, tgt_mask)
         self.ys, self.out = ys.long(), out
         self.decoded += [row.tolist() for row in ys.long()]
-        self.row_tables = [self._table_of(m) for m in memory] if self.by_source else []
+        self.row_tables = list(map(self._table_of, memory)) if self.by_source else []
         return out
 
     def _table_of(self, memory_row: Tensor) -> Table:
@@ -161,7 +161,7 @@ class Steered(nn.Module):
         """The log-probabilities after each of the prefixes (all of one length: a step's live
         hypotheses) not yet cached, computed in one batch; where the batch raises, each is computed
         alone when it is read."""
-        new = sorted({tuple(p) for p in prefixes} - self.cache.keys())
+        new = sorted(set(map(tuple, prefixes)) - self.cache.keys())
         with contextlib.suppress(fp.LearnerFailure):
             if len(new) > 1:  # one alone is computed where it is read
                 self.cache.update(zip(new, self.batch_logprobs(memory, new)))

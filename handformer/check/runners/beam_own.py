@@ -106,7 +106,7 @@ class OwnSteered(Steered):
     def _rows(self, _m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Each decoded row's table: the sentence whose memory its memory row is."""
         for memory in _memories(args, kwargs):
-            self.row_tables = [self._table_of(row) for row in self._batch_first(memory)]
+            self.row_tables = list(map(self._table_of, self._batch_first(memory)))
 
     def _table_of(self, memory_row: Tensor) -> Table:
         same = (tab for m, tab in self.known if m.shape == memory_row.shape

@@ -610,7 +610,7 @@ def _vocab_layout(res: ComponentResult, vocab: dict[int, bytes], single: dict[by
     layout = text(f"{en}; the 256 bytes {order} from id {start}",
                   f"{zh}；256 个字节{order_zh}，从 id {start} 开始")
     first_id = {v: k for k, v in reversed(vocab.items())}  # each token's first id
-    ids = [first_id.get(t) for t in made]
+    ids = list(map(first_id.get, made))
     if ids and ids != sorted(i for i in ids if i is not None):
         res.notes.append(text("the merges' ids are not in the order of the merges",
                               "合并得到的 token 的 id 没有按合并顺序排"))

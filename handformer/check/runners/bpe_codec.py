@@ -167,7 +167,7 @@ class Codec:
     def encode(self, s: str) -> list[int]:
         out = self.ctx.learner.call("encode", self.encode_fn, s)
         try:
-            return [int(i) for i in out]
+            return list(map(int, out))
         except (TypeError, ValueError):
             raise self.ctx.learner.fail(
                 "encode", f"encode returned {type(out).__name__}; return a list of int ids",

@@ -99,7 +99,7 @@ def _order_finding(res: ComponentResult, made: dict[str, list[list[str]]], ours:
                    piece_of: dict[str, int], lines: list[tuple[int, str]]) -> None:
     """bpe_encode_merge_order where the encode's pieces (its ids read by `piece_of`) on every line are
     another order's, not the reference's."""
-    ids = {o: [[piece_of.get(p) for p in pieces] for pieces in made[o]] for o in ORDERS}
+    ids = {o: [list(map(piece_of.get, pieces)) for pieces in made[o]] for o in ORDERS}
     order = next((o for o in ORDERS[1:] if ids[o] == ours != ids["rank"]), None)
     if order is not None:
         order = order.removesuffix("_one")

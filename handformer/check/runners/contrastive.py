@@ -129,7 +129,7 @@ def _outputs(module: nn.Module, ids: Tensor) -> tuple[Tensor | None, Tensor | No
     if hasattr(out, "logits"):
         hidden = getattr(out, "hidden_states", None) or [getattr(out, "last_hidden_state", None)]
         return out.logits, hidden[-1]
-    items = out if isinstance(out, (tuple, list)) else [out]
+    items = fp.outputs(out)
     wide = [t for t in items if fp.first_tensor([t], 3) is not None] + [None, None]
     return wide[0], wide[1]
 

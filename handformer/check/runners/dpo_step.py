@@ -152,8 +152,7 @@ def _roles(comp: Component) -> dict[str, str]:
 
 def _beta(comp: Component, roles: dict[str, str]) -> float:
     """Its beta: its default where it has one, else check's (handed to it)."""
-    param = inspect.signature(comp.obj).parameters.get(roles["beta"] or "beta")
-    default = param.default if param is not None else inspect.Parameter.empty
+    default = getattr(inspect.signature(comp.obj).parameters.get(roles["beta"] or "beta"), "default", None)
     return BETA if default is inspect.Parameter.empty or default is None else float(default)
 
 
@@ -164,15 +163,22 @@ def check_dpo_step(comp: Component, ctx: Context) -> ComponentResult:
     policy, ref = TinyLM(1), TinyLM(2)
     want_loss, want = reference_step(policy, ref, beta)
     ref_before = copy.deepcopy(ref.state_dict())
-    given = {roles["policy"]: policy, roles["reference"]: ref, roles["batch"]: batch,
-             roles["optimizer"]: torch.optim.SGD(policy.parameters(), lr=LR)}
-    given.update({roles["beta"]: beta} if roles["beta"] else {})
+    given = _arguments(roles, policy, ref, batch, beta)
     with fp.dropout_off(), torch.enable_grad():
         out = ctx.learner.call("forward", comp.obj, **given)
     _compare(res, out, want_loss, policy, want, ref, ref_before, beta)
     if not all(c.ok for c in res.checks):
         note_departure(res, lambda: _localize(comp, ctx, roles, beta))
     return finish(res)
+
+
+def _arguments(roles: dict[str, str], policy: nn.Module, ref: nn.Module, batch: Batch, beta: float,
+               ) -> dict[str, Any]:
+    """The step's arguments by their names: the policy, the reference, the batch, a fresh SGD over the
+    policy, and beta where it takes one."""
+    given = {roles["policy"]: policy, roles["reference"]: ref, roles["batch"]: batch,
+             roles["optimizer"]: torch.optim.SGD(policy.parameters(), lr=LR)}
+    return given | ({roles["beta"]: beta} if roles["beta"] else {})
 
 
 def _localize(comp: Component, ctx: Context, roles: dict[str, str], beta: float) -> Any:
@@ -182,10 +188,7 @@ def _localize(comp: Component, ctx: Context, roles: dict[str, str], beta: float)
     with torch.no_grad():
         logps = {f"{who}_{side}": _logps(model, pairs[side])
                  for who, model in (("policy", policy), ("reference", ref)) for side in SIDES}
-    batch = Batch(with_called_code(comp.obj))
-    given = {roles["policy"]: policy, roles["reference"]: ref, roles["batch"]: batch,
-             roles["optimizer"]: torch.optim.SGD(policy.parameters(), lr=LR)}
-    given.update({roles["beta"]: beta} if roles["beta"] else {})
+    given = _arguments(roles, policy, ref, Batch(with_called_code(comp.obj)), beta)
     filename = inspect.getsourcefile(comp.obj) or ""
 
     def run() -> Any:

@@ -335,7 +335,7 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
     n += prompt_length(ids) * (comp.obj in TOTAL_COUNTS)  # Hugging Face's max_length: prompt included
     roles = ((MODEL_NAMES, model.target), (PROMPT_NAMES, ids), (COUNT_NAMES, n),
              (CONTEXT_NAMES, model.context), (PROCESSOR_NAMES, NoProcessors()),  # each argument's, by name
-             (TOKENIZER_NAMES, PromptTokenizer(ids)), (MESSAGE_NAMES, [dict(m) for m in CONVERSATION]))
+             (TOKENIZER_NAMES, PromptTokenizer(ids)), (MESSAGE_NAMES, list(map(dict, CONVERSATION))))
     # and where it has no default: an EOS no model makes, a padding id, a mask of real tokens only, the
     # model's cache on
     ones = torch.ones_like(torch.as_tensor(ids)) if _rectangular(ids) else None  # (a ragged list: none)

@@ -822,7 +822,7 @@ class Caller:
         if isinstance(raw, dict):  # fairseq's encoder: {"encoder_out": ..., ...}, read as its values
             raw = tuple(raw.values())
         self.returned = raw
-        items = list(raw) if isinstance(raw, (tuple, list)) else [raw]  # (logits, loss, ...), or logits
+        items = fp.outputs(raw)  # (logits, loss, ...), or logits
         logits, first = fp.first_tensor(items, 3), fp.first_tensor(items[:1], 2)
         if logits is None and first is not None:
             logits = _flat_logits(first, idx)

@@ -139,7 +139,7 @@ def _layer_candidates(name: str, block: nn.Module) -> list[tuple[list[Any], list
     linears = of_kind(found, "linear")
     attn = attention_slots(linears, D, 1, name, KV_HEADS * (D // H))[0]
     norms = norm_slots(of_kind(found, "norm"), 2, ["attention", "FFN"], name)
-    return [(attn, ffn) for ffn in ffn_slots(linears, D, F_WIDTH, name)], [norm_weights(s) for s in norms]
+    return [(attn, ffn) for ffn in ffn_slots(linears, D, F_WIDTH, name)], list(map(norm_weights, norms))
 
 
 def llama_weights(module: nn.Module) -> list[LlamaWeights]:

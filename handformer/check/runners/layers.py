@@ -256,7 +256,7 @@ class Layer:
         self.norm_slots = norm_slots(norms * len(names) if self.shared else norms, len(names), roles,
                                      self.comp.name, sandwich=kind.causal_block)
         self.placements = SANDWICH.get((len(self.norm_slots), len(names)), kind.placements)
-        self.norm_ws = [norm_weights(s) for s in self.norm_slots]
+        self.norm_ws = list(map(norm_weights, self.norm_slots))
 
     def _attentions(self, linears: list[Leaf], count: int) -> tuple[int | None, list[list[Slot]]]:
         """The attentions' slots, a fused projection read in the layout its one-token output shows,
@@ -372,7 +372,7 @@ class Layer:
         """The module on args, its rotary table in the form it takes, start_pos 0 or one a row
         (rope_tables), or one token at a time (_stepwise); sequence-first, (T, B, D), when it reads so."""
         if self.first:  # PyTorch's tutorial: the stream and the memory (T, B, D) in, the output out
-            args = [batch_first(a) for a in args]  # (B, T, D) -> (T, B, D): one transpose either way
+            args = list(map(batch_first, args))  # (B, T, D) -> (T, B, D): one transpose either way
             if self.memory_name in kwargs:  # fairseq's encoder_out, by its name
                 kwargs[self.memory_name] = batch_first(kwargs[self.memory_name])
             return batch_first(with_positions(self._module, args, kwargs, self.table_layout, B))

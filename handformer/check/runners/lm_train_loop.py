@@ -17,7 +17,6 @@ Shape legend: B batch, T length, V vocabulary.
 from __future__ import annotations
 
 import copy
-import itertools
 from typing import Any
 
 import torch
@@ -41,8 +40,8 @@ from handformer.check.core.fingerprint import LearnerFailure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.signatures import drawn_global
 from handformer.check.core.source import locate, source_lines, source_text
-from handformer.check.core.step_updates import largest_differences, parameters_of
-from handformer.check.runners.lm_train_step import MISTAKES, reference_step
+from handformer.check.core.step_updates import gradient_norm, largest_differences, parameters_of
+from handformer.check.runners.lm_train_step import mistake_sets, reference_step
 from handformer.check.runners.step_model import BATCH, VOCAB, batches, tiny_model
 from handformer.check.runners.train_step import (
     ACCUM,
@@ -199,8 +198,7 @@ def _rescaled(res: ComponentResult, comp: Component, loop: Loop, base: Any, side
     scaled.scale = PROBE_SCALE
     x, y = batches(loop.rows)[0]
     loss = F.cross_entropy(scaled(x).reshape(-1, VOCAB), y.reshape(-1))
-    grads = torch.autograd.grad(loss, list(scaled.parameters()), allow_unused=True)
-    norm = float(torch.stack([g.norm() for g in grads if g is not None]).norm())
+    norm = gradient_norm(loss, list(scaled.parameters()))
     factor, cap, en, zh, says, says_zh = SIDES[side]
     scaled.scale = min(cap, PROBE_SCALE * float(loop.clip) * factor / max(norm, 1e-12))
     got, right, errs = loop.drive(scaled)
@@ -220,9 +218,8 @@ def _search(res: ComponentResult, comp: Component, loop: Loop, base: Any, got: l
     after, clips = clips_after_step(source_text(comp.obj)), loop.clip is not None
     possible = {"train_step_clip_after_step": clips & after, "train_step_lr_not_set": False,
                 "train_step_loss_not_divided": bool(loop.held), "train_step_not_clipped": clips & (not after)}
-    names = [n for n in MISTAKES if possible.get(n, True)]
-    for combo in (c for n in (1, 2) for c in itertools.combinations(names, n)):
-        theirs = loop.reference(base, **{k: v for name in combo for k, v in MISTAKES[name].items()})
+    for combo, flags in mistake_sets(possible):
+        theirs = loop.reference(base, **flags)
         off = max(largest_differences(got, theirs))
         if off >= loop.tol:
             continue

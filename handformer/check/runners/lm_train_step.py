@@ -70,7 +70,7 @@ from handformer.check.core.signatures import (
     token_batch,
 )
 from handformer.check.core.source import config_reads, functions_called, locate, source_lines, source_text
-from handformer.check.core.step_updates import largest_differences, parameters_of, update
+from handformer.check.core.step_updates import gradient_norm, largest_differences, parameters_of, update
 from handformer.check.runners.drawn_windows import Call, check_windows
 from handformer.check.runners.localize_train import localize_lm_step
 from handformer.check.runners.step_model import BATCH, VOCAB, batches, tiny_model
@@ -104,6 +104,14 @@ MISTAKES: dict[str, dict[str, bool]] = {  # diagnosis -> the flags of handformer
     "train_step_not_clipped": {"clipped": False},
     "train_step_no_shift": {"shift": False},  # the inputs x given to the loss as the labels
 }
+
+
+def mistake_sets(possible: dict[str, bool]) -> Iterator[tuple[tuple[str, ...], dict[str, bool]]]:
+    """Each set of MISTAKES (one, then two) of those `possible` does not rule out, with the flags of
+    handformer's step that make them all."""
+    names = [n for n in MISTAKES if possible.get(n, True)]
+    for combo in (c for n in (1, 2) for c in itertools.combinations(names, n)):
+        yield combo, {k: v for name in combo for k, v in MISTAKES[name].items()}
 
 
 def optimizer(model: nn.Module) -> torch.optim.Optimizer:
@@ -362,8 +370,7 @@ def _rescaled(res: ComponentResult, ctx: Context, comp: Component, step: Step, b
     scaled.scale = PROBE_SCALE
     x, y = batches(step.rows)[0]
     loss = F.cross_entropy(scaled(x).reshape(-1, VOCAB), y.reshape(-1))
-    grads = torch.autograd.grad(loss, list(scaled.parameters()), allow_unused=True)
-    norm = float(torch.stack([g.norm() for g in grads if g is not None]).norm())
+    norm = gradient_norm(loss, list(scaled.parameters()))
     factor, cap = SIDES[side]
     scaled.scale = min(cap, PROBE_SCALE * float(step.clip or 1.0) * factor / max(norm, 1e-12))
     got, right, errs = _drive(step, scaled, sgd)
@@ -431,9 +438,8 @@ def _search(res: ComponentResult, ctx: Context, comp: Component, step: Step, bas
     possible = {"train_step_clip_after_step": step.clip is not None and after,
                 "train_step_lr_not_set": bool(step.lr), "train_step_loss_not_divided": bool(step.micro),
                 "train_step_not_clipped": step.clip is not None and not after}
-    names = [n for n in MISTAKES if possible.get(n, True)]
-    for combo in (c for n in (1, 2) for c in itertools.combinations(names, n)):
-        theirs = _run(step, base, make_opt, **{k: v for name in combo for k, v in MISTAKES[name].items()})
+    for combo, flags in mistake_sets(possible):
+        theirs = _run(step, base, make_opt, **flags)
         off = max(largest_differences(got, theirs))
         if off >= TOL:
             continue

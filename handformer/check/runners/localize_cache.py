@@ -195,7 +195,7 @@ def _written_line(filename: str, origin: Step | None) -> int | None:
     nodes = list(ast.walk(parsed_file(filename)))
     try:  # the statement at that line comes first in the walk, before the nodes inside it
         call = next(n for n in nodes if getattr(n, "lineno", 0) == origin.line)
-        names = [ast.unparse(t) for t in call.targets[0].elts]
+        names = list(map(ast.unparse, call.targets[0].elts))
         method = next(f for f in nodes if getattr(f, "name", None) == call.value.func.attr)
         buffer = _base(method.body[-1].value.elts[names.index(origin.name)])  # its return statement
         return next(n.lineno for n in method.body if _base(getattr(n, "targets", [n])[0]) == buffer)

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from handformer.check.core.fingerprint import hooked, quietly
 from handformer.check.core.localize import Departure, Step, View, latest_departure, trace_steps
-from handformer.check.core.localize_kinds import traced_parts
+from handformer.check.core.localize_kinds import method_codes, traced_parts
 
 
 def moe_views(x: Tensor, router: tuple[Tensor, Tensor | None], experts: list[Any], shared: list[Any], k: int,
@@ -86,7 +86,7 @@ def _departure_in(run: Callable[[], Any], module: nn.Module, readings: list[list
                   filename: str, depth: int = 2) -> Departure | None:
     """`localize_moe` on `run()`, a call of `module`, going into the part called at the departing line
     down `depth` parts."""
-    code = {f.__code__ for f in vars(type(module)).values() if inspect.isfunction(f)}
+    code = method_codes(type(module))
     calls: dict[int, tuple[nn.Module, Any, dict[str, Any]]] = {}  # line -> the part called there
     parts = traced_parts(module)
     with hooked([m.register_forward_hook(_called(calls, filename), with_kwargs=True) for _, m in parts]):

@@ -221,7 +221,7 @@ def _documents_compared(res: ComponentResult, ctx: Context, comp: Component, sub
 
 def _masks(raw: Any, T: int) -> list[Tensor]:
     """The (T, T) masks (or (1, T, T), ...) among what a mask function returns: it, or each of a tuple."""
-    items = raw if isinstance(raw, (tuple, list)) else [raw]
+    items = fp.outputs(raw)
     return [t for t in items if isinstance(t, Tensor) and t.numel() == T * T]
 
 

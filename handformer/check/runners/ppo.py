@@ -77,7 +77,7 @@ def _caller(ctx: Context, comp: Component, roles: dict[str, str], given: dict[st
 
 
 def _tensors(out: Any) -> list[Tensor]:
-    items = out if isinstance(out, (tuple, list)) else [out]
+    items = fp.outputs(out)
     return [t.detach().double() for t in items if isinstance(t, Tensor)]
 
 
@@ -133,7 +133,7 @@ def check_gae(comp: Component, ctx: Context) -> ComponentResult:
     roles = _arguments(comp, GAE_ROLES, given, ("gamma", "lam", "values", "rewards"))
     values, rewards = given["values"], given["rewards"]
     calls = {layout: _caller(ctx, comp, roles, given, layout) for layout in (_same, _time_major)}
-    errors = {layout: _gae_error([layout(t) for t in _tensors(out)], values, rewards, GAMMA, LAM)
+    errors = {layout: _gae_error(list(map(layout, _tensors(out))), values, rewards, GAMMA, LAM)
               for layout, out in _outputs(calls).items()}
     layout = min(errors, key=errors.get)  # its layout: the one that explains it best
     res.max_abs_error = err = errors[layout]

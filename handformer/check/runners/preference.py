@@ -130,7 +130,7 @@ def _arguments(fn: Any, logps: dict[str, Tensor]) -> list[Tensor]:
     """The four in the order the function takes them: by their names where those name four roles,
     else the paper's order."""
     names = forward_names(fn)[:4]
-    roles = [_role(n) for n in names]
+    roles = list(map(_role, names))
     order = roles if sorted(roles) == sorted(ROLES) else list(ROLES)
     return [logps[r].clone() for r in order]
 

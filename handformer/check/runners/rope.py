@@ -604,7 +604,7 @@ OUTPUT_AXES = {False: (0, 1, 2, 3), True: (0, 2, 1, 3), "first": (1, 2, 0, 3)}
 def _stacked(raw: Any, n: int, shape: torch.Size, meta: bool | str = False) -> Tensor | None:
     """The first n outputs (B, H, T, Dh) stacked (n, B, H, T, Dh) (Meta's (B, T, H, Dh) transposed,
     ChatGLM's (T, B, H, Dh) permuted back); None when they are not n tensors of that shape."""
-    outs = list(raw) if isinstance(raw, (tuple, list)) else [raw]
+    outs = fp.outputs(raw)
     outs = [o.permute(*OUTPUT_AXES[meta]) if o.dim() == 4 else o for o in outs[:n] if isinstance(o, Tensor)]
     if len(outs) < n or any(o.shape != shape for o in outs):
         return None

@@ -13,6 +13,7 @@ Shape legend: F frequencies (Dh / 2).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import re
@@ -25,7 +26,7 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, error_text, finish, forward_parameters
 from handformer.check.core.discovery import CONFIG_NAMES, Component, cannot_fill
 from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, Text, text
-from handformer.check.core.rotary import geometric_base, module_tables, table_frequencies
+from handformer.check.core.rotary import field_value, geometric_base, module_tables, table_frequencies
 from handformer.check.core.source import first_line, source_lines, source_text
 from handformer.config import LinearRopeScaling, Llama3RopeScaling, RopeScaling, YarnRopeScaling
 from handformer.nn.positions import llama3_inv_freq, yarn_inv_freq
@@ -50,7 +51,7 @@ def written_settings(fn: object) -> Llama3RopeScaling:
     found = {}
     for field, names in SETTINGS.items():
         assigned = (re.search(rf"^\s*{n}\s*=\s*([\d.]+)\s*(#|$)", source, re.M) for n in names)
-        values = [defaults.get(n) for n in names] + [float(m.group(1)) for m in assigned if m]
+        values = list(map(defaults.get, names)) + [float(m.group(1)) for m in assigned if m]
         found[field] = next((v for v in values if v is not None), getattr(Llama3RopeScaling, field))
     return Llama3RopeScaling(**found)
 
@@ -210,31 +211,25 @@ def _configured(module: nn.Module) -> list[RopeScaling]:
     """The scaling settings the config of a module of the model (or its rope_scaling dict, or the module
     itself: torchtune's self.scale_factor) names, each known schedule at them, then Meta's llama3."""
     configs = [getattr(sub, "config", None) for sub in module.modules()]
-    holders = [*configs, *map(lambda config: _value(config, "rope_scaling"), configs), *module.modules()]
+    holders = [*configs, *map(lambda config: field_value(config, "rope_scaling"), configs), *module.modules()]
     return [*filter(None, (kind(h) for h in holders for kind in KINDS)), Llama3RopeScaling()]
 
 
-def _settings_in(holder: object) -> Llama3RopeScaling | None:
-    """The settings a config or a dict names (Meta's for those it does not); None where it names no factor."""
-    values = {field: _number(holder, names) for field, names in SETTINGS.items()}
-    named = {field: value for field, value in values.items() if value is not None}
-    return Llama3RopeScaling(**named) if "factor" in named else None
-
-
-def _linear_in(holder: object) -> LinearRopeScaling | None:
-    """Position interpolation at the factor a config or a dict names; None where it names none."""
-    factor = _number(holder, SETTINGS["factor"])
-    return LinearRopeScaling(factor) if factor is not None else None
-
-
-def _yarn_in(holder: object) -> YarnRopeScaling | None:
-    """YaRN at the factor, original context and betas a config or a dict names (transformers' defaults
-    for the betas); None where it names no factor."""
-    names = {"factor": SETTINGS["factor"], "original_max_positions": SETTINGS["original_max_positions"],
-             "beta_fast": ("beta_fast",), "beta_slow": ("beta_slow",)}
+def _named(holder: object, names: dict[str, tuple[str, ...]], kind: type) -> RopeScaling | None:
+    """`kind` at the settings a config or a dict names under `names` (its defaults for the others); None
+    where it names no factor."""
     values = {field: _number(holder, keys) for field, keys in names.items()}
     named = {field: value for field, value in values.items() if value is not None}
-    return YarnRopeScaling(**named) if "factor" in named else None
+    return kind(**named) if "factor" in named else None
+
+
+# the settings of each schedule that a config or a dict may name: Llama 3.1's, position interpolation's
+# factor, YaRN's factor, original context and betas (transformers' defaults for the betas)
+YARN_NAMES = {"factor": SETTINGS["factor"], "original_max_positions": SETTINGS["original_max_positions"],
+              "beta_fast": ("beta_fast",), "beta_slow": ("beta_slow",)}
+_settings_in = functools.partial(_named, names=SETTINGS, kind=Llama3RopeScaling)
+_linear_in = functools.partial(_named, names={"factor": SETTINGS["factor"]}, kind=LinearRopeScaling)
+_yarn_in = functools.partial(_named, names=YARN_NAMES, kind=YarnRopeScaling)
 
 
 KINDS = (_settings_in, _linear_in, _yarn_in)
@@ -247,8 +242,8 @@ def named_schedule(module: nn.Module) -> RopeScaling | None:
     """The schedule a module's file names by its rope_type (a rope_scaling dict of its config, else a
     quoted "llama3", "linear" or "yarn" in its source, else a setting only one schedule has, held by
     one of its modules), at the settings its configs name; None where none names a known one."""
-    dicts = [_value(getattr(sub, "config", None), "rope_scaling") for sub in module.modules()]
-    types = [str(_value(d, "rope_type") or _value(d, "type")) for d in dicts if isinstance(d, dict)]
+    dicts = [field_value(getattr(sub, "config", None), "rope_scaling") for sub in module.modules()]
+    types = [str(field_value(d, "rope_type") or field_value(d, "type")) for d in dicts if isinstance(d, dict)]
     types += re.findall(r"[\"'](llama3|linear|yarn)[\"']", source_text(inspect.getmodule(type(module))))
     types += [name for sub in module.modules() for setting, name in OWN_SETTINGS.items()
               if hasattr(sub, setting)]
@@ -258,11 +253,7 @@ def named_schedule(module: nn.Module) -> RopeScaling | None:
 
 def _number(holder: object, names: tuple[str, ...]) -> float | None:
     """The first number (no bool) that the holder gives under one of these names."""
-    return next(filter(lambda x: type(x) in (int, float), map(lambda n: _value(holder, n), names)), None)
-
-
-def _value(obj: object, name: str) -> object:
-    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+    return next(filter(lambda x: type(x) in (int, float), map(lambda n: field_value(holder, n), names)), None)
 
 
 def scaling_words(s: RopeScaling) -> Text:

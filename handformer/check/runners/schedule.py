@@ -432,7 +432,7 @@ def check_schedule(comp: Component, ctx: Context) -> ComponentResult:
     no warmup)."""
     sched = Schedule(comp, ctx)
     cycle = one_cycle.takes_one_cycle(comp.obj)
-    if cycle and sched.step_name and all(sched.args.get(k) for k in ("total", "max_lr")):
+    if cycle and sched.step_name and all(map(sched.args.get, ("total", "max_lr"))):
         names = cycle | {k: sched.args[k] for k in ("total", "max_lr")}
         return one_cycle.check_one_cycle(comp, ctx, sched.step_name, names, _reached_source(comp.obj))
     return run_probe(NO_WARMUP if sched.family == "cosine" and not sched.reads("warmup") else SCHEDULE,

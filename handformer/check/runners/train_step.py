@@ -75,7 +75,13 @@ from handformer.check.core.result import (
     text,
 )
 from handformer.check.core.source import locate, source_lines, source_text
-from handformer.check.core.step_updates import largest_difference, largest_differences, parameters_of, update
+from handformer.check.core.step_updates import (
+    gradient_norm,
+    largest_difference,
+    largest_differences,
+    parameters_of,
+    update,
+)
 from handformer.check.runners.classifier_step import check_classifier_step
 from handformer.check.runners.classifier_step import roles as classifier_roles
 from handformer.check.runners.localize_train import localize_train_step
@@ -689,8 +695,7 @@ def unclipped_scale(step: Step, base: Seq2SeqTransformer) -> float:
     src, tgt = batches()[0]
     out = model(src, tgt[:, :-1])  # (B, T - 1, V) log-probabilities
     loss = step.reference_criterion()(out.reshape(-1, V), tgt[:, 1:].reshape(-1))
-    grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
-    norm = float(torch.stack([g.norm() for g in grads if g is not None]).norm())
+    norm = gradient_norm(loss, list(model.parameters()))
     return PROBE_SCALE * min(1.0, float(step.clip or 1.0) / (UNDER_CLIP * max(norm, 1e-12)))
 
 

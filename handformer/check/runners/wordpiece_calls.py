@@ -181,7 +181,7 @@ def _ordered(value: Any) -> list[Any]:
 def _is_vocab(value: Any) -> bool:
     """A vocabulary of strings (_ordered) with a "##" piece."""
     tokens = _ordered(value)
-    return {type(t) for t in tokens} == {str} and any(t.startswith("##") for t in tokens)
+    return set(map(type, tokens)) == {str} and any(t.startswith("##") for t in tokens)
 
 
 def _vocab_of(out: Any) -> Any:
