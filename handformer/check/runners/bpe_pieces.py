@@ -56,14 +56,9 @@ def check_pieces(res: ComponentResult, ctx: Context, train: Callable[[list[str]]
                                   _piece_of(tok))
         return
     tok, merges = train(LINES)
-    step, _rule = R.replay(sentencepiece_words(LINES), merges)
-    res.checks.append(failed_check(text(
-        f"its {len(merges)} merges on the fixture's lines (cut as SentencePiece cuts them: ▁ for each "
-        "space) are each a most frequent pair, counted with each word's frequency",
-        f"在测试语料的各行上（按 SentencePiece 的方式切开：空格写作 ▁）学到的 {len(merges)} 次合并，"
-        "每一次都是（按词频计数的）出现最多的一对"), step is None, lambda: text(
-        f"merge {step}, {merges[step]}, is not a most frequent pair once the merges before it are applied",
-        f"合并 {step}（从 0 数）{merges[step]} 在应用它之前的合并后，不是出现最多的一对")))
+    bpe_words.most_frequent_merges(res, merges, sentencepiece_words(LINES), (
+        "lines (cut as SentencePiece cuts them: ▁ for each space)", "",
+        "各行上（按 SentencePiece 的方式切开：空格写作 ▁）", ""))
     _round_trip(res, ctx, tok, merges, lines)
     byte_fallback(res, ctx, tok, lines)
 
@@ -163,3 +158,4 @@ def byte_fallback(res: ComponentResult, ctx: Context, tok: Any, lines: list[tupl
 def _words_of(line: str) -> list[tuple[str, ...]]:
     """The line's words as SentencePiece cuts them, in order."""
     return [tuple(w) for w in re.split(f"(?={SPACE})", SPACE + line.replace(" ", SPACE)) if w]
+

@@ -77,14 +77,9 @@ def check_words(res: ComponentResult, merges: list[tuple[str, str]], corpus: lis
     if cut is None:
         return _unexplained(res, merges, lines)
     words = words_of(corpus, cut)
-    step, _rule = R.replay(words, merges)  # type: ignore[arg-type]
-    res.checks.append(failed_check(text(
-        f"its {len(merges)} merges on the fixture's words (cut at spaces, {_SHOWN[cut][0]}) are each a most "
-        "frequent pair, counted with each word's frequency (ties in any order)",
-        f"在测试语料的词上（按空格切开，{_SHOWN[cut][1]}）学到的 {len(merges)} 次合并，每一次都是"
-        "（按词频计数的）出现最多的一对（并列时顺序不限）"), step is None, lambda: text(
-        f"merge {step}, {merges[step]}, is not a most frequent pair once the merges before it are applied",
-        f"合并 {step}（从 0 数）{merges[step]} 在应用它之前的合并后，不是出现最多的一对")))
+    step = most_frequent_merges(res, merges, words, (
+        f"words (cut at spaces, {_SHOWN[cut][0]})", " (ties in any order)",
+        f"词上（按空格切开，{_SHOWN[cut][1]}）", "（并列时顺序不限）"))
     if step is not None:
         once = R.replay(Counter(dict.fromkeys(words, 1)), merges)[0] is None  # type: ignore[arg-type]
         what, zh = COUNTS[once]
@@ -286,3 +281,19 @@ def held_merges(tok: Any) -> list[tuple[str, str]]:
     """The merges a trained tokenizer holds as pairs of strings (a list, or a dict pair -> rank), read
     as they are: ASCII ones are not GPT-2's characters of bytes here."""
     return next(filter(None, map(_string_merges, vars(tok).values())), [])
+
+
+def most_frequent_merges(res: ComponentResult, merges: list, words: Any,
+                         where: tuple[str, str, str, str]) -> Any:
+    """Checks that each merge, replayed on `words`, is a most frequent pair counted with each word's
+    frequency; `where` says on what (en, en after, zh, zh after). The step that is not, or None."""
+    step, _rule = R.replay(words, merges)
+    res.checks.append(failed_check(text(
+        f"its {len(merges)} merges on the fixture's {where[0]} are each a most frequent pair, counted with "
+        f"each word's frequency{where[1]}",
+        f"在测试语料的{where[2]}学到的 {len(merges)} 次合并，"
+        f"每一次都是（按词频计数的）出现最多的一对{where[3]}"),
+        step is None, lambda: text(
+            f"merge {step}, {merges[step]}, is not a most frequent pair once the merges before it are "
+            "applied", f"合并 {step}（从 0 数）{merges[step]} 在应用它之前的合并后，不是出现最多的一对")))
+    return step
