@@ -133,6 +133,7 @@ def _positions_by_use(fn: Callable[..., Any], names: list[str]) -> tuple[Callabl
     (lucidrains' pos), else the offset, so that the attempts find which it accepts (an int tensor of
     positions, the angles, or an int offset)."""
     params = inspect.signature(fn).parameters
+    params = {n.rstrip("_"): p for n, p in params.items()} | dict(params)  # cos_ as _unsuffixed names it
     said = (*_tensor_names(names), *THETA_NAMES, *OFFSET_ARGS, *LENGTH_NAMES, *DIM_NAMES)  # no positions
     rest = [n for n in names if n not in said and params[n].default is inspect.Parameter.empty]
     if len(rest) != 1 or _takes([n for n in names if n != rest[0]], TABLE_ARGS):
