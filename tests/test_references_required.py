@@ -133,3 +133,15 @@ def test_an_empty_parameter_list_fails_at_collection(pytester):
 def test_ci_requires_the_references():
     ci = (TESTS.parent / ".ci" / "run").read_text()
     assert "export HANDFORMER_REQUIRE_REFERENCES=1" in ci
+
+
+def test_a_hardware_skip_passes_in_ci_only_where_the_cpu_lacks_the_instructions(monkeypatch):
+    """The C kernels' skip ("torch sees no AVX-512 on this CPU") is allowed under REQUIRE only where
+    /proc/cpuinfo, read apart from the kernels' own guard, shows no avx512f: a guard that skipped on an
+    AVX-512 CPU would still fail CI."""
+    reason = "the C kernel cannot be built here: torch sees no AVX-512 on this CPU"
+    monkeypatch.setattr(run_policy, "_cpu_flags", lambda: "flags : fpu sse2 avx2 fma")
+    assert run_policy.hardware_skip(reason)
+    monkeypatch.setattr(run_policy, "_cpu_flags", lambda: "flags : fpu sse2 avx2 avx512f avx512bw")
+    assert not run_policy.hardware_skip(reason)
+    assert not run_policy.hardware_skip("no GPU here")

@@ -125,10 +125,12 @@ def test_the_kernel_asks_the_cpu_for_vnni():
     """The library's own check (gcc's __builtin_cpu_supports) agrees with the kernel's flags in
     /proc/cpuinfo: the kernels load only on a CPU that has every instruction set they use."""
     cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.exists() or c_kernels.kernel("int8_linear") is None:
-        pytest.skip("no /proc/cpuinfo or no C kernels here")
+    if not cpuinfo.exists():
+        pytest.skip("no /proc/cpuinfo here")
     flags = next(line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")).split()
     has = all(f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c"))
+    if has and c_kernels.kernel("int8_linear") is None:  # the CPU has them, but no gcc (or no build)
+        pytest.skip(f"the C kernel cannot be built here: {c_kernels.why_not('int8_linear')}")
     assert (c_kernels.kernel(INT8) is not None) == has == (c_kernels.kernel(INT4) is not None)
 
 
