@@ -4,6 +4,7 @@ a child process). `check_module` streams one `ComponentResult` per component to 
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -98,13 +99,20 @@ def importable(folder: Path) -> None:
     forgotten: two folders that each hold a `correct.py` (checked one after the other in one
     process, as the tests do) never hand each other's modules to `from correct import ...`."""
     others = LEARNER_FOLDERS - {str(folder)}
-    for name, module in list(sys.modules.items()):
-        if str(Path(getattr(module, "__file__", None) or "/").parent) in others:
+    for name, module in list(sys.modules.items()) if others else ():
+        if _folder_of(getattr(module, "__file__", None) or "/") in others:
             del sys.modules[name]
     LEARNER_FOLDERS.add(str(folder))
     if str(folder) in sys.path:
         sys.path.remove(str(folder))
     sys.path.insert(0, str(folder))
+
+
+@functools.cache
+def _folder_of(file: str) -> str:
+    """The folder of a module's file, remembered: a test process holds thousands of modules, and
+    every check asks again of each (Path's parsing was most of an in-process check's import)."""
+    return str(Path(file).parent)
 
 
 def in_package(module: types.ModuleType, path: str) -> None:
