@@ -810,6 +810,9 @@ CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("transformer", lambda c: decoder_only(c), "gpt"),
     # a decoder-only model's DecoderLayer (llama2.c's kin): no memory to attend to
     ("decoder_layer", lambda c: decoder_only(c, POSITION_EXTRAS), "block"),
+    # a model of token ids and features of another modality (CLIP's text tower beside image_embeds):
+    # neither a language model nor an encoder-decoder, none of check's kinds
+    ("gpt", lambda c: takes_features(c), ""),
     # found by its ending (Llama3Model's "Model"): what its forward takes says
     ("gpt", lambda c: c.__name__ not in NAMES["gpt"] and not decoder_only(c), "transformer"),
     ("gpt", lambda c: encoder_only_model(c), "encoder_model"),  # DistilBertForMaskedLM: nothing causal
@@ -831,6 +834,16 @@ def _forward_parameters(cls: Any) -> dict[str, inspect.Parameter]:
 
 def _module_of(obj: Any) -> types.ModuleType | None:
     return sys.modules.get(getattr(obj, "__module__", ""), None)
+
+
+# a required input that is features, not token ids: CLIP's image_embeds, pixel_values, audio_features
+FEATURE_INPUT = re.compile(r"(?i)embed|feature|pixel|image|audio|vision")
+
+
+def takes_features(cls: Any) -> bool:
+    """Whether a model's forward requires, beside its token ids, an input named for features."""
+    params = list(_forward_parameters(cls).values())[2:]
+    return any(p.default is p.empty and FEATURE_INPUT.search(p.name) for p in params)
 
 
 def decoder_only(cls: Any, extras: tuple[str, ...] = TOKEN_EXTRAS) -> bool:

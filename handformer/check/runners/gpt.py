@@ -117,10 +117,10 @@ from handformer.check.runners.model import as_written_, computes_sqrt, exact_nor
 from handformer.check.runners.model_loss import unshifted_finding
 from handformer.check.runners.padding_left import MASK_NAME, left_padding
 from handformer.check.runners.pieces import (
-    FFN_ACTIVATIONS,
     HF_NAME,
     OFFSET_NOTE,
     built_activation,
+    ffn_activations,
     plain_activation_,
 )
 from handformer.check.runners.rope_scaling import (
@@ -1191,7 +1191,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
     _windows_measured(res, call, m)
     res.notes += [order_note(m.order)] * bool(m.order)
     settings = [Choices(p, a, r, f) for f in forms for r in m.ropes for p in placements
-                for a in FFN_ACTIVATIONS[gated]]
+                for a in ffn_activations(gated)]
     found = _search(m, out, idx, settings, last_only)
     if found is None:
         res.notes.append(NO_READING)

@@ -144,6 +144,7 @@ from handformer.check.runners.pieces import (
     HF_NAME,
     OFFSET_NOTE,
     built_activation,
+    ffn_activations,
     ffn_name_findings,
     plain_activation_,
 )
@@ -1143,7 +1144,7 @@ def layer_settings(layer: Layer) -> list[Setting]:
     """Every reading of the layer's weights the search tries: FFN mapping, activation, placement
     (the kind's first), rotary layout, the numbers it takes from its settings (`Form`)."""
     gated = is_gated(layer.ffn_candidates[0])
-    return list(itertools.product(layer.ffn_candidates, FFN_ACTIVATIONS[gated], layer.placements,
+    return list(itertools.product(layer.ffn_candidates, ffn_activations(gated), layer.placements,
                                   layer.ropes, layer.forms))
 
 
