@@ -1062,7 +1062,8 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
     if own is None and not keys and p.name.lower() not in CONFIG_NAMES:
         return None
     if keys:
-        config = {**values, **{k: values[k.lower()] for k in keys if k.lower() in values}}
+        own_values = file_dict_values(cls, keys)  # where check has no size: the file's own
+        config = {**own_values, **values, **{k: values[k.lower()] for k in keys if k.lower() in values}}
         if sizes.get("d_ff") and _dict_keys(cls) & {"emb_dim", "d_model", "dim", "n_embd"}:
             config["hidden_dim"] = sizes["d_ff"]  # Raschka's cfg: emb_dim the width, hidden_dim the FFN's
         return config
@@ -1087,6 +1088,14 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
                 setattr(config, attr, value)
         return config
     return types.SimpleNamespace(**paired_hidden(values, attrs, sizes))
+
+
+def file_dict_values(cls: Any, keys: set[str]) -> dict[str, Any]:
+    """The values of the file's own config dicts (a module-level `peizhi = {"rope_theta": 10000.0, ...}`)
+    that hold a key its code reads: what check has no size for keeps the file's (the rotary base, a
+    norm's epsilon, the layers built from the dict handed on)."""
+    dicts = [v for v in vars(_module_of(cls) or types).values() if isinstance(v, dict) and keys & set(v)]
+    return {k: v for d in reversed(dicts) for k, v in d.items() if isinstance(k, str)}
 
 
 # a sliding window's field (Mistral's ModelArgs.window_size)
