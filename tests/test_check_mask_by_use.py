@@ -43,6 +43,7 @@ def test_the_files_config_dict_gives_what_check_has_no_size_for(results):
     ("scores = scores + yanma", "yanma", True), ("att += m", "m", True),
     ("att = att.masked_fill(causal[:, :, :T, :T] == 0, -1e9)", "causal", True),
     ("w = torch.where(zhezhao, w, -1e9)", "zhezhao", True),
-    ("scores += position_bias", "position_bias", False), ("h = x + attn_out", "attn_out", False)])
+    ("scores += position_bias", "position_bias", False), ("h = x + attn_out", "attn_out", False),
+    ("scores = scores + self.future[:T, :S]", "self", False)])
 def test_a_mask_is_what_is_added_to_the_scores_or_filled_by(source, name, mask):
     assert used_as_mask(source, name) is mask

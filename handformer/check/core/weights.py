@@ -354,6 +354,15 @@ def shapes_text(found: list[Leaf]) -> str:
     return ", ".join(f"{leaf.name} {tuple(leaf.weight.shape)}" for leaf in found) or "none"
 
 
+def narrow_kv_width(linears: list[Leaf], D: int, count: int) -> int:
+    """The width of W_K and W_V read from their shapes where they are narrower than d_model (a
+    multi-query attention's k_proj and v_proj of one head, (Dh, D)): two an attention, all (k, D) with
+    k dividing D; D where there are none such."""
+    narrow = [leaf.weight.shape[0] for leaf in linears
+              if leaf.weight.shape[1] == D and leaf.weight.shape[0] < D and D % leaf.weight.shape[0] == 0]
+    return narrow[0] if len(narrow) == 2 * count and len(set(narrow)) == 1 else D
+
+
 def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width: int | None = None,
                     head_dim: int = sizes.D // H) -> list[list[Slot]]:
     """`count` attentions from linears in order W_Q, W_K, W_V, W_O (or a fused qkv projection then
@@ -369,6 +378,7 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
         outs = square if len(square) == count else [None] * count
         return [fused_slots(p, f, D, head_dim) + ([Slot(f"{p}W_O", o)] if o is not None else [])
                 for p, f, o in zip(prefixes, fused, outs)]
+    kv = kv if kv != D or len(square) != 2 * count else narrow_kv_width(outside_ffn(linears), D, count)
     if kv != D:
         return _grouped_slots(linears, D, kv, count, prefixes, what)
     per = {4 * count: 4, 3 * count: 3}.get(len(square))  # W_O or none
