@@ -10,14 +10,12 @@ still departs: the reading it is compared on is what its code computes, one of t
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 # activation -> what its code looks like in a learner's file
 SHOWN = {"quick_gelu": re.compile(r"1\.702|quick_?gelu", re.IGNORECASE)}
-_shown: list[tuple[str, ...]] = [()]  # the activations the file being checked shows
+_shown: dict[str, tuple[str, ...]] = {"file": ()}  # the activations the file being checked shows
 
 
 def shown_in(source: str) -> tuple[str, ...]:
@@ -26,15 +24,10 @@ def shown_in(source: str) -> tuple[str, ...]:
 
 
 def file_activations() -> tuple[str, ...]:
-    """The activations of SHOWN the file being checked writes (none outside a check)."""
-    return _shown[-1]
+    """The activations of SHOWN the file being checked (the last one check_file began) writes."""
+    return _shown["file"]
 
 
-@contextlib.contextmanager
-def activations_of(path: str) -> Iterator[None]:
-    """While a file is checked, file_activations() is what its code shows."""
-    _shown.append(shown_in(Path(path).read_text(errors="replace")))
-    try:
-        yield
-    finally:
-        _shown.pop()
+def read_activations(path: str) -> None:
+    """Read what the file about to be checked shows: file_activations() until the next file."""
+    _shown["file"] = shown_in(Path(path).read_text(errors="replace"))

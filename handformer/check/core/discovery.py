@@ -1095,7 +1095,7 @@ def file_dict_values(cls: Any, keys: set[str]) -> dict[str, Any]:
     that hold a key its code reads: what check has no size for keeps the file's (the rotary base, a
     norm's epsilon, the layers built from the dict handed on)."""
     dicts = [v for v in vars(_module_of(cls) or types).values() if isinstance(v, dict) and keys & set(v)]
-    return {k: v for d in reversed(dicts) for k, v in d.items() if isinstance(k, str)}
+    return {k: v for d in reversed(dicts) for k, v in d.items()}
 
 
 # a sliding window's field (Mistral's ModelArgs.window_size)

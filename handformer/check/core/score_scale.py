@@ -75,8 +75,9 @@ def _from_a_setting(expression: str, params: list[str]) -> bool:
     that says a size (`self.head_dim`, `config.hidden_size`) but the layer count a depth scale divides
     by (`cfg.scale_depth / math.sqrt(cfg.n_layers)`, μP's)."""
     names = set(re.findall(r"[A-Za-z_]\w*", expression))
-    sizes = {n for n in names if _says_a_size(n) and not _layer_count(n)}
-    return bool(names & set(params)) and not sizes and not names <= {*params, *filter(_layer_count, names)}
+    counts = set(filter(_layer_count, names))
+    return bool(names & set(params)) and not set(filter(_says_a_size, names)) - counts and bool(
+        names - set(params) - counts)
 
 
 def _says_a_size(name: str) -> bool:

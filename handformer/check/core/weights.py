@@ -354,13 +354,12 @@ def shapes_text(found: list[Leaf]) -> str:
     return ", ".join(f"{leaf.name} {tuple(leaf.weight.shape)}" for leaf in found) or "none"
 
 
-def narrow_kv_width(linears: list[Leaf], D: int, count: int) -> int:
-    """The width of W_K and W_V read from their shapes where they are narrower than d_model (a
-    multi-query attention's k_proj and v_proj of one head, (Dh, D)): two an attention, all (k, D) with
-    k dividing D; D where there are none such."""
-    narrow = [leaf.weight.shape[0] for leaf in linears
-              if leaf.weight.shape[1] == D and leaf.weight.shape[0] < D and D % leaf.weight.shape[0] == 0]
-    return narrow[0] if len(narrow) == 2 * count and len(set(narrow)) == 1 else D
+def one_head_width(shapes: list[tuple[int, ...]], D: int) -> int:
+    """The width of W_K and W_V read from the weights' shapes where they are narrower than d_model (a
+    multi-query attention's k_proj and v_proj of one head, (Dh, D)): two alike, (k, D) with k dividing
+    D; D where there are no such two."""
+    narrow = tuple(s[0] for s in shapes if s[1] == D and s[0] < D and D % s[0] == 0)
+    return {(w, w): w for w in narrow}.get(narrow, D)
 
 
 def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width: int | None = None,
@@ -378,7 +377,8 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
         outs = square if len(square) == count else [None] * count
         return [fused_slots(p, f, D, head_dim) + ([Slot(f"{p}W_O", o)] if o is not None else [])
                 for p, f, o in zip(prefixes, fused, outs)]
-    kv = kv if kv != D or len(square) != 2 * count else narrow_kv_width(outside_ffn(linears), D, count)
+    widths = [tuple(x.weight.shape) for x in outside_ffn(linears)]
+    kv = kv if kv != D or len(square) != 2 * count else one_head_width(widths, D)
     if kv != D:
         return _grouped_slots(linears, D, kv, count, prefixes, what)
     per = {4 * count: 4, 3 * count: 3}.get(len(square))  # W_O or none

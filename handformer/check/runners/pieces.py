@@ -548,9 +548,15 @@ def _by_class_name(ctx: Context, class_name: str, gated: bool) -> str | None:
 def _by_attribute(ctx: Context, class_name: str, gated: bool) -> str | None:
     """The activation the attribute holding it is named for (`self.gelu = nn.GELU()`), in the FFN's
     own class."""
+    return _one_named(ctx, class_name, ACT_ATTRIBUTE, lambda m: ACT_FAMILY[m.lower()])
+
+
+def _one_named(ctx: Context, class_name: str, pattern: re.Pattern[str], family: Callable[[str], str],
+               ) -> str | None:
+    """The one activation (`family` of what `pattern` finds) the lines of the FFN's own class name; none
+    for none or several."""
     cls = own_objects(ctx.module).get(class_name)
-    found = {ACT_FAMILY[m.lower()] for _, line in source_lines([cls] if cls else [])
-             for m in ACT_ATTRIBUTE.findall(line)}
+    found = {family(m) for _, line in source_lines(filter(None, [cls])) for m in pattern.findall(line)}
     return found.pop() if len(found) == 1 else None
 
 
@@ -584,11 +590,8 @@ def _by_own_tanh_gelu(ctx: Context, class_name: str, gated: bool) -> str | None:
 def _by_held_class(ctx: Context, class_name: str, gated: bool) -> str | None:
     """The activation the module it builds is named for (`self.act = QuickGELUActivation()`,
     `self.act_fn = nn.SiLU()`), in the FFN's own class: one name, else none."""
-    cls = own_objects(ctx.module).get(class_name)
-    lines = source_lines([cls] if cls else [])
-    found = {HELD_FAMILY.get(m.lower().replace("_", ""), m.lower()) for _, line in lines
-             for m in HELD_ACTIVATION.findall(line)}
-    return found.pop() if len(found) == 1 else None
+    return _one_named(ctx, class_name, HELD_ACTIVATION,
+                      lambda m: HELD_FAMILY.get(m.lower().replace("_", ""), m.lower()))
 
 
 HELD_ACTIVATION = re.compile(r"self\.\w+\s*=\s*(?:nn\.)?[A-Za-z]*?(quick_?gelu|gelu|relu|silu|swish)\w*\(",
