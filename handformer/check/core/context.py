@@ -27,7 +27,7 @@ from handformer.check.core.argument_names import (  # noqa: F401  (the runners i
     names_of,
     readable_parameters,
 )
-from handformer.check.core.conventions import conventions_for, is_lengths_name, masks_where_true
+from handformer.check.core.conventions import QUERY_FIRST, conventions_for, is_lengths_name, masks_where_true
 from handformer.check.core.discovery import (
     SIZE_OF,
     Component,
@@ -556,6 +556,31 @@ def is_mask_name(name: str) -> bool:
             or bool(ADDITIVE_MASK_NAME.fullmatch(lowered)))
 
 
+# what code does with a mask, whatever its name (a Chinese course's `yanma`, 掩码): adds it to the
+# scores (`scores = scores + yanma`, `attn += m`), fills by it, or picks by it
+SCORES_WORD = r"(?:scores?|att\w*|logits|weights?|dots|sim|energy|qk|w)"
+MASK_USES = (r"\b{s}\s*(?:\+=|=\s*{s}\s*\+)\s*{name}\b(?![.(])", r"masked_fill_?\(\s*{name}\b",
+             r"\.masked_fill_?\([^,()]*\b{name}\b", r"torch\.where\(\s*{name}\b")
+
+
+NOT_MASK_WORDS = re.compile(r"(?i)bias|pos|alibi|rel|freq|cos|sin|rope|rotary|table")
+
+
+def used_as_mask(source: str, name: str) -> bool:
+    """Whether `source` uses a variable of this name as a mask: added to the attention's scores, or
+    what a masked_fill or torch.where fills by; never a bias of positions added so (T5's position_bias,
+    ALiBi's slopes), which its name says."""
+    uses = (use.format(s=SCORES_WORD, name=re.escape(name)) for use in MASK_USES)
+    plain = name != "self" and not NOT_MASK_WORDS.search(name)
+    return plain and any(re.search(use, source, re.IGNORECASE) for use in uses)
+
+
+def is_mask_param(name: str, owner: Any) -> bool:
+    """A parameter of `owner` (a forward, a class) that takes the mask: by its name, or by what the
+    file that defines it does with a variable of that name (used_as_mask)."""
+    return is_mask_name(name) or used_as_mask(source_text(inspect.getmodule(owner)), name)
+
+
 def says_keep(name: str | None) -> bool:
     """A mask's name that says True = may attend (keep_mask, visible): never read as torch.nn's
     True = masked."""
@@ -966,6 +991,8 @@ def outputs_by_convention(run: Callable[[str], Tensor | None], conventions: tupl
     its first failure."""
     outputs, failure = {}, None
     for conv in conventions:
+        if conv in QUERY_FIRST and set(outputs) - set(QUERY_FIRST):  # a fallback: where every other raised
+            break
         try:
             out = run(conv)
         except fp.LearnerFailure as err:

@@ -51,6 +51,8 @@ RANKS = {"": text("", ""), "3": text(", rank 3: (B, T, S)", "，三维：(B, T, 
          "lens": text(": (B,) for every query alike, (B, T) for one per query",
                       "：所有查询相同时为 (B,)，每个查询各自一个时为 (B, T)"),
          "lens_keys": text(": (B,), every query alike", "：(B,)，所有查询相同"),
+         "q": text(", query-first: (B, T, 1, S), GPT-BigCode's for its multi-query scores (B, T, H, S)",
+                   "，查询维在前：(B, T, 1, S)，即 GPT-BigCode 多查询注意力的分数 (B, T, H, S) 用的形状"),
          "w": text(", rank 2: (T, S), one mask for the whole batch (Mistral's mask[None, None])",
                    "，二维：(T, S)，整个 batch 共用一个掩码（Mistral 的 mask[None, None]）"),
          "f": text(", as fairseq's layers and torch.nn's take them: a key padding mask (B, S) where every "
@@ -63,13 +65,16 @@ RANKS = {"": text("", ""), "3": text(", rank 3: (B, T, S)", "，三维：(B, T, 
 ONE_ATTN_MASK = ("torchf",)
 # the masks of one (T, S) for the whole batch, tried where every other form mixes the batch's rows
 SHARED = ("additivew", "intw", "boolw")  # Meta's and Mistral's, added to the scores, first
+# the masks of a layout tried only where the code raises on every other (FALLBACK_AFTER): the
+# query-first (B, T, 1, S) of GPT-BigCode, bool for its torch.where first
+QUERY_FIRST = ("boolq", "intq", "additiveq")
 
 
 def split(convention: str) -> tuple[str, str]:
     """("int", "3") for "int3"; ("lens", "lens") or ("lens", "lens_keys") for valid lengths."""
     if convention.startswith("lens"):
         return "lens", convention
-    name = convention.rstrip("23nxswf")
+    name = convention.rstrip("23nxswfq")
     return name, convention[len(name):]
 
 
@@ -79,7 +84,8 @@ def conventions_for(mask_name: str | None, forced: str | None = None) -> tuple[s
     if mask_name is not None and is_lengths_name(mask_name):
         return ("lens", "lens_keys")  # searched with a mask of its own for each query, then with (B,)
     names = (forced,) if forced else AUTO
-    return tuple(n + r for r in ("", "3", "2") for n in names if not (r == "2" and n == "additive"))
+    return tuple(n + r for r in ("", "3", "2") for n in names if not (r == "2" and n == "additive")) + (
+        QUERY_FIRST * (not forced))
 
 
 def is_lengths_name(name: str) -> bool:
@@ -167,6 +173,7 @@ RANK_FORMS: dict[str, Callable[[Tensor, int], Tensor]] = {
     "x": _heads,  # (B * H, T|1, S) whatever the mask
     "s": lambda mask, heads: mask[:, 0].permute(1, 2, 0),  # sequence-first: (T|1, S, B)
     "w": lambda mask, heads: mask[0, 0],  # (T|1, S): one for every row of the batch
+    "q": lambda mask, heads: mask.transpose(1, 2),  # (B, T|1, 1, S): query-first
     "f": _padding_or_attn_mask,
     "lens": _lengths, "lens_keys": _lengths,
 }

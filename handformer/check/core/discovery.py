@@ -810,6 +810,9 @@ CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("transformer", lambda c: decoder_only(c), "gpt"),
     # a decoder-only model's DecoderLayer (llama2.c's kin): no memory to attend to
     ("decoder_layer", lambda c: decoder_only(c, POSITION_EXTRAS), "block"),
+    # a model of token ids and features of another modality (CLIP's text tower beside image_embeds):
+    # neither a language model nor an encoder-decoder, none of check's kinds
+    ("gpt", lambda c: takes_features(c), ""),
     # found by its ending (Llama3Model's "Model"): what its forward takes says
     ("gpt", lambda c: c.__name__ not in NAMES["gpt"] and not decoder_only(c), "transformer"),
     ("gpt", lambda c: encoder_only_model(c), "encoder_model"),  # DistilBertForMaskedLM: nothing causal
@@ -831,6 +834,16 @@ def _forward_parameters(cls: Any) -> dict[str, inspect.Parameter]:
 
 def _module_of(obj: Any) -> types.ModuleType | None:
     return sys.modules.get(getattr(obj, "__module__", ""), None)
+
+
+# a required input that is features, not token ids: CLIP's image_embeds, pixel_values, audio_features
+FEATURE_INPUT = re.compile(r"(?i)embed|feature|pixel|image|audio|vision")
+
+
+def takes_features(cls: Any) -> bool:
+    """Whether a model's forward requires, beside its token ids, an input named for features."""
+    params = list(_forward_parameters(cls).values())[2:]
+    return any(p.default is p.empty and FEATURE_INPUT.search(p.name) for p in params)
 
 
 def decoder_only(cls: Any, extras: tuple[str, ...] = TOKEN_EXTRAS) -> bool:
@@ -1049,7 +1062,8 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
     if own is None and not keys and p.name.lower() not in CONFIG_NAMES:
         return None
     if keys:
-        config = {**values, **{k: values[k.lower()] for k in keys if k.lower() in values}}
+        own_values = file_dict_values(cls, keys)  # where check has no size: the file's own
+        config = {**own_values, **values, **{k: values[k.lower()] for k in keys if k.lower() in values}}
         if sizes.get("d_ff") and _dict_keys(cls) & {"emb_dim", "d_model", "dim", "n_embd"}:
             config["hidden_dim"] = sizes["d_ff"]  # Raschka's cfg: emb_dim the width, hidden_dim the FFN's
         return config
@@ -1074,6 +1088,14 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
                 setattr(config, attr, value)
         return config
     return types.SimpleNamespace(**paired_hidden(values, attrs, sizes))
+
+
+def file_dict_values(cls: Any, keys: set[str]) -> dict[str, Any]:
+    """The values of the file's own config dicts (a module-level `peizhi = {"rope_theta": 10000.0, ...}`)
+    that hold a key its code reads: what check has no size for keeps the file's (the rotary base, a
+    norm's epsilon, the layers built from the dict handed on)."""
+    dicts = [v for v in vars(_module_of(cls) or types).values() if isinstance(v, dict) and keys & set(v)]
+    return {k: v for d in reversed(dicts) for k, v in d.items()}
 
 
 # a sliding window's field (Mistral's ModelArgs.window_size)

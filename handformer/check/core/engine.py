@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from handformer.check.core import fingerprint as fp
+from handformer.check.core.activations import read_activations
 from handformer.check.core.adapters import adapter_hint, cannot_check
 from handformer.check.core.adapters import functions as adapter_functions
 from handformer.check.core.adapters import load as load_adapters
@@ -577,6 +578,7 @@ def check_file(path: str, overrides: dict[str, str] | None = None, only: list[st
     todo = [c for c in components if c.name not in skip]
     ctx = Context(path, module, {c.kind: c for c in reversed(everything)}, convention)
     ctx.skipped = result.skipped
+    read_activations(path)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: a second thread costs more than it saves
     try:

@@ -29,6 +29,7 @@ from handformer.check.core.weights import (
     no_unreferenced_parts,
     norm_slots,
     of_kind,
+    one_head_width,
     qk_norm_slots,
     shapes_text,
     sink_slots,
@@ -123,8 +124,9 @@ def projection_width(shapes: list[tuple[int, ...]]) -> int:
     """The number of (D, D) projections among the linear layers' weight shapes, a fused (3D, D) one
     (or a multi-query one, (D + 2 kv, D): Falcon's, SantaCoder's) counting three."""
     ups = ffn_ups(shapes)  # an FFN's (2D, D) or (3D, D) up projection: no fused one
-    return sum(1 if s == (D, D) else 3 if s[1] == D and kv_width(s[0], D, D // H) and i not in ups else 0
-               for i, s in enumerate(shapes))  # (3D: kv = D)
+    one_query = 2 * (one_head_width(shapes, D) != D)  # a multi-query k_proj and v_proj (Dh, D)
+    return one_query + sum(1 if s == (D, D) else 3 if s[1] == D and kv_width(s[0], D, D // H) and i not in ups
+                           else 0 for i, s in enumerate(shapes))  # (3D: kv = D)
 
 
 SUBLAYERS = {False: ["self-attention", "FFN"], True: ["self-attention", "cross-attention", "FFN"]}  # decoder?

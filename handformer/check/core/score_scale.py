@@ -72,9 +72,12 @@ def configured_settings(module: nn.Module) -> dict[str, float]:
 
 def _from_a_setting(expression: str, params: list[str]) -> bool:
     """Whether an expression reads an argument of the constructor (`config.X`, or `X`) and no name
-    that says a size (`self.head_dim`, `config.hidden_size`)."""
+    that says a size (`self.head_dim`, `config.hidden_size`) but the layer count a depth scale divides
+    by (`cfg.scale_depth / math.sqrt(cfg.n_layers)`, μP's)."""
     names = set(re.findall(r"[A-Za-z_]\w*", expression))
-    return bool(names & set(params)) and not any(map(_says_a_size, names))
+    counts = set(filter(_layer_count, names))
+    return bool(names & set(params)) and not set(filter(_says_a_size, names)) - counts and bool(
+        names - set(params) - counts)
 
 
 def _says_a_size(name: str) -> bool:

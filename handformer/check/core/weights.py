@@ -354,6 +354,14 @@ def shapes_text(found: list[Leaf]) -> str:
     return ", ".join(f"{leaf.name} {tuple(leaf.weight.shape)}" for leaf in found) or "none"
 
 
+def one_head_width(shapes: list[tuple[int, ...]], D: int) -> int:
+    """The width of W_K and W_V read from the weights' shapes where they are narrower than d_model (a
+    multi-query attention's k_proj and v_proj of one head, (Dh, D)): two alike, (k, D) with k dividing
+    D; D where there are no such two."""
+    narrow = tuple(s[0] for s in shapes if s[1] == D and s[0] < D and D % s[0] == 0)
+    return {(w, w): w for w in narrow}.get(narrow, D)
+
+
 def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width: int | None = None,
                     head_dim: int = sizes.D // H) -> list[list[Slot]]:
     """`count` attentions from linears in order W_Q, W_K, W_V, W_O (or a fused qkv projection then
@@ -369,6 +377,8 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
         outs = square if len(square) == count else [None] * count
         return [fused_slots(p, f, D, head_dim) + ([Slot(f"{p}W_O", o)] if o is not None else [])
                 for p, f, o in zip(prefixes, fused, outs)]
+    widths = [tuple(x.weight.shape) for x in outside_ffn(linears)]
+    kv = kv if kv != D or len(square) != 2 * count else one_head_width(widths, D)
     if kv != D:
         return _grouped_slots(linears, D, kv, count, prefixes, what)
     per = {4 * count: 4, 3 * count: 3}.get(len(square))  # W_O or none

@@ -30,6 +30,7 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "silu": F.silu,
     "relu2": lambda x: F.relu(x).square(),  # ReLU squared (Primer's, nanochat's): an activation
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),  # CLIP's (core/activations.py)
 }
 
 

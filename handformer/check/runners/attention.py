@@ -55,6 +55,7 @@ from handformer.check.core.context import (
     guarded,
     is_cache_argument,
     is_mask_name,
+    is_mask_param,
     is_number,
     masked_rows,
     masks_where_true_inside,
@@ -188,12 +189,12 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     fixed = {**dict.fromkeys(optional_inputs(fn, params, extra)), **window_inputs(fn, params),
              **_residual_inputs(params), **_bias_inputs(params)}
     others = {*extra, *fixed, *(marks := global_names(params))}  # Longformer's global_attention_mask
-    first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in others
+    first_other = next((i for i, p in enumerate(params) if is_mask_param(p.name, fn) or p.name in others
                         or isinstance(p.default, (int, float, str)) or is_cache_argument(p)
                         or i > 0 and optional_extra(p)),
                        len(params))  # layer_idx=0, layer_past=None, CS336's token_positions=None: kept
     inputs = params[:first_other]  # the tensors before the mask or rotary table (minimind: x only)
-    masks = [p for p in params if is_mask_name(p.name)]
+    masks = [p for p in params if is_mask_param(p.name, fn)]
     named = {p.name for p in params} & extra
     n = min(len(inputs), 3)
     layout: dict[str, bool] = {}  # "batched": Hugging Face's (cos, sin) of (B, T, Dh), once known

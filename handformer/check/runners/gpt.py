@@ -117,10 +117,10 @@ from handformer.check.runners.model import as_written_, computes_sqrt, exact_nor
 from handformer.check.runners.model_loss import unshifted_finding
 from handformer.check.runners.padding_left import MASK_NAME, left_padding
 from handformer.check.runners.pieces import (
-    FFN_ACTIVATIONS,
     HF_NAME,
     OFFSET_NOTE,
     built_activation,
+    ffn_activations,
     plain_activation_,
 )
 from handformer.check.runners.rope_scaling import (
@@ -649,7 +649,22 @@ def _configured_factors(call: Caller, m: GPTMap, idx: Tensor) -> tuple[float | N
     with fp.hooked([handle]):
         logits = call(idx)[0]
     head = heads[-1].transpose(0, 1) if call.first and heads[-1].dim() == 3 else heads[-1]  # (T, B, V)
-    return embed, configured_ratio(logits, head, factors)
+    return embed, configured_ratio(logits, head, factors) or _head_input_factor(call, m, idx, factors)
+
+
+def _head_input_factor(call: Caller, m: GPTMap, idx: Tensor, factors: list[float]) -> float | None:
+    """A configured factor on what a head without a bias is handed, the final norm's output times it
+    (MiniCPM's `lm_head(hidden_states / (hidden_size / dim_model_base))`): the logits' factor so."""
+    if m.head is None or m.head.bias is not None or m.ln_f is None:
+        return None
+    seen: dict[str, Tensor] = {}
+    handles = [m.head.module.register_forward_pre_hook(lambda _, args: seen.update(head=args[0])),
+               m.ln_f.leaf.module.register_forward_hook(lambda _, args, out: seen.update(norm=out))]
+    with fp.hooked(handles):
+        call(idx)
+    if {"head", "norm"} - set(seen) or seen["head"].shape != seen["norm"].shape:
+        return None
+    return configured_ratio(seen["head"], seen["norm"], factors)
 
 
 def configured_ratio(x: Tensor, y: Tensor, factors: list[float]) -> float | None:
@@ -1169,6 +1184,12 @@ NO_READING = text("no known mistake (or pair of them) reproduces your logits; th
                   "各 Block 自己的检查会指出它们与 handformer 的差别")
 
 
+def logit_unit(m: GPTMap) -> float:
+    """What the logits' errors are measured in: a configured factor above 1 on the logits (μP's
+    logits times base_width / d_model) grows their float32 rounding as much as a mistake's."""
+    return max(1.0, abs(m.logit_factor or 1.0))
+
+
 def _largest_error(call: Caller, hf: nn.Module) -> float:
     """The largest logit error against the reference model over three batch shapes (one of a single
     token, one as long as the block)."""
@@ -1191,7 +1212,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
     _windows_measured(res, call, m)
     res.notes += [order_note(m.order)] * bool(m.order)
     settings = [Choices(p, a, r, f) for f in forms for r in m.ropes for p in placements
-                for a in FFN_ACTIVATIONS[gated]]
+                for a in ffn_activations(gated)]
     found = _search(m, out, idx, settings, last_only)
     if found is None:
         res.notes.append(NO_READING)
@@ -1203,7 +1224,8 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
     _norm_findings(res, ctx, comp, m)
     _base_at_width(res, ctx, comp, m, call.module)
     res.max_abs_error = _largest_error(call, hf)
-    res.checks.append(Check(COMPARED[0], res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
+    res.checks.append(Check(COMPARED[0], res.max_abs_error < 1e-5 * logit_unit(m),
+                            error_text(res.max_abs_error)))
     if loss is not None and not last_only:
         _loss(res, comp, hf(idx).logits, loss, targets, _balance(res, m, hf, call, idx, targets))
     _causality(res, call, idx)
@@ -1293,11 +1315,13 @@ def _search(m: GPTMap, out: Tensor, idx: Tensor, settings: list[Choices], last_o
     flags = FLAGS if m.added is not None else tuple(f for f in FLAGS if f != "pe_missing")
     flags += ("rope_wrong_base",) if m.table_theta is not None else ()
     B, T = idx.shape
+    unit = logit_unit(m)
 
     def search_one(ch: Choices, least: int, most: int) -> tuple[frozenset[str], float] | None:
         hf = reference_model(m, ch)
         most = min(most, FEWEST_MISTAKES.get(ch.placement, most))
-        return fp.search(out, lambda fl: _view(variant(hf, idx, fl, m.table_theta), last_only), flags,
+        return fp.search(out / unit, lambda fl: _view(variant(hf, idx, fl, m.table_theta), last_only) / unit,
+                         flags,
                          lambda fl: _view(_rows(B, T, fl)[..., None], last_only)[..., 0], most, least)
     return fp.search_settings(settings, search_one)
 

@@ -50,7 +50,7 @@ from handformer.check.core.weights import (
     of_kind,
 )
 from handformer.check.reference import variants as V
-from handformer.check.runners.pieces import FFN_ACTIVATIONS
+from handformer.check.runners.pieces import ffn_activations
 
 B, T = 2, 6
 LAYOUTS = ("interleaved", "half")  # DeepSeek's complex freqs_cis first, then Hugging Face's halves
@@ -262,7 +262,7 @@ def read_block(module: nn.Module) -> LatentBlock | None:
                            zh=f"潜在注意力之外应当有 2 个归一化，实际找到 {len(norms)} 个")
     slots = ffn_readings(module, of_kind(rest, "linear"), None, "FFN")
     _all_read(of_kind(rest, "linear"), slots[0])
-    readings = [(ffn_weights(s, act), act) for s in slots for act in FFN_ACTIVATIONS[is_gated(s)]]
+    readings = [(ffn_weights(s, act), act) for s in slots for act in ffn_activations(is_gated(s))]
     mapping = [f"{name}.{m}" for m in mapping] + [s.describe() for s in slots[0]] + [
         f"{n.name} -> norm {i + 1}" for i, n in enumerate(norms)]
     return LatentBlock(attn, readings, [norm_weights(Slot("norm", n)) for n in norms], mapping)

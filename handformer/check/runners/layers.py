@@ -57,6 +57,7 @@ from handformer.check.core.context import (
     hidden_rows,
     holds_torch_attention,
     is_mask_name,
+    is_mask_param,
     masked_rows,
     masks_where_true_inside,
     moved_by,
@@ -144,6 +145,7 @@ from handformer.check.runners.pieces import (
     HF_NAME,
     OFFSET_NOTE,
     built_activation,
+    ffn_activations,
     ffn_name_findings,
     plain_activation_,
 )
@@ -203,10 +205,10 @@ class Layer:
         self.params = params
         self.head_dim = D // H  # for Meta's freqs_cis handed to the forward
         self.stateful = decoder and any(p.name == "state" for p in params)  # d2l's forward(X, state)
-        self.masks = [] if self.stateful else [p.name for p in params if is_mask_name(p.name)]
+        self.masks = [] if self.stateful else [p.name for p in params if is_mask_param(p.name, comp.obj)]
         # Raschka's forward(x, mask, cos, sin) requires its mask: where a case hands none, every key
         # is visible in the convention found (`visible`, once known)
-        self.required_mask = any(is_mask_name(p.name) and p.default is p.empty for p in params)
+        self.required_mask = any(p.name in self.masks and p.default is p.empty for p in params)
         self.padding, self.handed, self.unpadded = _mask_roles(comp.obj, self.masks, names_of(params)[1])
         self.visible: str | None = None
         self.extra = {p.name for p in params} & LAYER_POSITIONS
@@ -1143,7 +1145,7 @@ def layer_settings(layer: Layer) -> list[Setting]:
     """Every reading of the layer's weights the search tries: FFN mapping, activation, placement
     (the kind's first), rotary layout, the numbers it takes from its settings (`Form`)."""
     gated = is_gated(layer.ffn_candidates[0])
-    return list(itertools.product(layer.ffn_candidates, FFN_ACTIVATIONS[gated], layer.placements,
+    return list(itertools.product(layer.ffn_candidates, ffn_activations(gated), layer.placements,
                                   layer.ropes, layer.forms))
 
 

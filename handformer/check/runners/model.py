@@ -89,7 +89,13 @@ from handformer.check.core.weights import (
 )
 from handformer.check.reference import variants as V
 from handformer.check.runners.model_pad import check_pad_given, takes_pad
-from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, built_activation, plain_activation_
+from handformer.check.runners.pieces import (
+    FFN_ACTIVATIONS,
+    HF_NAME,
+    built_activation,
+    ffn_activations,
+    plain_activation_,
+)
 from handformer.check.runners.seq2seq_stacks import build_from_stacks
 from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
@@ -657,7 +663,7 @@ def _search(m: ModelMap, out: Tensor, src: Tensor, tgt: Tensor, builds_masks: bo
     gated = is_gated(m.encoder[0].ffn)
     ties = (False, True) if m.out is not None and not m.tied else (False,)
     settings = [Choices(p, a, s, log_probs, t) for t in ties for p in ("post", "pre") for s in (True, False)
-                for a in FFN_ACTIVATIONS[gated]]
+                for a in ffn_activations(gated)]
 
     def search_one(ch: Choices, least: int, most: int) -> tuple[frozenset[str], float] | None:
         hf, memo = reference_model(m, ch), {}  # the encoder's outputs of this setting's search

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
+from handformer.check.core.activations import file_activations
 from handformer.check.core.context import (
     F_WIDTH,
     MAX_LEN,
@@ -293,10 +294,15 @@ MASK_OBSERVED = {
 FFN_ACTIVATIONS = {False: ("relu", "gelu", "gelu_tanh", "relu2", "silu"), True: ("silu", "gelu", "gelu_tanh")}
 HF_NAME = {(False, "relu"): "relu", (False, "gelu"): "gelu", (False, "gelu_tanh"): "gelu_tanh",
            (True, "silu"): "swiglu", (True, "gelu"): "geglu", (True, "gelu_tanh"): "geglu_tanh",
-           (False, "relu2"): "relu2", (False, "silu"): "silu"}
+           (False, "relu2"): "relu2", (False, "silu"): "silu", (False, "quick_gelu"): "quick_gelu"}
 # the plain activations handformer's FeedForward has not (BART's and Marian's swish, SiLU without a
 # gate): the reference is built with the one named here, then handed the learner's (plain_activation_)
-BUILT_AS = {"silu": "gelu"}
+BUILT_AS = {"silu": "gelu", "quick_gelu": "gelu"}
+
+
+def ffn_activations(gated: bool) -> tuple[str, ...]:
+    """The activations tried on a FFN: those every file gets, then those its code shows (a plain FFN)."""
+    return FFN_ACTIVATIONS[gated] + file_activations() * (not gated)
 
 
 def built_activation(name: str) -> str:
@@ -328,7 +334,7 @@ def _build_ffn(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
                            comp.name)
     gated = is_gated(candidates[0])
     readings = readings_around([((slots, act), ffn_weights(slots, act)) for slots in candidates
-                                for act in FFN_ACTIVATIONS[gated]], around)
+                                for act in ffn_activations(gated)], around)
 
     def run(x: Tensor) -> Tensor | None:
         return fp.first_tensor(ctx.learner.call("forward", module, x), 3)
@@ -526,7 +532,8 @@ def ffn_name_findings(ctx: Context, comp: Component, class_name: str, slots: lis
 
 
 # an activation's family, as the search names it and as code names it (an attribute, a class)
-ACT_FAMILY = {"relu": "relu", "relu2": "relu", "gelu": "gelu", "gelu_tanh": "gelu", "silu": "silu",
+ACT_FAMILY = {"relu": "relu", "relu2": "relu", "gelu": "gelu", "gelu_tanh": "gelu", "quick_gelu": "gelu",
+              "silu": "silu",
               "swish": "silu"}
 ACT_ATTRIBUTE = re.compile(r"self\.\w*?(gelu|relu|silu|swish)\w*\s*=", re.IGNORECASE)  # self.gelu = ...
 # code that is GPT-2's (not a comment that names it): its vocabulary size, its checkpoints, its classes
@@ -541,9 +548,15 @@ def _by_class_name(ctx: Context, class_name: str, gated: bool) -> str | None:
 def _by_attribute(ctx: Context, class_name: str, gated: bool) -> str | None:
     """The activation the attribute holding it is named for (`self.gelu = nn.GELU()`), in the FFN's
     own class."""
+    return _one_named(ctx, class_name, ACT_ATTRIBUTE, lambda m: ACT_FAMILY[m.lower()])
+
+
+def _one_named(ctx: Context, class_name: str, pattern: re.Pattern[str], family: Callable[[str], str],
+               ) -> str | None:
+    """The one activation (`family` of what `pattern` finds) the lines of the FFN's own class name; none
+    for none or several."""
     cls = own_objects(ctx.module).get(class_name)
-    found = {ACT_FAMILY[m.lower()] for _, line in source_lines([cls] if cls else [])
-             for m in ACT_ATTRIBUTE.findall(line)}
+    found = {family(m) for _, line in source_lines(filter(None, [cls])) for m in pattern.findall(line)}
     return found.pop() if len(found) == 1 else None
 
 
@@ -574,6 +587,16 @@ def _by_own_tanh_gelu(ctx: Context, class_name: str, gated: bool) -> str | None:
     return {True: "gelu_tanh"}.get(bool(unused))
 
 
+def _by_held_class(ctx: Context, class_name: str, gated: bool) -> str | None:
+    """The activation the module it builds is named for (`self.act = QuickGELUActivation()`,
+    `self.act_fn = nn.SiLU()`), in the FFN's own class: one name, else none."""
+    return _one_named(ctx, class_name, HELD_ACTIVATION,
+                      lambda m: HELD_FAMILY.get(m.lower().replace("_", ""), m.lower()))
+
+
+HELD_ACTIVATION = re.compile(r"self\.\w+\s*=\s*(?:nn\.)?[A-Za-z]*?(quick_?gelu|gelu|relu|silu|swish)\w*\(",
+                             re.IGNORECASE)
+HELD_FAMILY = {"quickgelu": "quick_gelu", "swish": "silu"}
 TANH_GELU = re.compile(r"tanh[\s\S]*0\.044715|0\.044715[\s\S]*tanh")
 GEMMA = re.compile(r"\bclass\s+Gemma|\bGemma\w*Config\b")
 # where the code promises an FFN's activation, the first that speaks: a Gemma model's GeGLU (the tanh
@@ -583,6 +606,7 @@ PROMISES = ((_by_gemma, "the file's Gemma model (Gemma's MLP uses the tanh GELU)
              "文件里的 Gemma 模型（Gemma 的 MLP 用 tanh 近似的 GELU）"),
             (_by_class_name, "its class name", "它的类名"),
             (_by_attribute, "the attribute that holds it", "存放它的属性名"),
+            (_by_held_class, "the activation module it builds", "它构造的激活函数模块"),
             (_by_own_tanh_gelu, "the tanh GELU your file writes out and never uses",
              "你的文件自己写了却没用上的 tanh 近似 GELU"),
             (_by_gpt2, "the file's GPT-2 model (GPT-2's MLP uses GELU)",
