@@ -1,0 +1,52 @@
+"""A blockwise quantization is graded by its round trip through quantize and the dequantize beside it,
+whatever its code: QLoRA's NF4 packed two to a byte with a state object, a symmetric int4 per group whose
+dequantize takes the shape, an int8 whose block size is a constant of the file. Each planted mistake
+FAILs; a quantize with no dequantize beside it is NOT CHECKED, never failed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from handformer.check.core.engine import check_file
+from handformer.check.core.report import format_report
+
+HERE = Path(__file__).parent / "fixtures" / "learners_quantize"
+CORRECT = ("nf4", "int4_groups", "int8_rows")
+PLANTED = ("nf4_absmax_signed", "nf4_nibbles_swapped", "int4_truncated")
+ALONE = '''
+import torch
+
+
+def quantize_nf4(w, blocksize=64):
+    blocks = w.reshape(-1, blocksize)
+    return blocks / blocks.abs().amax(dim=1, keepdim=True)
+'''
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    alone = tmp_path_factory.mktemp("quantize") / "alone.py"
+    alone.write_text(ALONE, encoding="utf-8")
+    files = {name: str(HERE / f"{name}.py") for name in CORRECT + PLANTED} | {"alone": str(alone)}
+    return {name: check_file(path, only=["quantize"]) for name, path in files.items()}
+
+
+@pytest.mark.parametrize("name", CORRECT)
+def test_a_correct_round_trip_passes_whatever_its_code(results, name):
+    (comp,) = results[name].components
+    assert comp.kind == "quantize" and comp.status == "pass", format_report(results[name])
+
+
+@pytest.mark.parametrize("name", PLANTED)
+def test_a_planted_mistake_in_quantize_or_dequantize_fails(results, name):
+    (comp,) = results[name].components
+    assert comp.status == "fail", format_report(results[name])
+    assert "times what is allowed" in format_report(results[name])
+
+
+def test_a_quantize_with_no_dequantize_beside_it_is_not_checked(results):
+    (comp,) = results["alone"].components
+    assert comp.status == "not_checked", format_report(results["alone"])
+    assert "dequantize_nf4" in comp.error.message and "还原" in comp.error.message_zh
