@@ -1,6 +1,7 @@
 """A blockwise quantization is graded by its round trip through quantize and the dequantize beside it,
 whatever its code: QLoRA's NF4 packed two to a byte with a state object, a symmetric int4 per group whose
-dequantize takes the shape, an int8 whose block size is a constant of the file. Each planted mistake
+dequantize takes the shape, an int8 whose block size is a constant of the file, an int8 KV cache's
+scale per token whose inverse is named `dequantize` alone. Each planted mistake
 FAILs; a quantize with no dequantize beside it is NOT CHECKED, never failed."""
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
 
 HERE = Path(__file__).parent / "fixtures" / "learners_quantize"
-CORRECT = ("nf4", "int4_groups", "int8_rows")
-PLANTED = ("nf4_absmax_signed", "nf4_nibbles_swapped", "int4_truncated")
+CORRECT = ("nf4", "int4_groups", "int8_rows", "int8_per_token")
+PLANTED = ("nf4_absmax_signed", "nf4_nibbles_swapped", "int4_truncated", "int8_per_token_255")
 ALONE = '''
 import torch
 

@@ -53,13 +53,14 @@ def check_quantize(comp: Component, ctx: Context) -> ComponentResult:
     gap = half_gap(got / absmax[:, None])
     allowed = gap * absmax[:, None] + DOUBLE * absmax.max()  # (N, 1)
     worst = ((got - weight.double().reshape(N, K)).abs() / allowed).max().item()
+    low, high = absmax.min().item(), absmax.max().item()
     res.checks.append(Check(
         text(f"quantize then dequantize gives each value back within {gap:.3f} of its block's absmax (half "
-             f"the widest gap between the levels it gives back), blocks of scales {SCALES[0]} to "
-             f"{max(SCALES)}, the largest magnitude negative in half of them",
+             f"the widest gap between the levels it gives back), 64-value blocks of absmax {low:g} to "
+             f"{high:g}, the largest magnitude negative in half of them",
              f"先量化再反量化，每个值的误差不超过所在块 absmax 的 {gap:.3f}"
              "（它给出的相邻量化级最大间隔的一半），"
-             f"各块的尺度从 {SCALES[0]} 到 {max(SCALES)}，一半的块里绝对值最大的是负数"),
+             f"每块 64 个值，absmax 从 {low:g} 到 {high:g}，一半的块里绝对值最大的是负数"),
         worst <= 1.0, text(f"the worst value is off by {worst:.2f} times what is allowed",
                            f"最差的值偏差是允许值的 {worst:.2f} 倍")))
     return finish(res)
@@ -105,11 +106,13 @@ def _named_in(fn: Any, names: tuple[str, ...]) -> list[str]:
 
 
 def _dequantizer(comp: Component) -> Any:
-    """The dequantize function beside a quantize one: its name with `quantize` made `dequantize`."""
+    """The dequantize function beside a quantize one: its name with `quantize` made `dequantize`, else
+    a function named `dequantize` alone."""
     fn = comp.obj
     others = getattr(fn, "__globals__", {})
     name = re.sub(r"(?i)(?<![a-z])quantize", lambda m: "de" + m.group(0), fn.__name__)
-    name = name if name in others else re.sub(r"(?i)quantize", "dequantize", fn.__name__)
+    name = next((n for n in (name, re.sub(r"(?i)quantize", "dequantize", fn.__name__), "dequantize")
+                 if inspect.isfunction(others.get(n))), name)
     rest = [p.name for p in call_parameters(fn)[1:] if p.default is p.empty]
     cannot_fill(comp.name, rest, (), [comp.name], "", TAKES)
     if not inspect.isfunction(others.get(name)):
