@@ -28,7 +28,7 @@ from handformer.check.core.argument_names import (
 )
 from handformer.check.core.bpe_parts import snippet_parts
 from handformer.check.core.hosts import host_arguments
-from handformer.check.core.kinds import KINDS_TABLE, TABLED
+from handformer.check.core.kinds import KINDS_TABLE, METHOD_NAMES, TABLED
 from handformer.check.core.size_roles import with_roles
 from handformer.check.core.source import code_text, config_reads, module_reads, source_text
 from handformer.check.core.wordpiece_parts import wordpiece_trainer, writes_wordpiece
@@ -912,14 +912,15 @@ def defined_here(module: types.ModuleType) -> dict[str, Any]:
 
 def own_objects(module: types.ModuleType) -> dict[str, Any]:
     """`defined_here`, and a class's own generation methods too, as "Class.generate" (nanoGPT's
-    `GPT.generate`, a `generate_cached` beside it), and its static methods (the Annotated
-    Transformer's `Batch.make_std_mask`): functions of their own, graded as their kind is."""
+    `GPT.generate`, a `generate_cached` beside it), its static methods (the Annotated
+    Transformer's `Batch.make_std_mask`) and a collator's masking methods (METHOD_NAMES): functions of
+    their own, graded as their kind is."""
     own = defined_here(module)
     for name, cls in [(n, o) for n, o in own.items() if inspect.isclass(o)]:
         for attr, member in vars(cls).items():
             function = getattr(member, "__func__", member) if isinstance(member, staticmethod) else None
             function = member if attr.startswith("generate") and inspect.isfunction(member) and _repeats(
-                member, cls, own) else function
+                member, cls, own) or attr in METHOD_NAMES else function
             if inspect.isfunction(function):
                 own[f"{name}.{attr}"] = function
     return own

@@ -15,13 +15,13 @@ Shape legend: B rows, T tokens.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from handformer.check.core.argument_names import call_parameters
+from handformer.check.core.collators import as_bound
 from handformer.check.core.context import Context, finish
 from handformer.check.core.discovery import Component, DiscoveryError, cannot_fill
 from handformer.check.core.result import Check, ComponentResult, text
@@ -38,6 +38,8 @@ NAMES = {"mask": ("mask_token_id", "mask_id", "mask_idx", "mask_token", "mask_in
                "p_mask", "prob")}
 VALUES = {name: {**IDS, "vocab": V, "p": P}[kind] for kind, names in NAMES.items() for name in names}
 HOLDERS = ("config", "cfg", "tokenizer", "tok", "args", "conf", "settings", "vocab")
+# a collator's switches: Hugging Face's DataCollatorForLanguageModeling(tokenizer, mlm=True, ...)
+VALUES |= {"mlm": True}
 # (what the picked tokens become, the shares of [MASK], random and kept tokens, how it is said)
 SPLITS = (((0.8, 0.1, 0.1), ("80% [MASK], 10% random, 10% kept (BERT's)",
                              "80% [MASK]、10% 随机、10% 不变（BERT 的）")),
@@ -64,6 +66,9 @@ class Settings:
     def __len__(self) -> int:  # len(tokenizer), the vocabulary Hugging Face's collator draws from
         return V
 
+    def convert_tokens_to_ids(self, token: Any) -> Any:  # the stand-in's tokens are their ids
+        return token
+
 
 def batch() -> Tensor:
     """(B, T) token ids 4..V-1, [CLS] first and [SEP] last, the last quarter of the rows padded from T/2."""
@@ -76,9 +81,10 @@ def batch() -> Tensor:
 def check_mlm_masking(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     ids, settings = batch(), Settings()
-    args = _arguments(comp, settings)
+    fn = as_bound(comp, ctx, lambda name: _value(name, settings), TAKES)
+    args = _arguments(fn, settings)
     torch.manual_seed(0)
-    inputs, labels = _outputs(comp, ctx.learner.call("forward", comp.obj, ids.clone(), **args))
+    inputs, labels = _outputs(comp, ctx.learner.call("forward", fn, ids.clone(), **args))
     specials = _specials(args, settings)
     plain = ~torch.isin(ids, torch.tensor(sorted(specials.values()), dtype=torch.long))  # (B, T)
     res.checks += _checks(ids, inputs, labels, plain, ", ".join(sorted(specials)) or "none")
@@ -105,20 +111,23 @@ def _checks(ids: Tensor, inputs: Tensor, labels: Tensor, plain: Tensor, specials
                    f"{special} 个被选中")]
 
 
-def _arguments(comp: Component, settings: Settings) -> dict[str, Any]:
+def _arguments(fn: Any, settings: Settings) -> dict[str, Any]:
     """The function's settings by name: a setting of VALUES, a config or tokenizer (the stand-in), the
     special-tokens mask of the batch; a required one that is none of them cannot be filled."""
-    if not inspect.isfunction(comp.obj) or "." in comp.obj.__qualname__:
-        raise DiscoveryError(f"{comp.name}: a method; {TAKES[0]}", zh=f"{comp.name}：是方法；{TAKES[1]}")
-    params = call_parameters(comp.obj)[1:]
-    ids = batch()
-    given = {"special_tokens_mask": torch.isin(ids, torch.tensor([IDS["pad"], IDS["cls"], IDS["sep"]]))}
-    args = {p.name: VALUES.get(p.name.lower(), settings if p.name.lower() in HOLDERS else given.get(p.name))
-            for p in params}
+    params = call_parameters(fn)[1:]
+    args = {p.name: _value(p.name, settings) for p in params}
     args = {n: v for n, v in args.items() if v is not None}
     unknown = [p.name for p in params if p.default is p.empty and p.name not in args]
-    cannot_fill(comp.name, unknown, (), [comp.name], "", TAKES)
+    cannot_fill(fn.__name__, unknown, (), [fn.__name__], "", TAKES)
     return args
+
+
+def _value(name: str, settings: Settings) -> Any:
+    """What a setting named `name` is handed: its value, the stand-in, the batch's special-tokens
+    mask; None where none is known."""
+    if name == "special_tokens_mask":
+        return torch.isin(batch(), torch.tensor([IDS["pad"], IDS["cls"], IDS["sep"]]))
+    return VALUES.get(name.lower(), settings if name.lower() in HOLDERS else None)
 
 
 def _specials(args: dict[str, Any], settings: Settings) -> dict[str, int]:
