@@ -7,8 +7,9 @@ time, a random token 10% and leaves them 10%.
 The function is called on 64 rows of 256 tokens (vocabulary 100, each row opened by [CLS] and closed by
 [SEP], a quarter of the rows padded) with the probability 0.15, its settings handed by name or as a
 config or tokenizer stand-in that notes what the code reads. Judged by counts, far from chance: the
-picked share, the labels, the unpicked inputs untouched, the specials the code reads never picked, and
-the shares of [MASK], random and kept tokens, 80/10/10 or every picked token [MASK].
+picked share (where the code takes its probability: one of its own is its choice), the labels, the
+unpicked inputs untouched, the specials the code reads never picked, and the shares of [MASK], random
+and kept tokens, 80/10/10 or every picked token [MASK].
 
 Shape legend: B rows, T tokens.
 """
@@ -87,14 +88,16 @@ def check_mlm_masking(comp: Component, ctx: Context) -> ComponentResult:
     inputs, labels = _outputs(comp, ctx.learner.call("forward", fn, ids.clone(), **args))
     specials = _specials(args, settings)
     plain = ~torch.isin(ids, torch.tensor(sorted(specials.values()), dtype=torch.long))  # (B, T)
-    res.checks += _checks(ids, inputs, labels, plain, ", ".join(sorted(specials)) or "none")
+    handed = bool(({n.lower() for n in args} | settings.read) & set(NAMES["p"]))
+    res.checks += _checks(ids, inputs, labels, plain, ", ".join(sorted(specials)) or "none")[not handed:]
     picked = (labels != IGNORE) & plain
     res.checks.append(_split_check(res, inputs[picked], ids[picked]))
     return finish(res)
 
 
 def _checks(ids: Tensor, inputs: Tensor, labels: Tensor, plain: Tensor, specials: str) -> list[Check]:
-    """The picked share, the labels, the unpicked inputs and the specials, each with what was found."""
+    """The picked share (judged where the probability was handed to the code), the labels, the
+    unpicked inputs and the specials, each with what was found."""
     picked = labels != IGNORE  # (B, T)
     share = picked[plain].float().mean().item()
     wrong_labels = int((labels[picked] != ids[picked]).sum())

@@ -77,14 +77,15 @@ def half_gap(levels: Tensor) -> float:
 
 
 def blocks(sized: bool) -> tuple[Tensor, Tensor]:
-    """A (16, 32) weight whose 64-value blocks are a shuffled ramp from -1 to 0.5, times a sign and a
+    """An (8, 64) weight (a row a block, whether blocks run over the flat tensor or along its rows) whose
+    64-value blocks are a shuffled ramp from -1 to 0.5, times a sign and a
     scale each (every scale 1 where the block size cannot be set), and each block's absmax (N,)."""
     gen = torch.Generator().manual_seed(0)
     ramp = torch.linspace(-1.0, 0.5, K)
     rows = torch.stack([ramp[torch.randperm(K, generator=gen)] for _ in range(N)])  # (N, K)
     signs = torch.tensor([1.0, -1.0] * (N // 2))[:, None]
     scales = torch.tensor(SCALES if sized else (1.0,) * N)[:, None]
-    return (rows * signs * scales).reshape(16, 32), scales.flatten().double()
+    return rows * signs * scales, scales.flatten().double()
 
 
 def _round_trip(ctx: Context, quantize: Any, dequantize: Any, weight: Tensor) -> Tensor:
