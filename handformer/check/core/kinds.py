@@ -289,4 +289,5 @@ KINDS_BY_NAME = {k.name: k for k in KINDS_TABLE}
 TABLED = {n for k in KINDS_TABLE for n in k.names}  # every name of every kind
 # the kinds a data collator's method may be (Hugging Face's DataCollatorForLanguageModeling.torch_mask_tokens,
 # DataCollatorForT5MLM.random_spans_noise_mask): found by their names as "Class.method" too
-METHOD_NAMES = {n for k in KINDS_TABLE if k.name in ("mlm_masking", "span_noise_mask") for n in k.names}
+COLLATOR_KINDS = ("mlm_masking", "span_noise_mask")
+METHOD_NAMES = {n for k in KINDS_TABLE if k.name in COLLATOR_KINDS for n in k.names}
