@@ -98,7 +98,12 @@ def _round_trip(ctx: Context, quantize: Any, dequantize: Any, weight: Tensor) ->
             if p.name.lower() in BLOCK_NAMES + SHAPE_NAMES}
     unknown = [p.name for p in filled[len(parts):] if p.default is p.empty and p.name not in rest]
     cannot_fill(dequantize.__name__, unknown, (), [dequantize.__name__], "", TAKES)
-    return torch.as_tensor(ctx.learner.call("forward", dequantize, *parts, **rest))
+    out = ctx.learner.call("forward", dequantize, *parts, **rest)
+    if not isinstance(out, Tensor):
+        name = dequantize.__name__
+        raise DiscoveryError(f"{name} returned a {type(out).__name__}, not a tensor; {TAKES[0]}",
+                             zh=f"{name} 返回的是 {type(out).__name__}，不是张量；{TAKES[1]}")
+    return out
 
 
 def _named_in(fn: Any, names: tuple[str, ...]) -> list[str]:

@@ -21,7 +21,7 @@ from torch import Tensor
 from handformer.check.core.argument_names import call_parameters
 from handformer.check.core.collators import as_bound
 from handformer.check.core.context import Context, finish
-from handformer.check.core.discovery import Component, cannot_fill
+from handformer.check.core.discovery import Component, DiscoveryError, cannot_fill
 from handformer.check.core.result import Check, ComponentResult, text
 
 LENGTHS, DRAWS, DENSITY, MEAN = (20, 57, 100, 128), 8, 0.15, 3.0
@@ -86,4 +86,8 @@ def check_span_noise_mask(comp: Component, ctx: Context) -> ComponentResult:
 def _mask(ctx: Context, fn: Any, length: int, args: dict[str, Any]) -> Tensor:
     """The learner's mask of `length` positions as a (L,) bool tensor."""
     out = ctx.learner.call("forward", fn, length, **args)
-    return torch.as_tensor(np.asarray(out)).bool().flatten()
+    mask = torch.as_tensor(np.asarray(out)) if isinstance(out, (Tensor, np.ndarray, list)) else None
+    if mask is None or mask.numel() != length:
+        raise DiscoveryError(f"{fn.__name__}({length}) returned no mask of {length} positions; {TAKES[0]}",
+                             zh=f"{fn.__name__}({length}) 返回的不是 {length} 个位置的掩码；{TAKES[1]}")
+    return mask.bool().flatten()
