@@ -34,7 +34,9 @@ CALLS: dict[str, str] = {
     "greedy": "logits", "train_step": "model, batch, optimizer, criterion", "train_epoch": "model, loader, "
     "optimizer, criterion", "schedule": "step", "loss": "logits, targets, pad_id", "causal_mask": "size",
     "sdpa": "q, k, v, mask=None", "rope": "q, k, positions", "bpe": "input_path, vocab_size, special_tokens",
-    "mask_helper": "src, pad_id", "masked_softmax": "scores, valid_lens", "min_p": "logits, min_p"}
+    "mask_helper": "src, pad_id", "masked_softmax": "scores, valid_lens", "min_p": "logits, min_p",
+    "quantize": "weight, blocksize", "span_noise_mask": "length, noise_density, mean_noise_span_length",
+    "mlm_masking": "input_ids, mask_token_id, vocab_size, pad_token_id, mlm_probability"}
 MODEL_CALLS = {("loss", True): "model, tokens"}  # a kind whose first argument is a model, called so
 # a learner's name for what check passes a function kind under another name
 CALLED = {"bos": "start_symbol", "bos_id": "start_symbol", "bos_idx": "start_symbol", "sos": "start_symbol",

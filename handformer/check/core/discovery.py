@@ -28,7 +28,7 @@ from handformer.check.core.argument_names import (
 )
 from handformer.check.core.bpe_parts import snippet_parts
 from handformer.check.core.hosts import host_arguments
-from handformer.check.core.kinds import KINDS_TABLE, TABLED
+from handformer.check.core.kinds import COLLATOR_KINDS, KINDS_TABLE, METHOD_NAMES, TABLED
 from handformer.check.core.size_roles import with_roles
 from handformer.check.core.source import code_text, config_reads, module_reads, source_text
 from handformer.check.core.wordpiece_parts import wordpiece_trainer, writes_wordpiece
@@ -256,7 +256,15 @@ def find_components(module: types.ModuleType, overrides: dict[str, str] | None =
         else:
             found = [c for c in found if c.kind != kind] + [Component(kind, f"{name} (adapter)", fn)]
     found += _switched_on(found, wanted)
+    found = _without_collators(found)
     return sorted(_without_bases(_without_dispatchers(found)), key=lambda c: KINDS.index(c.kind))
+
+
+def _without_collators(found: list[Component]) -> list[Component]:
+    """Leave out a data collator as a model: a class whose masking method is graded as its kind
+    (Hugging Face's DataCollatorForT5MLM ends as a language model's name does)."""
+    owners = {c.name.partition(".")[0] for c in found if c.kind in COLLATOR_KINDS and "." in c.name}
+    return [c for c in found if c.name not in owners]
 
 
 # the kinds checked again with a constructor switch on that is off by default, by the words of its name:
@@ -925,14 +933,15 @@ def defined_here(module: types.ModuleType) -> dict[str, Any]:
 
 def own_objects(module: types.ModuleType) -> dict[str, Any]:
     """`defined_here`, and a class's own generation methods too, as "Class.generate" (nanoGPT's
-    `GPT.generate`, a `generate_cached` beside it), and its static methods (the Annotated
-    Transformer's `Batch.make_std_mask`): functions of their own, graded as their kind is."""
+    `GPT.generate`, a `generate_cached` beside it), its static methods (the Annotated
+    Transformer's `Batch.make_std_mask`) and a collator's masking methods (METHOD_NAMES): functions of
+    their own, graded as their kind is."""
     own = defined_here(module)
     for name, cls in [(n, o) for n, o in own.items() if inspect.isclass(o)]:
         for attr, member in vars(cls).items():
             function = getattr(member, "__func__", member) if isinstance(member, staticmethod) else None
             function = member if attr.startswith("generate") and inspect.isfunction(member) and _repeats(
-                member, cls, own) else function
+                member, cls, own) or attr in METHOD_NAMES else function
             if inspect.isfunction(function):
                 own[f"{name}.{attr}"] = function
     return own

@@ -82,6 +82,20 @@ KINDS_TABLE: tuple[Kind, ...] = (
                   "LoRAModule", "LinearLoRA", "LoRALinearLayer", "LoRAAdapter", "LoraAdapter",
                   "LinearWithLora"),
          "LoRA layer", "LoRA 层", "lora:check_lora"),
+    Kind("quantize", ("quantize_4bit", "quantize_nf4", "nf4_quantize", "quantize_fp4", "quantize_int4",
+                      "quantize_blockwise", "blockwise_quantize", "quantize_int8", "absmax_quantize",
+                      "quantize_block", "quantize_blocks", "quantize_per_token", "quantize_per_channel",
+                      "quantize_per_row", "quantize_per_group"),
+         "blockwise quantization (quantize and dequantize)", "分块量化（量化与反量化）",
+         "quantize:check_quantize"),
+    Kind("mlm_masking", ("mask_tokens", "mlm_mask", "mask_for_mlm", "apply_mlm_mask", "mlm_mask_tokens",
+                         "random_mask_tokens", "mask_input_tokens", "mlm_masking", "dynamic_masking",
+                         "create_mlm_inputs", "torch_mask_tokens"),
+         "masked-language-model masking (BERT's 80/10/10)", "掩码语言模型的掩码（BERT 的 80/10/10）",
+         "mlm_masking:check_mlm_masking"),
+    Kind("span_noise_mask", ("random_spans_noise_mask", "random_span_noise_mask", "span_noise_mask",
+                             "random_spans_mask", "noise_span_mask"),
+         "T5's span-corruption noise mask", "T5 的片段破坏噪声掩码", "span_mask:check_span_noise_mask"),
     Kind("layernorm", ("LayerNorm", "LayerNormalization", "LayerNormalisation", "LayerNorm1d", "层归一化"),
          "LayerNorm", "层归一化 LayerNorm", "pieces:check_norm"),
     Kind("rmsnorm", ("RMSNorm", "RmsNorm", "RMSNormalization"), "RMSNorm", "RMSNorm", "pieces:check_norm"),
@@ -273,3 +287,7 @@ KINDS_TABLE: tuple[Kind, ...] = (
 
 KINDS_BY_NAME = {k.name: k for k in KINDS_TABLE}
 TABLED = {n for k in KINDS_TABLE for n in k.names}  # every name of every kind
+# the kinds a data collator's method may be (Hugging Face's DataCollatorForLanguageModeling.torch_mask_tokens,
+# DataCollatorForT5MLM.random_spans_noise_mask): found by their names as "Class.method" too
+COLLATOR_KINDS = ("mlm_masking", "span_noise_mask")
+METHOD_NAMES = {n for k in KINDS_TABLE if k.name in COLLATOR_KINDS for n in k.names}
