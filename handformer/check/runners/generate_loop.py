@@ -58,7 +58,7 @@ from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.processors import PROCESSOR_NAMES, NoProcessors
 from handformer.check.core.result import Check, ComponentResult, Finding, LearnerError, Text, text
 from handformer.check.core.sizes import is_number
-from handformer.check.core.source import locate, locate_form, source_lines, source_text
+from handformer.check.core.source import code_text, locate, locate_form, source_lines
 from handformer.check.runners.generate_temperature import SOFT, VOCAB, check_temperature
 from handformer.check.runners.generate_top_p import check_top_p
 from handformer.check.runners.localize_generate import default_temperature, generate_views, localize_generate
@@ -318,7 +318,7 @@ def styles_read(fn: Any) -> tuple[str, ...]:
     """What the learner's loop unpacks: a (logits, loss) tuple, `.logits`, a tensor, or three things
     (Hugging Face's (loss, logits, presents)); the one their source shows first, then the others; last,
     a tensor (T, V) for the ids (T,) of one sequence (a loop of gpt-oss's, whose model takes no batch)."""
-    source = source_text(fn)
+    source = code_text(fn)  # what its code unpacks, not what a comment says (`# p.logits shape ...`)
     order = ["tensor", "tuple", "object", "unbatched", "loss_first"]
     unpacked = r"\w+\s*,\s*\w+\s*=\s*(self|model|\w+)\s*\("
     shows = (("object", r"\.logits\b"), ("loss_first", r"\w+\s*,\s*" + unpacked), ("tuple", unpacked))
