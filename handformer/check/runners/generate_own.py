@@ -36,6 +36,7 @@ from handformer.check.core.context import (
     module_sizes,
 )
 from handformer.check.core.discovery import Component, own_objects
+from handformer.check.core.precision import DTYPE_MISMATCH
 from handformer.check.core.result import DIFFERS, NOT_CHECKED, PASS, ComponentResult, Text, text
 from handformer.check.runners import contrastive
 from handformer.check.runners.generate_loop import (
@@ -74,9 +75,13 @@ class OwnModel:
         self.words = ("your model's own greedy decoding", "你的模型自己贪心解码")
         self.original = module.forward
         self.signature = inspect.signature(self.original)
+        self.outputs: list[Tensor] = []  # the last logits (B, V) of each call, as the loop was handed them
+        self.exact: Any = None  # the full forward's scaled logits of ids (OwnDriver.logits)
         def forward(*args: Any, **kwargs: Any) -> Any:
             self._record(args, kwargs)
-            return steered(self.original(*args, **kwargs))
+            out = steered(self.original(*args, **kwargs))
+            self.outputs += [last.detach().clone() for last in [_last_logits(out)] if last is not None]
+            return out
         module.forward = functools.wraps(self.original)(forward)
         self.resets = [name for name in dir(type(module)) if "reset" in name and "cache" in name
                        and callable(getattr(module, name, None))]
@@ -142,6 +147,15 @@ def _certain(logits: Tensor) -> Tensor:
     return (logits - logits.amax(-1, keepdim=True)) * (1.0 if SOFT[0] else PEAK)
 
 
+def _last_logits(out: Any) -> Tensor | None:
+    """The last position's logits (B, V) of what the model returned (as `steered` finds them)."""
+    items = [out] if isinstance(out, Tensor) else list(out) if isinstance(out, (tuple, list)) else [
+        getattr(out, "logits", None)]
+    logits = next((item for item in items if isinstance(item, Tensor) and item.is_floating_point()
+                   and item.size(-1) == VOCAB), None)
+    return logits[:, -1] if logits is not None and logits.dim() == 3 else None
+
+
 def steered(out: Any) -> Any:
     """The learner's output with its logits (the first float tensor whose last size is VOCAB) scaled:
     a tensor, a (logits, loss) tuple, or an object with `.logits`."""
@@ -170,9 +184,22 @@ class OwnDriver:
         self.module, self.limit, self.name = module, limit, model_comp.name
         self.holder, self.max_len = holder, max_len  # the engine class generate is a method of
         self.call = Caller(module, ctx)
+        self.float32 = False  # moved to float32 (lower_precision)
 
     def new_model(self, style: str, budget: int) -> OwnModel:
-        return OwnModel(self.module, self.limit, budget, self.holder)
+        model = OwnModel(self.module, self.limit, budget, self.holder)
+        model.exact = self.logits
+        return model
+
+    def lower_precision(self, failure: fp.LearnerFailure) -> bool:
+        """Their model in float32 when their loop raised a dtype mismatch on check's float64 one (a cache
+        that keeps its scales or values in float32 by a dtype it writes): True when so moved."""
+        if not DTYPE_MISMATCH.search(failure.error.message) or self.float32:  # (engine.float64_refused)
+            return False
+        self.float32 = True
+        self.module.float()
+        torch.set_default_dtype(torch.float32)  # own_driver puts the default back
+        return True
 
     def logits(self, ids: Tensor) -> Tensor:
         """The logits (B, t, V) their model gives for ids (B, t), as scaled as in the loop."""
@@ -194,13 +221,17 @@ class OwnDriver:
              f"超过 {BLOCK} 个 token 它会报错，所以上下文必须裁剪") if limited
             else (f"it runs on contexts longer than {BLOCK} tokens, so no crop is needed (a crop is not "
                   "charged)", f"它能处理超过 {BLOCK} 个 token 的上下文，所以不必裁剪（裁剪了也不算错）"))
+        f32, f32_zh = ((", in float32 (your loop keeps tensors in a float32 it names: float64 raised a "
+                        "dtype mismatch)", "，用 float32（你的循环有写明 float32 的张量："
+                        "float64 下 dtype 不匹配）")
+                       if self.float32 else ("", ""))
         held, held_zh = ((f" in your {self.holder.__name__} (with a stand-in tokenizer)",
                           f"（放在你的 {self.holder.__name__} 里，分词器是替身）")
                          if self.holder else ("", ""))
         return text(f"your own {self.name}{held}, built with vocab_size {VOCAB} and block size "
-                    f"{self.max_len}, its logits scaled so that the likeliest token is certain; {crop}",
-                    f"你自己的 {self.name}{held_zh}，按 vocab_size {VOCAB}、block size {self.max_len} 构建，"
-                    f"logits 被放大，最可能的 token 概率为 1；{crop_zh}")
+                    f"{self.max_len}{f32}, its logits scaled so that the likeliest token is certain; {crop}",
+                    f"你自己的 {self.name}{held_zh}，按 vocab_size {VOCAB}、block size {self.max_len} 构建"
+                    f"{f32_zh}，logits 被放大，最可能的 token 概率为 1；{crop_zh}")
 
     def alternative(self, B: int, n: int) -> Tensor | None:
         """The tokens of a loop that crops to BLOCK a model that needs no crop: not charged."""
@@ -374,6 +405,7 @@ def check_generate(comp: Component, ctx: Context) -> ComponentResult:
         driver = own or StandIn()
         res.driven = driver.driven()
         check_with(res, ctx, comp, driver)
+        res.driven = driver.driven()  # as it was driven in the end (in float32 where float64 raised)
         if padded(comp.obj):  # a left-padded batch (generate_padded.py); one it cannot take is passed over
             check_padded(res, ctx, comp, driver, driver.styles(comp.obj)[0])
         check_ragged(res, ctx, comp, driver)  # prompts of different lengths a loop pads itself (Meta's)
