@@ -19,9 +19,8 @@ Shape legend: B batch, V vocabulary, n new tokens.
 
 from __future__ import annotations
 
+import inspect
 import re
-import sys
-import types
 from typing import Any
 
 import torch
@@ -37,9 +36,9 @@ LOSSY_CODE = re.compile(r"\b(u?int8|u?int4|float16|bfloat16|half|float8\w*|fp8|r
 
 
 def tolerance(obj: Any) -> float:
-    """LOSSY where the file that defines `obj` (a class, a module) computes lossily, else EXACT."""
-    module = obj if isinstance(obj, types.ModuleType) else sys.modules.get(getattr(obj, "__module__", ""))
-    return LOSSY if module is not None and LOSSY_CODE.search(code_text(module)) else EXACT
+    """LOSSY where the file that defines `obj` (a class, an instance, a module) computes lossily, else
+    EXACT."""
+    return (EXACT, LOSSY)[bool(LOSSY_CODE.search(code_text(inspect.getmodule(obj))))]
 
 
 def relative(err: float, whole: Tensor) -> float:
@@ -49,12 +48,12 @@ def relative(err: float, whole: Tensor) -> float:
 
 def lossy_note(err: float, relative: bool = True) -> Text:
     """Its cached outputs `err` apart from the whole sequence's (of the logits' range, or absolute)."""
-    said = f"{err:.2%} of their range" if relative else f"{err:.1e}"
-    said_zh = f"其范围的 {err:.2%}" if relative else f"{err:.1e}"
+    said, said_zh = ((f"{err:.1e}", f" {err:.1e}"),
+                     (f"{err:.2%} of their range", f"其范围的 {err:.2%}"))[relative]
     return text(f"your code computes lossily (a quantized or half-precision cache): through its cache its "
                 f"outputs are {said} apart from the whole sequence's, within the {LOSSY:.0%} a lossy cache's "
                 "rounding is allowed",
-                f"你的代码做有损运算（量化或半精度的缓存）：经过缓存的输出与整句的相差 {said_zh}，"
+                f"你的代码做有损运算（量化或半精度的缓存）：经过缓存的输出与整句的相差{said_zh}，"
                 f"在有损缓存允许的舍入 {LOSSY:.0%} 之内")
 
 
@@ -95,21 +94,21 @@ def excused(run: Any) -> bool:
     return bool((full.amax(-1, keepdim=True) - chosen <= 2 * error).all())
 
 
-def cache_check(run: Any) -> Check | None:
+def cache_checks(run: Any) -> list[Check]:
     """The check that each cached step's logits equal the full forward's on the same tokens, within
     the rounding of a lossy cache (LOSSY), for a file that computes lossily (its tokens alone would
-    not show a cache that is more than lossy); None elsewhere, or where the steps cannot be told apart."""
+    not show a cache that is more than lossy); none elsewhere, or where the steps cannot be told apart."""
     logits = step_logits(run) if tolerance(getattr(run.model, "module", None)) == LOSSY else None
     if logits is None:
-        return None
+        return []
     errors = relative_errors(*logits)
     worst = int(errors.argmax())
-    return Check(text(f"each step's logits (with its cache) equal the full forward's on the same tokens, "
+    return [Check(text(f"each step's logits (with its cache) equal the full forward's on the same tokens, "
                       f"within {LOSSY:.0%} of their range (the rounding of a lossy cache: your code "
                       "quantizes or computes in half precision)",
                       f"每一步（用缓存）的 logits 与同样 token 上完整前向的 logits 相同，"
                       f"误差不超过其范围的 {LOSSY:.0%}（有损缓存的舍入：你的代码做了量化或半精度运算）"),
                  float(errors[worst]) <= LOSSY,
                  text(f"step {worst} is {float(errors[worst]):.1%} apart", f"步 {worst} 相差 "
-                      f"{float(errors[worst]):.1%}"))
+                      f"{float(errors[worst]):.1%}"))]
 

@@ -79,8 +79,9 @@ class OwnModel:
         self.exact: Any = None  # the full forward's scaled logits of ids (OwnDriver.logits)
         def forward(*args: Any, **kwargs: Any) -> Any:
             self._record(args, kwargs)
-            out = steered(self.original(*args, **kwargs))
-            self.outputs += [last.detach().clone() for last in [_last_logits(out)] if last is not None]
+            kept: list[Tensor] = []
+            out = steered(self.original(*args, **kwargs), kept)
+            self.outputs += [logits[:, -1].detach().clone() for logits in kept[:1] if logits.dim() == 3]
             return out
         module.forward = functools.wraps(self.original)(forward)
         self.resets = [name for name in dir(type(module)) if "reset" in name and "cache" in name
@@ -147,30 +148,27 @@ def _certain(logits: Tensor) -> Tensor:
     return (logits - logits.amax(-1, keepdim=True)) * (1.0 if SOFT[0] else PEAK)
 
 
-def _last_logits(out: Any) -> Tensor | None:
-    """The last position's logits (B, V) of what the model returned (as `steered` finds them)."""
-    items = [out] if isinstance(out, Tensor) else list(out) if isinstance(out, (tuple, list)) else [
-        getattr(out, "logits", None)]
-    logits = next((item for item in items if isinstance(item, Tensor) and item.is_floating_point()
-                   and item.size(-1) == VOCAB), None)
-    return logits[:, -1] if logits is not None and logits.dim() == 3 else None
-
-
-def steered(out: Any) -> Any:
+def steered(out: Any, kept: list[Tensor] | None = None) -> Any:
     """The learner's output with its logits (the first float tensor whose last size is VOCAB) scaled:
-    a tensor, a (logits, loss) tuple, or an object with `.logits`."""
+    a tensor, a (logits, loss) tuple, or an object with `.logits`; the scaled logits added to `kept`."""
+    certain = functools.partial(_kept_certain, [] if kept is None else kept)
     if isinstance(out, Tensor):
-        return _certain(out) if out.is_floating_point() and out.size(-1) == VOCAB else out
+        return certain(out) if out.is_floating_point() and out.size(-1) == VOCAB else out
     if isinstance(out, (tuple, list)):
         items = list(out)
         for i, item in enumerate(items):
             if isinstance(item, Tensor) and item.is_floating_point() and item.size(-1) == VOCAB:
-                items[i] = _certain(item)
+                items[i] = certain(item)
                 break
         return type(out)(items) if isinstance(out, tuple) else items
     if isinstance(getattr(out, "logits", None), Tensor):
-        out.logits = _certain(out.logits)
+        out.logits = certain(out.logits)
     return out
+
+
+def _kept_certain(kept: list[Tensor], logits: Tensor) -> Tensor:
+    kept.append(_certain(logits))
+    return kept[-1]
 
 
 class OwnDriver:

@@ -163,31 +163,32 @@ def check_speculative(comp: Component, ctx: Context) -> ComponentResult:
 def _distribution_check(ctx: Context, comp: Component, style: str) -> Check:
     """The first new token of many seeded runs with soft stand-ins follows the target's distribution."""
     args = _arguments(comp.obj, Soft(_TABLES[1], style), Soft(_TABLES[0], style))
-    args.update({name: 1 for name, role in map(lambda n: (n, _role(n)), args) if role == "count"})
-    temperature = next((p.name for p in forward_parameters(comp.obj) if p.name.lower() in TEMPERATURE_NAMES),
-                       None)
-    args.update({temperature: SOFT_TEMPERATURE} if temperature else {})
+    args.update({name: 1 for name in args if _role(name) == "count"})
+    temperature = {p.name: SOFT_TEMPERATURE for p in forward_parameters(comp.obj)
+                   if p.name.lower() in TEMPERATURE_NAMES}  # none where it takes none: then 1
+    args.update(temperature)
     torch.manual_seed(SOFT_SEED)
     random.seed(SOFT_SEED)
-    counts = torch.zeros(V)
+    counts, T = torch.zeros(V), PROMPT.size(1)
     for _ in range(SOFT_RUNS):
         args.update({name: PROMPT.clone() for name in args if _role(name) == "prompt"})  # fresh each run
         with torch.no_grad():
-            ids = _tokens(ctx.learner.call("forward", comp.obj, **args)) or []
-        counts[ids[PROMPT.size(1)] if len(ids) > PROMPT.size(1) else 0] += 1
-    right = torch.softmax(_TABLES[0, PROMPT[0, -1]] / (SOFT_TEMPERATURE if temperature else 1.0), -1)  # (V,)
-    return _distribution_verdict(counts, right, f"{temperature}={SOFT_TEMPERATURE:g}" if temperature else "")
+            ids = (_tokens(ctx.learner.call("forward", comp.obj, **args)) or []) + [0] * (T + 1)
+        counts[ids[T]] += 1  # (token 0 where it gave no new token)
+    right = torch.softmax(_TABLES[0, PROMPT[0, -1]] / next(iter(temperature.values()), 1.0), -1)  # (V,)
+    setting = "".join(f" at {name}={value:g}" for name, value in temperature.items())
+    return _distribution_verdict(counts, right, setting)
 
 
-def _distribution_verdict(counts: torch.Tensor, right: torch.Tensor, setting: str) -> Check:
+def _distribution_verdict(counts: torch.Tensor, right: torch.Tensor, at: str) -> Check:
     """The chi-square test of the first new tokens' counts (V,) against the target's distribution."""
     test = stats.chi_square(counts, right)
-    at, zh_at = (f" at {setting}", f"（{setting}）") if setting else ("", "")
     expected = [round(float(x) * SOFT_RUNS) for x in right]
     return Check(text(f"in distribution{at}: the first new token of {SOFT_RUNS} seeded runs with a soft draft"
                       " and target follows the target's distribution (chi-square p = "
                       f"{test.p_value:.2g}; rejected below 1e-6)",
-                      f"按分布{zh_at}：draft 与 target 都是软分布时，{SOFT_RUNS} 次带种子的运行里"
+                      f"按分布{at.replace(' at ', '（')}{'）' * bool(at)}：draft 与 target 都是软分布时，"
+                      f"{SOFT_RUNS} 次带种子的运行里"
                       f"第一个新 token 服从 target 的分布（卡方 p = {test.p_value:.2g}；低于 1e-6 即不符）"),
                  not test.rejected, text(f"counts {counts.long().tolist()}, expected {expected}",
                                          f"计数 {counts.long().tolist()}，期望 {expected}"))
