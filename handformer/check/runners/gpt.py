@@ -926,14 +926,18 @@ def _backbone(comp: Component, ctx: Context, module: nn.Module, out: Tensor | No
     """Whether the model returns hidden states (B, T, D), not logits, and another class of the file
     builds it (OPT's OPTDecoder, inside OPTModel inside OPTForCausalLM) or it holds no output layer
     (Hugging Face's GemmaModel: a forgotten tied head looks the same): a backbone, checked as a stack.
-    One returning a tuple or a dict with no (B, T, ...) tensor in it is no language model (a
-    forgotten `return`, None, is a failure)."""
-    if out is None and isinstance(returned, tuple):
+    One returning a tuple or a dict with no (B, T, ...) tensor in it, or one score a sequence (B,) or
+    (B, 1) (a reward or value model: a head on a backbone), is no language model (a forgotten `return`,
+    None, is a failure)."""
+    scores = fp.first_tensor(returned)
+    one_a_row = scores is not None and scores.numel() == len(scores)  # (B,) or (B, 1): a reward or value head
+    if out is None and isinstance(returned, tuple) or one_a_row:
         raise DiscoveryError(
-            f"{comp.name}'s forward returns {shape_of(returned)}: no logits (B, T, vocab_size) in it, so it "
-            "is not driven as a decoder-only model; its layers are checked on their own",
-            zh=f"{comp.name} 的 forward 返回 {shape_of(returned)}：里面没有 logits (B, T, vocab_size)，"
-               "所以不按 decoder-only 模型调用；它的各层单独检查")
+            f"{comp.name}'s forward returns {shape_of(returned)}: no logits (B, T, vocab_size) in it (one "
+            "score a sequence is a reward or value model's), so it is not driven as a decoder-only model; "
+            "its layers are checked on their own",
+            zh=f"{comp.name} 的 forward 返回 {shape_of(returned)}：里面没有 logits (B, T, vocab_size)"
+               "（每个序列一个分数，是奖励模型或价值模型），所以不按 decoder-only 模型调用；它的各层单独检查")
     others = "".join(source_text(o) for name, o in own_objects(ctx.module).items() if name != comp.name)
     heads = with_shape(of_kind(leaves(module), "linear"), (VOCAB, D))
     held = re.search(rf"\b{re.escape(comp.name)}\(", others) or not heads
