@@ -11,6 +11,8 @@ Shape legend: B pairs, T tokens.
 
 from __future__ import annotations
 
+import copy
+import math
 import re
 from typing import Any
 
@@ -20,10 +22,11 @@ from torch import Tensor, nn
 
 from handformer.check.catalog.base import DEPARTS
 from handformer.check.core import fingerprint as fp
+from handformer.check.core.argument_names import BATCH_NAMES, CLIP_NAMES, OPTIMIZER_NAMES, STEP_MODEL_NAMES
 from handformer.check.core.context import Context, error_text, finish, forward_parameters
 from handformer.check.core.discovery import Component
 from handformer.check.core.result import Check, ComponentResult, Finding, LearnerError, text
-from handformer.check.core.source import first_line, functions_called, source_lines
+from handformer.check.core.source import first_line, functions_called, locate, source_lines, with_called_code
 
 B, T, VOCAB = 4, 6, 11
 CHOSEN = re.compile(r"chosen|preferred|better|win|pos")
@@ -37,27 +40,105 @@ def pairwise(fn: Any) -> bool:
     return any(map(CHOSEN.search, names)) and any(map(REJECTED.search, names))
 
 
-def refuse_pairwise_step(comp: Component) -> None:
-    """NOT CHECKED (a cannot_call) for a training step whose loss is a reward model's pairwise loss (a
-    function of its file it calls, read as `pairwise`): check's step drives a language model, and the
-    step's model gives one score a sequence; its loss is checked on its own."""
-    losses = sorted(filter(pairwise, functions_called(comp.obj)), key=lambda f: "loss" not in f.__name__)
-    said = {"name": comp.name, "loss": losses[0].__name__} if losses else None
-    if said:
-        raise fp.LearnerFailure(LearnerError("cannot_call", PAIR_STEP.format(**said), "forward",
-                                             message_zh=PAIR_STEP_ZH.format(**said)))
+def pairwise_step(comp: Component) -> bool:
+    """Whether a training step's loss is a reward model's pairwise loss (a function of its file it
+    calls, read as `pairwise`)."""
+    return any(map(pairwise, functions_called(comp.obj)))
+
+
+def check_pairwise_step(comp: Component, ctx: Context) -> ComponentResult:
+    """The step on a stand-in reward model (its scores scaled so that the gradient norm is well over
+    a clipping norm of 1), SGD at 0.1, pairs (chosen, rejected): its parameters after the step equal
+    the reference step's (the pairwise loss, the gradient clipped where the step clips, SGD)."""
+    res = ctx.result(comp)
+    model, gen = Scorer(scale=10.0).double(), torch.Generator().manual_seed(2)
+    chosen, rejected = torch.randint(0, VOCAB, (2, B, T), generator=gen)
+    clip = _clip_norm(comp)
+    reference = _reference_step(model, chosen, rejected, clip)
+    with torch.enable_grad():
+        ctx.learner.call("forward", comp.obj, **_step_arguments(comp, model, chosen, rejected))
+    got = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    err = fp.relative_error(got, reference[clip is None])
+    clipped, clipped_zh = (said.format(clip) for said in CLIPPED[clip is None])
+    res.checks.append(Check(text(f"SGD at 0.1 on a stand-in reward model: the parameters after one step "
+                                 f"equal those of the pairwise loss's step{clipped}",
+                                 f"在替身奖励模型上用学习率 0.1 的 SGD：走一步之后的参数与成对损失的训练一步"
+                                 f"{clipped_zh}的结果一致"),
+                            err < fp.REL_TOL, error_text(err)))
+    if err >= fp.REL_TOL and clip is not None and fp.relative_error(got, reference[True]) < fp.REL_TOL:
+        number, code = locate("train_step_clip_after_step", source_lines(ctx.objects(comp)))
+        res.findings.append(Finding("train_step_clip_after_step", text(
+            "its parameters are those of the unclipped step", "它的参数是没有裁剪梯度的那一步的结果"),
+            number, code))
+    return finish(res)
+
+
+# the norm a step clips at, written in its code: clip_grad_norm_(params, 1.0) or max_norm=1.0
+CLIP_CALL = re.compile(r"clip_grad_norm_?\([^,]+,\s*(?:max_norm\s*=\s*)?([\d.]+(?:e-?\d+)?)")
+
+
+def _clip_norm(comp: Component) -> float | None:
+    """The gradient norm the step clips at: its parameter's default (max_grad_norm=1.0), else the number
+    its code hands clip_grad_norm_; None where it does not clip. A clip at a norm neither says is a
+    cannot_call: its reference step is unknown."""
+    said = [p.default for p in forward_parameters(comp.obj) if p.name.lower() in CLIP_NAMES] + [
+        float(m) for m in CLIP_CALL.findall(with_called_code(comp.obj))]
+    if not said and "clip_grad" in with_called_code(comp.obj):
+        raise fp.LearnerFailure(LearnerError(
+            "cannot_call", f"{comp.name} clips its gradient at a norm neither its parameters nor its call of "
+            "clip_grad_norm_ give as a number", "forward",
+            message_zh=f"{comp.name} 裁剪梯度的范数既不是参数默认值，也不是 clip_grad_norm_ 调用里写明的数"))
+    return (said + [None])[0]
+
+
+CLIPPED = {False: (" (the gradient clipped at norm {})", "（梯度按范数 {} 裁剪）"), True: ("", "")}
+
+
+def _reference_step(model: nn.Module, chosen: Tensor, rejected: Tensor, clip: float | None,
+                    ) -> dict[bool, Tensor]:
+    """The parameters after one SGD step of a copy of `model`: {False: clipped at `clip`, True: unclipped}."""
+    out = {}
+    for unclipped in (False, True):
+        twin = copy.deepcopy(model)
+        with torch.enable_grad():
+            (-F.logsigmoid(twin(chosen) - twin(rejected)).mean()).backward()
+        nn.utils.clip_grad_norm_(twin.parameters(), clip if clip and not unclipped else math.inf)
+        torch.optim.SGD(twin.parameters(), lr=0.1).step()
+        out[unclipped] = torch.cat([p.detach().reshape(-1) for p in twin.parameters()])
+    return out
+
+
+def _step_arguments(comp: Component, model: nn.Module, chosen: Tensor, rejected: Tensor) -> dict[str, Any]:
+    """The step's arguments by name: the model, an SGD optimizer, the pair as a batch or apart; the
+    rest left to their defaults (a cannot_call for one that has none)."""
+    values = {**dict.fromkeys(STEP_MODEL_NAMES, model), **dict.fromkeys(BATCH_NAMES, (chosen, rejected)),
+              **dict.fromkeys(OPTIMIZER_NAMES, torch.optim.SGD(model.parameters(), lr=0.1))}
+    roles = {p.name: values.get(p.name.lower(), _side(p.name, chosen, rejected))
+             for p in forward_parameters(comp.obj)}
+    missing = [p.name for p in forward_parameters(comp.obj) if roles[p.name] is None and p.default is p.empty]
+    if missing:
+        raise fp.LearnerFailure(LearnerError("cannot_call", PAIR_STEP.format(name=comp.name, arg=missing[0]),
+                                             "forward", message_zh=PAIR_STEP_ZH.format(name=comp.name,
+                                                                                       arg=missing[0])))
+    return {name: value for name, value in roles.items() if value is not None}
+
+
+def _side(name: str, chosen: Tensor, rejected: Tensor) -> Tensor | None:
+    """The chosen or the rejected ids for a parameter named for one of them."""
+    return chosen if CHOSEN.search(name.lower()) else rejected if REJECTED.search(name.lower()) else None
 
 
 class Scorer(nn.Module):
-    """A stand-in reward model: a score for each token, summed over the sequence: ids (B, T) -> (B,)."""
+    """A stand-in reward model: a score for each token, summed over the sequence and scaled: ids (B, T)
+    -> (B,)."""
 
-    def __init__(self) -> None:
+    def __init__(self, scale: float = 1.0) -> None:
         super().__init__()
-        self.score = nn.Embedding(VOCAB, 1)
+        self.score, self.scale = nn.Embedding(VOCAB, 1), scale
         nn.init.normal_(self.score.weight, generator=torch.Generator().manual_seed(0))
 
     def forward(self, ids: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-        return self.score(torch.as_tensor(ids)).sum((1, 2))  # (B,)
+        return self.score(torch.as_tensor(ids)).sum((1, 2)) * self.scale  # (B,)
 
 
 def check_pairwise_loss(comp: Component, ctx: Context) -> ComponentResult:
@@ -96,8 +177,7 @@ PAIR_NOTE = text("a reward model's pairwise loss (it takes a chosen and a reject
                  "stand-in reward model; your model is checked on its own",
                  "奖励模型的成对损失（接受 chosen 和 rejected 两个输入）：用替身奖励模型调用；"
                  "你的模型单独检查")
-PAIR_STEP = ("{name} trains a reward model on pairs: its loss {loss} takes a chosen and a rejected input, "
-             "and check's training step drives a language model on a token stream, so it is not driven; "
-             "{loss} is checked on its own")
-PAIR_STEP_ZH = ("{name} 在成对数据上训练奖励模型：它的损失 {loss} 接受 chosen 和 rejected 两个输入，"
-                "而 check 的训练一步驱动的是在 token 流上的语言模型，所以不调用它；{loss} 单独检查")
+PAIR_STEP = ("cannot fill the argument {arg!r} of {name}: a reward model's step is handed the model, the "
+             "optimizer and the pair (chosen, rejected) as a batch or by names that say which")
+PAIR_STEP_ZH = ("填不了 {name} 的参数 {arg!r}：奖励模型的训练一步传入模型、优化器，以及成对的"
+                "（chosen, rejected），作为一个 batch，或按说明是哪一个的名字分开传")

@@ -86,6 +86,7 @@ from handformer.check.runners.classifier_step import check_classifier_step
 from handformer.check.runners.classifier_step import roles as classifier_roles
 from handformer.check.runners.localize_train import localize_train_step
 from handformer.check.runners.own_classifier_step import check_own_classifier_step, step_reads
+from handformer.check.runners.reward_pair import check_pairwise_step, pairwise_step
 from handformer.check.runners.step_parts import calls_with_norm, own_batch, own_loss_compute
 from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
@@ -508,6 +509,8 @@ def _run(step: Step, base: Seq2SeqTransformer, **mistakes: Any) -> list[list[Ten
 
 
 def check_train_step(comp: Component, ctx: Context) -> ComponentResult:
+    if pairwise_step(comp):  # a reward model's step on pairs (reward_pair.py)
+        return check_pairwise_step(comp, ctx)
     return _check(comp, ctx, epoch=False)
 
 
