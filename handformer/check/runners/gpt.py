@@ -929,8 +929,9 @@ def _backbone(comp: Component, ctx: Context, module: nn.Module, out: Tensor | No
     One returning a tuple or a dict with no (B, T, ...) tensor in it, or one score a sequence (B,) or
     (B, 1) (a reward or value model: a head on a backbone), is no language model (a forgotten `return`,
     None, is a failure)."""
-    scores = fp.first_tensor(returned)
-    one_a_row = scores is not None and scores.numel() == len(scores)  # (B,) or (B, 1): a reward or value head
+    scores = fp.first_tensor(returned)  # (B,) or (B, 1), and no logits: a reward or value head
+    one_a_row = scores is not None and scores.dim() > 0 and scores.numel() == scores.size(0) and (
+        out is None or out.size(-1) == 1)
     if out is None and isinstance(returned, tuple) or one_a_row:
         raise DiscoveryError(
             f"{comp.name}'s forward returns {shape_of(returned)}: no logits (B, T, vocab_size) in it (one "
