@@ -441,6 +441,8 @@ def run_generate(ctx: Context, comp: Component, driver: Any, n: int, B: int, as_
             raw = call_generate(ctx, comp, model, prompt[0].tolist() if as_list else prompt.clone(), n,
                         {**fixed_defaults(comp.obj), **(extra or {})})
         except fp.LearnerFailure as failure:
+            if failure.error.kind == "cannot_call":  # the model handed is not the one it is written for
+                raise
             if getattr(driver, "lower_precision", lambda _: False)(failure):  # a float32 of theirs: again so
                 getattr(model, "close", lambda: None)()  # its hooks off before the new model's go on
                 return run_generate(ctx, comp, driver, n, B, as_list, extra)

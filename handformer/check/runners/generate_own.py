@@ -37,7 +37,7 @@ from handformer.check.core.context import (
 )
 from handformer.check.core.discovery import Component, own_objects
 from handformer.check.core.precision import DTYPE_MISMATCH
-from handformer.check.core.result import DIFFERS, NOT_CHECKED, PASS, ComponentResult, Text, text
+from handformer.check.core.result import DIFFERS, NOT_CHECKED, PASS, ComponentResult, LearnerError, Text, text
 from handformer.check.runners import contrastive
 from handformer.check.runners.generate_loop import (
     BLOCK,
@@ -96,6 +96,11 @@ class OwnModel:
         return reset
 
     def _record(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        unknown = [k for k in kwargs if not _takes(self.signature, k)]
+        if unknown:  # their loop is written for another model (Medusa's heads on a base): not the one handed
+            said = {"model": type(self.module).__name__, "arg": unknown[0]}
+            raise fp.LearnerFailure(LearnerError("cannot_call", OTHER_MODEL.format(**said), "forward",
+                                                 message_zh=OTHER_MODEL_ZH.format(**said)))
         if len(self.calls) >= self.budget:
             raise TooManyCalls(f"generate called the model {len(self.calls) + 1} times")
         ids = next((v for v in list(args) + list(kwargs.values()) if isinstance(v, Tensor)), None)
@@ -138,6 +143,20 @@ class OwnModel:
         vars(self.module).pop("forward", None)
         for name in self.resets:
             vars(self.module).pop(name, None)
+
+
+OTHER_MODEL = ("the loop calls its model with {arg}=..., which {model}.forward does not take: it is written "
+               "for another model of the file (one check could not build: see its report), so {model} cannot "
+               "drive it")
+OTHER_MODEL_ZH = ("循环调用模型时传了 {arg}=...，而 {model}.forward 不接受它："
+                  "这个循环是为文件里另一个模型写的（check 构建不了的那个，见它的报告），"
+                  "所以不能用 {model} 驱动它")
+
+
+def _takes(signature: inspect.Signature, name: str) -> bool:
+    """Whether a forward of this signature takes the keyword `name` (by name, or in its **kwargs)."""
+    params = signature.parameters.values()
+    return name in signature.parameters or any(p.kind is p.VAR_KEYWORD for p in params)
 
 
 # a call's first position: Meta's start_pos (an int), gpt-fast's input_pos (the positions, a tensor)
