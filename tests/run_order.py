@@ -22,6 +22,8 @@ SECONDS = {
     "test_hf_export.py": 11, "test_serve_fuzz.py": 11, "test_check_family_scales.py": 10,
     "test_check_hf_variants.py": 10, "test_check_layouts.py": 10, "test_check_unbatched_families.py": 10,
     "test_experiments.py": 10, "test_speculative.py": 10, "test_viz.py": 10, "test_behaviour.py": 9,
+    "test_check_lossy_cache.py": 20, "test_check_speculative.py": 10, "test_check_reward_pair.py": 10,
+    "test_check_heads_loop.py": 8, "test_check_unbuilt_classifier.py": 5,
     "test_decoding.py": 9, "test_explain.py": 9, "test_check_components.py": 8, "test_distributed.py": 8,
     "test_lm_training.py": 8, "test_serve_apis.py": 8, "test_serve_structured.py": 8,
     "test_check_caches_routers.py": 7, "test_check_quoted_lines.py": 7, "test_check_windowed.py": 7,

@@ -39,7 +39,7 @@ from handformer.check.core.kinds import KINDS_BY_NAME
 from handformer.check.core.localize import commented_out
 from handformer.check.core.own_width import other_width
 from handformer.check.core.passed_in import passed_in
-from handformer.check.core.precision import float64_kept
+from handformer.check.core.precision import DTYPE_MISMATCH, float64_kept
 from handformer.check.core.result import (
     DEPARTS,
     DIFFERS,
@@ -212,7 +212,7 @@ def _nothing_found(comp: Component, ctx: Context, result: ComponentResult, error
     if not_implemented(comp, error):
         result.status = TODO
     elif (needs_skipped(error, ctx.skipped) or cannot_check(error) or method_on_stand_in(comp, result)
-          or guessed_input(comp, error)):
+          or guessed_input(comp, error) or float64_refused(error)):
         theirs = None
         if error.kind == "mapping":
             with ctx.hyperparameters(comp):
@@ -457,6 +457,22 @@ GUESSED_WHY = ("check guessed its kind from what it does, and its code refused t
                "it may be no such component, or be called otherwise")
 GUESSED_WHY_ZH = ("检查程序是按它做的事猜出它的类型的，它的代码不接受检查程序给的输入的形式，"
                   "也许它不是这一类组件，或者不是这样调用的")
+
+
+def float64_refused(error: LearnerError) -> bool:
+    """Their code raised a dtype mismatch in check's float64 run: a tensor it makes in a float32 it names
+    (a cache's preallocated scales) meets check's float64 ones; in the float32 their code is written for,
+    none is raised: check's doing, a cannot_call that says so."""
+    mismatch = error.kind == "exception" and DTYPE_MISMATCH.search(error.message) is not None
+    return mismatch and _cannot_call(error, FLOAT64_WHY, FLOAT64_WHY_ZH)
+
+
+FLOAT64_WHY = ("check runs your code in float64, and a tensor your code makes in a float32 it names met "
+               "check's float64 ones; in float32 it would run: write an adapter, or make the tensor in the "
+               "dtype of its input")
+FLOAT64_WHY_ZH = ("检查程序用 float64 运行你的代码，你的代码里写明 float32 的张量"
+                  "遇到了检查程序的 float64 张量；在 float32 下它能运行：写一个 adapter，"
+                  "或者让这个张量用输入的 dtype")
 
 
 def _cannot_call(error: LearnerError, en: str, zh: str) -> bool:

@@ -206,7 +206,9 @@ KINDS_TABLE: tuple[Kind, ...] = (
                   "LabelSmoothingCrossEntropy", "MaskedCrossEntropy", "CrossEntropyLoss",
                   "SmoothedCrossEntropy", "masked_nll_loss", "MaskedSoftmaxCELoss",
                   "LabelSmoothedCrossEntropyCriterion", "LabelSmoothedCrossEntropy",  # fairseq's
-                  "label_smoothed_cross_entropy", "cal_loss"),
+                  "label_smoothed_cross_entropy", "cal_loss",
+                  # a reward model's pairwise loss (reward_pair.py)
+                  "reward_loss", "pairwise_loss", "pairwise_reward_loss", "reward_model_loss"),
          "loss", "损失函数", "loss:check_loss"),
     Kind("distill", ("distillation_loss", "distill_loss", "kd_loss", "knowledge_distillation_loss",
                      "loss_fn_kd", "kd_loss_fn", "DistillationLoss", "KDLoss", "KnowledgeDistillationLoss",

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import re
 import sys
 from collections.abc import Callable, Iterator
 from operator import attrgetter
@@ -30,6 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+# what torch raises where float64 meets a float32 (or half) tensor in one operation
+DTYPE_MISMATCH = re.compile(r"expected scalar type (Double|Float|Half) but found (Float|Double|Half)|"
+                            r"(Double|Float) and (Float|Double)|same dtype")
 LEARNER = "learner_"  # the name their file is imported under begins so (engine.learner_module_name)
 
 

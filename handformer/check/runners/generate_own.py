@@ -36,7 +36,8 @@ from handformer.check.core.context import (
     module_sizes,
 )
 from handformer.check.core.discovery import Component, own_objects
-from handformer.check.core.result import DIFFERS, NOT_CHECKED, PASS, ComponentResult, Text, text
+from handformer.check.core.precision import DTYPE_MISMATCH
+from handformer.check.core.result import DIFFERS, NOT_CHECKED, PASS, ComponentResult, LearnerError, Text, text
 from handformer.check.runners import contrastive
 from handformer.check.runners.generate_loop import (
     BLOCK,
@@ -74,9 +75,14 @@ class OwnModel:
         self.words = ("your model's own greedy decoding", "你的模型自己贪心解码")
         self.original = module.forward
         self.signature = inspect.signature(self.original)
+        self.outputs: list[Tensor] = []  # the last logits (B, V) of each call, as the loop was handed them
+        self.exact: Any = None  # the full forward's scaled logits of ids (OwnDriver.logits)
         def forward(*args: Any, **kwargs: Any) -> Any:
             self._record(args, kwargs)
-            return steered(self.original(*args, **kwargs))
+            kept: list[Tensor] = []
+            out = steered(self.original(*args, **kwargs), kept)
+            self.outputs += [logits[:, -1].detach().clone() for logits in kept[:1] if logits.dim() == 3]
+            return out
         module.forward = functools.wraps(self.original)(forward)
         self.resets = [name for name in dir(type(module)) if "reset" in name and "cache" in name
                        and callable(getattr(module, name, None))]
@@ -90,6 +96,11 @@ class OwnModel:
         return reset
 
     def _record(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        unknown = [k for k in kwargs if not _takes(self.signature, k)]
+        if unknown:  # their loop is written for another model (Medusa's heads on a base): not the one handed
+            said = {"model": type(self.module).__name__, "arg": unknown[0]}
+            raise fp.LearnerFailure(LearnerError("cannot_call", OTHER_MODEL.format(**said), "forward",
+                                                 message_zh=OTHER_MODEL_ZH.format(**said)))
         if len(self.calls) >= self.budget:
             raise TooManyCalls(f"generate called the model {len(self.calls) + 1} times")
         ids = next((v for v in list(args) + list(kwargs.values()) if isinstance(v, Tensor)), None)
@@ -134,6 +145,20 @@ class OwnModel:
             vars(self.module).pop(name, None)
 
 
+OTHER_MODEL = ("the loop calls its model with {arg}=..., which {model}.forward does not take: it is written "
+               "for another model of the file (one check could not build: see its report), so {model} cannot "
+               "drive it")
+OTHER_MODEL_ZH = ("循环调用模型时传了 {arg}=...，而 {model}.forward 不接受它："
+                  "这个循环是为文件里另一个模型写的（check 构建不了的那个，见它的报告），"
+                  "所以不能用 {model} 驱动它")
+
+
+def _takes(signature: inspect.Signature, name: str) -> bool:
+    """Whether a forward of this signature takes the keyword `name` (by name, or in its **kwargs)."""
+    params = signature.parameters.values()
+    return name in signature.parameters or any(p.kind is p.VAR_KEYWORD for p in params)
+
+
 # a call's first position: Meta's start_pos (an int), gpt-fast's input_pos (the positions, a tensor)
 POSITION_READERS: dict[type, Any] = {int: int, Tensor: lambda v: int(v.reshape(-1)[0])}
 
@@ -142,21 +167,27 @@ def _certain(logits: Tensor) -> Tensor:
     return (logits - logits.amax(-1, keepdim=True)) * (1.0 if SOFT[0] else PEAK)
 
 
-def steered(out: Any) -> Any:
+def steered(out: Any, kept: list[Tensor] | None = None) -> Any:
     """The learner's output with its logits (the first float tensor whose last size is VOCAB) scaled:
-    a tensor, a (logits, loss) tuple, or an object with `.logits`."""
+    a tensor, a (logits, loss) tuple, or an object with `.logits`; the scaled logits added to `kept`."""
+    certain = functools.partial(_kept_certain, [] if kept is None else kept)
     if isinstance(out, Tensor):
-        return _certain(out) if out.is_floating_point() and out.size(-1) == VOCAB else out
+        return certain(out) if out.is_floating_point() and out.size(-1) == VOCAB else out
     if isinstance(out, (tuple, list)):
         items = list(out)
         for i, item in enumerate(items):
             if isinstance(item, Tensor) and item.is_floating_point() and item.size(-1) == VOCAB:
-                items[i] = _certain(item)
+                items[i] = certain(item)
                 break
         return type(out)(items) if isinstance(out, tuple) else items
     if isinstance(getattr(out, "logits", None), Tensor):
-        out.logits = _certain(out.logits)
+        out.logits = certain(out.logits)
     return out
+
+
+def _kept_certain(kept: list[Tensor], logits: Tensor) -> Tensor:
+    kept.append(_certain(logits))
+    return kept[-1]
 
 
 class OwnDriver:
@@ -170,9 +201,22 @@ class OwnDriver:
         self.module, self.limit, self.name = module, limit, model_comp.name
         self.holder, self.max_len = holder, max_len  # the engine class generate is a method of
         self.call = Caller(module, ctx)
+        self.float32 = False  # moved to float32 (lower_precision)
 
     def new_model(self, style: str, budget: int) -> OwnModel:
-        return OwnModel(self.module, self.limit, budget, self.holder)
+        model = OwnModel(self.module, self.limit, budget, self.holder)
+        model.exact = self.logits
+        return model
+
+    def lower_precision(self, failure: fp.LearnerFailure) -> bool:
+        """Their model in float32 when their loop raised a dtype mismatch on check's float64 one (a cache
+        that keeps its scales or values in float32 by a dtype it writes): True when so moved."""
+        if not DTYPE_MISMATCH.search(failure.error.message) or self.float32:  # (engine.float64_refused)
+            return False
+        self.float32 = True
+        self.module.float()
+        torch.set_default_dtype(torch.float32)  # own_driver puts the default back
+        return True
 
     def logits(self, ids: Tensor) -> Tensor:
         """The logits (B, t, V) their model gives for ids (B, t), as scaled as in the loop."""
@@ -194,13 +238,17 @@ class OwnDriver:
              f"超过 {BLOCK} 个 token 它会报错，所以上下文必须裁剪") if limited
             else (f"it runs on contexts longer than {BLOCK} tokens, so no crop is needed (a crop is not "
                   "charged)", f"它能处理超过 {BLOCK} 个 token 的上下文，所以不必裁剪（裁剪了也不算错）"))
+        f32, f32_zh = ((", in float32 (your loop keeps tensors in a float32 it names: float64 raised a "
+                        "dtype mismatch)", "，用 float32（你的循环有写明 float32 的张量："
+                        "float64 下 dtype 不匹配）")
+                       if self.float32 else ("", ""))
         held, held_zh = ((f" in your {self.holder.__name__} (with a stand-in tokenizer)",
                           f"（放在你的 {self.holder.__name__} 里，分词器是替身）")
                          if self.holder else ("", ""))
         return text(f"your own {self.name}{held}, built with vocab_size {VOCAB} and block size "
-                    f"{self.max_len}, its logits scaled so that the likeliest token is certain; {crop}",
-                    f"你自己的 {self.name}{held_zh}，按 vocab_size {VOCAB}、block size {self.max_len} 构建，"
-                    f"logits 被放大，最可能的 token 概率为 1；{crop_zh}")
+                    f"{self.max_len}{f32}, its logits scaled so that the likeliest token is certain; {crop}",
+                    f"你自己的 {self.name}{held_zh}，按 vocab_size {VOCAB}、block size {self.max_len} 构建"
+                    f"{f32_zh}，logits 被放大，最可能的 token 概率为 1；{crop_zh}")
 
     def alternative(self, B: int, n: int) -> Tensor | None:
         """The tokens of a loop that crops to BLOCK a model that needs no crop: not charged."""
@@ -374,6 +422,7 @@ def check_generate(comp: Component, ctx: Context) -> ComponentResult:
         driver = own or StandIn()
         res.driven = driver.driven()
         check_with(res, ctx, comp, driver)
+        res.driven = driver.driven()  # as it was driven in the end (in float32 where float64 raised)
         if padded(comp.obj):  # a left-padded batch (generate_padded.py); one it cannot take is passed over
             check_padded(res, ctx, comp, driver, driver.styles(comp.obj)[0])
         check_ragged(res, ctx, comp, driver)  # prompts of different lengths a loop pads itself (Meta's)

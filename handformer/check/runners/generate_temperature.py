@@ -92,7 +92,9 @@ def check_temperature(res: ComponentResult, ctx: Context, comp: Any, driver: Any
     with recorded_draws(seen, SOFT):
         options = {name: TEMPERATURE, **sampling_on(comp.obj)}
         run = run_generate(ctx, comp, Afresh(driver, seen), 1, B, as_list, options)
-        logits = driver.logits(run.prompt)[:, -1].double()  # (B, V)
+        # the logits its model handed the loop (a lossy cache's, as computed), else the full forward's
+        outputs = getattr(run.model, "outputs", None)
+        logits = (outputs[0] if outputs else driver.logits(run.prompt)[:, -1]).double()  # (B, V)
     if not seen or seen[0].shape[-1] != logits.size(-1):  # it never sampled, or sampled a subset
         return
     probs = seen[0].reshape(-1, logits.size(-1))[: logits.size(0)]

@@ -73,6 +73,7 @@ from handformer.check.core.source import config_reads, functions_called, locate,
 from handformer.check.core.step_updates import gradient_norm, largest_differences, parameters_of, update
 from handformer.check.runners.drawn_windows import Call, check_windows
 from handformer.check.runners.localize_train import localize_lm_step
+from handformer.check.runners.reward_pair import check_pairwise_step, pairwise_step
 from handformer.check.runners.step_model import BATCH, VOCAB, batches, tiny_model
 from handformer.check.runners.train_step import (
     ACCUM,
@@ -307,6 +308,8 @@ def _run(step: Step, base: nn.Module, make_opt: Any = optimizer, **mistakes: boo
 
 
 def check_lm_train_step(comp: Component, ctx: Context) -> ComponentResult:
+    if pairwise_step(comp):  # a reward model's step on pairs (reward_pair.py)
+        return check_pairwise_step(comp, ctx)
     res = ctx.result(comp)
     step = Step(comp, ctx)
     base = tiny_model()

@@ -50,6 +50,7 @@ from handformer.check.core.result import Check, ComponentResult, Finding, Text, 
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.reference.variants import has
 from handformer.check.runners.model_loss import check_model_loss
+from handformer.check.runners.reward_pair import pairwise
 from handformer.training.losses import token_cross_entropy
 
 B, T, V, PAD = 3, 5, 7, 0
@@ -420,8 +421,8 @@ def check_loss(comp: Component, ctx: Context) -> ComponentResult:
     first = next(iter(call_parameters(comp.obj)), None)
     name = getattr(first, "name", "")
     used = re.search(rf"(?<![.\w]){name}\s*[(,)]", source_text(comp.obj))  # model(x), or yours(model, tokens)
-    if name in MODEL_NAMES + STEP_MODEL_NAMES and used:
-        return check_model_loss(comp, ctx)
+    if name in MODEL_NAMES + STEP_MODEL_NAMES and used or pairwise(comp.obj) and used:
+        return check_model_loss(comp, ctx)  # (a reward model's pairwise loss, whatever its model's name)
     return run_probe(LOSS, comp, ctx)
 
 

@@ -21,6 +21,7 @@ from handformer.check.core.context import Context, call_parameters, error_text, 
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import first_line, locate, source_lines
+from handformer.check.runners.reward_pair import check_pairwise_loss, pairwise
 from handformer.check.runners.step_model import VOCAB, batches, tiny_model
 
 # where a loss of the model slices its labels off the tokens (tokens[:, 1:]), else where it calls it
@@ -35,6 +36,8 @@ def cross_entropy(model: Any, x: Tensor, y: Tensor) -> Tensor:
 
 
 def check_model_loss(comp: Component, ctx: Context) -> ComponentResult:
+    if pairwise(comp.obj):  # a reward model's loss: its model gives a score a sequence, not logits
+        return check_pairwise_loss(comp, ctx)
     res = ctx.result(comp)
     model = tiny_model()
     x, y = batches()[0]  # (B, T) each, y is x moved on by one

@@ -86,6 +86,7 @@ from handformer.check.runners.classifier_step import check_classifier_step
 from handformer.check.runners.classifier_step import roles as classifier_roles
 from handformer.check.runners.localize_train import localize_train_step
 from handformer.check.runners.own_classifier_step import check_own_classifier_step, step_reads
+from handformer.check.runners.reward_pair import check_pairwise_step, pairwise_step
 from handformer.check.runners.step_parts import calls_with_norm, own_batch, own_loss_compute
 from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
@@ -508,6 +509,8 @@ def _run(step: Step, base: Seq2SeqTransformer, **mistakes: Any) -> list[list[Ten
 
 
 def check_train_step(comp: Component, ctx: Context) -> ComponentResult:
+    if pairwise_step(comp):  # a reward model's step on pairs (reward_pair.py)
+        return check_pairwise_step(comp, ctx)
     return _check(comp, ctx, epoch=False)
 
 
@@ -651,10 +654,20 @@ def _on_own_classifier(comp: Component, ctx: Context) -> ComponentResult | None:
     reads = step_reads(comp.obj)
     classifier = ctx.components.get("classifier")
     ran = classifier and getattr(ctx.checked(classifier, check_classifier), "status", None) in (PASS, FAIL)
+    said = {"name": comp.name, "model": getattr(classifier, "name", "")}
+    if reads is not None and classifier and not ran:  # its classifier, which check could not build: not ours
+        raise fp.LearnerFailure(LearnerError("cannot_call", UNBUILT.format(**said), "forward",
+                                             message_zh=UNBUILT_ZH.format(**said)))
     if reads is None or not ran:
         return None
     base = ctx.build(classifier, CLASSIFIER_SIZES)
     return check_own_classifier_step(comp, ctx, reads, base, CLASSES, clip_norm(source_text(comp.obj), {}))
+
+
+UNBUILT = ("{name} reads its batch by key as a classifier's step does, and the file's classifier {model}, "
+           "which it trains, could not be built or run (see its own report): write {model}'s adapter")
+UNBUILT_ZH = ("{name} 像分类器的训练一步那样按键读取 batch，而它训练的本文件分类器 {model} 无法构建或运行"
+              "（见它自己的报告）：给 {model} 写适配函数")
 
 
 def _guessed(res: ComponentResult, step: Step) -> ComponentResult:
