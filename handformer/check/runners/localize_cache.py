@@ -137,21 +137,29 @@ def cached_call_departure(run: Callable[[], Any], filename: str) -> Departure | 
 
 
 class _Profiled:
-    """Each call of a forward of the file, whether the loop calls the model (`model(ids)`) or its
-    forward itself (Mistral's `model.forward(ids, positions, cache)`, past the module's hooks), handed
-    to `calls` with its arguments, until removed (a handle as torch's hooks give)."""
+    """Each call of a forward of the file that no other forward of the file is running (the loop's
+    call, not the one its model makes of a model it wraps: HF's `StableLmForCausalLM` calling its
+    `StableLmModel` on the same ids), whether the loop calls the model (`model(ids)`) or its forward
+    itself (Mistral's `model.forward(ids, positions, cache)`, past the module's hooks), handed to
+    `calls` with its arguments, until removed (a handle as torch's hooks give)."""
 
     def __init__(self, filename: str, calls: _Calls) -> None:
         self.filename, self.calls, self.old = filename, calls, sys.getprofile()
+        self.running: list[Any] = []  # the frames of the file's forwards running now, outermost first
         sys.setprofile(self.profile)
 
     def profile(self, frame: Any, event: str, arg: Any) -> None:
         code = frame.f_code
-        if (event, code.co_name, code.co_filename) == ("call", "forward", self.filename):
-            names = code.co_varnames[:code.co_argcount]
-            module = frame.f_locals.get(next(iter(names), ""))
-            if isinstance(module, nn.Module):
-                self.calls.before(module, tuple(frame.f_locals[n] for n in names[1:]))
+        if (code.co_name, code.co_filename) != ("forward", self.filename) or event not in ("call", "return"):
+            return
+        if event == "return":
+            self.running = [f for f in self.running if f is not frame]
+            return
+        names = code.co_varnames[:code.co_argcount]
+        module = frame.f_locals.get(next(iter(names), ""))
+        if isinstance(module, nn.Module) and not self.running:
+            self.calls.before(module, tuple(frame.f_locals[n] for n in names[1:]))
+        self.running.append(frame)
 
     def remove(self) -> None:
         sys.setprofile(self.old)
