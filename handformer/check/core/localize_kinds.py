@@ -46,7 +46,7 @@ from handformer.check.core.localize import (
     view_zh,
 )
 from handformer.check.core.result import ComponentResult, text
-from handformer.check.core.source import functions_called, source_text
+from handformer.check.core.source import functions_called, reachable, source_text
 from handformer.check.reference import variants as V
 from handformer.time_limit import time_limit
 
@@ -115,8 +115,9 @@ def ffn_views(w: V.FFNWeights, x: Tensor) -> list[View]:
 
 def with_own_functions(code: Any, fn: Any) -> tuple[Any, ...]:
     """The code of `fn` and of the plain functions of its own file that it calls by name (GPT-2's
-    `gelu_new(x)`, an activation written out): what they return is a step too, at their line."""
-    return (code, *[f.__code__ for f in functions_called(fn)])  # only those of its file are traced
+    `gelu_new(x)`, an activation written out), and those they call in turn: what they return is a
+    step too, at their line."""
+    return (code, *helper_codes([fn]))  # only those of its file are traced
 
 
 def localize_ffn(module: nn.Module, readings: list[V.FFNWeights], x: Tensor) -> Departure | None:
@@ -160,9 +161,18 @@ def norm_views(w: V.NormWeights, x: Tensor) -> list[View]:
 
 
 def method_codes(cls: type) -> set[Any]:
-    """The code objects of the functions a class defines (its forward and its own helper methods): the
-    frames a trace of its call keeps."""
-    return {f.__code__ for f in vars(cls).values() if inspect.isfunction(f)}
+    """The code objects of the functions a class defines (its forward and its own helper methods) and
+    of the free functions of its file they call, in any number of steps (MiniCPM's RMSNorm computes in
+    a module-level `rms_layernorm`): the frames a trace of its call keeps."""
+    methods = [f for f in vars(cls).values() if inspect.isfunction(f)]
+    return {f.__code__ for f in methods} | helper_codes(methods)
+
+
+def helper_codes(fns: list[Any]) -> set[Any]:
+    """The code of the plain functions of their own file that `fns` call by name, and of those they
+    call in turn (a norm's helper that calls another): each frame of theirs is a step's."""
+    reached = reachable(fns, lambda f: set(functions_called(inspect.unwrap(f))))
+    return {inspect.unwrap(f).__code__ for f in reached - set(fns)}
 
 
 def localize_norm(module: nn.Module, w: V.NormWeights, x: Tensor) -> Departure | None:

@@ -183,7 +183,8 @@ def locate(name: str, lines: list[tuple[int, str]]) -> tuple[int | None, str | N
     (the component's own code and what it reads), then in all."""
     for tier in (getattr(lines, "near", []), lines):  # the component's own code first
         number, code = LINE_FINDERS.get(name, _nowhere)(tier)
-        number, code = (number, code) if number is not None else first_line(CATALOG[name].patterns, tier)
+        number, code = (number, code) if number is not None else first_line(CATALOG[name].patterns, tier,
+                                                                            guards=True)
         if number is not None:
             return number, code
     return None, None
@@ -419,17 +420,38 @@ HEADER = re.compile(r"\s*(async\s+)?(def|class)\s")
 STRING_OPENS = re.compile(r"[rRbBuU]{0,2}(\"{3}|'{3})")
 
 
-def first_line(patterns: Iterable[str], lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+def first_line(patterns: Iterable[str], lines: list[tuple[int, str]], guards: bool = False,
+               ) -> tuple[int | None, str | None]:
     """The first code line the patterns find, trying them in order (comments and docstrings
-    skipped), and its text."""
+    skipped), and its text; with `guards` (a diagnosis' patterns), a guard a guess found gives the
+    line it guards (see `_guarded`)."""
     code_lines = _code_lines(lines)  # a `def` or `class` line last: a name there is rarely the mistake
-    code_lines = sorted(code_lines, key=lambda nl: bool(HEADER.match(nl[1])))
-    for pattern in patterns:
+    in_order = sorted(code_lines, key=lambda nl: bool(HEADER.match(nl[1])))
+    for rank, pattern in enumerate(patterns):
         regex = re.compile(pattern)
-        for number, line in code_lines:
+        for number, line in in_order:
             if regex.search(line.split("#")[0]):
+                number, line = _guarded(number, line, code_lines) if rank and guards else (number, line)
                 return number, _with_continuation(number, line, dict(lines))
     return None, None
+
+
+def _guarded(number: int, line: str, code_lines: list[tuple[int, str]]) -> tuple[int, str]:
+    """A guess (a pattern after the first) that found a guard, a test of whether a setting is given
+    (Meta's `if temperature > 0:`, `if mask is not None:`): the guard computes nothing, the first
+    statement it guards computes what the setting changes, and is the line quoted; any other line as
+    found."""
+    if not GUARD.match(line):
+        return number, line
+    indent = len(line) - len(line.lstrip())
+    body = [(n, t) for n, t in code_lines if n > number]
+    first = next(iter(body), (number, line))
+    return first if len(first[1]) - len(first[1].lstrip()) > indent else (number, line)
+
+
+# a test of a setting's presence: `if temperature > 0:`, `elif top_k is not None:`, `if self.training:`
+GUARD = re.compile(r"\s*(el)?if\s+(not\s+)?[\w.]+(\s*(is\s+not|is|>|!=)\s*(None|0|0\.0|False))?"
+                   r"\s*:\s*(#.*)?$")
 
 
 def _with_continuation(number: int, line: str, lines: dict[int, str]) -> str:

@@ -108,10 +108,12 @@ class _Calls:
         self.filename, self.steps = filename, steps
         self.made: list[tuple[Tensor, int, tuple[nn.Module, tuple[Any, ...]]]] = []
 
-    def before(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+    def before(self, module: nn.Module, args: tuple[Any, ...]) -> bool:
+        """Whether the call is handed token ids first (then it is recorded)."""
         tokens = next(iter(args), None)
-        if isinstance(tokens, Tensor) and tokens.dim() == 2 and not tokens.is_floating_point():
-            self.made.append((tokens.clone(), len(self.steps), copy.deepcopy((module, args))))
+        handed = isinstance(tokens, Tensor) and tokens.dim() == 2 and not tokens.is_floating_point()
+        self.made += [(tokens.clone(), len(self.steps), copy.deepcopy((module, args)))] * handed
+        return handed
 
 
 def cached_call_departure(run: Callable[[], Any], filename: str) -> Departure | None:
@@ -137,21 +139,29 @@ def cached_call_departure(run: Callable[[], Any], filename: str) -> Departure | 
 
 
 class _Profiled:
-    """Each call of a forward of the file, whether the loop calls the model (`model(ids)`) or its
-    forward itself (Mistral's `model.forward(ids, positions, cache)`, past the module's hooks), handed
-    to `calls` with its arguments, until removed (a handle as torch's hooks give)."""
+    """Each call of a forward of the file handed token ids while no other such call is running (the
+    loop's call, not the one its model makes of a model it wraps: HF's `StableLmForCausalLM` calling its
+    `StableLmModel` on the same ids), whether the loop calls the model (`model(ids)`) or its forward
+    itself (Mistral's `model.forward(ids, positions, cache)`, past the module's hooks), handed to
+    `calls` with its arguments, until removed (a handle as torch's hooks give)."""
 
     def __init__(self, filename: str, calls: _Calls) -> None:
         self.filename, self.calls, self.old = filename, calls, sys.getprofile()
+        self.running: list[Any] = []  # the frames of the calls handed to `calls` that are running now
         sys.setprofile(self.profile)
 
     def profile(self, frame: Any, event: str, arg: Any) -> None:
         code = frame.f_code
-        if (event, code.co_name, code.co_filename) == ("call", "forward", self.filename):
-            names = code.co_varnames[:code.co_argcount]
-            module = frame.f_locals.get(next(iter(names), ""))
-            if isinstance(module, nn.Module):
-                self.calls.before(module, tuple(frame.f_locals[n] for n in names[1:]))
+        if (code.co_name, code.co_filename) != ("forward", self.filename) or event not in ("call", "return"):
+            return
+        if event == "return":
+            self.running = [f for f in self.running if f is not frame]
+            return
+        names = code.co_varnames[:code.co_argcount]
+        module = frame.f_locals.get(next(iter(names), ""))
+        if isinstance(module, nn.Module) and not self.running and self.calls.before(
+                module, tuple(frame.f_locals[n] for n in names[1:])):
+            self.running.append(frame)
 
     def remove(self) -> None:
         sys.setprofile(self.old)
