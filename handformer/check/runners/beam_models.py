@@ -188,8 +188,28 @@ def call_search(ctx: Context, comp: Component, model: Steered, arg: dict[str, st
 
 
 def hypotheses(out: Any) -> Any:
-    """What a search returns less its scores: (tokens, score) -> tokens."""
+    """What a search returns less its scores: (tokens, score) or (score, tokens) -> tokens; a list of
+    such pairs (the hypotheses a diverse beam search keeps, each group's) -> the tokens of the one of
+    the highest score."""
+    pairs = out if isinstance(out, list) and len(out) > 1 and all(map(_scored, out)) else [out]
+    best = max(pairs, key=lambda pair: float(_score(pair)) if _scored(pair) else 0.0)
+    if _scored(best):
+        return next(x for x in best if not _is_number(x))
     return out[0] if isinstance(out, tuple) and out and not isinstance(out[0], int) else out
+
+
+def _is_number(x: Any) -> bool:
+    """A score: a Python number or a tensor of one element."""
+    return isinstance(x, (int, float)) or isinstance(x, Tensor) and x.numel() == 1
+
+
+def _scored(pair: Any) -> bool:
+    """A (tokens, score) or (score, tokens) pair: two items, one a number, the other not."""
+    return isinstance(pair, tuple) and len(pair) == 2 and _is_number(pair[0]) != _is_number(pair[1])
+
+
+def _score(pair: tuple[Any, Any]) -> Any:
+    return next(x for x in pair if _is_number(x))
 
 
 def hypothesis_tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
