@@ -1,0 +1,108 @@
+"""A tokenizer built with nothing (`Tokenizer()`: a byte tokenizer, or a stand-in for a SentencePiece
+model) and nothing to train: it has no vocabulary or merges check could hand it, so there is no
+reference for its ids. What it must do whatever its ids: give each text back from its ids (decode after
+encode), and, where encode takes flags for BOS and EOS (Meta's `encode(s, bos, eos)`), put its own BOS id
+first and its EOS id last and nothing else around the text's ids."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Any
+
+from handformer.check.core.context import Context, finish
+from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, text
+from handformer.check.core.source import source_lines
+
+# what encode's flags for the special tokens are named, and the attribute that holds each one's id
+FLAGS = {"bos": (("bos", "add_bos", "add_bos_token", "prepend_bos"),
+                 ("bos_id", "bos_token_id", "bos_idx")),
+         "eos": (("eos", "add_eos", "add_eos_token", "append_eos"),
+                 ("eos_id", "eos_token_id", "eos_idx"))}
+BUILT_WITH = {"vocab", "merges", "ranks", "encoder", "special_tokens", "vocab_file", "merges_file",
+              "model_path", "model_file", "path"}  # what a tokenizer with a reference is handed
+TEXTS = ("hello world", "[INST] What is 2+2? [/INST]", "a  b\n\tc!")
+
+
+def fixed(comp: Component) -> bool:
+    """A class built with no argument and no method that trains."""
+    if not inspect.isclass(comp.obj) or any(hasattr(comp.obj, m) for m in ("train", "fit", "learn")):
+        return False
+    params = list(inspect.signature(comp.obj.__init__).parameters.values())[1:]
+    rest = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    required = [p for p in params if p.default is p.empty and p.kind not in rest]
+    return not required and not {p.name for p in params} & BUILT_WITH
+
+
+def _flags(encode: Any) -> dict[str, str]:
+    """Each special token ('bos', 'eos') -> the name of encode's flag for it; an argument beyond the text
+    that is no such flag and has no default: NOT CHECKED."""
+    names = list(inspect.signature(encode).parameters)[1:]
+    found = {key: next((n for n in names if n.lower() in words), None) for key, (words, _) in FLAGS.items()}
+    found = {key: name for key, name in found.items() if name}
+    other = [p.name for p in list(inspect.signature(encode).parameters.values())[1:]
+             if p.name not in found.values() and p.default is p.empty]
+    if other:
+        raise DiscoveryError(f"its encode takes {other[0]!r}, which check cannot fill; write the adapter "
+                             "below",
+                             zh=f"它的 encode 接受 {other[0]!r}，检查程序填不了；请写下面的适配函数")
+    return found
+
+
+def check_fixed_tokenizer(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    res.notes.append(NOTE)
+    tok = ctx.learner.call("__init__", comp.obj)
+    flags = _flags(tok.encode)
+    plain = {name: False for name in flags.values()}
+    ids = {s: list(ctx.learner.call("encode", tok.encode, s, **plain)) for s in TEXTS}
+    back = {s: ctx.learner.call("decode", tok.decode, ids[s]) for s in TEXTS}
+    if all(back[s] != s for s in TEXTS):  # a vocabulary that cannot spell these texts (an unknown id)
+        raise DiscoveryError("its ids do not give any of check's texts back (a vocabulary of its own that "
+                             "lacks their characters?): there is nothing to compare them with",
+                             zh="它的 id 解码后得不到检查程序的任何一段文本（它自己的词表里缺这些字符？）："
+                                "没有可比较的")
+    wrong = [s for s in TEXTS if back[s] != s]
+    res.checks.append(Check(text(f"decode(encode(text)) gives each of {len(TEXTS)} texts back",
+                                 f"decode(encode(text)) 把 {len(TEXTS)} 段文本原样还原"), not wrong,
+                            text(f"{wrong[:1]!r} came back as {[back[s] for s in wrong[:1]]!r}",
+                                 f"{wrong[:1]!r} 还原成了 {[back[s] for s in wrong[:1]]!r}")))
+    for key, name in flags.items():
+        _flag_checked(res, ctx, tok, key, name, plain, ids[TEXTS[0]])
+    return finish(res)
+
+
+def _flag_checked(res: ComponentResult, ctx: Context, tok: Any, key: str, name: str, plain: dict[str, bool],
+                  ids: list[int]) -> None:
+    """encode(text, <flag>=True) is the text's ids with the token's own id put first (BOS) or last (EOS)."""
+    special = next((getattr(tok, a) for a in FLAGS[key][1] if isinstance(getattr(tok, a, None), int)), None)
+    if special is None:
+        return
+    got = list(ctx.learner.call("encode", tok.encode, TEXTS[0], **{**plain, name: True}))
+    want = [special, *ids] if key == "bos" else [*ids, special]
+    said = (f"{name}=True puts its {key.upper()} id {special} {WHERE[key][0]} the text's ids",
+            f"{name}=True 把它的 {key.upper()} id {special} {WHERE[key][1]}")
+    res.checks.append(Check(text(*said), got == want,
+                            text(f"got {got[:4]}...{got[-2:]}", f"得到 {got[:4]}...{got[-2:]}")))
+    res.findings += [Finding(DEPARTS, text(f"encode with {name}=True does not give {want[:2]}...{want[-2:]}",
+                                           f"{name}=True 时 encode 得不到 {want[:2]}...{want[-2:]}"),
+                             *_flag_line(tok.encode, name))] * (got != want)
+
+
+def _flag_line(encode: Any, name: str) -> tuple[int | None, str | None]:
+    """The line that acts on the flag `name`: the one under `if <name>:`, else one that reads it in an
+    expression (Meta's `[self.bos_id] * bos`)."""
+    lines = source_lines([encode])
+    guarded = [now for before, now in zip(lines, lines[1:]) if re.match(rf"\s*if\s+{name}\s*:", before[1])]
+    used = [(n, line) for n, line in lines
+            if re.search(rf"\b{name}\b", line.split("#")[0]) and not re.match(r"\s*(def|if)\b", line)]
+    number, code = next(iter(guarded + used), (None, ""))
+    return number, code.strip() or None
+
+
+NOTE = text("it is built with nothing (no vocabulary or merges check could hand it): its ids have no "
+            "reference, so it is checked by what any tokenizer must do",
+            "它的构造不接受任何东西（没有检查程序能传给它的词表或合并规则）：它的 id 没有参考，"
+            "所以按任何分词器都该做到的事检查")
+WHERE = {"bos": ("before", "放在文本的 id 前面"), "eos": ("after", "放在文本的 id 后面")}
