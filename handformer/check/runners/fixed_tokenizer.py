@@ -11,43 +11,39 @@ import re
 from typing import Any
 
 from handformer.check.core.context import Context, finish
-from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.discovery import Component, DiscoveryError, init_parameters
 from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, text
-from handformer.check.core.source import source_lines
+from handformer.check.core.source import first_line, source_lines
 
-# what encode's flags for the special tokens are named, and the attribute that holds each one's id
-FLAGS = {"bos": (("bos", "add_bos", "add_bos_token", "prepend_bos"),
-                 ("bos_id", "bos_token_id", "bos_idx")),
-         "eos": (("eos", "add_eos", "add_eos_token", "append_eos"),
-                 ("eos_id", "eos_token_id", "eos_idx"))}
+# encode's flags for the special tokens, by name -> the token; the attributes that hold each one's id
+FLAG_OF = {**dict.fromkeys(("bos", "add_bos", "add_bos_token", "prepend_bos"), "bos"),
+           **dict.fromkeys(("eos", "add_eos", "add_eos_token", "append_eos"), "eos")}
+ID_NAMES = {"bos": ("bos_id", "bos_token_id", "bos_idx"), "eos": ("eos_id", "eos_token_id", "eos_idx")}
+# what a tokenizer with a reference is handed, and the methods of one that trains
 BUILT_WITH = {"vocab", "merges", "ranks", "encoder", "special_tokens", "vocab_file", "merges_file",
-              "model_path", "model_file", "path"}  # what a tokenizer with a reference is handed
+              "model_path", "model_file", "path", "train", "fit", "learn"}
 TEXTS = ("hello world", "[INST] What is 2+2? [/INST]", "a  b\n\tc!")
 
 
 def fixed(comp: Component) -> bool:
     """A class built with no argument and no method that trains."""
-    if not inspect.isclass(comp.obj) or any(hasattr(comp.obj, m) for m in ("train", "fit", "learn")):
-        return False
-    params = list(inspect.signature(comp.obj.__init__).parameters.values())[1:]
-    rest = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-    required = [p for p in params if p.default is p.empty and p.kind not in rest]
-    return not required and not {p.name for p in params} & BUILT_WITH
+    is_class = inspect.isclass(comp.obj)
+    params = init_parameters(comp.obj) if is_class else []
+    names = {p.name for p in params} | set(dir(comp.obj)) if is_class else BUILT_WITH
+    required = [p for p in params if p.default is p.empty]
+    return not required and not names & BUILT_WITH
 
 
 def _flags(encode: Any) -> dict[str, str]:
     """Each special token ('bos', 'eos') -> the name of encode's flag for it; an argument beyond the text
     that is no such flag and has no default: NOT CHECKED."""
-    names = list(inspect.signature(encode).parameters)[1:]
-    found = {key: next((n for n in names if n.lower() in words), None) for key, (words, _) in FLAGS.items()}
-    found = {key: name for key, name in found.items() if name}
-    other = [p.name for p in list(inspect.signature(encode).parameters.values())[1:]
-             if p.name not in found.values() and p.default is p.empty]
+    params = list(inspect.signature(encode).parameters.values())[1:]
+    other = [p.name for p in params if p.name.lower() not in FLAG_OF and p.default is p.empty]
     if other:
         raise DiscoveryError(f"its encode takes {other[0]!r}, which check cannot fill; write the adapter "
                              "below",
                              zh=f"它的 encode 接受 {other[0]!r}，检查程序填不了；请写下面的适配函数")
-    return found
+    return {FLAG_OF[p.name.lower()]: p.name for p in params if p.name.lower() in FLAG_OF}
 
 
 def check_fixed_tokenizer(comp: Component, ctx: Context) -> ComponentResult:
@@ -55,32 +51,33 @@ def check_fixed_tokenizer(comp: Component, ctx: Context) -> ComponentResult:
     res.notes.append(NOTE)
     tok = ctx.learner.call("__init__", comp.obj)
     flags = _flags(tok.encode)
-    plain = {name: False for name in flags.values()}
-    ids = {s: list(ctx.learner.call("encode", tok.encode, s, **plain)) for s in TEXTS}
-    back = {s: ctx.learner.call("decode", tok.decode, ids[s]) for s in TEXTS}
-    if all(back[s] != s for s in TEXTS):  # a vocabulary that cannot spell these texts (an unknown id)
+    plain = dict.fromkeys(flags.values(), False)
+    back = {s: ctx.learner.call("decode", tok.decode, ctx.learner.call("encode", tok.encode, s, **plain))
+            for s in TEXTS}
+    wrong = [s for s in TEXTS if back[s] != s]
+    if len(wrong) == len(TEXTS):  # a vocabulary that cannot spell these texts (an unknown id)
         raise DiscoveryError("its ids do not give any of check's texts back (a vocabulary of its own that "
                              "lacks their characters?): there is nothing to compare them with",
                              zh="它的 id 解码后得不到检查程序的任何一段文本（它自己的词表里缺这些字符？）："
                                 "没有可比较的")
-    wrong = [s for s in TEXTS if back[s] != s]
+    came = (wrong[:1], list(map(back.get, wrong[:1])))
     res.checks.append(Check(text(f"decode(encode(text)) gives each of {len(TEXTS)} texts back",
                                  f"decode(encode(text)) 把 {len(TEXTS)} 段文本原样还原"), not wrong,
-                            text(f"{wrong[:1]!r} came back as {[back[s] for s in wrong[:1]]!r}",
-                                 f"{wrong[:1]!r} 还原成了 {[back[s] for s in wrong[:1]]!r}")))
+                            text("{!r} came back as {!r}".format(*came), "{!r} 还原成了 {!r}".format(*came))))
+    ids = list(ctx.learner.call("encode", tok.encode, TEXTS[0], **plain))
     for key, name in flags.items():
-        _flag_checked(res, ctx, tok, key, name, plain, ids[TEXTS[0]])
+        _flag_checked(res, ctx, tok, key, name, plain, ids)
     return finish(res)
 
 
 def _flag_checked(res: ComponentResult, ctx: Context, tok: Any, key: str, name: str, plain: dict[str, bool],
                   ids: list[int]) -> None:
     """encode(text, <flag>=True) is the text's ids with the token's own id put first (BOS) or last (EOS)."""
-    special = next((getattr(tok, a) for a in FLAGS[key][1] if isinstance(getattr(tok, a, None), int)), None)
+    special = next(filter(lambda v: isinstance(v, int), (getattr(tok, a, None) for a in ID_NAMES[key])), None)
     if special is None:
         return
     got = list(ctx.learner.call("encode", tok.encode, TEXTS[0], **{**plain, name: True}))
-    want = [special, *ids] if key == "bos" else [*ids, special]
+    want = WANT[key](special, ids)
     said = (f"{name}=True puts its {key.upper()} id {special} {WHERE[key][0]} the text's ids",
             f"{name}=True 把它的 {key.upper()} id {special} {WHERE[key][1]}")
     res.checks.append(Check(text(*said), got == want,
@@ -94,13 +91,12 @@ def _flag_line(encode: Any, name: str) -> tuple[int | None, str | None]:
     """The line that acts on the flag `name`: the one under `if <name>:`, else one that reads it in an
     expression (Meta's `[self.bos_id] * bos`)."""
     lines = source_lines([encode])
-    guarded = [now for before, now in zip(lines, lines[1:]) if re.match(rf"\s*if\s+{name}\s*:", before[1])]
-    used = [(n, line) for n, line in lines
-            if re.search(rf"\b{name}\b", line.split("#")[0]) and not re.match(r"\s*(def|if)\b", line)]
-    number, code = next(iter(guarded + used), (None, ""))
-    return number, code.strip() or None
+    under = {number + 1 for number, line in lines if re.match(rf"\s*if\s+{name}\s*:", line)}
+    reads = re.compile(rf"^(?!\s*(def|if)\b).*\b{name}\b")
+    return first_line([r"\S"], [(n, line) for n, line in lines if n in under or reads.search(line)])
 
 
+WANT = {"bos": lambda special, ids: [special, *ids], "eos": lambda special, ids: [*ids, special]}
 NOTE = text("it is built with nothing (no vocabulary or merges check could hand it): its ids have no "
             "reference, so it is checked by what any tokenizer must do",
             "它的构造不接受任何东西（没有检查程序能传给它的词表或合并规则）：它的 id 没有参考，"

@@ -248,49 +248,49 @@ def _prefixed_mask(ctx: Context, comp: Component, subject: Subject, rows: tuple[
     """The learner's mask (B, T, T) read as True = may see, handed the prefixes `rows`; None where it
     raises or gives no mask of that size (a prefix given as one number is handed a batch of one)."""
     plain = mask_arguments(comp.obj, PREFIX_T, subject.facts["shaped"])
-    names = [p.name.lower() for p in forward_parameters(comp.obj)]
-    handed = [next((fill(list(rows)) for words, fill in PREFIX_ROWS if words.search(n)), a)
-              for n, a in zip(names, plain)]
+    handed = [next((fill(list(rows)) for words, fill in PREFIX_ROWS if words.search(p.name.lower())), a)
+              for p, a in zip(forward_parameters(comp.obj), plain)]
     try:
-        raw = ctx.learner.call("forward", comp.obj, *handed)
+        masks = _masks(ctx.learner.call("forward", comp.obj, *handed), PREFIX_T, len(rows))
     except fp.LearnerFailure:
-        return None
-    masks = [t for t in fp.outputs(raw) if isinstance(t, Tensor) and t.numel() == len(rows) * PREFIX_T ** 2]
+        masks = []
     read = READ_KEEP[subject.facts["convention"]]
-    return read(masks[0].reshape(len(rows), PREFIX_T, PREFIX_T)).bool() if masks else None
+    return next((read(m.reshape(len(rows), PREFIX_T, PREFIX_T)).bool() for m in masks), None)
 
 
 def _prefix_compared(res: ComponentResult, ctx: Context, comp: Component, subject: Subject,
                      found: Found) -> None:
     """The step for a prefix-LM mask (an argument names the prefix): handed prefixes of 3 and 1 tokens in
     one batch (or 3 alone, as one number), each query sees every key of its row's prefix and the keys
-    up to itself; else the line that compares positions with the prefix is quoted."""
+    up to itself; else the line that bounds the prefix is quoted."""
     prefix = [p.name for p in forward_parameters(comp.obj) if PREFIX_ARGUMENT.search(p.name.lower())]
     if not prefix or found.named:
         return
-    tried = [(rows, _prefixed_mask(ctx, comp, subject, rows)) for rows in (PREFIXES, PREFIXES[:1])]
-    rows, keep = next(((r, k) for r, k in tried if k is not None), tried[-1])
-    ok = keep is not None and torch.equal(keep, _prefix_keep(rows))
-    shown = "" if keep is None else " | ".join(" ".join("".join(map(str, r.int().tolist())) for r in m)
-                                               for m in keep)
+    rows, keep = PREFIXES, _prefixed_mask(ctx, comp, subject, PREFIXES)
+    if keep is None:  # a prefix of one number for the batch
+        rows, keep = PREFIXES[:1], _prefixed_mask(ctx, comp, subject, PREFIXES[:1])
+    want = _prefix_keep(rows)
+    keep = torch.zeros_like(want) if keep is None else keep
+    shown = " | ".join(" ".join("".join(map(str, r.tolist())) for r in m.int()) for m in keep)
     res.checks.append(Check(text(
         f"prefixes of {rows} tokens at T = {PREFIX_T}: each query sees its row's whole prefix and the keys "
         "up to itself (a prefix-LM mask)",
         f"前缀长 {rows}、T = {PREFIX_T} 时：每个查询看到自己这一行的整个前缀，"
         "以及到它为止的键（前缀 LM 掩码）"),
-        ok, text(f"rows: {shown}", f"各行：{shown}")))
+        torch.equal(keep, want), text(f"rows: {shown}", f"各行：{shown}")))
     name = re.escape(prefix[0])  # compared with positions, or the end of a slice of columns
     where = rf"\b{name}\b.*[<>]|[<>].*\b{name}\b|:\s*{name}\b"
     res.findings += [Finding(DEPARTS, text(
         "the prefix's keys are not what its rows see: the line that bounds the prefix",
         "前缀里的键与各行看到的不一致：限定前缀的那一行"),
-        *first_line([where], source_lines([comp.obj])))] * (not ok)
+        *first_line([where], source_lines([comp.obj])))] * (not torch.equal(keep, want))
 
 
-def _masks(raw: Any, T: int) -> list[Tensor]:
-    """The (T, T) masks (or (1, T, T), ...) among what a mask function returns: it, or each of a tuple."""
+def _masks(raw: Any, T: int, rows: int = 1) -> list[Tensor]:
+    """The (T, T) masks (or (1, T, T), ...; `rows` of them in a batch) among what a mask function returns:
+    it, or each of a tuple."""
     items = fp.outputs(raw)
-    return [t for t in items if isinstance(t, Tensor) and t.numel() == T * T]
+    return [t for t in items if isinstance(t, Tensor) and t.numel() == rows * T * T]
 
 
 def _causal_reference(w: None, sizes: tuple[int, ...], flags: frozenset[str]) -> Tensor:
