@@ -1104,11 +1104,10 @@ class SizedNamespace(types.SimpleNamespace):
         object.__setattr__(self, "_sizes", sizes)
 
     def __getattr__(self, name: str) -> Any:
-        sizes = self.__dict__.get("_sizes", {})
-        key = None if name.startswith("_") else size_of(name)
-        if sizes.get(key) is None:
+        value = self.__dict__.get("_sizes", {}).get(size_of(name))  # __deepcopy__ and the like say no size
+        if value is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return sizes[key]
+        return value
 
 
 # a sliding window's field (Mistral's ModelArgs.window_size)

@@ -27,9 +27,10 @@ TEXTS = ("hello world", "[INST] What is 2+2? [/INST]", "a  b\n\tc!")
 
 def fixed(comp: Component) -> bool:
     """A class built with no argument and no method that trains."""
-    is_class = inspect.isclass(comp.obj)
-    params = init_parameters(comp.obj) if is_class else []
-    names = {p.name for p in params} | set(dir(comp.obj)) if is_class else BUILT_WITH
+    if not inspect.isclass(comp.obj):
+        return False
+    params = init_parameters(comp.obj)
+    names = {p.name for p in params} | set(dir(comp.obj))
     required = [p for p in params if p.default is p.empty]
     return not required and not names & BUILT_WITH
 

@@ -220,7 +220,7 @@ def _documents_compared(res: ComponentResult, ctx: Context, comp: Component, sub
     keep = READ_KEEP[subject.facts["convention"]](masks[0].reshape(DOCS_T, DOCS_T)).bool() if masks else None
     want = V.causal_keep(DOCS_T) & torch.block_diag(torch.ones(3, 3), torch.ones(2, 2)).bool()
     ok = keep is not None and torch.equal(keep, want)
-    rows = "" if keep is None else " ".join("".join(map(str, r.int().tolist())) for r in keep)
+    rows = "" if keep is None else _rows_shown(keep)
     res.checks.append(Check(text("two packed documents of 3 and 2 tokens: each query sees its own document's "
                                  "keys up to itself (a document-causal mask)",
                                  "两个打包在一起的文档（3 个和 2 个 token）：每个查询只看到自己文档里"
@@ -244,8 +244,8 @@ def _prefix_keep(rows: tuple[int, ...]) -> Tensor:
     return torch.stack([V.causal_keep(PREFIX_T) | (columns < n)[None, :] for n in rows])
 
 
-def _prefixed_mask(ctx: Context, comp: Component, subject: Subject, rows: tuple[int, ...]) -> Tensor | None:
-    """The learner's mask (B, T, T) read as True = may see, handed the prefixes `rows`; None where it
+def _prefixed_mask(ctx: Context, comp: Component, subject: Subject, rows: tuple[int, ...]) -> Tensor:
+    """The learner's mask (B, T, T) read as True = may see, handed the prefixes `rows`; none seen where it
     raises or gives no mask of that size (a prefix given as one number is handed a batch of one)."""
     plain = mask_arguments(comp.obj, PREFIX_T, subject.facts["shaped"])
     handed = [next((fill(list(rows)) for words, fill in PREFIX_ROWS if words.search(p.name.lower())), a)
@@ -255,7 +255,8 @@ def _prefixed_mask(ctx: Context, comp: Component, subject: Subject, rows: tuple[
     except fp.LearnerFailure:
         masks = []
     read = READ_KEEP[subject.facts["convention"]]
-    return next((read(m.reshape(len(rows), PREFIX_T, PREFIX_T)).bool() for m in masks), None)
+    none = torch.zeros(len(rows), PREFIX_T, PREFIX_T, dtype=torch.bool)  # no query sees anything
+    return next((read(m.reshape(len(rows), PREFIX_T, PREFIX_T)).bool() for m in masks), none)
 
 
 def _prefix_compared(res: ComponentResult, ctx: Context, comp: Component, subject: Subject,
@@ -267,11 +268,10 @@ def _prefix_compared(res: ComponentResult, ctx: Context, comp: Component, subjec
     if not prefix or found.named:
         return
     rows, keep = PREFIXES, _prefixed_mask(ctx, comp, subject, PREFIXES)
-    if keep is None:  # a prefix of one number for the batch
+    if not keep.any():  # a prefix of one number for the batch (every causal mask shows its diagonal)
         rows, keep = PREFIXES[:1], _prefixed_mask(ctx, comp, subject, PREFIXES[:1])
     want = _prefix_keep(rows)
-    keep = torch.zeros_like(want) if keep is None else keep
-    shown = " | ".join(" ".join("".join(map(str, r.tolist())) for r in m.int()) for m in keep)
+    shown = " | ".join(map(_rows_shown, keep))
     res.checks.append(Check(text(
         f"prefixes of {rows} tokens at T = {PREFIX_T}: each query sees its row's whole prefix and the keys "
         "up to itself (a prefix-LM mask)",
@@ -284,6 +284,11 @@ def _prefix_compared(res: ComponentResult, ctx: Context, comp: Component, subjec
         "the prefix's keys are not what its rows see: the line that bounds the prefix",
         "前缀里的键与各行看到的不一致：限定前缀的那一行"),
         *first_line([where], source_lines([comp.obj])))] * (not torch.equal(keep, want))
+
+
+def _rows_shown(keep: Tensor) -> str:
+    """A (T, T) mask's rows as 1s (may see) and 0s: "100 110 111"."""
+    return " ".join("".join(map(str, r.tolist())) for r in keep.int())
 
 
 def _masks(raw: Any, T: int, rows: int = 1) -> list[Tensor]:
