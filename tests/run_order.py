@@ -33,6 +33,7 @@ SECONDS = {
     "test_engine.py": 6, "test_hf_import.py": 6, "test_new_user.py": 6, "test_post_dpo.py": 6,
     "test_serve.py": 6, "test_training.py": 6, "test_check_hand_written.py": 5,
     "test_check_local_windows.py": 5, "test_check_marian.py": 5, "test_explorer_browser.py": 5,
+    "test_check_diverse_beam.py": 5,
     "test_shards.py": 5, "test_check_bpe.py": 4, "test_check_departing_lines.py": 4,
     "test_check_hidden.py": 4, "test_check_quoted.py": 4, "test_check_sampling.py": 4,
     "test_check_shape.py": 4, "test_course_llm.py": 4, "test_lesson_shape.py": 4, "test_llama2c.py": 4,

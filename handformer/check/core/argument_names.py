@@ -29,6 +29,12 @@ BEAM_NAMES = {
     "end": ("end_symbol", "eos", "eos_idx", "eos_id", "end_idx", "end_token", "eos_token_id", "end", "stop"),
     "beam": ("beam_size", "beam_width", "k", "num_beams", "beam", "n_beams", "width", "beams"),
     "alpha": ("alpha", "length_penalty", "lp", "len_penalty", "length_alpha", "penalty"),
+    # a diverse beam search's groups and the penalty between them (Hugging Face's num_beam_groups,
+    # diversity_penalty): handed one group and no penalty, it is the plain beam search
+    "groups": ("num_beam_groups", "beam_groups", "num_groups", "n_groups", "groups", "n_beam_groups",
+               "num_diverse_groups"),
+    "diversity": ("diversity_penalty", "diversity_strength", "diversity_rate", "diversity",
+                  "hamming_penalty", "diversity_lambda", "lambda_diversity"),
 }
 
 # decoding.py

@@ -200,12 +200,16 @@ def masks_where_true(source: str, name: str | None) -> bool:
     if not name:
         return False
     m = re.escape(name)
-    direct = re.search(rf"masked_fill_?\(\s*{m}({RESHAPED})*\s*,|{FUNCTIONAL_FILL}{m}({RESHAPED})*\s*,"
+    direct = re.search(rf"masked_fill_?\(\s*{m}({RESHAPED})*\s*,{NOT_ONE}"
+                       rf"|{FUNCTIONAL_FILL}{m}({RESHAPED})*\s*,{NOT_ONE}"
                        rf"|torch\.where\(\s*{m}({RESHAPED})*\s*,\s*{LARGE_NEGATIVE}", source)
     inverted = re.search(rf"{m}\s*==\s*0|~\s*{m}|logical_not\(\s*{m}", _given_only(source, m))
     return bool(direct or scaled_by_large_negative(source, m)) and not inverted
 
 
+# a fill of 1 where the mask holds marks what may be seen (GLM's build_mask_matrix fills its prefix's
+# columns with 1 in a mask of ones below the diagonal): no sign of True = masked
+NOT_ONE = r"(?!\s*(?:1(?:\.0*)?|True)\s*\))"
 # torch.masked_fill(scores, mask, value): the mask the second argument (BLOOM's)
 FUNCTIONAL_FILL = r"torch\.masked_fill\(\s*(?:[^,()]|\([^()]*\))+,\s*"
 

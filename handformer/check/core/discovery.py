@@ -180,6 +180,11 @@ SIZE_OF = {alias: key for key, aliases in reversed(ARGUMENTS.items()) for alias 
 # count of heads, or an FFN's width (a word of the FFN and a word of a width)
 FFN_WORDS = {"ffn", "ff", "mlp", "feedforward", "intermediate", "filter"}  # filter: tensor2tensor's
 WIDTH_WORDS = {"dim", "size", "hidden", "width"}
+# a dropout's rate of any place (GLM's attention_dropout_prob, output_dropout_prob, BART's
+# activation_dropout): a word of a dropout; a maximum length (GLM's max_sequence_length): the word max
+# and a word of a length
+DROPOUT_WORDS = {"dropout", "pdrop"}
+LENGTH_WORDS = {"len", "length", "sequence", "seq", "positions", "position", "ctx", "context"}
 # a vocabulary's side (trg_vocab, target_vocab_len, decoder_vocab): the target's, else the source's; a
 # name of other words is another table's (type_vocab_size: BERT's token types)
 VOCAB_WORDS = {"vocab", "voc", "vocabulary", "dictionary"}  # dictionary: fairseq's joined one
@@ -198,6 +203,10 @@ def size_of(name: str) -> str | None:
         by_words = "d_ff"
     elif words & VOCAB_WORDS and words <= SIDE_WORDS:
         by_words = "tgt_vocab" if words & TARGET_WORDS else "src_vocab"
+    elif words & DROPOUT_WORDS:
+        by_words = "dropout"
+    elif "max" in words and words & LENGTH_WORDS:
+        by_words = "max_len"
     return SIZE_OF.get(name.lower(), by_words)
 
 
@@ -1096,7 +1105,32 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
                     not read_only):
                 setattr(config, attr, value)
         return config
-    return types.SimpleNamespace(**paired_hidden(values, attrs, sizes))
+    return SizedNamespace(paired_hidden(values, attrs, sizes), _config_sizes(sizes))
+
+
+def _config_sizes(sizes: dict[str, Any]) -> dict[str, Any]:
+    """The sizes a config namespace answers by a field's name (SizedNamespace), as _config_values fills
+    them."""
+    sizes = {**SPARE_SIZES, **with_head_size(sizes)}
+    sizes.setdefault("n_kv_heads", sizes.get("n_heads"))
+    return {**sizes, "tgt_vocab": sizes.get("tgt_vocab", sizes.get("src_vocab"))}
+
+
+class SizedNamespace(types.SimpleNamespace):
+    """A configuration that also answers a field no table lists by what its name says (size_of): the
+    fields a part built from the same config reads (GLM's TransformerLayer(args) reads
+    args.attention_dropout, which GLMModel hands on), and a name of common words (max_sequence_length);
+    a field whose name says no size is missing, as in any namespace."""
+
+    def __init__(self, values: dict[str, Any], sizes: dict[str, Any]) -> None:
+        super().__init__(**values)
+        object.__setattr__(self, "_sizes", sizes)
+
+    def __getattr__(self, name: str) -> Any:
+        value = self.__dict__.get("_sizes", {}).get(size_of(name))  # __deepcopy__ and the like say no size
+        if value is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return value
 
 
 def file_dict_values(cls: Any, keys: set[str]) -> dict[str, Any]:

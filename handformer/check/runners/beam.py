@@ -249,6 +249,13 @@ def show(tokens: list[int]) -> str:
     return " ".join(map(str, tokens))
 
 
+GROUPS_NOTE = text("it takes groups of beams (a diverse beam search): it was handed one group and no "
+                   "diversity penalty, where it is the plain beam search; the penalty between groups was not "
+                   "checked",
+                   "它把束分成几组（多样化束搜索）：传入一组、多样性惩罚为 0，这时它就是普通的束搜索；"
+                   "组与组之间的惩罚没有检查")
+
+
 def check_beam_search(comp: Component, ctx: Context) -> ComponentResult:
     from handformer.check.runners import beam_lm
 
@@ -258,6 +265,7 @@ def check_beam_search(comp: Component, ctx: Context) -> ComponentResult:
                   else (_call(comp, ctx), _maker(res, ctx)))
     src = torch.tensor([[5, 7, 9, 11, 3, 6]])  # (1, S)
     steps = MAX_LEN - 1
+    res.notes += [GROUPS_NOTE] * bool(call.arg.get("groups"))
     alphas = [1.0] if call.arg["alpha"] else [0.0, 0.6, 0.7, 1.0]
     outcomes = {}
     for name, table in SCENARIOS.items():

@@ -45,7 +45,7 @@ PROMPT = (9, 10, 11)  # (1, 3): longer than one token, so the prefill's last pos
 INSIDE_PROMPT = {8: 0.9}  # what positions inside the prompt predict: not the scenario's first step
 ARGS = {"model": MODEL_NAMES, "prompt": PROMPT_NAMES, "beam": BEAM_NAMES["beam"],
         "max_len": COUNT_NAMES + BEAM_NAMES["max_len"], "end": BEAM_NAMES["end"],
-        "alpha": BEAM_NAMES["alpha"]}
+        "alpha": BEAM_NAMES["alpha"], "groups": BEAM_NAMES["groups"], "diversity": BEAM_NAMES["diversity"]}
 
 
 def decoder_only(comp: Component, ctx: Context) -> bool:
@@ -171,7 +171,7 @@ class LMCall:
 
     def raw(self, model: SteeredLM, src: Tensor, K: int, alpha: float) -> Any:
         values = {"model": model.handed, "prompt": torch.tensor([PROMPT]), "max_len": self.steps,
-                  "end": 2, "beam": K, "alpha": alpha}
+                  "end": 2, "beam": K, "alpha": alpha, "groups": 1, "diversity": 0.0}
         return call_search(self.ctx, self.comp, model, self.arg, values)
 
 

@@ -188,8 +188,28 @@ def call_search(ctx: Context, comp: Component, model: Steered, arg: dict[str, st
 
 
 def hypotheses(out: Any) -> Any:
-    """What a search returns less its scores: (tokens, score) -> tokens."""
+    """What a search returns less its scores: (tokens, score) or (score, tokens) -> tokens; a list of
+    such pairs (the hypotheses a diverse beam search keeps, each group's) -> the tokens of the one of
+    the highest score."""
+    if isinstance(out, list) and len(out) > 1 and all(map(_scored, out)):
+        out = max(out, key=lambda pair: float(_by_kind(pair)[1]))
+    out = _by_kind(out) if _scored(out) else out  # (tokens, score)
     return out[0] if isinstance(out, tuple) and out and not isinstance(out[0], int) else out
+
+
+def _is_number(x: Any) -> bool:
+    """A score: a Python number or a tensor of one element."""
+    return isinstance(x, (int, float, Tensor)) and torch.as_tensor(x).numel() == 1
+
+
+def _scored(pair: Any) -> bool:
+    """A (tokens, score) or (score, tokens) pair: two items, one a number, the other not."""
+    return isinstance(pair, tuple) and len(pair) == 2 and _is_number(pair[0]) != _is_number(pair[1])
+
+
+def _by_kind(pair: tuple[Any, Any]) -> tuple[Any, Any]:
+    """A scored pair as (tokens, score)."""
+    return tuple(sorted(pair, key=_is_number))
 
 
 def hypothesis_tokens(ctx: Context, comp: Component, out: Any) -> list[int]:

@@ -26,6 +26,7 @@ from handformer.check.core.result import Check, ComponentResult, Finding, Learne
 from handformer.check.core.source import locate, locate_form, source_lines
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import SPECIAL
+from handformer.check.runners import fixed_tokenizer
 from handformer.check.runners.bpe import own_splitter, reference_fixture
 from handformer.check.runners.bpe_alphabet import encoder_in, own_alphabet, own_vocab, written_in
 
@@ -182,6 +183,8 @@ def check_bpe_tokenizer(comp: Component, ctx: Context) -> ComponentResult:
 
     """encode and decode against the reference, on the reference's vocabulary and merges; a loop
     that never ends is stopped after CODEC_LIMIT seconds."""
+    if fixed_tokenizer.fixed(comp):  # built with nothing: no reference for its ids
+        return fixed_tokenizer.check_fixed_tokenizer(comp, ctx)
     try:
         with deadline(CODEC_LIMIT):
             return _check_codec(comp, ctx)

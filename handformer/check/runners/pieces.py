@@ -87,11 +87,19 @@ def _convention(mask: Tensor, forced: str | None, where_true: bool) -> str:
 
 
 CAUSAL_SIZES = (1, 5, 8)  # the lengths the mask is asked for
+# the argument of a prefix-LM mask that says how long each row's bidirectional prefix is (GLM's sep, a
+# prefix_len, a source length)
+PREFIX_ARGUMENT = re.compile(r"prefix|^sep$|^sep_|bidirect|^n_?context|^context_len|^source_len|^src_len")
 # what a causal mask function's required arguments are handed, by their names (any other: the length);
 # Hugging Face's kin: make_causal_mask(bsz, tgt_len, dtype), OPT's make_causal_mask(attention_mask, dtype)
 # a window (Gemma 2's make_masks(q_len, sliding_window, dtype, device)): the length itself, so that every
 # mask it makes is the causal one; the windows are compared apart (_windows_compared)
 MASK_ARGUMENTS = ((re.compile("window"), lambda T: T),
+                  # a prefix-LM mask's prefix (GLM's build_mask_matrix(hidden_states, seq_length, sep)): none,
+                  # so that it is the causal mask; a prefix is compared apart (_prefix_compared)
+                  (PREFIX_ARGUMENT, lambda T: torch.tensor([0])),
+                  # states whose sizes it reads (batch, length): (1, T, D)
+                  (re.compile(r"hidden|states|embed"), lambda T: torch.zeros(1, T, D)),
                   (re.compile("dtype"), lambda T: torch.float32), (re.compile("device"), lambda T: "cpu"),
                   (re.compile(r"bsz|batch|^bs?$"), lambda T: 1),  # a batch of one
                   (re.compile(r"mask|ids|^(x|inputs?|tokens|idx|seq|tgt|trg|target)$"),
@@ -213,17 +221,82 @@ def _documents_compared(res: ComponentResult, ctx: Context, comp: Component, sub
     keep = READ_KEEP[subject.facts["convention"]](masks[0].reshape(DOCS_T, DOCS_T)).bool() if masks else None
     want = V.causal_keep(DOCS_T) & torch.block_diag(torch.ones(3, 3), torch.ones(2, 2)).bool()
     ok = keep is not None and torch.equal(keep, want)
-    rows = "" if keep is None else " ".join("".join(map(str, r.int().tolist())) for r in keep)
+    rows = "" if keep is None else _rows_shown(keep)
     res.checks.append(Check(text("two packed documents of 3 and 2 tokens: each query sees its own document's "
                                  "keys up to itself (a document-causal mask)",
                                  "两个打包在一起的文档（3 个和 2 个 token）：每个查询只看到自己文档里"
                                  "到它为止的键（文档因果掩码）"), ok, text(f"rows: {rows}", f"各行：{rows}")))
 
 
-def _masks(raw: Any, T: int) -> list[Tensor]:
-    """The (T, T) masks (or (1, T, T), ...) among what a mask function returns: it, or each of a tuple."""
+# a prefix-LM mask's rows: prefixes of 3 and 1 tokens at length PREFIX_T, in one batch (what each
+# argument is handed, by its name), then a prefix of 3 alone (a prefix given as one number for the batch)
+PREFIX_T, PREFIXES = 5, (3, 1)
+PREFIX_ROWS = ((PREFIX_ARGUMENT, lambda rows: torch.tensor(rows)),
+               (re.compile(r"hidden|states|embed"), lambda rows: torch.zeros(len(rows), PREFIX_T, D)),
+               (re.compile(r"bsz|batch|^bs?$"), len),
+               (re.compile(r"mask|ids|^(x|inputs?|tokens|idx|seq|tgt|trg|target)$"),
+                lambda rows: torch.ones(len(rows), PREFIX_T, dtype=torch.long)))
+
+
+def _prefix_keep(rows: tuple[int, ...]) -> Tensor:
+    """The prefix-LM mask (B, T, T), True = may see: query t sees keys 0..t and every key of its row's
+    prefix."""
+    columns = torch.arange(PREFIX_T)
+    return torch.stack([V.causal_keep(PREFIX_T) | (columns < n)[None, :] for n in rows])
+
+
+def _prefixed_mask(ctx: Context, comp: Component, subject: Subject, rows: tuple[int, ...]) -> Tensor:
+    """The learner's mask (B, T, T) read as True = may see, handed the prefixes `rows`; none seen where it
+    raises or gives no mask of that size (a prefix given as one number is handed a batch of one)."""
+    plain = mask_arguments(comp.obj, PREFIX_T, subject.facts["shaped"])
+    handed = [next((fill(list(rows)) for words, fill in PREFIX_ROWS if words.search(p.name.lower())), a)
+              for p, a in zip(forward_parameters(comp.obj), plain)]
+    try:
+        masks = _masks(ctx.learner.call("forward", comp.obj, *handed), PREFIX_T, len(rows))
+    except fp.LearnerFailure:
+        masks = []
+    read = READ_KEEP[subject.facts["convention"]]
+    none = torch.zeros(len(rows), PREFIX_T, PREFIX_T, dtype=torch.bool)  # no query sees anything
+    return next((read(m.reshape(len(rows), PREFIX_T, PREFIX_T)).bool() for m in masks), none)
+
+
+def _prefix_compared(res: ComponentResult, ctx: Context, comp: Component, subject: Subject,
+                     found: Found) -> None:
+    """The step for a prefix-LM mask (an argument names the prefix): handed prefixes of 3 and 1 tokens in
+    one batch (or 3 alone, as one number), each query sees every key of its row's prefix and the keys
+    up to itself; else the line that bounds the prefix is quoted."""
+    prefix = [p.name for p in forward_parameters(comp.obj) if PREFIX_ARGUMENT.search(p.name.lower())]
+    if not prefix or found.named:
+        return
+    rows, keep = PREFIXES, _prefixed_mask(ctx, comp, subject, PREFIXES)
+    if not keep.any():  # a prefix of one number for the batch (every causal mask shows its diagonal)
+        rows, keep = PREFIXES[:1], _prefixed_mask(ctx, comp, subject, PREFIXES[:1])
+    want = _prefix_keep(rows)
+    shown = " | ".join(map(_rows_shown, keep))
+    res.checks.append(Check(text(
+        f"prefixes of {rows} tokens at T = {PREFIX_T}: each query sees its row's whole prefix and the keys "
+        "up to itself (a prefix-LM mask)",
+        f"前缀长 {rows}、T = {PREFIX_T} 时：每个查询看到自己这一行的整个前缀，"
+        "以及到它为止的键（前缀 LM 掩码）"),
+        torch.equal(keep, want), text(f"rows: {shown}", f"各行：{shown}")))
+    name = re.escape(prefix[0])  # compared with positions, or the end of a slice of columns
+    where = rf"\b{name}\b.*[<>]|[<>].*\b{name}\b|:\s*{name}\b"
+    res.findings += [Finding(DEPARTS, text(
+        "the prefix's keys are not what its rows see: the line that bounds the prefix",
+        "前缀里的键与各行看到的不一致：限定前缀的那一行"),
+        *first_line([where], source_lines([comp.obj])))] * (not torch.equal(keep, want))
+
+
+def _rows_shown(keep: Tensor) -> str:
+    """A (T, T) mask's rows as 1s (may see) and 0s: "100 110 111"."""
+    return " ".join("".join(map(str, r.tolist())) for r in keep.int())
+
+
+def _masks(raw: Any, T: int, rows: int = 1) -> list[Tensor]:
+    """The (T, T) masks (or (1, T, T), ...; `rows` of them in a batch) among what a mask function returns:
+    it, or each of a tuple."""
     items = fp.outputs(raw)
-    return [t for t in items if isinstance(t, Tensor) and t.numel() == T * T]
+    return [t for t in items if isinstance(t, Tensor) and t.numel() == rows * T * T]
 
 
 def _causal_reference(w: None, sizes: tuple[int, ...], flags: frozenset[str]) -> Tensor:
@@ -259,7 +332,7 @@ CAUSAL_MASK = Probe(
     shape=lambda ctx, comp, s, x, out: None,  # each mask's size is checked as it is read
     reference=_causal_reference,
     universe=lambda s: CAUSAL_FLAGS,
-    steps=(_causal_compared, _windows_compared, _documents_compared, localize_step(
+    steps=(_causal_compared, _windows_compared, _documents_compared, _prefix_compared, localize_step(
         lambda s, found: localize_causal_mask(s.module, mask_arguments(s.module, 5, s.facts["shaped"]), 5))),
     depth=1, deterministic=False,
 )
