@@ -193,20 +193,23 @@ SIDE_WORDS = VOCAB_WORDS | TARGET_WORDS | {"src", "source", "enc", "encoder", "i
                                            "num", "n"}
 
 
+# the size a name's words say, by the first rule that holds: (sets the name holds a word of each of,
+# words it holds none of, the words it holds nothing but (None: any), the size)
+WORD_RULES: tuple[tuple[tuple[set[str], ...], set[str], set[str] | None, str], ...] = (
+    (({"heads"}, {"kv", "key", "value"}), WIDTH_WORDS, None, "n_kv_heads"),
+    (({"heads"},), WIDTH_WORDS, None, "n_heads"),  # heads_dim is a width, not a count
+    ((FFN_WORDS, WIDTH_WORDS), set(), None, "d_ff"),
+    ((VOCAB_WORDS, TARGET_WORDS), set(), SIDE_WORDS, "tgt_vocab"),
+    ((VOCAB_WORDS,), set(), SIDE_WORDS, "src_vocab"),
+    ((DROPOUT_WORDS,), set(), None, "dropout"),
+    (({"max"}, LENGTH_WORDS), {"relative", "rel", "distance"}, None, "max_len"))  # Shaw's clip is no length
+
+
 def size_of(name: str) -> str | None:
     """The size an argument's name stands for: its table's (SIZE_OF), else what its words say."""
     words = set(name.lower().split("_"))
-    by_words = None
-    if "heads" in words and not words & WIDTH_WORDS:  # heads_dim is a width, not a count
-        by_words = "n_kv_heads" if words & {"kv", "key", "value"} else "n_heads"
-    elif words & FFN_WORDS and words & WIDTH_WORDS:
-        by_words = "d_ff"
-    elif words & VOCAB_WORDS and words <= SIDE_WORDS:
-        by_words = "tgt_vocab" if words & TARGET_WORDS else "src_vocab"
-    elif words & DROPOUT_WORDS:
-        by_words = "dropout"
-    elif "max" in words and words & LENGTH_WORDS:
-        by_words = "max_len"
+    by_words = next((size for each, none, only, size in WORD_RULES if all(words & one for one in each)
+                     and not words & none and words <= (only or words)), None)
     return SIZE_OF.get(name.lower(), by_words)
 
 
