@@ -31,8 +31,10 @@ from handformer.check.core.source import code_text
 
 LOSSY = 0.05  # the largest error of a cached step, relative to the logits' range, that is rounding
 EXACT = 1e-6  # the same for a file that computes exactly (float rounding)
-# code that computes lossily: an 8-bit or half-precision dtype, a rounding to levels, a quantizer
-LOSSY_CODE = re.compile(r"\b(u?int8|u?int4|float16|bfloat16|half|float8\w*|fp8|round|quantiz\w*)\b")
+# code that computes lossily: an 8-bit or half-precision dtype, a rounding to levels, a quantizer; `half`
+# and `round` only as torch's or a tensor's (RoPE's `half = x.size(-1) // 2` is no half precision)
+LOSSY_CODE = re.compile(r"\b(u?int8|u?int4|float16|bfloat16|float8\w*|fp8|quantiz\w*)\b"
+                        r"|\btorch\.(half|round)\b|\.(half|round)\(")
 
 
 def tolerance(obj: Any) -> float:
