@@ -73,11 +73,13 @@ def configured_settings(module: nn.Module) -> dict[str, float]:
 def _from_a_setting(expression: str, params: list[str]) -> bool:
     """Whether an expression reads an argument of the constructor (`config.X`, or `X`) and no name
     that says a size (`self.head_dim`, `config.hidden_size`) but the layer count a depth scale divides
-    by (`cfg.scale_depth / math.sqrt(cfg.n_layers)`, μP's)."""
+    by (`cfg.scale_depth / math.sqrt(cfg.n_layers)`, μP's); an argument read as itself (Cohere's
+    `self.logit_scale = logit_scale`) is a setting, a layer count alone (`config.n_layers`) is not."""
     names = set(re.findall(r"[A-Za-z_]\w*", expression))
     counts = set(filter(_layer_count, names))
+    holders = set(re.findall(r"([A-Za-z_]\w*)\s*\.", expression))  # `config` in `config.n_layers`
     return bool(names & set(params)) and not set(filter(_says_a_size, names)) - counts and bool(
-        names - set(params) - counts)
+        names - holders - counts)
 
 
 def _says_a_size(name: str) -> bool:
