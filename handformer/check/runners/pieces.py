@@ -674,16 +674,17 @@ TANH_GELU = re.compile(r"tanh[\s\S]*0\.044715|0\.044715[\s\S]*tanh")
 GEMMA = re.compile(r"\bclass\s+Gemma|\bGemma\w*Config\b")
 # where the code promises an FFN's activation, the first that speaks: a Gemma model's GeGLU (the tanh
 # GELU), its class name (SwiGLU: SiLU, GEGLU: GELU), the attribute that holds it, a GPT-2 model's
-# two-layer MLP (GELU); an activation promises itself, a family (silu, gelu) any of its members
+# two-layer MLP (GELU), and last the activation module it builds (a GPT-2 MLP holding nn.ReLU() still
+# fails); an activation promises itself, a family (silu, gelu) any of its members
 PROMISES = ((_by_gemma, "the file's Gemma model (Gemma's MLP uses the tanh GELU)",
              "文件里的 Gemma 模型（Gemma 的 MLP 用 tanh 近似的 GELU）"),
             (_by_class_name, "its class name", "它的类名"),
             (_by_attribute, "the attribute that holds it", "存放它的属性名"),
-            (_by_held_class, "the activation module it builds", "它构造的激活函数模块"),
             (_by_own_tanh_gelu, "the tanh GELU your file writes out and never uses",
              "你的文件自己写了却没用上的 tanh 近似 GELU"),
             (_by_gpt2, "the file's GPT-2 model (GPT-2's MLP uses GELU)",
-             "文件里的 GPT-2 模型（GPT-2 的 MLP 用 GELU）"))
+             "文件里的 GPT-2 模型（GPT-2 的 MLP 用 GELU）"),
+            (_by_held_class, "the activation module it builds", "它构造的激活函数模块"))
 
 
 def _promise_findings(ctx: Context, comp: Component, class_name: str, slots: list[Slot], act: str,
