@@ -108,6 +108,9 @@ class _Tracer:
         if event == "return":  # a later frame may take this one's id: it starts afresh
             self.returned(frame, arg)
             del self.state[id(frame)], self.numbers[id(frame)]
+            # back in the traced frame that called it, at the call's line: a part called on a helper's
+            # result (`layer(y, pad_hidden(tgt, src))`) is made there, not at the helper's line
+            self.now = self.state.get(id(frame.f_back), ({}, self.now))[1]
         return self.local
 
     def locals(self, frame: Any) -> dict[str, Any]:
