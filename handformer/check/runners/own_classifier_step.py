@@ -74,6 +74,17 @@ def batch_values(keys: list[str], rows: int, classes: int, seed: int) -> dict[st
     return out
 
 
+class Fields(dict):
+    """A batch that answers its keys as fields too (`batch.input_ids`, as a BatchEncoding or a
+    dataclass batch): a step that reads fields is handed what it reads, never check's dict alone."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
 def own_loss(model: nn.Module, batch: dict[str, Tensor], classes: int) -> Tensor:
     """The model's loss on the batch: its forward handed the batch's tensors it names (ids first where it
     names none of them); the scalar it returns, else the cross-entropy of its (B, C) logits."""
@@ -122,7 +133,8 @@ def check_own_classifier_step(comp: Component, ctx: Context, reads: tuple, base:
     rows = next(m.num_embeddings for m in base.modules() if isinstance(m, nn.Embedding))
 
     def learners(model: nn.Module, opt: torch.optim.Optimizer, batch: dict[str, Tensor]) -> Any:
-        return ctx.learner.call("forward", comp.obj, **{model_arg: model, opt_arg: opt, batch_arg: batch})
+        fields = Fields(batch)  # read by key or by field, as Hugging Face's BatchEncoding is
+        return ctx.learner.call("forward", comp.obj, **{model_arg: model, opt_arg: opt, batch_arg: fields})
 
     with torch.enable_grad():
         model, got = _steps(learners, base, keys, rows, classes)
