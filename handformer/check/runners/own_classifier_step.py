@@ -78,11 +78,9 @@ class Fields(dict):
     """A batch that answers its keys as fields too (`batch.input_ids`, as a BatchEncoding or a
     dataclass batch): a step that reads fields is handed what it reads, never check's dict alone."""
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
+    def __init__(self, batch: dict[str, Tensor]) -> None:
+        super().__init__(batch)
+        self.__dict__.update(batch)
 
 
 def own_loss(model: nn.Module, batch: dict[str, Tensor], classes: int) -> Tensor:
