@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from handformer.check.core.defaults import given
 from handformer.check.core.fingerprint import first_tensor, hooked, quietly
 from handformer.check.core.kinds import TABLED
 from handformer.check.core.result import DEPARTS, ComponentResult, Finding, Text, text
@@ -202,7 +203,7 @@ def trace_steps(run: Callable[[], Any], filename: str, code: Any = None,
     loop's tokens, which depend on no gradient); `scalars`: the numbers it binds too, as 0-dim steps."""
     code = (code,) if code is not None and not isinstance(code, (tuple, list, set)) else code
     t = _Tracer(filename, code, FLOATS if constants is True else constants or (), every, scalars)
-    t.steps = into if into is not None else t.steps
+    t.steps = given(into, t.steps)
     handles = [m.register_forward_pre_hook(t.pre_hook(name)) for name, m in modules]
     handles += [m.register_forward_hook(t.hook(name), with_kwargs=True) for name, m in modules]
     old = sys.gettrace()

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from handformer.check.core import sizes
+from handformer.check.core.defaults import given
 from handformer.check.core.fingerprint import quietly
 from handformer.check.core.qkv_layouts import FOUND, LAYOUTS, STATED, ffn_ups, fused_before_output, kv_width
 from handformer.check.core.sizes import H, is_number
@@ -840,7 +841,7 @@ def copy_weights(target: nn.Module, slot: Slot) -> None:
     target.weight.copy_(slot.weight())
     if getattr(target, "bias", None) is not None:
         b = slot.bias()
-        target.bias.copy_(b if b is not None else torch.zeros_like(target.bias))
+        target.bias.copy_(given(b, torch.zeros_like(target.bias)))
 
 
 def attention_parameters(target: nn.Module) -> dict[str, nn.Module]:

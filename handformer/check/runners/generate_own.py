@@ -35,6 +35,7 @@ from handformer.check.core.context import (
     globals_set,
     module_sizes,
 )
+from handformer.check.core.defaults import given
 from handformer.check.core.discovery import Component, own_objects
 from handformer.check.core.precision import DTYPE_MISMATCH
 from handformer.check.core.result import DIFFERS, NOT_CHECKED, PASS, ComponentResult, LearnerError, Text, text
@@ -170,7 +171,7 @@ def _certain(logits: Tensor) -> Tensor:
 def steered(out: Any, kept: list[Tensor] | None = None) -> Any:
     """The learner's output with its logits (the first float tensor whose last size is VOCAB) scaled:
     a tensor, a (logits, loss) tuple, or an object with `.logits`; the scaled logits added to `kept`."""
-    certain = functools.partial(_kept_certain, [] if kept is None else kept)
+    certain = functools.partial(_kept_certain, given(kept, []))
     if isinstance(out, Tensor):
         return certain(out) if out.is_floating_point() and out.size(-1) == VOCAB else out
     if isinstance(out, (tuple, list)):

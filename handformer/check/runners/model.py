@@ -59,6 +59,7 @@ from handformer.check.core.context import (
     moved_by,
 )
 from handformer.check.core.conventions import is_lengths_name
+from handformer.check.core.defaults import given
 from handformer.check.core.discovery import SIZE_OF, Component, DiscoveryError, own_objects
 from handformer.check.core.layer_map import LayerMap, layer_modules, map_layer, output_head, outside
 from handformer.check.core.localize import View
@@ -418,7 +419,7 @@ def variant(hf: Seq2SeqTransformer, src: Tensor, tgt: Tensor, flags: frozenset[s
     diagonal = sum(map(DIAGONALS.get, flags, [0] * len(flags)))  # the causal mask off by one: moved
     future = torch.ones(tgt.size(1), tgt.size(1), dtype=torch.bool).tril(diagonal)  # (T, T), True = seen
     tgt_keep = COMBINED[either](tgt_keep, future)  # (B, 1, T, T)
-    memo = {} if memo is None else memo
+    memo = given(memo, {})
     x, mask = memo.get(flags & ENCODER_FLAGS) or memo.setdefault(flags & ENCODER_FLAGS,
                                                                   _encoded(hf, src, tgt, flags))
     y = _side_embedded(hf, hf.tgt_embed, tgt, "tgt", flags)

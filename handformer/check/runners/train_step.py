@@ -61,6 +61,7 @@ from handformer.check.core.context import (
     named,
     names_of,
 )
+from handformer.check.core.defaults import given
 from handformer.check.core.discovery import Component, DiscoveryError, cannot_fill, own_objects, size_of
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import (
@@ -352,7 +353,7 @@ class Step:
         noam_lr(step, d_model, warmup) sets its rate from it), and check's pad id for any argument
         that names the pad (fairseq's `padding_idx=1`: its default is another vocabulary's)."""
         all_names, required = names_of(forward_parameters(self.comp.obj))
-        names = names if names is not None else required
+        names = given(names, required)
         pads = {n: PAD for n in all_names if size_of(n) == "pad_id"}
         return {**{n: STAND_IN_SIZES[size_of(n)] for n in names if size_of(n) in STAND_IN_SIZES}, **pads}
 
