@@ -44,6 +44,8 @@ def test_the_files_config_dict_gives_what_check_has_no_size_for(results):
     ("att = att.masked_fill(causal[:, :, :T, :T] == 0, -1e9)", "causal", True),
     ("w = torch.where(zhezhao, w, -1e9)", "zhezhao", True),
     ("scores += position_bias", "position_bias", False), ("h = x + attn_out", "attn_out", False),
-    ("scores = scores + self.future[:T, :S]", "self", False)])
+    ("scores = scores + self.future[:T, :S]", "self", False),
+    ("attn_output = attn_output + hidden_states", "hidden_states", False),  # GPT-NeoX's serial residual
+    ("attn_output = attn_output + x", "x", False), ("attn_weights = attn_weights + am", "am", True)])
 def test_a_mask_is_what_is_added_to_the_scores_or_filled_by(source, name, mask):
     assert used_as_mask(source, name) is mask

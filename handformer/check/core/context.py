@@ -558,12 +558,15 @@ def is_mask_name(name: str) -> bool:
 
 # what code does with a mask, whatever its name (a Chinese course's `yanma`, 掩码): adds it to the
 # scores (`scores = scores + yanma`, `attn += m`), fills by it, or picks by it
-SCORES_WORD = r"(?:scores?|att\w*|logits|weights?|dots|sim|energy|qk|w)"
+# the scores: att, attn, attention, attn_weights, attention_scores (never attn_output: a residual
+# adds to it)
+SCORES_WORD = (r"(?:scores?|att(?:n|ention)?(?:_(?:scores?|weights?|logits|probs|dots))?|logits|weights?|"
+               r"dots|sim|energy|qk|w)")
 MASK_USES = (r"\b{s}\s*(?:\+=|=\s*{s}\s*\+)\s*{name}\b(?![.(])", r"masked_fill_?\(\s*{name}\b",
              r"\.masked_fill_?\([^,()]*\b{name}\b", r"torch\.where\(\s*{name}\b")
 
 
-NOT_MASK_WORDS = re.compile(r"(?i)bias|pos|alibi|rel|freq|cos|sin|rope|rotary|table")
+NOT_MASK_WORDS = re.compile(r"(?i)bias|pos|alibi|rel|freq|cos|sin|rope|rotary|table|hidden|states")
 
 
 def used_as_mask(source: str, name: str) -> bool:
