@@ -956,8 +956,15 @@ def _backbone(comp: Component, ctx: Context, module: nn.Module, out: Tensor | No
                "（每个序列一个分数，是奖励模型或价值模型），所以不按 decoder-only 模型调用；它的各层单独检查")
     others = "".join(source_text(o) for name, o in own_objects(ctx.module).items() if name != comp.name)
     heads = with_shape(of_kind(leaves(module), "linear"), (VOCAB, D))
-    held = re.search(rf"\b{re.escape(comp.name)}\(", others) or not heads
+    held = re.search(rf"\b{re.escape(comp.name)}\(", others) or not heads or _head_read_apart(heads, others)
     return out is not None and out.size(-1) == D and bool(held)
+
+
+def _head_read_apart(heads: list[Any], others: str) -> bool:
+    """Whether another function of the file reads the output layer (`model.lm_head.weight` in a chunked
+    cross entropy): the forward returns the hidden states on purpose, the loss applies the head."""
+    names = "|".join(re.escape(head.name.rsplit(".", 1)[-1]) for head in heads)
+    return re.search(rf"\.(?:{names})\b", others) is not None
 
 
 def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
