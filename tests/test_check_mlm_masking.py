@@ -1,7 +1,8 @@
 """BERT's masked-language-model masking is judged by counts on a large batch, whatever the code's form:
 a collator-style function reading its ids from a tokenizer, a function handed its ids by name that
 splits with uniform thresholds, a collator class's method handed the special-tokens mask, and a function
-whose probability is a constant of its own (its share is then not judged). Each planted mistake
+whose probability is a constant of its own (its share is then not judged), and one whose [MASK] is a
+constant of its own vocabulary (103: the commonest id it writes where it changes a picked token). Each planted mistake
 FAILs; a function whose labels mark no position with -100 is NOT CHECKED, never failed."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
 
 HERE = Path(__file__).parent / "fixtures" / "learners_mlm_masking"
-CORRECT = ("collator", "thresholds", "collator_class", "own_probability")
+CORRECT = ("collator", "thresholds", "collator_class", "own_probability", "module_ids")
 PLANTED = {"collator_random_unpicked": "the inputs are untouched where not picked (found",
            "thresholds_no_kept": "10% kept (or every one [MASK]) (found 88% [MASK]",
            "collator_class_specials": "no special token the code reads (cls, pad, sep) is picked (found"}
