@@ -28,6 +28,7 @@ from handformer.check.core.discovery import Component, DiscoveryError, cannot_fi
 from handformer.check.core.result import Check, ComponentResult, text
 
 B, T, V, P, IGNORE = 64, 256, 100, 0.15, -100
+NONE_ZH = {"none": "无"}  # no special token read, said in Chinese
 IDS = {"pad": 1, "cls": 0, "sep": 2, "mask": 3}
 # each setting's names (lower case), by what it is
 NAMES = {"mask": ("mask_token_id", "mask_id", "mask_idx", "mask_token", "mask_index"),
@@ -110,7 +111,8 @@ def _checks(ids: Tensor, inputs: Tensor, labels: Tensor, plain: Tensor, specials
             _check("the inputs are untouched where not picked", "没被选中的位置，输入不变",
                    touched == 0, f"{touched} changed", f"{touched} 个变了"),
             _check(f"no special token the code reads ({specials}) is picked",
-                   f"代码读到的特殊 token（{specials}）没有被选中", special == 0, f"{special} picked",
+                   f"代码读到的特殊 token（{NONE_ZH.get(specials, specials)}）没有被选中", special == 0,
+                   f"{special} picked",
                    f"{special} 个被选中")]
 
 
