@@ -54,3 +54,8 @@ def test_labels_with_no_ignored_position_are_not_checked(results):
     (comp,) = results["no_labels"].components
     assert comp.status == "not_checked", format_report(results["no_labels"])
     assert "-100" in comp.error.message and "-100" in comp.error.message_zh
+
+
+def test_the_chinese_report_says_no_special_token_read_in_chinese(results):
+    report = format_report(results["module_ids"], lang="zh")  # its specials are constants, none read by name
+    assert "代码读到的特殊 token（无）没有被选中" in report, report
