@@ -37,10 +37,14 @@ LOSSY_CODE = re.compile(r"\b(u?int8|u?int4|float16|bfloat16|float8\w*|fp8|quanti
                         r"|\btorch\.(half|round)\b|\.(half|round)\(")
 
 
+def computes_lossily(obj: Any) -> bool:
+    """Whether the file that defines `obj` (a class, an instance, a module) computes lossily (LOSSY_CODE)."""
+    return bool(LOSSY_CODE.search(code_text(inspect.getmodule(obj))))
+
+
 def tolerance(obj: Any) -> float:
-    """LOSSY where the file that defines `obj` (a class, an instance, a module) computes lossily, else
-    EXACT."""
-    return (EXACT, LOSSY)[bool(LOSSY_CODE.search(code_text(inspect.getmodule(obj))))]
+    """LOSSY where the file that defines `obj` computes lossily, else EXACT."""
+    return (EXACT, LOSSY)[computes_lossily(obj)]
 
 
 def relative(err: float, whole: Tensor) -> float:
@@ -80,7 +84,7 @@ def step_logits(run: Any) -> tuple[Tensor, Tensor] | None:
 def lossy_steps(run: Any) -> tuple[Tensor, Tensor] | None:
     """`step_logits` in a file that computes lossily, else None: an exact file's model is not run again
     (nor on a whole context a crop kept from it)."""
-    return step_logits(run) if tolerance(getattr(run.model, "module", None)) == LOSSY else None
+    return step_logits(run) if computes_lossily(getattr(run.model, "module", None)) else None
 
 
 def relative_errors(own: Tensor, full: Tensor) -> Tensor:

@@ -1246,7 +1246,7 @@ def _stepwise_bound(layer: Layer, err: float, res: ComponentResult) -> float:
     """The error allowed a block: float rounding, or, driven through its own cache (stepwise) in a file
     that computes lossily (an int8 or float16 cache), that cache's rounding: LOSSY of its outputs'
     unit scale (inputs of unit variance), noted where it is used."""
-    lossy_cache = layer.stepwise and lossy.tolerance(type(layer.module)) == lossy.LOSSY
+    lossy_cache = layer.stepwise and lossy.computes_lossily(type(layer.module))
     if lossy_cache and 1e-5 <= err < lossy.LOSSY:  # said in the note, not taken for a mistake's error
         res.notes.append(lossy.lossy_note(err, relative=False))
         res.max_abs_error = None
