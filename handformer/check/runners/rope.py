@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import itertools
 import math
 import re
 import typing
@@ -33,9 +34,10 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, error_text, finish, forward_names, shape_of
 from handformer.check.core.discovery import Component, DiscoveryError, argument_keys
 from handformer.check.core.localize_kinds import localize_rope_table, localize_rotation, note_departure
-from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, Text, text
+from handformer.check.core.result import DEPARTS, DIFFERS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.rope_tables import COMPLEX_TABLE_NAMES
 from handformer.check.core.rotary import geometric_base, stated_base
+from handformer.check.core.shared_permutation import shared_permutation
 from handformer.check.core.source import first_line, locate, source_lines, source_text
 from handformer.check.core.weights import MappingError
 from handformer.check.reference import variants as V
@@ -433,20 +435,53 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
     res.notes += [INPUT_NOTES[meta]] if meta in INPUT_NOTES else []
     if found and found[0]:
         res.findings += _findings(ctx, comp, found, out, _rotated(q, k, len(tensors), rot, 0, frozenset()))
-    err = fp.max_error(out, _rotated(q, k, len(tensors), rot))
-    res.max_abs_error = err
+    # unmatched: a rotation its output holds up to one reorder of q's and k's dims
+    reorder = best is None and fp.max_error(out, _rotated(q, k, len(tensors), rot)) >= TOL
+    rot, order = _reordered(res, ctx, comp, out, q, k, len(tensors), rot) if reorder else (rot, ...)
+    err = res.max_abs_error = fp.max_error(out, _rotated(q, k, len(tensors), rot)[..., order])
     res.checks.append(Check(text(f"rotates queries and keys as handformer's apply_rotary ({rot} pairs)",
                                  f"与 handformer 的 apply_rotary（{rot} 配对）旋转结果一致"), err < TOL,
                             error_text(err)))
     if offsets or shape in POSITION_IDS:
         _offset_check(res, ctx, comp,
                       lambda offset: _run_apply(ctx, fn, names, tensors, q, k, layout, meta, shape, offset),
-                      lambda offset, fl: _rotated(q, k, len(tensors), rot, offset, fl))
+                      lambda offset, fl: _rotated(q, k, len(tensors), rot, offset, fl)[..., order])
     if best is None and err >= TOL:  # no catalogued mistake: where it first parts from the rotation
         def run(qg: Tensor, kg: Tensor) -> Tensor | None:
             return _run_apply(ctx, fn, names, tensors, qg, kg, layout, meta, shape, 0)
         note_departure(res, lambda: localize_rotation(run, fn, q, k, rot))
     return finish(res)
+
+
+REORDERED = ("the rotation of {rot} pairs, its output's head dims reordered alike in queries and keys (to "
+             "{order}): every score q.k is the same, so the attention it feeds computes the same thing; "
+             "a convention of the weights it is written for (DeepSeek's rope dims stored interleaved), "
+             "not an error",
+             "按{rot}配对的旋转，只是输出的 head 维在 query 和 key 上按同一顺序重排（成为 {order}）："
+             "每个得分 q.k 都不变，所以它送入的注意力算的是同一件事；这是它所对应权重的约定"
+             "（DeepSeek 把 rope 维交错存放），不是错误")
+
+
+PAIRS_ZH = {"half": "对半", "interleaved": "交错"}
+REORDER_FLAGS = (frozenset(), frozenset({"rope_rotation_sign"}))
+
+
+def _reordered(res: ComponentResult, ctx: Context, comp: Component, out: Tensor, q: Tensor, k: Tensor,
+               n: int, rot: str) -> tuple[str, Any]:
+    """Where no rotation matched: a layout whose rotation it computes up to one order of the head dims
+    shared by every output (shared_permutation.py), reported as a convention (DIFFERS); the rotation
+    the other way so reordered stays rope_rotation_sign; else as it was."""
+    for layout, flags in itertools.product(dict.fromkeys((rot, "half", "interleaved")), REORDER_FLAGS):
+        order = shared_permutation(out, _rotated(q, k, n, layout, 0, flags), TOL)
+        if order is not None and flags:
+            res.findings += _findings(ctx, comp, (flags, 0.0), out, _rotated(q, k, n, layout)[..., order])
+        if order is not None:
+            res.status = DIFFERS
+            shown = "[" + ", ".join(map(str, order[:8])) + ", ...]"
+            res.convention = text(REORDERED[0].format(rot=layout, order=shown),
+                                  REORDERED[1].format(rot=PAIRS_ZH.get(layout, layout), order=shown))
+            return layout, order
+    return rot, ...
 
 
 def _apply_attempts(names: list[str], complex_table: bool, offsets: bool) -> list[tuple[str, bool, str]]:
