@@ -111,6 +111,10 @@ class Context:
     # component's check asked for fewer
     own_kv: str | None = None
     grouped_asked: bool = False
+    # what a component holds or is handed that the reference has no place for (settings of its own left
+    # at values that are not neutral, state it keeps): by component name, read by unmapped.settle
+    unmapped: dict[str, list[Text]] = field(default_factory=dict)
+    neutral: dict[str, list[Text]] = field(default_factory=dict)  # settings checked at neutral values only
 
     def __post_init__(self) -> None:
         self.learner = fp.Learner(self.path)

@@ -55,6 +55,7 @@ from handformer.check.core.result import (
     text,
 )
 from handformer.check.core.source import learner_error, reachable, source_lines, source_text
+from handformer.check.core.unmapped import settle as settle_unmapped
 from handformer.check.core.weights import MappingError
 from handformer.check.runners.localize_layers import note_layer_departure
 
@@ -188,6 +189,8 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
     if result.status == ERROR and result.error is not None and result.error.kind == "exception" and (
             result.error.traceback and not driven_by_stand_in(result)):
         result.status = FAIL
+    settle_unmapped(result, ctx.unmapped.get(comp.name, []))  # what the reference has no place for
+    result.notes += ctx.neutral.get(comp.name, [])  # settings it was checked at the neutral values of
     if result.error is not None and result.findings:  # a finding's line and where it raised: two at most
         result.error.traceback = result.error.traceback[-1:]
     _add_notes(comp, ctx, result)

@@ -55,6 +55,15 @@ from handformer.check.core.context import (
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import note_departure
+from handformer.check.core.options_object import (
+    ARGUMENTS,
+    OBJECT,
+    build_options,
+    neutral_words,
+    options_class,
+    signature_settings,
+    unmapped_words,
+)
 from handformer.check.core.processors import PROCESSOR_NAMES, NoProcessors
 from handformer.check.core.result import Check, ComponentResult, Finding, LearnerError, Text, text
 from handformer.check.core.sizes import is_number
@@ -132,6 +141,13 @@ class TooManyCalls(RuntimeError):
     """The learner's loop called the model far more often than max_new_tokens asks for."""
 
 
+def calls_made(model: Any) -> float:
+    """The calls a loop made to the model, each on fewer rows than the prompts it was handed counted as
+    that share of one (a loop that runs each prompt through the model on its own: vLLM's lists)."""
+    B = getattr(model, "prompts", 0)
+    return sum(min(c.ids.size(0) / B, 1.0) if B else 1.0 for c in model.calls)
+
+
 @dataclass(frozen=True)
 class CacheToken:
     """The KV cache the wrapper hands out: the token ids and positions it has seen (B, S) each;
@@ -188,7 +204,7 @@ class LanguageModel(nn.Module):
     init_cache = new_cache
 
     def forward(self, idx: Any, *args: Any, **kwargs: Any) -> Any:
-        if len(self.calls) >= self.budget:
+        if calls_made(self) >= self.budget:
             raise TooManyCalls(f"generate called the model {len(self.calls) + 1} times")
         ids = torch.as_tensor(idx).long()
         one = ids.dim() == 1  # one sequence, no batch: gpt-oss's model(tokens) gives (T, V)
@@ -341,11 +357,14 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
     # model's cache on
     ones = torch.ones_like(torch.as_tensor(ids)) if _rectangular(ids) else None  # (a ragged list: none)
     needed = ((EOS_NAMES, NEVER), (PAD_NAMES, PAD_ID), (MASK_ARG_NAMES, ones), (CACHE_SWITCH_NAMES, True))
-    by_name, if_needed = _by_names(roles[::-1]), _by_names(needed)  # the first role that names it
+    # the first role that names it; a setting of no role, its neutral value
+    by_name, if_needed = {**_own_arguments(ctx, comp), **_by_names(roles[::-1])}, _by_names(needed)
     extra = extra or {}
     for i, p in enumerate(forward_parameters(comp.obj)):
         value = extra.get(p.name, by_name.get(p.name.lower(), [if_needed.get(p.name.lower()), None][
             p.default is not p.empty]))
+        if value is None and p.default is p.empty:  # a settings object of their own class
+            value = _own_options(ctx, comp, p, model, n, extra)
         if value is None and p.default is not p.empty:
             continue
         if value is None and i >= 3:
@@ -360,6 +379,34 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
         else:
             args.append(value)
     return ctx.learner.call("forward", drained(comp.obj), *args, **kwargs)
+
+
+def _own_options(ctx: Context, comp: Component, p: inspect.Parameter, model: LanguageModel, n: int,
+                 extra: dict[str, Any]) -> Any:
+    """A settings object of the learner's own class that the loop reads (vLLM's SamplingParams), built
+    at its defaults, the count n, no EOS, the block size, every neutral setting, and what a check asks
+    for by name (a temperature) (options_object.py); the settings left at values the reference has no
+    place for kept as the component's unmapped state."""
+    own = options_class(comp.obj, p.name)
+    if own is None:
+        return None
+    given = {**dict.fromkeys(COUNT_NAMES, n), **dict.fromkeys(EOS_NAMES, NEVER),
+             **dict.fromkeys(TOP_K_NAMES, VOCAB), **dict.fromkeys(CONTEXT_NAMES, model.context),
+             **{name.lower(): value for name, value in extra.items()}}
+    options, left, neutral = build_options(own, given)
+    holder = (OBJECT[0].format(p.name), OBJECT[1].format(p.name))
+    ctx.unmapped[comp.name] += unmapped_words(holder, left)  # after its arguments' (`_own_arguments`)
+    ctx.neutral[comp.name] += neutral_words(holder, neutral)
+    return options
+
+
+def _own_arguments(ctx: Context, comp: Component) -> dict[str, Any]:
+    """The loop's own arguments that have a neutral value, by name, set to it; those left at a value the
+    reference has no place for, and those set so, kept for the report (options_object.py)."""
+    neutral, left, shown = signature_settings(comp.obj)
+    ctx.unmapped[comp.name] = unmapped_words(ARGUMENTS, left)
+    ctx.neutral[comp.name] = neutral_words(ARGUMENTS, shown)
+    return neutral
 
 
 # the loops whose count is read as the total length, prompt included (`_total_length`)
@@ -410,8 +457,10 @@ def new_tokens(out: Any, prompt: Tensor, n: int) -> Tensor | None:
 
 
 def _scores(value: Any) -> bool:
-    """Whether a value a generate returns is float scores (the log-probabilities of its tokens)."""
-    return getattr(value, "is_floating_point", lambda: False)()  # (a float tensor; not None, not ids)
+    """Whether a value a generate returns is float scores (the log-probabilities of its tokens, a
+    sampler's state at each step: Mirostat's mu): a float tensor, or a non-empty list of floats."""
+    floats = isinstance(value, list) and bool(value) and all(isinstance(v, float) for v in value)
+    return floats or getattr(value, "is_floating_point", lambda: False)()  # (not None, not ids)
 
 
 @dataclass
@@ -422,11 +471,20 @@ class Run:
     n: int
     out: Tensor | None = None  # the new tokens
     failure: fp.LearnerFailure | None = None
-    as_list: bool = False  # the prompt was handed over as a list of ints
+    as_list: bool | str = False  # the prompt was handed over as a list of ints (ROWS: a list of them each)
     extra: dict[str, Any] | None = None  # the arguments it was given besides model, prompt and count
 
 
-def run_generate(ctx: Context, comp: Component, driver: Any, n: int, B: int, as_list: bool = False,
+ROWS = "rows"  # the prompts handed as a list of lists of ints (vLLM's prompts of several lengths)
+
+
+def handed(prompt: Tensor, as_list: bool | str) -> Any:
+    """The (B, T) prompts as a loop is handed them: the tensor, one prompt's list of ints, or (ROWS) a
+    list of each prompt's."""
+    return {False: prompt.clone, True: prompt[0].tolist, ROWS: prompt.tolist}[as_list]()
+
+
+def run_generate(ctx: Context, comp: Component, driver: Any, n: int, B: int, as_list: bool | str = False,
                  extra: dict[str, Any] | None = None) -> Run:
     """The learner's generate on B prompts of 3 tokens (a (B, 3) tensor, or one prompt as a list of
     ints) for n new tokens, each return style tried in turn (their first failure kept), with a fresh
@@ -434,11 +492,12 @@ def run_generate(ctx: Context, comp: Component, driver: Any, n: int, B: int, as_
     first: Run | None = None
     for style in driver.styles(comp.obj):
         model = driver.new_model(style, budget=n + 3)
+        model.prompts = B  # a loop may run each prompt through the model on its own (`calls_made`)
         prompt = prompts(B)
         label = text(f"{B} prompt{'s' if B > 1 else ''}, {n} new tokens", f"{B} 个提示词、{n} 个新 token")
         run = Run(label, model, prompt, n, as_list=as_list, extra=extra)
         try:
-            raw = call_generate(ctx, comp, model, prompt[0].tolist() if as_list else prompt.clone(), n,
+            raw = call_generate(ctx, comp, model, handed(prompt, as_list), n,
                         {**fixed_defaults(comp.obj), **(extra or {})})
         except fp.LearnerFailure as failure:
             if failure.error.kind == "cannot_call":  # the model handed is not the one it is written for
@@ -521,7 +580,7 @@ def _overflowed(model: LanguageModel) -> bool:
 
 
 def _runaway(model: LanguageModel) -> bool:
-    return len(model.calls) >= model.budget
+    return calls_made(model) >= model.budget
 
 
 # --- the check ---------------------------------------------------------------------------------------
@@ -563,7 +622,8 @@ class StandIn:
 def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any) -> None:
     res.notes += [note for note in [defaults_note(comp.obj)] if note] + sinks_note(comp.obj)
     short = first = run_generate(ctx, comp, driver, SHORT, 2)
-    for B, as_list in ((1, False), (1, True)):  # a loop written for one prompt, maybe a list of ints
+    # a loop written for one prompt, maybe a list of ints; or for a list of prompts, each a list of ints
+    for B, as_list in ((1, False), (1, True), (2, ROWS)):
         if short.out is not None or _named(short):
             break
         short = run_generate(ctx, comp, driver, SHORT, B, as_list)
@@ -710,7 +770,7 @@ def _localize(ctx: Context, comp: Component, driver: Any, run: Run, expected: Te
     views, forms = generate_views(driver.logits, run.prompt, expected, crop, default_temperature(comp.obj),
                                   _top_k_of(comp, run))
     model = driver.new_model(getattr(run.model, "style", "own"), budget=run.n + 3)
-    prompt = run.prompt[0].tolist() if run.as_list else run.prompt.clone()
+    prompt = handed(run.prompt, run.as_list)
     try:
         given = {**fixed_defaults(comp.obj), **(run.extra or {})}
         return localize_generate(lambda: call_generate(ctx, comp, model, prompt, run.n, given),
@@ -755,7 +815,7 @@ NO_BLOCK_NOTE = text("it names no block size, so it feeds the whole context: pas
                      "idx[:, -block_size:]")
 
 
-def _long(res: ComponentResult, ctx: Context, comp: Component, driver: Any, B: int, as_list: bool,
+def _long(res: ComponentResult, ctx: Context, comp: Component, driver: Any, B: int, as_list: bool | str,
           ) -> tuple[Run, Tensor]:
     """LONG new tokens: past the block size, where a model with a position table needs the crop; a
     crop that a model without one does not need is a choice (noted), not a mistake. The run and the

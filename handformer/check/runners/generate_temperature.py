@@ -20,8 +20,9 @@ from unittest import mock
 import torch
 from torch import Tensor
 
-from handformer.check.core.argument_names import SAMPLE_SWITCH_NAMES, TEMPERATURE_NAMES, named
+from handformer.check.core.argument_names import SAMPLE_SWITCH_NAMES, TEMPERATURE_NAMES
 from handformer.check.core.context import Context, forward_names, forward_parameters
+from handformer.check.core.options_object import option_fields
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines
 
@@ -84,7 +85,9 @@ def check_temperature(res: ComponentResult, ctx: Context, comp: Any, driver: Any
     """The probe of the module docstring, when the loop takes a temperature and samples with
     torch.multinomial (generate_loop's run_generate runs it); a difference is named in the form the
     probabilities take."""
-    name = named(forward_names(comp.obj), TEMPERATURE_NAMES)
+    names = forward_names(comp.obj) + option_fields(comp.obj)  # its arguments, or its settings object's
+    # by the aliases' order: "temperature" before "tau" (Mirostat's target surprise)
+    name = next((n for alias in TEMPERATURE_NAMES for n in names if n.lower() == alias), None)
     if name is None:
         return
     seen: list[Tensor] = []
@@ -97,7 +100,9 @@ def check_temperature(res: ComponentResult, ctx: Context, comp: Any, driver: Any
         logits = (outputs[0] if outputs else driver.logits(run.prompt)[:, -1]).double()  # (B, V)
     if not seen or seen[0].shape[-1] != logits.size(-1):  # it never sampled, or sampled a subset
         return
-    probs = seen[0].reshape(-1, logits.size(-1))[: logits.size(0)]
+    # its draws' first rows: one draw of every prompt, or each prompt's own draw in turn (a loop that runs
+    # each through the model on its own)
+    probs = torch.cat([s.reshape(-1, logits.size(-1)) for s in seen])[: logits.size(0)]
     gap = _gap(probs, logits / TEMPERATURE)
     res.checks.append(Check(text(f"{name}={TEMPERATURE}: the probabilities it samples from are "
                                  f"softmax(logits / {TEMPERATURE}) on the tokens it keeps",
@@ -120,7 +125,9 @@ def _named_form(res: ComponentResult, ctx: Context, comp: Any, name: str, probs:
               "softmax(logits)，相当于 t = 1"))
     for diagnosis, alternative, en, zh in forms:
         if _gap(probs, alternative) < 1e-4:
-            number, code = locate(diagnosis, source_lines(ctx.objects(comp, "sample", "temperature")))
+            number, code = locate(diagnosis, source_lines([comp.obj]))  # the loop's own lines first
+            if number is None:
+                number, code = locate(diagnosis, source_lines(ctx.objects(comp, "sample", "temperature")))
             said = text(f"at {name}={TEMPERATURE} your loop samples from {en}",
                         f"{name}={TEMPERATURE} 时你的循环从 {zh} 采样")
             res.findings.append(Finding(diagnosis, said, number, code))
