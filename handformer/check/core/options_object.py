@@ -34,7 +34,8 @@ NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalt
 # the settings of the loop's own kind: given by check (the count, the EOS) or read as it reads them
 KNOWN = {*COUNT_NAMES, *EOS_NAMES, *TEMPERATURE_NAMES, *SAMPLE_SWITCH_NAMES, *K_NAMES, *P_NAMES,
          *MIN_P_NAMES, *GENERATOR_NAMES, *CONTEXT_NAMES, *PAD_NAMES, "seed", "random_seed", "top_k",
-         "num_samples", "num_return_sequences", "n", "stop", "stop_token_ids", "logprobs", "device"}
+         "num_samples", "num_return_sequences", "n", "stop", "stop_token_ids", "logprobs", "device",
+         "alpha", "penalty_alpha"}  # (contrastive search's degeneration penalty: its own runner's)
 
 
 def options_class(fn: Any, name: str) -> type | None:
@@ -97,12 +98,15 @@ def build_options(cls: type, given: dict[str, Any]) -> tuple[Any, list[str], lis
 
 def signature_settings(fn: Any) -> tuple[dict[str, Any], list[str], list[str]]:
     """The loop's own arguments with a default (generate(..., repetition_penalty=1.2)): the neutral
-    values to hand by name (lower-cased), what it left and set neutral."""
+    values to hand by name (lower-cased), what it left and set neutral. Of its own arguments only a
+    float is a setting left (a sampler's tau, eta): an int is a size the kind's runners read by their
+    own names (attention sinks' n_sink, a window), a count."""
     values, left, neutral = settings(_defaults(fn), {})
-    return {n.lower(): NEUTRAL[n.lower()] for n in values if n.lower() in NEUTRAL}, left, neutral
+    floats = [n for n in left if isinstance(values[n.split("=")[0]], float) and "sink" not in n.lower()]
+    return {n.lower(): NEUTRAL[n.lower()] for n in values if n.lower() in NEUTRAL}, floats, neutral
 
 
-OBJECT = ("its settings object {}", "它的设置对象 {}")
+OBJECT = ("its settings object {}", "它的设置对象 {} ")
 ARGUMENTS = ("its arguments", "它的参数")
 
 

@@ -28,8 +28,8 @@ def settle(result: ComponentResult, unmapped: list[Text]) -> None:
         "mapping", f"{result.name} computes something handformer's reference cannot express: {en}; it "
         "parts from the reference" + "".join(f" at {p}" for p in parted) + ", which says nothing about "
         "whether it is right (an adapter that sets them to values the reference has, or leaves them out, "
-        "lets check grade it)", "__init__",
+        "lets check grade it)", "",
         message_zh=f"{result.name} 算的东西 handformer 的参考实现表达不了：{zh}；它与参考实现不同"
-        + "".join(f"（{p.replace('line ', '第 ', 1).replace(':', ' 行：', 1)}）" for p in parted)
+        + "".join(f"（{p.replace('line ', '第 ', 1).replace(': ', ' 行：', 1)}）" for p in parted)
         + "，这说明不了它对不对（写一个适配函数，把这些设置成参考实现有的取值，"
         "或者去掉它们，检查程序就能判断）")
