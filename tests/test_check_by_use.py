@@ -3,7 +3,10 @@ settings object a function reads by attribute (`settings.temperature`, `args.cli
 of those fields at the values the file gives them (a dataclass's defaults, argparse's defaults); a
 config namespace or dict answers a field check has no size for (BERT's type_vocab_size) with the
 file's own value, and a config handed on whole answers its parts' subscripts. Each form: a correct
-file that is checked and passes, and a planted one that fails on the planted line."""
+file that is checked and passes, and a planted one that fails on the planted line. A width argument
+of a name of its own (query_dim, n_units) is the model's width where the constructor hands it to a
+layer as its input width (core/size_roles.py), and keys and values in one projection beside the
+queries' (lucidrains' to_kv) are read as [k | v] (core/weights.py)."""
 
 from __future__ import annotations
 
@@ -28,6 +31,10 @@ FILES = {
     "step_namespace_plant.py": ("lm_train_step", "fail", "loss.backward()"),
     "bert_dict.py": ("encoder_model", "pass", None),
     "bert_dict_plant.py": ("encoder_model", "fail", "attention_mask[:, None, None, :].to(scores.dtype) * -10000.0"),
+    "width_query_dim.py": ("mha", "pass", None),
+    "width_query_dim_plant.py": ("mha", "fail", "v, k = self.to_kv("),
+    "width_units.py": ("mha", "pass", None),
+    "width_units_plant.py": ("mha", "fail", "/ math.sqrt(C)"),
 }
 
 

@@ -372,8 +372,11 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
     ffn = square_ffn(linears, D)
     square = [leaf for leaf in with_shape(linears, (D, D)) if leaf not in ffn]
     # else multi-query (Falcon's n_head + 2 heads) or grouped: kv read from the shape
-    fused = with_shape(outside_ffn(linears), (D + 2 * kv, D)) or fused_among(linears, D, head_dim)
     prefixes = PREFIXES[count]
+    if (apart := keys_values_apart(linears, square, D, count)) is not None:
+        return [[Slot(f"{p}W_{r}", leaf, rows) for r, (leaf, rows) in zip("QKVO", group)]
+                for p, group in zip(prefixes, apart)]
+    fused = with_shape(outside_ffn(linears), (D + 2 * kv, D)) or fused_among(linears, D, head_dim)
     if len(fused) == count:
         outs = square if len(square) == count else [None] * count
         return [fused_slots(p, f, D, head_dim) + ([Slot(f"{p}W_O", o)] if o is not None else [])
@@ -393,6 +396,22 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
     groups = [_qkv_by_name(square[i * per:(i + 1) * per]) for i in range(count)]
     return [[Slot(f"{p}W_{r}", leaf) for r, leaf in zip("QKVO", group)]
             for p, group in zip(prefixes, groups)]
+
+
+KV_NAME = re.compile(r"(?i)(^|[._])(to_|w_)?kv(_proj)?$")  # lucidrains' to_kv: keys and values, no queries
+
+
+def keys_values_apart(linears: list[Leaf], square: list[Leaf], D: int, count: int,
+                      ) -> list[list[tuple[Leaf, slice | None]]] | None:
+    """Each attention's (leaf, rows) for W_Q, W_K, W_V, W_O where its keys and values are one
+    projection named so, (2D, D) as [k | v], beside a query and an output projection (D, D) of their
+    own, in that order (lucidrains' to_q, to_kv, to_out); None for any other set of layers."""
+    kvs = [leaf for leaf in outside_ffn(linears) if KV_NAME.search(leaf.name)
+           and tuple(leaf.weight.shape) == (2 * D, D)]
+    if len(kvs) != count or len(square) != 2 * count:
+        return None
+    halves = [(kv, slice(0, D)) for kv in kvs], [(kv, slice(D, 2 * D)) for kv in kvs]
+    return [[(q, None), k, v, (o, None)] for q, o, k, v in zip(square[::2], square[1::2], *halves)]
 
 
 def fused_among(linears: list[Leaf], D: int, head_dim: int, least: int = 0) -> list[Leaf]:
