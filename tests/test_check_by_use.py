@@ -8,7 +8,9 @@ of a name of its own (query_dim, n_units) is the model's width where the constru
 layer as its input width (core/size_roles.py), and keys and values in one projection beside the
 queries' (lucidrains' to_kv) are read as [k | v] (core/weights.py). A module argument the constructor
 keeps as its own (`self.embeddings = embeddings`, `self.mixer = mixer`) is the file's one module class
-whose name ends with the argument's (ElectraEmbeddings, CausalTokenMixer), built at the same sizes."""
+whose name ends with the argument's (ElectraEmbeddings, CausalTokenMixer), built at the same sizes. A
+language model with a head of one number a position beside its output layer (PPO's value head) is
+compared as the language model (core/layer_map.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ from handformer.check.core.report import format_report
 from handformer.check.core.sizes import SIZES
 
 HERE = Path(__file__).parent / "fixtures" / "learners_by_use"
-# file -> (the kind checked, the component's status, the planted line quoted: None for a correct file)
+# file -> (the kind checked, the component's status, the planted line quoted or the mistake named: None
+# for a correct file)
 FILES = {
     "sampler_settings.py": ("sample", "pass", None),
     "sampler_settings_plant.py": ("sample", "fail", "logits = logits * settings.temperature"),
@@ -41,6 +44,10 @@ FILES = {
     "shared_embeddings_plant.py": ("encoder_model", "fail", "attention_mask[:, None, None, :].to(scores.dtype) * -10000.0"),
     "handed_mixer.py": ("block", "pass", None),
     "handed_mixer_plant.py": ("block", "fail", "return x + self.mlp(x)"),
+    "value_head.py": ("gpt", "pass", None),
+    "value_head_plant.py": ("gpt", "fail", "x = self.wte(idx)"),
+    "value_head_dict.py": ("gpt", "pass", None),
+    "value_head_dict_plant.py": ("gpt", "fail", "final_norm_missing"),  # the norm's line is gone
 }
 
 
@@ -59,7 +66,7 @@ def test_an_argument_read_by_attribute_or_key_is_filled_from_the_files_values(re
     status, planted = FILES[name][1:]
     assert comp.status == status, report
     if planted:
-        assert any(planted in str(f.code) for f in comp.findings), report
+        assert any(planted in str(f.code) or planted == f.name for f in comp.findings), report
 
 
 def _imported(name: str):
