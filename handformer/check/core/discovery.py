@@ -1054,7 +1054,7 @@ def defaulted_config(fn: Any, name: str) -> Any:
     p = inspect.signature(fn).parameters[name]
     ann = annotation(p, fn)
     if not dataclasses.is_dataclass(ann):  # an annotation is a class (an instance of one would be odd)
-        return settings_class(fn, name) if p.default is p.empty and ann is p.empty else None
+        return settings_class(fn, name) if p.default is p.empty else None
     required = [f for f in dataclasses.fields(ann) if f.default is f.default_factory is dataclasses.MISSING]
     return None if required else ann
 
@@ -1132,25 +1132,22 @@ class SizedNamespace(types.SimpleNamespace):
     type_vocab_size=2 in the file's own argparse.Namespace(...)); else missing, as in any namespace."""
 
     def __init__(self, values: dict[str, Any], sizes: dict[str, Any],
-                 own: Mapping[str, Any] | None = None) -> None:
+                 own: Mapping[str, Any] = types.MappingProxyType({})) -> None:
         super().__init__(**values)
         object.__setattr__(self, "_sizes", sizes)
-        object.__setattr__(self, "_own", own or {})
+        object.__setattr__(self, "_own", own)
 
     def __getattr__(self, name: str) -> Any:
         held = self.__dict__  # __deepcopy__ and the like: no size, no value of the file
-        value = given(held.get("_sizes", {}).get(size_of(name)), held.get("_own", {}).get(name))
-        if value is None or name.startswith("__"):
+        value = given(held.get("_sizes", {}).get(size_of(name)), held.get("_own", {}).get(name.lower()))
+        if value is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return value
 
     def __getitem__(self, key: str) -> Any:
         """config["hidden_size"]: a config handed on whole to parts that subscript it (a BERT layer that
         reads nothing itself hands it to its attention, which reads config["num_attention_heads"])."""
-        try:
-            return getattr(self, key)
-        except AttributeError:
-            raise KeyError(key) from None
+        return getattr(self, key)
 
 
 def file_dict_values(cls: Any, keys: set[str]) -> dict[str, Any]:
@@ -1159,7 +1156,8 @@ def file_dict_values(cls: Any, keys: set[str]) -> dict[str, Any]:
     norm's epsilon, the layers built from the dict handed on); under them, the value the file writes for
     any key its code subscripts (own_defaults: a `dict(type_vocab_size=2, ...)` a function builds)."""
     dicts = [v for v in vars(_module_of(cls) or types).values() if isinstance(v, dict) and keys & set(v)]
-    written = {k: v for k, v in own_defaults(cls).items() if k in _dict_keys(cls)}  # built in a function
+    own = own_defaults(cls)
+    written = {k: own[k] for k in _dict_keys(cls) & own.keys()}  # a dict a function of the file builds
     return {**written, **{k: v for d in reversed(dicts) for k, v in d.items()}}
 
 
@@ -1296,9 +1294,9 @@ def own_module_class(cls: Any, name: str) -> type | None:
     same sizes; None where no class, or more than one, is so named."""
     wanted = name.lower().replace("_", "")
     kept = re.search(rf"self\.\w+\s*=\s*{re.escape(name)}\s*(#.*)?$", source_text(cls.__init__), re.M)
-    found = [c for c in defined_here(_module_of(cls) or types).values() if inspect.isclass(c)
-             and hasattr(c, "forward") and c is not cls and c.__name__.lower().endswith(wanted)]
-    return found[0] if kept and len(found) == 1 else None
+    found = [c for c in defined_here(sys.modules[cls.__module__]).values() if kept and hasattr(c, "forward")
+             and c is not cls and c.__name__.lower().endswith(wanted)]
+    return found[0] if len(found) == 1 else None
 
 
 # the words of a constructor argument that takes the learner's own part (self_attn, src_attn, feed_forward)

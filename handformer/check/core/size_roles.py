@@ -9,8 +9,8 @@ says nothing or says something else:
     an FFN's width       GPT-2's MLP(n_state, config) reads the width from its config (config.n_embd):
                          n_state, a width's name, is the hidden width (4 * n_embd) beside it
     the model's width    lucidrains' Attention(query_dim, context_dim=None, heads, dim_head) builds
-                         nn.Linear(query_dim, inner_dim): a name no table lists, the one required
-                         argument handed to a layer as its input width, where no other is the width
+                         nn.Linear(query_dim, inner_dim): a name no table lists, handed to a layer
+                         as its input width
 
 Read from the constructor's source; a constructor without one (inherited, built by type()) has none.
 """
@@ -20,9 +20,10 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import re
 from typing import Any
 
-from handformer.check.core.source import function_nodes
+from handformer.check.core.source import function_nodes, source_text
 
 
 @functools.lru_cache(maxsize=256)
@@ -69,21 +70,15 @@ def with_roles(cls: Any, keys: dict[str, str | None], size_of: dict[str, str]) -
     return {**keys, **dict.fromkeys(widths_beside_config(cls, keys, size_of), "d_ff")}
 
 
-WIDTH_LAYERS = ("Linear", "LayerNorm", "RMSNorm")  # the layers whose first argument is an input's width
+# a layer handed an input's width first (nn.Linear(query_dim, ...), nn.LayerNorm(n_units))
+WIDTH_LAYER = re.compile(r"\b(?:Linear|LayerNorm|RMSNorm)\(\s*(\w+)\s*[,)]")
 
 
 def widths_by_use(cls: type, keys: dict[str, str | None]) -> set[str]:
-    """The one required argument no name places that the constructor hands a layer as its input width
-    (nn.Linear(query_dim, ...), nn.LayerNorm(n_units)), where no argument is the width already; none
-    where two are (which is the model's and which another input's is not said)."""
-    init = vars(cls).get("__init__")
-    params = inspect.signature(init).parameters if init else {}
-    unplaced = {name for name, key in keys.items() if key is None
-                and getattr(params.get(name), "default", None) is inspect.Parameter.empty}
-    handed = {_name(n.args[0]) for n in _init_nodes(cls) if _name(getattr(n, "func", None)) in WIDTH_LAYERS
-              and n.args}
-    widths = unplaced & handed
-    return widths if len(widths) == 1 and "d_model" not in keys.values() else set()
+    """The first argument no name places that the constructor hands a layer as its input width: the
+    model's width (an MLP(n_in, n_hidden, n_out) leaves n_hidden, its second layer's input, unfilled)."""
+    handed = WIDTH_LAYER.findall(source_text(vars(cls).get("__init__")))
+    return set([name for name in handed if keys.get(name, "") is None][:1])
 
 
 def widths_beside_config(cls: type, keys: dict[str, str | None], size_of: dict[str, str]) -> set[str]:
