@@ -401,7 +401,7 @@ class Attn(nn.Module):
     def __init__(self, width, heads):
         super().__init__()
         self.h, self.d = heads, width // heads
-        self.q, self.k, self.v, self.o = (nn.Linear(width, width) for _ in range(4))
+        self.q, self.k, self.v, self.o = (nn.Linear(heads * self.d, heads * self.d) for _ in range(4))
 
     def forward(self, q, k, v, mask=None):
         B = q.size(0)
@@ -414,8 +414,9 @@ class Attn(nn.Module):
 
 
 def test_the_adapters_file_builds_what_check_cannot_infer(tmp_path):
-    """`width` is no name check knows: NOT CHECKED with the adapter; the adapter (given with
-    --adapters, found beside the file, or in the file with the handformer_ prefix) makes it PASS."""
+    """`width` is no name check knows, nor handed to a layer as its width (nn.Linear(width, ...)): NOT
+    CHECKED with the adapter; the adapter (given with --adapters, found beside the file, or in the
+    file with the handformer_ prefix) makes it PASS."""
     path = tmp_path / "odd.py"
     path.write_text(ODD_ATTENTION)
     (comp,) = check_file(str(path), {"mha": "Attn"}).components

@@ -27,8 +27,10 @@ from handformer.check.core.argument_names import (
     readable_parameters,
 )
 from handformer.check.core.bpe_parts import snippet_parts
+from handformer.check.core.defaults import given
 from handformer.check.core.hosts import host_arguments
 from handformer.check.core.kinds import COLLATOR_KINDS, KINDS_TABLE, METHOD_NAMES, TABLED
+from handformer.check.core.own_defaults import own_defaults, settings_class
 from handformer.check.core.size_roles import with_roles
 from handformer.check.core.source import code_text, config_reads, module_reads, source_text
 from handformer.check.core.wordpiece_parts import wordpiece_trainer, writes_wordpiece
@@ -1046,10 +1048,13 @@ def plain_choice(p: inspect.Parameter, cls: Any) -> Any:
 
 def defaulted_config(fn: Any, name: str) -> Any:
     """The dataclass the argument `name` of a function is annotated with (`cfg: TrainConfig`), when every
-    field has a default (check builds it at the learner's defaults); else None."""
-    ann = annotation(inspect.signature(fn).parameters[name], fn)
+    field has a default (check builds it at the learner's defaults); an argument without annotation
+    nor default whose attributes the function reads as values (`params.min_p`, `args.grad_clip`): a
+    dataclass of them at the file's own values (own_defaults.settings_class); else None."""
+    p = inspect.signature(fn).parameters[name]
+    ann = annotation(p, fn)
     if not dataclasses.is_dataclass(ann):  # an annotation is a class (an instance of one would be odd)
-        return None
+        return settings_class(fn, name) if p.default is p.empty else None
     required = [f for f in dataclasses.fields(ann) if f.default is f.default_factory is dataclasses.MISSING]
     return None if required else ann
 
@@ -1108,7 +1113,7 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
                     not read_only):
                 setattr(config, attr, value)
         return config
-    return SizedNamespace(paired_hidden(values, attrs, sizes), _config_sizes(sizes))
+    return SizedNamespace(paired_hidden(values, attrs, sizes), _config_sizes(sizes), own_defaults(cls))
 
 
 def _config_sizes(sizes: dict[str, Any]) -> dict[str, Any]:
@@ -1123,25 +1128,37 @@ class SizedNamespace(types.SimpleNamespace):
     """A configuration that also answers a field no table lists by what its name says (size_of): the
     fields a part built from the same config reads (GLM's TransformerLayer(args) reads
     args.attention_dropout, which GLMModel hands on), and a name of common words (max_sequence_length);
-    a field whose name says no size is missing, as in any namespace."""
+    a field whose name says no size, by the value the learner's file gives it (own_defaults: BERT's
+    type_vocab_size=2 in the file's own argparse.Namespace(...)); else missing, as in any namespace."""
 
-    def __init__(self, values: dict[str, Any], sizes: dict[str, Any]) -> None:
+    def __init__(self, values: dict[str, Any], sizes: dict[str, Any],
+                 own: Mapping[str, Any] = types.MappingProxyType({})) -> None:
         super().__init__(**values)
         object.__setattr__(self, "_sizes", sizes)
+        object.__setattr__(self, "_own", own)
 
     def __getattr__(self, name: str) -> Any:
-        value = self.__dict__.get("_sizes", {}).get(size_of(name))  # __deepcopy__ and the like say no size
+        held = self.__dict__  # __deepcopy__ and the like: no size, no value of the file
+        value = given(held.get("_sizes", {}).get(size_of(name)), held.get("_own", {}).get(name.lower()))
         if value is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return value
+
+    def __getitem__(self, key: str) -> Any:
+        """config["hidden_size"]: a config handed on whole to parts that subscript it (a BERT layer that
+        reads nothing itself hands it to its attention, which reads config["num_attention_heads"])."""
+        return getattr(self, key)
 
 
 def file_dict_values(cls: Any, keys: set[str]) -> dict[str, Any]:
     """The values of the file's own config dicts (a module-level `peizhi = {"rope_theta": 10000.0, ...}`)
     that hold a key its code reads: what check has no size for keeps the file's (the rotary base, a
-    norm's epsilon, the layers built from the dict handed on)."""
+    norm's epsilon, the layers built from the dict handed on); under them, the value the file writes for
+    any key its code subscripts (own_defaults: a `dict(type_vocab_size=2, ...)` a function builds)."""
     dicts = [v for v in vars(_module_of(cls) or types).values() if isinstance(v, dict) and keys & set(v)]
-    return {k: v for d in reversed(dicts) for k, v in d.items()}
+    own = own_defaults(cls)
+    written = {k: own[k] for k in _dict_keys(cls) & own.keys()}  # a dict a function of the file builds
+    return {**written, **{k: v for d in reversed(dicts) for k, v in d.items()}}
 
 
 # a sliding window's field (Mistral's ModelArgs.window_size)
@@ -1257,6 +1274,8 @@ def _build_matched(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any],
             kwargs[p.name] = choice
         elif (part := _part_for(p.name, parts)) is not None:
             kwargs[p.name] = part()
+        elif (own := own_module_class(target, p.name)) is not None:
+            kwargs[p.name] = build(own, sizes, parts)
         else:
             known = "; ".join(f"{k}: {', '.join(v[:4])}" for k, v in ARGUMENTS.items())
             raise DiscoveryError(
@@ -1266,6 +1285,18 @@ def _build_matched(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any],
                 zh=f"填不了 {cls.__name__}{inspect.signature(cls)} 的参数 {p.name!r}：handformer "
                    f"认识这些名字（{known}）；请给参数改名、给它一个默认值，或者写下面的适配函数")
     return target(**kwargs)
+
+
+def own_module_class(cls: Any, name: str) -> type | None:
+    """The one module class of the learner's file (not `cls`) whose name ends with the argument's,
+    where `cls`'s constructor keeps the argument as a module of its own (`self.embeddings =
+    embeddings`): ElectraModel(config, embeddings) is handed the file's ElectraEmbeddings, built at the
+    same sizes; None where no class, or more than one, is so named."""
+    wanted = name.lower().replace("_", "")
+    kept = re.search(rf"self\.\w+\s*=\s*{re.escape(name)}\s*(#.*)?$", source_text(cls.__init__), re.M)
+    found = [c for c in defined_here(sys.modules[cls.__module__]).values() if kept and hasattr(c, "forward")
+             and c is not cls and c.__name__.lower().endswith(wanted)]
+    return found[0] if len(found) == 1 else None
 
 
 # the words of a constructor argument that takes the learner's own part (self_attn, src_attn, feed_forward)

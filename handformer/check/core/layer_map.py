@@ -97,7 +97,10 @@ def output_head(outer: list[Leaf], vocab: int, embed: Leaf, more: list[Leaf], wh
     whether it has a bias. MappingError for any other nn.Linear outside the layers, or `more` (the
     leaves the model has one too many of); `what` words the error (en, zh)."""
     head = next(iter(with_shape(of_kind(outer, "linear"), (vocab, D))), None)
-    extra = [leaf for leaf in of_kind(outer, "linear") if leaf is not head] + more
+    # beside the output layer, a head of one number a position (PPO's value head, v_head (1, D)) is no
+    # part of the language model: its output is not compared
+    beside = with_shape(of_kind(outer, "linear"), (1, D)) if head is not None else []
+    extra = [leaf for leaf in of_kind(outer, "linear") if leaf not in [head, *beside]] + more
     if extra:
         raise MappingError(f"{what[0]}: {shapes_text(extra)}", zh=f"{what[1]}：{shapes_text(extra)}")
     return head, head is None or head.weight is embed.weight, head is not None and head.bias is not None

@@ -8,6 +8,9 @@ says nothing or says something else:
                          hid_dim): input_dim is a width's name there, a table's rows in fact
     an FFN's width       GPT-2's MLP(n_state, config) reads the width from its config (config.n_embd):
                          n_state, a width's name, is the hidden width (4 * n_embd) beside it
+    the model's width    lucidrains' Attention(query_dim, context_dim=None, heads, dim_head) builds
+                         nn.Linear(query_dim, inner_dim): a name no table lists, handed to a layer
+                         as its input width
 
 Read from the constructor's source; a constructor without one (inherited, built by type()) has none.
 """
@@ -17,9 +20,10 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import re
 from typing import Any
 
-from handformer.check.core.source import function_nodes
+from handformer.check.core.source import function_nodes, source_text
 
 
 @functools.lru_cache(maxsize=256)
@@ -62,7 +66,19 @@ def with_roles(cls: Any, keys: dict[str, str | None], size_of: dict[str, str]) -
     name beside a configuration the width is read from is the FFN's width."""
     found = {"d_model": ("src_vocab", embedding_rows(cls)), None: ("ffn_mult", multipliers(cls, size_of))}
     keys = {name: found[key][0] if name in found.get(key, ("", ()))[1] else key for name, key in keys.items()}
+    keys = {**keys, **dict.fromkeys(widths_by_use(cls, keys), "d_model")}
     return {**keys, **dict.fromkeys(widths_beside_config(cls, keys, size_of), "d_ff")}
+
+
+# a layer handed an input's width first (nn.Linear(query_dim, ...), nn.LayerNorm(n_units))
+WIDTH_LAYER = re.compile(r"\b(?:Linear|LayerNorm|RMSNorm)\(\s*(\w+)\s*[,)]")
+
+
+def widths_by_use(cls: type, keys: dict[str, str | None]) -> set[str]:
+    """The first argument no name places that the constructor hands a layer as its input width: the
+    model's width (an MLP(n_in, n_hidden, n_out) leaves n_hidden, its second layer's input, unfilled)."""
+    handed = WIDTH_LAYER.findall(source_text(vars(cls).get("__init__")))
+    return set([name for name in handed if keys.get(name, "") is None][:1])
 
 
 def widths_beside_config(cls: type, keys: dict[str, str | None], size_of: dict[str, str]) -> set[str]:

@@ -372,8 +372,10 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
     ffn = square_ffn(linears, D)
     square = [leaf for leaf in with_shape(linears, (D, D)) if leaf not in ffn]
     # else multi-query (Falcon's n_head + 2 heads) or grouped: kv read from the shape
-    fused = with_shape(outside_ffn(linears), (D + 2 * kv, D)) or fused_among(linears, D, head_dim)
     prefixes = PREFIXES[count]
+    if apart := keys_values_apart(linears, square, D, prefixes):
+        return apart
+    fused = with_shape(outside_ffn(linears), (D + 2 * kv, D)) or fused_among(linears, D, head_dim)
     if len(fused) == count:
         outs = square if len(square) == count else [None] * count
         return [fused_slots(p, f, D, head_dim) + ([Slot(f"{p}W_O", o)] if o is not None else [])
@@ -393,6 +395,21 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
     groups = [_qkv_by_name(square[i * per:(i + 1) * per]) for i in range(count)]
     return [[Slot(f"{p}W_{r}", leaf) for r, leaf in zip("QKVO", group)]
             for p, group in zip(prefixes, groups)]
+
+
+KV_NAME = re.compile(r"(?i)(^|[._])(to_|w_)?kv(_proj)?$")  # lucidrains' to_kv: keys and values, no queries
+
+
+def keys_values_apart(linears: list[Leaf], square: list[Leaf], D: int, prefixes: list[str],
+                      ) -> list[list[Slot]]:
+    """Each attention's W_Q, W_K, W_V, W_O where its keys and values are one projection named so,
+    (2D, D) as [k | v], beside a query and an output projection (D, D) of their own, in that order
+    (lucidrains' to_q, to_kv, to_out); none for any other set of layers."""
+    kvs = [leaf for leaf in with_shape(outside_ffn(linears), (2 * D, D)) if KV_NAME.search(leaf.name)]
+    if (len(kvs), len(square)) != (len(prefixes), 2 * len(prefixes)):
+        return []
+    return [[Slot(f"{p}W_Q", q), Slot(f"{p}W_K", kv, slice(0, D)), Slot(f"{p}W_V", kv, slice(D, 2 * D)),
+             Slot(f"{p}W_O", o)] for p, q, kv, o in zip(prefixes, square[::2], kvs, square[1::2])]
 
 
 def fused_among(linears: list[Leaf], D: int, head_dim: int, least: int = 0) -> list[Leaf]:
