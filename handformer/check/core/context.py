@@ -111,6 +111,8 @@ class Context:
     # component's check asked for fewer
     own_kv: str | None = None
     grouped_asked: bool = False
+    found: list[Component] = field(default_factory=list)  # every component of the file (its callers)
+    raised: BaseException | None = None  # what their code raised in the check in progress (accepted.py)
 
     def __post_init__(self) -> None:
         self.learner = fp.Learner(self.path)
