@@ -123,3 +123,12 @@ def _swallowed(run):
     except RuntimeError:  # the enclosing check's run: what it raised is recorded, not passed on
         pass
 
+
+
+def test_the_components_around_it_run_within_a_limit(monkeypatch):
+    from handformer.check.core import engine
+
+    monkeypatch.setattr(engine, "CALLERS_LIMIT", 1e-4)  # no time for its own model's check
+    result = check_file(str(HERE / "lm_loss_targets_kept.py"), only=["loss"])
+    comp = next(c for c in result.components if c.name == "lm_loss")
+    assert comp.status in ("fail", "not_checked") and comp.error.kind != "internal", format_report(result)

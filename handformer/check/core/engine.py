@@ -59,6 +59,7 @@ from handformer.check.core.result import (
 from handformer.check.core.source import learner_error, reachable, source_lines, source_text
 from handformer.check.core.weights import MappingError
 from handformer.check.runners.localize_layers import note_layer_departure
+from handformer.time_limit import time_limit
 
 if TYPE_CHECKING:
     from handformer.check.core.context import Context
@@ -213,15 +214,23 @@ def _charged_or_not(comp: Component, ctx: Context, result: ComponentResult, erro
     result.status, result.error, result.adapter = NOT_CHECKED, why, adapter_hint(comp)
 
 
+CALLERS_LIMIT = 6.0  # seconds the components around a raising one may run, within its step's limit
+
+
+class CallersTimeout(BaseException):  # noqa: N818  (not an Exception: their `except Exception` cannot eat it)
+    """The components around a raising one ran past CALLERS_LIMIT: the calls recorded so far decide."""
+
+
 def _run_callers(comp: Component, ctx: Context) -> None:
     """The checks of the file's components whose code calls this one's (a model around a layer), run
     for what their code passes it (accepted.py records it), their results dropped; two at most."""
     calls, root = _called_by(ctx), comp.name.split(".")[0]
     around = [c for c in ctx.found if root in reachable(calls(c.name.split(".")[0]), calls)]
     kept = (ctx.partial, ctx.raised, ctx.hyperparameter_note, ctx.learner.calls, ctx.learner.nan_calls)
-    for other in around[:2]:
-        with contextlib.suppress(Exception, SystemExit), torch.no_grad(), ctx.hyperparameters(other):
-            runner_for(other.kind)(other, ctx)
+    with contextlib.suppress(CallersTimeout), time_limit(CALLERS_LIMIT, CallersTimeout):
+        for other in around[:2]:
+            with contextlib.suppress(Exception, SystemExit), torch.no_grad(), ctx.hyperparameters(other):
+                runner_for(other.kind)(other, ctx)
     ctx.partial, ctx.raised, ctx.hyperparameter_note, ctx.learner.calls, ctx.learner.nan_calls = kept
 
 
