@@ -132,3 +132,14 @@ def test_the_components_around_it_run_within_a_limit(monkeypatch):
     result = check_file(str(HERE / "lm_loss_targets_kept.py"), only=["loss"])
     comp = next(c for c in result.components if c.name == "lm_loss")
     assert comp.status in ("fail", "not_checked") and comp.error.kind != "internal", format_report(result)
+
+
+def test_a_form_check_cannot_read_again_leaves_the_exception_theirs(monkeypatch):
+    from handformer.check.core import engine
+
+    def unreadable(*args):
+        raise RuntimeError("max(): Expected reduction dim to be specified for input.numel() == 0")
+    monkeypatch.setattr(engine, "judged", unreadable)  # a form the judging itself cannot take
+    result = check_file(str(HERE / "padded_seq2seq_positions.py"), only=["transformer"])
+    comp = next(c for c in result.components if c.name == "Seq2Seq")
+    assert comp.status == "fail" and comp.error.kind == "exception", format_report(result)

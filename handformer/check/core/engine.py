@@ -204,7 +204,9 @@ def _charged_or_not(comp: Component, ctx: Context, result: ComponentResult, erro
     learner's to accept (accepted.py); else NOT CHECKED, why said before the exception's text."""
     if result.findings:
         return
-    why = judged(ctx.raised, ctx.path, lambda: _run_callers(comp, ctx)) or error
+    why = error
+    with contextlib.suppress(Exception):  # a form check cannot read again: the exception stays theirs
+        why = judged(ctx.raised, ctx.path, lambda: _run_callers(comp, ctx)) or error
     if why.kind == "exception":  # theirs: as raised, or where their own call raised
         result.error = why
         return
