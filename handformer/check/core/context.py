@@ -115,6 +115,8 @@ class Context:
     # at values that are not neutral, state it keeps): by component name, read by unmapped.settle
     unmapped: dict[str, list[Text]] = field(default_factory=dict)
     neutral: dict[str, list[Text]] = field(default_factory=dict)  # settings checked at neutral values only
+    found: list[Component] = field(default_factory=list)  # every component of the file (its callers)
+    raised: BaseException | None = None  # what their code raised in the check in progress (accepted.py)
 
     def __post_init__(self) -> None:
         self.learner = fp.Learner(self.path)

@@ -4,6 +4,7 @@ a child process). `check_module` streams one `ComponentResult` per component to 
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import importlib
 import importlib.util
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from handformer.check.core import fingerprint as fp
+from handformer.check.core.accepted import judged
 from handformer.check.core.activations import read_activations
 from handformer.check.core.adapters import adapter_hint, cannot_check
 from handformer.check.core.adapters import functions as adapter_functions
@@ -58,6 +60,7 @@ from handformer.check.core.source import learner_error, reachable, source_lines,
 from handformer.check.core.unmapped import settle as settle_unmapped
 from handformer.check.core.weights import MappingError
 from handformer.check.runners.localize_layers import note_layer_departure
+from handformer.time_limit import time_limit
 
 if TYPE_CHECKING:
     from handformer.check.core.context import Context
@@ -170,7 +173,7 @@ def import_definitions(path: str) -> tuple[types.ModuleType, list[str]]:
 
 
 def check_component(comp: Component, ctx: Context) -> ComponentResult:
-    ctx.partial = None
+    ctx.partial, ctx.raised = None, None
     ctx.learner.calls = ctx.learner.nan_calls = 0
     result = _run_checked(comp, ctx)
     commented_out(result, ctx.path)  # a named mistake beside the one line they commented out
@@ -189,6 +192,7 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
     if result.status == ERROR and result.error is not None and result.error.kind == "exception" and (
             result.error.traceback and not driven_by_stand_in(result)):
         result.status = FAIL
+        _charged_or_not(comp, ctx, result, result.error)
     settle_unmapped(result, ctx.unmapped.get(comp.name, []))  # what the reference has no place for
     result.notes += ctx.neutral.get(comp.name, [])  # settings it was checked at the neutral values of
     if result.error is not None and result.findings:  # a finding's line and where it raised: two at most
@@ -196,6 +200,43 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
     _add_notes(comp, ctx, result)
     ctx.results[comp.name] = result
     return result
+
+
+def _charged_or_not(comp: Component, ctx: Context, result: ComponentResult, error: LearnerError) -> None:
+    """A FAIL by exception, nothing found before it, stays only where the inputs it raised on were the
+    learner's to accept (accepted.py); else NOT CHECKED, why said before the exception's text."""
+    if result.findings:
+        return
+    why = error
+    with contextlib.suppress(Exception):  # a form check cannot read again: the exception stays theirs
+        why = judged(ctx.raised, ctx.path, lambda: _run_callers(comp, ctx)) or error
+    if why.kind == "exception":  # theirs: as raised, or where their own call raised
+        result.error = why
+        return
+    why.message_zh = f"{why.message_zh}（原文：{error.message}）"
+    why.message = f"{why.message} ({error.message})"
+    why.traceback = error.traceback
+    result.status, result.error, result.adapter = NOT_CHECKED, why, adapter_hint(comp)
+
+
+CALLERS_LIMIT = 6.0  # seconds the components around a raising one may run, within its step's limit
+
+
+class CallersTimeout(BaseException):  # noqa: N818  (not an Exception: their `except Exception` cannot eat it)
+    """The components around a raising one ran past CALLERS_LIMIT: the calls recorded so far decide."""
+
+
+def _run_callers(comp: Component, ctx: Context) -> None:
+    """The checks of the file's components whose code calls this one's (a model around a layer), run
+    for what their code passes it (accepted.py records it), their results dropped; two at most."""
+    calls, root = _called_by(ctx), comp.name.split(".")[0]
+    around = [c for c in ctx.found if root in reachable(calls(c.name.split(".")[0]), calls)]
+    kept = (ctx.partial, ctx.raised, ctx.hyperparameter_note, ctx.learner.calls, ctx.learner.nan_calls)
+    with contextlib.suppress(CallersTimeout), time_limit(CALLERS_LIMIT, CallersTimeout):
+        for other in around[:2]:
+            with contextlib.suppress(Exception, SystemExit), torch.no_grad(), ctx.hyperparameters(other):
+                runner_for(other.kind)(other, ctx)
+    ctx.partial, ctx.raised, ctx.hyperparameter_note, ctx.learner.calls, ctx.learner.nan_calls = kept
 
 
 def _cache_slices(comp: Component, result: ComponentResult) -> None:
@@ -242,6 +283,7 @@ def _run_checked(comp: Component, ctx: Context) -> ComponentResult:
             result = _grouped_or_not(comp, ctx)
             note_layer_departure(comp, ctx, result)
     except fp.LearnerFailure as failure:
+        ctx.raised = failure.__cause__ or failure.__context__  # its frames: the arguments it raised on
         result = ComponentResult(comp.kind, comp.name, ERROR, error=failure.error)
         partial = ctx.partial
         if partial is not None and partial.name == comp.name:
@@ -539,16 +581,21 @@ def _names_tell(comp: Component, ctx: Context, result: ComponentResult) -> None:
 HAS = {DEPARTS: ("parts from the reference", "与参考不同")}  # what a part's finding says of it, if no mistake
 
 
+def _called_by(ctx: Context) -> Callable[[str], set[str]]:
+    """The file's other objects that the source of the object of a name calls."""
+    own = defined_here(ctx.module)
+    sources = {name: source_text(obj) for name, obj in own.items()}
+
+    def called(name: str) -> set[str]:
+        return {o for o in own if o != name and re.search(rf"\b{re.escape(o)}\s*\(", sources.get(name, ""))}
+    return called
+
+
 def inherited(comp: Component, ctx: Context) -> list[Finding]:
     """The mistakes of the learner's other components that this one uses (its source calls them,
     directly or through their other functions), for a component that fails with none of its own: a
     block whose FFN has no down projection, a generate loop whose sampling step is wrong."""
-    own = defined_here(ctx.module)
-    sources = {name: source_text(obj) for name, obj in own.items()}
-
-    def called(name: str) -> set[str]:  # the file's other objects its source calls
-        return {o for o in own if o != name and re.search(rf"\b{re.escape(o)}\s*\(", sources.get(name, ""))}
-
+    called = _called_by(ctx)
     reached = reachable(called(comp.name.split(".")[0]), called)
     out = []
     for name in sorted(reached):
@@ -596,7 +643,7 @@ def check_file(path: str, overrides: dict[str, str] | None = None, only: list[st
     components, everything = found
     todo = [c for c in components if c.name not in skip]
     ctx = Context(path, module, {c.kind: c for c in reversed(everything)}, convention)
-    ctx.skipped = result.skipped
+    ctx.skipped, ctx.found = result.skipped, everything
     read_activations(path)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: a second thread costs more than it saves
