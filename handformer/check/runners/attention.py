@@ -395,10 +395,21 @@ def _sdpa_callable(comp: Component, ctx: Context) -> Any:
     if not isinstance(comp.obj, type):
         return _switched(comp.obj)
     kwargs = {**_dropout_kwargs(comp.obj), **_temperature(comp.obj)}
+    if _sized(comp.obj):  # ChatGLM's CoreAttention(config): built at the inputs' heads and width
+        _, heads, _, _, Dh = SDPA_SIZES
+        return ctx.build(comp, {"d_model": heads * Dh, "n_heads": heads, "d_head": Dh, "dropout": 0.0})
     fn = ctx.learner.call("__init__", lambda: comp.obj(**kwargs))
     return fn.double().eval() if isinstance(fn, nn.Module) else fn
 
 
+
+
+def _sized(cls: type) -> bool:
+    """Whether a class's constructor requires more than a dropout rate or a temperature (a config, its
+    sizes): then it is built as check builds a layer."""
+    kwargs = {**_dropout_kwargs(cls), **_temperature(cls)}
+    return any(p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+               and p.name not in kwargs for p in forward_parameters(cls.__init__))
 
 
 def _build_sdpa(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
@@ -453,7 +464,10 @@ def _sdpa_departure(res: ComponentResult, ctx: Context, comp: Component, s: Subj
     if res.max_abs_error < 1e-5 or not (s.module.takes_mask and fp.encodable(keep, conv)):
         return
     heads = 1 if s.facts["layout"].single else 2
-    q, k, v = (fp.randn(1, heads, n, 4, seed=seed) for n, seed in ((3, 7), (5, 8), (5, 9)))
+    dh = 4
+    if isinstance(comp.obj, type) and _sized(comp.obj):  # built at check's sizes (from a config)
+        heads, dh = SDPA_SIZES[1], SDPA_SIZES[4]  # the heads and width it was built for
+    q, k, v = (fp.randn(1, heads, n, dh, seed=seed) for n, seed in ((3, 7), (5, 8), (5, 9)))
     note_departure(res, lambda: localize_sdpa(
         lambda *qkv: s.facts["layout"].raw(ctx, s.module, *qkv, keep, conv), comp.obj, q, k, v, keep))
 
@@ -508,10 +522,14 @@ class Layout:
     flat: bool
     single: bool = False
     order: tuple[int, ...] = (0, 1, 2, 3)  # (0, 2, 1, 3): Flax's (B, T, H, Dh), einsum("bqhd,bkhd->bhqk")
+    # (2, 0, 1, 3): ChatGLM's CoreAttention, (T, B, H, Dh) in and the heads merged out, (T, B, H * Dh)
 
     def raw(self, ctx: Context, c: Caller, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None,
             conv: str) -> Any:
         B, heads = q.shape[:2]
+        if keep is None and c.required and c.state.get("visible") and not c.state.get("none"):
+            # a mask it requires, every key visible: written here, where the layout's sizes are known
+            keep, conv = torch.ones(B, 1, q.size(2), k.size(2), dtype=torch.bool), c.state["visible"]
         q, k, v = q.permute(self.order), k.permute(self.order), v.permute(self.order)
         if self.single:
             return self._one_by_one(ctx, c, q, k, v, keep, conv)
@@ -519,7 +537,7 @@ class Layout:
             q, k, v = (t.reshape(B * heads, *t.shape[2:]) for t in (q, k, v))  # (B * H, T, Dh)
             if keep is not None:
                 keep = keep.expand(B, heads, *keep.shape[2:]).reshape(B * heads, 1, *keep.shape[2:])
-        mask = c.mask(keep, conv, q.size(0))
+        mask = c.mask(keep, conv, q.size(0) if self.flat else B)
         return ctx.learner.call("forward", c.call, q, k, v, mask)
 
     def _one_by_one(self, ctx: Context, c: Caller, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None,
@@ -535,11 +553,21 @@ class Layout:
         return None if shapes else torch.stack(outs).reshape(B, heads, *outs[0].shape)  # (B, H, T, Dh)
 
     def output(self, raw: Any, shape: torch.Size) -> Tensor | None:
-        out = fp.first_tensor(raw, 3 if self.flat else 4)
-        out = out if out is None or self.flat else out.permute(self.order)  # (B, H, T, Dh)
+        # the heads merged (ChatGLM's (T, B, H * Dh)), returned first (before the weights, (B, H, T, S))
+        merged = None if self.flat else self._split(fp.first_tensor(raw), shape)
+        out = fp.first_tensor(raw, 3 if self.flat else 4) if merged is None else merged
+        back = tuple(self.order.index(i) for i in range(4))  # the inverse permutation
+        out = out if out is None or self.flat else out.permute(back)  # (B, H, T, Dh)
         if self.flat and out is not None and out.numel() == math.prod(shape):
             return out.reshape(shape)  # (B, H, T, Dh)
         return out
+
+    def _split(self, merged: Tensor | None, shape: torch.Size) -> Tensor | None:
+        """An output with its heads merged, (T, B, H * Dh) for inputs (T, B, H, Dh) (ChatGLM's), split
+        back into the inputs' layout; None for any other, or a layout whose heads are not next to Dh."""
+        taken = tuple(shape[i] for i in self.order)  # the inputs' shape as handed
+        fits = merged is not None and merged.shape == (*taken[:2], taken[2] * taken[3])
+        return merged.reshape(taken) if fits and self.order[2] == 1 else None
 
     def run(self, ctx: Context, c: Caller, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None,
             conv: str) -> Tensor | None:
@@ -568,7 +596,8 @@ def _layout(ctx: Context, c: Caller, convs: tuple[str, ...], keeps: dict[str, Te
     return (runs + [Layout(False)])[0]
 
 
-LAYOUTS = (Layout(False), Layout(True), Layout(False, single=True), Layout(False, order=(0, 2, 1, 3)))
+LAYOUTS = (Layout(False), Layout(True), Layout(False, single=True), Layout(False, order=(0, 2, 1, 3)),
+           Layout(False, order=(2, 0, 1, 3)))
 
 
 def _attends(out: Tensor | None, q: Tensor, keep: Tensor | None) -> bool:
