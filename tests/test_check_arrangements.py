@@ -63,6 +63,11 @@ def test_an_eager_attention_on_heads_last_but_one_is_checked_and_its_softmax_axi
     assert wrong.status == "fail" and wrong.error is None  # its numbers differ: it does not raise
 
 
+def test_an_attention_whose_helper_builds_its_projections_stays_multi_head():
+    comp = _check("helper_projections.py", ["mha", "sdpa"])["MultiHeadAttention"]
+    assert (comp.kind, comp.status) == ("mha", "pass")
+
+
 def _raises(*_: object) -> None:
     raise RuntimeError("The size of tensor a (2) must match the size of tensor b (8)")
 

@@ -71,7 +71,7 @@ from handformer.check.core.context import (
     shape_of,
 )
 from handformer.check.core.conventions import SEQUENCE_FIRST_CONVENTIONS, SHARED
-from handformer.check.core.discovery import Component, computes_attention, reads_kv_heads
+from handformer.check.core.discovery import Component, computes_attention, core_attention, reads_kv_heads
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.global_window import check_global, global_inputs, global_names
 from handformer.check.core.kept_state import gradient_error, snapshot, written
@@ -397,9 +397,24 @@ def _sdpa_callable(comp: Component, ctx: Context) -> Any:
     kwargs = {**_dropout_kwargs(comp.obj), **_temperature(comp.obj)}
     if _sized(comp.obj):  # ChatGLM's CoreAttention(config): built at the inputs' heads and width
         _, heads, _, _, Dh = SDPA_SIZES
-        return ctx.build(comp, {"d_model": heads * Dh, "n_heads": heads, "d_head": Dh, "dropout": 0.0})
+        return _unweighted(comp, ctx.build(comp, {"d_model": heads * Dh, "n_heads": heads, "d_head": Dh,
+                                                  "dropout": 0.0}))
     fn = ctx.learner.call("__init__", lambda: comp.obj(**kwargs))
-    return fn.double().eval() if isinstance(fn, nn.Module) else fn
+    return _unweighted(comp, fn.double().eval() if isinstance(fn, nn.Module) else fn)
+
+
+def _unweighted(comp: Component, fn: Any) -> Any:
+    """The attention found as one handed q, k, v already projected (discovery's core_attention), as
+    built; one that holds weights after all (its projections built by a helper) is no such attention:
+    NOT CHECKED, never compared without its weights."""
+    if comp.kind == "sdpa" and isinstance(fn, nn.Module) and any(True for _ in fn.parameters()) \
+            and core_attention(comp.obj):
+        raise Weighted
+    return fn
+
+
+class Weighted(Exception):
+    """An attention found as one handed q, k, v already projected holds weights: a multi-head attention."""
 
 
 
@@ -452,8 +467,13 @@ SDPA = Probe(
 
 
 def check_sdpa(comp: Component, ctx: Context) -> ComponentResult:
-    """Scaled dot-product attention, as the SDPA probe states it."""
-    return run_probe(SDPA, comp, ctx)
+    """Scaled dot-product attention, as the SDPA probe states it; an attention found as one handed q, k, v
+    already projected that holds weights after all (its projections built by a helper of the file's),
+    checked as the multi-head attention it is."""
+    try:
+        return run_probe(SDPA, comp, ctx)
+    except Weighted:
+        return check_mha(dataclasses.replace(comp, kind="mha"), ctx)
 
 
 def _sdpa_departure(res: ComponentResult, ctx: Context, comp: Component, s: Subject, conv: str) -> None:
