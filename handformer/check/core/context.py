@@ -939,7 +939,7 @@ def batch_first(raw: Any) -> Any:
 def batch_first_by_shape(t: Tensor, B: int, T: int) -> Tensor:
     """t as (B, T, ...): transposed where its first two sizes read (T, B) (ChatGLM's layers, handed
     [seq, batch, hidden] inside a model that takes (B, T) ids); as it is otherwise."""
-    return t.transpose(0, 1) if B != T and t.dim() >= 2 and tuple(t.shape[:2]) == (T, B) else t
+    return t.transpose(0, 1) if tuple(t.shape[:2]) == (T, B) != (B, T) else t
 
 
 def logits_shape(res: ComponentResult, out: Tensor | None, want: tuple[int, ...], vocab: str) -> bool:

@@ -824,8 +824,9 @@ DECODING_EXTRAS = {"start_pos", "kv_cache", "cache", "past_key_value", "layer_pa
 # applies, in order
 # the first three inputs of an attention handed q, k and v already projected (ChatGLM's CoreAttention:
 # query_layer, key_layer, value_layer), and what its constructor may build beside: nothing with weights
-QKV_INPUTS = tuple(re.compile(rf"(?i)^(?:{w})(?:_\w+)?$") for w in ("q|query|queries|xq", "k|key|keys|xk",
-                                                                   "v|value|values|xv"))
+QKV_INPUTS = (re.compile(r"(?i)^(?:q|query|queries|xq)(?:_\w+)?$"),
+              re.compile(r"(?i)^(?:k|key|keys|xk)(?:_\w+)?$"),
+              re.compile(r"(?i)^(?:v|value|values|xv)(?:_\w+)?$"))
 UNWEIGHTED = {"Dropout", "Softmax", "Identity"}
 
 

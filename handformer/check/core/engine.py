@@ -565,8 +565,8 @@ def internal_error(err: Exception, path: str) -> LearnerError:
     adapter to write; check's own exception (and the learner's line it was running, if any) kept as the
     error's detail, which --json carries and --debug shows (tests require that this never happens)."""
     theirs = learner_error(err, path, "check").traceback
-    here = traceback.extract_tb(err.__traceback__)[-1:]  # the grader's line that raised
-    at = "".join(f" at {Path(f.filename).name}:{f.lineno}" for f in here)
+    here = traceback.extract_tb(err.__traceback__)[-1]  # the grader's line that raised
+    at = f" at {Path(here.filename).name}:{here.lineno}"
     detail = f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}{at}"
     return LearnerError("internal", INTERNAL_EN, "check", theirs, INTERNAL_ZH, detail)
 

@@ -226,7 +226,7 @@ def format_error(err: LearnerError, lang: str, indent: str = "  ", unchecked: bo
     label = w["why"] if unchecked or err.kind in CANNOT else w["error"]
     lines = [f"{indent}{label}{where}{w[':']}{head}{message}"]
     lines += [f"{indent}  {IN_LANGUAGE[lang]['frame'](frame)}" for frame in err.traceback]
-    lines += [f"{indent}  debug{w[':']}{err.detail}"] * bool(debug and err.detail)  # check's own error
+    lines += [f"{indent}  debug{w[':']}{err.detail}"] * (bool(err.detail) & debug)  # check's own error
     if not indent and err.kind in FILE_HINTS[lang]:
         lines.append(f"  {FILE_HINTS[lang][err.kind]}")
     return lines

@@ -407,8 +407,7 @@ def _unweighted(comp: Component, fn: Any) -> Any:
     """The attention found as one handed q, k, v already projected (discovery's core_attention), as
     built; one that holds weights after all (its projections built by a helper) is no such attention:
     NOT CHECKED, never compared without its weights."""
-    if comp.kind == "sdpa" and isinstance(fn, nn.Module) and any(True for _ in fn.parameters()) \
-            and core_attention(comp.obj):
+    if next(iter(getattr(fn, "parameters", list)()), None) is not None and core_attention(comp.obj):
         raise Weighted
     return fn
 
@@ -422,6 +421,8 @@ class Weighted(Exception):
 def _sized(cls: type) -> bool:
     """Whether a class's constructor requires more than a dropout rate or a temperature (a config, its
     sizes): then it is built as check builds a layer."""
+    if not isinstance(cls, type):  # a function: called as it is
+        return False
     kwargs = {**_dropout_kwargs(cls), **_temperature(cls)}
     return any(p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
                and p.name not in kwargs for p in forward_parameters(cls.__init__))
@@ -484,9 +485,8 @@ def _sdpa_departure(res: ComponentResult, ctx: Context, comp: Component, s: Subj
     if res.max_abs_error < 1e-5 or not (s.module.takes_mask and fp.encodable(keep, conv)):
         return
     heads = 1 if s.facts["layout"].single else 2
-    dh = 4
-    if isinstance(comp.obj, type) and _sized(comp.obj):  # built at check's sizes (from a config)
-        heads, dh = SDPA_SIZES[1], SDPA_SIZES[4]  # the heads and width it was built for
+    # a class built at check's sizes (from a config): the heads and width it was built for
+    heads, dh = (SDPA_SIZES[1], SDPA_SIZES[4]) if _sized(comp.obj) else (heads, 4)
     q, k, v = (fp.randn(1, heads, n, dh, seed=seed) for n, seed in ((3, 7), (5, 8), (5, 9)))
     note_departure(res, lambda: localize_sdpa(
         lambda *qkv: s.facts["layout"].raw(ctx, s.module, *qkv, keep, conv), comp.obj, q, k, v, keep))
@@ -576,7 +576,7 @@ class Layout:
         # the heads merged (ChatGLM's (T, B, H * Dh)), returned first (before the weights, (B, H, T, S))
         merged = None if self.flat else self._split(fp.first_tensor(raw), shape)
         out = fp.first_tensor(raw, 3 if self.flat else 4) if merged is None else merged
-        back = tuple(self.order.index(i) for i in range(4))  # the inverse permutation
+        back = torch.tensor(self.order).argsort().tolist()  # the inverse permutation
         out = out if out is None or self.flat else out.permute(back)  # (B, H, T, Dh)
         if self.flat and out is not None and out.numel() == math.prod(shape):
             return out.reshape(shape)  # (B, H, T, Dh)
@@ -585,9 +585,10 @@ class Layout:
     def _split(self, merged: Tensor | None, shape: torch.Size) -> Tensor | None:
         """An output with its heads merged, (T, B, H * Dh) for inputs (T, B, H, Dh) (ChatGLM's), split
         back into the inputs' layout; None for any other, or a layout whose heads are not next to Dh."""
-        taken = tuple(shape[i] for i in self.order)  # the inputs' shape as handed
-        fits = merged is not None and merged.shape == (*taken[:2], taken[2] * taken[3])
-        return merged.reshape(taken) if fits and self.order[2] == 1 else None
+        taken = tuple(torch.tensor(shape)[list(self.order)].tolist())  # the inputs' shape as handed
+        got = tuple(getattr(merged, "shape", ()))
+        heads_last = (*taken[:2], taken[2] * taken[3]), 1  # (.., H * Dh), where H is next to Dh
+        return merged.reshape(taken) if (got, self.order[2]) == heads_last else None
 
     def run(self, ctx: Context, c: Caller, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None,
             conv: str) -> Tensor | None:
@@ -877,7 +878,6 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     if heads != 1 and single_head(comp, linears, n_kv_heads):  # checked again with one head
         return check_mha(comp, ctx, sizes["causal"], n_kv_heads, heads=1)
     c = _driven(res, module, around, x)
-    # one token of one sequence: so in either layout, (B, T, D) or sequence-first (T, B, D)
     find_layouts_(module, _one_token(c, x[:1, :1], _conventions(ctx, module, c)), D, D // heads)
     kv_width = n_kv_heads * (D // heads) if n_kv_heads else None  # None: read from a fused projection
     slots = attention_slots(linears, D, 1, comp.name, kv_width)[0] + qk_norms

@@ -650,8 +650,7 @@ def _configured_factors(call: Caller, m: GPTMap, idx: Tensor) -> tuple[float | N
     handle = hooked.register_forward_hook(lambda _, args, out: heads.append(read(out)))
     with fp.hooked([handle]):
         logits = call(idx)[0]
-    last = heads[-1]  # (B, T, V), read so from a head called sequence-first (T, B, V)
-    head = last.transpose(0, 1) if call.first and last.dim() == 3 else batch_first_by_shape(last, *idx.shape)
+    head = batch_first_by_shape(heads[-1], *idx.shape)  # (B, T, V), read so from a head called on (T, B, D)
     return embed, configured_ratio(logits, head, factors) or _head_input_factor(call, m, idx, factors)
 
 
@@ -1163,7 +1162,7 @@ def _handed(call: Caller, m: GPTMap, idx: Tensor) -> Tensor:
     got = handed[0] if handed else None
     if got is None:
         return torch.full((*idx.shape, D), math.nan).to(m.wte.weight)
-    return got.transpose(0, 1) if call.first else batch_first_by_shape(got, *idx.shape)  # (B, T, D)
+    return batch_first_by_shape(got, *idx.shape)  # (B, T, D): a stream handed (T, B, D) turned back
 
 
 def _holds_sines(module: nn.Module, sines: Tensor) -> bool:
@@ -1497,11 +1496,12 @@ def _returned_runs(ctx: Context, call: Caller, idx: Tensor, cuts: list[int],
     it takes or returns none; Hugging Face's position_ids (1, T) where it takes them."""
     module = call.module
     names = forward_defaults(module)
-    arg = named([n for n, default in names.items() if default is None], CACHE_ARGS)
+    nones = [n for n, default in names.items() if default is None]
+    arg = named(nones, CACHE_ARGS)
     assert arg is not None  # noqa: S101  (quietly: no cache check)
     asked = {"use_cache": True} if "use_cache" in names else {}
     # Hugging Face's position_ids=None, counted from 0 when not handed: handed (1, T), as generate does
-    ids_at = named([n for n, default in names.items() if default is None], ("position_ids",))
+    ids_at = named(nones, ("position_ids",))
     held: list[Any] = []
 
     def run(ids: Tensor, past: Any, start: int) -> Any:
