@@ -80,8 +80,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(to_json(result) + "\n")
     else:
-        sys.stdout.write(format_report(result, lang, args.time_limit,
-                                       args.memory_limit))
+        sys.stdout.write(format_report(result, lang, args.time_limit, args.memory_limit, args.debug))
     return exit_code(result)
 
 
@@ -110,6 +109,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lang", choices=["en", "zh"], default=None,
                    help="report language (default: from the locale, zh for a Chinese one)")
     p.add_argument("--json", action="store_true", help="print JSON (for an autograder) instead of text")
+    p.add_argument("--debug", action="store_true",
+                   help="under a component check could not drive, show check's own error (--json always "
+                   "carries it, as the error's detail)")
     p.add_argument("--mask-convention", choices=["auto", "int", "bool", "additive", "torch"],
                    default="auto", help="how your code reads masks: auto detects 0/1 int (0 = masked), "
                    "bool True = keep, and additive float masks; torch = bool True = masked (torch.nn's "

@@ -942,6 +942,12 @@ def batch_first(raw: Any) -> Any:
     return raw.transpose(0, 1) if isinstance(raw, Tensor) else raw
 
 
+def batch_first_by_shape(t: Tensor, B: int, T: int) -> Tensor:
+    """t as (B, T, ...): transposed where its first two sizes read (T, B) (ChatGLM's layers, handed
+    [seq, batch, hidden] inside a model that takes (B, T) ids); as it is otherwise."""
+    return t.transpose(0, 1) if tuple(t.shape[:2]) == (T, B) != (B, T) else t
+
+
 def logits_shape(res: ComponentResult, out: Tensor | None, want: tuple[int, ...], vocab: str) -> bool:
     """The check that an assembled model's logits have the shape (B, T, vocab) = want; whether they do."""
     got = None if out is None else tuple(out.shape)

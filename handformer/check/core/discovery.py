@@ -824,7 +824,25 @@ POSITION_EXTRAS = TOKEN_EXTRAS + ("freqs_cis", "freqs_complex", "pos_cis", "freq
 DECODING_EXTRAS = {"start_pos", "kv_cache", "cache", "past_key_value", "layer_past", "input_pos"}
 # (the kind a class's name says, what the class shows, the kind it is then checked as): the first that
 # applies, in order
+# the first three inputs of an attention handed q, k and v already projected (ChatGLM's CoreAttention:
+# query_layer, key_layer, value_layer), and what its constructor may build beside: nothing with weights
+QKV_INPUTS = (re.compile(r"(?i)^(?:q|query|queries|xq)(?:_\w+)?$"),
+              re.compile(r"(?i)^(?:k|key|keys|xk)(?:_\w+)?$"),
+              re.compile(r"(?i)^(?:v|value|values|xv)(?:_\w+)?$"))
+UNWEIGHTED = {"Dropout", "Softmax", "Identity"}
+
+
+def core_attention(cls: Any) -> bool:
+    """Whether an attention class takes q, k, v already projected and builds no layer with weights
+    (ChatGLM's CoreAttention(config), d2l's DotProductAttention(dropout)): scaled dot-product attention,
+    checked so; a multi-head attention's projections live in the class that calls it."""
+    inputs = list(_forward_parameters(cls))[1:4]
+    built = set(re.findall(r"\b([A-Z]\w*)\(", source_text(vars(cls).get("__init__", ""))))
+    return len(inputs) == 3 and all(map(re.match, QKV_INPUTS, inputs)) and built <= UNWEIGHTED
+
+
 CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("mha", core_attention, "sdpa"),
     ("mha", lambda c: "n_kv_heads" in argument_keys(c).values(), "gqa"),
     ("block", lambda c: encoder_block(c) or takes_keys_apart(c), "encoder_layer"),
     # Umar Jamil's EncoderBlock(args): a start position is a decoder's KV cache

@@ -11,6 +11,7 @@ import importlib.util
 import inspect
 import re
 import sys
+import traceback
 import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -610,14 +611,22 @@ def inherited(comp: Component, ctx: Context) -> list[Finding]:
 
 
 def internal_error(err: Exception, path: str) -> LearnerError:
-    """An exception of handformer's own code while checking: the report says it is handformer's bug,
-    with the learner's line it was running, if any (tests require that this never happens)."""
+    """An exception of handformer's own code while checking: a NOT CHECKED in plain words, with the
+    adapter to write; check's own exception (and the learner's line it was running, if any) kept as the
+    error's detail, which --json carries and --debug shows (tests require that this never happens)."""
     theirs = learner_error(err, path, "check").traceback
-    detail = f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"
-    return LearnerError("internal", f"handformer could not check this component: {detail} (a bug in "
-                        "handformer's grader, not in your code; please report it with your file)", "check",
-                        theirs, f"handformer 检查不了这个组件：{detail}（这是 handformer 检查程序的 bug，"
-                        "不是你的代码的问题；请连同你的文件一起报告）")
+    here = traceback.extract_tb(err.__traceback__)[-1]  # the grader's line that raised
+    at = f" at {Path(here.filename).name}:{here.lineno}"
+    detail = f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}{at}"
+    return LearnerError("internal", INTERNAL_EN, "check", theirs, INTERNAL_ZH, detail)
+
+
+INTERNAL_EN = ("check could not drive this component: one of check's own steps does not read the way your "
+               "code arranges its tensors (this says nothing against your code); the adapter below builds it "
+               "as check's inputs expect (--debug shows check's own error)")
+INTERNAL_ZH = ("check 驱动不了这个组件：check 自己的某个步骤读不懂你的代码排列张量的方式"
+               "（这不说明你的代码有错）；下面的适配函数按 check 的输入构建它"
+               "（加 --debug 可以看到 check 自己的错误）")
 
 
 def _ignored(*told: Any) -> None:

@@ -187,7 +187,7 @@ LEAD_ZH = {"mapping": "检查程序没能把你的参数对应到 handformer 的
            "stand_in": "检查程序的替身模型调用不了你的代码",
            "cannot_build": "检查程序构建不了这个组件", "cannot_call": "检查程序调用不了这个组件",
            "timeout": "超过了时间限制", "memory": "内存不足", "crash": "运行你的代码的子进程崩溃了",
-           "syntax": "你的文件有语法错误", "internal": "这是 handformer 检查程序的 bug，不是你的代码的问题"}
+           "syntax": "你的文件有语法错误", "internal": "check 驱动不了这个组件（不说明你的代码有错）"}
 
 
 # an English sentence around a message that is not the learner's: a stand-in's exception is never shown
@@ -215,7 +215,8 @@ def _lead_zh(err: LearnerError) -> str:
     return f"{LEAD_ZH[err.kind]}（原文：{err.message}）" if err.kind in LEAD_ZH else err.message
 
 
-def format_error(err: LearnerError, lang: str, indent: str = "  ", unchecked: bool = False) -> list[str]:
+def format_error(err: LearnerError, lang: str, indent: str = "  ", unchecked: bool = False,
+                 debug: bool = False) -> list[str]:
     w = WORDS[lang]
     where = _paren(f"{w['in']} {err.where}", lang) if err.where else ""
     memory = err.kind == "memory" and "memory" not in err.message.split(":")[0]
@@ -225,12 +226,13 @@ def format_error(err: LearnerError, lang: str, indent: str = "  ", unchecked: bo
     label = w["why"] if unchecked or err.kind in CANNOT else w["error"]
     lines = [f"{indent}{label}{where}{w[':']}{head}{message}"]
     lines += [f"{indent}  {IN_LANGUAGE[lang]['frame'](frame)}" for frame in err.traceback]
+    lines += [f"{indent}  debug{w[':']}{err.detail}"] * (bool(err.detail) & debug)  # check's own error
     if not indent and err.kind in FILE_HINTS[lang]:
         lines.append(f"  {FILE_HINTS[lang][err.kind]}")
     return lines
 
 
-def format_component(c: ComponentResult, lang: str) -> list[str]:
+def format_component(c: ComponentResult, lang: str, debug: bool = False) -> list[str]:
     w = WORDS[lang]
     kind = KIND_NAMES[lang].get(c.kind, c.kind)
     err = f"  {w['max']} {c.max_abs_error:.2g}" if c.max_abs_error is not None and c.status != ERROR else ""
@@ -245,7 +247,7 @@ def format_component(c: ComponentResult, lang: str) -> list[str]:
     if c.driven:
         lines.append(f"  {w['driven']}{w[':']}{c.driven[lang]}")
     if c.error:
-        lines += format_error(c.error, lang, unchecked=c.status == NOT_CHECKED)
+        lines += format_error(c.error, lang, unchecked=c.status == NOT_CHECKED, debug=debug)
     if c.adapter:
         lines.append(f"  {w['adapter']}{w[':']}")
         lines += [f"      {row}" for row in c.adapter.splitlines()]
@@ -270,7 +272,8 @@ def format_component(c: ComponentResult, lang: str) -> list[str]:
 
 
 def format_report(result: FileResult, lang: str = "en", time_limit: float | None = None,
-                  memory_limit: int | None = None) -> str:
+                  memory_limit: int | None = None, debug: bool = False) -> str:
+    """The text report; `debug` (--debug): check's own error under a component it could not drive."""
     w = WORDS[lang]
     out = [f"handformer check {result.path}"]
     if time_limit is not None:
@@ -280,10 +283,10 @@ def format_report(result: FileResult, lang: str = "en", time_limit: float | None
         out.append(f"{w['skipped']}{w[':']}" + w["sep"].join(shown))
     out.append("")
     if result.error:
-        out += format_error(result.error, lang, indent="")
+        out += format_error(result.error, lang, indent="", debug=debug)
         return "\n".join(out) + "\n"
     for c in result.components:
-        out += format_component(c, lang) + [""]
+        out += format_component(c, lang, debug) + [""]
     counts = collections.Counter(c.status for c in result.components)
     summary = w["summary"].format(p=counts[PASS], d=counts[DIFFERS], f=counts[FAIL], e=counts[ERROR],
                                   n=len(result.components))

@@ -66,6 +66,7 @@ class LearnerError:
     where: str = ""  # "import", "__init__", "forward", ...
     traceback: list[str] = field(default_factory=list)  # "line N: code" of the learner's frames
     message_zh: str = ""  # the message in Chinese ("" where the message is the learner's own exception)
+    detail: str = ""  # check's own exception, for an internal error: in --json, and shown under --debug
 
 
 @dataclass

@@ -71,7 +71,7 @@ from handformer.check.core.context import (
     shape_of,
 )
 from handformer.check.core.conventions import SEQUENCE_FIRST_CONVENTIONS, SHARED
-from handformer.check.core.discovery import Component, computes_attention, reads_kv_heads
+from handformer.check.core.discovery import Component, computes_attention, core_attention, reads_kv_heads
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.global_window import check_global, global_inputs, global_names
 from handformer.check.core.kept_state import gradient_error, snapshot, written
@@ -395,10 +395,37 @@ def _sdpa_callable(comp: Component, ctx: Context) -> Any:
     if not isinstance(comp.obj, type):
         return _switched(comp.obj)
     kwargs = {**_dropout_kwargs(comp.obj), **_temperature(comp.obj)}
+    if _sized(comp.obj):  # ChatGLM's CoreAttention(config): built at the inputs' heads and width
+        _, heads, _, _, Dh = SDPA_SIZES
+        return _unweighted(comp, ctx.build(comp, {"d_model": heads * Dh, "n_heads": heads, "d_head": Dh,
+                                                  "dropout": 0.0}))
     fn = ctx.learner.call("__init__", lambda: comp.obj(**kwargs))
-    return fn.double().eval() if isinstance(fn, nn.Module) else fn
+    return _unweighted(comp, fn.double().eval() if isinstance(fn, nn.Module) else fn)
 
 
+def _unweighted(comp: Component, fn: Any) -> Any:
+    """The attention found as one handed q, k, v already projected (discovery's core_attention), as
+    built; one that holds weights after all (its projections built by a helper) is no such attention:
+    NOT CHECKED, never compared without its weights."""
+    if next(iter(getattr(fn, "parameters", list)()), None) is not None and core_attention(comp.obj):
+        raise Weighted
+    return fn
+
+
+class Weighted(Exception):
+    """An attention found as one handed q, k, v already projected holds weights: a multi-head attention."""
+
+
+
+
+def _sized(cls: type) -> bool:
+    """Whether a class's constructor requires more than a dropout rate or a temperature (a config, its
+    sizes): then it is built as check builds a layer."""
+    if not isinstance(cls, type):  # a function: called as it is
+        return False
+    kwargs = {**_dropout_kwargs(cls), **_temperature(cls)}
+    return any(p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+               and p.name not in kwargs for p in forward_parameters(cls.__init__))
 
 
 def _build_sdpa(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
@@ -441,8 +468,13 @@ SDPA = Probe(
 
 
 def check_sdpa(comp: Component, ctx: Context) -> ComponentResult:
-    """Scaled dot-product attention, as the SDPA probe states it."""
-    return run_probe(SDPA, comp, ctx)
+    """Scaled dot-product attention, as the SDPA probe states it; an attention found as one handed q, k, v
+    already projected that holds weights after all (its projections built by a helper of the file's),
+    checked as the multi-head attention it is."""
+    try:
+        return run_probe(SDPA, comp, ctx)
+    except Weighted:
+        return check_mha(dataclasses.replace(comp, kind="mha"), ctx)
 
 
 def _sdpa_departure(res: ComponentResult, ctx: Context, comp: Component, s: Subject, conv: str) -> None:
@@ -453,7 +485,9 @@ def _sdpa_departure(res: ComponentResult, ctx: Context, comp: Component, s: Subj
     if res.max_abs_error < 1e-5 or not (s.module.takes_mask and fp.encodable(keep, conv)):
         return
     heads = 1 if s.facts["layout"].single else 2
-    q, k, v = (fp.randn(1, heads, n, 4, seed=seed) for n, seed in ((3, 7), (5, 8), (5, 9)))
+    # a class built at check's sizes (from a config): the heads and width it was built for
+    heads, dh = (SDPA_SIZES[1], SDPA_SIZES[4]) if _sized(comp.obj) else (heads, 4)
+    q, k, v = (fp.randn(1, heads, n, dh, seed=seed) for n, seed in ((3, 7), (5, 8), (5, 9)))
     note_departure(res, lambda: localize_sdpa(
         lambda *qkv: s.facts["layout"].raw(ctx, s.module, *qkv, keep, conv), comp.obj, q, k, v, keep))
 
@@ -508,10 +542,14 @@ class Layout:
     flat: bool
     single: bool = False
     order: tuple[int, ...] = (0, 1, 2, 3)  # (0, 2, 1, 3): Flax's (B, T, H, Dh), einsum("bqhd,bkhd->bhqk")
+    # (2, 0, 1, 3): ChatGLM's CoreAttention, (T, B, H, Dh) in and the heads merged out, (T, B, H * Dh)
 
     def raw(self, ctx: Context, c: Caller, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None,
             conv: str) -> Any:
         B, heads = q.shape[:2]
+        if keep is None and c.required and c.state.get("visible") and not c.state.get("none"):
+            # a mask it requires, every key visible: written here, where the layout's sizes are known
+            keep, conv = torch.ones(B, 1, q.size(2), k.size(2), dtype=torch.bool), c.state["visible"]
         q, k, v = q.permute(self.order), k.permute(self.order), v.permute(self.order)
         if self.single:
             return self._one_by_one(ctx, c, q, k, v, keep, conv)
@@ -519,7 +557,7 @@ class Layout:
             q, k, v = (t.reshape(B * heads, *t.shape[2:]) for t in (q, k, v))  # (B * H, T, Dh)
             if keep is not None:
                 keep = keep.expand(B, heads, *keep.shape[2:]).reshape(B * heads, 1, *keep.shape[2:])
-        mask = c.mask(keep, conv, q.size(0))
+        mask = c.mask(keep, conv, q.size(0) if self.flat else B)
         return ctx.learner.call("forward", c.call, q, k, v, mask)
 
     def _one_by_one(self, ctx: Context, c: Caller, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None,
@@ -535,11 +573,22 @@ class Layout:
         return None if shapes else torch.stack(outs).reshape(B, heads, *outs[0].shape)  # (B, H, T, Dh)
 
     def output(self, raw: Any, shape: torch.Size) -> Tensor | None:
-        out = fp.first_tensor(raw, 3 if self.flat else 4)
-        out = out if out is None or self.flat else out.permute(self.order)  # (B, H, T, Dh)
+        # the heads merged (ChatGLM's (T, B, H * Dh)), returned first (before the weights, (B, H, T, S))
+        merged = None if self.flat else self._split(fp.first_tensor(raw), shape)
+        out = fp.first_tensor(raw, 3 if self.flat else 4) if merged is None else merged
+        back = torch.tensor(self.order).argsort().tolist()  # the inverse permutation
+        out = out if out is None or self.flat else out.permute(back)  # (B, H, T, Dh)
         if self.flat and out is not None and out.numel() == math.prod(shape):
             return out.reshape(shape)  # (B, H, T, Dh)
         return out
+
+    def _split(self, merged: Tensor | None, shape: torch.Size) -> Tensor | None:
+        """An output with its heads merged, (T, B, H * Dh) for inputs (T, B, H, Dh) (ChatGLM's), split
+        back into the inputs' layout; None for any other, or a layout whose heads are not next to Dh."""
+        taken = tuple(torch.tensor(shape)[list(self.order)].tolist())  # the inputs' shape as handed
+        got = tuple(getattr(merged, "shape", ()))
+        heads_last = (*taken[:2], taken[2] * taken[3]), 1  # (.., H * Dh), where H is next to Dh
+        return merged.reshape(taken) if (got, self.order[2]) == heads_last else None
 
     def run(self, ctx: Context, c: Caller, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None,
             conv: str) -> Tensor | None:
@@ -568,7 +617,8 @@ def _layout(ctx: Context, c: Caller, convs: tuple[str, ...], keeps: dict[str, Te
     return (runs + [Layout(False)])[0]
 
 
-LAYOUTS = (Layout(False), Layout(True), Layout(False, single=True), Layout(False, order=(0, 2, 1, 3)))
+LAYOUTS = (Layout(False), Layout(True), Layout(False, single=True), Layout(False, order=(0, 2, 1, 3)),
+           Layout(False, order=(2, 0, 1, 3)))
 
 
 def _attends(out: Tensor | None, q: Tensor, keep: Tensor | None) -> bool:
@@ -828,7 +878,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     if heads != 1 and single_head(comp, linears, n_kv_heads):  # checked again with one head
         return check_mha(comp, ctx, sizes["causal"], n_kv_heads, heads=1)
     c = _driven(res, module, around, x)
-    find_layouts_(module, _one_token(c, x[:, :1], _conventions(ctx, module, c)), D, D // heads)
+    find_layouts_(module, _one_token(c, x[:1, :1], _conventions(ctx, module, c)), D, D // heads)
     kv_width = n_kv_heads * (D // heads) if n_kv_heads else None  # None: read from a fused projection
     slots = attention_slots(linears, D, 1, comp.name, kv_width)[0] + qk_norms
     n_kv_heads = n_kv_heads or kv_heads_of(slots, heads)
@@ -1139,7 +1189,7 @@ def _one_token(c: Caller, one: Tensor, convs: tuple[str, ...]) -> Callable[[], T
             c.state["visible"] = conv
             out = fp.quietly(lambda: fp.first_tensor(c.call(one, one, one, None), 3))
             c.state.pop("visible")
-            if fp.max_error(out, out) == 0.0:  # (inf for none, or a NaN)
+            if fp.finite(out):  # (none, or a NaN: a mask that hid the one key)
                 return out
         return None
     return run
@@ -1479,7 +1529,8 @@ def _at_distinct_sizes(res: ComponentResult, ctx: Context, comp: Component, s: S
             c.state.update(s.c.state)  # the convention of a mask it requires
             out = fp.first_tensor(ctx.learner.call("forward", c.call, x, x, x, None), 3)
         linears, qk_norms = _projections(comp, module, DISTINCT_HEADS)
-        find_layouts_(module, lambda: fp.first_tensor(c.call(x[:, :1], x[:, :1], x[:, :1], None), 3), D, dh)
+        one = x[:1, :1]  # (1, 1, D): one token in either layout
+        find_layouts_(module, lambda: fp.first_tensor(c.call(one, one, one, None), 3), D, dh)
         slots = attention_slots(linears, D, 1, comp.name, head_dim=dh)[0] + qk_norms
     except (fp.LearnerFailure, MappingError):
         return
@@ -1545,7 +1596,7 @@ def _tiled_run(ctx: Context, comp: Component, s: Setup, context: int, T: int,
             c.state.update(s.c.state)  # the convention of a mask it requires
             out = fp.first_tensor(ctx.learner.call("forward", c.call, x, x, x, None), 3)
         linears, qk_norms = _projections(comp, module, H)
-        one = x[:, :1]
+        one = x[:1, :1]  # (1, 1, D): one token in either layout
         find_layouts_(module, lambda: fp.first_tensor(c.call(one, one, one, None), 3), D, D // H)
         slots = attention_slots(linears, D, 1, comp.name)[0] + qk_norms
     except (fp.LearnerFailure, MappingError):

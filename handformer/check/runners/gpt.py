@@ -39,6 +39,7 @@ from handformer.check.core.context import (
     D,
     H,
     batch_first,
+    batch_first_by_shape,
     check_determinism,
     drives_only,
     error_text,
@@ -649,7 +650,7 @@ def _configured_factors(call: Caller, m: GPTMap, idx: Tensor) -> tuple[float | N
     handle = hooked.register_forward_hook(lambda _, args, out: heads.append(read(out)))
     with fp.hooked([handle]):
         logits = call(idx)[0]
-    head = heads[-1].transpose(0, 1) if call.first and heads[-1].dim() == 3 else heads[-1]  # (T, B, V)
+    head = batch_first_by_shape(heads[-1], *idx.shape)  # (B, T, V), read so from a head called on (T, B, D)
     return embed, configured_ratio(logits, head, factors) or _head_input_factor(call, m, idx, factors)
 
 
@@ -670,6 +671,8 @@ def _head_input_factor(call: Caller, m: GPTMap, idx: Tensor, factors: list[float
 
 def configured_ratio(x: Tensor, y: Tensor, factors: list[float]) -> float | None:
     """c where x = c * y and c is one of `factors`; else None (a y of zeros, or NaN: none)."""
+    if x.shape != y.shape:  # a tensor in another layout than the reading expects: no factor read
+        return None
     c = float((x * y).sum() / (y * y).sum())
     fits = fp.max_error(x, c * y) < fp.TOL * max(1.0, abs(c))
     return c if fits and any(math.isclose(c, v, rel_tol=1e-6) for v in factors) else None
@@ -1159,7 +1162,7 @@ def _handed(call: Caller, m: GPTMap, idx: Tensor) -> Tensor:
     got = handed[0] if handed else None
     if got is None:
         return torch.full((*idx.shape, D), math.nan).to(m.wte.weight)
-    return got.transpose(0, 1) if call.first else got  # (T, B, D) -> (B, T, D)
+    return batch_first_by_shape(got, *idx.shape)  # (B, T, D): a stream handed (T, B, D) turned back
 
 
 def _holds_sines(module: nn.Module, sines: Tensor) -> bool:
@@ -1473,7 +1476,8 @@ def _stepped(runs: list[tuple[Any, int, int]] | None) -> Tensor | None:
 
 
 # a causal mask built only where no mask is handed and the query and key lengths are equal (ChatGLM's)
-EQUAL_LENGTHS_ONLY = re.compile(r"if\s+\w*mask\w*\s+is\s+None\s+and\s+\w+\s*==\s*\w+")
+# (`q_len == k_len`, or the sizes read off the tensors: `scores.shape[2] == scores.shape[3]`)
+EQUAL_LENGTHS_ONLY = re.compile(r"if\s+\w*mask\w*\s+is\s+None\s+and\s+[\w.\[\]()]+\s*==\s*[\w.\[\]()]+")
 ONE_AT_A_TIME = text(
     "the KV cache it returns is checked with tokens 5.. handed one at a time, as generation feeds them: "
     "handed together, they give other logits (so does ChatGLM's, which builds its causal mask only where "
@@ -1489,16 +1493,20 @@ def _returned_runs(ctx: Context, call: Caller, idx: Tensor, cuts: list[int],
     use_cache=True where it takes that (its cache argument defaulting to None; StableLM's returns its
     cache always) and the span's first position where it takes one (a GPT-2 tutorial's
     forward(idx, past_key_values=None, start_pos=0)), each with the positions it covers; raises where
-    it takes or returns none."""
+    it takes or returns none; Hugging Face's position_ids (1, T) where it takes them."""
     module = call.module
     names = forward_defaults(module)
-    arg = named([n for n, default in names.items() if default is None], CACHE_ARGS)
+    nones = [n for n, default in names.items() if default is None]
+    arg = named(nones, CACHE_ARGS)
     assert arg is not None  # noqa: S101  (quietly: no cache check)
     asked = {"use_cache": True} if "use_cache" in names else {}
+    # Hugging Face's position_ids=None, counted from 0 when not handed: handed (1, T), as generate does
+    ids_at = named(nones, ("position_ids",))
     held: list[Any] = []
 
     def run(ids: Tensor, past: Any, start: int) -> Any:
-        kwargs = {arg: past, **asked, call.position: start}
+        at = torch.arange(start, start + ids.size(1))[None]  # (1, T)
+        kwargs = {arg: past, **asked, call.position: start, ids_at: at}
         kwargs.pop(None, None)  # (no start position taken)
         out = ctx.learner.call("forward", module, ids, **kwargs)
         assert isinstance(out, tuple) and out[1] is not None  # noqa: S101  (logits and its presents)
