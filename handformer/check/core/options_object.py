@@ -9,6 +9,8 @@ and are named (`unmapped`).
 from __future__ import annotations
 
 import inspect
+import sys
+import types
 from typing import Any
 
 from handformer.check.core.argument_names import (
@@ -23,7 +25,7 @@ from handformer.check.core.argument_names import (
     SAMPLE_SWITCH_NAMES,
     TEMPERATURE_NAMES,
 )
-from handformer.check.core.discovery import DiscoveryError, _class_fields, _module_of
+from handformer.check.core.discovery import DiscoveryError
 from handformer.check.core.result import Text, text
 from handformer.check.core.source import config_reads
 
@@ -39,15 +41,13 @@ KNOWN = {*COUNT_NAMES, *EOS_NAMES, *TEMPERATURE_NAMES, *SAMPLE_SWITCH_NAMES, *K_
 
 
 def options_class(fn: Any, name: str) -> type | None:
-    """The one class of fn's file (no module) whose fields hold every attribute fn reads from its
-    argument `name`; None where fn reads none from it or no single class holds them all."""
+    """The one class of fn's file (no module) whose constructor takes every attribute fn reads from
+    its argument `name`; None where fn reads none from it or no single class holds them all."""
     attrs = config_reads(fn, name)[1]
-    module = _module_of(fn)
-    if not attrs or module is None:
-        return None
-    own = [c for c in vars(module).values() if isinstance(c, type) and c.__module__ == module.__name__
-           and not hasattr(c, "forward") and attrs <= _class_fields(c)]
-    return own[0] if len(own) == 1 else None
+    module = vars(sys.modules.get(getattr(fn, "__module__", ""), types))  # (none: a module of no classes)
+    own = [c for c in module.values() if isinstance(c, type) and c.__module__ == fn.__module__
+           and not hasattr(c, "forward") and attrs <= {*_defaults(c), *_defaults(c, required=True)}]
+    return own[0] if len(own) == 1 and attrs else None
 
 
 def option_fields(fn: Any) -> list[str]:
@@ -101,9 +101,13 @@ def signature_settings(fn: Any) -> tuple[dict[str, Any], list[str], list[str]]:
     values to hand by name (lower-cased), what it left and set neutral. Of its own arguments only a
     float is a setting left (a sampler's tau, eta): an int is a size the kind's runners read by their
     own names (attention sinks' n_sink, a window), a count."""
-    values, left, neutral = settings(_defaults(fn), {})
-    floats = [n for n in left if isinstance(values[n.split("=")[0]], float) and "sink" not in n.lower()]
-    return {n.lower(): NEUTRAL[n.lower()] for n in values if n.lower() in NEUTRAL}, floats, neutral
+    defaults = _defaults(fn)
+    _, left, neutral = settings(dict(filter(_float_setting, defaults.items())), {})
+    return {n.lower(): NEUTRAL[n.lower()] for n in defaults if n.lower() in NEUTRAL}, left, neutral
+
+
+def _float_setting(item: tuple[str, Any]) -> bool:
+    return isinstance(item[1], float)
 
 
 OBJECT = ("its settings object {}", "它的设置对象 {} ")

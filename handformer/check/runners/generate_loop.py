@@ -622,8 +622,7 @@ class StandIn:
 def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any) -> None:
     res.notes += [note for note in [defaults_note(comp.obj)] if note] + sinks_note(comp.obj)
     short = first = run_generate(ctx, comp, driver, SHORT, 2)
-    # a loop written for one prompt, maybe a list of ints; or for a list of prompts, each a list of ints
-    for B, as_list in ((1, False), (1, True), (2, ROWS)):
+    for B, as_list in ((1, False), (1, True), (2, ROWS)):  # one prompt, maybe a list of ints; lists of them
         if short.out is not None or _named(short):
             break
         short = run_generate(ctx, comp, driver, SHORT, B, as_list)

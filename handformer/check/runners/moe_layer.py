@@ -83,31 +83,35 @@ def _routers(child: nn.Module, E: int) -> list[tuple[Tensor, Tensor | None]]:
     return [(w, b) for w, b in found if tuple(w.shape) == (E, D)]
 
 
-def _unmapped(module: nn.Module, experts: nn.ModuleList, routers: list[tuple[Tensor, Tensor | None]],
-              shared: list[nn.Module], run: Any) -> list[Text]:
+def _unmapped(ctx: Context, module: nn.Module, parts: tuple[nn.ModuleList, list[Any], list[nn.Module]],
+              x: Tensor) -> list[Text]:
     """The parameters and buffers of the mixture that no expert or shared expert holds and that are no
     router parameter (a buffer is no weight: DeepSeek-V3's selection-only expert bias), where its
-    output reads them: set to noise, they change what `run` gives (a running count that training alone
-    writes does not). What the reference has no place for, named (unmapped.py)."""
-    mapped = {id(t) for m in [experts, *shared] for t in [*m.parameters(), *m.buffers()]}
-    mapped |= {id(t) for pair in routers for t in pair if isinstance(t, nn.Parameter)}
-    left = [(name, t) for name, t in [*module.named_parameters(), *module.named_buffers()]
-            if id(t) not in mapped and t.numel() and t.is_floating_point()]
-    read = [f"{name} {tuple(t.shape)}" for name, t in left if _read(t, run)]
+    output on x reads them: set to noise, they change it (a running count that training alone writes
+    does not). What the reference has no place for, named (unmapped.py)."""
+    experts, routers, shared = parts
+    held = nn.ModuleList([experts, *shared])
+    mapped = set(map(id, [*held.parameters(), *held.buffers(), *filter(_weight, itertools.chain(*routers))]))
+    run = lambda: fp.first_tensor(ctx.learner.call("forward", module, x), 3)  # noqa: E731
+    read = [f"{name} {tuple(t.shape)}" for name, t in [*module.named_parameters(), *module.named_buffers()]
+            if id(t) not in mapped and t.is_floating_point() and _read(t, run)]
     return [text(f"it holds {', '.join(read)}, which no expert, router or shared expert of the reference "
                  "holds", f"它有 {', '.join(read)}，参考实现的专家、路由和共享专家里都没有对应的东西"),
             ] * bool(read)
 
 
+def _weight(t: Tensor | None) -> bool:
+    return isinstance(t, nn.Parameter)
+
+
 def _read(t: Tensor, run: Any) -> bool:
-    """Whether the output `run` gives changes with `t` set to noise (put back after)."""
+    """Whether the output `run` gives changes with `t` set to noise (put back after; the check runs
+    without gradients)."""
     kept, before = t.detach().clone(), run()
-    with torch.no_grad():
-        t.copy_(fp.randn(*t.shape, seed=9).to(t.dtype))
-        try:
-            return fp.max_error(run(), before) > TOL
-        finally:
-            t.copy_(kept)
+    t.copy_(fp.randn(*t.shape, seed=9).to(t.dtype))
+    changed = fp.max_error(run(), before) > TOL
+    t.copy_(kept)
+    return changed
 
 
 def _setting(module: nn.Module, names: tuple[str, ...], kinds: tuple[type, ...] = (bool, int),
@@ -136,8 +140,7 @@ def check_moe(comp: Component, ctx: Context) -> ComponentResult:
     module = ctx.build(comp)
     experts, routers, shared = ctx.learner.call("__init__", _parts, module)
     x = fp.randn(2, 5, D, seed=4)  # (B, T, D)
-    ctx.unmapped[comp.name] = _unmapped(module, experts, routers, shared,
-                                        lambda: fp.first_tensor(ctx.learner.call("forward", module, x), 3))
+    ctx.unmapped[comp.name] = _unmapped(ctx, module, (experts, routers, shared), x)
     k, normalize = _setting(module, TOP_K_SETTINGS), _setting(module, NORM_SETTINGS)
     if not experts or (k or 0) > len(experts):  # check's sizes gave it no experts, or fewer than its k
         n = len(experts)  # a dict config's num_experts = 0 (its model's one FFN); DeepSeek's 6 of 4
