@@ -6,9 +6,7 @@ file's own value, and a config handed on whole answers its parts' subscripts. Ea
 file that is checked and passes, and a planted one that fails on the planted line. A width argument
 of a name of its own (query_dim, n_units) is the model's width where the constructor hands it to a
 layer as its input width (core/size_roles.py), and keys and values in one projection beside the
-queries' (lucidrains' to_kv) are read as [k | v] (core/weights.py). A module argument the constructor
-keeps as its own (`self.embeddings = embeddings`, `self.mixer = mixer`) is the file's one module class
-whose name ends with the argument's (ElectraEmbeddings, CausalTokenMixer), built at the same sizes. A
+queries' (lucidrains' to_kv) are read as [k | v] (core/weights.py). A
 language model with a head of one number a position beside its output layer (PPO's value head) is
 compared as the language model (core/layer_map.py)."""
 
@@ -40,10 +38,6 @@ FILES = {
     "width_query_dim_plant.py": ("mha", "fail", "v, k = self.to_kv("),
     "width_units.py": ("mha", "pass", None),
     "width_units_plant.py": ("mha", "fail", "/ math.sqrt(C)"),
-    "shared_embeddings.py": ("encoder_model", "pass", None),
-    "shared_embeddings_plant.py": ("encoder_model", "fail", "attention_mask[:, None, None, :].to(scores.dtype) * -10000.0"),
-    "handed_mixer.py": ("block", "pass", None),
-    "handed_mixer_plant.py": ("block", "fail", "return x + self.mlp(x)"),
     "value_head.py": ("gpt", "pass", None),
     "value_head_plant.py": ("gpt", "fail", "x = self.wte(idx)"),
     "value_head_dict.py": ("gpt", "pass", None),

@@ -1292,8 +1292,6 @@ def _build_matched(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any],
             kwargs[p.name] = choice
         elif (part := _part_for(p.name, parts)) is not None:
             kwargs[p.name] = part()
-        elif (own := own_module_class(target, p.name)) is not None:
-            kwargs[p.name] = build(own, sizes, parts)
         else:
             known = "; ".join(f"{k}: {', '.join(v[:4])}" for k, v in ARGUMENTS.items())
             raise DiscoveryError(
@@ -1303,18 +1301,6 @@ def _build_matched(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any],
                 zh=f"填不了 {cls.__name__}{inspect.signature(cls)} 的参数 {p.name!r}：handformer "
                    f"认识这些名字（{known}）；请给参数改名、给它一个默认值，或者写下面的适配函数")
     return target(**kwargs)
-
-
-def own_module_class(cls: Any, name: str) -> type | None:
-    """The one module class of the learner's file (not `cls`) whose name ends with the argument's,
-    where `cls`'s constructor keeps the argument as a module of its own (`self.embeddings =
-    embeddings`): ElectraModel(config, embeddings) is handed the file's ElectraEmbeddings, built at the
-    same sizes; None where no class, or more than one, is so named."""
-    wanted = name.lower().replace("_", "")
-    kept = re.search(rf"self\.\w+\s*=\s*{re.escape(name)}\s*(#.*)?$", source_text(cls.__init__), re.M)
-    found = [c for c in defined_here(sys.modules[cls.__module__]).values() if kept and hasattr(c, "forward")
-             and c is not cls and c.__name__.lower().endswith(wanted)]
-    return found[0] if len(found) == 1 else None
 
 
 # the words of a constructor argument that takes the learner's own part (self_attn, src_attn, feed_forward)
