@@ -40,6 +40,7 @@ from handformer.check.core.localize import commented_out
 from handformer.check.core.own_width import other_width
 from handformer.check.core.passed_in import passed_in
 from handformer.check.core.precision import DTYPE_MISMATCH, float64_kept
+from handformer.check.core.repair import repaired
 from handformer.check.core.result import (
     DEPARTS,
     DIFFERS,
@@ -190,9 +191,23 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
         result.status = FAIL
     if result.error is not None and result.findings:  # a finding's line and where it raised: two at most
         result.error.traceback = result.error.traceback[-1:]
+    repaired(result, comp, ctx, functools.partial(_rerun, ctx=ctx))  # the line whose edit makes it match
     _add_notes(comp, ctx, result)
     ctx.results[comp.name] = result
     return result
+
+
+def _rerun(comp: Component, ctx: Context) -> str:
+    """The status of the component's check run again (a repaired definition of theirs in place,
+    repair.py): compared with the reference alone, nothing localized; the context as it was after."""
+    kept = ctx.partial, dict(ctx.results), ctx.hyperparameter_note, ctx.own_kv
+    fp.REFERENCE_ONLY.append(True)
+    try:
+        with torch.no_grad(), ctx.hyperparameters(comp):
+            return _grouped_or_not(comp, ctx).status
+    finally:
+        fp.REFERENCE_ONLY.pop()
+        ctx.partial, ctx.results, ctx.hyperparameter_note, ctx.own_kv = kept
 
 
 def _cache_slices(comp: Component, result: ComponentResult) -> None:
