@@ -10,6 +10,7 @@ import importlib.util
 import inspect
 import re
 import sys
+import time
 import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -170,6 +171,7 @@ def import_definitions(path: str) -> tuple[types.ModuleType, list[str]]:
 
 
 def check_component(comp: Component, ctx: Context) -> ComponentResult:
+    start = time.monotonic()
     ctx.partial = None
     ctx.learner.calls = ctx.learner.nan_calls = 0
     result = _run_checked(comp, ctx)
@@ -191,7 +193,9 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
         result.status = FAIL
     if result.error is not None and result.findings:  # a finding's line and where it raised: two at most
         result.error.traceback = result.error.traceback[-1:]
-    repaired(result, comp, ctx, functools.partial(_rerun, ctx=ctx))  # the line whose edit makes it match
+    # the line whose edit makes it match (a grader's bug there leaves the report as it is)
+    rerun = functools.partial(_rerun, ctx=ctx)
+    fp.quietly(lambda: repaired(result, comp, ctx, rerun, time.monotonic() - start))
     _add_notes(comp, ctx, result)
     ctx.results[comp.name] = result
     return result

@@ -24,6 +24,7 @@ import inspect
 import linecache
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,7 +37,9 @@ from handformer.check.core.source import parsed_file
 
 MOST = 60  # candidates tried for one component
 SECONDS = 3.0  # CPU seconds spent on one component's repairs
-ONE_RUN = 1.5  # seconds one repaired run may take (an edit may make a loop run on)
+WALL = 8.0  # and at most these seconds of wall clock (a busy machine: the sandbox's step limit is 20 s)
+ONE_RUN = 1.0  # seconds one repaired run may take (an edit may make a loop run on)
+LATE = 8.0  # seconds into a component's check after which no repair starts
 
 NEIGHBOURS = {-1: (-2,), -2: (-1, -3), -3: (-2,), 0: (1,), 1: (2, 0), 2: (1, 3), 3: (2,)}  # a dim's
 BY_ONE = {k: (k - 1, k + 1) for k in range(-4, 5)}  # a diagonal, a slice bound or an index moved by one
@@ -54,7 +57,7 @@ OTHER_NAME = {"triu": "tril", "tril": "triu", "log": "log2", "log2": "log",
                                          "sign", "neg", "exp", "sqrt", "pow", "masked_fill", "copy")}}
 UNWRAPPED = {"sqrt", "rsqrt", "detach"}  # `sqrt(d)` read as `d`, `x.detach()` as `x`
 ENDS = {(None, -1): (1, None), (1, None): (None, -1)}  # `[:-1]` and `[1:]`, each for the other
-SEPARATORS = r"([ ,()\[\]=])"
+SEPARATORS = r"([ ,()=])"
 
 
 @dataclass(frozen=True)
@@ -93,8 +96,9 @@ def _called(node: ast.Call) -> str:
 
 def _swapped_args(node: ast.Call) -> list[ast.AST]:
     """A call's two neighbouring positional arguments in the other order."""
-    args = node.args
-    return [set_to(node, args=[*args[:i], args[i + 1], args[i], *args[i + 2:]]) for i in range(len(args) - 1)]
+    args = node.args  # the line of the first of the two: a call written over several lines
+    return [set_to(node, args=[*args[:i], args[i + 1], args[i], *args[i + 2:]], at=_line(args[i]))
+            for i in range(len(args) - 1)]
 
 
 def _dims(node: ast.Call) -> list[ast.AST]:
@@ -116,7 +120,7 @@ def _binop(node: ast.BinOp) -> list[ast.AST]:
     """`+` for `-`, `*` for `/` (and back); one term of a sum dropped; `x ** -p` for `x ** p`."""
     other = OTHER_OP.get(type(node.op), ast.Add)
     terms = [node.left, node.right] * isinstance(node.op, (ast.Add, ast.Sub))
-    power = [set_to(node, right=ast.UnaryOp(ast.USub(), node.right))] * (
+    power = [set_to(node, right=ast.Constant(-getattr(node.right, "value", 0)))] * (
         isinstance(node.op, ast.Pow) & isinstance(getattr(node.right, "value", None), (int, float)))
     return [set_to(node, op=other())] * (type(node.op) in OTHER_OP) + terms + power
 
@@ -148,10 +152,11 @@ def _keyword(node: ast.keyword) -> list[ast.AST]:
 def _slice(node: ast.Slice) -> list[ast.AST]:
     """`[1:]` for `[:-1]` (and back), and each bound written as a number moved by one."""
     lower, upper = _int(node.lower), _int(node.upper)
-    ends = ENDS.get((lower, upper), ())
+    ends = ENDS.get((lower, upper), (None, None))
     moved = [set_to(node, **{field: _constant(v)}) for field, value in (("lower", lower), ("upper", upper))
              for v in BY_ONE.get(value, ())]
-    return [set_to(node, lower=_constant(ends[0]), upper=_constant(ends[1]))] * bool(ends) + moved
+    swapped = [set_to(node, lower=_constant(ends[0]), upper=_constant(ends[1]))]
+    return swapped * ((lower, upper) in ENDS) + moved
 
 
 def _constant(value: int | None) -> ast.AST | None:
@@ -166,13 +171,16 @@ def _index(node: ast.Subscript) -> list[ast.AST]:
 
 def _line_pairs(node: ast.stmt) -> list[ast.AST]:
     """A simple statement with two of the names it reads swapped (`q` and `k`, `gate` and `up`), or
-    two of the names it unpacks into (`k, v = kv.chunk(2, -1)` as `v, k = ...`)."""
+    two of the names it unpacks into (`k, v = kv.chunk(2, -1)` as `v, k = ...`); said at the line of
+    the first of the two."""
     value = getattr(node, "value", None) or ast.Pass()
-    called = {id(n.func) for n in ast.walk(value) if isinstance(n, ast.Call)}  # `F.silu`, `torch.cat`: no
-    read = list(dict.fromkeys(_readable(n) for n in ast.walk(value) if id(n) not in called))
+    # whole names alone: not a call's function (`F.silu`), nor the `p` of `p.grad`, `state[...]`
+    inner = {id(getattr(n, "func", getattr(n, "value", None))) for n in ast.walk(value)}
+    lines = {_readable(n): _line(n) for n in reversed(list(ast.walk(value))) if id(n) not in inner}
     bound = [_readable(e) for t in getattr(node, "targets", ()) for e in getattr(t, "elts", ())]
     return [_Swap(*pair).visit(copy.deepcopy(node)) for pair in _pairs(bound, 1)] + [
-        set_to(node, value=_Swap(*pair).visit(copy.deepcopy(value))) for pair in _pairs(read, 3)]
+        set_to(node, value=_Swap(*pair).visit(copy.deepcopy(value)), at=lines[pair[0]])
+        for pair in _pairs(list(lines)[::-1], 3)]
 
 
 def _pairs(names: list[str], apart: int) -> list[tuple[str, str]]:
@@ -209,10 +217,11 @@ EDITS: dict[type, tuple[Callable[[Any], list[ast.AST]], ...]] = {
 def candidates(tree: ast.Module, lines: set[int], first: list[int]) -> list[Edit]:
     """Every edit of a node on one of `lines` that changes its text, those nearest a line of `first`
     first, at most MOST."""
-    out = [Edit(top, index, new, _line(node), _said(node), _said(new))
+    out = [Edit(top, index, new, getattr(new, "at", _line(node)), _said(node), _said(new))
            for top, stmt in enumerate(tree.body) for index, node in enumerate(ast.walk(stmt))
            if _line(node) in lines for edit in EDITS.get(type(node), ()) for new in edit(node)]
-    out = [e for e in out if e.old_text != e.new_text]
+    out = list({(e.line, differing(e.old_text, e.new_text)): e for e in out
+                if e.old_text != e.new_text}.values())  # one of each edit said alike on a line
     return sorted(out, key=lambda e: min((abs(e.line - f) for f in first), default=0))[:MOST]
 
 
@@ -228,7 +237,7 @@ def _said(node: ast.AST) -> str:
 
 
 def differing(old: str, new: str) -> tuple[str, str]:
-    """The two texts cut to where they differ, at separators (a space, a comma, a bracket, `=`):
+    """The two texts cut to where they differ, at separators (a space, a comma, a parenthesis, `=`):
     `beta2, beta1` and `beta1, beta2` of two calls alike but for them; whole where a cut leaves nothing."""
     a, b = re.split(SEPARATORS, old), re.split(SEPARATORS, new)
     head = len(os.path.commonprefix([a, b]))
@@ -269,29 +278,71 @@ def put_in(module: Any, code: ast.Module, path: str) -> Iterator[dict[int, Any]]
         names.update(before)
 
 
-def repaired(res: ComponentResult, comp: Any, ctx: Any, rerun: Callable[[Any], str]) -> None:
+def repaired(res: ComponentResult, comp: Any, ctx: Any, rerun: Callable[[Any], str], spent: float = 0.0,
+             ) -> None:
     """A FAIL that no catalogued mistake names (a departure, or no finding at all), its learner's
     code not raising: where the edits that make it PASS (`rerun(component)` its status) all sit on one
-    line, its finding quotes that line and says the edit (module doc)."""
-    if res.status != FAIL or res.error is not None or any(f.name != DEPARTS for f in res.findings):
+    line, its finding quotes that line and says the edit (module doc). None when its check has already
+    taken `spent` >= LATE seconds (a slow machine: the step's time limit is kept)."""
+    named = any(f.name != DEPARTS for f in res.findings)
+    if res.status != FAIL or res.error is not None or spent >= LATE or named:
         return
     said = " ".join(f.observed["en"] for f in res.findings)
     first = [int(n) for n in re.findall(r"line (\d+)", said)]  # the lines the departure names
     matched = _matching(candidates(parsed_file(ctx.path), _spans(comp, ctx), first), comp, ctx, rerun)
-    if len({e.line for e in matched}) != 1:
+    lines = _made_at({e.line for e in matched}, res.findings[0].line if res.findings else None,
+                     lambda: _run_order(comp, ctx, rerun))
+    matched = [e for e in matched if e.line in lines]
+    if len(lines) != 1:
         return
     edit, code = matched[0], linecache.getline(ctx.path, matched[0].line)
     old, new = differing(edit.old_text, edit.new_text)
-    res.findings = [Finding(DEPARTS, text(
-        f"line {edit.line}: with `{new}` in place of `{old}` it matches the reference",
-        f"第 {edit.line} 行：把 `{old}` 换成 `{new}`，结果就与参考一致"), edit.line, code.strip())]
+    said = text(f"line {edit.line}: with `{new}` in place of `{old}` it matches the reference",
+                f"第 {edit.line} 行：把 `{old}` 换成 `{new}`，结果就与参考一致")
+    shown = [f.observed for f in res.findings[:1]]  # where the difference shows, and its form
+    res.findings = [Finding(DEPARTS, text("; ".join([said["en"]] + [o["en"] for o in shown]),
+                                          "；".join([said["zh"]] + [o["zh"] for o in shown])),
+                            edit.line, code.strip())]
+
+
+def _made_at(lines: set[int], shows: int | None, order: Callable[[], dict[int, int]]) -> set[int]:
+    """Of the lines whose edit makes it match, where the difference is made: where several do and the
+    departure (`shows`, where the difference shows) is one, those that run after it are dropped (an
+    edit there undoes it downstream: `attend(k, q, ...)` for a q and a k swapped above), then the
+    departure itself, when an earlier line is left (`self.scale = d ** 0.5` read by `* scale`)."""
+    if len(lines) < 2 or shows not in lines:
+        return lines
+    ran = order()
+    before = {n for n in lines if ran.get(n, -1) <= ran.get(shows, -1)}
+    return before - {shows} or before
+
+
+def _run_order(comp: Any, ctx: Any, rerun: Callable[[Any], str]) -> dict[int, int]:
+    """Each line of their file the component's check runs -> when it first runs (0, 1, ...)."""
+    order: dict[int, int] = {}
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        order.setdefault(frame.f_lineno, len(order))
+        return local
+
+    def calls(frame: Any, event: str, arg: Any) -> Any:
+        return local if frame.f_code.co_filename == ctx.path else None
+
+    old = sys.gettrace()
+    sys.settrace(calls)
+    try:
+        with deadline(ONE_RUN):
+            rerun(comp)
+    finally:
+        sys.settrace(old)
+    return order
 
 
 def _matching(edits: list[Edit], comp: Any, ctx: Any, rerun: Callable[[Any], str]) -> list[Edit]:
-    """The edits whose component PASSes, tried in order until SECONDS of CPU are spent."""
-    start, out, tree = time.process_time(), [], parsed_file(ctx.path)
+    """The edits whose component PASSes, tried in order until SECONDS of CPU (or WALL) are spent."""
+    cpu, wall, out, tree = time.process_time() + SECONDS, time.monotonic() + WALL, [], parsed_file(ctx.path)
     for edit in edits:
-        if time.process_time() - start > SECONDS:
+        if max(time.process_time() - cpu, time.monotonic() - wall) > 0:
             break
         try:
             with put_in(ctx.module, edited(tree, edit), ctx.path) as bound, deadline(ONE_RUN):
