@@ -20,7 +20,7 @@ SECONDS = {
     "test_check_query_first_mask.py": 5, "test_check_model_scalars.py": 5, "test_hf_families.py": 24,
     "test_course.py": 22, "test_check_configured.py": 21, "test_gguf.py": 20, "test_check_robust.py": 17,
     "test_site.py": 15, "test_check_public_styles.py": 14, "test_finetune.py": 13,
-    "test_check_localize.py": 12, "test_docs.py": 12, "test_check_styles.py": 11, "test_hf_export.py": 11,
+    "test_check_localize.py": 12, "test_check_repair.py": 9, "test_docs.py": 12, "test_check_styles.py": 11, "test_hf_export.py": 11,
     "test_serve_fuzz.py": 11, "test_check_family_scales.py": 10, "test_check_hf_variants.py": 10,
     "test_check_layouts.py": 10, "test_check_unbatched_families.py": 10, "test_experiments.py": 10,
     "test_speculative.py": 10, "test_viz.py": 10, "test_behaviour.py": 9, "test_check_lossy_cache.py": 20,

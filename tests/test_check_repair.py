@@ -51,6 +51,7 @@ def test_the_repair_keeps_where_the_difference_shows_and_its_form(results):
     said = results["attention_scale_inverted.py"].findings[0].observed["en"]
     assert "; the first step that parts from the reference is `scores` at line 11" in said
     assert "a constant factor 4 = d_k" in said
+    assert not any("NaN" in note["en"] for note in results["attention_scale_inverted.py"].notes)  # repairs' own
 
 
 @pytest.mark.parametrize("name", CORRECT)

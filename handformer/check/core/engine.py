@@ -204,14 +204,16 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
 def _rerun(comp: Component, ctx: Context) -> str:
     """The status of the component's check run again (a repaired definition of theirs in place,
     repair.py): compared with the reference alone, nothing localized; the context as it was after."""
-    kept = ctx.partial, dict(ctx.results), ctx.hyperparameter_note, ctx.own_kv
+    counts = ctx.learner.calls, ctx.learner.nan_calls
+    kept = ctx.partial, dict(ctx.results), ctx.hyperparameter_note, ctx.own_kv, *counts
     fp.REFERENCE_ONLY.append(True)
     try:
         with torch.no_grad(), ctx.hyperparameters(comp):
             return _grouped_or_not(comp, ctx).status
     finally:
         fp.REFERENCE_ONLY.pop()
-        ctx.partial, ctx.results, ctx.hyperparameter_note, ctx.own_kv = kept
+        ctx.partial, ctx.results, ctx.hyperparameter_note, ctx.own_kv, *counts = kept
+        ctx.learner.calls, ctx.learner.nan_calls = counts  # its NaNs counted on its own code alone
 
 
 def _cache_slices(comp: Component, result: ComponentResult) -> None:

@@ -22,6 +22,7 @@ import ast
 import copy
 import inspect
 import linecache
+import math
 import os
 import re
 import sys
@@ -79,7 +80,7 @@ def _int(node: ast.AST | None) -> int | None:
         value = ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return None
-    return value if type(value) is int else None
+    return {int: value}.get(type(value))  # not a bool, a float, a string
 
 
 def set_to(node: ast.AST, **fields: Any) -> ast.AST:
@@ -161,7 +162,7 @@ def _slice(node: ast.Slice) -> list[ast.AST]:
 
 def _constant(value: int | None) -> ast.AST | None:
     """A slice bound: none for 0 and None."""
-    return ast.Constant(value) if value else None
+    return (None, ast.Constant(value))[bool(value)]
 
 
 def _index(node: ast.Subscript) -> list[ast.AST]:
@@ -312,8 +313,8 @@ def _made_at(lines: set[int], shows: int | None, order: Callable[[], dict[int, i
     departure itself, when an earlier line is left (`self.scale = d ** 0.5` read by `* scale`)."""
     if len(lines) < 2 or shows not in lines:
         return lines
-    ran = order()
-    before = {n for n in lines if ran.get(n, -1) <= ran.get(shows, -1)}
+    ran = order()  # none where it cannot be had: nothing is kept
+    before = {n for n in lines if ran.get(n, math.inf) <= ran.get(shows, -1)}
     return before - {shows} or before
 
 
@@ -331,19 +332,22 @@ def _run_order(comp: Any, ctx: Any, rerun: Callable[[Any], str]) -> dict[int, in
     old = sys.gettrace()
     sys.settrace(calls)
     try:
-        with deadline(ONE_RUN):
+        with deadline(2 * ONE_RUN):  # traced, it runs slower
             rerun(comp)
+    except (Exception, SystemExit, TrainerTimeout):  # noqa: BLE001  (it ran past its time: no order)
+        return {}
     finally:
         sys.settrace(old)
     return order
 
 
 def _matching(edits: list[Edit], comp: Any, ctx: Any, rerun: Callable[[Any], str]) -> list[Edit]:
-    """The edits whose component PASSes, tried in order until SECONDS of CPU (or WALL) are spent."""
+    """The edits whose component PASSes; none where SECONDS of CPU (or WALL) are spent before all
+    are tried."""
     cpu, wall, out, tree = time.process_time() + SECONDS, time.monotonic() + WALL, [], parsed_file(ctx.path)
     for edit in edits:
         if max(time.process_time() - cpu, time.monotonic() - wall) > 0:
-            break
+            return []  # not all tried: one that matches may be a line that undoes it downstream
         try:
             with put_in(ctx.module, edited(tree, edit), ctx.path) as bound, deadline(ONE_RUN):
                 out += [edit] * (rerun(replace(comp, obj=bound.get(id(comp.obj), comp.obj))) == PASS)
