@@ -76,7 +76,7 @@ def _flat(step):
 
 
 def _runs_long(step):
-    time.sleep(5)
+    time.sleep(10)
     return math.sin(step)
 
 
@@ -89,7 +89,7 @@ def _writes(step):
 def test_a_probe_that_finds_nothing_is_silent_and_bounded():
     start = time.monotonic()
     assert [behaviour.found(fn) for fn in (_flat, _runs_long, _writes, len)] == [None] * 4
-    assert time.monotonic() - start < behaviour.PROBE_SECONDS + 1
+    assert time.monotonic() - start < 6  # the 10 s probe stopped at PROBE_SECONDS
 
 
 def _mean_over_batch(logits, targets):  # a planted mean over the batch: still a loss to grade

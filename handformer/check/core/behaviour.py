@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from handformer.check.core.argument_names import SCHEDULE_ARGS, call_parameters
+from handformer.check.core.argument_names import SCHEDULE_ARGS, call_parameters, names_of
 from handformer.check.core.processors import own_call, posing_as
 from handformer.check.core.source import source_text
 from handformer.time_limit import time_limit
@@ -52,10 +52,9 @@ UNKNOWN_SETTING = 10
 ROLE_OF = {alias: role for role, aliases in reversed(SCHEDULE_ARGS.items()) for alias in aliases}
 OPTIMIZER_NAMES = ("optimizer", "optim", "opt")
 B, T, D, V = 2, 5, 8, 11
-LOSS_TOLERANCE = 0.25  # a loss "near" the cross-entropy: label smoothing and a z-loss move it this little
-# the counts a loss may be off by (a mean over the batch, over the positions, a sum), nearer than that
-COUNTS = (B, T, B * T, 1 / B, 1 / T, 1 / (B * T))
-COUNT_TOLERANCE = 0.05
+# a loss "near" the cross-entropy: within 25% (label smoothing and a z-loss move it this little), or
+# within 5% of a count times it (a mean over the batch or over the positions, a sum: a planted mistake)
+COUNTS = ((1, 0.25), *((count, 0.05) for count in (B, T, B * T, 1 / B, 1 / T, 1 / (B * T))))
 # code whose first run imports torch's compiler: imported before the probe, outside its limit
 LAZY_TORCH = re.compile(r"checkpoint|lr_scheduler|LRScheduler")
 # code a probe does not call: it writes files, runs programs, reads the keyboard or ends the process, or
@@ -82,26 +81,27 @@ class Budget:
     seconds: float = math.inf  # what is left of a file's time for probes
 
 
-def found(obj: Any, budget: Budget | None = None) -> tuple[str, Any] | None:
+UNLIMITED = Budget()  # a probe's limit alone (what it spends from infinity leaves infinity)
+
+
+def found(obj: Any, budget: Budget = UNLIMITED) -> tuple[str, Any] | None:
     """(kind, the callable its runner grades) of the first row of PROBES that identifies `obj`; None
     when none does, or the file's probes have spent its `budget`."""
     code = _code(obj)
     if SIDE_EFFECTS.search(code):
         return None
+    if LAZY_TORCH.search(code):
+        _compiler_imported()
     for row in PROBES:
-        admitted = _quietly(lambda r=row: r.admits(obj))
-        if admitted and LAZY_TORCH.search(code):
-            _compiler_imported()
-        graded = row.graded(obj) if admitted else None
-        if graded is not None and _quietly(lambda r=row, g=graded: r.identifies(g), budget or Budget()):
+        graded = row.graded(obj) if _quietly(lambda r=row: r.admits(obj)) else None
+        if graded is not None and _quietly(lambda r=row, g=graded: r.identifies(g), budget):
             return row.kind, graded
     return None
 
 
-def _quietly(probe: Callable[[], Any], budget: Budget | None = None) -> Any:
+def _quietly(probe: Callable[[], Any], budget: Budget = UNLIMITED) -> Any:
     """probe() within PROBE_SECONDS (and what is left of the budget, which it spends), its prints not
     shown; False when it raises or runs past the limit, and not run at all once the budget is spent."""
-    budget = budget or Budget()
     seconds, start = min(PROBE_SECONDS, budget.seconds), time.monotonic()
     if seconds <= 0:
         return False
@@ -131,22 +131,23 @@ def _parameters(fn: Any, skip: tuple[str, ...] = ("self",)) -> list[inspect.Para
         return []
 
 
-def _required(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
-    return [p for p in params if p.default is p.empty]
+def _required(fn: Any) -> list[str]:
+    """The names of the arguments fn requires (none where Python cannot read its signature)."""
+    return names_of(_parameters(fn))[1]
 
 
 # -- schedules: the rate at each step --------------------------------------------------------------
 
 def _one_step_function(obj: Any) -> bool:
-    return inspect.isfunction(obj) and len(_required(_parameters(obj))) == 1
+    return inspect.isfunction(obj) and len(_required(obj)) == 1
 
 
 def _step_call_class(cls: Any) -> bool:
-    return inspect.isclass(cls) and len(_parameters(own_call(cls))) == 1
+    return len(_parameters(own_call(cls))) == 1  # a function's __call__ is no function of its file
 
 
 def _lr_scheduler(cls: Any) -> bool:
-    params = _parameters(cls.__init__) if inspect.isclass(cls) else []
+    params = _parameters(getattr(cls, "__init__", None))
     return (inspect.isclass(cls) and issubclass(cls, torch.optim.lr_scheduler.LRScheduler)
             and bool(params) and params[0].name.lower() in OPTIMIZER_NAMES)
 
@@ -226,8 +227,7 @@ def _posed(cls: Any, new: Any, settings: list[inspect.Parameter]) -> Any:
 def _rises_then_falls(fn: Any) -> bool:
     """Rates (numbers, finite, none below 0) at STEPS whose highest is neither the first nor the
     last; a function of the step alone is called as it is, a posed class with the probe's settings."""
-    defaults = {p.name: (p.default if p.default is not p.empty else SETTINGS.get(
-        ROLE_OF.get(p.name.lower(), ""), UNKNOWN_SETTING)) for p in _parameters(fn)[1:]}
+    defaults = {p.name: p.default for p in _settings(_parameters(fn)[1:])}
     rates = [_rate(fn(step, **defaults)) for step in STEPS]
     peak = max(range(len(rates)), key=rates.__getitem__)
     return all(math.isfinite(r) and r >= 0 for r in rates) and 0 < peak < len(rates) - 1 and (
@@ -236,10 +236,9 @@ def _rises_then_falls(fn: Any) -> bool:
 
 def _rate(out: Any) -> float:
     """A number, or a one-element tensor, as a float; anything else raises."""
-    number = isinstance(out, (int, float)) and not isinstance(out, bool)
-    if number or isinstance(out, Tensor) and out.numel() == 1:
-        return float(out)
-    raise TypeError("not a rate")
+    if not isinstance(out, (int, float, Tensor)):  # float() of a tensor of more raises too
+        raise TypeError("not a rate")
+    return float(out)
 
 
 # -- losses: a number near the cross-entropy ---------------------------------------------------------
@@ -254,31 +253,31 @@ def _batch() -> tuple[Tensor, Tensor, Tensor]:
 
 def _near_cross_entropy(loss: Callable[[Tensor, Tensor, Tensor], Any]) -> bool:
     """Whether loss(hidden, weight, targets) is a number near the mean cross-entropy of the logits
-    hidden @ weight.T (within LOSS_TOLERANCE, or near a count times it: a planted mean over the batch
+    hidden @ weight.T (within 25%, or near a count times it: a planted mean over the batch
     or a sum is still a loss), lower where the targets are each row's likeliest token than where they
     are its least likely (as a cross-entropy is: a perplexity is never a count times it)."""
     hidden, weight, targets = _batch()
     logits = hidden @ weight.T  # (B, T, V)
     want = float(F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1)))
     got = _number(loss(hidden, weight, targets)) / want
-    near = abs(got - 1) <= LOSS_TOLERANCE or any(abs(got / f - 1) <= COUNT_TOLERANCE for f in COUNTS)
+    near = any(abs(got / count - 1) <= tolerance for count, tolerance in COUNTS)
     best, worst = (_number(loss(hidden, weight, pick(-1))) for pick in (logits.argmax, logits.argmin))
     return near and best < worst
 
 
 def _number(out: Any) -> float:
     """A loss's number: the first of a tuple it returns (loss, its parts)."""
-    return _rate(out[0] if isinstance(out, (tuple, list)) and out else out)
+    return _rate(out[0] if isinstance(out, (tuple, list)) else out)
 
 
 def _logits_loss(obj: Any) -> bool:
     """A function, or a criterion module built with its defaults (it holds no parameters), whose call
     takes logits and targets and nothing else it requires."""
     call = obj.forward if inspect.isclass(obj) and issubclass(obj, nn.Module) else obj
-    takes = len(_required(_parameters(call))) == 2
+    takes = len(_required(call)) == 2
     if inspect.isfunction(obj) or not takes:
         return takes
-    return not _required(_parameters(obj.__init__)) and not LAYERS.search(_code(obj))
+    return not _required(obj.__init__) and not LAYERS.search(_code(obj))
 
 
 LAYERS = re.compile(r"nn\.(Linear|Embedding|Conv\w*|Parameter)\(")  # what a criterion never builds
@@ -292,7 +291,7 @@ def _scores_logits(obj: Any) -> bool:
 
 def _head_loss(fn: Any) -> bool:
     """A function of hidden states, the head's weight and targets (three it requires)."""
-    return inspect.isfunction(fn) and len(_required(_parameters(fn))) == 3
+    return inspect.isfunction(fn) and len(_required(fn)) == 3
 
 
 # the orders a hidden-state loss may take its three inputs in: hidden, weight, targets by position
@@ -316,9 +315,10 @@ def _with_head(fn: Any) -> Any:
         eye = torch.eye(logits.shape[-1], dtype=logits.dtype)
         return fn(**{names[0]: logits, names[1]: eye, names[2]: targets}, **rest)
 
-    rest = [p for p in params if p.name not in names]
-    signature = inspect.Signature([inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-                                   for n in ("logits", "targets")] + rest)
+    rest = params[3:]  # the three it requires come first
+    given = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    signature = inspect.Signature([inspect.Parameter("logits", given), inspect.Parameter("targets", given),
+                                   *rest])
     return posing_as(fn, new, signature)
 
 

@@ -387,9 +387,8 @@ def _by_behaviour(own: dict[str, Any], taken: set[str], wanted: set[str]) -> lis
     free = [(name, obj) for name, obj in own.items() if name not in taken | TABLED and "." not in name
             and not name.startswith(("_", "handformer_"))] if wanted & PROBED else []
     budget = Budget(FILE_SECONDS)
-    kinds = [(name, probed(obj, budget)) for name, obj in free]
-    return [Component(kind, name, graded, "behaviour") for name, (kind, graded) in
-            ((n, k) for n, k in kinds if k) if kind in wanted]
+    kinds = [(name, probed(obj, budget)) for name, obj in free]  # (name, (kind, what is graded) or None)
+    return [Component(k[0], name, k[1], "behaviour") for name, k in kinds if k and k[0] in wanted]
 
 
 def _named(kind: str, names: tuple[str, ...], own: dict[str, Any], overrides: dict[str, str], named: set[str],
