@@ -374,7 +374,23 @@ def _by_name(own: dict[str, Any], overrides: dict[str, str], wanted: set[str]) -
                 taken.add(name)
                 found.append(Component(actual, name, as_called(own[name])))
     found += _by_structure(own, taken | named | set(TABLED), wanted)
-    return found + _by_signature(own, taken | named, wanted, set(overrides))
+    found += _by_signature(own, taken | named, wanted, set(overrides))
+    return found + _by_behaviour(own, taken | named | {c.name for c in found}, wanted)
+
+
+def _by_behaviour(own: dict[str, Any], taken: set[str], wanted: set[str]) -> list[Component]:
+    """The learner's top-level functions and classes that no name, structure or signature found,
+    taken as the kind a behavioural probe says they are (behaviour.py): a schedule whose `__call__`
+    takes the step, a loss whatever it is called."""
+    from handformer.check.core.behaviour import FILE_SECONDS, Budget
+    from handformer.check.core.behaviour import KINDS as PROBED
+    from handformer.check.core.behaviour import found as probed
+
+    free = [(name, obj) for name, obj in own.items() if name not in taken | TABLED and "." not in name
+            and not name.startswith(("_", "handformer_"))] if wanted & PROBED else []
+    budget = Budget(FILE_SECONDS)
+    kinds = [(name, probed(obj, budget)) for name, obj in free]  # (name, (kind, what is graded) or None)
+    return [Component(k[0], name, k[1], "behaviour") for name, k in kinds if k and k[0] in wanted]
 
 
 def _named(kind: str, names: tuple[str, ...], own: dict[str, Any], overrides: dict[str, str], named: set[str],

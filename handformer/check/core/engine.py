@@ -401,6 +401,11 @@ FOUND_BY = {
                        "CustomSchedule），或者用优化器构造、step(epoch) 设置学习率的类（timm 的调度器："
                        "在 lr 为 1 的 SGD 上构造，再 step 到每一步），或者包着优化器、自己数步数的类"
                        "（NoamOpt、ScheduledOptim：把它的 step 方法调用 step + 1 次）"),
+    "behaviour": ("found as a {} by what it does, not by its name: called on a probe's inputs (a "
+                  "schedule: the rate at each step rises then falls; a loss: logits and targets, or hidden "
+                  "states, the head's weight and targets, give a number near the cross-entropy)",
+                  "按它做的事认作{}，不是按名字：在探测的输入上调用它（调度：每一步的学习率先升后降；"
+                  "损失：logits 和目标，或隐藏状态、输出层的权重和目标，得到接近交叉熵的数）"),
     "call": ("found as a {} by what it is: a logits processor (its __call__ takes the ids and the scores, "
              "its constructor the setting), built with each setting and called on the logits",
              "按它的写法认作{}：一个 logits 处理器（__call__ 接受 ids 和 scores，构造函数接受设置），"

@@ -57,6 +57,9 @@ ROLES: dict[str, tuple[str, ...]] = {
     ),
     "chunk": ("chunk_size", "chunk", "chunk_len", "chunk_rows", "rows_per_chunk", "block_size"),
 }
+# a z-loss's coefficient beside a chunked cross-entropy (one function returning both): 0 there
+ROLES["z_coef"] = tuple(alias for alias in ROLES["coef"] if alias.startswith("z"))
+CHUNKED = {"chunk": CHUNK, "z_coef": 0.0}  # a chunked cross-entropy's chunk, a z-loss beside it off
 COEFS = (1e-3, 0.5)  # a coefficient it takes: read at two
 
 
@@ -151,14 +154,18 @@ def ce_views(logits: Tensor, targets: Tensor, ignore: int, eps: float) -> list[V
     lse = torch.logsumexp(logits, -1)  # (N,)
     nll = lse - logits.gather(-1, targets.masked_fill(~real, 0)[:, None])[:, 0]
     each = ((1 - eps) * nll + eps * (lse - logits.mean(-1))) * real
-    sums, counts = each.split(CHUNK), real.split(CHUNK)
+    # chunks of rows, and chunks of positions (B, CHUNK) where the rows are (B, T): a loss over
+    # hidden states that makes the logits of CHUNK positions at a time
+    # (a z-loss beside it, at coefficient 0, sums log Z squared over the real targets the same way)
+    z = lse.pow(2) * real
+    chunked = (("", each.split(CHUNK), real.split(CHUNK), z.split(CHUNK)),
+               (" of positions", each.reshape(B, T).split(CHUNK, 1), real.reshape(B, T).split(CHUNK, 1),
+                z.reshape(B, T).split(CHUNK, 1)))
     running = [
-        (f"the loss of the first {i + 1} chunks", sum(s.sum() for s in sums[: i + 1]))
+        (f"the {what} of the first {i + 1} chunks{of}", sum(s.sum() for s in sums[: i + 1]).double())
+        for of, losses, counts, zs in chunked
+        for what, sums in (("loss", losses), ("real targets", counts), ("z-loss", zs))
         for i in range(len(sums))
-    ]
-    counted = [
-        (f"the real targets of the first {i + 1} chunks", sum(c.sum() for c in counts[: i + 1]).double())
-        for i in range(len(counts))
     ]
     return [
         ("the logits", logits),
@@ -168,7 +175,6 @@ def ce_views(logits: Tensor, targets: Tensor, ignore: int, eps: float) -> list[V
         ("the real targets", real),
         ("the per-row loss, ignored rows 0", each),
         *running,
-        *counted,
         ("the mean over the real targets", each.sum() / real.sum()),
     ]
 
@@ -181,7 +187,7 @@ def check_chunked_ce(comp: Component, ctx: Context) -> ComponentResult:
     eps_all = (0.0, 0.1) if roles["smoothing"] else (0.0,)
 
     def run(x: Tensor, eps: float) -> Any:
-        given = {"targets": targets.clone(), "ignore": ignore, "smoothing": eps, "chunk": CHUNK}
+        given = {"targets": targets.clone(), "ignore": ignore, "smoothing": eps, **CHUNKED}
         return _call(ctx, comp, roles, logits=x, **given)
 
     got = torch.tensor([_number(run(logits.clone(), e)) for e in eps_all], dtype=torch.float64)
