@@ -218,13 +218,16 @@ Setting = TypeVar("Setting")
 
 def search_settings(settings: Sequence[Setting],
                     search_one: Callable[[Setting, int, int], tuple[frozenset[str], float] | None],
-                    fewest: bool = False) -> tuple[Setting, frozenset[str], float] | None:
+                    fewest: bool = False, rounds: slice = slice(None),
+                    ) -> tuple[Setting, frozenset[str], float] | None:
     """The setting (a reading of the learner's weights, the choices it made) whose output the
     fewest mistakes explain: at most one mistake in every setting first, pairs only once no setting
     matched so; `search_one(setting, least, most)` searches one. The first setting that matches wins,
     or with `fewest` the first with the fewest mistakes: no mistake in any setting first, then one,
-    then a pair (a setting is not searched for a mistake while another one matches with none)."""
-    for least, most in FEWEST_FIRST if fewest else ((0, 1), (2, 2)):
+    then a pair (a setting is not searched for a mistake while another one matches with none).
+    `rounds` picks some of the rounds (FEWEST_FIRST[:2]: no pair; a caller with another reading to try
+    before the pairs runs the pairs' round, FEWEST_FIRST[2:], alone after it)."""
+    for least, most in (FEWEST_FIRST if fewest else ((0, 1), (2, 2)))[rounds]:
         for setting in settings:
             hit = search_one(setting, least, most)
             if hit is not None:
