@@ -69,3 +69,16 @@ def test_a_block_holding_attention_sinks_is_compared_with_them():
     result = check_file(str(HERE / "sinks.py"), only=["block"])
     block = result.components[0]
     assert block.status == "pass" and "self_attn.sinks -> sinks" in block.mapping, format_report(result)
+
+
+def test_a_configured_scale_spares_the_attention_search_its_pairs(monkeypatch):
+    """Granite's attention_multiplier explains the attention with no mistake: the search for a pair of
+    mistakes in each (rotary layout, mask convention), its costliest round, is never run."""
+    import handformer.check.core.fingerprint as fp
+
+    most, search = [], fp.search
+    monkeypatch.setattr(fp, "search", lambda *args: most.append(args[4]) or search(*args))
+    result = check_file(str(HERE / "configured.py"), only=["causal_attention"])
+    assert [c.status for c in result.components] == ["pass"], format_report(result)
+    assert any("scaled by 0.1" in note["en"] for note in result.components[0].notes), format_report(result)
+    assert most and 2 not in most, most

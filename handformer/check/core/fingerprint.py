@@ -167,9 +167,21 @@ def finite(out: Tensor | None) -> bool:
 def max_error(a: Tensor | None, b: Tensor | None, rows: Tensor | None = None) -> float:
     """Largest |a - b| over the rows that are compared; inf if shapes differ or a NaN appears.
 
-    rows: bool, broadcastable to a's shape without its last dimension (which rows are defined)."""
+    rows: bool, broadcastable to a's shape without its last dimension (which rows are defined).
+    A search calls it once for every set of mistakes it tries: the few operations of a comparison without
+    NaN come first, the NaN's rules (`_max_error_nan`) only where the difference holds one."""
     if a is None or b is None or a.shape != b.shape:
         return math.inf
+    diff = (a.double() - b.double()).abs().amax(-1)  # NaN where either is NaN (or inf - inf)
+    if rows is not None:
+        rows = rows[:, 0] if rows.dim() > diff.dim() else rows  # (B, 1, T) -> (B, T) for a (B, T, D) output
+        diff = torch.where(rows.expand_as(diff), diff, 0.0)  # the rows not compared: 0 (each |a - b| >= 0)
+    worst = diff.max().item() if diff.numel() else math.nan
+    return _max_error_nan(a, b, rows) if math.isnan(worst) else worst
+
+
+def _max_error_nan(a: Tensor, b: Tensor, rows: Tensor | None) -> float:
+    """max_error where a NaN appears (or nothing is compared): a NaN in both agrees, in one only is inf."""
     diff = (a.double() - b.double()).abs().nan_to_num(math.inf, posinf=math.inf)  # a NaN in one of them: inf
     both = torch.isnan(a) & torch.isnan(b)  # a variant that reproduces the NaN reproduces the output
     diff = diff.masked_fill_(both, 0.0).amax(-1)
@@ -227,13 +239,16 @@ Setting = TypeVar("Setting")
 
 def search_settings(settings: Sequence[Setting],
                     search_one: Callable[[Setting, int, int], tuple[frozenset[str], float] | None],
-                    fewest: bool = False) -> tuple[Setting, frozenset[str], float] | None:
+                    fewest: bool = False, rounds: slice = slice(None),
+                    ) -> tuple[Setting, frozenset[str], float] | None:
     """The setting (a reading of the learner's weights, the choices it made) whose output the
     fewest mistakes explain: at most one mistake in every setting first, pairs only once no setting
     matched so; `search_one(setting, least, most)` searches one. The first setting that matches wins,
     or with `fewest` the first with the fewest mistakes: no mistake in any setting first, then one,
-    then a pair (a setting is not searched for a mistake while another one matches with none)."""
-    for least, most in FEWEST_FIRST if fewest else ((0, 1), (2, 2)):
+    then a pair (a setting is not searched for a mistake while another one matches with none).
+    `rounds` picks some of the rounds (FEWEST_FIRST[:2]: no pair; a caller with another reading to try
+    before the pairs runs the pairs' round, FEWEST_FIRST[2:], alone after it)."""
+    for least, most in (FEWEST_FIRST if fewest else ((0, 1), (2, 2)))[rounds]:
         for setting in settings:
             hit = search_one(setting, least, most)
             if hit is not None:

@@ -922,15 +922,26 @@ def _mha_search(mha: Probe, subject: Subject, out: Tensor | None, working: str) 
         (compute, universe), conv = readings[setting[0]], setting[1]
         return fp.search(outputs[conv], lambda fl: compute(fl, conv), universe, lambda fl: p.rows(fl, conv),
                          most, least)
-    found = fp.search_settings(list(itertools.product(readings, outputs)), search_one, fewest=True)
-    best = found and (found[0][0], found[0][1], found[1:], readings[found[0][0]][0], (None, None))
-    # a soft cap or a configured scale it holds, where it explains the output with fewer mistakes
-    best = min(filter(None, (best, _scored(subject, readings))), key=lambda b: len(b[2][0]), default=None)
+    best = _fewest(subject, readings, list(itertools.product(readings, outputs)), search_one)
     held = next((r for r in subject.facts["ropes"][:1] if r in V.SCORE_BIASES), None)  # compared with it
     rope, conv, (flags, err), compute, form = best or (held, next(iter(outputs), None), (frozenset(), None),
                                                        p.computer(slots, n_kv_heads, held), (None, None))
     return Found(conv, (rope, compute, *form), flags, err, p.run(conv) if best else None, working,
                  lambda fl: compute(fl, conv))
+
+
+def _fewest(subject: Subject, readings: dict[Any, tuple[Compute, tuple[str, ...]]], settings: list[Any],
+            search_one: Callable[..., tuple[frozenset[str], float] | None]) -> tuple[Any, ...] | None:
+    """The reading with the fewest mistakes: (rotary layout, convention, (flags, error), reference,
+    (cap, scale)). A soft cap or a configured scale the attention holds (`_scored`) wins where it
+    explains the output with fewer mistakes; with at most one, it explains it with fewer than any pair,
+    so the settings' pairs (the costliest round by far) are searched only where neither did."""
+    found = fp.search_settings(settings, search_one, fewest=True, rounds=slice(2))  # no mistake, then one
+    scored = _scored(subject, readings)
+    if not (found or scored):
+        found = fp.search_settings(settings, search_one, fewest=True, rounds=slice(2, 3))  # a pair
+    best = found and (found[0][0], found[0][1], found[1:], readings[found[0][0]][0], (None, None))
+    return min(filter(None, (best, scored)), key=lambda b: len(b[2][0]), default=None)
 
 
 def _scored(subject: Subject, readings: dict[Any, tuple[Compute, tuple[str, ...]]]) -> tuple[Any, ...] | None:
