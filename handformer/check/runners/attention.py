@@ -878,7 +878,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     if heads != 1 and single_head(comp, linears, n_kv_heads):  # checked again with one head
         return check_mha(comp, ctx, sizes["causal"], n_kv_heads, heads=1)
     c = _driven(res, module, around, x)
-    find_layouts_(module, _one_token(c, x[:1, :1], _conventions(ctx, module, c)), D, D // heads)
+    find_layouts_(module, _one_token(c, x[:, :1], _conventions(ctx, module, c)), D, D // heads)
     kv_width = n_kv_heads * (D // heads) if n_kv_heads else None  # None: read from a fused projection
     slots = attention_slots(linears, D, 1, comp.name, kv_width)[0] + qk_norms
     n_kv_heads = n_kv_heads or kv_heads_of(slots, heads)
@@ -1189,7 +1189,7 @@ def _one_token(c: Caller, one: Tensor, convs: tuple[str, ...]) -> Callable[[], T
             c.state["visible"] = conv
             out = fp.quietly(lambda: fp.first_tensor(c.call(one, one, one, None), 3))
             c.state.pop("visible")
-            if fp.finite(out):  # (none, or a NaN: a mask that hid the one key)
+            if fp.max_error(out, out) == 0.0:  # (inf for none, or a NaN)
                 return out
         return None
     return run
@@ -1529,8 +1529,7 @@ def _at_distinct_sizes(res: ComponentResult, ctx: Context, comp: Component, s: S
             c.state.update(s.c.state)  # the convention of a mask it requires
             out = fp.first_tensor(ctx.learner.call("forward", c.call, x, x, x, None), 3)
         linears, qk_norms = _projections(comp, module, DISTINCT_HEADS)
-        one = x[:1, :1]  # (1, 1, D): one token in either layout
-        find_layouts_(module, lambda: fp.first_tensor(c.call(one, one, one, None), 3), D, dh)
+        find_layouts_(module, lambda: fp.first_tensor(c.call(x[:, :1], x[:, :1], x[:, :1], None), 3), D, dh)
         slots = attention_slots(linears, D, 1, comp.name, head_dim=dh)[0] + qk_norms
     except (fp.LearnerFailure, MappingError):
         return
@@ -1596,7 +1595,7 @@ def _tiled_run(ctx: Context, comp: Component, s: Setup, context: int, T: int,
             c.state.update(s.c.state)  # the convention of a mask it requires
             out = fp.first_tensor(ctx.learner.call("forward", c.call, x, x, x, None), 3)
         linears, qk_norms = _projections(comp, module, H)
-        one = x[:1, :1]  # (1, 1, D): one token in either layout
+        one = x[:, :1]
         find_layouts_(module, lambda: fp.first_tensor(c.call(one, one, one, None), 3), D, D // H)
         slots = attention_slots(linears, D, 1, comp.name)[0] + qk_norms
     except (fp.LearnerFailure, MappingError):
