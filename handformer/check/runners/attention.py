@@ -575,20 +575,22 @@ class Layout:
     def output(self, raw: Any, shape: torch.Size) -> Tensor | None:
         # the heads merged (ChatGLM's (T, B, H * Dh)), returned first (before the weights, (B, H, T, S))
         merged = None if self.flat else self._split(fp.first_tensor(raw), shape)
-        out = fp.first_tensor(raw, 3 if self.flat else 4) if merged is None else merged
+        out = fp.first_tensor(raw, 3 if self.flat else 4)
         back = torch.tensor(self.order).argsort().tolist()  # the inverse permutation
         out = out if out is None or self.flat else out.permute(back)  # (B, H, T, Dh)
         if self.flat and out is not None and out.numel() == math.prod(shape):
             return out.reshape(shape)  # (B, H, T, Dh)
-        return out
+        return out if merged is None else merged
 
     def _split(self, merged: Tensor | None, shape: torch.Size) -> Tensor | None:
-        """An output with its heads merged, (T, B, H * Dh) for inputs (T, B, H, Dh) (ChatGLM's), split
-        back into the inputs' layout; None for any other, or a layout whose heads are not next to Dh."""
-        taken = tuple(torch.tensor(shape)[list(self.order)].tolist())  # the inputs' shape as handed
-        got = tuple(getattr(merged, "shape", ()))
-        heads_last = (*taken[:2], taken[2] * taken[3]), 1  # (.., H * Dh), where H is next to Dh
-        return merged.reshape(taken) if (got, self.order[2]) == heads_last else None
+        """An output with its heads merged, (B, T, H * Dh), or (T, B, H * Dh) for inputs sequence-first
+        (ChatGLM's), as (B, H, T, Dh); None for any other."""
+        outer = sorted((0, 2), key=self.order.index)  # the batch and query axes, in the inputs' order
+        want = (shape[outer[0]], shape[outer[1]], shape[1] * shape[3])
+        if tuple(getattr(merged, "shape", ())) != want:
+            return None
+        split = merged.reshape(*want[:2], shape[1], shape[3])  # (.., .., H, Dh)
+        return split.permute(torch.tensor([*outer, 1, 3]).argsort().tolist())  # (B, H, T, Dh)
 
     def run(self, ctx: Context, c: Caller, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None,
             conv: str) -> Tensor | None:
