@@ -425,7 +425,7 @@ def _sized(cls: type) -> bool:
         return False
     kwargs = {**_dropout_kwargs(cls), **_temperature(cls)}
     return any(p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-               and p.name not in kwargs for p in forward_parameters(cls.__init__))
+               and p.name not in (*kwargs, "self") for p in forward_parameters(cls.__init__))
 
 
 def _build_sdpa(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
