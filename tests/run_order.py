@@ -18,7 +18,7 @@ from __future__ import annotations
 SECONDS = {
     "test_check.py": 61, "test_check_quick_gelu.py": 6, "test_check_mask_by_use.py": 6,
     "test_check_query_first_mask.py": 5, "test_check_model_scalars.py": 5, "test_hf_families.py": 24,
-    "test_check_arrangements.py": 14,
+    "test_check_arrangements.py": 4,
     "test_course.py": 22, "test_check_configured.py": 21, "test_gguf.py": 20, "test_check_robust.py": 17,
     "test_site.py": 15, "test_check_public_styles.py": 14, "test_finetune.py": 13,
     "test_check_localize.py": 12, "test_docs.py": 12, "test_check_styles.py": 11, "test_hf_export.py": 11,
