@@ -158,12 +158,6 @@ def _softmax_like(item: Any) -> bool:
         and bool((item > 0).any())
 
 
-def finite(out: Tensor | None) -> bool:
-    """Whether a learner's output is a tensor with no NaN or infinity in it (max_error(out, out) is 0
-    for an output of NaNs: NaN on both sides reproduces it)."""
-    return isinstance(out, Tensor) and bool(torch.isfinite(out).all())
-
-
 def max_error(a: Tensor | None, b: Tensor | None, rows: Tensor | None = None) -> float:
     """Largest |a - b| over the rows that are compared; inf if shapes differ or a NaN appears.
 

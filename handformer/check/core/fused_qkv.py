@@ -56,7 +56,7 @@ def states_value_first(module: nn.Module) -> bool:
 def _quiet(one_token: Callable[[], Tensor | None]) -> Tensor | None:
     """The one-token output; None where the learner's code raises on it, or gives NaN or nothing."""
     out = fp.quietly(one_token)  # (whatever it raised: the layout cannot be read from it)
-    return out if fp.finite(out) else None
+    return out if fp.max_error(out, out) == 0.0 else None  # (inf for None or a NaN)
 
 
 def _unmoved(fused: list[Leaf], name: str, D: int, head_dim: int, one_token: Callable[[], Tensor | None],

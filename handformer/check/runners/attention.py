@@ -425,7 +425,7 @@ def _sized(cls: type) -> bool:
         return False
     kwargs = {**_dropout_kwargs(cls), **_temperature(cls)}
     return any(p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-               and p.name not in kwargs for p in forward_parameters(cls.__init__))
+               and p.name not in (*kwargs, "self") for p in forward_parameters(cls.__init__))
 
 
 def _build_sdpa(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
@@ -575,20 +575,22 @@ class Layout:
     def output(self, raw: Any, shape: torch.Size) -> Tensor | None:
         # the heads merged (ChatGLM's (T, B, H * Dh)), returned first (before the weights, (B, H, T, S))
         merged = None if self.flat else self._split(fp.first_tensor(raw), shape)
-        out = fp.first_tensor(raw, 3 if self.flat else 4) if merged is None else merged
+        out = fp.first_tensor(raw, 3 if self.flat else 4)
         back = torch.tensor(self.order).argsort().tolist()  # the inverse permutation
         out = out if out is None or self.flat else out.permute(back)  # (B, H, T, Dh)
         if self.flat and out is not None and out.numel() == math.prod(shape):
             return out.reshape(shape)  # (B, H, T, Dh)
-        return out
+        return out if merged is None else merged
 
     def _split(self, merged: Tensor | None, shape: torch.Size) -> Tensor | None:
-        """An output with its heads merged, (T, B, H * Dh) for inputs (T, B, H, Dh) (ChatGLM's), split
-        back into the inputs' layout; None for any other, or a layout whose heads are not next to Dh."""
-        taken = tuple(torch.tensor(shape)[list(self.order)].tolist())  # the inputs' shape as handed
-        got = tuple(getattr(merged, "shape", ()))
-        heads_last = (*taken[:2], taken[2] * taken[3]), 1  # (.., H * Dh), where H is next to Dh
-        return merged.reshape(taken) if (got, self.order[2]) == heads_last else None
+        """An output with its heads merged, (B, T, H * Dh), or (T, B, H * Dh) for inputs sequence-first
+        (ChatGLM's), as (B, H, T, Dh); None for any other."""
+        outer = sorted((0, 2), key=self.order.index)  # the batch and query axes, in the inputs' order
+        want = (shape[outer[0]], shape[outer[1]], shape[1] * shape[3])
+        if tuple(getattr(merged, "shape", ())) != want:
+            return None
+        split = merged.reshape(*want[:2], shape[1], shape[3])  # (.., .., H, Dh)
+        return split.permute(torch.tensor([*outer, 1, 3]).argsort().tolist())  # (B, H, T, Dh)
 
     def run(self, ctx: Context, c: Caller, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None,
             conv: str) -> Tensor | None:
@@ -878,7 +880,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     if heads != 1 and single_head(comp, linears, n_kv_heads):  # checked again with one head
         return check_mha(comp, ctx, sizes["causal"], n_kv_heads, heads=1)
     c = _driven(res, module, around, x)
-    find_layouts_(module, _one_token(c, x[:1, :1], _conventions(ctx, module, c)), D, D // heads)
+    find_layouts_(module, _one_token(c, x[:, :1], _conventions(ctx, module, c)), D, D // heads)
     kv_width = n_kv_heads * (D // heads) if n_kv_heads else None  # None: read from a fused projection
     slots = attention_slots(linears, D, 1, comp.name, kv_width)[0] + qk_norms
     n_kv_heads = n_kv_heads or kv_heads_of(slots, heads)
@@ -1200,7 +1202,7 @@ def _one_token(c: Caller, one: Tensor, convs: tuple[str, ...]) -> Callable[[], T
             c.state["visible"] = conv
             out = fp.quietly(lambda: fp.first_tensor(c.call(one, one, one, None), 3))
             c.state.pop("visible")
-            if fp.finite(out):  # (none, or a NaN: a mask that hid the one key)
+            if fp.max_error(out, out) == 0.0:  # (inf for none, or a NaN)
                 return out
         return None
     return run
@@ -1540,8 +1542,7 @@ def _at_distinct_sizes(res: ComponentResult, ctx: Context, comp: Component, s: S
             c.state.update(s.c.state)  # the convention of a mask it requires
             out = fp.first_tensor(ctx.learner.call("forward", c.call, x, x, x, None), 3)
         linears, qk_norms = _projections(comp, module, DISTINCT_HEADS)
-        one = x[:1, :1]  # (1, 1, D): one token in either layout
-        find_layouts_(module, lambda: fp.first_tensor(c.call(one, one, one, None), 3), D, dh)
+        find_layouts_(module, lambda: fp.first_tensor(c.call(x[:, :1], x[:, :1], x[:, :1], None), 3), D, dh)
         slots = attention_slots(linears, D, 1, comp.name, head_dim=dh)[0] + qk_norms
     except (fp.LearnerFailure, MappingError):
         return
@@ -1607,7 +1608,7 @@ def _tiled_run(ctx: Context, comp: Component, s: Setup, context: int, T: int,
             c.state.update(s.c.state)  # the convention of a mask it requires
             out = fp.first_tensor(ctx.learner.call("forward", c.call, x, x, x, None), 3)
         linears, qk_norms = _projections(comp, module, H)
-        one = x[:1, :1]  # (1, 1, D): one token in either layout
+        one = x[:, :1]
         find_layouts_(module, lambda: fp.first_tensor(c.call(one, one, one, None), 3), D, D // H)
         slots = attention_slots(linears, D, 1, comp.name)[0] + qk_norms
     except (fp.LearnerFailure, MappingError):
