@@ -234,14 +234,12 @@ def _by_callers(entry: Entry, calls: list[Call], given: str) -> LearnerError | N
                                                                  _both("; ".join(calls[0].shown)))
 
 
-def _by_forms(entry: Entry, given: str) -> LearnerError:
-    """No call of theirs: the other forms tried in turn; the first that runs named, or all tried."""
+def _by_forms(entry: Entry, given: str) -> LearnerError | None:
+    """No call of theirs: the other forms tried in turn; the first that runs named. Where none runs,
+    their code raises on every form of its inputs, the kind's own among them: the exception is theirs."""
     tried = alternatives(entry)
     taken = next((how for how, args in tried if runs(entry.fn, args)), None)
-    if taken is not None:
-        return _why(TAKES, _both(entry.line), _both(given), taken)
-    shown_tried = ("; ".join(how[0] for how, _ in tried[:4]), "；".join(how[1] for how, _ in tried[:4]))
-    return _why(NONE_TAKEN, _both(entry.line), _both(given), _both(len(tried)), shown_tried)
+    return None if taken is None else _why(TAKES, _both(entry.line), _both(given), taken)
 
 
 OWN_CALL = " (raised where your own code calls it, with {})"  # (an exception's message is not translated)
@@ -257,12 +255,6 @@ TAKES = ("line {} raised on an argument check gave in a form of its choosing ({}
          "{}: check drives it in a form your code does not take",
          "第 {} 行出错时读取的参数是检查程序按自己选的形式给的（{}）；换成{}，你的代码能运行："
          "检查程序给的形式不是你的代码接受的形式")
-NONE_TAKEN = ("line {} raised on an argument check gave in a form of its choosing ({}), and none of {} "
-              "other forms tried runs ({}, ...): check cannot tell which form your code takes",
-              "第 {} 行出错时读取的参数是检查程序按自己选的形式给的（{}），试过的 {} 种其他形式也都不能运行"
-              "（{} 等）：检查程序无法判断你的代码接受哪种形式")
-
-
 LEADING = ("every tensor argument with a leading (batch) dimension", "每个张量参数前面加一维（batch）")
 
 

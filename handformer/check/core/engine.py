@@ -198,6 +198,7 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
         result.status = FAIL
         _charged_or_not(comp, ctx, result, result.error)
     settle_unmapped(result, ctx.unmapped.get(comp.name, []))  # what the reference has no place for
+    _probed_only(comp, result)  # found by what it does: only a named mistake fails it
     result.notes += ctx.neutral.get(comp.name, [])  # settings it was checked at the neutral values of
     if result.error is not None and result.findings:  # a finding's line and where it raised: two at most
         result.error.traceback = result.error.traceback[-1:]
@@ -207,6 +208,27 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
     _add_notes(comp, ctx, result)
     ctx.results[comp.name] = result
     return result
+
+
+PROBED_UNNAMED = ("found by what it does, it computes something other than the reference with no "
+                  "mistake of the catalogue reproducing it: it may be a loss of another kind "
+                  "(a shift inside, a term of its own), so it is not failed; name its kind with --component",
+                  "它是按所做的事找到的，算出的结果和参考实现不同，但目录里没有哪个错误能复现它：它可能是"
+                  "另一种损失（内部做了移位，或有自己的一项），所以不判为失败；"
+                  "可以用 --component 指明它的类型")
+
+
+PROBED_LOSSES = ("loss", "chunked_ce")  # a schedule's rates rising then falling say its kind; a number near
+# the cross-entropy does not (a shift inside, a term of its own)
+
+
+def _probed_only(comp: Component, result: ComponentResult) -> None:
+    """A component a behavioural probe found (behaviour.py) FAILs only where a catalogued mistake
+    reproduces it: a departure with no name may be a kind the probe took it for wrongly."""
+    named = any(f.name != DEPARTS for f in result.findings)
+    if comp.found_by == "behaviour" and comp.kind in PROBED_LOSSES and result.status == FAIL and not named:
+        result.status, result.findings = NOT_CHECKED, []
+        result.error = LearnerError("cannot_call", PROBED_UNNAMED[0], "forward", [], PROBED_UNNAMED[1])
 
 
 def _charged_or_not(comp: Component, ctx: Context, result: ComponentResult, error: LearnerError) -> None:
