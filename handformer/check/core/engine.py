@@ -11,7 +11,6 @@ import importlib.util
 import inspect
 import re
 import sys
-import time
 import traceback
 import types
 from collections.abc import Callable, Sequence
@@ -44,7 +43,6 @@ from handformer.check.core.localize import commented_out
 from handformer.check.core.own_width import other_width
 from handformer.check.core.passed_in import passed_in
 from handformer.check.core.precision import DTYPE_MISMATCH, float64_kept
-from handformer.check.core.repair import repaired
 from handformer.check.core.result import (
     DEPARTS,
     DIFFERS,
@@ -176,7 +174,6 @@ def import_definitions(path: str) -> tuple[types.ModuleType, list[str]]:
 
 
 def check_component(comp: Component, ctx: Context) -> ComponentResult:
-    start = time.monotonic()
     ctx.partial, ctx.raised = None, None
     ctx.learner.calls = ctx.learner.nan_calls = 0
     result = _run_checked(comp, ctx)
@@ -202,9 +199,6 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
     result.notes += ctx.neutral.get(comp.name, [])  # settings it was checked at the neutral values of
     if result.error is not None and result.findings:  # a finding's line and where it raised: two at most
         result.error.traceback = result.error.traceback[-1:]
-    # the line whose edit makes it match (a grader's bug there leaves the report as it is)
-    rerun = functools.partial(_rerun, ctx=ctx)
-    fp.quietly(lambda: repaired(result, comp, ctx, rerun, time.monotonic() - start))
     _add_notes(comp, ctx, result)
     ctx.results[comp.name] = result
     return result
@@ -266,21 +260,6 @@ def _run_callers(comp: Component, ctx: Context) -> None:
             with contextlib.suppress(Exception, SystemExit), torch.no_grad(), ctx.hyperparameters(other):
                 runner_for(other.kind)(other, ctx)
     ctx.partial, ctx.raised, ctx.hyperparameter_note, ctx.learner.calls, ctx.learner.nan_calls = kept
-
-
-def _rerun(comp: Component, ctx: Context) -> str:
-    """The status of the component's check run again (a repaired definition of theirs in place,
-    repair.py): compared with the reference alone, nothing localized; the context as it was after."""
-    counts = ctx.learner.calls, ctx.learner.nan_calls
-    kept = ctx.partial, dict(ctx.results), ctx.hyperparameter_note, ctx.own_kv, *counts
-    fp.REFERENCE_ONLY.append(True)
-    try:
-        with torch.no_grad(), ctx.hyperparameters(comp):
-            return _grouped_or_not(comp, ctx).status
-    finally:
-        fp.REFERENCE_ONLY.pop()
-        ctx.partial, ctx.results, ctx.hyperparameter_note, ctx.own_kv, *counts = kept
-        ctx.learner.calls, ctx.learner.nan_calls = counts  # its NaNs counted on its own code alone
 
 
 def _cache_slices(comp: Component, result: ComponentResult) -> None:

@@ -203,9 +203,6 @@ def rows_for(rows: Rows, flags: frozenset[str]) -> Tensor | None:
     return rows(flags) if callable(rows) else rows
 
 
-REFERENCE_ONLY: list[bool] = []  # not empty: compared with the reference alone, no mistake searched for
-
-
 def flag_sets(universe: Sequence[str], most: int = 2, least: int = 0) -> Iterator[frozenset[str]]:
     """Every set of `least` to `most` mistakes of `universe`, the smaller sets first, each in the
     universe's order; one form per name ("causal_off_by_one:no_self" and ":sees_next" never together)."""
@@ -220,8 +217,8 @@ def search(target: Tensor, compute: Callable[[frozenset[str]], Tensor], universe
            ) -> tuple[frozenset[str], float] | None:
     """The smallest set of mistakes (from `min_flags` to `max_flags` of them, one form per name)
     whose computed output equals `target` on the rows that set leaves visible; None when no set
-    does; only the empty set while `REFERENCE_ONLY` is set (a repaired run, repair.py)."""
-    for combo in flag_sets(universe, max_flags * (not REFERENCE_ONLY), min_flags):
+    does."""
+    for combo in flag_sets(universe, max_flags, min_flags):
         err = combo_error(target, compute, combo, rows)
         if err < TOL:
             return combo, err

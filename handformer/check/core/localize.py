@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.check.core.defaults import given
-from handformer.check.core.fingerprint import REFERENCE_ONLY, first_tensor, hooked, quietly
+from handformer.check.core.fingerprint import first_tensor, hooked, quietly
 from handformer.check.core.kinds import TABLED
 from handformer.check.core.result import DEPARTS, ComponentResult, Finding, Text, text
 from handformer.check.core.source import (
@@ -201,8 +201,6 @@ def trace_steps(run: Callable[[], Any], filename: str, code: Any = None,
     given), each at the last line that changed it. `into`: the list the steps go to (they stay
     there when `run` raises). `every`: each tensor the code assigns is a step, each time it does (a
     loop's tokens, which depend on no gradient); `scalars`: the numbers it binds too, as 0-dim steps."""
-    if REFERENCE_ONLY:
-        raise NotTraced("a repaired run (repair.py) is compared, not localized")
     code = (code,) if code is not None and not isinstance(code, (tuple, list, set)) else code
     t = _Tracer(filename, code, FLOATS if constants is True else constants or (), every, scalars)
     t.steps = given(into, t.steps)
@@ -218,10 +216,6 @@ def trace_steps(run: Callable[[], Any], filename: str, code: Any = None,
     kept = Steps(s for i, s in enumerate(t.steps) if i not in t.dropped)
     kept.entered = frozenset(t.entered)
     return kept
-
-
-class NotTraced(Exception):  # noqa: N818
-    """No trace while a repaired run is compared with the reference alone (fingerprint.REFERENCE_ONLY)."""
 
 
 class Steps(list):
