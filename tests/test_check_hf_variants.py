@@ -83,14 +83,17 @@ def test_hf_seq2seq_layers_and_required_mask_function_pass():
                       "TranslationDecoderLayer": "pass"}, format_report(result)
 
 
-@pytest.mark.parametrize(("old", "new", "kind"), [
+@pytest.mark.parametrize(("old", "new", "kind", "status"), [
+    # the cross-attention handed its own states raises only because check's source (7) and target (5)
+    # lengths differ, on the padding mask check chose, and the layer runs with that mask left out: check
+    # cannot tell its driving from their mistake, so NOT CHECKED with the reason, never PASS
     ("h = self.cross(hidden_states, encoder_hidden_states, encoder_attention_mask)",
-     "h = self.cross(hidden_states, hidden_states, encoder_attention_mask)", "decoder_layer"),
-    ("/ math.sqrt(q.size(-1)) + attn_mask", "/ q.size(-1) + attn_mask", "sdpa"),
+     "h = self.cross(hidden_states, hidden_states, encoder_attention_mask)", "decoder_layer", "not_checked"),
+    ("/ math.sqrt(q.size(-1)) + attn_mask", "/ q.size(-1) + attn_mask", "sdpa", "fail"),
 ])
-def test_each_seq2seq_plant_fails(tmp_path, old, new, kind):
+def test_each_seq2seq_plant_fails_or_is_not_passed(tmp_path, old, new, kind, status):
     result = check_file(_planted(tmp_path, "seq2seq_hf.py", old, new), only=[kind])
-    assert [c.status for c in result.components] == ["fail"], format_report(result)
+    assert [c.status for c in result.components] == [status], format_report(result)
 
 
 def test_a_sentencepiece_bpe_is_replayed_on_its_words(tmp_path):

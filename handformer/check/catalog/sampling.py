@@ -8,7 +8,7 @@ DIAGNOSES: list[Diagnosis] = [
       "logits 乘以了温度，而不是除以温度",
       "divide: logits / temperature (a temperature above 1 flattens the distribution, below 1 sharpens it)",
       "应除以温度：logits / temperature（温度大于 1 分布更平，小于 1 更尖）",
-      r"\*\s*\(?\s*(\w+\.)?(temp|tau\b|t\b)", r"temp"),
+      r"\*\s*\(?\s*((\w+\.)?temp|tau\b|t\b)", r"temp"),
     d("temperature_after_softmax", "the temperature is applied after the softmax, so it does not change "
       "the distribution", "温度是在 softmax 之后才用的，不改变分布",
       "divide the logits before the softmax: F.softmax(logits / temperature, dim=-1)",

@@ -375,15 +375,15 @@ def _by_name(own: dict[str, Any], overrides: dict[str, str], wanted: set[str]) -
                 found.append(Component(actual, name, as_called(own[name])))
     found += _by_structure(own, taken | named | set(TABLED), wanted)
     found += _by_signature(own, taken | named, wanted, set(overrides))
-    helpers = {name for name, obj in own.items() if any(obj is r for c in found for r in _read_by(c.obj))}
+    read = {id(r) for c in found for r in _read_by(c.obj)}  # their helpers: graded through them
+    helpers = {name for name, obj in own.items() if id(obj) in read}
     return found + _by_behaviour(own, taken | named | {c.name for c in found} | helpers, wanted)
 
 
 def _read_by(obj: Any) -> list[Any]:
     """What a found component's code reads of its module (a class: its methods' reads): its helpers,
     graded through it, never probed as components of their own."""
-    fns = [f for f in vars(obj).values() if inspect.isfunction(f)] if inspect.isclass(obj) else [obj]
-    return [r for f in fns if inspect.isfunction(f) for r in _reached(f)]
+    return [r for f in (obj, *vars(obj).values()) if inspect.isfunction(f) for r in _reached(f)]
 
 
 def _by_behaviour(own: dict[str, Any], taken: set[str], wanted: set[str]) -> list[Component]:

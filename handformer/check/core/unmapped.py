@@ -33,7 +33,7 @@ def settle(result: ComponentResult, unmapped: list[Text]) -> None:
     if result.status == PASS:
         result.notes.append(text(f"checked as it is built and given here; {en}: not checked at other values",
                                  f"按这里的构造和输入检查；{zh}：其他取值没有检查"))
-    if result.status != FAIL or result.named():
+    if (result.status, bool(result.named())) != (FAIL, False):  # a PASS, or a FAIL with a name: as it is
         return
     first = next(iter(result.findings), NOWHERE)
     shown = first.line is not None  # where it parts, as its departure quotes it

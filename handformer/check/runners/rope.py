@@ -435,10 +435,9 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
     res.notes += [INPUT_NOTES[meta]] if meta in INPUT_NOTES else []
     if found and found[0]:
         res.findings += _findings(ctx, comp, found, out, _rotated(q, k, len(tensors), rot, 0, frozenset()))
-    # unmatched: a rotation its output holds up to one reorder of q's and k's dims (not where a complex
-    # table fixes the pairs: there a reorder is pairs taken apart from the table's)
-    unmatched = fp.max_error(out, _rotated(q, k, len(tensors), rot)) >= TOL
-    reorder = best is None and not complex_table and unmatched
+    # unmatched: a rotation its output holds up to one reorder of q's and k's dims (not a complex table's)
+    err = fp.max_error(out, _rotated(q, k, len(tensors), rot))
+    reorder = best is None and not complex_table and err >= TOL
     rot, order = _reordered(res, ctx, comp, out, q, k, len(tensors), rot) if reorder else (rot, ...)
     err = res.max_abs_error = fp.max_error(out, _rotated(q, k, len(tensors), rot)[..., order])
     res.checks.append(Check(text(f"rotates queries and keys as handformer's apply_rotary ({rot} pairs)",
