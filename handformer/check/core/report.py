@@ -187,7 +187,7 @@ LEAD_ZH = {"mapping": "检查程序没能把你的参数对应到 handformer 的
            "stand_in": "检查程序的替身模型调用不了你的代码",
            "cannot_build": "检查程序构建不了这个组件", "cannot_call": "检查程序调用不了这个组件",
            "timeout": "超过了时间限制", "memory": "内存不足", "crash": "运行你的代码的子进程崩溃了",
-           "syntax": "你的文件有语法错误", "internal": "check 驱动不了这个组件（不说明你的代码有错）"}
+           "syntax": "你的文件有语法错误", "internal": "检查程序驱动不了这个组件（这不说明你的代码有错）"}
 
 
 # an English sentence around a message that is not the learner's: a stand-in's exception is never shown
