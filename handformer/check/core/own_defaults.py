@@ -19,7 +19,7 @@ import re
 import sys
 from typing import Any
 
-from handformer.check.core.source import source_text
+from handformer.check.core.source import config_reads, source_text
 
 # a literal ast.literal_eval reads: a number, True, False, a string without escapes
 VALUE = (r"""(?P<value>-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|True|False|'[^'\\\n]*'|"[^"\\\n]*")"""
@@ -51,9 +51,8 @@ def own_defaults(obj: Any) -> dict[str, Any]:
 def read_fields(fn: Any, name: str) -> set[str]:
     """The attributes a function reads from its argument `name` as values (`args.lr`); none where it
     calls one of its methods (`optimizer.step()`: an object of behaviour, not of settings)."""
-    code = source_text(fn)
-    calls = re.search(rf"\b{re.escape(name)}\.\w+\s*\(", code)
-    return set() if calls else set(re.findall(rf"\b{re.escape(name)}\.(\w+)", code))
+    calls = re.search(rf"\b{re.escape(name)}\.\w+\s*\(", source_text(fn))
+    return set() if calls else config_reads(fn, name)[1]  # the attributes read, as the configs' are
 
 
 @functools.lru_cache(maxsize=64)
