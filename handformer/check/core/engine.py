@@ -653,7 +653,7 @@ INTERNAL_EN = ("check could not drive this component: one of check's own steps d
                "as check's inputs expect (--debug shows check's own error)")
 INTERNAL_ZH = ("检查程序驱动不了这个组件：检查程序自己的某个步骤读不懂你的代码排列张量的方式"
                "（这不说明你的代码有错）；下面的适配函数按检查程序的输入构建它"
-               "（加 --debug 可以看到 检查程序自己的错误）")
+               "（加 --debug 可以看到检查程序自己的错误）")
 
 
 def _ignored(*told: Any) -> None:
