@@ -44,6 +44,7 @@ from handformer.check.core.argument_names import (
     PROMPT_NAMES,
     TOKENIZER_NAMES,
 )
+from handformer.check.core.carried import ROLE_NAMES, carried_note, carry
 from handformer.check.core.context import (
     Context,
     forward_defaults,
@@ -186,6 +187,7 @@ class LanguageModel(nn.Module):
         self.block_size = self.max_len = self.max_seq_len = self.context = block_size
         self.style, self.budget, self.vocab_size = style, budget, VOCAB
         self.calls: list[Call] = []
+        self.carried: list[tuple[str, Any]] = []  # what the loop reads off it, given (carried.py)
         self.stream: Tensor | None = None  # Meta's style: the tokens fed so far, by position
         self.config = types.SimpleNamespace(block_size=block_size, max_len=block_size, max_seq_len=block_size,
                                             n_positions=block_size, vocab_size=VOCAB,
@@ -378,7 +380,18 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
             kwargs[p.name] = value
         else:
             args.append(value)
+    _carry(comp, model, n)
     return ctx.learner.call("forward", drained(comp.obj), *args, **kwargs)
+
+
+def _carry(comp: Component, model: Any, n: int) -> None:
+    """The stand-in given what the loop reads off it (`model.config.eos_token_id`, `self.args.max_len`):
+    carried.py, at this run's sizes (n new tokens, no EOS)."""
+    if isinstance(model, LanguageModel):
+        names = forward_names(comp.obj)
+        root = named(names, MODEL_NAMES) or (names or [""])[0]
+        sizes = {"context": model.context, "vocab": VOCAB, "count": n, "eos": NEVER, "pad": PAD_ID}
+        model.carried = carry(model, comp.obj, root, sizes)
 
 
 def _own_options(ctx: Context, comp: Component, p: inspect.Parameter, model: LanguageModel, n: int,
@@ -633,6 +646,7 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
         raise ctx.learner.fail("forward", f"{comp.name} returned no token ids for a prompt of 3 tokens and "
                                f"max_new_tokens={SHORT}",
                                f"提示为 3 个 token、max_new_tokens={SHORT} 时，{comp.name} 没有返回 token id")
+    res.notes += carried_note(getattr(short.model, "carried", []))
     B = (short := _total_length(res, ctx, comp, driver, short)).prompt.size(0)  # its count read as it counts
     if B == 1:
         en, zh = (", given as a list of ints", "，提示词是整数列表") if short.as_list else ("", "")
@@ -787,9 +801,9 @@ def _top_k_of(comp: Component, run: Run) -> int:
 
 
 # the names a loop that crops its context reads its limit by (Raschka's context_size, nanoGPT's
-# block_size, a model's config)
-BLOCK_WORDS = re.compile(r"\b(" + "|".join(CONTEXT_NAMES + ("max_len", "n_ctx", "n_positions", "config",
-                                                            "max_position_embeddings")) + r")\b")
+# block_size, a config's max_position_embeddings): a loop that reads only other settings off a config
+# (its eos_token_id) names none
+BLOCK_WORDS = re.compile(r"\b(" + "|".join(ROLE_NAMES["context"]) + r")\b")
 
 
 def knows_block_size(comp: Component) -> bool:

@@ -26,6 +26,7 @@ from torch import Tensor
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from handformer.check.core.argument_names import ACCUM_NAMES, STEP_MODEL_NAMES
+from handformer.check.core.carried import carried_note, carry
 from handformer.check.core.context import (
     Context,
     error_text,
@@ -42,7 +43,7 @@ from handformer.check.core.signatures import drawn_global
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.core.step_updates import gradient_norm, largest_differences, parameters_of
 from handformer.check.runners.lm_train_step import mistake_sets, reference_step
-from handformer.check.runners.step_model import BATCH, VOCAB, batches, tiny_model
+from handformer.check.runners.step_model import BATCH, POSITIONS, VOCAB, batches, tiny_model
 from handformer.check.runners.train_step import (
     ACCUM,
     FLOAT32,
@@ -94,7 +95,9 @@ class Loop:
         self.clip = clip_norm(source_text(comp.obj), numbers)  # clip_grad_norm_(..., grad_clip): its global
         self.tol = TOLERANCE[bool(FLOAT32.search(source_text(comp.obj)))]  # logits.float(): float32's
         self.opt: Any = None
-        self.rates: list[list[float]] = []
+        self.fresh: dict[str, Any] = {}  # the optimizer's own plain settings before its first step
+        self.carried: list[tuple[str, Any]] = []  # what the stand-in was given that the loop reads off it
+        self.rates: list[list[float | None]] = []  # None: an optimizer that sets its own (Adafactor's)
         self.after: list[list[Tensor]] = []
 
     def run(self, model: nn.Module) -> None:
@@ -107,10 +110,12 @@ class Loop:
             self.after += [parameters_of(model)] * bool(self.rates)  # the parameters after the step before
             if len(self.rates) == 2 or self.opt not in (None, opt):
                 raise Stopped
+            self.fresh = self.fresh if self.opt else _plain_settings(opt)  # (before its first step)
             self.opt = opt
-            self.rates.append([float(g["lr"]) for g in opt.param_groups])
+            self.rates.append([None if g["lr"] is None else float(g["lr"]) for g in opt.param_groups])
 
         stand_in = {self.drawn: Draws(parts, model), **({self.held: ACCUM} if self.held else {})}
+        self.carried = carry(model, self.comp.obj, self.model, {"context": POSITIONS, "vocab": VOCAB})
         hook = register_optimizer_step_pre_hook(seen)
         try:
             with globals_set(self.ctx.module, stand_in):
@@ -136,6 +141,7 @@ class Loop:
         except TypeError:  # a constructor of its own that takes other settings: the base class's
             opt = cls.__new__(cls)
             torch.optim.Optimizer.__init__(opt, groups, dict(self.opt.defaults))
+            vars(opt).update({k: v for k, v in self.fresh.items() if k not in vars(opt)})  # its own counters
             return opt
 
     def reference(self, base: nn.Module, **mistakes: bool) -> list[list[Tensor]]:
@@ -160,6 +166,12 @@ class Loop:
                                         "你的训练循环没有对交给它的模型执行任何一次优化器更新")
         right = self.reference(base)
         return self.after, right, largest_differences(self.after, right)
+
+
+def _plain_settings(opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """The numbers, strings and flags an optimizer of the learner's keeps on itself (`self.steps = 0` of
+    a constructor check cannot call with the groups): what a copy built without it starts from."""
+    return {k: v for k, v in vars(opt).items() if type(v) in (int, float, bool, str)}
 
 
 def check_lm_train_loop(comp: Component, ctx: Context) -> ComponentResult:
@@ -233,13 +245,13 @@ def _search(res: ComponentResult, comp: Component, loop: Loop, base: Any, got: l
 
 
 def _notes(res: ComponentResult, loop: Loop, name: str) -> None:
-    rates = "; ".join(", ".join(f"{r:.4g}" for r in step) for step in loop.rates)
+    rates = "; ".join(", ".join("None" if r is None else f"{r:.4g}" for r in step) for step in loop.rates)
     res.notes.append(text(
         f"your loop builds its own optimizer ({name}) and sets its rates; it was stopped after two of them, "
         f"and handformer's steps used the same optimizer at the rates yours set (by step, by group: {rates})",
         f"你的循环自己构建优化器（{name}）并设置学习率；跑完两次更新后被停下，handformer 的每一步用同样的"
         f"优化器和你设置的学习率（按步、按参数组：{rates}）"))
-    res.notes += [FLOAT32_NOTE] * (loop.tol > min(TOLERANCE.values()))
+    res.notes += [FLOAT32_NOTE] * (loop.tol > min(TOLERANCE.values())) + carried_note(loop.carried)
     if loop.clip is not None:
         res.notes.append(clip_note(loop.clip))
     if loop.held:

@@ -17,6 +17,7 @@ from handformer.families import build_causal_lm
 from handformer.models.causal_lm import CausalLM
 
 VOCAB, D, LENGTH, BATCH = 13, 8, 6, 2  # a step that accumulates gets ACCUM x BATCH windows
+POSITIONS = 16  # the longest context the model runs (its block size: no shorter than a window)
 
 
 def batches(rows: int = BATCH) -> list[tuple[Tensor, Tensor]]:
@@ -55,5 +56,5 @@ class Logits(nn.Module):
 def tiny_model() -> Logits:
     torch.manual_seed(0)
     cfg = CausalLMConfig.llama_style(vocab_size=VOCAB, d_model=D, n_heads=2, n_kv_heads=1, d_ff=16,
-                                     n_layers=1, max_positions=16)
+                                     n_layers=1, max_positions=POSITIONS)
     return Logits(build_causal_lm(cfg)).double()
