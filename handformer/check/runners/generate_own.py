@@ -26,7 +26,8 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.argument_names import MODEL_NAMES, readable_parameters
+from handformer.check.core.argument_names import MODEL_NAMES, named, readable_parameters
+from handformer.check.core.carried import methods_called
 from handformer.check.core.context import (
     Context,
     finish,
@@ -48,6 +49,7 @@ from handformer.check.runners.generate_loop import (
     VOCAB,
     Call,
     ContextTooLong,
+    LanguageModel,
     StandIn,
     StandInTokenizer,
     TooManyCalls,
@@ -69,7 +71,8 @@ class OwnModel:
     `budget` (calls allowed before TooManyCalls). Its forward is wrapped on the instance, so that a
     loop that calls `self.forward(...)` (minimind's, Meta's) is recorded and steered as `model(...)` is."""
 
-    def __init__(self, module: nn.Module, limit: int, budget: int, holder: type | None = None) -> None:
+    def __init__(self, module: nn.Module, limit: int, budget: int, holder: type | None = None,
+                 methods: tuple[str, ...] = ()) -> None:
         self.module, self.block_size, self.context, self.budget = module, limit, BLOCK, budget
         self.target = engine(holder, module) if holder else module  # what `model` (or `self`) is
         self.calls: list[Call] = []
@@ -86,10 +89,21 @@ class OwnModel:
             self.outputs += [logits[:, -1].detach().clone() for logits in kept[:1] if logits.dim() == 3]
             return out
         module.forward = functools.wraps(self.original)(forward)
+        self.methods, self.stepped = methods, 0  # the loop's calls of them, counted against its budget
+        for name in methods:  # model.step(token, t, states): its logits steered as forward's are
+            setattr(module, name, self._steered(getattr(module, name)))
         self.resets = [name for name in dir(type(module)) if "reset" in name and "cache" in name
                        and callable(getattr(module, name, None))]
         for name in self.resets:  # reset_kv_cache(): the module's own cache starts empty again
             setattr(module, name, self._reset(getattr(module, name)))
+
+    def _steered(self, method: Any) -> Any:
+        def stepped(*args: Any, **kwargs: Any) -> Any:
+            self.stepped += 1
+            if self.stepped > 2 * self.budget:  # a prompt fed one token at a time counts too
+                raise TooManyCalls(f"generate called the model's {method.__name__} {self.stepped} times")
+            return steered(method(*args, **kwargs))
+        return functools.wraps(method)(stepped)
 
     def _reset(self, method: Any) -> Any:
         def reset(*args: Any, **kwargs: Any) -> Any:
@@ -143,7 +157,7 @@ class OwnModel:
 
     def close(self) -> None:
         vars(self.module).pop("forward", None)
-        for name in self.resets:
+        for name in self.resets + list(self.methods):
             vars(self.module).pop(name, None)
 
 
@@ -197,16 +211,17 @@ class OwnDriver:
     greedy tokens it gives, and the words for the report."""
 
     def __init__(self, ctx: Context, model_comp: Component, module: nn.Module, limit: int,
-                 holder: type | None = None, max_len: int = BLOCK) -> None:
+                 holder: type | None = None, max_len: int = BLOCK, methods: tuple[str, ...] = ()) -> None:
         from handformer.check.runners.gpt import Caller
 
+        self.methods = methods  # the model's methods beyond forward the loop calls (model.step)
         self.module, self.limit, self.name = module, limit, model_comp.name
         self.holder, self.max_len = holder, max_len  # the engine class generate is a method of
         self.call = Caller(module, ctx)
         self.float32 = False  # moved to float32 (lower_precision)
 
     def new_model(self, style: str, budget: int) -> OwnModel:
-        model = OwnModel(self.module, self.limit, budget, self.holder)
+        model = OwnModel(self.module, self.limit, budget, self.holder, self.methods)
         model.exact = self.logits
         return model
 
@@ -327,8 +342,8 @@ def own_driver(ctx: Context, comp: Component) -> Iterator[OwnDriver | None]:
     module-level sizes set for it (Karpathy's n_embd, block_size) while it runs, then put back."""
     from handformer.check.runners.gpt import gpt_sizes
 
-    model_comp = _model_component(ctx, comp)
-    if model_comp is None or not _usable(ctx, model_comp):
+    model_comp, methods = _model_component(ctx, comp), beyond_forward(ctx, comp)
+    if model_comp is None or not (methods or _usable(ctx, model_comp)):  # (their model's step: theirs alone)
         yield None
         return
     # a model that decodes with a KV cache or start_pos runs to its max_len, which is not a block its
@@ -336,13 +351,13 @@ def own_driver(ctx: Context, comp: Component) -> Iterator[OwnDriver | None]:
     # long enough for every check's tokens; a learned position table is a block to crop to
     cached = inspect.isclass(model_comp.obj) and bool(_cache_parameters(model_comp.obj.forward))
     sizes = {**gpt_sizes(ctx), "src_vocab": VOCAB, "max_len": BLOCK}
-    long = cached or not learned_positions(ctx, model_comp, sizes)
+    long = cached or bool(methods) or not learned_positions(ctx, model_comp, sizes)
     sizes["max_len"] = CACHED_LEN if long else BLOCK
     dtype = torch.get_default_dtype()
     with globals_set(ctx.module, module_sizes(ctx.module, model_comp, sizes)):
         torch.set_default_dtype(torch.float64)  # their model float64 here: a cache it allocates must be too
         try:
-            yield _build(ctx, model_comp, sizes, _engine_class(ctx, comp))
+            yield _build(ctx, model_comp, sizes, _engine_class(ctx, comp), methods)
         finally:
             torch.set_default_dtype(dtype)
 
@@ -385,7 +400,7 @@ def _engine_class(ctx: Context, comp: Component) -> type | None:
 
 
 def _build(ctx: Context, model_comp: Component, sizes: dict[str, Any], holder: type | None,
-           ) -> OwnDriver | None:
+           methods: tuple[str, ...] = ()) -> OwnDriver | None:
     """Their model at check's sizes (in their engine class, when generate is its method), when it can
     be called on token ids alone, returns VOCAB logits and runs on BLOCK tokens; its limit read by
     feeding it BLOCK + 2 tokens."""
@@ -394,7 +409,7 @@ def _build(ctx: Context, model_comp: Component, sizes: dict[str, Any], holder: t
         module = ctx.build(model_comp, sizes)
         if not _drivable(module):
             return None
-        driver = OwnDriver(ctx, model_comp, module, BLOCK, holder, sizes["max_len"])
+        driver = OwnDriver(ctx, model_comp, module, BLOCK, holder, sizes["max_len"], methods)
         if holder is not None:
             engine(holder, module)
         logits, _ = driver.call(torch.zeros(1, BLOCK, dtype=torch.long))
@@ -422,6 +437,8 @@ def check_generate(comp: Component, ctx: Context) -> ComponentResult:
             contrastive.check_contrastive(res, ctx, comp, own.module, found, own.name)
             return finish(res)
         driver = own or StandIn()
+        _served(comp, own, beyond_forward(ctx, comp))
+        res.notes += [_methods_note(own.name, own.methods)] if own and own.methods else []
         res.driven = driver.driven()
         check_with(res, ctx, comp, driver)
         res.driven = driver.driven()  # as it was driven in the end (in float32 where float64 raised)
@@ -429,3 +446,39 @@ def check_generate(comp: Component, ctx: Context) -> ComponentResult:
             check_padded(res, ctx, comp, driver, driver.styles(comp.obj)[0])
         check_ragged(res, ctx, comp, driver)  # prompts of different lengths a loop pads itself (Meta's)
     return finish(res)
+
+
+def beyond_forward(ctx: Context, comp: Component) -> tuple[str, ...]:
+    """The methods of its model the loop calls beyond forward (`model.step(...)`, `model.init_state(B)`):
+    ones neither an nn.Module nor the stand-in has (nor, for a method of an engine class, that class)."""
+    names = forward_names(comp.obj)
+    root = named(names, MODEL_NAMES) or (names or [""])[0]
+    return tuple(methods_called(comp.obj, root, _engine_class(ctx, comp) or LanguageModel))
+
+
+def _served(comp: Component, own: OwnDriver | None, methods: tuple[str, ...]) -> None:
+    """NOT CHECKED (cannot_call), naming the method, where the loop calls one its model must have and
+    no model check built has it: the stand-in has only forward."""
+    module = getattr(own, "module", None)
+    missing = [m for m in methods if not callable(getattr(module, m, None))]
+    if missing:
+        said = {"name": comp.name, "method": missing[0]}
+        raise fp.LearnerFailure(LearnerError("cannot_call", BEYOND.format(**said), "forward",
+                                             message_zh=BEYOND_ZH.format(**said)))
+
+
+BEYOND = ("{name} calls model.{method}(...), a method of its model beyond forward: only a model class of "
+          "your file can have it, and check built none that has it (your file defines none, or check could "
+          "not build it: see its report); check's stand-in, which has only forward, cannot drive the loop")
+BEYOND_ZH = ("{name} 调用了 model.{method}(...)，这是模型在 forward 之外的方法："
+             "只有你文件里的模型类才会有它，而检查程序没有构建出带这个方法的模型"
+             "（你的文件没有定义，或者检查程序构建不了它：见它的报告）；替身只有 forward，驱动不了这个循环")
+
+
+def _methods_note(model: str, methods: tuple[str, ...]) -> Text:
+    said = ", ".join(f"model.{m}(...)" for m in methods)
+    return text(f"it calls {said}, beyond forward: driven with your own {model}, and each token it emits "
+                f"is judged against that model's full forward on the sequence so far (its {said} must agree "
+                "with it)",
+                f"它调用了 forward 之外的 {said}：用你自己的 {model} 驱动，它给出的每个 token 都与同一个模型"
+                f"对目前整个序列做完整 forward 的结果比较（它的 {said} 必须与之一致）")
