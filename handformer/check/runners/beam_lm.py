@@ -118,11 +118,11 @@ class SteeredLM(Steered):
     def _forward(self, real: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         idx = [*args, *kwargs.values()][0]  # (N, T)
         others = [args[1:], {k: v for k, v in kwargs.items() if v is not idx}]  # the cache among them
-        past = tree_flatten(others)[0][:1] if self.time_dim is not None else []
+        past = tensors(others)[:1] if self.time_dim is not None else []
         prefix = torch.cat([idx[:, :0], *(_carried(t, self.time_dim) for t in past)], dim=1)  # (N, P)
         full = torch.cat([prefix, idx.long()], dim=1)  # (N, P + T)
         out = real(*args, **kwargs)
-        logits = tree_flatten(out)[0][0]
+        logits = tensors(out)[0]
         steered = self._logits(full, idx.size(1)).to(logits.dtype)  # (N, T, V)
         axis = self.time_dim
 
@@ -143,11 +143,17 @@ class SteeredLM(Steered):
         return torch.stack(rows)  # (N, T, V)
 
 
+def tensors(tree: Any) -> list[Tensor]:
+    """The tensors among what a model returns or is handed, in order: its other leaves (nanoGPT's loss
+    of None, a length, a flag) are not read as logits or a cache."""
+    return [leaf for leaf in tree_flatten(tree)[0] if isinstance(leaf, Tensor)]
+
+
 def time_axis(ctx: Context, module: nn.Module) -> int | None:
     """The axis of the cache the model hands back that grows with the tokens (2 for (B, H, T, Dh)),
     or None when it hands back none."""
     outs = [ctx.learner.call("forward", module, torch.tensor([PROMPT[:n]])) for n in (2, 3)]
-    shapes = [tree_flatten(out)[0][1:2] for out in outs]  # the first tensor after the logits
+    shapes = [tensors(out)[1:2] for out in outs]  # the first tensor after the logits
     grown = [d for a, b in zip(*shapes) for d in range(1, a.dim()) if b.size(d) == a.size(d) + 1]
     return next(iter(grown), None)
 
