@@ -12,91 +12,93 @@ is left off: the stand-in's own error says which (NOT CHECKED, as before).
 from __future__ import annotations
 
 import ast
+import collections
 import functools
+import re
 import textwrap
 import types
 from typing import Any
 
 from torch import nn
 
-from handformer.check.core.argument_names import CONTEXT_NAMES, COUNT_NAMES, EOS_NAMES, PAD_NAMES
+from handformer.check.core.argument_names import CONTEXT_NAMES, COUNT_NAMES, EOS_NAMES, MODEL_NAMES, PAD_NAMES
+from handformer.check.core.context import forward_names
 from handformer.check.core.own_defaults import own_defaults
 from handformer.check.core.result import Text, text
 from handformer.check.core.source import source_text
 
-# the roles a chain's last name plays, by name; "count" is also read from the code's form (`counted`)
+# the roles a chain's last name plays, by name; "count" is also read from the code's form (`_reads`)
 ROLE_NAMES = {"context": CONTEXT_NAMES + ("max_len", "n_ctx", "n_positions", "max_position_embeddings",
                                           "seq_len", "max_seq_length", "sequence_length"),
               "vocab": ("vocab_size", "n_vocab", "vocab", "num_embeddings"),
               "count": COUNT_NAMES, "eos": EOS_NAMES, "pad": PAD_NAMES, "device": ("device",)}
+ROLE_OF = {name: role for role, names in ROLE_NAMES.items() for name in names}
 FIXED = {"device": "cpu"}  # where every run of check is
+MISSING = object()
 
 
-def _chain(node: ast.Attribute) -> tuple[str, tuple[str, ...]] | None:
-    """(the root name, its attributes) of `root.a.b`; None where the root is not a plain name."""
-    names: list[str] = []
-    while isinstance(node, ast.Attribute):
-        names.insert(0, node.attr)
-        node = node.value  # type: ignore[assignment]
-    return (node.id, tuple(names)) if isinstance(node, ast.Name) else None
-
-
-@functools.lru_cache(maxsize=256)
-def _reads(source: str) -> tuple[frozenset[tuple[str, tuple[str, ...]]], frozenset[tuple[str, ...]]]:
-    """(every chain read as a value, the chains a `for` loop counts by) in one function's source. A
-    chain that is called (`model.step(...)`, `self.model(ids)`) is a method, not read; its own prefix
-    is (`model.config.block_size` is one chain, not also `model.config`)."""
+def _nodes(source: str) -> dict[type, list[Any]]:
+    """The nodes of a function's source, by type (none where it does not parse)."""
+    nodes: dict[type, list[Any]] = collections.defaultdict(list)
     try:
         tree = ast.parse(textwrap.dedent(source))
     except SyntaxError:
-        return frozenset(), frozenset()
-    inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
-    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
-    chains = {c for n in ast.walk(tree) if isinstance(n, ast.Attribute) and id(n) not in inner | called
-              and isinstance(n.ctx, ast.Load) and (c := _chain(n))}
-    loops = [n.iter for n in ast.walk(tree) if isinstance(n, ast.For) and isinstance(n.iter, ast.Call)]
-    ranges = [call.args[-1] for call in loops if getattr(call.func, "id", "") == "range" and call.args]
-    counted = {c for r in ranges if isinstance(r, ast.Attribute) and (c := _chain(r))}
-    return frozenset(chains), frozenset(counted)
+        return nodes
+    for node in ast.walk(tree):
+        nodes[type(node)].append(node)
+    return nodes
+
+
+@functools.lru_cache(maxsize=256)
+def _reads(source: str) -> tuple[str, frozenset[str], str]:
+    """(the chains read as values, one a line; what each `for` loop iterates over; the chains called,
+    one a line), as written in one function's source. A chain is the longest one written
+    (`model.config.block_size`, not also `model.config`); one that is called (`model.step(...)`) is a
+    method, not a value."""
+    nodes = _nodes(source)
+    inner, called = {id(n.value) for n in nodes[ast.Attribute]}, {id(n.func) for n in nodes[ast.Call]}
+    chains = collections.defaultdict(set)  # by (inside a longer one, called)
+    for node in nodes[ast.Attribute]:
+        chains[id(node) in inner, id(node) in called].add(ast.unparse(node))
+    iterated = frozenset(ast.unparse(n.iter) for n in nodes[ast.For])
+    return "\n".join(sorted(chains[False, False])), iterated, "\n".join(sorted(chains[False, True]))
 
 
 def chains_read(fn: Any, name: str) -> list[tuple[str, ...]]:
     """The attribute chains `fn` reads off its argument `name`, in a stable order."""
-    chains, _ = _reads(source_text(fn))
-    return sorted(attrs for root, attrs in chains if root == name)
-
-
-def _role(fn: Any, name: str, attrs: tuple[str, ...]) -> str | None:
-    if (name, attrs) in _reads(source_text(fn))[1]:
-        return "count"
-    return next((role for role, names in ROLE_NAMES.items() if attrs[-1].lower() in names), None)
+    found = re.findall(rf"(?m)^{re.escape(name)}((?:\.[A-Za-z_]\w*)+)$", _reads(source_text(fn))[0])
+    return [tuple(chain.split(".")[1:]) for chain in found]
 
 
 def _value(fn: Any, name: str, attrs: tuple[str, ...], sizes: dict[str, Any]) -> Any:
     """The value a chain is carried at: the run's size of its role, else the file's value of its name."""
-    role = _role(fn, name, attrs)
-    sizes = {**FIXED, **sizes}
-    return sizes[role] if role in sizes else own_defaults(fn).get(attrs[-1].lower())
+    counted = f"range({'.'.join((name, *attrs))})" in _reads(source_text(fn))[1]
+    role = {True: "count"}.get(counted, ROLE_OF.get(attrs[-1].lower()))
+    return {**FIXED, **sizes}.get(role, own_defaults(fn).get(attrs[-1].lower()))  # (no role: None)
+
+
+def _holder(obj: Any, attrs: tuple[str, ...]) -> Any:
+    """The object at `obj.attrs...`, each one missing made a namespace."""
+    for attr in attrs:
+        if not hasattr(obj, attr):
+            setattr(obj, attr, types.SimpleNamespace())
+        obj = getattr(obj, attr)
+    return obj
 
 
 def carry(obj: Any, fn: Any, name: str, sizes: dict[str, Any]) -> list[tuple[str, Any]]:
-    """Give the stand-in `obj`, handed to `fn` as its argument `name`, each chain `fn` reads off it that
-    it lacks (intermediate objects as namespaces; into a namespace it has, never into another object of
-    its own); `sizes` are the run's values by role. The (dotted chain, value) pairs carried."""
-    carried = []
-    for attrs in chains_read(fn, name):
-        holder, value = obj, _value(fn, name, attrs, sizes)
-        for attr in attrs[:-1]:
-            if not hasattr(holder, attr) and value is not None:
-                setattr(holder, attr, types.SimpleNamespace())
-            holder = getattr(holder, attr, None)
-            if not isinstance(holder, types.SimpleNamespace):
-                break
-        else:
-            if value is not None and not hasattr(holder, attrs[-1]):
-                setattr(holder, attrs[-1], value)
-                carried.append((".".join((name, *attrs)), value))
-    return carried
+    """Give the stand-in `obj` (check's own), handed to `fn` as its argument `name`, each chain `fn`
+    reads off it that it lacks, intermediate objects as namespaces; `sizes` are the run's values by
+    role. The (dotted chain, value) pairs carried."""
+    valued = [(attrs, _value(fn, name, attrs, sizes)) for attrs in chains_read(fn, name)]
+    missing = [(attrs, v) for attrs, v in valued if v is not None and _at(obj, attrs) is MISSING]
+    for attrs, value in missing:
+        setattr(_holder(obj, attrs[:-1]), attrs[-1], value)
+    return [(".".join((name, *attrs)), v) for attrs, v in missing]
+
+
+def _at(obj: Any, attrs: tuple[str, ...]) -> Any:
+    return functools.reduce(lambda o, a: getattr(o, a, MISSING), attrs, obj)
 
 
 def carried_note(pairs: list[tuple[str, Any]]) -> list[Text]:
@@ -112,10 +114,11 @@ def methods_called(fn: Any, name: str, known: Any = None) -> list[str]:
     """The methods `fn` calls on its argument `name` (`model.step(token, t, states)`) that an object of
     the class `known` (nn.Module by default: eval, parameters, ...) does not have: what only a model
     of the learner's own class can answer."""
-    try:
-        tree = ast.parse(textwrap.dedent(source_text(fn)))
-    except SyntaxError:
-        return []
-    calls = [n.func for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
-    chains = [c[1] for func in calls if (c := _chain(func)) and c[0] == name and len(c[1]) == 1]
-    return sorted({attrs[0] for attrs in chains} - set(dir(known or nn.Module)) - {"forward"})
+    found = re.findall(rf"(?m)^{re.escape(name)}\.([A-Za-z_]\w*)$", _reads(source_text(fn))[2])
+    return sorted(set(found) - set(dir(known or nn.Module)) - {"forward"})
+
+
+def model_argument(fn: Any) -> str:
+    """The name of the argument a loop is handed its model by: the first of MODEL_NAMES, else its first
+    ("" where it takes none). (min keeps the first of equal keys.)"""
+    return min([*forward_names(fn), ""], key=lambda n: n.lower() not in MODEL_NAMES)

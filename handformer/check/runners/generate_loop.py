@@ -44,7 +44,7 @@ from handformer.check.core.argument_names import (
     PROMPT_NAMES,
     TOKENIZER_NAMES,
 )
-from handformer.check.core.carried import ROLE_NAMES, carried_note, carry
+from handformer.check.core.carried import ROLE_NAMES, carried_note, carry, model_argument
 from handformer.check.core.context import (
     Context,
     forward_defaults,
@@ -388,10 +388,8 @@ def _carry(comp: Component, model: Any, n: int) -> None:
     """The stand-in given what the loop reads off it (`model.config.eos_token_id`, `self.args.max_len`):
     carried.py, at this run's sizes (n new tokens, no EOS)."""
     if isinstance(model, LanguageModel):
-        names = forward_names(comp.obj)
-        root = named(names, MODEL_NAMES) or (names or [""])[0]
         sizes = {"context": model.context, "vocab": VOCAB, "count": n, "eos": NEVER, "pad": PAD_ID}
-        model.carried = carry(model, comp.obj, root, sizes)
+        model.carried = carry(model, comp.obj, model_argument(comp.obj), sizes)
 
 
 def _own_options(ctx: Context, comp: Component, p: inspect.Parameter, model: LanguageModel, n: int,
@@ -646,7 +644,6 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
         raise ctx.learner.fail("forward", f"{comp.name} returned no token ids for a prompt of 3 tokens and "
                                f"max_new_tokens={SHORT}",
                                f"提示为 3 个 token、max_new_tokens={SHORT} 时，{comp.name} 没有返回 token id")
-    res.notes += carried_note(getattr(short.model, "carried", []))
     B = (short := _total_length(res, ctx, comp, driver, short)).prompt.size(0)  # its count read as it counts
     if B == 1:
         en, zh = (", given as a list of ints", "，提示词是整数列表") if short.as_list else ("", "")
@@ -701,7 +698,9 @@ SEARCH_ZH = ("{name} 对 {B} 个提示词用 {rows} 行调用模型：这是对�
 def _total_length(res: ComponentResult, ctx: Context, comp: Component, driver: Any, short: Run) -> Run:
     """A loop whose count, by a name that does not say new tokens (max_length), is the total length,
     prompt included (Hugging Face's max_length): asked for SHORT tokens it gave SHORT - T after a prompt
-    of T. Read so (TOTAL_COUNTS) where, handed T + SHORT, it gives SHORT; noted. Else `short`."""
+    of T. Read so (TOTAL_COUNTS) where, handed T + SHORT, it gives SHORT; noted. Else `short`. (What
+    the stand-in of the run carried for the loop is noted first: carried.py.)"""
+    res.notes += carried_note(getattr(short.model, "carried", []))
     name = named(forward_names(comp.obj), COUNT_NAMES) or "new"
     T = short.prompt.size(1)
     if short.out is None or short.out.size(1) != SHORT - T or "new" in name.lower():

@@ -26,8 +26,8 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.argument_names import MODEL_NAMES, named, readable_parameters
-from handformer.check.core.carried import methods_called
+from handformer.check.core.argument_names import MODEL_NAMES, readable_parameters
+from handformer.check.core.carried import methods_called, model_argument
 from handformer.check.core.context import (
     Context,
     finish,
@@ -437,8 +437,8 @@ def check_generate(comp: Component, ctx: Context) -> ComponentResult:
             contrastive.check_contrastive(res, ctx, comp, own.module, found, own.name)
             return finish(res)
         driver = own or StandIn()
-        _served(comp, own, beyond_forward(ctx, comp))
-        res.notes += [_methods_note(own.name, own.methods)] if own and own.methods else []
+        _served(comp, own, methods := beyond_forward(ctx, comp))
+        res.notes += [_methods_note(getattr(own, "name", ""), methods)] * bool(getattr(own, "methods", ()))
         res.driven = driver.driven()
         check_with(res, ctx, comp, driver)
         res.driven = driver.driven()  # as it was driven in the end (in float32 where float64 raised)
@@ -451,16 +451,15 @@ def check_generate(comp: Component, ctx: Context) -> ComponentResult:
 def beyond_forward(ctx: Context, comp: Component) -> tuple[str, ...]:
     """The methods of its model the loop calls beyond forward (`model.step(...)`, `model.init_state(B)`):
     ones neither an nn.Module nor the stand-in has (nor, for a method of an engine class, that class)."""
-    names = forward_names(comp.obj)
-    root = named(names, MODEL_NAMES) or (names or [""])[0]
-    return tuple(methods_called(comp.obj, root, _engine_class(ctx, comp) or LanguageModel))
+    known = _engine_class(ctx, comp) or LanguageModel
+    return tuple(methods_called(comp.obj, model_argument(comp.obj), known))
 
 
 def _served(comp: Component, own: OwnDriver | None, methods: tuple[str, ...]) -> None:
     """NOT CHECKED (cannot_call), naming the method, where the loop calls one its model must have and
     no model check built has it: the stand-in has only forward."""
     module = getattr(own, "module", None)
-    missing = [m for m in methods if not callable(getattr(module, m, None))]
+    missing = sorted(set(methods) - set(dir(module)))
     if missing:
         said = {"name": comp.name, "method": missing[0]}
         raise fp.LearnerFailure(LearnerError("cannot_call", BEYOND.format(**said), "forward",

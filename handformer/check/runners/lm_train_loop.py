@@ -110,7 +110,7 @@ class Loop:
             self.after += [parameters_of(model)] * bool(self.rates)  # the parameters after the step before
             if len(self.rates) == 2 or self.opt not in (None, opt):
                 raise Stopped
-            self.fresh = self.fresh if self.opt else _plain_settings(opt)  # (before its first step)
+            self.fresh = {**_plain_settings(opt), **self.fresh}  # as it was before its first step
             self.opt = opt
             self.rates.append([None if g["lr"] is None else float(g["lr"]) for g in opt.param_groups])
 
@@ -141,7 +141,7 @@ class Loop:
         except TypeError:  # a constructor of its own that takes other settings: the base class's
             opt = cls.__new__(cls)
             torch.optim.Optimizer.__init__(opt, groups, dict(self.opt.defaults))
-            vars(opt).update({k: v for k, v in self.fresh.items() if k not in vars(opt)})  # its own counters
+            vars(opt).update({**self.fresh, **vars(opt)})  # its own counters, where the base class has none
             return opt
 
     def reference(self, base: nn.Module, **mistakes: bool) -> list[list[Tensor]]:
