@@ -53,6 +53,23 @@ OWN_RATE = ("def get_batch", '''class OwnRateSGD(torch.optim.Optimizer):
 
 
 def get_batch''')
+# an engine class that holds the model (`self.model = model`) and calls it: no method beyond forward
+ENGINE = ("\n\n@torch.no_grad()\ndef sample(", '''
+
+class Engine:
+    def __init__(self, model: LM):
+        self.model = model
+
+    @torch.no_grad()
+    def generate(self, prompt_ids, max_new_tokens):
+        ids, block = prompt_ids, self.model.pos.num_embeddings
+        for _ in range(max_new_tokens):
+            ids = torch.cat([ids, self.model(ids[:, -block:])[:, -1].argmax(-1, keepdim=True)], dim=1)
+        return ids
+
+
+@torch.no_grad()
+def sample(''')
 # name: (fixture, edits, the kinds checked)
 CASES = {
     "config_block": ("train_config_block", (), None),
@@ -77,6 +94,7 @@ CASES = {
                                                  "        return self.head(x)  # (B, T, vocab_size)"),),
                                 ["gpt", "generate"]),
     "state_sampling": ("state_sampling", (), ["generate"]),
+    "engine": ("state_sampling", (ENGINE,), ["generate"]),
     "state_sampling_refed": ("state_sampling", (("model.forward_one(nxt, state)", "model.forward_one(out, state)"),),
                              ["generate"]),
     "beam_loss_none": ("beam_loss_none", (), ["beam_search"]),
@@ -106,7 +124,7 @@ def _loop(result):
 
 
 @pytest.mark.parametrize("name", ["config_block", "own_rate", "max_seq_len", "config_ids", "params_window", "step_cached",
-                                  "state_sampling", "beam_loss_none", "beam_loss_first"])
+                                  "state_sampling", "engine", "beam_loss_none", "beam_loss_first"])
 def test_the_correct_loop_is_checked_and_passes(results, name):
     result = results[name]
     assert [c.status for c in result.components] == ["pass"] * len(result.components), format_report(result)

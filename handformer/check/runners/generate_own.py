@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import MODEL_NAMES, readable_parameters
-from handformer.check.core.carried import methods_called, model_argument
+from handformer.check.core.carried import chains_read, methods_called, model_argument
 from handformer.check.core.context import (
     Context,
     finish,
@@ -450,9 +450,12 @@ def check_generate(comp: Component, ctx: Context) -> ComponentResult:
 
 def beyond_forward(ctx: Context, comp: Component) -> tuple[str, ...]:
     """The methods of its model the loop calls beyond forward (`model.step(...)`, `model.init_state(B)`):
-    ones neither an nn.Module nor the stand-in has (nor, for a method of an engine class, that class)."""
-    known = _engine_class(ctx, comp) or LanguageModel
-    return tuple(methods_called(comp.obj, model_argument(comp.obj), known))
+    ones neither an nn.Module nor the stand-in has (nor, for a method of a class, that class or what its
+    constructor sets: an engine's `self.model(ids)` calls the model it holds)."""
+    owner = own_objects(ctx.module).get(comp.name.split(".")[0]) if "." in comp.name else None
+    held = {attrs[0] for attrs in chains_read(getattr(owner, "__init__", None), "self")}  # self.model = model
+    called = methods_called(comp.obj, model_argument(comp.obj), owner or LanguageModel)
+    return tuple(sorted(set(called) - held))
 
 
 def _served(comp: Component, own: OwnDriver | None, methods: tuple[str, ...]) -> None:
@@ -461,15 +464,15 @@ def _served(comp: Component, own: OwnDriver | None, methods: tuple[str, ...]) ->
     module = getattr(own, "module", None)
     missing = sorted(set(methods) - set(dir(module)))
     if missing:
-        said = {"name": comp.name, "method": missing[0]}
+        said = {"name": comp.name, "method": f"{model_argument(comp.obj)}.{missing[0]}"}
         raise fp.LearnerFailure(LearnerError("cannot_call", BEYOND.format(**said), "forward",
                                              message_zh=BEYOND_ZH.format(**said)))
 
 
-BEYOND = ("{name} calls model.{method}(...), a method of its model beyond forward: only a model class of "
+BEYOND = ("{name} calls {method}(...), a method of its model beyond forward: only a model class of "
           "your file can have it, and check built none that has it (your file defines none, or check could "
           "not build it: see its report); check's stand-in, which has only forward, cannot drive the loop")
-BEYOND_ZH = ("{name} 调用了 model.{method}(...)，这是模型在 forward 之外的方法："
+BEYOND_ZH = ("{name} 调用了 {method}(...)，这是模型在 forward 之外的方法："
              "只有你文件里的模型类才会有它，而检查程序没有构建出带这个方法的模型"
              "（你的文件没有定义，或者检查程序构建不了它：见它的报告）；替身只有 forward，驱动不了这个循环")
 
