@@ -133,7 +133,7 @@ def test_the_correct_loop_is_checked_and_passes(results, name):
 @pytest.mark.parametrize(("name", "said"), [
     ("config_block", "model.config.block_size = 16"), ("max_seq_len", "model.max_seq_len = 16, model.vocab_size = 13"),
     ("config_ids", "model.config.eos_token_id = -1, model.config.pad_token_id = 0"),
-    ("params_window", "model.params.max_seq_len = 8")])
+    ("params_window", "model.params.seq_length = 8")])
 def test_what_the_stand_in_carries_is_said(results, name, said):
     notes = [n["en"] for n in _loop(results[name]).notes]
     assert any(said in n and "stand-in carries" in n for n in notes), notes

@@ -29,7 +29,8 @@ from handformer.check.core.source import source_text
 
 # the roles a chain's last name plays, by name; "count" is also read from the code's form (`_reads`)
 ROLE_NAMES = {"context": CONTEXT_NAMES + ("max_len", "n_ctx", "n_positions", "max_position_embeddings",
-                                          "seq_len", "max_seq_length", "sequence_length"),
+                                          "seq_len", "seq_length", "max_seq_length", "sequence_length",
+                                          "max_sequence_length"),
               "vocab": ("vocab_size", "n_vocab", "vocab", "num_embeddings"),
               "count": COUNT_NAMES, "eos": EOS_NAMES, "pad": PAD_NAMES, "device": ("device",)}
 ROLE_OF = {name: role for role, names in ROLE_NAMES.items() for name in names}
