@@ -800,9 +800,11 @@ def _top_k_of(comp: Component, run: Run) -> int:
 
 
 # the names a loop that crops its context reads its limit by (Raschka's context_size, nanoGPT's
-# block_size, a config's max_position_embeddings): a loop that reads only other settings off a config
-# (its eos_token_id) names none
-BLOCK_WORDS = re.compile(r"\b(" + "|".join(ROLE_NAMES["context"]) + r")\b")
+# block_size), or an attribute of a context's role (a config's .max_position_embeddings, .seq_length;
+# a local seq_len = idx.size(1) is no limit): a loop that reads only other settings off a config (its
+# eos_token_id) names none
+BLOCK_WORDS = re.compile(r"\b(" + "|".join(CONTEXT_NAMES + ("max_len", "n_ctx", "n_positions")) + r")\b|\.("
+                         + "|".join(ROLE_NAMES["context"]) + r")\b")
 
 
 def knows_block_size(comp: Component) -> bool:
