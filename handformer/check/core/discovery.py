@@ -30,6 +30,7 @@ from handformer.check.core.bpe_parts import snippet_parts
 from handformer.check.core.defaults import given
 from handformer.check.core.hosts import host_arguments
 from handformer.check.core.kinds import COLLATOR_KINDS, KINDS_TABLE, METHOD_NAMES, TABLED
+from handformer.check.core.own_calls import file_arguments, record
 from handformer.check.core.own_defaults import own_defaults, settings_class
 from handformer.check.core.size_roles import with_roles
 from handformer.check.core.source import code_text, config_reads, module_reads, source_text
@@ -1316,6 +1317,8 @@ def _build_matched(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any],
             kwargs[p.name] = choice
         elif (part := _part_for(p.name, parts)) is not None:
             kwargs[p.name] = part()
+        elif own := file_arguments(target, [p.name], kwargs, sizes, argument_keys):  # DbrxBlock(config, i)
+            kwargs.update(record(target, own))
         else:
             known = "; ".join(f"{k}: {', '.join(v[:4])}" for k, v in ARGUMENTS.items())
             raise DiscoveryError(

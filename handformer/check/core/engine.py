@@ -40,6 +40,7 @@ from handformer.check.core.discovery import (
 from handformer.check.core.grouping import MULTI_QUERY_NOTE, UNGROUPED_NOTE, kv_heads_by_default
 from handformer.check.core.kinds import KINDS_BY_NAME
 from handformer.check.core.localize import commented_out
+from handformer.check.core.own_calls import forward_defaults_, not_charged, taken_notes
 from handformer.check.core.own_width import other_width
 from handformer.check.core.passed_in import passed_in
 from handformer.check.core.precision import DTYPE_MISMATCH, float64_kept
@@ -233,6 +234,7 @@ def _charged_or_not(comp: Component, ctx: Context, result: ComponentResult, erro
     why = error
     with contextlib.suppress(Exception):  # a form check cannot read again: the exception stays theirs
         why = judged(ctx.raised, ctx.path, lambda: _run_callers(comp, ctx)) or error
+    why = not_charged(comp.obj, why)  # driven only with arguments taken from the file's calls
     if why.kind == "exception":  # theirs: as raised, or where their own call raised
         result.error = why
         return
@@ -418,6 +420,7 @@ def _add_notes(comp: Component, ctx: Context, result: ComponentResult) -> None:
     from a component it uses, NaN outputs."""
     if ctx.hyperparameter_note is not None:
         result.notes.append(ctx.hyperparameter_note)
+    result.notes += taken_notes(comp.obj)  # the arguments taken from the file's own calls
     if comp.found_by in FOUND_BY:
         en, zh = FOUND_BY[comp.found_by]
         kind = KINDS_BY_NAME[comp.kind]
@@ -720,6 +723,7 @@ def _discover(module: types.ModuleType, result: FileResult, adapters: str | None
     """The components to check and every component (a layer may be built from theirs); None, with
     the error in result, when there is none or --component names what the file lacks."""
     try:
+        forward_defaults_(defined_here(module).values())  # a layer number, as the file's own calls pass it
         found = adapter_functions(load_adapters(adapters, path), module)
         components = find_components(module, overrides, only, found)
         # every component is what `only` finds when it names no kind: found once
