@@ -1,0 +1,195 @@
+"""Settings the reference has no place for, checked at their neutral values.
+
+A component that departs with no catalogued mistake naming it may read settings of its own that check
+maps to nothing: a config field (Gemma 2's `config.sliding_window`), a constructor's or a function's
+argument with a default (a sampler's `penalty_alpha=0.6`, an optimizer's Hessian `interval=10`). Read
+from the code's form: the defaults of the functions and constructors of the learner's file that the
+component reaches, and the fields of its config classes that the code reads (`.field`). Each one whose
+name says what leaves the computation as the reference's (`NEUTRAL_BY_WORDS`: a window or chunk wide
+enough that nothing is cut, an interval of 1, a penalty 0, a scale 1; a flag False) is set to that value
+as data (its default changed for the run), one at a time and then all together, and the component
+graded again. Where it passes there, it passes, with a note naming each setting and value; a catalogued
+mistake found there FAILs as ever; where it still departs, it is NOT CHECKED, the reason naming the
+settings and the line where it parts (unmapped.settle), never FAIL.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+import inspect
+import re
+import sys
+import types
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from handformer.check.core.discovery import FIXED, SWITCHES, _config_values, size_of
+from handformer.check.core.options_object import KNOWN, NEUTRAL
+from handformer.check.core.result import FAIL, PASS, ComponentResult, Text, text
+from handformer.check.core.sizes import SIZES
+from handformer.check.core.source import reachable, source_text
+from handformer.check.core.unmapped import settle
+from handformer.time_limit import time_limit
+
+if TYPE_CHECKING:
+    from handformer.check.core.context import Context
+    from handformer.check.core.discovery import Component
+
+WIDE = 4096  # a window, chunk or sink count wider than any input check gives: nothing is cut
+# the words of a setting's name -> the value at which it leaves the reference's computation as it is
+NEUTRAL_BY_WORDS: tuple[tuple[frozenset[str], Any], ...] = (
+    (frozenset({"interval", "every", "period"}), 1),
+    (frozenset({"window", "chunk", "sink", "sinks", "recent"}), WIDE),
+    (frozenset({"penalty", "alpha", "coef", "coefficient", "lambda", "smoothing"}), 0),
+    (frozenset({"scale", "scaling", "multiplier", "mult", "factor"}), 1),
+)
+# the words of settings check reads itself (a norm's eps, RoPE's base, a soft cap read from the module)
+READ_WORDS = frozenset({"eps", "epsilon", "theta", "base", "rope", "softcap", "softcapping", "cap", "norm",
+                        "qk"})
+MAPPED = frozenset({*_config_values(SIZES), *FIXED, *SWITCHES, *KNOWN, *NEUTRAL})
+STEP_SHARE = 14.0  # seconds of the component's step (20 s) the first run and the one at neutral values share
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    owner: Any  # the function whose default holds it (a constructor, a config class's __init__)
+    name: str
+    value: Any  # the file's value
+    neutral: Any
+
+
+class TrialsTimeout(BaseException):  # noqa: N818  (not an Exception: their `except Exception` cannot eat it)
+    """The run at neutral values ran past what was left of STEP_SHARE: NOT CHECKED, as where it departs."""
+
+
+def neutral_value(name: str, value: Any) -> Any:
+    """The value of a setting of this name that leaves the computation as the reference's, in the type
+    of its `value`; `value` itself where check maps the name or its name says no neutral value."""
+    words = set(name.lower().split("_"))
+    if name.lower() in MAPPED or size_of(name) is not None or words & READ_WORDS:
+        return value
+    if isinstance(value, bool):
+        return False
+    if not isinstance(value, (int, float)):
+        return value
+    neutral = next((v for each, v in NEUTRAL_BY_WORDS if words & each), value)
+    return type(value)(neutral)
+
+
+def _own_objects(obj: Any) -> dict[str, Any]:
+    """The classes and functions defined in the file of `obj`, by name."""
+    name = getattr(obj, "__module__", "")
+    return {n: v for n, v in vars(sys.modules.get(name, types)).items()
+            if isinstance(v, (type, types.FunctionType)) and getattr(v, "__module__", None) == name}
+
+
+def _reached(obj: Any) -> list[Any]:
+    """`obj` and the file's classes and functions its code names, and theirs in turn."""
+    own = _own_objects(obj)
+    names = {n: set(re.findall(r"\b\w+\b", source_text(v))) & own.keys() for n, v in own.items()}
+    first = next((n for n, v in own.items() if v is obj), None)
+    return [own[n] for n in sorted(reachable([first], names.__getitem__))] if first else [obj]
+
+
+def _attributes_read(objs: list[Any]) -> set[str]:
+    """Every attribute name the code of `objs` reads (`config.sliding_window`, `self.k`)."""
+    read = set()
+    for obj in objs:
+        with contextlib.suppress(SyntaxError):
+            tree = ast.parse(source_text(obj) or "pass")
+            read |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    return read
+
+
+def _functions(obj: Any) -> list[Any]:
+    """A function itself; a class's own methods (its constructor, a dataclass's generated one)."""
+    if isinstance(obj, types.FunctionType):
+        return [obj]
+    return [v for v in vars(obj).values() if isinstance(v, types.FunctionType)]
+
+
+def _holds_only(cls: Any, obj: Any) -> bool:
+    """A class of settings: one other than `obj` with no method but dunders (a config dataclass)."""
+    methods = [n for n, v in vars(cls).items() if isinstance(v, types.FunctionType) and not n.startswith("__")]
+    return cls is not obj and isinstance(cls, type) and not methods
+
+
+def settings_read(obj: Any) -> list[Setting]:
+    """The settings `obj`'s computation reads that check maps to nothing, at a value that is not
+    neutral: each default of the functions and constructors it reaches, of a class of settings only
+    the fields their code reads."""
+    reached = _reached(obj)
+    read = _attributes_read([o for o in reached if not _holds_only(o, obj)])
+    found = {}
+    for owner in reached:
+        config = _holds_only(owner, obj)
+        for fn in _functions(owner):
+            for p in inspect.signature(fn).parameters.values():
+                neutral = neutral_value(p.name, p.default)
+                if p.default is not p.empty and neutral != p.default and (not config or p.name in read):
+                    found.setdefault(p.name, Setting(fn, p.name, p.default, neutral))
+    return list(found.values())
+
+
+def _set_default(fn: Any, name: str, value: Any) -> None:
+    params = inspect.signature(fn).parameters.values()
+    if name in (fn.__kwdefaults__ or {}):
+        fn.__kwdefaults__ = {**fn.__kwdefaults__, name: value}
+        return
+    positional = [p.name for p in params if p.default is not p.empty and p.kind is not p.KEYWORD_ONLY]
+    defaults = list(fn.__defaults__)
+    defaults[positional.index(name)] = value
+    fn.__defaults__ = tuple(defaults)
+
+
+@contextlib.contextmanager
+def set_neutral(settings: list[Setting]) -> Iterator[None]:
+    """Each setting's default its neutral value, for the time of the block."""
+    kept = [(fn, fn.__defaults__, fn.__kwdefaults__) for fn in {s.owner for s in settings}]
+    try:
+        for s in settings:
+            _set_default(s.owner, s.name, s.neutral)
+        yield
+    finally:
+        for fn, defaults, kwdefaults in kept:
+            fn.__defaults__, fn.__kwdefaults__ = defaults, kwdefaults
+
+
+def _note(settings: list[Setting]) -> Text:
+    at = ", ".join(f"{s.name} = {s.neutral!r}" for s in settings)
+    yours = ", ".join(f"{s.value!r}" for s in settings)
+    return text(f"checked with {at} (your value {yours} not checked): a setting handformer's reference has "
+                "no place for, at its neutral value",
+                f"检查时取 {at}（你的取值 {yours} 没有检查）：handformer 的参考实现没有对应的设置，"
+                "取它的中性值")
+
+
+def _reason(settings: list[Setting]) -> Text:
+    at = ", ".join(f"{s.name} = {s.value!r}" for s in settings)
+    return text(f"it reads settings the reference has no place for ({at}) and departs at their neutral "
+                "values too", f"它读取参考实现没有对应的设置（{at}），取中性值时也不同")
+
+
+def at_neutral(comp: Component, ctx: Context, result: ComponentResult,
+               run: Callable[[Component, Context], ComponentResult], spent: float) -> ComponentResult:
+    """A FAIL with nothing named, of a component that reads settings check maps to nothing: graded
+    again with all of them at their neutral values (`run` the kind's runner, in what is left of
+    STEP_SHARE after the `spent` seconds of the first run); PASS there with the note, a catalogued
+    mistake there FAILs, else NOT CHECKED naming them. Any other result as it is."""
+    if result.status != FAIL or result.named():
+        return result
+    settings = settings_read(comp.obj)
+    if not settings:
+        return result
+    ctx.partial, ctx.raised = None, None
+    with contextlib.suppress(TrialsTimeout), time_limit(max(STEP_SHARE - spent, 0.1), TrialsTimeout), (
+            set_neutral(settings)):
+        again = run(comp, ctx)
+        if again.status == PASS:
+            again.notes.append(_note(settings))
+        if again.status == PASS or again.named():
+            return again
+    settle(result, [_reason(settings)])
+    return result
