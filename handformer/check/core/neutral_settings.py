@@ -112,7 +112,7 @@ def _functions(obj: Any) -> list[Any]:
 
 def _holds_only(cls: Any, obj: Any) -> bool:
     """A class of settings: one other than `obj` with no method but dunders (a config dataclass)."""
-    methods = [n for n, v in vars(cls).items() if isinstance(v, types.FunctionType) and not n.startswith("__")]
+    methods = [n for n, v in vars(cls).items() if isinstance(v, types.FunctionType) and n[:2] != "__"]
     return cls is not obj and isinstance(cls, type) and not methods
 
 
