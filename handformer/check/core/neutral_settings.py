@@ -18,7 +18,10 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import functools
 import inspect
+import itertools
+import operator
 import re
 import sys
 import types
@@ -38,17 +41,21 @@ if TYPE_CHECKING:
     from handformer.check.core.discovery import Component
 
 WIDE = 4096  # a window, chunk or sink count wider than any input check gives: nothing is cut
-# the words of a setting's name -> the value at which it leaves the reference's computation as it is
+# the words of a setting's name -> the value at which it leaves the reference's computation as it is (the
+# first form of the table its words say: a window's layer pattern is an interval, every layer global)
 NEUTRAL_BY_WORDS: tuple[tuple[frozenset[str], Any], ...] = (
-    (frozenset({"interval", "every", "period"}), 1),
+    (frozenset({"interval", "every", "period", "pattern"}), 1),
     (frozenset({"window", "chunk", "sink", "sinks", "recent"}), WIDE),
     (frozenset({"penalty", "alpha", "coef", "coefficient", "lambda", "smoothing"}), 0),
     (frozenset({"scale", "scaling", "multiplier", "mult", "factor"}), 1),
 )
+BY_WORD = {word: (rank, value) for rank, (words, value) in enumerate(NEUTRAL_BY_WORDS) for word in words}
 # the words of settings check reads itself (a norm's eps, RoPE's base, a soft cap read from the module)
 READ_WORDS = frozenset({"eps", "epsilon", "theta", "base", "rope", "softcap", "softcapping", "cap", "norm",
                         "qk"})
 MAPPED = frozenset({*_config_values(SIZES), *FIXED, *SWITCHES, *KNOWN, *NEUTRAL})
+CAST = {bool: lambda _: False, int: int, float: float}  # a setting's type -> its neutral value (a flag False)
+DUNDERS = {"__init__", "__post_init__", "__repr__", "__eq__", "__hash__"}  # a dataclass's own methods
 STEP_SHARE = 14.0  # seconds of the component's step (20 s) the first run and the one at neutral values share
 
 
@@ -67,52 +74,48 @@ class TrialsTimeout(BaseException):  # noqa: N818  (not an Exception: their `exc
 def neutral_value(name: str, value: Any) -> Any:
     """The value of a setting of this name that leaves the computation as the reference's, in the type
     of its `value`; `value` itself where check maps the name or its name says no neutral value."""
-    words = set(name.lower().split("_"))
-    if name.lower() in MAPPED or size_of(name) is not None or words & READ_WORDS:
+    words = frozenset(name.lower().split("_"))
+    if name.lower() in MAPPED or size_of(name) is not None or words & READ_WORDS or type(value) not in CAST:
         return value
-    if isinstance(value, bool):
-        return False
-    if not isinstance(value, (int, float)):
-        return value
-    neutral = next((v for each, v in NEUTRAL_BY_WORDS if words & each), value)
-    return type(value)(neutral)
+    _, neutral = min(map(BY_WORD.__getitem__, words & BY_WORD.keys()), default=(0, value))
+    return CAST[type(value)](neutral)
 
 
 def _own_objects(obj: Any) -> dict[str, Any]:
     """The classes and functions defined in the file of `obj`, by name."""
     name = getattr(obj, "__module__", "")
-    return {n: v for n, v in vars(sys.modules.get(name, types)).items()
-            if isinstance(v, (type, types.FunctionType)) and getattr(v, "__module__", None) == name}
+
+    def own(item: tuple[str, Any]) -> bool:
+        defined = getattr(item[1], "__module__", None) == name
+        return isinstance(item[1], (type, types.FunctionType)) and defined
+
+    return dict(filter(own, vars(sys.modules.get(name, types)).items()))
 
 
 def _reached(obj: Any) -> list[Any]:
     """`obj` and the file's classes and functions its code names, and theirs in turn."""
-    own = _own_objects(obj)
-    names = {n: set(re.findall(r"\b\w+\b", source_text(v))) & own.keys() for n, v in own.items()}
-    first = next((n for n, v in own.items() if v is obj), None)
-    return [own[n] for n in sorted(reachable([first], names.__getitem__))] if first else [obj]
+    own = {**_own_objects(obj), "": obj}  # "": obj itself, where its file does not name it
+    named = dict(zip(own, (set(re.findall(r"\b\w+\b", source_text(v))) & own.keys() for v in own.values())))
+    return list(map(own.__getitem__, sorted(reachable([""], named.__getitem__))))
 
 
 def _attributes_read(objs: list[Any]) -> set[str]:
     """Every attribute name the code of `objs` reads (`config.sliding_window`, `self.k`)."""
-    read = set()
-    for obj in objs:
-        with contextlib.suppress(SyntaxError):
-            tree = ast.parse(source_text(obj) or "pass")
-            read |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
-    return read
+    try:
+        tree = ast.parse("\n".join(map(source_text, objs)))
+    except SyntaxError:
+        return set()
+    return set(map(operator.attrgetter("attr"), filter(ast.Attribute.__instancecheck__, ast.walk(tree))))
 
 
 def _functions(obj: Any) -> list[Any]:
     """A function itself; a class's own methods (its constructor, a dataclass's generated one)."""
-    if isinstance(obj, types.FunctionType):
-        return [obj]
-    return [v for v in vars(obj).values() if isinstance(v, types.FunctionType)]
+    return list(filter(types.FunctionType.__instancecheck__, [obj, *vars(obj).values()]))
 
 
-def _holds_only(cls: Any, obj: Any) -> bool:
+def _holds_only(obj: Any, cls: Any) -> bool:
     """A class of settings: one other than `obj` with no method but dunders (a config dataclass)."""
-    methods = [n for n, v in vars(cls).items() if isinstance(v, types.FunctionType) and n[:2] != "__"]
+    methods = set(map(operator.attrgetter("__name__"), _functions(cls))) - DUNDERS
     return cls is not obj and isinstance(cls, type) and not methods
 
 
@@ -121,15 +124,14 @@ def settings_read(obj: Any) -> list[Setting]:
     neutral: each default of the functions and constructors it reaches, of a class of settings only
     the fields their code reads."""
     reached = _reached(obj)
-    read = _attributes_read([o for o in reached if not _holds_only(o, obj)])
+    settings_class = functools.partial(_holds_only, obj)
+    read = _attributes_read(list(itertools.filterfalse(settings_class, reached)))
     found = {}
-    for owner in reached:
-        config = _holds_only(owner, obj)
-        for fn in _functions(owner):
-            for p in inspect.signature(fn).parameters.values():
-                neutral = neutral_value(p.name, p.default)
-                if p.default is not p.empty and neutral != p.default and (not config or p.name in read):
-                    found.setdefault(p.name, Setting(fn, p.name, p.default, neutral))
+    for owner, fn in ((o, f) for o in reached for f in _functions(o)):
+        for p in inspect.signature(fn).parameters.values():
+            setting = Setting(fn, p.name, p.default, neutral_value(p.name, p.default))
+            if setting.neutral != p.default and (p.name in read or not settings_class(owner)):
+                found.setdefault(p.name, setting)
     return list(found.values())
 
 
@@ -147,7 +149,8 @@ def _set_default(fn: Any, name: str, value: Any) -> None:
 @contextlib.contextmanager
 def set_neutral(settings: list[Setting]) -> Iterator[None]:
     """Each setting's default its neutral value, for the time of the block."""
-    kept = [(fn, fn.__defaults__, fn.__kwdefaults__) for fn in {s.owner for s in settings}]
+    owners = set(map(operator.attrgetter("owner"), settings))
+    kept = [(fn, fn.__defaults__, fn.__kwdefaults__) for fn in owners]
     try:
         for s in settings:
             _set_default(s.owner, s.name, s.neutral)
@@ -158,12 +161,10 @@ def set_neutral(settings: list[Setting]) -> Iterator[None]:
 
 
 def _note(settings: list[Setting]) -> Text:
-    at = ", ".join(f"{s.name} = {s.neutral!r}" for s in settings)
-    yours = ", ".join(f"{s.value!r}" for s in settings)
-    return text(f"checked with {at} (your value {yours} not checked): a setting handformer's reference has "
-                "no place for, at its neutral value",
-                f"检查时取 {at}（你的取值 {yours} 没有检查）：handformer 的参考实现没有对应的设置，"
-                "取它的中性值")
+    en, zh = ("; ".join(f"{s.name} = {s.neutral!r}{words.format(s.value)}" for s in settings)
+              for words in (" (your value {!r} not checked)", "（你的取值 {!r} 没有检查）"))
+    return text(f"checked with {en}: settings handformer's reference has no place for, at their neutral "
+                "values", f"检查时取 {zh}：handformer 的参考实现没有对应的设置，取它们的中性值")
 
 
 def _reason(settings: list[Setting]) -> Text:
@@ -178,17 +179,15 @@ def at_neutral(comp: Component, ctx: Context, result: ComponentResult,
     again with all of them at their neutral values (`run` the kind's runner, in what is left of
     STEP_SHARE after the `spent` seconds of the first run); PASS there with the note, a catalogued
     mistake there FAILs, else NOT CHECKED naming them. Any other result as it is."""
-    if result.status != FAIL or result.named():
-        return result
-    settings = settings_read(comp.obj)
+    unnamed = (result.status, bool(result.named())) == (FAIL, False)
+    settings = settings_read(comp.obj) if unnamed else []
     if not settings:
         return result
     ctx.partial, ctx.raised = None, None
     with contextlib.suppress(TrialsTimeout), time_limit(max(STEP_SHARE - spent, 0.1), TrialsTimeout), (
             set_neutral(settings)):
         again = run(comp, ctx)
-        if again.status == PASS:
-            again.notes.append(_note(settings))
+        again.notes += [_note(settings)] * (again.status == PASS)
         if again.status == PASS or again.named():
             return again
     settle(result, [_reason(settings)])
