@@ -2,13 +2,13 @@
 
 A component that departs with no catalogued mistake naming it may read settings of its own that check
 maps to nothing: a config field (Gemma 2's `config.sliding_window`), a constructor's or a function's
-argument with a default (a sampler's `penalty_alpha=0.6`, an optimizer's Hessian `interval=10`). Read
-from the code's form: the defaults of the functions and constructors of the learner's file that the
-component reaches, and the fields of its config classes that the code reads (`.field`). Each one whose
-name says what leaves the computation as the reference's (`NEUTRAL_BY_WORDS`: a window or chunk wide
-enough that nothing is cut, an interval of 1, a penalty 0, a scale 1; a flag False) is set to that value
-as data (its default changed for the run), one at a time and then all together, and the component
-graded again. Where it passes there, it passes, with a note naming each setting and value; a catalogued
+argument with a default (an optimizer's `update_interval=4`, a model's `attn_scale=0.1`). Read from the
+code's form: the defaults of the functions and constructors of the learner's file that the component
+reaches, and the fields of its config classes that the code reads (`.field`). Each one whose name says
+what leaves the computation as the reference's (`NEUTRAL_BY_WORDS`: a window or chunk wide enough that
+nothing is cut, an interval of 1, a penalty 0, a scale 1; a flag that turns one on False) is set to
+that value as data (its default changed for the run), all of them together, and the component graded
+again. Where it passes there, it passes, with a note naming each setting and both values; a catalogued
 mistake found there FAILs as ever; where it still departs, it is NOT CHECKED, the reason naming the
 settings and the line where it parts (unmapped.settle), never FAIL.
 """
@@ -54,7 +54,8 @@ BY_WORD = {word: (rank, value) for rank, (words, value) in enumerate(NEUTRAL_BY_
 READ_WORDS = frozenset({"eps", "epsilon", "theta", "base", "rope", "softcap", "softcapping", "cap", "norm",
                         "qk"})
 MAPPED = frozenset({*_config_values(SIZES), *FIXED, *SWITCHES, *KNOWN, *NEUTRAL})
-CAST = {bool: lambda _: False, int: int, float: float}  # a setting's type -> its neutral value (a flag False)
+# a setting's type -> its neutral value of its form: a flag that turns one on (use_sliding_window) False
+CAST = {bool: lambda _: False, int: int, float: float}
 DUNDERS = {"__init__", "__post_init__", "__repr__", "__eq__", "__hash__"}  # a dataclass's own methods
 STEP_SHARE = 14.0  # seconds of the component's step (20 s) the first run and the one at neutral values share
 
@@ -77,8 +78,8 @@ def neutral_value(name: str, value: Any) -> Any:
     words = frozenset(name.lower().split("_"))
     if name.lower() in MAPPED or size_of(name) is not None or words & READ_WORDS or type(value) not in CAST:
         return value
-    _, neutral = min(map(BY_WORD.__getitem__, words & BY_WORD.keys()), default=(0, value))
-    return CAST[type(value)](neutral)
+    form = min(map(BY_WORD.__getitem__, words & BY_WORD.keys()), default=None)  # (rank, neutral value)
+    return value if form is None else CAST[type(value)](form[1])
 
 
 def _own_objects(obj: Any) -> dict[str, Any]:
@@ -129,7 +130,7 @@ def settings_read(obj: Any) -> list[Setting]:
     found = {}
     for owner, fn in ((o, f) for o in reached for f in _functions(o)):
         for p in inspect.signature(fn).parameters.values():
-            setting = Setting(fn, p.name, p.default, neutral_value(p.name, p.default))
+            setting = Setting(inspect.unwrap(fn), p.name, p.default, neutral_value(p.name, p.default))
             if setting.neutral != p.default and (p.name in read or not settings_class(owner)):
                 found.setdefault(p.name, setting)
     return list(found.values())
