@@ -28,10 +28,9 @@ import types
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from handformer.check.core.discovery import FIXED, SWITCHES, _config_values, size_of
+from handformer.check.core.discovery import ARGUMENTS, FIXED, SWITCHES, size_of
 from handformer.check.core.options_object import KNOWN, NEUTRAL
 from handformer.check.core.result import FAIL, PASS, ComponentResult, Text, text
-from handformer.check.core.sizes import SIZES
 from handformer.check.core.source import reachable, source_text
 from handformer.check.core.unmapped import settle
 from handformer.time_limit import time_limit
@@ -53,7 +52,7 @@ BY_WORD = {word: (rank, value) for rank, (words, value) in enumerate(NEUTRAL_BY_
 # the words of settings check reads itself (a norm's eps, RoPE's base, a soft cap read from the module)
 READ_WORDS = frozenset({"eps", "epsilon", "theta", "base", "rope", "softcap", "softcapping", "cap", "norm",
                         "qk"})
-MAPPED = frozenset({*_config_values(SIZES), *FIXED, *SWITCHES, *KNOWN, *NEUTRAL})
+MAPPED = frozenset({*itertools.chain.from_iterable(ARGUMENTS.values()), *FIXED, *SWITCHES, *KNOWN, *NEUTRAL})
 # a setting's type -> its neutral value of its form: a flag that turns one on (use_sliding_window) False
 CAST = {bool: lambda _: False, int: int, float: float}
 DUNDERS = {"__init__", "__post_init__", "__repr__", "__eq__", "__hash__"}  # a dataclass's own methods
