@@ -28,9 +28,12 @@ import types
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from torch import nn
+
 from handformer.check.core.discovery import ARGUMENTS, FIXED, SWITCHES, size_of
 from handformer.check.core.options_object import KNOWN, NEUTRAL
 from handformer.check.core.result import FAIL, PASS, ComponentResult, Text, text
+from handformer.check.core.score_scale import configured_settings
 from handformer.check.core.source import reachable, source_text
 from handformer.check.core.unmapped import settle
 from handformer.time_limit import time_limit
@@ -173,14 +176,46 @@ def _reason(settings: list[Setting]) -> Text:
                 "values too", f"它读取参考实现没有对应的设置（{at}），取中性值时也不同")
 
 
+def _stem(word: str) -> str:
+    return word.removesuffix("s")  # sinks and sink, one word
+
+
+def _said(words: set[str], setting: Setting) -> bool:
+    """Whether a report of these words names the setting, or a setting of its form (a window it measured,
+    a multiplier it read): one check maps already."""
+    own = set(map(_stem, setting.name.lower().split("_"))) & set(map(_stem, BY_WORD))
+    return bool({setting.name, *own} & words)
+
+
+def _own_windows(obj: Any) -> set[str]:
+    """The window arguments of the component's own constructor (Longformer's attention_window): its
+    attention's runner measures the window it is built with."""
+    with contextlib.suppress(TypeError, ValueError):
+        return set(filter(re.compile("window").search, inspect.signature(obj).parameters))
+    return set()
+
+
+def _configured(comp: Component, ctx: Context, read: list[Setting]) -> set[str]:
+    """The settings check reads as configured factors of the module's layers (score_scale.py): none
+    where it reads none, or where the module cannot be built."""
+    with contextlib.suppress(Exception):
+        built = ctx.build(comp, checked=False) if read else nn.Module()
+        return set(itertools.chain.from_iterable(map(configured_settings, built.modules())))
+    return set()
+
+
 def at_neutral(comp: Component, ctx: Context, result: ComponentResult,
                run: Callable[[Component, Context], ComponentResult], spent: float) -> ComponentResult:
-    """A FAIL with nothing named, of a component that reads settings check maps to nothing: graded
-    again with all of them at their neutral values (`run` the kind's runner, in what is left of
-    STEP_SHARE after the `spent` seconds of the first run); PASS there with the note, a catalogued
-    mistake there FAILs, else NOT CHECKED naming them. Any other result as it is."""
+    """A FAIL with nothing named, of a component that reads settings check maps to nothing (none its
+    report names, nor one of its form: `_said`): graded again with all of them at their neutral values
+    (`run` the kind's runner, in what is left of STEP_SHARE after the `spent` seconds of the first run);
+    PASS there with the note, a catalogued mistake there FAILs, else NOT CHECKED naming them. Any other
+    result as it is."""
     unnamed = (result.status, bool(result.named())) == (FAIL, False)
-    settings = settings_read(comp.obj) if unnamed else []
+    said = repr((result.notes, result.checks, result.convention)).lower()  # what check read, and says so
+    read = settings_read(comp.obj) if unnamed else []
+    words = {*map(_stem, re.findall(r"\w+", said)), *_configured(comp, ctx, read), *_own_windows(comp.obj)}
+    settings = list(itertools.filterfalse(functools.partial(_said, words), read))
     if not settings:
         return result
     ctx.partial, ctx.raised = None, None
