@@ -58,10 +58,11 @@ def test_a_departure_with_no_name_while_a_setting_is_read_is_not_checked(results
 
 
 @pytest.mark.parametrize(("name", "value", "neutral"), [
-    ("sliding_window", 3, 4096), ("attention_chunk_size", 8, 4096), ("update_interval", 10, 1), ("sliding_window_pattern", 6, 1),
+    ("sliding_window", 3, 4096), ("attention_chunk_size", 8, 8), ("update_interval", 10, 1), ("sliding_window_pattern", 6, 1),
     ("aux_loss_coef", 0.01, 0.0), ("attn_scale", 0.1, 1.0), ("use_sliding_window", True, False), ("use_temperature_tuning", True, True),
     ("hidden_size", 64, 64), ("rms_norm_eps", 1e-6, 1e-6), ("rope_theta", 500000.0, 500000.0),
     ("use_qk_norm", True, True), ("initializer_range", 0.02, 0.02)])
 def test_a_setting_s_neutral_value_is_read_from_its_name(name, value, neutral):
-    """A size, an eps, RoPE's base, QK-norm: check maps them; a name of no form has no neutral value."""
+    """A size, an eps, RoPE's base, QK-norm: check maps them; a name of no form has no neutral value (a
+    chunk none: it may only tile the computation, as flash attention's, where a wide one hides a mistake)."""
     assert neutral_value(name, value) == neutral and type(neutral_value(name, value)) is type(neutral)

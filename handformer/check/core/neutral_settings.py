@@ -5,7 +5,7 @@ maps to nothing: a config field (Gemma 2's `config.sliding_window`), a construct
 argument with a default (an optimizer's `update_interval=4`, a model's `attn_scale=0.1`). Read from the
 code's form: the defaults of the functions and constructors of the learner's file that the component
 reaches, and the fields of its config classes that the code reads (`.field`). Each one whose name says
-what leaves the computation as the reference's (`NEUTRAL_BY_WORDS`: a window or chunk wide enough that
+what leaves the computation as the reference's (`NEUTRAL_BY_WORDS`: a window or sink count wide enough that
 nothing is cut, an interval of 1, a penalty 0, a scale 1; a flag that turns one on False) is set to
 that value as data (its default changed for the run), all of them together, and the component graded
 again. Where it passes there, it passes, with a note naming each setting and both values; a catalogued
@@ -42,12 +42,12 @@ if TYPE_CHECKING:
     from handformer.check.core.context import Context
     from handformer.check.core.discovery import Component
 
-WIDE = 4096  # a window, chunk or sink count wider than any input check gives: nothing is cut
+WIDE = 4096  # a window or sink count wider than any input check gives: nothing is cut
 # the words of a setting's name -> the value at which it leaves the reference's computation as it is (the
 # first form of the table its words say: a window's layer pattern is an interval, every layer global)
 NEUTRAL_BY_WORDS: tuple[tuple[frozenset[str], Any], ...] = (
     (frozenset({"interval", "every", "period", "pattern"}), 1),
-    (frozenset({"window", "chunk", "sink", "sinks", "recent"}), WIDE),
+    (frozenset({"window", "sink", "sinks", "recent"}), WIDE),  # (not a chunk: it may only tile, as flash's)
     (frozenset({"penalty", "alpha", "coef", "coefficient", "lambda", "smoothing"}), 0),
     (frozenset({"scale", "scaling", "multiplier", "mult", "factor"}), 1),
 )
@@ -177,7 +177,7 @@ def _reason(settings: list[Setting]) -> Text:
 
 
 def _stem(word: str) -> str:
-    return word.removesuffix("s")  # sinks and sink, one word
+    return re.sub("(ing|ed|s)$", "", word)  # sinks and sink, smoothing and smoothed: one word
 
 
 def _said(words: set[str], setting: Setting) -> bool:
@@ -214,7 +214,7 @@ def at_neutral(comp: Component, ctx: Context, result: ComponentResult,
     unnamed = (result.status, bool(result.named())) == (FAIL, False)
     said = repr((result.notes, result.checks, result.convention)).lower()  # what check read, and says so
     read = settings_read(comp.obj) if unnamed else []
-    words = {*map(_stem, re.findall(r"\w+", said)), *_configured(comp, ctx, read), *_own_windows(comp.obj)}
+    words = {*map(_stem, re.findall("[a-z]+", said)), *_configured(comp, ctx, read), *_own_windows(comp.obj)}
     settings = list(itertools.filterfalse(functools.partial(_said, words), read))
     if not settings:
         return result
