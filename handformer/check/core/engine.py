@@ -11,6 +11,7 @@ import importlib.util
 import inspect
 import re
 import sys
+import time
 import traceback
 import types
 from collections.abc import Callable, Sequence
@@ -40,6 +41,7 @@ from handformer.check.core.discovery import (
 from handformer.check.core.grouping import MULTI_QUERY_NOTE, UNGROUPED_NOTE, kv_heads_by_default
 from handformer.check.core.kinds import KINDS_BY_NAME
 from handformer.check.core.localize import commented_out
+from handformer.check.core.neutral_settings import at_neutral
 from handformer.check.core.own_calls import forward_defaults_, not_charged, taken_notes
 from handformer.check.core.own_width import other_width
 from handformer.check.core.passed_in import passed_in
@@ -177,10 +179,12 @@ def import_definitions(path: str) -> tuple[types.ModuleType, list[str]]:
 def check_component(comp: Component, ctx: Context) -> ComponentResult:
     ctx.partial, ctx.raised = None, None
     ctx.learner.calls = ctx.learner.nan_calls = 0
+    begun = time.monotonic()
     result = _run_checked(comp, ctx)
     commented_out(result, ctx.path)  # a named mistake beside the one line they commented out
     passed_in(result, ctx.path)  # and the call that passes a value its line reads
     _cache_slices(comp, result)
+    result = at_neutral(comp, ctx, result, _run_checked, time.monotonic() - begun)  # settings of no place
     if result.status == ERROR and not result.findings:
         _nothing_found(comp, ctx, result, result.error)
     settled = nan_only_on_masked_rows(_module_source(ctx), result.findings, result.notes)
