@@ -130,7 +130,9 @@ def settings_read(obj: Any) -> list[Setting]:
     settings_class = functools.partial(_holds_only, obj)
     read = _attributes_read(list(itertools.filterfalse(settings_class, reached)))
     found = {}
-    for owner, fn in ((o, f) for o in reached for f in _functions(o)):
+    # a graded function's own arguments are its runner's inputs, filled by their role (GAE's lam): not these
+    owners = [o for o in reached if not (o is obj and isinstance(obj, types.FunctionType))]
+    for owner, fn in ((o, f) for o in owners for f in _functions(o)):
         for p in inspect.signature(fn).parameters.values():
             setting = Setting(inspect.unwrap(fn), p.name, p.default, neutral_value(p.name, p.default))
             if setting.neutral != p.default and (p.name in read or not settings_class(owner)):
