@@ -20,12 +20,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils._pytree import tree_flatten, tree_map_only
 
+from handformer.check.core.adapters import adapter_hint
 from handformer.check.core.context import Context, error_text, finish, forward_names, forward_parameters
 from handformer.check.core.discovery import Component
 from handformer.check.core.localize import View, first_departure, over_axes, trace_steps
 from handformer.check.core.localize_kinds import note_departure
-from handformer.check.core.result import Check, ComponentResult, text
+from handformer.check.core.result import NOT_CHECKED, Check, ComponentResult, LearnerError, text
 from handformer.tasks.post.logprobs import token_logprobs
 from handformer.tasks.post.packing import IGNORE
 
@@ -64,7 +66,8 @@ def logps_views(logits: Tensor, labels: Tensor, mask: Tensor | None = None) -> l
     return [("the labels from position 1", shifted), ("the logits but the last", cut), ("the mask", keep),
             ("the labels, masked ones 0", shifted.masked_fill(~keep, 0)),
             ("the log-softmax", cut.log_softmax(-1)), ("each label's log-probability", picked),
-            ("masked", picked * keep), ("summed", (picked * keep).sum(-1))]
+            ("masked", picked * keep), ("summed", (picked * keep).sum(-1)),
+            ("averaged over its labels", (picked * keep).sum(-1) / keep.sum(-1))]
 
 
 def check_sequence_logps(comp: Component, ctx: Context) -> ComponentResult:
@@ -72,11 +75,16 @@ def check_sequence_logps(comp: Component, ctx: Context) -> ComponentResult:
     logits, labels = _logits_and_labels()
     given = _given(comp.obj, labels)
     call = lambda lg: ctx.learner.call("forward", comp.obj, lg, *(t.clone() for t in given))  # noqa: E731
-    got = torch.as_tensor(call(logits.clone())).double().reshape(-1)
+    out = call(logits.clone())
     total = token_logprobs(logits[:, :-1], labels[:, 1:]).double().sum(-1)  # (B,)
     counts = (labels[:, 1:] != IGNORE).sum(-1)
-    mean = got.shape == total.shape and torch.allclose(got, total / counts, atol=TOL)
-    err = _largest(got, total / counts if mean else total)
+    readings, means = readings_of(out), total / counts
+    if not readings:
+        return _unread(res, comp, out)
+    # the first reading that is the sum or the mean of each row; where none is, the first
+    got = max(readings, key=lambda r: _agrees(r, torch.stack([total, means])))
+    mean = _agrees(got, means[None])
+    err = min(_largest(got, total), _largest(got, means))
     res.max_abs_error = err
     res.notes += [text("it returns the mean over each row's labels (average_log_prob): compared so",
                        "它返回每行标签的平均值（average_log_prob）：按此比较")] * bool(mean)
@@ -88,6 +96,49 @@ def check_sequence_logps(comp: Component, ctx: Context) -> ComponentResult:
     return finish(res)
 
 
+def readings_of(out: Any) -> list[Tensor]:
+    """Each row's log-probability (B,) as the function's result holds it, a tensor or a tuple, list or
+    dict of them: each tensor of B numbers (a summed or averaged log-probability), then per-token
+    log-probabilities (B, L) summed under the 0/1 mask beside them of their shape (their mean is
+    compared too); the rest (the logits, the labels) is left aside."""
+    tensors = [t.detach().double() for t in _tensors(out)]
+    rows = [t.reshape(-1) for t in tensors if t.squeeze().shape == (B,)]
+    return rows + [(t * m).sum(-1) for t in tensors for m in tensors if _tokens_and_mask(t, m)]
+
+
+def _tokens_and_mask(tokens: Tensor, mask: Tensor) -> bool:
+    """Per-token log-probabilities (B, L) and a 0/1 mask of their shape."""
+    return tokens.dim() == 2 and tokens.size(0) == B and tokens.shape == mask.shape and _binary(mask) \
+        and not _binary(tokens)
+
+
+def _binary(t: Tensor) -> bool:
+    return bool(((t == 0) | (t == 1)).all())
+
+
+def _tensors(out: Any) -> list[Tensor]:
+    """The tensors of a result: itself, or those a tuple, list or dict holds."""
+    return [t for t in tree_flatten(out)[0] if isinstance(t, Tensor)]
+
+
+def _agrees(got: Tensor, wants: Tensor) -> bool:
+    """Whether `got` (B,) equals one of the rows of `wants` (n, B)."""
+    return got.shape == wants.shape[1:] and bool(torch.isclose(got, wants, atol=TOL).all(-1).any())
+
+
+def _unread(res: ComponentResult, comp: Component, out: Any) -> ComponentResult:
+    """NOT CHECKED: a result in which check finds no form of each row's log-probability."""
+    shapes = tree_map_only(Tensor, lambda t: tuple(t.shape), out)  # the tensors by their shapes
+    res.status, res.max_abs_error, res.adapter = NOT_CHECKED, None, adapter_hint(comp)
+    res.error = LearnerError("mapping", f"{comp.name} returned {shapes}: {UNREAD[0]}", "forward",
+                             message_zh=f"{comp.name} 返回了 {shapes}：{UNREAD[1]}")
+    return res
+
+
+UNREAD = (f"check reads each row's log-probability as {B} numbers (summed or averaged) or as per-token "
+          f"log-probabilities ({B}, {T - 1}) with their mask, and found neither",
+          f"check 把每行的 log 概率读作 {B} 个数（求和或平均），或读作每个 token 的 log 概率 ({B}, {T - 1}) "
+          "加上它们的掩码，两者都没有找到")
 LOGPS_CHECK = text(f"each row's log-probability of its labels (the labels one position on, {IGNORE} or "
                    "masked ones left out) equals handformer's token_logprobs summed",
                    f"每行标签的 log 概率（标签错后一位，去掉 {IGNORE} 或被掩码的）与 handformer 的 "
@@ -107,7 +158,7 @@ def _localize(comp: Component, call: Any, given: Tensor, views: list[View]) -> A
     cut = given[:, :-1]  # the log-softmax over another axis than the vocabulary's: named
     forms = [(form | {"mistake": "softmax_wrong_dim"}, r)
              for form, r in over_axes("the log-softmax", "log-softmax", cut.log_softmax, cut.dim())]
-    return first_departure(steps, views, filename, {"B": B, "T": T, "V": V}, ends=views[-1:], forms=forms)
+    return first_departure(steps, views, filename, {"B": B, "T": T, "V": V}, ends=views[-2:], forms=forms)
 
 
 def _logps() -> dict[str, Tensor]:
