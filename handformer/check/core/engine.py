@@ -58,6 +58,7 @@ from handformer.check.core.result import (
     FileResult,
     Finding,
     LearnerError,
+    Text,
     text,
 )
 from handformer.check.core.source import learner_error, reachable, source_lines, source_text
@@ -356,6 +357,19 @@ def _grouped_or_not(comp: Component, ctx: Context) -> ComponentResult:
 KV_NOTES = {"ungrouped": UNGROUPED_NOTE, "one": MULTI_QUERY_NOTE}  # the file's own key/value heads, noted
 
 
+def spaced(words: str) -> str:
+    """A kind's Chinese name set into a Chinese sentence: a space before one that starts with a Latin
+    letter (认作 BPE 编码与解码, 认作 decoder-only 模型), none before Chinese."""
+    return " " * words[:1].isascii() + words
+
+
+def found_note(found_by: str, kind_name: str) -> Text:
+    """The note on how a component no name found was found (FOUND_BY), naming its kind."""
+    en, zh = FOUND_BY[found_by]
+    kind = KINDS_BY_NAME[kind_name]
+    return text(en.format(kind.en), zh.format(spaced(kind.zh)))
+
+
 # how a component that no name found was found: what the report says ({} is the kind)
 FOUND_BY = {
     "signature": ("found as a {} by what it does (the arguments it takes and, for a function of logits, "
@@ -426,9 +440,7 @@ def _add_notes(comp: Component, ctx: Context, result: ComponentResult) -> None:
         result.notes.append(ctx.hyperparameter_note)
     result.notes += taken_notes(comp.obj)  # the arguments taken from the file's own calls
     if comp.found_by in FOUND_BY:
-        en, zh = FOUND_BY[comp.found_by]
-        kind = KINDS_BY_NAME[comp.kind]
-        result.notes.append(text(en.format(kind.en), zh.format(kind.zh)))
+        result.notes.append(found_note(comp.found_by, comp.kind))
     if not result.named() and result.status in (FAIL, ERROR) and (
             result.error is None or result.error.kind == "exception"):
         parts = inherited(comp, ctx)  # a part's own check quotes its line: nearer than where this one departs
