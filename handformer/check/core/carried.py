@@ -15,7 +15,6 @@ import ast
 import collections
 import functools
 import re
-import textwrap
 import types
 from typing import Any
 
@@ -25,7 +24,7 @@ from handformer.check.core.argument_names import CONTEXT_NAMES, COUNT_NAMES, EOS
 from handformer.check.core.context import forward_names
 from handformer.check.core.own_defaults import own_defaults
 from handformer.check.core.result import Text, text
-from handformer.check.core.source import source_text
+from handformer.check.core.source import function_nodes
 
 # the roles a chain's last name plays, by name; "count" is also read from the code's form (`_reads`)
 ROLE_NAMES = {"context": CONTEXT_NAMES + ("max_len", "n_ctx", "n_positions", "max_position_embeddings",
@@ -38,25 +37,21 @@ FIXED = {"device": "cpu"}  # where every run of check is
 MISSING = object()
 
 
-def _nodes(source: str) -> dict[type, list[Any]]:
+def _nodes(fn: Any) -> dict[type, list[Any]]:
     """The nodes of a function's source, by type (none where it does not parse)."""
     nodes: dict[type, list[Any]] = collections.defaultdict(list)
-    try:
-        tree = ast.parse(textwrap.dedent(source))
-    except SyntaxError:
-        return nodes
-    for node in ast.walk(tree):
+    for node in function_nodes(fn):
         nodes[type(node)].append(node)
     return nodes
 
 
 @functools.lru_cache(maxsize=256)
-def _reads(source: str) -> tuple[str, frozenset[str], str]:
+def _reads(fn: Any) -> tuple[str, frozenset[str], str]:
     """(the chains read as values, one a line; what each `for` loop iterates over; the chains called,
     one a line), as written in one function's source. A chain is the longest one written
     (`model.config.block_size`, not also `model.config`); one that is called (`model.step(...)`) is a
     method, not a value."""
-    nodes = _nodes(source)
+    nodes = _nodes(fn)
     inner, called = {id(n.value) for n in nodes[ast.Attribute]}, {id(n.func) for n in nodes[ast.Call]}
     chains = collections.defaultdict(set)  # by (inside a longer one, called)
     for node in nodes[ast.Attribute]:
@@ -67,13 +62,13 @@ def _reads(source: str) -> tuple[str, frozenset[str], str]:
 
 def chains_read(fn: Any, name: str) -> list[tuple[str, ...]]:
     """The attribute chains `fn` reads off its argument `name`, in a stable order."""
-    found = re.findall(rf"(?m)^{re.escape(name)}((?:\.[A-Za-z_]\w*)+)$", _reads(source_text(fn))[0])
+    found = re.findall(rf"(?m)^{re.escape(name)}((?:\.[A-Za-z_]\w*)+)$", _reads(fn)[0])
     return [tuple(chain.split(".")[1:]) for chain in found]
 
 
 def _value(fn: Any, name: str, attrs: tuple[str, ...], sizes: dict[str, Any]) -> Any:
     """The value a chain is carried at: the run's size of its role, else the file's value of its name."""
-    counted = f"range({'.'.join((name, *attrs))})" in _reads(source_text(fn))[1]
+    counted = f"range({'.'.join((name, *attrs))})" in _reads(fn)[1]
     role = {True: "count"}.get(counted, ROLE_OF.get(attrs[-1].lower()))
     return {**FIXED, **sizes}.get(role, own_defaults(fn).get(attrs[-1].lower()))  # (no role: None)
 
@@ -115,7 +110,7 @@ def methods_called(fn: Any, name: str, known: Any = None) -> list[str]:
     """The methods `fn` calls on its argument `name` (`model.step(token, t, states)`) that an object of
     the class `known` (nn.Module by default: eval, parameters, ...) does not have: what only a model
     of the learner's own class can answer."""
-    found = re.findall(rf"(?m)^{re.escape(name)}\.([A-Za-z_]\w*)$", _reads(source_text(fn))[2])
+    found = re.findall(rf"(?m)^{re.escape(name)}\.([A-Za-z_]\w*)$", _reads(fn)[2])
     return sorted(set(found) - set(dir(known or nn.Module)) - {"forward"})
 
 

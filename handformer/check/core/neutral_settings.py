@@ -23,7 +23,6 @@ import inspect
 import itertools
 import operator
 import re
-import sys
 import types
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -34,7 +33,7 @@ from handformer.check.core.discovery import ARGUMENTS, FIXED, SWITCHES, size_of
 from handformer.check.core.options_object import KNOWN, NEUTRAL
 from handformer.check.core.result import FAIL, PASS, ComponentResult, Text, text
 from handformer.check.core.score_scale import configured_settings
-from handformer.check.core.source import reachable, source_text
+from handformer.check.core.source import file_objects, reachable, source_text
 from handformer.check.core.unmapped import settle
 from handformer.time_limit import time_limit
 
@@ -84,20 +83,9 @@ def neutral_value(name: str, value: Any) -> Any:
     return value if form is None else CAST[type(value)](form[1])
 
 
-def _own_objects(obj: Any) -> dict[str, Any]:
-    """The classes and functions defined in the file of `obj`, by name."""
-    name = getattr(obj, "__module__", "")
-
-    def own(item: tuple[str, Any]) -> bool:
-        defined = getattr(item[1], "__module__", None) == name
-        return isinstance(item[1], (type, types.FunctionType)) and defined
-
-    return dict(filter(own, vars(sys.modules.get(name, types)).items()))
-
-
 def _reached(obj: Any) -> list[Any]:
     """`obj` and the file's classes and functions its code names, and theirs in turn."""
-    own = {**_own_objects(obj), "": obj}  # "": obj itself, where its file does not name it
+    own = {**file_objects(obj), "": obj}  # "": obj itself, where its file does not name it
     named = dict(zip(own, (set(re.findall(r"\b\w+\b", source_text(v))) & own.keys() for v in own.values())))
     return list(map(own.__getitem__, sorted(reachable([""], named.__getitem__))))
 

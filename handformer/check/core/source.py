@@ -597,6 +597,14 @@ def _code_reads(code: types.CodeType) -> frozenset[str]:
 Node = TypeVar("Node")
 
 
+def file_objects(obj: Any) -> dict[str, Any]:
+    """The classes and functions defined in the file of `obj` (not the ones it imports), by name."""
+    name = getattr(obj, "__module__", None)
+    module = vars(sys.modules.get(name, sys))  # (no module: none of its objects)
+    return {n: o for n, o in module.items()
+            if isinstance(o, (types.FunctionType, type)) and o.__module__ == name}
+
+
 def reachable(first: Iterable[Node], neighbours: Callable[[Node], set[Node]]) -> set[Node]:
     """`first` and all that `neighbours` leads to from it, in any number of steps (the learner's
     objects a component reads or calls, and theirs in turn); each one's neighbours asked once."""

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import inspect
 import re
-import sys
-import types
 from typing import Any
 
 from handformer.check.core.argument_names import call_parameters
-from handformer.check.core.source import global_reads, reachable, source_text
+from handformer.check.core.source import file_objects, global_reads, reachable, source_text
 
 # the string "##" (f"##{c}" too); not a banner ("#####") or a heading ("## Results") a script prints
 CONTINUATION = re.compile(r"""['"]##['"{]""")
@@ -27,17 +25,9 @@ DECODER = re.compile(r"decode|detokeniz", re.I)
 WORD_ARGUMENTS = re.compile(r"w|word.*")  # an encoder of one word takes it so
 
 
-def _own(obj: Any) -> dict[str, Any]:
-    """The classes and functions of the object's file."""
-    name = getattr(obj, "__module__", None)
-    module = vars(sys.modules.get(name or "", sys))
-    return {n: o for n, o in module.items()
-            if isinstance(o, (types.FunctionType, type)) and o.__module__ == name}
-
-
 def writes_wordpiece(obj: Any) -> bool:
     """Whether the object, or a class or function of its file that it reaches, writes "##"."""
-    own = _own(obj)
+    own = file_objects(obj)
     reached = reachable([obj], lambda o: set(map(own.get, global_reads(o) & own.keys())))
     return any(CONTINUATION.search(source_text(o)) for o in reached)
 
