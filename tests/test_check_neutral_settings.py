@@ -8,12 +8,13 @@ name while such a setting is read is NOT CHECKED, the setting named, never FAIL.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from handformer.check.core.engine import check_file
-from handformer.check.core.neutral_settings import neutral_value
+from handformer.check.core.neutral_settings import neutral_value, settings_read
 from handformer.check.core.report import format_report
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -66,3 +67,20 @@ def test_a_setting_s_neutral_value_is_read_from_its_name(name, value, neutral):
     """A size, an eps, RoPE's base, QK-norm: check maps them; a name of no form has no neutral value (a
     chunk none: it may only tile the computation, as flash attention's, where a wide one hides a mistake)."""
     assert neutral_value(name, value) == neutral and type(neutral_value(name, value)) is type(neutral)
+
+
+@dataclasses.dataclass
+class _Settings:  # a class of settings only: its fields count where the component's code reads them
+    drop_every: int = 3
+    unread_every: int = 5
+
+
+class _Holder:
+    def step(self, x: list[int], settings: _Settings) -> list[int]:
+        return x[:: settings.drop_every]
+
+
+def test_a_method_s_settings_are_read_from_its_own_indented_source():
+    """A method's source is indented: read alone, its config fields count (`drop_every`), a field it
+    never reads does not."""
+    assert [(s.name, s.value, s.neutral) for s in settings_read(_Holder.step)] == [("drop_every", 3, 1)]

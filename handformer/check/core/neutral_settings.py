@@ -33,7 +33,7 @@ from handformer.check.core.discovery import ARGUMENTS, FIXED, SWITCHES, size_of
 from handformer.check.core.options_object import KNOWN, NEUTRAL
 from handformer.check.core.result import FAIL, PASS, ComponentResult, Text, text
 from handformer.check.core.score_scale import configured_settings
-from handformer.check.core.source import file_objects, reachable, source_text
+from handformer.check.core.source import file_objects, function_nodes, reachable, source_text
 from handformer.check.core.unmapped import settle
 from handformer.time_limit import time_limit
 
@@ -91,12 +91,10 @@ def _reached(obj: Any) -> list[Any]:
 
 
 def _attributes_read(objs: list[Any]) -> set[str]:
-    """Every attribute name the code of `objs` reads (`config.sliding_window`, `self.k`)."""
-    try:
-        tree = ast.parse("\n".join(map(source_text, objs)))
-    except SyntaxError:
-        return set()
-    return set(map(operator.attrgetter("attr"), filter(ast.Attribute.__instancecheck__, ast.walk(tree))))
+    """Every attribute name the code of `objs` reads (`config.sliding_window`, `self.k`), each object's
+    source parsed alone (a method's is indented)."""
+    nodes = itertools.chain.from_iterable(map(function_nodes, objs))
+    return set(map(operator.attrgetter("attr"), filter(ast.Attribute.__instancecheck__, nodes)))
 
 
 def _functions(obj: Any) -> list[Any]:
