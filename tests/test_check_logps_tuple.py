@@ -45,3 +45,14 @@ def test_unread_says_what_came_back(run):
         (comp,) = result.components
         assert "((3, 6, 11), (3, 6))" in comp.error.message and "found neither" in comp.error.message
         assert comp.adapter
+
+
+def test_the_check_line_says_what_was_compared(run):
+    """A helper that returns each row's mean is compared with the mean, and its check line says so."""
+    name, result = run
+    said = {"simpo_avg.py": ("averaged over its labels", "的平均值"), "dict_tokens.py": ("summed", "之和")}
+    if name in said:
+        (comp,) = result.components
+        en, zh = said[name]
+        (line,) = [c.name for c in comp.checks if "token_logprobs" in c.name["en"]]
+        assert line["en"].endswith(f"token_logprobs {en}") and f"token_logprobs {zh}一致" in line["zh"], line

@@ -27,7 +27,7 @@ from handformer.check.core.context import Context, error_text, finish, forward_n
 from handformer.check.core.discovery import Component
 from handformer.check.core.localize import View, first_departure, over_axes, trace_steps
 from handformer.check.core.localize_kinds import note_departure
-from handformer.check.core.result import NOT_CHECKED, Check, ComponentResult, LearnerError, text
+from handformer.check.core.result import NOT_CHECKED, Check, ComponentResult, LearnerError, Text, text
 from handformer.tasks.post.logprobs import token_logprobs
 from handformer.tasks.post.packing import IGNORE
 
@@ -90,7 +90,7 @@ def check_sequence_logps(comp: Component, ctx: Context) -> ComponentResult:
                        "它返回每行标签的平均值（average_log_prob）：按此比较")] * bool(mean)
     res.notes += [text("it takes a loss mask beside the labels (1 on the tokens that count): handed one",
                        "它在标签之外还接受损失掩码（计入的 token 为 1）：传入了掩码")] * (len(given) - 1)
-    res.checks.append(Check(LOGPS_CHECK, err < TOL, error_text(err)))
+    res.checks.append(Check(logps_check(mean), err < TOL, error_text(err)))
     if err >= TOL:
         note_departure(res, lambda: _localize(comp, call, logits, logps_views(logits, *given)))
     return finish(res)
@@ -139,10 +139,16 @@ UNREAD = (f"check reads each row's log-probability as {B} numbers (summed or ave
           f"log-probabilities ({B}, {T - 1}) with their mask, and found neither",
           f"check 把每行的 log 概率读作 {B} 个数（求和或平均），或读作每个 token 的 log 概率 ({B}, {T - 1}) "
           "加上它们的掩码，两者都没有找到")
-LOGPS_CHECK = text(f"each row's log-probability of its labels (the labels one position on, {IGNORE} or "
-                   "masked ones left out) equals handformer's token_logprobs summed",
-                   f"每行标签的 log 概率（标签错后一位，去掉 {IGNORE} 或被掩码的）与 handformer 的 "
-                   "token_logprobs 之和一致")
+
+
+def logps_check(mean: bool) -> Text:
+    """The check's line: the rows' log-probabilities summed, or averaged where the function returns the
+    mean (`average_log_prob`)."""
+    en, zh = (("averaged over its labels", "的平均值") if mean else ("summed", "之和"))
+    return text(f"each row's log-probability of its labels (the labels one position on, {IGNORE} or masked "
+                f"ones left out) equals handformer's token_logprobs {en}",
+                f"每行标签的 log 概率（标签错后一位，去掉 {IGNORE} 或被掩码的）与 handformer 的 "
+                f"token_logprobs {zh}一致")
 
 
 def _largest(got: Tensor, want: Tensor) -> float:
