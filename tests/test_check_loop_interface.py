@@ -12,10 +12,12 @@
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 
 import pytest
 
+from handformer.check.core.carried import carry
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
 
@@ -164,3 +166,18 @@ def test_a_method_no_model_of_the_file_has_is_not_checked_and_named(results):
     assert loop.status == "not_checked", format_report(results["step_no_model"])
     assert loop.error.kind == "cannot_call" and "model.step(...)" in loop.error.message, loop.error.message
     assert "model.step(...)" in loop.error.message_zh
+
+
+def _reads_a_tokenizer(model, idx):
+    stop = model.tokenizer.eos_token_id
+    shown = model.tokenizer.decode(idx)
+    return idx[:, -model.config.block_size:], stop, shown
+
+
+def test_a_chain_through_an_object_the_loop_calls_methods_of_is_not_carried():
+    """`model.tokenizer.eos_token_id` beside `model.tokenizer.decode(...)`: the tokenizer is an object
+    with methods, not a holder of values, so the stand-in is not given a namespace for it (its missing
+    attribute then names the tokenizer); `model.config.block_size` is carried."""
+    stand_in = types.SimpleNamespace()
+    pairs = carry(stand_in, _reads_a_tokenizer, "model", {"context": 8, "eos": 3})
+    assert pairs == [("model.config.block_size", 8)] and not hasattr(stand_in, "tokenizer"), pairs
