@@ -8,7 +8,10 @@ component; one handed the length of a cache before it (`past_key_values_length`)
 one handed a number of heads builds a bias per head (ALiBi's), no mask, and is left alone. Two forms
 each: loralib's (wraps a Linear, factors (r, in), (out, r), F.dropout) and one that builds its Linear
 from sizes (factors (in, r), (r, out), nn.Dropout); an additive float mask and a boolean one (and
-Hugging Face's older `_make_causal_mask`)."""
+Hugging Face's older `_make_causal_mask`). ALiBi's slopes are graded at 6 heads too (not a power of
+two: the heads past 4 take every other slope of 8), as a list of slopes (the paper's recursive
+get_slopes, its lists traced) and as BLOOM's bias slope * position (build_alibi_tensor(attention_mask,
+num_heads, dtype)), each planted wrong for those heads alone."""
 
 from __future__ import annotations
 
@@ -21,12 +24,13 @@ from handformer.check.core.report import format_report
 
 HERE = Path(__file__).parent / "fixtures" / "learners_revealing"
 KINDS = {"lora_loralib": "lora", "lora_sizes": "lora", "mask_additive": "causal_mask", "mask_boolean": "causal_mask",
-         "mask_past": "causal_mask"}
+         "mask_past": "causal_mask", "alibi_recursive": "alibi_slopes", "alibi_bias": "alibi_slopes"}
 # planted file -> (the finding it gives, or None for a raise; the planted line)
 PLANTS = {"lora_loralib_eval": ("dropout_in_eval", 24), "lora_sizes_eval": ("dropout_in_eval", 21),
           "lora_loralib_merge": (None, 33), "lora_sizes_merge": (None, 27),
           "mask_additive_planted": ("causal_off_by_one", 9), "mask_boolean_planted": ("causal_off_by_one", 7),
-          "mask_past_planted": ("causal_off_by_one", 9)}
+          "mask_past_planted": ("causal_off_by_one", 9), "alibi_recursive_planted": ("departs", 14),
+          "alibi_bias_planted": ("departs", 13)}
 
 
 def _kind(name: str) -> str:

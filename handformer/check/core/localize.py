@@ -90,12 +90,15 @@ class _Tracer:
         self.built: dict[tuple[int, str], list[Step]] = {}  # a constant's steps so far, in order
         self.numbers: dict[int, dict[str, tuple[int, float]]] = {}  # frame -> name -> (its line, value)
         self.entered: set[int] = set()  # the first line of each function of the file that ran
+        self.lists = False  # a list of numbers is a step too (as a float64 tensor)
 
     def local(self, frame: Any, event: str, arg: Any) -> Any:
         seen, before = self.locals(frame), self.state.setdefault(id(frame), ({}, frame.f_lineno))
         numbers = self.numbers.setdefault(id(frame), {})
         for name, value in seen.items():
-            if isinstance(value, Tensor) and _changed(before[0].get(name), value):
+            if self.lists and _numbers(value) and before[0].get(name) != tuple(value):
+                self.record(frame, before[1], name, torch.tensor(value, dtype=torch.float64), not before[0])
+            elif isinstance(value, Tensor) and _changed(before[0].get(name), value):
                 self.record(frame, before[1], name, value, not before[0])
             elif type(value) in (int, float) and numbers.get(name, (0, None))[1] != value:
                 # a size read from a shape: `d_k = q.size(-1)`; an argument, at the line that handed it
@@ -104,7 +107,7 @@ class _Tracer:
                 numbers[name] = ((before[1], self.caller(frame) or 0)[handed], value)
                 self.steps += [Step(before[1], name, _number(value), None, not before[0],
                                     numbers=dict(numbers))] * self.scalars  # a schedule's numbers
-        held = {k: _snapshot(v) for k, v in seen.items()}
+        held = {k: tuple(v) if self.lists and _numbers(v) else _snapshot(v) for k, v in seen.items()}
         self.state[id(frame)], self.now = (held, frame.f_lineno), frame.f_lineno
         if event == "return":  # a later frame may take this one's id: it starts afresh
             self.returned(frame, arg)
@@ -144,6 +147,7 @@ class _Tracer:
     def returned(self, frame: Any, value: Any) -> None:
         """What a frame returns: a tensor, or each tensor of a tuple (`return q, k`), as steps."""
         value = _number(value) if self.scalars and type(value) in (int, float) else value
+        value = torch.tensor(value, dtype=torch.float64) if self.lists and _numbers(value) else value
         items = [(f"return[{i}]", v) for i, v in enumerate(value)] if isinstance(value, tuple) else [
             ("return", value)]  # a value not a tensor is no step (below)
         numbers = dict(self.numbers.get(id(frame), {}))
@@ -193,16 +197,19 @@ NUMBERS = FLOATS + (torch.int32, torch.int64, torch.complex64, torch.complex128)
 
 def trace_steps(run: Callable[[], Any], filename: str, code: Any = None,
                 modules: list[tuple[str, nn.Module]] = (), constants: bool | tuple[torch.dtype, ...] = False,
-                into: list[Step] | None = None, every: bool = False, scalars: bool = False) -> list[Step]:
+                into: list[Step] | None = None, every: bool = False, scalars: bool = False,
+                lists: bool = False) -> list[Step]:
     """Run `run()` once, recording each input-dependent tensor that a line of `filename` assigns
     (only in the frames of `code`, one code object or several, when given), and each output of
     `modules` (their names) at the line that calls it. `constants`: also tensors that do not depend
     on the input (a loss's target distribution built in place; True: floating point, else the dtypes
     given), each at the last line that changed it. `into`: the list the steps go to (they stay
     there when `run` raises). `every`: each tensor the code assigns is a step, each time it does (a
-    loop's tokens, which depend on no gradient); `scalars`: the numbers it binds too, as 0-dim steps."""
+    loop's tokens, which depend on no gradient); `scalars`: the numbers it binds too, as 0-dim steps;
+    `lists`: each list of numbers it binds or returns too, as a tensor (the ALiBi paper's get_slopes)."""
     code = (code,) if code is not None and not isinstance(code, (tuple, list, set)) else code
     t = _Tracer(filename, code, FLOATS if constants is True else constants or (), every, scalars)
+    t.lists = lists
     t.steps = given(into, t.steps)
     handles = [m.register_forward_pre_hook(t.pre_hook(name)) for name, m in modules]
     handles += [m.register_forward_hook(t.hook(name), with_kwargs=True) for name, m in modules]
@@ -265,6 +272,11 @@ def _copy(value: Tensor) -> Tensor:
     (..., n) as their real and imaginary parts (..., n, 2)."""
     value = torch.view_as_real(value.detach().resolve_conj()) if value.is_complex() else value.detach()
     return value.to(torch.float64, copy=True)
+
+
+def _numbers(value: Any) -> bool:
+    """A non-empty list of plain numbers."""
+    return type(value) is list and bool(value) and all(type(v) in (int, float) for v in value)
 
 
 def _snapshot(value: Any) -> Any:
