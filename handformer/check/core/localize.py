@@ -91,12 +91,14 @@ class _Tracer:
         self.numbers: dict[int, dict[str, tuple[int, float]]] = {}  # frame -> name -> (its line, value)
         self.entered: set[int] = set()  # the first line of each function of the file that ran
         self.lists = False  # a list of numbers is a step too (as a float64 tensor)
+        self.listed: dict[tuple[int, str], tuple[float, ...]] = {}  # (frame, name) -> the list as last seen
 
     def local(self, frame: Any, event: str, arg: Any) -> Any:
         seen, before = self.locals(frame), self.state.setdefault(id(frame), ({}, frame.f_lineno))
         numbers = self.numbers.setdefault(id(frame), {})
         for name, value in seen.items():
-            if self.lists and _numbers(value) and before[0].get(name) != tuple(value):
+            if _numbers(value, self.lists) not in (False, (), self.listed.get((id(frame), name))):
+                self.listed[id(frame), name] = tuple(value)  # a list of numbers, new or changed
                 self.record(frame, before[1], name, torch.tensor(value, dtype=torch.float64), not before[0])
             elif isinstance(value, Tensor) and _changed(before[0].get(name), value):
                 self.record(frame, before[1], name, value, not before[0])
@@ -107,7 +109,7 @@ class _Tracer:
                 numbers[name] = ((before[1], self.caller(frame) or 0)[handed], value)
                 self.steps += [Step(before[1], name, _number(value), None, not before[0],
                                     numbers=dict(numbers))] * self.scalars  # a schedule's numbers
-        held = {k: tuple(v) if self.lists and _numbers(v) else _snapshot(v) for k, v in seen.items()}
+        held = {k: _snapshot(v) for k, v in seen.items()}
         self.state[id(frame)], self.now = (held, frame.f_lineno), frame.f_lineno
         if event == "return":  # a later frame may take this one's id: it starts afresh
             self.returned(frame, arg)
@@ -147,7 +149,8 @@ class _Tracer:
     def returned(self, frame: Any, value: Any) -> None:
         """What a frame returns: a tensor, or each tensor of a tuple (`return q, k`), as steps."""
         value = _number(value) if self.scalars and type(value) in (int, float) else value
-        value = torch.tensor(value, dtype=torch.float64) if self.lists and _numbers(value) else value
+        listed = _numbers(value, self.lists)
+        value = torch.tensor(listed, dtype=torch.float64) if listed else value
         items = [(f"return[{i}]", v) for i, v in enumerate(value)] if isinstance(value, tuple) else [
             ("return", value)]  # a value not a tensor is no step (below)
         numbers = dict(self.numbers.get(id(frame), {}))
@@ -274,9 +277,9 @@ def _copy(value: Tensor) -> Tensor:
     return value.to(torch.float64, copy=True)
 
 
-def _numbers(value: Any) -> bool:
-    """A non-empty list of plain numbers."""
-    return type(value) is list and bool(value) and all(type(v) in (int, float) for v in value)
+def _numbers(value: Any, lists: bool) -> tuple[float, ...] | bool:
+    """A list of plain numbers as a tuple, where `lists` says to read them; else False."""
+    return lists and type(value) is list and {int, float} >= set(map(type, value)) and tuple(value)
 
 
 def _snapshot(value: Any) -> Any:

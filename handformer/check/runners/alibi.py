@@ -37,8 +37,8 @@ GIVEN: tuple[tuple[str, Any], ...] = (
 
 def check_alibi_slopes(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
-    first, *others = [p.name for p in forward_parameters(comp.obj) if p.default is p.empty] or ["n"]
-    cannot_fill(comp.name, [n for n in others if not _role(n)], (), [comp.name], "n_heads", (
+    unfilled = [p.name for p in forward_parameters(comp.obj)[1:] if not _role(p.name, p.default is p.empty)]
+    cannot_fill(comp.name, unfilled, (), [comp.name], "n_heads", (
         "the slopes' function takes the number of heads, a mask or a length, its other settings with "
         "defaults", "斜率函数接收头数、掩码或长度，其他设置要有默认值"))
     errors = {n: _error(res, _slopes(ctx, comp, n), n) for n in HEADS}
@@ -49,14 +49,16 @@ def check_alibi_slopes(comp: Component, ctx: Context) -> ComponentResult:
                                  "（4 之后的头取 8 个头的斜率中隔一个取一个）"),
                             res.max_abs_error < 1e-6, error_text(res.max_abs_error)))
     if res.max_abs_error >= 1e-6:
-        n = next(m for m in HEADS if errors[m] >= 1e-6)  # a power of two first: its slopes have one form
+        n = min(HEADS, key=lambda m: errors[m] < 1e-6)  # the first that errs: a power of two first
         note_departure(res, lambda: localize_slopes(comp.obj, n))
     return finish(res)
 
 
-def _role(name: str) -> Any:
-    """The filler of an argument by its name (None: none)."""
-    return next((fill for pattern, fill in GIVEN if re.search(pattern, name.lower())), None)
+def _role(name: str, required: bool = False) -> Any:
+    """The filler of an argument by its name; none of GIVEN's: the number of heads where it is required
+    (the first), else None."""
+    return next((fill for pattern, fill in GIVEN if re.search(pattern, name.lower())),
+                [None, lambda n: n][required])
 
 
 def _error(res: ComponentResult, slopes: Tensor, n: int) -> float:
@@ -74,8 +76,8 @@ def _error(res: ComponentResult, slopes: Tensor, n: int) -> float:
 
 def _given(fn: Any, n: int) -> dict[str, Any]:
     """The arguments of a slopes function for n heads: each required one and each a role fills."""
-    params = [p for p in forward_parameters(fn) if p.default is p.empty or _role(p.name)]
-    return {p.name: (_role(p.name) or (lambda n: n))(n) for p in params}
+    fills = {p.name: _role(p.name, p.default is p.empty) for p in forward_parameters(fn)}
+    return {name: fill(n) for name, fill in fills.items() if fill}
 
 
 def _slopes(ctx: Context, comp: Component, n: int) -> Tensor:
@@ -97,7 +99,7 @@ def slope_views(n: int) -> list[View]:
     p below and 2p above it too, the odd powers 1, 3, .. of 2p's base and the slopes they give (the
     paper's and BLOOM's), the odd and even heads of 2p (MPT's), and the bias slope * position (H, 1, S)."""
     p = 2 ** math.floor(math.log2(n))
-    views = [view for m in ((n, p, 2 * p) if n != p else (n,)) for view in _plain_views(m)]
+    views = [view for m in (n, p, 2 * p)[: 1 + 2 * (n != p)] for view in _plain_views(m)]
     odd = torch.arange(1, max(2 * (n - p), 1), 2, dtype=torch.float64)  # (H - p,) the odd powers 1, 3, ..
     slopes = V.alibi_slopes(n)
     extra = [("the base 2^(-8/(2p))", torch.tensor(2 ** (-8 / (2 * p)))), ("the odd powers 1, 3, ..", odd),
