@@ -37,7 +37,8 @@ GIVEN: tuple[tuple[str, Any], ...] = (
 
 def check_alibi_slopes(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
-    unfilled = [p.name for p in forward_parameters(comp.obj)[1:] if not _role(p.name, p.default is p.empty)]
+    params = forward_parameters(comp.obj)[1:]
+    unfilled = [p.name for p in params if not _role(p.name, p.default is not p.empty)]  # required, no role
     cannot_fill(comp.name, unfilled, (), [comp.name], "n_heads", (
         "the slopes' function takes the number of heads, a mask or a length, its other settings with "
         "defaults", "斜率函数接收头数、掩码或长度，其他设置要有默认值"))
@@ -54,11 +55,11 @@ def check_alibi_slopes(comp: Component, ctx: Context) -> ComponentResult:
     return finish(res)
 
 
-def _role(name: str, required: bool = False) -> Any:
-    """The filler of an argument by its name; none of GIVEN's: the number of heads where it is required
-    (the first), else None."""
+def _role(name: str, fallback: bool) -> Any:
+    """The filler of an argument by its name; for a name none of GIVEN's: the number of heads where
+    `fallback`, else None."""
     return next((fill for pattern, fill in GIVEN if re.search(pattern, name.lower())),
-                [None, lambda n: n][required])
+                [None, lambda n: n][fallback])
 
 
 def _error(res: ComponentResult, slopes: Tensor, n: int) -> float:
