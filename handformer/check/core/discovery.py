@@ -593,8 +593,10 @@ def _by_signature(own: dict[str, Any], taken: set[str], wanted: set[str], pointe
 
     found = []
     for name, obj in own.items():
-        skip = name in taken or name in TABLED or name.startswith(("_", "handformer_"))
-        if skip or not inspect.isfunction(obj):
+        skip = name in taken or name in TABLED or name.startswith("handformer_")
+        # a private function only where it builds a causal mask (CLIP's _build_causal_attention_mask)
+        private = name.startswith("_") and mask_kind(obj) != "causal_mask"
+        if skip or private or not inspect.isfunction(obj):
             continue
         kind = kind_of(obj)
         if kind in wanted and kind not in pointed:

@@ -62,7 +62,8 @@ KINDS_TABLE: tuple[Kind, ...] = (
          "Llama 3.1's rotary frequency scaling", "Llama 3.1 的旋转频率缩放",
          "rope_scaling:check_rope_scaling"),
     Kind("alibi_slopes", ("gen_slopes", "get_slopes", "get_alibi_slopes", "alibi_slopes",
-                          "build_alibi_slopes", "gen_alibi_slopes"),
+                          "build_alibi_slopes", "gen_alibi_slopes",
+                          "build_alibi_tensor"),  # BLOOM's: the bias, slope * key position
          "ALiBi's slopes", "ALiBi 的斜率", "alibi:check_alibi_slopes"),
     Kind("ffn", ("PositionwiseFeedForward", "PositionWiseFeedForward", "FeedForward", "FFN",
                  "FeedForwardNetwork", "PositionwiseFFN", "PositionWiseFFN", "MLP", "SwiGLU",

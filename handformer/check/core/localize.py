@@ -90,12 +90,17 @@ class _Tracer:
         self.built: dict[tuple[int, str], list[Step]] = {}  # a constant's steps so far, in order
         self.numbers: dict[int, dict[str, tuple[int, float]]] = {}  # frame -> name -> (its line, value)
         self.entered: set[int] = set()  # the first line of each function of the file that ran
+        self.lists = False  # a list of numbers is a step too (as a float64 tensor)
+        self.listed: dict[tuple[int, str], tuple[float, ...]] = {}  # (frame, name) -> the list as last seen
 
     def local(self, frame: Any, event: str, arg: Any) -> Any:
         seen, before = self.locals(frame), self.state.setdefault(id(frame), ({}, frame.f_lineno))
         numbers = self.numbers.setdefault(id(frame), {})
         for name, value in seen.items():
-            if isinstance(value, Tensor) and _changed(before[0].get(name), value):
+            if _numbers(value, self.lists) not in (False, (), self.listed.get((id(frame), name))):
+                self.listed[id(frame), name] = tuple(value)  # a list of numbers, new or changed
+                self.record(frame, before[1], name, torch.tensor(value, dtype=torch.float64), not before[0])
+            elif isinstance(value, Tensor) and _changed(before[0].get(name), value):
                 self.record(frame, before[1], name, value, not before[0])
             elif type(value) in (int, float) and numbers.get(name, (0, None))[1] != value:
                 # a size read from a shape: `d_k = q.size(-1)`; an argument, at the line that handed it
@@ -144,6 +149,8 @@ class _Tracer:
     def returned(self, frame: Any, value: Any) -> None:
         """What a frame returns: a tensor, or each tensor of a tuple (`return q, k`), as steps."""
         value = _number(value) if self.scalars and type(value) in (int, float) else value
+        listed = _numbers(value, self.lists)
+        value = torch.tensor(listed, dtype=torch.float64) if listed else value
         items = [(f"return[{i}]", v) for i, v in enumerate(value)] if isinstance(value, tuple) else [
             ("return", value)]  # a value not a tensor is no step (below)
         numbers = dict(self.numbers.get(id(frame), {}))
@@ -193,16 +200,19 @@ NUMBERS = FLOATS + (torch.int32, torch.int64, torch.complex64, torch.complex128)
 
 def trace_steps(run: Callable[[], Any], filename: str, code: Any = None,
                 modules: list[tuple[str, nn.Module]] = (), constants: bool | tuple[torch.dtype, ...] = False,
-                into: list[Step] | None = None, every: bool = False, scalars: bool = False) -> list[Step]:
+                into: list[Step] | None = None, every: bool = False, scalars: bool = False,
+                lists: bool = False) -> list[Step]:
     """Run `run()` once, recording each input-dependent tensor that a line of `filename` assigns
     (only in the frames of `code`, one code object or several, when given), and each output of
     `modules` (their names) at the line that calls it. `constants`: also tensors that do not depend
     on the input (a loss's target distribution built in place; True: floating point, else the dtypes
     given), each at the last line that changed it. `into`: the list the steps go to (they stay
     there when `run` raises). `every`: each tensor the code assigns is a step, each time it does (a
-    loop's tokens, which depend on no gradient); `scalars`: the numbers it binds too, as 0-dim steps."""
+    loop's tokens, which depend on no gradient); `scalars`: the numbers it binds too, as 0-dim steps;
+    `lists`: each list of numbers it binds or returns too, as a tensor (the ALiBi paper's get_slopes)."""
     code = (code,) if code is not None and not isinstance(code, (tuple, list, set)) else code
     t = _Tracer(filename, code, FLOATS if constants is True else constants or (), every, scalars)
+    t.lists = lists
     t.steps = given(into, t.steps)
     handles = [m.register_forward_pre_hook(t.pre_hook(name)) for name, m in modules]
     handles += [m.register_forward_hook(t.hook(name), with_kwargs=True) for name, m in modules]
@@ -265,6 +275,11 @@ def _copy(value: Tensor) -> Tensor:
     (..., n) as their real and imaginary parts (..., n, 2)."""
     value = torch.view_as_real(value.detach().resolve_conj()) if value.is_complex() else value.detach()
     return value.to(torch.float64, copy=True)
+
+
+def _numbers(value: Any, lists: bool) -> tuple[float, ...] | bool:
+    """A list of plain numbers as a tuple, where `lists` says to read them; else False."""
+    return lists and type(value) is list and {int, float} >= set(map(type, value)) and tuple(value)
 
 
 def _snapshot(value: Any) -> Any:

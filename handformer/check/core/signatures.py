@@ -109,7 +109,7 @@ def kind_of(fn: Any) -> str | None:
 # what a mask function computes: a triangle of positions (tril, triu, or positions compared), and
 # padding (a pad id it takes or reads)
 # positions against positions
-TRIANGLE_CODE = re.compile(r"\b(tril|triu)\b|arange\([^\n]*[<>]=?[^\n]*arange\("
+TRIANGLE_CODE = re.compile(r"\b(tril|triu)_?\b|arange\([^\n]*[<>]=?[^\n]*arange\("
                            # two position rows bound apart, then compared (Gemma 2's `causal = j <= i`)
                            r"|arange\([\s\S]*arange\([\s\S]*\n\s*\w+\s*=\s*\w+\s*[<>]=?\s*\w+\s*(#.*)?\n")
 # an argument that tells a packed row's documents apart (pieces.DOCUMENTS hands it two documents)
@@ -124,13 +124,19 @@ def mask_kind(fn: Any) -> str | None:
     that applies a mask)."""
     name = getattr(fn, "__name__", "").lower()
     code = source_text(fn)
-    if "mask" not in name or not inspect.isfunction(fn) or "softmax" in name:
+    if "mask" not in name or not inspect.isfunction(fn) or "softmax" in name or _per_head(fn):
         return None
     if TRIANGLE_CODE.search(code) and any(map(DOCUMENT_ARGUMENT.search, _signature(fn)[1])):
         return "causal_mask"  # a document-causal mask of packed rows (its padding a document of its own)
     if PAD_CODE.search(code):
         return "mask_helper"
     return "causal_mask" if TRIANGLE_CODE.search(code) else None
+
+
+def _per_head(fn: Any) -> bool:
+    """A function handed a number of heads builds a bias per head (Baichuan's _gen_alibi_mask(n_head,
+    max_pos): ALiBi with the triangle added), not a mask, the same for every head."""
+    return any("head" in name.lower() for name in _signature(fn)[1])
 
 
 SCHEDULE_FIRST = SCHEDULE_STEP_NAMES + OPTIMIZER_NAMES  # a schedule's step, a scheduler factory's optimizer

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import call_parameters, named, names_of
-from handformer.check.core.context import Context, error_text, finish
+from handformer.check.core.context import Context, check_determinism, error_text, finish
 from handformer.check.core.discovery import Component, cannot_fill
 from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.writers import written_at
@@ -65,7 +65,7 @@ ROLES: dict[str, tuple[str, ...]] = {
     "scale": ("scale", "scaling", "lora_scale", "lora_scaling"),
     "dropout": ("dropout", "lora_dropout", "p", "dropout_p", "drop", "dropout_rate"),
 }
-VALUES = {"in": I, "out": O, "r": R, "alpha": ALPHA, "scale": SCALE, "dropout": 0.0}
+VALUES = {"in": I, "out": O, "r": R, "alpha": ALPHA, "scale": SCALE, "dropout": 0.5}  # dropout graded in eval
 # the scalings a tutorial writes, by the argument that says it: (en, zh, s)
 SCALINGS: dict[str, list[tuple[str, str, float]]] = {
     "alpha": [
@@ -149,6 +149,8 @@ def check_lora(comp: Component, ctx: Context) -> ComponentResult:
     x = torch.randn(4, I, generator=torch.Generator().manual_seed(2))  # (N, I)
     weight = None if base is None else base.weight.detach().clone()
     plain = torch.zeros(4, O) if base is None else F.linear(x, base.weight, base.bias).detach()  # (N, O)
+    layer.eval()  # built with dropout 0.5: two eval runs that differ leave it on (dropout_in_eval)
+    check_determinism(res, ctx, comp, lambda: _out(ctx, layer, x), "lora")
     with torch.no_grad(), fp.dropout_off():
         y = _out(ctx, layer, x)
         update = x @ _update(*factors).T  # (N, O) unscaled
@@ -309,7 +311,7 @@ def _writes(ctx: Context, run: Any, fn: Any, base: nn.Module | None) -> list[tup
     """Run the method; the lines of the learner's file that changed the Linear's weight."""
     watch = (lambda: base.weight) if base is not None else (lambda: torch.zeros(()))
     own = inspect.unwrap(getattr(fn, "__func__", fn))  # a method under @torch.no_grad(): its own file
-    return written_at(lambda: ctx.learner.call("forward", run), own, watch)
+    return written_at(lambda: ctx.learner.call(own.__name__, run), own, watch)
 
 
 def _same(

@@ -95,6 +95,8 @@ PREFIX_ARGUMENT = re.compile(r"prefix|^sep$|^sep_|bidirect|^n_?context|^context_
 # a window (Gemma 2's make_masks(q_len, sliding_window, dtype, device)): the length itself, so that every
 # mask it makes is the causal one; the windows are compared apart (_windows_compared)
 MASK_ARGUMENTS = ((re.compile("window"), lambda T: T),
+                  # the length of a cache before it (Hugging Face's past_key_values_length): none
+                  (re.compile(r"past|cache|offset|start_pos"), lambda T: 0),
                   # a prefix-LM mask's prefix (GLM's build_mask_matrix(hidden_states, seq_length, sep)): none,
                   # so that it is the causal mask; a prefix is compared apart (_prefix_compared)
                   (PREFIX_ARGUMENT, lambda T: torch.tensor([0])),
