@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import collections
 import functools
+import itertools
 import re
 import types
 from typing import Any
@@ -86,19 +87,20 @@ def carry(obj: Any, fn: Any, name: str, sizes: dict[str, Any]) -> list[tuple[str
     """Give the stand-in `obj` (check's own), handed to `fn` as its argument `name`, each chain `fn`
     reads off it that it lacks, intermediate objects as namespaces; `sizes` are the run's values by
     role. The (dotted chain, value) pairs carried."""
-    valued = [(attrs, _value(fn, name, attrs, sizes)) for attrs in chains_read(fn, name)
-              if not _through_called(fn, (name, *attrs))]
+    kept = itertools.filterfalse(functools.partial(_through_called, fn, name), chains_read(fn, name))
+    valued = [(attrs, _value(fn, name, attrs, sizes)) for attrs in kept]
     missing = [(attrs, v) for attrs, v in valued if v is not None and _at(obj, attrs) is MISSING]
     for attrs, value in missing:
         setattr(_holder(obj, attrs[:-1]), attrs[-1], value)
     return [(".".join((name, *attrs)), v) for attrs, v in missing]
 
 
-def _through_called(fn: Any, chain: tuple[str, ...]) -> bool:
+def _through_called(fn: Any, name: str, attrs: tuple[str, ...]) -> bool:
     """Whether a chain passes through an object whose methods `fn` calls (`model.tokenizer.eos_id` where
     it also calls `model.tokenizer.decode(...)`): a tokenizer, not a holder of values, so it is not
     carried as a namespace (the stand-in's missing attribute then says what the loop needs)."""
     called = _reads(fn)[2].splitlines()
+    chain = (name, *attrs)
     holders = {".".join(chain[:i]) + "." for i in range(2, len(chain))}
     return any(c.startswith(h) for c in called for h in holders)
 
