@@ -21,8 +21,26 @@ HERE = Path(__file__).parent / "fixtures" / "learners_multipliers"
 
 
 @pytest.fixture(scope="module")
-def correct():
-    return check_file(str(HERE / "configured.py"))
+def checked():
+    """The correct file checked once, and the most mistakes each of its components' searches looked
+    for (fp.search's max_flags, by the kind being checked when it was called)."""
+    import handformer.check.core.fingerprint as fp
+
+    kind, most, search = [""], {}, fp.search
+
+    def counted(*args):
+        most.setdefault(kind[0], []).append(args[4])
+        return search(*args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fp, "search", counted)
+        result = check_file(str(HERE / "configured.py"), started=lambda step, k: kind.__setitem__(0, k))
+    return result, most
+
+
+@pytest.fixture(scope="module")
+def correct(checked):
+    return checked[0]
 
 
 def test_configured_multipliers_and_paired_tables_pass(correct):
@@ -71,14 +89,11 @@ def test_a_block_holding_attention_sinks_is_compared_with_them():
     assert block.status == "pass" and "self_attn.sinks -> sinks" in block.mapping, format_report(result)
 
 
-def test_a_configured_scale_spares_the_attention_search_its_pairs(monkeypatch):
+def test_a_configured_scale_spares_the_attention_search_its_pairs(checked):
     """Granite's attention_multiplier explains the attention with no mistake: the search for a pair of
     mistakes in each (rotary layout, mask convention), its costliest round, is never run."""
-    import handformer.check.core.fingerprint as fp
-
-    most, search = [], fp.search
-    monkeypatch.setattr(fp, "search", lambda *args: most.append(args[4]) or search(*args))
-    result = check_file(str(HERE / "configured.py"), only=["causal_attention"])
-    assert [c.status for c in result.components] == ["pass"], format_report(result)
-    assert any("scaled by 0.1" in note["en"] for note in result.components[0].notes), format_report(result)
-    assert most and 2 not in most, most
+    result, most = checked
+    (attention,) = [c for c in result.components if c.kind == "causal_attention"]
+    assert attention.status == "pass", format_report(result)
+    assert any("scaled by 0.1" in note["en"] for note in attention.notes), format_report(result)
+    assert most["causal_attention"] and 2 not in most["causal_attention"], most
