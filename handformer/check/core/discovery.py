@@ -33,7 +33,7 @@ from handformer.check.core.kinds import COLLATOR_KINDS, KINDS_TABLE, METHOD_NAME
 from handformer.check.core.own_calls import file_arguments, record
 from handformer.check.core.own_defaults import own_defaults, settings_class
 from handformer.check.core.size_roles import with_roles
-from handformer.check.core.source import code_text, config_reads, module_reads, source_text
+from handformer.check.core.source import code_text, config_fallbacks, config_reads, module_reads, source_text
 from handformer.check.core.wordpiece_parts import wordpiece_trainer, writes_wordpiece
 
 NAMES: dict[str, tuple[str, ...]] = {k.name: k.names for k in KINDS_TABLE}  # kind -> names, in order
@@ -1127,8 +1127,10 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
     when `p` is not a configuration."""
     values = _config_values(sizes)
     keys, attrs = config_reads(cls, p.name)
+    values.update({a: values[b] for a, b in config_fallbacks(cls, p.name).items() if b in values})
     own = _config_class(p, cls)
-    if own is None and not keys and p.name.lower() not in CONFIG_NAMES:
+    # an argument of any name whose fields it reads by a size's name (`hp.n_embd`) is a configuration
+    if own is None and not keys and p.name.lower() not in CONFIG_NAMES and not any(map(size_of, attrs)):
         return None
     if keys:
         own_values = file_dict_values(cls, keys)  # where check has no size: the file's own
