@@ -1127,7 +1127,9 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
     when `p` is not a configuration."""
     values = _config_values(sizes)
     keys, attrs = config_reads(cls, p.name)
-    values.update({a: values[b] for a, b in config_fallbacks(cls, p.name).items() if b in values})
+    # `config.a or config.b`: a field check has no size for stands for b's (OLMo's embedding_size)
+    fallbacks = config_fallbacks(cls, p.name).items()
+    values.update({a: values[b] for a, b in fallbacks if b in values and a not in values})
     own = _config_class(p, cls)
     # an argument of any name whose fields it reads by a size's name (`hp.n_embd`) is a configuration
     if own is None and not keys and p.name.lower() not in CONFIG_NAMES and not any(map(size_of, attrs)):
