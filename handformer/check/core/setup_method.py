@@ -1,0 +1,140 @@
+"""A model whose forward reads state that only a method of its own class makes: gpt-fast's
+`Transformer.setup_caches(max_batch_size, max_seq_length)`, which builds the KV caches, the rotary
+table and the causal mask that `forward(idx, input_pos)` reads, or any `init_cache`, `allocate_kv`,
+`reset_cache` of that form.
+
+The method is found by what it does, not by its name: it assigns `self.<attr>` that forward reads,
+and forward on token ids raises until it has run. Its arguments are filled by their names: a batch
+size, a sequence length (the longest check drives), a dtype (the model's), a device; one check cannot
+fill leaves the model NOT CHECKED, naming the method and the argument. Before each new sequence the
+state it made is put back as built and the method is called again with that sequence's batch size
+(gpt-fast's returns early when its caches are already as large, and its caches hold one batch size),
+so that a forward never reads a cache another call filled.
+
+Shape legend: B batch, T length.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.result import Text, text
+from handformer.check.core.source import function_nodes
+from handformer.check.core.weights import MappingError
+
+# the words of a setup method's arguments, by role (gpt-fast's max_batch_size, max_seq_length)
+BATCH_WORDS = ("batch", "bsz", "bs")
+LENGTH_WORDS = ("seq", "len", "length", "positions", "context", "ctx", "tokens", "size", "block")
+TORCH_KEYS = frozenset(vars(nn.Module()))  # what nn.Module keeps in an instance's __dict__
+
+
+def _self_attributes(fn: Any, assigned: bool) -> set[str]:
+    """The `self.<attr>` a method assigns (assigned) or reads."""
+    context = ast.Store if assigned else ast.Load
+    return {n.attr for n in function_nodes(fn) if isinstance(n, ast.Attribute) and isinstance(n.ctx, context)
+            and isinstance(n.value, ast.Name) and n.value.id == "self"}
+
+
+def setup_name(module: nn.Module) -> str | None:
+    """The method of the module's class (not forward, not a dunder) that assigns a `self.<attr>` its
+    forward reads; the first of several by its words (cache, setup, init)."""
+    reads = _self_attributes(type(module).forward, False)
+    found = [name for name, fn in inspect.getmembers(type(module), inspect.isfunction)
+             if not name.startswith("__") and name != "forward" and type(module).__module__ == fn.__module__
+             and _self_attributes(fn, True) & reads]
+    found.sort(key=lambda name: not any(word in name.lower() for word in ("cache", "setup", "init", "kv")))
+    return found[0] if found else None
+
+
+def _role(p: inspect.Parameter) -> str | None:
+    """The role of a setup method's argument by its name's words: batch, length, dtype, device."""
+    words = p.name.lower().split("_")
+    roles = [("batch", BATCH_WORDS), ("length", LENGTH_WORDS), ("dtype", ("dtype",)), ("device", ("device",))]
+    return next((role for role, said in roles if any(w in said for w in words)), None)
+
+
+class Setup:
+    """The learner's setup method, called before each new sequence with its batch size."""
+
+    def __init__(self, module: nn.Module, name: str, length: int, call: Callable[..., Any]) -> None:
+        self.module, self.name, self.length, self.call = module, name, length, call
+        method = getattr(module, name)
+        self.params = [p for p in inspect.signature(method).parameters.values()
+                       if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        unfilled = [p.name for p in self.params if _role(p) is None and p.default is p.empty]
+        if unfilled:
+            raise MappingError(*_unfilled(type(module).__name__, name, unfilled[0]))
+        self.pristine, self.modules = _entries(module), dict(module.named_modules())
+        call(method, **self.arguments(2, length))
+        made = _entries(module).items()  # what the method made: put back as built before each call
+        self.made = {key for key, value in made if self.pristine.get(key, made) is not value}
+
+    def arguments(self, B: int, T: int) -> dict[str, Any]:
+        dtype = next(self.module.parameters()).dtype
+        values = {"batch": B, "length": max(T, self.length), "dtype": dtype, "device": torch.device("cpu")}
+        return {p.name: values[role] for p in self.params if (role := _role(p)) is not None}
+
+    def __call__(self, B: int, T: int) -> None:
+        """The state as built, then the method called with batch B and length max(T, the block size)."""
+        for path, store, key in self.made:
+            held = _store(self.modules.get(path), store)
+            if held is not None and (path, store, key) in self.pristine:
+                held[key] = self.pristine[path, store, key]
+            elif held is not None:
+                held.pop(key, None)
+        tracer = sys.gettrace()  # its lines are no step of the forward a localization traces
+        sys.settrace(None)
+        try:
+            self.call(getattr(self.module, self.name), **self.arguments(B, T))
+        finally:
+            sys.settrace(tracer)
+
+    def note(self) -> Text:
+        said = ", ".join(self.arguments(2, self.length)) or ""
+        return text(f"forward reads what {self.name}({said}) makes first (KV caches, tables): check calls it "
+                    "before each new sequence with that sequence's batch size and the block size, and hands "
+                    "forward the positions (0..T-1) where it takes them",
+                    f"forward 读取 {self.name}({said}) 先建好的东西（KV 缓存、表）：检查程序在每个新序列之前"
+                    "用这个序列的 batch 大小和 block size 调用它，forward 接受位置参数时传入位置 0..T-1")
+
+
+def _store(module: nn.Module | None, store: str) -> dict[str, Any] | None:
+    return None if module is None else (vars(module) if not store else getattr(module, store))
+
+
+def _entries(module: nn.Module) -> dict[tuple[str, str, str], Any]:
+    """(module path, store, key) -> value of every attribute, buffer and submodule a module holds (its
+    parameters left alone)."""
+    out = {}
+    for path, m in module.named_modules():
+        for store in ("", "_buffers", "_modules"):
+            held = _store(m, store).items()
+            out.update({(path, store, k): v for k, v in held if store or k not in TORCH_KEYS})
+    return out
+
+
+def _unfilled(model: str, name: str, argument: str) -> tuple[str, str]:
+    return (f"{model}.forward reads what {name}(...) makes first (KV caches, tables), and check cannot fill "
+            f"its argument {argument!r}: it fills a batch size, a sequence length, a dtype and a device by "
+            f"their names; give {argument!r} a default, and check calls {name} with it",
+            f"{model}.forward 读取 {name}(...) 先建好的东西（KV 缓存、表），而检查程序填不了它的参数 "
+            f"{argument!r}：它只按名字填 batch 大小、序列长度、dtype 和 device；"
+            f"请给 {argument!r} 一个默认值，检查程序就用它调用 {name}")
+
+
+def setup_of(module: nn.Module, length: int, call: Callable[..., Any]) -> Setup | None:
+    """The setup method its forward needs, called once (batch 2) through `call` (the learner's sandbox):
+    None where forward runs on token ids (2, 7) without one, or where its class has none."""
+    ids = torch.randint(0, 9, (2, 7), generator=torch.Generator().manual_seed(3))
+    if fp.quietly(lambda: module(ids)) is not None:
+        return None
+    name = setup_name(module)
+    return Setup(module, name, length, call) if name else None
