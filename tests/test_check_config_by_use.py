@@ -8,10 +8,13 @@ count of new tokens may be called max_steps (OLMo's generate)."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
+from torch import nn
 
+from handformer.check.core.discovery import make_config
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
 
@@ -45,3 +48,22 @@ def test_a_planted_mistake_behind_a_config_fails_named(results, name, model, mis
     comp = next(c for c in results[name].components if c.name == model)
     assert comp.status == "fail", format_report(results[name])
     assert mistake in [f.name for f in comp.findings], format_report(results[name])
+
+
+class _Wrapped(nn.Module):
+    def __init__(self, base, scale=2.0):
+        super().__init__()
+        self.base, self.rank = base, base.in_features // 4  # a layer it is handed, read as a layer
+
+
+class _Configured(nn.Module):
+    def __init__(self, width, hp):
+        super().__init__()
+        self.proj = nn.Linear(hp.n_embd, width)  # a namespace of another name, read by its fields
+
+
+def test_an_argument_read_as_a_layer_is_no_configuration():
+    """`base.in_features` reads a layer (LoRA's base_layer), `hp.n_embd` a configuration."""
+    base, hp = (inspect.signature(cls).parameters[name] for cls, name in ((_Wrapped, "base"), (_Configured, "hp")))
+    assert make_config(_Wrapped, base, {"d_model": 16, "n_heads": 4}) is None
+    assert make_config(_Configured, hp, {"d_model": 16, "n_heads": 4}).n_embd == 16

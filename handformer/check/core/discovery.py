@@ -1131,8 +1131,7 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
     fallbacks = config_fallbacks(cls, p.name).items()
     values.update({a: values[b] for a, b in fallbacks if b in values and a not in values})
     own = _config_class(p, cls)
-    # an argument of any name whose fields it reads by a size's name (`hp.n_embd`) is a configuration
-    if own is None and not keys and p.name.lower() not in CONFIG_NAMES and not any(map(size_of, attrs)):
+    if own is None and not keys and p.name.lower() not in CONFIG_NAMES and not _read_as_config(p, cls, attrs):
         return None
     if keys:
         own_values = file_dict_values(cls, keys)  # where check has no size: the file's own
@@ -1161,6 +1160,18 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
                 setattr(config, attr, value)
         return config
     return SizedNamespace(paired_hidden(values, attrs, sizes), _config_sizes(sizes), own_defaults(cls))
+
+
+# what a constructor reads of a layer it is handed (LoRA's base_layer.in_features), never of a config
+LAYER_ATTRS = frozenset({"weight", "in_features", "out_features", "embedding_dim", "num_embeddings",
+                         "parameters", "forward"})
+
+
+def _read_as_config(p: inspect.Parameter, cls: Any, attrs: set[str]) -> bool:
+    """An argument of any name whose fields the constructor reads by a size's name (`hp.n_embd`,
+    `a.block_size`) is a configuration; not one annotated with a module, or read as a layer is."""
+    layer = hasattr(annotation(p, cls), "forward") or bool(attrs & LAYER_ATTRS)
+    return any(map(size_of, attrs)) and not layer
 
 
 def _config_sizes(sizes: dict[str, Any]) -> dict[str, Any]:
