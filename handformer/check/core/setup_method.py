@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -31,34 +32,34 @@ from handformer.check.core.source import function_nodes
 from handformer.check.core.weights import MappingError
 
 # the words of a setup method's arguments, by role (gpt-fast's max_batch_size, max_seq_length)
-BATCH_WORDS = ("batch", "bsz", "bs")
-LENGTH_WORDS = ("seq", "len", "length", "positions", "context", "ctx", "tokens", "size", "block")
+ROLES = {"batch": {"batch", "bsz", "bs"}, "dtype": {"dtype"}, "device": {"device"},
+         "length": {"seq", "len", "length", "positions", "context", "ctx", "tokens", "size", "block"}}
+SETUP_WORDS = re.compile(r"(?i)cache|setup|init|kv")  # a setup method's name, first of several
+NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 TORCH_KEYS = frozenset(vars(nn.Module()))  # what nn.Module keeps in an instance's __dict__
 
 
-def _self_attributes(fn: Any, assigned: bool) -> set[str]:
-    """The `self.<attr>` a method assigns (assigned) or reads."""
-    context = ast.Store if assigned else ast.Load
-    return {n.attr for n in function_nodes(fn) if isinstance(n, ast.Attribute) and isinstance(n.ctx, context)
-            and isinstance(n.value, ast.Name) and n.value.id == "self"}
+def _self_attributes(fn: Any, context: type) -> set[str]:
+    """The `self.<attr>` a method assigns (context ast.Store) or reads (ast.Load)."""
+    nodes = [n for n in function_nodes(fn) if isinstance(getattr(n, "ctx", None), context)]
+    return {n.attr for n in nodes if getattr(getattr(n, "value", None), "id", "") == "self"}
 
 
-def setup_name(module: nn.Module) -> str | None:
-    """The method of the module's class (not forward, not a dunder) that assigns a `self.<attr>` its
+def setup_name(cls: type) -> str | None:
+    """The method of the learner's class (not forward, not a dunder) that assigns a `self.<attr>` its
     forward reads; the first of several by its words (cache, setup, init)."""
-    reads = _self_attributes(type(module).forward, False)
-    found = [name for name, fn in inspect.getmembers(type(module), inspect.isfunction)
-             if not name.startswith("__") and name != "forward" and type(module).__module__ == fn.__module__
-             and _self_attributes(fn, True) & reads]
-    found.sort(key=lambda name: not any(word in name.lower() for word in ("cache", "setup", "init", "kv")))
-    return found[0] if found else None
+    reads = _self_attributes(cls.forward, ast.Load)
+    own = {n: fn for n, fn in vars(cls).items()
+           if inspect.isfunction(fn) and n != "forward" and n[:2] != "__"}
+    found = sorted((n for n, fn in own.items() if _self_attributes(fn, ast.Store) & reads),
+                   key=lambda n: not SETUP_WORDS.search(n))
+    return next(iter(found), None)
 
 
 def _role(p: inspect.Parameter) -> str | None:
     """The role of a setup method's argument by its name's words: batch, length, dtype, device."""
-    words = p.name.lower().split("_")
-    roles = [("batch", BATCH_WORDS), ("length", LENGTH_WORDS), ("dtype", ("dtype",)), ("device", ("device",))]
-    return next((role for role, said in roles if any(w in said for w in words)), None)
+    words = set(p.name.lower().split("_"))
+    return next((role for role, said in ROLES.items() if words & said), None)
 
 
 class Setup:
@@ -67,29 +68,28 @@ class Setup:
     def __init__(self, module: nn.Module, name: str, length: int, call: Callable[..., Any]) -> None:
         self.module, self.name, self.length, self.call = module, name, length, call
         method = getattr(module, name)
-        self.params = [p for p in inspect.signature(method).parameters.values()
-                       if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        self.params = [p for p in inspect.signature(method).parameters.values() if p.kind in NAMED]
         unfilled = [p.name for p in self.params if _role(p) is None and p.default is p.empty]
         if unfilled:
             raise MappingError(*_unfilled(type(module).__name__, name, unfilled[0]))
         self.pristine, self.modules = _entries(module), dict(module.named_modules())
         call(method, **self.arguments(2, length))
-        made = _entries(module).items()  # what the method made: put back as built before each call
-        self.made = {key for key, value in made if self.pristine.get(key, made) is not value}
+        # what the method made in the modules built with the model: put back as built before each call
+        made = {key: value for key, value in _entries(module).items() if key[0] in self.modules}
+        self.made = {key for key, value in made.items() if self.pristine.get(key, made) is not value}
 
     def arguments(self, B: int, T: int) -> dict[str, Any]:
         dtype = next(self.module.parameters()).dtype
         values = {"batch": B, "length": max(T, self.length), "dtype": dtype, "device": torch.device("cpu")}
-        return {p.name: values[role] for p in self.params if (role := _role(p)) is not None}
+        roles = {p.name: _role(p) for p in self.params}
+        return {name: values[role] for name, role in roles.items() if role}
 
     def __call__(self, B: int, T: int) -> None:
         """The state as built, then the method called with batch B and length max(T, the block size)."""
         for path, store, key in self.made:
-            held = _store(self.modules.get(path), store)
-            if held is not None and (path, store, key) in self.pristine:
-                held[key] = self.pristine[path, store, key]
-            elif held is not None:
-                held.pop(key, None)
+            held = vars(self.modules[path]) if not store else getattr(self.modules[path], store)
+            held[key] = self.pristine.get((path, store, key), GONE)
+            held.pop(key) if held[key] is GONE else None
         tracer = sys.gettrace()  # its lines are no step of the forward a localization traces
         sys.settrace(None)
         try:
@@ -98,7 +98,7 @@ class Setup:
             sys.settrace(tracer)
 
     def note(self) -> Text:
-        said = ", ".join(self.arguments(2, self.length)) or ""
+        said = ", ".join(self.arguments(2, self.length))
         return text(f"forward reads what {self.name}({said}) makes first (KV caches, tables): check calls it "
                     "before each new sequence with that sequence's batch size and the block size, and hands "
                     "forward the positions (0..T-1) where it takes them",
@@ -106,19 +106,16 @@ class Setup:
                     "用这个序列的 batch 大小和 block size 调用它，forward 接受位置参数时传入位置 0..T-1")
 
 
-def _store(module: nn.Module | None, store: str) -> dict[str, Any] | None:
-    return None if module is None else (vars(module) if not store else getattr(module, store))
+GONE = object()  # what a key the method added is put back to: removed
 
 
 def _entries(module: nn.Module) -> dict[tuple[str, str, str], Any]:
     """(module path, store, key) -> value of every attribute, buffer and submodule a module holds (its
-    parameters left alone)."""
-    out = {}
-    for path, m in module.named_modules():
-        for store in ("", "_buffers", "_modules"):
-            held = _store(m, store).items()
-            out.update({(path, store, k): v for k, v in held if store or k not in TORCH_KEYS})
-    return out
+    parameters left alone; nn.Module's own attributes too)."""
+    stores = [(path, store, held) for path, m in module.named_modules()
+              for store, held in (("", vars(m)), ("_buffers", m._buffers), ("_modules", m._modules))]
+    return {(path, store, k): v for path, store, held in stores for k, v in held.items()
+            if k not in TORCH_KEYS or store}
 
 
 def _unfilled(model: str, name: str, argument: str) -> tuple[str, str]:
@@ -134,7 +131,5 @@ def setup_of(module: nn.Module, length: int, call: Callable[..., Any]) -> Setup 
     """The setup method its forward needs, called once (batch 2) through `call` (the learner's sandbox):
     None where forward runs on token ids (2, 7) without one, or where its class has none."""
     ids = torch.randint(0, 9, (2, 7), generator=torch.Generator().manual_seed(3))
-    if fp.quietly(lambda: module(ids)) is not None:
-        return None
-    name = setup_name(module)
-    return Setup(module, name, length, call) if name else None
+    name = setup_name(type(module)) if fp.quietly(lambda: module(ids)) is None else None
+    return name and Setup(module, name, length, call)

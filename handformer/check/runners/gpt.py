@@ -82,7 +82,7 @@ from handformer.check.core.result import (
 )
 from handformer.check.core.rotary import interleaved_to_half_, partial_layouts, turned_width
 from handformer.check.core.score_scale import PLAIN, Form, layer_forms, model_factors
-from handformer.check.core.setup_method import setup_of
+from handformer.check.core.setup_method import setup_name, setup_of
 from handformer.check.core.source import (
     LINE_FINDERS,
     first_pattern_matches,
@@ -114,7 +114,7 @@ from handformer.check.runners import generate_lossy as lossy
 from handformer.check.runners import latent
 from handformer.check.runners.attention import attention_cap
 from handformer.check.runners.balance_loss import balance_term
-from handformer.check.runners.kv_cache import CACHE_ARGS, CACHE_METHODS
+from handformer.check.runners.kv_cache import CACHE_ARGS, CACHE_METHODS, check_kv_cache
 from handformer.check.runners.localize_cache import cache_departure
 from handformer.check.runners.model import as_written_, computes_sqrt, exact_norms_
 from handformer.check.runners.model_loss import unshifted_finding
@@ -973,6 +973,13 @@ def _head_read_apart(heads: list[Any], others: str) -> bool:
     cross entropy): the forward returns the hidden states on purpose, the loss applies the head."""
     names = "|".join(re.escape(head.name.rsplit(".", 1)[-1]) for head in heads)
     return re.search(rf"\.(?:{names})\b", others) is not None
+
+
+def check_cached(comp: Component, ctx: Context) -> ComponentResult:
+    """A model with a KV cache: one whose forward takes no cache and whose caches a method of its own
+    makes (setup_method.py: an allocate_kv) is driven as a model; else as kv_cache.py drives one."""
+    own = setup_name(comp.obj) and not set(inspect.signature(comp.obj.forward).parameters) & set(CACHE_ARGS)
+    return (check_gpt if own else check_kv_cache)(comp, ctx)
 
 
 def check_gpt(comp: Component, ctx: Context) -> ComponentResult:

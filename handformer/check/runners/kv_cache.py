@@ -31,7 +31,6 @@ from handformer.check.core.context import Context, error_text, finish, forward_n
 from handformer.check.core.discovery import Component, build, own_objects
 from handformer.check.core.layer_map import outside
 from handformer.check.core.result import NOT_CHECKED, Check, ComponentResult, Finding, LearnerError, text
-from handformer.check.core.setup_method import setup_name
 from handformer.check.core.sizes import is_number
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.weights import (
@@ -253,9 +252,6 @@ def check_kv_cache(comp: Component, ctx: Context) -> ComponentResult:
     module = ctx.build(comp, SIZES)
     drive = Driver(comp, ctx, module)
     why = drive.missing()
-    if why is not None and setup_name(module):  # its caches made by a method of its own: driven as a model
-        from handformer.check.runners.gpt import check_gpt
-        return check_gpt(comp, ctx)
     if why is not None:
         res.status = NOT_CHECKED
         res.error = LearnerError("mapping", why, "forward")
