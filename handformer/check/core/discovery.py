@@ -1170,8 +1170,8 @@ LAYER_ATTRS = frozenset({"weight", "in_features", "out_features", "embedding_dim
 def _read_as_config(p: inspect.Parameter, cls: Any, attrs: set[str]) -> bool:
     """An argument of any name whose fields the constructor reads by a size's name (`hp.n_embd`,
     `a.block_size`) is a configuration; not one annotated with a module, or read as a layer is."""
-    layer = hasattr(annotation(p, cls), "forward") or bool(attrs & LAYER_ATTRS)
-    return any(map(size_of, attrs)) and not layer
+    read = attrs | set(dir(annotation(p, cls)))  # an annotation of a module has its forward
+    return any(map(size_of, attrs)) and not read & LAYER_ATTRS
 
 
 def _config_sizes(sizes: dict[str, Any]) -> dict[str, Any]:

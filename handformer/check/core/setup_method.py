@@ -16,7 +16,6 @@ Shape legend: B batch, T length.
 
 from __future__ import annotations
 
-import ast
 import inspect
 import re
 import sys
@@ -28,7 +27,7 @@ from torch import nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.result import Text, text
-from handformer.check.core.source import function_nodes
+from handformer.check.core.source import source_text
 from handformer.check.core.weights import MappingError
 
 # the words of a setup method's arguments, by role (gpt-fast's max_batch_size, max_seq_length)
@@ -36,30 +35,27 @@ ROLES = {"batch": {"batch", "bsz", "bs"}, "dtype": {"dtype"}, "device": {"device
          "length": {"seq", "len", "length", "positions", "context", "ctx", "tokens", "size", "block"}}
 SETUP_WORDS = re.compile(r"(?i)cache|setup|init|kv")  # a setup method's name, first of several
 NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-TORCH_KEYS = frozenset(vars(nn.Module()))  # what nn.Module keeps in an instance's __dict__
-
-
-def _self_attributes(fn: Any, context: type) -> set[str]:
-    """The `self.<attr>` a method assigns (context ast.Store) or reads (ast.Load)."""
-    nodes = [n for n in function_nodes(fn) if isinstance(getattr(n, "ctx", None), context)]
-    return {n.attr for n in nodes if getattr(getattr(n, "value", None), "id", "") == "self"}
+ASSIGNED = re.compile(r"\bself\.(\w+)\s*(?::[^=\n]*)?=(?!=)")  # self.x = ..., self.x: T = ...
+READ = re.compile(r"\bself\.(\w+)")
 
 
 def setup_name(cls: type) -> str | None:
     """The method of the learner's class (not forward, not a dunder) that assigns a `self.<attr>` its
     forward reads; the first of several by its words (cache, setup, init)."""
-    reads = _self_attributes(cls.forward, ast.Load)
-    own = {n: fn for n, fn in vars(cls).items()
-           if inspect.isfunction(fn) and n != "forward" and n[:2] != "__"}
-    found = sorted((n for n, fn in own.items() if _self_attributes(fn, ast.Store) & reads),
-                   key=lambda n: not SETUP_WORDS.search(n))
-    return next(iter(found), None)
+    reads = set(READ.findall(source_text(cls.forward)))
+    own = [n for n, fn in vars(cls).items() if inspect.isfunction(fn) and n != "forward" and n[:2] != "__"]
+    found = filter(lambda n: reads & set(ASSIGNED.findall(source_text(vars(cls)[n]))), own)
+    return next(iter(sorted(found, key=lambda n: not SETUP_WORDS.search(n))), None)
 
 
 def _role(p: inspect.Parameter) -> str | None:
     """The role of a setup method's argument by its name's words: batch, length, dtype, device."""
     words = set(p.name.lower().split("_"))
-    return next((role for role, said in ROLES.items() if words & said), None)
+    return next(filter(lambda role: words & ROLES[role], ROLES), None)
+
+
+def _unfillable(p: inspect.Parameter) -> bool:
+    return _role(p) is None and p.default is p.empty
 
 
 class Setup:
@@ -69,27 +65,26 @@ class Setup:
         self.module, self.name, self.length, self.call = module, name, length, call
         method = getattr(module, name)
         self.params = [p for p in inspect.signature(method).parameters.values() if p.kind in NAMED]
-        unfilled = [p.name for p in self.params if _role(p) is None and p.default is p.empty]
+        unfilled = next(filter(_unfillable, self.params), None)
         if unfilled:
-            raise MappingError(*_unfilled(type(module).__name__, name, unfilled[0]))
+            raise MappingError(*_unfilled(type(module).__name__, name, unfilled.name))
         self.pristine, self.modules = _entries(module), dict(module.named_modules())
         call(method, **self.arguments(2, length))
         # what the method made in the modules built with the model: put back as built before each call
-        made = {key: value for key, value in _entries(module).items() if key[0] in self.modules}
-        self.made = {key for key, value in made.items() if self.pristine.get(key, made) is not value}
+        self.made = {key for key, value in _entries(module).items()
+                     if key[0] in self.modules and self.pristine.get(key, GONE) is not value}
 
     def arguments(self, B: int, T: int) -> dict[str, Any]:
         dtype = next(self.module.parameters()).dtype
         values = {"batch": B, "length": max(T, self.length), "dtype": dtype, "device": torch.device("cpu")}
-        roles = {p.name: _role(p) for p in self.params}
-        return {name: values[role] for name, role in roles.items() if role}
+        return {p.name: values[_role(p)] for p in self.params if _role(p)}
 
     def __call__(self, B: int, T: int) -> None:
         """The state as built, then the method called with batch B and length max(T, the block size)."""
         for path, store, key in self.made:
-            held = vars(self.modules[path]) if not store else getattr(self.modules[path], store)
-            held[key] = self.pristine.get((path, store, key), GONE)
-            held.pop(key) if held[key] is GONE else None
+            STORES[store](self.modules[path]).pop(key, None)
+        for path, store, key in self.made & self.pristine.keys():
+            STORES[store](self.modules[path])[key] = self.pristine[path, store, key]
         tracer = sys.gettrace()  # its lines are no step of the forward a localization traces
         sys.settrace(None)
         try:
@@ -106,16 +101,16 @@ class Setup:
                     "用这个序列的 batch 大小和 block size 调用它，forward 接受位置参数时传入位置 0..T-1")
 
 
-GONE = object()  # what a key the method added is put back to: removed
+GONE = object()  # no value as built: a key the method added
+# where a module keeps what a setup method makes: attributes, buffers, submodules
+STORES: dict[str, Callable[[nn.Module], dict[str, Any]]] = {
+    "": vars, "_buffers": lambda m: m._buffers, "_modules": lambda m: m._modules}
 
 
 def _entries(module: nn.Module) -> dict[tuple[str, str, str], Any]:
-    """(module path, store, key) -> value of every attribute, buffer and submodule a module holds (its
-    parameters left alone; nn.Module's own attributes too)."""
-    stores = [(path, store, held) for path, m in module.named_modules()
-              for store, held in (("", vars(m)), ("_buffers", m._buffers), ("_modules", m._modules))]
-    return {(path, store, k): v for path, store, held in stores for k, v in held.items()
-            if k not in TORCH_KEYS or store}
+    """(module path, store, key) -> value of every attribute, buffer and submodule a module holds."""
+    return {(path, store, k): v for path, m in module.named_modules() for store in STORES
+            for k, v in STORES[store](m).items()}
 
 
 def _unfilled(model: str, name: str, argument: str) -> tuple[str, str]:

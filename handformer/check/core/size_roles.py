@@ -76,7 +76,7 @@ def configurations(cls: Any, keys: dict[str, str | None]) -> set[str]:
     a configuration, never a size, whatever their name or position (OLMo's
     OLMoSequentialBlock(layer_id, config) hands `config` to LayerNorm(config) first, the place of a
     width); an argument used in arithmetic or handed to range() is read whole, a size."""
-    return {name for name in keys if any(config_reads(cls, name))} if inspect.isclass(cls) else set()
+    return set(filter(lambda name: any(config_reads(cls, name)), keys)) if inspect.isclass(cls) else set()
 
 
 # a layer handed an input's width first (nn.Linear(query_dim, ...), nn.LayerNorm(n_units))

@@ -664,14 +664,8 @@ def config_fallbacks(cls: Any, name: str) -> dict[str, str]:
     """The fields of its argument `name` that `cls.__init__` reads as `name.a or name.b`: field a
     overrides field b, so it stands for the same size (OLMo's `config.embedding_size or
     config.vocab_size`, a padded vocabulary): {a: b}."""
-    try:
-        tree = ast.parse(textwrap.dedent("".join(_function_lines(cls.__init__)[0])))
-    except (OSError, TypeError, SyntaxError):
-        return {}
-    pairs = [[v.attr for v in node.values if isinstance(v, ast.Attribute)
-              and isinstance(v.value, ast.Name) and v.value.id == name]
-             for node in ast.walk(tree) if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or)]
-    return {pair[0]: pair[-1] for pair in pairs if len(pair) > 1}
+    pair = rf"\b{re.escape(name)}\.(\w+)\s+or\s+{re.escape(name)}\.(\w+)\b"
+    return dict(re.findall(pair, source_text(getattr(cls, "__init__", None))))
 
 
 @functools.lru_cache(maxsize=512)

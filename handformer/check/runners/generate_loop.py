@@ -634,8 +634,7 @@ class StandIn:
 def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any) -> None:
     res.notes += [note for note in [defaults_note(comp.obj)] if note] + sinks_note(comp.obj)
     short = first = run_generate(ctx, comp, driver, SHORT, 2)
-    # one prompt (1, T), its ids (T,), a list of ints; lists of them
-    for B, as_list in ((1, False), (1, ONE), (1, True), (2, ROWS)):
+    for B, as_list in PROMPT_FORMS:
         if short.out is not None or _named(short):
             break
         short = run_generate(ctx, comp, driver, SHORT, B, as_list)
@@ -674,6 +673,8 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
     _ending(res, ctx, comp, driver, tried)
 
 
+# one prompt (1, T), its ids (T,), a list of ints; lists of them: the forms tried after (2, T)
+PROMPT_FORMS = ((1, False), (1, ONE), (1, True), (2, ROWS))
 HANDED = {True: (", given as a list of ints", "，提示词是整数列表"),
           ONE: (", given as one tensor of ids (T,)", "，提示词是一维的 id 张量 (T,)")}
 CACHED_NOTE = text("it decodes with a KV cache: after the prompt it feeds one token at a time",

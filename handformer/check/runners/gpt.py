@@ -731,16 +731,16 @@ class Caller:
         self.position = named(names, ("start_pos",))
         # Meta's forward(tokens, start_pos): the whole sequence from position 0
         self.start = self.position if self.position in required else None
-        # Mistral's forward(input_ids, positions): the positions it requires, one row (T,)
-        self.positions = named(required, ("positions",))
+        # gpt-fast's forward(idx, input_pos) on what setup_caches(max_batch_size, max_seq_length) makes
+        self.setup = setup_of(module, BLOCK, functools.partial(ctx.learner.call, "__init__"))
+        # Mistral's forward(input_ids, positions): the positions it requires, one row (T,); a set-up
+        # model's positions by any of their names, required or not (gpt-fast's input_pos=None)
+        self.positions = named(*{False: (required, ("positions",)), True: (names, SET_UP_POSITIONS)}[
+            self.setup is not None])
         self.cache_arg = named(names, CACHE_ARGS)
         # mistral-src's forward(input_ids, positions, cache): a fresh cache of its maker for every call
         self.fresh = cache_maker(module) if self.cache_arg in required else None
 
-        # gpt-fast's forward(idx, input_pos) on what setup_caches(max_batch_size, max_seq_length) makes
-        self.setup = setup_of(module, BLOCK, functools.partial(ctx.learner.call, "__init__"))
-        if self.setup:
-            self.positions = named(names, SET_UP_POSITIONS)
         self.returned: Any = None  # what forward gave back last, for a message
         self.stepwise = False  # Umar Jamil's forward asserts one token at a time: driven so, once known
         self.unbatched = False
@@ -979,7 +979,7 @@ def check_cached(comp: Component, ctx: Context) -> ComponentResult:
     """A model with a KV cache: one whose forward takes no cache and whose caches a method of its own
     makes (setup_method.py: an allocate_kv) is driven as a model; else as kv_cache.py drives one."""
     own = setup_name(comp.obj) and not set(inspect.signature(comp.obj.forward).parameters) & set(CACHE_ARGS)
-    return (check_gpt if own else check_kv_cache)(comp, ctx)
+    return {True: check_gpt, False: check_kv_cache}[bool(own)](comp, ctx)
 
 
 def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
