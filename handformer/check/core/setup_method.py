@@ -7,7 +7,7 @@ The method is found by what it does, not by its name: it assigns `self.<attr>` t
 and forward on token ids raises until it has run. Its arguments are filled by their names: a batch
 size, a sequence length (the longest check drives), a dtype (the model's), a device; one check cannot
 fill leaves the model NOT CHECKED, naming the method and the argument. Before each new sequence the
-state it made is put back as built and the method is called again with that sequence's batch size
+state it changed is put back as built and the method is called again with that sequence's batch size
 (gpt-fast's returns early when its caches are already as large, and its caches hold one batch size),
 so that a forward never reads a cache another call filled.
 
@@ -70,9 +70,8 @@ class Setup:
             raise MappingError(*_unfilled(type(module).__name__, name, unfilled.name))
         self.pristine, self.modules = _entries(module), dict(module.named_modules())
         call(method, **self.arguments(2, length))
-        # what the method made in the modules built with the model: put back as built before each call
-        self.made = {key for key, value in _entries(module).items()
-                     if key[0] in self.modules and self.pristine.get(key, GONE) is not value}
+        after = _entries(module)  # what the method changed: put back as built before each call
+        self.made = {key for key, value in self.pristine.items() if after.get(key, GONE) is not value}
 
     def arguments(self, B: int, T: int) -> dict[str, Any]:
         dtype = next(self.module.parameters()).dtype
@@ -82,8 +81,6 @@ class Setup:
     def __call__(self, B: int, T: int) -> None:
         """The state as built, then the method called with batch B and length max(T, the block size)."""
         for path, store, key in self.made:
-            STORES[store](self.modules[path]).pop(key, None)
-        for path, store, key in self.made & self.pristine.keys():
             STORES[store](self.modules[path])[key] = self.pristine[path, store, key]
         tracer = sys.gettrace()  # its lines are no step of the forward a localization traces
         sys.settrace(None)
@@ -101,7 +98,7 @@ class Setup:
                     "用这个序列的 batch 大小和 block size 调用它，forward 接受位置参数时传入位置 0..T-1")
 
 
-GONE = object()  # no value as built: a key the method added
+GONE = object()  # no value after the method ran: a key it removed
 # where a module keeps what a setup method makes: attributes, buffers, submodules
 STORES: dict[str, Callable[[nn.Module], dict[str, Any]]] = {
     "": vars, "_buffers": lambda m: m._buffers, "_modules": lambda m: m._modules}
