@@ -57,8 +57,8 @@ PROMPT_NAMES = ("idx", "input_ids", "prompt", "prompt_ids", "tokens", "context",
 # a chat loop's tokenizer and the conversation it encodes (Qwen's chat(model, tokenizer, messages))
 TOKENIZER_NAMES = ("tokenizer", "tok", "enc", "encoder", "tokeniser")
 MESSAGE_NAMES = ("messages", "conversation", "history", "dialog", "chat", "msgs")
-COUNT_NAMES = ("max_new_tokens", "max_tokens", "n_new", "num_tokens", "new_tokens", "steps", "length",
-               "max_length", "n", "num_new_tokens", "max_gen_len", "n_tokens")
+COUNT_NAMES = ("max_new_tokens", "max_tokens", "n_new", "num_tokens", "new_tokens", "steps", "max_steps",
+               "length", "max_length", "n", "num_new_tokens", "max_gen_len", "n_tokens")
 # a generation loop's end-of-sequence id
 EOS_NAMES = ("eos", "eos_id", "eos_token", "eos_token_id", "eos_idx", "end_token", "end_id", "stop_token",
              "end_symbol", "stop_id")

@@ -33,7 +33,7 @@ from handformer.check.core.kinds import COLLATOR_KINDS, KINDS_TABLE, METHOD_NAME
 from handformer.check.core.own_calls import file_arguments, record
 from handformer.check.core.own_defaults import own_defaults, settings_class
 from handformer.check.core.size_roles import with_roles
-from handformer.check.core.source import code_text, config_reads, module_reads, source_text
+from handformer.check.core.source import code_text, config_fallbacks, config_reads, module_reads, source_text
 from handformer.check.core.wordpiece_parts import wordpiece_trainer, writes_wordpiece
 
 NAMES: dict[str, tuple[str, ...]] = {k.name: k.names for k in KINDS_TABLE}  # kind -> names, in order
@@ -1129,8 +1129,11 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
     when `p` is not a configuration."""
     values = _config_values(sizes)
     keys, attrs = config_reads(cls, p.name)
+    # `config.a or config.b`: a field check has no size for stands for b's (OLMo's embedding_size)
+    fallbacks = config_fallbacks(cls, p.name).items()
+    values.update({a: values[b] for a, b in fallbacks if b in values and a not in values})
     own = _config_class(p, cls)
-    if own is None and not keys and p.name.lower() not in CONFIG_NAMES:
+    if own is None and not keys and p.name.lower() not in CONFIG_NAMES and not _read_as_config(p, cls, attrs):
         return None
     if keys:
         own_values = file_dict_values(cls, keys)  # where check has no size: the file's own
@@ -1159,6 +1162,18 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
                 setattr(config, attr, value)
         return config
     return SizedNamespace(paired_hidden(values, attrs, sizes), _config_sizes(sizes), own_defaults(cls))
+
+
+# what a constructor reads of a layer it is handed (LoRA's base_layer.in_features), never of a config
+LAYER_ATTRS = frozenset({"weight", "in_features", "out_features", "embedding_dim", "num_embeddings",
+                         "parameters", "forward"})
+
+
+def _read_as_config(p: inspect.Parameter, cls: Any, attrs: set[str]) -> bool:
+    """An argument of any name whose fields the constructor reads by a size's name (`hp.n_embd`,
+    `a.block_size`) is a configuration; not one annotated with a module, or read as a layer is."""
+    read = attrs | set(dir(annotation(p, cls)))  # an annotation of a module has its forward
+    return any(map(size_of, attrs)) and not read & LAYER_ATTRS
 
 
 def _config_sizes(sizes: dict[str, Any]) -> dict[str, Any]:

@@ -135,7 +135,7 @@ KINDS_TABLE: tuple[Kind, ...] = (
          "encoder-only model (BERT)", "encoder-only 模型（BERT）", "encoder_model:check_encoder_model"),
     Kind("kv_cache", ("CachedLlama", "LlamaWithCache", "CachedGPT", "GPTWithCache", "CachedTransformer",
                       "CachedLM", "CachedDecoder"),
-         "model with a KV cache", "带 KV 缓存的模型", "kv_cache:check_kv_cache"),
+         "model with a KV cache", "带 KV 缓存的模型", "gpt:check_cached"),
     Kind("memory_decoder", (), "decoder over an encoder's output (encoder-decoder)",
          "读取编码器输出的解码器（编码器-解码器）",
          "memory_decoder:check_memory_decoder"),  # found by what it builds and takes (discovery.py)

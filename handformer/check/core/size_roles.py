@@ -23,7 +23,7 @@ import inspect
 import re
 from typing import Any
 
-from handformer.check.core.source import function_nodes, source_text
+from handformer.check.core.source import config_reads, function_nodes, source_text
 
 
 @functools.lru_cache(maxsize=256)
@@ -67,7 +67,16 @@ def with_roles(cls: Any, keys: dict[str, str | None], size_of: dict[str, str]) -
     found = {"d_model": ("src_vocab", embedding_rows(cls)), None: ("ffn_mult", multipliers(cls, size_of))}
     keys = {name: found[key][0] if name in found.get(key, ("", ()))[1] else key for name, key in keys.items()}
     keys = {**keys, **dict.fromkeys(widths_by_use(cls, keys), "d_model")}
-    return {**keys, **dict.fromkeys(widths_beside_config(cls, keys, size_of), "d_ff")}
+    keys = {**keys, **dict.fromkeys(widths_beside_config(cls, keys, size_of), "d_ff")}
+    return {**keys, **dict.fromkeys(configurations(cls, keys), None)}
+
+
+def configurations(cls: Any, keys: dict[str, str | None]) -> set[str]:
+    """The constructor arguments that the constructor reads a field of (`config.d_model`, `cfg["dim"]`):
+    a configuration, never a size, whatever their name or position (OLMo's
+    OLMoSequentialBlock(layer_id, config) hands `config` to LayerNorm(config) first, the place of a
+    width); an argument used in arithmetic or handed to range() is read whole, a size."""
+    return set(filter(lambda name: any(config_reads(cls, name)), keys)) if inspect.isclass(cls) else set()
 
 
 # a layer handed an input's width first (nn.Linear(query_dim, ...), nn.LayerNorm(n_units))

@@ -660,6 +660,14 @@ def config_reads(cls: Any, name: str) -> tuple[set[str], set[str]]:
     return set(keys), set(attrs)
 
 
+def config_fallbacks(cls: Any, name: str) -> dict[str, str]:
+    """The fields of its argument `name` that `cls.__init__` reads as `name.a or name.b`: field a
+    overrides field b, so it stands for the same size (OLMo's `config.embedding_size or
+    config.vocab_size`, a padded vocabulary): {a: b}."""
+    pair = rf"\b{re.escape(name)}\.(\w+)\s+or\s+{re.escape(name)}\.(\w+)\b"
+    return dict(re.findall(pair, source_text(getattr(cls, "__init__", None))))
+
+
 @functools.lru_cache(maxsize=512)
 def _reads_of(source: str, name: str) -> tuple[frozenset[str], frozenset[str]]:
     """config_reads of one function's source text (remembered: signatures ask for each argument)."""

@@ -487,12 +487,13 @@ class Run:
 
 
 ROWS = "rows"  # the prompts handed as a list of lists of ints (vLLM's prompts of several lengths)
+ONE = "one"  # one prompt handed as a tensor of its ids (T,) (gpt-fast's generate(model, prompt, ...))
 
 
 def handed(prompt: Tensor, as_list: bool | str) -> Any:
-    """The (B, T) prompts as a loop is handed them: the tensor, one prompt's list of ints, or (ROWS) a
-    list of each prompt's."""
-    return {False: prompt.clone, True: prompt[0].tolist, ROWS: prompt.tolist}[as_list]()
+    """The (B, T) prompts as a loop is handed them: the tensor, one prompt's list of ints, (ROWS) a
+    list of each prompt's, or (ONE) one prompt's ids (T,)."""
+    return {False: prompt.clone, True: prompt[0].tolist, ROWS: prompt.tolist, ONE: prompt[0].clone}[as_list]()
 
 
 def run_generate(ctx: Context, comp: Component, driver: Any, n: int, B: int, as_list: bool | str = False,
@@ -633,7 +634,7 @@ class StandIn:
 def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any) -> None:
     res.notes += [note for note in [defaults_note(comp.obj)] if note] + sinks_note(comp.obj)
     short = first = run_generate(ctx, comp, driver, SHORT, 2)
-    for B, as_list in ((1, False), (1, True), (2, ROWS)):  # one prompt, maybe a list of ints; lists of them
+    for B, as_list in PROMPT_FORMS:
         if short.out is not None or _named(short):
             break
         short = run_generate(ctx, comp, driver, SHORT, B, as_list)
@@ -646,7 +647,7 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
                                f"提示为 3 个 token、max_new_tokens={SHORT} 时，{comp.name} 没有返回 token id")
     B = (short := _total_length(res, ctx, comp, driver, short)).prompt.size(0)  # its count read as it counts
     if B == 1:
-        en, zh = (", given as a list of ints", "，提示词是整数列表") if short.as_list else ("", "")
+        en, zh = HANDED.get(short.as_list, ("", ""))
         res.notes.append(text(f"it generates for one prompt at a time (a batch of 2 failed){en}",
                               f"它一次只能为一个提示词生成（2 个一批时失败了）{zh}"))
     reference = driver.reference(B, SHORT)
@@ -672,6 +673,10 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
     _ending(res, ctx, comp, driver, tried)
 
 
+# one prompt (1, T), its ids (T,), a list of ints; lists of them: the forms tried after (2, T)
+PROMPT_FORMS = ((1, False), (1, ONE), (1, True), (2, ROWS))
+HANDED = {True: (", given as a list of ints", "，提示词是整数列表"),
+          ONE: (", given as one tensor of ids (T,)", "，提示词是一维的 id 张量 (T,)")}
 CACHED_NOTE = text("it decodes with a KV cache: after the prompt it feeds one token at a time",
                    "它用 KV 缓存解码：处理完提示词之后每次只输入一个 token")
 

@@ -82,6 +82,7 @@ from handformer.check.core.result import (
 )
 from handformer.check.core.rotary import interleaved_to_half_, partial_layouts, turned_width
 from handformer.check.core.score_scale import PLAIN, Form, layer_forms, model_factors
+from handformer.check.core.setup_method import setup_name, setup_of
 from handformer.check.core.source import (
     LINE_FINDERS,
     first_pattern_matches,
@@ -113,7 +114,7 @@ from handformer.check.runners import generate_lossy as lossy
 from handformer.check.runners import latent
 from handformer.check.runners.attention import attention_cap
 from handformer.check.runners.balance_loss import balance_term
-from handformer.check.runners.kv_cache import CACHE_ARGS, CACHE_METHODS
+from handformer.check.runners.kv_cache import CACHE_ARGS, CACHE_METHODS, check_kv_cache
 from handformer.check.runners.localize_cache import cache_departure
 from handformer.check.runners.model import as_written_, computes_sqrt, exact_norms_
 from handformer.check.runners.model_loss import unshifted_finding
@@ -142,6 +143,7 @@ from handformer.nn.masks import as_attention_mask
 from handformer.nn.positions import RotaryEmbedding, sinusoidal_table
 
 VOCAB, BLOCK, KV_HEADS, OPT_OFFSET = 29, 16, 2, 2
+SET_UP_POSITIONS = ("input_pos", "positions", "pos", "position_ids")  # a set-up model's positions (T,)
 GPT_SIZES = {**SIZES, "src_vocab": VOCAB, "n_layers": 2, "max_len": BLOCK}
 TARGET_NAMES = ("targets", "target", "labels", "y", "tgt")
 # the forms of a causal mask (T, T) a model's forward may be handed by its caller (PyTorch's language-model
@@ -729,8 +731,12 @@ class Caller:
         self.position = named(names, ("start_pos",))
         # Meta's forward(tokens, start_pos): the whole sequence from position 0
         self.start = self.position if self.position in required else None
-        # Mistral's forward(input_ids, positions): the positions it requires, one row (T,)
-        self.positions = named(required, ("positions",))
+        # gpt-fast's forward(idx, input_pos) on what setup_caches(max_batch_size, max_seq_length) makes
+        self.setup = setup_of(module, BLOCK, functools.partial(ctx.learner.call, "__init__"))
+        # Mistral's forward(input_ids, positions): the positions it requires, one row (T,); a set-up
+        # model's positions by any of their names, required or not (gpt-fast's input_pos=None)
+        self.positions = named(*{False: (required, ("positions",)), True: (names, SET_UP_POSITIONS)}[
+            self.setup is not None])
         self.cache_arg = named(names, CACHE_ARGS)
         # mistral-src's forward(input_ids, positions, cache): a fresh cache of its maker for every call
         self.fresh = cache_maker(module) if self.cache_arg in required else None
@@ -819,6 +825,8 @@ class Caller:
             return fp.quietly(lambda: torch.stack(rows)), None
         kwargs: dict[str, Any] = {self.target: targets} if self.target and targets is not None else {}
         kwargs.update(self.extra)
+        if self.setup and not start:  # a new sequence: its state made afresh for this batch
+            self.setup(idx.size(0), idx.size(1))
         if self.start or start:  # DeepSeek's start_pos=0: handed where it is not 0
             kwargs[self.position] = start
         if self.positions:
@@ -876,24 +884,21 @@ def gpt_sizes(ctx: Context) -> dict[str, Any]:
     return {**GPT_SIZES, "n_kv_heads": KV_HEADS} if kv else GPT_SIZES
 
 
-def _setup_caches(comp: Component, module: nn.Module, ctx: Context) -> None:
-    """gpt-fast's Transformer: its setup_caches(max_batch_size, max_seq_length) called first (batch 4,
-    the block's length), so that forward(idx) runs; NOT CHECKED, with the reason, when forward(idx)
-    still needs what only its decoding loop gives (input_pos)."""
-    if not callable(getattr(module, "setup_caches", None)):
+def _set_up(comp: Component, res: ComponentResult, call: Caller) -> None:
+    """A model whose forward reads what a method of its own makes first (gpt-fast's setup_caches): the
+    note that says how it is called (setup_method.py); NOT CHECKED, with the reason, where forward still
+    raises after it."""
+    if call.setup is None:
         return
+    res.notes.append(call.setup.note())
     try:
-        ctx.learner.call("__init__", module.setup_caches, 4, BLOCK)
-        Caller(module, ctx)(torch.zeros(1, 2, dtype=torch.long))
+        call(torch.zeros(1, 2, dtype=torch.long))
     except fp.LearnerFailure:
-        raise MappingError(f"{comp.name}.forward(idx, input_pos) runs on the KV caches that setup_caches("
-                           "max_batch_size, max_seq_length) makes first (gpt-fast's), and forward(idx) "
-                           "after setup_caches(4, 16) raised: handformer drives a model by forward(idx) "
-                           "alone; its attention, FFN and norm are checked alone",
-                           zh=f"{comp.name}.forward(idx, input_pos) 依赖 setup_caches(max_batch_size, "
-                              "max_seq_length) 先建好的 KV 缓存（gpt-fast 的写法），调用 setup_caches(4, 16) "
-                              "之后 forward(idx) 仍然报错：handformer 只用 forward(idx) 驱动模型；"
-                              "它的注意力、FFN 和归一化各自单独检查") from None
+        name = f"{call.setup.name}({', '.join(call.setup.arguments(1, BLOCK))})"
+        raise MappingError(f"{comp.name}.forward runs on what {name} makes first (gpt-fast's KV caches), "
+                           f"and forward after {name} raised: its attention, FFN and norm are checked alone",
+                           zh=f"{comp.name}.forward 依赖 {name} 先建好的东西（gpt-fast 的 KV 缓存），调用 "
+                              f"{name} 之后 forward 仍然报错：它的注意力、FFN 和归一化各自单独检查") from None
 
 
 def _vectors_in(comp: Component, ctx: Context, res: ComponentResult, module: nn.Module,
@@ -970,14 +975,21 @@ def _head_read_apart(heads: list[Any], others: str) -> bool:
     return re.search(rf"\.(?:{names})\b", others) is not None
 
 
+def check_cached(comp: Component, ctx: Context) -> ComponentResult:
+    """A model with a KV cache: one whose forward takes no cache and whose caches a method of its own
+    makes (setup_method.py: an allocate_kv) is driven as a model; else as kv_cache.py drives one."""
+    own = setup_name(comp.obj) and not set(inspect.signature(comp.obj.forward).parameters) & set(CACHE_ARGS)
+    return {True: check_gpt, False: check_kv_cache}[bool(own)](comp, ctx)
+
+
 def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     module = ctx.build(comp, gpt_sizes(ctx))
     stacked = check_scores(res, ctx, comp, module, VOCAB) or _vectors_in(comp, ctx, res, module)
     if stacked is not None:
         return stacked
-    _setup_caches(comp, module, ctx)
     call = Caller(module, ctx)
+    _set_up(comp, res, call)
     res.notes += [SEQUENCE_FIRST] * call.first
     g = torch.Generator().manual_seed(0)
     idx = torch.randint(0, VOCAB, (2, 8), generator=g)
