@@ -95,6 +95,11 @@ SCENARIOS: dict[str, Table] = {
                     (TOK_B,): {TOK_C: 0.95}, (TOK_A, TOK_C): {EOS: 0.95}, (TOK_A, TOK_D): {EOS: 0.9},
                     (TOK_B, TOK_C): {EOS: 0.9}},
 }
+# "long" with A and B swapped: the second sentence of a batch (runners/beam.py: _batched)
+MIRRORED: Table = {(): {TOK_B: 0.5, TOK_A: 0.45}, (TOK_B,): {EOS: 0.6}, (TOK_A,): {TOK_C: 0.7},
+                   (TOK_A, TOK_C): {TOK_D: 0.7}, (TOK_A, TOK_C, TOK_D): {TOK_E: 0.7},
+                   (TOK_A, TOK_C, TOK_D, TOK_E): {EOS: 0.7}, (TOK_B, EOS): {TOK_F: 0.99},
+                   (TOK_B, EOS, TOK_F): {EOS: 0.99}}
 LENGTHS = {"eos": ("the length counts the new tokens and EOS", "长度按新生成的 token 加 EOS 计"),
            "no_eos": ("the length counts the new tokens without EOS", "长度按新生成的 token 计，不含 EOS"),
            "bos": ("the length counts every token, BOS and EOS included",
@@ -434,9 +439,10 @@ def _combos(n: int) -> list[frozenset[str]]:
 def _batched(res: ComponentResult, ctx: Context, comp: Component, call: Call, make: Maker,
              steps: int) -> None:
     """A search that takes a batch gives each sentence what it gives that sentence alone: two
-    sources, steered by the "long" and the "compounded" tables."""
+    sources, steered by the "long" table and its mirror (both run long, their beams part and swap,
+    so a row that follows the other sentence's beams or cache reads the other table)."""
     srcs = torch.tensor([[5, 7, 9, 11, 3, 6], [4, 8, 10, 3, 5, 9]])  # (2, S)
-    tables = {tuple(srcs[0].tolist()): SCENARIOS["long"], tuple(srcs[1].tolist()): SCENARIOS["compounded"]}
+    tables = {tuple(srcs[0].tolist()): SCENARIOS["long"], tuple(srcs[1].tolist()): MIRRORED}
     model = make(SCENARIOS["long"], tables)
     if not model.usable():
         res.notes.append(text("a batch of 2 sentences was not tried: check could not tell which sentence "
@@ -454,6 +460,8 @@ def _batched(res: ComponentResult, ctx: Context, comp: Component, call: Call, ma
                               f"{comp.name} 不接受 2 句组成的 batch（报错，或只返回一个假设）："
                               "只按一次一句检查"))
         return
+    # a language model's hypotheses are read after the prompt they repeat
+    rows = [r[len(p):] if r[:len(p)] == p else r for r, p in zip(rows, srcs.tolist())]
     alone = []
     for i in range(2):
         single = make(SCENARIOS["long"], tables)

@@ -97,8 +97,10 @@ class SteeredLM(Steered):
     def handed(self) -> Any:
         return self.module
 
-    def usable(self) -> bool:
-        return not self.by_source  # one prompt a search: a batch of them is not tried
+    def prompts(self, src: Tensor) -> Tensor:
+        """The prompts a search is handed (R, P): the batch's sources when a table is kept per prompt
+        (the row's prompt, read back from its cache, picks the table), else the one PROMPT."""
+        return src if self.by_source else torch.tensor([PROMPT])
 
     def encode(self, src: Tensor, src_mask: Any = None) -> Tensor:
         return torch.zeros(1)  # no memory: the reference reads the table alone
@@ -134,11 +136,14 @@ class SteeredLM(Steered):
         """The steered log-probabilities at the last T positions of each row of `full`."""
         rows = []
         for seq in full.tolist():
+            # the known prompt the row starts with (else the first: the row is lost)
+            prompt = max([*self.by_source, PROMPT], key=lambda p: tuple(seq[:len(p)]) == p)
+            table = self.by_source.get(prompt, self.table)
             steps = []
             for end in range(len(seq) - T + 1, len(seq) + 1):
-                self.lost |= tuple(seq[:end][:len(PROMPT)]) != PROMPT[:end]
-                seen = seq[len(PROMPT):end]
-                steps.append(self.steer(seen, VOCAB, {(): INSIDE_PROMPT} if end < len(PROMPT) else None))
+                self.lost |= tuple(seq[:end][:len(prompt)]) != prompt[:end]
+                seen = seq[len(prompt):end]
+                steps.append(self.steer(seen, VOCAB, {(): INSIDE_PROMPT} if end < len(prompt) else table))
             rows.append(torch.stack(steps))
         return torch.stack(rows)  # (N, T, V)
 
@@ -172,11 +177,12 @@ class LMCall:
         tokens = hypothesis_tokens(self.ctx, self.comp, self.raw(model, src, K, alpha))
         if model.lost:
             raise DiscoveryError(LOST[0], zh=LOST[1])
-        new = tokens[len(PROMPT):] if tuple(tokens[:len(PROMPT)]) == PROMPT else tokens
+        prompt = model.prompts(src)[0].tolist()
+        new = tokens[len(prompt):] if tokens[:len(prompt)] == prompt else tokens
         return [BOS, *new]
 
     def raw(self, model: SteeredLM, src: Tensor, K: int, alpha: float) -> Any:
-        values = {"model": model.handed, "prompt": torch.tensor([PROMPT]), "max_len": self.steps,
+        values = {"model": model.handed, "prompt": model.prompts(src), "max_len": self.steps,
                   "end": 2, "beam": K, "alpha": alpha, "groups": 1, "diversity": 0.0}
         return call_search(self.ctx, self.comp, model, self.arg, values)
 
