@@ -372,8 +372,24 @@ UNHANDED = re.compile(r"(?i)\s*self\.\w+\s*=\s*[\w.]*(rotary|rope|freqs)\w*\("
 NORM_BOUND = re.compile(r"(?i)\s*([A-Za-z_]\w*)\s*=\s*self\.[\w.]*(?:norm|ln)\w*\(")
 COMMENTED_SHIFT = re.compile(r"\s*#\s*[\w.]+\[\s*\.\.\.\s*,\s*1\s*:\s*\]\s*=\s*"
                              r"[\w.]+\[\s*\.\.\.\s*,\s*:\s*-1\s*\]")
+# a flattened (batch * beams) row index: a parent's row assigned with no batch offset, in a search that
+# writes the offset (batch_idx * num_beams, torch.arange(B) * K) on another line
+BEAM_ROW = re.compile(r"^\s*(\w*beam\w*(id|idx|ind)|\w*parent)\w*(\s*,\s*\w+)*\s*=(?!=)"
+                      r"(?![^#]*(\*|batch|offset))")
+BATCH_OFFSET = re.compile(r"\b(\w*(batch|arange)\w*|b)\b[^#=]*\*\s*\w*(beam|\bk\b)", re.IGNORECASE)
+
+
+def _beam_row_without_offset(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+    """The line that picks a parent beam's row of a flattened batch without the batch offset, where
+    another line of the search writes that offset."""
+    code = _code_lines(lines)
+    found = next(filter(lambda line: BEAM_ROW.match(line[1]), code), (None, None))
+    return found if BATCH_OFFSET.search("\n".join(dict(code).values())) else (None, None)
+
+
 # diagnoses whose line is found by more than a pattern of one line
-LINE_FINDERS = {"shared_norm": _second_norm_call, "rope_wrong_base": base_not_handed,
+LINE_FINDERS = {"beam_batched_differs": _beam_row_without_offset,
+                "shared_norm": _second_norm_call, "rope_wrong_base": base_not_handed,
                 "top_p_drops_crossing": _shift_commented_out,
                 "final_norm_missing": _norm_never_read,
                 "concat_no_transpose": _concat_and_its_input,

@@ -52,8 +52,8 @@ from handformer.check.core.argument_names import BEAM_NAMES as NAMES  # noqa: F4
 from handformer.check.core.argument_names import named_each
 from handformer.check.core.context import Context, finish, forward_parameters, guarded, names_of
 from handformer.check.core.discovery import Component, cannot_fill
-from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, Text, text
+from handformer.check.core.source import first_line, locate, source_lines
 from handformer.check.runners.beam_models import (  # noqa: F401
     BOS,
     EOS,
@@ -95,6 +95,11 @@ SCENARIOS: dict[str, Table] = {
                     (TOK_B,): {TOK_C: 0.95}, (TOK_A, TOK_C): {EOS: 0.95}, (TOK_A, TOK_D): {EOS: 0.9},
                     (TOK_B, TOK_C): {EOS: 0.9}},
 }
+# "long" with A and B swapped: the second sentence of a batch (runners/beam.py: _batched)
+MIRRORED: Table = {(): {TOK_B: 0.5, TOK_A: 0.45}, (TOK_B,): {EOS: 0.6}, (TOK_A,): {TOK_C: 0.7},
+                   (TOK_A, TOK_C): {TOK_D: 0.7}, (TOK_A, TOK_C, TOK_D): {TOK_E: 0.7},
+                   (TOK_A, TOK_C, TOK_D, TOK_E): {EOS: 0.7}, (TOK_B, EOS): {TOK_F: 0.99},
+                   (TOK_B, EOS, TOK_F): {EOS: 0.99}}
 LENGTHS = {"eos": ("the length counts the new tokens and EOS", "长度按新生成的 token 加 EOS 计"),
            "no_eos": ("the length counts the new tokens without EOS", "长度按新生成的 token 计，不含 EOS"),
            "bos": ("the length counts every token, BOS and EOS included",
@@ -293,9 +298,46 @@ def check_beam_search(comp: Component, ctx: Context) -> ComponentResult:
                                   f"{comp.name} 没有长度惩罚参数：它的搜索与 alpha = {alpha:g} 一致"))
     _beam_findings(res, ctx, comp, outcomes, found, steps, alpha, counted)
     guarded(res, lambda: _without_penalty(res, call, make, src, outcomes, steps, counted))
+    _beyond_one_sentence(res, ctx, comp, call, make, src, steps)
+    return finish(res)
+
+
+def _beyond_one_sentence(res: ComponentResult, ctx: Context, comp: Component, call: Call, make: Maker,
+                         src: Tensor, steps: int) -> None:
+    """Beam size 1, a batch of two sentences, and the cache the searches handed the model."""
     _beam_one(res, ctx, comp, call, make, src, steps)
     _batched(res, ctx, comp, call, make, steps)
-    return finish(res)
+    _cache_followed(res, ctx, comp, make)
+
+
+# a line of the cache (past, kv, key, value) that reorders a tensor by rows: where a reorder left some out
+CACHE_REORDER = (r"(?=.*(past|cache|kv|key|value|\bk\b|\bv\b))(index_select\(|[\w\])]\[\s*(torch\.tensor\()?"
+                 r"\w*(rows|idx|index|indices|parent|order|beam)\w*\)?\s*[,\]])")
+
+
+def _cache_followed(res: ComponentResult, ctx: Context, comp: Component, make: Maker) -> None:
+    """Every tensor of the KV cache the search hands the learner's model (the keys and the values of
+    every layer) follows the beams kept: each carries the token ids of its row (runners/beam_lm.py), so
+    a tensor left in its old order shows other ids than the first tensor's."""
+    if getattr(make, "axis", None) is None:  # no cache handed back: nothing to follow
+        return
+    parted = make.parted()
+    shown, shown_zh = ", ".join(map(str, parted)), "、".join(map(str, parted))
+    res.checks.append(Check(text("the KV cache handed to your model follows the beams kept in every tensor "
+                                 "(the keys and the values of every layer)",
+                                 "交给你的模型的 KV 缓存，每个张量（每一层的 key 和 value）"
+                                 "都跟着保留下来的束"),
+                            not parted, text(f"tensors {shown} follow other rows than tensor 0",
+                                             f"张量 {shown_zh} 跟的行与张量 0 不同")))
+    lines = source_lines(ctx.objects(comp, "beam_search"))
+    at = first_line([CACHE_REORDER], [*getattr(lines, "near", []), *lines])
+    res.findings += [Finding(DEPARTS, text(
+        f"of the tensors your model hands back as its cache (counted from 0 in the order it returns them), "
+        f"tensors {shown} were handed back to it in other rows than tensor 0: they were not reordered "
+        "with it to the beams kept",
+        f"你的模型作为缓存返回的张量里（按返回的顺序从 0 数），张量 {shown_zh} 再交给它时"
+        "所在的行与张量 0 不同："
+        "它们没有跟张量 0 一起按保留下来的束重排"), *at)] * bool(parted)
 
 
 def _without_penalty(res: ComponentResult, call: Call, make: Maker, src: Tensor, outcomes: dict[str, Any],
@@ -434,9 +476,10 @@ def _combos(n: int) -> list[frozenset[str]]:
 def _batched(res: ComponentResult, ctx: Context, comp: Component, call: Call, make: Maker,
              steps: int) -> None:
     """A search that takes a batch gives each sentence what it gives that sentence alone: two
-    sources, steered by the "long" and the "compounded" tables."""
+    sources, steered by the "long" table and its mirror (both run long, their beams part and swap,
+    so a row that follows the other sentence's beams or cache reads the other table)."""
     srcs = torch.tensor([[5, 7, 9, 11, 3, 6], [4, 8, 10, 3, 5, 9]])  # (2, S)
-    tables = {tuple(srcs[0].tolist()): SCENARIOS["long"], tuple(srcs[1].tolist()): SCENARIOS["compounded"]}
+    tables = {tuple(srcs[0].tolist()): SCENARIOS["long"], tuple(srcs[1].tolist()): MIRRORED}
     model = make(SCENARIOS["long"], tables)
     if not model.usable():
         res.notes.append(text("a batch of 2 sentences was not tried: check could not tell which sentence "
@@ -454,6 +497,8 @@ def _batched(res: ComponentResult, ctx: Context, comp: Component, call: Call, ma
                               f"{comp.name} 不接受 2 句组成的 batch（报错，或只返回一个假设）："
                               "只按一次一句检查"))
         return
+    # a language model's hypotheses are read after the prompt they repeat
+    rows = [r[len(p):] if r[:len(p)] == p else r for r, p in zip(rows, srcs.tolist())]
     alone = []
     for i in range(2):
         single = make(SCENARIOS["long"], tables)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import collections
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -92,13 +92,16 @@ class SteeredLM(Steered):
                  by_source: dict[tuple[int, ...], Table] | None = None) -> None:
         super().__init__(None, table, ctx, by_source)
         self.module, self.time_dim, self.lost = module, time_dim, False
+        self.parted: set[int] = set()  # the cache's tensors that followed other rows than its first
 
     @property
     def handed(self) -> Any:
         return self.module
 
-    def usable(self) -> bool:
-        return not self.by_source  # one prompt a search: a batch of them is not tried
+    def prompts(self, src: Tensor) -> Tensor:
+        """The prompts a search is handed (R, P): the batch's sources when a table is kept per prompt
+        (the row's prompt, read back from its cache, picks the table), else the one PROMPT."""
+        return src if self.by_source else torch.tensor([PROMPT])
 
     def encode(self, src: Tensor, src_mask: Any = None) -> Tensor:
         return torch.zeros(1)  # no memory: the reference reads the table alone
@@ -118,8 +121,11 @@ class SteeredLM(Steered):
     def _forward(self, real: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         idx = [*args, *kwargs.values()][0]  # (N, T)
         others = [args[1:], {k: v for k, v in kwargs.items() if v is not idx}]  # the cache among them
-        past = tensors(others)[:1] if self.time_dim is not None else []
-        prefix = torch.cat([idx[:, :0], *(_carried(t, self.time_dim) for t in past)], dim=1)  # (N, P)
+        cached = tensors(others) if self.time_dim is not None else []
+        carried = [_carried(t, self.time_dim) for t in cached if t.shape == cached[0].shape]  # (N, P) each
+        # a tensor of the cache that follows other rows than the first: the cache reordered in part
+        self.parted |= {i for i, ids in enumerate(carried) if not torch.equal(ids, carried[0])}
+        prefix = torch.cat([idx[:, :0], *carried[:1]], dim=1)  # (N, P)
         full = torch.cat([prefix, idx.long()], dim=1)  # (N, P + T)
         out = real(*args, **kwargs)
         logits = tensors(out)[0]
@@ -134,11 +140,14 @@ class SteeredLM(Steered):
         """The steered log-probabilities at the last T positions of each row of `full`."""
         rows = []
         for seq in full.tolist():
+            # the known prompt the row starts with (else the first: the row is lost)
+            prompt = max([*self.by_source, PROMPT], key=lambda p: tuple(seq[:len(p)]) == p)
+            table = self.by_source.get(prompt, self.table)
             steps = []
             for end in range(len(seq) - T + 1, len(seq) + 1):
-                self.lost |= tuple(seq[:end][:len(PROMPT)]) != PROMPT[:end]
-                seen = seq[len(PROMPT):end]
-                steps.append(self.steer(seen, VOCAB, {(): INSIDE_PROMPT} if end < len(PROMPT) else None))
+                self.lost |= tuple(seq[:end][:len(prompt)]) != prompt[:end]
+                seen = seq[len(prompt):end]
+                steps.append(self.steer(seen, VOCAB, {(): INSIDE_PROMPT} if end < len(prompt) else table))
             rows.append(torch.stack(steps))
         return torch.stack(rows)  # (N, T, V)
 
@@ -172,11 +181,12 @@ class LMCall:
         tokens = hypothesis_tokens(self.ctx, self.comp, self.raw(model, src, K, alpha))
         if model.lost:
             raise DiscoveryError(LOST[0], zh=LOST[1])
-        new = tokens[len(PROMPT):] if tuple(tokens[:len(PROMPT)]) == PROMPT else tokens
+        prompt = model.prompts(src)[0].tolist()
+        new = tokens[len(prompt):] if tokens[:len(prompt)] == prompt else tokens
         return [BOS, *new]
 
     def raw(self, model: SteeredLM, src: Tensor, K: int, alpha: float) -> Any:
-        values = {"model": model.handed, "prompt": torch.tensor([PROMPT]), "max_len": self.steps,
+        values = {"model": model.handed, "prompt": model.prompts(src), "max_len": self.steps,
                   "end": 2, "beam": K, "alpha": alpha, "groups": 1, "diversity": 0.0}
         return call_search(self.ctx, self.comp, model, self.arg, values)
 
@@ -196,7 +206,7 @@ def lm_call(comp: Component, ctx: Context, steps: int) -> LMCall:
     return LMCall(comp, ctx, arg, steps)
 
 
-def lm_maker(res: ComponentResult, ctx: Context, comp: Component) -> Callable[..., SteeredLM]:
+def lm_maker(res: ComponentResult, ctx: Context, comp: Component) -> LMMaker:
     """The learner's own decoder-only model, steered; NOT CHECKED when it failed its check (one not
     checked in this run, `--component beam_search`, is built and used); a stand-in when the file
     defines none."""
@@ -215,10 +225,30 @@ def lm_maker(res: ComponentResult, ctx: Context, comp: Component) -> Callable[..
                       "table, and a KV cache it hands back made to carry the token ids",
                       f"你自己的 {gpt.name}（它通过了检查），logits 换成每个场景的概率表，"
                       "它返回的 KV 缓存改成带着 token id")
-    return lambda table, by_source=None: SteeredLM(module, axis, table, ctx, by_source)
+    return LMMaker(module, axis, ctx)
 
 
-def _stand_in(res: ComponentResult, ctx: Context, comp: Component) -> Callable[..., SteeredLM]:
+@dataclass
+class LMMaker:
+    """Makes the steered models a search is handed, and keeps them: what their caches showed (`parted`)
+    is read after the search's checks."""
+
+    module: nn.Module
+    axis: int | None  # None: the model hands back no cache
+    ctx: Context
+    made: list[SteeredLM] = field(default_factory=list)
+
+    def __call__(self, table: Table, by_source: dict[tuple[int, ...], Table] | None = None) -> SteeredLM:
+        self.made.append(SteeredLM(self.module, self.axis, table, self.ctx, by_source))
+        return self.made[-1]
+
+    def parted(self) -> list[int]:
+        """The cache's tensors (from 0, in the order the model hands them back) that some call was handed
+        following other rows than the first."""
+        return sorted(set().union(*(model.parted for model in self.made)))
+
+
+def _stand_in(res: ComponentResult, ctx: Context, comp: Component) -> LMMaker:
     from handformer.check.runners.generate_loop import styles_read
 
     module = StandInLM(styles_read(comp.obj)[0])
@@ -226,4 +256,4 @@ def _stand_in(res: ComponentResult, ctx: Context, comp: Component) -> Callable[.
                       "scenario's table, read as your search reads a model's output",
                       "替身 decoder-only 模型（你的文件里没有定义模型），logits 就是每个场景的概率表，"
                       "按你的搜索读取模型输出的方式返回")
-    return lambda table, by_source=None: SteeredLM(module, None, table, ctx, by_source)
+    return LMMaker(module, None, ctx)
