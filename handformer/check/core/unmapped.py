@@ -8,8 +8,12 @@ it matches, the report says what was left unchecked.
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterable
+
+from torch import nn
 
 from handformer.check.core.result import (
+    DEPARTS,
     FAIL,
     NOT_CHECKED,
     PASS,
@@ -19,26 +23,75 @@ from handformer.check.core.result import (
     Text,
     text,
 )
+from handformer.check.core.weights import Leaf, Slot, leaves, of_kind, shapes_text
 
 NOWHERE = Finding("", text("", ""))  # a departure with no line
+
+
+def held_words(held: list[Leaf], reference: Text) -> list[Text]:
+    """What the reference has no place for, said: the learner's parameters that no reference weight
+    took, named with their shapes; none: nothing."""
+    if not held:
+        return []
+    names = shapes_text(held)
+    said = text(f"it holds {names}, which handformer's {reference['en']} has not",
+                f"它有 {names}，handformer 的{reference['zh']}没有这些参数")
+    return [{**said, HELD: "1", **({LIVE: "1"} if any(map(_live, held)) else {})}]
+
+
+FREE = ("causality", "eval mode is deterministic", "padding invariance")  # checks that read no reference
+HELD = "held"  # a key of what is held: parameters of its own, at the values it was built with
+LIVE = "live"  # and at values that take part: a departure, or a mistake's name, is no evidence
+
+
+def _live(leaf: Leaf) -> bool:
+    """Whether a held parameter is at a value that takes part in what the component computes: any but a
+    gain of ones or an offset of zeros (nanochat's residual scalars as built, a table held at zero:
+    the reference's computation, so a departure is theirs); at nGPT's 0.05, or a head's temperature
+    of 2, a mistake's variant may match by chance (the scale sqrt(d_k) = 2 left out)."""
+    w = leaf.weight.detach()
+    return not (bool((w == 1).all()) or bool((w == 0).all()))
+
+
+def held_apart(module: nn.Module, taken: Iterable[Slot], reference: Text) -> list[Text]:
+    """The parameters of a component's own that its mapping onto the reference left untaken (nGPT's
+    scaling vectors, a learned per-head temperature; gpt-oss's sinks are taken), said as held_words.
+    Read among the bare parameters of a module that holds layers: the linear layers, norms and
+    embeddings a mapping reads are its roles, and a reading that consumed one (a fused qkv, split
+    heads, a tied head) took it."""
+    ids = {id(t) for slot in taken for t in (*slot.leaf.tensors(), slot.leaf.bias) if t is not None}
+    return held_words([leaf for leaf in of_kind(leaves(module), "scalar") if id(leaf.weight) not in ids],
+                      reference)
 
 
 def settle(result: ComponentResult, unmapped: list[Text]) -> None:
     """A FAIL with nothing named, of a component that holds what the reference has no place for: NOT
     CHECKED, the line where it parts from the reference said in the reason; a PASS: said what was not
-    checked."""
+    checked. Parameters held at ones and zeros leave the reference's computation as it is: a FAIL
+    stands. Held at other values, a mistake's name is no evidence either. A reference-free check that
+    failed (causality, determinism) FAILs whatever the reference lacks."""
     if not unmapped:
         return
+    free = [c for c in result.checks if not c.ok and c.name["en"].startswith(FREE)]
     en, zh = ("; ".join(map(operator.itemgetter(lang), unmapped)) for lang in ("en", "zh"))
     if result.status == PASS:
         result.notes.append(text(f"checked as it is built and given here; {en}: not checked at other values",
                                  f"按这里的构造和输入检查；{zh}：其他取值没有检查"))
-    if (result.status, bool(result.named())) != (FAIL, False):  # a PASS, or a FAIL with a name: as it is
+    if result.status == FAIL and any(LIVE in u for u in unmapped):  # a name a held value may explain
+        result.findings = [f for f in result.findings if f.name == DEPARTS]
+    inert = all(HELD in u and LIVE not in u for u in unmapped)  # the reference's computation as it is
+    if (result.status, bool(result.named()), inert) != (FAIL, False, False):  # a PASS, a name: as it is
         return
     first = next(iter(result.findings), NOWHERE)
+    result.findings, result.max_abs_error = [], None  # a departure from what cannot express it: no evidence
+    result.checks = [c for c in result.checks if c.ok or c in free]
+    if not free:  # else it fails a check of its own: FAIL on that alone
+        _cannot_express(result, en, zh, first)
+
+
+def _cannot_express(result: ComponentResult, en: str, zh: str, first: Finding) -> None:
     shown = first.line is not None  # where it parts, as its departure quotes it
-    result.status, result.findings = NOT_CHECKED, []
-    result.checks = list(filter(operator.attrgetter("ok"), result.checks))
+    result.status = NOT_CHECKED
     result.error = LearnerError(
         "mapping", f"{result.name} computes something handformer's reference cannot express: {en}; it "
         f"parts from the reference{f' at line {first.line}: {first.code}' * shown}, which says nothing about "
