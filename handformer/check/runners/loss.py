@@ -109,7 +109,45 @@ def knows_pad(obj: Any) -> bool:
         return True
     words = {getattr(n, "id", None) or getattr(n, "attr", None) or getattr(n, "arg", None)
              for n in ast.walk(tree)}
-    return any("pad" in str(w).lower() or w == "ignore_index" for w in words)
+    return any("pad" in str(w).lower() or w == "ignore_index" for w in words) or own_ignore(obj) is not None
+
+
+def _source_tree(obj: Any) -> ast.AST | None:
+    try:
+        return ast.parse(textwrap.dedent(inspect.getsource(obj)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+
+
+def _int_value(node: ast.AST, names: dict[str, Any]) -> int | None:
+    """The integer an expression of the source stands for: a literal (-100), or a global it names
+    (IGNORE_INDEX = -100); None for anything else."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _int_value(node.operand, names)
+        return None if inner is None else -inner
+    value = node.value if isinstance(node, ast.Constant) else names.get(getattr(node, "id", ""))
+    return value if type(value) is int else None
+
+
+def own_ignore(obj: Any) -> int | None:
+    """The negative ignore id a loss reads itself where no argument hands it one (Hugging Face's
+    labels: -100 outside the scored tokens): an ignore_index it passes, or a label it compares with;
+    None where it reads none (a pad id of the vocabulary is handed as the pad)."""
+    tree = _source_tree(obj)
+    names = getattr(obj, "__globals__", None) or vars(inspect.getmodule(obj) or object)
+    walked = list(ast.walk(tree or ast.Module([], [])))
+    nodes = [k.value for k in walked if isinstance(k, ast.keyword) and k.arg == "ignore_index"]
+    nodes += [c for n in walked if isinstance(n, ast.Compare) for c in n.comparators]
+    ids = (_int_value(n, names) for n in nodes)
+    return next((i for i in ids if i is not None and i < 0), None)
+
+
+def shifts_inside(obj: Any) -> bool:
+    """Whether a loss shifts its labels itself (Hugging Face's causal LM loss): it slices one tensor up
+    to its last position ([:, :-1]) and one from position 1 ([:, 1:])."""
+    slices = [n for n in ast.walk(_source_tree(obj) or ast.Module([], [])) if isinstance(n, ast.Slice)]
+    ends = {tuple(ast.unparse(end) if end else "" for end in (n.lower, n.upper)) for n in slices}
+    return {("", "-1"), ("1", "")} <= ends
 
 
 def target_distribution(targets: Tensor, eps: float, split: str, pad_kept: bool = False) -> Tensor:
@@ -203,6 +241,17 @@ class Loss:
             "criterion 类在构造函数里接受 (size, padding_idx, smoothing)"))
         self.size = size
         self.flat = self.per_row = False
+        self.shifts = shifts_inside(comp.obj)  # logits[:, :-1] against labels[:, 1:], inside
+        self.ignore = own_ignore(comp.obj) if self.pad is None else None  # -100, read from its own code
+
+    def own_form(self, logp: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """The inputs as the loss reads them: the padding marked with the ignore id it reads itself;
+        where it shifts inside, one more position, a last row of logits and a first label that its
+        shift drops, so it scores the targets at the positions of the logits."""
+        targets = targets if self.ignore is None else targets.masked_fill(targets == PAD, self.ignore)
+        if not self.shifts:
+            return logp, targets
+        return torch.cat([logp, logp[:, -1:]], dim=1), torch.cat([targets[:, :1], targets], dim=1)
 
     def options(self, eps: float, pad: int = PAD, size: int = V) -> tuple[dict[str, Any], dict[str, Any]]:
         """The pad id, the smoothing and the vocabulary size it takes (this runner's, or a caller's),
@@ -228,9 +277,11 @@ class Loss:
 
         if not self.flat:
             try:
-                return call(logp, targets)
+                return call(*self.own_form(logp, targets))
             except fp.LearnerFailure:
-                self.flat = True
+                self.flat = not self.shifts  # a loss that shifts inside takes rows: its failure is its own
+                if self.shifts:
+                    raise
         return call(logp.reshape(-1, V), targets.reshape(-1))
 
     def rows(self, out: Any) -> Any:
@@ -341,7 +392,20 @@ STAND_INS = text("its {} handed stand-ins: a generator that is log_softmax (it i
                  "的交叉熵求和；检查的是你的函数自己做的事（归一化、目标的排布）")
 
 
+OWN_FORM = {
+    "shift": text("it shifts the labels itself (logits[:, :-1] scored against labels[:, 1:]): handed one "
+                  "position more, a last row of logits and a first label its shift drops, and compared on "
+                  "the positions it scores",
+                  "它自己把标签错开一位（logits[:, :-1] 对 labels[:, 1:]）：多给它一个位置，最后一行 logits "
+                  "和第一个标签会被它的移位丢掉，只比较它打分的位置"),
+    "ignore": text("it reads its own ignore id for the positions it leaves out (-100, Hugging Face's "
+                   "labels): the padding handed so marked",
+                   "它自己读取不计入损失的 id（-100，Hugging Face 的 labels）：传入的填充位置用它标记"),
+}
+
+
 def _flat_note(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found) -> None:
+    loss = subject.module
     if subject.module.parts:
         names = ", ".join(subject.module.parts)
         res.notes.append(text(STAND_INS["en"].format(names), STAND_INS["zh"].format(names)))
@@ -351,6 +415,7 @@ def _flat_note(res: ComponentResult, ctx: Context, comp: Component, subject: Sub
                               "losses over the length)",
                               f"{comp.name} 拿到有效长度 {list(LENGTHS)}，返回每行一个损失，按各行之和乘以 "
                               f"T = {T} 来读（d2l 的写法：每行真实 token 的损失除以长度）"))
+    res.notes += [OWN_FORM[key] for key, on in (("shift", loss.shifts), ("ignore", loss.ignore)) if on]
     if subject.module.flat:
         res.notes.append(text(f"{comp.name} takes flattened (B * T, V) inputs and (B * T,) targets",
                               f"{comp.name} 接受展平的 (B * T, V) 输入和 (B * T,) 目标"))
