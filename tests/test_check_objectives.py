@@ -62,7 +62,7 @@ def test_a_preference_objectives_step_is_not_checked_naming_what_it_reads(result
     step = parts[kind]
     assert step.status == "not_checked" and not step.findings, report
     assert f"its objective reads {reads}: a preference objective" in step.error.message, report
-    assert f"它的目标函数读取了 {reads}" in step.error.message_zh
+    assert f"它的目标函数读取了 {reads.replace(', ', '、')}" in step.error.message_zh
     assert parts["causal_mask"].status == "pass", report
 
 

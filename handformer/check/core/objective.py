@@ -44,13 +44,14 @@ def not_next_token(comp: Component) -> None:
     """A step whose objective reads more than logits and targets (a preference objective's chosen and
     rejected responses, its reference model, its beta) is not compared with a step on the
     cross-entropy: NOT CHECKED, what it reads named."""
-    reads = ", ".join(objective_reads(comp.obj))
-    if reads:
+    words = objective_reads(comp.obj)
+    reads, reads_zh = ", ".join(words), "、".join(words)
+    if words:
         raise DiscoveryError(
             f"its objective reads {reads}: a preference objective (DPO's, ORPO's), not the cross-entropy of "
             "next tokens, which is what check compares a training step with; its parts are checked on "
             "their own where check has their kinds (sequence_logps, dpo_loss, dpo_step: name one with "
             "--component)",
-            zh=f"它的目标函数读取了 {reads}：这是偏好目标（DPO、ORPO 那样的），不是下一个 token 的交叉熵，"
+            zh=f"它的目标函数读取了 {reads_zh}：这是偏好目标（DPO、ORPO 那样的），不是下一个 token 的交叉熵，"
             "而检查程序只拿交叉熵的训练一步来比较；它的各个部分在检查程序有对应类型时单独检查"
             "（sequence_logps、dpo_loss、dpo_step：用 --component 指明）")
