@@ -5,11 +5,12 @@ about it. Read from the names of the step's code and of the functions of its fil
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
 from handformer.check.core.discovery import Component, DiscoveryError
-from handformer.check.core.source import function_nodes, functions_called
+from handformer.check.core.source import code_text, functions_called
 
 # the words (whole parts of a snake_case name) that say what a preference objective reads
 WORDS = {"chosen": "chosen", "rejected": "rejected", "beta": "beta", "ref": "reference",
@@ -18,26 +19,18 @@ WORDS = {"chosen": "chosen", "rejected": "rejected", "beta": "beta", "ref": "ref
 DEPTH = 4  # calls followed from the step, at most
 
 
-def _called(fn: Any) -> list[Any]:
-    """The step and the functions of its file it calls, and those they call, DEPTH levels down."""
-    seen, todo = [fn], [fn]
-    for _ in range(DEPTH):
-        todo = [g for f in todo for g in functions_called(f) if g not in seen]
-        seen += todo
-    return seen
-
-
-def _names(fn: Any) -> set[str]:
-    """The names a function binds or reads: its parameters, its variables, the attributes it reads."""
-    return {getattr(n, "id", None) or getattr(n, "arg", None) or getattr(n, "attr", None) or ""
-            for n in function_nodes(fn)}
+def _called(fn: Any, depth: int = DEPTH) -> list[Any]:
+    """The step and the functions of its file it calls, and those they call, `depth` levels down."""
+    below = functions_called(fn) if depth else []
+    return [fn, *itertools.chain.from_iterable(_called(g, depth - 1) for g in below)]
 
 
 def objective_reads(fn: Any) -> list[str]:
     """What the step's objective reads that a next-token loss does not (chosen, rejected, reference,
-    beta, odds), in that order; empty for a plain language model's step."""
-    parts = {part for f in _called(fn) for name in _names(f) for part in re.split(r"_+", name.lower())}
-    return sorted({WORDS[p] for p in parts if p in WORDS}, key=list(WORDS.values()).index)
+    beta, odds), in that order; empty for a plain language model's step. Read from the words of the
+    names in its code (`chosen_logps`: chosen; Adam's `beta1` or `betas` is no beta)."""
+    words = set(re.findall(r"[a-z0-9]+", "\n".join(map(code_text, _called(fn))).lower()))
+    return sorted({WORDS[w] for w in words & WORDS.keys()}, key=list(WORDS.values()).index)
 
 
 def not_next_token(comp: Component) -> None:

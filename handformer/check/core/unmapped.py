@@ -7,6 +7,7 @@ it matches, the report says what was left unchecked.
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Iterable
 
@@ -30,27 +31,23 @@ NOWHERE = Finding("", text("", ""))  # a departure with no line
 
 def held_words(held: list[Leaf], reference: Text) -> list[Text]:
     """What the reference has no place for, said: the learner's parameters that no reference weight
-    took, named with their shapes; none: nothing."""
-    if not held:
-        return []
-    names = shapes_text(held)
-    said = text(f"it holds {names}, which handformer's {reference['en']} has not",
-                f"它有 {names}，handformer 的{reference['zh']}没有这些参数")
-    return [{**said, HELD: "1", **({LIVE: "1"} if any(map(_live, held)) else {})}]
+    took, named with their shapes, and whether they are inert or live (`_live`); none: nothing."""
+    said = text(f"it holds {shapes_text(held)}, which handformer's {reference['en']} has not",
+                f"它有 {shapes_text(held)}，handformer 的{reference['zh']}没有这些参数")
+    return [{**said, HELD: ("inert", "live")[any(map(_live, held))]}] * bool(held)
 
 
 FREE = ("causality", "eval mode is deterministic", "padding invariance")  # checks that read no reference
-HELD = "held"  # a key of what is held: parameters of its own, at the values it was built with
-LIVE = "live"  # and at values that take part: a departure, or a mistake's name, is no evidence
+HELD = "held"  # a key of what is held as built: "inert" at ones and zeros, "live" at other values
 
 
 def _live(leaf: Leaf) -> bool:
-    """Whether a held parameter is at a value that takes part in what the component computes: any but a
-    gain of ones or an offset of zeros (nanochat's residual scalars as built, a table held at zero:
-    the reference's computation, so a departure is theirs); at nGPT's 0.05, or a head's temperature
-    of 2, a mistake's variant may match by chance (the scale sqrt(d_k) = 2 left out)."""
+    """Whether a held parameter is at values that take part in what the component computes: any but
+    ones and zeros (nanochat's residual scalars as built, a table held at zero: the reference's
+    computation, so a departure is theirs); at nGPT's 0.05, or a head's temperature of 2, a mistake's
+    variant may match by chance (the scale sqrt(d_k) = 2 left out)."""
     w = leaf.weight.detach()
-    return not (bool((w == 1).all()) or bool((w == 0).all()))
+    return bool(((w != 0) & (w != 1)).any())
 
 
 def held_apart(module: nn.Module, taken: Iterable[Slot], reference: Text) -> list[Text]:
@@ -59,9 +56,9 @@ def held_apart(module: nn.Module, taken: Iterable[Slot], reference: Text) -> lis
     Read among the bare parameters of a module that holds layers: the linear layers, norms and
     embeddings a mapping reads are its roles, and a reading that consumed one (a fused qkv, split
     heads, a tied head) took it."""
-    ids = {id(t) for slot in taken for t in (*slot.leaf.tensors(), slot.leaf.bias) if t is not None}
-    return held_words([leaf for leaf in of_kind(leaves(module), "scalar") if id(leaf.weight) not in ids],
-                      reference)
+    ids = set(map(id, itertools.chain.from_iterable((*s.leaf.tensors(), s.leaf.bias) for s in taken)))
+    scalars = of_kind(leaves(module), "scalar")
+    return held_words(list(filter(lambda leaf: id(leaf.weight) not in ids, scalars)), reference)
 
 
 def settle(result: ComponentResult, unmapped: list[Text]) -> None:
@@ -72,15 +69,15 @@ def settle(result: ComponentResult, unmapped: list[Text]) -> None:
     failed (causality, determinism) FAILs whatever the reference lacks."""
     if not unmapped:
         return
-    free = [c for c in result.checks if not c.ok and c.name["en"].startswith(FREE)]
+    free = list(filter(lambda c: not c.ok and c.name["en"].startswith(FREE), result.checks))
+    weights = {u.get(HELD) for u in unmapped}  # None: settings, state, what else feeds it
     en, zh = ("; ".join(map(operator.itemgetter(lang), unmapped)) for lang in ("en", "zh"))
     if result.status == PASS:
         result.notes.append(text(f"checked as it is built and given here; {en}: not checked at other values",
                                  f"按这里的构造和输入检查；{zh}：其他取值没有检查"))
-    if result.status == FAIL and any(LIVE in u for u in unmapped):  # a name a held value may explain
+    if result.status == FAIL and "live" in weights:  # a name a held value may explain
         result.findings = [f for f in result.findings if f.name == DEPARTS]
-    inert = all(HELD in u and LIVE not in u for u in unmapped)  # the reference's computation as it is
-    if (result.status, bool(result.named()), inert) != (FAIL, False, False):  # a PASS, a name: as it is
+    if (result.status, bool(result.named())) != (FAIL, False) or weights == {"inert"}:  # as it is
         return
     first = next(iter(result.findings), NOWHERE)
     result.findings, result.max_abs_error = [], None  # a departure from what cannot express it: no evidence

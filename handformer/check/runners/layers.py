@@ -24,7 +24,7 @@ import inspect
 import itertools
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -944,11 +944,15 @@ def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callabl
             res.status = DIFFERS
     guarded(res, lambda: _compare(res, layer, ctx, conv, slots, act, placement, rope, form))
     guarded(res, lambda: _properties(res, layer, ctx, conv))
-    taken = itertools.chain(*layer.attn, *layer.ffn_candidates, layer.norm_slots)  # any reading took them
-    ctx.unmapped[comp.name] = held_apart(layer.module, taken, LAYER)  # an unnamed departure: NOT CHECKED
+    ctx.unmapped[comp.name] = held_apart(layer.module, _taken(layer), LAYER)  # unnamed departure: NOT CHECKED
 
 
 LAYER = text("layer", "层")
+
+
+def _taken(layer: Layer) -> Iterator[Slot]:
+    """The slots any reading of the layer took: its attention's, every FFN reading's, its norms."""
+    return itertools.chain(*layer.attn, *layer.ffn_candidates, layer.norm_slots)
 
 
 def _layer_mapping(res: ComponentResult, layer: Layer, slots: list[Slot], conv: str) -> None:

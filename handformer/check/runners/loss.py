@@ -47,7 +47,7 @@ from handformer.check.core.localize import Departure, View, latest_departure, ov
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.probe import Found, Probe, Subject, run_probe
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
-from handformer.check.core.source import locate, source_lines, source_text
+from handformer.check.core.source import code_text, locate, source_lines, source_text
 from handformer.check.reference.variants import has
 from handformer.check.runners.model_loss import check_model_loss
 from handformer.check.runners.reward_pair import pairwise
@@ -109,45 +109,29 @@ def knows_pad(obj: Any) -> bool:
         return True
     words = {getattr(n, "id", None) or getattr(n, "attr", None) or getattr(n, "arg", None)
              for n in ast.walk(tree)}
-    return any("pad" in str(w).lower() or w == "ignore_index" for w in words) or own_ignore(obj) is not None
+    return any("pad" in str(w).lower() or w == "ignore_index" for w in words) or own_ignore(obj) != PAD
 
 
-def _source_tree(obj: Any) -> ast.AST | None:
-    try:
-        return ast.parse(textwrap.dedent(inspect.getsource(obj)))
-    except (OSError, TypeError, SyntaxError):
-        return None
+# where a loss reads an ignore id: the ignore_index it passes, a label it compares with (a literal, a name)
+IGNORE_READS = re.compile(r"(?:\bignore_index\s*=|[!=]=)\s*(-\s*\d+|[A-Za-z_]\w*)")
+# a shift inside: one tensor sliced up to its last position, one from position 1 (x[:, :-1], y[..., 1:])
+SHIFT_SLICES = (re.compile(r"\[\s*(?:\.\.\.|:)\s*,\s*:\s*-\s*1\s*[],]"),
+                re.compile(r"\[\s*(?:\.\.\.|:)\s*,\s*1\s*:\s*[],]"))
 
 
-def _int_value(node: ast.AST, names: dict[str, Any]) -> int | None:
-    """The integer an expression of the source stands for: a literal (-100), or a global it names
-    (IGNORE_INDEX = -100); None for anything else."""
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        inner = _int_value(node.operand, names)
-        return None if inner is None else -inner
-    value = node.value if isinstance(node, ast.Constant) else names.get(getattr(node, "id", ""))
-    return value if type(value) is int else None
-
-
-def own_ignore(obj: Any) -> int | None:
-    """The negative ignore id a loss reads itself where no argument hands it one (Hugging Face's
-    labels: -100 outside the scored tokens): an ignore_index it passes, or a label it compares with;
-    None where it reads none (a pad id of the vocabulary is handed as the pad)."""
-    tree = _source_tree(obj)
-    names = getattr(obj, "__globals__", None) or vars(inspect.getmodule(obj) or object)
-    walked = list(ast.walk(tree or ast.Module([], [])))
-    nodes = [k.value for k in walked if isinstance(k, ast.keyword) and k.arg == "ignore_index"]
-    nodes += [c for n in walked if isinstance(n, ast.Compare) for c in n.comparators]
-    ids = (_int_value(n, names) for n in nodes)
-    return next((i for i in ids if i is not None and i < 0), None)
+def own_ignore(obj: Any) -> int:
+    """The negative ignore id a loss reads itself (Hugging Face's labels: -100 outside the scored
+    tokens), a literal or a global of its module (IGNORE_INDEX = -100); PAD where it reads none (a
+    pad id of the vocabulary is handed as the pad)."""
+    names = vars(inspect.getmodule(obj) or object)
+    values = [str(names.get(token, token)).replace(" ", "") for token in IGNORE_READS.findall(code_text(obj))]
+    return min(map(int, filter(re.compile(r"-\d+").fullmatch, values)), default=PAD)
 
 
 def shifts_inside(obj: Any) -> bool:
-    """Whether a loss shifts its labels itself (Hugging Face's causal LM loss): it slices one tensor up
-    to its last position ([:, :-1]) and one from position 1 ([:, 1:])."""
-    slices = [n for n in ast.walk(_source_tree(obj) or ast.Module([], [])) if isinstance(n, ast.Slice)]
-    ends = {tuple(ast.unparse(end) if end else "" for end in (n.lower, n.upper)) for n in slices}
-    return {("", "-1"), ("1", "")} <= ends
+    """Whether a loss shifts its labels itself (Hugging Face's causal LM loss): logits[:, :-1] scored
+    against labels[:, 1:]."""
+    return all(map(re.Pattern.search, SHIFT_SLICES, [code_text(obj)] * 2))
 
 
 def target_distribution(targets: Tensor, eps: float, split: str, pad_kept: bool = False) -> Tensor:
@@ -242,16 +226,16 @@ class Loss:
         self.size = size
         self.flat = self.per_row = False
         self.shifts = shifts_inside(comp.obj)  # logits[:, :-1] against labels[:, 1:], inside
-        self.ignore = own_ignore(comp.obj) if self.pad is None else None  # -100, read from its own code
+        self.ignore = own_ignore(comp.obj) if self.pad is None else PAD  # -100, read from its own code
 
     def own_form(self, logp: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
         """The inputs as the loss reads them: the padding marked with the ignore id it reads itself;
         where it shifts inside, one more position, a last row of logits and a first label that its
-        shift drops, so it scores the targets at the positions of the logits."""
-        targets = targets if self.ignore is None else targets.masked_fill(targets == PAD, self.ignore)
-        if not self.shifts:
-            return logp, targets
-        return torch.cat([logp, logp[:, -1:]], dim=1), torch.cat([targets[:, :1], targets], dim=1)
+        shift drops, so it scores the targets at the positions of the logits (none where it does not)."""
+        more = slice(0, int(self.shifts))  # the one position more, or none
+        targets = targets.masked_fill(targets == PAD, self.ignore)
+        logp = torch.cat([logp, logp[:, -1:][:, more]], dim=1)  # (B, T + 1, V) where it shifts
+        return logp, torch.cat([targets[:, :1][:, more], targets], dim=1)  # (B, T + 1) where it shifts
 
     def options(self, eps: float, pad: int = PAD, size: int = V) -> tuple[dict[str, Any], dict[str, Any]]:
         """The pad id, the smoothing and the vocabulary size it takes (this runner's, or a caller's),
@@ -279,9 +263,9 @@ class Loss:
             try:
                 return call(*self.own_form(logp, targets))
             except fp.LearnerFailure:
-                self.flat = not self.shifts  # a loss that shifts inside takes rows: its failure is its own
-                if self.shifts:
+                if self.shifts:  # a loss that shifts inside takes rows: its failure is its own
                     raise
+                self.flat = True
         return call(logp.reshape(-1, V), targets.reshape(-1))
 
     def rows(self, out: Any) -> Any:
@@ -415,7 +399,7 @@ def _flat_note(res: ComponentResult, ctx: Context, comp: Component, subject: Sub
                               "losses over the length)",
                               f"{comp.name} 拿到有效长度 {list(LENGTHS)}，返回每行一个损失，按各行之和乘以 "
                               f"T = {T} 来读（d2l 的写法：每行真实 token 的损失除以长度）"))
-    res.notes += [OWN_FORM[key] for key, on in (("shift", loss.shifts), ("ignore", loss.ignore)) if on]
+    res.notes += [OWN_FORM["shift"]] * loss.shifts + [OWN_FORM["ignore"]] * (loss.ignore != PAD)
     if subject.module.flat:
         res.notes.append(text(f"{comp.name} takes flattened (B * T, V) inputs and (B * T,) targets",
                               f"{comp.name} 接受展平的 (B * T, V) 输入和 (B * T,) 目标"))

@@ -473,7 +473,7 @@ def learner_criterion(ctx: Context) -> tuple[Any, str | None]:
         spec = Loss(comp, ctx)
     except DiscoveryError:
         return fallback
-    if spec.shifts or spec.ignore is not None:  # its own shift or ignore id: the step's targets are not so
+    if (spec.shifts, spec.ignore) != (False, PAD):  # its own shift or ignore id: the step's are not so
         return fallback
 
     def make() -> Any:
