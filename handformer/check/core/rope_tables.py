@@ -5,6 +5,7 @@ as real pairs (T, Dh/2, 2) (cos, sin); and forward(x, start_pos, ...)'s start, 0
 from __future__ import annotations
 
 import inspect
+import itertools
 import re
 import sys
 from collections.abc import Callable
@@ -124,6 +125,7 @@ def either_shape(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[
     later error is theirs; not at one position, where every shape broadcasts and either pairing
     keeps the output). When none runs, the first one's error is raised."""
     layout = layout if fp.first_tensor(kwargs[names[0]]).size(-2) > 1 else dict(layout)
+    shapes = shapes[:layout.get("upto") or len(shapes)]  # the plain shapes alone (either_width)
     if layout.get("shape") is not None:
         return fn(*args, **paired_tables(fn, args, kwargs, layout, names, shapes[layout["shape"]]))
     first = None
@@ -221,31 +223,29 @@ def either_width(form: Callable[..., Any], fn: Any, args: list[Any], kwargs: dic
                  layout: dict[str, Any], B: int) -> Any:
     """form(fn, ...) with (cos, sin) tables as wide as a head, else as wide as the part of it that
     turns (2, 4, ... below the head's width: partial rotary); the share of the head that runs is kept
-    (layout["share"], 1 for the whole head) for later calls at other widths. When none runs, the full
-    width's error is raised."""
+    (layout["share"], 1 for the whole head) for later calls at other widths. Every width is tried in
+    the plain shapes before any in GPT-J's (sin, cos) of half the width: a (cos, sin) pair for the
+    first dims of a head also runs so, read the other way round. When none runs, the first error is
+    raised."""
     head = kwargs.get("cos", kwargs.get("position_embeddings", [None])[0]).size(-1)  # a head's width
     if layout.get("share") is not None:
         return form(fn, args, NARROWED[form](kwargs, round(layout["share"] * head)), layout, B)
-    try:
-        out = form(fn, args, kwargs, layout, B)
-    except Exception as first:  # noqa: BLE001 - theirs, unless a narrower table runs
-        out = _narrower(form, fn, args, kwargs, layout, B, first, head)
-    layout.setdefault("share", 1)
-    return out
-
-
-def _narrower(form: Callable[..., Any], fn: Any, args: list[Any], kwargs: dict[str, Any],
-              layout: dict[str, Any], B: int, first: Exception, head: int) -> Any:
-    """form(fn, ...) with the tables at the first narrower width than the head's (`head`) that runs,
-    its share of the head kept; else `first` raised."""
-    for width in range(2, head, 2):
+    first = None
+    for upto, width in itertools.product((PLAIN_SHAPES, None), (head, *range(2, head, 2))):
+        layout["upto"] = upto
         try:
-            out = form(fn, args, NARROWED[form](kwargs, width), layout, B)
-        except Exception:  # noqa: BLE001 - not this width
+            out = form(fn, args, kwargs if width == head else NARROWED[form](kwargs, width), layout, B)
+        except Exception as err:  # noqa: BLE001 - theirs, unless another width or shape runs
+            first = first or err
             continue
+        finally:
+            layout.pop("upto")
         layout["share"] = width / head
         return out
-    raise first
+    raise first  # type: ignore[misc]
+
+
+PLAIN_SHAPES = 3  # the shapes of _cos_sin_shapes before GPT-J's (sin, cos)
 
 
 def with_positions(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool], B: int) -> Any:

@@ -7,9 +7,14 @@ it matches, the report says what was left unchecked.
 
 from __future__ import annotations
 
+import itertools
 import operator
+from collections.abc import Iterable
+
+from torch import nn
 
 from handformer.check.core.result import (
+    DEPARTS,
     FAIL,
     NOT_CHECKED,
     PASS,
@@ -19,26 +24,71 @@ from handformer.check.core.result import (
     Text,
     text,
 )
+from handformer.check.core.weights import Leaf, Slot, leaves, of_kind, shapes_text
 
 NOWHERE = Finding("", text("", ""))  # a departure with no line
+
+
+def held_words(held: list[Leaf], reference: Text) -> list[Text]:
+    """What the reference has no place for, said: the learner's parameters that no reference weight
+    took, named with their shapes, and whether they are inert or live (`_live`); none: nothing."""
+    said = text(f"it holds {shapes_text(held)}, which handformer's {reference['en']} has not",
+                f"它有 {shapes_text(held)}，handformer 的{reference['zh']}没有这些参数")
+    return [{**said, HELD: ("inert", "live")[any(map(_live, held))]}] * bool(held)
+
+
+FREE = ("causality", "eval mode is deterministic", "padding invariance")  # checks that read no reference
+HELD = "held"  # a key of what is held as built: "inert" at ones and zeros, "live" at other values
+
+
+def _live(leaf: Leaf) -> bool:
+    """Whether a held parameter is at values that take part in what the component computes: any but
+    ones and zeros (nanochat's residual scalars as built, a table held at zero: the reference's
+    computation, so a departure is theirs); at nGPT's 0.05, or a head's temperature of 2, a mistake's
+    variant may match by chance (the scale sqrt(d_k) = 2 left out)."""
+    w = leaf.weight.detach()
+    return bool(((w != 0) & (w != 1)).any())
+
+
+def held_apart(module: nn.Module, taken: Iterable[Slot], reference: Text) -> list[Text]:
+    """The parameters of a component's own that its mapping onto the reference left untaken (nGPT's
+    scaling vectors, a learned per-head temperature; gpt-oss's sinks are taken), said as held_words.
+    Read among the bare parameters of a module that holds layers: the linear layers, norms and
+    embeddings a mapping reads are its roles, and a reading that consumed one (a fused qkv, split
+    heads, a tied head) took it."""
+    ids = set(map(id, itertools.chain.from_iterable((*s.leaf.tensors(), s.leaf.bias) for s in taken)))
+    scalars = of_kind(leaves(module), "scalar")
+    return held_words(list(filter(lambda leaf: id(leaf.weight) not in ids, scalars)), reference)
 
 
 def settle(result: ComponentResult, unmapped: list[Text]) -> None:
     """A FAIL with nothing named, of a component that holds what the reference has no place for: NOT
     CHECKED, the line where it parts from the reference said in the reason; a PASS: said what was not
-    checked."""
+    checked. Parameters held at ones and zeros leave the reference's computation as it is: a FAIL
+    stands. Held at other values, a mistake's name is no evidence either. A reference-free check that
+    failed (causality, determinism) FAILs whatever the reference lacks."""
     if not unmapped:
         return
+    free = list(filter(lambda c: not c.ok and c.name["en"].startswith(FREE), result.checks))
+    weights = {u.get(HELD) for u in unmapped}  # None: settings, state, what else feeds it
     en, zh = ("; ".join(map(operator.itemgetter(lang), unmapped)) for lang in ("en", "zh"))
     if result.status == PASS:
         result.notes.append(text(f"checked as it is built and given here; {en}: not checked at other values",
                                  f"按这里的构造和输入检查；{zh}：其他取值没有检查"))
-    if (result.status, bool(result.named())) != (FAIL, False):  # a PASS, or a FAIL with a name: as it is
+    if result.status == FAIL and "live" in weights:  # a name a held value may explain
+        result.findings = [f for f in result.findings if f.name == DEPARTS]
+    if (result.status, bool(result.named())) != (FAIL, False) or weights == {"inert"}:  # as it is
         return
     first = next(iter(result.findings), NOWHERE)
+    result.findings, result.max_abs_error = [], None  # a departure from what cannot express it: no evidence
+    result.checks = [c for c in result.checks if c.ok or c in free]
+    if not free:  # else it fails a check of its own: FAIL on that alone
+        _cannot_express(result, en, zh, first)
+
+
+def _cannot_express(result: ComponentResult, en: str, zh: str, first: Finding) -> None:
     shown = first.line is not None  # where it parts, as its departure quotes it
-    result.status, result.findings = NOT_CHECKED, []
-    result.checks = list(filter(operator.attrgetter("ok"), result.checks))
+    result.status = NOT_CHECKED
     result.error = LearnerError(
         "mapping", f"{result.name} computes something handformer's reference cannot express: {en}; it "
         f"parts from the reference{f' at line {first.line}: {first.code}' * shown}, which says nothing about "

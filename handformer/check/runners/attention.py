@@ -118,6 +118,7 @@ from handformer.check.core.source import (
     strided_loop,
 )
 from handformer.check.core.sublayer import grade_sublayer, sublayer_parts
+from handformer.check.core.unmapped import held_apart
 from handformer.check.core.weights import (
     QK_NORM_ROLES,
     RELATIVE_ROLE,
@@ -884,7 +885,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     kv_width = n_kv_heads * (D // heads) if n_kv_heads else None  # None: read from a fused projection
     slots = attention_slots(linears, D, 1, comp.name, kv_width)[0] + qk_norms
     n_kv_heads = n_kv_heads or kv_heads_of(slots, heads)
-    res.mapping = [s.describe() for s in slots]
+    res.mapping, ctx.unmapped[comp.name] = [s.describe() for s in slots], held_apart(module, slots, ATTENTION)
     _sequence_first(res, ctx, c)
     causal_inside = _causal_inside(res, ctx, c, sizes["causal"], module)
     has_o = _head_notes(res, comp, c, slots, causal_inside, heads, source_text(ctx.module))
@@ -905,6 +906,9 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
              "scales": configured_scales(module),
              "setup": Setup(module, slots, c, "", causal_inside, n_kv_heads, None, heads, window=window)}
     return Subject(probe.run, [], module, facts)
+
+
+ATTENTION = text("MultiHeadAttention", " MultiHeadAttention ")
 
 
 def _mha_search(mha: Probe, subject: Subject, out: Tensor | None, working: str) -> Found:
@@ -1138,12 +1142,13 @@ def _post_norm_out(res: ComponentResult, ctx: Context, comp: Component, module: 
 
 
 def _projections(comp: Component, module: nn.Module, heads: int) -> tuple[list[Any], list[Slot]]:
-    """The attention's linear layers, and its q/k norms (QK-norm, Qwen3's) as slots; any other
-    parameter is not in the reference."""
+    """The attention's linear layers, and its q/k norms (QK-norm, Qwen3's) as slots; bare parameters
+    besides are held as built (a learned temperature a head: what they change is not in the
+    reference, held_apart), any other parameter is not in the reference."""
     found = no_unreferenced_parts(leaves(module), D // heads)  # Shaw's tables, per-head q/k gains
     extra = [leaf for leaf in found if leaf.kind != "linear"]
     qk_norms = qk_norm_slots(extra, D // heads, D) or relative_bias_slots(extra, heads)
-    if extra and not qk_norms:
+    if extra and not qk_norms and of_kind(extra, "scalar") != extra:
         shapes = shapes_text(extra)
         raise MappingError(f"{comp.name} has parameters besides its projections ({shapes}); handformer's "
                            "reference attention has only a QK-norm (two norms of width head_dim named "

@@ -24,7 +24,7 @@ import inspect
 import itertools
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,11 +82,9 @@ from handformer.check.core.probe import Probe, Subject, name_findings, run_probe
 from handformer.check.core.residual_wrapper import residual_wrapper, wrapped_note
 from handformer.check.core.result import (
     DIFFERS,
-    NOT_CHECKED,
     Check,
     ComponentResult,
     Finding,
-    LearnerError,
     Text,
     text,
 )
@@ -100,6 +98,7 @@ from handformer.check.core.rope_tables import (
 from handformer.check.core.rotary import rope_layouts, rope_tables
 from handformer.check.core.score_scale import PLAIN, Form, layer_forms, scale_note, smallest_holder
 from handformer.check.core.source import locate, source_lines, source_text
+from handformer.check.core.unmapped import held_apart
 from handformer.check.core.weights import (
     Leaf,
     MappingError,
@@ -120,7 +119,6 @@ from handformer.check.core.weights import (
     of_kind,
     positive_eps,
     relative_bias_slots,
-    shapes_text,
     sink_slots,
     split_attention_ffn,
 )
@@ -733,23 +731,6 @@ ONE_ATTN_MASK_NOTE = text(
     "和 fairseq、torch.nn 的解码器层一样（目标端的填充是另一个参数）：检查时目标端不加填充")
 
 
-def _held_apart(res: ComponentResult, layer: Layer) -> None:
-    """A layer holding parameters no reference has (gpt-oss's attention sinks, one logit a head) whose
-    output no mistake explains: NOT CHECKED with those parts named, never FAIL (they may be the reason)."""
-    mapped = {id(s.leaf.weight) for s in layer.attn[0]}
-    held = [x for x in of_kind(leaves(layer.module), "scalar") if id(x.weight) not in mapped]
-    if not held or res.named() or all(c.ok for c in res.checks):
-        return
-    extra = shapes_text(held)
-    res.checks, res.findings = [c for c in res.checks if c.ok], []
-    res.status, res.max_abs_error = NOT_CHECKED, None
-    res.error = LearnerError(
-        "mapping", f"not compared with handformer's layer: it holds {extra}, which handformer's layer has "
-        "not, and its output is not handformer's", "__init__",
-        message_zh=f"没有与 handformer 的层比较：它有 {extra}，handformer 的层没有这些参数，"
-                   "它的输出与 handformer 的不同")
-
-
 def _needs_its_mask(layer: Layer, ctx: Context) -> bool:
     """Whether a layer whose mask may be left out raises handed none (DistilBERT's attn_mask=None,
     read unguarded): then the tutorial's case hands it every key visible."""
@@ -963,7 +944,15 @@ def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callabl
             res.status = DIFFERS
     guarded(res, lambda: _compare(res, layer, ctx, conv, slots, act, placement, rope, form))
     guarded(res, lambda: _properties(res, layer, ctx, conv))
-    _held_apart(res, layer)
+    ctx.unmapped[comp.name] = held_apart(layer.module, _taken(layer), LAYER)  # unnamed departure: NOT CHECKED
+
+
+LAYER = text("layer", "层")
+
+
+def _taken(layer: Layer) -> Iterator[Slot]:
+    """The slots any reading of the layer took: its attention's, every FFN reading's, its norms."""
+    return itertools.chain(*layer.attn, *layer.ffn_candidates, layer.norm_slots)
 
 
 def _layer_mapping(res: ComponentResult, layer: Layer, slots: list[Slot], conv: str) -> None:

@@ -57,6 +57,7 @@ from handformer.check.core.context import (
 from handformer.check.core.discovery import Component, cannot_fill, defaulted_config
 from handformer.check.core.keyed_batch import keyed_batch
 from handformer.check.core.localize_kinds import note_departure
+from handformer.check.core.objective import not_next_token
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.signatures import (
     LABELS_MOVED,
@@ -310,6 +311,7 @@ def _run(step: Step, base: nn.Module, make_opt: Any = optimizer, **mistakes: boo
 def check_lm_train_step(comp: Component, ctx: Context) -> ComponentResult:
     if pairwise_step(comp):  # a reward model's step on pairs (reward_pair.py)
         return check_pairwise_step(comp, ctx)
+    not_next_token(comp)
     res = ctx.result(comp)
     step = Step(comp, ctx)
     base = tiny_model()

@@ -47,7 +47,7 @@ from handformer.check.core.localize import Departure, View, latest_departure, ov
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.probe import Found, Probe, Subject, run_probe
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
-from handformer.check.core.source import locate, source_lines, source_text
+from handformer.check.core.source import code_text, locate, source_lines, source_text
 from handformer.check.reference.variants import has
 from handformer.check.runners.model_loss import check_model_loss
 from handformer.check.runners.reward_pair import pairwise
@@ -109,7 +109,29 @@ def knows_pad(obj: Any) -> bool:
         return True
     words = {getattr(n, "id", None) or getattr(n, "attr", None) or getattr(n, "arg", None)
              for n in ast.walk(tree)}
-    return any("pad" in str(w).lower() or w == "ignore_index" for w in words)
+    return any("pad" in str(w).lower() or w == "ignore_index" for w in words) or own_ignore(obj) != PAD
+
+
+# where a loss reads an ignore id: the ignore_index it passes, a label it compares with (a literal, a name)
+IGNORE_READS = re.compile(r"(?:\bignore_index\s*=|[!=]=)\s*(-\s*\d+|[A-Za-z_]\w*)")
+# a shift inside: one tensor sliced up to its last position, one from position 1 (x[:, :-1], y[..., 1:])
+SHIFT_SLICES = (re.compile(r"\[\s*(?:\.\.\.|:)\s*,\s*:\s*-\s*1\s*[],]"),
+                re.compile(r"\[\s*(?:\.\.\.|:)\s*,\s*1\s*:\s*[],]"))
+
+
+def own_ignore(obj: Any) -> int:
+    """The negative ignore id a loss reads itself (Hugging Face's labels: -100 outside the scored
+    tokens), a literal or a global of its module (IGNORE_INDEX = -100); PAD where it reads none (a
+    pad id of the vocabulary is handed as the pad)."""
+    names = vars(inspect.getmodule(obj) or object)
+    values = [str(names.get(token, token)).replace(" ", "") for token in IGNORE_READS.findall(code_text(obj))]
+    return min(map(int, filter(re.compile(r"-\d+").fullmatch, values)), default=PAD)
+
+
+def shifts_inside(obj: Any) -> bool:
+    """Whether a loss shifts its labels itself (Hugging Face's causal LM loss): logits[:, :-1] scored
+    against labels[:, 1:]."""
+    return all(map(re.Pattern.search, SHIFT_SLICES, [code_text(obj)] * 2))
 
 
 def target_distribution(targets: Tensor, eps: float, split: str, pad_kept: bool = False) -> Tensor:
@@ -203,6 +225,17 @@ class Loss:
             "criterion 类在构造函数里接受 (size, padding_idx, smoothing)"))
         self.size = size
         self.flat = self.per_row = False
+        self.shifts = shifts_inside(comp.obj)  # logits[:, :-1] against labels[:, 1:], inside
+        self.ignore = own_ignore(comp.obj) if self.pad is None else PAD  # -100, read from its own code
+
+    def own_form(self, logp: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """The inputs as the loss reads them: the padding marked with the ignore id it reads itself;
+        where it shifts inside, one more position, a last row of logits and a first label that its
+        shift drops, so it scores the targets at the positions of the logits (none where it does not)."""
+        more = slice(0, int(self.shifts))  # the one position more, or none
+        targets = targets.masked_fill(targets == PAD, self.ignore)
+        logp = torch.cat([logp, logp[:, -1:][:, more]], dim=1)  # (B, T + 1, V) where it shifts
+        return logp, torch.cat([targets[:, :1][:, more], targets], dim=1)  # (B, T + 1) where it shifts
 
     def options(self, eps: float, pad: int = PAD, size: int = V) -> tuple[dict[str, Any], dict[str, Any]]:
         """The pad id, the smoothing and the vocabulary size it takes (this runner's, or a caller's),
@@ -228,8 +261,10 @@ class Loss:
 
         if not self.flat:
             try:
-                return call(logp, targets)
+                return call(*self.own_form(logp, targets))
             except fp.LearnerFailure:
+                if self.shifts:  # a loss that shifts inside takes rows: its failure is its own
+                    raise
                 self.flat = True
         return call(logp.reshape(-1, V), targets.reshape(-1))
 
@@ -341,7 +376,20 @@ STAND_INS = text("its {} handed stand-ins: a generator that is log_softmax (it i
                  "的交叉熵求和；检查的是你的函数自己做的事（归一化、目标的排布）")
 
 
+OWN_FORM = {
+    "shift": text("it shifts the labels itself (logits[:, :-1] scored against labels[:, 1:]): handed one "
+                  "position more, a last row of logits and a first label its shift drops, and compared on "
+                  "the positions it scores",
+                  "它自己把标签错开一位（logits[:, :-1] 对 labels[:, 1:]）：多给它一个位置，最后一行 logits "
+                  "和第一个标签会被它的移位丢掉，只比较它打分的位置"),
+    "ignore": text("it reads its own ignore id for the positions it leaves out (-100, Hugging Face's "
+                   "labels): the padding handed so marked",
+                   "它自己读取不计入损失的 id（-100，Hugging Face 的 labels）：传入的填充位置用它标记"),
+}
+
+
 def _flat_note(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found) -> None:
+    loss = subject.module
     if subject.module.parts:
         names = ", ".join(subject.module.parts)
         res.notes.append(text(STAND_INS["en"].format(names), STAND_INS["zh"].format(names)))
@@ -351,6 +399,7 @@ def _flat_note(res: ComponentResult, ctx: Context, comp: Component, subject: Sub
                               "losses over the length)",
                               f"{comp.name} 拿到有效长度 {list(LENGTHS)}，返回每行一个损失，按各行之和乘以 "
                               f"T = {T} 来读（d2l 的写法：每行真实 token 的损失除以长度）"))
+    res.notes += [OWN_FORM["shift"]] * loss.shifts + [OWN_FORM["ignore"]] * (loss.ignore != PAD)
     if subject.module.flat:
         res.notes.append(text(f"{comp.name} takes flattened (B * T, V) inputs and (B * T,) targets",
                               f"{comp.name} 接受展平的 (B * T, V) 输入和 (B * T,) 目标"))

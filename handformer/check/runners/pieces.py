@@ -7,6 +7,7 @@ Shape legend: B batch, T length, D d_model, F FFN width.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -44,6 +45,7 @@ from handformer.check.core.result import DEPARTS, DIFFERS, Check, ComponentResul
 from handformer.check.core.signatures import DOCUMENT_ARGUMENT
 from handformer.check.core.sizes import SIZES
 from handformer.check.core.source import first_line, locate, source_lines, source_text
+from handformer.check.core.unmapped import held_apart
 from handformer.check.core.weights import (
     Gainless,
     Slot,
@@ -408,6 +410,7 @@ def _build_ffn(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     candidates = ffn_slots(of_kind(leaves(module), "linear"), D, F_WIDTH,
                            comp.name)
     gated = is_gated(candidates[0])
+    ctx.unmapped[comp.name] = held_apart(module, itertools.chain(*candidates), FFN_NAME)  # unnamed: unchecked
     readings = readings_around([((slots, act), ffn_weights(slots, act)) for slots in candidates
                                 for act in ffn_activations(gated)], around)
 
@@ -470,6 +473,7 @@ def _ffn_departure(subject: Subject, found: Found) -> Departure | None:
     return localize_ffn(subject.module, [w.inner for _, w in subject.readings], found.x)
 
 
+FFN_NAME = text("FFN", " FFN ")
 FFN = Probe(
     build=_build_ffn,
     inputs=lambda s: s.facts["x"],

@@ -64,6 +64,7 @@ from handformer.check.core.context import (
 from handformer.check.core.defaults import given
 from handformer.check.core.discovery import Component, DiscoveryError, cannot_fill, own_objects, size_of
 from handformer.check.core.localize_kinds import note_departure
+from handformer.check.core.objective import not_next_token
 from handformer.check.core.result import (
     FAIL,
     NOT_CHECKED,
@@ -472,6 +473,8 @@ def learner_criterion(ctx: Context) -> tuple[Any, str | None]:
         spec = Loss(comp, ctx)
     except DiscoveryError:
         return fallback
+    if (spec.shifts, spec.ignore) != (False, PAD):  # its own shift or ignore id: the step's are not so
+        return fallback
 
     def make() -> Any:
         init, fixed = spec.options(0.1, PAD, V)  # the step's pad id and vocabulary
@@ -512,6 +515,7 @@ def _run(step: Step, base: Seq2SeqTransformer, **mistakes: Any) -> list[list[Ten
 def check_train_step(comp: Component, ctx: Context) -> ComponentResult:
     if pairwise_step(comp):  # a reward model's step on pairs (reward_pair.py)
         return check_pairwise_step(comp, ctx)
+    not_next_token(comp)
     return _check(comp, ctx, epoch=False)
 
 
