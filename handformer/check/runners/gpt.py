@@ -970,6 +970,23 @@ def _head_read_apart(heads: list[Any], others: str) -> bool:
     return re.search(rf"\.(?:{names})\b", others) is not None
 
 
+def _other_form(comp: Component, out: Tensor | None, returned: Any, idx: Tensor) -> None:
+    """NOT CHECKED where forward, handed ids (B, T), gives no logits (B, ...) at all but a tensor of
+    fewer dimensions that does not start with the batch (a bigram table's (T, V) for the last row it
+    indexes, the next token's (V,)): a model of one sequence, or of a list of ids, driven in a form it
+    does not take; its own computation is not what failed."""
+    got = fp.first_tensor(returned)
+    if out is not None or not isinstance(got, Tensor) or got.dim() >= 3 or got.shape[:1] == idx.shape[:1]:
+        return
+    raise DiscoveryError(
+        f"{comp.name}'s forward, handed token ids of shape {tuple(idx.shape)} (batch, time), returned "
+        f"{shape_of(returned)}: not logits (B, T, vocab_size), so it takes its input in another form (one "
+        "sequence, a list of ids, the next token's logits alone): write an adapter that calls it on a batch",
+        zh=f"{comp.name} 的 forward 接到形状为 {tuple(idx.shape)}（batch, time）的 token id，返回了 "
+           f"{shape_of(returned)}：不是 logits (B, T, vocab_size)，所以它的输入是另一种形式（一个序列、"
+           "id 列表、只给下一个 token 的 logits）：请写一个按批调用它的适配函数")
+
+
 def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     module = ctx.build(comp, gpt_sizes(ctx))
@@ -985,6 +1002,7 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     check_determinism(res, ctx, comp, lambda: call(idx, targets)[0], "causal_attention", "block", "ffn")
     with fp.dropout_off():
         out, loss = call(idx, targets)
+        _other_form(comp, out, call.returned, idx)
         if _backbone(comp, ctx, module, out, call.returned):
             return check_stack(comp, res, module, lambda: call(idx, targets)[0], _held_backbone(comp))
         last_only = out is not None and out.size(1) == 1
