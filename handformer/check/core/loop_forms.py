@@ -21,32 +21,43 @@ from handformer.check.core.source import function_nodes
 
 # the calls of Python's own that read a limit without cropping anything by it
 BUILTINS = frozenset({"min", "max", "int", "len", "range", "abs", "print", "float", "str", "isinstance"})
+NOT_COUNTS = MODEL_NAMES + PROMPT_NAMES + ("self",)
+# what bounds a loop's steps: a `while` test, a `for` over range(...)
+BOUNDS = {ast.While: lambda node: node.test, ast.For: lambda node: (ast.Pass(), node.iter)[_range(node.iter)]}
+# the forms of a limit's read that crop by it: inside a subscript's index, or an argument of a call of
+# the file's own; and those that stop at it: compared with, or bounding a range
+CROPS = (lambda child, parent: isinstance(parent, ast.Subscript) and child is parent.slice,
+         lambda child, parent: isinstance(parent, ast.Call) and child is not parent.func and _own(parent))
+STOPS = (lambda child, parent: isinstance(parent, ast.Compare) or _range(parent),)
 
 
-def counted_parameter(fn: Any) -> str | None:
+def counted_parameter(fn: Any) -> str:
     """The parameter a loop counts its steps by where none is named for a count (COUNT_NAMES): the first
     one (an int, or required; not the model or the prompt) that a `for` loop's range(...) or a `while`
-    test reads; None where one is named so, or none is read so."""
+    test reads; "" where one is named so, or none is read so."""
     params = _parameters(fn)
-    if any(p.name.lower() in COUNT_NAMES for p in params):
-        return None
-    ints = {p.name for p in params if p.name.lower() not in MODEL_NAMES + PROMPT_NAMES + ("self",)
-            and (p.default is p.empty or type(p.default) is int)}
-    bounds = [node.iter if isinstance(node, ast.For) else node.test for node in function_nodes(fn)
-              if isinstance(node, ast.While) or isinstance(node, ast.For) and _range(node.iter)]
-    read = [n.id for bound in bounds for n in _values(bound) if n.id in ints]
-    return read[0] if read else None
+    named = {p.name.lower() for p in params} & set(COUNT_NAMES)
+    # an int default, or none (inspect's `empty`, a class: of type `type`)
+    ints = {p.name for p in params if type(p.default) in (int, type)} - set(NOT_COUNTS)
+    read = [n.id for node in function_nodes(fn) for n in _values(BOUNDS.get(type(node), _none)(node))
+            if n.id in ints]
+    return next(iter(read * (not named)), "")
+
+
+def _none(node: ast.AST) -> ast.AST:
+    return ast.Pass()
 
 
 def _values(node: ast.AST) -> list[ast.Name]:
     """The names read as values in an expression: not an object whose attribute or item is read
     (`settings.max_tokens` reads max_tokens, not settings)."""
-    held = {id(n.value) for n in ast.walk(node) if isinstance(n, (ast.Attribute, ast.Subscript))}
-    return [n for n in ast.walk(node) if isinstance(n, ast.Name) and id(n) not in held]
+    nodes = list(ast.walk(node))
+    held = {id(getattr(n, "value", None)) for n in nodes if isinstance(n, (ast.Attribute, ast.Subscript))}
+    return [n for n in nodes if isinstance(n, ast.Name) and id(n) not in held]
 
 
 def _range(node: ast.AST) -> bool:
-    return isinstance(node, ast.Call) and getattr(node.func, "id", "") == "range"
+    return getattr(getattr(node, "func", None), "id", "") == "range"
 
 
 def _parameters(fn: Any) -> list[inspect.Parameter]:
@@ -62,56 +73,41 @@ def crops_by_limit(fn: Any, names: tuple[str, ...], attrs: tuple[str, ...]) -> b
     handed to a call of its own, compared with or bounding a range (itself or a name bound from it),
     or an argument it never uses (True); read only otherwise (False); None where it reads none."""
     nodes = function_nodes(fn)
-    reads = [n for n in nodes if _limit(n, names, attrs)]
-    used = {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    if any(p.name.lower() in names and p.name not in used for p in _parameters(fn)):
-        return True  # handed a limit it never uses: the crop left out
-    if not reads:
-        return None
     parents = {id(child): node for node in nodes for child in ast.iter_child_nodes(node)}
-    targets = [t for n in reads for t in getattr(_statement(n, parents), "targets", [])]
-    bound = {t.id for t in targets if isinstance(t, ast.Name)}  # max_len = config.max_position_embeddings
-    kept = reads + [n for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
-                    and n.id in bound]
-    return any(_cropping(n, parents) for n in reads) or any(_stopping(n, parents) for n in kept)
+    limits = {ast.Name: (names, "id"), ast.Attribute: (names + attrs, "attr")}
+    reads = [n for n in nodes if _limit(n, limits)]
+    loads = [n for n in nodes if isinstance(n, ast.Name)]
+    unused = {p.name for p in _parameters(fn) if p.name.lower() in names} - {n.id for n in loads}
+    statements = [_chain(n, parents)[1] for n in reads]  # max_len = config.max_position_embeddings: max_len
+    bound = {getattr(t, "id", None) for statement in statements for t in getattr(statement, "targets", ())}
+    kept = reads + [n for n in loads if n.id in bound]
+    forms = [_reads_as(n, parents, CROPS) for n in reads] + [_reads_as(n, parents, STOPS) for n in kept]
+    # (an unused limit: the crop left out; no limit read: None)
+    return {(False, False): None}.get((bool(reads), bool(unused)), bool(unused) or any(forms))
 
 
-def _statement(node: ast.AST, parents: dict[int, ast.AST]) -> ast.AST | None:
-    while node is not None and not isinstance(node, ast.stmt):
-        node = parents.get(id(node))
-    return node
+Pairs = list[tuple[ast.AST, ast.AST]]
 
 
-def _stopping(node: ast.AST, parents: dict[int, ast.AST]) -> bool:
-    """Whether the limit read at `node` (or a name bound from it: `max_len = config.max_position_embeddings`)
-    is compared with (`if T >= max_len: break`) or bounds a range (`range(room)`): the loop stops at it."""
-    parent = parents.get(id(node))
-    while parent is not None and not isinstance(parent, ast.stmt):
-        if isinstance(parent, ast.Compare) or _range(parent):
-            return True
-        parent = parents.get(id(parent))
-    return False
-
-
-def _limit(node: ast.AST, names: tuple[str, ...], attrs: tuple[str, ...]) -> bool:
-    if isinstance(node, ast.Name):
-        return node.id.lower() in names
-    return isinstance(node, ast.Attribute) and node.attr.lower() in names + attrs
-
-
-def _cropping(node: ast.AST, parents: dict[int, ast.AST]) -> bool:
-    """Whether the limit read at `node` sits inside the index of a subscript, or among the arguments of a
-    call that is no builtin, before the statement it is part of ends."""
-    child, parent = node, parents.get(id(node))
-    while parent is not None and not isinstance(parent, ast.stmt):
-        if isinstance(parent, ast.Subscript) and child is parent.slice:
-            return True
-        if isinstance(parent, ast.Call) and child is not parent.func and _own_call(parent):
-            return True
+def _chain(node: ast.AST, parents: dict[int, ast.AST]) -> tuple[Pairs, ast.AST | None]:
+    """The (child, parent) pairs from `node` up to the statement that holds it, and that statement."""
+    pairs, child, parent = [], node, parents.get(id(node))
+    while not isinstance(parent, (ast.stmt, type(None))):
+        pairs.append((child, parent))
         child, parent = parent, parents.get(id(parent))
-    return False
+    return pairs, parent
 
 
-def _own_call(call: ast.Call) -> bool:
-    name = call.func.id if isinstance(call.func, ast.Name) else getattr(call.func, "attr", "")
-    return name not in BUILTINS
+def _reads_as(node: ast.AST, parents: dict[int, ast.AST], forms: tuple[Any, ...]) -> bool:
+    """Whether the limit read at `node` is read in one of `forms` before its statement ends."""
+    return any(form(child, parent) for child, parent in _chain(node, parents)[0] for form in forms)
+
+
+def _limit(node: ast.AST, limits: dict[type, tuple[tuple[str, ...], str]]) -> bool:
+    """Whether a name or an attribute is a limit's (by its table `limits`)."""
+    names, field = limits.get(type(node), ((), "id"))
+    return getattr(node, field, "").lower() in names
+
+
+def _own(call: ast.Call) -> bool:
+    return getattr(call.func, "id", getattr(call.func, "attr", "")) not in BUILTINS

@@ -151,8 +151,7 @@ def spent(model: Any) -> bool:
     was asked for (`went_on`), and in any case at STALL times the budget (a loop that calls the model
     more than once a token, classifier-free guidance's second pass or a draft verified, finishes
     within it)."""
-    made = calls_made(model)
-    return made >= model.budget and (went_on(model) or made >= STALL * model.budget)
+    return calls_made(model) >= model.budget * (STALL, 1)[went_on(model)]
 
 
 def went_on(model: Any) -> bool:
@@ -167,9 +166,9 @@ def witnessed(model: Any) -> bool:
     """Whether a loop stopped for its calls was seen not to stop: it went on past its count, or it fed
     the same tokens at every one of STALL times its budget of calls (it never appends; several passes a
     token, Monte Carlo dropout's, feed the same tokens only within one step)."""
-    calls = model.calls
-    same = all(c.seen == 0 and torch.equal(c.ids, calls[0].ids) for c in calls)
-    return went_on(model) or calls_made(model) >= STALL * model.budget and same
+    fed = {(c.seen, repr(c.ids.tolist())) for c in model.calls}  # (one: the same at every call)
+    same = fed == {(0, repr(c.ids.tolist())) for c in model.calls[:1]}
+    return went_on(model) or (calls_made(model) >= STALL * model.budget) & same
 
 
 def calls_made(model: Any) -> float:
@@ -391,7 +390,7 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
     needed = ((EOS_NAMES, NEVER), (PAD_NAMES, PAD_ID), (MASK_ARG_NAMES, ones), (CACHE_SWITCH_NAMES, True))
     # the first role that names it; a setting of no role, its neutral value
     by_name, if_needed = {**_own_arguments(ctx, comp), **_by_names(roles[::-1])}, _by_names(needed)
-    by_name.update({name.lower(): n for name in [counted_parameter(comp.obj)] if name})  # range(max_steps)
+    by_name[counted_parameter(comp.obj).lower()] = n  # range(max_steps) (none: "", no parameter's name)
     extra, model.counted = extra or {}, False
     for i, p in enumerate(forward_parameters(comp.obj)):
         value = extra.get(p.name, by_name.get(p.name.lower(), [if_needed.get(p.name.lower()), None][
@@ -413,15 +412,15 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
         else:
             args.append(value)
     _carry(comp, model, n)
-    model.counted |= any(value == n for _, value in getattr(model, "carried", []))  # self.args.max_len
+    model.counted |= n in dict(getattr(model, "carried", [])).values()  # self.args.max_len
     return ctx.learner.call("forward", drained(comp.obj), *args, **kwargs)
 
 
 def _counts(fn: Any, p: inspect.Parameter, i: int, value: Any) -> bool:
     """Whether the parameter p (at position i, filled with value) hands the loop its count: named for a
     count, counted by (`counted_parameter`), the third one filled by position, or a settings object."""
-    positional = i == 2 and value is None and p.default is p.empty
-    return p.name.lower() in COUNT_NAMES or p.name == counted_parameter(fn) or positional or (
+    positional = (i, value, p.default) == (2, None, p.empty)
+    return p.name.lower() in {*COUNT_NAMES, counted_parameter(fn).lower()} or positional or (
         options_class(fn, p.name) is not None)
 
 
@@ -582,14 +581,12 @@ def _unwitnessed(comp: Component, model: Any, failure: fp.LearnerFailure) -> Non
     called the model STALL times its budget without going past its count: NOT CHECKED, said so."""
     message = failure.error.message
     stopped = message.startswith((TooManyCalls.__name__, ContextTooLong.__name__))
-    said = {"name": comp.name, "names": ", ".join(COUNT_NAMES[:3])}
-    if stopped and not getattr(model, "counted", True):
-        raise fp.LearnerFailure(LearnerError("cannot_call", UNCOUNTED.format(**said), "forward",
-                                             message_zh=UNCOUNTED_ZH.format(**said)))
-    if message.startswith(TooManyCalls.__name__) and not witnessed(model):
-        said["calls"] = len(model.calls)
-        raise fp.LearnerFailure(LearnerError("cannot_call", STALLED.format(**said), "forward",
-                                             message_zh=STALLED_ZH.format(**said)))
+    uncounted = stopped > getattr(model, "counted", True)  # (a > b of two truths: a and not b)
+    stalled = message.startswith(TooManyCalls.__name__) > witnessed(model)
+    said = {"name": comp.name, "names": ", ".join(COUNT_NAMES[:3]), "calls": len(model.calls)}
+    for en, zh in [(UNCOUNTED, UNCOUNTED_ZH)] * uncounted + [(STALLED, STALLED_ZH)] * stalled:
+        raise fp.LearnerFailure(LearnerError("cannot_call", en.format(**said), "forward",
+                                             message_zh=zh.format(**said)))
 
 
 UNCOUNTED = ("{name} takes no count of new tokens check can hand it (by a name such as {names}, or a "
@@ -702,8 +699,7 @@ class StandIn:
 
 
 def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any) -> None:
-    res.notes += [note for note in [defaults_note(comp.obj)] if note] + sinks_note(comp.obj)
-    res.notes += counted_note(comp.obj)
+    res.notes += [*filter(None, [defaults_note(comp.obj)]), *sinks_note(comp.obj), *counted(comp.obj)]
     short = first = run_generate(ctx, comp, driver, SHORT, 2)
     for B, as_list in ((1, False), (1, True), (2, ROWS)):  # one prompt, maybe a list of ints; lists of them
         if short.out is not None or _named(short):
@@ -738,14 +734,13 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
         if knows_block_size(comp):
             tried.append(_long(res, ctx, comp, driver, B, short.as_list))
         else:
-            res.notes.append(READ_ONLY_NOTE if crops_by_limit(comp.obj, LIMIT_NAMES, ROLE_NAMES["context"])
-                             is False else NO_BLOCK_NOTE)
+            res.notes.append((NO_BLOCK_NOTE, READ_ONLY_NOTE)[crops_by_limit(comp.obj, *LIMITS) is False])
     check_temperature(res, ctx, comp, driver, short, run_generate)
     check_top_p(res, ctx, comp, driver, short, run_generate)
     _ending(res, ctx, comp, driver, tried)
 
 
-def counted_note(fn: Any) -> list[Text]:
+def counted(fn: Any) -> list[Text]:
     """The note naming the parameter read as the count by the loop's form (`counted_parameter`)."""
     name = counted_parameter(fn)
     return [text(f"its {name} is handed the number of new tokens: its loop counts its steps by it",
@@ -764,7 +759,7 @@ def _no_search(comp: Component, run: Run, reference: Tensor) -> None:
     token)."""
     B, rows = run.prompt.size(0), max((c.ids.size(0) for c in run.model.calls), default=0)
     made, wrong = calls_made(run.model), run.out is None or not torch.equal(run.out, reference)
-    if rows > B and (wrong or made > run.n + 1):
+    if rows > B and max(wrong, made > run.n + 1):  # (a search: wrong, or more calls than tokens)
         said = {"name": comp.name, "rows": rows, "B": B}
         raise fp.LearnerFailure(LearnerError("cannot_call", SEARCH.format(**said), "forward",
                                              message_zh=SEARCH_ZH.format(**said)))
@@ -897,11 +892,12 @@ def knows_block_size(comp: Component) -> bool:
     reads none (nanoGPT's GPT.generate: the model is its own). A free loop that names none (GPT-2's
     sample_sequence(model, context, length)), or reads one only for something else (prompt lookup's
     room for a draft), leaves the context's length to its caller: not charged."""
-    crops = crops_by_limit(comp.obj, LIMIT_NAMES, ROLE_NAMES["context"])
-    return "." in comp.name if crops is None else crops
+    crops = crops_by_limit(comp.obj, *LIMITS)
+    return {None: "." in comp.name}.get(crops, crops)
 
 
 LIMIT_NAMES = CONTEXT_NAMES + ("max_len", "n_ctx", "n_positions")
+LIMITS = (LIMIT_NAMES, ROLE_NAMES["context"])  # a limit's names, and its attributes' (a config's .seq_length)
 
 
 NO_BLOCK_NOTE = text("it names no block size, so it feeds the whole context: past the block size was not "

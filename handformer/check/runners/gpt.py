@@ -940,13 +940,15 @@ def _held_backbone(comp: Component) -> DiscoveryError:
            "或者它没有输出层：这是主干网络，通过加上输出层的模型来检查")
 
 
-def _backbone(comp: Component, ctx: Context, module: nn.Module, out: Tensor | None, returned: Any) -> bool:
+def _backbone(comp: Component, ctx: Context, module: nn.Module, out: Tensor | None, returned: Any,
+              idx: Tensor) -> bool:
     """Whether the model returns hidden states (B, T, D), not logits, and another class of the file
     builds it (OPT's OPTDecoder, inside OPTModel inside OPTForCausalLM) or it holds no output layer
     (Hugging Face's GemmaModel: a forgotten tied head looks the same): a backbone, checked as a stack.
     One returning a tuple or a dict with no (B, T, ...) tensor in it, or one score a sequence (B,) or
     (B, 1) (a reward or value model: a head on a backbone), is no language model (a forgotten `return`,
     None, is a failure)."""
+    _other_form(comp, out, returned, idx)  # no (B, ...) tensor at all: NOT CHECKED first
     scores = fp.first_tensor(returned)  # (B,) or (B, 1), and no logits: a reward or value head
     one_a_row = scores is not None and scores.dim() > 0 and scores.numel() == scores.size(0) and (
         out is None or out.size(-1) == 1)
@@ -1002,8 +1004,7 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     check_determinism(res, ctx, comp, lambda: call(idx, targets)[0], "causal_attention", "block", "ffn")
     with fp.dropout_off():
         out, loss = call(idx, targets)
-        _other_form(comp, out, call.returned, idx)
-        if _backbone(comp, ctx, module, out, call.returned):
+        if _backbone(comp, ctx, module, out, call.returned, idx):
             return check_stack(comp, res, module, lambda: call(idx, targets)[0], _held_backbone(comp))
         last_only = out is not None and out.size(1) == 1
         if not logits_shape(res, out, (2, 1 if last_only else 8, VOCAB), "vocab_size"):

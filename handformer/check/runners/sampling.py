@@ -103,11 +103,11 @@ class Caller:
                          for name in [self.find(names)] if name in empty}
         self.fraction = top_k_fraction(comp.obj, self.params)
         self.one_row = called_by_row(comp, ctx)  # llama.cpp's filters of one 1-D vector
-        if self.one_row:
-            ctx.partial.notes.append(ONE_ROW)
+        ctx.partial.notes += [ONE_ROW] * self.one_row
         # a list of logits processors it applies (sample_next_token(logits, processors)): an empty one
         self.processors = [n for n in self.names if n.lower() in PROCESSOR_NAMES]
         self.form: str | None = None  # the form of FORMS it takes, once its first call found it
+        self.forms = FORMS[any((self.one_row, self.first_row)):]  # one row first where a batch is not taken
 
     def find(self, names: tuple[str, ...]) -> str | None:
         return named(self.names[1:] + self.fields, names)
@@ -144,15 +144,14 @@ class Caller:
 
     @property
     def draws(self) -> int:
-        return PAIR_DRAWS if self.form == "pairs" else DRAWS
+        return {"pairs": PAIR_DRAWS}.get(self.form, DRAWS)
 
     def in_form(self, form: str, given: Tensor, kwargs: dict[str, Any]) -> Any:
         """The function called on `given` in one of FORMS: the batch, one row at a time, or one row at a
         time as (token id, logit) pairs."""
-        if form == "pairs":
-            return self.by_pairs(given, kwargs)
-        if form == "row" or any((self.one_row, self.first_row)):
-            return self.by_row(given, kwargs)
+        return {"batch": self.by_batch, "row": self.by_row, "pairs": self.by_pairs}[form](given, kwargs)
+
+    def by_batch(self, given: Tensor, kwargs: dict[str, Any]) -> Any:
         return self.ctx.learner.call("forward", self.comp.obj, given, **kwargs)
 
     def _first(self, given: Tensor, kwargs: dict[str, Any]) -> Any:
@@ -161,14 +160,15 @@ class Caller:
         exception of FORM_ERRORS) or returns what is not read, the others are tried; where it takes
         none, NOT CHECKED (a cannot_call): check guessed the form, the function is not at fault."""
         tried = []
-        for form in FORMS:
+        for form in self.forms:
             try:
                 out = self.in_form(form, given, kwargs)
             except fp.LearnerFailure as failure:
-                error = failure.error
-                if form == FORMS[0] and not (error.message.startswith(FORM_ERRORS) and error.traceback):
-                    raise  # refused at the call (an argument missing), or another kind of exception: as is
-                tried.append(f"{form}: {failure.error.message}")
+                error = failure.error  # refused at the call (an argument missing), or not for its form: as is
+                refused = (bool(error.traceback), error.message.startswith(FORM_ERRORS)) == (True, True)
+                if form == self.forms[0] and not refused:
+                    raise
+                tried.append(f"{form}: {error.message}")
                 continue
             if _read(out):
                 self.form = form
@@ -212,11 +212,21 @@ PAIRS = text("it takes one row as a list of (token id, logit) pairs (llama.cpp's
 
 
 def _read(out: Any) -> bool:
-    """Whether check reads what a function of logits returned: not tensors one a row (a list of them, or a
-    tuple of more than two), not a list of pairs, not an empty list."""
-    items = out if isinstance(out, (list, tuple)) else (None,)
-    several = (isinstance(out, list) or len(items) > 2) and any(isinstance(v, Tensor) for v in items)
-    return bool(items) and not several and not any(isinstance(v, (list, tuple)) for v in items)
+    """Whether check reads what a function of logits returned: not an empty list, a list of tensors (one a
+    row) or of pairs, a tuple of more than two; a list of numbers, a pair (a filter's (filtered,
+    indices)), anything else, yes."""
+    return READ.get(type(out), _anything)(out)
+
+
+def _anything(out: Any) -> bool:
+    return True
+
+
+def _numbers(out: Any) -> bool:
+    return bool(out) and all(isinstance(v, (int, float)) for v in out)
+
+
+READ = {list: _numbers, tuple: lambda out: 0 < len(out) < 3}
 
 
 def _pairs(row: Tensor) -> list[tuple[int, float]]:
@@ -226,12 +236,23 @@ def _pairs(row: Tensor) -> list[tuple[int, float]]:
 def _from_pairs(out: Any, row: Tensor) -> Tensor:
     """What a function of pairs returned, as a tensor: a token id (or one in a tensor) as it is, a list of
     (token id, logit) pairs as the row they leave (-inf elsewhere)."""
-    if isinstance(out, (list, tuple)) and all(isinstance(v, (list, tuple)) and len(v) == 2 for v in out):
-        kept = torch.full_like(row.reshape(-1), -math.inf)
-        for token, logit in out:
-            kept[int(token)] = float(logit)
-        return kept
+    return {list: _from_list}.get(type(out), _as_tensor)(out, row)
+
+
+def _from_list(out: list[Any], row: Tensor) -> Tensor:
+    return (_kept_row, _as_tensor)[_numbers(out)](out, row)  # token ids as they are; pairs, as a row
+
+
+def _as_tensor(out: Any, row: Tensor) -> Tensor:
     return torch.as_tensor(leading_tensor(out))
+
+
+def _kept_row(out: list[Any], row: Tensor) -> Tensor:
+    """The row of logits a list of (token id, logit) pairs leaves: -inf where a token is gone."""
+    kept = torch.full_like(row.reshape(-1), -math.inf)
+    logits = torch.tensor([float(logit) for _, logit in out], dtype=kept.dtype)
+    kept[[int(token) for token, _ in out]] = logits
+    return kept
 
 
 ONE_ROW = text("it takes one 1-D row of logits (V,) (a batch of rows raises, or mixes its rows where the "
@@ -931,8 +952,7 @@ def _draw(ctx: Context, call: Caller, options: dict[str, Any], seed: int) -> Ten
     """call.draws token ids sampled from SAMPLE_ROW with these options: one call on that many identical
     rows, or (when it takes one row at a time) that many calls; seeded torch's RNG (and a generator if
     asked). The form it takes is found first, on two rows (a pairs form draws fewer: PAIR_DRAWS)."""
-    if call.form is None:
-        call(SAMPLE_ROW.expand(2, V).contiguous(), **_seeded(call, options, seed))
+    call(SAMPLE_ROW.expand(2, V).contiguous(), **_seeded(call, options, seed))  # its form, found on two rows
     torch.manual_seed(seed)
     options = _seeded(call, options, seed)
     batch = SAMPLE_ROW.expand(call.draws, V).contiguous()
@@ -957,8 +977,8 @@ def _draw(ctx: Context, call: Caller, options: dict[str, Any], seed: int) -> Ten
 
 def _seeded(call: Caller, options: dict[str, Any], seed: int) -> dict[str, Any]:
     """The options, with a generator at `seed` where the function takes one."""
-    seeded = {"generator": torch.Generator().manual_seed(seed)} if call.find(GENERATOR_NAMES) else {}
-    return {**options, **seeded}
+    seeded = [("generator", torch.Generator().manual_seed(seed))] * bool(call.find(GENERATOR_NAMES))
+    return {**options, **dict(seeded)}
 
 
 def _filtered_logits(call: Caller, raw: Any, batch: Tensor) -> None:
