@@ -71,18 +71,20 @@ def crops_by_limit(fn: Any, names: tuple[str, ...], attrs: tuple[str, ...]) -> b
     """Whether a loop that reads a context limit (a name in `names`, an attribute in `attrs`: a config's
     .seq_length, where a local seq_len is no limit) crops or stops by it: the limit inside a slice,
     handed to a call of its own, compared with or bounding a range (itself or a name bound from it),
-    or an argument it never uses (True); read only otherwise (False); None where it reads none."""
+    or an argument or a name bound from it that it never reads (True); read only otherwise (False); None
+    where it reads none."""
     nodes = function_nodes(fn)
     parents = {id(child): node for node in nodes for child in ast.iter_child_nodes(node)}
     limits = {ast.Name: (names, "id"), ast.Attribute: (names + attrs, "attr")}
     reads = [n for n in nodes if _limit(n, limits)]
-    loads = [n for n in nodes if isinstance(n, ast.Name)]
-    unused = {p.name for p in _parameters(fn) if p.name.lower() in names} - {n.id for n in loads}
+    loads = [n for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
     statements = [_chain(n, parents)[1] for n in reads]  # max_len = config.max_position_embeddings: max_len
-    bound = {getattr(t, "id", None) for statement in statements for t in getattr(statement, "targets", ())}
+    targets = [t for statement in statements for t in getattr(statement, "targets", ())]
+    bound = {getattr(t, "id", "") for t in targets} - {""}
+    # a limit handed as an argument, or bound to a name, that is never read: the crop left out
+    unused = ({p.name for p in _parameters(fn) if p.name.lower() in names} | bound) - {n.id for n in loads}
     kept = reads + [n for n in loads if n.id in bound]
     forms = [_reads_as(n, parents, CROPS) for n in reads] + [_reads_as(n, parents, STOPS) for n in kept]
-    # (an unused limit: the crop left out; no limit read: None)
     return {(False, False): None}.get((bool(reads), bool(unused)), bool(unused) or any(forms))
 
 
