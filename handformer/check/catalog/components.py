@@ -206,6 +206,8 @@ LINE_FORMS: dict[tuple[str, str], dict[str, str]] = {  # (name, form found) -> {
                                 r"position\w*|past_len\w*|cache_len\w*)\s*(,\s*\w+\s*)*"
                                 r"([-+]=|=(?!=)(?=.*[(\[+\-*]))"
                                 r"|\b(model|self)\b.*,\s*(\w+\s*=\s*)?\w+\s*[-+]\s*\d+\s*\)\s*$"},
+    # a context cropped to its first tokens: the slice that keeps them (`ids[:, :size]`, in a helper too)
+    ("generate_no_crop", "first_tokens"): {"first_tokens": r"\[\s*(:\s*,\s*)?:\s*[A-Za-z_][\w.]*\s*\]"},
     # one pair merged at every step: the merge's call whose result is left unused (`merge(ids, pair, idx)`)
     ("bpe_counts_not_updated", "same_pair"): {"same_pair": r"^\s*(self\.)?_?\w*merge\w*\([^=]*\)\s*$"},
     # encode's merge order in the form found: the line that picks the pair (GPT-2's bpe(): max( for min()

@@ -27,6 +27,7 @@ DIAGNOSES: list[Diagnosis] = [
       "logits.masked_fill(logits < v, float('-inf'))",
       r"(?i)(<=|>=).*inf|inf.*(<=|>=)", r"(<=|>=)\s*(torch\.)?topk\(",  # compared with the k-th value
       r"<=|>=|\[\s*(\.\.\.|:)\s*,\s*\[?\s*-?\s*\w+\s*[-+]\s*1",
+      r"\[\s*:\s*\w+\s*[-+]\s*1\s*\]",  # a sorted list cut one short or long: ranked[:k - 1]
       r"topk|sort", r"<|>"),
     d("top_k_exceeds_vocab", "top-k fails when k is larger than the vocabulary",
       "k 大于词表大小时 top-k 报错", "clamp k to the vocabulary: k = min(k, logits.size(-1))",

@@ -29,10 +29,12 @@ from handformer.check.core.discovery import DiscoveryError
 from handformer.check.core.result import Text, text
 from handformer.check.core.source import config_reads
 
-# a setting's neutral value: the one at which it leaves the plain loop's computation as it is
+# a setting's neutral value: the one at which it leaves the plain loop's computation as it is (classifier-free
+# guidance at scale 1: the conditional pass alone)
 NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
            "length_penalty": 1.0, "no_repeat_ngram_size": 0, "min_tokens": 0, "min_new_tokens": 0,
-           "diversity_penalty": 0.0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}
+           "diversity_penalty": 0.0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
+           "guidance_scale": 1.0, "cfg_scale": 1.0}
 # the settings of the loop's own kind: given by check (the count, the EOS) or read as it reads them
 KNOWN = {*COUNT_NAMES, *EOS_NAMES, *TEMPERATURE_NAMES, *SAMPLE_SWITCH_NAMES, *K_NAMES, *P_NAMES,
          *MIN_P_NAMES, *GENERATOR_NAMES, *CONTEXT_NAMES, *PAD_NAMES, "seed", "random_seed", "top_k",

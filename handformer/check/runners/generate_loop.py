@@ -56,6 +56,7 @@ from handformer.check.core.context import (
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import note_departure
+from handformer.check.core.loop_forms import counted_parameter, crops_by_limit
 from handformer.check.core.options_object import (
     ARGUMENTS,
     OBJECT,
@@ -142,6 +143,34 @@ class TooManyCalls(RuntimeError):
     """The learner's loop called the model far more often than max_new_tokens asks for."""
 
 
+STALL = 4  # times its budget of calls a loop is stopped at even where it has not gone past its count
+
+
+def spent(model: Any) -> bool:
+    """Whether the loop has spent its model's budget of calls: once it has gone on past the tokens it
+    was asked for (`went_on`), and in any case at STALL times the budget (a loop that calls the model
+    more than once a token, classifier-free guidance's second pass or a draft verified, finishes
+    within it)."""
+    return calls_made(model) >= model.budget * (STALL, 1)[went_on(model)]
+
+
+def went_on(model: Any) -> bool:
+    """Whether the loop fed its model a context holding every token it was asked for (it had made
+    them all and went on). `asked` is the prompt's length plus the count (0: unknown, any call
+    counts); past the block size a cropping loop's context stops growing, so reaching it counts."""
+    longest = max((c.seen + c.ids.size(1) for c in model.calls), default=0)
+    return longest >= min(getattr(model, "asked", 0), model.block_size)
+
+
+def witnessed(model: Any) -> bool:
+    """Whether a loop stopped for its calls was seen not to stop: it went on past its count, or it fed
+    the same tokens at every one of STALL times its budget of calls (it never appends; several passes a
+    token, Monte Carlo dropout's, feed the same tokens only within one step)."""
+    fed = {(c.seen, repr(c.ids.tolist())) for c in model.calls}  # (one: the same at every call)
+    same = fed == {(0, repr(c.ids.tolist())) for c in model.calls[:1]}
+    return went_on(model) or (calls_made(model) >= STALL * model.budget) & same
+
+
 def calls_made(model: Any) -> float:
     """The calls a loop made to the model, each on fewer rows than the prompts it was handed counted as
     that share of one (a loop that runs each prompt through the model on its own: vLLM's lists)."""
@@ -206,7 +235,7 @@ class LanguageModel(nn.Module):
     init_cache = new_cache
 
     def forward(self, idx: Any, *args: Any, **kwargs: Any) -> Any:
-        if calls_made(self) >= self.budget:
+        if spent(self):
             raise TooManyCalls(f"generate called the model {len(self.calls) + 1} times")
         ids = torch.as_tensor(idx).long()
         one = ids.dim() == 1  # one sequence, no batch: gpt-oss's model(tokens) gives (T, V)
@@ -361,12 +390,14 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
     needed = ((EOS_NAMES, NEVER), (PAD_NAMES, PAD_ID), (MASK_ARG_NAMES, ones), (CACHE_SWITCH_NAMES, True))
     # the first role that names it; a setting of no role, its neutral value
     by_name, if_needed = {**_own_arguments(ctx, comp), **_by_names(roles[::-1])}, _by_names(needed)
-    extra = extra or {}
+    by_name[counted_parameter(comp.obj).lower()] = n  # range(max_steps) (none: "", no parameter's name)
+    extra, model.counted = extra or {}, False
     for i, p in enumerate(forward_parameters(comp.obj)):
         value = extra.get(p.name, by_name.get(p.name.lower(), [if_needed.get(p.name.lower()), None][
             p.default is not p.empty]))
         if value is None and p.default is p.empty:  # a settings object of their own class
             value = _own_options(ctx, comp, p, model, n, extra)
+        model.counted |= _counts(comp.obj, p, i, value)
         if value is None and p.default is not p.empty:
             continue
         if value is None and i >= 3:
@@ -381,7 +412,16 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
         else:
             args.append(value)
     _carry(comp, model, n)
+    model.counted |= n in dict(getattr(model, "carried", [])).values()  # self.args.max_len
     return ctx.learner.call("forward", drained(comp.obj), *args, **kwargs)
+
+
+def _counts(fn: Any, p: inspect.Parameter, i: int, value: Any) -> bool:
+    """Whether the parameter p (at position i, filled with value) hands the loop its count: named for a
+    count, counted by (`counted_parameter`), the third one filled by position, or a settings object."""
+    positional = (i, value, p.default) == (2, None, p.empty)
+    return p.name.lower() in {*COUNT_NAMES, counted_parameter(fn).lower()} or positional or (
+        options_class(fn, p.name) is not None)
 
 
 def _carry(comp: Component, model: Any, n: int) -> None:
@@ -506,6 +546,7 @@ def run_generate(ctx: Context, comp: Component, driver: Any, n: int, B: int, as_
         model = driver.new_model(style, budget=n + 3)
         model.prompts = B  # a loop may run each prompt through the model on its own (`calls_made`)
         prompt = prompts(B)
+        model.asked = prompt.size(1) + n  # the tokens it must stop at (`went_on`)
         label = text(f"{B} prompt{'s' if B > 1 else ''}, {n} new tokens", f"{B} 个提示词、{n} 个新 token")
         run = Run(label, model, prompt, n, as_list=as_list, extra=extra)
         try:
@@ -514,6 +555,7 @@ def run_generate(ctx: Context, comp: Component, driver: Any, n: int, B: int, as_
         except fp.LearnerFailure as failure:
             if failure.error.kind == "cannot_call":  # the model handed is not the one it is written for
                 raise
+            _unwitnessed(comp, model, failure)
             if getattr(driver, "lower_precision", lambda _: False)(failure):  # a float32 of theirs: again so
                 getattr(model, "close", lambda: None)()  # its hooks off before the new model's go on
                 return run_generate(ctx, comp, driver, n, B, as_list, extra)
@@ -532,6 +574,31 @@ def run_generate(ctx: Context, comp: Component, driver: Any, n: int, B: int, as_
     return first
 
 
+
+
+def _unwitnessed(comp: Component, model: Any, failure: fp.LearnerFailure) -> None:
+    """A run that check's stand-in stopped (too many calls, too long a context) where the loop's
+    mistake was not witnessed: it was handed no count (it ran with one of its own, `counted`), or it
+    called the model STALL times its budget without going past its count: NOT CHECKED, said so."""
+    message = failure.error.message
+    stopped = message.startswith((TooManyCalls.__name__, ContextTooLong.__name__))
+    uncounted = stopped > getattr(model, "counted", True)  # (a > b of two truths: a and not b)
+    stalled = message.startswith(TooManyCalls.__name__) > witnessed(model)
+    said = {"name": comp.name, "names": ", ".join(COUNT_NAMES[:3]), "calls": len(model.calls)}
+    for en, zh in [(UNCOUNTED, UNCOUNTED_ZH)] * uncounted + [(STALLED, STALLED_ZH)] * stalled:
+        raise fp.LearnerFailure(LearnerError("cannot_call", en.format(**said), "forward",
+                                             message_zh=zh.format(**said)))
+
+
+UNCOUNTED = ("{name} takes no count of new tokens check can hand it (by a name such as {names}, or a "
+             "parameter its loop counts its steps by), so it ran with its own: what it made past check's "
+             "count is not its mistake: write an adapter that hands it the count")
+UNCOUNTED_ZH = ("{name} 没有 check 能传入的新 token 个数（名字如 {names}，或循环按它计步的参数），"
+                "所以它按自己的个数运行，超出 check 要求的部分不算它的错误：请写一个传入个数的适配函数")
+STALLED = ("{name} called the model {calls} times without going past the tokens it was asked for: many "
+           "passes a token in a form check does not read: write an adapter")
+STALLED_ZH = ("{name} 调用了模型 {calls} 次，生成的 token 还没有超过要求的个数：每个 token 多次前向，"
+              "check 读不出它的写法：请写一个适配函数")
 
 
 def fixed_defaults(fn: Any) -> dict[str, int]:
@@ -592,7 +659,8 @@ def _overflowed(model: LanguageModel) -> bool:
 
 
 def _runaway(model: LanguageModel) -> bool:
-    return calls_made(model) >= model.budget
+    """A loop that did not stop: handed its count, it spent its budget of calls after going on past it."""
+    return getattr(model, "counted", True) and calls_made(model) >= model.budget and witnessed(model)
 
 
 # --- the check ---------------------------------------------------------------------------------------
@@ -632,7 +700,7 @@ class StandIn:
 
 
 def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any) -> None:
-    res.notes += [note for note in [defaults_note(comp.obj)] if note] + sinks_note(comp.obj)
+    res.notes += [*filter(None, [defaults_note(comp.obj)]), *sinks_note(comp.obj), *counted(comp.obj)]
     short = first = run_generate(ctx, comp, driver, SHORT, 2)
     for B, as_list in PROMPT_FORMS:
         if short.out is not None or _named(short):
@@ -667,7 +735,7 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
         if knows_block_size(comp):
             tried.append(_long(res, ctx, comp, driver, B, short.as_list))
         else:
-            res.notes.append(NO_BLOCK_NOTE)
+            res.notes.append((NO_BLOCK_NOTE, READ_ONLY_NOTE)[crops_by_limit(comp.obj, *LIMITS) is False])
     check_temperature(res, ctx, comp, driver, short, run_generate)
     check_top_p(res, ctx, comp, driver, short, run_generate)
     _ending(res, ctx, comp, driver, tried)
@@ -677,6 +745,15 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
 PROMPT_FORMS = ((1, False), (1, ONE), (1, True), (2, ROWS))
 HANDED = {True: (", given as a list of ints", "，提示词是整数列表"),
           ONE: (", given as one tensor of ids (T,)", "，提示词是一维的 id 张量 (T,)")}
+
+
+def counted(fn: Any) -> list[Text]:
+    """The note naming the parameter read as the count by the loop's form (`counted_parameter`)."""
+    name = counted_parameter(fn)
+    return [text(f"its {name} is handed the number of new tokens: its loop counts its steps by it",
+                 f"它的 {name} 传入新 token 的个数：它的循环按它计步")] * bool(name)
+
+
 CACHED_NOTE = text("it decodes with a KV cache: after the prompt it feeds one token at a time",
                    "它用 KV 缓存解码：处理完提示词之后每次只输入一个 token")
 
@@ -688,14 +765,25 @@ def _no_search(comp: Component, run: Run, reference: Tensor) -> None:
     greedy decoding's, or the loop called the model too often: a search calls it more than once a
     token)."""
     B, rows = run.prompt.size(0), max((c.ids.size(0) for c in run.model.calls), default=0)
-    if rows > B and (run.out is None or not torch.equal(run.out, reference)):
+    made, wrong = calls_made(run.model), run.out is None or not torch.equal(run.out, reference)
+    if rows > B and max(wrong, made > run.n + 1):  # (a search: wrong, or more calls than tokens)
         said = {"name": comp.name, "rows": rows, "B": B}
         raise fp.LearnerFailure(LearnerError("cannot_call", SEARCH.format(**said), "forward",
                                              message_zh=SEARCH_ZH.format(**said)))
+    if made > run.n + 1 and wrong and not _runaway(run.model):
+        said = {"name": comp.name, "calls": round(made), "n": run.n}
+        raise fp.LearnerFailure(LearnerError("cannot_call", PASSES.format(**said), "forward",
+                                             message_zh=PASSES_ZH.format(**said)))
 
 
 SEARCH = ("{name} calls the model on {rows} rows for {B} prompts: a search over candidates (contrastive "
           "search, beams) in a form check does not read, so greedy decoding is not its reference")
+PASSES = ("{name} called the model {calls} times for {n} new tokens and stopped: more than one pass a "
+          "token (the unconditional pass of classifier-free guidance, a draft verified) in a form check does "
+          "not read, so greedy decoding is not its reference: write an adapter that runs it with it off")
+PASSES_ZH = ("{name} 为 {n} 个新 token 调用了模型 {calls} 次后停下：每个 token 不止一次前向"
+             "（无分类器引导的无条件前向、对草稿的验证），check 读不出它的写法，贪心解码不是它的参考："
+             "请写一个关掉这次前向的适配函数")
 SEARCH_ZH = ("{name} 对 {B} 个提示词用 {rows} 行调用模型：这是对候选的搜索（对比搜索、束搜索），"
              "check 读不出它的写法，贪心解码不是它的参考")
 
@@ -804,26 +892,19 @@ def _top_k_of(comp: Component, run: Run) -> int:
     return k if isinstance(k, int) and not isinstance(k, bool) and 0 < k < VOCAB else 1
 
 
-# the names a loop that crops its context reads its limit by (Raschka's context_size, nanoGPT's
-# block_size), or an attribute of a context's role (a config's .max_position_embeddings, .seq_length;
-# a local seq_len = idx.size(1) is no limit): a loop that reads only other settings off a config (its
-# eos_token_id) names none
-BLOCK_WORDS = re.compile(r"\b(" + "|".join(CONTEXT_NAMES + ("max_len", "n_ctx", "n_positions")) + r")\b|\.("
-                         + "|".join(ROLE_NAMES["context"]) + r")\b")
-
-
 def knows_block_size(comp: Component) -> bool:
-    """Whether the loop has a block size to crop to: a method of the learner's model (nanoGPT's
-    GPT.generate: the model is its own), or a loop whose source names one (a block_size argument,
-    model.config.block_size, a module-level block_size). A free loop that names none (GPT-2's
-    sample_sequence(model, context, length)) leaves the context's length to its caller: not charged."""
-    if "." in comp.name:
-        return True
-    try:
-        source = inspect.getsource(comp.obj)
-    except (OSError, TypeError):
-        return True
-    return bool(BLOCK_WORDS.search(source))
+    """Whether the loop has a block size to crop to: a loop whose code crops by one it reads (a
+    block_size argument, model.config.block_size, a module-level block_size) in a slice or a helper of
+    its own, or takes one it never uses (loop_forms.py); else a method of the learner's model that
+    reads none (nanoGPT's GPT.generate: the model is its own). A free loop that names none (GPT-2's
+    sample_sequence(model, context, length)), or reads one only for something else (prompt lookup's
+    room for a draft), leaves the context's length to its caller: not charged."""
+    crops = crops_by_limit(comp.obj, *LIMITS)
+    return {None: "." in comp.name}.get(crops, crops)
+
+
+LIMIT_NAMES = CONTEXT_NAMES + ("max_len", "n_ctx", "n_positions")
+LIMITS = (LIMIT_NAMES, ROLE_NAMES["context"])  # a limit's names, and its attributes' (a config's .seq_length)
 
 
 NO_BLOCK_NOTE = text("it names no block size, so it feeds the whole context: past the block size was not "
@@ -832,6 +913,14 @@ NO_BLOCK_NOTE = text("it names no block size, so it feeds the whole context: pas
                      "它没有提到 block_size，所以输入的是整个上下文：没有运行超过 block_size 的情形"
                      "（由调用者保证提示词加新 token 不超过模型的上下文）；会裁剪的循环要读取它："
                      "idx[:, -block_size:]")
+
+READ_ONLY_NOTE = text("it reads the block size but neither crops by it nor stops at it (no slice of the "
+                      "tokens by it, no helper handed it, no comparison with it), so it feeds the whole "
+                      "context: past the block size was not run (the caller keeps the prompt and new tokens "
+                      "within the model's context)",
+                      "它读取了 block_size，但既不用它裁剪，也不在它那里停下（没有按它切片 token，"
+                      "没有把它交给辅助函数，也没有和它比较），所以输入的是整个上下文："
+                      "没有运行超过 block_size 的情形（由调用者保证提示词加新 token 不超过模型的上下文）")
 
 
 def _long(res: ComponentResult, ctx: Context, comp: Component, driver: Any, B: int, as_list: bool | str,

@@ -53,9 +53,9 @@ from handformer.check.runners.generate_loop import (
     StandIn,
     StandInTokenizer,
     TooManyCalls,
-    calls_made,
     check_with,
     prompts,
+    spent,
 )
 from handformer.check.runners.generate_padded import check_padded, padded
 from handformer.check.runners.generate_ragged import check_ragged
@@ -117,7 +117,7 @@ class OwnModel:
             said = {"model": type(self.module).__name__, "arg": unknown[0]}
             raise fp.LearnerFailure(LearnerError("cannot_call", OTHER_MODEL.format(**said), "forward",
                                                  message_zh=OTHER_MODEL_ZH.format(**said)))
-        if calls_made(self) >= self.budget:
+        if spent(self):
             raise TooManyCalls(f"generate called the model {len(self.calls) + 1} times")
         ids = next((v for v in list(args) + list(kwargs.values()) if isinstance(v, Tensor)), None)
         if ids is None or ids.is_floating_point():

@@ -945,13 +945,15 @@ def _held_backbone(comp: Component) -> DiscoveryError:
            "或者它没有输出层：这是主干网络，通过加上输出层的模型来检查")
 
 
-def _backbone(comp: Component, ctx: Context, module: nn.Module, out: Tensor | None, returned: Any) -> bool:
+def _backbone(comp: Component, ctx: Context, module: nn.Module, out: Tensor | None, returned: Any,
+              idx: Tensor) -> bool:
     """Whether the model returns hidden states (B, T, D), not logits, and another class of the file
     builds it (OPT's OPTDecoder, inside OPTModel inside OPTForCausalLM) or it holds no output layer
     (Hugging Face's GemmaModel: a forgotten tied head looks the same): a backbone, checked as a stack.
     One returning a tuple or a dict with no (B, T, ...) tensor in it, or one score a sequence (B,) or
     (B, 1) (a reward or value model: a head on a backbone), is no language model (a forgotten `return`,
     None, is a failure)."""
+    _other_form(comp, out, returned, idx)  # no (B, ...) tensor at all: NOT CHECKED first
     scores = fp.first_tensor(returned)  # (B,) or (B, 1), and no logits: a reward or value head
     one_a_row = scores is not None and scores.dim() > 0 and scores.numel() == scores.size(0) and (
         out is None or out.size(-1) == 1)
@@ -982,6 +984,23 @@ def check_cached(comp: Component, ctx: Context) -> ComponentResult:
     return {True: check_gpt, False: check_kv_cache}[bool(own)](comp, ctx)
 
 
+def _other_form(comp: Component, out: Tensor | None, returned: Any, idx: Tensor) -> None:
+    """NOT CHECKED where forward, handed ids (B, T), gives no logits (B, ...) at all but a tensor of
+    fewer dimensions that does not start with the batch (a bigram table's (T, V) for the last row it
+    indexes, the next token's (V,)): a model of one sequence, or of a list of ids, driven in a form it
+    does not take; its own computation is not what failed."""
+    got = fp.first_tensor(returned)
+    if out is not None or not isinstance(got, Tensor) or got.dim() >= 3 or got.shape[:1] == idx.shape[:1]:
+        return
+    raise DiscoveryError(
+        f"{comp.name}'s forward, handed token ids of shape {tuple(idx.shape)} (batch, time), returned "
+        f"{shape_of(returned)}: not logits (B, T, vocab_size), so it takes its input in another form (one "
+        "sequence, a list of ids, the next token's logits alone): write an adapter that calls it on a batch",
+        zh=f"{comp.name} 的 forward 接到形状为 {tuple(idx.shape)}（batch, time）的 token id，返回了 "
+           f"{shape_of(returned)}：不是 logits (B, T, vocab_size)，所以它的输入是另一种形式（一个序列、"
+           "id 列表、只给下一个 token 的 logits）：请写一个按批调用它的适配函数")
+
+
 def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     module = ctx.build(comp, gpt_sizes(ctx))
@@ -997,7 +1016,7 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     check_determinism(res, ctx, comp, lambda: call(idx, targets)[0], "causal_attention", "block", "ffn")
     with fp.dropout_off():
         out, loss = call(idx, targets)
-        if _backbone(comp, ctx, module, out, call.returned):
+        if _backbone(comp, ctx, module, out, call.returned, idx):
             return check_stack(comp, res, module, lambda: call(idx, targets)[0], _held_backbone(comp))
         last_only = out is not None and out.size(1) == 1
         if not logits_shape(res, out, (2, 1 if last_only else 8, VOCAB), "vocab_size"):

@@ -59,13 +59,14 @@ from handformer.check.core.localize_kinds import (
 )
 from handformer.check.core.nucleus import EQUALITY, TOP_P_FLAGS, top_p_keep
 from handformer.check.core.processors import PROCESSOR_NAMES, NoProcessors
-from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.core.result import Check, ComponentResult, Finding, LearnerError, Text, text
 from handformer.check.core.signatures import leading_tensor, rows_apart, takes_one_row
 from handformer.check.core.sizes import is_number
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.generation.sampling import apply_temperature, top_k_filter, top_p_filter
 
 V, DRAWS = 8, 20_000
+PAIR_DRAWS = 5_000  # a sampler of (token id, logit) pairs is called in Python once a draw: fewer, as plain
 
 # a first argument of probabilities (Meta's sample_top_p(probs, p)): given softmax(logits)
 SAMPLE_ROW = torch.tensor([2.0, 1.2, 0.8, 0.3, 0.0, -0.4, -1.0, -1.6], dtype=torch.float64)  # (V,)
@@ -102,10 +103,11 @@ class Caller:
                          for name in [self.find(names)] if name in empty}
         self.fraction = top_k_fraction(comp.obj, self.params)
         self.one_row = called_by_row(comp, ctx)  # llama.cpp's filters of one 1-D vector
-        if self.one_row:
-            ctx.partial.notes.append(ONE_ROW)
+        ctx.partial.notes += [ONE_ROW] * self.one_row
         # a list of logits processors it applies (sample_next_token(logits, processors)): an empty one
         self.processors = [n for n in self.names if n.lower() in PROCESSOR_NAMES]
+        self.form: str | None = None  # the form of FORMS it takes, once its first call found it
+        self.forms = FORMS[any((self.one_row, self.first_row)):]  # one row first where a batch is not taken
 
     def find(self, names: tuple[str, ...]) -> str | None:
         return named(self.names[1:] + self.fields, names)
@@ -136,9 +138,53 @@ class Caller:
             self._settings_object(kwargs, logits.size(-1))
         given = torch.softmax(logits, -1) if self.probs else logits.clone()
         given = given[..., None, :] if self.positions else given  # (B, 1, V)
-        if any((self.one_row, self.first_row)):
-            return self.by_row(given, kwargs)
+        if self.form is None:
+            return self._first(given, kwargs)
+        return self.in_form(self.form, given, kwargs)
+
+    @property
+    def draws(self) -> int:
+        return {"pairs": PAIR_DRAWS}.get(self.form, DRAWS)
+
+    def in_form(self, form: str, given: Tensor, kwargs: dict[str, Any]) -> Any:
+        """The function called on `given` in one of FORMS: the batch, one row at a time, or one row at a
+        time as (token id, logit) pairs."""
+        return {"batch": self.by_batch, "row": self.by_row, "pairs": self.by_pairs}[form](given, kwargs)
+
+    def by_batch(self, given: Tensor, kwargs: dict[str, Any]) -> Any:
         return self.ctx.learner.call("forward", self.comp.obj, given, **kwargs)
+
+    def _first(self, given: Tensor, kwargs: dict[str, Any]) -> Any:
+        """The first call, in the first of FORMS the function takes: it runs and returns something
+        check reads (not several tensors, not a list of pairs). Where it refuses the batch's form (an
+        exception of FORM_ERRORS) or returns what is not read, the others are tried; where it takes
+        none, NOT CHECKED (a cannot_call): check guessed the form, the function is not at fault."""
+        tried = []
+        for form in self.forms:
+            try:
+                out = self.in_form(form, given, kwargs)
+            except fp.LearnerFailure as failure:
+                error = failure.error  # refused at the call (an argument missing), or not for its form: as is
+                refused = (bool(error.traceback), error.message.startswith(FORM_ERRORS)) == (True, True)
+                if form == self.forms[0] and not refused:
+                    raise
+                tried.append(f"{form}: {error.message}")
+                continue
+            if _read(out):
+                self.form = form
+                self.ctx.partial.notes += [PAIRS] * (form == "pairs")
+                return out
+            tried.append(f"{form}: returned {shape_of(out)}")
+        said = {"name": self.comp.name, "tried": "; ".join(tried)}
+        raise fp.LearnerFailure(LearnerError("cannot_call", NO_FORM.format(**said), "forward",
+                                             message_zh=NO_FORM_ZH.format(**said)))
+
+    def by_pairs(self, given: Tensor, kwargs: dict[str, Any]) -> Any:
+        """The function called on each row as a list of (token id, logit) pairs (llama.cpp's candidates):
+        a token id it returns as it is, pairs it returns as a row of logits, -inf where a token is gone."""
+        def rows() -> Tensor:
+            return torch.stack([_from_pairs(self.comp.obj(_pairs(row), **kwargs), row) for row in given])
+        return self.ctx.learner.call("forward", rows)
 
     def by_row(self, given: Tensor, kwargs: dict[str, Any]) -> Any:
         """The function called on each row alone, (V,), its outputs (tensors, or token ids returned as
@@ -147,6 +193,66 @@ class Caller:
             return torch.stack([torch.as_tensor(leading_tensor(self.comp.obj(row.reshape(self.row_shape),
                                                                              **kwargs))) for row in given])
         return self.ctx.learner.call("forward", rows)
+
+
+# the forms a function of logits is tried in, in turn, until one runs and returns what check reads
+FORMS = ("batch", "row", "pairs")
+# the exceptions that say an argument was not of the form the code takes
+FORM_ERRORS = ("TypeError", "ValueError", "AttributeError", "KeyError", "IndexError")
+NO_FORM = ("{name} takes none of the forms check hands a function of logits (a batch (B, V), one row (V,), "
+           "a list of (token id, logit) pairs), or returns what check does not read ({tried}): write an "
+           "adapter that calls it on logits")
+NO_FORM_ZH = ("{name} 不接受 check 给 logits 函数的任何一种形式（一批 (B, V)、一行 (V,)、"
+              "(token id, logit) 对的列表），或者返回的东西 check 读不了（{tried}）："
+              "请写一个按 logits 调用它的适配函数")
+PAIRS = text("it takes one row as a list of (token id, logit) pairs (llama.cpp's candidates): called one "
+             "row at a time so, pairs it returns read back as a row of logits (-inf where a token is gone)",
+             "它接受一行 (token id, logit) 对的列表（llama.cpp 的 candidates）：逐行这样调用，"
+             "返回的对再读回成一行 logits（去掉的 token 为 -inf）")
+
+
+def _read(out: Any) -> bool:
+    """Whether check reads what a function of logits returned: not an empty list, a list of tensors (one a
+    row) or of pairs, a tuple of more than two; a list of numbers, a pair (a filter's (filtered,
+    indices)), anything else, yes."""
+    return READ.get(type(out), _anything)(out)
+
+
+def _anything(out: Any) -> bool:
+    return True
+
+
+def _numbers(out: Any) -> bool:
+    return bool(out) and all(isinstance(v, (int, float)) for v in out)
+
+
+READ = {list: _numbers, tuple: lambda out: 0 < len(out) < 3}
+
+
+def _pairs(row: Tensor) -> list[tuple[int, float]]:
+    return [(i, float(v)) for i, v in enumerate(row.reshape(-1).tolist())]
+
+
+def _from_pairs(out: Any, row: Tensor) -> Tensor:
+    """What a function of pairs returned, as a tensor: a token id (or one in a tensor) as it is, a list of
+    (token id, logit) pairs as the row they leave (-inf elsewhere)."""
+    return {list: _from_list}.get(type(out), _as_tensor)(out, row)
+
+
+def _from_list(out: list[Any], row: Tensor) -> Tensor:
+    return (_kept_row, _as_tensor)[_numbers(out)](out, row)  # token ids as they are; pairs, as a row
+
+
+def _as_tensor(out: Any, row: Tensor) -> Tensor:
+    return torch.as_tensor(leading_tensor(out))
+
+
+def _kept_row(out: list[Any], row: Tensor) -> Tensor:
+    """The row of logits a list of (token id, logit) pairs leaves: -inf where a token is gone."""
+    kept = torch.full_like(row.reshape(-1), -math.inf)
+    logits = torch.tensor([float(logit) for _, logit in out], dtype=kept.dtype)
+    kept[[int(token) for token, _ in out]] = logits
+    return kept
 
 
 ONE_ROW = text("it takes one 1-D row of logits (V,) (a batch of rows raises, or mixes its rows where the "
@@ -843,28 +949,53 @@ def check_greedy(comp: Component, ctx: Context) -> ComponentResult:
 # --- the sampling step ------------------------------------------------------------------------------
 
 def _draw(ctx: Context, call: Caller, options: dict[str, Any], seed: int) -> Tensor:
-    """DRAWS token ids sampled from SAMPLE_ROW with these options: one call on DRAWS identical rows,
-    or (when it takes one row at a time) DRAWS calls; seeded torch's RNG (and a generator if asked)."""
+    """call.draws token ids sampled from SAMPLE_ROW with these options: one call on that many identical
+    rows, or (when it takes one row at a time) that many calls; seeded torch's RNG (and a generator if
+    asked). The form it takes is found first, on two rows (a pairs form draws fewer: PAIR_DRAWS)."""
+    call(SAMPLE_ROW.expand(2, V).contiguous(), **_seeded(call, options, seed))  # its form, found on two rows
     torch.manual_seed(seed)
-    if call.find(GENERATOR_NAMES):
-        options = {**options, "generator": torch.Generator().manual_seed(seed)}
-    batch = SAMPLE_ROW.expand(DRAWS, V).contiguous()
+    options = _seeded(call, options, seed)
+    batch = SAMPLE_ROW.expand(call.draws, V).contiguous()
     raw = call(batch, **options)
-    tokens = as_tokens(raw, DRAWS)
+    tokens = as_tokens(raw, call.draws)
     if tokens is not None:
         return tokens
+    _filtered_logits(call, raw, batch)
     if as_tokens(raw, 1) is None:  # not a step written for one row at a time either
         raise ctx.learner.fail("forward", f"{call.comp.name} returned {shape_of(raw)} for logits of shape "
                                f"{tuple(batch.shape)}; expected one token id per row",
                                f"logits 的形状为 {tuple(batch.shape)} 时，{call.comp.name} 返回了 "
                                f"{shape_of(raw)}；应当每行返回一个 token id")
     one = SAMPLE_ROW[None]
-    draws = [as_tokens(call(one, **options), 1) for _ in range(DRAWS)]
+    draws = [as_tokens(call(one, **options), 1) for _ in range(call.draws)]
     if any(d is None for d in draws):
         raise ctx.learner.fail("forward", f"{call.comp.name} returned no token id for logits of shape "
                                f"(1, {V})",
                                f"logits 的形状为 (1, {V}) 时，{call.comp.name} 没有返回 token id")
     return torch.cat(draws)
+
+
+def _seeded(call: Caller, options: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The options, with a generator at `seed` where the function takes one."""
+    seeded = [("generator", torch.Generator().manual_seed(seed))] * bool(call.find(GENERATOR_NAMES))
+    return {**options, **dict(seeded)}
+
+
+def _filtered_logits(call: Caller, raw: Any, batch: Tensor) -> None:
+    """NOT CHECKED (a cannot_call) where a function read as a sampling step returns logits of the shape
+    it was handed, not token ids: a filter (its name said sample), whose output is no draw."""
+    out = leading_tensor(raw)
+    if isinstance(out, Tensor) and out.is_floating_point() and out.shape == batch.shape:
+        said = {"name": call.comp.name}
+        raise fp.LearnerFailure(LearnerError("cannot_call", FILTER.format(**said), "forward",
+                                             message_zh=FILTER_ZH.format(**said)))
+
+
+FILTER = ("{name} returns logits of the shape it is handed, not a token id a row: a filter, not the sampling "
+          "step its name says; check it as a filter (name it top_k_... or write an adapter)")
+FILTER_ZH = ("{name} 返回与输入形状相同的 logits，而不是每行一个 token id："
+             "它是过滤函数，不是名字所说的采样步骤；"
+             "请把它当作过滤函数检查（命名为 top_k_... 或写一个适配函数）")
 
 
 PLAIN = text("plain", "不加过滤")
@@ -927,11 +1058,12 @@ def check_sample(comp: Component, ctx: Context) -> ComponentResult:
             raise
         counts = torch.bincount(tokens.clamp(0, V), minlength=V + 1)[:V].double()
         test = stats.chi_square(counts, right)
-        res.checks.append(Check(text(f"{DRAWS:,} draws ({label['en']}) follow handformer's distribution "
+        res.checks.append(Check(text(f"{call.draws:,} draws ({label['en']}) follow handformer's distribution "
                                      f"(chi-square p = {test.p_value:.2g}, df {test.df}; rejected below "
                                      "1e-6)",
-                                     f"{DRAWS:,} 次采样（{label['zh']}）服从 handformer 的分布（卡方检验 p = "
-                                     f"{test.p_value:.2g}，自由度 {test.df}；低于 1e-6 即拒绝）"),
+                                     f"{call.draws:,} 次采样（{label['zh']}）服从 handformer 的分布"
+                                     f"（卡方检验 p = {test.p_value:.2g}，自由度 {test.df}；"
+                                     "低于 1e-6 即拒绝）"),
                                 not test.rejected, _outside(test)))
         if test.rejected:
             _name_mistake(res, ctx, comp, label, counts, test, mistakes)
@@ -959,9 +1091,9 @@ def _name_mistake(res: ComponentResult, ctx: Context, comp: Component, label: Te
         if not fit.rejected and not res.has(name):
             en, zh = label["en"], label["zh"]
             res.findings.append(_finding(ctx, comp, name, text(
-                f"{DRAWS:,} draws ({en}) fit the distribution of this mistake (chi-square p = "
+                f"{int(counts.sum()):,} draws ({en}) fit the distribution of this mistake (chi-square p = "
                 f"{fit.p_value:.2g}) and not handformer's (p = {test.p_value:.2g})",
-                f"{DRAWS:,} 次采样（{zh}）符合这个错误的分布（卡方检验 p = {fit.p_value:.2g}），"
+                f"{int(counts.sum()):,} 次采样（{zh}）符合这个错误的分布（卡方检验 p = {fit.p_value:.2g}），"
                 f"不符合 handformer 的分布（p = {test.p_value:.2g}）")))
             return
 
@@ -979,15 +1111,15 @@ def _from_logits(res: ComponentResult, ctx: Context, comp: Component, call: Call
     the draws follow the logits themselves, normalised."""
     shifted = SAMPLE_ROW + 3.0
     torch.manual_seed(7)
-    raw = call(shifted.expand(DRAWS, V).contiguous())
-    tokens = as_tokens(raw, DRAWS)
+    raw = call(shifted.expand(call.draws, V).contiguous())
+    tokens = as_tokens(raw, call.draws)
     detail = detail_zh = ""
     if tokens is not None:
         counts = torch.bincount(tokens.clamp(0, V), minlength=V + 1)[:V].double()
         fit = stats.chi_square(counts, shifted / shifted.sum())
-        detail = (f"; on logits + 3 (all positive) the {DRAWS:,} draws follow logits / logits.sum() "
+        detail = (f"; on logits + 3 (all positive) the {call.draws:,} draws follow logits / logits.sum() "
                   f"(chi-square p = {fit.p_value:.2g})")
-        detail_zh = f"；logits + 3（全为正）时 {DRAWS:,} 次采样服从 logits / logits.sum()"
+        detail_zh = f"；logits + 3（全为正）时 {call.draws:,} 次采样服从 logits / logits.sum()"
     res.findings.append(_finding(ctx, comp, "sampling_from_logits", text(
         f"torch.multinomial refused the logits ({failure.error.message}){detail}",
         f"torch.multinomial 拒绝了 logits（{failure.error.message}）{detail_zh}")))
