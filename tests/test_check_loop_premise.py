@@ -47,7 +47,7 @@ def test_the_count_read_by_form_and_the_crop_are_said(results):
     notes = {name: " ".join(n["en"] for n in results[name].components[0].notes) for name in EXPECTED}
     assert "reads the block size but neither crops by it nor stops at it" in notes["draft_room"]
     assert "it stops once the context holds the block's 8 tokens" in notes["stop_at_block"]
-    assert "its max_steps is handed the number of new tokens" in notes["count_by_range"]
+    assert "its decode_budget is handed the number of new tokens" in notes["count_by_range"]
     assert "past the block size" not in notes["crop_helper"]  # run past it, and right there
     checks = " ".join(c.name["en"] for c in results["crop_helper"].components[0].checks)
     assert "7 new tokens" in checks

@@ -231,7 +231,7 @@ def either_width(form: Callable[..., Any], fn: Any, args: list[Any], kwargs: dic
     if layout.get("share") is not None:
         return form(fn, args, NARROWED[form](kwargs, round(layout["share"] * head)), layout, B)
     first = None
-    for upto, width in itertools.product((PLAIN_SHAPES, None), (head, *range(2, head, 2))):
+    for upto, width in itertools.product(SHAPES_FIRST[_sin_first(fn)], (head, *range(2, head, 2))):
         layout["upto"] = upto
         try:
             out = form(fn, args, kwargs if width == head else NARROWED[form](kwargs, width), layout, B)
@@ -246,6 +246,15 @@ def either_width(form: Callable[..., Any], fn: Any, args: list[Any], kwargs: dic
 
 
 PLAIN_SHAPES = 3  # the shapes of _cos_sin_shapes before GPT-J's (sin, cos)
+# code that names sin before cos (GPT-J's `sin, cos = position_embeddings`) tries every shape at each
+# width, GPT-J's included; else the plain shapes at every width come first
+SHAPES_FIRST = {False: (PLAIN_SHAPES, None), True: (None,)}
+
+
+def _sin_first(fn: Any) -> bool:
+    """Whether `fn`'s code names `sin` before `cos` (the order it takes its tables in)."""
+    names = re.findall(r"\b(sin|cos)\b", source_text(getattr(fn, "forward", fn)))  # (a module: its forward)
+    return names[:1] == ["sin"]
 
 
 def with_positions(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool], B: int) -> Any:
