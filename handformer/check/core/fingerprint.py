@@ -45,6 +45,13 @@ class LearnerFailure(Exception):
         self.error = error
 
 
+def cannot_call(en: str, zh: str, said: dict[str, Any]) -> LearnerFailure:
+    """The failure that says check cannot drive the component as it is written (NOT CHECKED, never
+    FAIL): the English and Chinese reasons filled from `said`."""
+    error = LearnerError("cannot_call", en.format(**said), "forward", message_zh=zh.format(**said))
+    return LearnerFailure(error)
+
+
 @dataclass
 class Learner:
     """Calls into the learner's code, turning their exceptions into `LearnerFailure`."""

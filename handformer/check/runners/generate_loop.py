@@ -67,7 +67,7 @@ from handformer.check.core.options_object import (
     unmapped_words,
 )
 from handformer.check.core.processors import PROCESSOR_NAMES, NoProcessors
-from handformer.check.core.result import Check, ComponentResult, Finding, LearnerError, Text, text
+from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.sizes import is_number
 from handformer.check.core.source import code_text, locate, locate_form, source_lines
 from handformer.check.runners import generate_lossy as lossy
@@ -586,8 +586,7 @@ def _unwitnessed(comp: Component, model: Any, failure: fp.LearnerFailure) -> Non
     stalled = message.startswith(TooManyCalls.__name__) > witnessed(model)
     said = {"name": comp.name, "names": ", ".join(COUNT_NAMES[:3]), "calls": len(model.calls)}
     for en, zh in [(UNCOUNTED, UNCOUNTED_ZH)] * uncounted + [(STALLED, STALLED_ZH)] * stalled:
-        raise fp.LearnerFailure(LearnerError("cannot_call", en.format(**said), "forward",
-                                             message_zh=zh.format(**said)))
+        raise fp.cannot_call(en, zh, said)
 
 
 UNCOUNTED = ("{name} takes no count of new tokens check can hand it (by a name such as {names}, or a "
@@ -768,12 +767,10 @@ def _no_search(comp: Component, run: Run, reference: Tensor) -> None:
     made, wrong = calls_made(run.model), run.out is None or not torch.equal(run.out, reference)
     if rows > B and max(wrong, made > run.n + 1):  # (a search: wrong, or more calls than tokens)
         said = {"name": comp.name, "rows": rows, "B": B}
-        raise fp.LearnerFailure(LearnerError("cannot_call", SEARCH.format(**said), "forward",
-                                             message_zh=SEARCH_ZH.format(**said)))
+        raise fp.cannot_call(SEARCH, SEARCH_ZH, said)
     if made > run.n + 1 and wrong and not _runaway(run.model):
         said = {"name": comp.name, "calls": round(made), "n": run.n}
-        raise fp.LearnerFailure(LearnerError("cannot_call", PASSES.format(**said), "forward",
-                                             message_zh=PASSES_ZH.format(**said)))
+        raise fp.cannot_call(PASSES, PASSES_ZH, said)
 
 
 SEARCH = ("{name} calls the model on {rows} rows for {B} prompts: a search over candidates (contrastive "

@@ -39,7 +39,7 @@ from handformer.check.core.context import (
 from handformer.check.core.defaults import given
 from handformer.check.core.discovery import Component, own_objects
 from handformer.check.core.precision import DTYPE_MISMATCH
-from handformer.check.core.result import DIFFERS, NOT_CHECKED, PASS, ComponentResult, LearnerError, Text, text
+from handformer.check.core.result import DIFFERS, NOT_CHECKED, PASS, ComponentResult, Text, text
 from handformer.check.runners import contrastive
 from handformer.check.runners.generate_loop import (
     BLOCK,
@@ -115,8 +115,7 @@ class OwnModel:
         unknown = [k for k in kwargs if not _takes(self.signature, k)]
         if unknown:  # their loop is written for another model (Medusa's heads on a base): not the one handed
             said = {"model": type(self.module).__name__, "arg": unknown[0]}
-            raise fp.LearnerFailure(LearnerError("cannot_call", OTHER_MODEL.format(**said), "forward",
-                                                 message_zh=OTHER_MODEL_ZH.format(**said)))
+            raise fp.cannot_call(OTHER_MODEL, OTHER_MODEL_ZH, said)
         if spent(self):
             raise TooManyCalls(f"generate called the model {len(self.calls) + 1} times")
         ids = next((v for v in list(args) + list(kwargs.values()) if isinstance(v, Tensor)), None)
@@ -465,8 +464,7 @@ def _served(comp: Component, own: OwnDriver | None, methods: tuple[str, ...]) ->
     missing = sorted(set(methods) - set(dir(module)))
     if missing:
         said = {"name": comp.name, "method": f"{model_argument(comp.obj)}.{missing[0]}"}
-        raise fp.LearnerFailure(LearnerError("cannot_call", BEYOND.format(**said), "forward",
-                                             message_zh=BEYOND_ZH.format(**said)))
+        raise fp.cannot_call(BEYOND, BEYOND_ZH, said)
 
 
 BEYOND = ("{name} calls {method}(...), a method of its model beyond forward: only a model class of "

@@ -59,7 +59,7 @@ from handformer.check.core.localize_kinds import (
 )
 from handformer.check.core.nucleus import EQUALITY, TOP_P_FLAGS, top_p_keep
 from handformer.check.core.processors import PROCESSOR_NAMES, NoProcessors
-from handformer.check.core.result import Check, ComponentResult, Finding, LearnerError, Text, text
+from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.signatures import leading_tensor, rows_apart, takes_one_row
 from handformer.check.core.sizes import is_number
 from handformer.check.core.source import locate, source_lines, source_text
@@ -176,8 +176,7 @@ class Caller:
                 return out
             tried.append(f"{form}: returned {shape_of(out)}")
         said = {"name": self.comp.name, "tried": "; ".join(tried)}
-        raise fp.LearnerFailure(LearnerError("cannot_call", NO_FORM.format(**said), "forward",
-                                             message_zh=NO_FORM_ZH.format(**said)))
+        raise fp.cannot_call(NO_FORM, NO_FORM_ZH, said)
 
     def by_pairs(self, given: Tensor, kwargs: dict[str, Any]) -> Any:
         """The function called on each row as a list of (token id, logit) pairs (llama.cpp's candidates):
@@ -987,8 +986,7 @@ def _filtered_logits(call: Caller, raw: Any, batch: Tensor) -> None:
     out = leading_tensor(raw)
     if isinstance(out, Tensor) and out.is_floating_point() and out.shape == batch.shape:
         said = {"name": call.comp.name}
-        raise fp.LearnerFailure(LearnerError("cannot_call", FILTER.format(**said), "forward",
-                                             message_zh=FILTER_ZH.format(**said)))
+        raise fp.cannot_call(FILTER, FILTER_ZH, said)
 
 
 FILTER = ("{name} returns logits of the shape it is handed, not a token id a row: a filter, not the sampling "

@@ -661,8 +661,7 @@ def _on_own_classifier(comp: Component, ctx: Context) -> ComponentResult | None:
     ran = classifier and getattr(ctx.checked(classifier, check_classifier), "status", None) in (PASS, FAIL)
     said = {"name": comp.name, "model": getattr(classifier, "name", "")}
     if reads is not None and classifier and not ran:  # its classifier, which check could not build: not ours
-        raise fp.LearnerFailure(LearnerError("cannot_call", UNBUILT.format(**said), "forward",
-                                             message_zh=UNBUILT_ZH.format(**said)))
+        raise fp.cannot_call(UNBUILT, UNBUILT_ZH, said)
     if reads is None or not ran:
         return None
     base = ctx.build(classifier, CLASSIFIER_SIZES)
