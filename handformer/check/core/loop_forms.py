@@ -13,10 +13,9 @@ draft, sliced off the draft) keeps the context within it by its caller, and is n
 from __future__ import annotations
 
 import ast
-import inspect
 from typing import Any
 
-from handformer.check.core.argument_names import COUNT_NAMES, MODEL_NAMES, PROMPT_NAMES
+from handformer.check.core.argument_names import COUNT_NAMES, MODEL_NAMES, PROMPT_NAMES, readable_parameters
 from handformer.check.core.source import function_nodes
 
 # the calls of Python's own that read a limit without cropping anything by it
@@ -35,7 +34,7 @@ def counted_parameter(fn: Any) -> str:
     """The parameter a loop counts its steps by where none is named for a count (COUNT_NAMES): the first
     one (an int, or required; not the model or the prompt) that a `for` loop's range(...) or a `while`
     test reads; "" where one is named so, or none is read so."""
-    params = _parameters(fn)
+    params = readable_parameters(fn)
     named = {p.name.lower() for p in params} & set(COUNT_NAMES)
     # an int default, or none (inspect's `empty`, a class: of type `type`)
     ints = {p.name for p in params if type(p.default) in (int, type)} - set(NOT_COUNTS)
@@ -60,13 +59,6 @@ def _range(node: ast.AST) -> bool:
     return getattr(getattr(node, "func", None), "id", "") == "range"
 
 
-def _parameters(fn: Any) -> list[inspect.Parameter]:
-    try:
-        return list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return []
-
-
 def crops_by_limit(fn: Any, names: tuple[str, ...], attrs: tuple[str, ...]) -> bool | None:
     """Whether a loop that reads a context limit (a name in `names`, an attribute in `attrs`: a config's
     .seq_length, where a local seq_len is no limit) crops or stops by it: the limit inside a slice,
@@ -82,7 +74,8 @@ def crops_by_limit(fn: Any, names: tuple[str, ...], attrs: tuple[str, ...]) -> b
     targets = [t for statement in statements for t in getattr(statement, "targets", ())]
     bound = {getattr(t, "id", "") for t in targets} - {""}
     # a limit handed as an argument, or bound to a name, that is never read: the crop left out
-    unused = ({p.name for p in _parameters(fn) if p.name.lower() in names} | bound) - {n.id for n in loads}
+    taken = {p.name for p in readable_parameters(fn) if p.name.lower() in names}
+    unused = (taken | bound) - {n.id for n in loads}
     kept = reads + [n for n in loads if n.id in bound]
     forms = [_reads_as(n, parents, CROPS) for n in reads] + [_reads_as(n, parents, STOPS) for n in kept]
     return {(False, False): None}.get((bool(reads), bool(unused)), bool(unused) or any(forms))
