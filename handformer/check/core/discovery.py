@@ -1144,7 +1144,7 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
     if own is not None:
         for key in DICT_ONLY:
             values.pop(key, None)
-        values = paired_hidden(values, _class_fields(own), sizes)
+        values = {**rotary_shares(class_defaults(own)), **paired_hidden(values, _class_fields(own), sizes)}
         if dataclasses.is_dataclass(own):
             names = {f.name for f in dataclasses.fields(own) if f.init}
             values = {**required_windows(own, sizes), **paired_hidden(values, names | attrs, sizes)}
@@ -1161,7 +1161,15 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
                     not read_only):
                 setattr(config, attr, value)
         return config
-    return SizedNamespace(paired_hidden(values, attrs, sizes), _config_sizes(sizes), own_defaults(cls))
+    return _namespace(cls, values, attrs, sizes)
+
+
+def _namespace(cls: Any, values: dict[str, Any], attrs: set[str], sizes: dict[str, Any]) -> SizedNamespace:
+    """A config namespace with check's values, the file's own for what check has no size for, a rotary
+    share of the file's at check's (rotary_shares)."""
+    own = own_defaults(cls)
+    shared = {**rotary_shares(own), **paired_hidden(values, attrs, sizes)}
+    return SizedNamespace(shared, _config_sizes(sizes), own)
 
 
 # what a constructor reads of a layer it is handed (LoRA's base_layer.in_features), never of a config
@@ -1248,6 +1256,33 @@ def paired_hidden(values: dict[str, Any], names: set[str], sizes: dict[str, Any]
     return {**values, **dict.fromkeys(paired, sizes["d_ff"])}
 
 
+# the share of each head that partial rotary turns, at check's 4 dims a head: 2, an even width as every
+# real model's (litgpt's rotary_percentage = 0.25 of 4 would turn 1, an odd width no rotation has)
+ROTARY_SHARE = 0.5
+ROTARY_WORDS = re.compile(r"rot|rope", re.I)
+
+
+def rotary_share(name: str, value: Any) -> bool:
+    """A setting named for rotary positions whose value is a share below one (GPT-NeoX's rotary_pct,
+    litgpt's rotary_percentage, Phi's partial_rotary_factor): the part of each head that turns."""
+    return isinstance(value, float) and 0 < value < 1 and bool(ROTARY_WORDS.search(name))
+
+
+def rotary_shares(defaults: Mapping[str, Any]) -> dict[str, float]:
+    """The rotary shares among a config's values as the learner's file gives them (rotary_share): each
+    at ROTARY_SHARE, so that the part of check's narrow heads that turns is even."""
+    return {name: ROTARY_SHARE for name, value in defaults.items() if rotary_share(name, value)}
+
+
+def class_defaults(own: type) -> dict[str, Any]:
+    """The values a config class gives its fields: its constructor's defaults and its class attributes."""
+    try:
+        defaults = {n: p.default for n, p in inspect.signature(own).parameters.items()}
+    except (TypeError, ValueError):  # no signature to read (a C type)
+        defaults = {}
+    return {**defaults, **vars(own)}
+
+
 def _class_fields(own: type) -> set[str]:
     """The field names of the learner's config class (a Hugging Face config: its __init__'s)."""
     try:
@@ -1329,7 +1364,7 @@ def _build_matched(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any],
         elif p.name in handed:  # torchtune's q_proj=nn.Linear(...), as the learner's builder makes it
             kwargs[p.name] = handed[p.name]
         elif p.default is not p.empty:  # Gemma's RMSNorm(..., add_unit_offset=True): no part, its default
-            continue
+            kwargs.update(rotary_shares({p.name: p.default}))  # a rotary share at check's (rotary_pct=0.25)
         elif (choice := plain_choice(p, target)) is not None:
             kwargs[p.name] = choice
         elif (part := _part_for(p.name, parts)) is not None:
