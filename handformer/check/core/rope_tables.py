@@ -41,7 +41,48 @@ def either_form(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[s
     return out
 
 
-def either_table(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool], B: int) -> Any:
+def either_table(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, Any], B: int) -> Any:
+    """fn(*args, **kwargs) with kwargs["freqs_cis"] complex or as real pairs (_complex_or_real), else as
+    the angles themselves (lucidrains' rotary_pos_emb, its cos and sin taken inside: either_angles) where
+    neither form ever ran; when none runs, the complex one's error."""
+    if layout.get("angle_pairs") is not None:
+        return either_angles(fn, args, kwargs, layout)
+    try:
+        return _complex_or_real(fn, args, kwargs, layout, B)
+    except Exception as first:  # noqa: BLE001 - theirs, unless the angles run
+        if layout.get("real_table") is not None:  # a form of the table ran before: the error is theirs
+            raise
+        try:
+            return either_angles(fn, args, kwargs, layout)
+        except Exception:  # noqa: BLE001
+            raise first from None
+
+
+def either_angles(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, Any]) -> Any:
+    """fn(*args, **kwargs), its table the rotary angles (T, Dh) (lucidrains' RotaryEmbedding returns
+    them, apply_rotary_pos_emb takes their cos and sin), in the pairing it rotates by (PAIRINGS), read
+    once as paired_tables reads it: moving every position by SHIFT leaves the output as it was in the
+    pairing the code rotates by. Not read at one position, where either pairing keeps the output."""
+    pairs = layout.get("angle_pairs")
+    if pairs is None:
+        pairs = next((p for p in (False, True) if not _angles_moved(fn, args, kwargs, p)), False)
+        layout.update({"angle_pairs": pairs} if kwargs["freqs_cis"].size(-2) > 1 else {})
+    return fn(*args, **_angled(kwargs, 0, pairs))
+
+
+def _angles_moved(fn: Any, args: list[Any], kwargs: dict[str, Any], pairs: bool) -> bool:
+    a, b = (fp.first_tensor(fn(*args, **_angled(kwargs, shift, pairs))) for shift in (0, SHIFT))
+    return fp.max_error(a, b) > 1e-9
+
+
+def _angled(kwargs: dict[str, Any], shift: int, pairs: bool) -> dict[str, Any]:
+    """kwargs with the complex table (T, Dh/2) as its angles (T, Dh) for positions shift .. shift + T - 1."""
+    table = kwargs["freqs_cis"]
+    angles = V.rope_angles(table.size(-2), 2 * table.size(-1), offset=shift)  # (T, Dh/2)
+    return {**kwargs, "freqs_cis": PAIRINGS[pairs](angles).to(table.real.dtype)}  # (T, Dh)
+
+
+def _complex_or_real(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, Any], B: int) -> Any:
     """fn(*args, **kwargs) with kwargs["freqs_cis"] complex, or as real pairs when the complex one is
     refused (once the complex one ran, an error is theirs): (T, Dh/2, 2), else with a batch axis in
     front, (1, T, Dh/2, 2) (GLM-4's apply function views its rope_cache (-1, 1, T, Dh/2, 2)); when none

@@ -215,9 +215,16 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
         kwargs.update(global_inputs(marks, B, T, state.get("global")))
         kwargs.update({"alibi": alibi_argument(B, xq.size(-1) // head_dim, xk.size(1), xq.dtype)}
                       if "alibi" in named else {})  # BLOOM's model hands each attention its ALiBi term
-        return _laid_out(fn, args, kwargs, layout, state)
+        return _pairing_kept(_laid_out(fn, args, kwargs, layout, state), layout, state)
 
     return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named, state, required)
+
+
+def _pairing_kept(out: Any, layout: dict[str, Any], state: dict[str, Any]) -> Any:
+    """out, the pairing of a table handed as its angles (rope_tables.either_angles) kept in the caller's
+    state, where rope_settings reads it."""
+    state["angle_pairs"] = layout.get("angle_pairs")
+    return out
 
 
 def _residual_inputs(params: list[inspect.Parameter]) -> dict[str, Tensor]:
@@ -726,12 +733,17 @@ def _dropout_kwargs(cls: type) -> dict[str, float]:
 # --- multi-head attention -----------------------------------------------------------------------
 
 
+# the rotary layout of a table handed as its angles (T, Dh), by its pairing (rope_tables.either_angles):
+# halves (torch.cat([freqs, freqs])) or pairs; Meta's complex table's pairs where none was
+ANGLE_LAYOUTS = {False: "half", True: "interleaved"}
+
+
 def rope_settings(comp: Component, c: Caller, module: nn.Module) -> tuple[str | None, ...]:
     """Where the learner's attention may apply rotary positions: given Meta's freqs_cis, pairs are
     interleaved; otherwise, if its source or that of a class it holds (torchtune's pos_embeddings, a
     RotaryPositionalEmbeddings handed in) speaks of rotary positions, either layout (or none)."""
-    if c.rope_table:
-        return ("interleaved",)
+    if c.rope_table:  # the table's angles handed (lucidrains'): rotated in the pairing they run in
+        return (ANGLE_LAYOUTS.get(c.state.get("angle_pairs"), "interleaved"),)
     held = {type(sub) for sub in module.modules() if type(sub).__module__ == comp.obj.__module__}
     source = "".join(map(source_text, [comp.obj, *held])).lower()
     if re.search(r"def forward\([^)]*\bcos_sin\b", source):  # nanochat's: rotated either way
