@@ -791,7 +791,8 @@ def _total_length(res: ComponentResult, ctx: Context, comp: Component, driver: A
     of T. Read so (TOTAL_COUNTS) where, handed T + SHORT, it gives SHORT; noted. Else `short`. (What
     the stand-in of the run carried for the loop is noted first: carried.py.)"""
     res.notes += carried_note(getattr(short.model, "carried", []))
-    name = named(forward_names(comp.obj), COUNT_NAMES) or "new"
+    # a count no name says (litgpt's max_returned_tokens, read as the count by its loop): its own name
+    name = named(forward_names(comp.obj), COUNT_NAMES) or counted_parameter(comp.obj) or "new"
     T = short.prompt.size(1)
     if short.out is None or short.out.size(1) != SHORT - T or "new" in name.lower():
         return short
@@ -800,6 +801,7 @@ def _total_length(res: ComponentResult, ctx: Context, comp: Component, driver: A
     if again.out is None or again.out.size(1) != SHORT:
         TOTAL_COUNTS.discard(comp.obj)
         return short
+    res.notes = [n for n in res.notes if n not in counted(comp.obj)]  # not the new tokens alone: the total
     res.notes.append(text(f"its {name} counts the prompt too (Hugging Face's max_length): asked for {SHORT} "
                           f"it gave only {SHORT - T} after a prompt of {T}, so it is handed the prompt's "
                           "length plus the new tokens",

@@ -127,7 +127,8 @@ def localize_generate(run: Callable[[], Any], fn: Any, views: list[View], forms:
     that is none of the reference's sub-steps of its shape; where its model's calls through a cache
     part from the model's own run on the whole sequence, the line inside the model where they part."""
     steps, filename = _loop_steps(run, fn)
-    steps = [s for s in steps if not _filled(s, filename)]
+    unset = _unset(steps, filename)
+    steps = [s for s in steps if not _filled(s, filename) and s.name not in unset]
     found = first_departure(steps, views, filename, {}, forms=forms)
     inner = found and quietly(lambda: cached_call_departure(run, filename))
     return replace(inner, called_from=(found.line, found.code)) if inner else found
@@ -138,6 +139,23 @@ def _filled(step: Step, filename: str) -> bool:
     `unfinished_sequences = torch.ones(batch_size, ...)`): its state, judged by no view."""
     one = bool((step.value == step.value.flatten()[:1]).all())  # every value the first (none: no step)
     return one and bool(FILLS.search(linecache.getline(filename, step.line)))
+
+
+def _unset(steps: list[Step], filename: str) -> set[str]:
+    """The names of a buffer the loop makes unset and fills as it goes (litgpt's `empty =
+    torch.empty(max_returned_tokens)`, then `idx = empty`): its other values are whatever memory held,
+    so it is judged by no view; the context the loop reads from it still is."""
+    unset: set[str] = set()
+    for step in steps:
+        line = linecache.getline(filename, step.line)
+        alias = re.match(r"\s*(\w+)\s*=\s*(\w+)\s*(#.*)?$", line)
+        if UNSET.search(line) or alias and alias[2] in unset:
+            unset.add(step.name)
+    return unset
+
+
+# a tensor whose values are not set: torch.empty(...)
+UNSET = re.compile(r"\bempty(_like)?\(")
 
 
 # a tensor made of one value: torch.ones(...), torch.zeros_like(...), torch.full(...)
