@@ -922,8 +922,14 @@ def decoder_only(cls: Any, extras: tuple[str, ...] = TOKEN_EXTRAS) -> bool:
     # targets that come with their own mask (forward(source, target, source_mask, target_mask)) are
     # the decoder's input, not the labels of a loss
     inputs = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.default is p.empty
-              and (p.name not in extras or f"{p.name}_mask" in names) and "mask" not in p.name]
+              and (p.name not in extras and not POSITION_WORDS.search(p.name) or f"{p.name}_mask" in names)
+              and "mask" not in p.name]
     return len(inputs) == 1 > len(names & set(MEMORY_NAMES))  # one input, and no encoder output named
+
+
+# an argument named for the positions of the tokens (gpt-fast's input_pos, start_pos, position_ids): no
+# second sequence
+POSITION_WORDS = re.compile(r"(^|_)pos(itions?)?(_|$)", re.I)
 
 
 # the encoder's output a decoder layer's forward takes, by name, even where it defaults to None

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.result import Text, text
+from handformer.check.core.result import ERROR, FAIL, NOT_CHECKED, ComponentResult, LearnerError, Text, text
 from handformer.check.core.source import source_text
 from handformer.check.core.weights import MappingError
 
@@ -41,11 +41,77 @@ READ = re.compile(r"\bself\.(\w+)")
 
 def setup_name(cls: type) -> str | None:
     """The method of the learner's class (not forward, not a dunder) that assigns a `self.<attr>` its
-    forward reads; the first of several by its words (cache, setup, init)."""
+    forward reads, or an attribute of one of its parts that a part's forward reads (gpt-fast's
+    `for b in self.layers: b.attention.kv_cache = KVCache(...)`); the first of several by its words
+    (cache, setup, init)."""
     reads = set(READ.findall(source_text(cls.forward)))
-    own = [n for n, fn in vars(cls).items() if inspect.isfunction(fn) and n != "forward" and n[:2] != "__"]
-    found = filter(lambda n: reads & set(ASSIGNED.findall(source_text(vars(cls)[n]))), own)
+    found = filter(lambda n: reads & set(ASSIGNED.findall(source_text(vars(cls)[n])))
+                   or parts_set(vars(cls)[n], cls), _methods(cls))
     return next(iter(sorted(found, key=lambda n: not SETUP_WORDS.search(n))), None)
+
+
+def _methods(cls: type) -> list[str]:
+    """The names of a class's own methods, forward and the dunders left out."""
+    return [n for n, fn in vars(cls).items() if inspect.isfunction(fn) and n != "forward" and n[:2] != "__"]
+
+
+# the targets of an assignment (`b.attn.k_cache, b.attn.v_cache = ...`), and one on a part of an object: an
+# attribute of an attribute or of an item (`self.layers[i].attention.kv_cache`, `b.attn.k_cache`), not
+# `self.x` itself
+TARGETS = re.compile(r"^\s*([\w\[\]., ]+?)\s*=(?!=)", re.M)
+ON_A_PART = re.compile(r"(?!self\.\w+$)\w+(?:\.\w+|\[\w*\])*\.(\w+)")
+
+
+def parts_set(method: Any, cls: type) -> set[str]:
+    """The attributes `method` assigns on the parts of an object (ON_A_PART) that the forward of another
+    class of its file reads as `self.<attr>`: state a parent sets on its parts."""
+    targets = [t.strip() for side in TARGETS.findall(source_text(method)) for t in side.split(",")]
+    assigned = {m[1] for m in map(ON_A_PART.fullmatch, targets) if m}
+    return assigned & set().union(*map(part_reads, _classes_beside(cls)))
+
+
+def _classes_beside(cls: type) -> list[type]:
+    """The other classes with a forward that the file of `cls` defines."""
+    module = vars(sys.modules.get(cls.__module__, sys))
+    return [c for c in module.values() if isinstance(c, type) and c is not cls
+            and c.__module__ == cls.__module__ and inspect.isfunction(vars(c).get("forward"))]
+
+
+def part_reads(cls: type) -> set[str]:
+    """The attributes a class's forward reads as `self.<attr>`."""
+    return set(READ.findall(source_text(getattr(cls, "forward", None))))
+
+
+def parent_setup(cls: Any) -> tuple[str, set[str]] | None:
+    """The method (Class.method) of another class of the file that assigns state the forward of `cls`,
+    or of a class it builds, reads (TinyLM.setup_caches: `b.attn.k_cache = ...`, read by Attention.forward,
+    inside Block), and those attributes; None where no other class's method sets what they read."""
+    beside = _classes_beside(cls)
+    built = filter(lambda c: f"{c.__name__}(" in source_text(cls), beside)  # Block's Attention(...)
+    reads = set().union(*map(part_reads, [cls, *built]))
+    found = [(f"{c.__name__}.{n}", parts_set(vars(c)[n], c) & reads) for c in beside for n in _methods(c)]
+    return next(filter(lambda pair: pair[1], found), None)
+
+
+def set_by_parent(obj: Any, result: ComponentResult) -> None:
+    """A component that fails, raises or is not checked with no mistake named, whose forward (or a
+    part's) reads state only a parent's setup method assigns (parent_setup): NOT CHECKED naming that
+    method; the parent is checked after calling it. Its exception is kept in the message."""
+    found = result.status in UNSETTLED and not result.named() and parent_setup(obj)
+    if not found:
+        return
+    said = ", ".join(f"self.{a}" for a in sorted(found[1]))
+    error = result.error or LearnerError("exception", "")
+    result.status, result.findings, result.adapter, result.checks = NOT_CHECKED, [], "", []
+    result.error = LearnerError(
+        "cannot_call", f"{result.name} (its forward or a part's) reads {said}, which only {found[0]}(...) "
+        f"assigns (a parent's setup of its parts): it is checked through the model, after that call "
+        f"({error.message})", "forward", error.traceback,
+        f"{result.name}（它或它的子模块的 forward）读取 {said}，而只有 {found[0]}(...) 给它赋值（父模块为"
+        f"子模块做的准备）：它通过模型检查，先调用这个方法（原文：{error.message}）")
+
+
+UNSETTLED = (FAIL, ERROR, NOT_CHECKED)  # the statuses a parent's state may explain
 
 
 def _role(p: inspect.Parameter) -> str | None:
@@ -69,7 +135,7 @@ class Setup:
         if unfilled:
             raise MappingError(*_unfilled(type(module).__name__, name, unfilled.name))
         self.pristine, self.modules = _entries(module), dict(module.named_modules())
-        call(method, **self.arguments(2, length))
+        self._run(2, length)
         after = _entries(module)  # what the method changed: put back as built before each call
         self.made = {key for key, value in self.pristine.items() if after.get(key, GONE) is not value}
 
@@ -82,12 +148,20 @@ class Setup:
         """The state as built, then the method called with batch B and length max(T, the block size)."""
         for path, store, key in self.made:
             STORES[store](self.modules[path])[key] = self.pristine[path, store, key]
-        tracer = sys.gettrace()  # its lines are no step of the forward a localization traces
+        self._run(B, T)
+
+    def _run(self, B: int, T: int) -> None:
+        """The method called with batch B and length T, untraced (its lines are no step of the forward
+        a localization traces), torch's default dtype the model's own: a cache it makes with
+        torch.zeros(shape) and no dtype holds what the model computes in (check's float64 included)."""
+        tracer, dtype = sys.gettrace(), torch.get_default_dtype()
         sys.settrace(None)
+        torch.set_default_dtype(next(self.module.parameters()).dtype)
         try:
             self.call(getattr(self.module, self.name), **self.arguments(B, T))
         finally:
             sys.settrace(tracer)
+            torch.set_default_dtype(dtype)
 
     def note(self) -> Text:
         said = ", ".join(self.arguments(2, self.length))

@@ -143,7 +143,9 @@ from handformer.nn.masks import as_attention_mask
 from handformer.nn.positions import RotaryEmbedding, sinusoidal_table
 
 VOCAB, BLOCK, KV_HEADS, OPT_OFFSET = 29, 16, 2, 2
-SET_UP_POSITIONS = ("input_pos", "positions", "pos", "position_ids")  # a set-up model's positions (T,)
+# a set-up model's argument for the positions (T,): one that names them (gpt-fast's input_pos, CS336's
+# token_positions, position_ids), not a start (a start_pos is one number)
+SAID_POSITIONS = re.compile(r"(?<!start)(^|_)pos(itions?)?(_|$)")
 GPT_SIZES = {**SIZES, "src_vocab": VOCAB, "n_layers": 2, "max_len": BLOCK}
 TARGET_NAMES = ("targets", "target", "labels", "y", "tgt")
 # the forms of a causal mask (T, T) a model's forward may be handed by its caller (PyTorch's language-model
@@ -734,9 +736,9 @@ class Caller:
         # gpt-fast's forward(idx, input_pos) on what setup_caches(max_batch_size, max_seq_length) makes
         self.setup = setup_of(module, BLOCK, functools.partial(ctx.learner.call, "__init__"))
         # Mistral's forward(input_ids, positions): the positions it requires, one row (T,); a set-up
-        # model's positions by any of their names, required or not (gpt-fast's input_pos=None)
-        self.positions = named(*{False: (required, ("positions",)), True: (names, SET_UP_POSITIONS)}[
-            self.setup is not None])
+        # model's positions by any name that says so, required or not (gpt-fast's input_pos=None)
+        said = next(filter(SAID_POSITIONS.search, names), None)
+        self.positions = {False: named(required, ("positions",)), True: said}[self.setup is not None]
         self.cache_arg = named(names, CACHE_ARGS)
         # mistral-src's forward(input_ids, positions, cache): a fresh cache of its maker for every call
         self.fresh = cache_maker(module) if self.cache_arg in required else None
