@@ -11,6 +11,7 @@ import importlib.util
 import inspect
 import re
 import sys
+import textwrap
 import time
 import traceback
 import types
@@ -605,13 +606,27 @@ def not_implemented(comp: Component, error: LearnerError) -> bool:
         lines = source_lines([comp.obj])
     except Exception:  # no source (a builtin, a lambda): not a starter
         return False
-    todo = [(n, t.strip()) for n, t in lines if re.match(r"\s*raise NotImplementedError\b", t)]
+    todo = [n for n, t in lines if re.match(r"\s*raise NotImplementedError\b", t) and n in _unguarded(lines)]
     if error.kind not in ("mapping", "exception") or not todo:
         return False
     error.kind = "not_implemented"
-    error.message = (f"not implemented yet: line {todo[0][0]} still raises NotImplementedError "
+    error.message = (f"not implemented yet: line {todo[0]} still raises NotImplementedError "
                      f"({error.message})")
     return True
+
+
+def _unguarded(lines: list[tuple[int, str]]) -> set[int]:
+    """The lines of `lines` (numbered as in their file) that a function's body holds as its own
+    statements, under no `if`: a starter's `raise NotImplementedError` is one; litgpt's under
+    `if self.config.shared_attention_norm:` guards a setting it does not support (all of them where
+    the code cannot be read)."""
+    try:
+        tree = ast.parse(textwrap.dedent("".join(t + "\n" for _, t in lines)))
+    except SyntaxError:
+        return {n for n, _ in lines}
+    first = lines[0][0] - 1
+    return {first + s.lineno for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for s in f.body}
 
 
 def _names_tell(comp: Component, ctx: Context, result: ComponentResult) -> None:
