@@ -8,7 +8,8 @@
 - a rotary table handed as the angles themselves (learners_angle_tables/): lucidrains' `rotary_pos_emb`
   (T, Dh) whose cos and sin the attention takes; halves' pairing (torch.cat([freqs, freqs])) and pairs'
   (repeat_interleave with rotate_every_two) are both read, by the shift that leaves RoPE's output as it
-  was; their plants FAIL at their lines.
+  was; their plants FAIL at their lines. A model whose layers are lists of pre-norm wrappers reads its
+  GEGLU's gate (the second half) from the learner's file, not torch.nn's, and passes.
 - a generation loop whose count is the total length (learners_total_count/), under a name check does
   not know (litgpt's max_returned_tokens over a torch.empty buffer, a while loop's total_len): handed
   the prompt's length plus the new tokens; a buffer made unset is judged by no view, so a plant in the
@@ -33,7 +34,7 @@ FILES = {
     "learners_partial_rotary/grouped_kv_swapped.py": ATTENTION_ONLY,
     "learners_partial_rotary/per_head.py": ["causal_attention", "gpt"],
     "learners_partial_rotary/per_head_rotation_sign.py": ATTENTION_ONLY,
-    "learners_angle_tables/halves.py": ["causal_attention", "gpt"],
+    "learners_angle_tables/halves.py": ["causal_attention", "ffn", "gpt"],
     "learners_angle_tables/halves_heads_merged_inside_out.py": ATTENTION_ONLY,
     "learners_angle_tables/pairs.py": ATTENTION_ONLY,
     "learners_angle_tables/pairs_rotation_sign.py": ATTENTION_ONLY,
@@ -60,7 +61,7 @@ def statuses(name: str) -> dict[str, str]:
      "on the first 2 dims of each head"),
     ("learners_partial_rotary/per_head.py", {"NeoxAttention": "pass", "NeoxModel": "pass"},
      "on the first 2 dims of each head"),
-    ("learners_angle_tables/halves.py", {"Attention": "pass", "GPT": "pass"}, "pairs (j, j + d/2)"),
+    ("learners_angle_tables/halves.py", {"Attention": "pass", "GEGLU": "pass", "GPT": "pass"}, "pairs (j, j + d/2)"),
     ("learners_angle_tables/pairs.py", {"SelfAttention": "pass"}, "interleaved pairs (2j, 2j+1)"),
     ("learners_total_count/buffer.py", {"generate": "pass"}, "its max_returned_tokens counts the prompt too"),
     ("learners_total_count/while_total.py", {"generate": "pass"}, "its total_len counts the prompt too"),
@@ -74,7 +75,7 @@ def test_correct_forms_pass_checked(name, expected, note):
 @pytest.mark.parametrize(("name", "component", "mistake", "line"), [
     ("learners_partial_rotary/grouped_kv_swapped.py", "GroupedAttention", "kv_swapped", 66),
     ("learners_partial_rotary/per_head_rotation_sign.py", "NeoxAttention", "rope_rotation_sign", 22),
-    ("learners_angle_tables/halves_heads_merged_inside_out.py", "Attention", "departs", 46),
+    ("learners_angle_tables/halves_heads_merged_inside_out.py", "Attention", "departs", 47),
     ("learners_angle_tables/pairs_rotation_sign.py", "SelfAttention", "rope_rotation_sign", 18),
     ("learners_total_count/buffer_fill_zero.py", "generate", "departs", 16),
     ("learners_total_count/while_total_first_position.py", "generate", "departs", 9),

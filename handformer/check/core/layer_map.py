@@ -164,9 +164,16 @@ def ffn_reading(child: nn.Module, readings: list[list[Slot]]) -> list[Slot]:
     code names the gate (OLMo's `x, gate = x.chunk(2, dim=-1)`: the second); for two layers, the second
     order where the FFN's output is linear in its up projection (Qwen's w1 * silu(w2)); else the first."""
     fused = readings[0][0].rows is not None
-    second = GATE_SECOND.search(source_text(sys.modules.get(type(child).__module__))) if fused else \
+    second = GATE_SECOND.search(_own_file(child)) if fused else \
         fp.quietly(lambda: _linear_in_up(child, readings[1]))
     return readings[int(bool(second))]
+
+
+def _own_file(child: nn.Module) -> str:
+    """The source of the learner's file a layer comes from: that of its first part of a class not torch's
+    (lucidrains' layer is an nn.ModuleList of its PreNorm wrappers)."""
+    own = next((type(m) for m in child.modules() if not type(m).__module__.startswith("torch.")), type(child))
+    return source_text(sys.modules.get(own.__module__))
 
 
 @torch.no_grad()
