@@ -17,6 +17,11 @@ WORDS = {"chosen": "chosen", "rejected": "rejected", "beta": "beta", "ref": "ref
          "reference": "reference",
          "odds": "odds", "preferred": "chosen", "dispreferred": "rejected"}
 DEPTH = 4  # calls followed from the step, at most
+# objectives check has no reference for, by the words their code reads: (words, name, what it compares),
+# the name and what in English, then in Chinese
+UNREFERENCED = ((frozenset({"desirable", "undesirable", "kto"}), "KTO's", "KTO",
+                 "desirable and undesirable examples apart, each against a KL reference point",
+                 "分开的期望样本和非期望样本，各自和 KL 参考点比较"),)
 
 
 def _called(fn: Any, depth: int = DEPTH) -> list[Any]:
@@ -48,3 +53,17 @@ def not_next_token(comp: Component) -> None:
             zh=f"它的目标函数读取了 {reads_zh}：这是偏好目标（DPO、ORPO 那样的），不是下一个 token 的交叉熵，"
             "而检查程序只拿交叉熵的训练一步来比较；它的各个部分在检查程序有对应类型时单独检查"
             "（sequence_logps、dpo_loss、dpo_step：用 --component 指明）")
+
+
+def unreferenced_objective(comp: Component) -> None:
+    """A preference step whose objective is one check has no reference for (KTO's: desirable and
+    undesirable examples, not chosen / rejected pairs), read from the words of its code and the code it
+    calls: NOT CHECKED, the objective named, its model-side parts (log-probabilities) checked on their own."""
+    words = set(re.findall(r"[a-z0-9]+", "\n".join(map(code_text, _called(comp.obj))).lower()))
+    for name, name_zh, what, what_zh in [named[1:] for named in UNREFERENCED if words & named[0]]:
+        raise DiscoveryError(
+            f"its objective is {name} ({what}), which check has no reference for: the step is not "
+            "compared; its model-side parts (the sequences' log-probabilities: sequence_logps) are "
+            "checked on their own",
+            zh=f"它的目标函数是 {name_zh} 的（{what_zh}），检查程序没有它的参考实现：这一步不做比较；"
+            "模型那一侧的部分（序列的对数概率：sequence_logps）单独检查")

@@ -37,6 +37,7 @@ from handformer.check.core.context import Context, error_text, finish
 from handformer.check.core.discovery import Component, cannot_fill
 from handformer.check.core.localize import first_departure, trace_steps
 from handformer.check.core.localize_kinds import note_departure
+from handformer.check.core.objective import unreferenced_objective
 from handformer.check.core.result import Check, ComponentResult, text
 from handformer.check.core.source import with_called_code
 from handformer.check.runners.preference import dpo_views
@@ -159,6 +160,7 @@ def _beta(comp: Component, roles: dict[str, str]) -> float:
 def check_dpo_step(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     roles = _roles(comp)
+    unreferenced_objective(comp)  # KTO's: NOT CHECKED, named
     beta, batch = _beta(comp, roles), Batch(with_called_code(comp.obj))
     policy, ref = TinyLM(1), TinyLM(2)
     want_loss, want = reference_step(policy, ref, beta)

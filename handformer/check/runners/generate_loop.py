@@ -119,13 +119,28 @@ class PromptTokenizer(StandInTokenizer):
     def encode(self, text: Any, *args: Any, **kwargs: Any) -> list[Any]:
         return list(self.prompt)
 
-    def decode(self, ids: Any, *args: Any, **kwargs: Any) -> list[int]:
-        return torch.as_tensor(ids).reshape(-1).tolist()
+    def decode(self, ids: Any, *args: Any, **kwargs: Any) -> str:
+        """Text of one character a token (`TEXT_BASE` + id): what a loop adds to it, slices or joins reads
+        back as the ids (`read_text`)."""
+        return "".join(chr(TEXT_BASE + i) for i in torch.as_tensor(ids).reshape(-1).tolist())
 
     def __getattr__(self, name: str) -> int:
         if name.endswith(("_id", "_token_id", "_idx")):
             return NEVER
         raise AttributeError(name)
+
+
+TEXT_BASE = 0xF0000  # the first character of PromptTokenizer's text (a private-use plane): id 0
+# (EOS ids no model makes, -1, decode to the character before it, read back as no token)
+
+
+def read_text(out: Any) -> Any:
+    """What a loop returned as text, read back as the ids PromptTokenizer decoded it from: a string, or
+    the pieces a generator function yielded (a streaming loop), each character one id; text of its own
+    (a separator, a stop string cut out) is not a token. Anything else as it is."""
+    pieces = isinstance(out, list) and bool(out) and all(isinstance(p, str) for p in out)
+    out = "".join(out) if pieces else out
+    return [ord(c) - TEXT_BASE for c in out if ord(c) >= TEXT_BASE] if isinstance(out, str) else out
 
 
 # the conversation a chat loop is handed (its ids are the tokenizer's: PromptTokenizer)
@@ -489,6 +504,7 @@ def new_tokens(out: Any, prompt: Tensor, n: int) -> Tensor | None:
     """The tokens a generate returned after the prompt, (B, n'), from (B, T + n) ids (nanoGPT), (B, n)
     new ones, or lists of them."""
     B, T = prompt.shape
+    out = read_text(out)
     if isinstance(out, tuple) and len(out) == 2 and (out[1] is None or _scores(out[1])) \
             and not _scores(out[0]):
         out = out[0]  # Meta's (tokens, logprobs): (tokens, None) with logprobs=False

@@ -735,10 +735,12 @@ class Caller:
         self.start = self.position if self.position in required else None
         # gpt-fast's forward(idx, input_pos) on what setup_caches(max_batch_size, max_seq_length) makes
         self.setup = setup_of(module, BLOCK, functools.partial(ctx.learner.call, "__init__"))
-        # Mistral's forward(input_ids, positions): the positions it requires, one row (T,); a set-up
-        # model's positions by any name that says so, required or not (gpt-fast's input_pos=None)
+        # Mistral's forward(input_ids, positions), Hugging Face's position_ids: the positions it requires,
+        # one row (T,); a set-up model's positions by any name that says so, required or not (gpt-fast's
+        # input_pos=None)
         said = next(filter(SAID_POSITIONS.search, names), None)
-        self.positions = {False: named(required, ("positions",)), True: said}[self.setup is not None]
+        self.positions = {False: named(required, ("positions", "position_ids")), True: said}[self.setup is not None]
+        self.rows = False  # the positions one row a sequence (B, T), Hugging Face's position_ids, once known
         self.cache_arg = named(names, CACHE_ARGS)
         # mistral-src's forward(input_ids, positions, cache): a fresh cache of its maker for every call
         self.fresh = cache_maker(module) if self.cache_arg in required else None
@@ -749,11 +751,19 @@ class Caller:
         self.extra: dict[str, Any] = {}  # more arguments for its forward (a padding mask)
         self.padding = False  # Hugging Face's forward(input_ids, attention_mask): a (B, T) mask of ones
         self.unbatched = self._one_sequence()  # gpt-oss's forward(x): (T,) ids -> (T, V), no batch
-        # PyTorch's nn.Transformer tutorial: (T, B) ids in, (T, B, V) logits out
-        self.first = reads_sequence_first(ctx, lambda ids: self.module(ids), torch.randint(0, 9, (2, 7)))
         self.mask_name, self.mask_form = next(filter(is_mask_name, names), None), None
+        # PyTorch's nn.Transformer tutorial: (T, B) ids in, (T, B, V) logits out, with the mask it requires
+        self.first = any(map(self._reads_first, (None, *CAUSAL_FORMS[:self.mask_name in required and 9])))
         self.mask_form = self.mask_name and self._causal_form()
         self.padding = not self.mask_form and MASK_NAME in required and self._takes_padding()
+
+    def _reads_first(self, form: Any) -> bool:
+        """Whether forward reads square ids (7, 7) sequence-first, handed a causal mask (7, 7) in `form`
+        (None: no mask), which either reading of the ids fits."""
+        dtype = next(self.module.parameters()).dtype
+        mask = {} if form is None else {self.mask_name: form(torch.ones(7, 7).tril().bool(), dtype)}
+        ids = torch.randint(0, 9, (7, 7), generator=torch.Generator().manual_seed(3))
+        return reads_sequence_first(self.ctx, lambda x: self.module(x, **mask), ids)
 
     def _one_sequence(self) -> bool:
         """Whether forward refuses a batch of ids (B, T) but gives (T, V) logits for one sequence (T,)."""
@@ -796,6 +806,9 @@ class Caller:
         try:
             return self._once(idx, targets, start)
         except fp.LearnerFailure:
+            rows = self._in_rows(idx, targets, start) if self.positions and not self.rows else None
+            if rows is not None:  # it refuses positions (T,) and takes them as rows (B, T)
+                return rows
             if not self.start or idx.size(1) == 1:
                 raise
             try:  # it refuses a whole sequence: one token at a time through its own cache?
@@ -807,9 +820,23 @@ class Caller:
                 return out
             raise
 
+    def _in_rows(self, idx: Tensor, targets: Tensor | None, start: int,
+                 ) -> tuple[Tensor | None, Tensor | None] | None:
+        """`_once` with the positions as rows (B, T) (Hugging Face's position_ids), kept so where it runs;
+        None where it refuses them so too."""
+        self.rows = True
+        out = fp.quietly(lambda: self._once(idx, targets, start))
+        self.rows = out is not None
+        return out
+
+    def _positions(self, idx: Tensor, start: int) -> Tensor:
+        """The positions of idx (B, T) from start: one row (T,), or a row a sequence (B, T) once known."""
+        row = torch.arange(start, start + idx.size(1))  # (T,)
+        return row.expand(idx.size(0), -1) if self.rows else row
+
     def with_cache(self, idx: Tensor, start: int, cache: Any) -> Tensor | None:
         """The logits (B, T, V) of idx at positions start.., through the cache handed in."""
-        kwargs = {self.position: start, self.positions: torch.arange(start, start + idx.size(1)),  # (T,)
+        kwargs = {self.position: start, self.positions: self._positions(idx, start),
                   self.cache_arg: cache}
         kwargs.pop(None, None)  # (it takes start_pos, or the positions)
         return fp.first_tensor(self.ctx.learner.call("forward", self.module, idx, **kwargs), 3)
@@ -832,7 +859,7 @@ class Caller:
         if self.start or start:  # DeepSeek's start_pos=0: handed where it is not 0
             kwargs[self.position] = start
         if self.positions:
-            kwargs[self.positions] = torch.arange(start, start + idx.size(1))  # (T,)
+            kwargs[self.positions] = self._positions(idx, start)
         if self.fresh:
             kwargs[self.cache_arg] = made_cache(self.ctx, self.fresh[1], idx.size(0), self.module)
         if self.mask_form:  # the causal mask its caller builds, in the form it takes

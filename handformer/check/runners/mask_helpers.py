@@ -55,6 +55,9 @@ PAD_NAMES = ("pad_idx", "pad_id", "pad", "padding_idx", "pad_token_id", "pad_ind
 # Hugging Face's attention_mask, T5's extended mask helper's `mask`: the padding as a mask (1 = token,
 # 0 = pad) where ids would be: handed (ids != pad).long()
 PADDING_NAMES = ("mask", "attention_mask", "attn_mask", "padding_mask", "pad_mask", "input_mask")
+# the number of queries a decoder-only helper is handed beside the padding (Hugging Face's
+# build_4d_mask(attention_mask, q_len): the last q_len of the S positions ask): the ids' length
+LENGTH_NAMES = ("q_len", "query_len", "query_length", "tgt_len", "seq_len", "length")
 # what the helper is handed in place of ids: the ids, or (where it takes a padding mask) 1 = token
 GIVEN = {False: lambda ids, pad: ids, True: lambda ids, pad: (ids != pad).long()}
 TGT_HINTS = ("tgt", "trg", "target", "std", "decoder", "dec", "look_ahead", "subsequent")
@@ -126,8 +129,9 @@ class Helper:
         params = forward_parameters(comp.obj)
         names, required = names_of(params)
         first = (names + [None])[0]  # the ids of a helper whose argument has none of the names
-        self.src, self.tgt, self.pad, self.queries, self.mask_arg = (named(names, table) for table in (
-            SRC_NAMES, TGT_NAMES, PAD_NAMES, QUERY_NAMES, PADDING_NAMES))
+        self.src, self.tgt, self.pad, self.queries, self.mask_arg, self.length = (
+            named(names, table) for table in (SRC_NAMES, TGT_NAMES, PAD_NAMES, QUERY_NAMES, PADDING_NAMES,
+                                              LENGTH_NAMES))
         self.given = GIVEN[bool(self.mask_arg)]
         if _mentions(comp.name, BOTH_HINTS) and self.src and self.tgt:
             self.makes = "both"
@@ -135,7 +139,9 @@ class Helper:
             self.makes, self.tgt, self.src = "tgt", self.tgt or self.src or first, None
         else:
             self.makes, self.src = "src", self.src or first
-        known = {self.src, self.tgt, self.pad, self.queries, self.mask_arg}
+        known = {self.src, self.tgt, self.pad, self.queries, self.mask_arg, self.length}
+        if self.length and self.makes == "src" and _per_query(self()):  # its rows differ: the causal one
+            self.makes, self.tgt, self.src = "tgt", self.src, None
         cannot_fill(comp.name, required, known, names, "src", (  # no names: no ids to hand it
             "a mask helper takes the token ids (src, tgt) and the pad id (pad_idx, pad_id, ...)",
             "掩码辅助函数接受 token id（src、tgt）和 pad id（pad_idx、pad_id 等）"))
@@ -147,9 +153,16 @@ class Helper:
     def __call__(self, layout: Callable[[Tensor], Tensor] = lambda ids: ids) -> Any:
         """Its masks for ids (B, S), or as `layout` gives them ((S, B): Tensor.t)."""
         src, tgt = (self.given(layout(ids(self.pad_id)), self.pad_id) for ids in (src_ids, tgt_ids))
-        given = ((self.src, src), (self.tgt, tgt), (self.pad, PAD), (self.queries, src))  # (B, S) or (S, B)
+        given = ((self.src, src), (self.tgt, tgt), (self.pad, PAD), (self.queries, src),  # (B, S) or (S, B)
+                 (self.length, TGT.size(1)))
         kwargs = {name: value for name, value in given if name}
         return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
+
+
+def _per_query(out: Any) -> bool:
+    """Whether a mask (..., queries, keys) gives its first query other keys than its last: a causal
+    mask, not padding alone repeated a query; False for what is no such tensor."""
+    return isinstance(out, Tensor) and out.dim() > 2 and not torch.equal(out[..., 0, :], out[..., -1, :])
 
 
 def _mentions(name: str, words: tuple[str, ...]) -> bool:
