@@ -739,7 +739,8 @@ class Caller:
         # one row (T,); a set-up model's positions by any name that says so, required or not (gpt-fast's
         # input_pos=None)
         said = next(filter(SAID_POSITIONS.search, names), None)
-        self.positions = {False: named(required, ("positions", "position_ids")), True: said}[self.setup is not None]
+        required_positions = named(required, ("positions", "position_ids"))
+        self.positions = {False: required_positions, True: said}[self.setup is not None]
         self.rows = False  # the positions one row a sequence (B, T), Hugging Face's position_ids, once known
         self.cache_arg = named(names, CACHE_ARGS)
         # mistral-src's forward(input_ids, positions, cache): a fresh cache of its maker for every call
