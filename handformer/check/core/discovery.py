@@ -119,13 +119,20 @@ FIXED: dict[str, Any] = {"i": 0, "layer_idx": 0, "layer_id": 0, "layer_index": 0
                          "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
                          "n_activated_experts": 2, "n_expert_groups": 1, "n_limited_groups": 1,
                          "n_group": 1, "topk_group": 1, "norm_topk_prob": True, "scoring_func": "softmax",
-                         "routed_scaling_factor": 1.0, "first_k_dense_replace": 0}
+                         "routed_scaling_factor": 1.0, "first_k_dense_replace": 0,
+                         # a capacity of capacity_factor * tokens / experts a expert (Switch's, GShard's):
+                         # every token kept for any count of experts up to 16 (which tokens a full
+                         # expert drops is not compared: the routing is)
+                         "capacity_factor": 16.0, "eval_capacity_factor": 16.0, "train_capacity_factor": 16.0}
 # fixed values for a dict config alone (Raschka's cfg["num_experts"] = 0: one FFN); a config class keeps
 # its own (Mixtral's MoEArgs: num_experts = 4, checked against handformer's MixtureOfExperts)
 DICT_ONLY = ("num_experts",)
 # switches built on even where their default is off: Raschka's GroupedQueryAttention(..., qk_norm=False)
 # has QK-norm, and the order of its norm and RoPE, only when built with it
 SWITCHED_ON = ("qk_norm",)
+# settings given their FIXED value even where they have a default: the switches, and a capacity factor
+# (Switch's SwitchFeedForward(..., capacity_factor=1.25)) set so high that no token is dropped
+OVERRIDDEN = (*SWITCHED_ON, "capacity_factor", "eval_capacity_factor", "train_capacity_factor")
 CONFIG_NAMES = ("config", "cfg", "args", "params", "hparams", "model_args", "conf")
 # the names of the classic PyTorch tutorials' arguments: jadore801120's d_v, d_hid (the FFN's
 # hidden width beside d_in, the width alone) and n_position; bentrevett's hid_dim and pf_dim;
@@ -1322,7 +1329,7 @@ def _build_matched(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any],
             kwargs[p.name] = sizes[key]
         elif (config := make_config(target, p, sizes)) is not None:
             kwargs[p.name] = config
-        elif p.name.lower() in fixed and (p.default is p.empty or p.name.lower() in SWITCHED_ON):
+        elif p.name.lower() in fixed and (p.default is p.empty or p.name.lower() in OVERRIDDEN):
             kwargs[p.name] = fixed[p.name.lower()]
         elif p.default is False and "relative" in p.name.lower():  # T5's has_relative_attention_bias
             kwargs[p.name] = True  # built with its relative-position table, which the check then grades
