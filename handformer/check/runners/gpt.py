@@ -735,8 +735,10 @@ class Caller:
         self.setup = setup_of(module, BLOCK, functools.partial(ctx.learner.call, "__init__"))
         # Mistral's forward(input_ids, positions): the positions it requires, one row (T,); a set-up
         # model's positions by any of their names, required or not (gpt-fast's input_pos=None)
-        self.positions = named(*{False: (required, ("positions",)), True: (names, SET_UP_POSITIONS)}[
-            self.setup is not None])
+        # Hugging Face's forward(input_ids, attention_mask, position_ids) of a left-padding loop: the
+        # positions it requires, as one row (1, T) for every sequence
+        self.positions = named(*{False: (required, ("positions", "position_ids")),
+                                 True: (names, SET_UP_POSITIONS)}[self.setup is not None])
         self.cache_arg = named(names, CACHE_ARGS)
         # mistral-src's forward(input_ids, positions, cache): a fresh cache of its maker for every call
         self.fresh = cache_maker(module) if self.cache_arg in required else None
@@ -831,6 +833,8 @@ class Caller:
             kwargs[self.position] = start
         if self.positions:
             kwargs[self.positions] = torch.arange(start, start + idx.size(1))  # (T,)
+            kwargs[self.positions] = kwargs[self.positions][None] if self.positions == "position_ids" and \
+                self.setup is None else kwargs[self.positions]  # (1, T)
         if self.fresh:
             kwargs[self.cache_arg] = made_cache(self.ctx, self.fresh[1], idx.size(0), self.module)
         if self.mask_form:  # the causal mask its caller builds, in the form it takes
