@@ -16,8 +16,8 @@ from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
 
 HERE = Path(__file__).parent / "fixtures" / "learners_capacity_moe"
-RUNS = {"top1_tuple": ["ffn", "block", "gpt"], "relu_experts": ["ffn"], "router_over_tokens": ["ffn"],
-        "scaled_by_complement": ["ffn"]}
+RUNS = {"top1_tuple": ["moe", "block", "gpt"], "relu_experts": ["moe"], "router_over_tokens": ["moe"],
+        "scaled_by_complement": ["moe"]}
 PLANTED = {"router_over_tokens": ("RoutedMLP", "dim=0"), "scaled_by_complement": ("SwitchFeedForward", "1 - prob")}
 
 

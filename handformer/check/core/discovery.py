@@ -626,6 +626,8 @@ SUFFIXES: dict[str, tuple[str, ...]] = {"block": ("Block", "Layer"), "decoder_la
                                                 "MoeLayer", "MoELayer", "MoE")}  # DeepSeek's DeepseekMoE
 # what a block's __init__ builds and a mixture of experts' never does: an attention
 BUILDS_ATTENTION = re.compile(r"(?i)\battn|attention")
+# a list of modules built, then a choice among them by score (a router's softmax, top-k or argmax)
+ROUTES_EXPERTS = re.compile(r"nn\.ModuleList\(.*(?:softmax|topk|argmax|\.max\()", re.S)
 # an encoder's or decoder's block has its own kind; a mixture of experts is no FFN to compare
 NOT_SUFFIXED = ("Encoder", "Decoder", "Cross")
 NOT_SUFFIXED_WORDS = re.compile("|".join(NOT_SUFFIXED), re.I)
@@ -894,6 +896,8 @@ CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("mha", lambda c: reads_kv_heads(c), "gqa"),
     # a LoRA class that wraps a whole model (`LoRA(model, r)`): no layer to check on its own
     ("lora", lambda c: any(map(MODEL_WORD.search, inspect.signature(c.__init__).parameters)), ""),
+    # a mixture of experts named for an FFN (Switch's SparseMLP): a list of experts it routes among
+    ("ffn", lambda c: bool(ROUTES_EXPERTS.search(source_text(c))), "moe"),
     # a block of a mixture-of-experts model named for its FFN (MoEBlock: attention, then the experts)
     ("moe", lambda c: bool(BUILDS_ATTENTION.search(source_text(vars(c).get("__init__", "")))), "block"),
     # a Batch that builds no masks of the Annotated Transformer's (a dataset's record): not checked

@@ -739,6 +739,7 @@ class Caller:
         # positions it requires, as one row (1, T) for every sequence
         self.positions = named(*{False: (required, ("positions", "position_ids")),
                                  True: (names, SET_UP_POSITIONS)}[self.setup is not None])
+        self.row = {"position_ids": (1, -1)}.get(self.positions if self.setup is None else "", (-1,))
         self.cache_arg = named(names, CACHE_ARGS)
         # mistral-src's forward(input_ids, positions, cache): a fresh cache of its maker for every call
         self.fresh = cache_maker(module) if self.cache_arg in required else None
@@ -832,9 +833,7 @@ class Caller:
         if self.start or start:  # DeepSeek's start_pos=0: handed where it is not 0
             kwargs[self.position] = start
         if self.positions:
-            kwargs[self.positions] = torch.arange(start, start + idx.size(1))  # (T,)
-            kwargs[self.positions] = kwargs[self.positions][None] if self.positions == "position_ids" and \
-                self.setup is None else kwargs[self.positions]  # (1, T)
+            kwargs[self.positions] = torch.arange(start, start + idx.size(1)).view(self.row)  # (T,) or (1, T)
         if self.fresh:
             kwargs[self.cache_arg] = made_cache(self.ctx, self.fresh[1], idx.size(0), self.module)
         if self.mask_form:  # the causal mask its caller builds, in the form it takes
@@ -844,8 +843,7 @@ class Caller:
             kwargs.setdefault(MASK_NAME, torch.ones(idx.shape, dtype=torch.long))
         if self.first:
             return batch_first(self.ctx.learner.call("forward", self.module, idx.T, **kwargs)), None
-        asked = self.target in kwargs  # a number beside logits it was handed no targets for: no loss of
-        # them (a mixture of experts' aux loss returned with the logits)
+        asked = self.target in kwargs  # no targets handed, no loss of them (an MoE's aux loss beside logits)
         raw = self.ctx.learner.call("forward", self.module, idx, **kwargs)
         if self.target in kwargs and isinstance(raw, Tensor) and raw.dim() == 0:  # nanochat's: the loss alone
             kwargs.pop(self.target)

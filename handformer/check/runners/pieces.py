@@ -39,7 +39,6 @@ from handformer.check.core.localize_kinds import (
     localize_norm,
     localize_table,
 )
-from handformer.check.core.moe import moe_parts
 from handformer.check.core.norm_inside import Around, norms_around, readings_around, take_out_leading_norm
 from handformer.check.core.probe import Found, Probe, Subject, localize_step, name_findings, run_probe
 from handformer.check.core.result import DEPARTS, DIFFERS, Check, ComponentResult, Finding, text
@@ -489,12 +488,13 @@ FFN = Probe(
 def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
     """The position-wise FFN (ReLU, GELU, SwiGLU, GEGLU), as the FFN probe states it; one with no
     parameters (OLMo's SwiGLU module) as its activation alone, the ACTIVATION probe."""
+    return run_probe(FFN if _has_weights(comp, ctx) else ACTIVATION, comp, ctx)
+
+
+def _has_weights(comp: Component, ctx: Context) -> bool:
     module = ctx.build(comp, checked=False,
                        warmup=lambda m: residual_handed_zero(m)(fp.randn(2, 5, D, seed=1).float()))
-    if moe_parts(module) is not None:  # Switch's SparseMLP: a router beside a list of experts
-        from handformer.check.runners.moe_layer import check_moe  # (it imports this module)
-        return check_moe(comp, ctx)
-    return run_probe(FFN if next(module.parameters(), None) is not None else ACTIVATION, comp, ctx)
+    return next(module.parameters(), None) is not None
 
 
 ACTIVATIONS = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu, "relu": torch.relu,
