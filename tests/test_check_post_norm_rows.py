@@ -65,3 +65,16 @@ def test_an_ffn_width_name_that_multiplies_the_width_is_a_multiplier():
     spec.loader.exec_module(module)
     keys = argument_keys(module.TransformerBlock)
     assert (keys["emb"], keys["ff_hidden_mult"]) == ("d_model", "ffn_mult")  # ff_hidden_mult * emb: no width
+
+
+def test_a_callable_object_is_handed_no_row_by_other_calls(tmp_path):
+    from handformer.check.core.own_calls import handed_first
+
+    path = tmp_path / "callable_sampler.py"
+    path.write_text("class Sampler:\n    def __call__(self, logits):\n        return logits.softmax(0)\n\n\n"
+                    "def step(model, ids, sampler):\n    return sampler.pick(model(ids)[0, -1])\n")
+    spec = importlib.util.spec_from_file_location("callable_sampler", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    assert handed_first(module.Sampler()) == []  # sampler.pick(...) is no call of it

@@ -268,7 +268,8 @@ def file_arguments(obj: Any, names: list[str], filled: dict[str, Any], sizes: di
 def handed_first(fn: Any) -> list[ast.expr]:
     """The first argument of each of the file's calls of the function `fn` (`sample(output[0, -1, :])`),
     in the order of the file."""
-    calls = constructor_calls(_file_of(fn, {}, _no_keys, False).index, getattr(fn, "__name__", ""))
+    # (a callable object has no name: no call of it is read, where "" would be every method's call)
+    calls = constructor_calls(_file_of(fn, {}, _no_keys, False).index, getattr(fn, "__name__", "<none>"))
     return [c.args[0] for c in calls if c.args and not isinstance(c.args[0], ast.Starred)]
 
 
