@@ -18,12 +18,12 @@ from __future__ import annotations
 SECONDS = {
     "test_check.py": 61, "test_check_no_place.py": 5, "test_check_loop_interface.py": 12,
     "test_check_quick_gelu.py": 6, "test_check_mask_by_use.py": 6, "test_check_query_first_mask.py": 5,
-    "test_check_loop_settings.py": 18, "test_check_batched_beam.py": 8,
-    "test_check_model_arguments.py": 15, "test_check_text_stream.py": 15, "test_check_query_masks.py": 10, "test_check_kto_step.py": 10, "test_check_reordered_rope.py": 7,
-    "test_check_own_calls.py": 5, "test_check_neutral_settings.py": 6, "test_check_moe_state.py": 12,
-    "test_check_model_scalars.py": 5, "test_hf_families.py": 24, "test_check_by_use.py": 12,
-    "test_course.py": 22, "test_check_configured.py": 21, "test_gguf.py": 20, "test_check_robust.py": 17,
-    "test_site.py": 15, "test_check_public_styles.py": 14, "test_finetune.py": 13,
+    "test_check_loop_settings.py": 18, "test_check_batched_beam.py": 8, "test_check_model_arguments.py": 15,
+    "test_check_text_stream.py": 15, "test_check_query_masks.py": 10, "test_check_kto_step.py": 10,
+    "test_check_reordered_rope.py": 7, "test_check_own_calls.py": 5, "test_check_neutral_settings.py": 6,
+    "test_check_moe_state.py": 12, "test_check_model_scalars.py": 5, "test_hf_families.py": 24,
+    "test_check_by_use.py": 12, "test_course.py": 22, "test_check_configured.py": 21, "test_gguf.py": 20,
+    "test_check_robust.py": 17, "test_site.py": 15, "test_check_public_styles.py": 14, "test_finetune.py": 13,
     "test_check_raised_forms.py": 6, "test_check_localize.py": 12, "test_docs.py": 12,
     "test_check_config_by_use.py": 10, "test_check_setup_method.py": 16, "test_check_styles.py": 11,
     "test_hf_export.py": 11, "test_serve_fuzz.py": 11, "test_check_family_scales.py": 10,
@@ -56,6 +56,8 @@ SECONDS = {
     "test_check_ffn_widths.py": 13, "test_check_wrapped_cache.py": 5, "test_check_guarded_lines.py": 5,
     "test_check_helper_lines.py": 3, "test_check_revealing_inputs.py": 15, "test_check_sampler_forms.py": 10,
     "test_check_loop_premise.py": 4, "test_check_partial_forms.py": 34, "test_check_parent_state.py": 37,
+    "test_check_capacity_moe.py": 10, "test_check_post_norm_rows.py": 10,
+    "test_check_cached_left_padding.py": 6,
 }
 
 

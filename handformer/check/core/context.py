@@ -33,9 +33,12 @@ from handformer.check.core.discovery import (
     Component,
     build,
     defined_here,
+    init_parameters,
     own_objects,
+    size_of,
     with_head_size,
 )
+from handformer.check.core.own_calls import values_built_with
 from handformer.check.core.result import (
     DEPARTS,
     PASS,
@@ -716,6 +719,15 @@ def check_determinism(res: ComponentResult, ctx: Context, comp: Component,
         res.findings.append(drop)
 
 
+def built_without_dropout(cls: Any) -> bool:
+    """Whether the file builds the class `cls` with every dropout rate its constructor takes at 0 (Peter
+    Bloem's TransformerBlock(..., dropout=0.0), never given another): read from its defaults and the
+    file's own calls; no where a rate is read from a config, set inside, or handed a value not read."""
+    params = init_parameters(cls) if inspect.isclass(cls) else []
+    rates = [p.name for p in params if size_of(p.name) == "dropout"]
+    return bool(rates) and all(v in (0, None) for name in rates for v in values_built_with(cls, name))
+
+
 def dropout_on_residual(res: ComponentResult, ctx: Context, comp: Component, run: Callable[[], Any],
                         reference: Callable[[list[Tensor]], Any]) -> None:
     """dropout_on_residual when a tensor the learner's code hands to dropout (recorded in eval mode,
@@ -729,6 +741,13 @@ def dropout_on_residual(res: ComponentResult, ctx: Context, comp: Component, run
     if not hits or res.has("dropout_on_residual"):
         return
     number, code = locate("dropout_on_residual", source_lines(ctx.objects(comp, "add_norm")))
+    if built_without_dropout(comp.obj):
+        res.notes.append(text(
+            f"line {number}: dropout on the residual stream, but the file builds {comp.name} with a dropout "
+            "rate of 0 (its default, and no call of the file gives another): it drops nothing, not charged",
+            f"第 {number} 行：残差流上有 dropout，但文件构造 {comp.name} 时 dropout 率为 0"
+            "（默认值，文件里也没有调用给别的值）：什么也不丢，不算错误"))
+        return
     n = len(hits)
     tensors, are = ("tensors", "are") if n > 1 else ("tensor", "is")
     res.findings.append(Finding("dropout_on_residual", text(

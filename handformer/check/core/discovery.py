@@ -119,13 +119,20 @@ FIXED: dict[str, Any] = {"i": 0, "layer_idx": 0, "layer_id": 0, "layer_index": 0
                          "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
                          "n_activated_experts": 2, "n_expert_groups": 1, "n_limited_groups": 1,
                          "n_group": 1, "topk_group": 1, "norm_topk_prob": True, "scoring_func": "softmax",
-                         "routed_scaling_factor": 1.0, "first_k_dense_replace": 0}
+                         "routed_scaling_factor": 1.0, "first_k_dense_replace": 0,
+                         # a capacity of capacity_factor * tokens / experts a expert (Switch's, GShard's):
+                         # every token kept for any count of experts up to 16 (which tokens a full
+                         # expert drops is not compared: the routing is)
+                         "capacity_factor": 16.0, "eval_capacity_factor": 16.0, "train_capacity_factor": 16.0}
 # fixed values for a dict config alone (Raschka's cfg["num_experts"] = 0: one FFN); a config class keeps
 # its own (Mixtral's MoEArgs: num_experts = 4, checked against handformer's MixtureOfExperts)
 DICT_ONLY = ("num_experts",)
 # switches built on even where their default is off: Raschka's GroupedQueryAttention(..., qk_norm=False)
 # has QK-norm, and the order of its norm and RoPE, only when built with it
 SWITCHED_ON = ("qk_norm",)
+# settings given their FIXED value even where they have a default: the switches, and a capacity factor
+# (Switch's SwitchFeedForward(..., capacity_factor=1.25)) set so high that no token is dropped
+OVERRIDDEN = (*SWITCHED_ON, "capacity_factor", "eval_capacity_factor", "train_capacity_factor")
 CONFIG_NAMES = ("config", "cfg", "args", "params", "hparams", "model_args", "conf")
 # the names of the classic PyTorch tutorials' arguments: jadore801120's d_v, d_hid (the FFN's
 # hidden width beside d_in, the width alone) and n_position; bentrevett's hid_dim and pf_dim;
@@ -619,6 +626,8 @@ SUFFIXES: dict[str, tuple[str, ...]] = {"block": ("Block", "Layer"), "decoder_la
                                                 "MoeLayer", "MoELayer", "MoE")}  # DeepSeek's DeepseekMoE
 # what a block's __init__ builds and a mixture of experts' never does: an attention
 BUILDS_ATTENTION = re.compile(r"(?i)\battn|attention")
+# a list of modules built, then a choice among them by score (a router's softmax, top-k or argmax)
+ROUTES_EXPERTS = re.compile(r"nn\.ModuleList\(.*(?:softmax|topk|argmax|\.max\()", re.S)
 # an encoder's or decoder's block has its own kind; a mixture of experts is no FFN to compare
 NOT_SUFFIXED = ("Encoder", "Decoder", "Cross")
 NOT_SUFFIXED_WORDS = re.compile("|".join(NOT_SUFFIXED), re.I)
@@ -887,6 +896,8 @@ CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("mha", lambda c: reads_kv_heads(c), "gqa"),
     # a LoRA class that wraps a whole model (`LoRA(model, r)`): no layer to check on its own
     ("lora", lambda c: any(map(MODEL_WORD.search, inspect.signature(c.__init__).parameters)), ""),
+    # a mixture of experts named for an FFN (Switch's SparseMLP): a list of experts it routes among
+    ("ffn", lambda c: bool(ROUTES_EXPERTS.search(source_text(c))), "moe"),
     # a block of a mixture-of-experts model named for its FFN (MoEBlock: attention, then the experts)
     ("moe", lambda c: bool(BUILDS_ATTENTION.search(source_text(vars(c).get("__init__", "")))), "block"),
     # a Batch that builds no masks of the Annotated Transformer's (a dataset's record): not checked
@@ -1363,7 +1374,7 @@ def _build_matched(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any],
             kwargs[p.name] = sizes[key]
         elif (config := make_config(target, p, sizes)) is not None:
             kwargs[p.name] = config
-        elif p.name.lower() in fixed and (p.default is p.empty or p.name.lower() in SWITCHED_ON):
+        elif p.name.lower() in fixed and (p.default is p.empty or p.name.lower() in OVERRIDDEN):
             kwargs[p.name] = fixed[p.name.lower()]
         elif p.default is False and "relative" in p.name.lower():  # T5's has_relative_attention_bias
             kwargs[p.name] = True  # built with its relative-position table, which the check then grades

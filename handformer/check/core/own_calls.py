@@ -265,6 +265,29 @@ def file_arguments(obj: Any, names: list[str], filled: dict[str, Any], sizes: di
     return dict(reversed([(n, Taken(n, read[0], c.lineno, read[1])) for n, c, read in reads if read]))
 
 
+def handed_first(fn: Any) -> list[ast.expr]:
+    """The first argument of each of the file's calls of the function `fn` (`sample(output[0, -1, :])`),
+    in the order of the file."""
+    # (a callable object has no name: no call of it is read, where "" would be every method's call)
+    calls = constructor_calls(_file_of(fn, {}, _no_keys, False).index, getattr(fn, "__name__", "<none>"))
+    return [c.args[0] for c in calls if c.args and not isinstance(c.args[0], ast.Starred)]
+
+
+UNREAD = object()  # what a call hands an argument where the value is not read (a tensor, a call)
+
+
+def values_built_with(cls: Any, name: str) -> list[Any]:
+    """What each of the file's constructor calls of `cls` hands its argument `name`: the value read
+    (see the module's docstring), its default where the call hands it nothing, UNREAD where the value is
+    not read; its default alone where the file never builds it."""
+    file = _file_of(cls, {}, _no_keys, False)
+    params = list(inspect.signature(cls).parameters)
+    default = inspect.signature(cls).parameters[name].default
+    bound = [_bound(c, params).get(name) for c in constructor_calls(file.index, cls.__name__)]
+    read = [value_of(expr, file, {}) if expr is not None else (default, False) for expr in bound]
+    return [r[0] if r else UNREAD for r in read] or [default]
+
+
 def _passed(call: ast.Call, params: list[str], filled: dict[str, Any]) -> dict[str, Any]:
     """The names the call hands on to arguments check filled (`config` -> the config check built)."""
     bound = _bound(call, params)

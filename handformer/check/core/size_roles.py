@@ -64,7 +64,11 @@ def with_roles(cls: Any, keys: dict[str, str | None], size_of: dict[str, str]) -
     corrected by what the constructor does: a width's name that is an embedding's rows is a
     vocabulary, an argument no name places that multiplies a width is a width multiplier, a width's
     name beside a configuration the width is read from is the FFN's width."""
-    found = {"d_model": ("src_vocab", embedding_rows(cls)), None: ("ffn_mult", multipliers(cls, size_of))}
+    # a name that says an FFN's width and multiplies the width (Peter Bloem's ff_hidden_mult * emb) is
+    # a multiplier too: a width times a width is no layer's size
+    mult = multipliers(cls, size_of)
+    found = {"d_model": ("src_vocab", embedding_rows(cls)), None: ("ffn_mult", mult),
+             "d_ff": ("ffn_mult", mult)}
     keys = {name: found[key][0] if name in found.get(key, ("", ()))[1] else key for name, key in keys.items()}
     keys = {**keys, **dict.fromkeys(widths_by_use(cls, keys), "d_model")}
     keys = {**keys, **dict.fromkeys(widths_beside_config(cls, keys, size_of), "d_ff")}

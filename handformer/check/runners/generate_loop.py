@@ -249,10 +249,10 @@ class LanguageModel(nn.Module):
 
     init_cache = new_cache
 
-    def forward(self, idx: Any, *args: Any, **kwargs: Any) -> Any:
+    def forward(self, idx: Any = None, *args: Any, input_ids: Any = None, **kwargs: Any) -> Any:
         if spent(self):
             raise TooManyCalls(f"generate called the model {len(self.calls) + 1} times")
-        ids = torch.as_tensor(idx).long()
+        ids = torch.as_tensor(input_ids if idx is None else idx).long()  # Hugging Face's model(input_ids=...)
         one = ids.dim() == 1  # one sequence, no batch: gpt-oss's model(tokens) gives (T, V)
         ids = ids[None] if one else ids  # (B, T)
         cache, start, positions = _cache_arguments(args, kwargs)
@@ -263,11 +263,13 @@ class LanguageModel(nn.Module):
                             "generate with your model in the same file, or write the adapter")
         B, T = ids.shape
         prior_ids, prior_pos = self._prior(ids, cache, start)
-        pads = _padding(ids, args, kwargs)  # a cached step's mask is longer than its ids: none
+        pads = _padding(ids, prior_ids.size(1) + T, args, kwargs)  # (B, S + T): the cached tokens' too
+        positions = _given_positions(ids, pads, args) if positions is None else positions
         if positions is None:
             first = start if start is not None else prior_ids.size(1)
             positions = torch.arange(first, first + T)[None].expand(B, T)
-            positions = positions if pads is None else (pads.cumsum(-1) - 1).clamp(min=0)  # left padding
+            counted = None if pads is None else (pads.cumsum(-1) - 1).clamp(min=0)[:, -T:]  # left padding
+            positions = positions if counted is None else counted
         positions = positions.long().expand(B, T)  # (one row (1, T) handed for every sequence)
         full_ids, full_pos = torch.cat([prior_ids, ids], 1), torch.cat([prior_pos, positions], 1)
         cached = cache is not None or start is not None
@@ -281,7 +283,7 @@ class LanguageModel(nn.Module):
             out = self.model(full_ids, attention_mask=pads, position_ids=full_pos)
             logits = out.logits[:, -T:]  # (B, T, V)
         logits = (logits - logits.amax(-1, keepdim=True)) * (1.0 if SOFT[0] else PEAK)
-        new_cache = CacheToken(full_ids, full_pos) if _cache_asked(cache, kwargs) else None
+        new_cache = CacheToken(full_ids, full_pos) if _cache_asked(cache, args, kwargs) else None
         if self.style in FILLED_IN_PLACE:  # no cache comes back: the one handed (if any) fills
             getattr(cache, "hold", lambda *held: None)(full_ids, full_pos)
         return RETURNS[self.style](logits[0] if one & (self.style == "unbatched") else logits, new_cache)
@@ -310,18 +312,28 @@ RETURNS: dict[str, Callable[[Tensor, CacheToken | None], Any]] = {
 FILLED_IN_PLACE = ("tensor", "unbatched")
 
 
-def _cache_asked(cache: CacheToken | None, kwargs: dict[str, Any]) -> bool:
-    """Whether a call gets a new cache back: one handed back, use_cache set, or an argument named for a
-    cache given at all (Hugging Face's first call, past_key_values=None)."""
-    return cache is not None or bool(kwargs.get("use_cache") or set(kwargs) & set(CACHE_NAMES))
+def _cache_asked(cache: CacheToken | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a call gets a new cache back: one handed back, use_cache set, an argument named for a
+    cache given at all (Hugging Face's first call, past_key_values=None), or a None handed in a place
+    after the ids (`model(ids, mask, position_ids, past_key_values)` with past_key_values=None)."""
+    named = bool(kwargs.get("use_cache") or set(kwargs) & set(CACHE_NAMES))
+    return cache is not None or named or any(v is None for v in args)
 
 
-def _padding(ids: Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
-    """The attention mask (B, T) a loop hands the model, by name or as a 0/1 tensor shaped as the ids
-    (Hugging Face's model(input_ids, attention_mask)); None when it hands none."""
+def _padding(ids: Tensor, total: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+    """The attention mask (B, total) a loop hands the model, by name or as a 0/1 tensor that covers the
+    cached tokens and the new ones (Hugging Face's model(input_ids, attention_mask), the mask one
+    column longer at each cached step); None when it hands none."""
     given = list(map(kwargs.get, MASK_ARG_NAMES)) + list(args)
-    return next((v.long() for v in given if isinstance(v, Tensor) and v.shape == ids.shape
+    return next((v.long() for v in given if isinstance(v, Tensor) and v.shape == (ids.size(0), total)
                  and not v.is_floating_point() and bool(v.long().clamp(0, 1).eq(v).all())), None)
+
+
+def _given_positions(ids: Tensor, pads: Tensor | None, args: tuple[Any, ...]) -> Tensor | None:
+    """The position ids (B, T) a loop hands the model in place (`model(ids, mask, position_ids)`): an
+    integer tensor shaped as the ids that is not the mask; None when it hands none."""
+    return next((v for v in args if isinstance(v, Tensor) and v.shape == ids.shape and v is not pads
+                 and not v.is_floating_point() and v.dtype != torch.bool), None)
 
 
 def _cache_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[CacheToken | None, int | None,

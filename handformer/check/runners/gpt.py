@@ -870,6 +870,7 @@ class Caller:
             kwargs.setdefault(MASK_NAME, torch.ones(idx.shape, dtype=torch.long))
         if self.first:
             return batch_first(self.ctx.learner.call("forward", self.module, idx.T, **kwargs)), None
+        asked = self.target in kwargs  # no targets handed, no loss of them (an MoE's aux loss beside logits)
         raw = self.ctx.learner.call("forward", self.module, idx, **kwargs)
         if self.target in kwargs and isinstance(raw, Tensor) and raw.dim() == 0:  # nanochat's: the loss alone
             kwargs.pop(self.target)
@@ -886,7 +887,7 @@ class Caller:
         # the loss: the one number it returns (Hugging Face's (loss, logits, presents)), else a tensor of one
         # element second (not the hidden states a model returns beside its logits for contrastive search)
         second = [t for t in items[1:2] if getattr(t, "numel", int)() == 1]
-        return logits, fp.first_tensor([fp.first_tensor(items, 0), *second])
+        return logits, fp.first_tensor([fp.first_tensor(items, 0), *second] * asked)
 
 
 def _flat_logits(first: Tensor, idx: Tensor) -> Tensor | None:

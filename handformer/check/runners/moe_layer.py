@@ -158,7 +158,7 @@ def check_moe(comp: Component, ctx: Context) -> ComponentResult:
     allowed = [key for key in errors if key[1] in NORMS[normalize]]
     k, norm = min(allowed, key=errors.get)
     err = res.max_abs_error = errors[k, norm]
-    res.notes += _read_as(len(experts), k, norm, len(shared), scale)
+    res.notes += _read_as(len(experts), k, norm, len(shared), scale) + _capacity_note(module, len(experts))
     res.checks.append(Check(text("each token through its top experts by the router's softmax, their outputs "
                                  "weighted and summed (plus the shared experts')",
                                  "每个 token 经过路由 softmax 得分最高的专家，输出加权求和"
@@ -200,6 +200,22 @@ def _branch_findings(ctx: Context, comp: Component, module: nn.Module, err: floa
     projection it activates read from what it computes, which one is named the gate from its names."""
     slots = fp.quietly(lambda: moe_slots("", module, "", ""))
     return wrong_branch_findings(ctx, comp, expert_slots(slots)[0], err) if slots and err < TOL else []
+
+
+CAPACITY_SETTINGS = ("capacity_factor", "eval_capacity_factor", "train_capacity_factor")
+
+
+def _capacity_note(module: nn.Module, E: int) -> list[Text]:
+    """The note on a mixture with a capacity (Switch's capacity_factor): built with one at which no
+    token is dropped (discovery's FIXED), so that the routing is compared and the dropping is not;
+    none where it has none, or one at which tokens may be dropped (an adapter's)."""
+    factor = _setting(module, CAPACITY_SETTINGS, (int, float))
+    if factor is None or factor < E:
+        return []
+    return [text(f"its experts have a capacity, built at capacity_factor = {factor:g}: no token is dropped, "
+                 "so each token's routing is compared; which tokens a full expert drops is not",
+                 f"它的专家有容量上限，按 capacity_factor = {factor:g} 构造：没有 token 被丢弃，"
+                 "所以比较的是每个 token 的路由；专家满了丢哪些 token 不比较")]
 
 
 def _read_as(E: int, k: int, normalize: bool, shared: int, scale: float) -> list[Text]:

@@ -12,6 +12,7 @@ Shape legend: B rows, V vocabulary.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
 import math
@@ -58,6 +59,7 @@ from handformer.check.core.localize_kinds import (
     note_departure,
 )
 from handformer.check.core.nucleus import EQUALITY, TOP_P_FLAGS, top_p_keep
+from handformer.check.core.own_calls import handed_first
 from handformer.check.core.processors import PROCESSOR_NAMES, NoProcessors
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.signatures import leading_tensor, rows_apart, takes_one_row
@@ -66,7 +68,8 @@ from handformer.check.core.source import locate, source_lines, source_text
 from handformer.generation.sampling import apply_temperature, top_k_filter, top_p_filter
 
 V, DRAWS = 8, 20_000
-PAIR_DRAWS = 5_000  # a sampler of (token id, logit) pairs is called in Python once a draw: fewer, as plain
+# a sampler of one row, or of (token id, logit) pairs, is called in Python once a draw: fewer draws
+PAIR_DRAWS = 5_000
 
 # a first argument of probabilities (Meta's sample_top_p(probs, p)): given softmax(logits)
 SAMPLE_ROW = torch.tensor([2.0, 1.2, 0.8, 0.3, 0.0, -0.4, -1.0, -1.6], dtype=torch.float64)  # (V,)
@@ -104,6 +107,9 @@ class Caller:
         self.fraction = top_k_fraction(comp.obj, self.params)
         self.one_row = called_by_row(comp, ctx)  # llama.cpp's filters of one 1-D vector
         ctx.partial.notes += [ONE_ROW] * self.one_row
+        handed = handed_one_row(comp.obj)  # Peter Bloem's sample(output[0, -1, :]): the file hands a row
+        ctx.partial.notes += handed_notes(handed) * (not self.one_row)
+        self.one_row = self.one_row or bool(handed)
         # a list of logits processors it applies (sample_next_token(logits, processors)): an empty one
         self.processors = [n for n in self.names if n.lower() in PROCESSOR_NAMES]
         self.form: str | None = None  # the form of FORMS it takes, once its first call found it
@@ -144,7 +150,7 @@ class Caller:
 
     @property
     def draws(self) -> int:
-        return {"pairs": PAIR_DRAWS}.get(self.form, DRAWS)
+        return {"pairs": PAIR_DRAWS, "row": PAIR_DRAWS}.get(self.form, DRAWS)
 
     def in_form(self, form: str, given: Tensor, kwargs: dict[str, Any]) -> Any:
         """The function called on `given` in one of FORMS: the batch, one row at a time, or one row at a
@@ -268,6 +274,38 @@ def _reads(fn: Any, names: list[str], index: str) -> bool:
     """Whether the function indexes its first argument so: `logits[<index>]`."""
     first = re.escape(next(iter(names), "logits"))
     return bool(re.search(rf"\b{first}\[\s*{index}\s*\]", source_text(fn)))
+
+
+def _leading(index: ast.expr) -> ast.expr:
+    """The first index of a subscript's slice: `0` of x[0, -1, :], `:` of x[:, -1]."""
+    return index.elts[0] if isinstance(index, ast.Tuple) and index.elts else index
+
+
+def _picks_row(arg: ast.expr) -> bool | None:
+    """Whether a call's argument is indexed by an integer first (x[0, -1, :], x[-1]: one row, the
+    batch axis gone), True; by a slice first (x[:, -1, :]: the batch kept), False; else None."""
+    first = _leading(arg.slice) if isinstance(arg, ast.Subscript) else None
+    number = isinstance(first, ast.Constant) or isinstance(first, ast.UnaryOp) and isinstance(
+        first.operand, ast.Constant)
+    return {True: True}.get(number, False if isinstance(first, ast.Slice) else None)
+
+
+def handed_one_row(fn: Any) -> tuple[int, str] | None:
+    """The line and argument of the file's call that hands the function one row of logits (Peter
+    Bloem's `sample(output[0, -1, :], temperature)`), where no call of the file hands it a batch
+    (`logits[:, -1, :]`): the form it is written for; None otherwise."""
+    args = handed_first(fn)
+    picks = [_picks_row(a) for a in args]
+    first = next((a for a, row in zip(args, picks) if row), None)
+    return None if first is None or False in picks else (first.lineno, ast.unparse(first))
+
+
+def handed_notes(handed: tuple[int, str] | None) -> list[Text]:
+    """The note on a function the file hands one row (none where it does not)."""
+    line, arg = handed or (0, "")
+    return [text(f"the file hands it one row of logits (V,) (line {line}: {arg}): called one row at a time, "
+                 "the form it is written for", f"文件交给它的是一行 logits (V,)（第 {line} 行：{arg}）："
+                 "按它写成的形式逐行调用")] * bool(handed)
 
 
 SAMPLING_KINDS = ("temperature", "top_k", "top_p", "min_p", "sample", "greedy")
