@@ -409,6 +409,13 @@ BPE_PLANTS: dict[str, Plant] = {
         ("best = max(counts, key=lambda pair: (counts[pair], pair))",
          "best = min(counts, key=lambda pair: (-counts[pair], pair))")], "bpe"),
     "bpe_counts_not_updated": Plant("bpe_counts_not_updated", "bpe", [(UPDATE, "        del counts[best]\n")], "bpe"),
+    # each distinct pre-token's pairs counted once, in the first count and in each update
+    "bpe_pairs_not_weighted": Plant("bpe_pairs_not_weighted", "bpe", [
+        ("            counts[pair] += freq\n            where.setdefault(pair, set()).add(word)\n",
+         "            counts[pair] += 1\n            where.setdefault(pair, set()).add(word)\n"),
+        ("            counts[pair] -= freq\n", "            counts[pair] -= 1\n"),
+        ("            counts[pair] += freq\n            where.setdefault(pair, set()).add(new)\n",
+         "            counts[pair] += 1\n            where.setdefault(pair, set()).add(new)\n")], "bpe"),
     # recounting every pair after each merge (minbpe's): slow, not wrong; a note says how slow
     "bpe_recounts_every_merge": Plant(None, "bpe", [
         (UPDATE, "        words = Counter({merge_word(w, best): n for w, n in words.items()})\n"
@@ -633,7 +640,7 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("train_step_loss_not_divided", "epoch_no_zero_grad"), ("head_tied_despite_config", "gpt_pe_missing"),
     ("bpe_merges_across_pretokens", "bpe_special_token_split"), ("bpe_special_tokens_merged", "bpe_encode_merge_order"),
     ("bpe_ties_not_by_bytes", "bpe_decode_per_token"), ("bpe_counts_not_updated", "bpe_decode_strict"),
-    ("bpe_counts_not_updated", "bpe_overlapping_specials"), ("bpe_vocab_size_ignores_specials", "bpe_encode_across_pretokens"),
+    ("bpe_counts_not_updated", "bpe_overlapping_specials"), ("bpe_pairs_not_weighted", "bpe_special_token_split"), ("bpe_vocab_size_ignores_specials", "bpe_encode_across_pretokens"),
     ("kv_rope_no_offset", "kv_keys_rotated_twice"), ("kv_cache_not_advanced", "kv_keys_rotated_twice"),
     ("lm_train_step_lr_not_set", "lm_train_step_clip_after_step"), ("kv_rope_no_offset", "lm_train_step_not_clipped"),
     ("qk_norm_after_rope", "qk_generate_no_stop_at_eos"),

@@ -8,6 +8,9 @@ from dataclasses import dataclass
 # the name of a finding no catalogued mistake explains: where the learner's computation first parts
 # from the reference (handformer.check.core.localize), its line and the form of the difference
 DEPARTS = "departs"
+# the name of a FAIL's finding where neither a catalogued mistake nor a departure was found: the failed
+# check, at the line that defines the component (handformer.check.core.unlocated)
+UNLOCATED = "unlocated"
 
 
 @dataclass(frozen=True)

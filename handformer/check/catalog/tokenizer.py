@@ -56,6 +56,17 @@ DIAGNOSES: list[Diagnosis] = [
         r"merges\.append\(",
     ),
     d(
+        "bpe_pairs_not_weighted",
+        "the pair counts ignore how often each pre-token occurs: each distinct one counts once",
+        "数相邻的对时没有乘上预分词出现的次数：每个不同的预分词只算了一次",
+        "add the pre-token's count for each of its pairs: counts[pair] += freq (and subtract it when a "
+        "merge changes the pre-token)",
+        "每个预分词的每一对都加上它的出现次数：counts[pair] += freq（合并改变这个预分词时再减去）",
+        r"\[\s*\w+(\[[^\]]*\])?\s*,\s*\w+(\[[^\]]*\])?\s*\]\s*[-+]=\s*1\b",  # pairs[a, b] += 1
+        r"\[\s*\w*pair\w*\s*\]\s*[-+]=\s*1\b",  # counts[pair] += 1
+        r"Counter\(\s*zip\(|\.update\(\s*zip\(",
+    ),
+    d(
         "bpe_vocab_size_ignores_specials",
         "the number of merges leaves the special tokens out of vocab_size, so the vocabulary is too big",
         "合并次数没有把特殊 token 算进 vocab_size，词表超出了 vocab_size",

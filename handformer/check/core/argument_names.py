@@ -161,7 +161,9 @@ SCHEDULE_ARGS: dict[str, tuple[str, ...]] = {
     ),
     # a floor given as a fraction of the peak is the floor itself: check's peak is 1
     "min_lr": ("min_learning_rate", "min_lr", "lr_min", "final_lr", "alpha_min", "end_lr", "min_lr_ratio",
-               "min_lr_factor", "final_lr_ratio", "lr_min_ratio", "min_ratio"),
+               "min_lr_factor", "final_lr_ratio", "lr_min_ratio", "min_ratio",
+               # a decay's end named for where it ends (Hugging Face's polynomial lr_end, torch's eta_min)
+               "lr_end", "end_learning_rate", "final_learning_rate", "lr_final", "eta_min"),
     # where an inverse square root schedule's warmup starts (fairseq's warmup_init_lr)
     "init_lr": ("warmup_init_lr", "init_lr", "initial_lr", "warmup_start_lr", "start_lr"),
     # a warmup-stable-decay schedule's stage at the peak (MiniCPM's, Hugging Face's get_wsd_schedule)

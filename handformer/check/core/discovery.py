@@ -901,8 +901,12 @@ CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     # a block of a mixture-of-experts model named for its FFN (MoEBlock: attention, then the experts)
     ("moe", lambda c: bool(BUILDS_ATTENTION.search(source_text(vars(c).get("__init__", "")))), "block"),
     # a Batch that builds no masks of the Annotated Transformer's (a dataset's record): not checked
-    ("batch_masks", lambda c: not re.search(r"self\.src_mask\s*=", source_text(c)), "none"),
+    # (its source mask named for the mask and its side: src_mask, source_mask, enc_mask)
+    ("batch_masks", lambda c: not SOURCE_MASK.search(source_text(c)), "none"),
 )
+
+
+SOURCE_MASK = re.compile(r"self\.(?=\w*mask)(?=\w*(?:src|source|enc))\w+\s*=", re.I)
 
 
 def _forward_parameters(cls: Any) -> dict[str, inspect.Parameter]:

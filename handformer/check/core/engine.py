@@ -64,6 +64,7 @@ from handformer.check.core.result import (
 )
 from handformer.check.core.setup_method import set_by_parent
 from handformer.check.core.source import learner_error, reachable, source_lines, source_text
+from handformer.check.core.unlocated import place_unlocated
 from handformer.check.core.unmapped import settle as settle_unmapped
 from handformer.check.core.weights import MappingError
 from handformer.check.runners.localize_layers import note_layer_departure
@@ -205,6 +206,7 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
     settle_unmapped(result, ctx.unmapped.get(comp.name, []))  # what the reference has no place for
     _probed_only(comp, result)  # found by what it does: only a named mistake fails it
     set_by_parent(comp.obj, result)  # it reads what a parent's setup method assigns: checked through it
+    place_unlocated(comp.obj, result)  # a FAIL that quotes no line: the failed check at its definition
     result.notes += ctx.neutral.get(comp.name, [])  # settings it was checked at the neutral values of
     if result.error is not None and result.findings:  # a finding's line and where it raised: two at most
         result.error.traceback = result.error.traceback[-1:]

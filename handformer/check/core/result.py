@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from handformer.check.catalog.base import DEPARTS
+from handformer.check.catalog.base import DEPARTS, UNLOCATED
 
 Text = dict[str, str]  # {"en": ..., "zh": ...}
 
@@ -90,7 +90,7 @@ class ComponentResult:
 
     def named(self) -> list[Finding]:
         """The catalogued mistakes found, without the line where the computation departs."""
-        return [f for f in self.findings if f.name != DEPARTS]
+        return [f for f in self.findings if f.name not in (DEPARTS, UNLOCATED)]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

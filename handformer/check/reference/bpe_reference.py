@@ -113,7 +113,8 @@ def pretokenize(
 ) -> Counter[Word]:
     """The pre-tokens of `text` with their counts, each as a tuple of single bytes. Flags:
     "specials_trained" (the special tokens are not cut out), "across_pretokens" (no pre-tokenizer:
-    each piece between special tokens is one sequence)."""
+    each piece between special tokens is one sequence), "unweighted" (each distinct pre-token counted
+    once: its pairs not weighted by how often it occurs)."""
     specials = set() if "specials_trained" in flags else set(specials)  # trained on: not cut out
     words: Counter[Word] = Counter()
     for piece in split_specials(text, specials):
@@ -121,7 +122,7 @@ def pretokenize(
             continue
         for token in pretokens(piece, flags):
             words[single_bytes(token)] += 1
-    return words
+    return Counter(dict.fromkeys(words, 1)) if "unweighted" in flags else words
 
 
 def base_vocab(specials: Iterable[str]) -> dict[int, bytes]:

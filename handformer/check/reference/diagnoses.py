@@ -13,7 +13,7 @@ pair equals the output of something else). docs/check.md lists both with the rea
 from __future__ import annotations
 
 from handformer.check.catalog import assembly, cache, components, llm, sampling, tokenizer, training
-from handformer.check.catalog.base import DEPARTS, Diagnosis, d
+from handformer.check.catalog.base import DEPARTS, UNLOCATED, Diagnosis, d
 
 CHAPTERS = (components, llm, sampling, training, assembly, tokenizer, cache)
 CATALOG: dict[str, Diagnosis] = {d.name: d for chapter in CHAPTERS for d in chapter.DIAGNOSES}
@@ -24,7 +24,14 @@ DEPARTURE = d(DEPARTS, "no known mistake reproduces it: this is the first line w
               "让这一行算出参考的那一步（上面的差别说明了你的结果差在哪里）")
 
 
-FINDINGS = {**CATALOG, DEPARTS: DEPARTURE}  # a finding's name: a catalogued mistake, or the departure
+# what a FAIL reports where neither a mistake nor a departure was found (core/unlocated.py)
+NOT_LOCATED = d(UNLOCATED, "no known mistake reproduces it and check could not single out the line where it "
+                "departs: this is where the component is defined",
+                "没有任何已知错误能复现它，检查程序也找不出计算从哪一行开始不同：这里是这个组件定义的地方",
+                "compare each line of it with the reference's step (the failed check above says what "
+                "differs)", "把它的每一行和参考的那一步对照（上面未通过的检查说明了哪里不同）")
+# a finding's name: a catalogued mistake, the departure, or neither located
+FINDINGS = {**CATALOG, DEPARTS: DEPARTURE, UNLOCATED: NOT_LOCATED}
 
 
 def diagnosis(name: str) -> Diagnosis:

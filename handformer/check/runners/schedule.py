@@ -50,6 +50,7 @@ from handformer.check.core.source import (
 )
 from handformer.check.reference import variants as V
 from handformer.check.runners import schedule_onecycle as one_cycle
+from handformer.check.runners import schedule_scale as scale
 from handformer.check.runners import schedule_timm as timm
 from handformer.check.runners import schedule_wsd as W
 from handformer.check.runners.localize_schedule import localize_schedule
@@ -270,7 +271,7 @@ class Schedule:
         """The learning rate at each step; an exception at a step is kept as that step's value (a
         division by zero at step 0 is a finding, not the end of the check)."""
         if self.factory:
-            return self._stepped()
+            return self.stepped()
         out: dict[int, float | BaseException] = {}
         with self.settings() as note:
             for s in self.steps + self.past:
@@ -284,9 +285,10 @@ class Schedule:
             self.ctx.partial.notes.append(note)  # the result in progress says its globals were set
         return out
 
-    def _stepped(self) -> dict[int, float | BaseException]:
+    def stepped(self, lr: float = 1.0) -> dict[int, float | BaseException]:
+        """A factory's scheduler stepped on an SGD of learning rate `lr`: the rate after each step."""
         weight = torch.zeros(1, requires_grad=True)
-        opt = torch.optim.SGD([weight], lr=1.0)
+        opt = torch.optim.SGD([weight], lr=lr)
         raised: list[Exception] = []
         with _first_step_kept(raised):
             sched = self.ctx.learner.call("__init__", self.comp.obj, opt, **self.kwargs())
@@ -554,7 +556,8 @@ SCHEDULE = Probe(
     observe=lambda out: out[1:],            # the steps after 0 (the families' steps start at 0)
     reference=_reference,
     universe=lambda s: s.facts["flags"],
-    steps=(_compared, _at_zero, _past_end, localize_step(lambda s, found: _localize(s, found), place=False)),
+    steps=(_compared, _at_zero, _past_end, scale.check_scale,
+           localize_step(lambda s, found: _localize(s, found), place=False)),
     error=fp.relative_error, tol=fp.REL_TOL, deterministic=False,
 )
 
