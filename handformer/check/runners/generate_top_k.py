@@ -83,7 +83,7 @@ def _finding(ctx: Context, comp: Any, said: Text) -> Finding:
 def filter_line(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
     """The first line after the logits are ranked that writes the filtered logits; the ranking line
     where none does; (None, None) where nothing ranks them."""
-    code = [(n, line.split("#")[0]) for n, line in lines if line.strip() and not line.strip().startswith("#")]
+    code = [(n, line.split("#")[0]) for n, line in lines]  # a comment matches nothing
     start = next((i for i, (_, line) in enumerate(code) if RANKS.search(line)), None)
     if start is None:
         return None, None

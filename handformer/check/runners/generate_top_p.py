@@ -101,7 +101,7 @@ def mass_line(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
     """The first line that compares with p a cumulative sum, or a name bound to one (`remove =
     cum_probs > top_p`, `probs_sort[mass_above > p] = 0`); (None, None) where none does (a cumsum of
     positions is not one: no comparison with p reads it)."""
-    code = [(n, line.split("#")[0]) for n, line in lines if line.strip() and not line.strip().startswith("#")]
+    code = [(n, line.split("#")[0]) for n, line in lines]  # a comment matches nothing
     summed = {bound[1] for _, line in code if "cumsum" in line and (bound := BOUND.match(line))}
     reads = re.compile("|".join(rf"\b{name}\b" for name in ("cumsum", *summed)))
     found = ((n, t.strip()) for n, t in code if P_COMPARED.search(t) and reads.search(t))
