@@ -18,6 +18,7 @@ from __future__ import annotations
 SECONDS = {
     "test_check.py": 61, "test_check_no_place.py": 5, "test_check_top_k_loops.py": 10,
     "test_check_top_p_loops.py": 10, "test_check_sequence_blocks.py": 10,
+    "test_check_averaged_logps.py": 8,
     "test_check_loop_interface.py": 12,
     "test_check_quick_gelu.py": 6, "test_check_mask_by_use.py": 6, "test_check_query_first_mask.py": 5,
     "test_check_loop_settings.py": 18, "test_check_batched_beam.py": 8, "test_check_reordered_rope.py": 7,
