@@ -4,8 +4,9 @@ switch to sampling on), its model's logits handed as the model gives them (soft:
 sees a model whose likeliest token is certain, where a filter that keeps the wrong tokens still ends on
 greedy's), and `torch.multinomial` answering the likeliest token while it records the probabilities it
 was handed (generate_temperature.recorded_draws). Each row must keep exactly the TOP_K tokens of the
-largest logits; other tokens kept quote the line that filters the logits (the first that writes them
-after they are ranked), where the loop parts from top-k. A loop whose min-p is on by default is not probed.
+largest logits; another count kept quotes the line that filters the logits (the first that writes them
+after they are ranked), where the loop parts from top-k (k tokens but others: the check fails, and
+where the loop reads other logits its greedy runs say so). A loop whose min-p is on by default is not probed.
 
 Shape legend: B prompts, V vocabulary.
 """
@@ -69,7 +70,8 @@ def check_top_k(res: ComponentResult, ctx: Context, comp: Any, driver: Any, shor
     res.checks.append(Check(text(f"top_k={TOP_K}, its model's logits as they are: it samples from the "
                                  f"{TOP_K} likeliest tokens", f"top_k={TOP_K}，模型的 logits 原样使用："
                                  f"它从最可能的 {TOP_K} 个 token 中采样"), torch.equal(kept, right), said))
-    if not torch.equal(kept, right) and not res.has("top_k_off_by_one"):  # k-1 named by the run at k = 1
+    # k tokens kept, but others: the loop may filter logits of another position (its own line, localized)
+    if not torch.equal(kept.sum(-1), right.sum(-1)) and not res.has("top_k_off_by_one"):  # k-1: named at k=1
         res.findings.append(_finding(ctx, comp, said))
 
 
