@@ -67,11 +67,12 @@ from handformer.check.core.options_object import (
     unmapped_words,
 )
 from handformer.check.core.processors import PROCESSOR_NAMES, NoProcessors
-from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.sizes import is_number
 from handformer.check.core.source import code_text, locate, locate_form, source_lines
 from handformer.check.runners import generate_lossy as lossy
 from handformer.check.runners.generate_temperature import SOFT, VOCAB, check_temperature
+from handformer.check.runners.generate_top_k import check_top_k
 from handformer.check.runners.generate_top_p import check_top_p
 from handformer.check.runners.localize_generate import default_temperature, generate_views, localize_generate
 from handformer.config import CausalLMConfig
@@ -763,8 +764,8 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
             tried.append(_long(res, ctx, comp, driver, B, short.as_list))
         else:
             res.notes.append((NO_BLOCK_NOTE, READ_ONLY_NOTE)[crops_by_limit(comp.obj, *LIMITS) is False])
-    check_temperature(res, ctx, comp, driver, short, run_generate)
-    check_top_p(res, ctx, comp, driver, short, run_generate)
+    for probe in (check_temperature, check_top_p, check_top_k):  # each driven once more on soft logits
+        probe(res, ctx, comp, driver, short, run_generate)
     _ending(res, ctx, comp, driver, tried)
 
 
@@ -888,7 +889,7 @@ def _ending(res: ComponentResult, ctx: Context, comp: Component, driver: Any, tr
     if short.out is not None and not res.findings:
         _eos(res, ctx, comp, driver, short, reference[0])
     wrong = next((run for run in tried if _wrong(*run)), None)
-    if wrong:
+    if wrong and not res.has(DEPARTS):  # a probe that quoted its own line (generate_top_k's filter)
         note_departure(res, lambda: _localize(ctx, comp, driver, *wrong))
 
 

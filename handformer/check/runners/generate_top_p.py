@@ -13,6 +13,7 @@ Shape legend: B prompts, V vocabulary.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -20,7 +21,7 @@ import torch
 from handformer.check.core.argument_names import K_NAMES, MIN_P_NAMES, P_NAMES, TEMPERATURE_NAMES, named
 from handformer.check.core.context import Context, forward_defaults
 from handformer.check.core.nucleus import top_p_keep
-from handformer.check.core.result import Check, ComponentResult, Finding, text
+from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.runners.generate_temperature import SOFT, VOCAB, Afresh, recorded_draws, sampling_on
 
@@ -28,6 +29,9 @@ TOP_P = 0.6
 CROSSING = frozenset({"top_p_drops_crossing:le"})  # the token that crosses p dropped (cum <= p kept)
 OFF = (None, 0, 0.0)  # another filter's default that leaves it off
 REPEAT_NAMES = ("repetition_penalty", "rep_penalty", "repeat_penalty")  # handed 1: no penalty
+BOUND = re.compile(r"\s*([A-Za-z_]\w*)\s*=(?!=)")  # the name a line binds: `cum = ...`
+# a comparison with p, either side: `cum_probs > top_p`, `top_p < mass`
+P_COMPARED = re.compile(rf"[<>]=?\s*(self\.)?({'|'.join(P_NAMES)})\b|\b({'|'.join(P_NAMES)})\s*[<>]")
 
 
 def _options(comp: Any) -> dict[str, Any] | None:
@@ -69,10 +73,36 @@ def check_top_p(res: ComponentResult, ctx: Context, comp: Any, driver: Any, shor
                                  "越过阈值的那个 token 也保留"), torch.equal(kept, right),
                             text(f"it keeps {_counts(kept)} tokens; top-p keeps {_counts(right)}",
                                  f"它保留了 {_counts(kept)} 个 token；top-p 应保留 {_counts(right)} 个")))
-    if torch.equal(kept, top_p_keep(logits, TOP_P, CROSSING).sum(-1)) and not torch.equal(kept, right):
-        number, code = locate("top_p_drops_crossing", source_lines(ctx.objects(comp, "top_p", "sample")))
-        res.findings.append(Finding("top_p_drops_crossing", text(
+    crossing = torch.equal(kept, top_p_keep(logits, TOP_P, CROSSING).sum(-1))
+    if not torch.equal(kept, right):
+        res.findings.append(_finding(ctx, comp, kept, right, crossing))
+
+
+def _finding(ctx: Context, comp: Any, kept: torch.Tensor, right: torch.Tensor, crossing: bool) -> Finding:
+    """top_p_drops_crossing where the loop keeps the nucleus less its crossing token; else the line that
+    compares the cumulative mass with p, quoted as where the loop parts from top-p."""
+    lines = source_lines(ctx.objects(comp, "top_p", "sample"))
+    if crossing:
+        number, code = locate("top_p_drops_crossing", lines)
+        return Finding("top_p_drops_crossing", text(
             f"at top_p={TOP_P} your loop keeps {_counts(kept)} tokens: those whose cumulative probability "
             f"stays within {TOP_P}, the token that crosses it dropped",
             f"top_p={TOP_P} 时你的循环保留了 {_counts(kept)} 个 token：只保留累计概率不超过 {TOP_P} 的，"
-            "越过阈值的那个 token 被去掉了"), number, code))
+            "越过阈值的那个 token 被去掉了"), number, code)
+    number, code = mass_line(lines)
+    return Finding(DEPARTS, text(
+        f"at top_p={TOP_P} your loop keeps {_counts(kept)} tokens where top-p's nucleus holds "
+        f"{_counts(right)}: it parts from top-p at the comparison of the mass with p",
+        f"top_p={TOP_P} 时你的循环保留了 {_counts(kept)} 个 token，top-p 的核应有 {_counts(right)} 个："
+        "它在累计概率与 p 的比较处与 top-p 分开"), number, code)
+
+
+def mass_line(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+    """The first line that compares with p a cumulative sum, or a name bound to one (`remove =
+    cum_probs > top_p`, `probs_sort[mass_above > p] = 0`); (None, None) where none does (a cumsum of
+    positions is not one: no comparison with p reads it)."""
+    code = [(n, line.split("#")[0]) for n, line in lines]  # a comment matches nothing
+    summed = {bound[1] for _, line in code if "cumsum" in line and (bound := BOUND.match(line))}
+    reads = re.compile("|".join(rf"\b{name}\b" for name in ("cumsum", *summed)))
+    found = ((n, t.strip()) for n, t in code if P_COMPARED.search(t) and reads.search(t))
+    return next(found, (None, None))

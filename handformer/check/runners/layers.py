@@ -81,6 +81,7 @@ from handformer.check.core.probe import Found as Explained
 from handformer.check.core.probe import Probe, Subject, name_findings, run_probe
 from handformer.check.core.residual_wrapper import residual_wrapper, wrapped_note
 from handformer.check.core.result import (
+    DEPARTS,
     DIFFERS,
     Check,
     ComponentResult,
@@ -123,6 +124,7 @@ from handformer.check.core.weights import (
     split_attention_ffn,
 )
 from handformer.check.core.windows import own_window, window_found, window_inputs, window_keep, window_note
+from handformer.check.core.written_order import sequence_findings
 from handformer.check.reference import variants as V
 from handformer.check.reference.parallel import as_parallel_
 from handformer.check.reference.remembered import remembering
@@ -938,7 +940,7 @@ def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callabl
     if rope:
         res.notes.append(_rope_layer_note(rope))
     res.notes += form_notes(form)
-    if placement != expected and found is not None:
+    if placement != expected and found is not None and not res.has(DEPARTS):  # parallel as written: a note
         res.notes.append(_placement_note(placement, expected))
         if not res.findings and placement in ("pre", "post"):  # parallel: a convention of its own
             res.status = DIFFERS
@@ -1006,6 +1008,7 @@ def _structure_findings(res: ComponentResult, layer: Layer, ctx: Context, placem
             f"{', '.join(where)}（单独运行时）计算的是带这个错误的归一化{f'（{zh}）' if zh else ''}"),
             number, code, form))
     res.notes += [OFFSET_NOTE] * any(w.offset for w in layer.norm_ws)
+    res.findings += sequence_findings(layer.module) if placement == "parallel" else []  # written in sequence
     if layer.shared and placement in ("pre", "post"):  # one norm for both: a parallel block's own (GPT-J's)
         number, code = locate("shared_norm", lines)
         res.findings.append(Finding("shared_norm", text(

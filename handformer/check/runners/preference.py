@@ -23,7 +23,15 @@ from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_map_only
 
 from handformer.check.core.adapters import adapter_hint
-from handformer.check.core.context import Context, error_text, finish, forward_names, forward_parameters
+from handformer.check.core.argument_names import named
+from handformer.check.core.context import (
+    Context,
+    error_text,
+    finish,
+    forward_defaults,
+    forward_names,
+    forward_parameters,
+)
 from handformer.check.core.discovery import Component
 from handformer.check.core.localize import View, first_departure, over_axes, trace_steps
 from handformer.check.core.localize_kinds import note_departure
@@ -93,7 +101,34 @@ def check_sequence_logps(comp: Component, ctx: Context) -> ComponentResult:
     res.checks.append(Check(logps_check(mean), err < TOL, error_text(err)))
     if err >= TOL:
         note_departure(res, lambda: _localize(comp, call, logits, logps_views(logits, *given)))
+    elif not mean:  # summed by default: a switch to the mean is driven too
+        _check_averaged(res, ctx, comp, logits, given, means)
     return finish(res)
+
+
+# a switch, off by default, to each row's mean over its labels (DPO trainers' average_log_prob, which
+# IPO's and SimPO's losses turn on)
+AVERAGE_NAMES = ("average_log_prob", "average", "avg", "mean", "length_normalize", "length_normalized")
+
+
+def _check_averaged(res: ComponentResult, ctx: Context, comp: Component, logits: Tensor,
+                    given: tuple[Tensor, ...], means: Tensor) -> None:
+    """The function run again with its switch to the mean on, on the same padded labels: each row's
+    log-probability must be averaged over the labels that count, not over its length."""
+    defaults = forward_defaults(comp.obj)
+    switch = named(list(defaults), AVERAGE_NAMES)
+    if defaults.get(switch) is not False:  # none, or one on by default (compared as it is)
+        return
+    call = lambda lg: ctx.learner.call("forward", comp.obj, lg, *(t.clone() for t in given),  # noqa: E731
+                                       **{switch: True})
+    unread = torch.full_like(means, float("inf"))  # no reading of B numbers: no row agrees
+    got = max(readings_of(call(logits.clone())), key=lambda r: _agrees(r, means[None]), default=unread)
+    err = _largest(got, means)
+    res.checks.append(Check(text(f"{switch}=True: each row's log-probability averaged over its labels (the "
+                                 "masked ones left out)", f"{switch}=True：每行的对数概率按它的标签求平均"
+                                 "（被屏蔽的标签不算）"), err < TOL, error_text(err)))
+    if err >= TOL:
+        note_departure(res, lambda: _localize(comp, call, logits, logps_views(logits, *given)))
 
 
 def readings_of(out: Any) -> list[Tensor]:
