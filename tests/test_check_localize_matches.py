@@ -33,3 +33,21 @@ def test_matches_says_what_same_says_with_each_view():
     assert said == [any(same(t, r) for _, r in views) for t in values]
     assert said == [True, True, True, False, True, False, True, True, False, True, False, True, False, False,
                     False]
+
+
+def test_a_part_handed_the_wrong_input_is_found_by_the_wider_views():
+    from torch import nn
+
+    from handformer.check.core.localize import fed_wrong
+
+    g = torch.Generator().manual_seed(1)
+    mlp = nn.Linear(4, 4).double()
+    x, normed = torch.randn(2, 3, 4, generator=g, dtype=torch.float64), torch.randn(2, 3, 4, generator=g,
+                                                                                  dtype=torch.float64)
+    with torch.no_grad():
+        right = mlp(normed)
+    part = (mlp, (x,), {})  # their mlp handed x where the reference's reads the norm
+    views = [("x", x), ("the norm", normed), ("a row", normed[0])]
+    assert fed_wrong(part, views, [("the attention", 2 * x), ("mlp(the norm)", right)])
+    assert not fed_wrong(part, views, [("the attention", 2 * x), ("mlp(the norm) by 2", 2 * right)])
+    assert not fed_wrong(part, views, [("a row of mlp(the norm)", right[0])])  # no view of its shape
