@@ -753,7 +753,8 @@ def _departure_at(steps: list[Step], views: list[View], ends: list[View] = ()) -
 
 class Matches:
     """Whether a value is `same` as one of the views: the views of each shape stacked once (on the
-    first value of that shape), then compared with it all at once, as `same` compares one."""
+    first value of that shape) with what `_same_each` computes of them alone (each entry's tolerance,
+    where it is finite), then compared with it all at once, as `same` compares one."""
 
     def __init__(self, views: list[View]) -> None:
         self.views, self.stacks = views, {}
@@ -761,9 +762,13 @@ class Matches:
     def __call__(self, t: Tensor) -> bool:
         if t.shape not in self.stacks:
             of_shape = [r.double().reshape(-1) for _, r in self.views if r.shape == t.shape]
-            self.stacks[t.shape] = torch.stack(of_shape) if of_shape else None  # (N, n): flat, as `same`
-        rs = self.stacks[t.shape]
-        return rs is not None and bool(_same_each(t.reshape(-1), rs).any())
+            rs = torch.stack(of_shape) if of_shape else None  # (N, n): flat, as `same`
+            self.stacks[t.shape] = rs if rs is None else (rs, 1e-5 + (1e-5 * rs).abs(), torch.isfinite(rs))
+        if self.stacks[t.shape] is None:
+            return False
+        rs, tolerance, finite = self.stacks[t.shape]
+        t = t.reshape(-1).double()  # _same_each's test, its terms of the views computed once
+        return bool(torch.where(finite, (t - rs).abs() <= tolerance, t <= -1e4).all(1).any())
 
 
 def _right_calls(steps: list[Step], matches: Matches) -> set[int]:
