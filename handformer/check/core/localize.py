@@ -729,7 +729,7 @@ def traced(found: Departure, steps: list[Step], filename: str, views: list[View]
 def _shared(found: Departure, steps: list[Step], filename: str, views: list[View]) -> Departure:
     """A departure in a helper whose line gave the reference's value in another call (one norm class
     for q and for k): the helper is right, the line that calls it is quoted (`k = self.q_norm(k)`)."""
-    right = {steps[i].line for i in _right_calls(steps, layouts(views, steps))}
+    right = {steps[i].line for i in _right_calls(steps, Matches(layouts(views, steps)))}
     return replace(found, shared=found.shared or bool(found.called_from) and found.line in right)
 
 
@@ -744,26 +744,47 @@ def _top_level(filename: str) -> tuple[tuple[int, int], ...]:
 def _departure_at(steps: list[Step], views: list[View], ends: list[View] = ()) -> int | None:
     views = layouts(views, steps)
     shapes = {r.shape for _, r in views}
-    right, reductions = _right_calls(steps, views), Reductions(views)
+    matches = {id(views): Matches(views), id(ends): Matches(ends)}  # `same` with each view, at once
+    right, reductions = _right_calls(steps, matches[id(views)]), Reductions(views)
     return next((i for i, step in enumerate(steps) if not _input(step) and i not in right and (
-        step.value.shape in shapes and not any(same(step.value, r) for _, r in _judged_by(step, views, ends))
+        step.value.shape in shapes and not matches[id(_judged_by(step, views, ends))](step.value)
         or step.value.shape not in shapes and _reduced(step.value, views, reductions))), None)
 
 
-def _right_calls(steps: list[Step], views: list[View]) -> set[int]:
+class Matches:
+    """Whether a value is `same` as one of the views: the views of each shape stacked once (on the
+    first value of that shape) with what `_same_each` computes of them alone (each entry's tolerance,
+    where it is finite), then compared with it all at once, as `same` compares one."""
+
+    def __init__(self, views: list[View]) -> None:
+        self.views, self.stacks = views, {}
+
+    def __call__(self, t: Tensor) -> bool:
+        if t.shape not in self.stacks:
+            of_shape = [r.double().reshape(-1) for _, r in self.views if r.shape == t.shape]
+            rs = torch.stack(of_shape) if of_shape else None  # (N, n): flat, as `same`
+            self.stacks[t.shape] = rs if rs is None else (rs, 1e-5 + (1e-5 * rs).abs(), torch.isfinite(rs))
+        if self.stacks[t.shape] is None:
+            return False
+        rs, tolerance, finite = self.stacks[t.shape]
+        t = t.reshape(-1).double()  # _same_each's test, its terms of the views computed once
+        return bool(torch.where(finite, (t - rs).abs() <= tolerance, t <= -1e4).all(1).any())
+
+
+def _right_calls(steps: list[Step], matches: Matches) -> set[int]:
     """The steps of each call of a helper of theirs (the steps under one calling line up to the value
-    it returns) that returns one of the views: its own sub-steps (an RMSNorm's x·rsqrt before the
-    gain, in a helper of its own as Gemma's `_norm`) are not judged."""
+    it returns) that returns one of the views (`matches`): its own sub-steps (an RMSNorm's x·rsqrt
+    before the gain, in a helper of its own as Gemma's `_norm`) are not judged."""
     right: set[int] = set()
     for _, group in itertools.groupby(range(len(steps)), lambda i: steps[i].caller):
         run = list(group)
-        last = max((j for j, i in enumerate(run) if _returns_a_view(steps[i], views)), default=-1)
+        last = max((j for j, i in enumerate(run) if _returns_a_view(steps[i], matches)), default=-1)
         right.update(run[:last + 1])
     return right
 
 
-def _returns_a_view(step: Step, views: list[View]) -> bool:
-    return step.caller is not None and step.name == "return" and any(same(step.value, r) for _, r in views)
+def _returns_a_view(step: Step, matches: Matches) -> bool:
+    return step.caller is not None and step.name == "return" and matches(step.value)
 
 
 REDUCTIONS = (("the mean", "均值", torch.mean), ("the sum", "和", torch.sum),
@@ -947,9 +968,8 @@ def fed_wrong(part: tuple[nn.Module, tuple[Any, ...], dict[str, Any]], views: li
     given = first_tensor(args[:1])  # their first input (None: not a tensor, and nothing is tried)
     outs = [quietly(lambda r=r: first_tensor(module(r.to(given.dtype), *args[1:], **kwargs)).double())
             for _, r in views if r.shape == getattr(given, "shape", None)]  # None where it raises
-    return any(quietly(lambda out=out: bool(_same_each(out, torch.stack([r for _, r in wider
-                                                                         if r.shape == out.shape])).any()))
-               for out in outs)
+    matches = Matches(wider)  # the wider views of each shape stacked once, for every output
+    return any(quietly(lambda out=out: out.dim() > 0 and matches(out)) for out in outs)  # never a number
 
 
 def graded(module: nn.Module) -> bool:

@@ -38,13 +38,11 @@ def counted_parameter(fn: Any) -> str:
     named = {p.name.lower() for p in params} & set(COUNT_NAMES)
     # an int default, or none (inspect's `empty`, a class: of type `type`)
     ints = {p.name for p in params if type(p.default) in (int, type)} - set(NOT_COUNTS)
-    read = [n.id for node in function_nodes(fn) for n in _values(BOUNDS.get(type(node), _none)(node))
-            if n.id in ints]
-    return next(iter(read * (not named)), "")
-
-
-def _none(node: ast.AST) -> ast.AST:
-    return ast.Pass()
+    if named or not ints:  # no parameter left to find
+        return ""
+    loops = [node for node in function_nodes(fn) if type(node) in BOUNDS]  # only a loop's bound is walked
+    read = [n.id for node in loops for n in _values(BOUNDS[type(node)](node)) if n.id in ints]
+    return next(iter(read), "")
 
 
 def _values(node: ast.AST) -> list[ast.Name]:
