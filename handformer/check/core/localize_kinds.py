@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from handformer.check.core.defaults import given
 from handformer.check.core.fingerprint import hooked, quietly
 from handformer.check.core.localize import (
     NUMBERS,
@@ -478,7 +479,7 @@ def module_views(run: Callable[[], Any], module: nn.Module, words: dict[str, str
 
     def hook(name: str) -> Callable[..., None]:
         def record(part: nn.Module, args: Any, value: Any = None) -> None:
-            t = first_tensor(args if value is None else value)
+            t = first_tensor(given(value, args))
             what = words.get(name, f"{name}(...)") if value is not None else f"the input of {name}"
             out.extend([(what, t.detach().double())] * (t is not None))
         return record

@@ -53,6 +53,7 @@ from handformer.check.core.context import (
     named,
     raised_at,
 )
+from handformer.check.core.defaults import given
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import note_departure
@@ -252,7 +253,7 @@ class LanguageModel(nn.Module):
     def forward(self, idx: Any = None, *args: Any, input_ids: Any = None, **kwargs: Any) -> Any:
         if spent(self):
             raise TooManyCalls(f"generate called the model {len(self.calls) + 1} times")
-        ids = torch.as_tensor(input_ids if idx is None else idx).long()  # Hugging Face's model(input_ids=...)
+        ids = torch.as_tensor(given(idx, input_ids)).long()  # Hugging Face's model(input_ids=...)
         one = ids.dim() == 1  # one sequence, no batch: gpt-oss's model(tokens) gives (T, V)
         ids = ids[None] if one else ids  # (B, T)
         cache, start, positions = _cache_arguments(args, kwargs)
@@ -266,10 +267,10 @@ class LanguageModel(nn.Module):
         pads = _padding(ids, prior_ids.size(1) + T, args, kwargs)  # (B, S + T): the cached tokens' too
         positions = _given_positions(ids, pads, args) if positions is None else positions
         if positions is None:
-            first = start if start is not None else prior_ids.size(1)
+            first = given(start, prior_ids.size(1))
             positions = torch.arange(first, first + T)[None].expand(B, T)
             counted = None if pads is None else (pads.cumsum(-1) - 1).clamp(min=0)[:, -T:]  # left padding
-            positions = positions if counted is None else counted
+            positions = given(counted, positions)
         positions = positions.long().expand(B, T)  # (one row (1, T) handed for every sequence)
         full_ids, full_pos = torch.cat([prior_ids, ids], 1), torch.cat([prior_pos, positions], 1)
         cached = cache is not None or start is not None
@@ -295,7 +296,7 @@ class LanguageModel(nn.Module):
         if cache is not None:
             return cache.ids.expand(B, -1), cache.positions.expand(B, -1)
         if start is not None:
-            stream = self.stream if self.stream is not None else ids[:, :0]
+            stream = given(self.stream, ids[:, :0])
             return stream[:, :start], torch.arange(stream[:, :start].size(1))[None].expand(B, -1)
         return ids[:, :0], ids[:, :0]
 
