@@ -11,3 +11,9 @@ T = TypeVar("T")
 def given(value: T | None, otherwise: T) -> T:
     """`value`, or `otherwise` where it is None (a falsy value such as 0 or an empty list is kept)."""
     return otherwise if value is None else value
+
+
+def keyword(name: str | None, value: T) -> dict[str, T]:
+    """The keyword argument {name: value} to hand a call, or none where the learner's code has no
+    such parameter (`name` None or empty)."""
+    return {name: value} if name else {}

@@ -34,6 +34,7 @@ from handformer.check.core.argument_names import (
     names_of,
 )
 from handformer.check.core.context import Context, error_text, finish
+from handformer.check.core.defaults import keyword
 from handformer.check.core.discovery import Component, cannot_fill
 from handformer.check.core.localize import first_departure, trace_steps
 from handformer.check.core.localize_kinds import note_departure
@@ -180,7 +181,7 @@ def _arguments(roles: dict[str, str], policy: nn.Module, ref: nn.Module, batch: 
     policy, and beta where it takes one."""
     given = {roles["policy"]: policy, roles["reference"]: ref, roles["batch"]: batch,
              roles["optimizer"]: torch.optim.SGD(policy.parameters(), lr=LR)}
-    return given | ({roles["beta"]: beta} if roles["beta"] else {})
+    return given | (keyword(roles["beta"], beta))
 
 
 def _localize(comp: Component, ctx: Context, roles: dict[str, str], beta: float) -> Any:
