@@ -232,11 +232,9 @@ def _parallel_views(w: V.LayerWeights, x: Tensor, keep: Tensor | None) -> list[V
 
 def _sublayer(w: V.LayerWeights, name: str, memory: Tensor | None, keep: Tensor | None,
               ) -> Callable[[Tensor], Tensor]:
-    if name == "attn":
-        return lambda h: V.multi_head_attention(w.self_attn, h, h, h, keep)[0]
-    if name == "cross":
-        return lambda h: V.multi_head_attention(w.cross_attn, h, memory, memory, None)[0]
-    return lambda h: V.feed_forward(w.ffn, h)
+    by_name = {"attn": lambda h: V.multi_head_attention(w.self_attn, h, h, h, keep)[0],
+               "cross": lambda h: V.multi_head_attention(w.cross_attn, h, memory, memory, None)[0]}
+    return by_name.get(name, lambda h: V.feed_forward(w.ffn, h))
 
 
 def localize_layer(layer: Any, readings: list[V.LayerWeights]) -> Departure | None:
