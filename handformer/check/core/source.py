@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from handformer.check.catalog.components import ADDED_AFTER, LINE_FORMS, PLAIN_ADD
+from handformer.check.core.defaults import quietly
 from handformer.check.core.result import LearnerError
 from handformer.check.reference.diagnoses import CATALOG
 
@@ -128,10 +129,7 @@ SCOPES = {ast.ClassDef: ".", ast.FunctionDef: ".<locals>.", ast.AsyncFunctionDef
 def function_nodes(obj: Any) -> tuple[ast.AST, ...]:
     """The nodes of one function's (or class's) source, dedented and parsed once; none where it does
     not parse alone."""
-    try:
-        return tuple(ast.walk(ast.parse(textwrap.dedent(source_text(obj)))))
-    except SyntaxError:
-        return ()
+    return quietly(lambda: tuple(ast.walk(ast.parse(textwrap.dedent(source_text(obj))))), SyntaxError, ())
 
 
 def strided_loop(objs: Any) -> bool:
@@ -584,10 +582,7 @@ def refused_by_stand_in(err: BaseException) -> bool:
 def _same(a: str, b: str) -> bool:
     import os
 
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return a == b
+    return quietly(lambda: os.path.samefile(a, b), OSError, a == b)
 
 
 def _is_memory(err: BaseException) -> bool:
