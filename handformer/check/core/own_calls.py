@@ -242,10 +242,8 @@ PLAIN_CALLERS = {"forward": instance_calls, "": constructor_calls}  # a forward'
 
 def _file_of(obj: Any, sizes: dict[str, Any], keys: Keys, forward: bool) -> File:
     module = sys.modules.get(getattr(obj, "__module__", ""), None)
-    try:
-        tree = parsed_file(module.__file__)
-    except (AttributeError, TypeError, SyntaxError, ValueError):  # no source of the learner's to read
-        tree = ast.Module([], [])
+    tree = quietly(lambda: parsed_file(module.__file__), (AttributeError, TypeError, SyntaxError, ValueError),
+                   ast.Module([], []))  # an empty module: no source of the learner's to read
     readers, callers = (PLAIN_READERS, PLAIN_CALLERS) if forward else (READERS, CALLERS)
     return File(module, _index(tree), sizes, keys, readers, callers)
 

@@ -82,10 +82,7 @@ OPTION_VALUES = {"top_k": 3, "top_p": 0.8, "temperature": 0.7, "min_p": 0.1}
 def _signature(fn: Any) -> tuple[list[inspect.Parameter], list[str], set[str]]:
     """fn's named parameters, their lowered names and the required ones; none when it has no
     signature Python can read (it is then no kind)."""
-    try:
-        params = call_parameters(fn)
-    except (TypeError, ValueError):
-        params = []
+    params = quietly(lambda: call_parameters(fn), (TypeError, ValueError), [])
     names, required = names_of(params)
     return params, [n.lower() for n in names], {n.lower() for n in required}
 
