@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from handformer.check.core.defaults import given
 from handformer.check.reference.remembered import remembered
 
 Linear = tuple[Tensor, Tensor | None]  # (weight (out, in), bias (out,) or None)
@@ -411,7 +410,7 @@ def norm(w: NormWeights, x: Tensor, flags: Flags | None = None) -> Tensor:
     Transformer's unbiased std + eps (or the unbiased variance inside the root), eps outside the
     square root, RMSNorm's sum instead of mean of the squares or no square root, the gain (or bias)
     not applied, the statistics over the wrong axis."""
-    flags = given(flags, w.flags)
+    flags = w.flags if flags is None else flags
     wrong = has(flags, "norm_wrong_dim")
     dims = {"-2": (-2,), "all": tuple(range(x.dim()))}.get(wrong, (-1,))  # the axes its statistics take
     eps_out = has(flags, "norm_eps_outside_sqrt") is not None
