@@ -128,11 +128,11 @@ def _logps(model: nn.Module, fields: dict[str, Tensor]) -> Tensor:
     return token_logprobs(logits[:, :-1], fields["labels"][:, 1:]).double().sum(-1)
 
 
+@torch.no_grad()
 def reference_step(policy: nn.Module, ref: nn.Module, beta: float) -> tuple[float, nn.Module]:
     """handformer's DPO step on a copy of the policy: the loss and the policy after SGD."""
     policy, pairs = copy.deepcopy(policy), _pairs()
-    with torch.no_grad():
-        rc, rr = (_logps(ref, pairs[side]) for side in SIDES)
+    rc, rr = (_logps(ref, pairs[side]) for side in SIDES)
     with torch.enable_grad():  # a step's gradients, wherever check runs it
         pc, pr = (_logps(policy, pairs[side]) for side in SIDES)
         loss = -F.logsigmoid(beta * ((pc - pr) - (rc - rr))).mean()

@@ -356,6 +356,7 @@ def _position_row(value: Any) -> bool:
         and value.numel() > 0 and bool((value.diff() == 1).all()) and int(value[0]) >= 0
 
 
+@torch.no_grad()
 def known_model() -> CausalLM:
     """A one-block GPT-2 style model on constructed weights whose greedy choice depends on the last
     token and its position, with a clear margin: the blocks add nothing (zero weights), a token is
@@ -365,13 +366,12 @@ def known_model() -> CausalLM:
     cfg = CausalLMConfig.gpt2_style(vocab_size=VOCAB, d_model=VOCAB + BLOCK, n_layers=1, n_heads=2, d_ff=32,
                                     max_positions=2 * BLOCK, dropout=0.0, tie_embeddings=False)
     model = build_causal_lm(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.fill_(1.0 if name.endswith("norm.weight") else 0.0)
-        model.embed.weight[:, :VOCAB] = 3.0 * torch.eye(VOCAB)
-        model.positions.weight[:, VOCAB:] = 3.0 * torch.eye(BLOCK).repeat(2, 1)
-        head = torch.randn(VOCAB, VOCAB + BLOCK, generator=torch.Generator().manual_seed(SEED))
-        model.lm_head.weight.copy_(head)
+    for name, p in model.named_parameters():
+        p.fill_(1.0 if name.endswith("norm.weight") else 0.0)
+    model.embed.weight[:, :VOCAB] = 3.0 * torch.eye(VOCAB)
+    model.positions.weight[:, VOCAB:] = 3.0 * torch.eye(BLOCK).repeat(2, 1)
+    head = torch.randn(VOCAB, VOCAB + BLOCK, generator=torch.Generator().manual_seed(SEED))
+    model.lm_head.weight.copy_(head)
     return model
 
 
