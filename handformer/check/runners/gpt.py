@@ -187,15 +187,11 @@ class GPTMap:
     order: tuple[int, ...] = ()  # the blocks in the order the model calls them, where it reuses one
 
     def describe(self) -> list[str]:
-        rows = [f"{self.wte.name} -> token embedding"]
-        rows += [f"{self.embed_norm.name} -> embedding norm"] if self.embed_norm is not None else []
-        rows += [f"{self.wpe.name} -> position embedding"] if self.wpe is not None else []
-        rows += [f"{b.name} -> block {i}" for i, b in enumerate(self.blocks)]
-        rows += [f"{self.ln_f.leaf.name} -> final norm"] if self.ln_f is not None else []
-        if self.head is not None:
-            tied = " (tied to the token embedding)" if self.tied else ""
-            rows.append(f"{self.head.name} -> output head{tied}")
-        return rows
+        tied = " (tied to the token embedding)" if self.tied else ""
+        parts = [(self.wte, "token embedding"), (self.embed_norm, "embedding norm"),
+                 (self.wpe, "position embedding"), *[(b, f"block {i}") for i, b in enumerate(self.blocks)],
+                 (getattr(self.ln_f, "leaf", None), "final norm"), (self.head, f"output head{tied}")]
+        return [f"{part.name} -> {what}" for part, what in parts if part is not None]  # (the parts it has)
 
 
 # why a model's blocks are not mapped, by whether it holds a decoder (a class named so)
