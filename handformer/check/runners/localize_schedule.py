@@ -71,10 +71,7 @@ def departing(runs: list[list[Step]], refs: Tensor, wrong: Tensor) -> tuple[int,
 
 def _expressions(code: str) -> list[ast.expr]:
     """The computed expressions of a statement (its right-hand side), the smallest first."""
-    try:
-        tree = ast.parse(code.strip())
-    except SyntaxError:
-        return []
+    tree = quietly(lambda: ast.parse(code.strip()), SyntaxError, ast.Module([], []))  # (none found)
     found = (n for n in ast.walk(tree) if isinstance(n, (ast.Call, ast.BinOp, ast.UnaryOp)))
     return sorted(found, key=lambda n: len(ast.unparse(n)))
 
