@@ -903,10 +903,7 @@ def gpt_sizes(ctx: Context) -> dict[str, Any]:
     n_kv_heads, minimind's num_key_value_heads), so that grouped-query attention is what is checked."""
     from handformer.check.core.discovery import ARGUMENTS
 
-    try:
-        source = inspect.getsource(ctx.module)
-    except (OSError, TypeError):
-        return GPT_SIZES
+    source = fp.quietly(lambda: inspect.getsource(ctx.module), (OSError, TypeError), "")  # "": no name read
     kv = any(re.search(rf"\b{name}\b", source) for name in ARGUMENTS["n_kv_heads"])
     return {**GPT_SIZES, "n_kv_heads": KV_HEADS} if kv else GPT_SIZES
 
@@ -1684,10 +1681,7 @@ TIE_FIELD = re.compile(r"\b(tie_weights|tie_word_embeddings|tie_embeddings)\b")
 def _tied_despite_config(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap) -> None:
     """head_tied_despite_config: the file's config (or the GPT) has a tying field, the GPT was
     built with it False, and its head is the token embedding all the same."""
-    try:
-        source = inspect.getsource(ctx.module)
-    except (OSError, TypeError):
-        return
+    source = fp.quietly(lambda: inspect.getsource(ctx.module), (OSError, TypeError), "")  # "": no field found
     field_name = TIE_FIELD.search(re.sub(r"#[^\n]*", "", source))  # a comment on tying sets nothing
     if field_name is None:
         return
