@@ -53,7 +53,7 @@ from handformer.check.core.context import (
     named,
     raised_at,
 )
-from handformer.check.core.defaults import given
+from handformer.check.core.defaults import given, quietly
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import note_departure
@@ -524,10 +524,7 @@ def new_tokens(out: Any, prompt: Tensor, n: int) -> Tensor | None:
     if fp.token_list(out) and out:  # a non-empty list of ids: one sequence
         out = [out]
     if isinstance(out, (list, tuple)) and out and all(isinstance(v, (list, tuple, Tensor)) for v in out):
-        try:
-            out = torch.stack([torch.as_tensor(v).reshape(-1).long() for v in out])
-        except RuntimeError:
-            return None
+        out = quietly(lambda: torch.stack([torch.as_tensor(v).reshape(-1).long() for v in out]), RuntimeError)
     if not isinstance(out, Tensor) or out.is_floating_point() or out.dim() not in (1, 2) or out.numel() % B:
         return None
     out = out.reshape(B, -1).long()

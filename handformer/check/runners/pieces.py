@@ -970,10 +970,9 @@ PE_TABLE_SHAPES = {(MAX_LEN, D), (1, MAX_LEN, D), (MAX_LEN, 1, D)}
 def _table_from(out: object) -> Tensor | None:
     """A (length, d_model) table from what a function returned (a tensor or an array, (L, D),
     (1, L, D) or (L, 1, D)); None for anything else."""
-    try:
-        table = torch.as_tensor(out, dtype=torch.float64)
-    except (TypeError, ValueError, RuntimeError):  # None, a tuple of tensors: no table
-        return None
+    # None, a tuple of tensors: no table (an empty one, of no table's shape)
+    table = quietly(lambda: torch.as_tensor(out, dtype=torch.float64), (TypeError, ValueError, RuntimeError),
+                    torch.zeros(0))
     return table.reshape(MAX_LEN, D) if tuple(table.shape) in PE_TABLE_SHAPES else None
 
 
