@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from handformer.check.core.argument_names import MODEL_NAMES, call_parameters, names_of
+from handformer.check.core.defaults import quietly
 from handformer.check.core.result import LearnerError
 
 ADAPTERS_FILE = "handformer_adapters.py"
@@ -83,10 +84,8 @@ def adapter_hint(comp: Any) -> str:
         args = ", ".join(f"{n}={SIZE_NAMES.get(k, '...')}" for n, k in keys.items())
         return f"def make_{comp.kind}({params}):\n    return {obj.__name__}({args})"
     name = getattr(obj, "__name__", comp.name)
-    try:
-        names, required = names_of(call_parameters(obj, ("self",)))
-    except (TypeError, ValueError):
-        names, required = [], ["..."]
+    names, required = quietly(lambda: names_of(call_parameters(obj, ("self",))), (TypeError, ValueError),
+                              ([], ["..."]))
     # a loss of the model and its tokens (compute_loss(model, tokens)) is called so
     call = MODEL_CALLS.get((comp.kind, next(iter(names), "") in MODEL_NAMES), CALLS.get(comp.kind, "..."))
     theirs = ", ".join(_as_called(n, call) for n in required)

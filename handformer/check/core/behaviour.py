@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.check.core.argument_names import SCHEDULE_ARGS, call_parameters, names_of
+from handformer.check.core.defaults import quietly
 from handformer.check.core.processors import own_call, posing_as
 from handformer.check.core.source import source_text
 from handformer.time_limit import time_limit
@@ -118,17 +119,11 @@ def _quietly(probe: Callable[[], Any], budget: Budget = UNLIMITED) -> Any:
 
 
 def _code(obj: Any) -> str:
-    try:
-        return source_text(obj)
-    except (OSError, TypeError):
-        return ""
+    return quietly(lambda: source_text(obj), (OSError, TypeError), "")
 
 
 def _parameters(fn: Any, skip: tuple[str, ...] = ("self",)) -> list[inspect.Parameter]:
-    try:
-        return call_parameters(fn, skip)
-    except (TypeError, ValueError):
-        return []
+    return quietly(lambda: call_parameters(fn, skip), (TypeError, ValueError), [])
 
 
 def _required(fn: Any) -> list[str]:

@@ -14,6 +14,8 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from handformer.check.core.defaults import quietly
+
 NAMES_CUDA = re.compile(r"""device\s*=\s*["']cuda|\.to\(\s*["']cuda""")
 
 
@@ -28,10 +30,8 @@ def cuda_as_cpu(path: str | None = None) -> None:
 
     torch.Tensor.cuda = same  # type: ignore[method-assign]
     nn.Module.cuda = same  # type: ignore[method-assign]
-    try:
-        named = path is not None and bool(NAMES_CUDA.search(Path(path).read_text(errors="replace")))
-    except OSError:
-        named = False
+    read = lambda: path is not None and bool(NAMES_CUDA.search(Path(path).read_text(errors="replace")))  # noqa: E731
+    named = quietly(read, OSError, False)
     if named:  # only then: the mode costs every torch call a Python hop
         CudaAsCpu().__enter__()
 

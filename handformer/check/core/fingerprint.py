@@ -30,6 +30,7 @@ from handformer.check.core.conventions import (  # noqa: F401  (the runners' one
     encode_mask,
     is_lengths_name,
 )
+from handformer.check.core.defaults import quietly  # noqa: F401  (fp.quietly, as the runners import it)
 from handformer.check.core.discovery import DiscoveryError
 from handformer.check.core.result import LearnerError
 from handformer.check.core.source import learner_error
@@ -97,15 +98,6 @@ def one_sequence(out: Any) -> list[int] | None:
 def token_list(out: Any) -> bool:
     """A list (or tuple) of ints: token ids as plain Python numbers."""
     return isinstance(out, (list, tuple)) and all(isinstance(t, int) for t in out)
-
-
-def quietly(run: Callable[[], Any]) -> Any:
-    """What `run()` gives; None when it raises (the learner's code, or a reading of it that does not
-    apply: nothing to say from it)."""
-    try:
-        return run()
-    except Exception:  # noqa: BLE001 - their code, or a reading that does not apply: nothing found
-        return None
 
 
 def outputs(value: Any) -> list[Any]:

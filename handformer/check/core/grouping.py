@@ -15,6 +15,7 @@ import inspect
 import types
 from typing import Any
 
+from handformer.check.core.defaults import quietly
 from handformer.check.core.discovery import ARGUMENTS
 from handformer.check.core.result import text
 
@@ -49,10 +50,8 @@ def _own_config(obj: Any, module: types.ModuleType) -> bool:
 
 def _defaults(config: type) -> dict[str, Any]:
     """A config class's defaults by name, as its constructor takes them (a dataclass's fields too)."""
-    try:
-        params = inspect.signature(config).parameters.values()
-    except (TypeError, ValueError):  # a class with no signature to read
-        return {}
+    # none for a class with no signature to read
+    params = quietly(lambda: inspect.signature(config).parameters.values(), (TypeError, ValueError), ())
     return {p.name: p.default for p in params if p.default is not p.empty}
 
 

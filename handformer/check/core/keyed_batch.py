@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from handformer.check.core.argument_names import BATCH_NAMES, STEP_MODEL_NAMES, named, readable_parameters
+from handformer.check.core.defaults import quietly
 from handformer.check.core.source import config_reads, function_nodes, functions_called, source_text
 
 
@@ -51,7 +52,4 @@ def keyed_batch(fn: Any) -> KeyedBatch | None:
 
 def _value(node: ast.AST | None) -> Any:
     """A slice's bound as a number (None where it has none)."""
-    try:
-        return ast.literal_eval(node)
-    except ValueError:
-        return None
+    return quietly(lambda: ast.literal_eval(node), ValueError)

@@ -79,12 +79,12 @@ def outside(module: nn.Module, parts: list[nn.Module]) -> list[Leaf]:
     return [leaf for leaf in leaves(module) if id(leaf.module) not in inside]
 
 
+@torch.no_grad()
 def rows_normed(head: Leaf) -> bool:
     """Whether an output head multiplies by its weight with each row L2-normalised (Baichuan 2's
     NormHead: F.linear(x, F.normalize(weight))), by what it gives for the unit vectors."""
     weight = head.weight.detach()  # (V, D)
-    with torch.no_grad():
-        out = fp.quietly(lambda: head.module(torch.eye(weight.size(1), dtype=weight.dtype)))  # (D, V)
+    out = fp.quietly(lambda: head.module(torch.eye(weight.size(1), dtype=weight.dtype)))  # (D, V)
     normed = torch.nn.functional.normalize(weight, dim=-1)
     return (isinstance(out, torch.Tensor) and out.shape == weight.T.shape
             and fp.max_error(out.T, normed) < 1e-6 < fp.max_error(normed, weight))

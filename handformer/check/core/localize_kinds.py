@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from handformer.check.core.defaults import given
 from handformer.check.core.fingerprint import hooked, quietly
 from handformer.check.core.localize import (
     NUMBERS,
@@ -231,11 +232,9 @@ def _parallel_views(w: V.LayerWeights, x: Tensor, keep: Tensor | None) -> list[V
 
 def _sublayer(w: V.LayerWeights, name: str, memory: Tensor | None, keep: Tensor | None,
               ) -> Callable[[Tensor], Tensor]:
-    if name == "attn":
-        return lambda h: V.multi_head_attention(w.self_attn, h, h, h, keep)[0]
-    if name == "cross":
-        return lambda h: V.multi_head_attention(w.cross_attn, h, memory, memory, None)[0]
-    return lambda h: V.feed_forward(w.ffn, h)
+    by_name = {"attn": lambda h: V.multi_head_attention(w.self_attn, h, h, h, keep)[0],
+               "cross": lambda h: V.multi_head_attention(w.cross_attn, h, memory, memory, None)[0]}
+    return by_name.get(name, lambda h: V.feed_forward(w.ffn, h))
 
 
 def localize_layer(layer: Any, readings: list[V.LayerWeights]) -> Departure | None:
@@ -478,7 +477,7 @@ def module_views(run: Callable[[], Any], module: nn.Module, words: dict[str, str
 
     def hook(name: str) -> Callable[..., None]:
         def record(part: nn.Module, args: Any, value: Any = None) -> None:
-            t = first_tensor(args if value is None else value)
+            t = first_tensor(given(value, args))
             what = words.get(name, f"{name}(...)") if value is not None else f"the input of {name}"
             out.extend([(what, t.detach().double())] * (t is not None))
         return record

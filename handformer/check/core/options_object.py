@@ -25,6 +25,7 @@ from handformer.check.core.argument_names import (
     SAMPLE_SWITCH_NAMES,
     TEMPERATURE_NAMES,
 )
+from handformer.check.core.defaults import quietly
 from handformer.check.core.discovery import DiscoveryError
 from handformer.check.core.result import Text, text
 from handformer.check.core.source import config_reads
@@ -54,20 +55,14 @@ def options_class(fn: Any, name: str) -> type | None:
 
 def option_fields(fn: Any) -> list[str]:
     """The settings of the options objects of the learner's own class that fn reads (`options_class`)."""
-    try:
-        names = list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return []
+    names = quietly(lambda: list(inspect.signature(fn).parameters), (TypeError, ValueError), [])
     return [field for name in names for field in _defaults(options_class(fn, name) or object)]
 
 
 def _defaults(cls: Any, required: bool = False) -> dict[str, Any]:
     """The constructor's arguments with their defaults (a dataclass's fields); with `required`, those
     with none instead."""
-    try:
-        params = inspect.signature(cls).parameters.values()
-    except (TypeError, ValueError):
-        return {}
+    params = quietly(lambda: inspect.signature(cls).parameters.values(), (TypeError, ValueError), ())
     return {p.name: p.default for p in params
             if (p.default is p.empty) is required and p.kind is p.POSITIONAL_OR_KEYWORD}
 

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from handformer.check.core.defaults import quietly
 from handformer.check.core.result import LearnerError, Text, text
 from handformer.check.core.source import parsed_file
 
@@ -169,10 +170,8 @@ class File:
 
 
 def _literal(expr: ast.expr, file: File, passed: dict[str, Any], depth: int) -> Read:
-    try:
-        return ast.literal_eval(expr), False
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return None
+    return quietly(lambda: (ast.literal_eval(expr), False),
+                   (ValueError, TypeError, SyntaxError, MemoryError, RecursionError))
 
 
 def _plain_literal(expr: ast.expr, file: File, passed: dict[str, Any], depth: int) -> Read:
@@ -220,10 +219,9 @@ def value_of(expr: ast.expr | None, file: File, passed: dict[str, Any], depth: i
 def _size(file: File, owner: str, name: str) -> Any:
     """Check's size for the argument `name` of the file's `owner` (a class's constructor, a function),
     None where it stands for none."""
-    try:
-        return file.sizes.get(file.keys(vars(file.module)[owner]).get(name))
-    except (KeyError, TypeError, ValueError):  # no such object of the file, or no signature to read
-        return None
+    # None: no such object of the file, or no signature to read
+    return quietly(lambda: file.sizes.get(file.keys(vars(file.module)[owner]).get(name)),
+                   (KeyError, TypeError, ValueError))
 
 
 def _argument(name: str, fn: Any, cls: Any, file: File, depth: int) -> Read:
@@ -244,10 +242,8 @@ PLAIN_CALLERS = {"forward": instance_calls, "": constructor_calls}  # a forward'
 
 def _file_of(obj: Any, sizes: dict[str, Any], keys: Keys, forward: bool) -> File:
     module = sys.modules.get(getattr(obj, "__module__", ""), None)
-    try:
-        tree = parsed_file(module.__file__)
-    except (AttributeError, TypeError, SyntaxError, ValueError):  # no source of the learner's to read
-        tree = ast.Module([], [])
+    tree = quietly(lambda: parsed_file(module.__file__), (AttributeError, TypeError, SyntaxError, ValueError),
+                   ast.Module([], []))  # an empty module: no source of the learner's to read
     readers, callers = (PLAIN_READERS, PLAIN_CALLERS) if forward else (READERS, CALLERS)
     return File(module, _index(tree), sizes, keys, readers, callers)
 

@@ -30,6 +30,7 @@ from handformer.check.core.argument_names import (
     named,
     names_of,
 )
+from handformer.check.core.defaults import quietly
 
 # a processor's setting by its name -> the filter it is checked as
 SETTINGS = {"temperature": TEMPERATURE_NAMES, "top_k": K_NAMES, "top_p": P_NAMES, "min_p": MIN_P_NAMES,
@@ -62,10 +63,8 @@ def processor_setting(cls: Any) -> tuple[str, str]:
     names = [p.name.lower() for p in call_parameters(own_call(cls), ("self",))]
     if len(names) < 2 or names[1] not in SCORES_NAMES:
         return NONE
-    try:
-        params = call_parameters(cls.__init__, ("self",))
-    except ValueError:  # a constructor of C with no signature to read: no processor of the learner's
-        return NONE
+    # a constructor of C with no signature to read: no settings, no processor of the learner's
+    params = quietly(lambda: call_parameters(cls.__init__, ("self",)), ValueError, [])
     names, required = names_of(params)
     found = [(kind, name) for kind, aliases in SETTINGS.items() if (name := named(names, aliases))]
     words = {w.lower() for w in re.findall(r"[A-Z]?[a-z]+", cls.__name__)}

@@ -17,6 +17,7 @@ import os
 import re
 
 from handformer.check.core.adapters import CANNOT
+from handformer.check.core.defaults import quietly
 from handformer.check.core.discovery import DESCRIPTIONS
 from handformer.check.core.kinds import KINDS_TABLE
 from handformer.check.core.result import (
@@ -80,11 +81,7 @@ def default_language() -> str:
     value = next(filter(None, map(os.environ.get, LOCALE_VARIABLES)), "")
     if value:
         return _language(value)
-    try:
-        code = locale.getlocale()[0] or ""
-    except ValueError:
-        code = ""
-    return _language(code)
+    return _language(quietly(lambda: locale.getlocale()[0] or "", ValueError, ""))
 
 
 def _language(code: str) -> str:

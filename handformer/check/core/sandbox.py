@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from handformer.check.core import zygote
+from handformer.check.core.defaults import quietly
 from handformer.check.core.result import ERROR, NOT_CHECKED, ComponentResult, FileResult, LearnerError
 
 TIME_LIMIT = 20.0  # seconds for each step (the import of the learner's file, each component)
@@ -144,10 +145,7 @@ def _done(lines: list[dict[str, Any]]) -> bool:
 
 
 def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
+    return quietly(lambda: path.read_text(), OSError, "")
 
 
 def _progress(path: Path) -> tuple[str, str] | None:

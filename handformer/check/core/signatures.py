@@ -68,6 +68,7 @@ from handformer.check.core.argument_names import (
     named,
     names_of,
 )
+from handformer.check.core.defaults import quietly
 from handformer.check.core.keyed_batch import keyed_batch
 from handformer.check.core.processors import PROCESSOR_NAMES, own_call, own_method, posing_as
 from handformer.check.core.source import config_reads, source_text
@@ -81,10 +82,7 @@ OPTION_VALUES = {"top_k": 3, "top_p": 0.8, "temperature": 0.7, "min_p": 0.1}
 def _signature(fn: Any) -> tuple[list[inspect.Parameter], list[str], set[str]]:
     """fn's named parameters, their lowered names and the required ones; none when it has no
     signature Python can read (it is then no kind)."""
-    try:
-        params = call_parameters(fn)
-    except (TypeError, ValueError):
-        params = []
+    params = quietly(lambda: call_parameters(fn), (TypeError, ValueError), [])
     names, required = names_of(params)
     return params, [n.lower() for n in names], {n.lower() for n in required}
 
@@ -566,10 +564,7 @@ def _probe_options(fn: Any, params: list[inspect.Parameter]) -> dict[str, Any]:
 
 def _quietly_built(cls: Any) -> Any:
     """The dataclass at its defaults; None when a field has none (the probe's call then fails)."""
-    try:
-        return cls()
-    except TypeError:
-        return None
+    return quietly(lambda: cls(), TypeError)
 
 
 def _as_given(logits: Tensor, probs: bool) -> Tensor:
@@ -608,10 +603,8 @@ def written_for_one_row(fn: Any, probs: bool, options: dict[str, Any]) -> bool:
 def _by_row(fn: Any, rows: Tensor, options: dict[str, Any]) -> Tensor | None:
     """fn called on each 1-D row, its outputs (tensors, or token ids) stacked; None when a call raises
     or returns something else."""
-    try:
-        return torch.stack([_call(fn, row, options) for row in rows])
-    except (TypeError, RuntimeError):  # a call gave None, or outputs of different shapes
-        return None
+    # None: a call gave None, or outputs of different shapes
+    return quietly(lambda: torch.stack([_call(fn, row, options) for row in rows]), (TypeError, RuntimeError))
 
 
 def _call(fn: Any, rows: Tensor, options: dict[str, Any]) -> Tensor | None:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from handformer.check.catalog.components import ADDED_AFTER, LINE_FORMS, PLAIN_ADD
+from handformer.check.core.defaults import quietly
 from handformer.check.core.result import LearnerError
 from handformer.check.reference.diagnoses import CATALOG
 
@@ -84,10 +85,8 @@ def code_text(obj: Any) -> str:
 
 
 def _read_lines(obj: Any) -> tuple[tuple[int, str], ...]:
-    try:
-        text, start = _class_lines(obj) if inspect.isclass(obj) else _function_lines(obj)
-    except (OSError, TypeError):
-        return ()
+    text, start = quietly(lambda: _class_lines(obj) if inspect.isclass(obj) else _function_lines(obj),
+                          (OSError, TypeError), ([], 0))  # no lines where it has no source to read
     return tuple((start + i, line.rstrip()) for i, line in enumerate(text))
 
 
@@ -128,10 +127,7 @@ SCOPES = {ast.ClassDef: ".", ast.FunctionDef: ".<locals>.", ast.AsyncFunctionDef
 def function_nodes(obj: Any) -> tuple[ast.AST, ...]:
     """The nodes of one function's (or class's) source, dedented and parsed once; none where it does
     not parse alone."""
-    try:
-        return tuple(ast.walk(ast.parse(textwrap.dedent(source_text(obj)))))
-    except SyntaxError:
-        return ()
+    return quietly(lambda: tuple(ast.walk(ast.parse(textwrap.dedent(source_text(obj))))), SyntaxError, ())
 
 
 def strided_loop(objs: Any) -> bool:
@@ -584,10 +580,7 @@ def refused_by_stand_in(err: BaseException) -> bool:
 def _same(a: str, b: str) -> bool:
     import os
 
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return a == b
+    return quietly(lambda: os.path.samefile(a, b), OSError, a == b)
 
 
 def _is_memory(err: BaseException) -> bool:
@@ -668,10 +661,9 @@ def methods_called(fn: Any) -> list[types.FunctionType]:
 def config_reads(cls: Any, name: str) -> tuple[set[str], set[str]]:
     """(the keys `name["key"]` and the attributes `name.attr`) that `cls.__init__` reads from its
     argument `name`: how it takes its configuration, from its source."""
-    try:
-        lines, _ = _function_lines(cls.__init__ if inspect.isclass(cls) else cls)
-    except (OSError, TypeError):
-        return set(), set()
+    # no lines (and so no reads) where it has no source to read
+    lines, _ = quietly(lambda: _function_lines(cls.__init__ if inspect.isclass(cls) else cls),
+                       (OSError, TypeError), ([], 0))
     keys, attrs = _reads_of("".join(lines), name)
     return set(keys), set(attrs)
 
@@ -688,10 +680,7 @@ def config_fallbacks(cls: Any, name: str) -> dict[str, str]:
 def _reads_of(source: str, name: str) -> tuple[frozenset[str], frozenset[str]]:
     """config_reads of one function's source text (remembered: signatures ask for each argument)."""
     keys, attrs = set(), set()
-    try:
-        tree = ast.parse(textwrap.dedent(source))
-    except SyntaxError:
-        return frozenset(), frozenset()
+    tree = quietly(lambda: ast.parse(textwrap.dedent(source)), SyntaxError, ast.Module([], []))  # (none read)
     for node in ast.walk(tree):
         if not isinstance(getattr(node, "value", None), ast.Name) or node.value.id != name:
             continue  # not `name[...]` nor `name.attr`

@@ -784,14 +784,14 @@ def norm_weights(slot: Slot) -> V.NormWeights:
     return w
 
 
+@torch.no_grad()
 def _eps_readings(module: nn.Module, w: V.NormWeights) -> list[tuple[float, int]]:
     """The eps a norm is read at, each with the most mistakes searched at it: the one it keeps; else
     the default, then (no mistake) the one measured from what it computes where that is another
     (F.normalize's: none)."""
     if held_eps(module) is not None:
         return [(w.eps, 2)]
-    with torch.no_grad():
-        measured = measured_eps(lambda x: module(x.to(w.weight.dtype)), w)
+    measured = measured_eps(lambda x: module(x.to(w.weight.dtype)), w)
     return [(w.eps, 2)] + [(measured, 0)] * (measured is not None and measured != w.eps)
 
 

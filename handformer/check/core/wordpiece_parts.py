@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from handformer.check.core.argument_names import call_parameters
+from handformer.check.core.defaults import quietly
 from handformer.check.core.source import file_objects, global_reads, reachable, source_text
 
 # the string "##" (f"##{c}" too); not a banner ("#####") or a heading ("## Results") a script prints
@@ -52,10 +53,7 @@ def _tokenizer_class(cls: type) -> bool:
 
 
 def _parameters(fn: Any) -> list[inspect.Parameter]:
-    try:
-        return call_parameters(fn)
-    except (TypeError, ValueError):
-        return []
+    return quietly(lambda: call_parameters(fn), (TypeError, ValueError), [])
 
 
 def first_argument(fn: Any) -> str:

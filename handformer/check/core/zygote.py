@@ -31,6 +31,8 @@ import sys
 import threading
 from typing import Any, BinaryIO
 
+from handformer.check.core.defaults import quietly
+
 READY_LIMIT = 120.0  # seconds for a fresh server to import torch and the grader on a busy machine
 
 
@@ -208,10 +210,7 @@ def _reaped(pid: int, requests: BinaryIO) -> int:
 
 def _pidfd(pid: int) -> list[int]:
     """A descriptor that becomes readable when the child ends ([] on a kernel without pidfd: poll)."""
-    try:
-        return [os.pidfd_open(pid)]
-    except (AttributeError, OSError):
-        return []
+    return quietly(lambda: [os.pidfd_open(pid)], (AttributeError, OSError), [])
 
 
 def _kill_group(pid: int) -> None:

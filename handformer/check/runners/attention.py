@@ -71,6 +71,7 @@ from handformer.check.core.context import (
     shape_of,
 )
 from handformer.check.core.conventions import SEQUENCE_FIRST_CONVENTIONS, SHARED
+from handformer.check.core.defaults import given
 from handformer.check.core.discovery import Component, computes_attention, core_attention, reads_kv_heads
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.global_window import check_global, global_inputs, global_names
@@ -572,7 +573,7 @@ class Layout:
                     conv: str) -> Tensor | None:
         B, heads = q.shape[:2]
         everything = torch.ones(1, 1, q.size(2), k.size(2), dtype=torch.bool)
-        keep = everything if keep is None else keep  # all visible where no mask is meant
+        keep = given(keep, everything)  # all visible where no mask is meant
         masks = [c.mask(keep[b % keep.size(0)][None], conv, 1) for b in range(B)]  # a row's, in its rank
         masks = [m if m is None else m.reshape(-1, m.size(-1)) for m in masks]  # (T|1, S)
         outs = [fp.first_tensor(ctx.learner.call("forward", c.call, q[b, h], k[b, h], v[b, h], masks[b]), 2)
@@ -588,7 +589,7 @@ class Layout:
         out = out if out is None or self.flat else out.permute(back)  # (B, H, T, Dh)
         if self.flat and out is not None and out.numel() == math.prod(shape):
             return out.reshape(shape)  # (B, H, T, Dh)
-        return out if merged is None else merged
+        return given(merged, out)
 
     def _split(self, merged: Tensor | None, shape: torch.Size) -> Tensor | None:
         """An output with its heads merged, (B, T, H * Dh), or (T, B, H * Dh) for inputs sequence-first
@@ -1408,12 +1409,12 @@ def _compare_mha(res: ComponentResult, ctx: Context, comp: Component, s: Setup) 
     errors, grad_errors = [], []
     cases = _cases(s)
     before = snapshot(s.module)
-    for i, (label, B, T, S, given, mask) in enumerate(cases):
+    for i, (label, B, T, S, handed, mask) in enumerate(cases):
         xq = fp.randn(B, T, D, seed=10 + i).requires_grad_()
         xkv = xq if S == T and "cross" not in label else fp.randn(B, S, D, seed=20 + i).requires_grad_()
         rope = rope_tables(T, heads=s.heads, rope=s.rope) if V.is_rotary(s.rope) else None
         with torch.enable_grad():
-            raw = ctx.learner.call("forward", s.c.call, xq, xkv, xkv, run_mask(given, s.conv, B))
+            raw = ctx.learner.call("forward", s.c.call, xq, xkv, xkv, run_mask(handed, s.conv, B))
             out = fp.first_tensor(raw, 3)
             if out is None:
                 raise ctx.learner.fail("forward", f"{comp.name} returned {shape_of(raw)}, not a (B, T, D) "

@@ -51,6 +51,7 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import BEAM_NAMES as NAMES  # noqa: F401
 from handformer.check.core.argument_names import named_each
 from handformer.check.core.context import Context, finish, forward_parameters, guarded, names_of
+from handformer.check.core.defaults import quietly
 from handformer.check.core.discovery import Component, cannot_fill
 from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import first_line, locate, source_lines
@@ -486,10 +487,7 @@ def _batched(res: ComponentResult, ctx: Context, comp: Component, call: Call, ma
                               "each row your model decodes belongs to",
                               "没有试 2 句组成的 batch：检查程序分不清你的模型解码的每一行属于哪一句"))
         return
-    try:
-        raw = call.raw(model, srcs, 2, 1.0)
-    except fp.LearnerFailure:
-        raw = None
+    raw = quietly(lambda: call.raw(model, srcs, 2, 1.0), fp.LearnerFailure)
     rows = _rows(raw, 2)
     if rows is None:
         res.notes.append(text(f"{comp.name} does not take a batch of 2 sentences (it raised, or returned "

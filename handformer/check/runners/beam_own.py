@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import SIZES, Context
+from handformer.check.core.defaults import quietly
 from handformer.check.core.result import DIFFERS, FAIL, PASS
 from handformer.check.core.weights import MappingError
 from handformer.check.runners.beam_models import BOS, Steered, Table, started
@@ -174,11 +175,9 @@ def hooked_seq2seq(ctx: Context) -> tuple[nn.Module, None] | None:
              and all(callable(getattr(c, m, None)) for m in ("encode", "decode"))]
     if len(found) != 1:
         return None
-    try:
-        return ctx.build(Component("transformer", found[0].__name__, found[0]),
-                         {**MODEL_SIZES, "src_vocab": TGT_V}, checked=False), None
-    except Exception:  # noqa: BLE001  (it cannot be built at check's sizes: the stand-in drives the search)
-        return None
+    # None: it cannot be built at check's sizes (the stand-in drives the search)
+    return quietly(lambda: (ctx.build(Component("transformer", found[0].__name__, found[0]),
+                                      {**MODEL_SIZES, "src_vocab": TGT_V}, checked=False), None))
 
 
 def own_name(ctx: Context, module: nn.Module) -> str:
@@ -188,10 +187,8 @@ def own_name(ctx: Context, module: nn.Module) -> str:
 
 def first_decoder_layer(module: nn.Module) -> nn.Module | None:
     """The learner's model's first decoder layer, as its map names it; None when it cannot be mapped."""
-    try:
-        return module.get_submodule(map_model(module, SIZES["d_ff"], one_vocabulary(module)).decoder[0].name)
-    except MappingError:
-        return None
+    return quietly(lambda: module.get_submodule(
+        map_model(module, SIZES["d_ff"], one_vocabulary(module)).decoder[0].name), MappingError)
 
 
 def own_steered(ctx: Context) -> tuple[Any, bool | None] | None:

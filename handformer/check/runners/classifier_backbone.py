@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, check_determinism, error_text, forward_names
+from handformer.check.core.defaults import keyword
 from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, text
 from handformer.check.core.source import first_line, source_lines
 from handformer.check.core.weights import MappingError
@@ -93,7 +94,7 @@ def check_backbone_classifier(res: ComponentResult, ctx: Context, comp: Any, mod
     keep[1, REAL:] = 0
 
     def run(tokens: Tensor, **extra: Any) -> Any:
-        given = {mask: keep} if mask else {}
+        given = keyword(mask, keep)
         return ctx.learner.call("forward", module, tokens, **given, **extra)
 
     logits = lambda out: next((t for t in tensors_of(out) if t.dim() == 2 and t.size(-1) == classes), None)  # noqa: E731

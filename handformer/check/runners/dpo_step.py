@@ -34,6 +34,7 @@ from handformer.check.core.argument_names import (
     names_of,
 )
 from handformer.check.core.context import Context, error_text, finish
+from handformer.check.core.defaults import keyword
 from handformer.check.core.discovery import Component, cannot_fill
 from handformer.check.core.localize import first_departure, trace_steps
 from handformer.check.core.localize_kinds import note_departure
@@ -127,11 +128,11 @@ def _logps(model: nn.Module, fields: dict[str, Tensor]) -> Tensor:
     return token_logprobs(logits[:, :-1], fields["labels"][:, 1:]).double().sum(-1)
 
 
+@torch.no_grad()
 def reference_step(policy: nn.Module, ref: nn.Module, beta: float) -> tuple[float, nn.Module]:
     """handformer's DPO step on a copy of the policy: the loss and the policy after SGD."""
     policy, pairs = copy.deepcopy(policy), _pairs()
-    with torch.no_grad():
-        rc, rr = (_logps(ref, pairs[side]) for side in SIDES)
+    rc, rr = (_logps(ref, pairs[side]) for side in SIDES)
     with torch.enable_grad():  # a step's gradients, wherever check runs it
         pc, pr = (_logps(policy, pairs[side]) for side in SIDES)
         loss = -F.logsigmoid(beta * ((pc - pr) - (rc - rr))).mean()
@@ -180,7 +181,7 @@ def _arguments(roles: dict[str, str], policy: nn.Module, ref: nn.Module, batch: 
     policy, and beta where it takes one."""
     given = {roles["policy"]: policy, roles["reference"]: ref, roles["batch"]: batch,
              roles["optimizer"]: torch.optim.SGD(policy.parameters(), lr=LR)}
-    return given | ({roles["beta"]: beta} if roles["beta"] else {})
+    return given | (keyword(roles["beta"], beta))
 
 
 def _localize(comp: Component, ctx: Context, roles: dict[str, str], beta: float) -> Any:

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, check_determinism, error_text, finish, forward_names
+from handformer.check.core.defaults import keyword
 from handformer.check.core.discovery import Component
 from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, text
 from handformer.check.core.sizes import SIZES
@@ -47,7 +48,7 @@ def check_encoder_model(comp: Component, ctx: Context) -> ComponentResult:
     keep[1, REAL:] = 0
 
     def call(tokens: Tensor, mask: Tensor = keep) -> Any:
-        kwargs: dict[str, Any] = {mask_name: mask} if mask_name else {}
+        kwargs: dict[str, Any] = keyword(mask_name, mask)
         return ctx.learner.call("forward", module, tokens, **kwargs)
 
     def run(tokens: Tensor, mask: Tensor = keep) -> Tensor | None:

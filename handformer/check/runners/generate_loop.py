@@ -53,6 +53,7 @@ from handformer.check.core.context import (
     named,
     raised_at,
 )
+from handformer.check.core.defaults import given, quietly
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import note_departure
@@ -253,7 +254,7 @@ class LanguageModel(nn.Module):
     def forward(self, idx: Any = None, *args: Any, input_ids: Any = None, **kwargs: Any) -> Any:
         if spent(self):
             raise TooManyCalls(f"generate called the model {len(self.calls) + 1} times")
-        ids = torch.as_tensor(input_ids if idx is None else idx).long()  # Hugging Face's model(input_ids=...)
+        ids = torch.as_tensor(given(idx, input_ids)).long()  # Hugging Face's model(input_ids=...)
         one = ids.dim() == 1  # one sequence, no batch: gpt-oss's model(tokens) gives (T, V)
         ids = ids[None] if one else ids  # (B, T)
         cache, start, positions = _cache_arguments(args, kwargs)
@@ -267,10 +268,10 @@ class LanguageModel(nn.Module):
         pads = _padding(ids, prior_ids.size(1) + T, args, kwargs)  # (B, S + T): the cached tokens' too
         positions = _given_positions(ids, pads, args) if positions is None else positions
         if positions is None:
-            first = start if start is not None else prior_ids.size(1)
+            first = given(start, prior_ids.size(1))
             positions = torch.arange(first, first + T)[None].expand(B, T)
             counted = None if pads is None else (pads.cumsum(-1) - 1).clamp(min=0)[:, -T:]  # left padding
-            positions = positions if counted is None else counted
+            positions = given(counted, positions)
         positions = positions.long().expand(B, T)  # (one row (1, T) handed for every sequence)
         full_ids, full_pos = torch.cat([prior_ids, ids], 1), torch.cat([prior_pos, positions], 1)
         cached = cache is not None or start is not None
@@ -296,7 +297,7 @@ class LanguageModel(nn.Module):
         if cache is not None:
             return cache.ids.expand(B, -1), cache.positions.expand(B, -1)
         if start is not None:
-            stream = self.stream if self.stream is not None else ids[:, :0]
+            stream = given(self.stream, ids[:, :0])
             return stream[:, :start], torch.arange(stream[:, :start].size(1))[None].expand(B, -1)
         return ids[:, :0], ids[:, :0]
 
@@ -356,6 +357,7 @@ def _position_row(value: Any) -> bool:
         and value.numel() > 0 and bool((value.diff() == 1).all()) and int(value[0]) >= 0
 
 
+@torch.no_grad()
 def known_model() -> CausalLM:
     """A one-block GPT-2 style model on constructed weights whose greedy choice depends on the last
     token and its position, with a clear margin: the blocks add nothing (zero weights), a token is
@@ -365,13 +367,12 @@ def known_model() -> CausalLM:
     cfg = CausalLMConfig.gpt2_style(vocab_size=VOCAB, d_model=VOCAB + BLOCK, n_layers=1, n_heads=2, d_ff=32,
                                     max_positions=2 * BLOCK, dropout=0.0, tie_embeddings=False)
     model = build_causal_lm(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.fill_(1.0 if name.endswith("norm.weight") else 0.0)
-        model.embed.weight[:, :VOCAB] = 3.0 * torch.eye(VOCAB)
-        model.positions.weight[:, VOCAB:] = 3.0 * torch.eye(BLOCK).repeat(2, 1)
-        head = torch.randn(VOCAB, VOCAB + BLOCK, generator=torch.Generator().manual_seed(SEED))
-        model.lm_head.weight.copy_(head)
+    for name, p in model.named_parameters():
+        p.fill_(1.0 if name.endswith("norm.weight") else 0.0)
+    model.embed.weight[:, :VOCAB] = 3.0 * torch.eye(VOCAB)
+    model.positions.weight[:, VOCAB:] = 3.0 * torch.eye(BLOCK).repeat(2, 1)
+    head = torch.randn(VOCAB, VOCAB + BLOCK, generator=torch.Generator().manual_seed(SEED))
+    model.lm_head.weight.copy_(head)
     return model
 
 
@@ -524,10 +525,7 @@ def new_tokens(out: Any, prompt: Tensor, n: int) -> Tensor | None:
     if fp.token_list(out) and out:  # a non-empty list of ids: one sequence
         out = [out]
     if isinstance(out, (list, tuple)) and out and all(isinstance(v, (list, tuple, Tensor)) for v in out):
-        try:
-            out = torch.stack([torch.as_tensor(v).reshape(-1).long() for v in out])
-        except RuntimeError:
-            return None
+        out = quietly(lambda: torch.stack([torch.as_tensor(v).reshape(-1).long() for v in out]), RuntimeError)
     if not isinstance(out, Tensor) or out.is_floating_point() or out.dim() not in (1, 2) or out.numel() % B:
         return None
     out = out.reshape(B, -1).long()

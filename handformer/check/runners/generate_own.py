@@ -36,7 +36,7 @@ from handformer.check.core.context import (
     globals_set,
     module_sizes,
 )
-from handformer.check.core.defaults import given
+from handformer.check.core.defaults import given, quietly
 from handformer.check.core.discovery import Component, own_objects
 from handformer.check.core.precision import DTYPE_MISMATCH
 from handformer.check.core.result import DIFFERS, NOT_CHECKED, PASS, ComponentResult, Text, text
@@ -144,10 +144,7 @@ class OwnModel:
         return None, self.held if self._cached(args, kwargs) else 0
 
     def _bound(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        try:
-            return dict(self.signature.bind(*args, **kwargs).arguments)
-        except TypeError:
-            return dict(kwargs)
+        return quietly(lambda: dict(self.signature.bind(*args, **kwargs).arguments), TypeError, dict(kwargs))
 
     def _cached(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         bound = self._bound(args, kwargs)

@@ -187,15 +187,11 @@ class GPTMap:
     order: tuple[int, ...] = ()  # the blocks in the order the model calls them, where it reuses one
 
     def describe(self) -> list[str]:
-        rows = [f"{self.wte.name} -> token embedding"]
-        rows += [f"{self.embed_norm.name} -> embedding norm"] if self.embed_norm is not None else []
-        rows += [f"{self.wpe.name} -> position embedding"] if self.wpe is not None else []
-        rows += [f"{b.name} -> block {i}" for i, b in enumerate(self.blocks)]
-        rows += [f"{self.ln_f.leaf.name} -> final norm"] if self.ln_f is not None else []
-        if self.head is not None:
-            tied = " (tied to the token embedding)" if self.tied else ""
-            rows.append(f"{self.head.name} -> output head{tied}")
-        return rows
+        tied = " (tied to the token embedding)" if self.tied else ""
+        parts = [(self.wte, "token embedding"), (self.embed_norm, "embedding norm"),
+                 (self.wpe, "position embedding"), *[(b, f"block {i}") for i, b in enumerate(self.blocks)],
+                 (getattr(self.ln_f, "leaf", None), "final norm"), (self.head, f"output head{tied}")]
+        return [f"{part.name} -> {what}" for part, what in parts if part is not None]  # (the parts it has)
 
 
 # why a model's blocks are not mapped, by whether it holds a decoder (a class named so)
@@ -907,10 +903,7 @@ def gpt_sizes(ctx: Context) -> dict[str, Any]:
     n_kv_heads, minimind's num_key_value_heads), so that grouped-query attention is what is checked."""
     from handformer.check.core.discovery import ARGUMENTS
 
-    try:
-        source = inspect.getsource(ctx.module)
-    except (OSError, TypeError):
-        return GPT_SIZES
+    source = fp.quietly(lambda: inspect.getsource(ctx.module), (OSError, TypeError), "")  # "": no name read
     kv = any(re.search(rf"\b{name}\b", source) for name in ARGUMENTS["n_kv_heads"])
     return {**GPT_SIZES, "n_kv_heads": KV_HEADS} if kv else GPT_SIZES
 
@@ -1688,10 +1681,7 @@ TIE_FIELD = re.compile(r"\b(tie_weights|tie_word_embeddings|tie_embeddings)\b")
 def _tied_despite_config(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap) -> None:
     """head_tied_despite_config: the file's config (or the GPT) has a tying field, the GPT was
     built with it False, and its head is the token embedding all the same."""
-    try:
-        source = inspect.getsource(ctx.module)
-    except (OSError, TypeError):
-        return
+    source = fp.quietly(lambda: inspect.getsource(ctx.module), (OSError, TypeError), "")  # "": no field found
     field_name = TIE_FIELD.search(re.sub(r"#[^\n]*", "", source))  # a comment on tying sets nothing
     if field_name is None:
         return

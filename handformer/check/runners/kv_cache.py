@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, error_text, finish, forward_names
+from handformer.check.core.defaults import quietly
 from handformer.check.core.discovery import Component, build, own_objects
 from handformer.check.core.layer_map import outside
 from handformer.check.core.result import NOT_CHECKED, Check, ComponentResult, Finding, LearnerError, text
@@ -234,10 +235,7 @@ def cache_length(cache: Any) -> int | None:
             return value
     if isinstance(cache, (list, tuple, dict)):
         return None  # a list of layers: its length is not the tokens'
-    try:
-        return len(cache)
-    except TypeError:
-        return None
+    return quietly(lambda: len(cache), TypeError)
 
 
 # --- the runner ------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from handformer.check.core.context import (
     forward_names,
     is_mask_name,
 )
+from handformer.check.core.defaults import given
 from handformer.check.core.discovery import Component
 from handformer.check.core.localize import View, first_departure, trace_steps
 from handformer.check.core.localize_kinds import note_departure
@@ -390,7 +391,7 @@ def model_reference(m: LatentModel, idx: Tensor, flags: V.Flags = frozenset(), r
         own = next((i for i, r in enumerate(b.readings) if r[1] == act), 0)
         x = block_reference(b, x, keep, flags, own, layout)
     x = V.norm(m.norm, x) if m.norm is not None else x
-    return V.linear(x, m.head if m.head is not None else (m.embed, None))
+    return V.linear(x, given(m.head, (m.embed, None)))
 
 
 def check_latent_model(res: ComponentResult, ctx: Context, comp: Component, logits: Tensor, m: LatentModel,

@@ -28,6 +28,7 @@ from torch import Tensor
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import call_parameters, named, names_of
 from handformer.check.core.context import Context, finish
+from handformer.check.core.defaults import keyword
 from handformer.check.core.discovery import Component, cannot_fill
 from handformer.check.core.localize import View, latest_departure, trace_steps
 from handformer.check.core.localize_kinds import note_departure
@@ -361,7 +362,7 @@ def check_perplexity(comp: Component, ctx: Context) -> ComponentResult:
                     **{
                         roles["logits"]: logits.clone(),
                         roles["targets"]: labels.clone(),
-                        **({roles["ignore"]: ignore} if roles["ignore"] else {}),
+                        **(keyword(roles["ignore"], ignore)),
                     },
                 )
             )

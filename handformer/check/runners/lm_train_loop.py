@@ -36,6 +36,7 @@ from handformer.check.core.context import (
     named,
     names_of,
 )
+from handformer.check.core.defaults import keyword
 from handformer.check.core.discovery import Component
 from handformer.check.core.fingerprint import LearnerFailure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
@@ -114,7 +115,7 @@ class Loop:
             self.opt = opt
             self.rates.append([None if g["lr"] is None else float(g["lr"]) for g in opt.param_groups])
 
-        stand_in = {self.drawn: Draws(parts, model), **({self.held: ACCUM} if self.held else {})}
+        stand_in = {self.drawn: Draws(parts, model), **(keyword(self.held, ACCUM))}
         self.carried = carry(model, self.comp.obj, self.model, {"context": POSITIONS, "vocab": VOCAB})
         hook = register_optimizer_step_pre_hook(seen)
         try:

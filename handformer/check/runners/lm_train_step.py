@@ -54,6 +54,7 @@ from handformer.check.core.context import (
     named,
     names_of,
 )
+from handformer.check.core.defaults import keyword
 from handformer.check.core.discovery import Component, cannot_fill, defaulted_config
 from handformer.check.core.keyed_batch import keyed_batch
 from handformer.check.core.localize_kinds import note_departure
@@ -241,7 +242,7 @@ class Step:
         kwargs.update({name: make() for name, make in given.items() if name})
         kwargs.update({name: dict(settings) for name, settings in self.settings.items()})
         stand_in = {self.drawn: Drawn(self, Windows(x, y, parts))} if self.drawn else {}
-        stand_in.update({self.held: ACCUM} if self.held else {})
+        stand_in.update(keyword(self.held, ACCUM))
         with globals_set(self.ctx.module, stand_in):
             out = self.ctx.learner.call("forward", self.comp.obj, **kwargs)
         self.seen.append(float(opt.param_groups[0]["lr"]))

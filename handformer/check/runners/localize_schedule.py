@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from handformer.check.core.defaults import quietly
 from handformer.check.core.localize import (
     Departure,
     Form,
@@ -70,10 +71,7 @@ def departing(runs: list[list[Step]], refs: Tensor, wrong: Tensor) -> tuple[int,
 
 def _expressions(code: str) -> list[ast.expr]:
     """The computed expressions of a statement (its right-hand side), the smallest first."""
-    try:
-        tree = ast.parse(code.strip())
-    except SyntaxError:
-        return []
+    tree = quietly(lambda: ast.parse(code.strip()), SyntaxError, ast.Module([], []))  # (none found)
     found = (n for n in ast.walk(tree) if isinstance(n, (ast.Call, ast.BinOp, ast.UnaryOp)))
     return sorted(found, key=lambda n: len(ast.unparse(n)))
 
@@ -81,10 +79,9 @@ def _expressions(code: str) -> list[ast.expr]:
 def _evaluated(node: ast.expr, step: Step, where: dict[str, Any]) -> float:
     """The expression on the numbers bound when the step was made (NaN when it cannot run alone)."""
     names = {name: value for name, (_, value) in step.numbers.items()}
-    try:
-        return float(eval(compile(ast.Expression(node), "<schedule>", "eval"), where, names))  # noqa: S307
-    except Exception:  # noqa: BLE001 - it needs what the line alone does not give
-        return math.nan
+    # nan: it needs what the line alone does not give
+    return quietly(lambda: float(eval(compile(ast.Expression(node), "<schedule>", "eval"), where, names)),  # noqa: S307
+                   Exception, math.nan)
 
 
 def inner(runs: list[list[Step]], key: tuple[int, str], refs: Tensor, w: int, where: dict[str, Any],

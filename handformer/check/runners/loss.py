@@ -42,6 +42,7 @@ from handformer.check.core.context import (
     names_of,
 )
 from handformer.check.core.conventions import is_lengths_name
+from handformer.check.core.defaults import keyword
 from handformer.check.core.discovery import Component, cannot_fill
 from handformer.check.core.localize import Departure, View, latest_departure, over_axes, trace_steps
 from handformer.check.core.localize_kinds import note_departure
@@ -248,7 +249,7 @@ class Loss:
         def call(x: Tensor, y: Tensor) -> Any:
             init, options = self.options(eps, pad)
             kwargs: dict[str, Any] = {self.input: x.clone(), self.target: y.clone(), **options}
-            kwargs.update({self.lengths: torch.tensor(LENGTHS)} if self.lengths else {})
+            kwargs.update(keyword(self.lengths, torch.tensor(LENGTHS)))
             kwargs.update({name: part() for name, part in self.parts.items()})
             if self.is_class:
                 module = self.ctx.learner.call("__init__", lambda: self.comp.obj(**init))

@@ -27,6 +27,7 @@ from torch import Tensor
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, finish, forward_parameters, named, names_of
 from handformer.check.core.conventions import file_masks_where_true
+from handformer.check.core.defaults import quietly
 from handformer.check.core.discovery import Component, cannot_fill
 from handformer.check.core.probe import Found, Probe, Subject, drive
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
@@ -322,10 +323,7 @@ SEQUENCE_FIRST_NOTE = text("it reads its ids sequence-first, (S, B), as nn.Trans
 
 def _sequence_first(helper: Helper) -> Any:
     """What the helper returns for ids given sequence-first, (S, B); None when it raises."""
-    try:
-        return helper(Tensor.t)
-    except fp.LearnerFailure:
-        return None
+    return quietly(lambda: helper(Tensor.t), fp.LearnerFailure)
 
 
 def _pair(res: ComponentResult, ctx: Context, comp: Component, helper: Helper, out: Any) -> Any:

@@ -493,10 +493,9 @@ class Caller:
             into, back = LAYOUTS[rank]
             masks = {name: torch_mask(name, src, tgt) for name in self.masks}
             return back(self.forward(into(src), into(tgt), **masks))
-        if rank == "lens":
-            return self._with_lengths(src, tgt)
-        if rank == "hf":
-            return self._hf(src, tgt)
+        own_forms = {"lens": self._with_lengths, "hf": self._hf}  # lengths in place of masks; Hugging Face's
+        if rank in own_forms:
+            return own_forms[rank](src, tgt)
         kwargs = {}
         for name in self.masks:
             if names_source(name):

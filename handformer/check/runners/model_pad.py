@@ -16,6 +16,7 @@ import torch
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, moved_by
+from handformer.check.core.defaults import quietly
 from handformer.check.core.discovery import Component, DiscoveryError, size_of
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines
@@ -25,10 +26,7 @@ OTHER_PAD = 3  # neither 0 (check's) nor 1 (the translation tutorials'), so a pa
 
 def takes_pad(comp: Component) -> bool:
     """Whether the model's constructor takes a pad id by one of its names."""
-    try:
-        params = inspect.signature(comp.obj).parameters
-    except (TypeError, ValueError):
-        return False
+    params = quietly(lambda: inspect.signature(comp.obj).parameters, (TypeError, ValueError), ())
     return any(size_of(name) == "pad_id" for name in params)
 
 

@@ -31,6 +31,7 @@ from handformer.check.core.context import (
     shape_of,
 )
 from handformer.check.core.conventions import file_masks_where_true
+from handformer.check.core.defaults import quietly
 from handformer.check.core.discovery import Component, argument_keys, defined_here, own_objects
 from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import (
@@ -255,10 +256,8 @@ def _prefixed_mask(ctx: Context, comp: Component, subject: Subject, rows: tuple[
     plain = mask_arguments(comp.obj, PREFIX_T, subject.facts["shaped"])
     handed = [next((fill(list(rows)) for words, fill in PREFIX_ROWS if words.search(p.name.lower())), a)
               for p, a in zip(forward_parameters(comp.obj), plain)]
-    try:
-        masks = _masks(ctx.learner.call("forward", comp.obj, *handed), PREFIX_T, len(rows))
-    except fp.LearnerFailure:
-        masks = []
+    masks = quietly(lambda: _masks(ctx.learner.call("forward", comp.obj, *handed), PREFIX_T, len(rows)),
+                    fp.LearnerFailure, [])
     read = READ_KEEP[subject.facts["convention"]]
     none = torch.zeros(len(rows), PREFIX_T, PREFIX_T, dtype=torch.bool)  # no query sees anything
     return next((read(m.reshape(len(rows), PREFIX_T, PREFIX_T)).bool() for m in masks), none)
@@ -971,10 +970,9 @@ PE_TABLE_SHAPES = {(MAX_LEN, D), (1, MAX_LEN, D), (MAX_LEN, 1, D)}
 def _table_from(out: object) -> Tensor | None:
     """A (length, d_model) table from what a function returned (a tensor or an array, (L, D),
     (1, L, D) or (L, 1, D)); None for anything else."""
-    try:
-        table = torch.as_tensor(out, dtype=torch.float64)
-    except (TypeError, ValueError, RuntimeError):  # None, a tuple of tensors: no table
-        return None
+    # None, a tuple of tensors: no table (an empty one, of no table's shape)
+    table = quietly(lambda: torch.as_tensor(out, dtype=torch.float64), (TypeError, ValueError, RuntimeError),
+                    torch.zeros(0))
     return table.reshape(MAX_LEN, D) if tuple(table.shape) in PE_TABLE_SHAPES else None
 
 

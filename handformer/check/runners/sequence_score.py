@@ -23,10 +23,8 @@ REAL, T = 5, 8  # the padded sequence's real tokens, then padding (id 0) to T
 
 def scores(module: nn.Module, ctx: Context, ids: Tensor, mask: Tensor) -> Tensor | None:
     """Its scores (B,) for ids (B, t) and a mask (B, t) of 1 = real token; None where it gives none."""
-    try:
-        out = fp.first_tensor(ctx.learner.call("forward", module, ids, mask))
-    except fp.LearnerFailure:
-        return None
+    out = fp.quietly(lambda: fp.first_tensor(ctx.learner.call("forward", module, ids, mask)),
+                     fp.LearnerFailure)
     if out is None or not out.is_floating_point() or out.shape not in ((ids.size(0),), (ids.size(0), 1)):
         return None
     return out.detach().reshape(-1)

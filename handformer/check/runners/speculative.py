@@ -38,6 +38,7 @@ from handformer.check.catalog.base import DEPARTS
 from handformer.check.core import stats
 from handformer.check.core.argument_names import COUNT_NAMES, PROMPT_NAMES
 from handformer.check.core.context import Context, finish, forward_parameters
+from handformer.check.core.defaults import quietly
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import first_line, source_lines
@@ -124,11 +125,8 @@ def _arguments(fn: Callable[..., Any], draft: nn.Module, target: nn.Module) -> d
 
 def _tokens(out: Any) -> list[int] | None:
     """The ids of the one sequence it returns (a (1, T) tensor, a (T,) one, or lists), or None."""
-    try:
-        ids = torch.as_tensor(out).long().reshape(-1).tolist()
-    except (TypeError, ValueError, RuntimeError):
-        return None
-    return ids
+    return quietly(lambda: torch.as_tensor(out).long().reshape(-1).tolist(),
+                   (TypeError, ValueError, RuntimeError))
 
 
 def check_speculative(comp: Component, ctx: Context) -> ComponentResult:

@@ -1,0 +1,31 @@
+"""The grader's small helpers for optional values (handformer.check.core.defaults): what each gives
+where a value is handed, and where none is."""
+
+from __future__ import annotations
+
+import pytest
+
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.defaults import given, keyword, quietly
+
+
+def test_given_keeps_a_falsy_value_and_fills_none() -> None:
+    assert given(0, 5) == 0 and given([], [1]) == [] and given(None, 5) == 5
+
+
+def test_keyword_is_empty_without_a_name() -> None:
+    assert keyword("mask", 1) == {"mask": 1}
+    assert keyword(None, 1) == {} and keyword("", 1) == {}
+
+
+def test_quietly_catches_only_what_it_is_told() -> None:
+    assert quietly(lambda: 3) == 3
+    assert quietly(lambda: 1 / 0) is None  # any Exception by default
+    assert quietly(lambda: int("x"), ValueError, -1) == -1
+    assert quietly(lambda: int("x"), (TypeError, ValueError), []) == []
+    with pytest.raises(ValueError):
+        quietly(lambda: int("x"), TypeError)
+
+
+def test_fingerprint_quietly_is_the_same_helper() -> None:
+    assert fp.quietly is quietly
