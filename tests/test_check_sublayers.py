@@ -56,7 +56,7 @@ def test_a_pre_norm_ffn_sublayer_passes(tmp_path):
     ("mha", "torch.softmax(scores, dim=-1)", "torch.softmax(scores, dim=-2)", ["softmax_wrong_dim"]),
     ("mha", "self.core = ScaledDotProductAttention(self.d_k ** 0.5)", "self.core = ScaledDotProductAttention(1.0)",
      ["no_scaling"]),
-    ("mha", "        out = out + skip\n", "", []),
+    ("mha", "        out = out + skip\n", "", ["unlocated"]),
 ])
 def test_a_planted_sublayer_fails(tmp_path, kind, old, new, named):
     comp, report = _one(edited_copy(tmp_path, CORRECT, [(old, new)]), kind)

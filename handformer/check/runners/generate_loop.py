@@ -887,8 +887,12 @@ def _ending(res: ComponentResult, ctx: Context, comp: Component, driver: Any, tr
     if short.out is not None and not res.findings:
         _eos(res, ctx, comp, driver, short, reference[0])
     wrong = next((run for run in tried if _wrong(*run)), None)
-    if wrong and not res.has(DEPARTS):  # a probe that quoted its own line (generate_top_k's filter)
+    if wrong:  # a mistake the localizing names wins over a probe's own line (generate_top_k's filter)
+        probed = [f for f in res.findings if f.name == DEPARTS]
+        res.findings = [f for f in res.findings if f.name != DEPARTS]
         note_departure(res, lambda: _localize(ctx, comp, driver, *wrong))
+        named = [f for f in res.findings if f.name != DEPARTS]
+        res.findings = named or probed or [f for f in res.findings if f.name == DEPARTS]
 
 
 def _wrong(run: Run, expected: Tensor) -> bool:
