@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.defaults import given, keyword, quietly
+from handformer.check.core.defaults import given, keyword, quietly, then
 
 
 def test_given_keeps_a_falsy_value_and_fills_none() -> None:
@@ -16,6 +16,11 @@ def test_given_keeps_a_falsy_value_and_fills_none() -> None:
 def test_keyword_is_empty_without_a_name() -> None:
     assert keyword("mask", 1) == {"mask": 1}
     assert keyword(None, 1) == {} and keyword("", 1) == {}
+
+
+def test_then_acts_on_a_value_and_never_on_none() -> None:
+    assert then(0, lambda v: v + 1) == 1 and then([], len) == 0
+    assert then(None, lambda v: 1 / 0) is None  # not called: nothing to act on
 
 
 def test_quietly_catches_only_what_it_is_told() -> None:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from handformer.check.core.defaults import then
 from handformer.check.core.result import LearnerError
 from handformer.check.core.source import learner_error
 
@@ -239,7 +240,7 @@ def _by_forms(entry: Entry, given: str) -> LearnerError | None:
     their code raises on every form of its inputs, the kind's own among them: the exception is theirs."""
     tried = alternatives(entry)
     taken = next((how for how, args in tried if runs(entry.fn, args)), None)
-    return None if taken is None else _why(TAKES, _both(entry.line), _both(given), taken)
+    return then(taken, lambda how: _why(TAKES, _both(entry.line), _both(given), how))
 
 
 OWN_CALL = " (raised where your own code calls it, with {})"  # (an exception's message is not translated)

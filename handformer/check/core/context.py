@@ -28,6 +28,7 @@ from handformer.check.core.argument_names import (  # noqa: F401  (the runners i
     readable_parameters,
 )
 from handformer.check.core.conventions import QUERY_FIRST, conventions_for, is_lengths_name, masks_where_true
+from handformer.check.core.defaults import then
 from handformer.check.core.discovery import (
     SIZE_OF,
     Component,
@@ -696,7 +697,7 @@ def random_draw(run: Callable[[], Tensor | None]) -> tuple[int, str] | None:
     first = next((m for (m, a), (_, b) in zip(*seen) if 0 < fp.max_error(a, b) < math.inf), None)
     lines = source_lines([type(first)])  # none for no module
     number, code = first_line([RANDOM_DRAW.pattern], lines)
-    return None if number is None else _guard(number, str(code), lines)
+    return then(number, lambda n: _guard(n, str(code), lines))
 
 
 def _guard(number: int, code: str, lines: list[tuple[int, str]]) -> tuple[int, str]:
@@ -969,7 +970,7 @@ def batch_first_by_shape(t: Tensor, B: int, T: int) -> Tensor:
 
 def logits_shape(res: ComponentResult, out: Tensor | None, want: tuple[int, ...], vocab: str) -> bool:
     """The check that an assembled model's logits have the shape (B, T, vocab) = want; whether they do."""
-    got = None if out is None else tuple(out.shape)
+    got = then(out, lambda o: tuple(o.shape))
     res.checks.append(Check(text(f"logits of shape (B, T, {vocab}) = {want}",
                                  f"logits 的形状为 (B, T, {vocab}) = {want}"), got == want,
                             text(f"got {got}", f"实际得到 {got}")))

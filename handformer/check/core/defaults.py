@@ -1,5 +1,6 @@
-"""One helper for a pattern the grader repeats: an optional argument, or what stands for it where none
-was handed (a default built at the call: a fresh dict, a mask that hides nothing)."""
+"""Helpers for patterns the grader repeats: an optional argument, or what stands for it where none
+was handed (a default built at the call: a fresh dict, a mask that hides nothing), or a step taken only
+on a value there is."""
 
 from __future__ import annotations
 
@@ -12,6 +13,12 @@ T = TypeVar("T")
 def given(value: T | None, otherwise: T) -> T:
     """`value`, or `otherwise` where it is None (a falsy value such as 0 or an empty list is kept)."""
     return otherwise if value is None else value
+
+
+def then(value: T | None, act: Callable[[T], Any]) -> Any:
+    """`act(value)`, or None where `value` is None (nothing to act on: a part the learner's code lacks, a
+    call that gave nothing); `act` is not called then."""
+    return None if value is None else act(value)
 
 
 def keyword(name: str | None, value: T) -> dict[str, T]:

@@ -30,7 +30,7 @@ from handformer.check.core.conventions import (  # noqa: F401  (the runners' one
     encode_mask,
     is_lengths_name,
 )
-from handformer.check.core.defaults import quietly  # noqa: F401  (fp.quietly, as the runners import it)
+from handformer.check.core.defaults import quietly, then  # noqa: F401  (fp.quietly, as the runners import it)
 from handformer.check.core.discovery import DiscoveryError
 from handformer.check.core.result import LearnerError
 from handformer.check.core.source import learner_error
@@ -134,7 +134,7 @@ def _rows_apart(run: Callable[[Tensor, Tensor | None], Any], x: Tensor, conv: st
     everything = torch.ones(x.size(0), 1, x.size(1), x.size(1), dtype=torch.bool)  # (B, 1, T, S)
     both, alone = (quietly(lambda v=v: first_tensor(run(v, encode_mask(everything[:len(v)], conv, len(v))),
                                                     3)) for v in (x, x[:1]))
-    return None if both is None else max_error(both[:1], alone) < 1e-9  # (alone None: inf)
+    return then(both, lambda b: max_error(b[:1], alone) < 1e-9)  # (alone None: inf)
 
 
 def mask_like(mask: Tensor | None, x: Tensor) -> Tensor | None:
@@ -269,7 +269,7 @@ def relative_error(a: Tensor | None, b: Tensor | None) -> float:
     if b is None:
         return math.inf
     scale = b.double().abs().nan_to_num(1.0).clamp_min(1e-12)
-    return max_error(None if a is None else a.double() / scale, b.double() / scale)
+    return max_error(then(a, lambda a: a.double() / scale), b.double() / scale)
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from handformer.check.core import sizes
-from handformer.check.core.defaults import given
+from handformer.check.core.defaults import given, then
 from handformer.check.core.fingerprint import quietly
 from handformer.check.core.qkv_layouts import FOUND, LAYOUTS, STATED, ffn_ups, fused_before_output, kv_width
 from handformer.check.core.sizes import H, is_number
@@ -441,7 +441,7 @@ def _attention_ffn_parts(leaf: Leaf, D: int, head_dim: int, ffns: list[int]) -> 
 
 def _rows_of(leaf: Leaf, start: int, stop: int) -> Leaf:
     """A leaf of the rows start..stop of a linear leaf (views: the learner's parameters themselves)."""
-    bias = None if leaf.bias is None else leaf.bias[start:stop]
+    bias = then(leaf.bias, lambda b: b[start:stop])
     return Leaf(f"{leaf.name}[{start}:{stop}]", leaf.kind, leaf.module, leaf.weight[start:stop], bias)
 
 
@@ -687,7 +687,7 @@ def has_down_projection(slots: list[Slot]) -> bool:
 def ffn_weights(slots: list[Slot], activation: str) -> V.FFNWeights | V.MoEWeights:
     if isinstance(slots[-1], RouterSlot):  # a mixture of experts: each expert's slots, then the router
         r = slots[-1]
-        gate = None if r.shared_gate is None else (r.shared_gate.weight, r.shared_gate.bias)
+        gate = then(r.shared_gate, lambda g: (g.weight, g.bias))
         return V.MoEWeights(r.linear(), [ffn_weights(e, activation) for e in expert_slots(slots)], r.top_k,
                             r.normalize, [ffn_weights(s, activation) for s in shared_slots(slots)], gate)
     by = {FFN_PARTS[s.role]: s.linear() for s in slots}

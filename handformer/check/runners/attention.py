@@ -71,7 +71,7 @@ from handformer.check.core.context import (
     shape_of,
 )
 from handformer.check.core.conventions import SEQUENCE_FIRST_CONVENTIONS, SHARED
-from handformer.check.core.defaults import given
+from handformer.check.core.defaults import given, then
 from handformer.check.core.discovery import Component, computes_attention, core_attention, reads_kv_heads
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.global_window import check_global, global_inputs, global_names
@@ -1633,7 +1633,7 @@ def _tiled_run(ctx: Context, comp: Component, s: Setup, context: int, T: int,
         return None
     hf = handformer_attention(slots, kv_heads_of(slots, H), heads=H, softcap=s.softcap)
     mask = window_keep(T, s.window)[None, None] if s.causal_inside else None
-    return (fp.max_error(out, hf(x, x, x, mask, need_weights=True)[0]), c, slots) if out is not None else None
+    return then(out, lambda o: (fp.max_error(o, hf(x, x, x, mask, need_weights=True)[0]), c, slots))
 
 
 def _localized_distinct(res: ComponentResult, comp: Component, c: Caller, s: Setup, slots: list[Slot],

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, error_text, finish
+from handformer.check.core.defaults import then
 from handformer.check.core.discovery import Component, cached_decoder_parts
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import NOT_CHECKED, Check, ComponentResult, LearnerError, text
@@ -55,7 +56,7 @@ def check_cached_decoder(comp: Component, ctx: Context) -> ComponentResult:
         res.error = LearnerError("mapping", f"{comp.name}.forward neither filled the dict handed as "
                                  f"{cache_arg} nor returned a cache after its logits", "forward")
         return finish(res)
-    err = fp.max_error(cached, whole[:, PREFILL:] if whole is not None else None)
+    err = fp.max_error(cached, then(whole, lambda w: w[:, PREFILL:]))
     res.max_abs_error = err
     res.checks.append(Check(text(f"the KV cache: tokens {PREFILL}..{T - 1} fed one at a time after "
                                  f"0..{PREFILL - 1} give the logits of the whole sequence",

@@ -53,7 +53,7 @@ from handformer.check.core.context import (
     named,
     raised_at,
 )
-from handformer.check.core.defaults import given, quietly
+from handformer.check.core.defaults import given, quietly, then
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import note_departure
@@ -1021,7 +1021,7 @@ def _eos(res: ComponentResult, ctx: Context, comp: Component, driver: Any, short
     given = {name: value for name, value in ((eos_name, eos), (pad_name, pad)) if name}
     run = run_generate(ctx, comp, driver, SHORT, 1, short.as_list, given)
     want = reference[:k + 1].tolist()
-    got = run.out[0].tolist() if run.out is not None else None
+    got = then(run.out, lambda o: o[0].tolist())
     dropped = got == want[:k]  # stopped before appending EOS (Raschka's loop): a convention
     stopped = dropped or (got is not None and got[:k + 1] == want and set(got[k + 1:]) <= {eos, pad})
     if dropped:

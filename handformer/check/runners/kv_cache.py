@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, error_text, finish, forward_names
-from handformer.check.core.defaults import quietly
+from handformer.check.core.defaults import quietly, then
 from handformer.check.core.discovery import Component, build, own_objects
 from handformer.check.core.layer_map import outside
 from handformer.check.core.result import NOT_CHECKED, Check, ComponentResult, Finding, LearnerError, text
@@ -212,7 +212,7 @@ class Driver:
         if pair and raw[1] is not None and not isinstance(raw[1], Tensor):
             cache = raw[1]  # functional style: (logits, the new cache)
         logits = fp.first_tensor(raw, 3)
-        return (logits.double() if logits is not None else None), cache
+        return then(logits, Tensor.double), cache
 
     def run(self, idx: Tensor, schedule: tuple[int, ...]) -> tuple[Tensor | None, list[int | None]]:
         """The logits (B, sum(schedule), V) of the calls with one cache, and the cache's length

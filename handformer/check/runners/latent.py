@@ -32,7 +32,7 @@ from handformer.check.core.context import (
     forward_names,
     is_mask_name,
 )
-from handformer.check.core.defaults import given
+from handformer.check.core.defaults import given, then
 from handformer.check.core.discovery import Component
 from handformer.check.core.localize import View, first_departure, trace_steps
 from handformer.check.core.localize_kinds import note_departure
@@ -354,7 +354,7 @@ def read_model(module: nn.Module, vocab: int) -> LatentModel | None:
     mapping += [f"{n} -> block {i}" for i, (n, _, _) in enumerate(blocks)]
     mapping += [f"{norms[0].name} -> final norm"] * bool(norms) + [f"{head.name} -> output head"] * bool(head)
     return LatentModel(embed.weight, [b for _, _, b in blocks], norm_weights(Slot("norm", norms[0])) if norms
-                       else None, _linear(head) if head is not None else None, mapping)
+                       else None, then(head, _linear), mapping)
 
 
 def _list_blocks(name: str, lst: nn.ModuleList) -> list[tuple[str, nn.Module, LatentBlock]]:

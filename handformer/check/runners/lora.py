@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import call_parameters, named, names_of
 from handformer.check.core.context import Context, check_determinism, error_text, finish
+from handformer.check.core.defaults import then
 from handformer.check.core.discovery import Component, cannot_fill
 from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.writers import written_at
@@ -147,7 +148,7 @@ def check_lora(comp: Component, ctx: Context) -> ComponentResult:
     if factors is None:
         return _unread(res, comp)
     x = torch.randn(4, I, generator=torch.Generator().manual_seed(2))  # (N, I)
-    weight = None if base is None else base.weight.detach().clone()
+    weight = then(base, lambda b: b.weight.detach().clone())
     plain = torch.zeros(4, O) if base is None else F.linear(x, base.weight, base.bias).detach()  # (N, O)
     layer.eval()  # built with dropout 0.5: two eval runs that differ leave it on (dropout_in_eval)
     check_determinism(res, ctx, comp, lambda: _out(ctx, layer, x), "lora")
@@ -165,8 +166,8 @@ def _out(ctx: Context, layer: nn.Module, x: Tensor) -> Tensor:
     if out is None or tuple(out.shape) != (x.size(0), O):
         raise ctx.learner.fail(
             "forward",
-            f"a LoRA layer maps (N, {I}) to (N, {O}); it gave {None if out is None else tuple(out.shape)}",
-            f"LoRA 层把 (N, {I}) 映射到 (N, {O})；它给出了 {None if out is None else tuple(out.shape)}",
+            f"a LoRA layer maps (N, {I}) to (N, {O}); it gave {then(out, lambda o: tuple(o.shape))}",
+            f"LoRA 层把 (N, {I}) 映射到 (N, {O})；它给出了 {then(out, lambda o: tuple(o.shape))}",
         )
     return out.detach().float()
 

@@ -31,7 +31,7 @@ from handformer.check.core.context import (
     shape_of,
 )
 from handformer.check.core.conventions import file_masks_where_true
-from handformer.check.core.defaults import quietly
+from handformer.check.core.defaults import quietly, then
 from handformer.check.core.discovery import Component, argument_keys, defined_here, own_objects
 from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import (
@@ -934,7 +934,7 @@ def _build_pe(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     def run(x: Tensor) -> Tensor | None:
         if ids is not None:
             table = fp.first_tensor(ctx.learner.call("forward", module, ids))
-            return None if table is None else x + table
+            return then(table, lambda t: x + t)
         if first:  # (T, B, D) in and out: PyTorch's tutorial
             return fp.first_tensor(ctx.learner.call("forward", module, x.transpose(0, 1))).transpose(0, 1)
         return fp.first_tensor(ctx.learner.call("forward", module, x))

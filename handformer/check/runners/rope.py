@@ -32,6 +32,7 @@ from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, error_text, finish, forward_names, shape_of
+from handformer.check.core.defaults import then
 from handformer.check.core.discovery import Component, DiscoveryError, argument_keys
 from handformer.check.core.localize_kinds import localize_rope_table, localize_rotation, note_departure
 from handformer.check.core.result import DEPARTS, DIFFERS, Check, ComponentResult, Finding, Text, text
@@ -589,7 +590,7 @@ def _stated_table(ctx: Context, fn: Callable[..., Any], names: list[str], tensor
     said = [n for n in names if n in ANGLE_NAMES and re.search(SPLIT_TABLE.format(re.escape(n)), code)]
     attempt = ("interleaved", False, "sin_cos_halves")
     out = _run_apply(ctx, fn, names, tensors, q, k, *attempt, 0) if said else None
-    return None if out is None else (*attempt, "interleaved", out)
+    return then(out, lambda o: (*attempt, "interleaved", o))
 
 
 def _sin_cos(angles: Tensor) -> tuple[Tensor, Tensor]:
@@ -691,10 +692,10 @@ def _table_offset_check(res: ComponentResult, ctx: Context, comp: Component,
     table from 0 (whatever its angles): rope_no_offset when it holds those of 0 .. T - 1."""
     def rows(offset: int, length: int) -> Tensor | None:
         t = read_table(call(offset, length), length)
-        return None if t is None else torch.stack([t.cos, t.sin])  # (2, length, Dh/2)
+        return then(t, lambda t: torch.stack([t.cos, t.sin]))  # (2, length, Dh/2)
 
     shifted, start, longer = rows(OFFSET, T), rows(0, T), rows(0, OFFSET + T)
-    err = fp.max_error(shifted, longer[:, OFFSET:] if longer is not None else None)
+    err = fp.max_error(shifted, then(longer, lambda t: t[:, OFFSET:]))
     if err >= TOL and fp.max_error(shifted, start) < TOL:
         number, code = locate("rope_no_offset", source_lines(ctx.objects(comp, "rope")))
         res.findings.append(Finding("rope_no_offset", text(

@@ -14,6 +14,7 @@ from typing import Any
 
 from torch import nn
 
+from handformer.check.core.defaults import then
 from handformer.check.core.discovery import ARGUMENTS, FIXED, argument_keys, own_objects, with_head_size
 from handformer.check.core.source import source_text
 
@@ -38,7 +39,7 @@ def build_from_stacks(cls: type, module: types.ModuleType, sizes: dict[str, Any]
             return None
         parts[name] = built[0][0](**built[0][1])
     rest = _arguments(cls, sizes, {}, skip=set(parts))
-    return None if rest is None else cls(**parts, **rest)
+    return then(rest, lambda rest: cls(**parts, **rest))
 
 
 def stacks(own: dict[str, Any], role: str) -> list[type]:

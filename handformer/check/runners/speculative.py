@@ -38,7 +38,7 @@ from handformer.check.catalog.base import DEPARTS
 from handformer.check.core import stats
 from handformer.check.core.argument_names import COUNT_NAMES, PROMPT_NAMES
 from handformer.check.core.context import Context, finish, forward_parameters
-from handformer.check.core.defaults import quietly
+from handformer.check.core.defaults import quietly, then
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import first_line, source_lines
@@ -210,7 +210,7 @@ def _accepted_finding(res: ComponentResult, ctx: Context, comp: Component, ids: 
     lines = source_lines(ctx.objects(comp))
     bare = [(n, INDEXED.sub("[]", INDEXED.sub("[]", line))) for n, line in lines]
     number, _ = first_line(ACCEPT_LINE, bare)
-    code = dict(lines)[number].strip() if number is not None else None
+    code = then(number, lambda n: dict(lines)[n].strip())
     res.findings.append(Finding(DEPARTS, text(
         "it accepts the draft's proposals that the target gives probability 0 (tokens "
         f"{ids[PROMPT.size(1):]}: t + 2 from the draft, then t + 1 where a round ends): the acceptance is "
@@ -234,7 +234,7 @@ def _residual_finding(res: ComponentResult, ctx: Context, comp: Component, ids: 
     lines = source_lines(ctx.objects(comp))
     bare = [(n, INDEXED.sub("[]", INDEXED.sub("[]", line))) for n, line in lines]
     number, _ = first_line(RESIDUAL_LINE, bare)
-    code = dict(lines)[number].strip() if number is not None else None
+    code = then(number, lambda n: dict(lines)[n].strip())
     new = ids[PROMPT.size(1):]
     res.findings.append(Finding(DEPARTS, text(
         f"on a rejection it draws the draft's token: with a draft certain of t + 2 and a target certain of "
