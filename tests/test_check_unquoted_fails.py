@@ -19,6 +19,7 @@ from handformer.check.core.engine import check_file
 from handformer.check.core.kinds import KINDS_BY_NAME
 from handformer.check.core.report import format_report
 from handformer.check.core.result import DEPARTS, FAIL, UNLOCATED, Check, ComponentResult, text
+from handformer.check.core.unlocated import place_unlocated
 
 FIXTURES = Path(__file__).parent / "fixtures" / "learners_unquoted_fails"
 CORRECT = {"batch_trg": ("Batch", "pass"), "batch_source": ("Batch", "pass"),
@@ -82,3 +83,15 @@ def test_a_fail_with_nothing_found_quotes_the_definition(monkeypatch, kind):
     assert comp.status == FAIL and [(f.name, f.line, f.code) for f in comp.findings] == [
         (UNLOCATED, 5, "class Thing(nn.Module):")], comp
     assert "it matches" in comp.findings[0].observed["en"] and "一致" in comp.findings[0].observed["zh"]
+
+
+def test_the_unlocated_finding_says_the_failed_check_or_that_the_values_differ():
+    """place_unlocated on its own: the first failed check with its detail; with no failed check, that the
+    values differ from the reference's; where the object has no source, no line."""
+    for checks, said in [([Check(text("ok", "对"), True), Check(text("a", "甲"), False, text("b", "乙"))],
+                          ("failed: a (b)", "未通过：甲（乙）")),
+                         ([], ("failed: its values differ from the reference's", "未通过：它的数值与参考不同"))]:
+        result = ComponentResult("mha", "Thing", FAIL, checks=checks)
+        place_unlocated(len, result)
+        assert [(f.name, f.line, f.observed["en"], f.observed["zh"]) for f in result.findings] == [
+            (UNLOCATED, None, *said)]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from handformer.check.core.result import FAIL, UNLOCATED, ComponentResult, Finding, text
+from handformer.check.core.result import FAIL, UNLOCATED, Check, ComponentResult, Finding, text
 from handformer.check.core.source import HEADER, source_lines
 
 
@@ -21,21 +21,19 @@ def place_unlocated(obj: Any, result: ComponentResult) -> None:
     raised = result.error is not None and bool(result.error.traceback)
     if result.status != FAIL or result.findings or raised:
         return
-    failed = next((c for c in result.checks if not c.ok), None)
-    said = failed.name if failed is not None else text("its values differ from the reference's",
-                                                        "它的数值与参考不同")
-    detail = failed.detail if failed is not None and failed.detail else text("", "")
+    failed = next((c for c in result.checks if not c.ok), UNSAID)
+    said, detail = failed.name, failed.detail or text("", "")
     number, code = header(obj)
     result.findings.append(Finding(UNLOCATED, text(
         f"failed: {said['en']}" + f" ({detail['en']})" * bool(detail["en"]),
         f"未通过：{said['zh']}" + f"（{detail['zh']}）" * bool(detail["zh"])), number, code))
 
 
+# the failed check the finding names where none of the result's checks failed
+UNSAID = Check(text("its values differ from the reference's", "它的数值与参考不同"), False)
+
+
 def header(obj: Any) -> tuple[int | None, str | None]:
     """The `def` or `class` line of obj (a decorator's line skipped), or (None, None) where it has no
-    source check can read."""
-    try:
-        lines = source_lines([obj])
-    except (OSError, TypeError):
-        return None, None
-    return next(((n, line.strip()) for n, line in lines if HEADER.match(line)), (None, None))
+    source check can read (source_lines gives none for it)."""
+    return next(((n, line.strip()) for n, line in source_lines([obj]) if HEADER.match(line)), (None, None))
