@@ -1736,7 +1736,7 @@ def one_head_at_a_time(w: V.MHAWeights, x: Tensor) -> Tensor:
 def _head_rows(p: V.Linear, rows: slice) -> V.Linear:
     """One head's rows of a projection's (weight, bias)."""
     weight, bias = p
-    return weight[rows], None if bias is None else bias[rows]
+    return weight[rows], then(bias, lambda b: b[rows])
 
 
 def _tutorial_shapes(res: ComponentResult, ctx: Context, comp: Component, c: Caller, sizes: dict[str, Any],

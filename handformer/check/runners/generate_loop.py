@@ -270,7 +270,7 @@ class LanguageModel(nn.Module):
         if positions is None:
             first = given(start, prior_ids.size(1))
             positions = torch.arange(first, first + T)[None].expand(B, T)
-            counted = None if pads is None else (pads.cumsum(-1) - 1).clamp(min=0)[:, -T:]  # left padding
+            counted = then(pads, lambda p: (p.cumsum(-1) - 1).clamp(min=0)[:, -T:])  # left padding
             positions = given(counted, positions)
         positions = positions.long().expand(B, T)  # (one row (1, T) handed for every sequence)
         full_ids, full_pos = torch.cat([prior_ids, ids], 1), torch.cat([prior_pos, positions], 1)

@@ -70,6 +70,7 @@ from handformer.check.core.context import (
     shape_of,
 )
 from handformer.check.core.conventions import ONE_ATTN_MASK, SEQUENCE_FIRST_CONVENTIONS, SHARED
+from handformer.check.core.defaults import then
 from handformer.check.core.discovery import MEMORY_NAMES, NAMES, Component, argument_keys
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.global_window import check_global, global_inputs, global_names
@@ -1112,7 +1113,7 @@ def _search(layer: Layer, ctx: Context, run: Callable[[str], Tensor | None], inp
                          responsive(outputs, _flags(layer, w)), rows, most, least)
     with remembering():  # the attention of each reading computed once for all the readings that share it
         found = fp.search_settings(settings, search_one, fewest=True)
-    return None if found is None else (found[0][0], *found[0][1], found[1], found[2])
+    return then(found, lambda f: (f[0][0], *f[0][1], f[1], f[2]))
 
 
 def ffn_ruled(layer: Layer, settings: list[Setting]) -> list[Setting]:

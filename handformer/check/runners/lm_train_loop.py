@@ -36,7 +36,7 @@ from handformer.check.core.context import (
     named,
     names_of,
 )
-from handformer.check.core.defaults import keyword
+from handformer.check.core.defaults import keyword, then
 from handformer.check.core.discovery import Component
 from handformer.check.core.fingerprint import LearnerFailure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
@@ -113,7 +113,7 @@ class Loop:
                 raise Stopped
             self.fresh = {**_plain_settings(opt), **self.fresh}  # as it was before its first step
             self.opt = opt
-            self.rates.append([None if g["lr"] is None else float(g["lr"]) for g in opt.param_groups])
+            self.rates.append([then(g["lr"], float) for g in opt.param_groups])
 
         stand_in = {self.drawn: Draws(parts, model), **(keyword(self.held, ACCUM))}
         self.carried = carry(model, self.comp.obj, self.model, {"context": POSITIONS, "vocab": VOCAB})

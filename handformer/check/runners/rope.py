@@ -796,7 +796,7 @@ def _own_schedule(res: ComponentResult, ctx: Context, comp: Component, module: A
     Raises the MappingError of frequencies neither explains (never compared with plain RoPE)."""
     got = frequency_buffer(module, DH)  # (its tables are what is checked)
     plain = 1.0 / theta ** (torch.arange(0, DH, 2, dtype=torch.float64) / DH)  # (Dh/2,): pair j's
-    one_base = geometric_base(got) or geometric_base(1 / got) if got is not None else None  # (or growing)
+    one_base = then(got, lambda g: geometric_base(g) or geometric_base(1 / g))  # (or growing)
     if got is None or torch.allclose(got, plain.sort().values, rtol=1e-4) or one_base is not None:
         return theta
     schedule = scheduled(got, module, theta, DH) or named_schedule(module)

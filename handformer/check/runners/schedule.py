@@ -33,6 +33,7 @@ from handformer.check.core.argument_names import SCHEDULE_ARGS as ARGS
 from handformer.check.core.argument_names import SCHEDULE_STEP_NAMES as STEP_NAMES
 from handformer.check.core.argument_names import named_each
 from handformer.check.core.context import Context, forward_parameters, named, names_of
+from handformer.check.core.defaults import then
 from handformer.check.core.discovery import Component, DiscoveryError, defaulted_config
 from handformer.check.core.localize import Departure
 from handformer.check.core.probe import Found, Probe, Subject, localize_step, run_probe
@@ -571,9 +572,9 @@ def _localize(subject: Subject, found: Found) -> Departure | None:
     conv, right = max(subject.readings, key=lambda r: _agreeing(values, _rates(r[1], steps)))
     traced = sched.traced
     with sched.settings():
-        return None if traced[0] is None else localize_schedule(
-            traced[1], traced[0], _sub_steps(sched, conv, right), values, _rates(right, steps), steps,
-            _named_sizes(sched))
+        return then(traced[0], lambda fn: localize_schedule(
+            traced[1], fn, _sub_steps(sched, conv, right), values, _rates(right, steps), steps,
+            _named_sizes(sched)))
 
 
 def _rates(right: Convention, steps: Tensor) -> Tensor:
