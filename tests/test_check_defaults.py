@@ -4,6 +4,7 @@ where a value is handed, and where none is."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.defaults import given, keyword, quietly, then
@@ -34,3 +35,15 @@ def test_quietly_catches_only_what_it_is_told() -> None:
 
 def test_fingerprint_quietly_is_the_same_helper() -> None:
     assert fp.quietly is quietly
+
+
+def test_a_norm_without_an_eps_takes_its_kinds_default() -> None:
+    """norm_eps: the eps a norm keeps, else nn.LayerNorm's 1e-5 for a LayerNorm and nn.RMSNorm's (float32's
+    machine eps) for an RMSNorm."""
+    from torch import nn
+
+    from handformer.check.core.weights import norm_eps
+
+    assert norm_eps(nn.LayerNorm(2, eps=1e-3), "rmsnorm") == pytest.approx(1e-3)
+    assert norm_eps(nn.Linear(2, 2), "layernorm") == 1e-5
+    assert norm_eps(nn.Linear(2, 2), "rmsnorm") == torch.finfo(torch.float32).eps

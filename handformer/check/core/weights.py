@@ -701,7 +701,7 @@ FFN_PARTS = {"FFN W_1": "up", "FFN W_up": "up", "FFN W_2": "down", "FFN W_down":
 def norm_eps(module: nn.Module, kind: str) -> float:
     held = held_eps(module)
     # none held (nn.LayerNorm always has eps): the default of the kind, nn.RMSNorm's for RMSNorm
-    return held if held is not None else 1e-5 if kind == "layernorm" else torch.finfo(torch.float32).eps
+    return given(held, {"layernorm": 1e-5}.get(kind, torch.finfo(torch.float32).eps))
 
 
 def positive_eps(eps: float) -> float:
