@@ -202,6 +202,11 @@ def statuses(result) -> dict[str, str]:
     return {c.name: c.status for c in result.components}
 
 
+def component(result, name: str):
+    """The component of a check result called `name`."""
+    return next(c for c in result.components if c.name == name)
+
+
 def assert_failed_at(result, name: str, line: str) -> None:
     """A FAIL that names `name` (when given; else quotes the planted `line`)."""
     from handformer.check.core.report import format_report

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import component
 
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
@@ -28,25 +29,21 @@ def results():
     return {name: check_file(str(HERE / f"{name}.py"), only=kinds) for name, kinds in RUNS.items()}
 
 
-def _component(result, name):
-    return next(c for c in result.components if c.name == name)
-
-
 @pytest.mark.parametrize("name", sorted(CORRECT))
 def test_a_correct_left_padding_loop_and_its_model_pass(results, name):
-    comp = _component(results[name], CORRECT[name])
+    comp = component(results[name], CORRECT[name])
     assert comp.status == "pass", format_report(results[name])
 
 
 def test_the_loops_are_driven_through_their_cache(results):
     for name in ("positional_loop", "keyword_loop"):
-        loop = _component(results[name], "generate")
+        loop = component(results[name], "generate")
         assert any("it decodes with a KV cache" in n["en"] for n in loop.notes), loop.notes
         assert any("left-padded batch" in c.name["en"] and c.ok for c in loop.checks), loop.checks
 
 
 @pytest.mark.parametrize("name", PLANTED)
 def test_a_planted_loop_still_fails_named(results, name):
-    comp = _component(results[name], "generate")
+    comp = component(results[name], "generate")
     assert comp.status == "fail", format_report(results[name])
     assert [f.name for f in comp.findings] == ["generate_cache_mismatch"], format_report(results[name])

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import component
 
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
@@ -26,13 +27,9 @@ def results():
     return {name: check_file(str(HERE / f"{name}.py"), only=kinds) for name, kinds in RUNS.items()}
 
 
-def _component(result, name):
-    return next(c for c in result.components if c.name == name)
-
-
-@pytest.mark.parametrize("name, component", [("top1_tuple", "RoutedMLP"), ("relu_experts", "SwitchFeedForward")])
-def test_a_mixture_with_a_capacity_is_checked_as_one_where_no_token_is_dropped(results, name, component):
-    comp = _component(results[name], component)
+@pytest.mark.parametrize("name, mixture", [("top1_tuple", "RoutedMLP"), ("relu_experts", "SwitchFeedForward")])
+def test_a_mixture_with_a_capacity_is_checked_as_one_where_no_token_is_dropped(results, name, mixture):
+    comp = component(results[name], mixture)
     assert comp.status == "pass", format_report(results[name])
     assert not comp.findings
     assert any("capacity_factor = 16: no token is dropped" in n["en"] for n in comp.notes), comp.notes
@@ -41,15 +38,15 @@ def test_a_mixture_with_a_capacity_is_checked_as_one_where_no_token_is_dropped(r
 def test_its_block_and_model_are_driven_when_it_returns_an_aux_loss(results):
     result = results["top1_tuple"]
     for name in ("RoutedBlock", "RoutedLM"):
-        assert _component(result, name).status == "pass", format_report(result)
-    model = _component(result, "RoutedLM")
+        assert component(result, name).status == "pass", format_report(result)
+    model = component(result, "RoutedLM")
     assert not any("loss" in c.name["en"] for c in model.checks)  # (logits, aux): no targets, no loss
 
 
 @pytest.mark.parametrize("name", sorted(PLANTED))
 def test_a_planted_mixture_still_fails_at_its_line(results, name):
-    component, written = PLANTED[name]
-    comp = _component(results[name], component)
+    mixture, written = PLANTED[name]
+    comp = component(results[name], mixture)
     assert comp.status == "fail", format_report(results[name])
     (finding,) = comp.findings
     assert written in finding.code, format_report(results[name])

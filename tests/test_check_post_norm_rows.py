@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import component
 
 from handformer.check.core.discovery import argument_keys
 from handformer.check.core.engine import check_file
@@ -32,28 +33,24 @@ def results():
     return {name: check_file(str(HERE / f"{name}.py"), only=kinds) for name, kinds in RUNS.items()}
 
 
-def _component(result, name):
-    return next(c for c in result.components if c.name == name)
-
-
 @pytest.mark.parametrize("name", sorted(CORRECT))
 def test_a_post_norm_block_built_without_dropout_is_not_charged(results, name):
-    block = _component(results[name], CORRECT[name][0])
+    block = component(results[name], CORRECT[name][0])
     assert block.status == "differs" and not block.findings, format_report(results[name])  # post-norm: by design
     assert any("drops nothing, not charged" in n["en"] for n in block.notes), block.notes
 
 
 @pytest.mark.parametrize("name", sorted(CORRECT))
 def test_a_sampler_the_file_hands_one_row_is_called_so(results, name):
-    sampler = _component(results[name], CORRECT[name][1])
+    sampler = component(results[name], CORRECT[name][1])
     assert sampler.status == "pass", format_report(results[name])
     assert any("the file hands it one row of logits" in n["en"] for n in sampler.notes), sampler.notes
 
 
 @pytest.mark.parametrize("name", sorted(PLANTED))
 def test_the_planted_mistake_is_still_named(results, name):
-    component, mistake, written = PLANTED[name]
-    comp = _component(results[name], component)
+    part, mistake, written = PLANTED[name]
+    comp = component(results[name], part)
     assert comp.status == "fail", format_report(results[name])
     assert [(f.name, written in f.code) for f in comp.findings] == [(mistake, True)], format_report(results[name])
 
