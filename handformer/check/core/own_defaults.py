@@ -49,10 +49,25 @@ def own_defaults(obj: Any) -> dict[str, Any]:
 
 
 def read_fields(fn: Any, name: str) -> set[str]:
-    """The attributes a function reads from its argument `name` as values (`args.lr`); none where it
-    calls one of its methods (`optimizer.step()`: an object of behaviour, not of settings)."""
+    """The attributes or keys a function reads from its argument `name` as values (`args.lr`,
+    `cfg["grad_clip"]`); none where it calls one of its methods (`optimizer.step()`: an object of
+    behaviour, not of settings)."""
     calls = re.search(rf"\b{re.escape(name)}\.\w+\s*\(", source_text(fn))
-    return set() if calls else config_reads(fn, name)[1]  # the attributes read, as the configs' are
+    return set() if calls else set().union(*config_reads(fn, name))  # read as the configs' are
+
+
+class Keyed:
+    """What makes a settings class answer its fields by key too: `cfg["grad_clip"]`, `cfg.get("beta")`
+    read the field of that name (a step handed a dict of settings)."""
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default)
+
+    def __contains__(self, key: str) -> bool:
+        return hasattr(self, key)
 
 
 @functools.lru_cache(maxsize=64)
@@ -65,4 +80,4 @@ def settings_class(fn: Any, name: str) -> type | None:
     fresh = functools.partial(functools.partial, copy.deepcopy)  # a list a field holds stays each call's own
     made = [(f, type(v), dataclasses.field(default_factory=fresh(v))) for f, v in given.items()]
     complete = all((given, None not in given.values()))  # it reads some, and each has a value
-    return dataclasses.make_dataclass(f"{name}_settings", made) if complete else None
+    return dataclasses.make_dataclass(f"{name}_settings", made, bases=(Keyed,)) if complete else None

@@ -141,9 +141,9 @@ SCHEDULE_FIRST = SCHEDULE_STEP_NAMES + OPTIMIZER_NAMES  # a schedule's step, a s
 
 
 def _config_fields(fn: Any, args: set[str]) -> dict[str, list[str]]:
-    """The fields fn reads from each of its arguments `args` that it reads fields of (nanoGPT's
-    get_lr(it, cfg): cfg.warmup_iters), lowered."""
-    fields = {name: sorted(map(str.lower, config_reads(fn, name)[1])) for name in args}
+    """The fields fn reads from each of its arguments `args` that it reads fields or keys of (nanoGPT's
+    get_lr(it, cfg): cfg.warmup_iters; cfg["grad_clip"]), lowered."""
+    fields = {name: sorted(map(str.lower, set().union(*config_reads(fn, name)))) for name in args}
     return dict(filter(lambda item: item[1], fields.items()))  # the arguments it reads fields of
 
 
@@ -383,7 +383,23 @@ def iterated_loader(fn: Any) -> str | None:
     model together (`for step, (x, y) in enumerate(loader): _, loss = model(x, y)`: nanoGPT's forward
     scores its own targets), micro-batches to accumulate (`for x, y in micro_batches:`, whatever the
     argument's name: the loop says what it is); a classifier's model takes its inputs alone."""
-    return _argument_used(fn, None, WINDOWS_LOOP)
+    handed = {p.name for p in _signature(fn)[0]}
+    return _argument_used(fn, None, WINDOWS_LOOP) or next(
+        (loader for _, _, loader, loss in re.findall(OWN_LOSS_LOOP, source_text(fn))
+         if loader in handed and _flattens_targets(getattr(fn, "__globals__", {}).get(loss))), None)
+
+
+# `for x, y in {loader}:`, the model handed x alone, then y handed to a function (the file's own loss):
+# (the loader, that function's name)
+OWN_LOSS_LOOP = (r"for\s+(?:\w+\s*,\s*)?\(?\s*(?P<x>\w+)\s*,\s*(?P<y>\w+)\s*\)?\s+in\s+(?:enumerate\(\s*)?"
+                 r"(\w+)\b[\s\S]*?\b\w+\(\s*(?P=x)\s*\)[\s\S]*?\b(\w+)\([^()\n]*\b(?P=y)\b")
+
+
+def _flattens_targets(loss: Any) -> bool:
+    """A function of the learner's file that scores its targets flattened over the tokens (a language
+    model's `F.cross_entropy(logits.view(-1, V), targets.reshape(-1))`; a classifier's targets are flat)."""
+    flat = re.compile(r"\w\.(?:view|reshape)\(\s*-1\s*\)")
+    return inspect.isfunction(loss) and bool(flat.search(source_text(loss)))
 
 
 def accumulated_loader(fn: Any) -> str | None:

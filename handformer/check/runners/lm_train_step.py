@@ -59,7 +59,7 @@ from handformer.check.core.discovery import Component, cannot_fill, defaulted_co
 from handformer.check.core.keyed_batch import keyed_batch
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.objective import not_next_token
-from handformer.check.core.result import Check, ComponentResult, Finding, text
+from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.signatures import (
     LABELS_MOVED,
     accumulated_loader,
@@ -79,6 +79,8 @@ from handformer.check.runners.reward_pair import check_pairwise_step, pairwise_s
 from handformer.check.runners.step_model import BATCH, VOCAB, batches, tiny_model
 from handformer.check.runners.train_step import (
     ACCUM,
+    FLOAT32,
+    FLOAT32_NOTE,
     MODEL_NAMES,
     OPTIMIZER_NAMES,
     PROBE_SCALE,
@@ -86,6 +88,7 @@ from handformer.check.runners.train_step import (
     SCALER_NOTE,
     SCHEDULER_NAMES,
     SCHEDULER_NOTE,
+    TOLERANCE,
     UNDER_CLIP,
     clip_norm,
     clip_note,
@@ -192,6 +195,11 @@ class Step:
         own = source_text(comp.obj)
         self.clip = self._config_clip() if "clip" in self.fields else clip_norm(own, defaults)
 
+    @property
+    def tol(self) -> float:
+        """The largest difference of parameters taken as equal (step_tolerance)."""
+        return step_tolerance(self.comp.obj)
+
     def _batches(self, comp: Component) -> Any:
         """Where x and y come from, each way a step takes them; what hands them (None: drawn by a function
         of its file, or nowhere)."""
@@ -282,6 +290,13 @@ class Windows:
         return len(self.parts)
 
 
+def step_tolerance(fn: Any) -> float:
+    """float32's precision where the step (or a function of its file it calls: its loss) computes in
+    float32 (`logits.float()`, autocast), else float64's."""
+    called = "".join(map(source_text, functions_called(fn)))
+    return TOLERANCE[bool(FLOAT32.search(source_text(fn) + called))]
+
+
 def _step_config(fn: Any, candidates: list[str]) -> tuple[str | None, dict[str, str]]:
     """The argument that is the step's configuration (a dataclass of the learner's with defaults), and
     what check reads in it: key -> field ("accum": the micro-steps, "clip": the clipping norm, "lr": a
@@ -324,17 +339,18 @@ def check_lm_train_step(comp: Component, ctx: Context) -> ComponentResult:
             f"AdamW, learning rates {rates[0]:.4g} then {rates[1]:.4g}: the parameters after one and after "
             "two steps equal handformer's step on the same batches",
             f"AdamW，学习率先 {rates[0]:.4g} 后 {rates[1]:.4g}：走完一步、两步之后的参数都与 handformer 的"
-            "训练一步在同样 batch 上的结果一致"), max(errs) < TOL, error_text(max(errs))))
+            "训练一步在同样 batch 上的结果一致"), max(errs) < step.tol, error_text(max(errs))))
         _notes(res, step)
+        res.notes += [FLOAT32_NOTE] * (step.tol > TOL)
         _rate_written(res, comp, step)
         if step.drawn_calls:
             check_windows(res, ctx, getattr(ctx.module, step.drawn), step.drawn_calls[0])
-        if max(errs) >= TOL:
+        if max(errs) >= step.tol:
             _search(res, ctx, comp, step, base, got, right, errs)
         if step.clip is not None and not res.findings:  # a loss scale clipping hid, a clipping AdamW hid
-            _rescaled(res, ctx, comp, step, base, max(errs) < TOL, "under")
-            _rescaled(res, ctx, comp, step, base, max(errs) < TOL and not res.findings, "over")
-        if max(errs) >= TOL:
+            _rescaled(res, ctx, comp, step, base, max(errs) < step.tol, "under")
+            _rescaled(res, ctx, comp, step, base, max(errs) < step.tol and not res.findings, "over")
+        if max(errs) >= step.tol:
             _localize(res, step, base)
     return finish(res)
 
@@ -380,8 +396,8 @@ def _rescaled(res: ComponentResult, ctx: Context, comp: Component, step: Step, b
     factor, cap = SIDES[side]
     scaled.scale = min(cap, PROBE_SCALE * float(step.clip or 1.0) * factor / max(norm, 1e-12))
     got, right, errs = _drive(step, scaled, sgd)
-    res.checks.append(rescaled_check(side, float(step.clip or 1.0), scaled.scale, max(errs), TOL))
-    if max(errs) >= TOL:
+    res.checks.append(rescaled_check(side, float(step.clip or 1.0), scaled.scale, max(errs), step.tol))
+    if max(errs) >= step.tol:
         res.notes += [factor_note(scaled, got[0], right[0])] * (side == "under")
         if search:
             _search(res, ctx, comp, step, scaled, got, right, errs, sgd)
@@ -403,6 +419,8 @@ def _notes(res: ComponentResult, step: Step) -> None:
                               "(split along the batch), their gradients accumulated before one update",
                               f"{said}：每个 {rows} 个窗口的 batch 沿 batch 维分成 {ACCUM} 个 "
                               "micro-batch，梯度累加后更新一次"))
+    if step.config:
+        res.notes.append(config_note(step.config, step._config()))
     if step.own_rate():
         rates = f"{step.seen[0]:.4g}, {step.seen[1]:.4g}"
         source = step.config or step.count
@@ -415,6 +433,14 @@ def _notes(res: ComponentResult, step: Step) -> None:
                               f"{OPT_LR:g} (the schedule must then be set in your loop)",
                               f"你的一步不接收学习率：与按优化器自己的 {OPT_LR:g} 走的步比较"
                               "（学习率调度就得在你的训练循环里设置）"))
+
+
+def config_note(name: str, config: Any) -> Text:
+    """What the step's configuration was handed holding: each setting it reads, at its value."""
+    held = ", ".join(f"{f.name}={getattr(config, f.name)!r}" for f in dataclasses.fields(config))
+    return text(f"your step reads its settings from {name}: it was handed {held} (your file's values; "
+                f"the micro-batches check's)", f"你的一步从 {name} 读取设置：交给它的是 {held}"
+                "（你文件里的值；micro-batch 个数由 check 决定）")
 
 
 def _schedule_called(fn: Any) -> str | None:
@@ -447,7 +473,7 @@ def _search(res: ComponentResult, ctx: Context, comp: Component, step: Step, bas
     for combo, flags in mistake_sets(possible):
         theirs = _run(step, base, make_opt, **flags)
         off = max(largest_differences(got, theirs))
-        if off >= TOL:
+        if off >= step.tol:
             continue
         lines = source_lines([comp.obj])
         for name in combo:  # the labels' line is the localizer's (the patterns find the model's call)

@@ -1,0 +1,66 @@
+"""A training step's settings read by use (tests/fixtures/learners_step_settings/): a step that reads
+its clipping norm from a dict (`cfg["grad_clip"]`) and one that reads its micro-steps and norm from a
+namespace (`hp.accum_steps`) are handed an object holding what they read, at the file's values (the
+micro-steps check's), said in a note; each loops over its micro-batches, the model handed the inputs
+alone and the targets scored by a loss function of the file that flattens them (a language model's
+step); a step whose loss is cast to float32 is compared at float32's precision. Each correct step passes;
+each plant fails, named, at its line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from handformer.check.core.engine import check_file
+from handformer.check.core.report import exit_code, format_report
+
+FOLDER = Path(__file__).parent / "fixtures" / "learners_step_settings"
+DICT, SPACE = FOLDER / "dict_settings.py", FOLDER / "namespace_settings.py"
+CLIP = "    nn.utils.clip_grad_norm_(model.parameters(), hp.max_grad_norm)\n"
+# name: (file, edit, the mistake named, the quoted line's start)
+PLANTS = {
+    "dict_not_divided": (DICT, ("loss = lm_loss(logits, yb) / n_micro", "loss = lm_loss(logits, yb)"),
+                         "train_step_loss_not_divided", "loss.backward()"),
+    "space_clip_before_backward": (SPACE, (CLIP, ""), "train_step_not_clipped", "nn.utils.clip_grad_norm_"),
+}
+MOVED = {"space_clip_before_backward": ("    opt.zero_grad()\n", "    opt.zero_grad()\n" + CLIP)}
+CORRECT = {"dict": DICT, "space": SPACE}
+HANDED = {"dict": "it was handed grad_clip=1.0, use_amp=True", "space": "it was handed accum_steps=2, max_grad_norm=0.5"}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("step_settings")
+    out = {name: check_file(str(path)) for name, path in CORRECT.items()}
+    for name, (path, (old, new), _, _) in PLANTS.items():
+        text = path.read_text(encoding="utf-8")
+        assert old in text
+        text = text.replace(old, new, 1)
+        before, after = MOVED.get(name, ("", ""))
+        (folder / f"{name}.py").write_text(text.replace(before, after, 1), encoding="utf-8")
+        out[name] = check_file(str(folder / f"{name}.py"))
+    return out
+
+
+@pytest.mark.parametrize("name", list(CORRECT))
+def test_the_correct_step_is_driven_and_passes(results, name):
+    result = results[name]
+    assert exit_code(result) == 0, format_report(result)
+    step = next(c for c in result.components if c.name.endswith("step"))
+    assert step.kind == "lm_train_step" and step.status == "pass", format_report(result)
+    assert any(HANDED[name] in n["en"] for n in step.notes), step.notes
+
+
+def test_a_float32_loss_is_compared_at_float32s_precision(results):
+    step = next(c for c in results["dict"].components if c.name == "train_step")
+    assert any("compared to 1e-6" in n["en"] for n in step.notes), step.notes
+
+
+@pytest.mark.parametrize("name", list(PLANTS))
+def test_the_plant_fails_named_at_its_line(results, name):
+    _, _, mistake, line = PLANTS[name]
+    result = results[name]
+    assert exit_code(result) == 1, format_report(result)
+    findings = [f for c in result.components for f in c.findings]
+    assert any(f.name == mistake and f.code.strip().startswith(line) for f in findings), format_report(result)
