@@ -8,10 +8,13 @@ each plant fails, named, at its line."""
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
 
+from handformer.check.core.adapters import adapter_hint
+from handformer.check.core.discovery import Component
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import exit_code, format_report
 
@@ -64,3 +67,26 @@ def test_the_plant_fails_named_at_its_line(results, name):
     assert exit_code(result) == 1, format_report(result)
     findings = [f for c in result.components for f in c.findings]
     assert any(f.name == mistake and f.code.strip().startswith(line) for f in findings), format_report(result)
+
+
+def _step_with_settings(model, optimizer, micro_batches, cfg):
+    return model, optimizer, micro_batches, cfg
+
+
+def _lm_step_with_settings(model, optimizer, xb, yb, hp):
+    return model, optimizer, xb, yb, hp
+
+
+@pytest.mark.parametrize(("kind", "fn", "called"), [
+    ("train_step", _step_with_settings, "yours(model, optimizer, micro_batches, cfg)"),
+    ("lm_train_step", _lm_step_with_settings, "yours(model, optimizer, x, y, hp)"),
+])
+def test_the_adapter_calls_the_step_with_its_own_arguments_and_builds_those_check_does_not_hand(
+        kind, fn, called):
+    hint = adapter_hint(Component(kind, fn.__name__, fn))
+    tree = ast.parse(hint)  # Python as printed: every name it hands is bound
+    (adapter,) = tree.body
+    bound = {a.arg for a in adapter.args.args} | {t.id for n in adapter.body if isinstance(n, ast.Assign)
+                                                   for t in n.targets}
+    call = adapter.body[-1].value
+    assert called in hint and {a.id for a in call.args} <= bound, hint

@@ -21,7 +21,14 @@ import types
 from pathlib import Path
 from typing import Any
 
-from handformer.check.core.argument_names import MODEL_NAMES, call_parameters, names_of
+from handformer.check.core.argument_names import (
+    LR_NAMES,
+    MODEL_NAMES,
+    X_NAMES,
+    Y_NAMES,
+    call_parameters,
+    names_of,
+)
 from handformer.check.core.defaults import quietly
 from handformer.check.core.result import LearnerError
 
@@ -33,7 +40,8 @@ CALLS: dict[str, str] = {
     "end_symbol", "beam_search": "model, src, src_mask, max_len, start_symbol, end_symbol, beam_size",
     "sample": "logits", "top_k": "logits, k", "top_p": "logits, p", "temperature": "logits, temperature",
     "greedy": "logits", "train_step": "model, batch, optimizer, criterion", "train_epoch": "model, loader, "
-    "optimizer, criterion", "schedule": "step", "loss": "logits, targets, pad_id", "causal_mask": "size",
+    "optimizer, criterion", "lm_train_step": "model, x, y, optimizer, lr", "schedule": "step",
+    "loss": "logits, targets, pad_id", "causal_mask": "size",
     "sdpa": "q, k, v, mask=None", "rope": "q, k, positions", "bpe": "input_path, vocab_size, special_tokens",
     "mask_helper": "src, pad_id", "masked_softmax": "scores, valid_lens", "min_p": "logits, min_p",
     "quantize": "weight, blocksize", "span_noise_mask": "length, noise_density, mean_noise_span_length",
@@ -48,6 +56,8 @@ CALLED = {"bos": "start_symbol", "bos_id": "start_symbol", "bos_idx": "start_sym
           "max_tokens": "max_new_tokens", "num_tokens": "max_new_tokens", "tokens": "idx", "ids": "idx",
           "input_ids": "idx",
           "source_mask": "src_mask", "src_pad_mask": "src_mask"}
+# a language model step's windows and rate under the learner's names (xb -> x)
+WINDOWS = {**dict.fromkeys(X_NAMES, "x"), **dict.fromkeys(Y_NAMES, "y"), **dict.fromkeys(LR_NAMES, "lr")}
 SIZE_NAMES = {"d_model": "d_model", "n_heads": "n_heads", "n_kv_heads": "n_kv_heads", "d_ff": "d_ff",
               "dropout": "dropout", "max_len": "max_len", "src_vocab": "vocab_size",
               "tgt_vocab": "tgt_vocab_size", "n_layers": "n_layers", "pad_id": "pad_id", "theta": "theta",
@@ -94,15 +104,23 @@ def adapter_hint(comp: Any) -> str:
                 "  # your method, called as check calls it")
     source = inspect.getsourcefile(inspect.unwrap(obj)) or "your_file.py"  # decorated: its own file
     stem = Path(source).stem  # imported as in the docs' `from odd import Attn`
-    return (f"def {comp.kind}({call}):\n    from {stem} import {name} as yours\n"
+    return (f"def {comp.kind}({call}):\n    from {stem} import {name} as yours\n{_unfilled(required, call)}"
             f"    return yours({theirs})  # your function, called as check calls it")
+
+
+def _unfilled(required: list[str], call: str) -> str:
+    """A line for each argument of theirs that check's call does not hand (`cfg`, `micro_batches`),
+    to be built from what it hands: the adapter then calls theirs with their own order and names."""
+    handed = call.split(", ")
+    return "".join(f"    {n} = ...  # your {n}: build it from ({call})\n"
+                   for n in required if _as_called(n, call) not in handed and n != "...")
 
 
 def _as_called(name: str, call: str) -> str:
     """Their parameter as the adapter has it: its own name, or the adapter's for the same thing
     (bos_id -> start_symbol) when the adapter has that one."""
-    called = CALLED.get(name, name)
-    return called if called in call.split(", ") else name
+    handed = call.split(", ")
+    return next((c for c in (CALLED.get(name), WINDOWS.get(name)) if c in handed), name)
 
 
 def load(path: str | None, learner_path: str) -> types.ModuleType | None:
