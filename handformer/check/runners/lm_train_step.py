@@ -56,7 +56,7 @@ from handformer.check.core.context import (
 )
 from handformer.check.core.defaults import keyword
 from handformer.check.core.discovery import Component, cannot_fill, defaulted_config
-from handformer.check.core.keyed_batch import keyed_batch
+from handformer.check.core.keyed_batch import KeyedBatch, keyed_batch
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.objective import not_next_token
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
@@ -421,6 +421,8 @@ def _notes(res: ComponentResult, step: Step) -> None:
                               "micro-batch，梯度累加后更新一次"))
     if step.config:
         res.notes.append(config_note(step.config, step._config()))
+    if step.keyed:
+        res.notes.append(keyed_note(step.keyed))
     if step.own_rate():
         rates = f"{step.seen[0]:.4g}, {step.seen[1]:.4g}"
         source = step.config or step.count
@@ -441,6 +443,15 @@ def config_note(name: str, config: Any) -> Text:
     return text(f"your step reads its settings from {name}: it was handed {held} (your file's values; "
                 f"the micro-batches check's)", f"你的一步从 {name} 读取设置：交给它的是 {held}"
                 "（你文件里的值；micro-batch 个数由 check 决定）")
+
+
+def keyed_note(keyed: KeyedBatch) -> Text:
+    """What a step's dict or tuple batch was handed holding."""
+    form = "a tuple" if keyed.unpacked else "a dict"
+    keys = ", ".join(keyed.keys)
+    return text(f"your step reads its batch as {keys}: it was handed {form} of them, the windows (B, T + 1) "
+                "under each, ones under a mask", f"你的一步把 batch 读成 {keys}：交给它的是由它们组成的 "
+                f"{'tuple' if keyed.unpacked else 'dict'}，每一项都是 (B, T + 1) 的窗口，mask 是全 1")
 
 
 def _schedule_called(fn: Any) -> str | None:

@@ -45,12 +45,19 @@ class Logits(nn.Module):
 
     def forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Any:
         logits = self.model(x).logits * self.scale  # (B, T, V)
-        targets = next((a for a in list(args) + list(kwargs.values()) if isinstance(a, Tensor)), None)
+        targets = next((a for a in list(args) + list(kwargs.values()) if isinstance(a, Tensor)
+                        and not _mask(a)), None)  # a mask of ones beside the ids (attention_mask) read past
         if targets is None:
             return logits
         if kwargs.get("labels") is x:  # labels=x (the ids handed as both): the model shifts them
             logits, targets = logits[:, :-1], targets[:, 1:]  # (B, T - 1, V), (B, T - 1)
         return logits, F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+
+
+def _mask(t: Tensor) -> bool:
+    """A tensor of 0s and 1s that is no float: a mask handed beside the ids, not targets (the windows
+    hold all of a 13-token vocabulary)."""
+    return not t.is_floating_point() and bool(((t == 0) | (t == 1)).all())
 
 
 def tiny_model() -> Logits:
