@@ -7,7 +7,8 @@ Each is handed random inputs by the roles its parameters' names say (every token
 a mask, so that no masking convention matters) and compared with the formulas: GAE's backward
 recursion A_t = delta_t + gamma * lam * A_{t+1}, delta_t = r_t + gamma * V_{t+1} - V_t (no value after
 the last token), returns A + V; the loss max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)) averaged,
-ratio = exp(logprobs - old_logprobs). Where they differ, the first line whose value is none of the
+ratio = exp(logprobs - old_logprobs); a loss that takes two ranges (DAPO's clip-higher) is handed two
+different ones, clip(ratio, 1 - low, 1 + high). Where they differ, the first line whose value is none of the
 reference's steps is quoted. A parameter whose role its name does not say leaves it NOT CHECKED.
 
 Shape legend: B rows (sequences), T tokens.
@@ -36,8 +37,10 @@ CLIPS = (0.2, 0.1, 0.3)  # the ranges tried where the loss takes none: the ones 
 # a parameter's role by the words of its name, tried in order (old before the new log-probabilities)
 GAE_ROLES = {"gamma": "gamma|discount", "lam": "lam|lmbda|lambd", "mask": "mask", "values": "value|vpred",
              "rewards": "reward"}
-LOSS_ROLES = {"clip": "clip|eps", "mask": "mask", "old": "old", "advantages": "adv",
+LOSS_ROLES = {"clip_low": "(clip|eps).*low|low.*(clip|eps)", "clip_high": "(clip|eps).*high|high.*(clip|eps)",
+              "clip": "clip|eps", "mask": "mask", "old": "old", "advantages": "adv",
               "logprobs": "logp|log_p|logprob|log_prob"}
+CLIP_HIGH = 0.3  # the upper range handed where the loss takes two (DAPO's clip-higher: 1 - low to 1 + high)
 
 
 def _role(name: str, roles: dict[str, str]) -> str | None:
@@ -173,9 +176,10 @@ def _time_major(x: Tensor) -> Tensor:
     return x.T if x.dim() == 2 else x
 
 
-def policy_views(logprobs: Tensor, old: Tensor, adv: Tensor, clip: float) -> list[View]:
+def policy_views(logprobs: Tensor, old: Tensor, adv: Tensor, clip: tuple[float, float]) -> list[View]:
+    """The reference's steps, the ratio clipped to 1 - low .. 1 + high (clip: (low, high))."""
     ratio = (logprobs - old).exp()
-    clipped = ratio.clamp(1 - clip, 1 + clip)
+    clipped = ratio.clamp(1 - clip[0], 1 + clip[1])
     per = torch.max(-adv * ratio, -adv * clipped)
     return [("the log-ratio", logprobs - old), ("the ratio", ratio), ("the clipped ratio", clipped),
             ("ratio * A", ratio * adv), ("clipped ratio * A", clipped * adv), ("-A * ratio", -adv * ratio),
@@ -189,24 +193,38 @@ def _loss_inputs() -> dict[str, Any]:
     old = logprobs + (torch.rand(B, T, generator=g, dtype=torch.float64) - 0.5)  # ratios of 0.6 to 1.6
     adv = torch.randn(B, T, generator=g, dtype=torch.float64)
     mask = torch.ones(B, T, dtype=torch.float64)
-    return {"logprobs": logprobs, "old": old, "advantages": adv, "mask": mask, "clip": CLIP}
+    return {"logprobs": logprobs, "old": old, "advantages": adv, "mask": mask, "clip": CLIP,
+            "clip_low": CLIP, "clip_high": CLIP_HIGH}
+
+
+def _ranges(roles: set[str]) -> list[tuple[float, float]]:
+    """The (low, high) ranges compared: the two it is handed, the one, or (none handed) each of CLIPS."""
+    if {"clip_low", "clip_high"} <= roles:
+        return [(CLIP, CLIP_HIGH)]
+    return [(CLIP, CLIP)] if roles & {"clip", "clip_low", "clip_high"} else [(c, c) for c in CLIPS]
+
+
+def _eps(clip: tuple[float, float]) -> str:
+    return f"eps={clip[0]:g}" if clip[0] == clip[1] else f"eps low={clip[0]:g}, high={clip[1]:g}"
 
 
 def check_policy_loss(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     given = _loss_inputs()
     roles = _arguments(comp, LOSS_ROLES, given, ("logprobs", "old", "advantages"))
-    clips = (CLIP,) if "clip" in roles.values() else CLIPS
+    clips = _ranges(set(roles.values()))
     lp, old = given["logprobs"], given["old"]
     tried = [(clip, spread, _policy_error(ctx, comp, roles, {**given, "advantages": adv}, spread, clip))
              for adv, spread in _advantage_forms(given["advantages"]) for clip in clips]
     clip, adv, (err, call) = min(tried, key=lambda t: t[2][0])
+    if err == float("inf"):  # it raises on every form: the token form again, their error
+        tried[0][2][1]()
     res.max_abs_error = err
     res.notes += [PER_SEQUENCE] * (tried[0][1] is not adv)
     res.checks.append(Check(text(
-        f"eps={clip:g}: the loss equals PPO's clipped surrogate, max(-A * ratio, -A * clip(ratio, 1 - eps, "
+        f"{_eps(clip)}: the loss equals PPO's clipped surrogate, max(-A * ratio, -A * clip(ratio, 1 - eps, "
         "1 + eps)) averaged, ratio = exp(logprobs - old_logprobs)",
-        f"eps={clip:g}：损失与 PPO 的裁剪代理目标一致：max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)) "
+        f"{_eps(clip)}：损失与 PPO 的裁剪代理目标一致：max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)) "
         "取平均，ratio = exp(logprobs - old_logprobs)"), err < TOL, error_text(err)))
     if err >= TOL:
         views = policy_views(lp, old, adv, clip)
@@ -218,19 +236,25 @@ PER_SEQUENCE = text("it takes one advantage a sequence (B,), spread over its tok
                     "它的优势是每个序列一个 (B,)，铺到序列的每个 token 上：按此比较")
 
 
+# one advantage a sequence (B,), of the signs at which both ends of the range show on _loss_inputs'
+# ratios: negative on row 0 (ratios under 1 - eps), positive on row 2 (ratios over 1 + eps)
+SEQUENCE_ADVANTAGES = (-0.8, 0.5, 1.1)
+
+
 def _advantage_forms(adv: Tensor) -> list[tuple[Tensor, Tensor]]:
     """(handed, as each token sees them): the advantages a token (B, T), then one a sequence (B,)
     (GRPO's, spread over its tokens)."""
-    return [(adv, adv), (adv[:, 0], adv[:, :1].expand_as(adv))]
+    each = torch.tensor(SEQUENCE_ADVANTAGES, dtype=adv.dtype)  # (B,)
+    return [(adv, adv), (each, each[:, None].expand_as(adv))]
 
 
 def _policy_error(ctx: Context, comp: Component, roles: dict[str, str], given: dict[str, Any], spread: Tensor,
-                  clip: float) -> tuple[float, Callable[..., Any]]:
+                  clip: tuple[float, float]) -> tuple[float, Callable[..., Any]]:
     """How far its loss is from the reference's (its loss, token losses or rows' means) with these
-    inputs and range, and the call that gave it; inf where it raises on them (the token form raises
-    again: their error)."""
+    inputs and range, and the call that gave it; inf where it raises on them (a loss that broadcasts
+    one advantage a sequence itself, `advantages.unsqueeze(-1)`, raises on the token form)."""
     call = _caller(ctx, comp, roles, given)
-    out = fp.quietly(call) if spread is not given["advantages"] else call()  # per token: their error raised
+    out = fp.quietly(call)
     views = policy_views(given["logprobs"], given["old"], spread, clip)
     errors = [_apart(g.reshape(v.shape) if g.numel() == v.numel() else g, v)
               for g in _tensors(out)[:1] for _, v in views[-3:]]

@@ -1,0 +1,53 @@
+"""Policy losses that take one advantage a sequence (tests/fixtures/learners_rl_losses/): a loss that
+spreads it over the tokens itself (`advantages.unsqueeze(-1)`, `advantages[:, None]`) raises on
+advantages a token and is compared on one a sequence; a loss with two clipping ranges (DAPO's
+clip-higher, `clip_ratio_low`, `clip_ratio_high`) is handed two different ones, so that an upper bound
+written with the lower range shows. Each correct loss passes; each plant fails at its line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from handformer.check.core.engine import check_file
+from handformer.check.core.report import exit_code, format_report
+
+FOLDER = Path(__file__).parent / "fixtures" / "learners_rl_losses"
+HIGHER, GRPO = FOLDER / "clip_higher.py", FOLDER / "grpo_sequence.py"
+CORRECT = {"higher": HIGHER, "grpo": GRPO}
+# name: (file, edit, the quoted line's start)
+PLANTS = {
+    "higher_bound_low": (HIGHER, ("1 + clip_ratio_high)", "1 + clip_ratio_low)"), "clipped = -adv * torch.clamp"),
+    "grpo_max": (GRPO, ("-torch.min(", "-torch.max("), "token_loss = -torch.max("),
+}
+SAID = {"higher": "eps low=0.2, high=0.3", "grpo": "eps=0.2"}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("rl_losses")
+    out = {name: check_file(str(path)) for name, path in CORRECT.items()}
+    for name, (path, (old, new), _) in PLANTS.items():
+        text = path.read_text(encoding="utf-8")
+        assert old in text
+        (folder / f"{name}.py").write_text(text.replace(old, new, 1), encoding="utf-8")
+        out[name] = check_file(str(folder / f"{name}.py"))
+    return out
+
+
+@pytest.mark.parametrize("name", list(CORRECT))
+def test_the_correct_loss_is_compared_per_sequence_and_passes(results, name):
+    result = results[name]
+    (loss,) = result.components
+    assert exit_code(result) == 0 and loss.status == "pass", format_report(result)
+    assert any("one advantage a sequence" in n["en"] for n in loss.notes), loss.notes
+    assert SAID[name] in loss.checks[0].name["en"], format_report(result)
+
+
+@pytest.mark.parametrize("name", list(PLANTS))
+def test_the_plant_fails_at_its_line(results, name):
+    result = results[name]
+    assert exit_code(result) == 1, format_report(result)
+    findings = [f for c in result.components for f in c.findings]
+    assert any(f.code and f.code.strip().startswith(PLANTS[name][2]) for f in findings), format_report(result)
