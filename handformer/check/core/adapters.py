@@ -41,6 +41,7 @@ CALLS: dict[str, str] = {
     "sample": "logits", "top_k": "logits, k", "top_p": "logits, p", "temperature": "logits, temperature",
     "greedy": "logits", "train_step": "model, batch, optimizer, criterion", "train_epoch": "model, loader, "
     "optimizer, criterion", "lm_train_step": "model, x, y, optimizer, lr", "schedule": "step",
+    "group_advantages": "rewards, group_size",
     "loss": "logits, targets, pad_id", "causal_mask": "size",
     "sdpa": "q, k, v, mask=None", "rope": "q, k, positions", "bpe": "input_path, vocab_size, special_tokens",
     "mask_helper": "src, pad_id", "masked_softmax": "scores, valid_lens", "min_p": "logits, min_p",

@@ -807,6 +807,8 @@ def _refine_function(kind: str, obj: Any) -> str:
         return "dpo_step"  # `train_step(policy, ref_model, optimizer, batch)`: a frozen reference beside it
     if kind == "train_step":
         return "lm_train_step" if lm_step(obj) else kind
+    if kind == "gae" and _grouped(named):  # compute_advantages(rewards, group_size): GRPO's, not GAE
+        return "group_advantages"
     if kind == "mask_helper" and mask_kind(obj) == "causal_mask":  # Gemma 2's make_masks(q_len, ...): no pad
         return "causal_mask"
     if kind in ("greedy_decode", "generate") and _loops_over_memory(obj):
@@ -815,6 +817,11 @@ def _refine_function(kind: str, obj: Any) -> str:
     said = kind_of(obj) if family else None
     # a `sample(model, input_ids, processors, max_new_tokens)` that takes a model is a generation loop
     return said if said in (*family, "generate") else kind
+
+
+def _grouped(names: set[str]) -> bool:
+    """Arguments of GRPO's advantages: a group size (group_size, num_generations), and no values."""
+    return any(re.search(r"group|generations", n) for n in names) and not any("value" in n for n in names)
 
 
 def _loops_over_memory(fn: Any) -> bool:

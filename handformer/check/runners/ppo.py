@@ -47,7 +47,7 @@ def _role(name: str, roles: dict[str, str]) -> str | None:
     return next((role for role, words in roles.items() if re.search(words, name, re.I)), None)
 
 
-def _arguments(comp: Component, roles: dict[str, str], given: dict[str, Any], needed: tuple[str, ...],
+def arguments_by_role(comp: Component, roles: dict[str, str], given: dict[str, Any], needed: tuple[str, ...],
                ) -> dict[str, str]:
     """The role of each argument check hands, by the parameter's name; a required parameter of no
     role leaves the function NOT CHECKED (check cannot say what to hand it), and so does one that takes
@@ -68,7 +68,7 @@ def _arguments(comp: Component, roles: dict[str, str], given: dict[str, Any], ne
     return out
 
 
-def _caller(ctx: Context, comp: Component, roles: dict[str, str], given: dict[str, Any],
+def called_by_role(ctx: Context, comp: Component, roles: dict[str, str], given: dict[str, Any],
             layout: Callable[[Tensor], Tensor] = lambda x: x) -> Callable[..., Any]:
     """Their function called with each argument by its role, the tensors copied and laid out; roles
     given as keywords replace the inputs (the ones the localizer traces)."""
@@ -79,7 +79,7 @@ def _caller(ctx: Context, comp: Component, roles: dict[str, str], given: dict[st
     return call
 
 
-def _tensors(out: Any) -> list[Tensor]:
+def tensors_of(out: Any) -> list[Tensor]:
     items = fp.outputs(out)
     return [t.detach().double() for t in items if isinstance(t, Tensor)]
 
@@ -133,10 +133,10 @@ def _apart(got: Tensor, want: Tensor) -> float:
 def check_gae(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     given = _gae_inputs()
-    roles = _arguments(comp, GAE_ROLES, given, ("gamma", "lam", "values", "rewards"))
+    roles = arguments_by_role(comp, GAE_ROLES, given, ("gamma", "lam", "values", "rewards"))
     values, rewards = given["values"], given["rewards"]
-    calls = {layout: _caller(ctx, comp, roles, given, layout) for layout in (_same, _time_major)}
-    errors = {layout: _gae_error(list(map(layout, _tensors(out))), values, rewards, GAMMA, LAM)
+    calls = {layout: called_by_role(ctx, comp, roles, given, layout) for layout in (_same, _time_major)}
+    errors = {layout: _gae_error(list(map(layout, tensors_of(out))), values, rewards, GAMMA, LAM)
               for layout, out in _outputs(calls).items()}
     layout = min(errors, key=errors.get)  # its layout: the one that explains it best
     res.max_abs_error = err = errors[layout]
@@ -211,7 +211,7 @@ def _eps(clip: tuple[float, float]) -> str:
 def check_policy_loss(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     given = _loss_inputs()
-    roles = _arguments(comp, LOSS_ROLES, given, ("logprobs", "old", "advantages"))
+    roles = arguments_by_role(comp, LOSS_ROLES, given, ("logprobs", "old", "advantages"))
     clips = _ranges(set(roles.values()))
     lp, old = given["logprobs"], given["old"]
     tried = [(clip, spread, _policy_error(ctx, comp, roles, {**given, "advantages": adv}, spread, clip))
@@ -253,11 +253,11 @@ def _policy_error(ctx: Context, comp: Component, roles: dict[str, str], given: d
     """How far its loss is from the reference's (its loss, token losses or rows' means) with these
     inputs and range, and the call that gave it; inf where it raises on them (a loss that broadcasts
     one advantage a sequence itself, `advantages.unsqueeze(-1)`, raises on the token form)."""
-    call = _caller(ctx, comp, roles, given)
+    call = called_by_role(ctx, comp, roles, given)
     out = fp.quietly(call)
     views = policy_views(given["logprobs"], given["old"], spread, clip)
     errors = [_apart(g.reshape(v.shape) if g.numel() == v.numel() else g, v)
-              for g in _tensors(out)[:1] for _, v in views[-3:]]
+              for g in tensors_of(out)[:1] for _, v in views[-3:]]
     return min(errors, default=float("inf")), call
 
 
