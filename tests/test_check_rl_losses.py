@@ -63,3 +63,14 @@ def test_the_plant_fails_at_its_line(results, name):
     assert exit_code(result) == 1, format_report(result)
     findings = [f for c in result.components for f in c.findings]
     assert any(f.code and f.code.strip().startswith(PLANTS[name][2]) for f in findings), format_report(result)
+
+
+STEPS = {"GRPO": FOLDER / "grpo_step.py", "REINFORCE": FOLDER / "reinforce_step.py"}
+
+
+@pytest.mark.parametrize("objective", list(STEPS))
+def test_a_reinforcement_learning_step_is_not_checked_naming_its_objective(objective):
+    result = check_file(str(STEPS[objective]))
+    (step,) = result.components
+    assert step.status == "not_checked", format_report(result)
+    assert f"a reinforcement-learning step ({objective})" in step.error.message, format_report(result)

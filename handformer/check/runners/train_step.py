@@ -516,7 +516,29 @@ def check_train_step(comp: Component, ctx: Context) -> ComponentResult:
     if pairwise_step(comp):  # a reward model's step on pairs (reward_pair.py)
         return check_pairwise_step(comp, ctx)
     not_next_token(comp)
+    reinforced(comp, ctx)
     return _check(comp, ctx, epoch=False)
+
+
+# what a reinforcement-learning step takes beside the model, and the objectives it may be written for
+RL_ARGUMENTS = re.compile(r"(?i)reward|rollout|advantage|old_?log")  # not prompts alone: an SFT step's
+OBJECTIVES = ("GSPO", "DAPO", "CISPO", "GRPO", "RLOO", "REINFORCE", "PPO")
+
+
+def reinforced(comp: Component, ctx: Context) -> None:
+    """A step that takes rewards, rollouts, advantages or old log-probabilities (and maybe prompts) is a
+    reinforcement-learning step, which check does not drive whole: NOT CHECKED, naming the objective
+    its file names (its pieces are checked apart)."""
+    names = names_of(forward_parameters(comp.obj))[1]
+    rl = [n for n in names if RL_ARGUMENTS.search(n) or "prompt" in n] * any(map(RL_ARGUMENTS.search, names))
+    said = source_text(ctx.module).upper()
+    objective = next((f" ({o})" for o in OBJECTIVES if re.search(rf"\b{o}", said)), "")
+    if rl:
+        raise DiscoveryError(
+            f"{comp.name} is a reinforcement-learning step{objective} (it takes {', '.join(rl)}): check does "
+            "not drive such a step whole; the pieces it calls (a policy loss, the advantages) are checked on "
+            "their own", zh=f"{comp.name} 是强化学习的训练一步{objective}（它接受 {', '.join(rl)}）："
+            "check 不整体运行这样的一步；它调用的部分（策略损失、优势）各自检查")
 
 
 def check_train_epoch(comp: Component, ctx: Context) -> ComponentResult:
