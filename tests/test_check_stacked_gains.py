@@ -8,7 +8,8 @@ mapped is named by its form.
   bare Parameter (self.gamma_1 * ...): folded into the output projections' rows, said as a convention.
 - Each correct file PASSes with its attention, block (and model) checked; each plant FAILs, named or
   at its line. A depthwise convolution, routed experts and a stack in a form not read are named as
-  what they are.
+  what they are; so are an attention of queries alone and a model whose blocks are not all alike
+  (cross-layer KV sharing: the second layer of a pair has wq and wo alone).
 """
 
 from pathlib import Path
@@ -110,3 +111,32 @@ def test_a_norm_after_a_sublayer_is_named_as_what_the_block_has_not():
     with pytest.raises(MappingError) as err:
         norm_slots(leaves(Hybrid()), 2, ["self-attention", "FFN"], "Block")
     assert str(err.value).startswith("Block: norm1_post (4,): a norm after a sublayer's output"), err.value
+
+
+class QueriesOnly(nn.Module):
+    """The second layer of a cross-layer KV pair: its keys and values are another layer's."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.wq, self.wo = nn.Linear(d, d, bias=False), nn.Linear(d, d, bias=False)
+
+
+class Layer(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.attention = QueriesOnly(d)
+
+
+def test_an_attention_of_queries_alone_and_blocks_not_alike_are_named():
+    from handformer.check.core.weights import attention_slots, of_kind
+    from handformer.check.runners.gpt import _all_blocks
+
+    with pytest.raises(MappingError) as err:
+        attention_slots(of_kind(leaves(QueriesOnly(8)), "linear"), 8, 1, "Attention")
+    assert "a query and an output projection alone (wq (8, 8), wo (8, 8))" in str(err.value)
+    model = nn.Module()
+    model.layers = nn.ModuleList([Layer(8), Layer(8)])  # the first read as a block, the second not
+    with pytest.raises(MappingError) as err:
+        _all_blocks(model, [("layers.0", model.layers[0])])
+    assert "check reads no attention in layers.1 (layers.1.attention.wq (8, 8)" in str(err.value)
+    _all_blocks(model, [("layers.0", model.layers[0]), ("layers.1", model.layers[1])])  # all read: none

@@ -408,6 +408,7 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
         return _grouped_slots(linears, D, kv, count, prefixes, what)
     per = {4 * count: 4, 3 * count: 3}.get(len(square))  # W_O or none
     if not per:
+        _queries_alone(linears, D, count, what)
         raise MappingError(
             f"{what}: expected {4 * count} nn.Linear(d_model, d_model) layers ({count} x W_Q, W_K, "
             f"W_V, W_O) with d_model={D}, found {len(square)}; its parameterised layers are: "
@@ -417,6 +418,18 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
     groups = [_qkv_by_name(square[i * per:(i + 1) * per]) for i in range(count)]
     return [[Slot(f"{p}W_{r}", leaf) for r, leaf in zip("QKVO", group)]
             for p, group in zip(prefixes, groups)]
+
+
+def _queries_alone(linears: list[Leaf], D: int, count: int, what: str) -> None:
+    """MappingError naming an attention whose projections are W_Q and W_O alone, (D, D) each: its keys
+    and values come from outside it (another layer's, as cross-layer KV sharing hands them)."""
+    if [tuple(x.weight.shape) for x in linears] == [(D, D)] * 2 * count:
+        raise MappingError(
+            f"{what}: its projections are a query and an output projection alone ({shapes_text(linears)}): "
+            "its keys and values come from outside it (another layer's, as cross-layer KV sharing hands "
+            "them), which handformer's attention projects itself",
+            zh=f"{what}：它的投影只有 query 投影和输出投影（{shapes_text(linears)}）：它的键和值来自外面"
+               "（别的层的，就像跨层共享 KV 那样传进来），而 handformer 的注意力自己投影键和值")
 
 
 KV_NAME = re.compile(r"(?i)(^|[._])(to_|w_)?kv(_proj)?$")  # lucidrains' to_kv: keys and values, no queries
@@ -502,6 +515,7 @@ def _grouped_slots(linears: list[Leaf], D: int, kv: int, count: int, prefixes: l
                    ) -> list[list[Slot]]:
     """Grouped-query attention: (D, D) W_Q and W_O, (kv, D) W_K and W_V, in definition order."""
     square, narrow = with_shape(linears, (D, D)), with_shape(linears, (kv, D))
+    _queries_alone(linears, D, count, what)
     if len(narrow) != 2 * count or len(square) not in (count, 2 * count):
         raise MappingError(
             f"{what}: expected W_Q and W_O as nn.Linear(d_model, d_model) and W_K, W_V as "

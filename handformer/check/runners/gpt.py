@@ -64,6 +64,7 @@ from handformer.check.core.layer_map import (
     map_layer,
     output_head,
     outside,
+    prefixed,
     rows_normed,
 )
 from handformer.check.core.localize_kinds import localize_model, made_at, module_views, note_departure
@@ -226,6 +227,7 @@ def map_gpt(module: nn.Module) -> GPTMap:
         en, zh = NO_BLOCKS[any("decoder" in type(m).__name__.lower() for m in module.modules())]
         raise MappingError(en, zh=zh)
     _comparable(layers, blocks)
+    _all_blocks(module, layers)
     outer = outside(module, [child for _, child in layers])
     embeds = of_kind(outer, "embedding")
     wte = next((e for e in embeds if e.weight.size(0) == VOCAB), None)
@@ -267,6 +269,24 @@ def _comparable(layers: list[tuple[str, nn.Module]], blocks: list[LayerMap]) -> 
                            zh="它各 Block 的前馈网络结构不全相同（有的 Block 用混合专家，有的用一个网络？）；"
                               "handformer 的 CausalLM 每个 Block 用同一种，所以不比较整个模型；"
                               "它的各层单独检查")
+
+
+def _all_blocks(module: nn.Module, layers: list[tuple[str, nn.Module]]) -> None:
+    """MappingError where a module of the blocks' class is no block check reads (CLA's second layer of
+    a pair: wq and wo alone, its keys and values another layer's): handformer's CausalLM has its blocks
+    alike, so the model is not compared; named with their parameters."""
+    taken = dict(layers)
+    kinds = {t for t in map(type, taken.values()) if not t.__module__.startswith("torch.")}  # not ModuleList
+    rest = [path for path, m in module.named_modules() if type(m) in kinds and path and path not in taken]
+    shown = "; ".join(map(lambda path: shapes_text(prefixed(leaves(module.get_submodule(path)), path)), rest))
+    if rest:
+        raise MappingError(
+            f"its blocks are not all alike: check reads no attention in {', '.join(rest)} ({shown}; a "
+            "layer with queries alone takes another layer's keys and values); handformer's CausalLM has "
+            "every block alike, so the model is not compared; its layers are checked on their own",
+            zh=f"它的各 Block 不全相同：检查程序在 {'、'.join(rest)} 里读不出注意力（{shown}；只有 query "
+               "的层用的是别的层的键和值）；handformer 的 CausalLM 每个 Block 都一样，所以不比较整个模型；"
+               "它的各层单独检查")
 
 
 def _rotary_(m: GPTMap, module: nn.Module) -> None:
