@@ -226,8 +226,7 @@ def map_gpt(module: nn.Module) -> GPTMap:
     if not blocks or any(b.decoder for b in blocks):
         en, zh = NO_BLOCKS[any("decoder" in type(m).__name__.lower() for m in module.modules())]
         raise MappingError(en, zh=zh)
-    _comparable(layers, blocks)
-    _all_blocks(module, layers)
+    _comparable(module, layers, blocks)
     outer = outside(module, [child for _, child in layers])
     embeds = of_kind(outer, "embedding")
     wte = next((e for e in embeds if e.weight.size(0) == VOCAB), None)
@@ -257,10 +256,12 @@ def map_gpt(module: nn.Module) -> GPTMap:
     return m
 
 
-def _comparable(layers: list[tuple[str, nn.Module]], blocks: list[LayerMap]) -> None:
-    """MappingError where handformer's CausalLM cannot be the reference: the blocks' feed-forward
-    networks not read alike (nanoMoE's mixture of experts in every other block, a dense FFN in the
-    rest): handformer's CausalLM has one in every block."""
+def _comparable(module: nn.Module, layers: list[tuple[str, nn.Module]], blocks: list[LayerMap]) -> None:
+    """MappingError where handformer's CausalLM cannot be the reference: a module of the blocks' class
+    not read as a block (`_all_blocks`), the blocks' feed-forward networks not read alike (nanoMoE's
+    mixture of experts in every other block, a dense FFN in the rest): handformer's CausalLM has one in
+    every block."""
+    _all_blocks(module, layers)
     if len({tuple((s.role, tuple(s.weight().shape)) for s in block.ffn) for block in blocks}) > 1:
         raise MappingError("its blocks' feed-forward networks are not all built alike (a mixture of experts "
                            "in some blocks, one network in others?); handformer's CausalLM has the same "
