@@ -74,6 +74,7 @@ from handformer.check.core.source import (
     source_lines,
     source_text,
 )
+from handformer.check.core.stacked import unstack_
 from handformer.check.core.weights import scramble_, untranspose_
 from handformer.check.reference.diagnoses import CATALOG
 from handformer.nn.masks import causal_mask
@@ -179,6 +180,7 @@ class Context:
         keyword_inputs_positional_(module)
         self.materialize(comp, module, warmup)
         untranspose_(module)  # Hugging Face's Conv1D: weights stored (in, out)
+        unstack_(module)  # modded-nanogpt's qkv_w (3, D, D): one fused (3D, D) projection
         if not checked:
             return module.eval()
         scramble_(module, seed)

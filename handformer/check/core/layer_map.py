@@ -14,6 +14,7 @@ from torch import nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import D, H
+from handformer.check.core.gains import fold
 from handformer.check.core.moe import ffn_readings, outside_moe
 from handformer.check.core.qkv_layouts import ffn_ups, kv_width
 from handformer.check.core.score_scale import smallest_holder
@@ -144,6 +145,7 @@ def map_layer(path: str, child: nn.Module, F_width: int, kv: int | None = None) 
     names = SUBLAYERS[decoder]
     attn = attention_slots(outside_moe(child, linears), D, len(names) - 1, path, kv)  # each but the FFN
     ffn = ffn_reading(child, ffn_readings(child, linears, F_width, path, label=path))
+    *attn, ffn = fold(of_kind(found, "gain"), [*attn, ffn], path)  # LayerScale: into W_O's and W_down's rows
     norms, qk = block_norms(of_kind(found, "norm"))
     attn[0] += qk or gainless_qk(child)
     attn[0] += sink_slots(of_kind(found, "scalar"), H)  # gpt-oss's attention sinks

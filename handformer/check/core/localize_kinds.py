@@ -210,6 +210,7 @@ def layer_views(w: V.LayerWeights, x: Tensor, memory: Tensor | None, keep: Tenso
             y = f(h)
             x = x + y * w.residual  # Granite's residual_multiplier (1: none)
             scaled = [(f"the {label}'s output times {w.residual:g}", y * w.residual)] * (w.residual != 1)
+            scaled += [(f"the {label}'s output before its per-channel gain", y / g) for g in _gain(w, i)]
             views += [(f"the norm before the {label}", h), *inner(w, h), (f"the {label}'s output", y),
                       *scaled, (f"x + {label} (the residual sum)", x)]
         else:
@@ -218,6 +219,11 @@ def layer_views(w: V.LayerWeights, x: Tensor, memory: Tensor | None, keep: Tenso
             x = V.norm(n, x + y)
             views.append((f"the norm after the {label}", x))
     return views
+
+
+def _gain(w: V.LayerWeights, i: int) -> list[Tensor]:
+    """The per-channel gain folded into the i-th sublayer's output projection, where it has one."""
+    return list(filter(lambda g: g is not None, w.gains[i:i + 1]))
 
 
 def _parallel_views(w: V.LayerWeights, x: Tensor, keep: Tensor | None) -> list[View]:

@@ -28,6 +28,7 @@ from handformer.check.core.defaults import given, then
 from handformer.check.core.fingerprint import quietly
 from handformer.check.core.qkv_layouts import FOUND, LAYOUTS, STATED, ffn_ups, fused_before_output, kv_width
 from handformer.check.core.sizes import H, is_number
+from handformer.check.core.stacked import described, multiplied_whole, multiplies, stacked_names, stacked_part
 from handformer.check.reference import variants as V
 
 
@@ -45,7 +46,7 @@ class Leaf:
     """One of the learner's parameterised submodules: a linear layer, a norm or an embedding."""
 
     name: str  # dotted path inside the learner's module, e.g. "self_attention.w_q"
-    kind: str  # linear | norm | embedding
+    kind: str  # linear | norm | embedding | scalar | gain (a per-channel gain on an output, gains.py)
     module: nn.Module
     weight: nn.Parameter
     bias: nn.Parameter | None
@@ -82,7 +83,11 @@ class Slot:
         part = "" if self.rows is None else f"[{self.rows.start}:{self.rows.stop}]" if isinstance(
             self.rows, slice) else f"[{self.part}]"
         stored = ".T" * parametrize.is_parametrized(self.leaf.module)  # Conv1D's (in, out), read transposed
-        return f"{self.leaf.name}{stored}{part} -> {self.role}"
+        path, _, name = self.leaf.name.rpartition(".")
+        stack = stacked_part(self.leaf.module, name, self.rows)  # qkv_w[0]: one matrix of a stack
+        return f"{path}.{stack}".lstrip(".") + f" -> {self.role}" if stack else \
+            f"{self.leaf.name}{stored}{part} -> {self.role}"
+
 
 
 @dataclass
@@ -180,18 +185,15 @@ def _one_matrix(params: dict[str, nn.Parameter]) -> bool:
 
 
 def _unknown(label: str, sub: nn.Module, params: dict[str, nn.Parameter]) -> MappingError:
-    """What a module of parameters handformer does not map is; its 3-D parameters said to be experts
-    stacked one tensor each (gpt-oss's MLPBlock: mlp1_weight (E, 2F, D))."""
+    """What a module of parameters handformer does not map is, said from its form (stacked.described:
+    a convolution, stacked experts, stacked projections, per-channel vectors)."""
     shapes = ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items())
-    stacked = any(p.dim() == 3 for p in params.values())
-    en = (": 3-D weights, a mixture of experts stacked one tensor for all experts (gpt-oss's MLPBlock), "
-          "which handformer does not compare") * stacked
-    zh = ("：三维权重，所有专家叠在一个张量里的混合专家（gpt-oss 的 MLPBlock），"
-          "handformer 不比较这种写法") * stacked
-    return MappingError(f"cannot tell what {label} ({type(sub).__name__}: {shapes}) is{en}; handformer maps "
-                        "nn.Linear layers, norms (1-D weight and bias) and embeddings",
-                        zh=f"看不出 {label}（{type(sub).__name__}：{shapes}）是什么{zh}；handformer "
-                           "能对应的是 nn.Linear 层、归一化（一维的 weight 和 bias）和嵌入")
+    held, held_zh = f"{label} ({type(sub).__name__}: {shapes})", f"{label}（{type(sub).__name__}：{shapes}）"
+    en, zh = given(described(sub, params), (None, None))
+    return MappingError((f"{held} is {en}" if en else f"cannot tell what {held} is")
+                        + "; handformer maps nn.Linear layers, norms (1-D weight and bias) and embeddings",
+                        zh=(f"{held_zh}是{zh}" if zh else f"看不出 {held_zh} 是什么")
+                        + "；handformer 能对应的是 nn.Linear 层、归一化（一维的 weight 和 bias）和嵌入")
 
 
 def _looks_up(sub: nn.Module, params: dict[str, nn.Parameter]) -> bool:
@@ -316,22 +318,42 @@ def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
             continue
         if isinstance(sub, nn.Embedding) or _looks_up(sub, params):
             found.append(Leaf(label, "embedding", sub, _matrix_and_vector(params)[0], None))
+        elif names := stacked_names(sub):
+            found += _stacked_leaves(label, sub, params, names)
         elif isinstance(sub, nn.Linear) or _one_matrix(params):
             found.append(Leaf(label, "linear", sub, *_matrix_and_vector(params)))
         elif loose_matrices(params, sub):
             found += [Leaf(f"{label}.{n}".removeprefix("(self)."), "linear", sub, p, None)
                       for n, p in params.items()]
         elif all(p.dim() <= 1 for p in params.values()) and _holds_layers(sub):  # nanochat's resid_lambdas
-            found += [Leaf(f"{label}.{n}".removeprefix("(self)."), "scalar", sub, p, None)
+            found += [Leaf(_dotted(label, n), "gain" if multiplied_whole(sub, n) else "scalar", sub, p, None)
                       for n, p in params.items()]
         elif all(p.dim() == 1 for p in params.values()) and len(params) <= 2:
-            found.append(Leaf(label, "norm", sub, *_norm_parameters(params)))
+            kind = "gain" if multiplies(sub, params) else "norm"  # timm's LayerScale: x * gamma
+            found.append(Leaf(label, kind, sub, *_norm_parameters(params)))
         else:
             raise _unknown(label, sub, params)
     return found
 
 
-SCRAMBLED = {"norm": lambda noise, w: 1.0 + 0.2 * noise, "embedding": lambda noise, w: noise,
+def _dotted(label: str, name: str) -> str:
+    return f"{label}.{name}".removeprefix("(self).")
+
+
+def _stacked_leaves(label: str, sub: nn.Module, params: dict[str, nn.Parameter], names: list[str],
+                    ) -> list[Leaf]:
+    """A module's stacked projections (stacked.unstack_: each held as one (n * out, in) matrix) as
+    linear leaves, the vectors and scalars beside them as scalars (modded-nanogpt's lambdas); a module
+    with any other parameter beside them is not mapped."""
+    rest = {n: p for n, p in params.items() if n not in names}
+    if any(p.dim() > 1 for p in rest.values()):
+        raise _unknown(label, sub, params)
+    return ([Leaf(_dotted(label, n), "linear", sub, params[n], None) for n in names]
+            + [Leaf(_dotted(label, n), "scalar", sub, p, None) for n, p in rest.items()])
+
+
+SCRAMBLED = {"norm": lambda noise, w: 1.0 + 0.2 * noise, "gain": lambda noise, w: 1.0 + 0.2 * noise,
+             "embedding": lambda noise, w: noise,
              "scalar": lambda noise, w: w,  # as built: a residual scale of one, a gate of zero
              "linear": lambda noise, w: noise / math.sqrt(w.size(1))}  # a leaf's random weight, by its kind
 
@@ -386,6 +408,7 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
         return _grouped_slots(linears, D, kv, count, prefixes, what)
     per = {4 * count: 4, 3 * count: 3}.get(len(square))  # W_O or none
     if not per:
+        _queries_alone(linears, D, count, what)
         raise MappingError(
             f"{what}: expected {4 * count} nn.Linear(d_model, d_model) layers ({count} x W_Q, W_K, "
             f"W_V, W_O) with d_model={D}, found {len(square)}; its parameterised layers are: "
@@ -395,6 +418,18 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
     groups = [_qkv_by_name(square[i * per:(i + 1) * per]) for i in range(count)]
     return [[Slot(f"{p}W_{r}", leaf) for r, leaf in zip("QKVO", group)]
             for p, group in zip(prefixes, groups)]
+
+
+def _queries_alone(linears: list[Leaf], D: int, count: int, what: str) -> None:
+    """MappingError naming an attention whose projections are W_Q and W_O alone, (D, D) each: its keys
+    and values come from outside it (another layer's, as cross-layer KV sharing hands them)."""
+    if [tuple(x.weight.shape) for x in linears] == [(D, D)] * 2 * count:
+        raise MappingError(
+            f"{what}: its projections are a query and an output projection alone ({shapes_text(linears)}): "
+            "its keys and values come from outside it (another layer's, as cross-layer KV sharing hands "
+            "them), which handformer's attention projects itself",
+            zh=f"{what}：它的投影只有 query 投影和输出投影（{shapes_text(linears)}）：它的键和值来自外面"
+               "（别的层的，就像跨层共享 KV 那样传进来），而 handformer 的注意力自己投影键和值")
 
 
 KV_NAME = re.compile(r"(?i)(^|[._])(to_|w_)?kv(_proj)?$")  # lucidrains' to_kv: keys and values, no queries
@@ -480,6 +515,7 @@ def _grouped_slots(linears: list[Leaf], D: int, kv: int, count: int, prefixes: l
                    ) -> list[list[Slot]]:
     """Grouped-query attention: (D, D) W_Q and W_O, (kv, D) W_K and W_V, in definition order."""
     square, narrow = with_shape(linears, (D, D)), with_shape(linears, (kv, D))
+    _queries_alone(linears, D, count, what)
     if len(narrow) != 2 * count or len(square) not in (count, 2 * count):
         raise MappingError(
             f"{what}: expected W_Q and W_O as nn.Linear(d_model, d_model) and W_K, W_V as "
@@ -804,13 +840,30 @@ def norm_slots(norms: list[Leaf], count: int, names: list[str], what: str,
     if sandwich and len(norms) == 2 * count == 4:
         return sandwich_slots(norms, names)
     if len(norms) != count:
-        raise MappingError(f"{what}: expected {count} norms ({', '.join(names)}), found "
-                           f"{len(norms)}: {shapes_text(norms)}",
-                           zh=f"{what}：应当有 {count} 个归一化（{', '.join(names)}），实际找到 "
-                              f"{len(norms)} 个：{shapes_text(norms)}")
+        raise _norm_count_error(norms, count, names, what)
     if names[-1] == "FFN":  # gpt-fast defines ffn_norm before attention_norm: the FFN's norm goes last
         norms = sorted(norms, key=lambda leaf: bool(FFN_NORM_WORDS.search(leaf.name.lower())))
     return [Slot(f"norm {i + 1} ({n})", leaf) for i, (n, leaf) in enumerate(zip(names, norms))]
+
+
+POST_NORM = re.compile(r"(?i)post|after|_out\b")  # a norm named for its place after a sublayer
+
+
+def _norm_count_error(norms: list[Leaf], count: int, names: list[str], what: str) -> MappingError:
+    """Norms that are not one a sublayer; those named for a place after a sublayer's output (a hybrid
+    norm's norm1_post), where the others are one a sublayer, named as what the reference has not."""
+    post = [n for n in norms if POST_NORM.search(n.name.split(".")[-1])]
+    if len(norms) - len(post) == count:  # (len(norms) != count: some are named so)
+        return MappingError(
+            f"{what}: {shapes_text(post)}: a norm after a sublayer's output, which handformer's pre-norm "
+            f"block has not (it has one before each sublayer, or Gemma's one before and one after each); "
+            f"its norms: {shapes_text(norms)}",
+            zh=f"{what}：{shapes_text(post)}：子层输出之后的归一化，handformer 的前置归一化块没有（它在"
+               f"每个子层前有一个，或者像 Gemma 那样前后各一个）；它的归一化：{shapes_text(norms)}")
+    return MappingError(f"{what}: expected {count} norms ({', '.join(names)}), found "
+                        f"{len(norms)}: {shapes_text(norms)}",
+                        zh=f"{what}：应当有 {count} 个归一化（{', '.join(names)}），实际找到 "
+                           f"{len(norms)} 个：{shapes_text(norms)}")
 
 
 def by_sublayer(norms: list[Leaf], sublayers: list[list[Slot]]) -> list[Leaf]:

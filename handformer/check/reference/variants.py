@@ -468,6 +468,7 @@ class LayerWeights:
     placement: str = "post"  # the placement every sublayer uses unless a pre_norm flag flips one
     sublayers: list[str] = field(default_factory=lambda: ["attn", "ffn"])
     residual: float = 1.0  # pre-norm: each sublayer's output times this before the add (Granite's)
+    gains: tuple[Tensor | None, ...] = ()  # a per-channel gain a sublayer, folded in its output (LayerScale)
 
 
 class Unkept(list):

@@ -64,6 +64,7 @@ from handformer.check.core.layer_map import (
     map_layer,
     output_head,
     outside,
+    prefixed,
     rows_normed,
 )
 from handformer.check.core.localize_kinds import localize_model, made_at, module_views, note_departure
@@ -225,7 +226,7 @@ def map_gpt(module: nn.Module) -> GPTMap:
     if not blocks or any(b.decoder for b in blocks):
         en, zh = NO_BLOCKS[any("decoder" in type(m).__name__.lower() for m in module.modules())]
         raise MappingError(en, zh=zh)
-    _comparable(layers, blocks)
+    _comparable(module, layers, blocks)
     outer = outside(module, [child for _, child in layers])
     embeds = of_kind(outer, "embedding")
     wte = next((e for e in embeds if e.weight.size(0) == VOCAB), None)
@@ -255,10 +256,12 @@ def map_gpt(module: nn.Module) -> GPTMap:
     return m
 
 
-def _comparable(layers: list[tuple[str, nn.Module]], blocks: list[LayerMap]) -> None:
-    """MappingError where handformer's CausalLM cannot be the reference: the blocks' feed-forward
-    networks not read alike (nanoMoE's mixture of experts in every other block, a dense FFN in the
-    rest): handformer's CausalLM has one in every block."""
+def _comparable(module: nn.Module, layers: list[tuple[str, nn.Module]], blocks: list[LayerMap]) -> None:
+    """MappingError where handformer's CausalLM cannot be the reference: a module of the blocks' class
+    not read as a block (`_all_blocks`), the blocks' feed-forward networks not read alike (nanoMoE's
+    mixture of experts in every other block, a dense FFN in the rest): handformer's CausalLM has one in
+    every block."""
+    _all_blocks(module, layers)
     if len({tuple((s.role, tuple(s.weight().shape)) for s in block.ffn) for block in blocks}) > 1:
         raise MappingError("its blocks' feed-forward networks are not all built alike (a mixture of experts "
                            "in some blocks, one network in others?); handformer's CausalLM has the same "
@@ -267,6 +270,24 @@ def _comparable(layers: list[tuple[str, nn.Module]], blocks: list[LayerMap]) -> 
                            zh="它各 Block 的前馈网络结构不全相同（有的 Block 用混合专家，有的用一个网络？）；"
                               "handformer 的 CausalLM 每个 Block 用同一种，所以不比较整个模型；"
                               "它的各层单独检查")
+
+
+def _all_blocks(module: nn.Module, layers: list[tuple[str, nn.Module]]) -> None:
+    """MappingError where a module of the blocks' class is no block check reads (CLA's second layer of
+    a pair: wq and wo alone, its keys and values another layer's): handformer's CausalLM has its blocks
+    alike, so the model is not compared; named with their parameters."""
+    taken = dict(layers)
+    kinds = {t for t in map(type, taken.values()) if not t.__module__.startswith("torch.")}  # not ModuleList
+    rest = [path for path, m in module.named_modules() if type(m) in kinds and path and path not in taken]
+    shown = "; ".join(map(lambda path: shapes_text(prefixed(leaves(module.get_submodule(path)), path)), rest))
+    if rest:
+        raise MappingError(
+            f"its blocks are not all alike: check reads no attention in {', '.join(rest)} ({shown}; a "
+            "layer with queries alone takes another layer's keys and values); handformer's CausalLM has "
+            "every block alike, so the model is not compared; its layers are checked on their own",
+            zh=f"它的各 Block 不全相同：检查程序在 {'、'.join(rest)} 里读不出注意力（{shown}；只有 query "
+               "的层用的是别的层的键和值）；handformer 的 CausalLM 每个 Block 都一样，所以不比较整个模型；"
+               "它的各层单独检查")
 
 
 def _rotary_(m: GPTMap, module: nn.Module) -> None:

@@ -73,6 +73,7 @@ from handformer.check.core.conventions import ONE_ATTN_MASK, SEQUENCE_FIRST_CONV
 from handformer.check.core.defaults import then
 from handformer.check.core.discovery import MEMORY_NAMES, NAMES, Component, argument_keys
 from handformer.check.core.fused_qkv import find_layouts_
+from handformer.check.core.gains import fold, folded_gains, gain_note
 from handformer.check.core.global_window import check_global, global_inputs, global_names
 from handformer.check.core.kept_state import gradient_error, snapshot, written
 from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
@@ -231,6 +232,7 @@ class Layer:
         names = self.sublayers = kind.sublayers[0]
         self.n_kv_heads, self.attn = self._attentions(outside_moe(self.module, linears), len(names) - 1)
         self.ffn_candidates = ffn_readings(self.module, linears, self.sizes["d_ff"], comp.name)
+        self._fold_gains(of_kind(found, "gain"))  # LayerScale: into W_O's and W_down's rows
         norms, qk = block_norms(of_kind(found, "norm"))
         self.attn[0] += qk or gainless_qk(self.module)  # QK-norm: the attention's q_norm and k_norm
         self.attn[0] += relative_bias_slots(of_kind(found, "embedding"), H)  # T5's relative-position table
@@ -238,6 +240,13 @@ class Layer:
         self._read_norms(norms, kind)
         self.ropes = GIVEN_ROPES.get(min(self.extra & set(GIVEN_ROPES), default="")) or rope_layouts(
             self.module, "freqs_cis" in self.extra, bool({"position_embeddings", "cos"} & self.extra))
+
+    def _fold_gains(self, gains: list[Leaf]) -> None:
+        """Per-channel gains on the sublayers' outputs folded into their output projections' rows, in
+        every FFN reading (gains.fold)."""
+        readings = [fold(gains, [*self.attn, ffn], self.comp.name) for ffn in self.ffn_candidates or [[]]]
+        self.attn = readings[0][:-1]
+        self.ffn_candidates = [r[-1] for r in readings][:len(self.ffn_candidates)]
 
     @property
     def masks_itself(self) -> bool:
@@ -410,7 +419,7 @@ class Layer:
         attn = dataclasses.replace(attn, scale=form.scale, softcap=self.cap)
         return V.LayerWeights(attn, ffn_weights(slots, act), self.norm_ws,
                               mha_weights(self.attn[1], H, self.n_kv_heads) if self.decoder else None,
-                              placement, self.sublayers, form.residual)
+                              placement, self.sublayers, form.residual, folded_gains([*self.attn, slots]))
 
 
 # an argument a forward passes on as torch.nn's key padding mask (B, S), True = padded
@@ -930,7 +939,7 @@ def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callabl
         NAN_ROWS[_torch_rows(layer, conv)](res, out, search_rows(flags), comp, ctx)
     _layer_mapping(res, layer, slots, conv)
     _structure_findings(res, layer, ctx, placement if found is not None else "")  # "": not known
-    res.notes += moe_note(slots)
+    res.notes += moe_note(slots) + gain_note([*itertools.chain(*layer.attn), *slots])
     if found is not None:
         res.findings += ffn_name_findings(ctx, comp, _ffn_class(layer, slots), slots, act, found[7],
                                           activated="ffn_no_activation" not in flags)
