@@ -67,6 +67,7 @@ from handformer.check.core.source import learner_error, reachable, source_lines,
 from handformer.check.core.unlocated import place_unlocated
 from handformer.check.core.unmapped import settle as settle_unmapped
 from handformer.check.core.weights import MappingError
+from handformer.check.core.whole_topk import whole_topk
 from handformer.check.runners.localize_layers import note_layer_departure
 from handformer.time_limit import time_limit
 
@@ -722,7 +723,7 @@ def check_file(path: str, overrides: dict[str, str] | None = None, only: list[st
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: a second thread costs more than it saves
     try:
-        with float64_kept():  # their float32 casts keep check's float64
+        with float64_kept(), whole_topk():  # their float32 casts keep check's float64
             for comp in todo:
                 started(comp.name, comp.kind)
                 res = check_component(comp, ctx)
