@@ -20,7 +20,7 @@ from handformer.check.core.report import format_report
 pytestmark = pytest.mark.usefixtures("one_thread")
 FIXTURES = Path(__file__).parent / "fixtures" / "learners_learned_terms"
 FILES = {"gated_block.py": ["block", "gpt"], "gated_block_eps_outside.py": ["rmsnorm", "block"],
-         "routed_block.py": ["block", "gpt"], "routed_block_scale_by_dk.py": ["causal_attention", "block"]}
+         "routed_block.py": ["block", "gpt"], "routed_block_scale_by_dk.py": ["causal_attention"]}
 TERMS = {"gated_block.py": ("GatedBlock", "GatedLM", "wg (4, 16), read at line 34"),
          "routed_block.py": ("RoutedBlock", "RoutedGPT", "router (1, 16), read at line 63")}
 
