@@ -3,8 +3,8 @@
 A linear layer of a block or model that no role of the reference took (a gate a head on the attention's
 output, a router that picks the tokens a block processes) feeds what it computes: an unnamed departure
 is NOT CHECKED, naming the layer and the line that reads it, never FAIL. A catalogued mistake still
-FAILs: in a part checked on its own (an RMSNorm's eps outside the square root, the scores divided by
-d_k), and in the block that uses it.
+FAILs: in a part checked on its own (an FFN with no activation, the scores divided by d_k), and in the
+block that uses that part (the part's name is its evidence, though the block departs by its gate too).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from handformer.check.core.report import format_report
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FIXTURES = Path(__file__).parent / "fixtures" / "learners_learned_terms"
-FILES = {"gated_block.py": ["block", "gpt"], "gated_block_eps_outside.py": ["rmsnorm", "block"],
+FILES = {"gated_block.py": ["block", "gpt"], "gated_block_no_activation.py": ["ffn", "block"],
          "routed_block.py": ["block", "gpt"], "routed_block_scale_by_dk.py": ["causal_attention"]}
 TERMS = {"gated_block.py": ("GatedBlock", "GatedLM", "wg (4, 16), read at line 34"),
          "routed_block.py": ("RoutedBlock", "RoutedGPT", "router (1, 16), read at line 63")}
@@ -41,7 +41,7 @@ def test_an_unmapped_learned_term_makes_a_departure_not_checked(results, name):
 
 
 def test_a_catalogued_mistake_beside_a_learned_term_still_fails(results):
-    gated = results["gated_block_eps_outside.py"]
-    assert_failed_at(gated, "norm_eps_outside_sqrt", "")
-    assert component(gated, "GatedBlock").status == "fail", format_report(gated)
+    gated = results["gated_block_no_activation.py"]
+    block = component(gated, "GatedBlock")
+    assert block.status == "fail" and "ffn_no_activation" in {f.name for f in block.findings}, format_report(gated)
     assert_failed_at(results["routed_block_scale_by_dk.py"], "scale_by_dk", "")
