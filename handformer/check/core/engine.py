@@ -67,6 +67,7 @@ from handformer.check.core.source import learner_error, reachable, source_lines,
 from handformer.check.core.unlocated import place_unlocated
 from handformer.check.core.unmapped import settle as settle_unmapped
 from handformer.check.core.weights import MappingError
+from handformer.check.core.whole_topk import whole_topk
 from handformer.check.runners.localize_layers import note_layer_departure
 from handformer.time_limit import time_limit
 
@@ -203,6 +204,7 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
             result.error.traceback and not driven_by_stand_in(result)):
         result.status = FAIL
         _charged_or_not(comp, ctx, result, result.error)
+    _named_parts(comp, ctx, result)
     settle_unmapped(result, ctx.unmapped.get(comp.name, []))  # what the reference has no place for
     _probed_only(comp, result)  # found by what it does: only a named mistake fails it
     set_by_parent(comp.obj, result)  # it reads what a parent's setup method assigns: checked through it
@@ -644,6 +646,14 @@ def _names_tell(comp: Component, ctx: Context, result: ComponentResult) -> None:
         result.status = FAIL
 
 
+def _named_parts(comp: Component, ctx: Context, result: ComponentResult) -> None:
+    """An unnamed FAIL of a component that holds what the reference has no place for (a forget gate, a
+    router): the catalogued mistakes of the parts it uses are its evidence, named before `settle` makes
+    an unnamed departure NOT CHECKED (FoX's block whose SwiGLU gates the wrong branch)."""
+    if ctx.unmapped.get(comp.name) and result.status == FAIL and not result.named():
+        result.findings = [f for f in inherited(comp, ctx) if f.name != DEPARTS] or result.findings
+
+
 HAS = {DEPARTS: ("parts from the reference", "与参考不同")}  # what a part's finding says of it, if no mistake
 
 
@@ -722,7 +732,7 @@ def check_file(path: str, overrides: dict[str, str] | None = None, only: list[st
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: a second thread costs more than it saves
     try:
-        with float64_kept():  # their float32 casts keep check's float64
+        with float64_kept(), whole_topk():  # their float32 casts keep check's float64
             for comp in todo:
                 started(comp.name, comp.kind)
                 res = check_component(comp, ctx)

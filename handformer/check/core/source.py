@@ -541,12 +541,13 @@ def raised_by_stand_in(stack: traceback.StackSummary, path: str) -> bool:
     """Whether the innermost frame that is neither torch's nor Python's own is handformer's: the
     learner's code called a stand-in (a model check built for it) that would not take the call, so
     the exception is the stand-in's, never shown as theirs. The mode that reads "cuda" as the CPU
-    (core/cpu_only.py) and the float64 softmax (core/precision.py) wrap torch's own calls: not a stand-in."""
+    (core/cpu_only.py), the float64 softmax (core/precision.py) and the bounded top-k (core/whole_topk.py)
+    wrap torch's own calls: not a stand-in."""
     import os
 
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     patched = {os.path.join(os.path.dirname(os.path.abspath(__file__)), name)  # torch's calls, wrapped
-               for name in ("cpu_only.py", "precision.py")}
+               for name in ("cpu_only.py", "precision.py", "whole_topk.py")}
     for frame in reversed(stack):
         if _same(frame.filename, path):
             return False

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import itertools
 import operator
+import re
 from collections.abc import Iterable
+from typing import Any
 
 from torch import nn
 
@@ -24,6 +26,7 @@ from handformer.check.core.result import (
     Text,
     text,
 )
+from handformer.check.core.source import source_lines
 from handformer.check.core.weights import Leaf, Slot, leaves, of_kind, shapes_text
 
 NOWHERE = Finding("", text("", ""))  # a departure with no line
@@ -38,7 +41,8 @@ def held_words(held: list[Leaf], reference: Text) -> list[Text]:
 
 
 FREE = ("causality", "eval mode is deterministic", "padding invariance")  # checks that read no reference
-HELD = "held"  # a key of what is held as built: "inert" at ones and zeros, "live" at other values
+HELD = "held"  # a key of what is held as built: "inert" at ones and zeros, "live" at other values, "term"
+# a linear layer no role took
 
 
 def _live(leaf: Leaf) -> bool:
@@ -52,13 +56,51 @@ def _live(leaf: Leaf) -> bool:
 
 def held_apart(module: nn.Module, taken: Iterable[Slot], reference: Text) -> list[Text]:
     """The parameters of a component's own that its mapping onto the reference left untaken (nGPT's
-    scaling vectors, a learned per-head temperature; gpt-oss's sinks are taken), said as held_words.
-    Read among the bare parameters of a module that holds layers: the linear layers, norms and
-    embeddings a mapping reads are its roles, and a reading that consumed one (a fused qkv, split
-    heads, a tied head) took it."""
-    ids = set(map(id, itertools.chain.from_iterable((*s.leaf.tensors(), s.leaf.bias) for s in taken)))
-    scalars = of_kind(leaves(module), "scalar")
-    return held_words(list(filter(lambda leaf: id(leaf.weight) not in ids, scalars)), reference)
+    scaling vectors, a learned per-head temperature; gpt-oss's sinks are taken), said as held_words;
+    and its linear layers that no role took (`term_words`). Bare parameters are read among those of a
+    module that holds layers; a reading that consumed a layer (a fused qkv, split heads, a tied head)
+    took it."""
+    ids = _ids(taken)
+    return held_words(_untaken(module, "scalar", ids), reference) + term_words(
+        module, _untaken(module, "linear", ids), reference)
+
+
+def learned_terms(module: nn.Module, taken: Iterable[Slot], reference: Text, also: Iterable[Any] = ()
+                  ) -> list[Text]:
+    """`term_words` of the linear layers of `module` that neither the slots `taken` nor the weights
+    `also` (a model's embedding and head) hold."""
+    return term_words(module, _untaken(module, "linear", _ids(taken) | set(map(id, also))), reference)
+
+
+def _ids(taken: Iterable[Slot]) -> set[int]:
+    return set(map(id, itertools.chain.from_iterable((*s.leaf.tensors(), s.leaf.bias) for s in taken)))
+
+
+def _untaken(module: nn.Module, kind: str, ids: set[int]) -> list[Leaf]:
+    return [leaf for leaf in of_kind(leaves(module), kind) if id(leaf.weight) not in ids]
+
+
+def term_words(module: nn.Module, linears: list[Leaf], reference: Text) -> list[Text]:
+    """What the reference has no place for, said: the learner's linear layers that no role of the
+    reference took (a forget gate, a router that picks the tokens a block sees, an extra projection),
+    each named with its shape and the line that reads it. A learned term feeds what the component
+    computes, so an unnamed departure is no evidence; a named mistake stands (HELD "term")."""
+    read = [(f"{leaf.name} {tuple(leaf.weight.shape)}", *_read_at(module, leaf)) for leaf in linears]
+    en, zh = "; ".join(name + at for name, at, _ in read), "；".join(name + at for name, _, at in read)
+    return [{**text(f"it computes a learned term with {en}, which handformer's {reference['en']} has not",
+                    f"它用 {zh} 算了一个可学习的项，handformer 的{reference['zh']}没有这一项"),
+             HELD: "term"}] * bool(linears)
+
+
+def _read_at(module: nn.Module, leaf: Leaf) -> tuple[str, str]:
+    """Where its owner's forward first reads the layer, said in English and Chinese ("" where it is
+    not found)."""
+    owner_path, _, attr = leaf.name.rpartition(".")
+    lines = source_lines([getattr(type(module.get_submodule(owner_path)), "forward", None)])
+    reads = re.compile(rf"\.{re.escape(attr)}\b")
+    found = [(n, code.split("#")[0].strip()) for n, code in lines if reads.search(code)]
+    said = [(f", read at line {n}: {code}", f"（第 {n} 行读取它：{code}）") for n, code in found]
+    return next(iter(said), ("", ""))
 
 
 def settle(result: ComponentResult, unmapped: list[Text]) -> None:

@@ -68,6 +68,7 @@ from handformer.check.core.options_object import (
     unmapped_words,
 )
 from handformer.check.core.processors import PROCESSOR_NAMES, NoProcessors
+from handformer.check.core.prompt_forms import handed_text, text_prompt, unhanded_model
 from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.sizes import is_number
 from handformer.check.core.source import code_text, locate, locate_form, source_lines
@@ -414,9 +415,10 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
              (CONTEXT_NAMES, model.context), (PROCESSOR_NAMES, NoProcessors()),  # each argument's, by name
              (TOKENIZER_NAMES, PromptTokenizer(ids)), (MESSAGE_NAMES, list(map(dict, CONVERSATION))))
     # and where it has no default: an EOS no model makes, a padding id, a mask of real tokens only, the
-    # model's cache on
+    # model's cache on, one continuation a prompt (build-nanogpt's num_return_sequences)
     ones = torch.ones_like(torch.as_tensor(ids)) if _rectangular(ids) else None  # (a ragged list: none)
-    needed = ((EOS_NAMES, NEVER), (PAD_NAMES, PAD_ID), (MASK_ARG_NAMES, ones), (CACHE_SWITCH_NAMES, True))
+    needed = ((EOS_NAMES, NEVER), (PAD_NAMES, PAD_ID), (MASK_ARG_NAMES, ones), (CACHE_SWITCH_NAMES, True),
+              (SAMPLES_NAMES, 1))
     # the first role that names it; a setting of no role, its neutral value
     by_name, if_needed = {**_own_arguments(ctx, comp), **_by_names(roles[::-1])}, _by_names(needed)
     by_name[counted_parameter(comp.obj).lower()] = n  # range(max_steps) (none: "", no parameter's name)
@@ -440,9 +442,17 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
             kwargs[p.name] = value
         else:
             args.append(value)
+    _handed(comp, model, n, [*args, *kwargs.values()])
+    return ctx.learner.call("forward", drained(comp.obj), *args, **kwargs)
+
+
+def _handed(comp: Component, model: LanguageModel, n: int, values: list[Any]) -> None:
+    """Before the loop runs: a function none of whose arguments is check's model runs a model of its
+    file's own (NOT CHECKED, prompt_forms.py); what it reads off the model it is handed (`_carry`)."""
+    if "." not in comp.name and all(v is not model.target for v in values):
+        raise unhanded_model(comp.name, [p.name for p in forward_parameters(comp.obj)])
     _carry(comp, model, n)
     model.counted |= n in dict(getattr(model, "carried", [])).values()  # self.args.max_len
-    return ctx.learner.call("forward", drained(comp.obj), *args, **kwargs)
 
 
 def _counts(fn: Any, p: inspect.Parameter, i: int, value: Any) -> bool:
@@ -727,11 +737,7 @@ class StandIn:
 
 def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any) -> None:
     res.notes += [*filter(None, [defaults_note(comp.obj)]), *sinks_note(comp.obj), *counted(comp.obj)]
-    short = first = run_generate(ctx, comp, driver, SHORT, 2)
-    for B, as_list in PROMPT_FORMS:
-        if short.out is not None or _named(short):
-            break
-        short = run_generate(ctx, comp, driver, SHORT, B, as_list)
+    short = _in_forms(ctx, comp, driver, first := run_generate(ctx, comp, driver, SHORT, 2))
     if short.out is None and not _named(first) and first.failure is not None and (
             first.failure.error.kind == "stand_in" or _own_method(comp, driver)):
         raise first.failure  # the stand-in could not serve their loop: not a prompt shape of theirs
@@ -765,6 +771,18 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
     for probe in (check_temperature, check_top_p, check_top_k):  # each driven once more on soft logits
         probe(res, ctx, comp, driver, short, run_generate)
     _ending(res, ctx, comp, driver, tried)
+
+
+def _in_forms(ctx: Context, comp: Component, driver: Any, short: Run) -> Run:
+    """The first run in a prompt form the loop takes (PROMPT_FORMS, after (2, T)); where none runs, a
+    loop its file hands text is NOT CHECKED (prompt_forms.py), not a form check has."""
+    for B, as_list in PROMPT_FORMS:
+        if short.out is not None or _named(short):
+            break
+        short = run_generate(ctx, comp, driver, SHORT, B, as_list)
+    if short.out is None and handed_text(comp.obj):
+        raise text_prompt(comp.name)
+    return short
 
 
 # one prompt (1, T), its ids (T,), a list of ints; lists of them: the forms tried after (2, T)

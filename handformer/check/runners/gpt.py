@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import math
 import re
 import sys
@@ -90,7 +91,7 @@ from handformer.check.core.source import (
     source_lines,
     source_text,
 )
-from handformer.check.core.unmapped import held_words
+from handformer.check.core.unmapped import held_words, learned_terms
 from handformer.check.core.weights import (
     Leaf,
     MappingError,
@@ -1080,7 +1081,7 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
             return _unmapped(res, module, call, idx, err)
         res.mapping = m.describe()
         res.notes += moe_note(m.blocks[0].ffn) + _held_note(m) + [POSITION_OFFSET_NOTE] * bool(m.offset)
-        ctx.unmapped[comp.name] = held_words(m.held, CAUSAL_LM)  # an unnamed departure: NOT CHECKED
+        ctx.unmapped[comp.name] = held_words(m.held, CAUSAL_LM) + _terms(module, m)  # unnamed: NOT CHECKED
         out, loss = call(idx, targets)  # again: the extra tables are held at zero
         _read_conventions(call, m, idx)
         _tied_despite_config(res, ctx, comp, m)
@@ -1159,6 +1160,13 @@ def _unmapped(res: ComponentResult, module: nn.Module, call: Caller, idx: Tensor
 
 
 CAUSAL_LM = text("CausalLM", " CausalLM ")
+
+
+def _terms(module: nn.Module, m: GPTMap) -> list[Text]:
+    """The model's linear layers that no role of handformer's CausalLM took (a block's forget gate, a
+    router that picks the tokens a block sees), said (unmapped.learned_terms)."""
+    slots = [s for b in m.blocks for s in itertools.chain(*b.attn, b.ffn, b.norms)]
+    return learned_terms(module, slots, CAUSAL_LM, [m.wte.weight, getattr(m.head, "weight", None)])
 
 
 def _held_note(m: GPTMap) -> list[Text]:
