@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from handformer.check.core import zygote
+from handformer.check.core import sandbox, zygote
 from handformer.check.core.engine import check_file
 from handformer.check.core.sandbox import check_in_child
 
@@ -142,6 +142,26 @@ def test_a_child_that_sleeps_in_a_loop_is_stopped_by_the_wall_clock_backstop(sle
     err = slept["RMSNorm"].error
     assert err.kind == "timeout" and "stopped after 3 s in RMSNorm: it sleeps or waits" in err.message
     assert err.traceback[-1] == "line 15, in forward: time.sleep(0.01)"
+
+
+def test_the_backstop_does_not_count_a_wait_for_the_cpu():
+    """Two spinners on one core, for a second: each waits for the CPU about half the time, and the
+    clock of the backstop (the wall clock less that wait) moves about as far as its CPU time, not as
+    far as the wall clock."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        for proc in spinners:
+            os.sched_setaffinity(proc.pid, {min(os.sched_getaffinity(0))})
+        time.sleep(0.3)  # both started and spinning
+        before, start = sandbox._clocks(spinners[0].pid, (0.0, 0.0)), time.monotonic()
+        time.sleep(1.0)
+        after, wall = sandbox._clocks(spinners[0].pid, (0.0, 0.0)), time.monotonic() - start
+    finally:
+        for proc in spinners:
+            proc.kill()
+            proc.wait()
+    cpu, awake = after[0] - before[0], after[1] - before[1]
+    assert awake < 0.8 * wall and abs(awake - cpu) < 0.25 * wall, (cpu, awake, wall)
 
 
 LEAKS = """

@@ -5,8 +5,9 @@ where there is none, it starts `python -m handformer.check.core.sandbox_child RE
 its address space (RLIMIT_AS), imports torch and handformer where it has not, then imports the
 learner's file and checks one component after another. The parent counts each step's CPU time (the
 child's threads' and its reaped children's, from /proc), so a loaded machine, which slows a step's
-wall clock, does not stop it: past the limit, or past WALL_FACTOR times it on the wall clock (a child
-that sleeps or waits), the parent has the child dump its stack (faulthandler, on DUMP_SIGNAL), so an
+wall clock, does not stop it: past the limit, or past WALL_FACTOR times it on the wall clock less the
+time the child waited for a CPU (a child that sleeps or waits), the parent has the child dump its
+stack (faulthandler, on DUMP_SIGNAL), so an
 infinite loop ends with the stack of where it was looping, then kills its process group. Results
 stream back one JSON line per component, so when a component hangs, crashes or runs out of memory
 the ones before it are kept and a new child checks the ones after it. A huge allocation fails
@@ -33,7 +34,7 @@ from handformer.check.core.result import ERROR, NOT_CHECKED, ComponentResult, Fi
 from handformer.check.core.sandbox_child import DUMP_SIGNAL
 
 TIME_LIMIT = 20.0  # seconds of CPU time for each step (the import of the learner's file, each component)
-WALL_FACTOR = 6.0  # a step's wall-clock backstop, in multiples of its limit: a child that sleeps or waits
+WALL_FACTOR = 6.0  # a step's wall-clock backstop (less its wait for a CPU), in multiples of its limit
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc's clock ticks a second
 PROC = Path("/proc/self/stat").is_file()  # where there is none (not Linux), CPU time is the wall clock's
 STOPPED = ("timeout", "waited")  # why the parent stopped a step: its CPU time, or its wall clock
@@ -127,37 +128,42 @@ def _started(request: dict[str, Any]) -> Any:
 
 def _watched(proc: Any, files: dict[str, Path], time_limit: float) -> tuple[str, tuple[str, str] | None]:
     """Wait for the child; stop it when a step outlives its limit: "timeout" (its CPU time past the
-    limit), "waited" (its wall clock past WALL_FACTOR times the limit, or the startup's past
-    STARTUP_LIMIT: it sleeps or waits), or "done" (the child ended by itself); and the step it was
-    timing (the child may have gone on while it dumped its stack)."""
-    phase, since, cpu = None, (time.monotonic(), 0.0), 0.0
+    limit), "waited" (its wall clock, less the time it waited for a CPU, past WALL_FACTOR times the
+    limit, or the startup's past STARTUP_LIMIT: it sleeps or waits), or "done" (the child ended by
+    itself); and the step it was timing (the child may have gone on while it dumped its stack)."""
+    phase, since = None, (0.0, time.monotonic())
+    now = since
     while proc.poll() is None:
         time.sleep(0.05)
-        current, cpu = _progress(files["progress"]), _cpu_seconds(proc.pid, cpu)
+        current, now = _progress(files["progress"]), _clocks(proc.pid, now)
         if current != phase:
-            phase, since = current, (time.monotonic(), cpu)
-        reason = _past(phase is not None, time.monotonic() - since[0], cpu - since[1], time_limit)
+            phase, since = current, now
+        reason = _past(phase is not None, now[0] - since[0], now[1] - since[1], time_limit)
         if reason:
             _dumped_and_killed(proc, files["stack"])
             return reason, phase
     return "done", phase
 
 
-def _past(stepping: bool, wall: float, cpu: float, time_limit: float) -> str | None:
-    """Why a step that has taken `wall` seconds and `cpu` seconds of CPU time is to be stopped, or
-    None. Before the first step (the child imports torch) only the wall clock counts."""
+def _past(stepping: bool, cpu: float, awake: float, time_limit: float) -> str | None:
+    """Why a step that has taken `cpu` seconds of CPU time, and `awake` seconds on the clock less its
+    wait for a CPU, is to be stopped, or None. Before the first step (the child imports torch) only
+    the clock counts."""
     backstop = time_limit * WALL_FACTOR if stepping else STARTUP_LIMIT
-    return "timeout" if stepping and cpu > time_limit else "waited" if wall > backstop else None
+    return "timeout" if stepping and cpu > time_limit else "waited" if awake > backstop else None
 
 
-def _cpu_seconds(pid: int, last: float) -> float:
-    """The child's CPU seconds: its threads' and its reaped children's (utime, stime, cutime, cstime
-    of /proc/PID/stat); `last` where it cannot be read (the child has just ended), the wall clock
-    where there is no /proc."""
+def _clocks(pid: int, last: tuple[float, float]) -> tuple[float, float]:
+    """The child's CPU seconds (its threads' and its reaped children's: utime, stime, cutime, cstime of
+    /proc/PID/stat), and the wall clock less the time its main thread waited for a CPU (the second
+    figure of /proc/PID/schedstat, in ns; 0 where the kernel keeps none): a loaded machine moves
+    neither. `last` where the child cannot be read (it has just ended); the wall clock for both where
+    there is no /proc."""
     if not PROC:
-        return time.monotonic()
+        return time.monotonic(), time.monotonic()
     fields = _read(Path(f"/proc/{pid}/stat")).rpartition(")")[2].split()
-    return sum(map(int, fields[11:15])) / TICKS if len(fields) > 14 else last
+    queued = int([*_read(Path(f"/proc/{pid}/schedstat")).split(), "0", "0"][1]) / 1e9
+    return (sum(map(int, fields[11:15])) / TICKS, time.monotonic() - queued) if len(fields) > 14 else last
 
 
 def _dumped_and_killed(proc: Any, stack: Path) -> None:
