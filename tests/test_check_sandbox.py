@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from handformer.check.core import zygote
+from handformer.check.core import sandbox, zygote
 from handformer.check.core.engine import check_file
 from handformer.check.core.sandbox import check_in_child
 
@@ -82,7 +82,7 @@ def ended(server, tmp_path_factory):
 def test_a_looping_child_is_killed_at_its_limit(ended):
     comps, _ = ended
     err = comps["RMSNorm"].error
-    assert err.kind == "timeout" and "stopped after 1 s" in err.message
+    assert err.kind == "timeout" and "stopped after 1 s of CPU time in RMSNorm" in err.message
     assert err.traceback[-1] in ("line 13, in forward: while True:", "line 14, in forward: pass")
 
 
@@ -97,6 +97,71 @@ def test_the_server_outlives_its_children_and_checks_the_next_file(server, ended
     _, after = ended
     assert statuses(after) == {"apply_temperature": "pass"}
     assert zygote.server() is server and not server.gone and server.popen.poll() is None
+
+
+SLEEPS = """
+import time
+
+import torch.nn as nn
+
+SLEPT = []
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d_model):
+        super().__init__()
+
+    def forward(self, x):
+        while True:
+            time.sleep(0.01)
+
+
+def apply_temperature(logits, temperature):
+    if not SLEPT:  # its first call waits a second, twice its limit of CPU time
+        SLEPT.append(time.sleep(1.0))
+    return logits / temperature
+"""
+
+
+@pytest.fixture(scope="module")
+def slept(server, tmp_path_factory):
+    """A loop that sleeps, and a correct function that waits once: 0.5 s of CPU time a step, so the
+    wall-clock backstop is at 3 s."""
+    folder = tmp_path_factory.mktemp("sleeps")
+    (folder / "sleeps.py").write_text(SLEEPS)
+    return {c.name: c for c in check_in_child(str(folder / "sleeps.py"), time_limit=0.5).components}
+
+
+def test_a_step_is_limited_by_its_cpu_time_not_the_clock(slept):
+    """Waiting (a sleep, a machine loaded many times over) spends no CPU time: a step that waits past
+    its limit, and not past the backstop, is not stopped."""
+    assert slept["apply_temperature"].status == "pass", slept["apply_temperature"].error
+
+
+def test_a_child_that_sleeps_in_a_loop_is_stopped_by_the_wall_clock_backstop(slept):
+    err = slept["RMSNorm"].error
+    assert err.kind == "timeout" and "stopped after 3 s in RMSNorm: it sleeps or waits" in err.message
+    assert err.traceback[-1] == "line 15, in forward: time.sleep(0.01)"
+
+
+def test_the_backstop_does_not_count_a_wait_for_the_cpu():
+    """Two spinners on one core, for a second: each waits for the CPU about half the time, and the
+    clock of the backstop (the wall clock less that wait) moves about as far as its CPU time, not as
+    far as the wall clock."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        for proc in spinners:
+            os.sched_setaffinity(proc.pid, {min(os.sched_getaffinity(0))})
+        time.sleep(0.3)  # both started and spinning
+        before, start = sandbox._clocks(spinners[0].pid, (0.0, 0.0)), time.monotonic()
+        time.sleep(1.0)
+        after, wall = sandbox._clocks(spinners[0].pid, (0.0, 0.0)), time.monotonic() - start
+    finally:
+        for proc in spinners:
+            proc.kill()
+            proc.wait()
+    cpu, awake = after[0] - before[0], after[1] - before[1]
+    assert awake < 0.8 * wall and abs(awake - cpu) < 0.25 * wall, (cpu, awake, wall)
 
 
 LEAKS = """

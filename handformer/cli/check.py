@@ -86,7 +86,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     from handformer.check.core.discovery import KINDS
-    from handformer.check.core.sandbox import MEMORY_LIMIT, TIME_LIMIT
+    from handformer.check.core.sandbox import MEMORY_LIMIT, TIME_LIMIT, WALL_FACTOR
 
     p = sub.add_parser(
         "check", help="grade your own hand-written Transformer components against handformer's",
@@ -123,7 +123,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "file, when there is one); a NOT "
                    "CHECKED component prints the adapter to write")
     p.add_argument("--time-limit", type=float, default=TIME_LIMIT,
-                   help=f"seconds for each step of your code (default {TIME_LIMIT:g})")
+                   help=f"seconds of CPU time for each step of your code (default {TIME_LIMIT:g}; a step "
+                   f"that sleeps or waits is stopped after {WALL_FACTOR:g} times that on the clock)")
     p.add_argument("--memory-limit", type=int, default=MEMORY_LIMIT,
                    help=f"MiB of address space for the process running your code (default {MEMORY_LIMIT})")
     p.set_defaults(func=cmd_check)

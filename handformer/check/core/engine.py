@@ -62,6 +62,7 @@ from handformer.check.core.result import (
     Text,
     text,
 )
+from handformer.check.core.seeded import seeded
 from handformer.check.core.setup_method import set_by_parent
 from handformer.check.core.source import learner_error, reachable, source_lines, source_text
 from handformer.check.core.unlocated import place_unlocated
@@ -502,7 +503,7 @@ def plain_run(comp: Component, module: nn.Module) -> Callable[[torch.Tensor], An
 
 def _plain_inputs(d: int) -> list[torch.Tensor]:
     """(2, 5, d), then one sequence (5, d): gpt-oss's layers read (T, D) alone, no batch."""
-    x = torch.randn(2, 5, d)
+    x = torch.randn(2, 5, d, generator=torch.Generator().manual_seed(0))
     return [x, x[0]]
 
 
@@ -720,8 +721,9 @@ def check_file(path: str, overrides: dict[str, str] | None = None, only: list[st
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path}: no such file")
     started("import", "")
-    module = _import(path, result, definitions_only)
-    found = module and _discover(module, result, adapters, path, overrides, only)
+    with seeded():  # each step from the same random state, whatever ran before it (core/seeded.py)
+        module = _import(path, result, definitions_only)
+        found = module and _discover(module, result, adapters, path, overrides, only)
     if not found:
         return result
     components, everything = found
@@ -735,7 +737,8 @@ def check_file(path: str, overrides: dict[str, str] | None = None, only: list[st
         with float64_kept(), whole_topk():  # their float32 casts keep check's float64
             for comp in todo:
                 started(comp.name, comp.kind)
-                res = check_component(comp, ctx)
+                with seeded():
+                    res = check_component(comp, ctx)
                 result.components.append(res)
                 emit(res)
     finally:

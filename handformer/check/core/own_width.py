@@ -54,5 +54,5 @@ def _at_own_width(comp: Component, ctx: Context, run: Run) -> tuple[Any, int]:
     with ctx.hyperparameters(comp):
         module = build(comp.obj, SIZES, ctx.parts(SIZES)).float().eval()
         width = next(m.in_features for m in module.modules() if isinstance(m, nn.Linear))
-        out = run(comp, module)(torch.randn(2, 5, width))
+        out = run(comp, module)(torch.randn(2, 5, width, generator=torch.Generator().manual_seed(0)))
     return fp.first_tensor(out, 3), width

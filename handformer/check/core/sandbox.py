@@ -3,9 +3,12 @@
 The parent has the fork server of zygote.py fork the child (torch and the grader already imported;
 where there is none, it starts `python -m handformer.check.core.sandbox_child REQUEST`); the child caps
 its address space (RLIMIT_AS), imports torch and handformer where it has not, then imports the
-learner's file and checks one component after another. Before each step it arms
-`faulthandler.dump_traceback_later`, so an infinite loop ends with the stack of where it was
-looping; the parent also kills the whole process group when a step outlives the limit. Results
+learner's file and checks one component after another. The parent counts each step's CPU time (the
+child's threads' and its reaped children's, from /proc), so a loaded machine, which slows a step's
+wall clock, does not stop it: past the limit, or past WALL_FACTOR times it on the wall clock less the
+time the child waited for a CPU (a child that sleeps or waits), the parent has the child dump its
+stack (faulthandler, on DUMP_SIGNAL), so an
+infinite loop ends with the stack of where it was looping, then kills its process group. Results
 stream back one JSON line per component, so when a component hangs, crashes or runs out of memory
 the ones before it are kept and a new child checks the ones after it. A huge allocation fails
 inside the limit (MemoryError, or torch's "can't allocate memory") and is reported as such.
@@ -28,10 +31,16 @@ from typing import Any
 from handformer.check.core import zygote
 from handformer.check.core.defaults import quietly
 from handformer.check.core.result import ERROR, NOT_CHECKED, ComponentResult, FileResult, LearnerError
+from handformer.check.core.sandbox_child import DUMP_SIGNAL
 
-TIME_LIMIT = 20.0  # seconds for each step (the import of the learner's file, each component)
+TIME_LIMIT = 20.0  # seconds of CPU time for each step (the import of the learner's file, each component)
+WALL_FACTOR = 6.0  # a step's wall-clock backstop (less its wait for a CPU), in multiples of its limit
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc's clock ticks a second
+PROC = Path("/proc/self/stat").is_file()  # where there is none (not Linux), CPU time is the wall clock's
+STOPPED = ("timeout", "waited")  # why the parent stopped a step: its CPU time, or its wall clock
 MEMORY_LIMIT = 4096  # MiB of address space for the child (torch itself needs ~1 GiB of it)
 STARTUP_LIMIT = 120.0  # seconds for the child to import torch and handformer on a busy machine
+DUMP_GRACE = 3.0  # seconds for a child told to dump its stack to do so on a busy machine
 
 
 def check_in_child(path: str, overrides: dict[str, str] | None = None, only: list[str] | None = None,
@@ -49,7 +58,7 @@ def check_in_child(path: str, overrides: dict[str, str] | None = None, only: lis
     while True:
         lines, phase, stack, reason = _run_child(
             {"path": path, "overrides": overrides, "only": only, "convention": convention,
-             "memory_limit": memory_limit, "time_limit": time_limit, "skip": skip,
+             "memory_limit": memory_limit, "skip": skip,
              "adapters": str(Path(adapters).resolve()) if adapters else None,
              "definitions_only": definitions_only}, time_limit)
         for line in lines:
@@ -63,8 +72,10 @@ def check_in_child(path: str, overrides: dict[str, str] | None = None, only: lis
         if _done(lines):
             return result
         step, kind = phase if phase else (None, "")
+        if step in skip:  # it ended as it was stopped: a new child checks the rest
+            continue
         error = _stopped(reason, step, stack, path, time_limit, memory_limit, kind)
-        if step == "import" and reason == "timeout" and not definitions_only:
+        if step == "import" and reason in STOPPED and not definitions_only:
             definitions_only = True  # their top level runs too long: the definitions without it
             continue
         if step in (None, "ready", "import"):
@@ -77,28 +88,26 @@ def check_in_child(path: str, overrides: dict[str, str] | None = None, only: lis
 def _run_child(request: dict[str, Any], time_limit: float,
                ) -> tuple[list[dict[str, Any]], tuple[str, str] | None, str, str]:
     """Run one child; returns (result lines, the step it was in when it stopped and the kind that
-    component was checked as, the stack it dumped, why it stopped: done | timeout | exit N |
-    signal N)."""
+    component was checked as, the stack it dumped, why it stopped: done | timeout (its CPU time) |
+    waited (its wall clock) | exit N | signal N)."""
     with tempfile.TemporaryDirectory(prefix="handformer-check-") as tmp:
         files = {k: Path(tmp) / k for k in ("results", "progress", "stack", "stderr")}
         request = {**request, **{k: str(v) for k, v in files.items()}}
         proc = _started(request)
         try:
-            reason = _watched(proc, files["progress"], time_limit)
+            reason, seen = _watched(proc, files, time_limit)
         finally:
             if proc.poll() is None:  # the parent was interrupted (Ctrl-C): so is the child
                 _kill(proc)
         stderr = _read(files["stderr"])
-        phase = _progress(files["progress"])
+        phase = seen if reason in STOPPED else _progress(files["progress"])  # the step it timed
         stack = _read(files["stack"])
         lines = [json.loads(line) for line in _read(files["results"]).splitlines() if line.strip()]
-        if reason != "timeout":
+        if reason not in STOPPED:
             code = proc.returncode
             finished = code == 0 and _done(lines)
             reason = "done" if finished else f"signal {-code}" if code < 0 else f"exit {code}"
-            if stack.strip():
-                reason = "timeout"
-        if reason not in ("done", "timeout") and not stack:
+        if reason not in ("done", *STOPPED) and not stack:
             stack = stderr[-2000:]
         return lines, phase, stack, reason
 
@@ -117,20 +126,56 @@ def _started(request: dict[str, Any]) -> Any:
                                 start_new_session=True)
 
 
-def _watched(proc: Any, progress: Path, time_limit: float) -> str:
-    """Wait for the child; kill its process group when a step outlives its limit. "timeout" or
-    "done" (the child ended by itself)."""
-    phase, since = None, time.monotonic()
+def _watched(proc: Any, files: dict[str, Path], time_limit: float) -> tuple[str, tuple[str, str] | None]:
+    """Wait for the child; stop it when a step outlives its limit: "timeout" (its CPU time past the
+    limit), "waited" (its wall clock, less the time it waited for a CPU, past WALL_FACTOR times the
+    limit, or the startup's past STARTUP_LIMIT: it sleeps or waits), or "done" (the child ended by
+    itself); and the step it was timing (the child may have gone on while it dumped its stack)."""
+    phase, since = None, (0.0, time.monotonic())
+    now = since
     while proc.poll() is None:
         time.sleep(0.05)
-        current = _progress(progress)
+        current, now = _progress(files["progress"]), _clocks(proc.pid, now)
         if current != phase:
-            phase, since = current, time.monotonic()
-        limit = STARTUP_LIMIT if phase is None else time_limit + 5.0
-        if time.monotonic() - since > limit:
-            _kill(proc)
-            return "timeout"
-    return "done"
+            phase, since = current, now
+        reason = _past(phase is not None, now[0] - since[0], now[1] - since[1], time_limit)
+        if reason:
+            _dumped_and_killed(proc, files["stack"])
+            return reason, phase
+    return "done", phase
+
+
+def _past(stepping: bool, cpu: float, awake: float, time_limit: float) -> str | None:
+    """Why a step that has taken `cpu` seconds of CPU time, and `awake` seconds on the clock less its
+    wait for a CPU, is to be stopped, or None. Before the first step (the child imports torch) only
+    the clock counts."""
+    backstop = time_limit * WALL_FACTOR if stepping else STARTUP_LIMIT
+    return "timeout" if stepping and cpu > time_limit else "waited" if awake > backstop else None
+
+
+def _clocks(pid: int, last: tuple[float, float]) -> tuple[float, float]:
+    """The child's CPU seconds (its threads' and its reaped children's: utime, stime, cutime, cstime of
+    /proc/PID/stat), and the wall clock less the time its main thread waited for a CPU (the second
+    figure of /proc/PID/schedstat, in ns; 0 where the kernel keeps none): a loaded machine moves
+    neither. `last` where the child cannot be read (it has just ended); the wall clock for both where
+    there is no /proc."""
+    if not PROC:
+        return time.monotonic(), time.monotonic()
+    fields = _read(Path(f"/proc/{pid}/stat")).rpartition(")")[2].split()
+    queued = int([*_read(Path(f"/proc/{pid}/schedstat")).split(), "0", "0"][1]) / 1e9
+    return (sum(map(int, fields[11:15])) / TICKS, time.monotonic() - queued) if len(fields) > 14 else last
+
+
+def _dumped_and_killed(proc: Any, stack: Path) -> None:
+    """Have the child dump its stack, wait for it (DUMP_GRACE seconds at most: a child stuck where no
+    signal reaches it dumps none), then kill it."""
+    quietly(lambda: os.kill(proc.pid, DUMP_SIGNAL), OSError, None)
+    until = time.monotonic() + DUMP_GRACE
+    while not _read(stack).strip() and proc.poll() is None and time.monotonic() < until:
+        time.sleep(0.02)
+    time.sleep(0.05)  # the rest of the dump (faulthandler writes it in pieces)
+    if proc.poll() is None:
+        _kill(proc)
 
 
 def _kill(proc: Any) -> None:
@@ -164,18 +209,18 @@ TIMEOUT_WHY = {
             "BPE 训练停不下来（某次合并没有让词变短？）"),
     "": ("an infinite loop, or far too slow for tensors of a few dozen numbers",
          "死循环，或者对只有几十个数的张量来说慢得离谱")}
+# a step stopped on the wall clock, with its CPU time not spent: it sleeps or waits
+WAITED_WHY = ("it sleeps or waits (for input, a lock, the network?) without computing; the limit of its "
+              "CPU time was not reached", "它在睡眠或等待（输入、锁、网络？），没有在计算；"
+              "CPU 时间的限制并没有用完")
 
 
 def _stopped(reason: str, phase: str | None, stack: str, path: str, time_limit: float,
              memory_limit: int, kind: str = "") -> LearnerError:
     where = phase or "startup"
     frames = _learner_frames(stack, path)
-    if reason == "timeout":
-        why, why_zh = TIMEOUT_WHY.get(kind, TIMEOUT_WHY[""])
-        return LearnerError("timeout", f"stopped after {time_limit:g} s in {where}: {why} (raise the limit "
-                            "with --time-limit)", where, frames,
-                            f"在 {where} 运行 {time_limit:g} 秒后被停止：{why_zh}"
-                            "（可以用 --time-limit 放宽限制）")
+    if reason in STOPPED:
+        return _timed_out(reason, where, frames, time_limit, kind)
     if reason == "signal 9":
         return LearnerError("memory", f"killed in {where}, most likely for using more than the "
                             f"{memory_limit} MiB memory limit", where, frames,
@@ -190,6 +235,17 @@ def _stopped(reason: str, phase: str | None, stack: str, path: str, time_limit: 
                         where, frames, f"检查进程在 {where} 结束了（{reason}）：{last_zh or '没有消息'}")
 
 
+def _timed_out(reason: str, where: str, frames: list[str], time_limit: float, kind: str) -> LearnerError:
+    """A step stopped by the parent: past its CPU time ("timeout"), or on the wall clock ("waited")."""
+    why, why_zh = TIMEOUT_WHY.get(kind, TIMEOUT_WHY[""]) if reason == "timeout" else WAITED_WHY
+    wall, cpu = f"{time_limit * WALL_FACTOR:g}", f"{time_limit:g}"
+    spent, spent_zh = {"timeout": (f"{cpu} s of CPU time", f"用了 {cpu} 秒 CPU 时间"),
+                       "waited": (f"{wall} s", f"等了 {wall} 秒")}[reason]
+    return LearnerError("timeout", f"stopped after {spent} in {where}: {why} (raise the limit "
+                        "with --time-limit)", where, frames,
+                        f"在 {where} {spent_zh}后被停止：{why_zh}（可以用 --time-limit 放宽限制）")
+
+
 def _stopped_component(kind: str, step: str, error: LearnerError, reason: str, stack: str, path: str,
                        time_limit: float) -> ComponentResult:
     """The component whose check the child did not finish: an ERROR of the learner's code; NOT CHECKED
@@ -198,13 +254,13 @@ def _stopped_component(kind: str, step: str, error: LearnerError, reason: str, s
     nothing showed that their component loops. A loop of theirs that calls check's stand-in model (a
     generate that never ends) has their frame below the stand-in's, and stays an ERROR."""
     files = {*map(os.path.abspath, re.findall(r'File "([^"]+)", line \d+ in', stack))}
-    if reason != "timeout" or not files or path in files:
+    if reason not in STOPPED or not files or path in files:
         return ComponentResult(kind, step, ERROR, error=error)
-    seconds = f"{time_limit:g}"
+    seconds = f"{time_limit:g} s of CPU time"
     return ComponentResult(kind, step, NOT_CHECKED, error=LearnerError(
-        "cannot_call", f"check's own comparison ran past the {seconds} s limit while none of your code was "
+        "cannot_call", f"check's own comparison ran past the {seconds} limit while none of your code was "
         "running: your component was not shown to loop; raise the limit with --time-limit", step, [],
-        f"检查程序自己的比较超过了 {seconds} 秒的时间限制，当时并没有在运行你的代码："
+        f"检查程序自己的比较超过了 {time_limit:g} 秒 CPU 时间的限制，当时并没有在运行你的代码："
         "没有证据说明你的组件陷入了死循环；可以用 --time-limit 放宽限制"))
 
 

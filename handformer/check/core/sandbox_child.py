@@ -5,11 +5,14 @@ Forked by zygote.py's server, or run as `python -m handformer.check.core.sandbox
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from handformer.check.core.result import ComponentResult
+
+DUMP_SIGNAL = signal.SIGUSR2  # the parent's request to the child: dump your stack (faulthandler's)
 
 
 def _prepared(request: dict[str, Any]) -> None:
@@ -30,7 +33,8 @@ def _prepared(request: dict[str, Any]) -> None:
 
 
 def child(request: dict[str, Any]) -> None:
-    """The child side: limits, imports, then the check, streaming results."""
+    """The child side: limits, imports, then the check, streaming results. The parent times each
+    step (its CPU time) and, to stop one, has faulthandler dump the stack here first."""
     import faulthandler
 
     _prepared(request)
@@ -38,11 +42,10 @@ def child(request: dict[str, Any]) -> None:
 
     stack = open(request["stack"], "w")  # noqa: SIM115  (open until the process ends)
     results = open(request["results"], "a", encoding="utf-8")  # noqa: SIM115
+    faulthandler.register(DUMP_SIGNAL, file=stack, all_threads=True)
 
     def started(step: str, kind: str) -> None:
-        faulthandler.cancel_dump_traceback_later()
         Path(request["progress"]).write_text(f"{step}\n{kind}")
-        faulthandler.dump_traceback_later(request["time_limit"], exit=True, file=stack)
 
     def emit(res: ComponentResult) -> None:
         results.write(json.dumps({"component": res.to_dict()}) + "\n")
@@ -53,7 +56,6 @@ def child(request: dict[str, Any]) -> None:
                         request["convention"], emit=emit, started=started, skip=request["skip"],
                         adapters=request.get("adapters"),
                         definitions_only=request.get("definitions_only", False))
-    faulthandler.cancel_dump_traceback_later()
     if result.skipped:
         results.write(json.dumps({"skipped": result.skipped}) + "\n")
     if result.error:

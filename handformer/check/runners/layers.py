@@ -223,7 +223,7 @@ class Layer:
         self.stepwise = causal_block and "start_pos" in self.extra and not self.masks and not any(
             p.name in CACHE_NAMES for p in params)
         self.sizes = layer_sizes(comp.obj)
-        x = torch.randn(2, 3, D)
+        x = torch.randn(2, 3, D, generator=torch.Generator().manual_seed(0))
         self.module = ctx.build(comp, self.sizes, warmup=lambda m: self._warmup(m, x))
         self.unbatched = _one_sequence(self, x)
         found = no_unreferenced_parts(leaves(self.module), D // H)  # Shaw's tables, per-head q/k gains
@@ -1377,7 +1377,8 @@ def _tutorial_shapes(res: ComponentResult, layer: Layer, ctx: Context) -> None:
     """The tutorial's example: encoder (2, 10, 512) -> (2, 10, 512); decoder (2, 5, 512) with
     enc_output (2, 10, 512) -> (2, 5, 512), cross-attention weights (2, 8, 5, 10)."""
     T, attn, expect = layer.kind.tutorial
-    x, memory = torch.randn(2, T, 512), torch.randn(2, 10, 512)
+    g = torch.Generator().manual_seed(0)
+    x, memory = torch.randn(2, T, 512, generator=g), torch.randn(2, 10, 512, generator=g)
     big = Layer.__new__(Layer)
     big.__dict__.update(layer.__dict__)
     big.head_dim = TUTORIAL["d_model"] // TUTORIAL["n_heads"]
