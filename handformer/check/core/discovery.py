@@ -27,11 +27,12 @@ from handformer.check.core.argument_names import (
     readable_parameters,
 )
 from handformer.check.core.bpe_parts import snippet_parts
-from handformer.check.core.defaults import given
+from handformer.check.core.defaults import given, quietly
 from handformer.check.core.hosts import host_arguments
 from handformer.check.core.kinds import COLLATOR_KINDS, KINDS_TABLE, METHOD_NAMES, TABLED
 from handformer.check.core.own_calls import file_arguments, record
 from handformer.check.core.own_defaults import own_defaults, settings_class
+from handformer.check.core.sections import fit_sections_, own_half_head
 from handformer.check.core.size_roles import with_roles
 from handformer.check.core.source import code_text, config_fallbacks, config_reads, module_reads, source_text
 from handformer.check.core.wordpiece_parts import wordpiece_trainer, writes_wordpiece
@@ -1181,6 +1182,8 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
             if (attr in attrs or hasattr(config, attr)) and not callable(getattr(config, attr, None)) and (
                     not read_only):
                 setattr(config, attr, value)
+        defaults = vars(quietly(own, (Exception,), None) or object())  # the config of the file's own defaults
+        fit_sections_(vars(config), own_half_head(defaults), with_head_size(values).get("d_head", 0) // 2)
         return config
     return _namespace(cls, values, attrs, sizes)
 
@@ -1353,6 +1356,8 @@ def build(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any] = NO_PARTS)
     an adapter (make_<kind> in the adapters file) is built by it, its arguments matched the same way.
     A class whose arguments check cannot fill is taken from inside a host of the learner's file that
     builds it (hosts.py: torchtune's llama3_tiny() for its MultiHeadAttention(q_proj=..., ...))."""
+    module = vars(sys.modules.get(getattr(cls, "__module__", ""), object()))  # its file's constants
+    fit_sections_(module, own_half_head(module), with_head_size(sizes).get("d_head", 0) // 2)
     try:
         return _build_matched(cls, sizes, parts)
     except DiscoveryError:
