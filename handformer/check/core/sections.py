@@ -10,16 +10,16 @@ streams equal, as for text, the cut changes no output: every section reads the s
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, MutableMapping
+from collections.abc import MutableMapping
 from typing import Any
 
 SECTION = re.compile(r"(?i)section")
 
 
 def is_sections(name: str, value: Any) -> bool:
-    """A list of whole numbers (not bools), two or more, under a name that says section."""
-    return (bool(SECTION.search(name)) and isinstance(value, list) and len(value) > 1
-            and all(type(v) is int and v >= 0 for v in value) and sum(value) > 0)
+    """A list of whole numbers (not bools), two or more, none below 0, under a name that says section."""
+    return (isinstance(value, list) and bool(SECTION.search(name)) and {type(v) for v in value} == {int}
+            and len(value) > 1 and min(value) >= 0 < sum(value))
 
 
 def fitted(sections: list[int], total: int) -> list[int]:
@@ -42,21 +42,10 @@ def _written(value: list[int]) -> list[int]:
 def fit_sections_(held: MutableMapping[str, Any], own_half: int | None, half: int) -> list[str]:
     """Each section list among `held` (a config's fields or a module's names, a dict's keys one level
     down) whose written sum is `own_half` (the file's own half head width; None: not known, nothing
-    fitted), fitted in place to `half`; the names fitted."""
-    found = [(held, n) for n, v in held.items() if is_sections(n, v)]
-    found += [(v, k) for v in held.values() if isinstance(v, dict) for k, w in v.items() if is_sections(k, w)]
-    tied = [(place, n) for place, n in found if half > 0 and sum(_written(place[n])) == own_half]
+    fitted), fitted in place to `half` (none: no heads built); the names fitted."""
+    places = [held, *filter(lambda v: isinstance(v, dict), held.values())]
+    tied = [(place, n) for place in places for n, v in list(place.items())
+            if is_sections(n, v) and (sum(_written(v)), half > 0) == (own_half, True)]
     for place, name in tied:  # in place: a default argument bound to the same list follows
         place[name][:] = fitted(_written(place[name]), half)
     return [name for _, name in tied]
-
-
-def own_half_head(values: Mapping[str, Any]) -> int | None:
-    """Half the head width that the file's values (a config's defaults, a module's constants) give by
-    their names: a head width, or a width over heads; None where they do not say."""
-    from handformer.check.core.discovery import size_of
-
-    sizes = {size_of(n): v for n, v in values.items() if type(v) is int and v > 0}
-    heads = sizes.get("n_heads")
-    head = sizes.get("d_head") or (sizes.get("d_model", 0) // heads if heads else 0)
-    return head // 2 or None

@@ -776,14 +776,19 @@ def _table_of(call: Callable[[], Any], names: list[str], ids: list[bool | str]) 
     try:
         return call()
     except fp.LearnerFailure as failure:
-        if not _takes(names, ID_NAMES):  # (B, T) again where it takes no positions: it fails again
-            raise failure from None
-        for ids[0] in (False, "streams"):
-            out = fp.quietly(call)
-            if out is not None:
-                return out
-        ids[0] = True
-        raise failure from None
+        forms = (False, "streams")[:2 * _takes(names, ID_NAMES)]  # none where it takes no positions
+        ids[0] = next((form for form in forms if _runs_in(call, ids, form)), True)
+        return fp.quietly(call) if ids[0] is not True else _raise(failure)
+
+
+def _runs_in(call: Callable[[], Any], ids: list[bool | str], form: bool | str) -> bool:
+    """Whether the module's forward runs with its positions in `form` (POSITION_FORMS), kept in `ids`."""
+    ids[0] = form
+    return fp.quietly(call) is not None
+
+
+def _raise(failure: Exception) -> Any:
+    raise failure from None
 
 
 def _own_base(res: ComponentResult, comp: Component, module: Any) -> float:
