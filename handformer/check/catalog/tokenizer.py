@@ -153,6 +153,7 @@ WORDPIECE_DIAGNOSES: list[Diagnosis] = [
         r"\{\s*\w+\s*:\s*\w*freq\w*\s+for\b",  # a table of scores that are the frequencies
         r"max\(.*freq",
         r"/.*freq",
+        r"/\s*\(\s*[\w.]+\[[^\]]*\]\s*[-+*]",  # a division by two counts combined: n / (c[a] + c[b])
         r"score",
     ),
     d(

@@ -27,11 +27,12 @@ from handformer.check.core.argument_names import (
     readable_parameters,
 )
 from handformer.check.core.bpe_parts import snippet_parts
-from handformer.check.core.defaults import given
+from handformer.check.core.defaults import given, quietly
 from handformer.check.core.hosts import host_arguments
 from handformer.check.core.kinds import COLLATOR_KINDS, KINDS_TABLE, METHOD_NAMES, TABLED
 from handformer.check.core.own_calls import file_arguments, record
 from handformer.check.core.own_defaults import own_defaults, settings_class
+from handformer.check.core.sections import fit_sections_
 from handformer.check.core.size_roles import with_roles
 from handformer.check.core.source import code_text, config_fallbacks, config_reads, module_reads, source_text
 from handformer.check.core.wordpiece_parts import wordpiece_trainer, writes_wordpiece
@@ -1192,6 +1193,21 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
     return _namespace(cls, values, attrs, sizes)
 
 
+def fit_config_sections_(config: Any, half: int) -> Any:
+    """The config with its section lists fitted to `half`, tied by the sizes its class gives by default."""
+    defaults = quietly(type(config), (Exception,), None)  # the config of the file's own defaults
+    fit_sections_(getattr(config, "__dict__", {}), own_half_head(getattr(defaults, "__dict__", {})), half)
+    return config
+
+
+def own_half_head(values: Mapping[str, Any]) -> int | None:
+    """Half the head width that the file's values (a config's defaults, a module's constants) give by
+    their names: a head width, or a width over heads (none without heads); None where they do not say."""
+    sizes = {size_of(n): v for n, v in values.items() if type(v) is int}
+    head = sizes.get("d_head") or sizes.get("d_model", 0) // sizes.get("n_heads", 1 << 62)
+    return head // 2 or None
+
+
 def _namespace(cls: Any, values: dict[str, Any], attrs: set[str], sizes: dict[str, Any]) -> SizedNamespace:
     """A config namespace with check's values, the file's own for what check has no size for, a rotary
     share of the file's at check's (rotary_shares)."""
@@ -1360,6 +1376,8 @@ def build(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any] = NO_PARTS)
     an adapter (make_<kind> in the adapters file) is built by it, its arguments matched the same way.
     A class whose arguments check cannot fill is taken from inside a host of the learner's file that
     builds it (hosts.py: torchtune's llama3_tiny() for its MultiHeadAttention(q_proj=..., ...))."""
+    module = vars(sys.modules.get(getattr(cls, "__module__", ""), object()))  # its file's constants
+    fit_sections_(module, own_half_head(module), with_head_size(sizes).get("d_head", 0) // 2)
     try:
         return _build_matched(cls, sizes, parts)
     except DiscoveryError:
@@ -1384,7 +1402,7 @@ def _build_matched(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any],
         elif key in sizes:
             kwargs[p.name] = sizes[key]
         elif (config := make_config(target, p, sizes)) is not None:
-            kwargs[p.name] = config
+            kwargs[p.name] = fit_config_sections_(config, sizes.get("d_head", 0) // 2)
         elif p.name.lower() in fixed and (p.default is p.empty or p.name.lower() in OVERRIDDEN):
             kwargs[p.name] = fixed[p.name.lower()]
         elif p.default is False and "relative" in p.name.lower():  # T5's has_relative_attention_bias

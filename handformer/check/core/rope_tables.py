@@ -190,12 +190,17 @@ def _shaped(names: tuple[str, ...], form: Callable[[Tensor], Tensor], order: int
     return shaped
 
 
+STREAMS = 3  # M-RoPE's position streams: time, height, width
+
+
 def _cos_sin_shapes(names: tuple[str, ...], B: int) -> tuple[Shaping, ...]:
     """The shapes a forward may take its (cos, sin) tables (T, Dh) in: minimind's and Raschka's
     (T, Dh); Hugging Face's (B, T, Dh) (the heads' axis unsqueezed inside); Qwen's (1, T, 1, Dh) for
-    queries (B, T, H, Dh); GPT-J's (sin, cos) of one angle a pair, (B, T, Dh/2) each."""
+    queries (B, T, H, Dh); Qwen2-VL's (3, B, T, Dh), a table for each of three position streams
+    (M-RoPE), all equal as for text; GPT-J's (sin, cos) of one angle a pair, (B, T, Dh/2) each."""
     return (_shaped(names, lambda t: t), _shaped(names, lambda t: t[None].expand(B, -1, -1)),
             _shaped(names, lambda t: t[None, :, None]),
+            _shaped(names, lambda t: t.expand(STREAMS, B, -1, -1)),
             _shaped(names, lambda t: t[None, :, :t.size(-1) // 2].expand(B, -1, -1), order=-1))
 
 
@@ -211,7 +216,7 @@ def either_cos_sin_tables(fn: Any, args: list[Any], kwargs: dict[str, Any], layo
     """A forward handed cos and sin as two arguments (Raschka's; Gemma's forward(x, cos, sin, mask)),
     in the shape it takes (_cos_sin_shapes; the pair's order as its names say)."""
     names = tuple(sorted({"cos", "sin"} & kwargs.keys()))
-    return either_shape(fn, args, kwargs, layout, names, _cos_sin_shapes(names, B)[:3])
+    return either_shape(fn, args, kwargs, layout, names, _cos_sin_shapes(names, B)[:PLAIN_SHAPES])
 
 
 def alibi_argument(B: int, H: int, S: int, dtype: torch.dtype) -> Tensor:
@@ -286,7 +291,7 @@ def either_width(form: Callable[..., Any], fn: Any, args: list[Any], kwargs: dic
     raise first  # type: ignore[misc]
 
 
-PLAIN_SHAPES = 3  # the shapes of _cos_sin_shapes before GPT-J's (sin, cos)
+PLAIN_SHAPES = 4  # the shapes of _cos_sin_shapes before GPT-J's (sin, cos)
 # code that names sin before cos (GPT-J's `sin, cos = position_embeddings`) tries every shape at each
 # width, GPT-J's included; else the plain shapes at every width come first
 SHAPES_FIRST = {False: (PLAIN_SHAPES, None), True: (None,)}

@@ -7,7 +7,7 @@ best score freq(ab) / (freq(a) * freq(b)) (each frequency counted with its word'
 exact fractions; a tie goes to the pair counted first (the words in the order they first occur, the
 pairs of each left to right: the course's `if max_score < score`). The mistakes are flags: the cut
 (`whitespace`: split on spaces only; `text`: each text one word), the score (`frequency`,
-`first_only`, `second_only`), no "##" (`no_prefix`); in encode `shortest`, `no_prefix`, `unk_piece`
+`first_only`, `second_only`, `sum`), no "##" (`no_prefix`); in encode `shortest`, `no_prefix`, `unk_piece`
 (the pieces found, then [UNK]), `unk_skip` ([UNK] for one character, then on); in
 decode `spaced` (every piece a word), `kept` (the pieces joined by spaces as they are), `glued_kept`
 (glued on with their "##").
@@ -31,6 +31,7 @@ SCORES: dict[str, Callable[[int, int, int], Fraction]] = {
     "frequency": lambda f, fa, fb: Fraction(f),
     "first_only": lambda f, fa, fb: Fraction(f, fa),
     "second_only": lambda f, fa, fb: Fraction(f, fb),
+    "sum": lambda f, fa, fb: Fraction(f, fa + fb),
 }
 Pair = tuple[str, str]
 

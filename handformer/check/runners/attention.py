@@ -118,6 +118,7 @@ from handformer.check.core.source import (
     source_text,
     strided_loop,
 )
+from handformer.check.core.square_only import in_a_form_taken, square_note
 from handformer.check.core.sublayer import grade_sublayer, sublayer_parts
 from handformer.check.core.unmapped import held_apart
 from handformer.check.core.weights import (
@@ -456,7 +457,9 @@ def _build_sdpa(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
 
     # a mask it requires (picoGPT's attention(q, k, v, mask) adds it): all visible where none is meant
     c.state["visible"] = working = first_working(ctx, run, convs)
-    facts = {"rows": rows, "layout": layout, "working": working, "takes_mask": c.takes_mask,
+    inside = not c.takes_mask and _causal_core(ctx, c, layout, working)
+    keeps.update(dict.fromkeys(convs, causal(T).expand(B, 1, T, S)) if inside else {})  # its own mask
+    facts = {"rows": rows, "layout": layout, "working": working, "takes_mask": c.takes_mask, "inside": inside,
              "no_output": (f"{comp.name} returned no (B, H, T, Dh) tensor",
                            f"{comp.name} 没有返回形状为 (B, H, T, Dh) 的张量")}
     return Subject(run, [(conv, (q, k, v, keeps[conv])) for conv in convs], c, facts)
@@ -470,7 +473,7 @@ SDPA = Probe(
     universe=lambda s: ATTENTION_FLAGS,
     steps=(lambda res, ctx, comp, s, found: convention_found(res, ctx, comp, s, found, "mha"),
            lambda res, ctx, comp, s, found: _compare_sdpa(res, ctx, comp, s.module, s.facts["layout"],
-                                                          found.key, SDPA_SIZES[4]),
+                                                          found.key, SDPA_SIZES[4], s.facts["inside"]),
            lambda res, ctx, comp, s, found: _sdpa_departure(res, ctx, comp, s, found.key)),
     search=by_convention,
 )
@@ -488,17 +491,25 @@ def check_sdpa(comp: Component, ctx: Context) -> ComponentResult:
 
 def _sdpa_departure(res: ComponentResult, ctx: Context, comp: Component, s: Subject, conv: str) -> None:
     """A FAIL no catalogued mistake explains: where the attention of 2 heads (3 queries, 5 keys, the
-    last hidden, 4 dims: every size apart; one head where the function takes one at a time) first
-    parts from the reference, in the layout the function takes."""
-    keep = torch.arange(5).lt(4).expand(1, 1, 3, 5)  # (1, 1, T, S): the last key hidden
-    if res.max_abs_error < 1e-5 or not (s.module.takes_mask and fp.encodable(keep, conv)):
+    last hidden, 4 dims: every size apart; one head where the function takes one at a time; 5 queries
+    where it is causal inside) first parts from the reference, in the layout the function takes."""
+    inside = s.facts["inside"]  # causal inside, handed no mask: 5 queries, its own causal mask
+    keep, handed = DEPARTURE_MASKS[inside]
+    if res.max_abs_error < 1e-5 or not (inside or s.module.takes_mask and fp.encodable(keep, conv)):
         return
     heads = 1 if s.facts["layout"].single else 2
     # a class built at check's sizes (from a config): the heads and width it was built for
     heads, dh = (SDPA_SIZES[1], SDPA_SIZES[4]) if _sized(comp.obj) else (heads, 4)
-    q, k, v = (fp.randn(1, heads, n, dh, seed=seed) for n, seed in ((3, 7), (5, 8), (5, 9)))
+    q, k, v = (fp.randn(1, heads, n, dh, seed=seed) for n, seed in ((keep.size(2), 7), (5, 8), (5, 9)))
     note_departure(res, lambda: localize_sdpa(
-        lambda *qkv: s.facts["layout"].raw(ctx, s.module, *qkv, keep, conv), comp.obj, q, k, v, keep))
+        lambda *qkv: s.facts["layout"].raw(ctx, s.module, *qkv, handed, conv), comp.obj, q, k, v, keep))
+
+
+# (the mask the reference applies, the one handed) by whether the attention is causal inside: 3 queries
+# and 5 keys, the last hidden; 5 queries and 5 keys, causal, none handed
+LAST_HIDDEN = torch.arange(5).lt(4).expand(1, 1, 3, 5)  # (1, 1, T, S)
+DEPARTURE_MASKS = {False: (LAST_HIDDEN, LAST_HIDDEN),
+                   True: (torch.ones(5, 5, dtype=torch.bool).tril()[None, None], None)}
 
 
 def _sdpa_cases() -> list[tuple[str, int, int, int, Tensor | None]]:
@@ -518,22 +529,45 @@ def case_errors(raw: Any, out: Tensor | None, ref: Tensor, ref_w: Tensor, rows: 
     return errors
 
 
+def _causal_core(ctx: Context, c: Caller, layout: Layout, conv: str) -> bool:
+    """Whether an attention handed no mask hides the future all the same (ChatGLM's CoreAttention
+    builds its causal mask from the query length): the last key and value moved move the last output,
+    not the first (an own mask off by one too: then compared with the causal reference, and failed)."""
+    q, k, v = (fp.randn(1, H, 5, SDPA_SIZES[4], seed=seed) for seed in (7, 8, 9))
+    moved = [torch.cat([t[:, :, :-1], t[:, :, -1:] + 1.0], 2) for t in (k, v)]  # (1, H, S, Dh)
+    a, b = (fp.quietly(lambda kv=kv: layout.output(layout.raw(ctx, c, q, *kv, None, conv), q.shape))
+            for kv in ((k, v), moved))  # (B, H, T, Dh)
+    same = getattr(a, "shape", None) == getattr(b, "shape", ())
+    return same and _last_moved(a, b)
+
+
+def _last_moved(a: Tensor, b: Tensor) -> bool:
+    """Whether two (B, H, T, Dh) outputs differ at the last query and not at the first."""
+    return torch.allclose(a[:, :, 0], b[:, :, 0], atol=1e-9) and not torch.allclose(a[:, :, -1], b[:, :, -1])
+
+
 def _compare_sdpa(res: ComponentResult, ctx: Context, comp: Component, c: Caller, layout: Layout, conv: str,
-                  Dh: int) -> None:
-    """The output and the returned weights against handformer's on the cases the convention can write."""
-    errors = []
-    for _label, b, t, s, mask in _sdpa_cases():
+                  Dh: int, inside: bool = False) -> None:
+    """The output and the returned weights against handformer's on the cases the convention can write;
+    one causal inside (`inside`, handed no mask) against the causal reference."""
+    errors, square = [], []
+    for label, b, t, s, mask in _sdpa_cases():
         mask = mask if c.takes_mask else None
         if not fp.encodable(mask, conv):
             continue
-        qc, kc, vc = (fp.randn(b, H, t, Dh, seed=4), fp.randn(b, H, s, Dh, seed=5),
-                      fp.randn(b, H, s, Dh, seed=6))
-        raw = layout.raw(ctx, c, qc, kc, vc, mask, conv)
-        ref, ref_w = scaled_dot_product_attention(qc, kc, vc, mask, need_weights=True)
-        rows = fp.visible_rows(mask, b, t)
-        out = layout.output(raw, qc.shape)
-        errors += case_errors(raw, out, ref, ref_w, rows)
-        masked_rows(res, out, rows, comp, ctx)
+
+        def run(t: int, s: int, b: int = b, mask: Tensor | None = mask) -> list[float]:
+            qc, kc, vc = (fp.randn(b, H, t, Dh, seed=4), fp.randn(b, H, s, Dh, seed=5),
+                          fp.randn(b, H, s, Dh, seed=6))
+            raw = layout.raw(ctx, c, qc, kc, vc, mask, conv)
+            mask = torch.ones(t, s, dtype=torch.bool).tril(s - t) if inside else mask  # its own, (T, S)
+            ref, ref_w = scaled_dot_product_attention(qc, kc, vc, mask, need_weights=True)
+            rows = fp.visible_rows(mask, b, t)
+            out = layout.output(raw, qc.shape)
+            masked_rows(res, out, rows, comp, ctx)
+            return case_errors(raw, out, ref, ref_w, rows)
+        errors += in_a_form_taken(run, t, s, square, label)  # a square-only core: T = S
+    square_note(res, square)
     res.max_abs_error = max(errors)
     n = len(errors)
     res.checks.append(Check(text(f"matches handformer's scaled_dot_product_attention on {n} cases",

@@ -718,7 +718,7 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
     names = forward_names(module)
     q, k = _apply_inputs()
     tensors = _tensor_names(names)
-    ids = [True]  # position_ids handed (B, T), Hugging Face's; (T,) where its forward takes no batch
+    ids: list[bool | str] = [True]  # position_ids (B, T), Hugging Face's; (T,) (False); (3, B, T) ("streams")
 
     def one(offset: int, length: int, given: tuple[Tensor, ...]) -> Any:
         values = _module_values(offset, length, ID_NAMES[:1 if tensors else None], ids[0])
@@ -734,7 +734,8 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
         outs = [one(offset, length, pair) for pair in pairs]
         return {"tokens": _per_sequence, "flat": _unflattened}.get(reading, lambda outs: outs[0])(outs)
 
-    raw = fp.quietly(call) if tensors else _table_of(call, names, ids)  # (a rotation: other layouts below)
+    # (a rotation: other layouts below)
+    raw = fp.quietly(lambda: _table_of(call, names, ids)) if tensors else _table_of(call, names, ids)
     table = read_table(raw, T)
     theta = _own_schedule(res, ctx, comp, module, _own_base(res, comp, module))
     # OLMo's forward(q, k) returns the rotated (q, k): shaped as its inputs, not a (cos, sin) table
@@ -748,32 +749,46 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
                            "也不是旋转后的输入")
 
 
-def _module_values(offset: int, length: int, id_names: tuple[str, ...], batched: bool) -> dict[str, Any]:
+# the positions as a rotary module's forward takes them: (B, T), Hugging Face's; one row (T,); Qwen2-VL's
+# three position streams (3, B, T) of M-RoPE (time, height, width), all equal as for text
+POSITION_FORMS: dict[bool | str, Callable[[Tensor], Tensor]] = {
+    True: lambda p: p[None].expand(B, -1), False: lambda p: p, "streams": lambda p: p.expand(3, B, -1)}
+
+
+def _module_values(offset: int, length: int, id_names: tuple[str, ...], form: bool | str) -> dict[str, Any]:
     """What a rotary module's forward may take besides its tensors, by name: the length, the offset,
-    the positions from it ((B, T) or one row (T,), under `id_names`: the names beside position_ids
-    only for a table's module, forward(positions))."""
+    the positions from it (in the form POSITION_FORMS says, under `id_names`: the names beside
+    position_ids only for a table's module, forward(positions))."""
     positions = torch.arange(length) + offset
     return {**dict.fromkeys(LENGTH_NAMES, length), **dict.fromkeys(OFFSET_NAMES, offset),
-            **dict.fromkeys(id_names, positions[None].expand(B, length) if batched else positions),
+            **dict.fromkeys(id_names, POSITION_FORMS[form](positions)),
             "token_positions": positions,  # CS336's forward(x, token_positions)
             "device": torch.device("cpu"), "dtype": torch.float64}  # Falcon's forward(seq_len, device, dtype)
 
 
-def _table_of(call: Callable[[], Any], names: list[str], ids: list[bool]) -> Any:
+def _table_of(call: Callable[[], Any], names: list[str], ids: list[bool | str]) -> Any:
     """The table a module's forward returns for positions (B, T) as Hugging Face hands them, else
     (T,) where it takes position_ids (or positions) as one row for the whole batch (a Hugging
-    Face-style rotary module that builds its table with torch.outer(position_ids, inv_freq)); `ids`
-    keeps the form that ran.
-    Raises the failure on (B, T) where neither runs."""
+    Face-style rotary module that builds its table with torch.outer(position_ids, inv_freq)), else
+    three equal position streams (3, B, T) (Qwen2-VL's M-RoPE, its table (3, B, T, Dh) read from the
+    first stream); `ids` keeps the form that ran.
+    Raises the failure on (B, T) where none runs."""
     try:
         return call()
     except fp.LearnerFailure as failure:
-        ids[0] = not _takes(names, ID_NAMES)  # (B, T) again where it takes no positions: it fails again
-        flat = fp.quietly(call)
-        ids[0] = flat is None
-        if flat is None:
-            raise failure from None
-        return flat
+        forms = (False, "streams")[:2 * _takes(names, ID_NAMES)]  # none where it takes no positions
+        ids[0] = next((form for form in forms if _runs_in(call, ids, form)), True)
+        return fp.quietly(call) if ids[0] is not True else _raise(failure)
+
+
+def _runs_in(call: Callable[[], Any], ids: list[bool | str], form: bool | str) -> bool:
+    """Whether the module's forward runs with its positions in `form` (POSITION_FORMS), kept in `ids`."""
+    ids[0] = form
+    return fp.quietly(call) is not None
+
+
+def _raise(failure: Exception) -> Any:
+    raise failure from None
 
 
 def _own_base(res: ComponentResult, comp: Component, module: Any) -> float:

@@ -65,6 +65,7 @@ TRAIN_MISTAKES = (("whitespace", "score", True, "bpe_merges_across_pretokens", "
                   ("words", "frequency", True, "wordpiece_pair_score", "frequency"),
                   ("words", "first_only", True, "wordpiece_pair_score", "first_only"),
                   ("words", "second_only", True, "wordpiece_pair_score", "second_only"),
+                  ("words", "sum", True, "wordpiece_pair_score", "sum"),
                   ("words", "score", False, "wordpiece_missing_prefix", "train"))
 ENCODE_DIAGNOSES = {"shortest": "wordpiece_shortest_match", "no_prefix": "wordpiece_missing_prefix",
                     "unk_piece": "wordpiece_unk_piece", "unk_skip": "wordpiece_unk_piece"}

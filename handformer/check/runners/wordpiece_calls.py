@@ -34,6 +34,8 @@ PIECES_TAKEN = re.compile(r"^(?!.*id).*(token|piece)")  # a decoder's first argu
 # course's word_freqs); a vocabulary to start from, no size
 OWN_ROLES = ((re.compile(r"(?i)\w*(freq|count)\w*"), "freqs"),
              (re.compile(r"(?i)vocab|vocabulary|vocab_dict"), "-"))
+ENCODING_FIELDS = ("input_ids", "ids", "tokens")  # where an encoding holds its ids beside other fields
+VOCABULARY_ROLES = {"vocab", "inverse", "file"}  # a GIVEN role that hands an encoder the vocabulary
 GIVEN = (("file", "file"), ("path", "file"), ("inv", "inverse"), ("id_to", "inverse"), ("itos", "inverse"),
          ("id2", "inverse"), ("vocab", "vocab"), ("unk", "unk"))
 
@@ -57,7 +59,9 @@ class Parts:
 
     def pieces(self, out: Any) -> Any:
         """An encoder's output as pieces: its ids read through the vocabulary, its pieces as they are; the
-        special tokens it adds around them ([CLS], [SEP], padding) left out, [UNK] kept."""
+        special tokens it adds around them ([CLS], [SEP], padding) left out, [UNK] kept. An encoding that
+        holds its ids beside other fields (BERT's {"input_ids", "token_type_ids", ...}) read by its ids."""
+        out = encoded_ids(out)
         if not isinstance(out, (list, tuple)):
             return out
         by_id = dict(enumerate(self.tokens))
@@ -70,6 +74,13 @@ class Parts:
         ids = dict(zip(self.tokens, range(len(self.tokens))))
         taken = PIECES_TAKEN.search(W.first_argument(decode))
         return list(pieces) if taken else list(map(ids.__getitem__, pieces))
+
+
+def encoded_ids(out: Any) -> Any:
+    """The ids (or pieces) of an encoding that holds them beside other fields: a dict's first key of
+    ENCODING_FIELDS, or such an attribute (a Hugging Face Encoding's `.ids`); else the output itself."""
+    held = [out.get(k) if isinstance(out, dict) else getattr(out, k, None) for k in ENCODING_FIELDS]
+    return next((v for v in held if isinstance(v, (list, tuple))), out)
 
 
 def parts(comp: Component, ctx: Context, corpus: list[str], vocab_size: int) -> Parts:
@@ -124,8 +135,11 @@ def reference_tokens(corpus: list[str], vocab_size: int) -> list[str]:
 
 def _coders(tok: Parts, own: dict[str, Any], skip: tuple[Any, ...]) -> Parts:
     """`tok` with the encoders and the decoder among `own`, each called with its vocabulary (those that
-    require another argument left out)."""
-    bound = [(fn.__name__, _bound(fn, tok), fn) for fn in W.named_with(own, W.ENCODER, skip)]
+    require another argument left out). Beside a trainer function (`skip` holds it), an encoder is one
+    handed the vocabulary: a function of the text alone (BERT's whitespace_tokenize) cannot cut it into
+    the pieces trained."""
+    encoders = [fn for fn in W.named_with(own, W.ENCODER, skip) if not skip or _takes_vocabulary(fn)]
+    bound = [(fn.__name__, _bound(fn, tok), fn) for fn in encoders]
     tok.encoders = [(name, call, W.word_level(fn)) for name, call, fn in bound if call is not None]
     decoders = [(fn.__name__, _bound(fn, tok)) for fn in W.named_with(own, W.DECODER, skip)]
     tok.decode = next((d for d in decoders if d[1] is not None), None)
@@ -204,6 +218,12 @@ def _bound(fn: Callable[..., Any], tok: Parts, skip: int = 1) -> Callable[..., A
     if any(r is None and p.default is p.empty for p, r in roles.items()):
         return None
     return functools.partial(fn, **{p.name: values[r] for p, r in roles.items() if r is not None})
+
+
+def _takes_vocabulary(fn: Callable[..., Any]) -> bool:
+    """Whether one of the function's arguments (after the first) is handed the vocabulary (GIVEN)."""
+    names = [p.name.lower() for p in call_parameters(fn)[1:]]
+    return any(w in n for n in names for w, role in GIVEN if role in VOCABULARY_ROLES)
 
 
 def max_argument(encode: Callable[..., Any]) -> str | None:
