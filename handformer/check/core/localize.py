@@ -899,7 +899,14 @@ def _departure(step: Step, views: list[View], filename: str, sizes: dict[str, fl
     source = _size_source(written, statement(filename, line), form, sizes, filename)
     return Departure(line, written.name, statement(filename, line), form,
                      None if source else called or None, source, part=written.part,
-                     misread=bool(source) and _misread(written.numbers[source[1]][1], source[1], sizes, form))
+                     misread=bool(source) and _misread_source(written, source, sizes, form))
+
+
+def _misread_source(step: Step, source: tuple[int, str, str], sizes: dict[str, float],
+                    form: Text | None) -> bool:
+    """Whether the number `source` names was bound wrong on its own line (see `_misread`, `_bound_root`)."""
+    value = step.numbers[source[1]][1]
+    return _misread(value, source[1], sizes, form) or _bound_root(value, form, sizes, source[2])
 
 
 # the names a size is read under (a head's width: d_k, head_dim, ...), as the localizer's sizes name it
@@ -928,6 +935,20 @@ def _holds_factor(value: float, form: Text | None, sizes: dict[str, float]) -> b
     return value != round(value) and _power_name(abs(value) / c, sizes, (0.0, 0.5)) is not None  # n**0: 1
 
 
+# a number bound as a root: `self.norm_factor = math.sqrt(projection_size)`, `scale = d ** 0.5`
+ROOT = re.compile(r"sqrt\(|\*\*\s*\(?\s*0?\.5\b")
+
+
+def _bound_root(value: float, form: Text | None, sizes: dict[str, float], code: str) -> bool:
+    """A divisor bound as a root on its own line that is the whole difference: times the form's factor
+    c it is 1 (the factor read against q·kᵀ unscaled) or the reference's divisor, the root of a size
+    (read against the scaled scores): `self.norm_factor = math.sqrt(H * Dh)` used as `scores /
+    self.norm_factor`, the scores wanting sqrt(Dh), took the root of the wrong size there. A whole
+    number (a count, a size) is one only where its line takes a root."""
+    c = abs(float(next(iter(FACTOR_SAID.findall(str(form))), "nan")))
+    return bool(ROOT.search(code)) and _power_name(abs(value) * c, sizes, (0.0, 0.5)) is not None
+
+
 def _size_source(step: Step, code: str, form: Text | None, sizes: dict[str, float], filename: str,
                  ) -> tuple[int, str, str] | None:
     """A number the departing line uses whose value is a size the form names, bound on another line
@@ -937,9 +958,12 @@ def _size_source(step: Step, code: str, form: Text | None, sizes: dict[str, floa
     named = {sizes[k] for k in sizes.keys() & set(re.findall(r"[A-Za-z_]\w*", said))}
     written = set(map(float, re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e-?\d+)?", said)))  # `writes 1`
     used = set(re.findall(r"self\.\w+|[A-Za-z_]\w*", code))
-    bound = sorted((not _holds_factor(value, form, sizes), line, name) for name, (line, value) in
+    def whole(line: int, value: float) -> bool:  # the number is the whole difference
+        return _holds_factor(value, form, sizes) or _bound_root(value, form, sizes,
+                                                                 statement(filename, line, False))
+    bound = sorted((not whole(line, value), line, name) for name, (line, value) in
                    (step.numbers or {}).items() if name in used and line not in (0, step.line) and (
-                       value in named or _holds_factor(value, form, sizes) or name.startswith("self.")
+                       value in named or whole(line, value) or name.startswith("self.")
                        and any(math.isclose(value, n, rel_tol=1e-3) for n in written)))
     return next(((line, name, statement(filename, line, False)) for _, line, name in bound), None)
 
@@ -1249,12 +1273,26 @@ def _mislabeled(steps: list[Step], views: list[View], filename: str) -> Departur
     for step in steps:
         named = ROLE_NAMES.fullmatch(step.name)
         held = {m[1] for m, r in roles if same(step.value, r)} - {None}
-        if named and not step.given and held and named.lastgroup not in held:
+        if named and not step.given and held and named.lastgroup not in held and not _iterated(
+                filename, step.line, step.name):
             said, other = named.lastgroup, min(held)
             return Departure(step.line, step.name, statement(filename, step.line), text(
                 f"it holds {other}, where its name says {said}: the roles of q, k and v swapped",
                 f"它存的是 {other}，名字却说是 {said}：q、k、v 的角色弄反了"))
     return None
+
+
+LOOPS = (ast.For, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def _iterated(filename: str, line: int, name: str) -> bool:
+    """Whether `name` is the variable of a loop or comprehension on `line` (`[k.transpose(1, 2) for k in
+    [q, k, v]]`): it takes each value in turn, so its name is no role."""
+    loops = [n for n in ast.walk(parsed_file(filename))
+             if isinstance(n, LOOPS) and n.lineno <= line <= n.end_lineno]
+    targets = [n.target for n in loops if isinstance(n, ast.For)] + [g.target for n in loops
+                                                                     for g in getattr(n, "generators", ())]
+    return any(isinstance(t, ast.Name) and t.id == name for target in targets for t in ast.walk(target))
 
 
 def note_raised_attention(res: ComponentResult, comp: Any, runs: list[Run], w: V.MHAWeights,
@@ -1290,7 +1328,9 @@ def place_findings(res: ComponentResult, localize: Callable[[], Any], lines: lis
         told = pattern_rank(finding.name, code.split(" / line ")[0]) <= pattern_rank(finding.name, str(
             finding.code)) < math.inf  # a pattern as telling as the one that found its line finds it too
         moved = finding.line != line  # the same line kept as the finding quotes it (with its second line)
-        if moved and (finding.line is None or told or misplaced(finding, found) or deeper(finding, found)):
+        used = found.misread and finding.line == found.line  # `/ self.norm_factor` right, its binding wrong
+        if moved and (finding.line is None or told or used
+                      or misplaced(finding, found) or deeper(finding, found)):
             finding.line, finding.code = line, code
 
 

@@ -49,6 +49,7 @@ from handformer.check.core.context import (
     shape_of,
 )
 from handformer.check.core.discovery import Component, defaulted_config
+from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import (
     localize_count,
     localize_filter,
@@ -193,15 +194,25 @@ class Caller:
 
     def by_row(self, given: Tensor, kwargs: dict[str, Any]) -> Any:
         """The function called on each row alone, (V,), its outputs (tensors, or token ids returned as
-        ints) stacked."""
+        ints) stacked. Each row is its own copy: a filter that writes into its row in place
+        (`logits[remove] = -inf`) may, where the rows carry a gradient (a localizer's trace)."""
         def rows() -> Tensor:
-            return torch.stack([torch.as_tensor(leading_tensor(self.comp.obj(row.reshape(self.row_shape),
-                                                                             **kwargs))) for row in given])
+            return torch.stack([torch.as_tensor(leading_tensor(self.comp.obj(
+                row.reshape(self.row_shape).clone(), **kwargs))) for row in given])
         return self.ctx.learner.call("forward", rows)
 
 
 # the forms a function of logits is tried in, in turn, until one runs and returns what check reads
 FORMS = ("batch", "row", "pairs")
+
+
+def row_by_row(call: Caller, localize: Callable[[slice], Departure | None], rows: int,
+               ) -> Callable[[], Departure | None]:
+    """A localizer run on the batch's rows `at` (a slice): on the whole batch, or, where the function
+    takes one row at a time, on each row alone until one departs (its steps are (V,): no view of the
+    batch's (rows, V) is of their shape, and a row that keeps the right tokens shows no departure)."""
+    parts = [slice(i, i + 1) for i in range(rows)] if call.form == "row" else [slice(None)]
+    return lambda: next((found for found in map(localize, parts) if found is not None), None)
 # the exceptions that say an argument was not of the form the code takes
 FORM_ERRORS = ("TypeError", "ValueError", "AttributeError", "KeyError", "IndexError")
 NO_FORM = ("{name} takes none of the forms check hands a function of logits (a batch (B, V), one row (V,), "
@@ -612,7 +623,8 @@ def _kept_probabilities(res: ComponentResult, call: Caller, logits: Tensor) -> N
                             ok, text(f"the rows sum to {sums}", f"各行之和为 {sums}")))
     if not ok:
         keep = torch.isfinite(top_k_filter(logits, 3))
-        note_departure(res, lambda: localize_filter(lambda x: call(x, top_k=3), call.comp.obj, logits, keep))
+        note_departure(res, row_by_row(call, lambda at: localize_filter(
+            lambda x: call(x, top_k=3), call.comp.obj, logits[at], keep[at]), len(logits)))
 
 
 def _large_k(res: ComponentResult, ctx: Context, comp: Component, call: Caller, logits: Tensor) -> None:
@@ -658,7 +670,8 @@ def _top_p_departure(res: ComponentResult, ctx: Context, comp: Component, call: 
     """Where a top-p that keeps wrong tokens, no mistake named, first parts from top-p's sub-steps."""
     if wrong and not res.findings:
         logits = test_logits(seed=1)
-        note_departure(res, lambda: localize_top_p(lambda x: call(x, top_p=0.5), comp.obj, logits, 0.5))
+        note_departure(res, row_by_row(call, lambda at: localize_top_p(
+            lambda x: call(x, top_p=0.5), comp.obj, logits[at], 0.5), len(logits)))
 
 
 def _combined_top_k(res: ComponentResult, ctx: Context, comp: Component, call: Caller, kept: list[Tensor],
@@ -791,7 +804,8 @@ def _min_p_departure(res: ComponentResult, ctx: Context, comp: Component, call: 
     min-p's sub-steps (on the case min_p = 0.2)."""
     if wrong and not res.has("min_p_not_scaled"):
         logits = test_logits()
-        note_departure(res, lambda: localize_min_p(lambda x: call(x, min_p=0.2), comp.obj, logits, 0.2))
+        note_departure(res, row_by_row(call, lambda at: localize_min_p(
+            lambda x: call(x, min_p=0.2), comp.obj, logits[at], 0.2), len(logits)))
 
 
 MIN_P = Filter(
