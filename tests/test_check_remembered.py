@@ -91,3 +91,20 @@ def test_a_flags_form_is_read_from_the_sets_forms_once():
     assert V.has({"pre_norm:ffn"}, "pre_norm") == "ffn" and V.has(["no_scaling"], "no_scaling") == ""
     hits = V._forms.cache_info().hits
     assert V.has(flags, "no_scaling") == "" and V._forms.cache_info().hits == hits + 1
+
+
+def test_a_layer_search_computes_the_rows_of_each_set_of_mistakes_once(monkeypatch):
+    """The rows a set of mistakes leaves visible depend on the layer and the set alone: a search that
+    tries the set in every reading of the weights computes them once (a layer with no residual: the
+    search reads every setting before it names the mistake)."""
+    from pathlib import Path
+
+    from handformer.check.core.engine import check_file
+    from handformer.check.runners import layers
+
+    asked, rows = [], layers._search_rows
+    monkeypatch.setattr(layers, "_search_rows", lambda lay, inp, flags: asked.append(flags) or rows(lay, inp, flags))
+    fixture = Path(__file__).parent / "fixtures" / "learners" / "no_residual.py"
+    (layer,) = check_file(str(fixture), only=["encoder_layer"]).components
+    assert layer.status == "fail" and "no_residual" in {f.name for f in layer.findings}
+    assert len(asked) > 1 and len(asked) == len(set(asked)), asked
