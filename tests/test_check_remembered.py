@@ -67,3 +67,44 @@ def test_nothing_is_remembered_outside_a_search():
     w, x = _attention(), torch.randn(2, 5, D, dtype=torch.float64)
     a = V.multi_head_attention(w, x, x, x, None)[0]
     assert a is not V.multi_head_attention(w, x, x, x, None)[0]
+
+
+def test_a_dataclass_keyed_again_is_found_by_its_id(monkeypatch):
+    """A search keys its weights at every call: their fields are read once, later calls find the key by
+    the dataclass's id (read again, each call would walk every field)."""
+    w, x, read = _attention(), torch.randn(2, 5, D, dtype=torch.float64), []
+    is_dataclass = R.dataclasses.is_dataclass
+    monkeypatch.setattr(R.dataclasses, "is_dataclass", lambda v: read.append(v) or is_dataclass(v))
+    with R.remembering():
+        first = V.multi_head_attention(w, x, x, x, None, frozenset({"no_scaling"}))[0]
+        again = V.multi_head_attention(w, x, x, x, None, frozenset({"no_scaling"}))[0]
+    assert first is again
+    assert sum(v is w for v in read) == 1, read
+
+
+def test_a_flags_form_is_read_from_the_sets_forms_once():
+    """has(flags, name): the form ("" for none), None where absent; a frozenset's forms are read once
+    and answered from then on (a search asks hundreds of thousands of times), a set or list as well."""
+    flags = frozenset({"causal_off_by_one:sees_next", "no_scaling"})
+    assert (V.has(flags, "causal_off_by_one"), V.has(flags, "no_scaling"), V.has(flags, "no_residual")) == (
+        "sees_next", "", None)
+    assert V.has({"pre_norm:ffn"}, "pre_norm") == "ffn" and V.has(["no_scaling"], "no_scaling") == ""
+    hits = V._forms.cache_info().hits
+    assert V.has(flags, "no_scaling") == "" and V._forms.cache_info().hits == hits + 1
+
+
+def test_a_layer_search_computes_the_rows_of_each_set_of_mistakes_once(monkeypatch):
+    """The rows a set of mistakes leaves visible depend on the layer and the set alone: a search that
+    tries the set in every reading of the weights computes them once (a layer with no residual: the
+    search reads every setting before it names the mistake)."""
+    from pathlib import Path
+
+    from handformer.check.core.engine import check_file
+    from handformer.check.runners import layers
+
+    asked, rows = [], layers._search_rows
+    monkeypatch.setattr(layers, "_search_rows", lambda lay, inp, flags: asked.append(flags) or rows(lay, inp, flags))
+    fixture = Path(__file__).parent / "fixtures" / "learners" / "no_residual.py"
+    (layer,) = check_file(str(fixture), only=["encoder_layer"]).components
+    assert layer.status == "fail" and "no_residual" in {f.name for f in layer.findings}
+    assert len(asked) > 1 and len(asked) == len(set(asked)), asked

@@ -25,6 +25,7 @@ _fields: dict[int, tuple[Any, Any]] = {}  # id of a dataclass keyed -> (it, kept
 
 F = TypeVar("F", bound=Callable[..., Any])
 PLAIN = frozenset({bool, int, float, str, type(None), frozenset})  # keyed by their value, as they are
+NO_KWARGS = (list, ())  # the key of a call's keyword arguments where it has none
 
 
 @contextlib.contextmanager
@@ -41,20 +42,23 @@ def remembering() -> Iterator[None]:
 def _key(value: Any, held: list[Any]) -> Any:
     """What a call reads of one argument: a tensor's storage and view, a dataclass's fields (keyed once
     for the memo's life: a search builds its weights and never changes them), else the value itself;
-    every tensor and dataclass keyed is kept in `held`."""
+    every tensor and dataclass keyed is kept in `held`. A search keys tens of thousands of calls: the
+    commonest arguments are tested first, a dataclass already keyed is found by its id."""
     if type(value) in PLAIN:  # most arguments of a search: its flags, sizes and switches
         return value
     if isinstance(value, Tensor):
         held.append(value)
         return Tensor, value.data_ptr(), value.shape, value.stride(), value.dtype, value._version
     if isinstance(value, (tuple, list)):
-        return type(value), tuple(_key(v, held) for v in value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        if id(value) not in _fields:
-            _fields[id(value)] = value, (type(value), tuple(_key(v, held) for v in vars(value).values()))
-        held.append(value)
-        return _fields[id(value)][1]
-    return value
+        return type(value), tuple([_key(v, held) for v in value])
+    known = _fields.get(id(value))  # its entry holds it alive: no other object has its id meanwhile
+    if known is None and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = tuple([_key(v, held) for v in vars(value).values()])
+        known = _fields[id(value)] = value, (type(value), fields)
+    if known is None:
+        return value
+    held.append(value)
+    return known[1]
 
 
 def _call_key(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -63,7 +67,7 @@ def _call_key(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     keeps no version counter; an unhashable value)."""
     held: list[Any] = []
     try:
-        key = fn, _key(args, held), _key(sorted(kwargs.items()), held)
+        key = fn, _key(args, held), _key(sorted(kwargs.items()), held) if kwargs else NO_KWARGS
         hash(key)
     except (RuntimeError, TypeError):
         return None

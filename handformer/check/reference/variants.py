@@ -36,11 +36,18 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 
 def has(flags: Flags, name: str) -> str | None:
     """The form of flag `name` in `flags` ("" for a flag without a form), or None."""
+    return _forms(frozenset(flags)).get(name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _forms(flags: Flags) -> dict[str, str]:
+    """Each flag's name -> its form; a search asks hundreds of thousands of times of the few sets of
+    flags it tries, each set read once. Its callers only read the answer."""
+    forms: dict[str, str] = {}
     for flag in flags:
         head, _, form = flag.partition(":")
-        if head == name:
-            return form
-    return None
+        forms.setdefault(head, form)
+    return forms
 
 
 WARMUP_SHIFT = {"early": -1, "late": 1}  # schedule_warmup_off_by_one's forms: the warmup's shift

@@ -669,6 +669,7 @@ def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
     own_mask = layer.masks_itself or layer.own_mask
     convs = _layer_conventions(layer, ctx, inp, res)
 
+    @functools.cache  # the layer and inputs are set: each set of mistakes the search tries, once
     def search_rows(flags: frozenset[str]) -> Tensor | None:
         return _search_rows(layer, inp, flags)
 
