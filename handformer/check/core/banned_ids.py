@@ -8,11 +8,10 @@ Shape legend: V vocabulary.
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import inspect
 import math
-import textwrap
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,36 +22,22 @@ from handformer.check.core.defaults import quietly
 from handformer.check.core.result import Text, text
 
 BANNED: list[int] = []  # the ids of the loop being checked (`banning`)
-HUGE = 1e4  # a constant this negative is minus infinity to a softmax: -1e9, -1e10, -float('inf')
 
 
-def _minus_infinity(node: ast.AST) -> bool:
-    """-float('inf'), float('-inf'), -math.inf, -torch.inf, -1e9."""
-    text_of = ast.unparse(node).replace(" ", "").lower()
-    if text_of in ("float('-inf')", 'float("-inf")'):
-        return True
-    inner = node.operand if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) else None
-    if inner is None:
-        return False
-    value = inner.value if isinstance(inner, ast.Constant) else None
-    return ast.unparse(inner).replace(" ", "").lower().endswith(("inf')", 'inf")', ".inf")) or (
-        isinstance(value, (int, float)) and value >= HUGE)
+# a constant index set to minus infinity: `logits[1] = -float('Inf')`, `logits[:, 0] = float('-inf')`,
+# `x[..., 2] = -math.inf`, `logits[0] = -1e9` (-1e4 or less)
+BAN = re.compile(r"\[(?:[^\]]*,\s*)?(\d+)\]\s*=\s*"  # the index: the last one of the subscript
+                 r"(?:-\s*float\(\s*['\"]inf['\"]\s*\)|float\(\s*['\"]-inf['\"]\s*\)"
+                 r"|-\s*(?:\w+\.)?inf\b"
+                 r"|-\s*\d(?:\.\d+)?e\+?(?:\d\d+|[4-9])\b|-\s*\d{5,}(?:\.\d*)?)"
+                 r"\s*(?:#.*)?$", re.I)
 
 
 def banned_ids(fn: Any) -> list[tuple[int, int]]:
-    """(id, line) for each constant index the loop's code sets to minus infinity (`logits[1] = -inf`,
-    `logits[:, 0] = float('-inf')`), in its file's line numbers."""
-    lines, first = quietly(lambda: inspect.getsourcelines(fn), (OSError, TypeError), ([], 1))
-    tree = quietly(lambda: ast.parse(textwrap.dedent("".join(lines))), (SyntaxError, ValueError), None)
-    found = []
-    for node in ast.walk(tree or ast.Module(body=[], type_ignores=[])):
-        if not (isinstance(node, ast.Assign) and _minus_infinity(node.value)):
-            continue
-        for target in filter(ast.Subscript.__instancecheck__, node.targets):
-            index = target.slice.elts[-1] if isinstance(target.slice, ast.Tuple) else target.slice
-            if isinstance(index, ast.Constant) and type(index.value) is int and index.value >= 0:
-                found.append((index.value, first + node.lineno - 1))
-    return found
+    """(id, line) for each constant index the loop's code sets to minus infinity (BAN), in its file's
+    line numbers."""
+    lines, first = quietly(lambda: inspect.getsourcelines(fn), Exception, ([], 1))
+    return [(int(m[1]), n) for n, m in enumerate(map(BAN.search, lines), first) if m]
 
 
 def ban(logits: Tensor) -> Tensor:
@@ -73,8 +58,7 @@ def banning(found: list[tuple[int, int]]) -> Iterator[None]:
 
 def banned_note(found: list[tuple[int, int]]) -> list[Text]:
     """The report's note on the ids a loop bans (none where it bans none)."""
-    ids = ", ".join(str(i) for i in sorted({i for i, _ in found}))
-    lines = ", ".join(str(n) for n in sorted({n for _, n in found}))
+    ids, lines = (", ".join(map(str, sorted(set(column)))) for column in zip(*found or [((), ())]))
     return [text(f"it never emits token id {ids} (it sets the logits there to minus infinity, line {lines}): "
                  "the model's logits there were minus infinity too, so the reference never picks it either",
                  f"它从不生成 token id {ids}（第 {lines} 行把那里的 logits 设为负无穷）：模型在那里的 logits "

@@ -118,18 +118,16 @@ def neutral_by_use(fn: Any, defaults: dict[str, Any]) -> list[str]:
     code applies them in (a repetition penalty of 1.0 that only divides or multiplies, however the
     argument is spelled): at that value it leaves the computation as it is. A use of any other kind
     (handed to a call, compared) leaves it out."""
-    tree = quietly(lambda: ast.parse(textwrap.dedent(inspect.getsource(fn))), (OSError, TypeError,
-                                                                                SyntaxError), None)
-    nodes = list(ast.walk(tree or ast.Module(body=[], type_ignores=[])))
-    operands = {id(side): IDENTITY.get(type(node.op), "other") for node in nodes
-                if isinstance(node, (ast.BinOp, ast.AugAssign))
-                for side in (getattr(node, name, None) for name in ("left", "right", "value"))}
+    empty = ast.Module(body=[], type_ignores=[])
+    tree = quietly(lambda: ast.parse(textwrap.dedent(inspect.getsource(fn))), Exception, empty)
+    nodes = list(ast.walk(tree))
+    operands = {id(getattr(node, side, None)): IDENTITY.get(type(node.op), "other") for node in nodes
+                if isinstance(node, (ast.BinOp, ast.AugAssign)) for side in ("left", "right", "value")}
     uses: dict[str, set[Any]] = {}
-    for node in nodes:
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in defaults:
-            uses.setdefault(node.id, set()).add(operands.get(id(node), "other"))
-    return [n for n, ids in uses.items() if n.lower() not in KNOWN | NEUTRAL.keys()
-            and isinstance(defaults[n], float) and ids == {defaults[n]}]
+    for node in filter(lambda n: isinstance(n, ast.Name) and n.id in defaults, nodes):
+        uses.setdefault(node.id, set()).add(operands.get(id(node), "other"))
+    return [n for n, ids in uses.items() if ids == {defaults[n]} and type(defaults[n]) is float
+            and n.lower() not in KNOWN | NEUTRAL.keys()]
 
 
 def _float_setting(item: tuple[str, Any]) -> bool:

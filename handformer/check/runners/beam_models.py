@@ -201,10 +201,9 @@ def call_search(ctx: Context, comp: Component, model: Steered, arg: dict[str, st
 def settings_note(arg: dict[str, str | None]) -> list[Text]:
     """The report's note on the settings a search takes that were filled at handformer's values."""
     said = [(arg[role], SETTING_VALUES[role], SETTING_WHY[role]) for role in SETTING_NAMES if arg.get(role)]
-    if not said:
-        return []
     return [text("it was handed " + "; ".join(f"{name}={value!r} ({why[0]})" for name, value, why in said),
-                 "传入的设置：" + "；".join(f"{name}={value!r}（{why[1]}）" for name, value, why in said))]
+                 "传入的设置：" + "；".join(f"{name}={value!r}（{why[1]}）" for name, value, why in said))
+            ] * bool(said)
 
 
 def hypotheses(out: Any) -> Any:
