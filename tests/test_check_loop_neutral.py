@@ -36,3 +36,20 @@ def test_a_loop_at_its_neutral_settings_passes_and_a_plant_is_named(checked):
         return
     found = {f.name: f.line for f in loop.findings}
     assert loop.status == "fail" and found.get("temperature_multiplied") == PLANTED[name], format_report(result)
+
+
+class _Options:  # a settings object handed as a default: unhashable, as a dataclass with eq is
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _loop(logits, options=_Options(), gain=1.0, shift=0.0, handed=1.0):  # noqa: B008
+    return max(logits * gain - shift, handed) + [options]
+
+
+def test_neutral_by_use_reads_only_float_defaults_at_the_identity_of_their_operations():
+    """gain only multiplies (1.0) and shift only subtracts (0.0): neutral; handed goes to a call: not;
+    an unhashable default (a settings object) is passed over, not raised on."""
+    from handformer.check.core.options_object import neutral_by_use
+
+    defaults = {"options": _Options(), "gain": 1.0, "shift": 0.0, "handed": 1.0}
+    assert sorted(neutral_by_use(_loop, defaults)) == ["gain", "shift"]

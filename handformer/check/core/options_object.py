@@ -126,8 +126,8 @@ def neutral_by_use(fn: Any, defaults: dict[str, Any]) -> list[str]:
     uses: dict[str, set[Any]] = {}
     for node in filter(lambda n: isinstance(n, ast.Name) and n.id in defaults, nodes):
         uses.setdefault(node.id, set()).add(operands.get(id(node), "other"))
-    return [n for n, ids in uses.items() if ids == {defaults[n]} and type(defaults[n]) is float
-            and n.lower() not in KNOWN | NEUTRAL.keys()]
+    return [n for n, ids in uses.items() if type(defaults[n]) is float and ids == {defaults[n]}
+            and n.lower() not in KNOWN | NEUTRAL.keys()]  # (a float first: a default may be unhashable)
 
 
 def _float_setting(item: tuple[str, Any]) -> bool:
