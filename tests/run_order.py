@@ -19,7 +19,7 @@ SECONDS = {
     "test_check_row_filters.py": 12, "test_check_scale_bound.py": 12,
     "test_check.py": 61, "test_check_no_place.py": 5, "test_check_loop_interface.py": 12,
     "test_check_unquoted_fails.py": 26, "test_check_quick_gelu.py": 6, "test_check_mask_by_use.py": 6,
-    "test_check_query_first_mask.py": 5, "test_check_loop_settings.py": 18, "test_check_batched_beam.py": 8,
+    "test_check_query_first_mask.py": 5, "test_check_loop_settings.py": 18, "test_check_batched_beam.py": 8, "test_check_beam_settings.py": 18, "test_check_loop_neutral.py": 17, "test_check_unigram.py": 13,
     "test_check_model_arguments.py": 15, "test_check_text_stream.py": 15, "test_check_query_masks.py": 10,
     "test_check_kto_step.py": 10, "test_check_step_settings.py": 27, "test_check_rl_losses.py": 20,
     "test_check_reordered_rope.py": 7, "test_check_own_calls.py": 5, "test_check_neutral_settings.py": 6,

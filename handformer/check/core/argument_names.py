@@ -37,6 +37,18 @@ BEAM_NAMES = {
                   "hamming_penalty", "diversity_lambda", "lambda_diversity"),
 }
 
+# a beam search's settings that have a value making it handformer's search (Hugging Face's
+# _generate_beam_search(input_ids, max_length, num_beams, eos_token_id, pad_token_id, early_stopping,
+# num_return_sequences)): role -> (its names, that value); beam.py fills them and says so
+BEAM_SETTINGS: dict[str, tuple[tuple[str, ...], Any]] = {
+    "pad": (("pad_token_id", "pad_id", "pad_idx", "pad_token", "pad", "padding_idx", "pad_symbol"), 0),
+    "returns": (("num_return_sequences", "num_return", "n_return", "n_best", "nbest", "num_hyps",
+                 "num_outputs"), 1),
+    # False: it searches on while a live hypothesis may still beat the worst finished one
+    "early": (("early_stopping", "early_stop"), False),
+    "sample": (("do_sample", "sample", "sampling", "use_sampling"), False),
+}
+
 # decoding.py
 DECODING_NAMES = {
     "model": ("model", "net", "transformer", "m"),

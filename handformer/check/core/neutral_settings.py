@@ -34,7 +34,7 @@ from handformer.check.core.options_object import KNOWN, NEUTRAL
 from handformer.check.core.result import FAIL, PASS, ComponentResult, Text, text
 from handformer.check.core.score_scale import configured_settings
 from handformer.check.core.source import file_objects, function_nodes, reachable, source_text
-from handformer.check.core.unmapped import settle
+from handformer.check.core.unmapped import free_failed, settle
 from handformer.time_limit import time_limit
 
 if TYPE_CHECKING:
@@ -199,7 +199,7 @@ def at_neutral(comp: Component, ctx: Context, result: ComponentResult,
     (`run` the kind's runner, in what is left of STEP_SHARE after the `spent` seconds of the first run);
     PASS there with the note, a catalogued mistake there FAILs, else NOT CHECKED naming them. Any other
     result as it is."""
-    unnamed = (result.status, bool(result.named())) == (FAIL, False)
+    unnamed = (result.status, bool(result.named())) == (FAIL, False) and not free_failed(result)
     said = repr((result.notes, result.checks, result.convention)).lower()  # what check read, and says so
     read = settings_read(comp.obj) if unnamed else []
     words = {*map(_stem, re.findall("[a-z]+", said)), *_configured(comp, ctx, read), *_own_windows(comp.obj)}

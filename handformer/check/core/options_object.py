@@ -8,8 +8,10 @@ and are named (`unmapped`).
 
 from __future__ import annotations
 
+import ast
 import inspect
 import sys
+import textwrap
 import types
 from typing import Any
 
@@ -97,10 +99,35 @@ def signature_settings(fn: Any) -> tuple[dict[str, Any], list[str], list[str]]:
     """The loop's own arguments with a default (generate(..., repetition_penalty=1.2)): the neutral
     values to hand by name (lower-cased), what it left and set neutral. Of its own arguments only a
     float is a setting left (a sampler's tau, eta): an int is a size the kind's runners read by their
-    own names (attention sinks' n_sink, a window), a count."""
+    own names (attention sinks' n_sink, a window), a count. A default that is neutral by its use
+    (`neutral_by_use`) is not left: it is said with those set neutral."""
     defaults = _defaults(fn)
     _, left, neutral = settings(dict(filter(_float_setting, defaults.items())), {})
+    kept = neutral_by_use(fn, defaults)
+    neutral += [f"{n}={defaults[n]!r}" for n in kept]
+    left = [said for said in left if said.split("=")[0] not in kept]
     return {n.lower(): NEUTRAL[n.lower()] for n in defaults if n.lower() in NEUTRAL}, left, neutral
+
+
+# an operation -> the value of an operand that leaves the other as it is
+IDENTITY = {ast.Mult: 1, ast.Div: 1, ast.Add: 0, ast.Sub: 0}
+
+
+def neutral_by_use(fn: Any, defaults: dict[str, Any]) -> list[str]:
+    """The float arguments of no role check knows whose default is the identity of every operation fn's
+    code applies them in (a repetition penalty of 1.0 that only divides or multiplies, however the
+    argument is spelled): at that value it leaves the computation as it is. A use of any other kind
+    (handed to a call, compared) leaves it out."""
+    empty = ast.Module(body=[], type_ignores=[])
+    tree = quietly(lambda: ast.parse(textwrap.dedent(inspect.getsource(fn))), Exception, empty)
+    nodes = list(ast.walk(tree))
+    operands = {id(getattr(node, side, None)): IDENTITY.get(type(node.op), "other") for node in nodes
+                if isinstance(node, (ast.BinOp, ast.AugAssign)) for side in ("left", "right", "value")}
+    uses: dict[str, set[Any]] = {}
+    for node in filter(lambda n: isinstance(n, ast.Name) and n.id in defaults, nodes):
+        uses.setdefault(node.id, set()).add(operands.get(id(node), "other"))
+    return [n for n, ids in uses.items() if type(defaults[n]) is float and ids == {defaults[n]}
+            and n.lower() not in KNOWN | NEUTRAL.keys()]  # (a float first: a default may be unhashable)
 
 
 def _float_setting(item: tuple[str, Any]) -> bool:

@@ -20,6 +20,7 @@ from handformer.check.core.result import (
     FAIL,
     NOT_CHECKED,
     PASS,
+    Check,
     ComponentResult,
     Finding,
     LearnerError,
@@ -40,7 +41,8 @@ def held_words(held: list[Leaf], reference: Text) -> list[Text]:
     return [{**said, HELD: ("inert", "live")[any(map(_live, held))]}] * bool(held)
 
 
-FREE = ("causality", "eval mode is deterministic", "padding invariance")  # checks that read no reference
+# checks that read no reference (a Unigram tokenizer's encode against its own pieces' scores: unigram.py)
+FREE = ("causality", "eval mode is deterministic", "padding invariance", "by its own scores", "round trip")
 HELD = "held"  # a key of what is held as built: "inert" at ones and zeros, "live" at other values, "term"
 # a linear layer no role took
 
@@ -103,6 +105,12 @@ def _read_at(module: nn.Module, leaf: Leaf) -> tuple[str, str]:
     return next(iter(said), ("", ""))
 
 
+def free_failed(result: ComponentResult) -> list[Check]:
+    """The failed checks of the result that read no reference (FREE): no setting the reference lacks
+    explains them."""
+    return list(filter(lambda c: not c.ok and c.name["en"].startswith(FREE), result.checks))
+
+
 def settle(result: ComponentResult, unmapped: list[Text]) -> None:
     """A FAIL with nothing named, of a component that holds what the reference has no place for: NOT
     CHECKED, the line where it parts from the reference said in the reason; a PASS: said what was not
@@ -111,7 +119,7 @@ def settle(result: ComponentResult, unmapped: list[Text]) -> None:
     failed (causality, determinism) FAILs whatever the reference lacks."""
     if not unmapped:
         return
-    free = list(filter(lambda c: not c.ok and c.name["en"].startswith(FREE), result.checks))
+    free = free_failed(result)
     weights = {u.get(HELD) for u in unmapped}  # None: settings, state, what else feeds it
     en, zh = ("; ".join(map(operator.itemgetter(lang), unmapped)) for lang in ("en", "zh"))
     if result.status == PASS:

@@ -59,12 +59,14 @@ from handformer.check.runners.beam_models import (  # noqa: F401
     BOS,
     EOS,
     PAD,
+    SETTING_NAMES,
     HandformerModel,
     Steered,
     Table,
     call_search,
     hypotheses,
     hypothesis_tokens,
+    settings_note,
 )
 from handformer.check.runners.model import source_ids, source_mask
 
@@ -235,7 +237,7 @@ class Call:
 def _call(comp: Component, ctx: Context) -> Call:
     params = forward_parameters(comp.obj)
     names, required = names_of(params)
-    arg = named_each(names, NAMES)
+    arg = named_each(names, {**NAMES, **SETTING_NAMES})
     found = arg["model"] and arg["src"] and arg["beam"]
     cannot_fill(comp.name, required, arg.values(), found, "model / src / beam_size", (
         "beam search takes (model, src, src_mask, max_len, start_symbol, end_symbol, beam_size, alpha), the "
@@ -271,7 +273,7 @@ def check_beam_search(comp: Component, ctx: Context) -> ComponentResult:
                   else (_call(comp, ctx), _maker(res, ctx)))
     src = torch.tensor([[5, 7, 9, 11, 3, 6]])  # (1, S)
     steps = MAX_LEN - 1
-    res.notes += [GROUPS_NOTE] * bool(call.arg.get("groups"))
+    res.notes += [GROUPS_NOTE] * bool(call.arg.get("groups")) + settings_note(call.arg)
     alphas = [1.0] if call.arg["alpha"] else [0.0, 0.6, 0.7, 1.0]
     outcomes = {}
     for name, table in SCENARIOS.items():

@@ -38,14 +38,22 @@ from handformer.check.core.argument_names import (
 from handformer.check.core.context import Context, forward_names, forward_parameters
 from handformer.check.core.discovery import Component, DiscoveryError, cannot_fill
 from handformer.check.core.result import DIFFERS, PASS, ComponentResult, text
-from handformer.check.runners.beam_models import BOS, Steered, Table, call_search, hypothesis_tokens
+from handformer.check.runners.beam_models import (
+    BOS,
+    SETTING_NAMES,
+    Steered,
+    Table,
+    call_search,
+    hypothesis_tokens,
+)
 
 VOCAB = 13  # the vocabulary the model is built with; its last id is the scenarios' sink
 PROMPT = (9, 10, 11)  # (1, 3): longer than one token, so the prefill's last position matters
 INSIDE_PROMPT = {8: 0.9}  # what positions inside the prompt predict: not the scenario's first step
 ARGS = {"model": MODEL_NAMES, "prompt": PROMPT_NAMES, "beam": BEAM_NAMES["beam"],
         "max_len": COUNT_NAMES + BEAM_NAMES["max_len"], "end": BEAM_NAMES["end"],
-        "alpha": BEAM_NAMES["alpha"], "groups": BEAM_NAMES["groups"], "diversity": BEAM_NAMES["diversity"]}
+        "alpha": BEAM_NAMES["alpha"], "groups": BEAM_NAMES["groups"], "diversity": BEAM_NAMES["diversity"],
+        **SETTING_NAMES}
 
 
 def decoder_only(comp: Component, ctx: Context) -> bool:

@@ -18,9 +18,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.argument_names import by_name
+from handformer.check.core.argument_names import BEAM_SETTINGS, by_name
 from handformer.check.core.context import Context
 from handformer.check.core.discovery import Component
+from handformer.check.core.result import Text, text
 from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
 
@@ -179,12 +180,30 @@ def started(prefixes: list[tuple[int, ...]]) -> Tensor:
     return torch.tensor([[BOS, *p] for p in prefixes])
 
 
+SETTING_NAMES = {role: names for role, (names, _) in BEAM_SETTINGS.items()}
+SETTING_VALUES = {role: value for role, (_, value) in BEAM_SETTINGS.items()}
+assert SETTING_VALUES["pad"] == PAD
+SETTING_WHY = {"pad": ("the pad id", "pad 的 id"), "returns": ("one hypothesis back", "只返回一条假设"),
+               "early": ("it searches on while a live hypothesis may still beat the worst finished one, as "
+                         "handformer's search does", "还有活着的假设可能胜过最差的已完成假设时继续搜索，"
+                         "和 handformer 的搜索一样"),
+               "sample": ("no sampling", "不采样")}
+
+
 def call_search(ctx: Context, comp: Component, model: Steered, arg: dict[str, str | None],
                 values: dict[str, Any]) -> Any:
     """What the learner's search returns, as it is, called with `values` under the names it takes
-    (`arg`: each role's name), its model steered."""
+    (`arg`: each role's name), its model steered; its settings (SETTING_NAMES) at SETTING_VALUES."""
     with model.steering():
-        return ctx.learner.call("forward", comp.obj, **by_name(arg, values))
+        return ctx.learner.call("forward", comp.obj, **by_name(arg, {**SETTING_VALUES, **values}))
+
+
+def settings_note(arg: dict[str, str | None]) -> list[Text]:
+    """The report's note on the settings a search takes that were filled at handformer's values."""
+    said = [(arg[role], SETTING_VALUES[role], SETTING_WHY[role]) for role in SETTING_NAMES if arg.get(role)]
+    return [text("it was handed " + "; ".join(f"{name}={value!r} ({why[0]})" for name, value, why in said),
+                 "传入的设置：" + "；".join(f"{name}={value!r}（{why[1]}）" for name, value, why in said))
+            ] * bool(said)
 
 
 def hypotheses(out: Any) -> Any:
@@ -226,5 +245,5 @@ def hypothesis_tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
                            "列表或 (1, L) 张量（或 (tokens, score) 元组）")
 
 
-__all__ = ["BOS", "EOS", "PAD", "HandformerModel", "Steered", "Table", "call_search", "hypotheses",
-           "hypothesis_tokens", "started"]
+__all__ = ["BOS", "EOS", "PAD", "SETTING_NAMES", "HandformerModel", "Steered", "Table", "call_search",
+           "hypotheses", "hypothesis_tokens", "settings_note", "started"]

@@ -26,7 +26,7 @@ from handformer.check.core.result import Check, ComponentResult, LearnerError, t
 from handformer.check.core.source import global_reads, reachable, source_lines, source_text
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import CORPUS, SPECIAL, VOCAB_SIZE
-from handformer.check.runners import bpe, bpe_codec, bpe_pieces, bpe_words
+from handformer.check.runners import bpe, bpe_codec, bpe_pieces, bpe_words, unigram
 
 SPECIALS = [SPECIAL, bpe_codec.OVERLAP]  # in this order: the shorter first, so longest-first must be chosen
 
@@ -57,6 +57,10 @@ def check_trainable(comp: Component, ctx: Context) -> ComponentResult:
     vocab, merges = _learnt(tok)
     if not merges:  # train(texts) handed one string learns nothing: a character-level BPE handed a list
         tok, merges = _as_list(comp, ctx, kwargs) or (tok, merges)
+    if not merges and unigram.unigram_pieces(tok):  # a Unigram model: pieces and scores, no merges
+        tok = _trained_on(comp, ctx, kwargs, bpe_words.LINES)[0]  # lines of words: pieces of several letters
+        unigram.check_unigram(res, ctx, comp, tok, unigram.unigram_pieces(tok) or {})
+        return finish(res)
     _merges_held(tok, merges)
     lines = source_lines(ctx.objects(comp))
     if bpe_pieces.character_merges(merges):  # SentencePiece's BPE on characters: no byte-level reference

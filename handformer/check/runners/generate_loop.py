@@ -44,6 +44,7 @@ from handformer.check.core.argument_names import (
     PROMPT_NAMES,
     TOKENIZER_NAMES,
 )
+from handformer.check.core.banned_ids import ban, banning
 from handformer.check.core.carried import ROLE_NAMES, carried_note, carry, model_argument
 from handformer.check.core.context import (
     Context,
@@ -285,7 +286,7 @@ class LanguageModel(nn.Module):
         with torch.no_grad():
             out = self.model(full_ids, attention_mask=pads, position_ids=full_pos)
             logits = out.logits[:, -T:]  # (B, T, V)
-        logits = (logits - logits.amax(-1, keepdim=True)) * (1.0 if SOFT[0] else PEAK)
+        logits = ban((logits - logits.amax(-1, keepdim=True)) * (1.0 if SOFT[0] else PEAK))
         new_cache = CacheToken(full_ids, full_pos) if _cache_asked(cache, args, kwargs) else None
         if self.style in FILLED_IN_PLACE:  # no cache comes back: the one handed (if any) fills
             getattr(cache, "hold", lambda *held: None)(full_ids, full_pos)
@@ -381,11 +382,11 @@ def prompts(B: int) -> Tensor:
     return torch.tensor([[3, 17, 9], [11, 2, 20]])[:B]  # (B, 3)
 
 
-def greedy(model: CausalLM, ids: Tensor, n: int) -> Tensor:
-    """n greedy tokens, each from the last BLOCK tokens (nanoGPT's cropping), recomputed in full."""
+def greedy(model: CausalLM, ids: Tensor, n: int, crop: int = BLOCK) -> Tensor:
+    """n greedy tokens, each from the last `crop` tokens (nanoGPT's cropping), recomputed in full."""
     for _ in range(n):
         with torch.no_grad():
-            logits = model(ids[:, -BLOCK:]).logits[:, -1]  # (B, V)
+            logits = ban(model(ids[:, -crop:]).logits[:, -1])  # (B, V)
         ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], 1)
     return ids
 
@@ -708,7 +709,8 @@ class StandIn:
     def __init__(self) -> None:
         self.model = known_model()
         short = hf_generate(self.model, prompts(2).tolist(), SHORT, temperature=0.0, threads=None)
-        assert short == self.reference(2, SHORT).tolist()  # the wrapper's greedy is handformer's
+        with banning([]):  # (handformer's bans no id)
+            assert short == self.reference(2, SHORT).tolist()  # the wrapper's greedy is handformer's
 
     def new_model(self, style: str, budget: int) -> LanguageModel:
         return LanguageModel(known_model(), BLOCK, style, budget)
@@ -717,8 +719,8 @@ class StandIn:
         """The logits (B, t, V) the loop's model gives for ids (B, t), as scaled as in the loop."""
         return LanguageModel(self.model, BLOCK, "tensor", budget=1)(ids)
 
-    def reference(self, B: int, n: int) -> Tensor:
-        return greedy(self.model, prompts(B), n)[:, prompts(B).size(1):]
+    def reference(self, B: int, n: int, crop: int = BLOCK) -> Tensor:
+        return greedy(self.model, prompts(B), n, crop)[:, prompts(B).size(1):]
 
     def alternative(self, B: int, n: int) -> Tensor | None:
         return None
@@ -984,7 +986,7 @@ def _long(res: ComponentResult, ctx: Context, comp: Component, driver: Any, B: i
                               f"超过块长 {BLOCK} 个 token 时它用自己的 assert 或 raise 拒绝"
                               f"（{long.failure.error.message}）：这是明说的限制，不是错误"))
         return Run(long.label, long.model, long.prompt, long.n), expected
-    expected = _past_block(res, long, expected, cropped)
+    expected = _past_block(res, long, expected, cropped, _shorter(driver, B))
     _judge(res, ctx, comp, long, expected)
     return long, expected
 
@@ -999,12 +1001,26 @@ FULL_NOTE = text(f"it stops once the context holds the block's {BLOCK} tokens in
                  "（和 Hugging Face 的 generate 在 max_length 处停下一样）：这是一种约定")
 
 
-def _past_block(res: ComponentResult, long: Run, expected: Tensor, cropped: Tensor | None) -> Tensor:
+SHORTER_NOTE = text("it crops the context to one token fewer than its model takes (GPT2-Chinese's "
+                    "`generated[0][-(n_ctx - 1):]`): a choice, compared so",
+                    "它把上下文裁剪到比模型能接受的少一个 token（GPT2-Chinese 的 "
+                    "`generated[0][-(n_ctx - 1):]`）：这是一种选择，按它比较")
+
+
+def _shorter(driver: Any, B: int) -> Tensor | None:
+    """The tokens of a loop that crops the context one token short of its model's limit (the stand-in's
+    BLOCK; none where that crop cuts nothing: a model with no limit)."""
+    limit = getattr(driver, "limit", BLOCK)
+    return driver.reference(B, LONG, limit - 1) if limit - 1 < prompts(B).size(1) + LONG else None
+
+
+def _past_block(res: ComponentResult, long: Run, expected: Tensor, cropped: Tensor | None,
+                shorter: Tensor | None = None) -> Tensor:
     """The tokens a run past the block size is judged against: handformer's greedy ones, or the
-    convention it matches (noted): the context cropped where the model needs no crop, or the loop
-    stopped once the context is full (the new tokens that fill it, no more)."""
+    convention it matches (noted): the context cropped where the model needs no crop, cropped one
+    token short, or the loop stopped once the context is full (the new tokens that fill it, no more)."""
     full = expected[:, :max(BLOCK - long.prompt.size(-1), 0)]  # (B, BLOCK - T)
-    for tokens, note in ((cropped, CROPPED_NOTE), (full, FULL_NOTE)):
+    for tokens, note in ((cropped, CROPPED_NOTE), (shorter, SHORTER_NOTE), (full, FULL_NOTE)):
         if tokens is not None and long.out is not None and torch.equal(long.out, tokens) and not torch.equal(
                 tokens, expected):
             res.notes.append(note)

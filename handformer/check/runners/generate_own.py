@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import MODEL_NAMES, readable_parameters
+from handformer.check.core.banned_ids import ban, banned_ids, banned_note, banning
 from handformer.check.core.carried import chains_read, methods_called, model_argument
 from handformer.check.core.context import (
     Context,
@@ -176,7 +177,7 @@ POSITION_READERS: dict[type, Any] = {int: int, Tensor: lambda v: int(v.reshape(-
 
 
 def _certain(logits: Tensor) -> Tensor:
-    return (logits - logits.amax(-1, keepdim=True)) * (1.0 if SOFT[0] else PEAK)
+    return ban((logits - logits.amax(-1, keepdim=True)) * (1.0 if SOFT[0] else PEAK))
 
 
 def steered(out: Any, kept: list[Tensor] | None = None) -> Any:
@@ -241,7 +242,7 @@ class OwnDriver:
         ids = prompts(B)
         for _ in range(n):
             logits, _ = self.call(ids[:, -crop:])
-            ids = torch.cat([ids, logits[:, -1].argmax(-1, keepdim=True)], 1)  # (B, T + 1)
+            ids = torch.cat([ids, ban(logits[:, -1]).argmax(-1, keepdim=True)], 1)  # (B, T + 1)
         return ids[:, prompts(B).size(1):]
 
     def driven(self) -> Text:
@@ -427,7 +428,9 @@ def check_generate(comp: Component, ctx: Context) -> ComponentResult:
     """The learner's loop driven through their own model when it was built and did not fail
     (generate_own.py), else through the stand-in."""
     res = ctx.result(comp)
-    with own_driver(ctx, comp) as own:
+    banned = banned_ids(comp.obj)
+    res.notes += banned_note(banned)
+    with banning(banned), own_driver(ctx, comp) as own:
         found = own and not own.holder and contrastive.read_contrastive(ctx, comp, own.module)
         if found:  # contrastive search: neither greedy nor sampling (contrastive.py)
             contrastive.check_contrastive(res, ctx, comp, own.module, found, own.name)
