@@ -21,8 +21,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 FIXTURES = Path(__file__).parent / "fixtures" / "learners_learned_terms"
 FILES = {"gated_block.py": ["block", "gpt"], "gated_block_no_activation.py": ["ffn", "block"],
          "routed_block.py": ["block", "gpt"], "routed_block_scale_by_dk.py": ["causal_attention"]}
+# (the parts NOT CHECKED by their learned term, the term as said); a routed model's blocks are not all
+# alike (every other one routed): NOT CHECKED at the model for that first (test_model_of_routed_blocks)
 TERMS = {"gated_block.py": ("GatedBlock", "GatedLM", "wg (4, 16), read at line 34"),
-         "routed_block.py": ("RoutedBlock", "RoutedGPT", "router (1, 16), read at line 63")}
+         "routed_block.py": ("RoutedBlock", "router (1, 16), read at line 63")}
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +40,12 @@ def test_an_unmapped_learned_term_makes_a_departure_not_checked(results, name):
         assert c.status == "not_checked", format_report(results[name])
         assert "computes a learned term with" in c.error.message and said in c.error.message
         assert "可学习的项" in c.error.message_zh and not c.findings
+
+
+def test_a_model_of_routed_and_plain_blocks_is_not_compared_whole(results):
+    c = component(results["routed_block.py"], "RoutedGPT")
+    assert c.status == "not_checked" and "its blocks are not all alike" in c.error.message, c.error
+    assert "h.1.inner" in c.error.message and not c.findings
 
 
 def test_a_catalogued_mistake_beside_a_learned_term_still_fails(results):

@@ -79,7 +79,8 @@ def _ids(taken: Iterable[Slot]) -> set[int]:
 
 
 def _untaken(module: nn.Module, kind: str, ids: set[int]) -> list[Leaf]:
-    return [leaf for leaf in of_kind(leaves(module), kind) if id(leaf.weight) not in ids]
+    """Its leaves of `kind` none of whose tensors (each head's, for heads kept one by one) `ids` holds."""
+    return [leaf for leaf in of_kind(leaves(module), kind) if not ids & set(map(id, leaf.tensors()))]
 
 
 def term_words(module: nn.Module, linears: list[Leaf], reference: Text) -> list[Text]:
@@ -97,7 +98,7 @@ def term_words(module: nn.Module, linears: list[Leaf], reference: Text) -> list[
 def _read_at(module: nn.Module, leaf: Leaf) -> tuple[str, str]:
     """Where its owner's forward first reads the layer, said in English and Chinese ("" where it is
     not found)."""
-    owner_path, _, attr = leaf.name.rpartition(".")
+    owner_path, _, attr = leaf.name.replace("[*]", ".0").rpartition(".")  # heads kept one by one: the first
     lines = source_lines([getattr(type(module.get_submodule(owner_path)), "forward", None)])
     reads = re.compile(rf"\.{re.escape(attr)}\b")
     found = [(n, code.split("#")[0].strip()) for n, code in lines if reads.search(code)]

@@ -494,7 +494,7 @@ def _sdpa_departure(res: ComponentResult, ctx: Context, comp: Component, s: Subj
     last hidden, 4 dims: every size apart; one head where the function takes one at a time; 5 queries
     where it is causal inside) first parts from the reference, in the layout the function takes."""
     inside = s.facts["inside"]  # causal inside, handed no mask: 5 queries, its own causal mask
-    keep, handed = DEPARTURE_MASKS[inside]
+    keep, handed = departure_masks(inside)
     if res.max_abs_error < 1e-5 or not (inside or s.module.takes_mask and fp.encodable(keep, conv)):
         return
     heads = 1 if s.facts["layout"].single else 2
@@ -505,11 +505,14 @@ def _sdpa_departure(res: ComponentResult, ctx: Context, comp: Component, s: Subj
         lambda *qkv: s.facts["layout"].raw(ctx, s.module, *qkv, handed, conv), comp.obj, q, k, v, keep))
 
 
-# (the mask the reference applies, the one handed) by whether the attention is causal inside: 3 queries
-# and 5 keys, the last hidden; 5 queries and 5 keys, causal, none handed
-LAST_HIDDEN = torch.arange(5).lt(4).expand(1, 1, 3, 5)  # (1, 1, T, S)
-DEPARTURE_MASKS = {False: (LAST_HIDDEN, LAST_HIDDEN),
-                   True: (torch.ones(5, 5, dtype=torch.bool).tril()[None, None], None)}
+def departure_masks(inside: bool) -> tuple[Tensor, Tensor | None]:
+    """(the mask the reference applies, the one handed) by whether the attention is causal inside: 3
+    queries and 5 keys, the last hidden; 5 queries and 5 keys, causal, none handed. Built when asked,
+    not at import: the fork server computes nothing before it forks (zygote.py)."""
+    if inside:
+        return torch.ones(5, 5, dtype=torch.bool).tril()[None, None], None  # (1, 1, T, S)
+    last_hidden = torch.arange(5).lt(4).expand(1, 1, 3, 5)  # (1, 1, T, S)
+    return last_hidden, last_hidden
 
 
 def _sdpa_cases() -> list[tuple[str, int, int, int, Tensor | None]]:

@@ -283,12 +283,11 @@ def _all_blocks(module: nn.Module, layers: list[tuple[str, nn.Module]]) -> None:
     shown = "; ".join(map(lambda path: shapes_text(prefixed(leaves(module.get_submodule(path)), path)), rest))
     if rest:
         raise MappingError(
-            f"its blocks are not all alike: check reads no attention in {', '.join(rest)} ({shown}; a "
-            "layer with queries alone takes another layer's keys and values); handformer's CausalLM has "
-            "every block alike, so the model is not compared; its layers are checked on their own",
-            zh=f"它的各 Block 不全相同：检查程序在 {'、'.join(rest)} 里读不出注意力（{shown}；只有 query "
-               "的层用的是别的层的键和值）；handformer 的 CausalLM 每个 Block 都一样，所以不比较整个模型；"
-               "它的各层单独检查")
+            f"its blocks are not all alike: check reads no attention in {', '.join(rest)} ({shown}); "
+            "handformer's CausalLM has every block alike, so the model is not compared; its layers are "
+            "checked on their own",
+            zh=f"它的各 Block 不全相同：检查程序在 {'、'.join(rest)} 里读不出注意力（{shown}）；"
+               "handformer 的 CausalLM 每个 Block 都一样，所以不比较整个模型；它的各层单独检查")
 
 
 def _rotary_(m: GPTMap, module: nn.Module) -> None:

@@ -25,7 +25,16 @@ from torch import Tensor, nn
 from handformer.check.core.argument_names import LR_NAMES, MODEL_NAMES, named, names_of, readable_parameters
 from handformer.check.core.context import Context, finish
 from handformer.check.core.discovery import Component, DiscoveryError
-from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.core.neutral_settings import BY_WORD
+from handformer.check.core.result import (
+    NOT_CHECKED,
+    Check,
+    ComponentResult,
+    Finding,
+    LearnerError,
+    Text,
+    text,
+)
 from handformer.check.core.source import locate, source_lines
 from handformer.check.runners import lion
 
@@ -169,12 +178,44 @@ def check_optimizer(comp: Component, ctx: Context) -> ComponentResult:
         res.max_abs_error < TOL,
         text(f"largest difference {res.max_abs_error:.3g}", f"最大误差 {res.max_abs_error:.3g}")))
     res.findings += [adamw_finding(ctx, comp, flag, res.max_abs_error) for flag in sorted(flags)]
+    if found is None and beyond_adamw(comp.obj):
+        return _other_algorithm(res, beyond_adamw(comp.obj))
     if found is None:
         res.notes.append(text("no known mistake (or pair of them) reproduces your update",
                               "没有任何已知错误（或两个错误的组合）能复现你的更新"))
     else:
         res.convention = CONVENTIONS[convention]
     return finish(res)
+
+
+# what torch.optim.AdamW's constructor takes besides its settings, and what every Optimizer defines
+TORCH_FLAGS = ("params", "amsgrad", "maximize", "foreach", "capturable", "differentiable", "fused")
+
+
+def beyond_adamw(cls: Any) -> list[str]:
+    """The settings its constructor takes and the methods it defines that AdamW has not (Schedule-Free's
+    warmup_steps and train() / eval(), a third beta, a rank): the marks of another algorithm. A setting
+    whose name has a neutral value (an update interval of 1) is not one: it is graded there
+    (neutral_settings.py)."""
+    known = {a for aliases in ALIASES.values() for a in aliases} | {"betas", *TORCH_FLAGS}
+    names = names_of(readable_parameters(cls))[0][1:]
+    settings = [n for n in names if n.lower() not in known and not set(n.lower().split("_")) & BY_WORD.keys()]
+    return settings + [f"{m}()" for m in ("train", "eval") if m in vars(cls)]
+
+
+def _other_algorithm(res: ComponentResult, marks: list[str]) -> ComponentResult:
+    """NOT CHECKED: an update no AdamW reading gives, from a class with settings or methods AdamW has not."""
+    shown = ", ".join(marks)
+    res.checks, res.findings, res.max_abs_error, res.status = [], [], None, NOT_CHECKED
+    res.error = LearnerError(
+        "mapping", f"{res.name} is not AdamW: it takes or defines what AdamW has not ({shown}), and its "
+        "update is none of AdamW's under any convention or known mistake; check has no reference for this "
+        "optimizer (an adapter that builds it as plain AdamW, or a reference of your own, lets check grade "
+        "it)", "",
+        message_zh=f"{res.name} 不是 AdamW：它有 AdamW 没有的设置或方法（{shown}），它的更新在任何约定、"
+        "任何已知错误下都不等于 AdamW 的；检查程序没有这个优化器的参考实现（写一个适配函数把它构造成普通的 "
+        "AdamW，或者给出你自己的参考实现，检查程序就能判断）")
+    return res
 
 
 def _error(got: Tensor, right: Tensor) -> float:
