@@ -101,7 +101,8 @@ def settings_arguments(cls: Any) -> dict[str, Any]:
     names = names_of(readable_parameters(cls))[0]
     lowered = {n.lower(): n for n in names[1:]}
     betas = lowered.get("betas")
-    out: dict[Any, Any] = {betas: (SETTINGS["beta1"], SETTINGS["beta2"])}
+    extra = tuple(_default(cls, betas) or ())[2:]  # a third beta of its own (AdEMAMix's): kept as written
+    out: dict[Any, Any] = {betas: (SETTINGS["beta1"], SETTINGS["beta2"], *extra)}
     for key, aliases in ALIASES.items():
         name = next((lowered[a] for a in aliases if a in lowered), None)
         if name is None and key not in OPTIONAL[betas is not None]:
@@ -113,6 +114,12 @@ def settings_arguments(cls: Any) -> dict[str, Any]:
 
 # the settings a constructor may leave out, by whether it takes betas (beta1 and beta2 given as a pair)
 OPTIONAL = {False: ("weight_decay",), True: ("weight_decay", "beta1", "beta2")}
+
+
+def _default(cls: Any, name: str | None) -> Any:
+    """The default its constructor gives the argument `name` (None: none, or no such argument)."""
+    p = inspect.signature(cls).parameters.get(name or "")
+    return None if p is None or p.default is p.empty else p.default
 
 
 def settings_taken(cls: Any) -> dict[str, float]:
