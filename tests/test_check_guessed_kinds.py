@@ -57,11 +57,11 @@ def test_its_decode_token_by_token_fails_at_its_line(plants):
     assert ("bpe_decode_per_token", PER_TOKEN.strip()) in named(result, "ByteEncoder")
 
 
-def test_a_unigram_tokenizer_is_not_checked_as_bpe():
+def test_a_unigram_tokenizer_is_graded_by_its_own_scores_not_as_bpe():
     result = checked("learners_unigram_sp")
     comp = component(result, "SentencePieceUnigram")
-    assert comp.status == "not_checked", format_report(result)
-    assert "holds no merges" in comp.error.message
+    assert comp.status == "pass", format_report(result)
+    assert any(c.name["en"].startswith("by its own scores") for c in comp.checks), format_report(result)
 
 
 def test_a_config_whose_hidden_is_the_width_passes():

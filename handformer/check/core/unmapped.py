@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import nn
 
+from handformer.check.core.moe import moe_parts
 from handformer.check.core.result import (
     DEPARTS,
     FAIL,
@@ -79,8 +80,12 @@ def _ids(taken: Iterable[Slot]) -> set[int]:
 
 
 def _untaken(module: nn.Module, kind: str, ids: set[int]) -> list[Leaf]:
-    """Its leaves of `kind` none of whose tensors (each head's, for heads kept one by one) `ids` holds."""
-    return [leaf for leaf in of_kind(leaves(module), kind) if not ids & set(map(id, leaf.tensors()))]
+    """Its leaves of `kind` none of whose tensors `ids` holds; heads kept one by one ("heads[*]") are
+    the attention's projections, read by the heads' mapping wherever it is taken, and a mixture of
+    experts' router, shared gate and experts are its reading's (moe.py)."""
+    experts = {id(m) for sub in module.modules() if moe_parts(sub) is not None for m in sub.modules()}
+    return [leaf for leaf in of_kind(leaves(module), kind) if id(leaf.module) not in experts
+            and "[*]" not in leaf.name and not ids & set(map(id, leaf.tensors()))]
 
 
 def term_words(module: nn.Module, linears: list[Leaf], reference: Text) -> list[Text]:
