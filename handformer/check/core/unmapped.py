@@ -80,12 +80,12 @@ def _ids(taken: Iterable[Slot]) -> set[int]:
 
 
 def _untaken(module: nn.Module, kind: str, ids: set[int]) -> list[Leaf]:
-    """Its leaves of `kind` none of whose tensors `ids` holds; heads kept one by one ("heads[*]") are
-    the attention's projections, read by the heads' mapping wherever it is taken, and a mixture of
+    """Its leaves of `kind` none of whose tensors `ids` holds; heads kept one by one (a leaf of parts)
+    are the attention's projections, read by the heads' mapping wherever it is taken, and a mixture of
     experts' router, shared gate and experts are its reading's (moe.py)."""
     experts = {id(m) for sub in module.modules() if moe_parts(sub) is not None for m in sub.modules()}
     return [leaf for leaf in of_kind(leaves(module), kind) if id(leaf.module) not in experts
-            and "[*]" not in leaf.name and not ids & set(map(id, leaf.tensors()))]
+            and leaf.parts is None and not ids & set(map(id, leaf.tensors()))]
 
 
 def term_words(module: nn.Module, linears: list[Leaf], reference: Text) -> list[Text]:
@@ -103,7 +103,7 @@ def term_words(module: nn.Module, linears: list[Leaf], reference: Text) -> list[
 def _read_at(module: nn.Module, leaf: Leaf) -> tuple[str, str]:
     """Where its owner's forward first reads the layer, said in English and Chinese ("" where it is
     not found)."""
-    owner_path, _, attr = leaf.name.replace("[*]", ".0").rpartition(".")  # heads kept one by one: the first
+    owner_path, _, attr = leaf.name.rpartition(".")
     lines = source_lines([getattr(type(module.get_submodule(owner_path)), "forward", None)])
     reads = re.compile(rf"\.{re.escape(attr)}\b")
     found = [(n, code.split("#")[0].strip()) for n, code in lines if reads.search(code)]

@@ -101,7 +101,8 @@ def settings_arguments(cls: Any) -> dict[str, Any]:
     names = names_of(readable_parameters(cls))[0]
     lowered = {n.lower(): n for n in names[1:]}
     betas = lowered.get("betas")
-    extra = tuple(_default(cls, betas) or ())[2:]  # a third beta of its own (AdEMAMix's): kept as written
+    default = next((q.default for q in readable_parameters(cls) if q.name == betas), None)
+    extra = tuple(default)[2:] if isinstance(default, tuple | list) else ()  # a third beta (AdEMAMix's): kept
     out: dict[Any, Any] = {betas: (SETTINGS["beta1"], SETTINGS["beta2"], *extra)}
     for key, aliases in ALIASES.items():
         name = next((lowered[a] for a in aliases if a in lowered), None)
@@ -114,12 +115,6 @@ def settings_arguments(cls: Any) -> dict[str, Any]:
 
 # the settings a constructor may leave out, by whether it takes betas (beta1 and beta2 given as a pair)
 OPTIONAL = {False: ("weight_decay",), True: ("weight_decay", "beta1", "beta2")}
-
-
-def _default(cls: Any, name: str | None) -> Any:
-    """The default its constructor gives the argument `name` (None: none, or no such argument)."""
-    p = inspect.signature(cls).parameters.get(name or "")
-    return None if p is None or p.default is p.empty else p.default
 
 
 def settings_taken(cls: Any) -> dict[str, float]:
@@ -185,8 +180,8 @@ def check_optimizer(comp: Component, ctx: Context) -> ComponentResult:
         res.max_abs_error < TOL,
         text(f"largest difference {res.max_abs_error:.3g}", f"最大误差 {res.max_abs_error:.3g}")))
     res.findings += [adamw_finding(ctx, comp, flag, res.max_abs_error) for flag in sorted(flags)]
-    if found is None and beyond_adamw(comp.obj):
-        return _other_algorithm(res, beyond_adamw(comp.obj))
+    if found is None and (marks := beyond_adamw(comp.obj)):
+        return _other_algorithm(res, marks)
     if found is None:
         res.notes.append(text("no known mistake (or pair of them) reproduces your update",
                               "没有任何已知错误（或两个错误的组合）能复现你的更新"))
@@ -195,7 +190,7 @@ def check_optimizer(comp: Component, ctx: Context) -> ComponentResult:
     return finish(res)
 
 
-# what torch.optim.AdamW's constructor takes besides its settings, and what every Optimizer defines
+# what torch.optim.AdamW's constructor takes besides its settings
 TORCH_FLAGS = ("params", "amsgrad", "maximize", "foreach", "capturable", "differentiable", "fused")
 
 
