@@ -214,3 +214,15 @@ def assert_failed_at(result, name: str, line: str) -> None:
     found = [f for c in result.components if c.status == "fail" for f in c.findings]
     named = name in {f.name for f in found} if name else any(line in (f.code or "") for f in found)
     assert found and named, format_report(result)
+
+
+def planted_copy(folder: Path, name: str, source: Path, *edits: tuple[str, str]) -> str:
+    """`source` with each (old, new) edit made at old's first occurrence (each old must occur), written
+    to folder/<name>.py: a planted mistake's file; its path."""
+    text = source.read_text(encoding="utf-8")
+    for old, new in edits:
+        assert old in text, (name, old)
+        text = text.replace(old, new, 1)
+    path = folder / f"{name}.py"
+    path.write_text(text, encoding="utf-8")
+    return str(path)

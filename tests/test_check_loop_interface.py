@@ -16,6 +16,7 @@ import types
 from pathlib import Path
 
 import pytest
+from helpers import planted_copy
 
 from handformer.check.core.carried import carry
 from handformer.check.core.engine import check_file
@@ -112,12 +113,7 @@ def results(tmp_path_factory):
     (folder / "step_no_model.py").write_text(STEP_LOOP, encoding="utf-8")
     out = {"step_no_model": check_file(str(folder / "step_no_model.py"))}
     for name, (fixture, edits, only) in CASES.items():
-        text = (FOLDER / f"{fixture}.py").read_text(encoding="utf-8")
-        for old, new in edits:
-            assert old in text, (name, old)
-            text = text.replace(old, new, 1)
-        (folder / f"{name}.py").write_text(text, encoding="utf-8")
-        out[name] = check_file(str(folder / f"{name}.py"), only=only)
+        out[name] = check_file(planted_copy(folder, name, FOLDER / f"{fixture}.py", *edits), only=only)
     return out
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import planted_copy
 
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import exit_code, format_report
@@ -38,11 +39,8 @@ SAID = {"higher": ("ppo_policy_loss", "eps low=0.2, high=0.3"), "grpo": ("ppo_po
 def results(tmp_path_factory):
     folder = tmp_path_factory.mktemp("rl_losses")
     out = {name: check_file(str(path)) for name, path in CORRECT.items()}
-    for name, (path, (old, new), _) in PLANTS.items():
-        text = path.read_text(encoding="utf-8")
-        assert old in text
-        (folder / f"{name}.py").write_text(text.replace(old, new, 1), encoding="utf-8")
-        out[name] = check_file(str(folder / f"{name}.py"))
+    for name, (path, edit, _) in PLANTS.items():
+        out[name] = check_file(planted_copy(folder, name, path, edit))
     return out
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import planted_copy
 
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import exit_code, format_report
@@ -49,11 +50,8 @@ CORRECT = {"shards": SHARDS, "two": TWO, "loop": LOOP, "amp": AMP}
 def results(tmp_path_factory):
     folder = tmp_path_factory.mktemp("step_lists")
     out = {name: check_file(str(path)) for name, path in CORRECT.items()}
-    for name, (path, (old, new), _, _) in PLANTS.items():
-        text = path.read_text(encoding="utf-8")
-        assert old in text
-        (folder / f"{name}.py").write_text(text.replace(old, new, 1), encoding="utf-8")
-        out[name] = check_file(str(folder / f"{name}.py"))
+    for name, (path, edit, _, _) in PLANTS.items():
+        out[name] = check_file(planted_copy(folder, name, path, edit))
     return out
 
 

@@ -15,6 +15,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from helpers import planted_copy
 
 from handformer.check.core.adapters import adapter_hint
 from handformer.check.core.discovery import Component
@@ -45,13 +46,8 @@ HANDED = {"dict": "it was handed grad_clip=1.0, use_amp=True", "space": "it was 
 def results(tmp_path_factory):
     folder = tmp_path_factory.mktemp("step_settings")
     out = {name: check_file(str(path)) for name, path in CORRECT.items()}
-    for name, (path, (old, new), _, _) in PLANTS.items():
-        text = path.read_text(encoding="utf-8")
-        assert old in text
-        text = text.replace(old, new, 1)
-        before, after = MOVED.get(name, ("", ""))
-        (folder / f"{name}.py").write_text(text.replace(before, after, 1), encoding="utf-8")
-        out[name] = check_file(str(folder / f"{name}.py"))
+    for name, (path, edit, _, _) in PLANTS.items():
+        out[name] = check_file(planted_copy(folder, name, path, edit, MOVED.get(name, ("", ""))))
     return out
 
 
