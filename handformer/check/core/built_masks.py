@@ -16,11 +16,12 @@ Shape legend: T length, N a buffer's length (N >= T).
 
 from __future__ import annotations
 
-import ast
-import functools
 import inspect
+import itertools
+import linecache
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -28,115 +29,97 @@ from torch import Tensor, nn
 
 from handformer.check.core.localize import Departure, Step, statement, trace_steps
 from handformer.check.core.result import text
-from handformer.check.core.source import parsed_file
 
 
 def built_mask(run: Callable[[], Any], module: nn.Module, T: int) -> Departure | None:
-    """The first mask a function of the module's file returns while `run()` runs it (or one of its
+    """The first mask a function of the module's file returns while `run()` runs it (else one of its
     buffers) that no causal reading fits, at the builder's line that made it; None where all fit."""
     filename = inspect.getsourcefile(type(module))
     steps = trace_steps(run, filename, every=True)  # each tensor each function of the file makes
-    made = next((i for i, s in enumerate(steps) if s.name.startswith("return") and _departs(s.value, T, T)),
-                None)
-    if made is not None:
-        origin = _origin(steps, made, T)
-        return _departure(filename, origin.line, origin.name, origin.value, T)
-    return _buffer(module, filename, T)
+    made = [_origin(steps, i, T) for i, s in enumerate(steps)
+            if s.name.startswith("return") and _departs(s.value, T)]
+    return next(map(lambda s: _departure(filename, s, T), made or _buffers(module, filename, T)), None)
 
 
-def with_use(found: Departure | None, used: Departure | None) -> Departure | None:
-    """The builder's departure quoting the line that used its mask after its own (two lines at most)."""
-    if found is None or used is None or used.line == found.line:
+def with_use(used: Departure | None, found: Departure | None) -> Departure | None:
+    """The builder's departure (`found`) quoting the line that used its mask (`used`, where the run
+    departs) after its own: two lines at most; `used` where no builder departs."""
+    if len({getattr(found, "line", None), getattr(used, "line", None)} - {None}) < 2:  # one, or one line
         return found or used
-    return Departure(found.line, found.name, f"{found.code} / line {used.line}: {used.code}", found.form)
+    return replace(found, code=f"{found.code} / line {used.line}: {used.code}")
 
 
-def _keep(value: Tensor, T: int, n: int | None = None) -> Tensor | None:
-    """A two-valued (..., n, n) tensor's top-left (T, T) blocks read as keep = the larger value, (K, T,
-    T) bool; None for any other (one value, three, another shape)."""
-    n = n or value.size(-1)
-    if value.dim() < 2 or value.shape[-2:] != (n, n) or n < T:
-        return None
-    block = value[..., :T, :T].reshape(-1, T, T)  # (K, T, T)
+def _keep(value: Tensor, T: int) -> Tensor:
+    """A two-valued (..., N, N) tensor's top-left (T, T) blocks read as keep = the larger value, (K, T, T)
+    bool, N >= T; none, (0, T, T), for any other (one value, three, another shape)."""
+    value = torch.atleast_2d(value)
+    block = value.reshape(value.shape[:-2].numel(), *value.shape[-2:])[:, :T, :T]  # (K, T', T'), T' <= T
     values = block.unique()
-    return block == values[-1] if values.numel() == 2 and not values.isnan().any() else None
+    # two values, neither NaN, in a square at least (T, T)
+    seen = (values.numel(), int((values == values).sum()), value.size(-1), *block.shape[1:])
+    none = torch.zeros(0, T, T, dtype=torch.bool)
+    return block == values[-1] if seen == (2, 2, value.size(-2), T, T) else none
 
 
 def _fits(keep: Tensor) -> bool:
     """Each query keeps its own key and no later one (a window, a chunk, a sink: fewer earlier ones)."""
     T = keep.size(-1)
     later = ~torch.ones(T, T, dtype=torch.bool).tril()  # (T, T): key s > query t
-    return not (keep & later).any() and bool(keep.diagonal(dim1=-2, dim2=-1).all())
+    own = torch.eye(T, dtype=torch.bool)
+    return not bool((keep & later | own & ~keep).any())
 
 
-def _departs(value: Tensor, T: int, n: int | None = None) -> bool:
-    keep = _keep(value, T, n)
-    return keep is not None and not _fits(keep) and not _fits(~keep)
+def _departs(value: Tensor, T: int) -> bool:
+    keep = _keep(value, T)
+    return not any(map(_fits, (keep, ~keep)))
 
 
 def _origin(steps: list[Step], i: int, T: int) -> Step:
     """The earliest step before step i, back to the first (T, T) value that keeps another pattern
     (`torch.full(..., min)`: one value), whose pattern step i's is (`mask.masked_fill_(...)`, not the
-    `.to(dtype)` or `.expand(...)` after it)."""
-    keep, origin = _keep(steps[i].value, T), steps[i]
-    for step in reversed(steps[:i]):
-        if step.value.shape[-2:] != (T, T) or step.given:
-            continue
-        other = _keep(step.value, T)
-        if other is None or not _same_pattern(other, keep):
-            break
-        origin = step
-    return origin
+    `.to(dtype)` or `.expand(...)` after it); steps of other shapes are passed over."""
+    keep = _keep(steps[i].value, T)
+    shaped = [s for s in reversed(steps[:i]) if (s.value.shape[-2:], s.given) == ((T, T), False)]
+    same = itertools.takewhile(lambda s: _same_pattern(_keep(s.value, T), keep), shaped)
+    return ([steps[i], *same])[-1]
 
 
 def _same_pattern(a: Tensor, b: Tensor) -> bool:
-    """Whether two (K, T, T) patterns are one read either way (one of K = 1 broadcast: a (T, T) mask
-    before its `.expand(B, 1, T, T)`)."""
-    if a.size(0) != b.size(0) and 1 not in (a.size(0), b.size(0)):
-        return False
-    return bool((a == b).all() or (a != b).all())
+    """Whether two (K, T, T) patterns are one read either way, each of its distinct (T, T) slices (a
+    (T, T) mask before its `.expand(B, 1, T, T)`)."""
+    a, b = a.unique(dim=0), b.unique(dim=0)
+    return max(torch.equal(a, b), torch.equal(a, ~b))
 
 
-def _buffer(module: nn.Module, filename: str, T: int) -> Departure | None:
-    """A mask buffer (or tensor attribute) of the module's parts, made in `__init__`, that no causal
-    reading fits at its top-left (T, T): the line of the file that registers or assigns it."""
-    for part in module.modules():
-        kept = {**dict(part.named_buffers(recurse=False)),
-                **{k: v for k, v in vars(part).items() if isinstance(v, Tensor) and not v.requires_grad}}
-        for name, value in kept.items():
-            line = _assigned_at(filename, name)
-            if line and _departs(value.detach().double(), T, value.size(-1) if value.dim() >= 2 else None):
-                return _departure(filename, line, f"self.{name}", value.detach().double(), T)
-    return None
+def _buffers(module: nn.Module, filename: str, T: int) -> list[Step]:
+    """The mask buffers (and tensor attributes) of the module's parts, made in `__init__`, that no
+    causal reading fits at their top-left (T, T), each at the one line that registers or assigns it."""
+    kept = {name: value.detach().double() for part in module.modules()
+            for name, value in [*part.named_buffers(recurse=False), *vars(part).items()]
+            if isinstance(value, Tensor)}
+    return [Step(line, f"self.{name}", value) for name, value in kept.items()
+            for line in _assigned_at(filename, name) if _departs(value, T)]
 
 
-def _assigned_at(filename: str, name: str) -> int | None:
-    """The one line that registers buffer `name` or assigns `self.name` (None where none, or several)."""
+def _assigned_at(filename: str, name: str) -> list[int]:
+    """The one line that registers buffer `name` or assigns `self.name`; none where none does, or several."""
     pattern = re.compile(rf"register_buffer\(\s*['\"]{name}['\"]|\bself\.{name}\s*=(?!=)")
-    lines = [n.lineno for n in ast.walk(parsed_file(filename)) if isinstance(n, ast.stmt)
-             and not isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.If, ast.For, ast.With))
-             and pattern.search(ast.get_source_segment(_source(filename), n) or "")]
-    return lines[0] if len(lines) == 1 else None
+    lines = [n for n, line in enumerate(linecache.getlines(filename), 1) if pattern.search(line)]
+    return lines * (len(lines) == 1)
 
 
 ADDITIVE = -1e4  # a value this low is a masked place of an additive mask (-inf, finfo.min, -1e9)
 
 
-@functools.lru_cache(maxsize=8)
-def _source(filename: str) -> str:
-    with open(filename, encoding="utf-8") as f:
-        return f.read()
-
-
-def _departure(filename: str, line: int, name: str, value: Tensor, T: int) -> Departure:
+def _departure(filename: str, step: Step, T: int) -> Departure:
     """The builder's line, with what its mask keeps for one query against the causal mask's keys: read
     as additive (the larger value kept) where it holds -inf or a large negative, else the reading
     nearer the causal mask."""
+    line, name, value = step.line, step.name, step.value
     keep, t = _keep(value, T), T // 2
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     nearer = min((keep, ~keep), key=lambda k: int((k[0] ^ causal).sum()))
-    reading = keep if value.min() <= ADDITIVE else nearer
-    kept = reading[0, t].nonzero().flatten().tolist()
+    kept = (nearer, keep)[bool(value.min() <= ADDITIVE)][0, t].nonzero().flatten().tolist()
     form = text(f"the mask `{name}` built here keeps, for the query at position {t}, the keys at positions "
                 f"{kept}; a causal mask keeps the keys at positions 0 .. {t} (its own and every earlier one)",
                 f"这里构造的掩码 `{name}` 让位置 {t} 的查询保留位置 {kept} 的键；因果掩码保留位置 0 .. {t} "

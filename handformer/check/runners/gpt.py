@@ -1354,9 +1354,9 @@ def _localize(res: ComponentResult, m: GPTMap, call: Caller, idx: Tensor, settin
     looked_up += [("the positions 0 .. T-1", positions), ("the positions 0 .. T-1", positions[None])]
     readings = [looked_up + module_views(lambda hf=hf: hf(idx), hf, {}, inputs=True)
                 + _uncapped(hf, idx) * bool(m.softcap) for hf in models]
-    note_departure(res, lambda: with_use(
-        built_mask(lambda: call(idx), call.module, idx.size(1)),
-        localize_model(lambda: call(idx), call.module, readings, constants=(torch.int64,))))
+    note_departure(res, lambda: with_use(  # the line using a mask first, then where its builder made it
+        localize_model(lambda: call(idx), call.module, readings, constants=(torch.int64,)),
+        fp.quietly(lambda: built_mask(lambda: call(idx), call.module, idx.size(1)))))
 
 
 def _uncapped(hf: CausalLM, idx: Tensor) -> list[tuple[str, Tensor]]:
