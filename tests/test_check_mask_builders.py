@@ -7,9 +7,11 @@ builder planted wrong FAILs quoting the builder's line and the line that used th
 from __future__ import annotations
 
 import pytest
+import torch
 from check_results import FIXTURES, component
 from helpers import planted_copy
 
+from handformer.check.core.built_masks import _departs
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
 
@@ -55,3 +57,20 @@ def test_buffer_made_in_init_quoted_at_its_line(runs):
     assert res.status == "fail", format_report(runs["buffer_p"])
     assert res.findings[0].line == _line_of("buffer.py", BUFFER_BUILT), format_report(runs["buffer_p"])
     assert "位置 [" in res.findings[0].observed["zh"], res.findings[0].observed
+
+
+def _masks(T: int) -> dict[str, torch.Tensor]:
+    """Keep masks (T, T), 1 = may attend: the causal ones in the forms correct files build, and two wrong."""
+    causal = torch.ones(T, T).tril()
+    prefix = causal.clone()
+    prefix[:3, :3] = 1  # GLM's prefix-LM mask: the first 3 tokens see each other whole
+    chunk = causal * (torch.arange(T)[:, None] // 4 == torch.arange(T) // 4)  # Llama 4's chunks of 4
+    return {"causal": causal, "window": causal - torch.ones(T, T).tril(-3), "chunk": chunk, "prefix": prefix,
+            "additive": (1 - causal) * torch.finfo(torch.float32).min, "future": causal.T, "no_self": causal.tril(-1)}
+
+
+@pytest.mark.parametrize("name, departs", [("causal", False), ("window", False), ("chunk", False),
+                                           ("prefix", False), ("additive", False), ("future", True),
+                                           ("no_self", True)])
+def test_a_mask_departs_when_it_keeps_a_later_key_or_not_its_own(name, departs):
+    assert _departs(_masks(8)[name][None, None], 8) is departs

@@ -62,9 +62,13 @@ def _keep(value: Tensor, T: int) -> Tensor:
 
 
 def _fits(keep: Tensor) -> bool:
-    """Each query keeps its own key and no later one (a window, a chunk, a sink: fewer earlier ones)."""
-    T = keep.size(-1)
-    later = ~torch.ones(T, T, dtype=torch.bool).tril()  # (T, T): key s > query t
+    """Each query keeps its own key and no later one (a window, a chunk, a sink: fewer earlier ones),
+    but in a prefix whose queries all see all of it (GLM's prefix-LM mask)."""
+    T, whole = keep.size(-1), keep.all(0)  # (T, T): kept in every row of the batch
+    shared = max(p for p in range(T + 1) if whole[:p, :p].all())  # the prefix's length
+    position = torch.arange(T)
+    prefix = (position[:, None] < shared) & (position < shared)  # (T, T)
+    later = ~torch.ones(T, T, dtype=torch.bool).tril() & ~prefix  # (T, T): key s > query t, past the prefix
     own = torch.eye(T, dtype=torch.bool)
     return not bool((keep & later | own & ~keep).any())
 
