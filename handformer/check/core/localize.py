@@ -683,10 +683,10 @@ def _wrong_operand(before: list[Step], step: Step, views: list[View], filename: 
     added = _added_names(filename, step.line)
     latest = {s.name: s for s in before if s.name in added}  # each operand's latest binding
     latest = {name: s for name, s in latest.items() if not s.given}  # an argument was bound by no line
-    for op in latest.values():
-        holds = [what for what, r in views if same(op.value, r)][:1]
-        wants = [what for what, r in views if r.shape == op.value.shape
-                 and any(same(step.value - op.value + r, whole) for _, whole in views)][:1]
+    for op in latest.values():  # the first view each holds and wants is all the sum's form names
+        holds = [*itertools.islice((what for what, r in views if same(op.value, r)), 1)]
+        wants = [*itertools.islice((what for what, r in views if r.shape == op.value.shape
+                                    and _sums_to_a_view(step.value - op.value + r, views)), 1)]
         for held, meant in zip(holds, set(wants) - set(holds)):
             form = text(f"`{op.name}` holds {held} where the sum wants {meant}",
                         f"`{op.name}` 存的是{view_zh(held)}，这里的和需要的是{view_zh(meant)}")
@@ -694,6 +694,11 @@ def _wrong_operand(before: list[Step], step: Step, views: list[View], filename: 
             both = f"{statement(filename, op.line)} / line {step.line}: {statement(filename, step.line)}"
             return Departure(op.line, op.name, both, form)
     return None
+
+
+def _sums_to_a_view(total: Tensor, views: list[View]) -> bool:
+    """The sum, with one operand in the place of another, is one of the views."""
+    return any(same(total, whole) for _, whole in views)
 
 
 def _normed_residual(held: str, meant: str) -> bool:
@@ -1044,18 +1049,24 @@ def _unpermuted(t: Tensor, views: list[View]) -> Text | None:
     """t is a view's values reshaped as they lie in memory, where the reference moves axes first
     (a permute or transpose left out before a reshape): its shape is then no view's."""
     n = t.numel()
-    for (what, s), (result, r) in itertools.product(views, views):
+    as_laid = functools.cache(lambda i: same(views[i][1].reshape(t.shape), t))  # each view compared once
+    for (i, (what, s)), (result, r) in itertools.product(enumerate(views), views):
         if not (s.numel() == r.numel() == n and s.dim() > r.dim() and t.shape not in (s.shape, r.shape)
-                and same(s.reshape(t.shape), t)):
+                and as_laid(i)):
             continue
-        orders = list(itertools.permutations(range(s.dim())))[1:]
-        if any(same(s.permute(p).reshape(r.shape), r) for p in orders):
+        if _permuted(s, r):
             shape, ref = tuple(t.shape), tuple(r.shape)
             return text(f"{what} reshaped to {shape} as it lies in memory; the reference moves its axes "
                         f"before the reshape ({result} is {ref}): a transpose or permute left out",
                         f"{_zh_subject(what)}按内存顺序直接改成了形状 {shape}；参考在改形状之前先换轴"
                         f"（{_zh_subject(result)}的形状是 {ref}）：漏了 transpose 或 permute")
     return None
+
+
+def _permuted(s: Tensor, r: Tensor) -> bool:
+    """r is s with its axes moved (in an order other than s's own), then reshaped."""
+    orders = list(itertools.permutations(range(s.dim())))[1:]
+    return any(same(s.permute(p).reshape(r.shape), r) for p in orders)
 
 
 def misshapen_departure(steps: list[Step], views: list[View], filename: str) -> Departure | None:

@@ -25,6 +25,7 @@ from torch.nn.utils import parametrize
 
 from handformer.check.core.defaults import quietly
 
+STACKS = {(3, 2), (3, 3), (3, 4)}  # (dimensions, matrices) of the stacks of projections a forward may read
 ROUTED = re.compile(r"(?i)topk|top_k|router|expert")  # a stack whose forward picks experts
 # how a forward reads a stacked parameter self.<name>: (its pattern, each matrix stored (in, out))
 READINGS = ((r"{ref}\s*\.\s*flatten\(\s*(0\s*,\s*1|end_dim\s*=\s*1)\s*\)", False),  # qkv_w.flatten(end_dim=1)
@@ -57,10 +58,11 @@ def reading(sub: nn.Module, name: str, p: Tensor) -> bool | None:
     False where it flattens it on its first axis or hands its parts to F.linear (each (out, in)), True
     where it multiplies its parts from the right (`x @ self.W[i]`: each (in, out)); None for any other
     reading, or two, for any but 2 to 4 matrices, and for a stack its forward routes (experts)."""
-    source, ref = _forward_source(sub), rf"self\.{re.escape(name)}\b"
+    source = _forward_source(sub) if (p.dim(), *p.shape[:1]) in STACKS else ""  # none read for no stack
+    ref = rf"self\.{re.escape(name)}\b"
     found = {transposed for pattern, transposed in READINGS if re.search(pattern.format(ref=ref), source)}
     routed = ROUTED.search(f"{source} {name} {type(sub).__name__}")
-    return None if routed or len(found) != 1 or p.dim() != 3 or not 2 <= p.size(0) <= 4 else found.pop()
+    return None if routed or len(found) != 1 else found.pop()
 
 
 def unstack_(module: nn.Module) -> list[str]:
