@@ -91,7 +91,7 @@ from handformer.check.core.source import (
     source_lines,
     source_text,
 )
-from handformer.check.core.unmapped import held_words, learned_terms
+from handformer.check.core.unmapped import held_words, learned_terms, term_words
 from handformer.check.core.weights import (
     Leaf,
     MappingError,
@@ -1076,11 +1076,12 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
                 return _latent_model(res, ctx, comp, call, out, lm, idx)
             find_layouts_(module, lambda: call(idx[:, :1])[0], D, D // H)
             m = map_gpt(module)
+            _position_a_token(call, m, idx)
         except MappingError as err:  # the checks above ran; the comparison could not
             return _unmapped(res, module, call, idx, err)
         res.mapping = m.describe()
         res.notes += moe_note(m.blocks[0].ffn) + _held_note(m) + [POSITION_OFFSET_NOTE] * bool(m.offset)
-        ctx.unmapped[comp.name] = held_words(m.held, CAUSAL_LM) + _terms(module, m)  # unnamed: NOT CHECKED
+        ctx.unmapped[comp.name] = _held_words(m) + _terms(module, m)  # unnamed: NOT CHECKED
         out, loss = call(idx, targets)  # again: the extra tables are held at zero
         _read_conventions(call, m, idx)
         _tied_despite_config(res, ctx, comp, m)
@@ -1168,6 +1169,15 @@ def _terms(module: nn.Module, m: GPTMap) -> list[Text]:
     return learned_terms(module, slots, CAUSAL_LM, [m.wte.weight, getattr(m.head, "weight", None)])
 
 
+def _held_words(m: GPTMap) -> list[Text]:
+    """What the model holds that handformer's CausalLM has not (unmapped.held_words); a table looked up by
+    ids of its own, not the tokens' (P-Tuning's prefix keys and values), is a learned term: held at zero,
+    its rows still take part (zero keys still share the softmax), so an unnamed departure is no evidence."""
+    own_ids = [t for t in of_kind(m.held, "embedding") if t.weight.size(0) != VOCAB]
+    tables = [(f"{t.name} {tuple(t.weight.shape)}", "", "") for t in own_ids]
+    return held_words([h for h in m.held if h not in own_ids], CAUSAL_LM) + term_words(tables, CAUSAL_LM)
+
+
 def _held_note(m: GPTMap) -> list[Text]:
     """Parts of the model that handformer's CausalLM has not (nanochat's value embeddings and per-layer
     residual scalars): its extra token tables set to zero, its scalars kept as built; a note that says
@@ -1212,6 +1222,19 @@ def _embedding_reading(call: Caller, m: GPTMap, idx: Tensor) -> tuple[bool, str 
         return scaled, "learned"
     fits = fp.max_error(added, sines.expand_as(added)) < fp.TOL * D**0.5
     return scaled, "sinusoidal" if fits or _holds_sines(call.module, sines) else None
+
+
+def _position_a_token(call: Caller, m: GPTMap, idx: Tensor) -> None:
+    """MappingError where the first block is handed another number of positions than the tokens: the
+    model puts vectors of its own before or after them (prompt tuning's soft prompt, a summary token),
+    which handformer's CausalLM has not."""
+    handed = _handed(call, m, idx)
+    if handed.shape[:2] != idx.shape:
+        raise MappingError(
+            f"its first block is handed {tuple(handed.shape)} for ids of shape {tuple(idx.shape)}: it puts "
+            "vectors of its own beside the tokens (a soft prompt?), which a GPT does not have",
+            zh=f"形状为 {tuple(idx.shape)} 的 id 进来，它的第一个块拿到的是 {tuple(handed.shape)}："
+               "它在 token 旁边加了自己的向量（软提示？），GPT 没有这些")
 
 
 def _handed(call: Caller, m: GPTMap, idx: Tensor) -> Tensor:
@@ -1347,8 +1370,8 @@ def _localize(res: ComponentResult, m: GPTMap, call: Caller, idx: Tensor, settin
     """Where the logits no search explains part from handformer's, part by part, in each setting."""
     models = [reference_model(m, c) for c in settings]
     looked_up = [("the token embeddings, before any scale", F.embedding(idx, m.wte.weight))]
-    looked_up += [(f"{t.name}, held at zero", F.embedding(idx, t.weight))  # (B, T, its width)
-                  for t in of_kind(m.held, "embedding")]
+    tables = [t for t in of_kind(m.held, "embedding") if t.weight.size(0) == VOCAB]  # (a prefix's: not)
+    looked_up += [(f"{t.name}, held at zero", F.embedding(idx, t.weight)) for t in tables]  # (B, T, D)
     positions = torch.arange(idx.size(1), dtype=torch.float64)  # (T,): the positions their code builds
     looked_up += [("the positions 0 .. T-1", positions), ("the positions 0 .. T-1", positions[None])]
     readings = [looked_up + module_views(lambda hf=hf: hf(idx), hf, {}, inputs=True)
