@@ -691,9 +691,9 @@ def internal_error(err: Exception, path: str) -> LearnerError:
     adapter to write; check's own exception (and the learner's line it was running, if any) kept as the
     error's detail, which --json carries and --debug shows (tests require that this never happens)."""
     theirs = learner_error(err, path, "check").traceback
-    frames = traceback.extract_tb(err.__traceback__)
-    ours = [f for f in frames if Path(f.filename).is_relative_to(PACKAGE)] or frames
-    here = ours[-1]  # the grader's line that raised (in torch's code: the grader's that called it)
+    frames = traceback.extract_tb(err.__traceback__)[::-1]
+    # the grader's line that raised (in torch's code: the grader's line that called it)
+    here = max(frames, key=lambda f: Path(f.filename).is_relative_to(PACKAGE))
     at = f" at {Path(here.filename).name}:{here.lineno}"
     detail = f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}{at}"
     return LearnerError("internal", INTERNAL_EN, "check", theirs, INTERNAL_ZH, detail)

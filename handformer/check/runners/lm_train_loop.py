@@ -60,7 +60,7 @@ from handformer.check.runners.train_step import (
 
 # the data a loop is handed: its draws are check's windows anyway (a literal: the fork server computes
 # nothing)
-STREAM = torch.tensor([t % VOCAB for t in range(64)])
+STREAM = torch.tensor((list(range(VOCAB)) * 64)[:64])  # 0 .. V-1 over and over
 
 
 class Stopped(BaseException):

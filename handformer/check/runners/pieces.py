@@ -40,7 +40,6 @@ from handformer.check.core.localize_kinds import (
     localize_norm,
     localize_table,
 )
-from handformer.check.core.moe import moe_parts
 from handformer.check.core.norm_inside import Around, norms_around, readings_around, take_out_leading_norm
 from handformer.check.core.probe import Found, Probe, Subject, localize_step, name_findings, run_probe
 from handformer.check.core.result import DEPARTS, DIFFERS, Check, ComponentResult, Finding, text
@@ -488,13 +487,17 @@ FFN = Probe(
 def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
     """The position-wise FFN (ReLU, GELU, SwiGLU, GEGLU), as the FFN probe states it; one with no
     parameters (OLMo's SwiGLU module) as its activation alone, the ACTIVATION probe."""
-    module = ctx.build(comp, checked=False,
-                       warmup=lambda m: residual_handed_zero(m)(fp.randn(2, 5, D, seed=1).float()))
-    if moe_parts(module) is not None:  # a router beside its experts (Switch's SparseMLP): no one FFN
-        from handformer.check.runners.moe_layer import check_moe
+    return run_probe(FFN if _has_weights(comp, ctx) else ACTIVATION, comp, ctx)
 
-        return check_moe(dataclasses.replace(comp, kind="moe"), ctx)
-    return run_probe(FFN if next(module.parameters(), None) is not None else ACTIVATION, comp, ctx)
+
+def _has_weights(comp: Component, ctx: Context) -> bool:
+    return next(built_ffn(comp, ctx).parameters(), None) is not None
+
+
+def built_ffn(comp: Component, ctx: Context) -> torch.nn.Module:
+    """The learner's FFN as check builds it (its residual handed zero where it adds one)."""
+    return ctx.build(comp, checked=False,
+                     warmup=lambda m: residual_handed_zero(m)(fp.randn(2, 5, D, seed=1).float()))
 
 
 ACTIVATIONS = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu, "relu": torch.relu,
