@@ -11,6 +11,9 @@ kept, never reset:
   default or ignored action, having no handler to run, acts when the block ends);
 - due after, it is re-armed when the block ends with the time it has left (at once if none).
 
+`cpu_limit` is the same on the process's CPU time (its own timer, SIGPROF): what a loaded machine
+does not move, and what check's limits inside its child count.
+
 Outside the main thread, or where there is no such timer (Windows), there is no limit: a caller
 that needs one there has its own (check's sandbox limits its whole child process).
 """
@@ -22,21 +25,55 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 SOON = 1e-6  # seconds: a timer whose time is up fires this soon (0 would turn it off)
 
 
+@dataclass(frozen=True)
+class Clock:
+    """A timer of the process's and the clock it counts: the wall clock (ITIMER_REAL, SIGALRM) or the
+    process's CPU time, all its threads' (ITIMER_PROF, SIGPROF)."""
+
+    timer: int
+    signal: int
+    now: Callable[[], float]
+
+
+WALL = Clock(getattr(signal, "ITIMER_REAL", 0), getattr(signal, "SIGALRM", 0), time.monotonic)
+CPU = Clock(getattr(signal, "ITIMER_PROF", 2), getattr(signal, "SIGPROF", 0), time.process_time)
+
+
+def time_limit(seconds: float, error: Callable[[], BaseException]) -> AbstractContextManager[None]:
+    """Raise `error()` in the block after `seconds` on the wall clock; the caller's own timer is kept
+    (module doc)."""
+    return _limited(seconds, error, WALL)
+
+
+BACKSTOP = 6.0  # a CPU limit's wall-clock backstop, in multiples of it (check's sandbox's WALL_FACTOR)
+
+
 @contextmanager
-def time_limit(seconds: float, error: Callable[[], BaseException]) -> Iterator[None]:
-    """Raise `error()` in the block after `seconds`; the caller's own timer is kept (module doc)."""
+def cpu_limit(seconds: float, error: Callable[[], BaseException]) -> Iterator[None]:
+    """Raise `error()` in the block once the process has spent `seconds` of CPU time in it: a loaded
+    machine, which slows the work on the wall clock, moves it not. A block that sleeps or waits spends
+    none: it is stopped at BACKSTOP times `seconds` on the wall clock. The timers already running are
+    kept, as time_limit keeps the wall clock's."""
+    with _limited(seconds * BACKSTOP, error, WALL), _limited(seconds, error, CPU):
+        yield
+
+
+@contextmanager
+def _limited(seconds: float, error: Callable[[], BaseException], clock: Clock) -> Iterator[None]:
+    """Raise `error()` in the block after `seconds` of `clock`; the caller's own timer is kept."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
         yield
         return
-    start = time.monotonic()
-    outer = signal.getsignal(signal.SIGALRM)
-    left, interval = signal.getitimer(signal.ITIMER_REAL)
+    start = clock.now()
+    outer = signal.getsignal(clock.signal)
+    left, interval = signal.getitimer(clock.timer)
     outer_due, due = (start + left if left > 0 else math.inf), start + seconds
     state = {"armed_for_outer": outer_due < due, "outer_ran": False}
 
@@ -44,21 +81,22 @@ def time_limit(seconds: float, error: Callable[[], BaseException]) -> Iterator[N
         if not state["armed_for_outer"]:
             raise error()
         state["armed_for_outer"] = False
-        signal.setitimer(signal.ITIMER_REAL, max(due - time.monotonic(), SOON))  # ours, from here
+        signal.setitimer(clock.timer, max(due - clock.now(), SOON))  # ours, from here
         if callable(outer):  # not SIG_DFL or SIG_IGN: those act when the block ends
             state["outer_ran"] = True
             outer(signum, frame)
 
-    signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, max(min(outer_due, due) - start, SOON))
+    signal.signal(clock.signal, expire)
+    signal.setitimer(clock.timer, max(min(outer_due, due) - start, SOON))
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, outer)
+        signal.setitimer(clock.timer, 0)
+        signal.signal(clock.signal, outer)
         if state["outer_ran"] and interval > 0:
-            signal.setitimer(signal.ITIMER_REAL, interval, interval)
+            signal.setitimer(clock.timer, interval, interval)
         elif outer_due < math.inf and not state["outer_ran"]:
-            signal.setitimer(signal.ITIMER_REAL, max(outer_due - time.monotonic(), SOON), interval)
+            signal.setitimer(clock.timer, max(outer_due - clock.now(), SOON), interval)
 
-__all__ = ["time_limit"]
+
+__all__ = ["cpu_limit", "time_limit"]

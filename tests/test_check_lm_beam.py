@@ -39,6 +39,14 @@ def test_a_planted_search_is_named_at_its_line(plant: str, only: list[str], name
     assert [(f.name, f.line) for f in search.findings] == [(name, line)]
 
 
+def test_a_search_that_blocks_repeated_ngrams_is_graded():
+    """A search with an n-gram block of its own (no_repeat_ngram_size) over a model without a cache is
+    driven and graded, never check's own error; ranked by the last token alone, it FAILs."""
+    for name, status in [("ngram_blocked", "pass"), ("ngram_blocked_not_accumulated", "fail")]:
+        result = check_file(str(FAMILY / f"{name}.py"), only=["gpt", "beam_search"])
+        assert [c.status for c in result.components] == ["pass", status], format_report(result)
+
+
 HF_SEARCH = '''import torch
 import torch.nn.functional as F
 

@@ -38,7 +38,7 @@ from handformer.check.core.argument_names import SCHEDULE_ARGS, call_parameters,
 from handformer.check.core.defaults import quietly
 from handformer.check.core.processors import own_call, posing_as
 from handformer.check.core.source import source_text
-from handformer.time_limit import time_limit
+from handformer.time_limit import cpu_limit
 
 # each probe's limit (a probe that runs longer finds nothing: a first call may import a part of torch,
 # a second or two), and all of a file's probes'
@@ -103,11 +103,11 @@ def found(obj: Any, budget: Budget = UNLIMITED) -> tuple[str, Any] | None:
 def _quietly(probe: Callable[[], Any], budget: Budget = UNLIMITED) -> Any:
     """probe() within PROBE_SECONDS (and what is left of the budget, which it spends), its prints not
     shown; False when it raises or runs past the limit, and not run at all once the budget is spent."""
-    seconds, start = min(PROBE_SECONDS, budget.seconds), time.monotonic()
+    seconds, start = min(PROBE_SECONDS, budget.seconds), time.process_time()
     if seconds <= 0:
         return False
     try:
-        with time_limit(seconds, ProbeTimeout), contextlib.redirect_stdout(io.StringIO()), \
+        with cpu_limit(seconds, ProbeTimeout), contextlib.redirect_stdout(io.StringIO()), \
                 torch.random.fork_rng(devices=[]), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a scheduler stepped before its optimizer says so
             torch.manual_seed(0)
@@ -115,7 +115,7 @@ def _quietly(probe: Callable[[], Any], budget: Budget = UNLIMITED) -> Any:
     except (Exception, ProbeTimeout, SystemExit):  # noqa: BLE001  (not this kind: the probe finds nothing)
         return False
     finally:
-        budget.seconds -= time.monotonic() - start
+        budget.seconds -= time.process_time() - start
 
 
 def _code(obj: Any) -> str:

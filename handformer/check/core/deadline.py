@@ -1,9 +1,9 @@
-"""A limit on the seconds a learner's trainer may run (a BPE or WordPiece trainer that never ends
+"""A limit on the CPU seconds a learner's trainer may run (a BPE or WordPiece trainer that never ends
 is stopped and reported, not waited for)."""
 
 import contextlib
 
-from handformer.time_limit import time_limit
+from handformer.time_limit import cpu_limit
 
 
 class TrainerTimeout(BaseException):  # noqa: N818  (not an Exception: their `except Exception` cannot eat it)
@@ -11,7 +11,7 @@ class TrainerTimeout(BaseException):  # noqa: N818  (not an Exception: their `ex
 
 
 def deadline(seconds: float) -> contextlib.AbstractContextManager[None]:
-    """Raise TrainerTimeout in the learner's code after `seconds`, keeping a timer the caller runs
-    (handformer/time_limit.py). In a thread other than the main one there is no timer, and the
+    """Raise TrainerTimeout in the learner's code after `seconds` of CPU time, keeping a timer the
+    caller runs (handformer/time_limit.py). In a thread other than the main one there is no timer, and the
     sandbox's limit of the whole step is what stops a runaway trainer."""
-    return time_limit(seconds, TrainerTimeout)
+    return cpu_limit(seconds, TrainerTimeout)

@@ -70,7 +70,7 @@ from handformer.check.core.unmapped import settle as settle_unmapped
 from handformer.check.core.weights import MappingError
 from handformer.check.core.whole_topk import whole_topk
 from handformer.check.runners.localize_layers import note_layer_departure
-from handformer.time_limit import time_limit
+from handformer.time_limit import cpu_limit
 
 if TYPE_CHECKING:
     from handformer.check.core.context import Context
@@ -185,12 +185,12 @@ def import_definitions(path: str) -> tuple[types.ModuleType, list[str]]:
 def check_component(comp: Component, ctx: Context) -> ComponentResult:
     ctx.partial, ctx.raised = None, None
     ctx.learner.calls = ctx.learner.nan_calls = 0
-    begun = time.monotonic()
+    begun = time.process_time()
     result = _run_checked(comp, ctx)
     commented_out(result, ctx.path)  # a named mistake beside the one line they commented out
     passed_in(result, ctx.path)  # and the call that passes a value its line reads
     _cache_slices(comp, result)
-    result = at_neutral(comp, ctx, result, _run_checked, time.monotonic() - begun)  # settings of no place
+    result = at_neutral(comp, ctx, result, _run_checked, time.process_time() - begun)  # settings of no place
     if result.status == ERROR and not result.findings:
         _nothing_found(comp, ctx, result, result.error)
     settled = nan_only_on_masked_rows(_module_source(ctx), result.findings, result.notes)
@@ -257,7 +257,7 @@ def _charged_or_not(comp: Component, ctx: Context, result: ComponentResult, erro
     result.status, result.error, result.adapter = NOT_CHECKED, why, adapter_hint(comp)
 
 
-CALLERS_LIMIT = 6.0  # seconds the components around a raising one may run, within its step's limit
+CALLERS_LIMIT = 6.0  # CPU seconds the components around a raising one may run, within its step's limit
 
 
 class CallersTimeout(BaseException):  # noqa: N818  (not an Exception: their `except Exception` cannot eat it)
@@ -270,7 +270,7 @@ def _run_callers(comp: Component, ctx: Context) -> None:
     calls, root = _called_by(ctx), comp.name.split(".")[0]
     around = [c for c in ctx.found if root in reachable(calls(c.name.split(".")[0]), calls)]
     kept = (ctx.partial, ctx.raised, ctx.hyperparameter_note, ctx.learner.calls, ctx.learner.nan_calls)
-    with contextlib.suppress(CallersTimeout), time_limit(CALLERS_LIMIT, CallersTimeout):
+    with contextlib.suppress(CallersTimeout), cpu_limit(CALLERS_LIMIT, CallersTimeout):
         for other in around[:2]:
             with contextlib.suppress(Exception, SystemExit), torch.no_grad(), ctx.hyperparameters(other):
                 runner_for(other.kind)(other, ctx)
@@ -691,11 +691,15 @@ def internal_error(err: Exception, path: str) -> LearnerError:
     adapter to write; check's own exception (and the learner's line it was running, if any) kept as the
     error's detail, which --json carries and --debug shows (tests require that this never happens)."""
     theirs = learner_error(err, path, "check").traceback
-    here = traceback.extract_tb(err.__traceback__)[-1]  # the grader's line that raised
+    frames = traceback.extract_tb(err.__traceback__)[::-1]
+    # the grader's line that raised (in torch's code: the grader's line that called it)
+    here = max(frames, key=lambda f: Path(f.filename).is_relative_to(PACKAGE))
     at = f" at {Path(here.filename).name}:{here.lineno}"
     detail = f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}{at}"
     return LearnerError("internal", INTERNAL_EN, "check", theirs, INTERNAL_ZH, detail)
 
+
+PACKAGE = Path(__file__).resolve().parents[2]  # handformer/: where the grader's own frames are
 
 INTERNAL_EN = ("check could not drive this component: one of check's own steps does not read the way your "
                "code arranges its tensors (this says nothing against your code); the adapter below builds it "

@@ -22,8 +22,8 @@ from handformer.check.core.result import DEPARTS, ComponentResult, Finding, fail
 from handformer.check.core.source import first_line
 
 T = 12  # tokens the window is read on: windows up to 5 on each side are told apart from a full one
-GLOBAL = torch.zeros(2, T, dtype=torch.bool)
-GLOBAL[0, 0] = GLOBAL[1, 0] = GLOBAL[1, 7] = True  # (B, T): the first token of each row, one more in one
+# (B, T): the first token of each row, one more in one (a literal: the fork server computes nothing)
+GLOBAL = torch.tensor([[True] + [False] * (T - 1), [True] + [False] * 6 + [True] + [False] * (T - 8)])
 TOLERANCE = 1e-4
 # the masks a mistake builds in place of band | global query | global key, and the lines that build them
 FORMS = {"global keys only": (False, True), "global queries only": (True, False), "no global": (False, False)}

@@ -74,7 +74,7 @@ KINDS_TABLE: tuple[Kind, ...] = (
                  "PoswiseFeedForwardNet",  # graykode's nlp-tutorial, which the Chinese tutorials copy
                  "PositionwiseFF",  # Transformer-XL's (kimiyoung/transformer-xl), its norm inside
                  "前馈网络", "前馈层", "位置前馈网络"),
-         "position-wise feed-forward network", "逐位置前馈网络", "pieces:check_ffn"),
+         "position-wise feed-forward network", "逐位置前馈网络", "moe_layer:check_ffn_or_moe"),
     Kind("moe", ("MOEFeedForward", "MoEFeedForward", "MoE", "MoELayer", "MoeLayer", "SparseMoE",
                  "SparseMoeBlock", "SparseMoEBlock", "MixtureOfExperts", "MoEBlock", "MoeBlock",
                  "SparseMixtureOfExperts"),

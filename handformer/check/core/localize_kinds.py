@@ -49,7 +49,7 @@ from handformer.check.core.localize import (
 from handformer.check.core.result import ComponentResult, text
 from handformer.check.core.source import functions_called, reachable, source_text
 from handformer.check.reference import variants as V
-from handformer.time_limit import time_limit
+from handformer.time_limit import cpu_limit
 
 Localize = Callable[[], Departure | None]
 
@@ -70,12 +70,12 @@ class LocalizeTimeout(Exception):
     """Localizing ran past LOCALIZE_LIMIT."""
 
 
-LOCALIZE_LIMIT = 10.0  # seconds a departure is searched for: the verdict is kept within the step's limit
+LOCALIZE_LIMIT = 10.0  # CPU seconds a departure is searched for: the verdict is kept within the step's limit
 
 
 def _within(localize: Localize) -> Departure | None:
     """The departure `localize` finds within LOCALIZE_LIMIT (LocalizeTimeout after it: no note)."""
-    with time_limit(LOCALIZE_LIMIT, LocalizeTimeout):
+    with cpu_limit(LOCALIZE_LIMIT, LocalizeTimeout):
         return localize()
 
 

@@ -35,7 +35,7 @@ from handformer.check.core.result import FAIL, PASS, ComponentResult, Text, text
 from handformer.check.core.score_scale import configured_settings
 from handformer.check.core.source import file_objects, function_nodes, reachable, source_text
 from handformer.check.core.unmapped import free_failed, settle
-from handformer.time_limit import time_limit
+from handformer.time_limit import cpu_limit
 
 if TYPE_CHECKING:
     from handformer.check.core.context import Context
@@ -58,7 +58,8 @@ MAPPED = frozenset({*itertools.chain.from_iterable(ARGUMENTS.values()), *FIXED, 
 # a setting's type -> its neutral value of its form: a flag that turns one on (use_sliding_window) False
 CAST = {bool: lambda _: False, int: int, float: float}
 DUNDERS = {"__init__", "__post_init__", "__repr__", "__eq__", "__hash__"}  # a dataclass's own methods
-STEP_SHARE = 14.0  # seconds of the component's step (20 s) the first run and the one at neutral values share
+# CPU seconds of the component's step (20 s) that the first run and the one at neutral values share
+STEP_SHARE = 14.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +208,7 @@ def at_neutral(comp: Component, ctx: Context, result: ComponentResult,
     if not settings:
         return result
     ctx.partial, ctx.raised = None, None
-    with contextlib.suppress(TrialsTimeout), time_limit(max(STEP_SHARE - spent, 0.1), TrialsTimeout), (
+    with contextlib.suppress(TrialsTimeout), cpu_limit(max(STEP_SHARE - spent, 0.1), TrialsTimeout), (
             set_neutral(settings)):
         again = run(comp, ctx)
         again.notes += [_note(settings)] * (again.status == PASS)

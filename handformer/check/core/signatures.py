@@ -520,14 +520,17 @@ def _logits_kind(fn: Any, params: list[inspect.Parameter], names: list[str], req
 
 # 32 copies of ROWS: a sampler draws the argmax of all 64 rows with chance 0.45^32 x 0.56^32, below
 # 1e-19 (of ROWS alone, with chance 0.25: a sampler read as greedy choice would FAIL its check)
-ARGMAX_ROWS = ROWS.repeat(32, 1)
+@functools.cache
+def argmax_rows() -> Tensor:
+    """ROWS 32 times over (made when first asked: the fork server computes nothing, zygote.py)."""
+    return ROWS.repeat(32, 1)
 
 
 def _always_argmax(fn: Any, call: Callable[..., Tensor | None], probs: bool) -> bool:
     """Whether fn, given no option, picks the argmax of every row of ARGMAX_ROWS: greedy choice, not a
     sampler."""
-    out = call(fn, _as_given(ARGMAX_ROWS, probs), {})
-    return out is not None and torch.equal(out.reshape(-1), ARGMAX_ROWS.argmax(-1))
+    out = call(fn, _as_given(argmax_rows(), probs), {})
+    return out is not None and torch.equal(out.reshape(-1), argmax_rows().argmax(-1))
 
 
 def _options(params: list[inspect.Parameter]) -> dict[str, str]:
@@ -589,7 +592,10 @@ def _as_given(logits: Tensor, probs: bool) -> Tensor:
 
 
 # sharp rows and flat ones: a function reducing over the whole batch (probs.max()) mixes them
-MIXED_ROWS = torch.cat([ROWS, ROWS * 0.25])
+@functools.cache
+def mixed_rows() -> Tensor:
+    """ROWS, then ROWS flattened by 0.25 (made when first asked)."""
+    return torch.cat([ROWS, ROWS * 0.25])
 
 
 @once_per_function
@@ -598,7 +604,7 @@ def rows_apart(fn: Any) -> bool:
     something else than the row alone gets (`probs.max()` over the whole input, a softmax over dim=0):
     one 1-D row's code, or (where it runs) a batched filter's mistake, as the file's other filters say."""
     params, names, _ = _signature(fn)
-    rows = _as_given(MIXED_ROWS, bool(set(names[:1]) & set(PROBS_NAMES)))
+    rows = _as_given(mixed_rows(), bool(set(names[:1]) & set(PROBS_NAMES)))
     options = _probe_options(fn, params)
     batch, alone = _call(fn, rows, options), _by_row(fn, rows, options)
     return alone is not None and (batch is None or batch.shape != alone.shape or not torch.equal(
@@ -610,7 +616,7 @@ def written_for_one_row(fn: Any, probs: bool, options: dict[str, Any]) -> bool:
     one at a time work where a batch raises. A batch that runs is graded as a batch unless the file's
     other filters take one row (rows_apart): one that mixes its rows beside batched filters is a batched
     filter's mistake."""
-    rows = _as_given(MIXED_ROWS, probs)
+    rows = _as_given(mixed_rows(), probs)
     out, error = _attempt(fn, rows, options)
     numbers = "probability tensor" in str(error)  # a batch's own NaN or negative probabilities: a batch step
     return out is None and not numbers and _by_row(fn, rows, options) is not None

@@ -64,7 +64,7 @@ def held_apart(module: nn.Module, taken: Iterable[Slot], reference: Text) -> lis
     module that holds layers; a reading that consumed a layer (a fused qkv, split heads, a tied head)
     took it."""
     ids = _ids(taken)
-    return held_words(_untaken(module, "scalar", ids), reference) + term_words(
+    return held_words(_untaken(module, "scalar", ids), reference) + linear_terms(
         module, _untaken(module, "linear", ids), reference)
 
 
@@ -72,7 +72,7 @@ def learned_terms(module: nn.Module, taken: Iterable[Slot], reference: Text, als
                   ) -> list[Text]:
     """`term_words` of the linear layers of `module` that neither the slots `taken` nor the weights
     `also` (a model's embedding and head) hold."""
-    return term_words(module, _untaken(module, "linear", _ids(taken) | set(map(id, also))), reference)
+    return linear_terms(module, _untaken(module, "linear", _ids(taken) | set(map(id, also))), reference)
 
 
 def _ids(taken: Iterable[Slot]) -> set[int]:
@@ -88,16 +88,22 @@ def _untaken(module: nn.Module, kind: str, ids: set[int]) -> list[Leaf]:
             and leaf.parts is None and not ids & set(map(id, leaf.tensors()))]
 
 
-def term_words(module: nn.Module, linears: list[Leaf], reference: Text) -> list[Text]:
-    """What the reference has no place for, said: the learner's linear layers that no role of the
-    reference took (a forget gate, a router that picks the tokens a block sees, an extra projection),
-    each named with its shape and the line that reads it. A learned term feeds what the component
-    computes, so an unnamed departure is no evidence; a named mistake stands (HELD "term")."""
+def linear_terms(module: nn.Module, linears: list[Leaf], reference: Text) -> list[Text]:
+    """`term_words` of the learner's linear layers that no role of the reference took (a forget gate, a
+    router that picks the tokens a block sees, an extra projection), each named with its shape and the
+    line that reads it."""
     read = [(f"{leaf.name} {tuple(leaf.weight.shape)}", *_read_at(module, leaf)) for leaf in linears]
+    return term_words(read, reference)
+
+
+def term_words(read: list[tuple[str, str, str]], reference: Text) -> list[Text]:
+    """What the reference has no place for, said: parts of the learner's, each (name and shape, where it
+    is read in English, in Chinese). A learned term feeds what the component computes, so an unnamed
+    departure is no evidence; a named mistake stands (HELD "term")."""
     en, zh = "; ".join(name + at for name, at, _ in read), "；".join(name + at for name, _, at in read)
     return [{**text(f"it computes a learned term with {en}, which handformer's {reference['en']} has not",
                     f"它用 {zh} 算了一个可学习的项，handformer 的{reference['zh']}没有这一项"),
-             HELD: "term"}] * bool(linears)
+             HELD: "term"}] * bool(read)
 
 
 def _read_at(module: nn.Module, leaf: Leaf) -> tuple[str, str]:

@@ -1697,7 +1697,10 @@ def _turned(width: int) -> tuple[Tensor, Tensor] | None:
 PAD_KEYS = 3  # row 1's first keys are padding (left padding: later queries of every kind see them)
 # what the padded positions are changed by: a vector of many values, which a norm before the attention
 # keeps (5.0 added to every feature is what a LayerNorm takes away: a pre-norm layer never saw it)
-PAD_BUMP = 5.0 * fp.randn(PAD_KEYS, D, seed=46)
+@functools.cache
+def pad_bump() -> Tensor:
+    """(PAD_KEYS, D): made when first asked, not at import (the fork server computes nothing: zygote.py)."""
+    return 5.0 * fp.randn(PAD_KEYS, D, seed=46)
 # the forms of a key padding mask tried: torch.nn's two, (B, S) True = padding or 0 / -inf added, and
 # True = keep (a layer of its own that reads it so); the one that hides the padding counts
 KEY_PADDING_FORMS = (lambda pads: pads, lambda pads: torch.zeros(pads.shape).masked_fill(pads, -math.inf),
@@ -1743,7 +1746,7 @@ def _padding_alone_moved(ctx: Context, s: Setup, name: str, form: Callable[[Tens
     pads = left_padding()
     x = fp.randn(*pads.shape, D, seed=44)
     bumped = x.clone()
-    bumped[1, :PAD_KEYS] += PAD_BUMP
+    bumped[1, :PAD_KEYS] += pad_bump()
     s.c.state["more"] = {name: form(pads)}
     counts = ctx.learner.calls, ctx.learner.nan_calls  # a form read the other way round gives NaN: not theirs
     try:

@@ -92,7 +92,7 @@ from handformer.check.core.source import (
     source_lines,
     source_text,
 )
-from handformer.check.core.unmapped import held_words, learned_terms
+from handformer.check.core.unmapped import held_words, learned_terms, term_words
 from handformer.check.core.weights import (
     Leaf,
     MappingError,
@@ -181,6 +181,8 @@ class GPTMap:
     scaled: bool = False  # token embeddings times sqrt(d_model) (Gemma's, the original Transformer's)
     added: str | None = None  # the positions added to them: "learned" (wpe), "sinusoidal" (the paper's sines)
     held: list[Leaf] = field(default_factory=list)  # parts no reference has, held at zero or as built
+    # tables looked up by ids of their own, not the tokens' (P-Tuning v2's prefix keys and values)
+    own_ids: list[Leaf] = field(default_factory=list)
     windows: tuple[int | None, ...] = ()  # each block's sliding window, measured (None: it sees every key)
     softcap: float | None = None  # logits -> c * tanh(logits / c) (Gemma 2's, nanochat's)
     offset: int = 0  # the first row of the learned positions (OPT's 2: its table keeps two rows before them)
@@ -247,8 +249,8 @@ def map_gpt(module: nn.Module) -> GPTMap:
     m = GPTMap(wte, wpe, blocks, Slot("final norm", norms[0]) if norms else None, head, tied, bias, n_kv)
     # nanochat's value_embeds and scalars; a block's parameters no reference has (gpt-oss's attention sinks)
     mapped = {id(s.leaf.weight) for b in blocks for s in b.attn[0]}  # (gpt-oss's sinks: mapped)
-    m.held = [e for e in embeds if e not in (wte, wpe)] + [
-        x for x in of_kind(leaves(module), "scalar") if id(x.weight) not in mapped]
+    _held_(m, [e for e in embeds if e not in (wte, wpe)], [
+        x for x in of_kind(leaves(module), "scalar") if id(x.weight) not in mapped])
     m.embed_norm = embed_norm or _embed_norm(module, blocks)
     # OPT's (fairseq's) learned positions: a table of max_len + 2 rows, position p at row p + 2
     m.offset = OPT_OFFSET if wpe is not None and wpe.weight.size(0) == BLOCK + OPT_OFFSET else 0
@@ -256,6 +258,13 @@ def map_gpt(module: nn.Module) -> GPTMap:
         _rotary_(m, module)
     m.normed_head = head is not None and not tied and rows_normed(head)  # Baichuan 2's NormHead
     return m
+
+
+def _held_(m: GPTMap, tables: list[Leaf], scalars: list[Leaf]) -> None:
+    """The parts no reference has, set on the map: the token tables and scalars held (`held`), and the
+    tables of ids of their own (`own_ids`: P-Tuning v2's prefix, whose rows are not the tokens')."""
+    m.own_ids = [*filter(lambda e: e.weight.size(0) != VOCAB, tables)]
+    m.held = [*filter(lambda e: e.weight.size(0) == VOCAB, tables)] + scalars
 
 
 def _comparable(module: nn.Module, layers: list[tuple[str, nn.Module]], blocks: list[LayerMap]) -> None:
@@ -1076,12 +1085,12 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
             if (lm := latent.read_model(module, VOCAB)) is not None:  # DeepSeek's: blocks on latent attention
                 return _latent_model(res, ctx, comp, call, out, lm, idx)
             find_layouts_(module, lambda: call(idx[:, :1])[0], D, D // H)
-            m = map_gpt(module)
+            m = _position_a_token(call, map_gpt(module), idx)
         except MappingError as err:  # the checks above ran; the comparison could not
             return _unmapped(res, module, call, idx, err)
         res.mapping = m.describe()
         res.notes += moe_note(m.blocks[0].ffn) + _held_note(m) + [POSITION_OFFSET_NOTE] * bool(m.offset)
-        ctx.unmapped[comp.name] = held_words(m.held, CAUSAL_LM) + _terms(module, m)  # unnamed: NOT CHECKED
+        ctx.unmapped[comp.name] = _held_words(m) + _terms(module, m)  # unnamed: NOT CHECKED
         out, loss = call(idx, targets)  # again: the extra tables are held at zero
         _read_conventions(call, m, idx)
         _tied_despite_config(res, ctx, comp, m)
@@ -1169,6 +1178,14 @@ def _terms(module: nn.Module, m: GPTMap) -> list[Text]:
     return learned_terms(module, slots, CAUSAL_LM, [m.wte.weight, getattr(m.head, "weight", None)])
 
 
+def _held_words(m: GPTMap) -> list[Text]:
+    """What the model holds that handformer's CausalLM has not (unmapped.held_words); a table looked up by
+    ids of its own, not the tokens' (P-Tuning v2's prefix keys and values), is a learned term: whatever its
+    values, its rows take part (zero keys still share the softmax), so an unnamed departure is no evidence."""
+    tables = [(f"{t.name} {tuple(t.weight.shape)}", "", "") for t in m.own_ids]
+    return held_words(m.held, CAUSAL_LM) + term_words(tables, CAUSAL_LM)
+
+
 def _held_note(m: GPTMap) -> list[Text]:
     """Parts of the model that handformer's CausalLM has not (nanochat's value embeddings and per-layer
     residual scalars): its extra token tables set to zero, its scalars kept as built; a note that says
@@ -1213,6 +1230,20 @@ def _embedding_reading(call: Caller, m: GPTMap, idx: Tensor) -> tuple[bool, str 
         return scaled, "learned"
     fits = fp.max_error(added, sines.expand_as(added)) < fp.TOL * D**0.5
     return scaled, "sinusoidal" if fits or _holds_sines(call.module, sines) else None
+
+
+def _position_a_token(call: Caller, m: GPTMap, idx: Tensor) -> GPTMap:
+    """The model's map m; MappingError where the first block is handed another number of positions than
+    the tokens: the model puts vectors of its own before or after them (prompt tuning's soft prompt, a
+    summary token), which handformer's CausalLM has not."""
+    handed = _handed(call, m, idx)
+    if handed.shape[:2] != idx.shape:
+        raise MappingError(
+            f"its first block is handed {tuple(handed.shape)} for ids of shape {tuple(idx.shape)}: it puts "
+            "vectors of its own beside the tokens (a soft prompt?), which a GPT does not have",
+            zh=f"形状为 {tuple(idx.shape)} 的 id 进来，它的第一个块拿到的是 {tuple(handed.shape)}："
+               "它在 token 旁边加了自己的向量（软提示？），GPT 没有这些")
+    return m
 
 
 def _handed(call: Caller, m: GPTMap, idx: Tensor) -> Tensor:

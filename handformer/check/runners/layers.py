@@ -132,12 +132,12 @@ from handformer.check.reference.parallel import as_parallel_
 from handformer.check.reference.remembered import remembering
 from handformer.check.runners import generate_lossy as lossy
 from handformer.check.runners.attention import (
-    PAD_BUMP,
     PAD_KEYS,
     attention_cap,
     causal_outputs,
     key_padding_check,
     left_padding,
+    pad_bump,
     responsive,
     shares_mask,
     softcap_note,
@@ -788,7 +788,7 @@ def _padding_moved(layer: Layer, ctx: Context, name: str, stream: str, form: Cal
     pads = left_padding()
     given = {"x": fp.randn(*pads.shape, D, seed=44), "memory": fp.randn(*pads.shape, D, seed=45)}
     bumped = {**given, stream: given[stream].clone()}
-    bumped[stream][1, :PAD_KEYS] += PAD_BUMP
+    bumped[stream][1, :PAD_KEYS] += pad_bump()
     real = {"x": ~pads, "memory": torch.ones_like(pads)}[stream]  # the queries compared: the real ones
     layer.more = {name: form(pads)}
     try:

@@ -4,7 +4,7 @@ their model (their RMSNorm, RoPE, SwiGLU, grouped-query attention) with the file
 The probe is data: CONFIG, a tiny llama2.c model (legacy format, fewer key/value heads than query
 heads, the classifier shared with the embedding) whose random weights the runner writes to a file
 in llama2.c's order (`Llama2cHeader.tensor_shapes`); the learner's loader reads it, and the logits
-of their model on IDS must equal those of handformer's import of the same file
+of their model on ids() must equal those of handformer's import of the same file
 (`convert.llama2c_weights.read_llama2c`). Where they do not, handformer's first-divergence helper
 (`convert.compare.first_divergence`) runs both stage by stage and names the first that departs
 (the embeddings, a layer's attention, FFN or output, the final norm, the logits), and HINTS says
@@ -15,6 +15,7 @@ Shape legend: B batch, T length, V vocabulary, D dim.
 
 from __future__ import annotations
 
+import functools
 import struct
 import tempfile
 from pathlib import Path
@@ -34,7 +35,14 @@ from handformer.models.causal_lm import CausalLM
 
 CONFIG = Llama2cHeader(version=0, dim=16, hidden_dim=40, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=29,
                        seq_len=16, shared_classifier=True)
-IDS = torch.randint(0, CONFIG.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))  # (B, T)
+
+
+@functools.cache
+def ids() -> Tensor:
+    """(B, T): made when first asked, not at import (the fork server computes nothing: zygote.py)."""
+    return torch.randint(0, CONFIG.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
+
+
 ATOL = 1e-4  # float32 through two layers
 SCALES = {"token_embedding": 0.02, "rms_att": 0.1, "rms_ffn": 0.1, "rms_final": 0.1}  # norms: 1 + 0.1 * noise
 HEAD_NAMES = ("output", "lm_head", "head", "classifier", "wcls")
@@ -132,12 +140,12 @@ def check_llama2c(comp: Component, ctx: Context) -> ComponentResult:
         ours = handformer_import(path)
     model.eval()
     with torch.no_grad():
-        logits = fp.first_tensor(ctx.learner.call("forward", model, IDS), 3)
-        right = ours(IDS).logits  # (B, T, V)
+        logits = fp.first_tensor(ctx.learner.call("forward", model, ids()), 3)
+        right = ours(ids()).logits  # (B, T, V)
     if logits is None or logits.shape != right.shape:
         raise ctx.learner.fail("forward", f"the loaded model returned no logits of shape (B, T, vocab_size) "
-                               f"= {tuple(right.shape)} for ids of shape {tuple(IDS.shape)}",
-                               f"对形状为 {tuple(IDS.shape)} 的 id，装好的模型没有返回形状为 (B, T, "
+                               f"= {tuple(right.shape)} for ids of shape {tuple(ids().shape)}",
+                               f"对形状为 {tuple(ids().shape)} 的 id，装好的模型没有返回形状为 (B, T, "
                                f"vocab_size) = {tuple(right.shape)} 的 logits")
     err = fp.max_error(logits.double(), right.double())
     res.max_abs_error = err
@@ -156,7 +164,7 @@ def check_llama2c(comp: Component, ctx: Context) -> ComponentResult:
 def _divergence(res: ComponentResult, model: nn.Module, ours: nn.Module) -> None:
     """The first stage where the learner's model departs from handformer's, as a failed check."""
     try:
-        found = first_divergence(ours, Stages(model), IDS, atol=ATOL)
+        found = first_divergence(ours, Stages(model), ids(), atol=ATOL)
     except (ValueError, AttributeError, KeyError, StopIteration) as err:
         res.notes.append(text(f"the stages could not be compared ({err}); compare the logits only",
                               f"没法逐段比较（{err}）；只比较了 logits"))

@@ -16,6 +16,7 @@ Shape legend: N tokens (B * T), D d_model, E experts, K experts a token.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any
 
@@ -26,7 +27,7 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, D, check_determinism, error_text, finish
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize_kinds import note_departure
-from handformer.check.core.moe import moe_slots, router_linears
+from handformer.check.core.moe import moe_parts, moe_slots, router_linears
 from handformer.check.core.result import (
     Check,
     ComponentResult,
@@ -37,7 +38,7 @@ from handformer.check.core.result import (
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.weights import expert_slots
 from handformer.check.runners.localize_moe import localize_moe, moe_views
-from handformer.check.runners.pieces import wrong_branch_findings
+from handformer.check.runners.pieces import built_ffn, check_ffn, wrong_branch_findings
 
 TOP_K_SETTINGS = ("top_k", "num_experts_per_tok", "n_activated_experts", "experts_per_token", "k")
 TOL = 1e-6
@@ -133,6 +134,14 @@ def mixture(x: Tensor, router: tuple[Tensor, Tensor | None], experts: list[Any],
     outs = torch.stack([expert(x) for expert in experts], dim=-2)  # (B, T, E, D)
     picked = outs.gather(-2, chosen[..., None].expand(*chosen.shape, outs.size(-1)))  # (B, T, K, D)
     return (weights[..., None] * picked).sum(-2) + sum(s(x) for s in shared)
+
+
+def check_ffn_or_moe(comp: Component, ctx: Context) -> ComponentResult:
+    """A module found as an FFN: a mixture of experts where it is built as one, whatever its own source
+    reads (a router beside a list of experts: Switch's SparseMLP, its routing in a router class or a
+    helper of its own), so never an FFN without a down projection; else the FFN probe."""
+    moe = moe_parts(built_ffn(comp, ctx)) is not None
+    return check_moe(dataclasses.replace(comp, kind="moe"), ctx) if moe else check_ffn(comp, ctx)
 
 
 def check_moe(comp: Component, ctx: Context) -> ComponentResult:

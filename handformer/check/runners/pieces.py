@@ -491,9 +491,13 @@ def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
 
 
 def _has_weights(comp: Component, ctx: Context) -> bool:
-    module = ctx.build(comp, checked=False,
-                       warmup=lambda m: residual_handed_zero(m)(fp.randn(2, 5, D, seed=1).float()))
-    return next(module.parameters(), None) is not None
+    return next(built_ffn(comp, ctx).parameters(), None) is not None
+
+
+def built_ffn(comp: Component, ctx: Context) -> torch.nn.Module:
+    """The learner's FFN as check builds it (its residual handed zero where it adds one)."""
+    return ctx.build(comp, checked=False,
+                     warmup=lambda m: residual_handed_zero(m)(fp.randn(2, 5, D, seed=1).float()))
 
 
 ACTIVATIONS = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu, "relu": torch.relu,

@@ -25,6 +25,7 @@ Shape legend: B batch (1), T tokens, V vocabulary.
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 import types
@@ -32,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from handformer.check.catalog.base import DEPARTS
 from handformer.check.core import stats
@@ -58,7 +59,10 @@ INDEXED = re.compile(r"\[[^\[\]]*\]")
 
 
 # the soft stand-ins: row t holds the logits after token t (V, V), the target's and the draft's apart
-_TABLES = torch.randn(2, V, V, generator=torch.Generator().manual_seed(77), dtype=torch.float64) * 1.5
+@functools.cache
+def _tables() -> Tensor:
+    """(2, V, V), made when first asked (the fork server computes nothing: zygote.py)."""
+    return torch.randn(2, V, V, generator=torch.Generator().manual_seed(77), dtype=torch.float64) * 1.5
 SOFT_RUNS, SOFT_TEMPERATURE, SOFT_SEED = 1200, 2.0, 77
 TEMPERATURE_NAMES = ("temperature", "temp", "tau")
 
@@ -160,7 +164,7 @@ def check_speculative(comp: Component, ctx: Context) -> ComponentResult:
 
 def _distribution_check(ctx: Context, comp: Component, style: str) -> Check:
     """The first new token of many seeded runs with soft stand-ins follows the target's distribution."""
-    args = _arguments(comp.obj, Soft(_TABLES[1], style), Soft(_TABLES[0], style))
+    args = _arguments(comp.obj, Soft(_tables()[1], style), Soft(_tables()[0], style))
     args.update({name: 1 for name in args if _role(name) == "count"})
     temperature = {p.name: SOFT_TEMPERATURE for p in forward_parameters(comp.obj)
                    if p.name.lower() in TEMPERATURE_NAMES}  # none where it takes none: then 1
@@ -173,7 +177,7 @@ def _distribution_check(ctx: Context, comp: Component, style: str) -> Check:
         with torch.no_grad():
             ids = (_tokens(ctx.learner.call("forward", comp.obj, **args)) or []) + [0] * (T + 1)
         counts[ids[T]] += 1  # (token 0 where it gave no new token)
-    right = torch.softmax(_TABLES[0, PROMPT[0, -1]] / next(iter(temperature.values()), 1.0), -1)  # (V,)
+    right = torch.softmax(_tables()[0, PROMPT[0, -1]] / next(iter(temperature.values()), 1.0), -1)  # (V,)
     setting = "".join(f" at {name}={value:g}" for name, value in temperature.items())
     return _distribution_verdict(counts, right, setting)
 

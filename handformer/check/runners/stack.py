@@ -38,7 +38,7 @@ STACK_NOTE = text("it returns hidden states (B, T, d_model), not logits: a backb
 
 
 # what a call that hands or returns no (B, T, D) tensor reads as: a NaN, apart from every output
-NOTHING = torch.full((1, 1, 1), math.nan, dtype=torch.float64)
+NOTHING = torch.tensor([[[math.nan]]], dtype=torch.float64)  # (a literal: the fork server computes nothing)
 
 
 def _tensor(value: Any) -> Tensor:
