@@ -37,12 +37,36 @@ def counted_parameter(fn: Any) -> str:
     params = readable_parameters(fn)
     named = {p.name.lower() for p in params} & set(COUNT_NAMES)
     # an int default, or none (inspect's `empty`, a class: of type `type`)
-    ints = {p.name for p in params if type(p.default) in (int, type)} - set(NOT_COUNTS)
+    ints = {p.name for p in params if type(p.default) in (int, type)} - set(NOT_COUNTS) - collections(fn)
     if named or not ints:  # no parameter left to find
         return ""
     loops = [node for node in function_nodes(fn) if type(node) in BOUNDS]  # only a loop's bound is walked
     read = [n.id for node in loops for n in _values(BOUNDS[type(node)](node)) if n.id in ints]
     return next(iter(read), "")
+
+
+def collections(fn: Any) -> set[str]:
+    """The names a function reads as a collection, never a count: iterated (`for p in params`, in a
+    comprehension or through enumerate), indexed (`params[i]`), or measured (`len(params)`)."""
+    nodes = function_nodes(fn)
+    iterated = [_unwrapped(n.iter) for n in nodes if isinstance(n, (ast.For, ast.comprehension))]
+    indexed = [n.value for n in nodes if isinstance(n, ast.Subscript)]
+    measured = [a for n in nodes if getattr(getattr(n, "func", None), "id", "") == "len" for a in n.args]
+    return {getattr(n, "id", "") for n in iterated + indexed + measured} - {""}
+
+
+def _unwrapped(node: ast.AST) -> ast.AST:
+    """What a loop walks: the collection handed to enumerate(...) or zip(...), else the node itself."""
+    calls = getattr(getattr(node, "func", None), "id", "") in ("enumerate", "zip")
+    return node.args[0] if calls and node.args else node
+
+
+def counted_fields(fn: Any) -> list[str]:
+    """The attributes a loop counts its steps by, whatever they are called (`range(request.max_new)`,
+    `while len(out) < params.max_tokens`): a settings object's count."""
+    loops = [node for node in function_nodes(fn) if type(node) in BOUNDS]
+    bounds = [n for node in loops for n in ast.walk(BOUNDS[type(node)](node))]
+    return [n.attr for n in bounds if isinstance(n, ast.Attribute)]
 
 
 def _values(node: ast.AST) -> list[ast.Name]:
@@ -51,6 +75,20 @@ def _values(node: ast.AST) -> list[ast.Name]:
     nodes = list(ast.walk(node))
     held = {id(getattr(n, "value", None)) for n in nodes if isinstance(n, (ast.Attribute, ast.Subscript))}
     return [n for n in nodes if isinstance(n, ast.Name) and id(n) not in held]
+
+
+def accumulation_count(fn: Any) -> str:
+    """The name a training loop counts its micro-steps by: the bound of a `for` over range(...) whose
+    body backpropagates (`.backward()`) and steps nothing (`.step()`): gradient accumulation, whatever
+    the count is called; "" where no loop is written so."""
+    loops = [n for n in function_nodes(fn) if isinstance(n, ast.For) and _range(n.iter)]
+    inner = [n for n in loops if _calls(n, "backward") and not _calls(n, "step")]
+    return next((a.id for n in inner for a in n.iter.args[:2][-1:] if isinstance(a, ast.Name)), "")
+
+
+def _calls(node: ast.AST, attr: str) -> bool:
+    """Whether the code under node calls a method `attr` (`loss.backward()`)."""
+    return any(getattr(getattr(n, "func", None), "attr", "") == attr for n in ast.walk(node))
 
 
 def _range(node: ast.AST) -> bool:

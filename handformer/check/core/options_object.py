@@ -30,7 +30,7 @@ from handformer.check.core.argument_names import (
 from handformer.check.core.defaults import quietly
 from handformer.check.core.discovery import DiscoveryError
 from handformer.check.core.result import Text, text
-from handformer.check.core.source import config_reads
+from handformer.check.core.source import config_reads, function_nodes
 
 # a setting's neutral value: the one at which it leaves the plain loop's computation as it is (classifier-free
 # guidance at scale 1: the conditional pass alone)
@@ -48,11 +48,40 @@ KNOWN = {*COUNT_NAMES, *EOS_NAMES, *TEMPERATURE_NAMES, *SAMPLE_SWITCH_NAMES, *K_
 def options_class(fn: Any, name: str) -> type | None:
     """The one class of fn's file (no module) whose constructor takes every attribute fn reads from
     its argument `name`; None where fn reads none from it or no single class holds them all."""
-    attrs = config_reads(fn, name)[1]
+    attrs = config_reads(fn, name)[1] or row_reads(fn, name)
     module = vars(sys.modules.get(getattr(fn, "__module__", ""), types))  # (none: a module of no classes)
     own = [c for c in module.values() if isinstance(c, type) and c.__module__ == fn.__module__
            and not hasattr(c, "forward") and attrs <= {*_defaults(c), *_defaults(c, required=True)}]
     return own[0] if len(own) == 1 and attrs else None
+
+
+def row_reads(fn: Any, name: str) -> set[str]:
+    """The attributes fn reads off the items of its argument `name`: `name[i].attr`, or `p.attr` of
+    the `p` a loop over it gives (`for i, p in enumerate(name)`) or `p = name[i]` binds: settings
+    handed one a prompt."""
+    nodes = function_nodes(fn)
+    loops = [n for n in nodes if isinstance(n, (ast.For, ast.comprehension)) and _walks(n.iter, name)]
+    items = {getattr((getattr(n.target, "elts", None) or [n.target])[-1], "id", "") for n in loops}
+    items |= {getattr(t, "id", "") for n in nodes if isinstance(n, ast.Assign) and _indexes(n.value, name)
+              for t in n.targets}  # settings = name[i]
+    reads = [n for n in nodes if isinstance(n, ast.Attribute)]
+    return {n.attr for n in reads if getattr(n.value, "id", "") in items - {""} or _indexes(n.value, name)}
+
+
+def per_row(fn: Any, name: str) -> bool:
+    """Whether fn takes its settings one a prompt, as a list of objects (vLLM's list of SamplingParams)."""
+    return not config_reads(fn, name)[1] and bool(row_reads(fn, name))
+
+
+def _walks(node: ast.AST, name: str) -> bool:
+    """`name`, or enumerate(name): what a loop over the argument `name` walks."""
+    walked = getattr(getattr(node, "func", None), "id", "") == "enumerate" and node.args
+    node = node.args[0] if walked else node
+    return getattr(node, "id", "") == name
+
+
+def _indexes(node: ast.AST, name: str) -> bool:
+    return isinstance(node, ast.Subscript) and getattr(node.value, "id", "") == name
 
 
 def option_fields(fn: Any) -> list[str]:
