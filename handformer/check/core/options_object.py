@@ -29,8 +29,9 @@ from handformer.check.core.argument_names import (
 )
 from handformer.check.core.defaults import quietly
 from handformer.check.core.discovery import DiscoveryError
+from handformer.check.core.loop_forms import name_of, nodes_of, walked
 from handformer.check.core.result import Text, text
-from handformer.check.core.source import config_reads, function_nodes
+from handformer.check.core.source import config_reads
 
 # a setting's neutral value: the one at which it leaves the plain loop's computation as it is (classifier-free
 # guidance at scale 1: the conditional pass alone)
@@ -59,13 +60,12 @@ def row_reads(fn: Any, name: str) -> set[str]:
     """The attributes fn reads off the items of its argument `name`: `name[i].attr`, or `p.attr` of
     the `p` a loop over it gives (`for i, p in enumerate(name)`) or `p = name[i]` binds: settings
     handed one a prompt."""
-    nodes = function_nodes(fn)
-    loops = [n for n in nodes if isinstance(n, (ast.For, ast.comprehension)) and _walks(n.iter, name)]
-    items = {getattr((getattr(n.target, "elts", None) or [n.target])[-1], "id", "") for n in loops}
-    items |= {getattr(t, "id", "") for n in nodes if isinstance(n, ast.Assign) and _indexes(n.value, name)
-              for t in n.targets}  # settings = name[i]
-    reads = [n for n in nodes if isinstance(n, ast.Attribute)]
-    return {n.attr for n in reads if getattr(n.value, "id", "") in items - {""} or _indexes(n.value, name)}
+    loops = [n.target for n in nodes_of(fn, ast.For, ast.comprehension) if name_of(walked(n.iter)) == name]
+    bound = [n.targets for n in nodes_of(fn, ast.Assign) if _indexes(n.value, name)]  # settings = name[i]
+    items = {name_of([target, *getattr(target, "elts", [])][-1]) for target in loops + sum(bound, [])}
+    reads = nodes_of(fn, ast.Attribute)
+    held = {n.attr for n in reads if _indexes(n.value, name)}  # name[i].attr
+    return {n.attr for n in reads if name_of(n.value) in items - {""}} | held
 
 
 def per_row(fn: Any, name: str) -> bool:
@@ -73,15 +73,9 @@ def per_row(fn: Any, name: str) -> bool:
     return not config_reads(fn, name)[1] and bool(row_reads(fn, name))
 
 
-def _walks(node: ast.AST, name: str) -> bool:
-    """`name`, or enumerate(name): what a loop over the argument `name` walks."""
-    walked = getattr(getattr(node, "func", None), "id", "") == "enumerate" and node.args
-    node = node.args[0] if walked else node
-    return getattr(node, "id", "") == name
-
-
 def _indexes(node: ast.AST, name: str) -> bool:
-    return isinstance(node, ast.Subscript) and getattr(node.value, "id", "") == name
+    """`name[...]`."""
+    return (type(node), name_of(getattr(node, "value", None))) == (ast.Subscript, name)
 
 
 def option_fields(fn: Any) -> list[str]:

@@ -70,7 +70,7 @@ def _round_trip(res: ComponentResult, ctx: Context, tok: Any, merges: list[tuple
     """decode(encode(line)) == line, in as many ids as the merges applied by rank make pieces; where its
     pieces (or their counts, without a vocabulary to read them by) are those of another order of the
     merges on every line, that mistake named."""
-    ranks = joined_ranks(merges) if scored_table(tok) else {pair: r for r, pair in enumerate(merges)}
+    ranks = {pair: r for r, pair in enumerate(merges)}
     made = {order: [_pieces(line, ranks, order) for line in LINES] for order in ORDERS}
     ours = [list(ctx.learner.call("encode", tok.encode, line)) for line in LINES]
     backs = [ctx.learner.call("decode", tok.decode, ids) for ids in ours]
@@ -105,19 +105,6 @@ def cut_as_made(merges: list[tuple[str, str]], words: Counter[tuple[str, ...]]) 
         cut.append(pair)
         words = Counter({R.merge_word(w, pair): n for w, n in words.items()})
     return cut
-
-
-def joined_ranks(merges: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
-    """The ranks of a scored table (`scored_table`): any two pieces that join into a merged piece merge
-    at its rank, however that piece was first made ("▁t" + "he" as "▁th" + "e")."""
-    pieces = {a + b for a, b in merges}
-    cuts = [((piece[:i], piece[i:]), r) for r, piece in enumerate(a + b for a, b in merges)
-            for i in range(1, len(piece))]
-    ranks: dict[tuple[str, str], int] = {}
-    for (x, y), r in cuts:
-        if all(len(part) == 1 or part in pieces for part in (x, y)):
-            ranks.setdefault((x, y), r)
-    return ranks
 
 
 KEPT_SPACE = text("decode gives each line back with a space in front: the ▁ put before the text is not "

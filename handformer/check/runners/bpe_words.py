@@ -294,7 +294,7 @@ def scored_merges(value: Any) -> list[tuple[str, str]]:
     made: set[str] = set()
     pairs = []
     for piece in sorted(value, key=lambda p: -value[p]):
-        cut = next((i for i in range(1, len(piece)) if _known(piece[:i], made) & _known(piece[i:], made)), 0)
+        cut = next((i for i in range(1, len(piece)) if known(piece[:i], made) & known(piece[i:], made)), 0)
         if not cut:
             return []
         pairs.append((piece[:cut], piece[cut:]))
@@ -302,7 +302,7 @@ def scored_merges(value: Any) -> list[tuple[str, str]]:
     return pairs
 
 
-def _known(part: str, made: set[str]) -> bool:
+def known(part: str, made: set[str]) -> bool:
     """A part a merge may join: one character, or a piece an earlier merge made."""
     return len(part) == 1 or part in made
 
