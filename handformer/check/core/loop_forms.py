@@ -37,12 +37,59 @@ def counted_parameter(fn: Any) -> str:
     params = readable_parameters(fn)
     named = {p.name.lower() for p in params} & set(COUNT_NAMES)
     # an int default, or none (inspect's `empty`, a class: of type `type`)
-    ints = {p.name for p in params if type(p.default) in (int, type)} - set(NOT_COUNTS)
+    ints = {p.name for p in params if type(p.default) in (int, type)} - set(NOT_COUNTS) - collections(fn)
     if named or not ints:  # no parameter left to find
         return ""
     loops = [node for node in function_nodes(fn) if type(node) in BOUNDS]  # only a loop's bound is walked
     read = [n.id for node in loops for n in _values(BOUNDS[type(node)](node)) if n.id in ints]
     return next(iter(read), "")
+
+
+def nodes_of(fn: Any, *kinds: type) -> list[Any]:
+    """The nodes of fn's source of these kinds."""
+    return [n for n in function_nodes(fn) if isinstance(n, kinds)]
+
+
+def walked(node: ast.AST) -> ast.AST:
+    """What a loop walks: the collection handed to enumerate(...) or zip(...), else the node itself."""
+    unwraps = getattr(getattr(node, "func", None), "id", "") in ("enumerate", "zip")
+    return [node, *getattr(node, "args", []), node][unwraps]
+
+
+def name_of(node: Any) -> str:
+    """The name a node reads ("" for anything but a plain name)."""
+    return getattr(node, "id", "")
+
+
+def collections(fn: Any) -> set[str]:
+    """The names a function reads as a collection, never a count: iterated (`for p in params`, in a
+    comprehension or through enumerate), indexed (`params[i]`), or measured (`len(params)`)."""
+    iterated = [walked(n.iter) for n in nodes_of(fn, ast.For, ast.comprehension)]
+    indexed = [n.value for n in nodes_of(fn, ast.Subscript)]
+    measured = [[*n.args, None][0] for n in nodes_of(fn, ast.Call) if name_of(n.func) == "len"]
+    return set(map(name_of, iterated + indexed + measured)) - {""}
+
+
+def counted_fields(fn: Any) -> list[str]:
+    """The attributes a loop counts its steps by, whatever they are called (`range(request.max_new)`,
+    `while len(out) < params.max_tokens`): a settings object's count."""
+    bounds = [ast.walk(BOUNDS[type(node)](node)) for node in nodes_of(fn, *BOUNDS)]
+    return [n.attr for walk in bounds for n in walk if isinstance(n, ast.Attribute)]
+
+
+def accumulation_count(fn: Any) -> str:
+    """The name a training loop counts its micro-steps by: the bound of a `for` over range(...) whose
+    body backpropagates (`.backward()`) and steps nothing (`.step()`): gradient accumulation, whatever
+    the count is called; "" where no loop is written so."""
+    accumulates = [(_range(n.iter), _calls(n, "backward"), _calls(n, "step")) == (True, True, False)
+                   for n in nodes_of(fn, ast.For)]
+    bounds = [n.iter.args[:2][-1] for n, yes in zip(nodes_of(fn, ast.For), accumulates) if yes]
+    return next(map(name_of, bounds), "")
+
+
+def _calls(node: ast.AST, attr: str) -> bool:
+    """Whether the code under node calls a method `attr` (`loss.backward()`)."""
+    return attr in {getattr(getattr(n, "func", None), "attr", "") for n in ast.walk(node)}
 
 
 def _values(node: ast.AST) -> list[ast.Name]:

@@ -29,6 +29,7 @@ from handformer.check.core.argument_names import (
 )
 from handformer.check.core.defaults import quietly
 from handformer.check.core.discovery import DiscoveryError
+from handformer.check.core.loop_forms import name_of, nodes_of, walked
 from handformer.check.core.result import Text, text
 from handformer.check.core.source import config_reads
 
@@ -48,11 +49,33 @@ KNOWN = {*COUNT_NAMES, *EOS_NAMES, *TEMPERATURE_NAMES, *SAMPLE_SWITCH_NAMES, *K_
 def options_class(fn: Any, name: str) -> type | None:
     """The one class of fn's file (no module) whose constructor takes every attribute fn reads from
     its argument `name`; None where fn reads none from it or no single class holds them all."""
-    attrs = config_reads(fn, name)[1]
+    attrs = config_reads(fn, name)[1] or row_reads(fn, name)
     module = vars(sys.modules.get(getattr(fn, "__module__", ""), types))  # (none: a module of no classes)
     own = [c for c in module.values() if isinstance(c, type) and c.__module__ == fn.__module__
            and not hasattr(c, "forward") and attrs <= {*_defaults(c), *_defaults(c, required=True)}]
     return own[0] if len(own) == 1 and attrs else None
+
+
+def row_reads(fn: Any, name: str) -> set[str]:
+    """The attributes fn reads off the items of its argument `name`: `name[i].attr`, or `p.attr` of
+    the `p` a loop over it gives (`for i, p in enumerate(name)`) or `p = name[i]` binds: settings
+    handed one a prompt."""
+    loops = [n.target for n in nodes_of(fn, ast.For, ast.comprehension) if name_of(walked(n.iter)) == name]
+    bound = [n.targets for n in nodes_of(fn, ast.Assign) if _indexes(n.value, name)]  # settings = name[i]
+    items = {name_of([target, *getattr(target, "elts", [])][-1]) for target in loops + sum(bound, [])}
+    reads = nodes_of(fn, ast.Attribute)
+    held = {n.attr for n in reads if _indexes(n.value, name)}  # name[i].attr
+    return {n.attr for n in reads if name_of(n.value) in items - {""}} | held
+
+
+def per_row(fn: Any, name: str) -> bool:
+    """Whether fn takes its settings one a prompt, as a list of objects (vLLM's list of SamplingParams)."""
+    return not config_reads(fn, name)[1] and bool(row_reads(fn, name))
+
+
+def _indexes(node: ast.AST, name: str) -> bool:
+    """`name[...]`."""
+    return (type(node), name_of(getattr(node, "value", None))) == (ast.Subscript, name)
 
 
 def option_fields(fn: Any) -> list[str]:

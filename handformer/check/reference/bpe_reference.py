@@ -238,6 +238,11 @@ TIE_RULES: dict[str, Callable[[Counter[Pair]], Pair]] = {
     "ties_first_seen": lambda counts: max(counts, key=counts.__getitem__)}
 
 
+def pair_counts(words: Counter[Word]) -> Counter[Pair]:
+    """How often each adjacent pair occurs in `words`, each word counted as often as it occurs."""
+    return _count(words)
+
+
 def _count(words: Counter[Word]) -> Counter[Pair]:
     counts: Counter[Pair] = Counter()
     for word, n in words.items():

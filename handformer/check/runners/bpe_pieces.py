@@ -56,6 +56,8 @@ def check_pieces(res: ComponentResult, ctx: Context, train: Callable[[list[str]]
                                   _piece_of(tok))
         return
     tok, merges = train(LINES)
+    if scored_table(tok):  # a table of the pieces merges make: each cut where its training made it
+        merges = cut_as_made(merges, sentencepiece_words(LINES))
     bpe_words.most_frequent_merges(res, merges, sentencepiece_words(LINES), (
         "lines (cut as SentencePiece cuts them: ▁ for each space)", "",
         "各行上（按 SentencePiece 的方式切开：空格写作 ▁）", ""))
@@ -84,6 +86,25 @@ def _round_trip(res: ComponentResult, ctx: Context, tok: Any, merges: list[tuple
     if backs == [f" {line}" for line in LINES]:  # the ▁ put in front of the text, kept
         res.findings.append(Finding(DEPARTS, KEPT_SPACE, *first_line([r"^\s*return\b"], source_lines(
             [tok.decode])[::-1])))
+
+
+def scored_table(tok: Any) -> bool:
+    """Whether the tokenizer keeps its merges as the pieces they make, each with a score (SentencePiece's
+    BPE, `bpe_words.scored_merges`): it merges any two pieces that join into one of them."""
+    return any(map(bpe_words.scored_merges, vars(tok).values()))
+
+
+def cut_as_made(merges: list[tuple[str, str]], words: Counter[tuple[str, ...]]) -> list[tuple[str, str]]:
+    """Each merged piece cut where training made it: of the adjacent pairs of `words` (the merges before
+    it applied) that join into it, the most frequent; the table alone cannot tell "▁" + "on" from "▁o" +
+    "n"."""
+    cut = []
+    for a, b in merges:
+        counts = R.pair_counts(words)
+        pair = max((p for p in counts if p[0] + p[1] == a + b), key=counts.__getitem__, default=(a, b))
+        cut.append(pair)
+        words = Counter({R.merge_word(w, pair): n for w, n in words.items()})
+    return cut
 
 
 KEPT_SPACE = text("decode gives each line back with a space in front: the ▁ put before the text is not "

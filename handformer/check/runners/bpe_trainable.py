@@ -213,7 +213,8 @@ def _learnt(tok: Any) -> tuple[dict[int, bytes], list[R.Pair]]:
     held = list(vars(tok).values())
     vocab = next(filter(lambda v: bpe.typed(v, int, bytes), held), {})
     ranked = [sorted(v, key=v.__getitem__) for v in filter(lambda v: bpe.typed(v, tuple, int), held)]
-    pairs = next(iter(ranked + list(filter(_token_pairs, held))), [])
+    scored = list(filter(None, map(bpe_words.scored_merges, held)))  # SentencePiece's {piece: -order}
+    pairs = next(iter(ranked + list(filter(_token_pairs, held)) + scored), [])
     if bpe_pieces.character_merges(pairs) and set("".join(map("".join, pairs))) <= R.BYTE_OF.keys():
         return _byte_level(held, pairs)
     return vocab, [(vocab.get(a, a), vocab.get(b, b)) for a, b in pairs]  # ids -> bytes

@@ -280,7 +280,31 @@ def _string_merges(value: Any) -> list[tuple[str, str]] | None:
 def held_merges(tok: Any) -> list[tuple[str, str]]:
     """The merges a trained tokenizer holds as pairs of strings (a list, or a dict pair -> rank), read
     as they are: ASCII ones are not GPT-2's characters of bytes here."""
-    return next(filter(None, map(_string_merges, vars(tok).values())), [])
+    held = list(vars(tok).values())
+    return next(filter(None, [*map(_string_merges, held), *map(scored_merges, held)]), [])
+
+
+def scored_merges(value: Any) -> list[tuple[str, str]]:
+    """SentencePiece's BPE merges held as {merged piece: score}, the score minus the merge's order: the
+    pairs in score order (the highest first), each piece cut into two it was made of (single characters
+    or pieces merged before it); [] where the table is not so (a Unigram model's scores, which hold
+    single characters and tie)."""
+    if not bpe.typed(value, str, float) or len(set(value.values())) < len(value) or len(value) < 2:
+        return []
+    made: set[str] = set()
+    pairs = []
+    for piece in sorted(value, key=lambda p: -value[p]):
+        cut = next((i for i in range(1, len(piece)) if known(piece[:i], made) & known(piece[i:], made)), 0)
+        if not cut:
+            return []
+        pairs.append((piece[:cut], piece[cut:]))
+        made.add(piece)
+    return pairs
+
+
+def known(part: str, made: set[str]) -> bool:
+    """A part a merge may join: one character, or a piece an earlier merge made."""
+    return len(part) == 1 or part in made
 
 
 def most_frequent_merges(res: ComponentResult, merges: list, words: Any,

@@ -58,13 +58,14 @@ from handformer.check.core.defaults import given, quietly, then
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import note_departure
-from handformer.check.core.loop_forms import counted_parameter, crops_by_limit
+from handformer.check.core.loop_forms import counted_fields, counted_parameter, crops_by_limit
 from handformer.check.core.options_object import (
     ARGUMENTS,
     OBJECT,
     build_options,
     neutral_words,
     options_class,
+    per_row,
     signature_settings,
     unmapped_words,
 )
@@ -428,7 +429,7 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
         value = extra.get(p.name, by_name.get(p.name.lower(), [if_needed.get(p.name.lower()), None][
             p.default is not p.empty]))
         if value is None and p.default is p.empty:  # a settings object of their own class
-            value = _own_options(ctx, comp, p, model, n, extra)
+            value = _own_options(ctx, comp, p, model, n, extra, _rows(ids))
         model.counted |= _counts(comp.obj, p, i, value)
         if value is None and p.default is not p.empty:
             continue
@@ -472,8 +473,13 @@ def _carry(comp: Component, model: Any, n: int) -> None:
         model.carried = carry(model, comp.obj, model_argument(comp.obj), sizes)
 
 
+def _rows(ids: Any) -> int:
+    """How many prompts a loop is handed: one for a list of ints or ids (T,), else the batch's rows."""
+    return 1 if fp.token_list(ids) or getattr(ids, "dim", lambda: 2)() < 2 else len(ids)
+
+
 def _own_options(ctx: Context, comp: Component, p: inspect.Parameter, model: LanguageModel, n: int,
-                 extra: dict[str, Any]) -> Any:
+                 extra: dict[str, Any], rows: int) -> Any:
     """A settings object of the learner's own class that the loop reads (vLLM's SamplingParams), built
     at its defaults, the count n, no EOS, the block size, every neutral setting, and what a check asks
     for by name (a temperature) (options_object.py); the settings left at values the reference has no
@@ -481,14 +487,16 @@ def _own_options(ctx: Context, comp: Component, p: inspect.Parameter, model: Lan
     own = options_class(comp.obj, p.name)
     if own is None:
         return None
-    given = {**dict.fromkeys(COUNT_NAMES, n), **dict.fromkeys(EOS_NAMES, NEVER),
+    counted = dict.fromkeys(map(str.lower, counted_fields(comp.obj)), n)  # range(request.max_new)
+    given = {**counted, **dict.fromkeys(COUNT_NAMES, n), **dict.fromkeys(EOS_NAMES, NEVER),
              **dict.fromkeys(TOP_K_NAMES, VOCAB), **dict.fromkeys(CONTEXT_NAMES, model.context),
              **{name.lower(): value for name, value in extra.items()}}
     options, left, neutral = build_options(own, given)
+    left = [word for word in left if word.split("=")[0].lower() not in counted]  # its count: check's n
     holder = (OBJECT[0].format(p.name), OBJECT[1].format(p.name))
     ctx.unmapped[comp.name] += unmapped_words(holder, left)  # after its arguments' (`_own_arguments`)
     ctx.neutral[comp.name] += neutral_words(holder, neutral)
-    return options
+    return [options] * rows if per_row(comp.obj, p.name) else options  # one a prompt: vLLM's list of them
 
 
 def _own_arguments(ctx: Context, comp: Component) -> dict[str, Any]:
@@ -530,9 +538,9 @@ def new_tokens(out: Any, prompt: Tensor, n: int) -> Tensor | None:
     new ones, or lists of them."""
     B, T = prompt.shape
     out = read_text(out)
-    if isinstance(out, tuple) and len(out) == 2 and (out[1] is None or _scores(out[1])) \
-            and not _scores(out[0]):
-        out = out[0]  # Meta's (tokens, logprobs): (tokens, None) with logprobs=False
+    if isinstance(out, tuple) and len(out) == 2 and _beside_ids(out[1]) and not _scores(out[0]) \
+            and isinstance(out[0], (Tensor, list)):
+        out = out[0]  # Meta's (tokens, logprobs), (tokens, None); (tokens, forward passes) of a parallel loop
     if fp.token_list(out) and out:  # a non-empty list of ids: one sequence
         out = [out]
     if isinstance(out, (list, tuple)) and out and all(isinstance(v, (list, tuple, Tensor)) for v in out):
@@ -543,6 +551,12 @@ def new_tokens(out: Any, prompt: Tensor, n: int) -> Tensor | None:
     if out.size(1) >= T and torch.equal(out[:, :T], prompt):
         return out[:, T:]
     return out
+
+
+def _beside_ids(value: Any) -> bool:
+    """What a loop returns beside its tokens: nothing, their scores, or a count (the forward passes a
+    loop that accepts several tokens a step made, Jacobi or lookahead decoding)."""
+    return value is None or _scores(value) or is_number(value)
 
 
 def _scores(value: Any) -> bool:

@@ -39,6 +39,7 @@ from handformer.check.core.context import (
 from handformer.check.core.defaults import keyword, then
 from handformer.check.core.discovery import Component
 from handformer.check.core.fingerprint import LearnerFailure
+from handformer.check.core.loop_forms import accumulation_count
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.signatures import drawn_global
 from handformer.check.core.source import locate, source_lines, source_text
@@ -92,7 +93,11 @@ class Loop:
         self.model, self.drawn = named(names, STEP_MODEL_NAMES), drawn_global(comp.obj, handed=True)
         self.data = [n for n in required if n != self.model]  # handed the token stream
         ints = [n for n in comp.obj.__code__.co_names if type(vars(ctx.module).get(n)) is int]
-        self.held = named(ints, ACCUM_NAMES)  # its micro-steps, a global of its file: set to ACCUM
+        count = accumulation_count(comp.obj)  # range(accum) around its backward: however it is named
+        ints_argued = [p.name for p in forward_parameters(comp.obj) if type(p.default) is int]
+        # its micro-steps, a global of its file or an argument of the loop's own: set to ACCUM
+        self.argued = named(ints_argued, (*ACCUM_NAMES, count.lower()))
+        self.held = self.argued or named(ints, (*ACCUM_NAMES, count.lower()))
         self.rows = BATCH * ACCUM if self.held else BATCH
         numbers = {k: v for k, v in vars(ctx.module).items() if type(v) in (int, float)}
         self.clip = clip_norm(source_text(comp.obj), numbers)  # clip_grad_norm_(..., grad_clip): its global
@@ -117,13 +122,13 @@ class Loop:
             self.opt = opt
             self.rates.append([then(g["lr"], float) for g in opt.param_groups])
 
-        stand_in = {self.drawn: Draws(parts, model), **(keyword(self.held, ACCUM))}
+        stand_in = {self.drawn: Draws(parts, model), **(keyword(self.held, ACCUM) if not self.argued else {})}
         self.carried = carry(model, self.comp.obj, self.model, {"context": POSITIONS, "vocab": VOCAB})
         hook = register_optimizer_step_pre_hook(seen)
         try:
             with globals_set(self.ctx.module, stand_in):
                 self.ctx.learner.call("forward", self.comp.obj, **{self.model: model},
-                                      **{n: STREAM.clone() for n in self.data})
+                                      **{n: STREAM.clone() for n in self.data}, **keyword(self.argued, ACCUM))
         except Stopped:
             pass
         except LearnerFailure:  # after its steps (a sample printed with the stand-in): the steps are graded
