@@ -28,7 +28,7 @@ from handformer.check.core.result import (
     Text,
     text,
 )
-from handformer.check.core.source import source_lines
+from handformer.check.core.source import functions_called, methods_called, source_lines
 from handformer.check.core.weights import Leaf, Slot, leaves, of_kind, shapes_text
 
 NOWHERE = Finding("", text("", ""))  # a departure with no line
@@ -98,6 +98,27 @@ def term_words(module: nn.Module, linears: list[Leaf], reference: Text) -> list[
     return [{**text(f"it computes a learned term with {en}, which handformer's {reference['en']} has not",
                     f"它用 {zh} 算了一个可学习的项，handformer 的{reference['zh']}没有这一项"),
              HELD: "term"}] * bool(linears)
+
+
+def top_k_words(module: nn.Module, reference: Text) -> list[Text]:
+    """A selection the reference has not: a top-k in the forward of one of the learner's modules inside
+    `module`, or in a function or method it calls, outside a mixture of experts (its router's top-k is
+    the MoE's reading): the keys each query attends to chosen by a score (MoBA's blocks, a sparse
+    attention's indexer), said with its first line. At lengths where it keeps every key the component
+    computes the reference's attention; past them, its departure is no evidence (HELD "term")."""
+    experts = {id(m) for sub in module.modules() if moe_parts(sub) is not None for m in sub.modules()}
+    forwards = [type(sub).forward for sub in module.modules() if id(sub) not in experts
+                and type(sub).__module__.startswith("learner_") and hasattr(type(sub), "forward")]
+    called = [f for fn in forwards for f in (*functions_called(fn), *methods_called(fn))]
+    found = [(n, code.split("#")[0].strip()) for n, code in source_lines([*forwards, *called])
+             if TOP_K.search(code.split("#")[0])][:1]
+    return [{**text(f"it keeps a top-k of its scores at line {n}: {code} (the keys or blocks each query "
+                    f"attends to, chosen by score), which handformer's {reference['en']} has not",
+                    f"它在第 {n} 行保留分数的 top-k：{code}（按分数选出每个查询要看的键或块），"
+                    f"handformer 的{reference['zh']}没有这一步"), HELD: "term"} for n, code in found]
+
+
+TOP_K = re.compile(r"\btopk\s*\(")  # torch.topk(scores, k) or scores.topk(k)
 
 
 def _read_at(module: nn.Module, leaf: Leaf) -> tuple[str, str]:

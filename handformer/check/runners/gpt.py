@@ -91,7 +91,7 @@ from handformer.check.core.source import (
     source_lines,
     source_text,
 )
-from handformer.check.core.unmapped import held_words, learned_terms
+from handformer.check.core.unmapped import held_words, learned_terms, top_k_words
 from handformer.check.core.weights import (
     Leaf,
     MappingError,
@@ -1086,7 +1086,8 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
             return _unmapped(res, module, call, idx, err)
         res.mapping = m.describe()
         res.notes += moe_note(m.blocks[0].ffn) + _held_note(m) + [POSITION_OFFSET_NOTE] * bool(m.offset)
-        ctx.unmapped[comp.name] = held_words(m.held, CAUSAL_LM) + _terms(module, m)  # unnamed: NOT CHECKED
+        ctx.unmapped[comp.name] = held_words(m.held, CAUSAL_LM) + _terms(module, m) + top_k_words(
+            module, CAUSAL_LM)  # unnamed: NOT CHECKED
         out, loss = call(idx, targets)  # again: the extra tables are held at zero
         _read_conventions(call, m, idx)
         _tied_despite_config(res, ctx, comp, m)
