@@ -16,6 +16,7 @@ from __future__ import annotations
 # other files keep the larger of that and their figure before (a file that waits on a child process or
 # a server slows less under load than one that computes)
 SECONDS = {
+    "test_check_not_lm.py": 60, "test_check_own_demo.py": 25, "test_check_mask_methods.py": 12,
     "test_check_row_filters.py": 12, "test_check_scale_bound.py": 12,
     "test_check.py": 61, "test_check_no_place.py": 5, "test_check_loop_interface.py": 12,
     "test_check_unquoted_fails.py": 26, "test_check_quick_gelu.py": 6, "test_check_mask_by_use.py": 6,
