@@ -249,8 +249,7 @@ def _charged_or_not(comp: Component, ctx: Context, result: ComponentResult, erro
     with contextlib.suppress(Exception):  # a form check cannot read again: the exception stays theirs
         why = judged(ctx.raised, ctx.path, lambda: _run_callers(comp, ctx)) or error
     why = not_charged(comp.obj, why)  # driven only with arguments taken from the file's calls
-    if why.kind == "exception":  # the file's own demo runs the class: check's sizes or forms (own_demo.py)
-        why = demo_runs(comp.obj, ctx.module, ctx.path) or why
+    why = demo_runs(comp.obj, ctx.module, ctx.path, why)  # its own demo runs it: check's sizes or forms
     if why.kind == "exception":  # theirs: as raised, or where their own call raised
         result.error = why
         return

@@ -41,7 +41,7 @@ class _Timeout(BaseException):  # noqa: N818
 def demo_body(path: str) -> tuple[ast.Module, int] | None:
     """The statements of the file's `if __name__ == "__main__":` block and its line; None: it has none."""
     tree = ast.parse(Path(path).read_text(encoding="utf-8"), path)
-    found = [node for node in tree.body if isinstance(node, ast.If) and "__name__" in ast.unparse(node.test)]
+    found = [node for node in tree.body if "__name__" in ast.unparse(getattr(node, "test", ast.Constant("")))]
     return (ast.Module(found[0].body, []), found[0].lineno) if found else None
 
 
@@ -49,10 +49,10 @@ def demo_body(path: str) -> tuple[ast.Module, int] | None:
 def recorded(cls: type, calls: list[list[str]]) -> Iterator[None]:
     """The class's forward, while the block runs, records each call's arguments (shown) and stops the
     demo as it returns; put back after."""
-    original, own = inspect.getattr_static(cls, "forward"), "forward" in vars(cls)
+    original = inspect.getattr_static(cls, "forward")  # its own, or one it inherits: set back as its own
 
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        calls.append([shown(a) for a in (*args, *kwargs.values())])
+        calls.append(list(map(shown, (*args, *kwargs.values()))))
         original(self, *args, **kwargs)
         raise _Returned
 
@@ -60,18 +60,16 @@ def recorded(cls: type, calls: list[list[str]]) -> Iterator[None]:
     try:
         yield
     finally:
-        if own:
-            cls.forward = original
-        else:
-            del cls.forward
+        cls.forward = original
 
 
-def demo_runs(comp_obj: Any, module: Any, path: str) -> LearnerError | None:
-    """A cannot_call saying the file's demo runs the class `comp_obj` (module docstring); None where the
-    file has no demo, its demo never calls the class, or its call raises."""
-    body = demo_body(path) if isinstance(comp_obj, type) and hasattr(comp_obj, "forward") else None
+def demo_runs(comp_obj: Any, module: Any, path: str, why: LearnerError) -> LearnerError:
+    """`why`, the learner's exception (kind "exception") on check's input, turned into a cannot_call
+    saying the file's demo runs the class `comp_obj` (module docstring); `why` as it is where it is no
+    exception, the file has no demo, its demo never calls the class, or its call raises."""
+    body = demo_body(path) if isinstance(comp_obj, type) and why.kind == "exception" else None
     if body is None:
-        return None
+        return why
     calls: list[list[str]] = []
     code = compile(body[0], path, "exec")
     space = {**vars(module), "__name__": "__main__"}
@@ -84,10 +82,10 @@ def demo_runs(comp_obj: Any, module: Any, path: str) -> LearnerError | None:
     except _Returned:
         return _why(comp_obj.__name__, body[1], calls[-1])
     except (Exception, SystemExit, _Timeout):  # noqa: BLE001  (it raised, or ran long: no evidence)
-        return None
+        return why
     finally:
         sys.argv = argv
-    return None
+    return why
 
 
 def _why(name: str, line: int, args: list[str]) -> LearnerError:

@@ -28,7 +28,7 @@ from handformer.check.core.result import (
     Text,
     text,
 )
-from handformer.check.core.source import functions_called, methods_called, source_lines
+from handformer.check.core.source import first_line, functions_called, methods_called, source_lines
 from handformer.check.core.weights import Leaf, Slot, leaves, of_kind, shapes_text
 
 NOWHERE = Finding("", text("", ""))  # a departure with no line
@@ -62,10 +62,10 @@ def held_apart(module: nn.Module, taken: Iterable[Slot], reference: Text) -> lis
     scaling vectors, a learned per-head temperature; gpt-oss's sinks are taken), said as held_words;
     and its linear layers that no role took (`term_words`). Bare parameters are read among those of a
     module that holds layers; a reading that consumed a layer (a fused qkv, split heads, a tied head)
-    took it."""
+    took it. A top-k of its scores (top_k_words) is said too."""
     ids = _ids(taken)
     return held_words(_untaken(module, "scalar", ids), reference) + term_words(
-        module, _untaken(module, "linear", ids), reference)
+        module, _untaken(module, "linear", ids), reference) + top_k_words(module, reference)
 
 
 def learned_terms(module: nn.Module, taken: Iterable[Slot], reference: Text, also: Iterable[Any] = ()
@@ -107,18 +107,18 @@ def top_k_words(module: nn.Module, reference: Text) -> list[Text]:
     attention's indexer), said with its first line. At lengths where it keeps every key the component
     computes the reference's attention; past them, its departure is no evidence (HELD "term")."""
     experts = {id(m) for sub in module.modules() if moe_parts(sub) is not None for m in sub.modules()}
-    forwards = [type(sub).forward for sub in module.modules() if id(sub) not in experts
-                and type(sub).__module__.startswith("learner_") and hasattr(type(sub), "forward")]
+    learners = {id(sub): type(sub).forward for sub in module.modules()
+                if type(sub).__module__.startswith("learner_")}
+    forwards = [forward for i, forward in learners.items() if i not in experts]
     called = [f for fn in forwards for f in (*functions_called(fn), *methods_called(fn))]
-    found = [(n, code.split("#")[0].strip()) for n, code in source_lines([*forwards, *called])
-             if TOP_K.search(code.split("#")[0])][:1]
+    n, code = first_line((TOP_K,), source_lines([*forwards, *called]))
     return [{**text(f"it keeps a top-k of its scores at line {n}: {code} (the keys or blocks each query "
                     f"attends to, chosen by score), which handformer's {reference['en']} has not",
                     f"它在第 {n} 行保留分数的 top-k：{code}（按分数选出每个查询要看的键或块），"
-                    f"handformer 的{reference['zh']}没有这一步"), HELD: "term"} for n, code in found]
+                    f"handformer 的{reference['zh']}没有这一步"), HELD: "term"}] * bool(n)
 
 
-TOP_K = re.compile(r"\btopk\s*\(")  # torch.topk(scores, k) or scores.topk(k)
+TOP_K = r"\btopk\s*\("  # torch.topk(scores, k) or scores.topk(k)
 
 
 def _read_at(module: nn.Module, leaf: Leaf) -> tuple[str, str]:

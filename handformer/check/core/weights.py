@@ -160,20 +160,21 @@ def in_call_order(module: nn.Module, linears: list[Leaf]) -> list[Leaf]:
     `h = ...` then `return self.w2(h)`), where each is called there; as they are otherwise (an FFN as
     wide as the model has only the calls to tell its down projection: square_ffn)."""
     inside = [leaf for leaf in linears if FFN_PATH.search(leaf.name)]
-    ends = [_call_end(module, leaf) for leaf in inside]
-    if None in ends:
-        return linears
-    ordered = iter([leaf for _, leaf in sorted(zip(ends, inside), key=lambda pair: pair[0])])
-    return [next(ordered) if FFN_PATH.search(leaf.name) else leaf for leaf in linears]
+    ends = {id(leaf): _call_end(module, leaf) for leaf in inside}
+    ordered = sorted(inside, key=lambda leaf: ends[id(leaf)]) if None not in ends.values() else inside
+    by_place = dict(zip(map(id, inside), ordered))
+    return [by_place.get(id(leaf), leaf) for leaf in linears]
 
 
 def _call_end(module: nn.Module, leaf: Leaf) -> tuple[int, int] | None:
-    """Where the last call `self.<its name>(...)` of its owner's forward ends (line, column); None: none."""
+    """Where the last call `self.<its name>(...)` of its owner's forward ends (line, column); None: none.
+    (The attribute `self.<name>` itself ends inside its call, so the call's end is the largest.)"""
     owner, _, attr = leaf.name.rpartition(".")
     forward = getattr(type(quietly(lambda: module.get_submodule(owner))), "forward", None)
-    tree = quietly(lambda: ast.parse(textwrap.dedent(inspect.getsource(forward))))
-    ends = [(node.end_lineno, node.end_col_offset) for node in ast.walk(tree or ast.Module([], []))
-            if isinstance(node, ast.Call) and ast.unparse(node.func) == f"self.{attr}"]
+    empty = ast.Module([], [])  # no source: no call
+    tree = quietly(lambda: ast.parse(textwrap.dedent(inspect.getsource(forward))), otherwise=empty)
+    ends = [(node.end_lineno, node.end_col_offset) for node in ast.walk(tree)
+            if ast.unparse(getattr(node, "func", node)) == f"self.{attr}"]
     return max(ends, default=None)
 
 

@@ -120,7 +120,7 @@ from handformer.check.core.source import (
 )
 from handformer.check.core.square_only import in_a_form_taken, square_note
 from handformer.check.core.sublayer import grade_sublayer, sublayer_parts
-from handformer.check.core.unmapped import held_apart, top_k_words
+from handformer.check.core.unmapped import held_apart
 from handformer.check.core.weights import (
     QK_NORM_ROLES,
     RELATIVE_ROLE,
@@ -935,8 +935,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     kv_width = n_kv_heads * (D // heads) if n_kv_heads else None  # None: read from a fused projection
     slots = attention_slots(linears, D, 1, comp.name, kv_width)[0] + qk_norms
     n_kv_heads = n_kv_heads or kv_heads_of(slots, heads)
-    res.mapping = [s.describe() for s in slots]
-    ctx.unmapped[comp.name] = held_apart(module, slots, ATTENTION) + top_k_words(module, ATTENTION)
+    res.mapping, ctx.unmapped[comp.name] = [s.describe() for s in slots], held_apart(module, slots, ATTENTION)
     _sequence_first(res, ctx, c)
     causal_inside = _causal_inside(res, ctx, c, sizes["causal"], module)
     has_o = _head_notes(res, comp, c, slots, causal_inside, heads, source_text(ctx.module))

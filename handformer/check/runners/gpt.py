@@ -1086,8 +1086,7 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
             return _unmapped(res, module, call, idx, err)
         res.mapping = m.describe()
         res.notes += moe_note(m.blocks[0].ffn) + _held_note(m) + [POSITION_OFFSET_NOTE] * bool(m.offset)
-        ctx.unmapped[comp.name] = held_words(m.held, CAUSAL_LM) + _terms(module, m) + top_k_words(
-            module, CAUSAL_LM)  # unnamed: NOT CHECKED
+        ctx.unmapped[comp.name] = held_words(m.held, CAUSAL_LM) + _terms(module, m)  # unnamed: NOT CHECKED
         out, loss = call(idx, targets)  # again: the extra tables are held at zero
         _read_conventions(call, m, idx)
         _tied_despite_config(res, ctx, comp, m)
@@ -1170,9 +1169,10 @@ CAUSAL_LM = text("CausalLM", " CausalLM ")
 
 def _terms(module: nn.Module, m: GPTMap) -> list[Text]:
     """The model's linear layers that no role of handformer's CausalLM took (a block's forget gate, a
-    router that picks the tokens a block sees), said (unmapped.learned_terms)."""
+    router that picks the tokens a block sees), said (unmapped.learned_terms); a top-k of its scores."""
     slots = [s for b in m.blocks for s in itertools.chain(*b.attn, b.ffn, b.norms)]
-    return learned_terms(module, slots, CAUSAL_LM, [m.wte.weight, getattr(m.head, "weight", None)])
+    return learned_terms(module, slots, CAUSAL_LM, [m.wte.weight, getattr(m.head, "weight", None)]) + (
+        top_k_words(module, CAUSAL_LM))
 
 
 def _held_note(m: GPTMap) -> list[Text]:

@@ -101,7 +101,7 @@ from handformer.check.core.rope_tables import (
 from handformer.check.core.rotary import rope_layouts, rope_tables
 from handformer.check.core.score_scale import PLAIN, Form, layer_forms, scale_note, smallest_holder
 from handformer.check.core.source import locate, source_lines, source_text
-from handformer.check.core.unmapped import held_apart, top_k_words
+from handformer.check.core.unmapped import held_apart
 from handformer.check.core.weights import (
     Leaf,
     MappingError,
@@ -957,8 +957,7 @@ def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callabl
             res.status = DIFFERS
     guarded(res, lambda: _compare(res, layer, ctx, conv, slots, act, placement, rope, form))
     guarded(res, lambda: _properties(res, layer, ctx, conv))
-    ctx.unmapped[comp.name] = held_apart(layer.module, _taken(layer), LAYER) + top_k_words(
-        layer.module, LAYER)  # unnamed departure: NOT CHECKED
+    ctx.unmapped[comp.name] = held_apart(layer.module, _taken(layer), LAYER)  # unnamed departure: NOT CHECKED
 
 
 LAYER = text("layer", "层")
