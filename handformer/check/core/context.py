@@ -69,6 +69,7 @@ from handformer.check.core.source import (
     global_reads,
     locate,
     locate_form,
+    methods_called,
     module_reads,
     reachable,
     source_lines,
@@ -896,7 +897,8 @@ def masks_where_true_inside(module: Any, mask_name: str | None = None) -> bool:
                if type(sub).__module__.startswith("learner_")]
     sources += [(cls, cls.forward) for _, forward in sources for cls in module_reads(forward)
                 if nn.Module in getattr(cls, "__mro__", ())]
-    sources += [(f, f) for _, forward in sources for f in functions_called(forward)]
+    # and the methods it hands its mask to under another name (Megatron's scale_mask_softmax(scores, mask))
+    sources += [(f, f) for _, fn in sources for f in (*functions_called(fn), *methods_called(fn))]
     return any(_fills_where_true(code, fn) for code, fn in sources)
 
 

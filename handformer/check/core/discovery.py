@@ -461,7 +461,20 @@ def _structured_model(name: str, obj: Any) -> bool:
     backbone, by its name."""
     return inspect.isclass(obj) and not name.endswith(SUFFIXES["gpt"]) and not any(
         "mask" in p.name and p.default is p.empty for p in _forward_parameters(obj).values()
-    ) and _decoder_model(obj)
+    ) and _decoder_model(obj) and not classifies(obj)
+
+
+def classifies(cls: Any) -> bool:
+    """Whether a model's constructor reads a number of classes (ARGUMENTS' n_classes: `n_classes=4`,
+    `config.num_labels`): its head gives one row of class scores, not a token's next-token logits."""
+    names = "|".join(ARGUMENTS["n_classes"])
+    return bool(re.search(rf"\b(?:{names})\b", source_text(vars(cls).get("__init__", ""))))
+
+
+def _structured_classifier(name: str, obj: Any) -> bool:
+    """A class built as a model of blocks (an embedding, then a list of blocks) whose constructor reads
+    a number of classes: an encoder classifier, not a language model."""
+    return inspect.isclass(obj) and classifies(obj) and _decoder_model(obj)
 
 
 # what an encoder's output is called where a decoder takes it (Whisper's xa, PyTorch's memory)
@@ -504,7 +517,7 @@ def memory_decoder_parts(cls: Any) -> list[str] | None:
 # (the kind, how it was found, the test on a name and its object) of the kinds found by their structure:
 # decoder-only models, tokenizers that train themselves (minbpe's classes), optimizers written by hand,
 # encoder-decoders' decoders that take a KV cache, Sennrich's get_stats and merge_vocab (bpe_parts.py)
-STRUCTURES = (("gpt", "structure", _structured_model),
+STRUCTURES = (("gpt", "structure", _structured_model), ("classifier", "structure", _structured_classifier),
               ("cached_decoder", "decoder_structure",
                lambda name, obj: cached_decoder_parts(obj) is not None),
               ("memory_decoder", "memory_structure",

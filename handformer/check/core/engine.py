@@ -44,6 +44,7 @@ from handformer.check.core.kinds import KINDS_BY_NAME
 from handformer.check.core.localize import commented_out
 from handformer.check.core.neutral_settings import at_neutral
 from handformer.check.core.own_calls import forward_defaults_, not_charged, taken_notes
+from handformer.check.core.own_demo import demo_runs
 from handformer.check.core.own_width import other_width
 from handformer.check.core.passed_in import passed_in
 from handformer.check.core.precision import DTYPE_MISMATCH, float64_kept
@@ -248,6 +249,7 @@ def _charged_or_not(comp: Component, ctx: Context, result: ComponentResult, erro
     with contextlib.suppress(Exception):  # a form check cannot read again: the exception stays theirs
         why = judged(ctx.raised, ctx.path, lambda: _run_callers(comp, ctx)) or error
     why = not_charged(comp.obj, why)  # driven only with arguments taken from the file's calls
+    why = demo_runs(comp.obj, ctx.module, ctx.path, why)  # its own demo runs it: check's sizes or forms
     if why.kind == "exception":  # theirs: as raised, or where their own call raised
         result.error = why
         return

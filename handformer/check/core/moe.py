@@ -25,6 +25,7 @@ from handformer.check.core.weights import (
     Slot,
     ffn_slots,
     ffn_weights,
+    in_call_order,
     is_gated,
     leaves,
     of_kind,
@@ -85,7 +86,8 @@ def ffn_readings(module: nn.Module, linears: list[Leaf], F: int | None, what: st
                  ) -> list[list[Slot]]:
     """The readings of a layer's FFN: its mixture of experts' (one), else its FFN's (ffn_slots)."""
     found = find_moe(module)
-    return ffn_slots(linears, D, F, what) if found is None else [moe_slots(*found, what, label)]
+    return ffn_slots(in_call_order(module, linears), D, F, what) if found is None else [
+        moe_slots(*found, what, label)]
 
 
 def moe_slots(path: str, moe: nn.Module, what: str, label: str) -> list[Slot]:

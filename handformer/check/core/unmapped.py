@@ -28,7 +28,7 @@ from handformer.check.core.result import (
     Text,
     text,
 )
-from handformer.check.core.source import source_lines
+from handformer.check.core.source import first_line, functions_called, methods_called, source_lines
 from handformer.check.core.weights import Leaf, Slot, leaves, of_kind, shapes_text
 
 NOWHERE = Finding("", text("", ""))  # a departure with no line
@@ -62,10 +62,10 @@ def held_apart(module: nn.Module, taken: Iterable[Slot], reference: Text) -> lis
     scaling vectors, a learned per-head temperature; gpt-oss's sinks are taken), said as held_words;
     and its linear layers that no role took (`term_words`). Bare parameters are read among those of a
     module that holds layers; a reading that consumed a layer (a fused qkv, split heads, a tied head)
-    took it."""
+    took it. A top-k of its scores (top_k_words) is said too."""
     ids = _ids(taken)
     return held_words(_untaken(module, "scalar", ids), reference) + linear_terms(
-        module, _untaken(module, "linear", ids), reference)
+        module, _untaken(module, "linear", ids), reference) + top_k_words(module, reference)
 
 
 def learned_terms(module: nn.Module, taken: Iterable[Slot], reference: Text, also: Iterable[Any] = ()
@@ -104,6 +104,27 @@ def term_words(read: list[tuple[str, str, str]], reference: Text) -> list[Text]:
     return [{**text(f"it computes a learned term with {en}, which handformer's {reference['en']} has not",
                     f"它用 {zh} 算了一个可学习的项，handformer 的{reference['zh']}没有这一项"),
              HELD: "term"}] * bool(read)
+
+
+def top_k_words(module: nn.Module, reference: Text) -> list[Text]:
+    """A selection the reference has not: a top-k in the forward of one of the learner's modules inside
+    `module`, or in a function or method it calls, outside a mixture of experts (its router's top-k is
+    the MoE's reading): the keys each query attends to chosen by a score (MoBA's blocks, a sparse
+    attention's indexer), said with its first line. At lengths where it keeps every key the component
+    computes the reference's attention; past them, its departure is no evidence (HELD "term")."""
+    experts = {id(m) for sub in module.modules() if moe_parts(sub) is not None for m in sub.modules()}
+    learners = {id(sub): type(sub).forward for sub in module.modules()
+                if type(sub).__module__.startswith("learner_")}
+    forwards = [forward for i, forward in learners.items() if i not in experts]
+    called = [f for fn in forwards for f in (*functions_called(fn), *methods_called(fn))]
+    n, code = first_line((TOP_K,), source_lines([*forwards, *called]))
+    return [{**text(f"it keeps a top-k of its scores at line {n}: {code} (the keys or blocks each query "
+                    f"attends to, chosen by score), which handformer's {reference['en']} has not",
+                    f"它在第 {n} 行保留分数的 top-k：{code}（按分数选出每个查询要看的键或块），"
+                    f"handformer 的{reference['zh']}没有这一步"), HELD: "term"}] * bool(n)
+
+
+TOP_K = r"\btopk\s*\("  # torch.topk(scores, k) or scores.topk(k)
 
 
 def _read_at(module: nn.Module, leaf: Leaf) -> tuple[str, str]:

@@ -9,11 +9,13 @@ Shape legend: D d_model, F FFN width.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
 import math
 import os
 import re
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -150,6 +152,30 @@ def square_ffn(linears: list[Leaf], D: int) -> list[Leaf]:
     """The (D, D) linears inside the layer's FFN (happy-llm's MLP(args.dim, args.dim, ...): an FFN as
     wide as the model): no attention's projections."""
     return with_shape([leaf for leaf in linears if FFN_PATH.search(leaf.name)], (D, D))
+
+
+def in_call_order(module: nn.Module, linears: list[Leaf]) -> list[Leaf]:
+    """The linears with those inside the FFN in the order their calls end in their owner's forward: the
+    down projection last, whichever line holds it (`self.w2(F.silu(self.w1(x)) * self.w3(x))`, Meta's, or
+    `h = ...` then `return self.w2(h)`), where each is called there; as they are otherwise (an FFN as
+    wide as the model has only the calls to tell its down projection: square_ffn)."""
+    inside = [leaf for leaf in linears if FFN_PATH.search(leaf.name)]
+    ends = {id(leaf): _call_end(module, leaf) for leaf in inside}
+    ordered = sorted(inside, key=lambda leaf: ends[id(leaf)]) if None not in ends.values() else inside
+    by_place = dict(zip(map(id, inside), ordered))
+    return [by_place.get(id(leaf), leaf) for leaf in linears]
+
+
+def _call_end(module: nn.Module, leaf: Leaf) -> tuple[int, int] | None:
+    """Where the last call `self.<its name>(...)` of its owner's forward ends (line, column); None: none.
+    (The attribute `self.<name>` itself ends inside its call, so the call's end is the largest.)"""
+    owner, _, attr = leaf.name.rpartition(".")
+    forward = getattr(type(quietly(lambda: module.get_submodule(owner))), "forward", None)
+    empty = ast.Module([], [])  # no source: no call
+    tree = quietly(lambda: ast.parse(textwrap.dedent(inspect.getsource(forward))), otherwise=empty)
+    ends = [(node.end_lineno, node.end_col_offset) for node in ast.walk(tree)
+            if ast.unparse(getattr(node, "func", node)) == f"self.{attr}"]
+    return max(ends, default=None)
 
 
 def single_heads(label: str, sub: nn.Module) -> list[Leaf] | None:

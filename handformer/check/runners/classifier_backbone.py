@@ -133,8 +133,8 @@ def _reads_pooled(res: ComponentResult, encoder: nn.Module, head: list[nn.Module
     read = seen.read
     reads = [k for k, t in pooled_candidates(seen.out, keep).items()
              if read is not None and t.shape == read.shape and fp.max_error(t, read) < fp.TOL]
-    res.notes += [text(f"the head reads the encoder's output: {reads[0]}",
-                       f"分类头读的是编码器的输出：{READS_ZH[reads[0]]}")][:len(reads)]
+    res.notes += [text(f"the head reads the encoder's output: {r}",
+                       f"分类头读的是编码器的输出：{READS_ZH[r]}") for r in reads[:1]]
 
 
 READS_ZH = {"the pooled output": "池化输出", "the first token's states": "第一个 token 的隐藏状态",

@@ -92,7 +92,7 @@ from handformer.check.core.source import (
     source_lines,
     source_text,
 )
-from handformer.check.core.unmapped import held_words, learned_terms, term_words
+from handformer.check.core.unmapped import held_words, learned_terms, term_words, top_k_words
 from handformer.check.core.weights import (
     Leaf,
     MappingError,
@@ -749,6 +749,12 @@ def variant(hf: CausalLM, idx: Tensor, flags: frozenset[str], table_theta: float
     return hf.lm_head(x)
 
 
+def losses_alone(raw: Any, targets: Tensor | None) -> bool:
+    """Whether forward, handed targets, gave back their loss and no logits: one number (nanochat's), or
+    one a target (B, T) (Megatron's per-token losses, averaged by its training step)."""
+    return isinstance(raw, Tensor) and targets is not None and raw.shape in ((), targets.shape)
+
+
 class Caller:
     """idx (B, T) -> (logits (B, T, V) or (B, 1, V), loss or None), with targets when forward takes them."""
 
@@ -899,9 +905,9 @@ class Caller:
             return batch_first(self.ctx.learner.call("forward", self.module, idx.T, **kwargs)), None
         asked = self.target in kwargs  # no targets handed, no loss of them (an MoE's aux loss beside logits)
         raw = self.ctx.learner.call("forward", self.module, idx, **kwargs)
-        if self.target in kwargs and isinstance(raw, Tensor) and raw.dim() == 0:  # nanochat's: the loss alone
+        if self.target in kwargs and losses_alone(raw, targets):  # nanochat's loss, Megatron's per token
             kwargs.pop(self.target)
-            raw = (self.ctx.learner.call("forward", self.module, idx, **kwargs), raw)
+            raw = (self.ctx.learner.call("forward", self.module, idx, **kwargs), raw.mean())
         if not isinstance(raw, (Tensor, tuple, list)) and isinstance(getattr(raw, "logits", None), Tensor):
             raw = (raw.logits, getattr(raw, "loss", None))  # Hugging Face's output object (minimind's)
         if isinstance(raw, dict):  # fairseq's encoder: {"encoder_out": ..., ...}, read as its values
@@ -1173,9 +1179,10 @@ CAUSAL_LM = text("CausalLM", " CausalLM ")
 
 def _terms(module: nn.Module, m: GPTMap) -> list[Text]:
     """The model's linear layers that no role of handformer's CausalLM took (a block's forget gate, a
-    router that picks the tokens a block sees), said (unmapped.learned_terms)."""
+    router that picks the tokens a block sees), said (unmapped.learned_terms); a top-k of its scores."""
     slots = [s for b in m.blocks for s in itertools.chain(*b.attn, b.ffn, b.norms)]
-    return learned_terms(module, slots, CAUSAL_LM, [m.wte.weight, getattr(m.head, "weight", None)])
+    return learned_terms(module, slots, CAUSAL_LM, [m.wte.weight, getattr(m.head, "weight", None)]) + (
+        top_k_words(module, CAUSAL_LM))
 
 
 def _held_words(m: GPTMap) -> list[Text]:
