@@ -27,6 +27,7 @@ from handformer.check.core.argument_names import (
     readable_parameters,
 )
 from handformer.check.core.bpe_parts import snippet_parts
+from handformer.check.core.callables import neutral_callable
 from handformer.check.core.defaults import given, quietly
 from handformer.check.core.hosts import host_arguments
 from handformer.check.core.kinds import COLLATOR_KINDS, KINDS_TABLE, METHOD_NAMES, TABLED
@@ -1163,7 +1164,7 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
     field, or a class built by its keyword arguments), or a namespace with every common field; None
     when `p` is not a configuration."""
     keys, attrs = config_reads(cls, p.name)
-    values = {**_word_sizes(keys | attrs | _class_fields_of(_config_class(p, cls)), sizes),
+    values = {**_word_sizes(keys | attrs, sizes),
               **_config_values(sizes)}
     # `config.a or config.b`: a field check has no size for stands for b's (OLMo's embedding_size)
     fallbacks = config_fallbacks(cls, p.name).items()
@@ -1198,13 +1199,10 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
 
 
 def _with_values(config: Any, values: dict[str, Any]) -> Any:
-    """The config with `values` (what the learner's code reads, at check's sizes): a frozen dataclass
-    built anew by dataclasses.replace (Griffin's GriffinConfig; its fields set in __init__ only), any
-    other set field by field."""
-    if getattr(getattr(config, "__dataclass_params__", None), "frozen", False):
-        fields = {f.name for f in dataclasses.fields(config) if f.init}
-        return dataclasses.replace(config, **{k: v for k, v in values.items() if k in fields})
-    for attr, value in values.items():
+    """The config with `values` (what the learner's code reads, at check's sizes) set field by field; a
+    frozen dataclass (Griffin's GriffinConfig) as its constructor built it from them, never assigned to."""
+    frozen = getattr(getattr(config, "__dataclass_params__", None), "frozen", False)
+    for attr, value in ({} if frozen else values).items():
         setattr(config, attr, value)
     return config
 
@@ -1214,10 +1212,6 @@ def _word_sizes(names: set[str], sizes: dict[str, Any]) -> dict[str, Any]:
     width), under the names the tables list."""
     sized = _config_sizes(sizes)
     return {n: sized[size_of(n)] for n in names if sized.get(size_of(n)) is not None}
-
-
-def _class_fields_of(own: Any) -> set[str]:
-    return _class_fields(own) if isinstance(own, type) else set()
 
 
 def fit_config_sections_(config: Any, half: int) -> Any:
@@ -1442,7 +1436,8 @@ def _build_matched(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any],
             kwargs[p.name] = choice
         elif (part := _part_for(p.name, parts)) is not None:
             kwargs[p.name] = part()
-        elif own := file_arguments(target, [p.name], kwargs, sizes, argument_keys):  # DbrxBlock(config, i)
+        elif own := (file_arguments(target, [p.name], kwargs, sizes, argument_keys)  # DbrxBlock(config, i)
+                     or neutral_callable(target, p.name)):  # Megatron's init_method
             kwargs.update(record(target, own))
         else:
             known = "; ".join(f"{k}: {', '.join(v[:4])}" for k, v in ARGUMENTS.items())

@@ -34,7 +34,7 @@ WRITTEN = (
     rf"""getattr\(\s*[\w.]+\s*,\s*['"]{NAME}['"]\s*,\s*{VALUE}""")  # fairseq's getattr(args, "x", False)
 # a setting read as a condition: `if args.normalize_before`, `... if cfg.use_bias else`, or the attribute
 # it is kept in (`self.pre = args.normalize_before` and then `if self.pre`)
-CONDITION = re.compile(r"\bif\s+(?:not\s+)?([\w.]+)")
+CONDITION = re.compile(r"\bif\s+(?:not\s+)?(?:\w+\.)*(\w+)")
 KEPT = re.compile(r"(?m)^\s*(?:self\.)?(\w+)\s*=\s*\w+\.(\w+)\s*$")
 
 
@@ -57,10 +57,9 @@ def flags(obj: Any) -> frozenset[str]:
     """The settings (lower case) the file that defines `obj` reads as a condition, directly or through
     the attribute it keeps one in: a switch that a namespace answers False where the file gives it no
     value (fairseq's args.encoder_normalize_before: post-norm, the paper's)."""
-    source = source_text(sys.modules.get(getattr(obj, "__module__", ""), None))
-    read = {name.split(".")[-1].lower() for name in CONDITION.findall(source)}
-    kept = {setting.lower() for held, setting in KEPT.findall(source) if held.lower() in read}
-    return frozenset(read | kept)
+    source = source_text(sys.modules.get(getattr(obj, "__module__", ""), None)).lower()
+    read, kept = set(CONDITION.findall(source)), dict(KEPT.findall(source))
+    return frozenset(read | {kept[held] for held in read & kept.keys()})
 
 
 def read_fields(fn: Any, name: str) -> set[str]:

@@ -159,7 +159,8 @@ def _table(module: nn.Module) -> Tensor | None:
     for buf in module.buffers():
         if buf.dim() >= 2 and buf.size(-1) == D and buf.is_floating_point() and buf[..., 0, :].numel() == D:
             table = buf.reshape(-1, buf.size(-2), D)[0]  # (L, D)
-            start = 1 + max(i for i in range(-1, PADDING_ROWS) if i < 0 or not table[i].any())
+            zero = (table[:PADDING_ROWS] == 0).all(-1).tolist()  # (PADDING_ROWS,): rows all zero
+            start = len(zero) - (zero[::-1] + [True]).index(True)  # the row after the last zero one
             rows = table[start:start + MAX_LEN]  # (MAX_LEN, D) where it is long enough
             found = any(fp.max_error(rows, t[start:start + MAX_LEN]) < 1e-5 for t in tables)
             if rows.size(0) == MAX_LEN and found:
