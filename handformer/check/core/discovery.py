@@ -27,11 +27,12 @@ from handformer.check.core.argument_names import (
     readable_parameters,
 )
 from handformer.check.core.bpe_parts import snippet_parts
+from handformer.check.core.callables import neutral_callable
 from handformer.check.core.defaults import given, quietly
 from handformer.check.core.hosts import host_arguments
 from handformer.check.core.kinds import COLLATOR_KINDS, KINDS_TABLE, METHOD_NAMES, TABLED
 from handformer.check.core.own_calls import file_arguments, record
-from handformer.check.core.own_defaults import own_defaults, settings_class
+from handformer.check.core.own_defaults import flags, own_defaults, settings_class
 from handformer.check.core.sections import fit_sections_
 from handformer.check.core.size_roles import with_roles
 from handformer.check.core.source import code_text, config_fallbacks, config_reads, module_reads, source_text
@@ -202,6 +203,10 @@ VOCAB_WORDS = {"vocab", "voc", "vocabulary", "dictionary"}  # dictionary: fairse
 TARGET_WORDS = {"tgt", "trg", "target", "dec", "decoder", "output", "out"}
 SIDE_WORDS = VOCAB_WORDS | TARGET_WORDS | {"src", "source", "enc", "encoder", "input", "in", "size", "len",
                                            "num", "n"}
+# a width of the model named by its side and words of a width (fairseq's encoder_embed_dim, Griffin's
+# width): the words of a side, of an embedding and of a width only (lru_width is another width)
+MODEL_WIDTH_WORDS = {"src", "source", "enc", "encoder", "tgt", "trg", "target", "dec", "decoder", "model",
+                     "embed", "embedding", "emb", "token", "word", "d", "dim", "width"}
 
 
 # the size a name's words say, by the first rule that holds: (sets the name holds a word of each of,
@@ -213,7 +218,9 @@ WORD_RULES: tuple[tuple[tuple[set[str], ...], set[str], set[str] | None, str], .
     ((VOCAB_WORDS, TARGET_WORDS), set(), SIDE_WORDS, "tgt_vocab"),
     ((VOCAB_WORDS,), set(), SIDE_WORDS, "src_vocab"),
     ((DROPOUT_WORDS,), set(), None, "dropout"),
-    (({"max"}, LENGTH_WORDS), {"relative", "rel", "distance"}, None, "max_len"))  # Shaw's clip is no length
+    (({"max"}, LENGTH_WORDS), {"relative", "rel", "distance"}, None, "max_len"),  # Shaw's clip is no length
+    (({"layers"},), set(), SIDE_WORDS | {"layers"}, "n_layers"),  # fairseq's encoder_layers, decoder_layers
+    (({"dim", "width"},), set(), MODEL_WIDTH_WORDS, "d_model"))
 
 
 def size_of(name: str) -> str | None:
@@ -1169,8 +1176,9 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
     is subscripted (cfg["emb_dim"]), the learner's own config class (a dataclass filled field by
     field, or a class built by its keyword arguments), or a namespace with every common field; None
     when `p` is not a configuration."""
-    values = _config_values(sizes)
     keys, attrs = config_reads(cls, p.name)
+    values = {**_word_sizes(keys | attrs, sizes),
+              **_config_values(sizes)}
     # `config.a or config.b`: a field check has no size for stands for b's (OLMo's embedding_size)
     fallbacks = config_fallbacks(cls, p.name).items()
     values.update({a: values[b] for a, b in fallbacks if b in values and a not in values})
@@ -1197,13 +1205,26 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
             source = source_text(own)  # kwargs.get("vocab_size", 6400): the names its code reads
             config = own(**{n: v for n, v in values.items()
                             if n in params or (takes_any and re.search(rf"\b{n}\b", source))})
-        for attr, value in values.items():  # what the learner's code reads, at check's sizes
-            read_only = isinstance(getattr(type(config), attr, None), property)  # gpt-fast's head_dim
-            if (attr in attrs or hasattr(config, attr)) and not callable(getattr(config, attr, None)) and (
-                    not read_only):
-                setattr(config, attr, value)
-        return config
+        return _with_values(config, {attr: value for attr, value in values.items() if (
+            attr in attrs or hasattr(config, attr)) and not callable(getattr(config, attr, None))
+            and not isinstance(getattr(type(config), attr, None), property)})  # gpt-fast's head_dim
     return _namespace(cls, values, attrs, sizes)
+
+
+def _with_values(config: Any, values: dict[str, Any]) -> Any:
+    """The config with `values` (what the learner's code reads, at check's sizes) set field by field; a
+    frozen dataclass (Griffin's GriffinConfig) as its constructor built it from them, never assigned to."""
+    frozen = getattr(getattr(config, "__dataclass_params__", None), "frozen", False)
+    for attr, value in ({} if frozen else values).items():
+        setattr(config, attr, value)
+    return config
+
+
+def _word_sizes(names: set[str], sizes: dict[str, Any]) -> dict[str, Any]:
+    """Check's size for each field whose words say one (size_of: fairseq's encoder_embed_dim, Griffin's
+    width), under the names the tables list."""
+    sized = _config_sizes(sizes)
+    return {n: sized[size_of(n)] for n in names if sized.get(size_of(n)) is not None}
 
 
 def fit_config_sections_(config: Any, half: int) -> Any:
@@ -1226,7 +1247,7 @@ def _namespace(cls: Any, values: dict[str, Any], attrs: set[str], sizes: dict[st
     share of the file's at check's (rotary_shares)."""
     own = own_defaults(cls)
     shared = {**rotary_shares(own), **paired_hidden(values, attrs, sizes)}
-    return SizedNamespace(shared, _config_sizes(sizes), own)
+    return SizedNamespace(shared, _config_sizes(sizes), {**dict.fromkeys(flags(cls), False), **own})
 
 
 # what a constructor reads of a layer it is handed (LoRA's base_layer.in_features), never of a config
@@ -1428,7 +1449,8 @@ def _build_matched(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any],
             kwargs[p.name] = choice
         elif (part := _part_for(p.name, parts)) is not None:
             kwargs[p.name] = part()
-        elif own := file_arguments(target, [p.name], kwargs, sizes, argument_keys):  # DbrxBlock(config, i)
+        elif own := (file_arguments(target, [p.name], kwargs, sizes, argument_keys)  # DbrxBlock(config, i)
+                     or neutral_callable(target, p.name)):  # Megatron's init_method
             kwargs.update(record(target, own))
         else:
             known = "; ".join(f"{k}: {', '.join(v[:4])}" for k, v in ARGUMENTS.items())

@@ -108,7 +108,11 @@ def outputs(value: Any) -> list[Any]:
 def first_tensor(value: Any, ndim: int | None = None) -> Tensor | None:
     """The output tensor of a learner call that returns a tensor or a tuple (output, weights)."""
     items = [value] if isinstance(value, Tensor) else value if isinstance(value, (tuple, list)) else ()
-    return next((t for t in items if isinstance(t, Tensor) and (ndim is None or t.dim() == ndim)), None)
+    found = next((t for t in items if isinstance(t, Tensor) and (ndim is None or t.dim() == ndim)), None)
+    # (output, bias) with the bias not yet added (Megatron's skip_bias_add: its caller adds it): a vector
+    # as long as the output's last axis, of an output of two axes or more
+    shape, bias = getattr(found, "shape", ()), (None, *items[1:2])[-1]  # the second item, if any
+    return found + bias if getattr(bias, "shape", None) == shape[-1:] != shape else found
 
 
 def returned_cache(value: Any, default: Any = None) -> Any:

@@ -49,6 +49,7 @@ class Taken:
     value: Any
     line: int
     loop: bool = False
+    said: tuple[str, str] = ("", "")  # (en, zh): the note of a value taken otherwise than from a call
 
 
 TAKEN: dict[Any, dict[str, Taken]] = {}  # the learner's class or function -> what was taken for it
@@ -344,8 +345,9 @@ def _defaulted_(cls: type) -> None:
 
 def taken_notes(obj: Any) -> list[Text]:
     """The report's note of each argument taken from the file's calls of `obj`."""
-    return [text(f"{t.name} = {t.value!r} taken from the file's own call at line {t.line}" + LOOP[0] * t.loop,
-                 f"{t.name} = {t.value!r} 取自文件自己在第 {t.line} 行的调用" + LOOP[1] * t.loop)
+    return [text(*(t.said if t.said[0] else (
+        f"{t.name} = {t.value!r} taken from the file's own call at line {t.line}" + LOOP[0] * t.loop,
+        f"{t.name} = {t.value!r} 取自文件自己在第 {t.line} 行的调用" + LOOP[1] * t.loop)))
             for t in TAKEN.get(obj, {}).values()]
 
 

@@ -30,7 +30,12 @@ WRITTEN = (
     rf"""add_argument\([^)]*?\bdest\s*=\s*['"]{NAME}['"][^)]*?\bdefault\s*=\s*{VALUE}""",
     rf"""add_argument\([^)]*?\bdefault\s*=\s*{VALUE}[^)]*?\bdest\s*=\s*['"]{NAME}['"]""",
     rf"""add_argument\(\s*['"]-*(?:[\w-]*['"]\s*,\s*['"]-*)?(?P<name>[\w-]+)['"][^)]*?\bdefault\s*=\s*{VALUE}""",
-    rf"(?m)^\s*{NAME}{TYPED}{VALUE}", rf"[(,]\s*{NAME}{TYPED}{VALUE}", rf"""['"]{NAME}['"]\s*:\s*{VALUE}""")
+    rf"(?m)^\s*{NAME}{TYPED}{VALUE}", rf"[(,]\s*{NAME}{TYPED}{VALUE}", rf"""['"]{NAME}['"]\s*:\s*{VALUE}""",
+    rf"""getattr\(\s*[\w.]+\s*,\s*['"]{NAME}['"]\s*,\s*{VALUE}""")  # fairseq's getattr(args, "x", False)
+# a setting read as a condition: `if args.normalize_before`, `... if cfg.use_bias else`, or the attribute
+# it is kept in (`self.pre = args.normalize_before` and then `if self.pre`)
+CONDITION = re.compile(r"\bif\s+(?:not\s+)?(?:\w+\.)*(\w+)")
+KEPT = re.compile(r"(?m)^\s*(?:self\.)?(\w+)\s*=\s*\w+\.(\w+)\s*$")
 
 
 @functools.lru_cache(maxsize=16)
@@ -46,6 +51,15 @@ def own_defaults(obj: Any) -> dict[str, Any]:
     """Each setting's name (lower case) -> the value the file that defines `obj` gives it (see the
     module's docstring); empty where that file has no source."""
     return _file_defaults(source_text(sys.modules.get(getattr(obj, "__module__", ""), None)))
+
+
+def flags(obj: Any) -> frozenset[str]:
+    """The settings (lower case) the file that defines `obj` reads as a condition, directly or through
+    the attribute it keeps one in: a switch that a namespace answers False where the file gives it no
+    value (fairseq's args.encoder_normalize_before: post-norm, the paper's)."""
+    source = source_text(sys.modules.get(getattr(obj, "__module__", ""), None)).lower()
+    read, kept = set(CONDITION.findall(source)), dict(KEPT.findall(source))
+    return frozenset(read | {kept[held] for held in read & kept.keys()})
 
 
 def read_fields(fn: Any, name: str) -> set[str]:

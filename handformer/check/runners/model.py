@@ -152,14 +152,23 @@ def _table(module: nn.Module) -> Tensor | None:
     """The learner's sinusoidal table as it stored it (a float32 buffer: handformer uses its values,
     so that rounding is not taken for a difference); None when no buffer is the paper's table, or
     the paper's sines and cosines in another layout of its features (Marian's and fairseq's: the sines
-    in the first half, the cosines in the second), a convention."""
-    tables = [sinusoidal_table(MAX_LEN, D)] + [V.sinusoidal(MAX_LEN, D, layout=k) for k in V.PE_LAYOUTS]
+    in the first half, the cosines in the second), a convention. A table whose first rows are zero up to
+    the padding index (fairseq's: its positions start after it) is taken from the row after them."""
+    longest = MAX_LEN + PADDING_ROWS
+    tables = [sinusoidal_table(longest, D)] + [V.sinusoidal(longest, D, layout=k) for k in V.PE_LAYOUTS]
     for buf in module.buffers():
         if buf.dim() >= 2 and buf.size(-1) == D and buf.is_floating_point() and buf[..., 0, :].numel() == D:
             table = buf.reshape(-1, buf.size(-2), D)[0]  # (L, D)
-            if table.size(0) >= MAX_LEN and any(fp.max_error(table[:MAX_LEN], t) < 1e-5 for t in tables):
-                return table[:MAX_LEN].double()
+            zero = (table[:PADDING_ROWS] == 0).all(-1).tolist()  # (PADDING_ROWS,): rows all zero
+            start = len(zero) - (zero[::-1] + [True]).index(True)  # the row after the last zero one
+            rows = table[start:start + MAX_LEN]  # (MAX_LEN, D) where it is long enough
+            found = any(fp.max_error(rows, t[start:start + MAX_LEN]) < 1e-5 for t in tables)
+            if rows.size(0) == MAX_LEN and found:
+                return rows.double()
     return None
+
+
+PADDING_ROWS = 4  # a padding index up to 3 (fairseq's 1): its zero row, the positions after it
 
 
 def map_model(module: nn.Module, F_width: int, shared: bool = False) -> ModelMap:
