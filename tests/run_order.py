@@ -50,6 +50,7 @@ SECONDS = {
     "test_check_filter_loops.py": 20, "test_check_sequence_blocks.py": 10, "test_check_averaged_logps.py": 8,
     "test_check_by_behaviour.py": 12, "test_check_functional.py": 2, "test_vnni_kernels.py": 2,
     "test_c_kernels.py": 1, "test_check_built_by_what.py": 1, "test_check_classifier.py": 1,
+    "test_check_parent_inputs.py": 12,
     "test_check_minbpe.py": 1, "test_time_limit.py": 1, "test_check_gnmt_beam_zh.py": 9,
     "test_check_command_r.py": 10, "test_check_rope_schedules.py": 8, "test_check_gated_shared_expert.py": 8,
     "test_check_moe_departs.py": 5, "test_check_head_lines.py": 4, "test_check_t5v11.py": 10,
