@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -32,116 +33,104 @@ class _Seen(Exception):  # noqa: N818 - not an error: the parent's call was reco
 
 def _required(cls: type) -> list[str]:
     params = list(inspect.signature(cls.forward).parameters.values())[1:]
-    return [p.name for p in params if p.default is inspect.Parameter.empty
-            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return [p.name for p in params if (p.kind, p.default) in REQUIRED]
+
+
+REQUIRED = {(inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.empty),
+            (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.empty)}
 
 
 def _builds(parent: type, child: type, classes: dict[str, type], seen: set[str]) -> bool:
     """Whether `parent`'s source names `child` or a class of the file that builds it."""
-    source = source_text(parent)
-    names = [n for n in classes if n not in seen and n in source]
-    seen.update(names)
-    return child.__name__ in source or any(_builds(classes[n], child, classes, seen) for n in names)
+    named = set(re.findall(r"\w+", source_text(parent)))
+    fresh = (named & classes.keys()) - seen
+    seen |= fresh
+    return child.__name__ in named or any(_builds(classes[n], child, classes, seen) for n in fresh)
 
 
 def parents_of(cls: type) -> list[type]:
     """The learner's module classes (cls's own file) that build `cls`, directly or through another."""
-    module = sys.modules.get(cls.__module__)
-    classes = {n: c for n, c in vars(module).items() if isinstance(c, type) and issubclass(c, nn.Module)
-               and c is not cls and c.__module__ == cls.__module__ and "forward" in vars(c)}
-    return [c for c in classes.values() if _builds(c, cls, classes, {c.__name__})]
+    own = vars(sys.modules[cls.__module__]).items()
+    here = (cls.__module__, True)
+    classes = {n: c for n, c in own  # the module classes the file defines
+               if (getattr(c, "__module__", None), nn.Module in getattr(c, "__mro__", ())) == here}
+    return [c for c in classes.values() if c is not cls and _builds(c, cls, classes, {c.__name__})]
 
 
-def record(parent: nn.Module, cls: type, ids: Tensor) -> dict[str, Any] | None:
+@torch.no_grad()
+def record(parent: nn.Module, cls: type, ids: Tensor) -> dict[str, Any]:
     """The arguments (by name) the parent's forward hands its first layer of class `cls` on `ids`;
-    None when it hands none or raises before."""
-    layer = next((m for m in parent.modules() if type(m) is cls), None)
+    none when it hands none or raises before."""
+    layer = next(m for m in parent.modules() if type(m) is cls)
     seen: dict[str, Any] = {}
 
     def hook(_: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         seen.update(inspect.signature(layer.forward).bind(*args, **kwargs).arguments)
         raise _Seen
 
-    if layer is None:
-        return None
     handle = layer.register_forward_pre_hook(hook, with_kwargs=True)
     try:
-        with torch.no_grad():
-            parent(ids)
-    except _Seen:
-        return seen
-    except Exception:  # noqa: BLE001 - their parent does not run on ids alone: not this one
-        return None
-    finally:
-        handle.remove()
-    return None
-
-
-def _same_stream(given: dict[str, Any], x: Tensor) -> bool:
-    """Whether the parent handed its layer a stream of the shape check drives it at (a parent built at
-    other sizes, from the file's own call, hands one of another width: not used)."""
-    return any(isinstance(v, Tensor) and v.shape == x.shape for v in given.values())
-
-
-def _as(value: Any, like: Tensor) -> Any:
-    """A floating tensor the parent passed, at the dtype check drives the layer at."""
-    return value.to(like.dtype) if isinstance(value, Tensor) and value.is_floating_point() else value
+        parent(ids)
+    except Exception:  # noqa: BLE001 - _Seen, or their parent does not run on ids alone: not this one
+        pass
+    handle.remove()
+    return seen
 
 
 def through_parent_(module: nn.Module, sizes: dict[str, Any], build: Callable[[type, dict[str, Any]], Any],
                     ) -> None:
     """`module`'s forward, where a call leaves out arguments it requires, given those its parent passes
-    (see the module's docstring); every other call as written."""
+    (see the module's docstring) where the parent handed a stream of the shape check drives it at (a
+    parent built at other sizes, from the file's own call, hands one of another width: not used); every
+    other call as written."""
     cls = type(module)
-    required = _required(cls) if "forward" in vars(cls) else []
-    parents = parents_of(cls) if required[1:] else []
+    required = _required(cls)
+    parents = required[1:] and parents_of(cls)
     if not parents:
         return
-    forward, signature, recorded = module.forward, inspect.signature(module.forward), {}
+    forward, signature = module.forward, inspect.signature(module.forward)
 
-    def passed(B: int, T: int) -> dict[str, Any] | None:
-        if (B, T) not in recorded:
-            ids = torch.randint(0, PARENT_VOCAB, (B, T), generator=torch.Generator().manual_seed(0))
-            recorded[B, T] = next(filter(None, (_run(p, cls, sizes, build, ids) for p in parents)), None)
-        return recorded[B, T]
+    @functools.cache  # one recording a (batch, length)
+    def at(B: int, T: int) -> dict[str, Any]:
+        ids = torch.randint(0, PARENT_VOCAB, (B, T), generator=torch.Generator().manual_seed(0))
+        return next(filter(None, (_run(p, cls, sizes, build, ids) for p in parents)), {})
+
+    def passed(x: Any) -> dict[str, Any]:
+        given = at(*(tuple(getattr(x, "shape", ())) + (0, 0))[:2])  # (B, T) of the stream, if any
+        stream = next(iter(given.values()), None)
+        return {True: given, False: {}}[getattr(stream, "shape", None) == getattr(x, "shape", ())]
 
     @functools.wraps(forward)  # its signature, as check reads it
     def driven(*args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind_partial(*args, **kwargs)
-        missing = [n for n in required if n not in bound.arguments]
-        x = next((a for a in args if isinstance(a, Tensor) and a.dim() >= 2), None)
-        given = passed(*x.shape[:2]) if missing and x is not None else None
-        if not given or any(n not in given for n in missing) or not _same_stream(given, x):
+        try:
+            bound = signature.bind_partial(*args, **kwargs)
+        except TypeError:  # a call that does not fit: as their forward answers it
             return forward(*args, **kwargs)
-        bound.arguments.update({n: _as(given[n], x) for n in missing})
+        missing = [n for n in required if n not in bound.arguments]
+        given = passed(next(iter(bound.arguments.values()), None)) if missing else {}
+        bound.arguments.update({n: given[n] for n in given.keys() & set(missing)})
         return forward(*bound.args, **bound.kwargs)
 
     module.forward = driven  # type: ignore[method-assign]
-    RECORDED[id(module)] = passed
+    RECORDED[id(module)] = at
 
 
 def handed_apart(module: Any) -> set[str]:
     """The forward arguments of `module` that its parent hands something other than a stream of the
     first argument's shape (a table (T, Dh/2), a mask): never a query, key or value, whatever their
     place (RoFormer's forward(x, mask, pos_emb), forward(x, angles)); none where no parent was found."""
-    passed = RECORDED.get(id(module), lambda B, T: None)(2, 5)
-    if not passed:
-        return set()
-    stream = next(iter(passed.values()))
-    return {n for n, v in list(passed.items())[1:] if not (isinstance(v, Tensor) and v.shape == stream.shape)}
+    given = RECORDED.get(id(module), lambda B, T: {})(2, 5)
+    values = list(given.values())
+    return {n for n, v in list(given.items())[1:] if getattr(v, "shape", None) != values[0].shape}
 
 
 def _run(parent: type, cls: type, sizes: dict[str, Any], build: Callable[[type, dict[str, Any]], Any],
-         ids: Tensor) -> dict[str, Any] | None:
+         ids: Tensor) -> dict[str, Any]:
     try:
-        built = build(parent, {**sizes, "src_vocab": PARENT_VOCAB, "n_layers": 1})
-    except Exception:  # noqa: BLE001 - a parent check cannot build: not this one
-        return None
-    if not isinstance(built, nn.Module):
-        return None
-    given = record(built.eval(), cls, ids)
-    if given is not None:
-        NOTES[cls] = parent.__name__
+        given = record(build(parent, {**sizes, "src_vocab": PARENT_VOCAB, "n_layers": 1}).eval(), cls, ids)
+    except Exception:  # noqa: BLE001 - a parent check cannot build or run: not this one
+        return {}
+    NOTES.update(dict.fromkeys([cls] * bool(given), parent.__name__))  # the report says so where it was
     return given
 
 

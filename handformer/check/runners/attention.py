@@ -192,8 +192,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     # nanochat's value embedding `ve`: None; its window_size: one over the whole sequence
     fixed = {**dict.fromkeys(optional_inputs(fn, params, extra)), **window_inputs(fn, params),
              **_residual_inputs(params), **_bias_inputs(params)}
-    others = {*extra, *fixed, *(marks := global_names(params))}  # Longformer's global_attention_mask
-    others |= handed_apart(fn)  # what its parent hands it apart from the stream (a table, RoFormer's pos_emb)
+    others = {*extra, *fixed, *(marks := global_names(params)), *handed_apart(fn)}  # Longformer's; pos_emb
     first_other = next((i for i, p in enumerate(params) if is_mask_param(p.name, fn) or p.name in others
                         or isinstance(p.default, (int, float, str)) or is_cache_argument(p)
                         or i > 0 and optional_extra(p)),
