@@ -40,6 +40,7 @@ from handformer.check.core.discovery import (
     with_head_size,
 )
 from handformer.check.core.own_calls import values_built_with
+from handformer.check.core.parent_inputs import through_parent_
 from handformer.check.core.result import (
     DEPARTS,
     PASS,
@@ -179,6 +180,7 @@ class Context:
             raise self.learner.fail("__init__", f"{comp.name}(...) is not an nn.Module",
                                     f"{comp.name}(...) 不是 nn.Module")
         keyword_inputs_positional_(module)
+        through_parent_(module, sizes, build)  # what its parent computes and hands it
         self.materialize(comp, module, warmup)
         untranspose_(module)  # Hugging Face's Conv1D: weights stored (in, out)
         unstack_(module)  # modded-nanogpt's qkv_w (3, D, D): one fused (3D, D) projection

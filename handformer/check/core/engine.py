@@ -46,6 +46,7 @@ from handformer.check.core.neutral_settings import at_neutral
 from handformer.check.core.own_calls import forward_defaults_, not_charged, taken_notes
 from handformer.check.core.own_demo import demo_runs
 from handformer.check.core.own_width import other_width
+from handformer.check.core.parent_inputs import parent_not_charged, parent_note
 from handformer.check.core.passed_in import passed_in
 from handformer.check.core.precision import DTYPE_MISMATCH, float64_kept
 from handformer.check.core.result import (
@@ -250,6 +251,7 @@ def _charged_or_not(comp: Component, ctx: Context, result: ComponentResult, erro
         why = judged(ctx.raised, ctx.path, lambda: _run_callers(comp, ctx)) or error
     why = not_charged(comp.obj, why)  # driven only with arguments taken from the file's calls
     why = demo_runs(comp.obj, ctx.module, ctx.path, why)  # its own demo runs it: check's sizes or forms
+    why = parent_not_charged(comp.obj, why)  # driven with what its parent passes beside check's own
     if why.kind == "exception":  # theirs: as raised, or where their own call raised
         result.error = why
         return
@@ -449,6 +451,7 @@ def _add_notes(comp: Component, ctx: Context, result: ComponentResult) -> None:
     if ctx.hyperparameter_note is not None:
         result.notes.append(ctx.hyperparameter_note)
     result.notes += taken_notes(comp.obj)  # the arguments taken from the file's own calls
+    result.notes += parent_note(comp.obj)  # the arguments its parent model hands it
     if comp.found_by in FOUND_BY:
         result.notes.append(found_note(comp.found_by, comp.kind))
     if not result.named() and result.status in (FAIL, ERROR) and (

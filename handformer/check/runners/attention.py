@@ -90,6 +90,7 @@ from handformer.check.core.norm_inside import (
     post_norm_note,
     take_out_leading_norm,
 )
+from handformer.check.core.parent_inputs import handed_apart
 from handformer.check.core.probe import Found, Probe, Subject, drive, run_probe
 from handformer.check.core.projection_elsewhere import projection_elsewhere
 from handformer.check.core.reference_attention import handformer_attention
@@ -191,7 +192,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     # nanochat's value embedding `ve`: None; its window_size: one over the whole sequence
     fixed = {**dict.fromkeys(optional_inputs(fn, params, extra)), **window_inputs(fn, params),
              **_residual_inputs(params), **_bias_inputs(params)}
-    others = {*extra, *fixed, *(marks := global_names(params))}  # Longformer's global_attention_mask
+    others = {*extra, *fixed, *(marks := global_names(params)), *handed_apart(fn)}  # Longformer's; pos_emb
     first_other = next((i for i, p in enumerate(params) if is_mask_param(p.name, fn) or p.name in others
                         or isinstance(p.default, (int, float, str)) or is_cache_argument(p)
                         or i > 0 and optional_extra(p)),

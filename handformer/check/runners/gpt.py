@@ -789,7 +789,10 @@ class Caller:
         # PyTorch's nn.Transformer tutorial: (T, B) ids in, (T, B, V) logits out, with the mask it requires
         self.first = any(map(self._reads_first, (None, *CAUSAL_FORMS[:self.mask_name in required and 9])))
         self.mask_form = self.mask_name and self._causal_form()
-        self.padding = not self.mask_form and MASK_NAME in required and self._takes_padding()
+        # a padding mask it requires (1 = a real token): Hugging Face's attention_mask, or its mask by another
+        # name that takes no causal form (vLLM's key_mask (B, S))
+        self.padding_name = next((n for n in (MASK_NAME, self.mask_name) if n in required), None)
+        self.padding = bool(not self.mask_form and self.padding_name and self._takes_padding())
 
     def _reads_first(self, form: Any) -> bool:
         """Whether forward reads square ids (7, 7) sequence-first, handed a causal mask (7, 7) in `form`
@@ -900,7 +903,7 @@ class Caller:
             dtype = next(self.module.parameters()).dtype
             kwargs[self.mask_name] = self.mask_form(torch.ones(idx.size(1), idx.size(1)).tril().bool(), dtype)
         if self.padding:  # no padding (every token real), unless a padding mask is handed
-            kwargs.setdefault(MASK_NAME, torch.ones(idx.shape, dtype=torch.long))
+            kwargs.setdefault(self.padding_name, torch.ones(idx.shape, dtype=torch.long))
         if self.first:
             return batch_first(self.ctx.learner.call("forward", self.module, idx.T, **kwargs)), None
         asked = self.target in kwargs  # no targets handed, no loss of them (an MoE's aux loss beside logits)
