@@ -795,29 +795,43 @@ def refine(kind: str, obj: Any) -> str:
 
 
 def _refine_function(kind: str, obj: Any) -> str:
-    """A training step that takes the windows x and y is a decoder-only model's; a function of
-    SAME_FAMILY is the kind of the family that its signature and a call say."""
-    from handformer.check.core.signatures import kind_of, lm_step, mask_kind
+    """The kind a found function is checked as by the first of FUNCTION_RULES that holds; else a
+    function of SAME_FAMILY is the kind of the family that its signature and a call say."""
+    from handformer.check.core.signatures import kind_of
 
-    if kind in TENSORS_ONLY and any(map(MODEL_WORD.search, inspect.signature(obj).parameters)):
-        return ""  # `perplexity(model, loader)`: an evaluation loop, not the function of logits
-    if kind in ("train_step", "lm_train_step") and writes_adam(obj):
-        return "adam_step"
-    named = {p.name.lower() for p in readable_parameters(obj)}
-    if kind == "train_step" and named & set(REFERENCE_MODEL_NAMES):
-        return "dpo_step"  # `train_step(policy, ref_model, optimizer, batch)`: a frozen reference beside it
-    if kind == "train_step":
-        return "lm_train_step" if lm_step(obj) else kind
-    if kind == "gae" and _grouped(named):  # compute_advantages(rewards, group_size): GRPO's, not GAE
-        return "group_advantages"
-    if kind == "mask_helper" and mask_kind(obj) == "causal_mask":  # Gemma 2's make_masks(q_len, ...): no pad
-        return "causal_mask"
-    if kind in ("greedy_decode", "generate") and _loops_over_memory(obj):
-        return "memory_greedy"
-    family = FAMILY_OF.get(kind, ())
+    to = next((to for kinds, test, to in FUNCTION_RULES if kind in kinds and test(obj)), None)
+    family = FAMILY_OF.get(kind, ()) * (to is None)
     said = kind_of(obj) if family else None
     # a `sample(model, input_ids, processors, max_new_tokens)` that takes a model is a generation loop
-    return said if said in (*family, "generate") else kind
+    return said if said in (*family, "generate") else given(to, kind)
+
+
+def _lowered_names(fn: Any) -> set[str]:
+    return {p.name.lower() for p in readable_parameters(fn)}
+
+
+def _said(fn: Any, test: str) -> Any:
+    """What signatures.py's `test` says of fn (imported when asked: it imports torch)."""
+    from handformer.check.core import signatures
+
+    return getattr(signatures, test)(fn)
+
+
+# the kind a found function is checked as, by the first row that holds: (the kinds found as, what the
+# function does, the kind it is checked as)
+FUNCTION_RULES: tuple[tuple[tuple[str, ...], Callable[[Any], bool], str], ...] = (
+    # `perplexity(model, loader)`: an evaluation loop, not the function of logits
+    (TENSORS_ONLY, lambda f: any(map(MODEL_WORD.search, inspect.signature(f).parameters)), ""),
+    (("train_step", "lm_train_step"), writes_adam, "adam_step"),
+    # `train_step(policy, ref_model, optimizer, batch)`: a frozen reference beside it
+    (("train_step",), lambda f: bool(_lowered_names(f) & set(REFERENCE_MODEL_NAMES)), "dpo_step"),
+    (("train_step",), lambda f: _said(f, "lm_step"), "lm_train_step"),  # it takes the windows x and y
+    # compute_advantages(rewards, group_size): GRPO's, not GAE
+    (("gae",), lambda f: _grouped(_lowered_names(f)), "group_advantages"),
+    # Gemma 2's make_masks(q_len, ...): no pad
+    (("mask_helper",), lambda f: _said(f, "mask_kind") == "causal_mask", "causal_mask"),
+    (("greedy_decode", "generate"), lambda f: _loops_over_memory(f), "memory_greedy"),
+)
 
 
 def _grouped(names: set[str]) -> bool:
