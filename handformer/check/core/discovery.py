@@ -1403,43 +1403,74 @@ def build(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any] = NO_PARTS)
 
 def _build_matched(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any],
                    handed: Mapping[str, Any] = NO_PARTS) -> Any:
-    """cls(**arguments matched by name); what check cannot fill, the arguments a host `handed` it."""
+    """cls(**arguments matched by name), each by the first of FILLS whose test holds; what check cannot
+    fill, the arguments a host `handed` it."""
     target = ADAPTERS.get(cls, cls)
-    kwargs = {}
-    keys = argument_keys(target)
-    sizes = with_head_size(sizes)
-    fixed = {**REQUIRED_FIXED, **moe_counts(target)}
+    f = Filling(target, with_head_size(sizes), parts, handed, argument_keys(target),
+                {**REQUIRED_FIXED, **moe_counts(target)})
     for p in init_parameters(target):
-        key = keys.get(p.name) or SWITCHES.get(p.name)
-        if p.name == sizes.get("switched"):
-            kwargs[p.name] = True
-        elif key in sizes:
-            kwargs[p.name] = sizes[key]
-        elif (config := make_config(target, p, sizes)) is not None:
-            kwargs[p.name] = fit_config_sections_(config, sizes.get("d_head", 0) // 2)
-        elif p.name.lower() in fixed and (p.default is p.empty or p.name.lower() in OVERRIDDEN):
-            kwargs[p.name] = fixed[p.name.lower()]
-        elif p.default is False and "relative" in p.name.lower():  # T5's has_relative_attention_bias
-            kwargs[p.name] = True  # built with its relative-position table, which the check then grades
-        elif p.name in handed:  # torchtune's q_proj=nn.Linear(...), as the learner's builder makes it
-            kwargs[p.name] = handed[p.name]
-        elif p.default is not p.empty:  # Gemma's RMSNorm(..., add_unit_offset=True): no part, its default
-            kwargs.update(rotary_shares({p.name: p.default}))  # a rotary share at check's (rotary_pct=0.25)
-        elif (choice := plain_choice(p, target)) is not None:
-            kwargs[p.name] = choice
-        elif (part := _part_for(p.name, parts)) is not None:
-            kwargs[p.name] = part()
-        elif own := file_arguments(target, [p.name], kwargs, sizes, argument_keys):  # DbrxBlock(config, i)
-            kwargs.update(record(target, own))
-        else:
-            known = "; ".join(f"{k}: {', '.join(v[:4])}" for k, v in ARGUMENTS.items())
-            raise DiscoveryError(
-                f"cannot fill the argument {p.name!r} of {cls.__name__}{inspect.signature(cls)}: "
-                f"handformer knows these names ({known}); rename the argument, give it a default, or "
-                "write the adapter below",
-                zh=f"填不了 {cls.__name__}{inspect.signature(cls)} 的参数 {p.name!r}：handformer "
-                   f"认识这些名字（{known}）；请给参数改名、给它一个默认值，或者写下面的适配函数")
-    return target(**kwargs)
+        fill = next((fill for test, fill in FILLS if test(p, f)), None)
+        if fill is None:
+            raise _unfilled(cls, p)
+        f.kwargs.update(fill(p, f))
+    return target(**f.kwargs)
+
+
+@dataclass
+class Filling:
+    """What one build fills a constructor's arguments from, the arguments filled so far, and the value
+    the last test found (a config, a choice, a part), which its fill hands on."""
+
+    target: Any
+    sizes: dict[str, Any]
+    parts: Mapping[str, Any]
+    handed: Mapping[str, Any]
+    keys: dict[str, str | None]
+    fixed: dict[str, Any]
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    found: Any = None
+
+    def key(self, p: inspect.Parameter) -> str | None:
+        """The size an argument stands for, or the case a switch of its name is on in ("causal")."""
+        return self.keys.get(p.name) or SWITCHES.get(p.name)
+
+    def holds(self, value: Any) -> bool:
+        """Whether a test found a value (not None), kept for its fill."""
+        self.found = value
+        return value is not None
+
+
+# a constructor's argument by the first row whose test holds: (test, the arguments it fills)
+FILLS: tuple[tuple[Callable[[inspect.Parameter, Filling], Any], Callable[..., dict[str, Any]]], ...] = (
+    (lambda p, f: p.name == f.sizes.get("switched"), lambda p, f: {p.name: True}),  # a switch built on
+    (lambda p, f: f.key(p) in f.sizes, lambda p, f: {p.name: f.sizes[f.key(p)]}),
+    (lambda p, f: f.holds(make_config(f.target, p, f.sizes)),
+     lambda p, f: {p.name: fit_config_sections_(f.found, f.sizes.get("d_head", 0) // 2)}),
+    (lambda p, f: p.name.lower() in f.fixed and (p.default is p.empty or p.name.lower() in OVERRIDDEN),
+     lambda p, f: {p.name: f.fixed[p.name.lower()]}),
+    # T5's has_relative_attention_bias: built with its relative-position table, which the check then grades
+    (lambda p, f: p.default is False and "relative" in p.name.lower(), lambda p, f: {p.name: True}),
+    # torchtune's q_proj=nn.Linear(...), as the learner's builder makes it
+    (lambda p, f: p.name in f.handed, lambda p, f: {p.name: f.handed[p.name]}),
+    # Gemma's RMSNorm(..., add_unit_offset=True): no part, its default; a rotary share at check's
+    # (rotary_pct=0.25)
+    (lambda p, f: p.default is not p.empty, lambda p, f: rotary_shares({p.name: p.default})),
+    (lambda p, f: f.holds(plain_choice(p, f.target)), lambda p, f: {p.name: f.found}),
+    (lambda p, f: f.holds(_part_for(p.name, f.parts)), lambda p, f: {p.name: f.found()}),
+    # DbrxBlock(config, i)
+    (lambda p, f: f.holds(file_arguments(f.target, [p.name], f.kwargs, f.sizes, argument_keys) or None),
+     lambda p, f: record(f.target, f.found)),
+)
+
+
+def _unfilled(cls: type, p: inspect.Parameter) -> DiscoveryError:
+    known = "; ".join(f"{k}: {', '.join(v[:4])}" for k, v in ARGUMENTS.items())
+    return DiscoveryError(
+        f"cannot fill the argument {p.name!r} of {cls.__name__}{inspect.signature(cls)}: "
+        f"handformer knows these names ({known}); rename the argument, give it a default, or "
+        "write the adapter below",
+        zh=f"填不了 {cls.__name__}{inspect.signature(cls)} 的参数 {p.name!r}：handformer "
+           f"认识这些名字（{known}）；请给参数改名、给它一个默认值，或者写下面的适配函数")
 
 
 # the words of a constructor argument that takes the learner's own part (self_attn, src_attn, feed_forward)
