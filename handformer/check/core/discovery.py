@@ -815,29 +815,43 @@ def refine(kind: str, obj: Any) -> str:
 
 
 def _refine_function(kind: str, obj: Any) -> str:
-    """A training step that takes the windows x and y is a decoder-only model's; a function of
-    SAME_FAMILY is the kind of the family that its signature and a call say."""
-    from handformer.check.core.signatures import kind_of, lm_step, mask_kind
+    """The kind a found function is checked as by the first of FUNCTION_RULES that holds; else a
+    function of SAME_FAMILY is the kind of the family that its signature and a call say."""
+    from handformer.check.core.signatures import kind_of
 
-    if kind in TENSORS_ONLY and any(map(MODEL_WORD.search, inspect.signature(obj).parameters)):
-        return ""  # `perplexity(model, loader)`: an evaluation loop, not the function of logits
-    if kind in ("train_step", "lm_train_step") and writes_adam(obj):
-        return "adam_step"
-    named = {p.name.lower() for p in readable_parameters(obj)}
-    if kind == "train_step" and named & set(REFERENCE_MODEL_NAMES):
-        return "dpo_step"  # `train_step(policy, ref_model, optimizer, batch)`: a frozen reference beside it
-    if kind == "train_step":
-        return "lm_train_step" if lm_step(obj) else kind
-    if kind == "gae" and _grouped(named):  # compute_advantages(rewards, group_size): GRPO's, not GAE
-        return "group_advantages"
-    if kind == "mask_helper" and mask_kind(obj) == "causal_mask":  # Gemma 2's make_masks(q_len, ...): no pad
-        return "causal_mask"
-    if kind in ("greedy_decode", "generate") and _loops_over_memory(obj):
-        return "memory_greedy"
-    family = FAMILY_OF.get(kind, ())
+    to = next((to for kinds, test, to in FUNCTION_RULES if kind in kinds and test(obj)), None)
+    family = FAMILY_OF.get(kind, ()) * (to is None)
     said = kind_of(obj) if family else None
     # a `sample(model, input_ids, processors, max_new_tokens)` that takes a model is a generation loop
-    return said if said in (*family, "generate") else kind
+    return said if said in (*family, "generate") else given(to, kind)
+
+
+def _lowered_names(fn: Any) -> set[str]:
+    return {p.name.lower() for p in readable_parameters(fn)}
+
+
+def _said(fn: Any, test: str) -> Any:
+    """What signatures.py's `test` says of fn (imported when asked: it imports torch)."""
+    from handformer.check.core import signatures
+
+    return getattr(signatures, test)(fn)
+
+
+# the kind a found function is checked as, by the first row that holds: (the kinds found as, what the
+# function does, the kind it is checked as)
+FUNCTION_RULES: tuple[tuple[tuple[str, ...], Callable[[Any], bool], str], ...] = (
+    # `perplexity(model, loader)`: an evaluation loop, not the function of logits
+    (TENSORS_ONLY, lambda f: any(map(MODEL_WORD.search, inspect.signature(f).parameters)), ""),
+    (("train_step", "lm_train_step"), writes_adam, "adam_step"),
+    # `train_step(policy, ref_model, optimizer, batch)`: a frozen reference beside it
+    (("train_step",), lambda f: bool(_lowered_names(f) & set(REFERENCE_MODEL_NAMES)), "dpo_step"),
+    (("train_step",), lambda f: _said(f, "lm_step"), "lm_train_step"),  # it takes the windows x and y
+    # compute_advantages(rewards, group_size): GRPO's, not GAE
+    (("gae",), lambda f: _grouped(_lowered_names(f)), "group_advantages"),
+    # Gemma 2's make_masks(q_len, ...): no pad
+    (("mask_helper",), lambda f: _said(f, "mask_kind") == "causal_mask", "causal_mask"),
+    (("greedy_decode", "generate"), lambda f: _loops_over_memory(f), "memory_greedy"),
+)
 
 
 def _grouped(names: set[str]) -> bool:
@@ -1423,44 +1437,75 @@ def build(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any] = NO_PARTS)
 
 def _build_matched(cls: type, sizes: dict[str, Any], parts: Mapping[str, Any],
                    handed: Mapping[str, Any] = NO_PARTS) -> Any:
-    """cls(**arguments matched by name); what check cannot fill, the arguments a host `handed` it."""
+    """cls(**arguments matched by name), each by the first of FILLS whose test holds; what check cannot
+    fill, the arguments a host `handed` it."""
     target = ADAPTERS.get(cls, cls)
-    kwargs = {}
-    keys = argument_keys(target)
-    sizes = with_head_size(sizes)
-    fixed = {**REQUIRED_FIXED, **moe_counts(target)}
+    f = Filling(target, with_head_size(sizes), parts, handed, argument_keys(target),
+                {**REQUIRED_FIXED, **moe_counts(target)})
     for p in init_parameters(target):
-        key = keys.get(p.name) or SWITCHES.get(p.name)
-        if p.name == sizes.get("switched"):
-            kwargs[p.name] = True
-        elif key in sizes:
-            kwargs[p.name] = sizes[key]
-        elif (config := make_config(target, p, sizes)) is not None:
-            kwargs[p.name] = fit_config_sections_(config, sizes.get("d_head", 0) // 2)
-        elif p.name.lower() in fixed and (p.default is p.empty or p.name.lower() in OVERRIDDEN):
-            kwargs[p.name] = fixed[p.name.lower()]
-        elif p.default is False and "relative" in p.name.lower():  # T5's has_relative_attention_bias
-            kwargs[p.name] = True  # built with its relative-position table, which the check then grades
-        elif p.name in handed:  # torchtune's q_proj=nn.Linear(...), as the learner's builder makes it
-            kwargs[p.name] = handed[p.name]
-        elif p.default is not p.empty:  # Gemma's RMSNorm(..., add_unit_offset=True): no part, its default
-            kwargs.update(rotary_shares({p.name: p.default}))  # a rotary share at check's (rotary_pct=0.25)
-        elif (choice := plain_choice(p, target)) is not None:
-            kwargs[p.name] = choice
-        elif (part := _part_for(p.name, parts)) is not None:
-            kwargs[p.name] = part()
-        elif own := (file_arguments(target, [p.name], kwargs, sizes, argument_keys)  # DbrxBlock(config, i)
-                     or neutral_callable(target, p.name)):  # Megatron's init_method
-            kwargs.update(record(target, own))
-        else:
-            known = "; ".join(f"{k}: {', '.join(v[:4])}" for k, v in ARGUMENTS.items())
-            raise DiscoveryError(
-                f"cannot fill the argument {p.name!r} of {cls.__name__}{inspect.signature(cls)}: "
-                f"handformer knows these names ({known}); rename the argument, give it a default, or "
-                "write the adapter below",
-                zh=f"填不了 {cls.__name__}{inspect.signature(cls)} 的参数 {p.name!r}：handformer "
-                   f"认识这些名字（{known}）；请给参数改名、给它一个默认值，或者写下面的适配函数")
-    return target(**kwargs)
+        fill = next((fill for test, fill in FILLS if test(p, f)), None)
+        if fill is None:
+            raise _unfilled(cls, p)
+        f.kwargs.update(fill(p, f))
+    return target(**f.kwargs)
+
+
+@dataclass
+class Filling:
+    """What one build fills a constructor's arguments from, the arguments filled so far, and the value
+    the last test found (a config, a choice, a part), which its fill hands on."""
+
+    target: Any
+    sizes: dict[str, Any]
+    parts: Mapping[str, Any]
+    handed: Mapping[str, Any]
+    keys: dict[str, str | None]
+    fixed: dict[str, Any]
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    found: Any = None
+
+    def key(self, p: inspect.Parameter) -> str | None:
+        """The size an argument stands for, or the case a switch of its name is on in ("causal")."""
+        return self.keys.get(p.name) or SWITCHES.get(p.name)
+
+    def holds(self, value: Any) -> bool:
+        """Whether a test found a value (not None), kept for its fill."""
+        self.found = value
+        return value is not None
+
+
+# a constructor's argument by the first row whose test holds: (test, the arguments it fills)
+FILLS: tuple[tuple[Callable[[inspect.Parameter, Filling], Any], Callable[..., dict[str, Any]]], ...] = (
+    (lambda p, f: p.name == f.sizes.get("switched"), lambda p, f: {p.name: True}),  # a switch built on
+    (lambda p, f: f.key(p) in f.sizes, lambda p, f: {p.name: f.sizes[f.key(p)]}),
+    (lambda p, f: f.holds(make_config(f.target, p, f.sizes)),
+     lambda p, f: {p.name: fit_config_sections_(f.found, f.sizes.get("d_head", 0) // 2)}),
+    (lambda p, f: p.name.lower() in f.fixed and (p.default is p.empty or p.name.lower() in OVERRIDDEN),
+     lambda p, f: {p.name: f.fixed[p.name.lower()]}),
+    # T5's has_relative_attention_bias: built with its relative-position table, which the check then grades
+    (lambda p, f: p.default is False and "relative" in p.name.lower(), lambda p, f: {p.name: True}),
+    # torchtune's q_proj=nn.Linear(...), as the learner's builder makes it
+    (lambda p, f: p.name in f.handed, lambda p, f: {p.name: f.handed[p.name]}),
+    # Gemma's RMSNorm(..., add_unit_offset=True): no part, its default; a rotary share at check's
+    # (rotary_pct=0.25)
+    (lambda p, f: p.default is not p.empty, lambda p, f: rotary_shares({p.name: p.default})),
+    (lambda p, f: f.holds(plain_choice(p, f.target)), lambda p, f: {p.name: f.found}),
+    (lambda p, f: f.holds(_part_for(p.name, f.parts)), lambda p, f: {p.name: f.found()}),
+    # DbrxBlock(config, i); Megatron's init_method, a callable of the file's or a neutral one
+    (lambda p, f: f.holds(file_arguments(f.target, [p.name], f.kwargs, f.sizes, argument_keys)
+                          or neutral_callable(f.target, p.name) or None),
+     lambda p, f: record(f.target, f.found)),
+)
+
+
+def _unfilled(cls: type, p: inspect.Parameter) -> DiscoveryError:
+    known = "; ".join(f"{k}: {', '.join(v[:4])}" for k, v in ARGUMENTS.items())
+    return DiscoveryError(
+        f"cannot fill the argument {p.name!r} of {cls.__name__}{inspect.signature(cls)}: "
+        f"handformer knows these names ({known}); rename the argument, give it a default, or "
+        "write the adapter below",
+        zh=f"填不了 {cls.__name__}{inspect.signature(cls)} 的参数 {p.name!r}：handformer "
+           f"认识这些名字（{known}）；请给参数改名、给它一个默认值，或者写下面的适配函数")
 
 
 # the words of a constructor argument that takes the learner's own part (self_attn, src_attn, feed_forward)

@@ -203,20 +203,14 @@ def _second_norm_call(lines: list[tuple[int, str]]) -> tuple[int | None, str | N
     return None, None
 
 
-def _shift_commented_out(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
-    """The line that would shift top-p's removal mask right, commented out (`# remove[..., 1:] =
-    remove[..., :-1]`): the token that crosses p is then dropped."""
-    found = [(n, line.strip()) for n, line in lines if COMMENTED_SHIFT.match(line)]
-    return found[0] if found else (None, None)
+def _commented_out(pattern: re.Pattern[str], lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+    """The first line that is a statement the pattern finds, commented out: the line it was removed from
+    (`# remove[..., 1:] = remove[..., :-1]`, top-p's shift, the token that crosses p then dropped;
+    `# optimizer.zero_grad()`)."""
+    return next(((n, line.strip()) for n, line in lines if pattern.match(line)), (None, None))
 
 
 COMMENTED_ZERO_GRAD = re.compile(r"\s*#\s*[\w.]+\.zero_grad\(")
-
-
-def _zero_grad_commented_out(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
-    """The step's zero_grad call commented out (`# optimizer.zero_grad()`): the line it was removed from."""
-    found = [(n, line.strip()) for n, line in lines if COMMENTED_ZERO_GRAD.match(line)]
-    return found[0] if found else (None, None)
 
 
 def _norm_never_read(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
@@ -386,13 +380,14 @@ def _beam_row_without_offset(lines: list[tuple[int, str]]) -> tuple[int | None, 
 # diagnoses whose line is found by more than a pattern of one line
 LINE_FINDERS = {"beam_batched_differs": _beam_row_without_offset,
                 "shared_norm": _second_norm_call, "rope_wrong_base": base_not_handed,
-                "top_p_drops_crossing": _shift_commented_out,
+                "top_p_drops_crossing": functools.partial(_commented_out, COMMENTED_SHIFT),
                 "final_norm_missing": _norm_never_read,
                 "concat_no_transpose": _concat_and_its_input,
                 "no_output_projection": _projection_left_out, "cosine_min_lr_ignored": _cosine_without_floor,
                 "pe_wrong_frequency": _frequencies_and_their_factor, "pre_norm": _both_norm_lines,
                 "decoder_masks_swapped": _masks_passed_swapped,
-                "train_step_no_zero_grad": _zero_grad_commented_out, "pe_missing": _position_never_read}
+                "train_step_no_zero_grad": functools.partial(_commented_out, COMMENTED_ZERO_GRAD),
+                "pe_missing": _position_never_read}
 
 
 def first_pattern_matches(name: str, code: str, form: str = "") -> bool:

@@ -27,7 +27,7 @@ from handformer.check.core.localize import first_departure, trace_steps
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, text
 from handformer.check.core.source import source_text
-from handformer.check.runners.ppo import arguments_by_role, called_by_role, tensors_of
+from handformer.check.runners.ppo import apart, arguments_by_role, called_by_role, tensors_of
 
 G, EPS, TOL = 3, 1e-6, 1e-9
 EPSILONS = (1e-4, 1e-5, 1e-6, 1e-8, 0.0)  # the eps a function that takes none may write inside
@@ -59,7 +59,7 @@ def check_group_advantages(comp: Component, ctx: Context) -> ComponentResult:
     epsilons = (EPS,) if "eps" in roles.values() else EPSILONS
     forms = {(name, eps): ref for eps in epsilons
              for name, ref in _forms(rewards, eps, bool(DEVIATION.search(source_text(comp.obj)))).items()}
-    errors = {key: _apart(got, ref) for key, ref in forms.items()}
+    errors = {key: apart(got, ref) for key, ref in forms.items()}
     (form, eps) = min(errors, key=errors.get)
     res.max_abs_error = err = errors[form, eps]
     res.notes.append(text(f"compared as {form}, eps {eps:g}", f"按{FORMS_ZH[form]}比较，eps {eps:g}"))
@@ -92,6 +92,3 @@ def _forms(rewards: Tensor, eps: float, deviation: bool) -> dict[str, Tensor]:
         out["the mean only (no deviation computed)"] = views(rewards, eps, True)[5][1].reshape(-1)
     return out
 
-
-def _apart(got: Tensor, want: Tensor) -> float:
-    return (got - want).abs().max().item() if got.shape == want.shape else float("inf")

@@ -343,7 +343,7 @@ class Layer:
         return self.call(x, x, None, None)
 
     def call(self, x: Tensor, memory: Tensor | None, src: Tensor | None, tgt: Tensor | None) -> Any:
-        src, tgt = _like(src, x), _like(tgt, x)  # an additive mask in the stream's dtype: added, it keeps it
+        src, tgt = fp.mask_like(src, x), fp.mask_like(tgt, x)  # fairseq's `scores + attn_mask`: x's dtype
         if self.stateful:  # d2l: state = [enc_outputs, enc_valid_lens, one cache slot a block]
             self.module.train()  # its causal mask exists in training mode only (dropout is off here)
             try:
@@ -442,11 +442,6 @@ def _mask_roles(obj: Any, masks: list[str], required: list[str]) -> tuple[list[s
     attn = [m for m in masks if m not in padding] or masks
     handed = attn[:1] + sorted(set(attn[1:]) & set(required))
     return padding, handed, set(required) & set(padding) - set(handed)
-
-
-def _like(mask: Tensor | None, x: Tensor) -> Tensor | None:
-    """A float mask in x's dtype (fairseq's `scores + attn_mask` would turn float32 scores to float64)."""
-    return mask.to(x.dtype) if isinstance(mask, Tensor) and mask.is_floating_point() else mask
 
 
 def _call_module(module: nn.Module, *args: Any, **kwargs: Any) -> Any:

@@ -123,10 +123,11 @@ def _gae_error(outs: list[Tensor], values: Tensor, rewards: Tensor, gamma: float
     tensor, from the returns A + V too."""
     adv = gae_steps(values, rewards, gamma, lam)[1]
     wanted = [[adv, *whitened(adv)], [adv + values]][:len(outs[:2])]
-    return max((min(_apart(t, w) for t in outs for w in forms) for forms in wanted), default=float("inf"))
+    return max((min(apart(t, w) for t in outs for w in forms) for forms in wanted), default=float("inf"))
 
 
-def _apart(got: Tensor, want: Tensor) -> float:
+def apart(got: Tensor, want: Tensor) -> float:
+    """The largest difference of two tensors of one shape; inf for two shapes."""
     return (got - want).abs().max().item() if got.shape == want.shape else float("inf")
 
 
@@ -256,7 +257,7 @@ def _policy_error(ctx: Context, comp: Component, roles: dict[str, str], given: d
     call = called_by_role(ctx, comp, roles, given)
     out = fp.quietly(call)
     views = policy_views(given["logprobs"], given["old"], spread, clip)
-    errors = [_apart(g.reshape(v.shape) if g.numel() == v.numel() else g, v)
+    errors = [apart(g.reshape(v.shape) if g.numel() == v.numel() else g, v)
               for g in tensors_of(out)[:1] for _, v in views[-3:]]
     return min(errors, default=float("inf")), call
 
