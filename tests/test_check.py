@@ -789,15 +789,15 @@ def test_unmatched_constructor_argument_gets_help(tmp_path):
     text = CORRECT.read_text()
     alone = text[:text.index("\nclass ", text.index("class MultiHeadAttention") + 1)]
     path.write_text(alone.replace("def __init__(self, d_model, num_heads):",
-                                  "def __init__(self, width, num_heads):").replace(
-        "assert d_model % num_heads == 0", "d_model = width"))
+                                  "def __init__(self, breadth, num_heads):").replace(
+        "assert d_model % num_heads == 0", "d_model = breadth"))
     result = check_file(str(path), only=["mha"])
     err = result.components[0].error
     assert result.components[0].status == "not_checked" and err.kind == "mapping"
     assert exit_code(result) == 3
     assert result.components[0].adapter == ("def make_mha(n_heads):\n"
-                                            "    return MultiHeadAttention(width=..., num_heads=n_heads)")
-    assert "cannot fill the argument 'width' of MultiHeadAttention(width, num_heads)" in err.message
+                                            "    return MultiHeadAttention(breadth=..., num_heads=n_heads)")
+    assert "cannot fill the argument 'breadth' of MultiHeadAttention(breadth, num_heads)" in err.message
     assert "d_model: d_model, dim, embed_dim, hidden_size" in err.message
 
 

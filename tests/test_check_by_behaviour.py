@@ -75,8 +75,10 @@ def _flat(step):
     return 0.1
 
 
-def _runs_long(step):
-    time.sleep(10)
+def _runs_long(step):  # 10 s of CPU time: a probe's limit counts CPU, not the wall clock
+    start = time.process_time()
+    while time.process_time() - start < 10:
+        pass
     return math.sin(step)
 
 
@@ -87,9 +89,9 @@ def _writes(step):
 
 
 def test_a_probe_that_finds_nothing_is_silent_and_bounded():
-    start = time.monotonic()
+    start = time.process_time()
     assert [behaviour.found(fn) for fn in (_flat, _runs_long, _writes, len)] == [None] * 4
-    assert time.monotonic() - start < 6  # the 10 s probe stopped at PROBE_SECONDS
+    assert time.process_time() - start < 6  # the 10 s probe stopped at PROBE_SECONDS of CPU
 
 
 def _mean_over_batch(logits, targets):  # a planted mean over the batch: still a loss to grade

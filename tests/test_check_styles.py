@@ -398,9 +398,9 @@ import torch.nn as nn
 
 
 class Attn(nn.Module):
-    def __init__(self, width, heads):
+    def __init__(self, breadth, heads):
         super().__init__()
-        self.h, self.d = heads, width // heads
+        self.h, self.d = heads, breadth // heads
         self.q, self.k, self.v, self.o = (nn.Linear(heads * self.d, heads * self.d) for _ in range(4))
 
     def forward(self, q, k, v, mask=None):
@@ -414,14 +414,14 @@ class Attn(nn.Module):
 
 
 def test_the_adapters_file_builds_what_check_cannot_infer(tmp_path):
-    """`width` is no name check knows, nor handed to a layer as its width (nn.Linear(width, ...)): NOT
+    """`breadth` is no name check knows, nor handed to a layer as its width (nn.Linear(breadth, ...)): NOT
     CHECKED with the adapter; the adapter (given with --adapters, found beside the file, or in the
     file with the handformer_ prefix) makes it PASS."""
     path = tmp_path / "odd.py"
     path.write_text(ODD_ATTENTION)
     (comp,) = check_file(str(path), {"mha": "Attn"}).components
     assert comp.status == "not_checked" and comp.adapter == (
-        "def make_mha(n_heads):\n    return Attn(width=..., heads=n_heads)")
+        "def make_mha(n_heads):\n    return Attn(breadth=..., heads=n_heads)")
     adapter = "from odd import Attn\n\n\ndef make_mha(d_model, n_heads):\n    return Attn(d_model, n_heads)\n"
     (tmp_path / "mine.py").write_text(adapter)
     result = check_file(str(path), adapters=str(tmp_path / "mine.py"))
@@ -479,11 +479,11 @@ def test_every_message_check_writes_itself_has_its_chinese():
 
 def test_a_component_check_cannot_build_is_said_in_chinese(tmp_path):
     path = tmp_path / "odd.py"
-    path.write_text("import torch.nn as nn\n\n\nclass Attn(nn.Module):\n    def __init__(self, width, heads):\n"
+    path.write_text("import torch.nn as nn\n\n\nclass Attn(nn.Module):\n    def __init__(self, breadth, heads):\n"
                     "        super().__init__()\n\n    def forward(self, q, k, v, mask=None):\n        return q\n")
     result = check_file(str(path), overrides={"mha": "Attn"})
     zh = format_report(result, "zh")
-    assert "填不了 Attn(width, heads) 的参数 'width'：handformer 认识这些名字" in zh, zh
+    assert "填不了 Attn(breadth, heads) 的参数 'breadth'：handformer 认识这些名字" in zh, zh
     assert "cannot fill" not in zh
 
 
