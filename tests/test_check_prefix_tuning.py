@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import component, planted_copy
 
 from handformer.check.core.engine import check_file
@@ -43,3 +44,19 @@ def test_its_layers_are_checked_and_a_planted_one_fails_at_its_line(results):
     comp = component(results["unscaled"], "CausalSelfAttention")
     assert comp.status == "fail", format_report(results["unscaled"])
     assert UNSCALED[1] in comp.findings[0].code, format_report(results["unscaled"])
+
+
+@pytest.mark.parametrize(("positions", "soft_prompt"), [(13, True), (8, False), (1, False)])
+def test_only_more_positions_than_tokens_is_a_soft_prompt(monkeypatch, positions, soft_prompt):
+    """A first block handed more positions than tokens holds vectors of the model's own; one handed fewer
+    (a model that takes one token a call with its cache, Umar Jamil's Llama) is read on."""
+    from handformer.check.core.weights import MappingError
+    from handformer.check.runners import gpt
+
+    monkeypatch.setattr(gpt, "_handed", lambda call, m, idx: torch.zeros(2, positions, 16))
+    idx, m = torch.zeros(2, 8, dtype=torch.long), object()
+    if soft_prompt:
+        with pytest.raises(MappingError):
+            gpt._position_a_token(None, m, idx)
+    else:
+        assert gpt._position_a_token(None, m, idx) is m

@@ -1243,11 +1243,12 @@ def _embedding_reading(call: Caller, m: GPTMap, idx: Tensor) -> tuple[bool, str 
 
 
 def _position_a_token(call: Caller, m: GPTMap, idx: Tensor) -> GPTMap:
-    """The model's map m; MappingError where the first block is handed another number of positions than
-    the tokens: the model puts vectors of its own before or after them (prompt tuning's soft prompt, a
-    summary token), which handformer's CausalLM has not."""
+    """The model's map m; MappingError where the first block is handed more positions than the tokens:
+    the model puts vectors of its own before or after them (prompt tuning's soft prompt, a summary
+    token), which handformer's CausalLM has not. Fewer (a model that takes one token a call, Umar
+    Jamil's Llama with its cache) is read on as before."""
     handed = _handed(call, m, idx)
-    if handed.shape[:2] != idx.shape:
+    if handed.dim() == 3 and handed.size(1) > idx.size(1):
         raise MappingError(
             f"its first block is handed {tuple(handed.shape)} for ids of shape {tuple(idx.shape)}: it puts "
             "vectors of its own beside the tokens (a soft prompt?), which a GPT does not have",
