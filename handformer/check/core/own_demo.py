@@ -7,7 +7,7 @@ check's choice of sizes or forms, not the learner's mistake, so NOT CHECKED, the
 the demo's call raises too, or the demo never calls it, the exception stays the learner's.
 
 The demo runs in a copy of the file's namespace (its assignments stay there), quietly, with the torch
-random state put back, for DEMO_LIMIT seconds at most, and stops at the first call that returns.
+random state put back, for DEMO_LIMIT seconds of CPU time at most, and stops at the first call that returns.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import torch
 
 from handformer.check.core.accepted import shown
 from handformer.check.core.result import LearnerError
-from handformer.time_limit import time_limit
+from handformer.time_limit import cpu_limit
 
-DEMO_LIMIT = 6.0  # seconds the demo may run before its first call of the class returns
+DEMO_LIMIT = 6.0  # CPU seconds the demo may run before its first call of the class returns (cpu_limit)
 
 
 class _Returned(BaseException):  # noqa: N818  (not an Exception: the demo's `except Exception` cannot eat it)
@@ -77,7 +77,7 @@ def demo_runs(comp_obj: Any, module: Any, path: str, why: LearnerError) -> Learn
     sys.argv = [path]
     try:
         with (recorded(comp_obj, calls), torch.random.fork_rng(), contextlib.redirect_stdout(quiet),
-              contextlib.redirect_stderr(quiet), time_limit(DEMO_LIMIT, _Timeout)):
+              contextlib.redirect_stderr(quiet), cpu_limit(DEMO_LIMIT, _Timeout)):
             exec(code, space)  # noqa: S102  (the learner's own demo, as running their file would)
     except _Returned:
         return _why(comp_obj.__name__, body[1], calls[-1])
