@@ -905,17 +905,9 @@ def masks_where_true_inside(module: Any, mask_name: str | None = None) -> bool:
 
 
 def _fills_where_true(code: Any, fn: Any) -> bool:
-    """Whether `code`'s source fills where a mask argument of `fn` is True, or of a method of its class
-    that `fn` hands its mask to (Megatron's scale_mask_softmax(input, mask)), where the class neither
-    inverts nor compares a mask (`attention_mask == 0`, `~attention_mask`)."""
+    """Whether `code`'s source fills where a mask argument of `fn` is True."""
     source = source_text(code)
-    kept = not INVERTS_A_MASK.search(source)  # a class that reads a mask the other way: its forward's alone
-    methods = [f for _, f in inspect.getmembers(code, inspect.isfunction)] * kept
-    names = {p.name for f in (fn, *methods) for p in readable_parameters(f) if is_mask_name(p.name)}
-    return any(masks_where_true(source, n) for n in names)
-
-
-INVERTS_A_MASK = re.compile(r"\w*mask\w*\s*==\s*0|~\s*\w*mask")
+    return any(is_mask_name(p.name) and masks_where_true(source, p.name) for p in readable_parameters(fn))
 
 
 def file_masks_keep(ctx: Context) -> bool:
