@@ -28,6 +28,7 @@ from torch.nn.utils import parametrize
 from handformer.check.core import sizes
 from handformer.check.core.defaults import given, then
 from handformer.check.core.fingerprint import quietly
+from handformer.check.core.position_tables import position_tables
 from handformer.check.core.qkv_layouts import FOUND, LAYOUTS, STATED, ffn_ups, fused_before_output, kv_width
 from handformer.check.core.sizes import H, is_number
 from handformer.check.core.stacked import described, multiplied_whole, multiplies, stacked_names, stacked_part
@@ -340,6 +341,9 @@ def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
             continue
         params = _own_parameters(sub)
         found += _parameterless_norm(label, sub, params)
+        tables = position_tables(sub, params)  # nanoGPT's pos_emb (1, T, D) as a bare nn.Parameter
+        found += [Leaf(_dotted(label, n), "embedding", sub, t, None) for n, t in tables.items()]
+        params = {n: p for n, p in params.items() if n not in tables}
         if not params or isinstance(sub, parametrize.ParametrizationList):
             continue
         if isinstance(sub, nn.Embedding) or _looks_up(sub, params):

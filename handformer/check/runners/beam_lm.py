@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten, tree_map_only
 
+from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import (
     BEAM_NAMES,
     COUNT_NAMES,
@@ -36,6 +37,7 @@ from handformer.check.core.argument_names import (
     names_of,
 )
 from handformer.check.core.context import Context, forward_names, forward_parameters
+from handformer.check.core.defaults import quietly
 from handformer.check.core.discovery import Component, DiscoveryError, cannot_fill
 from handformer.check.core.result import DIFFERS, PASS, ComponentResult, text
 from handformer.check.runners.beam_models import (
@@ -194,9 +196,19 @@ class LMCall:
         return [BOS, *new]
 
     def raw(self, model: SteeredLM, src: Tensor, K: int, alpha: float) -> Any:
-        values = {"model": model.handed, "prompt": model.prompts(src), "max_len": self.steps,
-                  "end": 2, "beam": K, "alpha": alpha, "groups": 1, "diversity": 0.0}
-        return call_search(self.ctx, self.comp, model, self.arg, values)
+        """What the search returns, handed the prompt as a (1, T) batch, else (where that raises) as the
+        list of ints a search of lists takes (`list(prompt)`); a raise on both is the batch's."""
+        values = {"model": model.handed, "max_len": self.steps, "end": 2, "beam": K, "alpha": alpha,
+                  "groups": 1, "diversity": 0.0}
+        forms = [model.prompts(src), model.prompts(src)[0].tolist()]
+        try:
+            return call_search(self.ctx, self.comp, model, self.arg, {**values, "prompt": forms[0]})
+        except fp.LearnerFailure as failure:
+            listed = quietly(lambda: call_search(self.ctx, self.comp, model, self.arg,
+                                                 {**values, "prompt": forms[1]}), fp.LearnerFailure)
+            if listed is None:
+                raise failure from None
+            return listed
 
 
 LOST = ("your model keeps its cache inside itself (none is handed back), so check cannot tell which tokens "

@@ -222,12 +222,13 @@ def _is_number(x: Any) -> bool:
 
 
 def _scored(pair: Any) -> bool:
-    """A (tokens, score) or (score, tokens) pair: two items, one a number, the other not."""
-    return isinstance(pair, tuple) and len(pair) == 2 and _is_number(pair[0]) != _is_number(pair[1])
+    """A (tokens, score) or (score, tokens) pair, or the tokens with several scores ((tokens, log_prob,
+    score)): two items or more, all numbers but one."""
+    return isinstance(pair, tuple) and len(pair) >= 2 and [*map(_is_number, pair)].count(False) == 1
 
 
-def _by_kind(pair: tuple[Any, Any]) -> tuple[Any, Any]:
-    """A scored pair as (tokens, score)."""
+def _by_kind(pair: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A scored tuple as (tokens, score, ...)."""
     return tuple(sorted(pair, key=_is_number))
 
 
