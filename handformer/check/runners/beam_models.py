@@ -211,7 +211,7 @@ def hypotheses(out: Any) -> Any:
     such pairs (the hypotheses a diverse beam search keeps, each group's) -> the tokens of the one of
     the highest score."""
     if isinstance(out, list) and len(out) > 1 and all(map(_scored, out)):
-        out = max(out, key=lambda pair: float(_by_kind(pair)[1]))
+        out = max(out, key=lambda pair: float(_by_kind(pair)[-1]))
     out = _by_kind(out) if _scored(out) else out  # (tokens, score)
     return out[0] if isinstance(out, tuple) and out and not isinstance(out[0], int) else out
 
