@@ -208,8 +208,8 @@ def settings_note(arg: dict[str, str | None]) -> list[Text]:
 
 def hypotheses(out: Any) -> Any:
     """What a search returns less its scores: (tokens, score) or (score, tokens) -> tokens; a list of
-    such pairs (the hypotheses a diverse beam search keeps, each group's) -> the tokens of the one of
-    the highest score."""
+    such pairs (the hypotheses a diverse beam search keeps, each group's), or of the tokens with several
+    numbers ((tokens, perplexity, score): the score last) -> the tokens of the one of the highest score."""
     if isinstance(out, list) and len(out) > 1 and all(map(_scored, out)):
         out = max(out, key=lambda pair: float(_by_kind(pair)[-1]))
     out = _by_kind(out) if _scored(out) else out  # (tokens, score)
