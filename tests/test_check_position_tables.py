@@ -89,3 +89,15 @@ class _ScoreBias(torch.nn.Module):
 def test_a_score_bias_of_an_attention_is_no_position_table():
     sub = _ScoreBias()
     assert position_tables(sub, dict(sub.named_parameters(recurse=False))) == {}
+
+
+@pytest.fixture(scope="module")
+def beam_unsummed():
+    return _check("table_2d_beam_unsummed.py", ["beam_search"])
+
+
+def test_a_search_ranking_by_the_new_token_alone_is_named_at_its_line(beam_unsummed):
+    (search,) = beam_unsummed.components
+    found = [(f.name, f.line) for f in search.findings]
+    line = _line("keys = logp", beam_unsummed)
+    assert ("beam_scores_not_accumulated", line) in found, format_report(beam_unsummed)

@@ -87,7 +87,8 @@ DIAGNOSES: list[Diagnosis] = [
       "candidates.append((score + log_prob, tokens + [token])) (batched: log_probs + beam_scores[:, None])",
       "候选的得分是它所在假设的得分加上新 token 的对数概率：candidates.append((score + log_prob, tokens + "
       "[token]))（批量写法：log_probs + beam_scores[:, None]）",
-      r"^\s*\w*(scores?|cand)\w*\s*=\s*\w*log_?probs?\w*(\[[^]]*\])?\s*(#.*)?$",
+      # `scores = log_probs`, `keys = logp` (the ranking keys of gumbel_topk's search)
+      r"^\s*\w*(scores?|cand|keys?)\w*\s*=\s*\w*log_?p(rob)?s?\w*(\[[^]]*\])?\s*(#.*)?$",
       # a batched search's scores the log-softmax alone: `scores = F.log_softmax(logits, dim=-1)`
       r"^\s*\w*(scores?|cand)\w*\s*=\s*[\w.]*log_softmax\((?:[^()]|\([^()]*\))*\)(\[[^]]*\])?\s*(#.*)?$",
       r"\.append\(\(\s*\w*log_?probs?\w*\s*,",
