@@ -14,6 +14,7 @@ import torch
 from handformer.check.core.engine import check_file
 from handformer.check.core.position_tables import position_tables
 from handformer.check.core.report import format_report
+from handformer.check.core.stacked import described
 
 HERE = Path(__file__).parent / "fixtures" / "learners_position_tables"
 
@@ -101,3 +102,30 @@ def test_a_search_ranking_by_the_new_token_alone_is_named_at_its_line(beam_unsum
     found = [(f.name, f.line) for f in search.findings]
     line = _line("keys = logp", beam_unsummed)
     assert ("beam_scores_not_accumulated", line) in found, format_report(beam_unsummed)
+
+
+class _Prepends(torch.nn.Module):
+    """A classifier's front: a [CLS] vector (1, 1, D) put before the token embeddings, through a name
+    (`named`) or directly."""
+
+    def __init__(self, named: bool) -> None:
+        super().__init__()
+        self.named = named
+        self.embed = torch.nn.Embedding(10, 8)
+        self.cls_vector = torch.nn.Parameter(torch.zeros(1, 1, 8))
+        self.gamma = torch.nn.Parameter(torch.ones(1, 1, 8))
+
+    def forward(self, ids):
+        x = self.embed(ids) * self.gamma
+        if self.named:
+            front = self.cls_vector.expand(ids.size(0), -1, -1)
+            return torch.cat((front, x), dim=1)
+        return torch.cat([self.cls_vector.expand(ids.size(0), 1, 8), x], 1)
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_a_cls_vector_put_in_front_is_named_so(named):
+    sub = _Prepends(named)
+    en, zh = described(sub, dict(sub.named_parameters(recurse=False)))
+    assert en.startswith("a learned [CLS] vector (cls_vector (1, 1, 8))") and "gamma" not in en, en
+    assert "[CLS]" in zh, zh

@@ -21,13 +21,23 @@ from torch import Tensor, nn
 from handformer.check.core.defaults import quietly
 
 
+def forward_source(sub: nn.Module) -> str:
+    return quietly(lambda: inspect.getsource(type(sub).forward), otherwise="")
+
+
+def read_as(source: str, name: str) -> list[str]:
+    """The patterns of `self.<name>` and of the local names the forward assigns from an expression that
+    reads it (`pos = self.pos_emb[:, :t]`, `cls = self.cls_token.expand(B, -1, -1)`)."""
+    ref = rf"self\.{re.escape(name)}"
+    return [ref, *re.findall(rf"^\s*(\w+)\s*=[^=].*\b{ref}\b", source, re.M)]
+
+
 def added(sub: nn.Module, name: str) -> bool:
     """Whether the module's forward adds its parameter `name` (or a slice of it, or a name it assigns
     from it) to something: `tok + self.pos_emb[:, :T, :]`, `x += pos`, or `x = x + pos` with `pos =
     self.pos_emb[:, :t]`."""
-    source = quietly(lambda: inspect.getsource(type(sub).forward), otherwise="")
-    ref = rf"self\.{re.escape(name)}"
-    sides = "|".join([ref, *re.findall(rf"^\s*(\w+)\s*=[^=].*\b{ref}\b", source, re.M)])  # and its names
+    source = forward_source(sub)
+    sides = "|".join(read_as(source, name))
     # `+ side`, `+= side`, or `side + ...`, `side[...] + ...`
     return bool(re.search(rf"\+=?\s*({sides})\b|(?<![\w.])({sides})\b(\[[^\]]*\])?\s*\+", source))
 

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from handformer.check.core.defaults import quietly
+from handformer.check.core.position_tables import forward_source, read_as
 
 STACKS = {(3, 2), (3, 3), (3, 4)}  # (dimensions, matrices) of the stacks of projections a forward may read
 ROUTED = re.compile(r"(?i)topk|top_k|router|expert")  # a stack whose forward picks experts
@@ -122,6 +123,21 @@ def _experts(sub: nn.Module, shapes: dict[str, tuple[int, ...]]) -> tuple[str, s
             "handformer 不比较这种写法")
 
 
+def _prepended(sub: nn.Module, shapes: dict[str, tuple[int, ...]]) -> tuple[str, str] | None:
+    """A learned [CLS] vector (1, 1, D) the forward concatenates in front of the tokens (ViT's and a text
+    classifier's `torch.cat([cls, x], dim=1)`), read as `position_tables.read_as` reads a table."""
+    source = forward_source(sub)
+    front = r"cat\(\s*[\[(]\s*({})\b"  # torch.cat([cls, x], ...), torch.cat((cls_tokens, x), ...)
+    named = ", ".join(f"{n} {s}" for n, s in shapes.items()
+                      if s[:-1] == (1, 1) and re.search(front.format("|".join(read_as(source, n))), source))
+    return (f"a learned [CLS] vector ({named}) put in front of the tokens (torch.cat at position 0), as an "
+            "encoder classifier's is; a decoder-only model has none: name the class as a classifier "
+            "(--component classifier=...)",
+            f"放在 token 前面的可学习 [CLS] 向量（{named}，用 torch.cat 放在位置 0），编码器分类模型才有；"
+            "decoder-only 模型没有：请把这个类当作分类模型检查（--component classifier=...）"
+            ) if named else None
+
+
 # tensors named by their shapes alone: (which shapes, what they are (en, zh), the tensors put in {})
 SHAPED = ((lambda s: len(s) == 3 and 2 <= s[0] <= 4 < s[1],
            "stacked projections ({}: a few matrices in one tensor) in a form check does not read: it reads "
@@ -144,7 +160,7 @@ def _shaped(sub: nn.Module, shapes: dict[str, tuple[int, ...]]) -> tuple[str, st
 
 # the forms an unmapped module is recognised by, first match wins: (en, zh) of what it is
 FORMS: list[Callable[[nn.Module, dict[str, tuple[int, ...]]], tuple[str, str] | None]] = [
-    _convolution, _experts, _shaped]
+    _convolution, _experts, _prepended, _shaped]
 
 
 def described(sub: nn.Module, params: dict[str, nn.Parameter]) -> tuple[str, str] | None:
