@@ -16,7 +16,7 @@ from __future__ import annotations
 # other files keep the larger of that and their figure before (a file that waits on a child process or
 # a server slows less under load than one that computes)
 SECONDS = {
-    "test_check_position_tables.py": 19,
+    "test_check_position_tables.py": 25,
     "test_check_row_filters.py": 12, "test_check_scale_bound.py": 12, "test_check_mask_builders.py": 10,
     "test_check_not_lm.py": 60, "test_check_own_demo.py": 25, "test_check_mask_methods.py": 12,
     "test_check_config_words.py": 24, "test_check_callable_args.py": 31, "test_check.py": 61,
