@@ -36,3 +36,30 @@ def test_the_settings_are_filled_and_said_and_a_plant_is_named(checked):
     found = {f.name: f.line for f in search.findings}
     assert search.status == "fail", format_report(result)
     assert found.get("beam_scores_not_accumulated") in PLANTED[name], format_report(result)
+
+
+
+def test_a_steered_row_made_once_equals_one_made_afresh():
+    """The scenario's log-probabilities for a prefix are made once for each table entry and vocabulary
+    (beam_models.steered_row) and copied: each equals the row made afresh, at two vocabularies, and a
+    copy written to leaves the next one as made."""
+    import math
+
+    import torch
+
+    from handformer.check.runners.beam import MIRRORED, SCENARIOS
+    from handformer.check.runners.beam_models import EOS, Steered
+
+    model = Steered(None, {}, None)
+    for table in [*SCENARIOS.values(), MIRRORED]:
+        for prefix in [*table, (99,)]:  # (99,): a prefix the table lacks, EOS at 0.5
+            probs = table.get(prefix, {EOS: 0.5})
+            for V in (12, 16):
+                fresh = torch.full((V,), math.log(1e-6), dtype=torch.float64)
+                for token, p in probs.items():
+                    fresh[token] = math.log(p)
+                fresh[V - 1] = math.log(max(1.0 - sum(probs.values()), 1e-6))
+                row = model.steer(list(prefix), V, table)
+                assert torch.equal(row, fresh), (prefix, V)
+                row.fill_(0.0)
+                assert torch.equal(model.steer(list(prefix), V, table), fresh), (prefix, V)

@@ -9,6 +9,7 @@ Shape legend: N hypotheses, L prefix length, S source length, D d_model, V vocab
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -145,11 +146,7 @@ class Steered(nn.Module):
     def steer(self, prefix: list[int], V: int, table: Table | None = None) -> Tensor:
         """The scenario's log-probabilities after BOS + prefix (V,)."""
         probs = (table or self.table).get(tuple(prefix), {EOS: 0.5})
-        out = torch.full((V,), math.log(1e-6), dtype=torch.float64)
-        for token, p in probs.items():
-            out[token] = math.log(p)
-        out[V - 1] = math.log(max(1.0 - sum(probs.values()), 1e-6))  # the sink
-        return out
+        return steered_row(tuple(probs.items()), V).clone()  # a copy: made as the caller's mode makes one
 
     def logprobs(self, memory: Tensor, prefix: list[int]) -> list[float]:
         """The log-probabilities (V,) after BOS + prefix (the reference's), cached by prefix."""
@@ -173,6 +170,18 @@ class Steered(nn.Module):
         mask = torch.tril(torch.ones(1, ys.size(1), ys.size(1), dtype=torch.bool))
         out = self.decode(memory, None, ys, mask)
         return self.generator(out[:, -1]).tolist()
+
+
+@functools.lru_cache(maxsize=4096)
+def steered_row(probs: tuple[tuple[int, float], ...], V: int) -> Tensor:
+    """(V,) the log-probabilities of a table's entry, its (token, probability) pairs in the table's
+    order; every other token at 1e-6, the sink the rest. Made once for each entry and V: a search's
+    every decode asks again for each prefix it holds."""
+    out = torch.full((V,), math.log(1e-6), dtype=torch.float64)
+    for token, p in probs:
+        out[token] = math.log(p)
+    out[V - 1] = math.log(max(1.0 - sum(p for _, p in probs), 1e-6))  # the sink
+    return out
 
 
 def started(prefixes: list[tuple[int, ...]]) -> Tensor:

@@ -102,7 +102,9 @@ class OwnSteered(Steered):
         if self.ys is not None and shape[-1:] == (SIZES["d_model"],) and len(shape) == 3:  # read first: cheap
             out = self._batch_first(out)
             if out.shape[:2] == self.ys.shape:
-                self.out = out
+                # set as nn.Module's __setattr__ sets a tensor that is no buffer, without its checks: this
+                # hook runs after every module of every decode the search makes
+                self.__dict__["out"] = out
 
     def _rows(self, _m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Each decoded row's table: the sentence whose memory its memory row is."""
