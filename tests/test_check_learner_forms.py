@@ -7,7 +7,11 @@
 - a function that reads its settings off an argument of no name check knows (`cfg.group_size`,
   `args.num_generations`) is handed an object that answers them (core/settings_argument.py): the
   file's own dataclass, or a namespace at the file's argparse defaults, with check's group size; each
-  checked and said, and a planted mistake in each fails at its line.
+  checked and said, and a planted mistake in each fails at its line;
+- a word-level BPE (an end-of-word marker written in its code or held in a constant of its file)
+  whose trainer takes a count by a name of no role (`num_symbols`, `n_operations`: the merges) and
+  whose class is built from the merges or their ranks, its encode giving subword strings, is graded
+  on its pieces (runners/bpe_words.py); a planted encode or decode fails.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ from pathlib import Path
 import pytest
 from helpers import planted_copy
 
+from handformer.check.core.argument_names import call_parameters
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
+from handformer.check.runners.bpe import parameter_role
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -34,6 +40,10 @@ CASES = {
     "dr_grpo_config_across": ("learners_settings_argument", "dr_grpo_config", (("mean(dim=1", "mean(dim=0"),)),
     "grpo_args": ("learners_settings_argument", "grpo_args", ()),
     "grpo_args_summed": ("learners_settings_argument", "grpo_args", (("grouped.mean(dim=-1", "grouped.sum(dim=-1"),)),
+    "symbols_class": ("learners_word_bpe_class", "symbols_class", ()),
+    "symbols_class_latest": ("learners_word_bpe_class", "symbols_class", (("_, best = min(pairs)", "_, best = max(pairs)"),)),
+    "ranks_class": ("learners_word_bpe_class", "ranks_class", ()),
+    "ranks_class_joined": ("learners_word_bpe_class", "ranks_class", (('.replace(EOW, " ")', '.replace(EOW, "")'),)),
 }
 
 
@@ -76,3 +86,37 @@ def test_a_planted_mistake_behind_a_settings_argument_fails_at_its_line(results,
     report = format_report(results[name])
     assert advantages.status == "fail", report
     assert line in report, report
+
+
+@pytest.mark.parametrize("name", ["symbols_class", "ranks_class"])
+def test_a_word_bpe_class_that_gives_subword_strings_is_graded_on_its_pieces(results, name):
+    trainer, codec = results[name].components
+    assert (trainer.status, codec.status) == ("pass", "pass"), format_report(results[name])
+    assert any("encode gives each of" in c.name["en"] for c in codec.checks), format_report(results[name])
+
+
+@pytest.mark.parametrize(("name", "mistake", "line"), [
+    ("symbols_class_latest", "bpe_encode_merge_order", "_, best = max(pairs)"),
+    ("ranks_class_joined", None, 'return "".join(pieces).replace(EOW, "").rstrip()')])
+def test_a_planted_word_bpe_class_fails(results, name, mistake, line):
+    codec = results[name].components[-1]
+    report = format_report(results[name])
+    assert codec.status == "fail", report
+    assert mistake is None or mistake in [f.name for f in codec.findings], report
+    assert line in report, report
+
+
+def _counted(text, num_symbols, min_frequency=2):
+    return text, num_symbols, min_frequency
+
+
+def _parallel(input_path, vocab_size, num_processes):
+    return input_path, vocab_size, num_processes
+
+
+def test_a_count_by_its_name_is_the_merges_only_where_the_trainer_takes_no_other_count():
+    """`num_symbols` of a trainer that takes no vocab_size or num_merges is its number of merges;
+    `num_processes` beside a vocab_size is not (it stays unfilled: NOT CHECKED, never a count of merges)."""
+    roles = {fn.__name__: [parameter_role(p, i == 0, call_parameters(fn)) for i, p in enumerate(call_parameters(fn))]
+             for fn in (_counted, _parallel)}
+    assert roles == {"_counted": ["text", "merges", ""], "_parallel": ["path", "vocab_size", ""]}, roles

@@ -27,7 +27,7 @@ from handformer.check.core.bpe_parts import snippet_parts
 from handformer.check.core.context import Context, finish
 from handformer.check.core.discovery import Component, own_objects
 from handformer.check.core.result import DEPARTS, ComponentResult, Finding, failed_check, text
-from handformer.check.core.source import first_line, locate_form, source_lines
+from handformer.check.core.source import first_line, global_reads, locate_form, source_lines
 from handformer.check.core.weights import MappingError
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import DOCUMENTS
@@ -175,11 +175,15 @@ def _check_decode(res: ComponentResult, ctx: Context, decode: Callable[[Any], An
 
 MERGES = 120  # merges asked of a trainer on the fixture's lines
 ENCODE_MERGES = ("code", "merge", "rank")  # words in the name of encode's argument that takes the merges
+TRAINS = re.compile("train|learn", re.I)  # a trainer's name, beside helpers that take a count too
 
 
 def marked(ctx: Context, comp: Component) -> bool:
-    """The component's file writes the end-of-word marker: a word-level BPE, not a byte-level one."""
-    return any(MARKER in code.split("#")[0] for _, code in source_lines(ctx.objects(comp)))
+    """The component's code writes the end-of-word marker, or reads a constant of its file that holds it
+    (`EOW = "</w>"`): a word-level BPE, not a byte-level one."""
+    held = [getattr(ctx.module, name, None) for name in global_reads(comp.obj)]
+    written = any(MARKER in code.split("#")[0] for _, code in source_lines(ctx.objects(comp)))
+    return written or MARKER in [value for value in held if isinstance(value, str)]
 
 
 def check_any_trainer(comp: Component, ctx: Context) -> ComponentResult:
@@ -214,12 +218,15 @@ def _looped(ctx: Context, stats: Any, merge: Any) -> list[tuple[str, str]]:
 
 
 def check_functions(comp: Component, ctx: Context) -> ComponentResult:
-    """A word-level encode function, handed the merges its file's trainer learns; its file's decode after."""
+    """A word-level encode function, handed the merges its file's trainer learns; its file's decode
+    after. A class built from the merges (subword-nmt's `BPE(codes)`, its encode giving the pieces as
+    strings) is built with them, and its own encode and decode are graded so."""
     res = ctx.result(comp)
     own = own_objects(ctx.module)
-    trainer = next((f for f in own.values() if _trains(f)), None)
+    trainers = sorted((f for f in own.values() if _trains(f)), key=lambda f: not TRAINS.search(f.__name__))
     decode = next((f for name, f in own.items() if name.startswith("decode") and callable(f)), None)
-    if trainer is None or decode is None:
+    trainer = next(iter(trainers), None)  # one named to train first (not a helper replace_pair(pair, vocab))
+    if trainer is None or decode is None and not inspect.isclass(comp.obj):
         raise MappingError("a word-level BPE encode whose file has no trainer (a function that takes the "
                            "corpus and num_merges or vocab_size) or no decode function to drive it with",
                            zh="这个词级 BPE 的 encode 所在文件里没有训练函数（接收语料和 num_merges 或 "
@@ -227,14 +234,32 @@ def check_functions(comp: Component, ctx: Context) -> ComponentResult:
     merges, lines = trained(ctx, trainer), source_lines(ctx.objects(comp))
     cut = check_words(res, merges, LINES, lines)
     if cut:
-        check_codec(res, ctx, _encoder(comp.obj, merges), decode, merges, cut, LINES, lines, {})
+        built = inspect.isclass(comp.obj)
+        codec = _built(ctx, comp.obj, merges) if built else (_encoder(comp.obj, merges), decode)
+        check_codec(res, ctx, *codec, merges, cut, LINES, lines, {})
     return finish(res)
+
+
+def takes_merges(cls: Any) -> bool:
+    """A class built from the merges: its constructor's first argument is named for them (merges, codes,
+    ranks)."""
+    params = call_parameters(getattr(cls, "__init__", None))[1:2] if inspect.isclass(cls) else []
+    return any(w in p.name.lower() for p in params for w in ENCODE_MERGES)
+
+
+def _built(ctx: Context, cls: type, merges: list[tuple[str, str]]) -> tuple[Any, Any]:
+    """(encode, decode) of the class built from the merges, by the name of its first argument."""
+    first = call_parameters(cls.__init__)[1]
+    given = {pair: r for r, pair in enumerate(merges)} if "rank" in first.name.lower() else list(merges)
+    tok = ctx.learner.call("__init__", cls, **{first.name: given})
+    return tok.encode, tok.decode
 
 
 def _trains(fn: Any) -> bool:
     if not inspect.isfunction(fn):
         return False
-    roles = [bpe.argument_role(p.name, i == 0) for i, p in enumerate(call_parameters(fn))]
+    params = call_parameters(fn)
+    roles = [bpe.parameter_role(p, i == 0, params) for i, p in enumerate(params)]
     return bool(roles) and roles[0] == "text" and bool({"merges", "vocab_size"} & set(roles))
 
 
@@ -254,7 +279,8 @@ def trained(ctx: Context, fn: Any) -> list[tuple[str, str]]:
     """The merges `fn` learns from the fixture's lines, handed as a list (or, where it refuses that or
     learns nothing from it, as one text), with MERGES merges or a vocabulary size that allows about as
     many."""
-    roles = {p.name: bpe.argument_role(p.name, i == 0) for i, p in enumerate(call_parameters(fn))}
+    params = call_parameters(fn)
+    roles = {p.name: bpe.parameter_role(p, i == 0, params) for i, p in enumerate(params)}
     values = {"merges": MERGES, "vocab_size": len(set("".join(LINES))) + 1 + MERGES, "special": []}
     for corpus in (LINES, " ".join(LINES)):
         kwargs = {name: values.get(role, corpus) for name, role in roles.items() if role}
