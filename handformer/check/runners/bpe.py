@@ -280,7 +280,7 @@ def parameter_role(p: inspect.Parameter, first: bool, params: list[inspect.Param
     num_processes is not a count of merges)."""
     known = {argument_role(q.name, i == 0) for i, q in enumerate(params)}
     counted = p.default is p.empty and COUNTED.fullmatch(p.name) and not first and not known & COUNTS
-    return argument_role(p.name, first) or ("merges" if counted else "")
+    return argument_role(p.name, first) or "merges" * bool(counted)
 
 
 ITEMS = {dict: dict.items, list: enumerate}  # what a value holds, as (key, value) pairs

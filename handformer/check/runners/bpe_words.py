@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from handformer.check.core.bpe_parts import snippet_parts
 from handformer.check.core.context import Context, finish
 from handformer.check.core.discovery import Component, own_objects
 from handformer.check.core.result import DEPARTS, ComponentResult, Finding, failed_check, text
-from handformer.check.core.source import first_line, global_reads, locate_form, source_lines
+from handformer.check.core.source import first_line, global_reads, locate_form, source_lines, source_text
 from handformer.check.core.weights import MappingError
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import DOCUMENTS
@@ -175,15 +176,16 @@ def _check_decode(res: ComponentResult, ctx: Context, decode: Callable[[Any], An
 
 MERGES = 120  # merges asked of a trainer on the fixture's lines
 ENCODE_MERGES = ("code", "merge", "rank")  # words in the name of encode's argument that takes the merges
+MERGES_NAMED = re.compile("|".join(ENCODE_MERGES), re.I)
 TRAINS = re.compile("train|learn", re.I)  # a trainer's name, beside helpers that take a count too
 
 
 def marked(ctx: Context, comp: Component) -> bool:
     """The component's code writes the end-of-word marker, or reads a constant of its file that holds it
     (`EOW = "</w>"`): a word-level BPE, not a byte-level one."""
-    held = [getattr(ctx.module, name, None) for name in global_reads(comp.obj)]
+    held = set(re.findall(rf"""(?m)^(\w+)\s*=\s*['"]{MARKER}['"]""", source_text(ctx.module)))
     written = any(MARKER in code.split("#")[0] for _, code in source_lines(ctx.objects(comp)))
-    return written or MARKER in [value for value in held if isinstance(value, str)]
+    return written or bool(held & global_reads(comp.obj))
 
 
 def check_any_trainer(comp: Component, ctx: Context) -> ComponentResult:
@@ -223,7 +225,7 @@ def check_functions(comp: Component, ctx: Context) -> ComponentResult:
     strings) is built with them, and its own encode and decode are graded so."""
     res = ctx.result(comp)
     own = own_objects(ctx.module)
-    trainers = sorted((f for f in own.values() if _trains(f)), key=lambda f: not TRAINS.search(f.__name__))
+    trainers = sorted(filter(_trains, own.values()), key=lambda f: not TRAINS.search(f.__name__))
     decode = next((f for name, f in own.items() if name.startswith("decode") and callable(f)), None)
     trainer = next(iter(trainers), None)  # one named to train first (not a helper replace_pair(pair, vocab))
     if trainer is None or decode is None and not inspect.isclass(comp.obj):
@@ -243,15 +245,14 @@ def check_functions(comp: Component, ctx: Context) -> ComponentResult:
 def takes_merges(cls: Any) -> bool:
     """A class built from the merges: its constructor's first argument is named for them (merges, codes,
     ranks)."""
-    params = call_parameters(getattr(cls, "__init__", None))[1:2] if inspect.isclass(cls) else []
-    return any(w in p.name.lower() for p in params for w in ENCODE_MERGES)
+    return any(MERGES_NAMED.search(p.name) for p in call_parameters(cls.__init__)[1:2])
 
 
 def _built(ctx: Context, cls: type, merges: list[tuple[str, str]]) -> tuple[Any, Any]:
     """(encode, decode) of the class built from the merges, by the name of its first argument."""
     first = call_parameters(cls.__init__)[1]
-    given = {pair: r for r, pair in enumerate(merges)} if "rank" in first.name.lower() else list(merges)
-    tok = ctx.learner.call("__init__", cls, **{first.name: given})
+    forms = {True: dict(zip(merges, itertools.count())), False: list(merges)}  # ranks: pair -> order learnt
+    tok = ctx.learner.call("__init__", cls, **{first.name: forms["rank" in first.name.lower()]})
     return tok.encode, tok.decode
 
 

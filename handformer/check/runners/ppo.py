@@ -53,7 +53,7 @@ def arguments_by_role(comp: Component, roles: dict[str, str], given: dict[str, A
     out, said, held = {}, ", ".join(roles), set()
     for p in forward_parameters(comp.obj):
         role = _role(p.name, roles)
-        settings = None if role in given else settings_object(comp.obj, p.name, roles, given)
+        settings = settings_object(comp.obj, p.name, roles, given)
         if role in given:
             out[p.name] = role
         elif settings is not None:  # cfg.group_size: an object answering what it reads (settings_argument.py)
