@@ -11,7 +11,8 @@
 - a word-level BPE (an end-of-word marker written in its code or held in a constant of its file)
   whose trainer takes a count by a name of no role (`num_symbols`, `n_operations`: the merges) and
   whose class is built from the merges or their ranks, its encode giving subword strings, is graded
-  on its pieces (runners/bpe_words.py); a planted encode or decode fails.
+  on its pieces (runners/bpe_words.py); a planted encode or decode fails, a decode that gives the words
+  back otherwise at the line that handles the end marker.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ CASES = {
     "grpo_args_summed": ("learners_settings_argument", "grpo_args", (("grouped.mean(dim=-1", "grouped.sum(dim=-1"),)),
     "symbols_class": ("learners_word_bpe_class", "symbols_class", ()),
     "symbols_class_latest": ("learners_word_bpe_class", "symbols_class", (("_, best = min(pairs)", "_, best = max(pairs)"),)),
+    "symbols_class_spaced": ("learners_word_bpe_class", "symbols_class",
+                             (("return ''.join(pieces).replace('</w>', ' ')", "return ' '.join(pieces).replace('</w>', '')"),)),
     "ranks_class": ("learners_word_bpe_class", "ranks_class", ()),
     "ranks_class_joined": ("learners_word_bpe_class", "ranks_class", (('.replace(EOW, " ")', '.replace(EOW, "")'),)),
 }
@@ -97,7 +100,8 @@ def test_a_word_bpe_class_that_gives_subword_strings_is_graded_on_its_pieces(res
 
 @pytest.mark.parametrize(("name", "mistake", "line"), [
     ("symbols_class_latest", "bpe_encode_merge_order", "_, best = max(pairs)"),
-    ("ranks_class_joined", None, 'return "".join(pieces).replace(EOW, "").rstrip()')])
+    ("ranks_class_joined", None, 'return "".join(pieces).replace(EOW, "").rstrip()'),
+    ("symbols_class_spaced", None, "return ' '.join(pieces).replace('</w>', '').strip()")])
 def test_a_planted_word_bpe_class_fails(results, name, mistake, line):
     codec = results[name].components[-1]
     report = format_report(results[name])

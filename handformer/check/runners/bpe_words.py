@@ -153,6 +153,16 @@ def check_codec(res: ComponentResult, ctx: Context, encode: Callable[[str], Any]
 JOINERS = {"marker": " ", "glued": " ", "plain": ""}  # what decode puts between words: no marker, nothing
 
 
+# what decode's words say, by whether they are joined with nothing between them
+DECODE_SAID = {
+    True: text(f"decode joins the words with nothing between them: the end marker {MARKER} is dropped, not "
+               "turned into a space", f"decode 把词连在了一起：词尾标记 {MARKER} 被删掉了，没有变成空格"),
+    False: text(f"decode does not give the words back as they were: the line that handles the end marker "
+                f"{MARKER} does not turn it into one space between words",
+                f"decode 没有按原样还原这些词：处理词尾标记 {MARKER} 的那一行"
+                "没有把它变成词之间的一个空格")}
+
+
 def _check_decode(res: ComponentResult, ctx: Context, decode: Callable[[Any], Any], ours: list[list[Any]],
                   corpus: list[str], lines: list[tuple[int, str]], joiner: str) -> None:
     """decode(encode(line)) is the line's words joined by single spaces (a space left at its end aside);
@@ -165,11 +175,10 @@ def _check_decode(res: ComponentResult, ctx: Context, decode: Callable[[Any], An
         "where no end marker keeps where a word ends)", f"decode(encode(line)) 还原 {len(corpus)} 行中每一行"
         "的词，词之间一个空格（没有词尾标记记住词在哪里结束时，词之间没有空格）"), bad is None,
         lambda: text(f"{bad[0]!r:.60} for {bad[1]!r:.60}", f"{bad[1]!r:.60} 还原成了 {bad[0]!r:.60}")))
-    if bad and bad[0] == "".join(bad[1].split()):
-        res.findings.append(Finding(DEPARTS, text(
-            f"decode joins the words with nothing between them: the end marker {MARKER} is dropped, not "
-            "turned into a space", f"decode 把词连在了一起：词尾标记 {MARKER} 被删掉了，没有变成空格"),
-            *first_line(WORD_BPE_LINES["decode"], lines)))
+    joined = bool(bad) and bad[0] == "".join(bad[1].split())
+    number, code = first_line(WORD_BPE_LINES["decode"][:len(WORD_BPE_LINES["decode"]) - (not joined)], lines)
+    if bad and number:  # the line that turns the marker back into a space (any line, where they are joined)
+        res.findings.append(Finding(DEPARTS, DECODE_SAID[joined], number, code))
 
 
 # --- a word-level BPE written as free functions: learn_bpe(corpus, num_merges), encode(text, merges), decode
