@@ -211,7 +211,7 @@ LINE_FORMS: dict[tuple[str, str], dict[str, str]] = {  # (name, form found) -> {
     # one pair merged at every step: the merge's call whose result is left unused (`merge(ids, pair, idx)`)
     ("bpe_counts_not_updated", "same_pair"): {"same_pair": r"^\s*(self\.)?_?\w*merge\w*\([^=]*\)\s*$"},
     # encode's merge order in the form found: the line that picks the pair (GPT-2's bpe(): max( for min()
-    ("bpe_encode_merge_order", "latest"): {"latest": r"\bmax\(.*(?:merge|rank)"},
+    ("bpe_encode_merge_order", "latest"): {"latest": r"\bmax\(.*(?:merge|rank)|\bmax\(\s*\w*pairs?\s*\)"},
     ("bpe_encode_merge_order", "reversed"): {"reversed": r"reversed\(|\[::-1\]"},
     # an attention's own causal mask inverted: the line that builds its triangle, else the one that fills
     # the scores with it

@@ -218,5 +218,5 @@ WORD_BPE_LINES = {
     "count": (r"pair.*\+=\s*1\s*$", r"pair.*\+=", r"\+=\s*1\s*$", r"\+=", r"pair\w*\[.*\]\s*=[^=]",
               r"Counter\("),
     "bpe_merges_across_pretokens": (r"\.join\(.*\)\.split\(\s*\)", r"\.split\(\s*\)", r"zip\("),
-    "decode": (r"replace\([^)]*</w>", r"</w>", r"^\s*return\b"),
+    "decode": (r"replace\([^)]*</w>", r"</w>", r"\.replace\(", r"^\s*return\b"),
 }

@@ -145,7 +145,7 @@ class Trainer:
         self.roles: dict[str, str] = {}
         self.listed = {p.name for p in params if listed(p)}
         for i, p in enumerate(params):
-            role = argument_role(p.name, first=i == 0)
+            role = parameter_role(p, i == 0, params)
             if role:
                 self.roles[p.name] = role
             elif p.default is p.empty:
@@ -266,6 +266,21 @@ def argument_role(name: str, first: bool) -> str:
     name = name.lower()
     said = (role for role, names, words in ROLES if name in names or any(w in name for w in words))
     return next(said, "text" if first else "")  # the first argument is the corpus, whatever its name
+
+
+# a count by the form of its name (subword-nmt's num_symbols, n_operations): a trainer's required argument
+# of no role named so is the number of merges it learns
+COUNTED = re.compile(r"(?:num|n|number_of)_\w+|\w+_count", re.I)
+COUNTS = {"vocab_size", "merges"}
+
+
+def parameter_role(p: inspect.Parameter, first: bool, params: list[inspect.Parameter]) -> str:
+    """argument_role of a trainer's parameter; a required one of no role whose name is a count, in a
+    trainer that takes no count by a name check knows, is the merges (where it takes vocab_size, its
+    num_processes is not a count of merges)."""
+    known = {argument_role(q.name, i == 0) for i, q in enumerate(params)}
+    counted = p.default is p.empty and COUNTED.fullmatch(p.name) and not first and not known & COUNTS
+    return argument_role(p.name, first) or "merges" * bool(counted)
 
 
 ITEMS = {dict: dict.items, list: enumerate}  # what a value holds, as (key, value) pairs

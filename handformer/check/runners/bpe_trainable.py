@@ -39,8 +39,10 @@ def trainable(obj: Any) -> bool:
 def check_tokenizer(comp: Component, ctx: Context) -> ComponentResult:
     """The kind's runner: a class that trains itself is trained first; any other encoder and decoder
     is handed the reference's vocabulary and merges (bpe_codec.py); a function of a word-level BPE's file
-    (one that writes </w>), the merges its file's trainer learns (bpe_words.py)."""
-    if not inspect.isclass(comp.obj) and bpe_words.marked(ctx, comp):
+    (one that writes </w>), or a class there built from merges, the merges its file's trainer learns
+    (bpe_words.py)."""
+    functions = not inspect.isclass(comp.obj) or bpe_words.takes_merges(comp.obj)
+    if functions and bpe_words.marked(ctx, comp):
         return bpe_words.check_functions(comp, ctx)
     return (check_trainable if trainable(comp.obj) else bpe_codec.check_bpe_tokenizer)(comp, ctx)
 

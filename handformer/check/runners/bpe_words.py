@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from handformer.check.core.bpe_parts import snippet_parts
 from handformer.check.core.context import Context, finish
 from handformer.check.core.discovery import Component, own_objects
 from handformer.check.core.result import DEPARTS, ComponentResult, Finding, failed_check, text
-from handformer.check.core.source import first_line, locate_form, source_lines
+from handformer.check.core.source import first_line, global_reads, locate_form, source_lines, source_text
 from handformer.check.core.weights import MappingError
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import DOCUMENTS
@@ -152,6 +153,16 @@ def check_codec(res: ComponentResult, ctx: Context, encode: Callable[[str], Any]
 JOINERS = {"marker": " ", "glued": " ", "plain": ""}  # what decode puts between words: no marker, nothing
 
 
+# what decode's words say, by whether they are joined with nothing between them
+DECODE_SAID = {
+    True: text(f"decode joins the words with nothing between them: the end marker {MARKER} is dropped, not "
+               "turned into a space", f"decode 把词连在了一起：词尾标记 {MARKER} 被删掉了，没有变成空格"),
+    False: text(f"decode does not give the words back as they were: the line that handles the end marker "
+                f"{MARKER} does not turn it into one space between words",
+                f"decode 没有按原样还原这些词：处理词尾标记 {MARKER} 的那一行"
+                "没有把它变成词之间的一个空格")}
+
+
 def _check_decode(res: ComponentResult, ctx: Context, decode: Callable[[Any], Any], ours: list[list[Any]],
                   corpus: list[str], lines: list[tuple[int, str]], joiner: str) -> None:
     """decode(encode(line)) is the line's words joined by single spaces (a space left at its end aside);
@@ -164,22 +175,26 @@ def _check_decode(res: ComponentResult, ctx: Context, decode: Callable[[Any], An
         "where no end marker keeps where a word ends)", f"decode(encode(line)) 还原 {len(corpus)} 行中每一行"
         "的词，词之间一个空格（没有词尾标记记住词在哪里结束时，词之间没有空格）"), bad is None,
         lambda: text(f"{bad[0]!r:.60} for {bad[1]!r:.60}", f"{bad[1]!r:.60} 还原成了 {bad[0]!r:.60}")))
-    if bad and bad[0] == "".join(bad[1].split()):
-        res.findings.append(Finding(DEPARTS, text(
-            f"decode joins the words with nothing between them: the end marker {MARKER} is dropped, not "
-            "turned into a space", f"decode 把词连在了一起：词尾标记 {MARKER} 被删掉了，没有变成空格"),
-            *first_line(WORD_BPE_LINES["decode"], lines)))
+    joined = bool(bad) and bad[0] == "".join(bad[1].split())
+    number, code = first_line(WORD_BPE_LINES["decode"][:len(WORD_BPE_LINES["decode"]) - (not joined)], lines)
+    if bad and number:  # the line that turns the marker back into a space (any line, where they are joined)
+        res.findings.append(Finding(DEPARTS, DECODE_SAID[joined], number, code))
 
 
 # --- a word-level BPE written as free functions: learn_bpe(corpus, num_merges), encode(text, merges), decode
 
 MERGES = 120  # merges asked of a trainer on the fixture's lines
 ENCODE_MERGES = ("code", "merge", "rank")  # words in the name of encode's argument that takes the merges
+MERGES_NAMED = re.compile("|".join(ENCODE_MERGES), re.I)
+TRAINS = re.compile("train|learn", re.I)  # a trainer's name, beside helpers that take a count too
 
 
 def marked(ctx: Context, comp: Component) -> bool:
-    """The component's file writes the end-of-word marker: a word-level BPE, not a byte-level one."""
-    return any(MARKER in code.split("#")[0] for _, code in source_lines(ctx.objects(comp)))
+    """The component's code writes the end-of-word marker, or reads a constant of its file that holds it
+    (`EOW = "</w>"`): a word-level BPE, not a byte-level one."""
+    held = set(re.findall(rf"""(?m)^(\w+)\s*=\s*['"]{MARKER}['"]""", source_text(ctx.module)))
+    written = any(MARKER in code.split("#")[0] for _, code in source_lines(ctx.objects(comp)))
+    return written or bool(held & global_reads(comp.obj))
 
 
 def check_any_trainer(comp: Component, ctx: Context) -> ComponentResult:
@@ -214,12 +229,15 @@ def _looped(ctx: Context, stats: Any, merge: Any) -> list[tuple[str, str]]:
 
 
 def check_functions(comp: Component, ctx: Context) -> ComponentResult:
-    """A word-level encode function, handed the merges its file's trainer learns; its file's decode after."""
+    """A word-level encode function, handed the merges its file's trainer learns; its file's decode
+    after. A class built from the merges (subword-nmt's `BPE(codes)`, its encode giving the pieces as
+    strings) is built with them, and its own encode and decode are graded so."""
     res = ctx.result(comp)
     own = own_objects(ctx.module)
-    trainer = next((f for f in own.values() if _trains(f)), None)
+    trainers = sorted(filter(_trains, own.values()), key=lambda f: not TRAINS.search(f.__name__))
     decode = next((f for name, f in own.items() if name.startswith("decode") and callable(f)), None)
-    if trainer is None or decode is None:
+    trainer = next(iter(trainers), None)  # one named to train first (not a helper replace_pair(pair, vocab))
+    if trainer is None or decode is None and not inspect.isclass(comp.obj):
         raise MappingError("a word-level BPE encode whose file has no trainer (a function that takes the "
                            "corpus and num_merges or vocab_size) or no decode function to drive it with",
                            zh="这个词级 BPE 的 encode 所在文件里没有训练函数（接收语料和 num_merges 或 "
@@ -227,14 +245,31 @@ def check_functions(comp: Component, ctx: Context) -> ComponentResult:
     merges, lines = trained(ctx, trainer), source_lines(ctx.objects(comp))
     cut = check_words(res, merges, LINES, lines)
     if cut:
-        check_codec(res, ctx, _encoder(comp.obj, merges), decode, merges, cut, LINES, lines, {})
+        built = inspect.isclass(comp.obj)
+        codec = _built(ctx, comp.obj, merges) if built else (_encoder(comp.obj, merges), decode)
+        check_codec(res, ctx, *codec, merges, cut, LINES, lines, {})
     return finish(res)
+
+
+def takes_merges(cls: Any) -> bool:
+    """A class built from the merges: its constructor's first argument is named for them (merges, codes,
+    ranks)."""
+    return any(MERGES_NAMED.search(p.name) for p in call_parameters(cls.__init__)[1:2])
+
+
+def _built(ctx: Context, cls: type, merges: list[tuple[str, str]]) -> tuple[Any, Any]:
+    """(encode, decode) of the class built from the merges, by the name of its first argument."""
+    first = call_parameters(cls.__init__)[1]
+    forms = {True: dict(zip(merges, itertools.count())), False: list(merges)}  # ranks: pair -> order learnt
+    tok = ctx.learner.call("__init__", cls, **{first.name: forms["rank" in first.name.lower()]})
+    return tok.encode, tok.decode
 
 
 def _trains(fn: Any) -> bool:
     if not inspect.isfunction(fn):
         return False
-    roles = [bpe.argument_role(p.name, i == 0) for i, p in enumerate(call_parameters(fn))]
+    params = call_parameters(fn)
+    roles = [bpe.parameter_role(p, i == 0, params) for i, p in enumerate(params)]
     return bool(roles) and roles[0] == "text" and bool({"merges", "vocab_size"} & set(roles))
 
 
@@ -254,7 +289,8 @@ def trained(ctx: Context, fn: Any) -> list[tuple[str, str]]:
     """The merges `fn` learns from the fixture's lines, handed as a list (or, where it refuses that or
     learns nothing from it, as one text), with MERGES merges or a vocabulary size that allows about as
     many."""
-    roles = {p.name: bpe.argument_role(p.name, i == 0) for i, p in enumerate(call_parameters(fn))}
+    params = call_parameters(fn)
+    roles = {p.name: bpe.parameter_role(p, i == 0, params) for i, p in enumerate(params)}
     values = {"merges": MERGES, "vocab_size": len(set("".join(LINES))) + 1 + MERGES, "special": []}
     for corpus in (LINES, " ".join(LINES)):
         kwargs = {name: values.get(role, corpus) for name, role in roles.items() if role}

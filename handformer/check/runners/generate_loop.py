@@ -554,9 +554,10 @@ def new_tokens(out: Any, prompt: Tensor, n: int) -> Tensor | None:
 
 
 def _beside_ids(value: Any) -> bool:
-    """What a loop returns beside its tokens: nothing, their scores, or a count (the forward passes a
-    loop that accepts several tokens a step made, Jacobi or lookahead decoding)."""
-    return value is None or _scores(value) or is_number(value)
+    """What a loop returns beside its tokens: nothing, their scores, a count (the forward passes a
+    loop that accepts several tokens a step made, Jacobi or lookahead decoding), or why it stopped
+    (an API's finish_reason, "stop" or "length")."""
+    return value is None or _scores(value) or is_number(value) or isinstance(value, str)
 
 
 def _scores(value: Any) -> bool:

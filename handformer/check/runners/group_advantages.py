@@ -26,8 +26,8 @@ from handformer.check.core.discovery import Component
 from handformer.check.core.localize import first_departure, trace_steps
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, text
-from handformer.check.core.source import source_text
-from handformer.check.runners.ppo import apart, arguments_by_role, called_by_role, tensors_of
+from handformer.check.core.source import code_text
+from handformer.check.runners.ppo import apart, arguments_by_role, called_by_role, settings_notes, tensors_of
 
 G, EPS, TOL = 3, 1e-6, 1e-9
 EPSILONS = (1e-4, 1e-5, 1e-6, 1e-8, 0.0)  # the eps a function that takes none may write inside
@@ -55,10 +55,11 @@ def check_group_advantages(comp: Component, ctx: Context) -> ComponentResult:
     given: dict[str, Any] = {"rewards": rewards, "group": G, "eps": EPS}
     roles = arguments_by_role(comp, ROLES, given, ("rewards", "group"))
     call = called_by_role(ctx, comp, roles, given)
+    res.notes += settings_notes(comp, roles, ROLES, given)
     got = tensors_of(call())[0].reshape(-1)
     epsilons = (EPS,) if "eps" in roles.values() else EPSILONS
     forms = {(name, eps): ref for eps in epsilons
-             for name, ref in _forms(rewards, eps, bool(DEVIATION.search(source_text(comp.obj)))).items()}
+             for name, ref in _forms(rewards, eps, bool(DEVIATION.search(code_text(comp.obj)))).items()}
     errors = {key: apart(got, ref) for key, ref in forms.items()}
     (form, eps) = min(errors, key=errors.get)
     res.max_abs_error = err = errors[form, eps]

@@ -17,7 +17,6 @@ Shape legend: B rows (sequences), T tokens.
 from __future__ import annotations
 
 import inspect
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +28,9 @@ from handformer.check.core.context import Context, error_text, finish, forward_p
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize import View, first_departure, trace_steps
 from handformer.check.core.localize_kinds import note_departure
-from handformer.check.core.result import Check, ComponentResult, text
+from handformer.check.core.result import Check, ComponentResult, Text, text
+from handformer.check.core.settings_argument import role_of as _role
+from handformer.check.core.settings_argument import roles_held, settings_note, settings_object
 
 B, T, TOL = 3, 6, 1e-5
 GAMMA, LAM, CLIP = 0.9, 0.8, 0.2
@@ -40,11 +41,8 @@ GAE_ROLES = {"gamma": "gamma|discount", "lam": "lam|lmbda|lambd", "mask": "mask"
 LOSS_ROLES = {"clip_low": "(clip|eps).*low|low.*(clip|eps)", "clip_high": "(clip|eps).*high|high.*(clip|eps)",
               "clip": "clip|eps", "mask": "mask", "old": "old", "advantages": "adv",
               "logprobs": "logp|log_p|logprob|log_prob"}
+SETTINGS = "settings "  # the key in `given` of an object handed an argument that settings are read off
 CLIP_HIGH = 0.3  # the upper range handed where the loss takes two (DAPO's clip-higher: 1 - low to 1 + high)
-
-
-def _role(name: str, roles: dict[str, str]) -> str | None:
-    return next((role for role, words in roles.items() if re.search(words, name, re.I)), None)
 
 
 def arguments_by_role(comp: Component, roles: dict[str, str], given: dict[str, Any], needed: tuple[str, ...],
@@ -52,20 +50,31 @@ def arguments_by_role(comp: Component, roles: dict[str, str], given: dict[str, A
     """The role of each argument check hands, by the parameter's name; a required parameter of no
     role leaves the function NOT CHECKED (check cannot say what to hand it), and so does one that takes
     no parameter for a role `needed` (GAE's gamma: the value it uses is written inside it)."""
-    out, said = {}, ", ".join(roles)
+    out, said, held = {}, ", ".join(roles), set()
     for p in forward_parameters(comp.obj):
         role = _role(p.name, roles)
+        settings = settings_object(comp.obj, p.name, roles, given)
         if role in given:
             out[p.name] = role
+        elif settings is not None:  # cfg.group_size: an object answering what it reads (settings_argument.py)
+            out[p.name], given[SETTINGS + p.name] = SETTINGS + p.name, settings
+            held |= roles_held(comp.obj, p.name, roles)
         elif p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             raise DiscoveryError(
                 f"{comp.name}: cannot fill the argument '{p.name}'; it takes, by their names, {said}",
                 f"{comp.name}：无法填写参数 '{p.name}'；它按参数名接受 {said}")
-    missing = ", ".join(sorted(set(needed) - set(out.values())))
+    missing = ", ".join(sorted(set(needed) - set(out.values()) - held))
     if missing:
         raise DiscoveryError(f"{comp.name}: it takes no {missing}: check cannot know what it uses",
                              f"{comp.name}：它不接受 {missing} 参数：check 无法知道它用的值")
     return out
+
+
+def settings_notes(comp: Component, roles: dict[str, str], table: dict[str, str], given: dict[str, Any],
+                   ) -> list[Text]:
+    """What each argument handed a settings object (`arguments_by_role`) was handed."""
+    return [settings_note(comp.obj, name, given[role], table, given) for name, role in roles.items()
+            if role.startswith(SETTINGS)]
 
 
 def called_by_role(ctx: Context, comp: Component, roles: dict[str, str], given: dict[str, Any],
