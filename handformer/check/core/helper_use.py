@@ -16,7 +16,8 @@ import re
 
 from handformer.check.core.conventions import RESHAPED, file_masks_where_true, masks_where_true
 
-OTHER = {"keep": "masked", "masked": "keep"}
+# a convention read of the name that holds the result, as the helper's own: turned where it was inverted (~)
+TURNED = {("keep", "~"): "masked", ("masked", "~"): "keep"}
 # a call of the helper, then a view or cast of its result; {n}: the helper's name, escaped
 CALL = r"\b{n}\((?:[^()]|\([^()]*\))*\)(?:{r})*"
 # the uses that say the result's convention at the call, the first that speaks
@@ -33,7 +34,7 @@ def helper_use(source: str, name: str) -> str | None:
     if said or not held:
         return said
     read = name_use(source, held[1]) or file_use(source)
-    return OTHER[read] if read and held[2] else read
+    return TURNED.get((read, held[2]), read)
 
 
 def name_use(source: str, m: str) -> str | None:

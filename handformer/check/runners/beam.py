@@ -284,12 +284,7 @@ def check_beam_search(comp: Component, ctx: Context) -> ComponentResult:
     steps = MAX_LEN - 1
     res.notes += [GROUPS_NOTE] * bool(call.arg.get("groups")) + settings_note(call.arg)
     alphas = [1.0] if call.arg["alpha"] else [0.0, 0.6, 0.7, 1.0]
-    outcomes = {}
-    for name, table in SCENARIOS.items():
-        model = make(table)
-        got = call(model, src, 2, alphas[0])
-        memory = model.encode(src, (src != PAD).unsqueeze(-2))
-        outcomes[name] = (model, memory, got)
+    outcomes = _outcomes(call, make, src, alphas[0])
     if (length := _length_locked(outcomes, src)) is not None:
         return _fixed_length(res, comp, length, steps)
     conv, alpha, found = _search(outcomes, steps, alphas)
@@ -316,7 +311,20 @@ def check_beam_search(comp: Component, ctx: Context) -> ComponentResult:
     return finish(res)
 
 
-def _length_locked(outcomes: dict[str, tuple[Steered, Tensor, list[int]]], src: Tensor) -> int | None:
+Outcomes = dict[str, tuple[Steered, Tensor, list[int]]]  # scenario -> (its model, the memory, the answer)
+
+
+def _outcomes(call: Call, make: Maker, src: Tensor, alpha: float) -> Outcomes:
+    """Each scenario's steered model, its memory of `src`, and the search's answer there (beam 2)."""
+    outcomes = {}
+    for name, table in SCENARIOS.items():
+        model = make(table)
+        got = call(model, src, 2, alpha)
+        outcomes[name] = (model, model.encode(src, (src != PAD).unsqueeze(-2)), got)
+    return outcomes
+
+
+def _length_locked(outcomes: Outcomes, src: Tensor) -> int | None:
     """The source's length, where every scenario's hypothesis is exactly that long and holds no EOS
     though the scenarios make EOS likeliest at different steps: a search whose output length its own
     code fixes (a couplet's second line as long as the first); else None."""

@@ -62,8 +62,10 @@ PADDING_NAMES = ("mask", "attention_mask", "attn_mask", "padding_mask", "pad_mas
 LENGTH_NAMES = ("q_len", "query_len", "query_length", "tgt_len", "seq_len", "length")
 # what the helper is handed in place of ids: the ids, (where it takes a padding mask) 1 = token, or
 # (where it takes lengths, WeNet's make_pad_mask(lengths)) the number of tokens of each row
-GIVEN = {"ids": lambda ids, pad: ids, "mask": lambda ids, pad: (ids != pad).long(),
-         "lengths": lambda ids, pad: (ids != pad).sum(-1)}
+# (takes a padding mask, takes lengths) -> what it is handed
+GIVEN = {(False, False): lambda ids, pad: ids, (True, False): lambda ids, pad: (ids != pad).long(),
+         (True, True): lambda ids, pad: (ids != pad).long(),
+         (False, True): lambda ids, pad: (ids != pad).sum(-1)}
 TGT_HINTS = ("tgt", "trg", "target", "std", "decoder", "dec", "look_ahead", "subsequent")
 BOTH_HINTS = ("create_masks", "make_masks", "create_mask", "build_masks", "get_masks", "masks")
 FLAGS = ("mask_pad_wrong_sequence", "mask_pad_id", "mask_combined_with_or", "causal_off_by_one:no_self",
@@ -137,7 +139,7 @@ class Helper:
             named(names, table) for table in (SRC_NAMES, TGT_NAMES, PAD_NAMES, QUERY_NAMES, PADDING_NAMES,
                                               LENGTH_NAMES))
         self.lengths = next((n for n in names if is_lengths_name(n)), None)
-        self.given = GIVEN["mask" if self.mask_arg else "lengths" if self.lengths else "ids"]
+        self.given = GIVEN[bool(self.mask_arg), bool(self.lengths)]
         if _mentions(comp.name, BOTH_HINTS) and self.src and self.tgt:
             self.makes = "both"
         elif self.tgt or _mentions(comp.name, TGT_HINTS):
@@ -351,9 +353,9 @@ def _use(res: ComponentResult, ctx: Context, comp: Component) -> str | None:
     already). The reading the file's use says is noted."""
     source = source_text(ctx.module)
     said = None if TORCH_FORM_NOTE in res.notes else helper_use(source, comp.name)
-    if said:
-        res.notes.append(text(f"read as your file uses what {comp.name} returns: {POLARITIES[said]['en']}",
-                              f"按你的文件使用 {comp.name} 结果的方式读取：{POLARITIES[said]['zh']}"))
+    shown = POLARITIES.get(said or "keep")
+    res.notes += [text(f"read as your file uses what {comp.name} returns: {shown['en']}",
+                       f"按你的文件使用 {comp.name} 结果的方式读取：{shown['zh']}")] * bool(said)
     where_true = TORCH_FORM_NOTE not in res.notes and file_masks_where_true(source)
     return said or {True: "masked"}.get(where_true)
 

@@ -180,14 +180,15 @@ def check_optimizer(comp: Component, ctx: Context) -> ComponentResult:
         res.max_abs_error < TOL,
         text(f"largest difference {res.max_abs_error:.3g}", f"最大误差 {res.max_abs_error:.3g}")))
     res.findings += [adamw_finding(ctx, comp, flag, res.max_abs_error) for flag in sorted(flags)]
-    marks = beyond_adamw(comp.obj) if found is None else []
-    if found is None and (marks or not settings_read(comp.obj)):
-        return _other_algorithm(res, marks, _departure(got, start, grads, settings))
-    if found is None:  # graded again with its settings at their neutral values (core/neutral_settings.py)
-        res.notes.append(text("no known mistake (or pair of them) reproduces your update",
-                              "没有任何已知错误（或两个错误的组合）能复现你的更新"))
-    else:
+    if found is not None:
         res.convention = CONVENTIONS[convention]
+        return finish(res)
+    marks = beyond_adamw(comp.obj)
+    if marks or not settings_read(comp.obj):
+        return _other_algorithm(res, marks, _departure(got, start, grads, settings))
+    # graded again with its settings at their neutral values (core/neutral_settings.py)
+    res.notes.append(text("no known mistake (or pair of them) reproduces your update",
+                          "没有任何已知错误（或两个错误的组合）能复现你的更新"))
     return finish(res)
 
 
@@ -210,8 +211,9 @@ def _other_algorithm(res: ComponentResult, marks: list[str], departure: Text) ->
     """NOT CHECKED: an update no AdamW reading gives, under any convention or known mistake (ADOPT, a new
     optimizer): what check has no reference for, said by the form of its departure and the settings or
     methods AdamW has not."""
-    takes = "".join(f"it takes or defines what AdamW has not ({', '.join(marks)}), and " for _ in marks[:1])
-    takes_zh = "".join(f"它有 AdamW 没有的设置或方法（{', '.join(marks)}），" for _ in marks[:1])
+    shown = ", ".join(marks)
+    takes = {True: f"it takes or defines what AdamW has not ({shown}), and "}.get(bool(marks), "")
+    takes_zh = {True: f"它有 AdamW 没有的设置或方法（{shown}），"}.get(bool(marks), "")
     res.checks, res.findings, res.max_abs_error, res.status = [], [], None, NOT_CHECKED
     res.error = LearnerError(
         "mapping", f"{res.name} is not AdamW: {takes}its update is none of AdamW's under any convention or "
