@@ -29,8 +29,6 @@ FOLDER = Path(__file__).parent / "fixtures" / "learners_switched"
 PLANTS = {
     "no_self": ("correct.py", [(".triu(j - i + 1)", ".triu(j - i)")], ["mha", "causal_attention"],
                 "causal_off_by_one", ".triu(j - i)"),
-    "wrong_branch": ("correct.py", [("return hidden * F.gelu(gate)", "return F.gelu(hidden) * gate")], ["ffn"],
-                     "gated_activation_wrong_branch", "return F.gelu(hidden) * gate"),
     "inverted": ("fused_causal.py", [("blocked = ~torch.ones(", "blocked = torch.ones(")], ["mha"],
                  "mask_inverted", "blocked = torch.ones("),
     "concat": ("fused_causal.py", [("return out.transpose(1, 2).reshape(b, t, -1)", "return out.reshape(b, t, -1)")],

@@ -42,6 +42,8 @@ DIAGNOSES: list[Diagnosis] = [
       r"\*\s*(?:torch\.)?finfo\([^)]*\)\.min|finfo\([^)]*\)\.min\s*\*",
       # a padding mask's polarity: ids compared with the pad id (`seq_k.eq(0)`, `src != pad_idx`)
       r"\.(?:eq|ne)\(\s*(?:0|\w*pad\w*)\s*\)|[=!]=\s*(?:0|[\w.]*pad\w*)\b",
+      # a lengths mask's polarity: positions compared with the lengths (`steps < lengths.unsqueeze(1)`)
+      r"[<>]=?\s*[\w.]*len\w*",
       r"^(?!\s*(?:def|if|elif) ).*\bmask\b", r"mask"),
     d("mask_after_softmax", "the mask is applied after the softmax, so the weights no longer sum to 1",
       "掩码在 softmax 之后才应用，注意力权重之和不再为 1",

@@ -36,6 +36,7 @@ from handformer.check.core.own_defaults import flags, own_defaults, settings_cla
 from handformer.check.core.sections import fit_sections_
 from handformer.check.core.size_roles import with_roles
 from handformer.check.core.source import code_text, config_fallbacks, config_reads, module_reads, source_text
+from handformer.check.core.special_config_ids import special_ids_within
 from handformer.check.core.wordpiece_parts import wordpiece_trainer, writes_wordpiece
 
 NAMES: dict[str, tuple[str, ...]] = {k.name: k.names for k in KINDS_TABLE}  # kind -> names, in order
@@ -1209,6 +1210,7 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
         for key in DICT_ONLY:
             values.pop(key, None)
         values = {**rotary_shares(class_defaults(own)), **paired_hidden(values, _class_fields(own), sizes)}
+        values.update(special_ids_within(class_defaults(own), values))  # built in check's vocabulary
         if dataclasses.is_dataclass(own):
             names = {f.name for f in dataclasses.fields(own) if f.init}
             values = {**required_windows(own, sizes), **paired_hidden(values, names | attrs, sizes)}

@@ -53,7 +53,16 @@ from handformer.check.core.argument_names import named_each
 from handformer.check.core.context import Context, finish, forward_parameters, guarded, names_of
 from handformer.check.core.defaults import quietly
 from handformer.check.core.discovery import Component, cannot_fill
-from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, Text, text
+from handformer.check.core.result import (
+    DEPARTS,
+    NOT_CHECKED,
+    Check,
+    ComponentResult,
+    Finding,
+    LearnerError,
+    Text,
+    text,
+)
 from handformer.check.core.source import first_line, locate, source_lines
 from handformer.check.runners.beam_models import (  # noqa: F401
     BOS,
@@ -275,12 +284,9 @@ def check_beam_search(comp: Component, ctx: Context) -> ComponentResult:
     steps = MAX_LEN - 1
     res.notes += [GROUPS_NOTE] * bool(call.arg.get("groups")) + settings_note(call.arg)
     alphas = [1.0] if call.arg["alpha"] else [0.0, 0.6, 0.7, 1.0]
-    outcomes = {}
-    for name, table in SCENARIOS.items():
-        model = make(table)
-        got = call(model, src, 2, alphas[0])
-        memory = model.encode(src, (src != PAD).unsqueeze(-2))
-        outcomes[name] = (model, memory, got)
+    outcomes = _outcomes(call, make, src, alphas[0])
+    if (length := _length_locked(outcomes, src)) is not None:
+        return _fixed_length(res, comp, length, steps)
     conv, alpha, found = _search(outcomes, steps, alphas)
     ok = conv is not None and not found
     counted = conv or "eos"  # the convention the right answers are shown in: counting EOS where none matched
@@ -303,6 +309,45 @@ def check_beam_search(comp: Component, ctx: Context) -> ComponentResult:
     guarded(res, lambda: _without_penalty(res, call, make, src, outcomes, steps, counted))
     _beyond_one_sentence(res, ctx, comp, call, make, src, steps)
     return finish(res)
+
+
+Outcomes = dict[str, tuple[Steered, Tensor, list[int]]]  # scenario -> (its model, the memory, the answer)
+
+
+def _outcomes(call: Call, make: Maker, src: Tensor, alpha: float) -> Outcomes:
+    """Each scenario's steered model, its memory of `src`, and the search's answer there (beam 2)."""
+    outcomes = {}
+    for name, table in SCENARIOS.items():
+        model = make(table)
+        got = call(model, src, 2, alpha)
+        outcomes[name] = (model, model.encode(src, (src != PAD).unsqueeze(-2)), got)
+    return outcomes
+
+
+def _length_locked(outcomes: Outcomes, src: Tensor) -> int | None:
+    """The source's length, where every scenario's hypothesis is exactly that long and holds no EOS
+    though the scenarios make EOS likeliest at different steps: a search whose output length its own
+    code fixes (a couplet's second line as long as the first); else None."""
+    n = int((src != PAD).sum())
+    outputs = [_from_bos(got)[1:] for _, _, got in outcomes.values()]
+    return n if all(len(o) == n and EOS not in o for o in outputs) else None
+
+
+def _fixed_length(res: ComponentResult, comp: Component, length: int, steps: int) -> ComponentResult:
+    """NOT CHECKED: a search whose output is as long as its source, never ended by EOS, is not
+    compared with handformer's, which stops at EOS."""
+    res.checks, res.findings, res.status = [], [], NOT_CHECKED
+    res.error = LearnerError(
+        "mapping", f"{comp.name} returns exactly as many tokens as the source holds ({length}) in every "
+        f"scenario, never EOS, where {steps} were allowed: its output length is fixed by its own code (a "
+        "length lock, no stop at EOS), so it is not compared with handformer's beam search, which stops at "
+        "EOS; check has no reference for a search of fixed length (an adapter that lets it stop at EOS "
+        "lets check grade it)", "",
+        message_zh=f"{comp.name} 在每个场景里都正好返回和源序列一样多的 token（{length} 个），"
+        f"从不返回 EOS，而允许的长度是 {steps}：它的输出长度由它自己的代码固定（锁定长度，不在 EOS 处停止），"
+        "所以不和在 EOS 处停止的 handformer 束搜索比较；检查程序没有固定长度搜索的参考实现"
+        "（写一个让它在 EOS 处停止的适配函数，检查程序就能判断）")
+    return res
 
 
 def _beyond_one_sentence(res: ComponentResult, ctx: Context, comp: Component, call: Call, make: Maker,

@@ -26,9 +26,10 @@ from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, finish, forward_parameters, named, names_of
-from handformer.check.core.conventions import file_masks_where_true
+from handformer.check.core.conventions import file_masks_where_true, is_lengths_name
 from handformer.check.core.defaults import quietly
 from handformer.check.core.discovery import Component, cannot_fill
+from handformer.check.core.helper_use import helper_use
 from handformer.check.core.probe import Found, Probe, Subject, drive
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines, source_text
@@ -59,8 +60,12 @@ PADDING_NAMES = ("mask", "attention_mask", "attn_mask", "padding_mask", "pad_mas
 # the number of queries a decoder-only helper is handed beside the padding (Hugging Face's
 # build_4d_mask(attention_mask, q_len): the last q_len of the S positions ask): the ids' length
 LENGTH_NAMES = ("q_len", "query_len", "query_length", "tgt_len", "seq_len", "length")
-# what the helper is handed in place of ids: the ids, or (where it takes a padding mask) 1 = token
-GIVEN = {False: lambda ids, pad: ids, True: lambda ids, pad: (ids != pad).long()}
+# what the helper is handed in place of ids: the ids, (where it takes a padding mask) 1 = token, or
+# (where it takes lengths, WeNet's make_pad_mask(lengths)) the number of tokens of each row
+# (takes a padding mask, takes lengths) -> what it is handed
+GIVEN = {(False, False): lambda ids, pad: ids, (True, False): lambda ids, pad: (ids != pad).long(),
+         (True, True): lambda ids, pad: (ids != pad).long(),
+         (False, True): lambda ids, pad: (ids != pad).sum(-1)}
 TGT_HINTS = ("tgt", "trg", "target", "std", "decoder", "dec", "look_ahead", "subsequent")
 BOTH_HINTS = ("create_masks", "make_masks", "create_mask", "build_masks", "get_masks", "masks")
 FLAGS = ("mask_pad_wrong_sequence", "mask_pad_id", "mask_combined_with_or", "causal_off_by_one:no_self",
@@ -133,14 +138,15 @@ class Helper:
         self.src, self.tgt, self.pad, self.queries, self.mask_arg, self.length = (
             named(names, table) for table in (SRC_NAMES, TGT_NAMES, PAD_NAMES, QUERY_NAMES, PADDING_NAMES,
                                               LENGTH_NAMES))
-        self.given = GIVEN[bool(self.mask_arg)]
+        self.lengths = next((n for n in names if is_lengths_name(n)), None)
+        self.given = GIVEN[bool(self.mask_arg), bool(self.lengths)]
         if _mentions(comp.name, BOTH_HINTS) and self.src and self.tgt:
             self.makes = "both"
         elif self.tgt or _mentions(comp.name, TGT_HINTS):
             self.makes, self.tgt, self.src = "tgt", self.tgt or self.src or first, None
         else:
             self.makes, self.src = "src", self.src or first
-        known = {self.src, self.tgt, self.pad, self.queries, self.mask_arg, self.length}
+        known = {self.src, self.tgt, self.pad, self.queries, self.mask_arg, self.length, self.lengths}
         if self.length and self.makes == "src" and _per_query(self()):  # its rows differ: the causal one
             self.makes, self.tgt, self.src = "tgt", self.src, None
         cannot_fill(comp.name, required, known, names, "src", (  # no names: no ids to hand it
@@ -194,8 +200,6 @@ def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str
     return Finding(name, observed, number, code, form)
 
 
-# the polarities of a bool or 0/1 mask in a file whose attention fills where its mask is True: torch.nn's
-TORCH_FILE = {(("keep", "masked"), True): ("masked",)}
 
 
 class Impossible(RuntimeError):
@@ -206,14 +210,15 @@ Inputs = tuple[Side, int]  # the side, the pad id
 Reading = tuple[str, frozenset[str], torch.Size]  # the polarity, CAUSAL_ONLY or nothing, the mask's shape
 
 
-def _subject(ctx: Context, comp: Component, out: Any, side: Side, where_true: bool) -> Subject:
+def _subject(ctx: Context, comp: Component, out: Any, side: Side, use: str | None) -> Subject:
     """One of the helper's masks as the probe reads it; a failure when its shape is none of the side's.
-    `where_true`: the file's attention fills where its mask is True, so a bool or 0/1 mask is read so."""
+    `use`: the polarity the file's use of it says (core/helper_use.py), the one a bool or 0/1 mask is
+    read in."""
     seen = next((o for q in side.queries if (o := _observed(out, SRC.size(0), q, SRC.size(1)))), None)
     if seen is None:
         raise _no_reading(ctx, comp, out, side)
     mask, polarities = seen
-    polarities = TORCH_FILE.get((polarities, where_true), polarities)
+    polarities = tuple(p for p in polarities if p == use) or polarities
     readings = [((p, c), (p, c, mask.shape)) for p in polarities for c in (frozenset(), CAUSAL_ONLY)]
     return Subject(lambda x: mask, readings)
 
@@ -342,6 +347,19 @@ def _pair(res: ComponentResult, ctx: Context, comp: Component, helper: Helper, o
     return out
 
 
+def _use(res: ComponentResult, ctx: Context, comp: Component) -> str | None:
+    """The polarity the helper's masks are read in: what its file does with its result, else 'masked'
+    where the file fills where its masks are True; none for torch.nn's four masks (read as keeps
+    already). The reading the file's use says is noted."""
+    source = source_text(ctx.module)
+    said = None if TORCH_FORM_NOTE in res.notes else helper_use(source, comp.name)
+    shown = POLARITIES.get(said or "keep")
+    res.notes += [text(f"read as your file uses what {comp.name} returns: {shown['en']}",
+                       f"按你的文件使用 {comp.name} 结果的方式读取：{shown['zh']}")] * bool(said)
+    where_true = TORCH_FORM_NOTE not in res.notes and file_masks_where_true(source)
+    return said or {True: "masked"}.get(where_true)
+
+
 def check_mask_helper(comp: Component, ctx: Context) -> ComponentResult:
     """The mask helper, as the MASK_HELPER probe states it for each mask it makes."""
     res = ctx.result(comp)
@@ -349,16 +367,19 @@ def check_mask_helper(comp: Component, ctx: Context) -> ComponentResult:
     out = helper()
     masks = zip(("src", "tgt"), _pair(res, ctx, comp, helper, out)) if helper.makes == "both" else (
         (helper.makes, out),)
-    # torch.nn's four masks are read as keeps already
-    where_true = TORCH_FORM_NOTE not in res.notes and file_masks_where_true(source_text(ctx.module))
+    use = _use(res, ctx, comp)
     for which, mask in masks:
-        subject = _subject(ctx, comp, mask, SIDES[which], where_true)
+        subject = _subject(ctx, comp, mask, SIDES[which], use)
         impossible = {"mask_pad_wrong_sequence": helper.makes != "both", "mask_pad_id": helper.pad_id == 0}
         subject.facts["x"] = (SIDES[which], helper.pad_id)
         subject.facts["universe"] = tuple(f for f in SIDES[which].flags if not impossible.get(f)) + (
             ("mask_inverted",) * (subject.readings[0][0][0] == "masked"))  # read in torch.nn's only
         drive(MASK_HELPER, res, ctx, comp, subject)
-    if helper.mask_arg:
+    if helper.lengths:
+        res.notes.append(text(f"{comp.name} takes lengths ({helper.lengths}), not ids: handed the number of "
+                              "tokens of each row", f"{comp.name} 接受的是长度（{helper.lengths}），不是 id："
+                              "传入每一行的 token 数"))
+    elif helper.mask_arg:
         res.notes.append(text(f"{comp.name} takes the padding as a mask ({helper.mask_arg}: 1 = token, 0 = "
                               "padding, Hugging Face's attention_mask), not ids: handed one",
                               f"{comp.name} 接受的是填充掩码（{helper.mask_arg}：1 = token，0 = 填充，"

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from handformer.check.core.argument_names import LR_NAMES, MODEL_NAMES, named, names_of, readable_parameters
 from handformer.check.core.context import Context, finish
 from handformer.check.core.discovery import Component, DiscoveryError
-from handformer.check.core.neutral_settings import BY_WORD
+from handformer.check.core.neutral_settings import BY_WORD, settings_read
 from handformer.check.core.result import (
     NOT_CHECKED,
     Check,
@@ -180,13 +180,15 @@ def check_optimizer(comp: Component, ctx: Context) -> ComponentResult:
         res.max_abs_error < TOL,
         text(f"largest difference {res.max_abs_error:.3g}", f"最大误差 {res.max_abs_error:.3g}")))
     res.findings += [adamw_finding(ctx, comp, flag, res.max_abs_error) for flag in sorted(flags)]
-    if found is None and (marks := beyond_adamw(comp.obj)):
-        return _other_algorithm(res, marks)
-    if found is None:
-        res.notes.append(text("no known mistake (or pair of them) reproduces your update",
-                              "没有任何已知错误（或两个错误的组合）能复现你的更新"))
-    else:
+    if found is not None:
         res.convention = CONVENTIONS[convention]
+        return finish(res)
+    marks = beyond_adamw(comp.obj)
+    if marks or not settings_read(comp.obj):
+        return _other_algorithm(res, marks, _departure(got, start, grads, settings))
+    # graded again with its settings at their neutral values (core/neutral_settings.py)
+    res.notes.append(text("no known mistake (or pair of them) reproduces your update",
+                          "没有任何已知错误（或两个错误的组合）能复现你的更新"))
     return finish(res)
 
 
@@ -205,19 +207,36 @@ def beyond_adamw(cls: Any) -> list[str]:
     return settings + [f"{m}()" for m in ("train", "eval") if m in vars(cls)]
 
 
-def _other_algorithm(res: ComponentResult, marks: list[str]) -> ComponentResult:
-    """NOT CHECKED: an update no AdamW reading gives, from a class with settings or methods AdamW has not."""
+def _other_algorithm(res: ComponentResult, marks: list[str], departure: Text) -> ComponentResult:
+    """NOT CHECKED: an update no AdamW reading gives, under any convention or known mistake (ADOPT, a new
+    optimizer): what check has no reference for, said by the form of its departure and the settings or
+    methods AdamW has not."""
     shown = ", ".join(marks)
+    takes = {True: f"it takes or defines what AdamW has not ({shown}), and "}.get(bool(marks), "")
+    takes_zh = {True: f"它有 AdamW 没有的设置或方法（{shown}），"}.get(bool(marks), "")
     res.checks, res.findings, res.max_abs_error, res.status = [], [], None, NOT_CHECKED
     res.error = LearnerError(
-        "mapping", f"{res.name} is not AdamW: it takes or defines what AdamW has not ({shown}), and its "
-        "update is none of AdamW's under any convention or known mistake; check has no reference for this "
-        "optimizer (an adapter that builds it as plain AdamW, or a reference of your own, lets check grade "
-        "it)", "",
-        message_zh=f"{res.name} 不是 AdamW：它有 AdamW 没有的设置或方法（{shown}），它的更新在任何约定、"
-        "任何已知错误下都不等于 AdamW 的；检查程序没有这个优化器的参考实现（写一个适配函数把它构造成普通的 "
-        "AdamW，或者给出你自己的参考实现，检查程序就能判断）")
+        "mapping", f"{res.name} is not AdamW: {takes}its update is none of AdamW's under any convention or "
+        f"known mistake ({departure['en']}); check has no reference for this optimizer (an adapter that "
+        "builds it as plain AdamW, or a reference of your own, lets check grade it)", "",
+        message_zh=f"{res.name} 不是 AdamW：{takes_zh}它的更新在任何约定、任何已知错误下都不等于 AdamW 的"
+        f"（{departure['zh']}）；检查程序没有这个优化器的参考实现（写一个适配函数把它构造成普通的 AdamW，"
+        "或者给出你自己的参考实现，检查程序就能判断）")
     return res
+
+
+def _departure(got: Tensor, start: list[Tensor], grads: list[list[Tensor]], settings: dict[str, float],
+               ) -> Text:
+    """The form of an update's departure from AdamW's (torch's convention): the first step at which
+    it parts, and whether its first step leaves the parameters where they were (a state filled from
+    the first gradient alone, as ADOPT's is)."""
+    right = adamw(start, grads, (False, False), settings=settings)  # (STEPS, P)
+    step = next(i for i in range(STEPS) if _error(got[i:i + 1], right[i:i + 1]) >= TOL) + 1
+    held = torch.equal(got[0], torch.cat([p.detach().flatten() for p in start]))
+    still = ("; its first step leaves the parameters where they were: its state is filled from the first "
+             "gradient alone", "；第一步没有移动参数：它的状态只用第一个梯度填充")
+    return text(f"it parts from AdamW's at step {step} of {STEPS}" + still[0] * held,
+                f"共 {STEPS} 步，从步骤 {step} 起与 AdamW 不同" + still[1] * held)
 
 
 def _error(got: Tensor, right: Tensor) -> float:

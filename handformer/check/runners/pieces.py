@@ -725,10 +725,13 @@ def wrong_branch_findings(ctx: Context, comp: Component, slots: list[Slot], matc
     """A gated FFN's activation on the branch named up, the one named gate unactivated; or, of two
     projections numbered alike, on the later one (Meta's w3, Raschka's fc2): the first is the gate, as
     the GLU paper's W before V, Llama's w1, T5's wi_0; the later one where the checkpoint's names say
-    so (LATER_GATE: Qwen's w2)."""
+    so (LATER_GATE: Qwen's w2). Never for two halves of one projection (`a, b = proj(x).chunk(2)`):
+    which half is activated is a convention there (ModernBERT activates its `input` half, x-transformers
+    its `gate` half), the same function with the projection's rows swapped."""
+    if fused_halves(slots):
+        return []
     lines = source_lines(ctx.objects(comp, "ffn"))
     by = {s.role: s.leaf.name.split(".")[-1].lower() for s in slots}
-    by.update(_halves_named(slots, lines))
     gate, up = by["FFN W_gate"], by["FFN W_up"]
     swapped = "gate" not in gate and ("up" in gate or "gate" in up)
     numbered = NUMBERED.fullmatch(f"{gate} {up}")  # one stem, two numbers
@@ -748,17 +751,11 @@ def wrong_branch_findings(ctx: Context, comp: Component, slots: list[Slot], matc
 LATER_GATE = ({"w1", "w2", "c_proj"},)
 
 
-def _halves_named(slots: list[Slot], lines: list[tuple[int, str]]) -> dict[str, str]:
-    """Gate and up as the two halves of one projection (x-transformers' GLU: `x, gate =
-    self.proj(x).chunk(2, dim=-1)`): each role by the name its half is unpacked to, where one of the
-    names says gate (halves named `x1, x2` say nothing of which is meant); none where the code unpacks
-    that projection nowhere."""
-    halves = [s for s in slots[:2] if isinstance(s.rows, slice)]  # gate and up, each a slice of one leaf
-    one = len({id(s.leaf) for s in halves}) == 1 == len(halves) - 1  # two halves of one projection
-    attribute = halves[0].leaf.name.split(".")[-1] if one else "(?!)"  # (?!): no line
-    unpacked = re.compile(rf"^(?=[^=]*gate)\s*(\w+)\s*,\s*(\w+)\s*=.*\b{attribute}\b.*\b(chunk|split)\(")
-    names = [m.group(1, 2) for _, line in lines if (m := unpacked.match(line))][:1]
-    return {s.role: pair[s.rows.start > 0].lower() for s in halves for pair in names}
+def fused_halves(slots: list[Slot]) -> bool:
+    """Whether gate and up are two slices of one projection (a fused Linear chunked or split in two)."""
+    by = {s.role: s for s in slots}
+    gate, up = by["FFN W_gate"], by["FFN W_up"]
+    return gate.leaf is up.leaf and gate.rows is not None
 
 
 NUMBERED = re.compile(r"(?P<stem>\D*?)_?(\d+) (?P=stem)_?(\d+)")  # two projections named by number: w3 w1
