@@ -75,7 +75,8 @@ from handformer.check.core.result import DEPARTS, Check, ComponentResult, Findin
 from handformer.check.core.sizes import is_number
 from handformer.check.core.source import code_text, locate, locate_form, source_lines
 from handformer.check.runners import generate_lossy as lossy
-from handformer.check.runners.generate_temperature import SOFT, VOCAB, check_temperature
+from handformer.check.runners.generate_penalty import check_repetition_penalty
+from handformer.check.runners.generate_temperature import SOFT, VOCAB, check_temperature, shifted
 from handformer.check.runners.generate_top_k import check_top_k
 from handformer.check.runners.generate_top_p import check_top_p
 from handformer.check.runners.localize_generate import default_temperature, generate_views, localize_generate
@@ -287,7 +288,7 @@ class LanguageModel(nn.Module):
         with torch.no_grad():
             out = self.model(full_ids, attention_mask=pads, position_ids=full_pos)
             logits = out.logits[:, -T:]  # (B, T, V)
-        logits = ban((logits - logits.amax(-1, keepdim=True)) * (1.0 if SOFT[0] else PEAK))
+        logits = ban(shifted(logits) * (1.0 if SOFT[0] else PEAK))
         new_cache = CacheToken(full_ids, full_pos) if _cache_asked(cache, args, kwargs) else None
         if self.style in FILLED_IN_PLACE:  # no cache comes back: the one handed (if any) fills
             getattr(cache, "hold", lambda *held: None)(full_ids, full_pos)
@@ -784,7 +785,8 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
             tried.append(_long(res, ctx, comp, driver, B, short.as_list))
         else:
             res.notes.append((NO_BLOCK_NOTE, READ_ONLY_NOTE)[crops_by_limit(comp.obj, *LIMITS) is False])
-    for probe in (check_temperature, check_top_p, check_top_k):  # each driven once more on soft logits
+    # each driven once more on soft logits
+    for probe in (check_temperature, check_top_p, check_top_k, check_repetition_penalty):
         probe(res, ctx, comp, driver, short, run_generate)
     _ending(res, ctx, comp, driver, tried)
 

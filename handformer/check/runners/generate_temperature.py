@@ -28,7 +28,18 @@ from handformer.check.core.source import locate, source_lines
 
 TEMPERATURE = 0.5
 VOCAB = 24  # the stand-in model's vocabulary (generate_loop builds it; generate_top_p hands it as top-k)
-SOFT = [False]  # True while a loop is probed: its model's logits handed as the model gives them
+# True while a loop is probed: its model's logits handed as the model gives them; CENTRED where they must
+# take both signs (their median subtracted, not their largest)
+SOFT: list[bool | str] = [False]
+CENTRED = "centred"
+
+
+def shifted(logits: Tensor) -> Tensor:
+    """The logits less their largest (the likeliest at 0), or less their median where SOFT is CENTRED
+    (a repetition penalty's rule differs by the sign of a logit); the last dimension the vocabulary."""
+    if SOFT[0] == CENTRED:
+        return logits - logits.median(-1, keepdim=True).values
+    return logits - logits.amax(-1, keepdim=True)
 
 
 @contextlib.contextmanager
