@@ -24,12 +24,12 @@ from unittest import mock
 import torch
 from torch import Tensor
 
-from handformer.check.core.argument_names import TEMPERATURE_NAMES
+from handformer.check.core.argument_names import TEMPERATURE_NAMES, named
 from handformer.check.core.context import Context, forward_names
 from handformer.check.core.options_object import option_fields
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines
-from handformer.check.runners.generate_temperature import CENTRED, SOFT, Afresh, _gap, sampling_on
+from handformer.check.runners.generate_temperature import CENTRED, SOFT, Afresh, kept_gap, sampling_on
 from handformer.check.runners.repetition import FORMS, penalized
 
 PENALTY = 1.5
@@ -45,7 +45,7 @@ def recorded_scores(seen: list[Tensor], vocab: int) -> Iterator[None]:
     original = torch.argmax
 
     def pick(scores: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-        if scores.dim() == 2 and scores.size(-1) == vocab:
+        if scores.shape[1:] == (vocab,):  # (B, V)
             seen.append(scores.detach().double().softmax(-1))
         return original(scores, *args, **kwargs)
 
@@ -75,7 +75,7 @@ def check_repetition_penalty(res: ComponentResult, ctx: Context, comp: Any, driv
     """The probe of the module docstring, when the loop takes a repetition penalty (generate_loop's
     run_generate runs it); a difference is named in the catalogued form the scores take."""
     names = forward_names(comp.obj) + option_fields(comp.obj)
-    name = next((n for n in names if n.lower() in NAMES), None)
+    name = named(names, NAMES)
     if name is None:
         return
     seen: list[Tensor] = []
@@ -86,9 +86,9 @@ def check_repetition_penalty(res: ComponentResult, ctx: Context, comp: Any, driv
         run = run_generate(ctx, comp, Afresh(driver, seen), 1, B, short.as_list, _options(comp, name))
         logits = driver.logits(run.prompt)[:, -1].double()  # (B, V)
     probs = _first(seen, logits)
-    if probs.size(0) < B or _gap(probs, logits) < 1e-4:  # no pick seen, or nothing penalized
+    if probs.size(0) < B or kept_gap(probs, logits) < 1e-4:  # no pick seen, or nothing penalized
         return
-    gap = _gap(probs, penalized(logits, prompt, PENALTY))
+    gap = kept_gap(probs, penalized(logits, prompt, PENALTY))
     res.checks.append(Check(text(f"{name}={PENALTY} on prompts that repeat a token: each prompt token's "
                                  "positive logit divided by it, a negative one multiplied, once per token",
                                  f"{name}={PENALTY}，提示词里有重复的 token：提示词里每个 token 的正 logit "
@@ -96,8 +96,8 @@ def check_repetition_penalty(res: ComponentResult, ctx: Context, comp: Any, driv
                             text(f"largest difference of the log-probabilities {gap:.3g}",
                                  f"对数概率最大相差 {gap:.3g}")))
     found = [d for d, (form, _, _) in FORMS.items()
-             if _gap(probs, penalized(logits, prompt, PENALTY, form)) < 1e-4]
-    for diagnosis in found * (gap >= 1e-4 and len(found) == 1):  # a form only where no other fits
+             if kept_gap(probs, penalized(logits, prompt, PENALTY, form)) < 1e-4]
+    for diagnosis in found * (gap >= 1e-4) * (len(found) == 1):  # a form only where no other fits
         _, en, zh = FORMS[diagnosis]
         number, code = locate(diagnosis, source_lines([comp.obj]))
         said = text(f"at {name}={PENALTY}: {en}", f"{name}={PENALTY} 时：{zh}")
@@ -107,4 +107,4 @@ def check_repetition_penalty(res: ComponentResult, ctx: Context, comp: Any, driv
 def _first(seen: list[Tensor], logits: Tensor) -> Tensor:
     """The first pick of every prompt: one (B, V) pick, or each prompt's own in turn."""
     rows = [s.reshape(-1, logits.size(-1)) for s in seen]
-    return torch.cat(rows or [logits[:0]])[: logits.size(0)]
+    return torch.cat([logits[:0], *rows])[: logits.size(0)]
