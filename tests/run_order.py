@@ -51,7 +51,7 @@ SECONDS = {
     "test_check_sampling.py": 4, "test_check_shape.py": 4, "test_course_llm.py": 4, "test_lesson_shape.py": 4,
     "test_llama2c.py": 4, "test_post_grpo.py": 4, "test_properties.py": 4, "test_serve_soak.py": 4,
     "test_static_step.py": 4, "test_check_conventions.py": 3, "test_fused_step.py": 3, "test_zh_terms.py": 3,
-    "test_check_filter_loops.py": 20, "test_check_sequence_blocks.py": 10, "test_check_averaged_logps.py": 8,
+    "test_check_filter_loops.py": 20, "test_check_penalty_loops.py": 15, "test_check_cache_use.py": 25, "test_check_sequence_blocks.py": 10, "test_check_averaged_logps.py": 8,
     "test_check_by_behaviour.py": 12, "test_check_functional.py": 2, "test_vnni_kernels.py": 2,
     "test_c_kernels.py": 1, "test_check_built_by_what.py": 1, "test_check_classifier.py": 1,
     "test_check_minbpe.py": 1, "test_time_limit.py": 3, "test_check_fork_imports.py": 8,

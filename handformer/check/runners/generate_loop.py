@@ -20,7 +20,9 @@ Shape legend: B batch, T tokens so far, V vocabulary.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import itertools
 import re
 import types
 import weakref
@@ -75,7 +77,8 @@ from handformer.check.core.result import DEPARTS, Check, ComponentResult, Findin
 from handformer.check.core.sizes import is_number
 from handformer.check.core.source import code_text, locate, locate_form, source_lines
 from handformer.check.runners import generate_lossy as lossy
-from handformer.check.runners.generate_temperature import SOFT, VOCAB, check_temperature
+from handformer.check.runners.generate_penalty import check_repetition_penalty
+from handformer.check.runners.generate_temperature import SOFT, VOCAB, check_temperature, shifted
 from handformer.check.runners.generate_top_k import check_top_k
 from handformer.check.runners.generate_top_p import check_top_p
 from handformer.check.runners.localize_generate import default_temperature, generate_views, localize_generate
@@ -287,7 +290,7 @@ class LanguageModel(nn.Module):
         with torch.no_grad():
             out = self.model(full_ids, attention_mask=pads, position_ids=full_pos)
             logits = out.logits[:, -T:]  # (B, T, V)
-        logits = ban((logits - logits.amax(-1, keepdim=True)) * (1.0 if SOFT[0] else PEAK))
+        logits = ban(shifted(logits) * (1.0 if SOFT[0] else PEAK))
         new_cache = CacheToken(full_ids, full_pos) if _cache_asked(cache, args, kwargs) else None
         if self.style in FILLED_IN_PLACE:  # no cache comes back: the one handed (if any) fills
             getattr(cache, "hold", lambda *held: None)(full_ids, full_pos)
@@ -773,7 +776,6 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
     tried = [(short, reference)]  # the runs and the tokens each is judged against
     if any(c.cached for c in short.model.calls):
         res.notes.append(CACHED_NOTE)
-        res.checks += lossy.cache_checks(short)
         if getattr(short.model, "resets", None) is not None:  # a cache kept in their own model: empty again?
             again = run_generate(ctx, comp, driver, SHORT, B, short.as_list)
             again.label = text(f"{again.label['en']}, again (the cache your model keeps must start empty)",
@@ -785,7 +787,9 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
             tried.append(_long(res, ctx, comp, driver, B, short.as_list))
         else:
             res.notes.append((NO_BLOCK_NOTE, READ_ONLY_NOTE)[crops_by_limit(comp.obj, *LIMITS) is False])
-    for probe in (check_temperature, check_top_p, check_top_k):  # each driven once more on soft logits
+    _steps_checked(res, comp, short)
+    # each driven once more on soft logits
+    for probe in (check_temperature, check_top_p, check_top_k, check_repetition_penalty):
         probe(res, ctx, comp, driver, short, run_generate)
     _ending(res, ctx, comp, driver, tried)
 
@@ -813,6 +817,53 @@ def counted(fn: Any) -> list[Text]:
     name = counted_parameter(fn)
     return [text(f"its {name} is handed the number of new tokens: its loop counts its steps by it",
                  f"它的 {name} 传入新 token 的个数：它的循环按它计步")] * bool(name)
+
+
+def _steps_checked(res: ComponentResult, comp: Component, run: Run) -> None:
+    """Each step's logits against the full forward's (generate_lossy.cache_checks) and a context lost
+    (`_cache_unused`), where the loop decodes with a cache or feeds its model one token a step (the
+    calls after the first hold fewer tokens than the prompt) without one."""
+    calls = run.model.calls
+    short = len(calls) > 1 and all(c.ids.size(1) < calls[0].ids.size(1) for c in calls[1:])
+    if any(c.cached for c in calls) or short:
+        res.checks += lossy.cache_checks(run)
+        _cache_unused(res, comp, run)
+
+
+def _cache_unused(res: ComponentResult, comp: Component, run: Run) -> None:
+    """A loop whose every step after the first computes its token from the token it fed alone, where its
+    tokens did not show it (a model whose likeliest next token is the one it was fed, whatever came
+    before): the cache its model hands back is never handed in again (generate_cache_mismatch, at the
+    first line of its loop that names a cache)."""
+    if res.findings or all(check.ok is not False for check in res.checks) or not lossy.context_lost(run):
+        return
+    number, code = cache_line(own_lines(comp.obj))
+    res.findings.append(Finding("generate_cache_mismatch", text(
+        "each step after the first gives the logits of the token it fed alone, at position 0: the cache "
+        "the model returned was not handed back", "第一步之后每一步的 logits 都是只输入那一个 token、"
+        "位置为 0 时的结果：模型返回的缓存没有再传回去"), number, code))
+
+
+CACHE_WORDS = re.compile(r"cache|past|kv", re.IGNORECASE)
+LOOP_START = re.compile(r"^\s*(for|while)\b")
+
+
+def own_lines(fn: Any) -> list[tuple[int, str]]:
+    """The numbered lines of the loop function's own source (a method's, not its class's)."""
+    with contextlib.suppress(OSError, TypeError):
+        lines, first = inspect.getsourcelines(inspect.unwrap(getattr(fn, "__func__", fn)))
+        return list(enumerate((line.rstrip("\n") for line in lines), first))
+    return []
+
+
+def cache_line(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+    """The first line of a loop's body that names a cache (`cache = KVCache(...)` made afresh, a model
+    call handed `past_key_values=past`), where a loop that never hands back its cache parts from one that
+    does; else the catalogued patterns' line."""
+    body = itertools.dropwhile(lambda line: not LOOP_START.match(line[1]), lines)
+    found = next((line for line in itertools.islice(body, 1, None)
+                  if CACHE_WORDS.search(line[1].split("#")[0])), None)
+    return (found[0], found[1].strip()) if found else locate("generate_cache_mismatch", lines)
 
 
 CACHED_NOTE = text("it decodes with a KV cache: after the prompt it feeds one token at a time",

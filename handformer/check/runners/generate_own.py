@@ -60,6 +60,7 @@ from handformer.check.runners.generate_loop import (
 )
 from handformer.check.runners.generate_padded import check_padded, padded
 from handformer.check.runners.generate_ragged import check_ragged
+from handformer.check.runners.generate_temperature import shifted
 
 PEAK = 1e6  # the learner's logits are not built with a margin: a wider scale keeps near ties certain
 NO_LIMIT = 10**9
@@ -177,7 +178,7 @@ POSITION_READERS: dict[type, Any] = {int: int, Tensor: lambda v: int(v.reshape(-
 
 
 def _certain(logits: Tensor) -> Tensor:
-    return ban((logits - logits.amax(-1, keepdim=True)) * (1.0 if SOFT[0] else PEAK))
+    return ban(shifted(logits) * (1.0 if SOFT[0] else PEAK))
 
 
 def steered(out: Any, kept: list[Tensor] | None = None) -> Any:

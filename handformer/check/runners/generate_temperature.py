@@ -28,7 +28,18 @@ from handformer.check.core.source import locate, source_lines
 
 TEMPERATURE = 0.5
 VOCAB = 24  # the stand-in model's vocabulary (generate_loop builds it; generate_top_p hands it as top-k)
-SOFT = [False]  # True while a loop is probed: its model's logits handed as the model gives them
+# True while a loop is probed: its model's logits handed as the model gives them; CENTRED where they must
+# take both signs (their median subtracted, not their largest)
+SOFT: list[bool | str] = [False]
+CENTRED = "centred"
+
+
+def shifted(logits: Tensor) -> Tensor:
+    """The logits less their largest (the likeliest at 0), or less their median where SOFT is CENTRED
+    (a repetition penalty's rule differs by the sign of a logit); the last dimension the vocabulary."""
+    if SOFT[0] == CENTRED:
+        return logits - logits.median(-1, keepdim=True).values
+    return logits - logits.amax(-1, keepdim=True)
 
 
 @contextlib.contextmanager
@@ -64,7 +75,7 @@ class Afresh:
         return getattr(self.driver, name)
 
 
-def _gap(probs: Tensor, logits: Tensor) -> float:
+def kept_gap(probs: Tensor, logits: Tensor) -> float:
     """The largest difference of the two as log-probabilities of the tokens the loop kept (its m
     largest probabilities; Meta's sample_top_p samples from them sorted), each renormalised there."""
     m = int((probs > 0).sum(-1).min())
@@ -103,7 +114,7 @@ def check_temperature(res: ComponentResult, ctx: Context, comp: Any, driver: Any
     # its draws' first rows: one draw of every prompt, or each prompt's own draw in turn (a loop that runs
     # each through the model on its own)
     probs = torch.cat([s.reshape(-1, logits.size(-1)) for s in seen])[: logits.size(0)]
-    gap = _gap(probs, logits / TEMPERATURE)
+    gap = kept_gap(probs, logits / TEMPERATURE)
     res.checks.append(Check(text(f"{name}={TEMPERATURE}: the probabilities it samples from are "
                                  f"softmax(logits / {TEMPERATURE}) on the tokens it keeps",
                                  f"{name}={TEMPERATURE}：它采样用的概率是保留的 token 上的 softmax(logits / "
@@ -124,7 +135,7 @@ def _named_form(res: ComponentResult, ctx: Context, comp: Any, name: str, probs:
              ("temperature_after_softmax", logits, "softmax(logits), as at t = 1",
               "softmax(logits)，相当于 t = 1"))
     for diagnosis, alternative, en, zh in forms:
-        if _gap(probs, alternative) < 1e-4:
+        if kept_gap(probs, alternative) < 1e-4:
             number, code = locate(diagnosis, source_lines([comp.obj]))  # the loop's own lines first
             if number is None:
                 number, code = locate(diagnosis, source_lines(ctx.objects(comp, "sample", "temperature")))
