@@ -360,10 +360,10 @@ def _no_table(comp: Component, ctx: Context, got: str, config: dict[str, Any]) -
                                 f"({P}, {DH // 2})，或形状为 ({P}, {DH}) 的 (cos, sin)")
     return MappingError(
         f"{comp.name} takes a config object; built with check's guess of its fields it returned {got}, "
-        f"not a table of {P} positions (an adapter `{comp.name}(dim, end, theta)` that builds the config "
-        "lets check grade it)",
+        f"not a table of {P} positions (the adapter below, which builds your config and rotates q and k "
+        "with its table, lets check grade it)",
         zh=f"{comp.name} 接收一个配置对象；按检查程序猜的字段构建后它返回了 {got}，不是 {P} 个位置的表"
-           f"（写一个适配函数 `{comp.name}(dim, end, theta)` 来构建这个配置，检查程序就能判断）")
+           "（写下面的适配函数，由它构建你的配置、用这张表旋转 q 和 k，检查程序就能判断）")
 
 
 # Llama 3.1's switch of its frequency scaling (Meta's precompute_freqs_cis(..., use_scaled=...)): off,
