@@ -5,7 +5,8 @@ The forms (tests/fixtures/learners_unusual_forms/): an attention holding a 0-d p
 of the first layer's values, handed in and back as (y, values); a learned temperature, returning
 (y, weights)); a rotary table built from a config object (the head width dim // n_heads, read; a config
 whose fields check cannot fill, declined); a tokenizer whose encode returns subword strings (a list, a
-tuple); loops returning a dict (the tokens its one value of ids); a block that requires a complex table its model builds."""
+tuple); loops returning a dict (the tokens its one value of ids); a block that requires the rotary
+tables its model builds (a complex table, a (cos, sin) pair), its code speaking of rotating."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from handformer.check.core.report import format_report
 
 HERE = Path(__file__).parent / "fixtures" / "learners_unusual_forms"
 FILES = ("value_mix", "scalar_temperature", "config_freqs", "model_width_freqs", "subword_list",
-         "subword_tuple", "dict_loops", "dict_generate", "rotary_block")
+         "subword_tuple", "dict_loops", "dict_generate", "rotary_block",
+         "halves_block")
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +43,9 @@ def test_no_component_ends_in_check_s_own_error(results, name):
 
 @pytest.mark.parametrize(("name", "component"), [
     ("value_mix", "Attention"), ("scalar_temperature", "TemperedSelfAttention"),
-    ("config_freqs", "precompute_freqs_cis"), ("dict_loops", "generate"), ("dict_generate", "generate")])
-def test_a_zero_d_parameter_a_config_s_head_width_and_a_dict_of_tokens_are_read(results, name, component):
+    ("config_freqs", "precompute_freqs_cis"), ("dict_loops", "generate"), ("dict_generate", "generate"),
+    ("rotary_block", "Block"), ("halves_block", "Block"), ("halves_block", "GPT")])
+def test_each_unusual_form_is_read(results, name, component):
     assert _one(results, name, component).status == "pass", format_report(results[name])
 
 
