@@ -342,7 +342,8 @@ def _config(fn: Callable[..., Any], names: list[str], values: dict[str, Any]) ->
 
 
 def _filled_config(cls: Any, values: dict[str, Any]) -> Any:
-    """The dataclass `cls` with its defaults, the values of the fields `values` names, the RoPE width."""
+    """The dataclass `cls` with its defaults, the values of the fields `values` names, the RoPE width,
+    a head count at one."""
     fields = {f.name for f in dataclasses.fields(cls)}
     return dataclasses.replace(cls(), **{f: values[f] for f in fields & values.keys()},
                                **dict.fromkeys(filter(ROPE_WIDTH.search, fields), DH),
