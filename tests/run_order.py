@@ -31,6 +31,7 @@ SECONDS = {
     "test_check_by_use.py": 12, "test_course.py": 22, "test_check_configured.py": 21, "test_gguf.py": 20,
     "test_check_robust.py": 17, "test_site.py": 15, "test_check_public_styles.py": 14, "test_finetune.py": 13,
     "test_check_raised_forms.py": 6, "test_check_localize.py": 12, "test_docs.py": 12,
+    "test_check_unusual_forms.py": 35,
     "test_check_config_by_use.py": 10, "test_check_setup_method.py": 16, "test_check_styles.py": 11,
     "test_hf_export.py": 11, "test_serve_fuzz.py": 11, "test_check_family_scales.py": 10,
     "test_check_hf_variants.py": 10, "test_check_layouts.py": 10, "test_check_unbatched_families.py": 10,

@@ -18,7 +18,7 @@ from handformer.check.core.source import code_text, source_text
 from handformer.check.reference import variants as V
 from handformer.nn.positions import RotaryEmbedding
 
-ROPE_WORDS = re.compile("rotary|rope|freqs_cis|rotate_half|apply_rotary")
+ROPE_WORDS = re.compile("rotary|rope|freqs_cis|rotate|apply_rotary")
 
 
 def cos_sin(T: int, head_dim: int) -> tuple[Tensor, Tensor]:

@@ -667,7 +667,7 @@ def qk_norm_slots(extra: list[Leaf], head_dim: int, width: int = 0) -> list[Slot
     """An attention's parameters besides its projections as QK-norm: exactly two norms named like
     q_norm and k_norm (q_layernorm, query_norm) of width head_dim, or as wide as all their heads
     together (OLMo-2's: the queries' `width`, the keys' Hkv * head_dim); else none."""
-    kinds = {(x.kind, _qk_width(x.weight.size(0), head_dim, width)) for x in extra}
+    kinds = {(x.kind, _qk_width(x.weight.numel(), head_dim, width)) for x in extra}  # numel: 0-d gains too
     if len(extra) != 2 or kinds != {("norm", True)}:
         return []
     slots = []

@@ -167,6 +167,8 @@ class Codec:
 
     def encode(self, s: str) -> list[int]:
         out = self.ctx.learner.call("encode", self.encode_fn, s)
+        if not isinstance(out, str) and fp.quietly(lambda: set(map(type, out))) == {str}:
+            raise _subword_strings()  # subword-nmt's form: a valid tokenizer check cannot compare by ids
         try:
             return list(map(int, out))
         except (TypeError, ValueError):
@@ -177,6 +179,15 @@ class Codec:
 
     def decode(self, ids: list[int]) -> str:
         return self.ctx.learner.call("decode", self.decode_fn, list(ids))
+
+
+def _subword_strings() -> DiscoveryError:
+    """encode returned the subwords themselves: the reference's ids say nothing of them (NOT CHECKED)."""
+    return DiscoveryError(
+        "encode returns subword strings, not ids; check compares a tokenizer by its ids (an adapter "
+        "whose encode maps each subword to its id in your vocabulary lets check grade it)",
+        zh="encode 返回的是子词字符串，不是 id；检查程序按 id 比较分词器（写一个适配函数，"
+           "让 encode 把每个子词换成它在你的词表里的 id，检查程序就能判断）")
 
 
 def check_bpe_tokenizer(comp: Component, ctx: Context) -> ComponentResult:

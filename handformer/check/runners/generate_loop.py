@@ -540,7 +540,7 @@ def new_tokens(out: Any, prompt: Tensor, n: int) -> Tensor | None:
     """The tokens a generate returned after the prompt, (B, n'), from (B, T + n) ids (nanoGPT), (B, n)
     new ones, or lists of them."""
     B, T = prompt.shape
-    out = read_text(out)
+    out = read_text(_ids_in(out) if isinstance(out, dict) else out)
     if isinstance(out, tuple) and len(out) == 2 and _beside_ids(out[1]) and not _scores(out[0]) \
             and isinstance(out[0], (Tensor, list)):
         out = out[0]  # Meta's (tokens, logprobs), (tokens, None); (tokens, forward passes) of a parallel loop
@@ -554,6 +554,13 @@ def new_tokens(out: Any, prompt: Tensor, n: int) -> Tensor | None:
     if out.size(1) >= T and torch.equal(out[:, :T], prompt):
         return out[:, T:]
     return out
+
+
+def _ids_in(out: dict[Any, Any]) -> Any:
+    """A loop that returns a dict ({"tokens": ids, "steps": n}, {"sequences": ids, "scores": ...}): its
+    one value that is not what a loop returns beside its ids, else the dict as it is (read as no tokens)."""
+    ids = [v for v in out.values() if not _beside_ids(v)]
+    return ids[0] if len(ids) == 1 else out
 
 
 def _beside_ids(value: Any) -> bool:

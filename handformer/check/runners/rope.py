@@ -327,6 +327,8 @@ def _layout_convention(res: ComponentResult, layout: str) -> None:
 
 CONFIG_NAMES = ("args", "config", "cfg", "model_args", "params")
 ROPE_WIDTH = re.compile("rope.*dim")  # the field of a config that holds the RoPE width: qk_rope_head_dim
+# a config's head count: one, so a table of width dim // n_heads (DeepSeek's MTP example) is as wide as `dim`
+HEAD_COUNT = re.compile(r"n_heads?|num_heads|num_attention_heads|n_head")
 
 
 def _config(fn: Callable[..., Any], names: list[str], values: dict[str, Any]) -> dict[str, Any]:
@@ -340,10 +342,29 @@ def _config(fn: Callable[..., Any], names: list[str], values: dict[str, Any]) ->
 
 
 def _filled_config(cls: Any, values: dict[str, Any]) -> Any:
-    """The dataclass `cls` with its defaults, the values of the fields `values` names, the RoPE width."""
+    """The dataclass `cls` with its defaults, the values of the fields `values` names, the RoPE width,
+    a head count at one."""
     fields = {f.name for f in dataclasses.fields(cls)}
     return dataclasses.replace(cls(), **{f: values[f] for f in fields & values.keys()},
-                               **dict.fromkeys(filter(ROPE_WIDTH.search, fields), DH))
+                               **dict.fromkeys(filter(ROPE_WIDTH.search, fields), DH),
+                               **dict.fromkeys(filter(HEAD_COUNT.fullmatch, fields), 1))
+
+
+def _no_table(comp: Component, ctx: Context, got: str, config: dict[str, Any]) -> Exception:
+    """What a table function returned that reads as no table: theirs to fix where check passed its
+    sizes by name; from a config check filled, check's guess of its fields is what does not fit (NOT
+    CHECKED, the adapter named)."""
+    if not config:
+        return ctx.learner.fail("forward", f"{comp.name}(dim={DH}, end={P}) returned {got}; expected Meta's "
+                                f"complex freqs_cis ({P}, {DH // 2}) or (cos, sin) of shape ({P}, {DH})",
+                                f"{comp.name}(dim={DH}, end={P}) 返回了 {got}；应当是 Meta 的复数 freqs_cis "
+                                f"({P}, {DH // 2})，或形状为 ({P}, {DH}) 的 (cos, sin)")
+    return MappingError(
+        f"{comp.name} takes a config object; built with check's guess of its fields it returned {got}, "
+        f"not a table of {P} positions (the adapter below, which builds your config and rotates q and k "
+        "with its table, lets check grade it)",
+        zh=f"{comp.name} 接收一个配置对象；按检查程序猜的字段构建后它返回了 {got}，不是 {P} 个位置的表"
+           "（写下面的适配函数，由它构建你的配置、用这张表旋转 q 和 k，检查程序就能判断）")
 
 
 # Llama 3.1's switch of its frequency scaling (Meta's precompute_freqs_cis(..., use_scaled=...)): off,
@@ -367,11 +388,7 @@ def _check_table_function(comp: Component, ctx: Context) -> ComponentResult:
 
     table = read_table(call(THETA), P)
     if table is None:
-        got = shape_of(call(THETA))
-        raise ctx.learner.fail("forward", f"{comp.name}(dim={DH}, end={P}) returned {got}; expected Meta's "
-                               f"complex freqs_cis ({P}, {DH // 2}) or (cos, sin) of shape ({P}, {DH})",
-                               f"{comp.name}(dim={DH}, end={P}) 返回了 {got}；应当是 Meta 的复数 freqs_cis "
-                               f"({P}, {DH // 2})，或形状为 ({P}, {DH}) 的 (cos, sin)")
+        raise _no_table(comp, ctx, shape_of(call(THETA)), _config(comp.obj, names, {}))
     _layout_convention(res, table.layout)
     _base_finding(res, ctx, comp, table, THETA)
     err = _table_error(table)
