@@ -51,10 +51,12 @@ def test_each_unusual_form_is_read(results, name, component):
 
 @pytest.mark.parametrize(("name", "component", "said"), [
     ("model_width_freqs", "precompute_freqs_cis", "takes a config object"),
-    ("subword_list", "BPE", "subword strings"), ("subword_tuple", "Tokenizer", "subword strings")])
+    ("subword_list", "BPE", "subword strings|word-level BPE"),
+    ("subword_tuple", "Tokenizer", "subword strings|word-level BPE")])
 def test_a_form_check_cannot_read_is_declined_with_its_reason(results, name, component, said):
     comp = _one(results, name, component)
     if comp.status == "pass":  # a later grader may read the form: then it passes
         return
-    assert comp.status == "not_checked" and said in comp.error.message, format_report(results[name])
-    assert "检查程序" in comp.error.message_zh and "适配函数" in comp.error.message_zh
+    assert comp.status == "not_checked", format_report(results[name])
+    assert any(words in comp.error.message for words in said.split("|")), format_report(results[name])
+    assert comp.error.message_zh, format_report(results[name])  # the word-level BPE's reader says why
