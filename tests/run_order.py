@@ -20,6 +20,7 @@ SECONDS = {
     "test_check_not_lm.py": 60, "test_check_own_demo.py": 25, "test_check_mask_methods.py": 12,
     "test_check_config_words.py": 24, "test_check_callable_args.py": 31, "test_check.py": 61,
     "test_check_no_place.py": 5, "test_check_loop_interface.py": 12, "test_check_other_routes.py": 35,
+    "test_check_free_properties.py": 15,
     "test_check_unquoted_fails.py": 26, "test_check_quick_gelu.py": 6, "test_check_mask_by_use.py": 6,
     "test_check_query_first_mask.py": 5, "test_check_loop_settings.py": 18, "test_check_batched_beam.py": 8,
     "test_check_beam_settings.py": 18, "test_check_loop_neutral.py": 17, "test_check_unigram.py": 13,
