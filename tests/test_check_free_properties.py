@@ -21,6 +21,7 @@ from handformer.check.core.report import format_report
 pytestmark = pytest.mark.usefixtures("one_thread")
 FIXTURES = Path(__file__).parent / "fixtures" / "learners_free_properties"
 CONV, SCAN = FIXTURES / "conv_lm.py", FIXTURES / "recurrent_lm.py"
+GATED = Path(__file__).parent / "fixtures" / "learners_learned_terms" / "gated_block.py"  # a learned gate
 # (planted file: source, edit, the mistake's name or None, the line it quotes, the model)
 PLANTS = {
     "conv_no_shift": (CONV, ("labels[..., 1:]", "labels[..., :-1]"), "train_step_no_shift",
@@ -33,6 +34,8 @@ PLANTS = {
                         "causal_off_by_one", "mask = torch.tril(", "ConvLM"),
     "scan_state_of_all": (SCAN, ("h = torch.zeros_like(u[:, 0])", "h = u.mean(dim=1)"), None,
                           "return self.out(", "ScanLM"),
+    # a model check compares, whose learned gate makes its departure no evidence: the leak still says where
+    "gated_not_causal": (GATED, ("is_causal=True", "is_causal=False"), None, "is_causal=False)", "GatedLM"),
 }
 
 

@@ -20,6 +20,7 @@ import functools
 import inspect
 import itertools
 import math
+import operator
 import re
 import sys
 from collections.abc import Callable
@@ -1829,7 +1830,7 @@ def _causality(res: ComponentResult, comp: Component, call: Caller, idx: Tensor)
     res.checks.append(Check(text("causality: changing token 5 leaves logits 0..4 unchanged",
                                  "因果性：改变位置 5 的 token，不影响位置 0..4 的 logits"), moved < 1e-9,
                             text(f"moved by {moved:.3g}", f"变化了 {moved:.3g}")))
-    if moved >= 1e-9:  # where it leaks first, unless a finding of that name says so already
+    if moved >= 1e-9:  # where it leaks first, unless a mistake of that name is found already
         leak = leak_finding(call.module, lambda x: call(x)[0], idx, bumped, comp)
-        res.findings += [leak] * (leak.name not in {f.name for f in res.findings})
+        res.findings += [leak] * (leak.name not in map(operator.attrgetter("name"), res.named()))
 
