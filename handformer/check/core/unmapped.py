@@ -43,7 +43,9 @@ def held_words(held: list[Leaf], reference: Text) -> list[Text]:
 
 
 # checks that read no reference (a Unigram tokenizer's encode against its own pieces' scores: unigram.py)
-FREE = ("causality", "eval mode is deterministic", "padding invariance", "by its own scores", "round trip")
+FREE = ("causality", "eval mode is deterministic", "padding invariance", "by its own scores", "round trip",
+        "its loss is the cross-entropy of its own logits")
+FREE_FORM = "reference-free"  # the form of a finding of a property every correct one has (lm_properties.py)
 HELD = "held"  # a key of what is held as built: "inert" at ones and zeros, "live" at other values, "term"
 # a linear layer no role took
 
@@ -149,21 +151,21 @@ def settle(result: ComponentResult, unmapped: list[Text]) -> None:
     CHECKED, the line where it parts from the reference said in the reason; a PASS: said what was not
     checked. Parameters held at ones and zeros leave the reference's computation as it is: a FAIL
     stands. Held at other values, a mistake's name is no evidence either. A reference-free check that
-    failed (causality, determinism) FAILs whatever the reference lacks."""
+    failed (causality, determinism) FAILs whatever the reference lacks, its findings (FREE_FORM) kept."""
     if not unmapped:
         return
-    free = free_failed(result)
+    free, kept = free_failed(result), [f for f in result.findings if f.form == FREE_FORM]
     weights = {u.get(HELD) for u in unmapped}  # None: settings, state, what else feeds it
     en, zh = ("; ".join(map(operator.itemgetter(lang), unmapped)) for lang in ("en", "zh"))
     if result.status == PASS:
         result.notes.append(text(f"checked as it is built and given here; {en}: not checked at other values",
                                  f"按这里的构造和输入检查；{zh}：其他取值没有检查"))
     if result.status == FAIL and "live" in weights:  # a name a held value may explain
-        result.findings = [f for f in result.findings if f.name == DEPARTS]
+        result.findings = [f for f in result.findings if f.name == DEPARTS or f in kept]
     if (result.status, bool(result.named())) != (FAIL, False) or weights == {"inert"}:  # as it is
         return
     first = next(iter(result.findings), NOWHERE)
-    result.findings, result.max_abs_error = [], None  # a departure from what cannot express it: no evidence
+    result.findings, result.max_abs_error = kept, None  # a departure from what cannot express it: no evidence
     result.checks = [c for c in result.checks if c.ok or c in free]
     if not free:  # else it fails a check of its own: FAIL on that alone
         _cannot_express(result, en, zh, first)

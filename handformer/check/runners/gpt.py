@@ -20,6 +20,7 @@ import functools
 import inspect
 import itertools
 import math
+import operator
 import re
 import sys
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from handformer.check.core.context import (
     Context,
     D,
     H,
+    attributes_double_,
     batch_first,
     batch_first_by_shape,
     check_determinism,
@@ -118,6 +120,7 @@ from handformer.check.runners import latent
 from handformer.check.runners.attention import attention_cap
 from handformer.check.runners.balance_loss import balance_term
 from handformer.check.runners.kv_cache import CACHE_ARGS, CACHE_METHODS, check_kv_cache
+from handformer.check.runners.lm_properties import free_properties, leak_finding, own_loss
 from handformer.check.runners.localize_cache import cache_departure
 from handformer.check.runners.model import as_written_, computes_sqrt, exact_norms_
 from handformer.check.runners.model_loss import unshifted_finding
@@ -1067,16 +1070,22 @@ def _other_form(comp: Component, out: Tensor | None, returned: Any, idx: Tensor)
 
 def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
-    module = ctx.build(comp, gpt_sizes(ctx))
+    try:
+        module = ctx.build(comp, gpt_sizes(ctx))
+    except MappingError as err:  # parts check cannot give weights of its own (a depthwise convolution)
+        return _unmapped(res, ctx, comp, Caller(_as_built(ctx, comp), ctx), _batch(), err)
+    return _check_built(res, ctx, comp, module)
+
+
+def _check_built(res: ComponentResult, ctx: Context, comp: Component, module: nn.Module) -> ComponentResult:
+    """The model built with check's weights: driven, mapped onto handformer's CausalLM and compared."""
     stacked = check_scores(res, ctx, comp, module, VOCAB) or _vectors_in(comp, ctx, res, module)
     if stacked is not None:
         return stacked
     call = Caller(module, ctx)
     _set_up(comp, res, call)
     res.notes += [SEQUENCE_FIRST] * call.first
-    g = torch.Generator().manual_seed(0)
-    idx = torch.randint(0, VOCAB, (2, 8), generator=g)
-    targets = torch.randint(0, VOCAB, (2, 8), generator=g)
+    idx, targets = _batch()
     check_determinism(res, ctx, comp, lambda: call(idx, targets)[0], "causal_attention", "block", "ffn")
     with fp.dropout_off():
         out, loss = call(idx, targets)
@@ -1096,7 +1105,7 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
             find_layouts_(module, lambda: call(idx[:, :1])[0], D, D // H)
             m = _position_a_token(call, map_gpt(module), idx)
         except MappingError as err:  # the checks above ran; the comparison could not
-            return _unmapped(res, module, call, idx, err)
+            return _unmapped(res, ctx, comp, call, (idx, targets), err)
         res.mapping = m.describe()
         res.notes += moe_note(m.blocks[0].ffn) + _held_note(m) + [POSITION_OFFSET_NOTE] * bool(m.offset)
         ctx.unmapped[comp.name] = _held_words(m) + _terms(module, m)  # unnamed: NOT CHECKED
@@ -1105,6 +1114,23 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
         _tied_despite_config(res, ctx, comp, m)
         _compare(res, ctx, comp, m, call, out, loss, idx, targets, last_only)
     return finish(res)
+
+
+def _batch() -> tuple[Tensor, Tensor]:
+    """Token ids (2, 8) and targets (2, 8), drawn apart."""
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, VOCAB, (2, 8), generator=g), torch.randint(0, VOCAB, (2, 8), generator=g)
+
+
+def whole_context(idx: Tensor) -> Tensor:
+    """The ids (B, T) and the same reversed after them, cut at the context check builds: (B, BLOCK)."""
+    return torch.cat([idx, idx.flip(1)], dim=1)[:, :BLOCK]
+
+
+def _as_built(ctx: Context, comp: Component) -> nn.Module:
+    """The model at its own initial weights, in float64: what no reference compares still has the
+    properties every causal language model has (lm_properties.py)."""
+    return attributes_double_(ctx.build(comp, gpt_sizes(ctx), checked=False).double()).eval()
 
 
 WIDE_D = 4 * D  # the d_model of a second build: heads of 16, where a partial rotary turns several pairs
@@ -1161,20 +1187,31 @@ def _read_conventions(call: Caller, m: GPTMap, idx: Tensor) -> None:
     m.order = call_order(blocks, lambda: call._once(idx[:1, :1], None, 0))
 
 
-def _unmapped(res: ComponentResult, module: nn.Module, call: Caller, idx: Tensor,
+def _unmapped(res: ComponentResult, ctx: Context, comp: Component, call: Caller, batch: tuple[Tensor, Tensor],
               err: MappingError) -> ComponentResult:
-    """A model whose parts are not handformer's CausalLM's: NOT CHECKED with the reason; a toy that
-    drives a loop (see drives_only) is a DRIVER, its causality checked besides its determinism and
-    logits' shape (a FAIL where one fails)."""
+    """A model whose parts are not handformer's CausalLM's: NOT CHECKED with the reason, and the
+    properties every causal language model has checked with no reference (lm_properties.py: a FAIL where
+    one breaks); a toy that drives a loop (see drives_only) is a DRIVER, its causality checked besides its
+    determinism and logits' shape (a FAIL where one fails)."""
+    module, idx = call.module, batch[0]
     if drives_only(module) and latent.latent_child(module) is None:  # latent attention: no toy
-        _causality(res, call, idx)
+        _causality(res, comp, call, idx)
         res.status = DRIVER
         res.notes.append(DRIVER_NOTE)
         return finish(res)
     res.status = NOT_CHECKED
     res.error = LearnerError("mapping", f"not compared with handformer's CausalLM: {err}", "__init__",
                              message_zh=f"没有与 handformer 的 CausalLM 比较：{err.zh or err}")
+    free_properties(res, comp, module, call, (whole_context(idx), *batch), _file(ctx))
+    if res.findings:  # it fails a property of its own: why it was not compared is a note
+        res.notes.insert(0, text(res.error.message, res.error.message_zh))
+        res.error = None
     return finish(res)
+
+
+def _file(ctx: Context) -> str:
+    """The source of the learner's file ("" where it cannot be read)."""
+    return fp.quietly(lambda: inspect.getsource(ctx.module), (OSError, TypeError), "")
 
 
 CAUSAL_LM = text("CausalLM", " CausalLM ")
@@ -1352,7 +1389,8 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
                             error_text(res.max_abs_error)))
     if loss is not None and not last_only:
         _loss(res, comp, hf(idx).logits, loss, targets, _balance(res, m, hf, call, idx, targets))
-    _causality(res, call, idx)
+        own_loss(res, comp, call, idx, targets, _file(ctx))  # of its own logits: what no term explains
+    _causality(res, comp, call, idx)
     if not (call.stepwise or call.unbatched or call.first or call.mask_form or last_only):
         left_padding(res, ctx, comp, call.module, lambda ids, keep: _padded(call, ids, keep), idx)
     if call.stepwise:
@@ -1777,8 +1815,11 @@ def _padded(call: Caller, idx: Tensor, keep: Tensor) -> Tensor | None:
         call.extra = {}
 
 
-def _causality(res: ComponentResult, call: Caller, idx: Tensor) -> None:
-    """Changing token 5 leaves the logits before it unchanged (only when all positions come back)."""
+def _causality(res: ComponentResult, comp: Component, call: Caller, idx: Tensor) -> None:
+    """Changing token 5 leaves the logits before it unchanged (only when all positions come back); where
+    it moves them and no line says why, the first module that leaks, at its mask (leak_finding). Driven at
+    the whole context (a leak through a block of 16 keys' summary shows only past it)."""
+    idx = whole_context(idx)
     a = call(idx, idx)[0]
     bumped = idx.clone()
     bumped[:, 5] = (bumped[:, 5] + 1) % VOCAB
@@ -1789,4 +1830,7 @@ def _causality(res: ComponentResult, call: Caller, idx: Tensor) -> None:
     res.checks.append(Check(text("causality: changing token 5 leaves logits 0..4 unchanged",
                                  "因果性：改变位置 5 的 token，不影响位置 0..4 的 logits"), moved < 1e-9,
                             text(f"moved by {moved:.3g}", f"变化了 {moved:.3g}")))
+    if moved >= 1e-9:  # where it leaks first, unless a mistake of that name is found already
+        leak = leak_finding(call.module, lambda x: call(x)[0], idx, bumped, comp)
+        res.findings += [leak] * (leak.name not in map(operator.attrgetter("name"), res.named()))
 
