@@ -38,7 +38,7 @@ SECONDS = {
     "test_check_reward_pair.py": 10, "test_check_heads_loop.py": 8, "test_check_unbuilt_classifier.py": 5,
     "test_decoding.py": 9, "test_explain.py": 9, "test_check_components.py": 8, "test_distributed.py": 8,
     "test_lm_training.py": 8, "test_serve_apis.py": 8, "test_serve_structured.py": 8,
-    "test_check_caches_routers.py": 7, "test_check_quoted_lines.py": 7, "test_check_windowed.py": 7,
+    "test_check_caches_routers.py": 7, "test_check_built_lines.py": 8, "test_check_quoted_lines.py": 7, "test_check_windowed.py": 7,
     "test_import_memory.py": 7, "test_playground_browser.py": 7, "test_post_sft.py": 7,
     "test_beam_vectorized.py": 6, "test_benchmark_baseline.py": 6, "test_check_family_masks.py": 6,
     "test_check_gemma.py": 6, "test_check_llm_calls.py": 6, "test_check_model.py": 6, "test_crash.py": 6,
