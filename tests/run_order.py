@@ -68,7 +68,7 @@ SECONDS = {
     "test_check_parent_state.py": 34, "test_check_capacity_moe.py": 10, "test_check_post_norm_rows.py": 10,
     "test_check_lm_beam.py": 12, "test_check_cached_left_padding.py": 6, "test_check_stacked_gains.py": 16,
     "test_check_prompt_forms.py": 8, "test_check_learned_terms.py": 12, "test_check_sandbox.py": 20,
-    "test_check_seeded_steps.py": 4, "test_check_parent_inputs.py": 12,
+    "test_check_seeded_steps.py": 4, "test_check_parent_inputs.py": 12, "test_check_built_lines.py": 8,
 }
 
 

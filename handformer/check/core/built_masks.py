@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from handformer.check.core.localize import Departure, Step, statement, trace_steps
 from handformer.check.core.result import text
+from handformer.check.core.source import with_second
 
 
 def built_mask(run: Callable[[], Any], module: nn.Module, T: int) -> Departure | None:
@@ -43,10 +44,11 @@ def built_mask(run: Callable[[], Any], module: nn.Module, T: int) -> Departure |
 
 def with_use(used: Departure | None, found: Departure | None) -> Departure | None:
     """The builder's departure (`found`) quoting the line that used its mask (`used`, where the run
-    departs) after its own: two lines at most; `used` where no builder departs."""
+    departs) after its own: two lines at most; `used` where no builder departs, `found` as it is where
+    it quotes two lines already (a buffer's value built on the line above the one registering it)."""
     if len({getattr(found, "line", None), getattr(used, "line", None)} - {None}) < 2:  # one, or one line
         return found or used
-    return replace(found, code=f"{found.code} / line {used.line}: {used.code}")
+    return replace(found, code=with_second(found.line, found.code, used.line, used.code)[1])
 
 
 def _keep(value: Tensor, T: int) -> Tensor:
@@ -105,6 +107,29 @@ def _buffers(module: nn.Module, filename: str, T: int) -> list[Step]:
             for line in _assigned_at(filename, name) if _departs(value, T)]
 
 
+def built_at(filename: str, line: int) -> int | None:
+    """The line that built the value the line at `line` stores (`self.register_buffer("bias", mask.view(1,
+    1, N, N))` after `mask = torch.tril(...)`): the latest earlier line of the same function that binds
+    the name the stored value is read from through reshapes, casts and indexing (`mask.view(...)`,
+    `mask[None].float()`); None where the line builds the value itself (`torch.tril(...)`, or a step
+    that moves the entries: `mask.transpose(-2, -1)`, `mask == 0`)."""
+    lines = linecache.getlines(filename)[:line]
+    name = next(iter(STORED.findall(lines[-1])), "")
+    start = max((n for n, text in enumerate(lines, 1) if DEF.match(text)), default=0)
+    binds = re.compile(rf"\s*{name}\s*=(?!=)")  # `mask = ...`, not `mask == ...`
+    return max((n for n in range(start + 1, line) if binds.match(lines[n - 1])), default=None)  # "": none
+
+
+# the methods that reshape, cast or copy a tensor, its pattern kept
+LAYOUT = ("view|reshape|unsqueeze|expand|to|float|bool|int|long|double|half|contiguous|clone|detach|type_as|"
+          "squeeze")
+# a line that stores a name's value as a buffer or an attribute, through LAYOUT's methods and indexing
+# (`register_buffer("bias", mask.view(1, 1, n, n))`, `self.keep = visible[None, None]`): the name
+STORED = re.compile(rf"(?:register_buffer\(\s*['\"]\w+['\"]\s*,|\bself\.\w+\s*=(?!=))\s*([A-Za-z_]\w*)"
+                    rf"(?:\.(?:{LAYOUT})\([^()]*\)|\[[^\]]*\])*\s*(?:[,)]|#|$)")
+DEF = re.compile(r"\s*(?:async\s+)?def\s")
+
+
 def _assigned_at(filename: str, name: str) -> list[int]:
     """The one line that registers buffer `name` or assigns `self.name`; none where none does, or several."""
     pattern = re.compile(rf"register_buffer\(\s*['\"]{name}['\"]|\bself\.{name}\s*=(?!=)")
@@ -118,8 +143,10 @@ ADDITIVE = -1e4  # a value this low is a masked place of an additive mask (-inf,
 def _departure(filename: str, step: Step, T: int) -> Departure:
     """The builder's line, with what its mask keeps for one query against the causal mask's keys: read
     as additive (the larger value kept) where it holds -inf or a large negative, else the reading
-    nearer the causal mask."""
+    nearer the causal mask. A buffer's line that stores a value built on an earlier line is quoted after
+    that line (see `built_at`)."""
     line, name, value = step.line, step.name, step.value
+    built = step.name.startswith("self.") and built_at(filename, line)
     keep, t = _keep(value, T), T // 2
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     nearer = min((keep, ~keep), key=lambda k: int((k[0] ^ causal).sum()))
@@ -128,4 +155,9 @@ def _departure(filename: str, step: Step, T: int) -> Departure:
                 f"{kept}; a causal mask keeps the keys at positions 0 .. {t} (its own and every earlier one)",
                 f"这里构造的掩码 `{name}` 让位置 {t} 的查询保留位置 {kept} 的键；因果掩码保留位置 0 .. {t} "
                 f"的键（它自己和之前的每一个）")
-    return Departure(line, name, statement(filename, line), form)
+    first = built or line  # the storing line after the building one, where it is another
+    quoted = with_second(first, statement(filename, first), line * bool(built), statement(filename, line))
+    return Departure(quoted[0], name, quoted[1], {**form, "variant": CAUSAL_BUILT})
+
+
+CAUSAL_BUILT = "causal_mask_built"  # a finding's form: a mask judged by what it keeps, not by the reference

@@ -653,7 +653,8 @@ class Departure:
     def finding(self) -> Finding:
         """The report's finding, at the line `quoted` names: named as the catalogued mistake its form
         is, where the form names one (its "mistake" key), else DEPARTS."""
-        return Finding((self.form or {}).get("mistake", DEPARTS), self.describe(), *self.quoted())
+        form = self.form or {}
+        return Finding(form.get("mistake", DEPARTS), self.describe(), *self.quoted(), form.get("variant", ""))
 
 
 def first_departure(steps: list[Step], views: list[View], filename: str, sizes: dict[str, float],

@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import nn
 
+from handformer.check.core.built_masks import CAUSAL_BUILT
 from handformer.check.core.moe import moe_parts
 from handformer.check.core.result import (
     DEPARTS,
@@ -140,6 +141,10 @@ def _read_at(module: nn.Module, leaf: Leaf) -> tuple[str, str]:
     return next(iter(said), ("", ""))
 
 
+def _causal(check: Check) -> bool:
+    return check.name["en"].startswith("causality")
+
+
 def free_failed(result: ComponentResult) -> list[Check]:
     """The failed checks of the result that read no reference (FREE): no setting the reference lacks
     explains them."""
@@ -165,7 +170,10 @@ def settle(result: ComponentResult, unmapped: list[Text]) -> None:
     if (result.status, bool(result.named())) != (FAIL, False) or weights == {"inert"}:  # as it is
         return
     first = next(iter(result.findings), NOWHERE)
-    result.findings, result.max_abs_error = kept, None  # a departure from what cannot express it: no evidence
+    # a departure from what cannot express it is no evidence; a mask its builder made that keeps a later
+    # key is, where causality failed (judged by what it keeps, not by the reference: see built_masks.py)
+    built = [*filter(lambda f: f.form == CAUSAL_BUILT, result.findings)] * any(map(_causal, free))
+    result.findings, result.max_abs_error = [*kept, *filter(lambda f: f not in kept, built)], None
     result.checks = [c for c in result.checks if c.ok or c in free]
     if not free:  # else it fails a check of its own: FAIL on that alone
         _cannot_express(result, en, zh, first)
