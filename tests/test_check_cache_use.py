@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import planted_copy
 from torch import nn
 
 from handformer.check.core.engine import check_file
@@ -30,12 +31,20 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 HERE = Path(__file__).parent / "fixtures" / "learners_cache_use"
 LOOPS = ("TiedLM.generate", "decode_with_cache")
 PLANTS = {"method_not_handed_back": "TiedLM.generate", "function_fresh_cache": "decode_with_cache"}
+EDITS = {  # each plant: the correct file with these edits
+    "method_not_handed_back": [("logits, past = self(fed, past_key_values=past)",
+                                "logits, presents = self(fed, past_key_values=past)")],
+    "function_fresh_cache": [("    cache = KVCache(len(model.layers))\n    fed = idx\n    for _ in range(max_new_tokens):\n",
+                              "    fed = idx\n    for _ in range(max_new_tokens):\n        cache = KVCache(len(model.layers))\n")]}
 V = 5
 
 
 @pytest.fixture(scope="module")
-def checked():
-    return {name: check_file(str(HERE / f"{name}.py"), only=["generate"]) for name in ["correct", *PLANTS]}
+def checked(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cache_use")
+    paths = {"correct": str(HERE / "correct.py")}
+    paths |= {name: planted_copy(folder, name, HERE / "correct.py", *edits) for name, edits in EDITS.items()}
+    return {name: check_file(path, only=["generate"]) for name, path in paths.items()}
 
 
 def _loops(result):

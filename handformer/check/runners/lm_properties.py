@@ -70,9 +70,13 @@ def _causal(res: ComponentResult, comp: Component, module: nn.Module, call: Call
         return None
     bumped = idx.clone()
     bumped[:, AT] = (bumped[:, AT] + 1) % (int(idx.max()) + 1)  # another token of the vocabulary
-    rows = _moved_rows(call(idx, None)[0], call(bumped, None)[0], idx.shape)
-    if rows < 0:  # no logits a position, or not alike: nothing to compare
+    try:
+        first = call(idx, None)[0]
+    except Exception:  # noqa: BLE001 - the whole context is check's length, not one the learner's code takes
         return None
+    rows = _moved_rows(first, call(bumped, None)[0], idx.shape)
+    if rows < 0 or _moved_rows(first, call(idx, None)[0], idx.shape):  # nothing to compare; or a random
+        return None  # draw in eval mode moves it all (its determinism check says so)
     said = text(f"changing token {AT} leaves the logits at 0..{AT - 1} unchanged",
                 f"改变位置 {AT} 的 token，位置 0..{AT - 1} 的 logits 不变")
     res.checks.append(Check(text(f"causality: {said['en']}", f"因果性：{said['zh']}"), not rows, text(
@@ -212,9 +216,16 @@ FORMS = {"as given": (slice(None), slice(None)), "shifted": (slice(None, -1), sl
          "own": (slice(None, -1), slice(None, -1))}
 
 
+def _trains_on_inputs(code: str) -> bool:
+    """Whether the file trains the model with its inputs as its targets: a call `model(x, x)` followed
+    within a few lines by a `backward()` (a demo that prints such a loss, or its shape, trains nothing)."""
+    after = (code[m.end():].split("\n")[:8] for m in SAME_AS_TARGETS.finditer(code))
+    return any(".backward(" in "\n".join(lines) for lines in after)
+
+
 # whether a loss of the form is wrong, given the file's code: its own token always; the targets as given
-# where the file hands the model its inputs as its targets
-WRONG: dict[str, Callable[[str], Any]] = {"own": lambda code: True, "as given": SAME_AS_TARGETS.search,
+# where the file trains the model with its inputs as its targets
+WRONG: dict[str, Callable[[str], Any]] = {"own": lambda code: True, "as given": _trains_on_inputs,
                                           "shifted": lambda code: False}
 
 
