@@ -190,7 +190,7 @@ def own_loss(res: ComponentResult, comp: Component, call: Call, idx: Tensor, tar
     """The loss the model returns against the cross-entropy of its own logits, of the targets as given or
     shifted inside: compared as the change between two sets of targets, so that a term of its own that the
     targets do not move (a router's balance loss) drops out. Of each position's own token is
-    train_step_no_shift, and so is the targets as given where the file calls the model with its inputs as
+    train_step_no_shift, and so is the targets as given where the file trains the model with its inputs as
     its targets (it must shift them itself): WRONG. Its words where it holds."""
     other = targets.roll(1, 0).flip(1)  # (B, T): other targets for the same ids
     (logits, loss), (_, loss_b) = call(idx, targets), call(idx, other)
