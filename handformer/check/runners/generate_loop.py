@@ -20,7 +20,6 @@ Shape legend: B batch, T tokens so far, V vocabulary.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import itertools
 import re
@@ -844,7 +843,7 @@ def _cache_unused(res: ComponentResult, comp: Component, run: Run) -> None:
     first line of its loop that names a cache)."""
     if res.findings or all(check.ok is not False for check in res.checks) or not lossy.context_lost(run):
         return
-    number, code = cache_line(own_lines(comp.obj))
+    number, code = cache_line(list(source_lines([comp.obj])))
     res.findings.append(Finding("generate_cache_mismatch", text(
         "each step after the first gives the logits of the token it fed alone, at position 0: the cache "
         "the model returned was not handed back", "第一步之后每一步的 logits 都是只输入那一个 token、"
@@ -853,14 +852,6 @@ def _cache_unused(res: ComponentResult, comp: Component, run: Run) -> None:
 
 CACHE_WORDS = re.compile(r"cache|past|kv", re.IGNORECASE)
 LOOP_START = re.compile(r"^\s*(for|while)\b")
-
-
-def own_lines(fn: Any) -> list[tuple[int, str]]:
-    """The numbered lines of the loop function's own source (a method's, not its class's)."""
-    with contextlib.suppress(OSError, TypeError):
-        lines, first = inspect.getsourcelines(inspect.unwrap(getattr(fn, "__func__", fn)))
-        return list(enumerate((line.rstrip("\n") for line in lines), first))
-    return []
 
 
 def cache_line(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
