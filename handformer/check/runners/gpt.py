@@ -945,7 +945,7 @@ def gpt_sizes(ctx: Context) -> dict[str, Any]:
     n_kv_heads, minimind's num_key_value_heads), so that grouped-query attention is what is checked."""
     from handformer.check.core.discovery import ARGUMENTS
 
-    source = fp.quietly(lambda: inspect.getsource(ctx.module), (OSError, TypeError), "")  # "": no name read
+    source = _file(ctx)  # "": no name read
     kv = any(re.search(rf"\b{name}\b", source) for name in ARGUMENTS["n_kv_heads"])
     return {**GPT_SIZES, "n_kv_heads": KV_HEADS} if kv else GPT_SIZES
 
@@ -1790,7 +1790,7 @@ TIE_FIELD = re.compile(r"\b(tie_weights|tie_word_embeddings|tie_embeddings)\b")
 def _tied_despite_config(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap) -> None:
     """head_tied_despite_config: the file's config (or the GPT) has a tying field, the GPT was
     built with it False, and its head is the token embedding all the same."""
-    source = fp.quietly(lambda: inspect.getsource(ctx.module), (OSError, TypeError), "")  # "": no field found
+    source = _file(ctx)  # "": no field found
     field_name = TIE_FIELD.search(re.sub(r"#[^\n]*", "", source))  # a comment on tying sets nothing
     if field_name is None:
         return
@@ -1840,7 +1840,7 @@ def _causality(res: ComponentResult, comp: Component, call: Caller, idx: Tensor)
     res.checks.append(Check(text("causality: changing token 5 leaves logits 0..4 unchanged",
                                  "因果性：改变位置 5 的 token，不影响位置 0..4 的 logits"), moved < 1e-9,
                             text(f"moved by {moved:.3g}", f"变化了 {moved:.3g}")))
-    if moved >= 1e-9:  # where it leaks first, unless a mistake of that name is found already
+    if moved >= 1e-9:  # where it leaks first, unless a mistake is named or that line is quoted already
         leak = leak_finding(call.module, lambda x: call(x)[0], idx, bumped, comp)
         res.findings += [leak] * (not res.named() and leak.line not in {f.line for f in res.findings})
 
