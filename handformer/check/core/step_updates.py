@@ -8,6 +8,8 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from handformer.check.core.clipping import ValueClip
+
 
 def parameters_of(model: nn.Module) -> list[Tensor]:
     """A copy of the model's parameters, in its order (what a step left them)."""
@@ -32,12 +34,20 @@ def largest_differences(got: list[list[Tensor]], right: list[list[Tensor]]) -> l
 def update(model: nn.Module, opt: torch.optim.Optimizer, clip: float | None, clip_after: bool = False,
            lr: float | None = None) -> None:
     """The end of a reference step: the gradients clipped at `clip` (after `opt.step()` when
-    `clip_after`: the named mistake), the learning rate set when given, the update."""
+    `clip_after`: the named mistake; each element at it where it is a ValueClip), the learning rate set
+    when given, the update."""
     if clip is not None and not clip_after:
-        nn.utils.clip_grad_norm_(model.parameters(), clip)
+        _clip(model, clip)
     if lr is not None:
         for group in opt.param_groups:
             group["lr"] = lr
     opt.step()
     if clip is not None and clip_after:  # clips the gradients already used (kept, without zero_grad)
+        _clip(model, clip)
+
+
+def _clip(model: nn.Module, clip: float) -> None:
+    if isinstance(clip, ValueClip):
+        nn.utils.clip_grad_value_(model.parameters(), clip)
+    else:
         nn.utils.clip_grad_norm_(model.parameters(), clip)

@@ -27,6 +27,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from handformer.check.core.argument_names import ACCUM_NAMES, STEP_MODEL_NAMES
 from handformer.check.core.carried import carried_note, carry
+from handformer.check.core.clipping import clip_norm, clips_after_step
 from handformer.check.core.context import (
     Context,
     error_text,
@@ -53,9 +54,7 @@ from handformer.check.runners.train_step import (
     PROBE_SCALE,
     TOLERANCE,
     UNDER_CLIP,
-    clip_norm,
     clip_note,
-    clips_after_step,
     factor_note,
 )
 

@@ -45,6 +45,7 @@ from handformer.check.core.argument_names import (
     X_NAMES,
     Y_NAMES,
 )
+from handformer.check.core.clipping import argued_norm, clip_norm, clips_after_step
 from handformer.check.core.context import (
     Context,
     error_text,
@@ -90,9 +91,7 @@ from handformer.check.runners.train_step import (
     SCHEDULER_NOTE,
     TOLERANCE,
     UNDER_CLIP,
-    clip_norm,
     clip_note,
-    clips_after_step,
     constant_scheduler,
     factor_note,
     grad_scaler,
@@ -192,8 +191,8 @@ class Step:
             "语言模型的训练一步接受 (model, x, y, optimizer, lr)："
             "输入、目标（输入往后移一个 token）和调度给出的学习率"))
         defaults = {p.name: p.default for p in params}  # clip_grad_norm_(..., max_norm): its default
-        own = source_text(comp.obj)
-        self.clip = self._config_clip() if "clip" in self.fields else clip_norm(own, defaults)
+        clip = self._config_clip() if "clip" in self.fields else clip_norm(source_text(comp.obj), defaults)
+        self.clip = argued_norm(clip, self.clip_arg, defaults)  # max_grad_norm taken, never used
 
     @property
     def tol(self) -> float:

@@ -29,6 +29,7 @@ import inspect
 import itertools
 import math
 import re
+import textwrap
 import types
 from typing import Any
 
@@ -52,6 +53,7 @@ from handformer.check.core.argument_names import (
     TGT_NAMES,
 )
 from handformer.check.core.argument_names import STEP_MODEL_NAMES as MODEL_NAMES  # noqa: F401
+from handformer.check.core.clipping import ValueClip, clip_norm
 from handformer.check.core.context import (
     SEQUENCE_FIRST,
     Context,
@@ -129,26 +131,6 @@ def unpacked(source: str, model: str | None) -> int:
     trg[:, :-1])`: 2, its model returns the attention too); 1 when it takes the call whole."""
     match = re.search(rf"^\s*(\w+(?:\s*,\s*\w+)+)\s*,?\s*=\s*{re.escape(model or '')}\s*\(", source, re.M)
     return len(match.group(1).split(",")) if match and model else 1
-
-
-def clip_norm(source: str, defaults: dict[str, Any]) -> float | None:
-    """The gradient norm a training step's source clips to (clip_grad_norm_(params, 1.0), CS336's
-    gradient_clipping(params, 1.0): 1.0; clip_grad_norm_(params, max_norm) with the step's
-    `max_norm=0.5`: its default, from `defaults`; a clip_grad without a number it reads: 1.0), None when
-    it clips none."""
-    match = re.search(r"\w*(?:clip\w*grad|grad\w*clip)\w*\([^,]+,\s*(?:\w+\s*=\s*)?([\w.+-]+)", source)
-    if match is None:
-        return 1.0 if "clip_grad" in source else None
-    norm = str(defaults.get(match.group(1), match.group(1)))
-    return float(norm) if re.fullmatch(r"[0-9.eE+-]+", norm) else 1.0
-
-
-def clips_after_step(source: str) -> bool:
-    """Whether a step's source clips the gradients after the optimizer's step (in the order written; a
-    loss scaler's `scaler.step(optimizer)` is the optimizer's)."""
-    clip = re.search(r"clip\w*grad|grad\w*clip", source)
-    step = re.search(r"\bopt\w*\.step\(|\.step\(\s*opt\w*\s*\)", source)
-    return bool(clip and step and clip.start() > step.start())
 
 
 # a tensor batch-first, (B, L, ...), as a step reads it: as it is (False), or sequence-first (True)
@@ -267,6 +249,11 @@ FLOAT32_NOTE = text("your step computes in float32 (.float() or autocast): its p
 
 
 def clip_note(clip: float) -> Text:
+    if isinstance(clip, ValueClip):
+        return text(f"your step clips each gradient element at {clip:g} (clip_grad_value_); handformer's "
+                    "step clipped the same way",
+                    f"你的一步把梯度的每个元素裁剪到 {clip:g}（clip_grad_value_）；"
+                    "handformer 的一步也这样裁剪")
     return text(f"your step clips the gradient norm at {clip:g}; handformer's step clipped at the same norm",
                 f"你的一步把梯度范数裁剪到 {clip:g}；handformer 的一步按同样的范数裁剪")
 
@@ -324,7 +311,7 @@ class Step:
             f"{zh}接受 {what}，还可以有要累积的 micro-batch 个数（accum_steps 等）、"
             "调度器（scheduler）和损失缩放器（scaler）"))
         self.source = source_text(comp.obj)
-        clipping = self.source + "".join(_called_sources(ctx, self.source))  # an epoch calling their step
+        clipping = "\n".join(map(textwrap.dedent, [self.source, *_called_sources(ctx, self.source)]))
         self.clip = clip_norm(clipping, {})
         self.tol = TOLERANCE[bool(FLOAT32.search(clipping))]
         if epoch:  # the loop's variable is what a batch is called (the loader: required of an epoch)
