@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.block_order import call_order, order_note
 from handformer.check.core.built_masks import built_mask, with_use
+from handformer.check.core.causality import check_causality
 from handformer.check.core.context import (
     DRIVER_NOTE,
     SEQUENCE_FIRST,
@@ -119,7 +120,7 @@ from handformer.check.runners import latent
 from handformer.check.runners.attention import attention_cap
 from handformer.check.runners.balance_loss import balance_term
 from handformer.check.runners.kv_cache import CACHE_ARGS, CACHE_METHODS, check_kv_cache
-from handformer.check.runners.lm_properties import free_properties, leak_finding, own_loss
+from handformer.check.runners.lm_properties import free_properties, own_loss
 from handformer.check.runners.localize_cache import cache_departure
 from handformer.check.runners.model import as_written_, computes_sqrt, exact_norms_
 from handformer.check.runners.model_loss import unshifted_finding
@@ -1814,33 +1815,8 @@ def _padded(call: Caller, idx: Tensor, keep: Tensor) -> Tensor | None:
         call.extra = {}
 
 
-def _at_whole_context(call: Caller, idx: Tensor) -> tuple[Any, Tensor]:
-    """The logits at the whole context and its ids; at idx's where the model refuses that length (a soft
-    prompt's positions past its table: check's input, not the learner's)."""
-    whole = whole_context(idx)
-    try:
-        return call(whole, whole)[0], whole
-    except Exception:  # noqa: BLE001 - the length is check's choice: the shapes it accepted are compared
-        return call(idx, idx)[0], idx
-
-
 def _causality(res: ComponentResult, comp: Component, call: Caller, idx: Tensor) -> None:
-    """Changing token 5 leaves the logits before it unchanged (only when all positions come back); where
-    it moves them and no line says why, the first module that leaks, at its mask (leak_finding). Driven at
-    the whole context (a leak through a block of 16 keys' summary shows only past it)."""
-    a, idx = _at_whole_context(call, idx)
-    bumped = idx.clone()
-    bumped[:, 5] = (bumped[:, 5] + 1) % VOCAB
-    b = call(bumped, idx)[0]
-    if a is None or b is None or a.size(1) != idx.size(1) or a.shape != b.shape:
-        return
-    if not torch.equal(a, call(idx, idx)[0]):  # a random draw in eval mode: its determinism check says so
-        return
-    moved = (a - b)[:, :5].abs().nan_to_num(float("inf")).max().item()
-    res.checks.append(Check(text("causality: changing token 5 leaves logits 0..4 unchanged",
-                                 "因果性：改变位置 5 的 token，不影响位置 0..4 的 logits"), moved < 1e-9,
-                            text(f"moved by {moved:.3g}", f"变化了 {moved:.3g}")))
-    if moved >= 1e-9:  # where it leaks first, unless a mistake is named or that line is quoted already
-        leak = leak_finding(call.module, lambda x: call(x)[0], idx, bumped, comp)
-        res.findings += [leak] * (not res.named() and leak.line not in {f.line for f in res.findings})
+    """Causality (core/causality.py), driven at the whole context, else at idx; the model handed the ids as
+    its targets too, so that it returns every position's logits (nanoGPT's, without targets, the last)."""
+    check_causality(res, comp, call.module, lambda x: call(x, x)[0], (whole_context(idx), idx), VOCAB)
 
