@@ -87,6 +87,7 @@ from handformer.generation.generate import generate as hf_generate
 from handformer.models.causal_lm import CausalLM
 
 BLOCK, SEED = 8, 82
+NO_LIMIT = 10**9  # the context of a model that runs on any length
 PEAK = 1e4  # logits scale: the most likely token gets all of the probability
 SHORT, LONG = 4, 7  # new tokens after a prompt of 3: within the block size, and past it
 
@@ -728,9 +729,11 @@ def _runaway(model: LanguageModel) -> bool:
 
 class StandIn:
     """The driver of a loop when the learner's own model cannot drive it: handformer's one-block GPT
-    on known weights, wrapped as their loop calls a model (LanguageModel)."""
+    on known weights, wrapped as their loop calls a model (LanguageModel). `own_context`: the context
+    the learner's model enforces (NO_LIMIT: none; None: no model of theirs could be built)."""
 
-    def __init__(self) -> None:
+    def __init__(self, own_context: int | None = BLOCK) -> None:
+        self.own_context = own_context
         self.model = known_model()
         short = hf_generate(self.model, prompts(2).tolist(), SHORT, temperature=0.0, threads=None)
         with banning([]):  # (handformer's bans no id)
@@ -789,10 +792,12 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
             _judge(res, ctx, comp, again, reference)
     elif not res.has("generate_not_appended", "generate_does_not_stop"):
         tried += _top_one(res, ctx, comp, driver, short, reference)
-        if knows_block_size(comp):
-            tried.append(_long(res, ctx, comp, driver, B, short.as_list))
-        else:
+        if not knows_block_size(comp):
             res.notes.append((NO_BLOCK_NOTE, READ_ONLY_NOTE)[crops_by_limit(comp.obj, *LIMITS) is False])
+        elif (not_due := _stand_in_context(comp, driver)) is not None:
+            res.notes.append(not_due)
+        else:
+            tried.append(_long(res, ctx, comp, driver, B, short.as_list))
     _steps_checked(res, comp, short)
     # each driven once more on soft logits
     for probe in (check_temperature, check_top_p, check_top_k, check_repetition_penalty):
@@ -1015,6 +1020,29 @@ def knows_block_size(comp: Component) -> bool:
     room for a draft), leaves the context's length to its caller: not charged."""
     crops = crops_by_limit(comp.obj, *LIMITS)
     return {None: "." in comp.name}.get(crops, crops)
+
+
+def _stand_in_context(comp: Component, driver: Any) -> Text | None:
+    """Why a loop the stand-in drives is not run past its block size, where the stand-in's block is not
+    the learner's model's (None where it is due): their model runs on any length (rotary positions, no
+    position table), so a loop that does not crop by a limit it reads needs no crop; or the loop names
+    no limit and their model could not be built to read one."""
+    return NOT_DUE.get((getattr(driver, "own_context", BLOCK), crops_by_limit(comp.obj, *LIMITS)))
+
+
+UNLIMITED_NOTE = text(
+    f"your model runs on any length (it ran on {BLOCK + 2} tokens where the stand-in stops at {BLOCK}: no "
+    "position table of that size), so the loop needs no crop: past the block size was not run",
+    f"你的模型可以处理任意长度（它在 {BLOCK + 2} 个 token 上照常运行，而替身到 {BLOCK} 为止："
+    "没有那么大的位置表），所以循环不需要裁剪：没有运行超过 block_size 的情形")
+UNKNOWN_CONTEXT_NOTE = text(
+    "the loop names no block size and your model could not be built to read its context, so past the "
+    "block size was not run (the stand-in's block size is not your model's)",
+    "循环没有提到 block_size，而检查程序构建不了你的模型来读出它的上下文长度，"
+    "所以没有运行超过 block_size 的情形（替身的 block_size 不是你模型的）")
+# (their model's context, whether the loop crops by a limit it reads) -> why it is not run past the block
+NOT_DUE = {(NO_LIMIT, None): UNLIMITED_NOTE, (NO_LIMIT, False): UNLIMITED_NOTE,
+           (None, None): UNKNOWN_CONTEXT_NOTE}
 
 
 LIMIT_NAMES = CONTEXT_NAMES + ("max_len", "n_ctx", "n_positions")

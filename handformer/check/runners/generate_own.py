@@ -31,6 +31,7 @@ from handformer.check.core.banned_ids import ban, banned_ids, banned_note, banni
 from handformer.check.core.carried import chains_read, methods_called, model_argument
 from handformer.check.core.context import (
     Context,
+    attributes_double_,
     finish,
     forward_names,
     forward_parameters,
@@ -41,10 +42,12 @@ from handformer.check.core.defaults import given, quietly
 from handformer.check.core.discovery import Component, own_objects
 from handformer.check.core.precision import DTYPE_MISMATCH
 from handformer.check.core.result import DIFFERS, NOT_CHECKED, PASS, ComponentResult, Text, text
+from handformer.check.core.weights import MappingError
 from handformer.check.runners import contrastive
 from handformer.check.runners.generate_loop import (
     BLOCK,
     CACHE_NAMES,
+    NO_LIMIT,
     POSITION_NAMES,
     SOFT,
     VOCAB,
@@ -63,7 +66,6 @@ from handformer.check.runners.generate_ragged import check_ragged
 from handformer.check.runners.generate_temperature import shifted
 
 PEAK = 1e6  # the learner's logits are not built with a margin: a wider scale keeps near ties certain
-NO_LIMIT = 10**9
 CACHED_LEN = 4 * BLOCK  # the max_len of a model that decodes with a cache
 
 
@@ -338,12 +340,20 @@ def _usable(ctx: Context, model_comp: Component) -> bool:
 def own_driver(ctx: Context, comp: Component) -> Iterator[OwnDriver | None]:
     """The driver of the learner's own model for `comp` (None: the stand-in drives it), with their
     module-level sizes set for it (Karpathy's n_embd, block_size) while it runs, then put back."""
-    from handformer.check.runners.gpt import gpt_sizes
-
     model_comp, methods = _model_component(ctx, comp), beyond_forward(ctx, comp)
     if model_comp is None or not (methods or _usable(ctx, model_comp)):  # (their model's step: theirs alone)
         yield None
         return
+    with _built(ctx, comp, model_comp, methods) as driver:
+        yield driver
+
+
+@contextlib.contextmanager
+def _built(ctx: Context, comp: Component, model_comp: Component, methods: tuple[str, ...],
+           ) -> Iterator[OwnDriver | None]:
+    """Their model built to drive `comp` (None where it cannot), their module-level sizes set meanwhile."""
+    from handformer.check.runners.gpt import gpt_sizes
+
     # a model that decodes with a KV cache or start_pos runs to its max_len, which is not a block its
     # loop must crop to, nor is the length of a table it computes (rotary angles, a causal mask): built
     # long enough for every check's tokens; a learned position table is a block to crop to
@@ -358,6 +368,17 @@ def own_driver(ctx: Context, comp: Component) -> Iterator[OwnDriver | None]:
             yield _build(ctx, model_comp, sizes, _engine_class(ctx, comp), methods)
         finally:
             torch.set_default_dtype(dtype)
+
+
+def model_context(ctx: Context, comp: Component) -> int | None:
+    """Where the stand-in drives the loop (their model failed its check): the context their model's code
+    enforces, read by building it and feeding it BLOCK + 2 tokens (BLOCK where it refuses them, NO_LIMIT
+    where it runs on them); None where the file has no model or it cannot be built or run."""
+    model_comp = _model_component(ctx, comp)
+    if model_comp is None:
+        return None
+    with _built(ctx, comp, model_comp, beyond_forward(ctx, comp)) as driver:
+        return driver and driver.limit
 
 
 def learned_positions(ctx: Context, model_comp: Component, sizes: dict[str, Any]) -> bool:
@@ -404,7 +425,7 @@ def _build(ctx: Context, model_comp: Component, sizes: dict[str, Any], holder: t
     feeding it BLOCK + 2 tokens."""
     partial = ctx.partial
     try:
-        module = ctx.build(model_comp, sizes)
+        module = _own_module(ctx, model_comp, sizes)
         if not _drivable(module):
             return None
         driver = OwnDriver(ctx, model_comp, module, BLOCK, holder, sizes["max_len"], methods)
@@ -425,6 +446,15 @@ def _build(ctx: Context, model_comp: Component, sizes: dict[str, Any], holder: t
     return driver
 
 
+def _own_module(ctx: Context, model_comp: Component, sizes: dict[str, Any]) -> nn.Module:
+    """Their model at check's weights; at its own initial ones (float64) where check has no weights to
+    give a part of it (a convolution over the sequence: Yuan's localized filtering)."""
+    try:
+        return ctx.build(model_comp, sizes)
+    except MappingError:
+        return attributes_double_(ctx.build(model_comp, sizes, checked=False).double()).eval()
+
+
 def check_generate(comp: Component, ctx: Context) -> ComponentResult:
     """The learner's loop driven through their own model when it was built and did not fail
     (generate_own.py), else through the stand-in."""
@@ -436,7 +466,7 @@ def check_generate(comp: Component, ctx: Context) -> ComponentResult:
         if found:  # contrastive search: neither greedy nor sampling (contrastive.py)
             contrastive.check_contrastive(res, ctx, comp, own.module, found, own.name)
             return finish(res)
-        driver = own or StandIn()
+        driver = own or StandIn(model_context(ctx, comp))
         _served(comp, own, methods := beyond_forward(ctx, comp))
         res.notes += [_methods_note(getattr(own, "name", ""), methods)] * bool(getattr(own, "methods", ()))
         res.driven = driver.driven()
