@@ -2,7 +2,8 @@
 must still be named. VeRA's step (frozen shared A and B, only the vectors d and b train) clips the
 trainable parameters it filters, or not at all: what it clips at is read from its code, never from a
 docstring that speaks of clip_grad_norm_, nor from the filter it hands the parameters through; a step
-that clips by value is compared with a step that clips by value. Yuan 2.0's model (localized filtering:
+that clips by value is compared with a step that clips by value; one that clips after a loss scaler's
+unscale_ passes. Yuan 2.0's model (localized filtering:
 causal convolutions before q and k; rotary positions, no position table) drives its own greedy loop
 although check has no weights to give its convolutions, and a model that runs on any length needs no
 crop, also where the stand-in drives the loop (the model failed its check). A GPT with a learned
@@ -33,6 +34,10 @@ CASES = {
                             None, None),
     "vera_by_value": (VERA, "lm_train_step", ((CLIP, "    torch.nn.utils.clip_grad_value_(trainable, 0.01)\n"),),
                       None, None),
+    "vera_scaler_unscaled": (VERA, "lm_train_step", (
+        (STEP_HEAD, "def train_step(model, optimizer, x, y, scaler, max_grad_norm=1.0):\n"),
+        ("    loss.backward()\n", "    scaler.scale(loss).backward()\n    scaler.unscale_(optimizer)\n"),
+        ("    optimizer.step()\n", "    scaler.step(optimizer)\n    scaler.update()\n")), None, None),
     "vera_no_zero_grad": (VERA, "lm_train_step", (("    optimizer.zero_grad(set_to_none=True)\n", ""),),
                           "train_step_no_zero_grad", "loss.backward()"),
     "vera_clip_dropped": (VERA, "lm_train_step", ((CLIP, ""),), "train_step_not_clipped", None),
