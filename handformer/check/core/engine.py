@@ -213,7 +213,8 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
     _probed_only(comp, result)  # found by what it does: only a named mistake fails it
     set_by_parent(comp.obj, result)  # it reads what a parent's setup method assigns: checked through it
     place_unlocated(comp.obj, result)  # a FAIL that quotes no line: the failed check at its definition
-    settle_own_step(ctx.path, comp.kind, result, ctx.unmapped.get(comp.name, []), _used(comp, ctx))  # its own
+    settle_own_step(ctx.path, comp.kind, result, ctx.unmapped.get(comp.name, []), _used(comp, ctx),
+                    lambda: inherited(comp, ctx))  # a step of its own: NOT CHECKED
     result.notes += ctx.neutral.get(comp.name, [])  # settings it was checked at the neutral values of
     if result.error is not None and result.findings:  # a finding's line and where it raised: two at most
         result.error.traceback = result.error.traceback[-1:]

@@ -21,6 +21,7 @@ import ast
 import linecache
 import operator
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,17 +67,22 @@ class Read:
 
 
 def settle_own_step(path: str, kind: str, result: ComponentResult, unmapped: list[Text],
-                    used: dict[str, ComponentResult]) -> None:
+                    used: dict[str, ComponentResult], inherited: Callable[[], list[Finding]]) -> None:
     """A FAIL with nothing named whose departing line the code says is a step of its own, or that parts
     with no simple form where a part it uses (`used`: the learner's components it calls) was not graded
-    for a step of its own: NOT CHECKED, the reason naming that step and its line; a failed
-    reference-free check keeps it a FAIL."""
+    for a step of its own: NOT CHECKED, the reason naming that step and its line. A failed
+    reference-free check keeps it a FAIL; so does a catalogued mistake of a part it uses, named instead
+    (`inherited`: the parts' findings)."""
     found = next(filter(lambda f: f.name in (DEPARTS, UNLOCATED), result.findings), Finding("", text("", "")))
     if (result.status, bool(result.named()), bool(free_failed(result)), found.line is None) != (
             FAIL, False, False, False):
         return
     said = own_step(path, kind, found, unmapped) or _part_own(found, used)
     if said is None:
+        return
+    named = list(filter(lambda f: f.name not in (DEPARTS, UNLOCATED), inherited()))
+    if named:  # a part's catalogued mistake: its evidence
+        result.findings = named
         return
     result.status, result.findings, result.max_abs_error = NOT_CHECKED, [], None
     result.checks = list(filter(operator.attrgetter("ok"), result.checks))
@@ -108,7 +114,7 @@ def own_step(path: str, kind: str, found: Finding, unmapped: list[Text]) -> Text
     """What the departing step computes that the reference has not, said, or None: read at the
     departing line, and at the line that called the helper it departs in."""
     lines = [found.line, *map(int, CALLED_FROM.findall(found.observed["en"]))]
-    held, said = " ".join(u["en"] for u in unmapped), found.observed["en"]
+    held, said = " ".join(map(operator.itemgetter("en"), unmapped)), found.observed["en"]
     reads = [Read(parsed_file(path), kind, n, held, _plain(found), FACTOR in said) for n in lines]
     said = next(filter(None, (rule(read) for read in reads for rule in RULES)), None)
     if said is None:
@@ -135,7 +141,7 @@ SIMPLE = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.Expr)  # a s
 
 def _self_reads(node: ast.AST) -> set[str]:
     """The attributes of `self` a statement reads (`self.alpha`, `self.s.view(...)`: alpha, s)."""
-    return {ast.unparse(n)[5:] for n in _nodes(node, ast.Attribute) if ast.unparse(n.value) == "self"}
+    return set(re.findall(r"\bself\.(\w+)", ast.unparse(node)))
 
 
 def _kept(cls: ast.AST) -> dict[str, ast.Assign]:
