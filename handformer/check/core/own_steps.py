@@ -18,6 +18,7 @@ missing term) with none of these stays a FAIL, as does a failed reference-free c
 from __future__ import annotations
 
 import ast
+import itertools
 import linecache
 import operator
 import re
@@ -47,6 +48,7 @@ LOSSES = frozenset({"loss", "lm_train_step", "lm_train_loop", "train_step", "tra
 SOFTMAX = re.compile(r"softmax|scaled_dot_product_attention")
 PRODUCTS = ("einsum", "matmul", "bmm")  # the calls that make a matrix product, beside `@`
 FACTOR = "times a constant factor"  # a difference that is a scale: the reference has that step
+UNREPRODUCED = "no known mistake (or pair of them) reproduces your"  # a FAIL's note, of a difference left
 OWN_STEP = "own_step"  # the kind of the NOT CHECKED reason this rule gives
 NUMBER = ("a number of its own", "它自己的一个数")
 LEARNED = ("a learned parameter no weight of the reference takes", "参考实现没有对应权重的可学习参数")
@@ -86,6 +88,7 @@ def settle_own_step(path: str, kind: str, result: ComponentResult, unmapped: lis
         return
     result.status, result.findings, result.max_abs_error = NOT_CHECKED, [], None
     result.checks = list(filter(operator.attrgetter("ok"), result.checks))
+    result.notes = [*itertools.filterfalse(lambda n: n["en"].startswith(UNREPRODUCED), result.notes)]
     result.error = LearnerError(
         OWN_STEP, f"{result.name} {said['en']}: check's reference has no such step, so its difference from "
         "the reference says nothing about whether it is right; not graded", "",
