@@ -1,7 +1,8 @@
 """A departure the code says is its own is NOT CHECKED, never FAIL (core/own_steps.py).
 
 Correct files of architectures and losses check's reference has no step for: DeepNet's residual scaled
-by a number its block keeps (`self.alpha = (2 * N) ** 0.25`), Scalable-Softmax's learned `self.s`, NEZHA's
+by a number its block keeps (`self.alpha = (2 * N) ** 0.25`), Scalable-Softmax's learned `self.s` (with n
+fixed, a constant factor while s is at its ones: a learned parameter counts whatever the form), NEZHA's
 relative-position table added inside the scores, attention weights with no softmax (stick-breaking,
 sigmoid attention), an unlikelihood term added to the cross-entropy. Each is NOT CHECKED, the reason
 naming the step and its line; a model of such blocks says so through the block. What stays a FAIL: a
@@ -25,6 +26,7 @@ FILES = {
     "deepnorm_no_scaling.py": ["causal_attention", "block"],
     "deepnorm_scale_kept.py": ["causal_attention"],
     "ssmax.py": ["causal_attention"],
+    "ssmax_fixed_n.py": ["causal_attention"],
     "nezha.py": ["mha"],
     "stick_breaking.py": ["block"],
     "sigmoid_attention.py": ["mha"],
@@ -45,6 +47,7 @@ def results():
 OWN = {
     "deepnorm.py": ("block", 66, "self.alpha, a number of its own (set at line 59"),
     "ssmax.py": ("causal_attention", 38, "self.s, a learned parameter"),
+    "ssmax_fixed_n.py": ("causal_attention", 37, "self.s, a learned parameter"),  # a constant factor at ones
     "nezha.py": ("mha", 47, "adds a term of its own: torch.einsum('bhid,ijd->bhij', q, rel)"),
     "stick_breaking.py": ("block", 35, "never go through a softmax (StickBreakingAttention)"),
     "sigmoid_attention.py": ("mha", 27, "never go through a softmax (MultiHeadAttention)"),

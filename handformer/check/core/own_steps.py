@@ -154,13 +154,14 @@ def _kept(cls: ast.AST) -> dict[str, ast.Assign]:
 
 
 def _reads_own(read: Read) -> Said | None:
-    """Where the difference is no constant factor (a scale the reference has, set wrong, is one), the
-    statement reads a learned parameter no reference weight took (named among `unmapped`), or a number
+    """The statement reads a learned parameter no reference weight took (named among `unmapped`), or,
+    where the difference is no constant factor (a scale the reference has, set wrong, is one), a number
     its class computes and keeps (DeepNorm's `self.alpha = (2 * config.n_layer) ** 0.25`)."""
     kept = _kept(_spanning(read.tree, read.line, ast.ClassDef))
     reads = sorted(_self_reads(_spanning(read.tree, read.line, SIMPLE)) & kept.keys())
-    own = [name for name in reads if _learned(kept[name], name, read.unmapped) or _numeric(kept[name])]
-    if not own * (not read.scaled):
+    own = [name for name in reads if _learned(kept[name], name, read.unmapped)
+           or _numeric(kept[name]) * (not read.scaled)]
+    if not own:
         return None
     name = own[0]
     learned = _learned(kept[name], name, read.unmapped)
