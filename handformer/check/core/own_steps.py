@@ -5,14 +5,18 @@ the line its failed check is placed at (unlocated.py) is read for what the code 
 A step the reference has no place for is no evidence of a mistake:
 
 - it reads a quantity of the learner's own: a learned parameter no reference weight took (SSMax's
-  `self.s`), or a number the class keeps (DeepNorm's `self.alpha = (2 * N) ** 0.25`) where the difference
-  is not a constant factor (a scale the reference has, set wrong, stays a FAIL);
+  `self.s`), whatever the form of the difference; or a number the class keeps (DeepNorm's
+  `self.alpha = (2 * N) ** 0.25`) where the difference has a simple form other than a constant factor
+  (a term scaled; a scale the reference has, kept as a number and set wrong, stays a FAIL);
 - its attention weights never go through a softmax (stick-breaking, sigmoid attention);
-- it adds a term built by a function of the file from sizes alone (NEZHA's relative-position table);
-- a loss or training step adds a term of its own to the cross-entropy (unlikelihood training).
+- in attention, it adds a matrix product with a table a function of the file builds (NEZHA's relative
+  positions); in a loss or training step, a term a function of the file computes (unlikelihood);
+- it parts with no simple form where a part it uses was not graded for a step of its own (a model of
+  DeepNorm blocks), said through that part.
 
 A departure of a simple form on a step the reference has (a factor, sign, transpose, shift, axis, a
-missing term) with none of these stays a FAIL, as does a failed reference-free check (causality).
+missing term) with none of these stays a FAIL, as does a failed reference-free check (causality), and
+a catalogued mistake of a part it uses is named instead.
 """
 
 from __future__ import annotations
@@ -117,8 +121,8 @@ def own_step(path: str, kind: str, found: Finding, unmapped: list[Text]) -> Text
     """What the departing step computes that the reference has not, said, or None: read at the
     departing line, and at the line that called the helper it departs in."""
     lines = [found.line, *map(int, CALLED_FROM.findall(found.observed["en"]))]
-    held, said = " ".join(map(operator.itemgetter("en"), unmapped)), found.observed["en"]
-    reads = [Read(parsed_file(path), kind, n, held, _plain(found), FACTOR in said) for n in lines]
+    held, observed = " ".join(map(operator.itemgetter("en"), unmapped)), found.observed["en"]
+    reads = [Read(parsed_file(path), kind, n, held, _plain(found), FACTOR in observed) for n in lines]
     said = next(filter(None, (rule(read) for read in reads for rule in RULES)), None)
     if said is None:
         return None
@@ -155,12 +159,14 @@ def _kept(cls: ast.AST) -> dict[str, ast.Assign]:
 
 def _reads_own(read: Read) -> Said | None:
     """The statement reads a learned parameter no reference weight took (named among `unmapped`), or,
-    where the difference is no constant factor (a scale the reference has, set wrong, is one), a number
-    its class computes and keeps (DeepNorm's `self.alpha = (2 * config.n_layer) ** 0.25`)."""
+    where the difference has a simple form that is no constant factor (a term scaled: DeepNorm's
+    `self.alpha = (2 * config.n_layer) ** 0.25` on the residual), a number its class computes and keeps.
+    A scale the reference has, kept and set wrong, is a constant factor; a difference with no simple form
+    is not the number's (Marian's `self.scale = math.sqrt(d_model)` on a line adding a wrong table)."""
     kept = _kept(_spanning(read.tree, read.line, ast.ClassDef))
     reads = sorted(_self_reads(_spanning(read.tree, read.line, SIMPLE)) & kept.keys())
     own = [name for name in reads if _learned(kept[name], name, read.unmapped)
-           or _numeric(kept[name]) * (not read.scaled)]
+           or _numeric(kept[name]) * (not read.scaled) * (not read.plain)]
     if not own:
         return None
     name = own[0]
