@@ -176,15 +176,17 @@ def _reads_own(read: Read) -> Said | None:
             f"读取了 self.{name}，{what[1]}（第 {line} 行：{at}）", read.line)
 
 
-NUMERIC = re.compile(r"\*\*|\d\.\d|math\.")  # a power, a float literal, a root or a log
+NUMERIC = re.compile(r"\*\*|math\.")  # a power, a root or a log
 ARITHMETIC = re.compile(r"math\.\w+|float|int")  # the only calls a number's expression makes
 
 
 def _numeric(assigned: ast.Assign) -> bool:
-    """A float the class computes from sizes or a config (a power, a root, a log, a float literal),
-    calling nothing but math's functions: DeepNorm's `self.alpha = (2 * config.n_layer) ** 0.25`."""
-    code = ast.unparse(assigned.value)
-    return bool(NUMERIC.search(code)) * all(map(ARITHMETIC.fullmatch, re.findall(r"([\w.]+)\(", code)))
+    """A float the class computes from sizes or a config (a power, a root, a log), calling nothing but
+    math's functions: DeepNorm's `self.alpha = (2 * config.n_layer) ** 0.25`. A literal kept as it is
+    (`self.confidence = 1.0`, label smoothing's written wrong) is a value the reference has, set wrong."""
+    code, read = ast.unparse(assigned.value), _names(assigned.value) - {"math", "float", "int"}
+    calls = re.findall(r"([\w.]+)\(", code)
+    return bool(NUMERIC.search(code)) & bool(read) & all(map(ARITHMETIC.fullmatch, calls))
 
 
 def _learned(assigned: ast.Assign, name: str, unmapped: str) -> bool:
