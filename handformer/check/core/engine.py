@@ -45,6 +45,7 @@ from handformer.check.core.localize import commented_out
 from handformer.check.core.neutral_settings import at_neutral
 from handformer.check.core.own_calls import forward_defaults_, not_charged, taken_notes
 from handformer.check.core.own_demo import demo_runs
+from handformer.check.core.own_steps import settle_own_step
 from handformer.check.core.own_width import other_width
 from handformer.check.core.parent_inputs import parent_not_charged, parent_note
 from handformer.check.core.passed_in import passed_in
@@ -212,6 +213,8 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
     _probed_only(comp, result)  # found by what it does: only a named mistake fails it
     set_by_parent(comp.obj, result)  # it reads what a parent's setup method assigns: checked through it
     place_unlocated(comp.obj, result)  # a FAIL that quotes no line: the failed check at its definition
+    settle_own_step(ctx.path, comp.kind, result, ctx.unmapped.get(comp.name, []), _used(comp, ctx),
+                    lambda: inherited(comp, ctx))  # a step of its own: NOT CHECKED
     result.notes += ctx.neutral.get(comp.name, [])  # settings it was checked at the neutral values of
     if result.error is not None and result.findings:  # a finding's line and where it raised: two at most
         result.error.traceback = result.error.traceback[-1:]
@@ -671,6 +674,14 @@ def _called_by(ctx: Context) -> Callable[[str], set[str]]:
     def called(name: str) -> set[str]:
         return {o for o in own if o != name and re.search(rf"\b{re.escape(o)}\s*\(", sources.get(name, ""))}
     return called
+
+
+def _used(comp: Component, ctx: Context) -> dict[str, ComponentResult]:
+    """The results of the learner's components this one uses (its source calls them, directly or
+    through their other functions), checked before it."""
+    called = _called_by(ctx)
+    reached = reachable(called(comp.name.split(".")[0]), called)
+    return {name: ctx.results[name] for name in sorted(reached & ctx.results.keys())}
 
 
 def inherited(comp: Component, ctx: Context) -> list[Finding]:

@@ -613,6 +613,11 @@ def _scaled(t: Tensor, r: Tensor, what: str, sizes: dict[str, float]) -> Text | 
     return None
 
 
+# the difference of a departure that has no simple form (own_steps.py reads it off a finding)
+NO_FORM = text("no simple form (not a factor, sign, transpose, shift, axis or term)",
+               "没有简单的形式（不是常数因子、符号、转置、错位、轴或多余的项）")
+
+
 @dataclass
 class Departure:
     line: int
@@ -638,8 +643,7 @@ class Departure:
             how = "set" if name.startswith("self.") else "read"
             at += f" (its `{name}` was {how} at line {line}: {code})"
             at_zh += f"（其中的 `{name}` 来自第 {line} 行：{code}）"
-        form = self.form or text("no simple form (not a factor, sign, transpose, shift, axis or term)",
-                                 "没有简单的形式（不是常数因子、符号、转置、错位、轴或多余的项）")
+        form = self.form or NO_FORM
         return text(f"the first step that parts from the reference is `{self.name}` at {at}; the difference: "
                     f"{form['en']}", f"第一个与参考不同的中间结果是{at_zh}；差别：{form['zh']}")
 

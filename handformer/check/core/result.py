@@ -61,7 +61,7 @@ class LearnerError:
     """An exception (or a limit) in the learner's code, its traceback trimmed to their file."""
 
     kind: str  # exception | not_implemented | syntax | timeout | memory | nothing_found | discovery | mapping
-    # | crash | internal | stand_in | cannot_build | cannot_call
+    # | crash | internal | stand_in | cannot_build | cannot_call | own_step (a step the reference has not)
     message: str
     where: str = ""  # "import", "__init__", "forward", ...
     traceback: list[str] = field(default_factory=list)  # "line N: code" of the learner's frames
