@@ -506,10 +506,14 @@ def _explains_each_difference(outcomes: dict[str, tuple[Steered, Tensor, list[in
     where it is not handformer's (and in one at least): a search that also stops otherwise (when K
     hypotheses have finished) answers right where its rule and handformer's agree."""
     for alpha, conv, combo in itertools.product(alphas, CONVENTIONS, _combos(1)):
-        # each scenario's answer: 1 handformer's, 2 the mistake's, 3 both, 0 neither
-        answers = {_same(got, reference(model, memory, 2, steps, alpha, conv))
-                   + 2 * _same(got, reference(model, memory, 2, steps, alpha, conv, combo))
-                   for model, memory, got in outcomes.values()}
+        # each scenario's answer: 1 handformer's, 2 the mistake's, 3 both, 0 neither (the scenarios
+        # after a 0 are not searched: one answer of neither rules the mistake out)
+        answers = set()
+        for model, memory, got in outcomes.values():
+            answers.add(_same(got, reference(model, memory, 2, steps, alpha, conv))
+                        + 2 * _same(got, reference(model, memory, 2, steps, alpha, conv, combo)))
+            if 0 in answers:
+                break
         if answers - {1, 3} == {2}:  # the mistake's answer in some, handformer's or the mistake's in all
             return conv, alpha, combo
     return None

@@ -52,6 +52,10 @@ class OwnSteered(Steered):
         # call of its own (a GRU's decode reads its last position itself): read at the last one
         self.states = [m for m in mods if m not in self.outs] * (call is not None)
         self.layer = layer  # its first decoder layer (first_decoder_layer), found once by the maker
+        # whether the output layer was handed rows alone ((N, D), not (N, L, D)) in the last call, and in
+        # a call of the reference's: those rows are read by the states recorded, so the reference's calls
+        # record them from then on
+        self.rows_alone = self.reference_reads_rows = False
         self.known: list[tuple[Tensor, Table]] = []  # (a sentence's memory (S, D), its table)
         for ids, tab in (by_source or {}).items():
             self.known += [(self._batch_first(m)[0], tab) for m in self._recorded(torch.tensor([ids]))]
@@ -79,9 +83,12 @@ class OwnSteered(Steered):
             self.call(src, torch.tensor([[BOS]]))
         return seen
 
-    def steering(self) -> AbstractContextManager[None]:
+    def steering(self, states: bool = True) -> AbstractContextManager[None]:
+        """The hooks that steer the model; `states`: those that record the decoder's output states too
+        (a hook on every module: about half the cost of a call of a tiny model), read only where the
+        output layer is handed rows alone (`_steer_out`)."""
         handles = [e.register_forward_pre_hook(self._record) for e in self.embeds]
-        handles += [m.register_forward_hook(self._states) for m in self.states]
+        handles += [m.register_forward_hook(self._states) for m in self.states * states]
         handles += [o.register_forward_hook(self._steer_out) for o in self.outs]
         if self.known:  # read through the first decoder layer (none known without one: `_recorded`)
             handles.append(self.layer.register_forward_pre_hook(self._rows, with_kwargs=True))
@@ -126,6 +133,7 @@ class OwnSteered(Steered):
         assert self.ys is not None, "the target embedding was not called before the output layer"
         flipped = self._batch_first(out) if out.dim() == 3 else out  # (N, L, V) or (N, V)
         V, rows = out.size(-1), min(flipped.size(0), self.ys.size(0))
+        self.rows_alone |= out.dim() != 3
         if out.dim() == 3:  # (N, L, V): every position
             bias = self.every_position(rows, flipped.size(1), V)
             bias = self._batch_first(bias.expand_as(flipped))  # back in the layout it returned
@@ -139,8 +147,13 @@ class OwnSteered(Steered):
     def batch_logprobs(self, memory: Tensor, prefixes: list[tuple[int, ...]]) -> list[list[float]]:
         if self.call is None:  # a model with no forward of its own: its logits are the table's alone
             return self.steered(prefixes, TGT_V)
-        with self.steering():
-            out = self.call(memory.repeat(len(prefixes), 1), started(prefixes))  # (N, L, V)
+        for states in (self.reference_reads_rows, True):  # no state hooks first, till rows come alone
+            self.rows_alone = False
+            with self.steering(states):
+                out = self.call(memory.repeat(len(prefixes), 1), started(prefixes))  # (N, L, V)
+            self.reference_reads_rows |= self.rows_alone
+            if states or not self.rows_alone:  # the states were recorded, or never read
+                break
         return F.log_softmax(out[:, -1].double(), dim=-1).tolist()
 
 
