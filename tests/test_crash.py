@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import bare_packages
 
 import handformer.io as hf_io
 from handformer.cli import main
@@ -235,12 +236,7 @@ def test_a_second_train_on_a_busy_run_directory_names_the_first(tmp_path, capsys
 
 def test_the_lock_holds_across_processes_and_dies_with_its_holder(tmp_path):
     run_dir = tmp_path / "run"
-    # the holder imports run_lock from this checkout's files without the package root, whose models
-    # import torch (5 s of a loaded 2-core machine; the lock module needs none of it)
-    package = Path(hf_io.__file__).resolve().parent
-    code = (f"import sys, time, types\npackage = types.ModuleType('handformer')\n"
-            f"package.__path__ = [{str(package)!r}]\nsys.modules['handformer'] = package\n"
-            f"from handformer.training.run_lock import run_lock\n"
+    code = (bare_packages("handformer") + "import time\nfrom handformer.training.run_lock import run_lock\n"
             f"with run_lock({str(run_dir)!r}):\n    print('locked', flush=True)\n    time.sleep(60)\n")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     try:
