@@ -117,6 +117,20 @@ def kill_9_after_first_checkpoint(train_args, out_dir) -> None:
     assert returncode == -signal.SIGKILL
 
 
+def bare_packages(*packages: str) -> str:
+    """Python source for a child process: PACKAGES (dotted names, "handformer" first) registered as
+    bare packages of this checkout's folders, so that the child imports one module of them without
+    running their __init__ files (the package root's models import torch: seconds of a child's
+    start on a loaded 2-core machine, for a module that needs none of it)."""
+    root = Path(__file__).resolve().parent.parent
+    lines = ["import sys, types"]
+    for name in packages:
+        folder = root.joinpath(*name.split("."))
+        lines.append(f"sys.modules[{name!r}] = types.ModuleType({name!r}); "
+                     f"sys.modules[{name!r}].__path__ = [{str(folder)!r}]")
+    return "\n".join(lines) + "\n"
+
+
 def scaled_seq2seq(seed: int, *, vocab: int, scale: float, n_decoder_layers: int, max_positions: int,
                    dropout: float = 0.0, norm_placement: str = "post"):
     """A random 1-encoder-layer, 16-wide encoder-decoder (eval mode) with its matrices scaled by

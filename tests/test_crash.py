@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import bare_packages
 
 import handformer.io as hf_io
 from handformer.cli import main
@@ -235,7 +236,7 @@ def test_a_second_train_on_a_busy_run_directory_names_the_first(tmp_path, capsys
 
 def test_the_lock_holds_across_processes_and_dies_with_its_holder(tmp_path):
     run_dir = tmp_path / "run"
-    code = (f"from handformer.training.run_lock import run_lock\nimport time\n"
+    code = (bare_packages("handformer") + "import time\nfrom handformer.training.run_lock import run_lock\n"
             f"with run_lock({str(run_dir)!r}):\n    print('locked', flush=True)\n    time.sleep(60)\n")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     try:
