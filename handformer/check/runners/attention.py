@@ -115,6 +115,7 @@ from handformer.check.core.source import (
     code_text,
     first_line,
     locate,
+    reads_local,
     source_lines,
     source_text,
     strided_loop,
@@ -198,7 +199,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
                         or i > 0 and optional_extra(p)),
                        len(params))  # layer_idx=0, layer_past=None, CS336's token_positions=None: kept
     inputs = params[:first_other]  # the tensors before the mask or rotary table (minimind: x only)
-    masks = [p for p in params if is_mask_param(p.name, fn)]
+    masks = _masks_taken(fn, params)
     named = {p.name for p in params} & extra
     n = min(len(inputs), 3)
     layout: dict[str, bool] = {}  # "batched": Hugging Face's (cos, sin) of (B, T, Dh), once known
@@ -221,6 +222,13 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
         return _pairing_kept(_laid_out(fn, args, kwargs, layout, state), layout, state)
 
     return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named, state, required)
+
+
+def _masks_taken(fn: Any, params: list[inspect.Parameter]) -> list[inspect.Parameter]:
+    """Its mask parameters; one it may be handed and never reads is none it takes (a `pad_mask=None`
+    left unused)."""
+    return [p for p in params
+            if is_mask_param(p.name, fn) and (p.default is p.empty or reads_local(fn, p.name))]
 
 
 def _pairing_kept(out: Any, layout: dict[str, Any], state: dict[str, Any]) -> Any:
