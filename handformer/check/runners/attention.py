@@ -1054,7 +1054,7 @@ def softcap_note(cap: float) -> Text:
 def _whole_head_rotary(res: ComponentResult, ctx: Context, comp: Component) -> None:
     """A finding where the attention turns the whole head while its file's config declares a share
     below one that no line reads (GPT-NeoX's rotary_pct ignored)."""
-    unread = fraction_unread(source_text(ctx.module))
+    unread = fraction_unread(code_text(ctx.module))  # a share a comment names is no config
     if unread:
         number, code = first_line([r"self\.\w*rot\w*\s*=", r"rotary|rope"], source_lines([comp.obj]))
         res.findings.append(Finding(DEPARTS, text(
