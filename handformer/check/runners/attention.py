@@ -114,6 +114,7 @@ from handformer.check.core.score_scale import configured_scales, scale_note
 from handformer.check.core.source import (
     code_text,
     first_line,
+    functions_called,
     locate,
     reads_local,
     source_lines,
@@ -836,14 +837,18 @@ def positions_inside(comp: Component, c: Caller, slots: list[Slot], module: nn.M
 
 def softcaps(module: nn.Module, named: str = "") -> tuple[float, ...]:
     """The soft caps its scores may take (Gemma 2's c * tanh(scores / c)): where its forward calls
-    tanh, each number of 1 or more that it reads by name from itself or a config it holds
+    tanh (or a function of its file that it calls does), each number of 1 or more that it reads by name
+    from itself or a config it holds
     (`self.cfg.attn_logit_softcapping`); with `named`, those whose name holds it ("cap")."""
-    words = set(re.findall(r"\w+", source_text(type(module).forward)))
+    forward = type(module).forward
+    words = set(re.findall(r"\w+", source_text(forward)))
+    # its tanh written in a helper of its file it calls (Gemma's `soft_cap(scores, self.softcap)`) too
+    tanh = "tanh" in "".join(map(source_text, [forward, *functions_called(forward)]))
     held = dict(vars(module))
     for value in vars(module).values():  # a config dataclass, namespace or dict: its fields too
         held.update(getattr(value, "__dict__", value if isinstance(value, dict) else {}))
     return tuple(sorted({float(v) for name, v in held.items()
-                         if "tanh" in words and name in words and named in name.lower()
+                         if tanh and name in words and named in name.lower()
                          and is_number(v) and v >= 1}))
 
 
