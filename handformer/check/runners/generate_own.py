@@ -417,22 +417,12 @@ def _build(ctx: Context, model_comp: Component, sizes: dict[str, Any], holder: t
         return None
     finally:
         ctx.partial = partial
-    driver.limit = NO_LIMIT if _runs(driver, BLOCK + 2) else BLOCK
-    # a model built longer than BLOCK only for the tables it computes (rotary angles, no cache, no method
-    # of its own the loop calls) that raises past that length: a crop its loop makes there (to its own
-    # max_seq_len) is never reached by check's tokens, so the stand-in, which has a block, drives the loop
-    bounded = driver.limit == NO_LIMIT and sizes["max_len"] > BLOCK and not methods and not _cache_parameters(
-        type(module).forward) and not _runs(driver, sizes["max_len"] + 2)
-    return None if bounded else driver
-
-
-def _runs(driver: OwnDriver, n: int) -> bool:
-    """Whether their model runs on n tokens."""
     try:
-        driver.call(torch.zeros(1, n, dtype=torch.long))
+        driver.call(torch.zeros(1, BLOCK + 2, dtype=torch.long))
+        driver.limit = NO_LIMIT
     except fp.LearnerFailure:
-        return False
-    return True
+        pass
+    return driver
 
 
 def check_generate(comp: Component, ctx: Context) -> ComponentResult:
