@@ -33,3 +33,13 @@ def test_a_tokenizer_built_with_nothing_passes_on_what_any_tokenizer_must_do(rig
 def test_the_eos_flag_that_appends_another_id_fails_at_its_line(eos_wrong):
     (tok,) = eos_wrong.components
     assert tok.status == "fail" and [f.line for f in tok.findings] == [17], format_report(eos_wrong)
+
+
+@pytest.mark.parametrize("name, status", [("char_vocab.py", "pass"), ("char_vocab_decode_short.py", "fail")])
+def test_an_encode_function_over_a_character_vocabulary_is_graded_on_its_own_characters(name, status):
+    """A free encode(s) that reads a vocabulary of single characters (no merges) is no BPE: it is handed
+    texts spelled from its own characters (check's texts hold characters it has no id for) and must
+    give them back through the file's decode."""
+    report = check_file(str(HERE / name), only=["bpe_tokenizer"])
+    (tok,) = report.components
+    assert tok.status == status and "character vocabulary" in tok.notes[0]["en"], format_report(report)

@@ -1,6 +1,7 @@
 """A log-probability helper that returns several tensors is read by the element of a form the
 sequence_logps kind knows (fixtures/learners_logps_tuple): SimPO's (mean [N], per-token [N, T-1],
-mask [N, T-1]) by its mean, a dict of per-token log-probabilities and their mask by their masked sum;
+mask [N, T-1]) by its mean, a dict of per-token log-probabilities and their mask by their masked sum; one
+whose first argument is the model it calls is handed a stand-in model that returns check's logits;
 a plant in either fails at its line, and a helper that returns no such form (the logits and labels
 lined up) is NOT CHECKED with the shapes it returned, never an internal error."""
 
@@ -20,6 +21,8 @@ EXPECTED = {  # file -> (status, the line a finding quotes, or None)
     "dict_tokens.py": ("pass", None),
     "dict_tokens_p_logits_shifted.py": ("fail", 10),
     "aligned_only.py": ("not_checked", None),
+    "model_first.py": ("pass", None),  # get_logps(model, input_ids, loss_mask): handed a stand-in model
+    "model_first_p_own_token.py": ("fail", 9),
 }
 
 

@@ -584,6 +584,9 @@ def _is_memory(err: BaseException) -> bool:
         "not enough memory" in str(err))
 
 
+GLOBAL_LOADS = ("LOAD_GLOBAL", "LOAD_NAME")
+
+
 def global_reads(obj: Any) -> set[str]:
     """The global names a function, or any method of a class, reads (from their code objects; under
     a decorator, `@torch.no_grad()`, the code it wraps)."""
@@ -592,11 +595,23 @@ def global_reads(obj: Any) -> set[str]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _code_reads(code: types.CodeType) -> frozenset[str]:
-    """The global names one code object and the code nested in it (its lambdas, comprehensions,
-    inner functions) read; remembered: every check asks again of the same functions."""
-    names = {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
-    return frozenset(names).union(*(_code_reads(c) for c in code.co_consts if isinstance(c, types.CodeType)))
+def _code_reads(code: types.CodeType, loads: tuple[str, ...] = GLOBAL_LOADS) -> frozenset[str]:
+    """The global names (or the names of other `loads`) one code object and the code nested in it (its
+    lambdas, comprehensions, inner functions) read; remembered: every check asks again of the same
+    functions."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname in loads}
+    return frozenset(names).union(*(_code_reads(c, loads) for c in code.co_consts
+                                    if isinstance(c, types.CodeType)))
+
+
+def reads_local(fn: Any, name: str) -> bool:
+    """Whether a function's code (a module's forward's), or code nested in it, reads its argument `name`;
+    True where there is no code to read."""
+    code = getattr(inspect.unwrap(getattr(fn, "forward", fn)), "__code__", None)
+    return name in _code_reads(code, LOCAL_LOADS) if code else True
+
+
+LOCAL_LOADS = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF", "LOAD_CLOSURE")  # a local, a closure's cell
 
 
 Node = TypeVar("Node")

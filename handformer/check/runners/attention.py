@@ -114,7 +114,9 @@ from handformer.check.core.score_scale import configured_scales, scale_note
 from handformer.check.core.source import (
     code_text,
     first_line,
+    functions_called,
     locate,
+    reads_local,
     source_lines,
     source_text,
     strided_loop,
@@ -198,7 +200,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
                         or i > 0 and optional_extra(p)),
                        len(params))  # layer_idx=0, layer_past=None, CS336's token_positions=None: kept
     inputs = params[:first_other]  # the tensors before the mask or rotary table (minimind: x only)
-    masks = [p for p in params if is_mask_param(p.name, fn)]
+    masks = _masks_taken(fn, params)
     named = {p.name for p in params} & extra
     n = min(len(inputs), 3)
     layout: dict[str, bool] = {}  # "batched": Hugging Face's (cos, sin) of (B, T, Dh), once known
@@ -221,6 +223,13 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
         return _pairing_kept(_laid_out(fn, args, kwargs, layout, state), layout, state)
 
     return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named, state, required)
+
+
+def _masks_taken(fn: Any, params: list[inspect.Parameter]) -> list[inspect.Parameter]:
+    """Its mask parameters; one it may be handed and never reads is none it takes (a `pad_mask=None`
+    left unused)."""
+    return [p for p in params
+            if is_mask_param(p.name, fn) and (p.default is p.empty or reads_local(fn, p.name))]
 
 
 def _pairing_kept(out: Any, layout: dict[str, Any], state: dict[str, Any]) -> Any:
@@ -828,14 +837,18 @@ def positions_inside(comp: Component, c: Caller, slots: list[Slot], module: nn.M
 
 def softcaps(module: nn.Module, named: str = "") -> tuple[float, ...]:
     """The soft caps its scores may take (Gemma 2's c * tanh(scores / c)): where its forward calls
-    tanh, each number of 1 or more that it reads by name from itself or a config it holds
+    tanh (or a function of its file that it calls does), each number of 1 or more that it reads by name
+    from itself or a config it holds
     (`self.cfg.attn_logit_softcapping`); with `named`, those whose name holds it ("cap")."""
-    words = set(re.findall(r"\w+", source_text(type(module).forward)))
+    forward = type(module).forward
+    words = set(re.findall(r"\w+", source_text(forward)))
+    # its tanh written in a helper of its file it calls (Gemma's `soft_cap(scores, self.softcap)`) too
+    tanh = "tanh" in "".join(map(source_text, [forward, *functions_called(forward)]))
     held = dict(vars(module))
     for value in vars(module).values():  # a config dataclass, namespace or dict: its fields too
         held.update(getattr(value, "__dict__", value if isinstance(value, dict) else {}))
     return tuple(sorted({float(v) for name, v in held.items()
-                         if "tanh" in words and name in words and named in name.lower()
+                         if tanh and name in words and named in name.lower()
                          and is_number(v) and v >= 1}))
 
 
@@ -1046,7 +1059,7 @@ def softcap_note(cap: float) -> Text:
 def _whole_head_rotary(res: ComponentResult, ctx: Context, comp: Component) -> None:
     """A finding where the attention turns the whole head while its file's config declares a share
     below one that no line reads (GPT-NeoX's rotary_pct ignored)."""
-    unread = fraction_unread(source_text(ctx.module))
+    unread = fraction_unread(code_text(ctx.module))  # a share a comment names is no config
     if unread:
         number, code = first_line([r"self\.\w*rot\w*\s*=", r"rotary|rope"], source_lines([comp.obj]))
         res.findings.append(Finding(DEPARTS, text(

@@ -33,7 +33,6 @@ from handformer.check.runners.bpe_alphabet import encoder_in, own_alphabet, own_
 # a codec argument's role by the words in its name, tried in order
 ROLE_WORDS = ((("special",), "special"), (("rank",), "ranks"), (("merge",), "merges"),
               (("encoder",), "encoder"), (("vocab", "id_to_token", "itos", "tokens"), "vocab"))
-DECODE_NAMES = ("decode", "bpe_decode", "decode_bpe", "detokenize", "decode_ids")
 CODEC_LIMIT = 10.0  # seconds for all of encode and decode on the six texts
 OVERLAP = SPECIAL + SPECIAL  # a special token that holds another
 TEXTS = {
@@ -116,15 +115,7 @@ class Codec:
                     )
             self.encode_fn, self.decode_fn = obj.encode, obj.decode
         else:
-            own = own_objects(ctx.module)
-            decode = next((own[n] for n in DECODE_NAMES if n in own and own[n] is not comp.obj), None)
-            if decode is None:
-                raise DiscoveryError(
-                    f"found {comp.name} but no decode function ({', '.join(DECODE_NAMES)}); "
-                    "write decode(ids, vocab) -> str",
-                    zh=f"找到了 {comp.name}，但没有解码函数（{', '.join(DECODE_NAMES)}）；请写 decode(ids, "
-                       "vocab) -> str"
-                )
+            decode = fixed_tokenizer.decoder_beside(comp, own_objects(ctx.module))
             self._kwargs(comp.obj, first="")  # what encode is handed, known before it runs
             self.encode_fn = lambda s: comp.obj(**self._kwargs(comp.obj, first=s))
             self.decode_fn = lambda ids: decode(**self._kwargs(decode, first=ids))

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import inspect
 import re
+import types
 from typing import Any
 
 from handformer.check.core.context import Context, finish
-from handformer.check.core.discovery import Component, DiscoveryError, init_parameters
+from handformer.check.core.discovery import Component, DiscoveryError, init_parameters, own_objects
 from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, text
-from handformer.check.core.source import first_line, source_lines
+from handformer.check.core.source import first_line, global_reads, source_lines
 
 # encode's flags for the special tokens, by name -> the token; the attributes that hold each one's id
 FLAG_OF = {**dict.fromkeys(("bos", "add_bos", "add_bos_token", "prepend_bos"), "bos"),
@@ -22,13 +23,16 @@ ID_NAMES = {"bos": ("bos_id", "bos_token_id", "bos_idx"), "eos": ("eos_id", "eos
 # what a tokenizer with a reference is handed, and the methods of one that trains
 BUILT_WITH = {"vocab", "merges", "ranks", "encoder", "special_tokens", "vocab_file", "merges_file",
               "model_path", "model_file", "path", "train", "fit", "learn"}
+# the decoder beside an encode function, by name
+DECODE_NAMES = ("decode", "bpe_decode", "decode_bpe", "detokenize", "decode_ids")
 TEXTS = ("hello world", "[INST] What is 2+2? [/INST]", "a  b\n\tc!")
 
 
 def fixed(comp: Component) -> bool:
-    """A class built with no argument and no method that trains."""
+    """A class built with no argument and no method that trains; a function of the text alone that reads
+    a character vocabulary of its own (`encode(s)`: `[stoi[c] for c in s]`)."""
     if not inspect.isclass(comp.obj):
-        return False
+        return char_vocabulary(comp.obj) is not None
     params = init_parameters(comp.obj)
     names = {p.name for p in params} | set(dir(comp.obj))
     required = [p for p in params if p.default is p.empty]
@@ -47,37 +51,87 @@ def _flags(encode: Any) -> dict[str, str]:
     return {FLAG_OF[p.name.lower()]: p.name for p in params if p.name.lower() in FLAG_OF}
 
 
+def char_vocabulary(fn: Any) -> dict[str, int] | None:
+    """The character vocabulary a function of the text alone reads from its file (a dict of single
+    characters to distinct int ids: `stoi`); None where it takes more, or reads no such dict."""
+    params = init_parameters(fn) if inspect.isfunction(fn) else []
+    handed = [p.default is p.empty or p.name in BUILT_WITH for p in params]
+    alone = sum(handed) == 1 == handed[:1].count(True)  # the text is the one thing it must be handed
+    tables = [fn.__globals__.get(name) for name in sorted(global_reads(fn))] if alone else []
+    return next(filter(_characters_to_ids, tables), None)
+
+
+def _characters_to_ids(table: Any) -> bool:
+    """A dict of single characters to distinct int ids."""
+    return isinstance(table, dict) and {(type(k), len(str(k)), type(i)) for k, i in table.items()} == {
+        (str, 1, int)} and len(set(table.values())) == len(table)
+
+
+def _spelled(vocab: dict[str, int]) -> tuple[str, ...]:
+    """Three texts spelled from a character vocabulary: its first characters, its last ones backwards,
+    and characters repeated (so a text is not its vocabulary in order)."""
+    chars = sorted(vocab, key=vocab.__getitem__)
+    return "".join(chars[:12]), "".join(chars[::-1][:12]), "".join(c * 2 for c in chars[1::3][:6])
+
+
+def _built(comp: Component, ctx: Context, res: ComponentResult) -> tuple[Any, tuple[str, ...]]:
+    """The tokenizer (its encode and decode) and the texts it must give back: check's own for a class
+    built with nothing; texts of its own characters for a function that reads a character vocabulary."""
+    vocab = char_vocabulary(comp.obj)
+    if vocab is None:
+        res.notes.append(NOTE)
+        return ctx.learner.call("__init__", comp.obj), TEXTS
+    decode = decoder_beside(comp, own_objects(ctx.module))
+    res.notes.append(text(f"it reads a character vocabulary of {len(vocab)} characters and no merges: not a "
+                          "BPE; checked by giving back texts spelled from its own characters",
+                          f"它读的是 {len(vocab)} 个字符的字符词表，没有合并规则：不是 BPE；"
+                          "用它自己的字符拼成的文本检查能否原样还原"))
+    return types.SimpleNamespace(encode=comp.obj, decode=decode), _spelled(vocab)
+
+
+def decoder_beside(comp: Component, own: dict[str, Any]) -> Any:
+    """The decode function beside an encode function in the learner's file (by DECODE_NAMES)."""
+    decode = next((own[n] for n in DECODE_NAMES if own.get(n) not in (None, comp.obj)), None)
+    if decode is None:
+        raise DiscoveryError(
+            f"found {comp.name} but no decode function ({', '.join(DECODE_NAMES)}); "
+            "write decode(ids, vocab) -> str",
+            zh=f"找到了 {comp.name}，但没有解码函数（{', '.join(DECODE_NAMES)}）；请写 decode(ids, "
+               "vocab) -> str")
+    return decode
+
+
 def check_fixed_tokenizer(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
-    res.notes.append(NOTE)
-    tok = ctx.learner.call("__init__", comp.obj)
+    tok, texts = _built(comp, ctx, res)
     flags = _flags(tok.encode)
     plain = dict.fromkeys(flags.values(), False)
     back = {s: ctx.learner.call("decode", tok.decode, ctx.learner.call("encode", tok.encode, s, **plain))
-            for s in TEXTS}
-    wrong = [s for s in TEXTS if back[s] != s]
-    if len(wrong) == len(TEXTS):  # a vocabulary that cannot spell these texts (an unknown id)
+            for s in texts}
+    wrong = [s for s in texts if back[s] != s]
+    if wrong == list(TEXTS):  # a vocabulary that cannot spell any of check's texts
         raise DiscoveryError("its ids do not give any of check's texts back (a vocabulary of its own that "
                              "lacks their characters?): there is nothing to compare them with",
                              zh="它的 id 解码后得不到检查程序的任何一段文本（它自己的词表里缺这些字符？）："
                                 "没有可比较的")
     came = (wrong[:1], list(map(back.get, wrong[:1])))
-    res.checks.append(Check(text(f"decode(encode(text)) gives each of {len(TEXTS)} texts back",
-                                 f"decode(encode(text)) 把 {len(TEXTS)} 段文本原样还原"), not wrong,
+    res.checks.append(Check(text(f"decode(encode(text)) gives each of {len(texts)} texts back",
+                                 f"decode(encode(text)) 把 {len(texts)} 段文本原样还原"), not wrong,
                             text("{!r} came back as {!r}".format(*came), "{!r} 还原成了 {!r}".format(*came))))
-    ids = list(ctx.learner.call("encode", tok.encode, TEXTS[0], **plain))
+    ids = list(ctx.learner.call("encode", tok.encode, texts[0], **plain))
     for key, name in flags.items():
-        _flag_checked(res, ctx, tok, key, name, plain, ids)
+        _flag_checked(res, ctx, tok, key, name, plain, (texts[0], ids))
     return finish(res)
 
 
 def _flag_checked(res: ComponentResult, ctx: Context, tok: Any, key: str, name: str, plain: dict[str, bool],
-                  ids: list[int]) -> None:
+                  given: tuple[str, list[int]]) -> None:
     """encode(text, <flag>=True) is the text's ids with the token's own id put first (BOS) or last (EOS)."""
     special = next(filter(lambda v: isinstance(v, int), (getattr(tok, a, None) for a in ID_NAMES[key])), None)
     if special is None:
         return
-    got = list(ctx.learner.call("encode", tok.encode, TEXTS[0], **{**plain, name: True}))
+    first, ids = given  # a text and its ids with no flag set
+    got = list(ctx.learner.call("encode", tok.encode, first, **{**plain, name: True}))
     want = WANT[key](special, ids)
     said = (f"{name}=True puts its {key.upper()} id {special} {WHERE[key][0]} the text's ids",
             f"{name}=True 把它的 {key.upper()} id {special} {WHERE[key][1]}")

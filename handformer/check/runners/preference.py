@@ -15,6 +15,7 @@ Shape legend: B rows (pairs), T positions, V vocabulary.
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any
 
 import torch
@@ -65,6 +66,20 @@ def _given(fn: Any, labels: Tensor) -> tuple[Tensor, ...]:
     return filled, keep.long()
 
 
+MODEL_FIRST = re.compile(r"(?i)model|policy|^(net|lm|m)$")  # a first argument that is the model itself
+
+
+def _handed(res: ComponentResult, fn: Any) -> Any:
+    """What the function is handed first for the logits: the logits, or, where its first argument is a
+    model (`sequence_logps(model, ids, mask)`, which calls it on the ids), a stand-in model that returns
+    them, noted."""
+    model = bool(MODEL_FIRST.search(next(iter(forward_names(fn)), "")))
+    res.notes += [text("its first argument is a model: handed a stand-in model whose logits are check's "
+                       "(your model is checked on its own)", "它的第一个参数是模型：传入一个替身模型，"
+                       "它的 logits 由检查程序给出（你的模型单独检查）")] * model
+    return (lambda lg: lambda *args, **kwargs: lg) if model else (lambda lg: lg)
+
+
 def logps_views(logits: Tensor, labels: Tensor, mask: Tensor | None = None) -> list[View]:
     """The reference's steps: the shifted labels and logits, the mask, the log-softmax, the picked
     log-probabilities, masked, summed (the mask given beside the labels where one is)."""
@@ -81,8 +96,8 @@ def logps_views(logits: Tensor, labels: Tensor, mask: Tensor | None = None) -> l
 def check_sequence_logps(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     logits, labels = _logits_and_labels()
-    given = _given(comp.obj, labels)
-    call = lambda lg: ctx.learner.call("forward", comp.obj, lg, *(t.clone() for t in given))  # noqa: E731
+    given, handed = _given(comp.obj, labels), _handed(res, comp.obj)
+    call = lambda lg: ctx.learner.call("forward", comp.obj, handed(lg), *(t.clone() for t in given))  # noqa: E731
     out = call(logits.clone())
     total = token_logprobs(logits[:, :-1], labels[:, 1:]).double().sum(-1)  # (B,)
     counts = (labels[:, 1:] != IGNORE).sum(-1)
