@@ -1,7 +1,7 @@
 """A preallocated KV cache written and read by one helper (fixtures/learners_preallocated_cache/):
 `update` writes the call's keys into its buffers and returns the buffers read up to the call's end.
-Correct, the loop passes; the new keys written from slot 0 (`self.k[layer, :, :, :T] = k`) FAIL as
-kv_cache_write_offset at the writing line, not at the `return` that reads the buffer back."""
+Correct, the loop passes; the new keys written from slot 0 (`self.k[layer, :, :, :T] = k`) FAIL at the
+writing line, not at the `return` that reads the buffer back."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ def test_the_correct_preallocated_cache_passes():
     assert status == "pass", report
 
 
-def test_a_write_from_slot_zero_is_named_at_the_writing_line():
+def test_a_write_from_slot_zero_is_quoted_at_the_writing_line():
     status, findings, report = _generate("write_offset.py")
     assert status == "fail", report
-    assert findings[0][:2] == ("kv_cache_write_offset", 38), report
+    assert findings[0][1:] == (38, "self.k[layer, :, :, :T], self.v[layer, :, :, :T] = k, v"), report
     assert "what line 39 returns" in report

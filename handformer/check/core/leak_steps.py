@@ -20,20 +20,16 @@ from handformer.check.core.localize import Step, statement, trace_steps
 
 
 def leaking_step(run: Callable[[Any], Any], inputs: tuple[Any, Any], T: int, at: int, filename: str,
-                 masks: tuple[str, ...]) -> Step | None:
+                 masks: str) -> Step | None:
     """The first step of `filename`'s code that `run(inputs[i])` makes whose values before `at` (on each
     axis of length T) differ between the two runs; None where none does, where the runs part ways, or
-    where a line applying a mask (`masks`: patterns) lets a query before `at` see key `at` earlier (the
+    where a line applying a mask (`masks`: a pattern) lets a query before `at` see key `at` earlier (the
     mask is then the place, as its own rule says)."""
-    a, b = (trace_steps(lambda given=given: run(given), filename, every=True) for given in inputs)
-    for i, (x, y) in enumerate(zip(a, b)):
-        if (x.line, x.name) != (y.line, y.name):  # the runs took other branches: nothing to pair
-            return None
-        masked = any(re.search(m, statement(filename, x.line)) for m in masks)
-        if masked and _moved_before(x.value, y.value, T, at, keys=True):
-            return None
-        if not x.given and _moved_before(x.value, y.value, T, at):
-            return _grown_operand(a[:i], x, T, filename) or x
+    a, b = map(lambda given: trace_steps(lambda: run(given), filename, every=True), inputs)
+    for i, (x, y) in enumerate(zip(a, b)):  # the runs' steps pair up while they take the same branches
+        masked = bool(re.search(masks, statement(filename, x.line)))
+        if _moved_before(x.value, y.value, T, at, keys=masked):
+            return {False: _grown_operand(a[:i], x, T, filename)}.get(masked)
     return None
 
 
@@ -41,12 +37,11 @@ def _grown_operand(before: list[Step], step: Step, T: int, filename: str) -> Ste
     """The operand of the leaking line made on an earlier line with its positions moved: a tensor of the
     step's rank with its positions grown (`_padded`: `F.pad(scores, ...)` padded on the wrong side,
     read whole by a convolution that is right as written); None where there is none, or where the line
-    slices it (`y[..., -T:]`: the slice is the mistake)."""
+    slices it (`y[..., -T:]`: the slice is the mistake), the step itself."""
     code = statement(filename, step.line)
     whole = set(re.findall(r"\w+", code)) - set(re.findall(r"(\w+)\s*\[", code))  # a slice of it: the slice
-    grown = [s for s in before if s.name in whole and not s.given and s.value.dim() == step.value.dim()
-             and _padded(s.value, T)]
-    return grown[-1] if grown else None
+    return next((s for s in reversed(before) if s.name in whole and not s.given
+                 and s.value.dim() == step.value.dim() and _padded(s.value, T)), step)
 
 
 def _moved_before(x: Tensor, y: Tensor, T: int, at: int, keys: bool = False) -> bool:
@@ -54,10 +49,10 @@ def _moved_before(x: Tensor, y: Tensor, T: int, at: int, keys: bool = False) -> 
     `keys`, of the first such axis alone: a query's row, every key in it)."""
     if x.shape != y.shape or T not in x.shape or not x.is_floating_point() or _padded(x, T):
         return False
-    first = x.shape.index(T)
-    index = tuple(slice(0, at) if n == T and (d == first or not keys) else slice(None)
-                  for d, n in enumerate(x.shape))  # (..., at, ..., at, ...)
-    return not torch.allclose(x[index], y[index], rtol=1e-4, atol=1e-5, equal_nan=True)
+    first = x.shape.index(T)  # a query's axis, where it has one of keys after it
+    index = tuple(slice(0, {True: at}.get(n == T)) for n in x.shape)  # (..., :at, ..., :at, ...)
+    x, y = {True: (x.narrow(first, 0, at), y.narrow(first, 0, at))}.get(keys, (x[index], y[index]))
+    return not torch.allclose(x, y, rtol=1e-4, atol=1e-5, equal_nan=True)
 
 
 PADDING = 8  # the most positions a padding adds (a kernel's width - 1)
@@ -66,4 +61,4 @@ PADDING = 8  # the most positions a padding adds (a kernel's width - 1)
 def _padded(x: Tensor, T: int) -> bool:
     """Whether an axis of x is the positions grown by a padding (T < n <= T + PADDING): its positions
     are moved, and an axis of length T beside it is no position (d_model equal to T)."""
-    return any(T < n <= T + PADDING for n in x.shape)
+    return bool(set(x.shape) & set(range(T + 1, T + PADDING + 1)))

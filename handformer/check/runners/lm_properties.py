@@ -47,6 +47,7 @@ NOT_CAUSAL = r"\bprefix_?(lm|len|length|mask)\b|bidirectional|\bis_causal\s*=\s*
 # where a module builds or applies its mask, in the order tried
 MASK_LINES = (r"\b(tril|triu)\s*\(", r"mask\w*\s*=[^=]", r"masked_fill|\bis_causal\b|\bwhere\s*\(.*mask",
               r"mask")
+MASKED = "|".join(MASK_LINES)
 # its own code calls the model with its inputs as its targets: model(x, x), lm(ids, labels=ids)
 SAME_AS_TARGETS = re.compile(r"\b\w*model\w*\s*\(\s*(\w+)\s*,\s*(?:\w+\s*=\s*)?\1\s*[,)]"
                              r"|\(\s*(\w+)\s*,\s*(?:targets?|labels)\s*=\s*\2\s*[,)]")
@@ -118,7 +119,7 @@ def _inner_leak(owner: nn.Module, given: tuple[list[Any], list[Any]], T: int) ->
     """The first line of the owner's own code whose tensor moves before AT (`leaking_step`), where no line
     applying its mask lets the future in: the leak is quoted there, not at the mask, which is right (a
     softmax over the queries' axis, a convolution over positions padded on the right)."""
-    return quietly(lambda: leaking_step(lambda args: owner(*args), given, T, AT, _file(owner), MASK_LINES))
+    return quietly(lambda: leaking_step(lambda args: owner(*args), given, T, AT, _file(owner), MASKED))
 
 
 def _file(owner: nn.Module) -> str:

@@ -67,8 +67,7 @@ def _call_departure(reference: dict[Any, Step], traced: list[Step], T: int, a: i
         want = _aligned(whole, step.value, T, a, b)
         if not torch.allclose(step.value, want, atol=1e-6, equal_nan=True):
             form = _restarted(step, want, a, [s for _, s in steps[i + 1:]], filename) or _read_from_zero(
-                step, _aligned(whole, step.value, T, 0, b - a), a, filename) or _written_at_zero(
-                step, want, a, b, filename) or text(
+                step, _aligned(whole, step.value, T, 0, b - a), a, filename) or text(
                 f"on the cached call over positions {a}..{b - 1}; the whole sequence's value there differs",
                 f"出现在用缓存的调用里（位置 {a}..{b - 1}）；整句计算时那里的值不同")
             return _from_cache(steps[:i], reference, step, filename, form)
@@ -98,22 +97,6 @@ def _read_from_zero(step: Step, first: Tensor, a: int, filename: str) -> Any:
     return text(f"the rotary table is read from position 0 on the cached call; it is read from {a} there, "
                 f"after the {a} cached tokens", f"用缓存的调用里旋转表从位置 0 开始读；应从 {a} 开始读，"
                 f"接在缓存的 {a} 个 token 之后") | {"mistake": "rope_no_offset"}
-
-
-def _written_at_zero(step: Step, want: Tensor, a: int, b: int, filename: str) -> Any:
-    """kv_cache_write_offset where a buffer a helper writes and returns (`_returned_write`) holds, on a
-    cached call over a..b-1, the whole sequence's rows a..b-1 at rows 0..b-a-1: the new keys written
-    from slot 0 (`self.k[:, :, :T] = k`), not from a. None when the step is not so."""
-    axes = [d for d, n in enumerate(step.value.shape) if n == b and want.shape == step.value.shape]
-    moved = any(torch.allclose(step.value.narrow(d, 0, b - a), want.narrow(d, a, b - a), atol=1e-6)
-                for d in axes)
-    if not moved or _returned_write(filename, step) is None:
-        return None
-    said = text(f"the new positions {a}..{b - 1} are written into the cache from slot 0; they belong at "
-                f"slots {a}..{b - 1}, after the {a} cached tokens",
-                f"新位置 {a}..{b - 1} 从缓存的位置 0 起写入；应写在位置 {a}..{b - 1}，"
-                f"接在缓存的 {a} 个 token 之后")
-    return said | {"mistake": "kv_cache_write_offset"}
 
 
 class _Calls:
@@ -205,12 +188,13 @@ def _from_cache(before: list[tuple[tuple[int, str, int], Step]], reference: dict
                 filename: str, form: Any) -> Departure:
     """The departure at `step`, or, when a value its line reads came from a line that only the cached
     path runs (`k, v = cache.update(...)`), at the line of that helper which writes what it returned
-    there (`self.v[layer][...] = k`), called from that line."""
+    there (`self.v[layer][...] = k`), called from that line; or, when the step is a buffer its helper
+    returns, at the helper's line that writes it."""
     write = _returned_write(filename, step)
     if write is not None:
         said = text(f"; what line {step.line} returns ({statement(filename, step.line)}) is read from what "
                     f"this line writes", f"；第 {step.line} 行返回的值读自这一行写入的内容")
-        form = form | {lang: form[lang] + said[lang] for lang in ("en", "zh")}
+        form = form | text(form["en"] + said["en"], form["zh"] + said["zh"])
         return Departure(write, step.name, statement(filename, write), form)
     used = set(re.findall(r"\w+", statement(filename, step.line))) | {step.name}  # what its line reads
     origin = next((s for key, s in reversed(before) if s.name in used and key not in reference), None)
@@ -236,32 +220,23 @@ def _written_line(filename: str, origin: Step | None) -> int | None:
         return None
 
 
-RETURNED = re.compile(r"return(?:\[(\d+)\])?")  # a value a function returns: `return`, `return[1]`
+RETURNED = re.compile(r"return\[?(\d*)\]?")  # a value a function returns: `return`, `return[1]`
 
 
 def _returned_write(filename: str, step: Step) -> int | None:
-    """For a value a helper returns out of a buffer (`return self.k[layer, :, :, :end], ...`), the line
-    of the same function before it that writes into that buffer (`self.k[layer, :, :, start:end] = k`):
-    the read gives back what the write put there (a cache written at the wrong offset). None where the
-    step is not so."""
-    index = RETURNED.fullmatch(step.name)
-    functions = [f for f in ast.walk(parsed_file(filename)) if isinstance(f, ast.FunctionDef)
-                 and f.lineno <= step.line <= f.end_lineno]
-    try:  # the innermost function holding the line; its return statement at that line
-        function = max(functions, key=lambda f: f.lineno)
-        value = next(n.value for n in ast.walk(function)
-                     if isinstance(n, ast.Return) and n.lineno == step.line)
-        read = (value.elts if isinstance(value, ast.Tuple) else [value])[int(index[1] or 0)]
-    except (TypeError, ValueError, StopIteration, IndexError):  # not a returned value, or not of the file
+    """For a value a helper returns out of a buffer (`return self.k[layer, :, :, :end], ...`), the
+    nearest line before it that writes into that buffer (`self.k[layer, :, :, start:end] = k`): the read
+    gives back what the write put there (a cache written at the wrong offset). None where the step is
+    not so."""
+    nodes = list(ast.walk(parsed_file(filename)))
+    returned = {n.lineno: n.value for n in nodes if isinstance(n, ast.Return)}.get(step.line)
+    try:  # the step's value among those its line returns
+        read = [*getattr(returned, "elts", [returned])][int("0" + RETURNED.fullmatch(step.name)[1])]
+    except (TypeError, IndexError):  # not a returned value, or not of the file
         return None
-    writes = [n.lineno for n in ast.walk(function) if isinstance(n, ast.Assign) and n.lineno < step.line
-              and _base(read) in {_base(t) for t in _targets(n) if isinstance(t, ast.Subscript)}]
-    return min(writes) if isinstance(read, ast.Subscript) and writes else None
-
-
-def _targets(node: ast.Assign) -> list[ast.AST]:
-    """The assigned places of `a[...], b[...] = k, v` one by one."""
-    return [e for t in node.targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+    written = f"{_base(read)}["  # a write into the buffer (`a[...], b[...] = k, v` too), not a new binding
+    return max([n.lineno for n in nodes if isinstance(n, ast.Assign) and n.lineno < step.line
+                and written in ast.unparse(n.targets[0])], default=None)
 
 
 def _base(node: ast.AST) -> str:

@@ -10,7 +10,7 @@ Shape legend: B batch, T length, V vocabulary.
 
 from __future__ import annotations
 
-import ast
+import operator
 import re
 from typing import Any
 
@@ -82,33 +82,18 @@ def _driven(ctx: Context, comp: Component, model: Any, x: Tensor, y: Tensor, rig
     return got[0]
 
 
-LOSSES = ("cross_entropy", "nll_loss")
-BINDS = re.compile(r"\s*(\w+)\s*=(?!=)")  # a line binding one name
-
-
-def _loss_targets(lines: list[tuple[int, str]]) -> set[str]:
-    """The names handed to a cross-entropy as its targets, one line a call (`F.cross_entropy(logits.view(-1,
-    V), targets.view(-1))`: targets): where inputs and targets are sliced alike, the targets' slice is the
-    one to move on."""
-    names: set[str] = set()
-    for _, code in lines:
-        try:
-            calls = [n for n in ast.walk(ast.parse(code.strip())) if isinstance(n, ast.Call)]
-        except SyntaxError:  # a part of a statement
-            continue
-        handed = [c.args[1] for c in calls if len(c.args) > 1 and ast.unparse(c.func).endswith(LOSSES)]
-        names |= {n.id for arg in handed for n in ast.walk(arg) if isinstance(n, ast.Name)}
-    return names
+# a cross-entropy's targets: the name its second argument starts with (its first one nested at most twice:
+# `F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))` hands `targets`)
+LOSS_TARGET = re.compile(r"\b(?:cross_entropy|nll_loss)\s*\((?:[^,()]|\((?:[^()]|\([^()]*\))*\))*,\s*(\w+)")
 
 
 def unshifted_finding(comp: Component) -> Finding:
     """train_step_no_shift, on the line that slices the labels off the tokens (the slice bound to a name
     the loss takes as its targets first; else the first slice, else the model's call)."""
     lines = source_lines([comp.obj])
-    targets = _loss_targets(lines)
-    bound = [(n, c) for n, c in lines if (name := BINDS.match(c)) and name[1] in targets]
-    number, code = first_line(SHIFT_LINES, bound)  # the slice the loss is handed as its targets
-    number, code = (number, code) if number is not None else first_line(SHIFT_LINES, lines)
+    targets = "|".join(set(LOSS_TARGET.findall("\n".join(map(operator.itemgetter(1), lines)))))
+    bound = rf"^\s*(?:{targets})\s*=(?!=).*(?:{SHIFT_LINES[0]})"  # the targets' own slice, tried first
+    number, code = first_line((bound, *SHIFT_LINES), lines)
     if number is None:
         number, code = locate("train_step_no_shift", lines)
     return Finding("train_step_no_shift", text(
