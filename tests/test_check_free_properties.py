@@ -21,6 +21,7 @@ from handformer.check.core.report import format_report
 pytestmark = pytest.mark.usefixtures("one_thread")
 FIXTURES = Path(__file__).parent / "fixtures" / "learners_free_properties"
 CONV, SCAN = FIXTURES / "conv_lm.py", FIXTURES / "recurrent_lm.py"
+SCORE = FIXTURES / "score_conv_lm.py"  # its scores convolved over (query, key), padded above
 GATED = Path(__file__).parent / "fixtures" / "learners_learned_terms" / "gated_block.py"  # a learned gate
 # (planted file: source, edit, the mistake's name or None, the line it quotes, the model)
 PLANTS = {
@@ -33,7 +34,13 @@ PLANTS = {
     "conv_off_by_one": (CONV, ("torch.ones(T, T, dtype=torch.bool))", "torch.ones(T, T, dtype=torch.bool), 1)"),
                         "causal_off_by_one", "mask = torch.tril(", "ConvLM"),
     "scan_state_of_all": (SCAN, ("h = torch.zeros_like(u[:, 0])", "h = u.mean(dim=1)"), None,
-                          "return self.out(", "ScanLM"),
+                          "h = u.mean(dim=1)", "ScanLM"),
+    # a leak where no mask lets it in is quoted at the line whose tensor first moves: a softmax over the
+    # queries; a convolution's input padded below (later queries), the padding not the convolution
+    "score_softmax_over_queries": (SCORE, ("scores.softmax(dim=-1)", "scores.softmax(dim=-2)"), None,
+                                   "y = scores.softmax(dim=-2) @ v", "ScoreConvLM"),
+    "score_padded_below": (SCORE, ("self.kq - 1, 0))", "0, self.kq - 1))"), None, "padded = F.pad(scores",
+                           "ScoreConvLM"),
     # a model check compares, whose learned gate makes its departure no evidence: the leak still says where
     "gated_not_causal": (GATED, ("is_causal=True", "is_causal=False"), None, "is_causal=False)", "GatedLM"),
 }
@@ -43,7 +50,7 @@ PLANTS = {
 def results(tmp_path_factory):
     folder = tmp_path_factory.mktemp("free_properties")
     paths = {name: planted_copy(folder, name, source, edit) for name, (source, edit, *_) in PLANTS.items()}
-    paths |= {"conv": str(CONV), "scan": str(SCAN)}
+    paths |= {"conv": str(CONV), "scan": str(SCAN), "score": str(SCORE)}
     return {name: check_file(path, only=["gpt"]) for name, path in paths.items()}
 
 
@@ -67,3 +74,9 @@ def test_a_broken_property_fails_at_its_line(results, name):
 def test_a_leak_names_the_module_it_starts_in(results):
     said = " ".join(f.observed["en"] for f in component(results["conv_reads_ahead"], "ConvLM").findings)
     assert "blocks.0.mix (CausalConv)" in said, said
+
+
+def test_a_correct_score_convolution_keeps_causality(results):
+    c = component(results["score"], "ScoreConvLM")
+    assert c.status == "not_checked", format_report(results["score"])
+    assert [ch.ok for ch in c.checks if ch.name["en"].startswith("causality")] == [True]

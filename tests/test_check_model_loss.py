@@ -44,3 +44,16 @@ def test_labels_not_shifted_are_named_at_their_line():
     (finding,) = loss.findings
     assert loss.status == "fail" and finding.name == "train_step_no_shift", loss.findings
     assert finding.code == "inputs, labels = tokens[:, :-1], tokens[:, :-1]"
+
+
+def test_targets_cut_like_the_inputs_are_named_at_the_targets_line():
+    # the inputs' slice inside the model's call is right; the line binding what the loss takes as its
+    # targets is the one to move on
+    def compute(name: str) -> Component:
+        (loss,) = [c for c in check_file(str(HERE / name), only=["loss"]).components if c.name == "lm_loss"]
+        return loss
+
+    assert compute("sliced_in_call_correct.py").status == "pass"
+    loss = compute("sliced_in_call_not_shifted.py")
+    assert loss.status == "fail" and [(f.name, f.code) for f in loss.findings] == [
+        ("train_step_no_shift", "targets = tokens[:, :-1]")], loss.findings

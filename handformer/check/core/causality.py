@@ -22,7 +22,10 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
+from handformer.check.core.defaults import quietly
 from handformer.check.core.discovery import Component
+from handformer.check.core.leak_steps import leaking_step
+from handformer.check.core.localize import Step, statement
 from handformer.check.core.result import DEPARTS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import first_line, functions_called, locate, methods_called, source_lines
 from handformer.check.core.unmapped import FREE_FORM
@@ -31,6 +34,7 @@ AT = 5  # the token changed; positions 0..AT - 1 must not move
 # where a module builds or applies its mask, in the order tried
 MASK_LINES = (r"\b(tril|triu)\s*\(", r"mask\w*\s*=[^=]", r"masked_fill|\bis_causal\b|\bwhere\s*\(.*mask",
               r"mask")
+MASKED = "|".join(MASK_LINES)
 SAID = text(f"changing token {AT} leaves logits 0..{AT - 1} unchanged",
             f"改变位置 {AT} 的 token，不影响位置 0..{AT - 1} 的 logits")
 
@@ -82,14 +86,29 @@ def leak_finding(module: nn.Module, logits: Callable[[Tensor], Any], idx: Tensor
     the line of its code that builds or applies its mask (`_leak_line`); named causal_mask_missing where
     an attention leaks at every earlier position and its code has no mask, causal_off_by_one where only
     the one before moves, else the departure there."""
-    name, sub, rows = first_leak(module, logits, idx, bumped)
-    number, code, named = _leak_line(*_owner(module, name, sub), rows)
+    name, sub, rows, given, T = first_leak(module, logits, idx, bumped)
+    owner, attr = _owner(module, name, sub)
+    number, code, named = _leak_line(owner, attr, rows)
+    inner = None if attr or named == "causal_mask_missing" else _inner_leak(owner, given, T)
+    number, code, named = (inner.line, statement(_file(owner), inner.line), None) if inner else (
+        number, code, named)
     where = f" first in {name} ({type(sub).__name__})" * bool(name)
     where_zh = f"最先出现在 {name}（{type(sub).__name__}）" * bool(name)
     return Finding(named or DEPARTS, text(
         f"changing token {AT} moves the logits before it: the future leaks{where}, at {rows} of the "
         f"{AT} earlier positions", f"改变位置 {AT} 的 token，它之前的 logits 也变了：未来的信息泄漏了，"
         f"{where_zh}，{AT} 个更早的位置中有 {rows} 个受影响"), number, code, FREE_FORM)
+
+
+def _inner_leak(owner: nn.Module, given: tuple[list[Any], list[Any]], T: int) -> Step | None:
+    """The first line of the owner's own code whose tensor moves before AT (`leaking_step`), where no line
+    applying its mask lets the future in: the leak is quoted there, not at the mask, which is right (a
+    softmax over the queries' axis, a convolution over positions padded on the right)."""
+    return quietly(lambda: leaking_step(lambda args: owner(*args), given, T, AT, _file(owner), MASKED))
+
+
+def _file(owner: nn.Module) -> str:
+    return type(owner).forward.__code__.co_filename
 
 
 def _owner(module: nn.Module, name: str, sub: nn.Module | None) -> tuple[nn.Module, str]:
@@ -117,25 +136,27 @@ def _leak_line(owner: nn.Module, attr: str, rows: int) -> tuple[int | None, str 
     return number, code, named
 
 
-def first_leak(module: nn.Module, logits: Callable[[Tensor], Any], idx: Tensor, bumped: Tensor,
-               ) -> tuple[str, nn.Module | None, int]:
-    """(name, module, how many positions before AT move) of the first module, in the order their forwards
-    return, whose output (B, T, ...) moves before AT though its inputs do not: the one whose own code
-    lets a position see a later one; ("", None, AT) where none does. Run one token short of idx first: a
+Leak = tuple[str, nn.Module | None, int, tuple[list[Any], list[Any]], int]
+
+
+def first_leak(module: nn.Module, logits: Callable[[Tensor], Any], idx: Tensor, bumped: Tensor) -> Leak:
+    """(name, module, how many positions before AT move, its inputs in both runs, the length run) of the
+    first module, in the order their forwards return, whose output (B, T, ...) moves before AT though its
+    inputs do not: the one whose own code lets a position see a later one; ("", None, AT, ([], []), T)
+    where none does. Run one token short of idx first: a
     length that is no width of the model, so that a tensor laid out (B, C, T) (a convolution's) is read
     along T even where C equals the whole context."""
     found = _first_leak(module, logits, idx[:, :-1], bumped[:, :-1])
     return found if found[1] is not None else _first_leak(module, logits, idx, bumped)
 
 
-def _first_leak(module: nn.Module, logits: Callable[[Tensor], Any], idx: Tensor, bumped: Tensor,
-                ) -> tuple[str, nn.Module | None, int]:
+def _first_leak(module: nn.Module, logits: Callable[[Tensor], Any], idx: Tensor, bumped: Tensor) -> Leak:
     runs = [_outputs(module, logits, x) for x in (idx, bumped)]
     moved = functools.partial(moved_rows, shape=idx.shape)
     for (name, sub, ins, a), (_, _, ins_b, b) in zip(*runs):
         if moved(a, b) > 0 >= max(map(moved, ins, ins_b), default=0):
-            return name, sub, moved(a, b)
-    return "", None, AT
+            return name, sub, moved(a, b), (ins, ins_b), idx.size(1)
+    return "", None, AT, ([], []), idx.size(1)
 
 
 def moved_rows(a: Any, b: Any, shape: torch.Size) -> int:

@@ -188,7 +188,14 @@ def _from_cache(before: list[tuple[tuple[int, str, int], Step]], reference: dict
                 filename: str, form: Any) -> Departure:
     """The departure at `step`, or, when a value its line reads came from a line that only the cached
     path runs (`k, v = cache.update(...)`), at the line of that helper which writes what it returned
-    there (`self.v[layer][...] = k`), called from that line."""
+    there (`self.v[layer][...] = k`), called from that line; or, when the step is a buffer its helper
+    returns, at the helper's line that writes it."""
+    write = _returned_write(filename, step)
+    if write is not None:
+        said = text(f"; what line {step.line} returns ({statement(filename, step.line)}) is read from what "
+                    f"this line writes", f"；第 {step.line} 行返回的值读自这一行写入的内容")
+        form = form | text(form["en"] + said["en"], form["zh"] + said["zh"])
+        return Departure(write, step.name, statement(filename, write), form)
     used = set(re.findall(r"\w+", statement(filename, step.line))) | {step.name}  # what its line reads
     origin = next((s for key, s in reversed(before) if s.name in used and key not in reference), None)
     written = _written_line(filename, origin)
@@ -211,6 +218,25 @@ def _written_line(filename: str, origin: Step | None) -> int | None:
         return next(n.lineno for n in method.body if _base(getattr(n, "targets", [n])[0]) == buffer)
     except (AttributeError, IndexError, ValueError, StopIteration):  # not a helper that returns its buffers
         return None
+
+
+RETURNED = re.compile(r"return\[?(\d*)\]?")  # a value a function returns: `return`, `return[1]`
+
+
+def _returned_write(filename: str, step: Step) -> int | None:
+    """For a value a helper returns out of a buffer (`return self.k[layer, :, :, :end], ...`), the
+    nearest line before it that writes into that buffer (`self.k[layer, :, :, start:end] = k`): the read
+    gives back what the write put there (a cache written at the wrong offset). None where the step is
+    not so."""
+    nodes = list(ast.walk(parsed_file(filename)))
+    returned = {n.lineno: n.value for n in nodes if isinstance(n, ast.Return)}.get(step.line)
+    try:  # the step's value among those its line returns
+        read = [*getattr(returned, "elts", [returned])][int("0" + RETURNED.fullmatch(step.name)[1])]
+    except (TypeError, IndexError):  # not a returned value, or not of the file
+        return None
+    written = f"{_base(read)}["  # a write into the buffer (`a[...], b[...] = k, v` too), not a new binding
+    return max([n.lineno for n in nodes if isinstance(n, ast.Assign) and n.lineno < step.line
+                and written in ast.unparse(n.targets[0])], default=None)
 
 
 def _base(node: ast.AST) -> str:

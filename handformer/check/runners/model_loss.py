@@ -10,6 +10,8 @@ Shape legend: B batch, T length, V vocabulary.
 
 from __future__ import annotations
 
+import operator
+import re
 from typing import Any
 
 import torch
@@ -80,10 +82,18 @@ def _driven(ctx: Context, comp: Component, model: Any, x: Tensor, y: Tensor, rig
     return got[0]
 
 
+# a cross-entropy's targets: the name its second argument starts with (its first one nested at most twice:
+# `F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))` hands `targets`)
+LOSS_TARGET = re.compile(r"\b(?:cross_entropy|nll_loss)\s*\((?:[^,()]|\((?:[^()]|\([^()]*\))*\))*,\s*(\w+)")
+
+
 def unshifted_finding(comp: Component) -> Finding:
-    """train_step_no_shift, on the line that slices the labels off the tokens (else the model's call)."""
+    """train_step_no_shift, on the line that slices the labels off the tokens (the slice bound to a name
+    the loss takes as its targets first; else the first slice, else the model's call)."""
     lines = source_lines([comp.obj])
-    number, code = first_line(SHIFT_LINES, lines)
+    targets = "|".join(set(LOSS_TARGET.findall("\n".join(map(operator.itemgetter(1), lines)))))
+    bound = rf"^\s*(?:{targets})\s*=(?!=).*(?:{SHIFT_LINES[0]})"  # the targets' own slice, tried first
+    number, code = first_line((bound, *SHIFT_LINES), lines)
     if number is None:
         number, code = locate("train_step_no_shift", lines)
     return Finding("train_step_no_shift", text(
