@@ -89,7 +89,8 @@ def leak_finding(module: nn.Module, logits: Callable[[Tensor], Any], idx: Tensor
     name, sub, rows, given, T = first_leak(module, logits, idx, bumped)
     owner, attr = _owner(module, name, sub)
     number, code, named = _leak_line(owner, attr, rows)
-    inner = None if attr or named == "causal_mask_missing" else _inner_leak(owner, given, T)
+    inner = None if attr or named == "causal_mask_missing" else _inner_leak(
+        owner, *_whole_length(module, logits, idx, bumped, sub, given, T))
     number, code, named = (inner.line, statement(_file(owner), inner.line), None) if inner else (
         number, code, named)
     where = f" first in {name} ({type(sub).__name__})" * bool(name)
@@ -105,6 +106,16 @@ def _inner_leak(owner: nn.Module, given: tuple[list[Any], list[Any]], T: int) ->
     applying its mask lets the future in: the leak is quoted there, not at the mask, which is right (a
     softmax over the queries' axis, a convolution over positions padded on the right)."""
     return quietly(lambda: leaking_step(lambda args: owner(*args), given, T, AT, _file(owner), MASKED))
+
+
+def _whole_length(module: nn.Module, logits: Callable[[Tensor], Any], idx: Tensor, bumped: Tensor,
+                  sub: nn.Module | None, given: tuple[list[Any], list[Any]], T: int,
+                  ) -> tuple[tuple[list[Any], list[Any]], int]:
+    """The leaking module's inputs at the whole length of idx where it leaks there too (its own code is
+    read at the context's length: a width of the model one past a shorter length would pass for a
+    padding), else those found one token short."""
+    whole = _first_leak(module, logits, idx, bumped)
+    return (whole[3], whole[4]) if whole[1] is sub and sub is not None else (given, T)
 
 
 def _file(owner: nn.Module) -> str:
@@ -161,10 +172,10 @@ def _first_leak(module: nn.Module, logits: Callable[[Tensor], Any], idx: Tensor,
 
 def moved_rows(a: Any, b: Any, shape: torch.Size) -> int:
     """How many of the positions before AT differ between two tensors of the batch's (B, T, ...), or laid
-    out (B, C, T) (a convolution's); -1 where either is neither, or they are not alike."""
+    out (B, C, T) (a 1-D convolution's); -1 where either is neither, or they are not alike."""
     if not (isinstance(a, Tensor) and isinstance(b, Tensor) and a.shape == b.shape and a.dim() > 1
-            and a.size(0) == shape[0] and shape[1] in (a.size(1), a.size(-1))):
-        return -1
+            and a.size(0) == shape[0] and shape[1] in (a.size(1), a.size(-1) if a.dim() == 3 else -1)):
+        return -1  # (B, H, T, T) scores are no layout of positions: row T - 1 of them sees every key
     along = 1 if a.size(1) == shape[1] else -1  # the axis of the positions
     before = (a - b).double().movedim(along, 1)[:, :AT]  # (B, AT, ...)
     diff = before.reshape(*before.shape[:2], -1).abs().nan_to_num(float("inf")).amax(dim=(0, 2))  # (AT,)
