@@ -127,7 +127,7 @@ FIXED: dict[str, Any] = {"i": 0, "layer_idx": 0, "layer_id": 0, "layer_index": 0
                          # every token kept for any count of experts up to 16 (which tokens a full
                          # expert drops is not compared: the routing is)
                          "capacity_factor": 16.0, "eval_capacity_factor": 16.0, "train_capacity_factor": 16.0}
-# fixed values for a dict config alone (Raschka's cfg["num_experts"] = 0: one FFN); a config class keeps
+# fixed values for a dict config alone (Raschka's cfg["num_experts"] = 0: one FFN); a config class or a namespace keeps
 # its own (Mixtral's MoEArgs: num_experts = 4, checked against handformer's MixtureOfExperts)
 DICT_ONLY = ("num_experts",)
 # switches built on even where their default is off: Raschka's GroupedQueryAttention(..., qk_norm=False)
@@ -1206,9 +1206,9 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
         if sizes.get("d_ff") and _dict_keys(cls) & {"emb_dim", "d_model", "dim", "n_embd"}:
             config["hidden_dim"] = sizes["d_ff"]  # Raschka's cfg: emb_dim the width, hidden_dim the FFN's
         return config
+    for key in DICT_ONLY:  # a config class or a namespace keeps the file's own (its count of experts)
+        values.pop(key, None)
     if own is not None:
-        for key in DICT_ONLY:
-            values.pop(key, None)
         values = {**rotary_shares(class_defaults(own)), **paired_hidden(values, _class_fields(own), sizes)}
         values.update(special_ids_within(class_defaults(own), values))  # built in check's vocabulary
         if dataclasses.is_dataclass(own):
