@@ -127,8 +127,8 @@ FIXED: dict[str, Any] = {"i": 0, "layer_idx": 0, "layer_id": 0, "layer_index": 0
                          # every token kept for any count of experts up to 16 (which tokens a full
                          # expert drops is not compared: the routing is)
                          "capacity_factor": 16.0, "eval_capacity_factor": 16.0, "train_capacity_factor": 16.0}
-# fixed values for a dict config alone (Raschka's cfg["num_experts"] = 0: one FFN); a config class or a namespace keeps
-# its own (Mixtral's MoEArgs: num_experts = 4, checked against handformer's MixtureOfExperts)
+# fixed values for a dict config alone (Raschka's cfg["num_experts"] = 0: one FFN); a config class or a
+# namespace keeps its own (Mixtral's MoEArgs: num_experts = 4, checked against handformer's MixtureOfExperts)
 DICT_ONLY = ("num_experts",)
 # switches built on even where their default is off: Raschka's GroupedQueryAttention(..., qk_norm=False)
 # has QK-norm, and the order of its norm and RoPE, only when built with it
