@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import planted_copy
 
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
@@ -87,3 +88,35 @@ def test_a_catalogued_mistake_of_a_part_fails_the_block_named(results):
     for kind in ("causal_attention", "block"):
         assert [(f.name, f.line) for f in parts[kind].findings] == [("no_scaling", 36)], report
         assert parts[kind].status == "fail", report
+
+
+# a slip on a step the reference has, beside a step of its own: made from the correct file at test time
+# (name -> (correct file, (old, new), the kind graded, the mistake named, its line))
+PLANTS = {
+    "deepnorm_softmax_dim": ("deepnorm.py", ("F.softmax(att, dim=-1)", "F.softmax(att, dim=-2)"),
+                             "causal_attention", "softmax_wrong_dim", 38),
+    "unlikelihood_softmax_dim": ("unlikelihood.py", ("F.softmax(att, dim=-1) @ v", "F.softmax(att, dim=-2) @ v"),
+                                 "causal_attention", "softmax_wrong_dim", 27),
+    "rezero_no_scaling": ("rezero.py", ("k.transpose(-2, -1) / math.sqrt(self.d_k)", "k.transpose(-2, -1)"),
+                          "mha", "no_scaling", 26),
+    "rezero_softmax_dim": ("rezero.py", ("F.softmax(scores, dim=-1)", "F.softmax(scores, dim=-2)"),
+                           "mha", "softmax_wrong_dim", 29),
+}
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("own_steps")
+    out = {}
+    for name, (source, edit, kind, _, _) in PLANTS.items():
+        result = check_file(planted_copy(folder, name, FOLDER / source, edit), only=[kind])
+        out[name] = ({c.kind: c for c in result.components}, format_report(result))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(PLANTS))
+def test_a_slip_beside_a_step_of_its_own_fails_named_at_its_line(planted, name):
+    parts, report = planted[name]
+    _, _, kind, mistake, line = PLANTS[name]
+    assert parts[kind].status == "fail", report
+    assert (mistake, line) in {(f.name, f.line) for f in parts[kind].findings}, report
